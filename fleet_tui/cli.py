@@ -1,0 +1,73 @@
+"""Entry points: fleet-tui [subcommand], fleet-worker, fleet-collect, fleet-doctor.
+
+This module only dispatches; each command lives in fleet_tui/commands/<name>.py and exposes
+``main(argv: list[str]) -> int``. Imports are lazy so that `fleet-worker` (which execs
+claude) never pays for Textual or GitPython.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand -> module under fleet_tui.commands
+TASK_COMMANDS = ("run", "ls", "show", "logs", "diff", "merge", "discard", "retry",
+                 "follow-up", "kill")
+
+USAGE = """\
+usage: fleet-tui [--demo] [--repo PATH]        open the control panel
+       fleet-tui run PROMPT [--title T] [--base REF] [--copies N] [--wait] [--json]
+       fleet-tui ls [--all-repos] [--json]
+       fleet-tui show|logs|diff|merge|discard|retry|follow-up|kill ID ...
+       fleet-tui key set|delete|status
+       fleet-tui version
+
+Run `fleet-tui COMMAND --help` for the options of one command.
+"""
+
+
+def _run(module: str, argv: Sequence[str]) -> int:
+    mod = importlib.import_module(f"fleet_tui.commands.{module}")
+    result: int = mod.main(list(argv))
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
+        return 0
+    if args and args[0] in ("version", "--version"):
+        from fleet_tui import CLAUDE_CODE_VERSION, __version__
+
+        print(f"fleet-tui {__version__} (tested with Claude Code {CLAUDE_CODE_VERSION})")
+        return 0
+    if args and args[0] == "key":
+        return _run("key", args[1:])
+    if args and args[0] in TASK_COMMANDS:
+        return _run("tasks", args)
+    if args and not args[0].startswith("-"):
+        sys.stderr.write(f"fleet-tui: unknown command {args[0]!r}\n\n{USAGE}")
+        return 2
+    return _run("panel", args)
+
+
+def worker_main() -> int:
+    return _run("worker", sys.argv[1:])
+
+
+def collect_main() -> int:
+    return _run("collect", sys.argv[1:])
+
+
+def doctor_main() -> int:
+    return _run("doctor", sys.argv[1:])
+
+
+def _exit(code: int) -> None:
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _exit(main())

@@ -1,0 +1,114 @@
+"""Fixtures shared by the whole suite.
+
+Every test runs with a private HOME, FLEET_TUI_HOME and XDG dirs, and with no inherited
+Anthropic credentials, so nothing on the developer's machine leaks in or gets touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+_SCRUB_PREFIXES = ("ANTHROPIC_", "FLEET_WORKER_", "FLEET_TUI_", "CLAUDE_")
+_SCRUB_NAMES = ("ZHIPU_API_KEY", "GLM_API_KEY", "IS_SANDBOX", "HTTPS_PROXY", "HTTP_PROXY",
+                "https_proxy", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _find_claude() -> str | None:
+    explicit = os.environ.get("FLEET_TEST_CLAUDE")
+    candidates = [explicit] if explicit else []
+    candidates.append(str(REPO_ROOT / ".claude-cli" / "node_modules" / ".bin" / "claude"))
+    for cand in candidates:
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+_CLAUDE = _find_claude()
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path_factory: pytest.TempPathFactory,
+                 monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private HOME and fleet-tui home for each test; no inherited credentials."""
+    base = tmp_path_factory.mktemp("env")
+    home = base / "home"
+    home.mkdir()
+    for name in list(os.environ):
+        if name.startswith(_SCRUB_PREFIXES) or name in _SCRUB_NAMES:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("FLEET_TUI_HOME", str(base / "fleet-home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    # Keyring: the stand-in file backend from tests/keyring_standin.py (no OS keyring
+    # daemon can run here); tests that need "no backend" override this.
+    monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring_standin.FileKeyring")
+    monkeypatch.setenv("FLEET_TEST_KEYRING_FILE", str(base / "keyring.json"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    # CI runs as root: claude refuses bypassPermissions as root without the opt-in.
+    if os.geteuid() == 0:
+        monkeypatch.setenv("FLEET_WORKER_SANDBOX", "1")
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "Fleet Test")
+    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "fleet@example.invalid")
+    monkeypatch.setenv("GIT_COMMITTER_NAME", "Fleet Test")
+    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "fleet@example.invalid")
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    yield home
+
+
+@pytest.fixture
+def claude_bin() -> str:
+    """Path of the real, pinned claude binary. Missing: skip locally, fail under CI."""
+    if _CLAUDE is None:
+        msg = ("the real claude binary is not installed; run `bash scripts/test` (it installs "
+               "the pinned @anthropic-ai/claude-code into .claude-cli/) or set FLEET_TEST_CLAUDE")
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return _CLAUDE
+
+
+def git(cwd: Path, *args: str) -> str:
+    """Run git in cwd and return stdout (raises on failure)."""
+    out = subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True)
+    return out.stdout
+
+
+@pytest.fixture
+def git_repo(tmp_path: Path) -> Path:
+    """A real git repository on branch main with one commit (README.md, src/app.py)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.name", "Fleet Test")
+    git(repo, "config", "user.email", "fleet@example.invalid")
+    (repo / "README.md").write_text("# demo\n")
+    (repo / "src").mkdir()
+    (repo / "src" / "app.py").write_text("def main():\n    return 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "initial")
+    return repo
+
+
+@pytest.fixture
+def reference_samples() -> Path:
+    """The real CLI outputs copied from shared/reference/stream-json."""
+    path = FIXTURES / "stream-json"
+    if not path.is_dir():
+        pytest.skip("tests/fixtures/stream-json missing")
+    return path
+
+
+def which(name: str) -> str | None:
+    return shutil.which(name)
