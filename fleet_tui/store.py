@@ -1,0 +1,669 @@
+"""SQLite store of tasks and attempts, shared by every fleet-tui process.
+
+Two panels and the CLI may use one database at once. So: WAL mode (readers never block the
+writer), a long busy timeout, one connection per thread, and every read-modify-write inside
+``BEGIN IMMEDIATE`` (the write lock is taken up front, so two writers queue instead of one of
+them failing with "database is locked" on upgrade). Conditional updates
+(``update_task(..., expect_state=...)``) and ``claim_next`` are how two engines avoid starting
+the same task or exceeding the per-endpoint concurrency cap.
+
+The store never holds a credential: nothing here has a field for one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from fleet_tui import paths
+
+__all__ = [
+    "ACTIVE_STATES",
+    "FINISHED_STATES",
+    "SCHEMA_VERSION",
+    "AmbiguousTaskError",
+    "Attempt",
+    "Store",
+    "StoreError",
+    "Task",
+    "TaskSpec",
+    "TaskState",
+    "UnknownTaskError",
+    "new_task_id",
+]
+
+
+class TaskState(StrEnum):
+    """Where a task is in its life."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    STALLED = "stalled"
+    WAITING = "waiting"  # backoff or endpoint cooldown before the next attempt
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    MERGED = "merged"
+    DISCARDED = "discarded"
+
+
+ACTIVE_STATES: frozenset[TaskState] = frozenset({TaskState.RUNNING, TaskState.STALLED})
+FINISHED_STATES: frozenset[TaskState] = frozenset(
+    {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED})
+CLOSED_STATES: frozenset[TaskState] = frozenset({TaskState.MERGED, TaskState.DISCARDED})
+
+ID_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+ID_LENGTH = 6
+_ID_PREFIX_RE = re.compile(r"^[0-9a-z]{1,6}$")
+
+
+class StoreError(Exception):
+    """A store problem with a message meant for the user."""
+
+
+class UnknownTaskError(StoreError, KeyError):
+    """No task has this id (or id prefix)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class AmbiguousTaskError(StoreError):
+    """An id prefix matches more than one task."""
+
+
+def new_task_id() -> str:
+    """A random 6-char id from [0-9a-z] (uniqueness is checked on insert)."""
+    return "".join(secrets.choice(ID_ALPHABET) for _ in range(ID_LENGTH))
+
+
+@dataclass
+class TaskSpec:
+    """What the user asks for; the engine turns it into a stored Task."""
+
+    prompt: str
+    title: str = ""
+    repo: Path | None = None  # None: the repository of the current directory
+    base_ref: str | None = None
+    model: str = "main"  # "main" | "small" | an explicit model name
+    permission_mode: str | None = None
+    effort: str | None = None
+    max_turns: int | None = None
+    timeout: float | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Task:
+    """One stored task: its spec, where it runs, and the summary of its latest attempt."""
+
+    id: str
+    prompt: str
+    repo: Path
+    title: str = ""
+    base_ref: str | None = None
+    base_branch: str | None = None
+    base_commit: str = ""
+    branch: str = ""
+    worktree: Path | None = None
+    endpoint: str = ""
+    model: str = "main"
+    permission_mode: str | None = None
+    effort: str | None = None
+    max_turns: int | None = None
+    timeout: float | None = None
+    extra_args: list[str] = field(default_factory=list)
+    state: TaskState = TaskState.QUEUED
+    verdict: str | None = None
+    message: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    not_before: float | None = None
+    attempt_count: int = 0
+    session_id: str | None = None
+    turns: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    last_tool: str | None = None
+    last_event_at: float | None = None
+    added_lines: int = 0
+    deleted_lines: int = 0
+    claimed_by: str | None = None
+    claimed_at: float | None = None
+
+    @property
+    def short_title(self) -> str:
+        """The title, else the prompt's first line (for lists and commit messages)."""
+        if self.title.strip():
+            return self.title.strip()
+        first = self.prompt.strip().splitlines()[0] if self.prompt.strip() else ""
+        return first[:72]
+
+
+@dataclass
+class Attempt:
+    """One run of claude for a task (fresh, resumed, or a follow-up)."""
+
+    id: int
+    task_id: str
+    n: int
+    kind: str = "fresh"  # "fresh" | "resume" | "followup"
+    prompt: str = ""
+    model: str | None = None
+    pid: int | None = None
+    pid_start: str | None = None  # /proc/<pid>/stat start time, guards against pid reuse
+    runner_pid: int | None = None
+    dir: Path | None = None
+    events_path: Path | None = None
+    stderr_path: Path | None = None
+    exit_path: Path | None = None
+    config_dir: Path | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    verdict: str | None = None
+    message: str | None = None
+    turns: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    session_id: str | None = None
+    last_tool: str | None = None
+    last_event_at: float | None = None
+    events_offset: int = 0
+
+
+# --- schema ---------------------------------------------------------------------------------
+
+_V1 = """
+CREATE TABLE tasks (
+    id TEXT PRIMARY KEY,
+    title TEXT NOT NULL DEFAULT '',
+    prompt TEXT NOT NULL,
+    repo TEXT NOT NULL,
+    base_ref TEXT,
+    base_branch TEXT,
+    base_commit TEXT NOT NULL DEFAULT '',
+    branch TEXT NOT NULL DEFAULT '',
+    worktree TEXT,
+    endpoint TEXT NOT NULL DEFAULT '',
+    model TEXT NOT NULL DEFAULT 'main',
+    permission_mode TEXT,
+    effort TEXT,
+    max_turns INTEGER,
+    timeout REAL,
+    extra_args TEXT NOT NULL DEFAULT '[]',
+    state TEXT NOT NULL DEFAULT 'queued',
+    verdict TEXT,
+    message TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    not_before REAL,
+    attempt_count INTEGER NOT NULL DEFAULT 0,
+    session_id TEXT,
+    turns INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    last_tool TEXT,
+    last_event_at REAL,
+    added_lines INTEGER NOT NULL DEFAULT 0,
+    deleted_lines INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX tasks_repo_state_updated ON tasks(repo, state, updated_at);
+CREATE INDEX tasks_state_endpoint ON tasks(state, endpoint);
+CREATE INDEX tasks_created ON tasks(created_at);
+CREATE TABLE attempts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+    n INTEGER NOT NULL,
+    kind TEXT NOT NULL DEFAULT 'fresh',
+    prompt TEXT NOT NULL DEFAULT '',
+    model TEXT,
+    pid INTEGER,
+    pid_start TEXT,
+    runner_pid INTEGER,
+    dir TEXT,
+    events_path TEXT,
+    stderr_path TEXT,
+    exit_path TEXT,
+    config_dir TEXT,
+    started_at REAL,
+    finished_at REAL,
+    exit_code INTEGER,
+    signal INTEGER,
+    verdict TEXT,
+    message TEXT,
+    turns INTEGER NOT NULL DEFAULT 0,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    session_id TEXT,
+    last_tool TEXT,
+    last_event_at REAL,
+    events_offset INTEGER NOT NULL DEFAULT 0,
+    UNIQUE(task_id, n)
+);
+"""
+
+# v2: who claimed a task and when (claim_next), so a crashed engine's claims can be seen.
+_V2 = """
+ALTER TABLE tasks ADD COLUMN claimed_by TEXT;
+ALTER TABLE tasks ADD COLUMN claimed_at REAL;
+"""
+
+
+def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
+    def run(conn: sqlite3.Connection) -> None:
+        for statement in sql.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+    return run
+
+
+# Migration i brings a database from user_version i to i + 1. Append, never edit.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_script(_V1), _script(_V2)]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_TASK_COLUMNS = tuple(f.name for f in fields(Task))
+_ATTEMPT_COLUMNS = tuple(f.name for f in fields(Attempt))
+_TASK_PATH_FIELDS = {"repo", "worktree"}
+_ATTEMPT_PATH_FIELDS = {"dir", "events_path", "stderr_path", "exit_path", "config_dir"}
+
+
+def _to_db(name: str, value: Any) -> Any:
+    """Python value -> SQLite value."""
+    if value is None:
+        return None
+    if name == "extra_args":
+        return json.dumps(list(value))
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, StrEnum):
+        return value.value
+    return value
+
+
+def _task_from_row(row: sqlite3.Row) -> Task:
+    data = {k: row[k] for k in row.keys()}  # noqa: SIM118 (sqlite3.Row is not a mapping)
+    data["repo"] = Path(data["repo"])
+    data["worktree"] = Path(data["worktree"]) if data["worktree"] else None
+    data["state"] = TaskState(data["state"])
+    data["extra_args"] = json.loads(data["extra_args"] or "[]")
+    return Task(**data)
+
+
+def _attempt_from_row(row: sqlite3.Row) -> Attempt:
+    data = {k: row[k] for k in row.keys()}  # noqa: SIM118
+    for name in _ATTEMPT_PATH_FIELDS:
+        data[name] = Path(data[name]) if data[name] else None
+    return Attempt(**data)
+
+
+def _states_tuple(states: TaskState | Iterable[TaskState] | str | None) -> tuple[str, ...]:
+    if states is None:
+        return ()
+    if isinstance(states, str):
+        return (TaskState(states).value,)
+    return tuple(TaskState(s).value for s in states)
+
+
+class Store:
+    """The task database. Safe to share between threads and processes."""
+
+    BUSY_TIMEOUT_MS = 60_000
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        self.path = Path(path) if path is not None else paths.db_path()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the folder of the task database {self.path}: "
+                             f"{exc.strerror or exc}; set FLEET_TUI_HOME to a writable folder"
+                             ) from None
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        self._migrate()
+
+    # --- connections and transactions ---------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        try:
+            conn = sqlite3.connect(self.path, timeout=self.BUSY_TIMEOUT_MS / 1000,
+                                   isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {self.BUSY_TIMEOUT_MS}")
+            self._set_wal(conn)
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open the task database {self.path}: {exc}") from None
+        self._local.conn = conn
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    @staticmethod
+    def _set_wal(conn: sqlite3.Connection) -> None:
+        """Switch to WAL; retried because the switch itself may briefly meet a lock."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() == "wal" or time.monotonic() > deadline:
+                    return
+            except sqlite3.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.02)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (``BEGIN IMMEDIATE``): the lock is taken before any read.
+
+        Re-entrant within a thread: a nested call joins the outer transaction.
+        """
+        conn = self._connect()
+        if conn.in_transaction:
+            yield conn
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close every connection this Store opened (any thread)."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        self._local = threading.local()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _migrate(self) -> None:
+        with self.transaction() as conn:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"the task database {self.path} has schema version {version}, newer than "
+                    f"this fleet-tui understands ({SCHEMA_VERSION}); upgrade fleet-tui")
+            for index in range(version, SCHEMA_VERSION):
+                MIGRATIONS[index](conn)
+            if version != SCHEMA_VERSION:
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def schema_version(self) -> int:
+        return int(self._connect().execute("PRAGMA user_version").fetchone()[0])
+
+    def journal_mode(self) -> str:
+        return str(self._connect().execute("PRAGMA journal_mode").fetchone()[0])
+
+    # --- tasks --------------------------------------------------------------------------------
+
+    def create_task(self, *, prompt: str, repo: Path, task_id: str | None = None,
+                    now: float | None = None, **fields_: Any) -> Task:
+        """Store a new task (queued unless ``state`` says otherwise) with a fresh unique id.
+
+        ``branch`` defaults to ``fleet/<id>``; any other Task field may be given.
+        """
+        unknown = set(fields_) - set(_TASK_COLUMNS)
+        if unknown:
+            raise TypeError(f"unknown task fields: {', '.join(sorted(unknown))}")
+        now = time.time() if now is None else now
+        for _ in range(100):
+            tid = task_id or new_task_id()
+            task = Task(id=tid, prompt=prompt, repo=Path(repo), created_at=now, updated_at=now,
+                        **fields_)
+            if not task.branch:
+                task.branch = f"fleet/{tid}"
+            task.state = TaskState(task.state)
+            values = [_to_db(name, getattr(task, name)) for name in _TASK_COLUMNS]
+            try:
+                with self.transaction() as conn:
+                    conn.execute(
+                        f"INSERT INTO tasks ({', '.join(_TASK_COLUMNS)}) "
+                        f"VALUES ({', '.join('?' for _ in _TASK_COLUMNS)})", values)
+            except sqlite3.IntegrityError:
+                if task_id is not None:
+                    raise StoreError(f"a task with id {task_id} exists already") from None
+                continue
+            return task
+        raise StoreError("could not find a free task id")  # pragma: no cover
+
+    def get_task(self, task_id: str) -> Task:
+        """The task with this id, or the only task whose id starts with this prefix."""
+        key = task_id.strip().lower()
+        if not _ID_PREFIX_RE.match(key):
+            raise UnknownTaskError(f"no task {task_id!r}: a task id is 1 to 6 characters "
+                                   "from 0-9 and a-z (see `fleet-tui ls`)")
+        conn = self._connect()
+        row = conn.execute("SELECT * FROM tasks WHERE id = ?", (key,)).fetchone()
+        if row is not None:
+            return _task_from_row(row)
+        rows = conn.execute("SELECT * FROM tasks WHERE id LIKE ? ORDER BY id LIMIT 6",
+                            (key + "%",)).fetchall()
+        if not rows:
+            raise UnknownTaskError(f"no task {task_id!r} (see `fleet-tui ls`)")
+        if len(rows) > 1:
+            ids = ", ".join(r["id"] for r in rows[:5])
+            raise AmbiguousTaskError(
+                f"task id {task_id!r} is ambiguous: it matches {ids}"
+                f"{' and more' if len(rows) > 5 else ''}; type more characters")
+        return _task_from_row(rows[0])
+
+    def list_tasks(self, repo: Path | None = None,
+                   states: TaskState | Iterable[TaskState] | None = None,
+                   limit: int | None = None, *, endpoint: str | None = None) -> list[Task]:
+        """Tasks, newest first, optionally of one repository / in some states."""
+        where: list[str] = []
+        args: list[Any] = []
+        if repo is not None:
+            where.append("repo = ?")
+            args.append(str(repo))
+        state_values = _states_tuple(states)
+        if states is not None:
+            if not state_values:
+                return []
+            where.append(f"state IN ({', '.join('?' for _ in state_values)})")
+            args.extend(state_values)
+        if endpoint is not None:
+            where.append("endpoint = ?")
+            args.append(endpoint)
+        sql = "SELECT * FROM tasks"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        return [_task_from_row(r) for r in self._connect().execute(sql, args).fetchall()]
+
+    def update_task(self, task_id: str,
+                    expect_state: TaskState | Iterable[TaskState] | None = None,
+                    **fields_: Any) -> bool:
+        """Set fields of a task; with ``expect_state``, only if it is (one of) that state.
+
+        Returns whether a row changed. ``updated_at`` is set to now unless given.
+        """
+        unknown = set(fields_) - set(_TASK_COLUMNS) - {"id"}
+        if unknown or "id" in fields_:
+            raise TypeError(f"cannot update task fields: {', '.join(sorted(unknown or {'id'}))}")
+        fields_.setdefault("updated_at", time.time())
+        if "state" in fields_:
+            fields_["state"] = TaskState(fields_["state"])
+        sets = ", ".join(f"{name} = ?" for name in fields_)
+        args = [_to_db(name, value) for name, value in fields_.items()]
+        sql = f"UPDATE tasks SET {sets} WHERE id = ?"
+        args.append(task_id)
+        if expect_state is not None:
+            expected = _states_tuple(expect_state)
+            if not expected:
+                return False
+            sql += f" AND state IN ({', '.join('?' for _ in expected)})"
+            args.extend(expected)
+        with self.transaction() as conn:
+            return conn.execute(sql, args).rowcount > 0
+
+    def modify_task(self, task_id: str, change: Callable[[Task], dict[str, Any] | None]) -> Task:
+        """Read-modify-write in one IMMEDIATE transaction: ``change(task)`` returns fields.
+
+        This is the way to add to counters (tokens, turns) without losing another process's
+        update.
+        """
+        with self.transaction() as conn:
+            row = conn.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            if row is None:
+                raise UnknownTaskError(f"no task {task_id!r}")
+            task = _task_from_row(row)
+            updates = dict(change(task) or {})
+            if updates:
+                self.update_task(task_id, **updates)
+                for name, value in updates.items():
+                    setattr(task, name, value)
+            return task
+
+    def delete_task(self, task_id: str) -> bool:
+        """Remove a task and its attempts (the engine deletes files and config dir)."""
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM attempts WHERE task_id = ?", (task_id,))
+            return conn.execute("DELETE FROM tasks WHERE id = ?", (task_id,)).rowcount > 0
+
+    def count_tasks(self, states: TaskState | Iterable[TaskState] | None = None,
+                    endpoint: str | None = None) -> int:
+        where: list[str] = []
+        args: list[Any] = []
+        state_values = _states_tuple(states)
+        if states is not None:
+            if not state_values:
+                return 0
+            where.append(f"state IN ({', '.join('?' for _ in state_values)})")
+            args.extend(state_values)
+        if endpoint is not None:
+            where.append("endpoint = ?")
+            args.append(endpoint)
+        sql = "SELECT COUNT(*) FROM tasks" + (" WHERE " + " AND ".join(where) if where else "")
+        return int(self._connect().execute(sql, args).fetchone()[0])
+
+    def claim_next(self, endpoint: str, cap: int, now: float | None = None,
+                   owner: str | None = None) -> Task | None:
+        """Atomically move the oldest ready task of ``endpoint`` to running, under ``cap``.
+
+        Ready: queued, or waiting with ``not_before <= now``. Returns None when the endpoint
+        already has ``cap`` running/stalled tasks or nothing is ready. One IMMEDIATE
+        transaction, so the cap holds across every process sharing the database.
+        """
+        now = time.time() if now is None else now
+        active = tuple(s.value for s in ACTIVE_STATES)
+        with self.transaction() as conn:
+            running = conn.execute(
+                f"SELECT COUNT(*) FROM tasks WHERE endpoint = ? AND state IN "
+                f"({', '.join('?' for _ in active)})", (endpoint, *active)).fetchone()[0]
+            if running >= cap:
+                return None
+            row = conn.execute(
+                "SELECT * FROM tasks WHERE endpoint = ? AND (state = ? OR (state = ? AND "
+                "(not_before IS NULL OR not_before <= ?))) ORDER BY created_at, id LIMIT 1",
+                (endpoint, TaskState.QUEUED.value, TaskState.WAITING.value, now)).fetchone()
+            if row is None:
+                return None
+            conn.execute(
+                "UPDATE tasks SET state = ?, claimed_by = ?, claimed_at = ?, updated_at = ?, "
+                "not_before = NULL, started_at = COALESCE(started_at, ?) WHERE id = ?",
+                (TaskState.RUNNING.value, owner, now, now, now, row["id"]))
+            fresh = conn.execute("SELECT * FROM tasks WHERE id = ?", (row["id"],)).fetchone()
+            return _task_from_row(fresh)
+
+    # --- attempts -----------------------------------------------------------------------------
+
+    def add_attempt(self, task_id: str, *, kind: str = "fresh", prompt: str = "",
+                    now: float | None = None, **fields_: Any) -> Attempt:
+        """Record a new attempt (n = previous + 1) and bump the task's attempt_count."""
+        unknown = set(fields_) - set(_ATTEMPT_COLUMNS) - {"id", "task_id", "n"}
+        if unknown or {"id", "task_id", "n"} & set(fields_):
+            raise TypeError(f"bad attempt fields: {', '.join(sorted(fields_))}")
+        now = time.time() if now is None else now
+        fields_.setdefault("started_at", now)
+        with self.transaction() as conn:
+            n = int(conn.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE task_id = ?",
+                                 (task_id,)).fetchone()[0])
+            attempt = Attempt(id=0, task_id=task_id, n=n, kind=kind, prompt=prompt, **fields_)
+            columns = [c for c in _ATTEMPT_COLUMNS if c != "id"]
+            try:
+                cur = conn.execute(
+                    f"INSERT INTO attempts ({', '.join(columns)}) "
+                    f"VALUES ({', '.join('?' for _ in columns)})",
+                    [_to_db(c, getattr(attempt, c)) for c in columns])
+            except sqlite3.IntegrityError:
+                raise UnknownTaskError(f"no task {task_id!r}") from None
+            attempt.id = int(cur.lastrowid or 0)
+            conn.execute("UPDATE tasks SET attempt_count = ?, updated_at = ? WHERE id = ?",
+                         (n, now, task_id))
+        return attempt
+
+    def get_attempt(self, attempt_id: int) -> Attempt:
+        row = self._connect().execute("SELECT * FROM attempts WHERE id = ?",
+                                      (attempt_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"no attempt {attempt_id}")
+        return _attempt_from_row(row)
+
+    def list_attempts(self, task_id: str) -> list[Attempt]:
+        rows = self._connect().execute(
+            "SELECT * FROM attempts WHERE task_id = ? ORDER BY n", (task_id,)).fetchall()
+        return [_attempt_from_row(r) for r in rows]
+
+    def latest_attempt(self, task_id: str) -> Attempt | None:
+        row = self._connect().execute(
+            "SELECT * FROM attempts WHERE task_id = ? ORDER BY n DESC LIMIT 1",
+            (task_id,)).fetchone()
+        return _attempt_from_row(row) if row is not None else None
+
+    def unfinished_attempts(self) -> list[Attempt]:
+        """Attempts with no finish time: what a starting engine must re-adopt or close."""
+        rows = self._connect().execute(
+            "SELECT * FROM attempts WHERE finished_at IS NULL ORDER BY id").fetchall()
+        return [_attempt_from_row(r) for r in rows]
+
+    def update_attempt(self, attempt_id: int, **fields_: Any) -> bool:
+        unknown = set(fields_) - set(_ATTEMPT_COLUMNS)
+        if unknown or {"id", "task_id", "n"} & set(fields_):
+            raise TypeError(f"cannot update attempt fields: {', '.join(sorted(fields_))}")
+        if not fields_:
+            return False
+        sets = ", ".join(f"{name} = ?" for name in fields_)
+        args = [_to_db(n, v) for n, v in fields_.items()]
+        with self.transaction() as conn:
+            return conn.execute(f"UPDATE attempts SET {sets} WHERE id = ?",
+                                [*args, attempt_id]).rowcount > 0
+
+
+def task_fields() -> Sequence[str]:
+    """Names of the stored Task fields (for callers that build updates generically)."""
+    return _TASK_COLUMNS
