@@ -1,0 +1,245 @@
+"""Process helpers on Linux /proc: identity, descendants, group kill, prctl.
+
+Why here and not psutil: the package keeps its dependencies small, and the engine needs only
+a handful of facts: is this pid still the process we started (pid + start time, so a reused
+pid is never mistaken for ours), which processes descend from it (claude's Bash tool may put
+a `sleep` in its own process group), and how to signal all of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import os
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+# prctl(2) options (linux/prctl.h)
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """The fields of /proc/PID/stat the engine uses."""
+
+    pid: int
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+    start: str  # starttime in clock ticks since boot, as text (stable identity with the pid)
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """Parse /proc/PID/stat; None when the process does not exist (or vanished meanwhile)."""
+    try:
+        raw = (PROC / str(pid) / "stat").read_text(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+        return None
+    except OSError:
+        return None
+    # comm is in parentheses and may itself contain spaces or parentheses: split at the last ')'
+    close = raw.rfind(")")
+    if close < 0:
+        return None
+    rest = raw[close + 2:].split()
+    # rest[0] is field 3 (state); starttime is field 22 -> rest[19]
+    if len(rest) < 20:
+        return None
+    try:
+        return ProcStat(pid=pid, state=rest[0], ppid=int(rest[1]), pgid=int(rest[2]),
+                        sid=int(rest[3]), start=rest[19])
+    except ValueError:
+        return None
+
+
+def start_time(pid: int) -> str | None:
+    """The /proc start time of pid (clock ticks since boot), or None if it is gone."""
+    st = read_stat(pid)
+    return None if st is None else st.start
+
+
+def is_alive(pid: int | None, start: str | None = None) -> bool:
+    """True when pid runs (not a zombie) and, if given, its start time still matches."""
+    if not pid or pid <= 0:
+        return False
+    st = read_stat(pid)
+    if st is None or st.state in ("Z", "X", "x"):
+        return False
+    return start is None or st.start == start
+
+
+def all_stats() -> list[ProcStat]:
+    """Every process currently visible in /proc."""
+    out: list[ProcStat] = []
+    try:
+        entries = os.listdir(PROC)
+    except OSError:
+        return out
+    for name in entries:
+        if name.isdigit():
+            st = read_stat(int(name))
+            if st is not None:
+                out.append(st)
+    return out
+
+
+def descendants(pid: int, stats: Iterable[ProcStat] | None = None) -> list[int]:
+    """All live descendants of pid (children, grandchildren, ...), parents before children."""
+    table = list(all_stats() if stats is None else stats)
+    children: dict[int, list[int]] = {}
+    for st in table:
+        if st.state not in ("Z", "X", "x"):
+            children.setdefault(st.ppid, []).append(st.pid)
+    found: list[int] = []
+    frontier = [pid]
+    seen = {pid}
+    while frontier:
+        nxt: list[int] = []
+        for parent in frontier:
+            for child in children.get(parent, ()):
+                if child not in seen:
+                    seen.add(child)
+                    found.append(child)
+                    nxt.append(child)
+        frontier = nxt
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes whose process group is pgid."""
+    return [st.pid for st in all_stats() if st.pgid == pgid and st.state not in ("Z", "X", "x")]
+
+
+def cmdline(pid: int) -> list[str]:
+    """argv of pid ([] when gone or a kernel thread)."""
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def signal_pid(pid: int, sig: int) -> bool:
+    """Send sig to pid; False when it no longer exists."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send sig to a whole process group; False when the group is empty."""
+    if pgid <= 1:
+        return False
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+def signal_tree(pid: int, sig: int, *, groups: Iterable[int] = ()) -> list[int]:
+    """Signal pid, every descendant of it, and every member of the given groups.
+
+    Descendants are collected before anything is signalled: once a parent dies its
+    children are reparented and the tree can no longer be walked from it.
+    Returns the pids that were signalled.
+    """
+    targets: list[int] = []
+    stats = all_stats()
+    if is_alive(pid):
+        targets.append(pid)
+    targets.extend(descendants(pid, stats))
+    wanted = {g for g in groups if g > 1}
+    for st in stats:
+        if st.pgid in wanted and st.pid not in targets and st.state not in ("Z", "X", "x"):
+            targets.append(st.pid)
+    own = os.getpid()
+    hit: list[int] = []
+    for target in targets:
+        if target != own and signal_pid(target, sig):
+            hit.append(target)
+    return hit
+
+
+def wait_gone(pids: Iterable[int], timeout: float, *, poll: float = 0.02) -> bool:
+    """Wait until none of pids is alive (zombies count as gone); True when they all went."""
+    pending = list(pids)
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = [p for p in pending if is_alive(p)]
+        if not pending:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+
+
+def reap_children() -> list[tuple[int, int]]:
+    """Collect every exited child of this process without blocking: (pid, status) pairs."""
+    reaped: list[tuple[int, int]] = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        reaped.append((pid, status))
+    return reaped
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c") or "libc.so.6"
+    try:
+        return ctypes.CDLL(name, use_errno=True)
+    except OSError:
+        return None
+
+
+def preload_libc() -> None:
+    """Load libc now, so a preexec function after fork does not have to (no dlopen there)."""
+    _libc()
+
+
+def _prctl(option: int, arg: int) -> bool:
+    libc = _libc()
+    if libc is None:
+        return False
+    res = libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0),
+                     ctypes.c_ulong(0), ctypes.c_ulong(0))
+    return int(res) == 0
+
+
+def set_child_subreaper() -> bool:
+    """Make this process adopt orphaned descendants (so they can be found and killed)."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send sig to this process when its parent dies."""
+    return _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def signal_name(sig: int | None) -> str | None:
+    """SIGTERM for 15; None for None; the number as text when unknown."""
+    if sig is None:
+        return None
+    with contextlib.suppress(ValueError):
+        return signal.Signals(sig).name
+    return str(sig)

@@ -1,0 +1,156 @@
+"""fleet_tui.procs against real processes: identity, descendants, group kill, prctl."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleet_tui import procs
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+
+
+def _wait_for(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+def test_own_stat_matches_os() -> None:
+    st = procs.read_stat(os.getpid())
+    assert st is not None
+    assert st.ppid == os.getppid()
+    assert st.pgid == os.getpgid(0)
+    assert st.sid == os.getsid(0)
+    assert procs.start_time(os.getpid()) == st.start
+    assert procs.is_alive(os.getpid(), st.start)
+
+
+def test_comm_with_spaces_and_parens(tmp_path: Path) -> None:
+    odd = tmp_path / "we ird) (x"
+    shutil.copy("/bin/sleep", odd)
+    proc = subprocess.Popen([str(odd), "30"])
+    try:
+        st = procs.read_stat(proc.pid)
+        assert st is not None
+        assert st.ppid == os.getpid()
+        assert st.state in ("R", "S")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_is_alive_checks_start_time_and_zombies() -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    start = procs.start_time(proc.pid)
+    assert start is not None
+    assert procs.is_alive(proc.pid, start)
+    assert not procs.is_alive(proc.pid, str(int(start) + 1))  # a reused pid looks like this
+    proc.kill()
+    assert _wait_for(lambda: not procs.is_alive(proc.pid))  # a zombie counts as gone
+    proc.wait()
+    assert procs.read_stat(proc.pid) is None
+    assert not procs.is_alive(None)
+    assert not procs.is_alive(0)
+
+
+def test_descendants_and_signal_tree_reach_other_groups() -> None:
+    # The shell starts one sleep in its own session (like claude's Bash tool may) and one
+    # plain; both must be found through the tree and killed.
+    proc = subprocess.Popen(["bash", "-c", "setsid sleep 301 & sleep 302 & wait"],
+                            start_new_session=True)
+    try:
+        assert _wait_for(lambda: len(procs.descendants(proc.pid)) >= 2)
+        kids = procs.descendants(proc.pid)
+        cmds = {" ".join(procs.cmdline(k)) for k in kids}
+        assert {"sleep 301", "sleep 302"} <= cmds
+        other_groups = {procs.read_stat(k).pgid for k in kids if procs.read_stat(k)}  # type: ignore[union-attr]
+        assert len(other_groups | {proc.pid}) >= 2
+        hit = procs.signal_tree(proc.pid, signal.SIGKILL)
+        assert proc.pid in hit and set(kids) <= set(hit)
+        assert procs.wait_gone([proc.pid, *kids], 5)
+    finally:
+        proc.kill()
+        proc.wait()
+    for st in procs.all_stats():
+        assert " ".join(procs.cmdline(st.pid)) not in ("sleep 301", "sleep 302")
+
+
+def test_group_members_and_signal_group() -> None:
+    proc = subprocess.Popen(["bash", "-c", "sleep 303 & sleep 303 & wait"],
+                            start_new_session=True)
+    try:
+        assert _wait_for(lambda: len(procs.group_members(proc.pid)) == 3)
+        assert procs.signal_group(proc.pid, signal.SIGTERM)
+        assert _wait_for(lambda: not procs.group_members(proc.pid))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not procs.signal_group(1, signal.SIGTERM)  # never the init group
+
+
+_SUBREAPER = r"""
+import os, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+from fleet_tui import procs
+assert procs.set_child_subreaper()
+# the shell exits at once; its background sleep is orphaned and must come to us
+subprocess.run(["sh", "-c", "sleep 304 &"], check=True)
+for _ in range(200):
+    kids = [s for s in procs.all_stats() if s.ppid == os.getpid() and s.state != "Z"]
+    if kids:
+        break
+    time.sleep(0.02)
+print(" ".join(procs.cmdline(kids[0].pid)), flush=True)
+procs.signal_tree(os.getpid(), 9)
+time.sleep(0.1)
+procs.reap_children()
+"""
+
+
+def test_child_subreaper_adopts_orphans() -> None:
+    root = str(Path(procs.__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", _SUBREAPER, root], capture_output=True,
+                         text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "sleep 304"
+
+
+_DEATHSIG = r"""
+import os, signal, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from fleet_tui import procs
+procs.preload_libc()
+arm = lambda: procs.set_parent_death_signal(signal.SIGKILL)
+child = subprocess.Popen(["sleep", "305"], preexec_fn=arm)
+print(child.pid, flush=True)
+signal.pause()
+"""
+
+
+def test_parent_death_signal_kills_the_child() -> None:
+    root = str(Path(procs.__file__).resolve().parent.parent)
+    parent = subprocess.Popen([sys.executable, "-c", _DEATHSIG, root], stdout=subprocess.PIPE,
+                              text=True)
+    assert parent.stdout is not None
+    child_pid = int(parent.stdout.readline())
+    assert procs.is_alive(child_pid)
+    parent.kill()
+    parent.wait(timeout=5)
+    assert procs.wait_gone([child_pid], 5)
+
+
+def test_signal_name() -> None:
+    assert procs.signal_name(15) == "SIGTERM"
+    assert procs.signal_name(None) is None
+    assert procs.signal_name(250) == "250"
