@@ -1,15 +1,57 @@
-"""Git work for fleet-tui: worktrees, diffs, conflict preview, merge, discard (GitPython).
+"""Git work for fleet-tui: worktrees, diffs, conflict preview, merge, discard.
 
-Implementation in progress; the data classes and signatures are final.
+Every git command runs through GitPython (``git.Git(cwd).execute``); its exceptions become
+``GitError`` with a message that says what to do, never a traceback. Nothing here writes to
+a checkout the user did not ask to change: diffs and the conflict preview work on a temporary
+index file and unreferenced objects, and a failed merge is rolled back.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import git as gitpython
+
+from fleet_tui import paths
+
+__all__ = [
+    "ConflictPreview",
+    "Diff",
+    "FileDiff",
+    "GitError",
+    "MergeResult",
+    "WorktreeInfo",
+    "conflict_preview",
+    "create_worktree",
+    "current_branch",
+    "diff",
+    "diff_stat",
+    "discard",
+    "ensure_excluded",
+    "find_repo",
+    "main_worktree",
+    "merge",
+    "verify_worktree",
+]
+
 FileStatus = Literal["added", "modified", "deleted", "untracked", "renamed"]
+Strategy = Literal["merge", "squash"]
+
+_TASK_ID_RE = re.compile(r"^[0-9a-z][0-9a-z_-]{0,63}$")
+_EXCLUDE_LINE = f"/{paths.WORK_DIR_NAME}/"
+# Variables that could carry a credential into a user's test command.
+_SECRET_ENV = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GLM_API_KEY")
+_TEST_OUTPUT_LIMIT = 64_000
 
 
 class GitError(Exception):
@@ -18,39 +60,57 @@ class GitError(Exception):
 
 @dataclass(frozen=True)
 class WorktreeInfo:
+    """A task's worktree: where, on which branch, and what it started from."""
+
     path: Path
     branch: str
     base_commit: str
-    base_branch: str | None
+    base_branch: str | None  # None when the base was a detached HEAD or a non-branch ref
 
 
 @dataclass
 class FileDiff:
+    """One changed file of a task: status, line counts, and its unified patch."""
+
     path: str
     status: FileStatus
     added: int
     deleted: int
-    patch: str
-    old_path: str | None = None
+    patch: str  # empty for binary files
+    old_path: str | None = None  # the source of a rename
     binary: bool = False
 
 
 @dataclass
 class Diff:
+    """Everything a task changed against its base: per file and as one patch."""
+
     files: list[FileDiff]
     patch: str
+
+    @property
+    def added(self) -> int:
+        return sum(f.added for f in self.files)
+
+    @property
+    def deleted(self) -> int:
+        return sum(f.deleted for f in self.files)
 
 
 @dataclass
 class ConflictPreview:
+    """Would the task's branch merge cleanly into its base branch right now?"""
+
     clean: bool
     conflicts: list[str]
     message: str
-    uncommitted: bool = False
+    uncommitted: bool = False  # the worktree has changes that merge() will commit first
 
 
 @dataclass
 class MergeResult:
+    """What merge() did; ``message`` is the user-facing reason either way."""
+
     merged: bool
     commit: str | None
     message: str
@@ -58,37 +118,616 @@ class MergeResult:
     conflicts: list[str] = field(default_factory=list)
 
 
-def find_repo(path: Path) -> Path:
-    raise NotImplementedError
+# --- running git ------------------------------------------------------------------------------
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            return line.removeprefix("fatal: ").removeprefix("error: ")
+    return ""
+
+
+def _run(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
+         check: bool = True, what: str | None = None) -> tuple[int, str, str]:
+    """Run ``git args`` in cwd through GitPython; return (status, stdout, stderr).
+
+    With ``check``, a non-zero status raises GitError naming ``what`` and git's own reason.
+    """
+    try:
+        status, out, err = gitpython.Git(str(cwd)).execute(
+            ["git", *args], with_extended_output=True, with_exceptions=False,
+            strip_newline_in_stdout=False, env=dict(env) if env else None)
+    except gitpython.GitCommandNotFound:
+        raise GitError("git is not installed or not on PATH; install git 2.38 or newer"
+                       ) from None
+    except OSError as exc:
+        raise GitError(f"cannot run git in {cwd}: {exc.strerror or exc}") from None
+    out_s = out if isinstance(out, str) else (out or b"").decode("utf-8", "replace")
+    if check and status != 0:
+        reason = _first_line(err) or _first_line(out_s) or f"exit status {status}"
+        raise GitError(f"{what or 'git ' + args[0]} failed: {reason}")
+    return int(status), out_s, err
+
+
+def _out(cwd: Path, *args: str, what: str | None = None,
+         env: Mapping[str, str] | None = None) -> str:
+    return _run(cwd, *args, what=what, env=env)[1]
+
+
+def _rev(cwd: Path, ref: str) -> str | None:
+    """The commit a ref names, or None."""
+    status, out, _ = _run(cwd, "rev-parse", "--verify", "--quiet", "--end-of-options",
+                          f"{ref}^{{commit}}", check=False)
+    return out.strip() if status == 0 and out.strip() else None
+
+
+def _branch_exists(cwd: Path, branch: str) -> bool:
+    status, _, _ = _run(cwd, "show-ref", "--verify", "--quiet", f"refs/heads/{branch}",
+                        check=False)
+    return status == 0
+
+
+def current_branch(cwd: Path) -> str | None:
+    """The branch checked out in cwd, or None when HEAD is detached."""
+    status, out, _ = _run(cwd, "symbolic-ref", "--short", "-q", "HEAD", check=False)
+    return out.strip() if status == 0 and out.strip() else None
+
+
+def _git_path(cwd: Path, name: str) -> Path:
+    """A path inside the git dir of cwd (per-worktree, e.g. its index)."""
+    out = _out(cwd, "rev-parse", "--path-format=absolute", "--git-path", name).strip()
+    return Path(out)
+
+
+# --- finding the repository -------------------------------------------------------------------
+
+
+def find_repo(path: Path | str) -> Path:
+    """The top folder of the checkout containing ``path`` (any subfolder works).
+
+    A path inside a task's worktree gives that worktree (it is its own checkout);
+    ``main_worktree`` maps it back to the user's main checkout.
+    """
+    start = Path(path).expanduser()
+    if not start.exists():
+        raise GitError(f"{start} does not exist; give the folder of a git repository")
+    if start.is_file():
+        start = start.parent
+    try:
+        repo = gitpython.Repo(start, search_parent_directories=True)
+    except gitpython.InvalidGitRepositoryError:
+        raise GitError(f"{start} is not inside a git repository; cd into one, or create one "
+                       "with `git init` and a first commit") from None
+    except gitpython.NoSuchPathError:
+        raise GitError(f"{start} does not exist; give the folder of a git repository"
+                       ) from None
+    try:
+        if repo.bare:
+            raise GitError(f"{repo.git_dir} is a bare repository (no working tree); run "
+                           "fleet-tui in a normal clone (`git clone <url>`)")
+        top = repo.working_tree_dir
+        if top is None:  # pragma: no cover - bare is handled above
+            raise GitError(f"{start} has no working tree; run fleet-tui in a normal clone")
+        if not repo.head.is_valid():
+            raise GitError(f"the repository {top} has no commit yet; make one first "
+                           "(`git add -A && git commit -m initial`)")
+        return Path(top).resolve()
+    finally:
+        repo.close()
+
+
+def main_worktree(path: Path | str) -> Path:
+    """The main checkout of the repository containing ``path``, even from a linked worktree."""
+    top = find_repo(path)
+    common = Path(_out(top, "rev-parse", "--path-format=absolute", "--git-common-dir").strip())
+    if common.name == ".git" and common.parent.is_dir():
+        return common.parent.resolve()
+    return top
+
+
+def ensure_excluded(repo: Path) -> None:
+    """Keep ``.fleet-work/`` out of git through ``info/exclude`` (appends the line once)."""
+    exclude = _git_path(repo, "info/exclude")
+    try:
+        text = exclude.read_text(encoding="utf-8") if exclude.exists() else ""
+        lines = {line.strip() for line in text.splitlines()}
+        if _EXCLUDE_LINE in lines or f"{paths.WORK_DIR_NAME}/" in lines:
+            return
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        with exclude.open("a", encoding="utf-8") as fh:
+            if text and not text.endswith("\n"):
+                fh.write("\n")
+            fh.write(f"# fleet-tui worktrees and logs\n{_EXCLUDE_LINE}\n")
+    except OSError as exc:
+        raise GitError(f"cannot update {exclude}: {exc.strerror or exc}") from None
+
+
+# --- worktrees --------------------------------------------------------------------------------
+
+
+def _worktrees(repo: Path) -> list[dict[str, str]]:
+    """``git worktree list --porcelain`` as dicts (keys: worktree, HEAD, branch, ...)."""
+    out = _out(repo, "worktree", "list", "--porcelain", "-z")
+    entries: list[dict[str, str]] = []
+    current: dict[str, str] = {}
+    for token in out.split("\0"):
+        if not token:
+            if current:
+                entries.append(current)
+                current = {}
+            continue
+        key, _, value = token.partition(" ")
+        current[key] = value
+    if current:
+        entries.append(current)
+    return entries
+
+
+def _registered_worktree(repo: Path, *, path: Path | None = None,
+                         branch: str | None = None) -> Path | None:
+    for entry in _worktrees(repo):
+        wt = Path(entry.get("worktree", ""))
+        if path is not None and wt.resolve() == path.resolve():
+            return wt
+        if branch is not None and entry.get("branch") == f"refs/heads/{branch}":
+            return wt
+    return None
+
+
+def _remove_worktree(repo: Path, worktree: Path | None, branch: str | None) -> None:
+    """Remove a task's worktree (by path or by its branch), then prune. Idempotent."""
+    targets: list[Path] = []
+    if worktree is not None:
+        registered = _registered_worktree(repo, path=worktree)
+        if registered is not None:
+            targets.append(registered)
+    if branch is not None:
+        registered = _registered_worktree(repo, branch=branch)
+        if registered is not None and registered.resolve() != repo.resolve():
+            targets.append(registered)
+    for target in targets:
+        if target.resolve() == repo.resolve():
+            continue  # never the main checkout
+        _run(repo, "worktree", "remove", "--force", "--force", str(target), check=False)
+    # A folder left behind (never registered, or registration already pruned): delete it,
+    # but only inside .fleet-work/ so a wrong argument cannot wipe anything else.
+    if worktree is not None and worktree.exists():
+        work = paths.work_dir(repo).resolve()
+        if work in worktree.resolve().parents:
+            shutil.rmtree(worktree, ignore_errors=True)
+    _run(repo, "worktree", "prune", check=False)
+    for target in targets:
+        if target.exists():
+            raise GitError(f"could not remove the worktree {target}; close programs using it "
+                           f"and run `git worktree remove --force {target}`")
+
+
+def _delete_branch(repo: Path, branch: str) -> None:
+    if _branch_exists(repo, branch):
+        _out(repo, "branch", "-D", "--end-of-options", branch,
+             what=f"deleting branch {branch}")
 
 
 def create_worktree(repo: Path, task_id: str, base_ref: str | None = None, *,
                     reset: bool = False) -> WorktreeInfo:
-    raise NotImplementedError
+    """Create ``.fleet-work/<id>`` on a new branch ``fleet/<id>`` from the base.
+
+    An existing worktree or branch of that id is never reused silently: GitError, unless
+    ``reset`` (then both are removed and made fresh). The result is verified, so a failure
+    never leaves the caller pointing at the main checkout.
+    """
+    if not _TASK_ID_RE.match(task_id):
+        raise GitError(f"bad task id {task_id!r}: use lowercase letters and digits")
+    repo = Path(repo).resolve()
+    if base_ref is None:
+        base_commit = _rev(repo, "HEAD")
+        if base_commit is None:
+            raise GitError(f"the repository {repo} has no commit yet; make one first")
+        base_branch = current_branch(repo)
+    else:
+        if not base_ref.strip() or base_ref.startswith("-"):
+            raise GitError(f"unknown base ref {base_ref!r}: give a branch, tag or commit")
+        base_commit = _rev(repo, base_ref)
+        if base_commit is None:
+            raise GitError(f"unknown base ref {base_ref!r} in {repo}: give an existing branch, "
+                           "tag or commit (see `git branch -a`)")
+        name = base_ref.removeprefix("refs/heads/")
+        base_branch = name if _branch_exists(repo, name) else None
+    ensure_excluded(repo)
+    path = paths.worktree_path(repo, task_id)
+    branch = f"fleet/{task_id}"
+    stale = (path.exists() or _branch_exists(repo, branch)
+             or _registered_worktree(repo, path=path) is not None)
+    if stale:
+        if not reset:
+            raise GitError(f"{path} or branch {branch} exists already (left by an earlier "
+                           "run); discard the task first, or retry with a reset")
+        _remove_worktree(repo, path, branch)
+        _delete_branch(repo, branch)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    status, _, err = _run(repo, "worktree", "add", "-b", branch, str(path), base_commit,
+                          check=False)
+    if status != 0:
+        with contextlib.suppress(GitError):
+            _remove_worktree(repo, path, None)
+        raise GitError(f"could not create the worktree {path}: {_first_line(err)}")
+    verify_worktree(path, branch)
+    return WorktreeInfo(path=path, branch=branch, base_commit=base_commit,
+                        base_branch=base_branch)
 
 
 def verify_worktree(path: Path, branch: str | None = None) -> None:
-    raise NotImplementedError
+    """Raise GitError unless ``path`` is its own checkout (not the main one) on ``branch``.
+
+    The guard against defect 8: a worker must never run in the main checkout.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise GitError(f"the worktree {path} does not exist; retry the task to recreate it")
+    status, out, _ = _run(path, "rev-parse", "--show-toplevel", check=False)
+    if status != 0 or Path(out.strip()).resolve() != path.resolve():
+        raise GitError(f"{path} is not a git worktree of its own (its checkout is "
+                       f"{out.strip() or 'none'}); retry the task to recreate it")
+    if branch is not None and current_branch(path) != branch:
+        raise GitError(f"the worktree {path} is not on branch {branch}; retry the task "
+                       "to recreate it")
+
+
+# --- diffs ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _temp_index(worktree: Path) -> Iterator[dict[str, str]]:
+    """Env pointing git at a throwaway copy of the worktree's index (the real one is kept)."""
+    real = _git_path(worktree, "index")
+    fd, name = tempfile.mkstemp(prefix="fleet-index-")
+    os.close(fd)
+    try:
+        if real.exists():
+            shutil.copyfile(real, name)
+        else:
+            os.unlink(name)
+        yield {"GIT_INDEX_FILE": name}
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        with contextlib.suppress(OSError):
+            os.unlink(name + ".lock")
+
+
+def _intent_to_add(worktree: Path, files: list[str], env: dict[str, str]) -> None:
+    """Mark untracked files intent-to-add in the temporary index, so diffs include them."""
+    if not files:
+        return
+    fd, listing = tempfile.mkstemp(prefix="fleet-paths-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(b"\0".join(os.fsencode(f) for f in files) + b"\0")
+        _run(worktree, "add", "--intent-to-add", f"--pathspec-from-file={listing}",
+             "--pathspec-file-nul", env={**env, "GIT_LITERAL_PATHSPECS": "1"},
+             what="listing untracked files")
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(listing)
+
+
+def _untracked(worktree: Path, env: Mapping[str, str] | None = None) -> list[str]:
+    out = _out(worktree, "ls-files", "--others", "--exclude-standard", "-z", env=env)
+    return [p for p in out.split("\0") if p]
+
+
+_DIFF_OPTS = ("-c", "core.quotePath=false", "diff", "--no-color", "--no-ext-diff",
+              "--no-textconv", "-M")
+
+
+def _parse_raw_numstat(out: str) -> list[tuple[str, str, str | None, int, int, bool]]:
+    """Parse ``git diff --raw --numstat -z``: (status letter, path, old path, +, -, binary)."""
+    tokens = out.split("\0")
+    raw: list[tuple[str, str, str | None]] = []
+    counts: list[tuple[int, int, bool]] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if not token:
+            i += 1
+            continue
+        if token.startswith(":"):
+            letter = token.split()[-1][0]
+            if letter in "RC":
+                raw.append((letter, tokens[i + 2], tokens[i + 1]))
+                i += 3
+            else:
+                raw.append((letter, tokens[i + 1], None))
+                i += 2
+            continue
+        added_s, deleted_s, rest = [*token.split("\t", 2), "", ""][:3]
+        binary = added_s == "-"
+        counts.append((0 if binary else int(added_s), 0 if binary else int(deleted_s), binary))
+        i += 1 if rest else 3
+    result = []
+    for index, (letter, path, old) in enumerate(raw):
+        added, deleted, binary = counts[index] if index < len(counts) else (0, 0, False)
+        result.append((letter, path, old, added, deleted, binary))
+    return result
+
+
+def _split_patch(patch: str) -> list[str]:
+    """Split a multi-file patch at its ``diff --git`` headers (content lines never match)."""
+    chunks: list[str] = []
+    current: list[str] = []
+    for line in patch.splitlines(keepends=True):
+        if line.startswith("diff --git ") and current:
+            chunks.append("".join(current))
+            current = []
+        current.append(line)
+    if current:
+        chunks.append("".join(current))
+    return chunks
+
+
+_STATUS: dict[str, FileStatus] = {"A": "added", "C": "added", "D": "deleted", "M": "modified",
+                                  "R": "renamed", "T": "modified", "U": "modified"}
 
 
 def diff(worktree: Path, base_commit: str) -> Diff:
-    raise NotImplementedError
+    """The worktree against its base: committed, uncommitted and untracked changes.
+
+    Untracked files are marked intent-to-add in a temporary copy of the index, so two git
+    calls cover every file and the worktree's own index is never touched.
+    """
+    worktree = Path(worktree)
+    if not worktree.is_dir():
+        raise GitError(f"the worktree {worktree} does not exist (discarded or merged?)")
+    if _rev(worktree, base_commit) is None:
+        raise GitError(f"unknown base commit {base_commit!r} in {worktree}")
+    with _temp_index(worktree) as env:
+        untracked = _untracked(worktree, env)
+        _intent_to_add(worktree, untracked, env)
+        summary = _out(worktree, *_DIFF_OPTS, "--raw", "--numstat", "-z", base_commit, "--",
+                       env=env, what="git diff")
+        patch = _out(worktree, *_DIFF_OPTS, base_commit, "--", env=env, what="git diff")
+    untracked_set = set(untracked)
+    entries = _parse_raw_numstat(summary)
+    chunks = _split_patch(patch)
+    aligned = len(chunks) == len(entries)
+    files: list[FileDiff] = []
+    for index, (letter, path, old, added, deleted, binary) in enumerate(entries):
+        status: FileStatus = "untracked" if path in untracked_set else _STATUS.get(letter,
+                                                                                "modified")
+        file_patch = chunks[index] if aligned and not binary else ""
+        files.append(FileDiff(path=path, status=status, added=added, deleted=deleted,
+                              patch=file_patch, old_path=old, binary=binary))
+    return Diff(files=files, patch=patch)
 
 
 def diff_stat(worktree: Path, base_commit: str) -> tuple[int, int]:
-    raise NotImplementedError
+    """(added, deleted) lines of the worktree against its base, untracked files included."""
+    worktree = Path(worktree)
+    if not worktree.is_dir():
+        raise GitError(f"the worktree {worktree} does not exist (discarded or merged?)")
+    with _temp_index(worktree) as env:
+        untracked = _untracked(worktree, env)
+        _intent_to_add(worktree, untracked, env)
+        out = _out(worktree, *_DIFF_OPTS, "--numstat", "-z", base_commit, "--", env=env,
+                   what="git diff")
+    added = deleted = 0
+    for token in out.split("\0"):
+        parts = token.split("\t")
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            added += int(parts[0])
+            deleted += int(parts[1])
+    return added, deleted
+
+
+# --- conflict preview and merge ---------------------------------------------------------------
+
+
+def _has_uncommitted(worktree: Path) -> bool:
+    out = _out(worktree, "status", "--porcelain", "--untracked-files=all", "-z")
+    return bool(out.strip("\0"))
+
+
+def _snapshot_commit(worktree: Path) -> str:
+    """An unreferenced commit of the worktree as it is now (tracked + untracked files).
+
+    Built with a temporary index, ``write-tree`` and ``commit-tree``: no branch, index or
+    file of the worktree changes. Git's gc removes the object later.
+    """
+    with _temp_index(worktree) as env:
+        _run(worktree, "add", "-A", "--", ".", env=env, what="reading the worktree")
+        tree = _out(worktree, "write-tree", env=env, what="git write-tree").strip()
+    head = _out(worktree, "rev-parse", "HEAD").strip()
+    ident = {"GIT_AUTHOR_NAME": "fleet-tui", "GIT_AUTHOR_EMAIL": "fleet-tui@localhost",
+             "GIT_COMMITTER_NAME": "fleet-tui", "GIT_COMMITTER_EMAIL": "fleet-tui@localhost"}
+    return _out(worktree, "commit-tree", tree, "-p", head, "-m", "fleet-tui preview",
+                env=ident, what="git commit-tree").strip()
+
+
+def _merge_tree(repo: Path, base_tip: str, side: str) -> list[str] | None:
+    """Conflicting paths of merging ``side`` into ``base_tip`` (None: clean). No checkout."""
+    status, out, err = _run(repo, "merge-tree", "--write-tree", "--name-only", "--no-messages",
+                            base_tip, side, check=False)
+    if status == 0:
+        return None
+    if status == 1:
+        lines = [line for line in out.splitlines()[1:] if line.strip()]
+        return sorted(set(lines))
+    raise GitError(f"git merge-tree failed: {_first_line(err) or 'exit ' + str(status)} "
+                   "(fleet-tui needs git 2.38 or newer)")
+
+
+def _worktree_of(repo: Path, worktree: Path | None, branch: str) -> Path | None:
+    if worktree is not None and Path(worktree).is_dir():
+        return Path(worktree)
+    return _registered_worktree(repo, branch=branch)
 
 
 def conflict_preview(repo: Path, branch: str, base_branch: str, *,
                      worktree: Path | None = None) -> ConflictPreview:
-    raise NotImplementedError
+    """Would ``branch`` (with its worktree's uncommitted changes) merge cleanly into
+    ``base_branch``'s current tip? Uses ``git merge-tree``; touches no working tree.
+    """
+    repo = Path(repo)
+    base_tip = _rev(repo, f"refs/heads/{base_branch}")
+    if base_tip is None:
+        raise GitError(f"the base branch {base_branch!r} does not exist in {repo}")
+    side = _rev(repo, f"refs/heads/{branch}")
+    if side is None:
+        raise GitError(f"the task branch {branch!r} does not exist (discarded or merged?)")
+    wt = _worktree_of(repo, worktree, branch)
+    uncommitted = wt is not None and _has_uncommitted(wt)
+    if wt is not None and uncommitted:
+        side = _snapshot_commit(wt)
+    conflicts = _merge_tree(repo, base_tip, side)
+    note = " (uncommitted changes in the worktree included; merging commits them first)" \
+        if uncommitted else ""
+    if conflicts is None:
+        return ConflictPreview(clean=True, conflicts=[], uncommitted=uncommitted,
+                               message=f"{branch} merges cleanly into {base_branch}{note}")
+    shown = ", ".join(conflicts[:5]) + (f" and {len(conflicts) - 5} more"
+                                        if len(conflicts) > 5 else "")
+    return ConflictPreview(
+        clean=False, conflicts=conflicts, uncommitted=uncommitted,
+        message=(f"{branch} conflicts with {base_branch} in {len(conflicts)} file"
+                 f"{'s' if len(conflicts) != 1 else ''}: {shown}{note}; rebase or fix it in "
+                 "the worktree, or discard the task"))
+
+
+def _dirty_paths(repo: Path) -> list[str]:
+    """Tracked changes in the main checkout (untracked files and .fleet-work/ ignored)."""
+    out = _out(repo, "status", "--porcelain", "--untracked-files=no", "-z")
+    result = []
+    for entry in out.split("\0"):
+        if len(entry) > 3:
+            path = entry[3:]
+            if not path.startswith(f"{paths.WORK_DIR_NAME}/"):
+                result.append(path)
+    return result
+
+
+def _run_test(command: str, cwd: Path, timeout: float) -> tuple[bool, str]:
+    """Run the user's test command in a shell in cwd; (passed, combined output tail)."""
+    env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
+    try:
+        proc = subprocess.Popen(command, shell=True, cwd=cwd, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        return False, f"cannot run the test command: {exc.strerror or exc}"
+    try:
+        out, _ = proc.communicate(timeout=timeout if timeout > 0 else None)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        timed_out = True
+    text = out.decode("utf-8", "replace")
+    if len(text) > _TEST_OUTPUT_LIMIT:
+        text = "[... output cut ...]\n" + text[-_TEST_OUTPUT_LIMIT:]
+    if timed_out:
+        return False, text + f"\n[test command timed out after {timeout:g} s]\n"
+    if proc.returncode != 0:
+        return False, text + f"\n[test command exited with status {proc.returncode}]\n"
+    return True, text
+
+
+def _with_trailers(message: str, trailers: Mapping[str, str]) -> str:
+    """The message with ``Key: value`` trailer lines in a final paragraph of their own."""
+    lines = [f"{key}: {value}" for key, value in trailers.items() if value]
+    body = message.rstrip() + "\n"
+    return body + ("\n" + "\n".join(lines) + "\n" if lines else "")
+
+
+def _commit_args(message: str, trailers: Mapping[str, str]) -> list[str]:
+    return ["commit", "--no-verify", "-q", "--cleanup=strip", "-m",
+            _with_trailers(message, trailers)]
 
 
 def merge(repo: Path, worktree: Path | None, branch: str, base_branch: str, *, message: str,
-          trailers: dict[str, str] | None = None, test_command: str | None = None,
+          trailers: Mapping[str, str] | None = None, test_command: str | None = None,
           strategy: str = "merge", test_timeout: float = 600.0) -> MergeResult:
-    raise NotImplementedError
+    """Land a task: test, commit its worktree, merge into ``base_branch``, clean up.
+
+    Refuses (merged=False, the reason in ``message``) when the main checkout is dirty or not
+    on ``base_branch``, when the test command fails, or on conflicts; in each case the main
+    checkout is left exactly as it was. After a merge the worktree goes first, then the branch.
+    """
+    repo = Path(repo).resolve()
+    trailers = dict(trailers or {})
+    if strategy not in ("merge", "squash"):
+        raise GitError(f"unknown merge strategy {strategy!r}: use merge or squash")
+    title = message.strip() or f"fleet task {branch}"
+    base_tip = _rev(repo, f"refs/heads/{base_branch}")
+    if base_tip is None:
+        raise GitError(f"the base branch {base_branch!r} does not exist in {repo}")
+    if _rev(repo, f"refs/heads/{branch}") is None:
+        raise GitError(f"the task branch {branch!r} does not exist (discarded or merged?)")
+    on = current_branch(repo)
+    if on != base_branch:
+        return MergeResult(False, None, (
+            f"the main checkout {repo} is on {on or 'a detached HEAD'}, not on {base_branch}; "
+            f"switch to it (`git switch {base_branch}`) and merge again"))
+    dirty = _dirty_paths(repo)
+    if dirty:
+        shown = ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
+        return MergeResult(False, None, (
+            f"the main checkout {repo} has uncommitted changes ({shown}); commit or stash "
+            "them, then merge again"))
+    ensure_excluded(repo)
+    wt = _worktree_of(repo, worktree, branch)
+    if wt is not None:
+        verify_worktree(wt, branch)
+    test_output: str | None = None
+    if test_command:
+        cwd = wt if wt is not None else repo
+        passed, test_output = _run_test(test_command, cwd, test_timeout)
+        if not passed:
+            return MergeResult(False, None, f"the test command failed in {cwd}; not merged "
+                               "(its output is below)", test_output)
+    if wt is not None and _has_uncommitted(wt):
+        _run(wt, "add", "-A", "--", ".", what="staging the worker's changes")
+        _run(wt, *_commit_args(title, trailers), what="committing the worker's changes")
+    side = _out(repo, "rev-parse", f"refs/heads/{branch}").strip()
+    status, _, _ = _run(repo, "merge-base", "--is-ancestor", side, base_tip, check=False)
+    if status == 0:
+        return MergeResult(False, None, f"{branch} has no changes that {base_branch} lacks; "
+                           "nothing to merge (discard the task)", test_output)
+    conflicts = _merge_tree(repo, base_tip, side)
+    if conflicts:
+        return MergeResult(False, None, (
+            f"{branch} conflicts with {base_branch} in: {', '.join(conflicts[:5])}; nothing "
+            "was changed in the main checkout"), test_output, conflicts)
+    head_title = title.splitlines()[0]
+    if strategy == "merge":
+        merge_msg = _with_trailers(f"Merge {branch}: {head_title}", trailers)
+        args = ["merge", "--no-ff", "--no-verify", "--no-edit", "-m", merge_msg]
+        status, _, err = _run(repo, *args, "--end-of-options", branch, check=False)
+    else:
+        status, _, err = _run(repo, "merge", "--squash", "--end-of-options", branch,
+                              check=False)
+        if status == 0:
+            status, _, err = _run(repo, *_commit_args(title, trailers), check=False)
+    if status != 0:
+        found = _out(repo, "diff", "--name-only", "--diff-filter=U").split()
+        if strategy == "merge" and _git_path(repo, "MERGE_HEAD").exists():
+            _run(repo, "merge", "--abort", check=False)
+        else:
+            _run(repo, "reset", "--merge", check=False)
+        return MergeResult(False, None, (
+            f"merging {branch} into {base_branch} failed: {_first_line(err)}; the main "
+            "checkout was restored"), test_output, sorted(found))
+    commit = _out(repo, "rev-parse", "HEAD").strip()
+    _remove_worktree(repo, wt, branch)
+    _delete_branch(repo, branch)
+    return MergeResult(True, commit, f"merged {branch} into {base_branch} as {commit[:10]}",
+                       test_output)
 
 
 def discard(repo: Path, worktree: Path | None, branch: str) -> None:
-    raise NotImplementedError
+    """Remove a task's worktree, then its branch, without merging. Idempotent."""
+    repo = Path(repo).resolve()
+    _remove_worktree(repo, Path(worktree) if worktree is not None else None, branch)
+    _delete_branch(repo, branch)
