@@ -1,0 +1,1042 @@
+"""A scripted Anthropic-compatible endpoint on 127.0.0.1, for the demo and the tests.
+
+The real `claude` binary talks to it exactly as it would to the real API: `POST
+/v1/messages?beta=true` with `"stream": true`, answered with the standard SSE sequence.
+What it answers is a *script*: a list of turns, each a list of content blocks (`text`,
+`tool_use`, `thinking`) or a final text. Which turn to play is read from the request (the
+number of assistant messages already in `messages`), so the endpoint keeps no per-session
+state and any number of workers can play at once. Each worker picks its script with a
+`[script:NAME]` marker in its prompt (no marker: the default script).
+
+`{cwd}` in a script is replaced by the worker's working directory. The CLI states it in
+its system prompt (`Primary working directory: /path`, checked against CLI 2.1.197); we
+look there first, then in the messages (system reminders), and leave `.` when neither
+says it.
+
+Faults (HTTP errors for the first N requests, a hang, a connection dropped mid-stream) and
+a per-event delay make the failure paths and a human-speed demo reproducible. Every request
+is recorded (never a credential: only whether one came, its kind, and its sha256), and
+every CONNECT is refused and recorded, so a second instance can stand as `HTTPS_PROXY` and
+prove that nothing tries to leave the machine.
+
+Standard library only; the server runs in a background thread so that sync and async code
+can both use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import http.server
+import json
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, Literal, cast
+from urllib.parse import urlsplit
+
+__all__ = [
+    "DEFAULT_SCRIPT",
+    "Fault",
+    "RecordedRequest",
+    "Script",
+    "ScriptError",
+    "ScriptedEndpoint",
+    "ToolResultRecord",
+    "find_cwd",
+    "find_script_marker",
+    "load_scripts",
+    "main",
+    "parse_fault",
+]
+
+DEFAULT_SCRIPT = "default"
+MARKER_RE = re.compile(r"\[script:([A-Za-z0-9_.\-]+)\]")
+# The CLI's system prompt has "Primary working directory: /path" (2.1.x); older builds
+# said "Working directory: /path". Both end at the line break.
+_CWD_RES = (
+    re.compile(r"Primary working directory:\s*(\S[^\n]*)"),
+    re.compile(r"(?<![A-Za-z])Working directory:\s*(\S[^\n]*)"),
+)
+
+ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "api_error",
+    529: "overloaded_error",
+}
+ERROR_MESSAGES: dict[int, str] = {
+    401: "invalid x-api-key",
+    403: "permission denied",
+    429: "Number of request tokens has exceeded your per-minute rate limit",
+    500: "Internal server error",
+    529: "Overloaded",
+}
+
+
+class ScriptError(ValueError):
+    """A script or fault description is malformed; the message says where and how."""
+
+
+# --------------------------------------------------------------------------- scripts
+
+
+Block = dict[str, Any]
+Turn = list[Block]
+
+
+def _normalize_block(raw: object, where: str) -> Block:
+    if isinstance(raw, str):
+        return {"type": "text", "text": raw}
+    if not isinstance(raw, dict):
+        raise ScriptError(f"{where}: a content block must be an object or a string, "
+                          f"not {type(raw).__name__}")
+    kind = raw.get("type")
+    if kind == "text":
+        if not isinstance(raw.get("text"), str):
+            raise ScriptError(f"{where}: a text block needs a string \"text\"")
+        return {"type": "text", "text": raw["text"]}
+    if kind == "tool_use":
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise ScriptError(f"{where}: a tool_use block needs a \"name\" (e.g. \"Bash\")")
+        tool_input = raw.get("input", {})
+        if not isinstance(tool_input, dict):
+            raise ScriptError(f"{where}: tool_use \"input\" must be an object")
+        return {"type": "tool_use", "name": name, "input": tool_input}
+    if kind == "thinking":
+        if not isinstance(raw.get("thinking"), str):
+            raise ScriptError(f"{where}: a thinking block needs a string \"thinking\"")
+        return {"type": "thinking", "thinking": raw["thinking"]}
+    raise ScriptError(f"{where}: unknown block type {kind!r} "
+                      "(use \"text\", \"tool_use\" or \"thinking\")")
+
+
+def _normalize_turn(raw: object, where: str) -> Turn:
+    if isinstance(raw, str):
+        return [{"type": "text", "text": raw}]
+    if isinstance(raw, dict):
+        return [_normalize_block(raw, where)]
+    if not isinstance(raw, list) or not raw:
+        raise ScriptError(f"{where}: a turn is a final text or a non-empty list of blocks")
+    return [_normalize_block(b, f"{where}, block {j + 1}") for j, b in enumerate(raw)]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected failure, applied to the next `times` requests it matches.
+
+    kind: "error" (HTTP `status` with an Anthropic error body), "hang" (no answer until
+    the client gives up or the endpoint stops; with `after_events`, hangs mid-stream),
+    "drop" (closes the connection after `after_events` SSE events).
+    `times` None means every matching request; `turn` limits it to one turn.
+    `should_retry` sets the `x-should-retry` header (default: like the real API, true
+    for 408/409/429/5xx, false otherwise).
+    """
+
+    kind: Literal["error", "hang", "drop"]
+    status: int = 0
+    times: int | None = 1
+    retry_after: float | None = None
+    message: str | None = None
+    after_events: int | None = None
+    turn: int | None = None
+    should_retry: bool | None = None
+
+
+def parse_fault(raw: object, where: str = "fault") -> Fault:
+    """A fault from a script file or the command line.
+
+    Accepts an object (`{"status": 529, "times": 2}`, `{"kind": "hang"}`,
+    `{"kind": "drop", "after_events": 3}`), a status number, or a short string:
+    `529`, `529x2`, `429x3`, `hang`, `drop`, `dropx2`.
+    """
+    if isinstance(raw, Fault):
+        return raw
+    if isinstance(raw, bool):
+        raise ScriptError(f"{where}: expected a fault, got {raw!r}")
+    if isinstance(raw, int):
+        return Fault(kind="error", status=raw)
+    if isinstance(raw, str):
+        m = re.fullmatch(r"\s*(\d{3}|hang|drop)\s*(?:[x*]\s*(\d+|inf))?\s*", raw)
+        if not m:
+            raise ScriptError(f"{where}: cannot read fault {raw!r} "
+                              "(examples: 529, 529x2, 429x3, hang, drop)")
+        head, count = m.group(1), m.group(2)
+        times = None if count == "inf" else int(count or 1)
+        if head.isdigit():
+            return Fault(kind="error", status=int(head), times=times)
+        return Fault(kind=cast(Literal["hang", "drop"], head), times=times)
+    if not isinstance(raw, dict):
+        raise ScriptError(f"{where}: a fault is an object, a status code or a string")
+    known = {"kind", "status", "times", "retry_after", "message", "after_events", "turn",
+             "should_retry"}
+    unknown = set(raw) - known
+    if unknown:
+        raise ScriptError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+    kind = raw.get("kind", "error" if "status" in raw else None)
+    if kind not in ("error", "hang", "drop"):
+        raise ScriptError(f"{where}: \"kind\" must be error, hang or drop (got {kind!r})")
+    status = raw.get("status", 0)
+    if kind == "error" and (not isinstance(status, int) or not 400 <= status <= 599):
+        raise ScriptError(f"{where}: an error fault needs an HTTP \"status\" 400-599")
+    times = raw.get("times", 1)
+    if times is not None and (not isinstance(times, int) or times < 0):
+        raise ScriptError(f"{where}: \"times\" must be a count >= 0 or null (always)")
+    for key in ("after_events", "turn"):
+        val = raw.get(key)
+        if val is not None and (not isinstance(val, int) or val < 0):
+            raise ScriptError(f"{where}: \"{key}\" must be a whole number >= 0")
+    retry_after = raw.get("retry_after")
+    if retry_after is not None and not isinstance(retry_after, int | float):
+        raise ScriptError(f"{where}: \"retry_after\" must be seconds")
+    should_retry = raw.get("should_retry")
+    if should_retry is not None and not isinstance(should_retry, bool):
+        raise ScriptError(f"{where}: \"should_retry\" must be true or false")
+    message = raw.get("message")
+    if message is not None and not isinstance(message, str):
+        raise ScriptError(f"{where}: \"message\" must be a string")
+    return Fault(kind=kind, status=status, times=times,
+                 retry_after=None if retry_after is None else float(retry_after),
+                 message=message, after_events=raw.get("after_events"), turn=raw.get("turn"),
+                 should_retry=should_retry)
+
+
+@dataclass
+class Script:
+    """A named list of turns, with its own faults and optional per-event delay."""
+
+    name: str
+    turns: list[Turn]
+    faults: list[Fault] = field(default_factory=list)
+    delay: float | None = None
+
+    @classmethod
+    def from_data(cls, name: str, data: object) -> Script:
+        """Build from a bare list of turns or `{"turns", "faults", "delay"}`."""
+        if isinstance(data, Script):
+            return data
+        faults: list[Fault] = []
+        delay: float | None = None
+        if isinstance(data, dict):
+            unknown = set(data) - {"turns", "faults", "delay", "description"}
+            if unknown:
+                raise ScriptError(f"script {name!r}: unknown key(s) {sorted(unknown)}; "
+                                  "known: turns, faults, delay, description")
+            raw_faults = data.get("faults", [])
+            if not isinstance(raw_faults, list):
+                raise ScriptError(f"script {name!r}: \"faults\" must be a list")
+            faults = [parse_fault(f, f"script {name!r}, fault {i + 1}")
+                      for i, f in enumerate(raw_faults)]
+            raw_delay = data.get("delay")
+            if raw_delay is not None:
+                if not isinstance(raw_delay, int | float) or raw_delay < 0:
+                    raise ScriptError(f"script {name!r}: \"delay\" must be seconds >= 0")
+                delay = float(raw_delay)
+            data = data.get("turns")
+        if not isinstance(data, list) or not data:
+            raise ScriptError(f"script {name!r}: expected a non-empty list of turns "
+                              "(or an object with \"turns\")")
+        turns = [_normalize_turn(t, f"script {name!r}, turn {i + 1}")
+                 for i, t in enumerate(data)]
+        return cls(name=name, turns=turns, faults=faults, delay=delay)
+
+
+def _load_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ScriptError(f"cannot read script {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ScriptError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    except UnicodeDecodeError:
+        raise ScriptError(f"{path}: not UTF-8 text") from None
+
+
+def load_scripts(path: str | Path) -> dict[str, Script]:
+    """Scripts from a JSON file (named `default`) or a directory of `*.json` (by stem)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        files = sorted(p.glob("*.json"))
+        if not files:
+            raise ScriptError(f"{p}: no *.json scripts in this directory")
+        return {f.stem: Script.from_data(f.stem, _load_json(f)) for f in files}
+    if not p.exists():
+        raise ScriptError(f"script file not found: {p}")
+    return {DEFAULT_SCRIPT: Script.from_data(DEFAULT_SCRIPT, _load_json(p))}
+
+
+def _coerce_scripts(scripts: object) -> dict[str, Script]:
+    if isinstance(scripts, str | Path):
+        return load_scripts(scripts)
+    if isinstance(scripts, Script):
+        return {scripts.name: scripts}
+    if isinstance(scripts, Mapping):
+        return {str(k): Script.from_data(str(k), v) for k, v in scripts.items()}
+    return {DEFAULT_SCRIPT: Script.from_data(DEFAULT_SCRIPT, scripts)}
+
+
+# ------------------------------------------------------------------- request reading
+
+
+@dataclass(frozen=True)
+class ToolResultRecord:
+    """A tool_result the worker sent back (what its tool did with our tool_use)."""
+
+    tool_use_id: str
+    is_error: bool
+    text: str
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """What one request looked like, minus anything secret."""
+
+    method: str
+    path: str
+    status: int
+    model: str | None = None
+    turn: int | None = None
+    script: str | None = None
+    stream: bool | None = None
+    cwd: str | None = None
+    prompt: str | None = None
+    tool_results: tuple[ToolResultRecord, ...] = ()
+    has_auth: bool = False
+    auth_kind: str | None = None
+    auth_sha256: str | None = None
+    fault: str | None = None
+    proxied: bool = False
+    tool_use_ids: tuple[str, ...] = ()
+    time: float = 0.0
+
+
+def _texts(content: object) -> Iterator[str]:
+    if isinstance(content, str):
+        yield content
+    elif isinstance(content, list):
+        for block in content:
+            if isinstance(block, dict):
+                if isinstance(block.get("text"), str):
+                    yield block["text"]
+                elif block.get("type") == "tool_result":
+                    yield from _texts(block.get("content"))
+
+
+def find_cwd(body: Mapping[str, Any]) -> str | None:
+    """The worker's working directory as the CLI states it in the request, if it does."""
+    sources: list[str] = list(_texts(body.get("system")))
+    for msg in body.get("messages") or []:
+        if isinstance(msg, dict) and msg.get("role") in ("user", "system"):
+            sources.extend(_texts(msg.get("content")))
+    for regex in _CWD_RES:
+        for text in sources:
+            m = regex.search(text)
+            if m:
+                return m.group(1).strip().rstrip("/") or "/"
+    return None
+
+
+def _first_user_text(body: Mapping[str, Any]) -> str:
+    for msg in body.get("messages") or []:
+        if isinstance(msg, dict) and msg.get("role") == "user":
+            return "\n".join(_texts(msg.get("content")))
+    return ""
+
+
+def find_script_marker(body: Mapping[str, Any]) -> str | None:
+    """The NAME of a `[script:NAME]` marker in the first user message."""
+    m = MARKER_RE.search(_first_user_text(body))
+    return m.group(1) if m else None
+
+
+def _prompt_of(body: Mapping[str, Any]) -> str:
+    """The user's own prompt: the first user message minus the CLI's system reminders."""
+    for msg in body.get("messages") or []:
+        if isinstance(msg, dict) and msg.get("role") == "user":
+            parts = [t for t in _texts(msg.get("content"))
+                     if not t.lstrip().startswith("<system-reminder>")]
+            return "\n".join(parts).strip()
+    return ""
+
+
+def _count_turn(body: Mapping[str, Any]) -> int:
+    return sum(1 for m in body.get("messages") or []
+               if isinstance(m, dict) and m.get("role") == "assistant")
+
+
+def _new_tool_results(body: Mapping[str, Any]) -> tuple[ToolResultRecord, ...]:
+    """tool_results after the last assistant message: the ones this turn answers."""
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    last_assistant = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"),
+                         default=-1)
+    found: list[ToolResultRecord] = []
+    for msg in messages[last_assistant + 1:]:
+        content = msg.get("content")
+        if msg.get("role") != "user" or not isinstance(content, list):
+            continue
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                found.append(ToolResultRecord(
+                    tool_use_id=str(block.get("tool_use_id", "")),
+                    is_error=bool(block.get("is_error", False)),
+                    text="\n".join(_texts(block.get("content")))))
+    return tuple(found)
+
+
+def _auth_of(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(kind, sha256 of the value) of the credential header; never the value itself."""
+    authz = headers.get("authorization")
+    api_key = headers.get("x-api-key")
+    if authz:
+        scheme, _, value = authz.partition(" ")
+        kind = "bearer" if scheme.lower() == "bearer" else scheme.lower() or "authorization"
+        if api_key:
+            kind += "+x-api-key"
+        return kind, hashlib.sha256((value or authz).strip().encode()).hexdigest()
+    if api_key:
+        return "x-api-key", hashlib.sha256(api_key.strip().encode()).hexdigest()
+    return None, None
+
+
+def _substitute(value: Any, cwd: str) -> Any:
+    if isinstance(value, str):
+        return value.replace("{cwd}", cwd)
+    if isinstance(value, list):
+        return [_substitute(v, cwd) for v in value]
+    if isinstance(value, dict):
+        return {k: _substitute(v, cwd) for k, v in value.items()}
+    return value
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    """Split text into pieces of about `size` characters, at spaces where possible."""
+    if len(text) <= size:
+        return [text]
+    out: list[str] = []
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + size)
+        if end < len(text):
+            space = text.rfind(" ", start + 1, end)
+            if space > start:
+                end = space + 1
+        out.append(text[start:end])
+        start = end
+    return out
+
+
+def _json_pieces(text: str) -> list[str]:
+    """input_json_delta chunks: the real API sends partial JSON in several pieces."""
+    if len(text) < 4:
+        return [text]
+    n = max(3, len(text) // 40)
+    step = -(-len(text) // n)
+    return [text[i:i + step] for i in range(0, len(text), step)]
+
+
+# --------------------------------------------------------------------------- server
+
+
+class _Dropped(Exception):
+    """Raised inside a handler to cut the connection (fault or client gone)."""
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fleet-tui-scripted-endpoint"
+    sys_version = ""
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the endpoint records requests itself; access logs would be noise."""
+
+    # -- plumbing
+    def _endpoint(self) -> ScriptedEndpoint:
+        return self.server.endpoint
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("transfer-encoding", "").lower():
+            data = bytearray()
+            while True:
+                size_line = self.rfile.readline(65537)
+                size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass
+                    return bytes(data)
+                data += self.rfile.read(size)
+                self.rfile.readline(65537)
+        length = int(self.headers.get("content-length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _send_json(self, status: int, payload: Mapping[str, Any],
+                   extra: Mapping[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.send_header("request-id", _new_id("req_"))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        self.wfile.flush()
+
+    def _send_error_json(self, status: int, message: str,
+                         extra: Mapping[str, str] | None = None) -> None:
+        self._send_json(status, {
+            "type": "error",
+            "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message},
+            "request_id": _new_id("req_"),
+        }, extra)
+
+    # -- verbs
+    def do_CONNECT(self) -> None:
+        self._endpoint()._record_connect(self.path)
+        self.close_connection = True
+        self._send_error_json(403, "CONNECT refused: this scripted endpoint is a trap; "
+                                   "nothing may leave the machine", {"connection": "close"})
+
+    def do_HEAD(self) -> None:
+        # The CLI probes `HEAD /` before its first call; answer it, count it apart.
+        self._endpoint()._record_probe(self.command, self.path)
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self._not_found()
+
+    def do_PUT(self) -> None:
+        self._not_found()
+
+    def do_DELETE(self) -> None:
+        self._not_found()
+
+    def do_PATCH(self) -> None:
+        self._not_found()
+
+    def do_OPTIONS(self) -> None:
+        self._not_found()
+
+    def do_POST(self) -> None:
+        try:
+            self._post()
+        except (_Dropped, BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _not_found(self, body: bytes | None = None) -> None:
+        if body is None and self.command in ("POST", "PUT", "PATCH"):
+            self._read_body()
+        split = urlsplit(self.path)
+        proxied = bool(split.scheme)
+        kind, digest = _auth_of({k.lower(): v for k, v in self.headers.items()})
+        status = 403 if proxied else 404
+        self._endpoint()._record(RecordedRequest(
+            method=self.command, path=self.path, status=status, proxied=proxied,
+            has_auth=kind is not None, auth_kind=kind, auth_sha256=digest, time=time.time()))
+        if proxied:
+            self.close_connection = True
+            self._send_error_json(403, "proxy request refused: this scripted endpoint is a "
+                                       "trap; nothing may leave the machine",
+                                  {"connection": "close"})
+        else:
+            self._send_error_json(404, f"no such endpoint: {self.command} {split.path}")
+
+    def _post(self) -> None:
+        split = urlsplit(self.path)
+        if split.scheme or split.path.rstrip("/") != "/v1/messages":
+            self._read_body()
+            self._not_found(b"")
+            return
+        raw = self._read_body()
+        ep = self._endpoint()
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        kind, digest = _auth_of(headers)
+        try:
+            body = json.loads(raw or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            ep._record(RecordedRequest(method="POST", path=self.path, status=400,
+                                       has_auth=kind is not None, auth_kind=kind,
+                                       auth_sha256=digest, time=time.time()))
+            self._send_error_json(400, "request body must be a JSON object")
+            return
+        turn = _count_turn(body)
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        stream = bool(body.get("stream", False))
+        cwd = find_cwd(body)
+        marker = find_script_marker(body)
+        script, problem = ep._pick_script(marker)
+        base = RecordedRequest(
+            method="POST", path=self.path, status=0, model=model, turn=turn,
+            script=script.name if script else marker, stream=stream, cwd=cwd,
+            prompt=_prompt_of(body), tool_results=_new_tool_results(body),
+            has_auth=kind is not None, auth_kind=kind, auth_sha256=digest, time=time.time())
+        if script is None:
+            ep._record(replace(base, status=400))
+            self._send_error_json(400, problem)
+            return
+        fault = ep._take_fault(script, turn)
+        fault_name = None
+        if fault is not None:
+            fault_name = (f"error:{fault.status}" if fault.kind == "error" else fault.kind)
+        if fault is not None and fault.kind == "error":
+            ep._record(replace(base, status=fault.status, fault=fault_name))
+            extra: dict[str, str] = {}
+            if fault.status == 429 or fault.retry_after is not None:
+                extra["retry-after"] = _fmt_seconds(
+                    1.0 if fault.retry_after is None else fault.retry_after)
+            # Like the real API: tells the client whether a retry can help. The CLI
+            # honours it (a 401 without it is retried; with "false" it fails at once).
+            extra["x-should-retry"] = "true" if _should_retry(fault) else "false"
+            self._send_error_json(fault.status, fault.message
+                                  or ERROR_MESSAGES.get(fault.status, "scripted error"), extra)
+            return
+        if fault is not None and fault.kind == "hang" and fault.after_events is None:
+            ep._record(replace(base, status=0, fault=fault_name))
+            ep._hang()
+            raise _Dropped
+        blocks = self._build_blocks(script, turn, cwd or ".")
+        ids = tuple(b["id"] for b in blocks if b["type"] == "tool_use")
+        stop_reason = "tool_use" if ids else "end_turn"
+        ep._record(replace(base, status=200, fault=fault_name, tool_use_ids=ids))
+        message_id = _new_id("msg_")
+        input_tokens = max(1, len(raw) // 4)
+        output_tokens = max(1, len(json.dumps(blocks)) // 4)
+        delay = script.delay if script.delay is not None else ep.event_delay
+        if stream:
+            self._stream(model or "scripted", message_id, blocks, stop_reason,
+                         input_tokens, output_tokens, delay, fault)
+        else:
+            if fault is not None:  # drop / hang mid-answer: nothing useful is sent
+                if fault.kind == "hang":
+                    ep._hang()
+                raise _Dropped
+            if delay:
+                ep._sleep(delay)
+            self._send_json(200, {
+                "id": message_id, "type": "message", "role": "assistant",
+                "model": model or "scripted", "content": blocks,
+                "stop_reason": stop_reason, "stop_sequence": None,
+                "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens,
+                          "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+            })
+
+    def _build_blocks(self, script: Script, turn: int, cwd: str) -> list[Block]:
+        if turn < len(script.turns):
+            template = script.turns[turn]
+        else:
+            template = [{"type": "text",
+                         "text": f"(script {script.name!r} has only {len(script.turns)} "
+                                 f"turn(s); nothing more to do)"}]
+        blocks: list[Block] = []
+        for block in _substitute(template, cwd):
+            if block["type"] == "tool_use":
+                block = {"type": "tool_use", "id": _new_id("toolu_"), "name": block["name"],
+                         "input": block["input"]}
+            elif block["type"] == "thinking":
+                block = {"type": "thinking", "thinking": block["thinking"],
+                         "signature": _new_id("sig_")}
+            blocks.append(block)
+        return blocks
+
+    def _stream(self, model: str, message_id: str, blocks: list[Block], stop_reason: str,
+                input_tokens: int, output_tokens: int, delay: float,
+                fault: Fault | None) -> None:
+        ep = self._endpoint()
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        self.send_header("request-id", _new_id("req_"))
+        self.end_headers()
+        sent = 0
+
+        def emit(event: str, data: Mapping[str, Any]) -> None:
+            nonlocal sent
+            if fault is not None and fault.kind in ("drop", "hang"):
+                limit = fault.after_events if fault.after_events is not None else 2
+                if sent >= limit:
+                    if fault.kind == "hang":
+                        ep._hang()
+                    self._abort()
+            if delay and sent:
+                ep._sleep(delay)
+            payload = f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+            self.wfile.flush()
+            sent += 1
+
+        emit("message_start", {"type": "message_start", "message": {
+            "id": message_id, "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1,
+                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}})
+        for index, block in enumerate(blocks):
+            kind = block["type"]
+            if kind == "text":
+                emit("content_block_start", {"type": "content_block_start", "index": index,
+                                             "content_block": {"type": "text", "text": ""}})
+                for piece in _chunks(block["text"], 24 if delay else 400):
+                    emit("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                 "delta": {"type": "text_delta",
+                                                           "text": piece}})
+            elif kind == "thinking":
+                emit("content_block_start", {"type": "content_block_start", "index": index,
+                                             "content_block": {"type": "thinking",
+                                                               "thinking": "",
+                                                               "signature": ""}})
+                for piece in _chunks(block["thinking"], 24 if delay else 400):
+                    emit("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                 "delta": {"type": "thinking_delta",
+                                                           "thinking": piece}})
+                emit("content_block_delta", {"type": "content_block_delta", "index": index,
+                                             "delta": {"type": "signature_delta",
+                                                       "signature": block["signature"]}})
+            else:
+                emit("content_block_start", {"type": "content_block_start", "index": index,
+                                             "content_block": {"type": "tool_use",
+                                                               "id": block["id"],
+                                                               "name": block["name"],
+                                                               "input": {}}})
+                for piece in _json_pieces(json.dumps(block["input"])):
+                    emit("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                 "delta": {"type": "input_json_delta",
+                                                           "partial_json": piece}})
+            emit("content_block_stop", {"type": "content_block_stop", "index": index})
+        emit("message_delta", {"type": "message_delta",
+                               "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                               "usage": {"output_tokens": output_tokens}})
+        emit("message_stop", {"type": "message_stop"})
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _abort(self) -> None:
+        """Cut the connection mid-stream, as a crashed proxy or server would."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+        raise _Dropped
+
+
+def _should_retry(fault: Fault) -> bool:
+    if fault.should_retry is not None:
+        return fault.should_retry
+    return fault.status in (408, 409, 429) or fault.status >= 500
+
+
+def _fmt_seconds(seconds: float) -> str:
+    return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:g}"
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    block_on_close = False
+
+    def __init__(self, address: tuple[str, int], endpoint: ScriptedEndpoint) -> None:
+        self.endpoint = endpoint
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.endpoint._track(request, add=True)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.endpoint._track(request, add=False)
+        super().shutdown_request(request)
+
+
+# ------------------------------------------------------------------------- endpoint
+
+
+class ScriptedEndpoint:
+    """The scripted endpoint; use as a (sync or async) context manager.
+
+    `scripts`: a list of turns (the default script), a `Script`, a mapping of name to
+    turns / script object, or a path to a JSON file or a directory of them.
+    `faults`: global faults, consumed before a script's own faults.
+    """
+
+    def __init__(self, scripts: object = None, *, event_delay: float = 0.0, port: int = 0,
+                 host: str = "127.0.0.1", faults: Iterable[object] = ()) -> None:
+        self.scripts: dict[str, Script] = (
+            {} if scripts is None else _coerce_scripts(scripts))
+        self.event_delay = float(event_delay)
+        self.host = host
+        self._port = port
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._changed = threading.Condition(self._lock)
+        self._global_faults: list[Fault] = [parse_fault(f) for f in faults]
+        self._remaining: dict[int, int | None] = {}
+        self._requests: list[RecordedRequest] = []
+        self._connects: list[str] = []
+        self._probes: list[tuple[str, str]] = []
+        self._sockets: set[socket.socket] = set()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        for fault in self._global_faults:
+            self._remaining[id(fault)] = fault.times
+        for script in self.scripts.values():
+            for fault in script.faults:
+                self._remaining[id(fault)] = fault.times
+
+    # -- lifecycle
+    def start(self) -> ScriptedEndpoint:
+        """Bind (port 0 = a free one) and serve in a daemon thread."""
+        if self._server is not None:
+            return self
+        self._stop.clear()
+        self._server = _Server((self.host, self._port), self)
+        self._port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.1},
+                                        name=f"scripted-endpoint:{self._port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, release hanging handlers, close open connections."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stop.set()
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> ScriptedEndpoint:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> ScriptedEndpoint:
+        return self.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.stop)
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """`http://127.0.0.1:PORT`, the value for ANTHROPIC_BASE_URL (and a proxy URL)."""
+        if self._server is None:
+            raise RuntimeError("the endpoint is not started; use it as a context manager")
+        return f"http://{self.host}:{self._port}"
+
+    # -- configuration at runtime
+    def add_script(self, name: str, script: object) -> None:
+        s = Script.from_data(name, script)
+        with self._lock:
+            self.scripts[name] = s
+            for fault in s.faults:
+                self._remaining[id(fault)] = fault.times
+
+    def set_faults(self, faults: Iterable[object], *, script: str | None = None) -> None:
+        """Replace the global faults (or one script's) with fresh counters."""
+        parsed = [parse_fault(f) for f in faults]
+        with self._lock:
+            if script is None:
+                self._global_faults = parsed
+            else:
+                if script not in self.scripts:
+                    raise KeyError(f"no script named {script!r}")
+                self.scripts[script].faults = parsed
+            for fault in parsed:
+                self._remaining[id(fault)] = fault.times
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._global_faults = []
+            for s in self.scripts.values():
+                s.faults = []
+
+    # -- what happened
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """A snapshot of every recorded request (HEAD probes and CONNECTs apart)."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def connects(self) -> list[str]:
+        """Targets of refused CONNECTs (`host:port`)."""
+        with self._lock:
+            return list(self._connects)
+
+    @property
+    def probes(self) -> list[tuple[str, str]]:
+        """(method, path) of HEAD probes the CLI sends before its first call."""
+        with self._lock:
+            return list(self._probes)
+
+    def message_requests(self, script: str | None = None) -> list[RecordedRequest]:
+        """Recorded `POST /v1/messages` requests, optionally of one script."""
+        return [r for r in self.requests
+                if r.method == "POST" and not r.proxied
+                and urlsplit(r.path).path.rstrip("/") == "/v1/messages"
+                and (script is None or r.script == script)]
+
+    def wait_for(self, count: int, timeout: float = 10.0) -> list[RecordedRequest]:
+        """Wait until at least `count` requests were recorded; raise TimeoutError if not."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self._requests) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{len(self._requests)} request(s) recorded, "
+                                       f"wanted {count} within {timeout} s")
+                self._changed.wait(left)
+            return list(self._requests)
+
+    # -- used by the handler
+    def _pick_script(self, marker: str | None) -> tuple[Script | None, str]:
+        with self._lock:
+            if marker is not None:
+                found = self.scripts.get(marker)
+                if found is None:
+                    return None, (f"unknown script {marker!r} in the [script:NAME] marker; "
+                                  f"known: {', '.join(sorted(self.scripts)) or 'none'}")
+                return found, ""
+            if DEFAULT_SCRIPT in self.scripts:
+                return self.scripts[DEFAULT_SCRIPT], ""
+            if self.scripts:
+                return next(iter(self.scripts.values())), ""
+            return None, "the scripted endpoint has no scripts loaded"
+
+    def _take_fault(self, script: Script, turn: int) -> Fault | None:
+        with self._lock:
+            for fault in [*self._global_faults, *script.faults]:
+                if fault.turn is not None and fault.turn != turn:
+                    continue
+                left = self._remaining.get(id(fault), fault.times)
+                if left is None:
+                    return fault
+                if left > 0:
+                    self._remaining[id(fault)] = left - 1
+                    return fault
+        return None
+
+    def _record(self, request: RecordedRequest) -> None:
+        with self._changed:
+            self._requests.append(request)
+            self._changed.notify_all()
+
+    def _record_connect(self, target: str) -> None:
+        with self._lock:
+            self._connects.append(target)
+
+    def _record_probe(self, method: str, path: str) -> None:
+        with self._lock:
+            self._probes.append((method, path))
+
+    def _track(self, sock: socket.socket, *, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._sockets.add(sock)
+            else:
+                self._sockets.discard(sock)
+
+    def _hang(self) -> None:
+        """Block until the endpoint stops (a hung upstream, for client timeouts)."""
+        self._stop.wait()
+
+    def _sleep(self, seconds: float) -> None:
+        if self._stop.wait(seconds):
+            raise _Dropped
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m fleet_tui.endpoint",
+        description="Serve a scripted Anthropic-compatible endpoint on 127.0.0.1. Prints "
+                    "its URL, then serves until interrupted (Ctrl-C or SIGTERM).")
+    parser.add_argument("--script", required=True, metavar="FILE",
+                        help="a JSON script, or a directory of *.json scripts (by name)")
+    parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    parser.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
+                        help="pause between SSE events, for a human-speed demo")
+    parser.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                        help="global fault: 529, 529x2, 429x3, 401, hang, drop (repeatable)")
+    return parser.parse_args(list(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m fleet_tui.endpoint`."""
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    if not 0 <= args.port <= 65535:
+        print(f"endpoint: --port must be 0-65535 (got {args.port})", file=sys.stderr)
+        return 2
+    try:
+        endpoint = ScriptedEndpoint(args.script, event_delay=max(0.0, args.delay),
+                                    port=args.port, faults=args.fault)
+    except ScriptError as exc:
+        print(f"endpoint: {exc}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        done.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            endpoint.start()
+        except OSError as exc:
+            print(f"endpoint: cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
+        print(endpoint.url, flush=True)
+        print(f"endpoint: scripts {', '.join(sorted(endpoint.scripts))}; "
+              "stop with Ctrl-C", file=sys.stderr, flush=True)
+        while not done.wait(0.5):
+            pass
+    finally:
+        endpoint.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
