@@ -1,0 +1,141 @@
+"""fleet-worker: the drop-in replacement of the original launcher script.
+
+All arguments go to claude; the process *becomes* claude (exec: same pid, so signals and
+the exit code pass straight through). Only `--dry-run` and `-h/--help` are ours. Kept
+lean: this runs before every worker, so it imports only config and launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from fleet_tui.config import ConfigError, load_settings
+from fleet_tui.launcher import LaunchError, plan_launch
+
+PROG = "fleet-worker"
+
+USAGE = """\
+usage: fleet-worker [--dry-run] [CLAUDE FLAGS...] "PROMPT"
+       fleet-worker [--dry-run] [CLAUDE FLAGS...] < prompt.txt
+
+Runs `claude -p --model sonnet --permission-mode MODE [CLAUDE FLAGS...] PROMPT` in an
+isolated CLAUDE_CONFIG_DIR, pointed at an Anthropic-compatible endpoint. Every argument
+except the two below is passed to claude unchanged; the process becomes claude, so its
+pid, signals and exit code are claude's. A prompt piped on stdin reaches claude; when
+stdin is a terminal, claude gets /dev/null instead (no wait for input).
+
+options (ours; everything else goes to claude):
+  --dry-run        print the environment changes (key redacted) and the argv; run nothing
+  -h, --help       this text
+
+settings (environment; also config.toml keys without the prefix, in lower case):
+  FLEET_WORKER_CONFIG_DIR        isolated CLAUDE_CONFIG_DIR      (~/.fleet-worker/cfg)
+  FLEET_WORKER_BASE_URL          endpoint          (https://api.z.ai/api/anthropic)
+  FLEET_WORKER_MODEL             opus/sonnet model mapping                  (GLM-5.2)
+  FLEET_WORKER_SMALL_MODEL       haiku model mapping                    (GLM-4.5-Air)
+  FLEET_WORKER_PERMISSION_MODE   default, acceptEdits, plan, auto, dontAsk,
+                                 bypassPermissions                (bypassPermissions)
+                                 (a --permission-mode flag overrides it)
+  FLEET_WORKER_EFFORT            effortLevel written to settings.json          (high)
+  FLEET_WORKER_KEYRING_SERVICE   keyring service of the key            (fleet-worker)
+  FLEET_WORKER_KEYRING_KEY       keyring entry name of the key              (api-key)
+  FLEET_WORKER_KEY_SOURCES       where to look for the key, in order
+                                 (env,keyring,zhipu,glm)
+  FLEET_WORKER_CLAUDE            claude binary, a path or a name on PATH     (claude)
+  FLEET_WORKER_SANDBOX=1         this machine is a sandbox: allow bypassPermissions as
+                                 root (sets IS_SANDBOX=1 for claude)
+  FLEET_TUI_CONFIG               path of config.toml
+                                 (default: ~/.config/fleet-tui/config.toml)
+
+the key (first found): ANTHROPIC_AUTH_TOKEN, the OS keyring entry (`fleet-tui key set`),
+ZHIPU_API_KEY, GLM_API_KEY. It reaches claude only in its environment. Inherited
+ANTHROPIC_* variables, CLAUDE_CODE_OAUTH_TOKEN and CLAUDE_CONFIG_DIR are removed.
+
+exit codes: claude's own (0 ok, 1 auth/API/overload error); 2 usage or configuration
+error; 5 claude not found or no key.
+"""
+
+
+def _split_own_options(argv: list[str]) -> tuple[bool, bool, list[str]]:
+    """(dry_run, help, arguments for claude). Ours are recognised anywhere before `--`."""
+    dry_run = False
+    want_help = False
+    rest: list[str] = []
+    for index, arg in enumerate(argv):
+        if arg == "--":
+            rest.extend(argv[index:])
+            break
+        if arg == "--dry-run":
+            dry_run = True
+        elif arg in ("-h", "--help"):
+            want_help = True
+        else:
+            rest.append(arg)
+    return dry_run, want_help, rest
+
+
+def _claude_version(path: str) -> str:
+    """`claude --version` for the dry-run report (with a timeout; never fatal)."""
+    import subprocess
+
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=15,
+                             stdin=subprocess.DEVNULL,
+                             env={**os.environ, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({type(exc).__name__})"
+    return (out.stdout.strip().splitlines() or ["unknown"])[0]
+
+
+def _stdin_for_claude() -> None:
+    """A terminal on stdin becomes /dev/null (claude would wait for input); a pipe or file
+    is left untouched so a piped prompt reaches claude (original defect 1)."""
+    try:
+        is_tty = os.isatty(0)
+        os.fstat(0)
+        usable = True
+    except OSError:
+        is_tty, usable = False, False
+    if is_tty or not usable:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+
+
+def _err(message: str) -> None:
+    sys.stderr.write(f"{PROG}: {message}\n")
+
+
+def main(argv: list[str]) -> int:
+    dry_run, want_help, args = _split_own_options(argv)
+    if want_help:
+        sys.stdout.write(USAGE)
+        return 0
+    try:
+        settings = load_settings()
+        plan = plan_launch(settings, args, prepare=not dry_run)
+    except ConfigError as exc:
+        _err(f"error: {exc}")
+        return exc.exit_code
+    except LaunchError as exc:
+        _err(f"error: {exc}")
+        return exc.exit_code
+    for warning in plan.warnings:
+        _err(f"warning: {warning}")
+    if dry_run:
+        text = plan.describe()
+        version = _claude_version(plan.argv[0])
+        sys.stdout.write(f"{text}claude version: {version}\n")
+        return 0
+    _stdin_for_claude()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        if plan.cwd is not None:
+            os.chdir(plan.cwd)
+        os.execve(plan.argv[0], plan.argv, plan.env)
+    except OSError as exc:
+        _err(f"error: cannot run {plan.argv[0]}: {exc.strerror or exc}")
+        return 5
+    return 0  # pragma: no cover - execve does not return

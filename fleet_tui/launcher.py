@@ -1,0 +1,513 @@
+"""Turn settings and a credential into one isolated `claude -p` process description.
+
+This is the load-bearing part of fleet-worker (spec §4): a dedicated CLAUDE_CONFIG_DIR so
+no host login or hook leaks in, inherited Anthropic credentials removed so only *our* key
+reaches *our* endpoint, and the key carried only in the child's environment. It is a
+library: nothing here prints or exits; `fleet-worker`, `fleet-doctor` and the engine's
+runner decide what to do with a `LaunchPlan` or a `LaunchError`.
+
+Startup cost matters (fleet-worker imports this on every launch): `keyring` is imported
+only when the keyring is actually consulted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from fleet_tui.config import PERMISSION_MODES, Settings
+
+# Inherited variables that would let another credential, login or config reach claude.
+# ANTHROPIC_* covers ANTHROPIC_API_KEY / _AUTH_TOKEN / _BASE_URL / model overrides. The
+# CLAUDE_CODE_USE_* switches would send every request to another provider altogether.
+SCRUB_PREFIXES = ("ANTHROPIC_",)
+SCRUB_NAMES = ("CLAUDE_CODE_OAUTH_TOKEN", "CLAUDE_CONFIG_DIR", "CLAUDE_CODE_USE_BEDROCK",
+               "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY")
+
+ALLOWLIST_FLAGS = ("--allowedTools", "--allowed-tools")
+SETTINGS_FILE = "settings.json"
+REDACTED = "<redacted>"
+
+
+class LaunchError(Exception):
+    """Why claude cannot be launched, and the exit code fleet-worker uses for it.
+    Messages never contain the key."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UsageError(LaunchError):
+    """Bad flags or settings, or a setup claude itself would refuse (exit 2)."""
+
+    exit_code = 2
+
+
+class ConfigDirError(LaunchError):
+    """The isolated config dir or its settings.json cannot be used (exit 2)."""
+
+    exit_code = 2
+
+
+class NoCredentialError(LaunchError):
+    """No API key in any allowed source (exit 5, as the original)."""
+
+    exit_code = 5
+
+
+class ClaudeNotFoundError(LaunchError):
+    """The claude binary is missing or not executable (exit 5, as the original)."""
+
+    exit_code = 5
+
+
+class Credential:
+    """An API key and where it came from. `value` stays out of repr/str so a stray log
+    line or traceback of a Credential cannot show it. (Plain class, not a dataclass:
+    generating dataclass methods costs fleet-worker startup time.)"""
+
+    __slots__ = ("kind", "source", "value")
+
+    def __init__(self, source: str, value: str, kind: str = "") -> None:
+        self.source = source  # human-readable: "ANTHROPIC_AUTH_TOKEN", "keyring svc/key"
+        self.value = value
+        self.kind = kind  # one of config.KEY_SOURCES: env, keyring, zhipu, glm
+
+    def __repr__(self) -> str:
+        return f"Credential(source={self.source!r}, kind={self.kind!r}, value=<redacted>)"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Credential) and
+                (self.source, self.value, self.kind) == (other.source, other.value, other.kind))
+
+    def __hash__(self) -> int:
+        return hash((self.source, self.kind))
+
+
+class SourceCheck:
+    """What one credential source held (never the value): for messages and `key status`."""
+
+    __slots__ = ("found", "kind", "label", "reason")
+
+    def __init__(self, kind: str, label: str, found: bool, reason: str) -> None:
+        self.kind = kind
+        self.label = label
+        self.found = found
+        self.reason = reason  # "set", "not set", "no entry", "no usable OS keyring ...", ...
+
+    def __repr__(self) -> str:
+        return (f"SourceCheck(kind={self.kind!r}, label={self.label!r}, found={self.found!r}, "
+                f"reason={self.reason!r})")
+
+
+_ENV_SOURCES = {"env": "ANTHROPIC_AUTH_TOKEN", "zhipu": "ZHIPU_API_KEY", "glm": "GLM_API_KEY"}
+
+
+def source_label(kind: str, settings: Settings) -> str:
+    """The name a user recognises for one key source."""
+    if kind == "keyring":
+        return f"keyring {settings.keyring_service}/{settings.keyring_key}"
+    return _ENV_SOURCES[kind]
+
+
+def _clean(value: str | None) -> str:
+    """Keys pasted or read from a keyring often carry a trailing CR/LF (spec §5)."""
+    return (value or "").strip()
+
+
+def read_keyring(service: str, key: str) -> tuple[str | None, str]:
+    """(value or None, reason) from the OS keyring through the keyring library.
+
+    Any backend failure (no backend at all, a locked or broken one) counts as "not
+    found there", with the reason kept for the message; never a traceback.
+    """
+    try:
+        import keyring
+    except ImportError:
+        return None, "the keyring library is not installed"
+    try:
+        value = keyring.get_password(service, key)
+    except Exception as exc:  # every backend raises its own types
+        return None, keyring_failure_reason(exc)
+    if value is None:
+        return None, "no entry"
+    if not _clean(value):
+        return None, "entry is empty"
+    return value, "set"
+
+
+def keyring_failure_reason(exc: BaseException) -> str:
+    """A short reason for a keyring backend failure (shared by `fleet-tui key`)."""
+    if type(exc).__name__ == "NoKeyringError":
+        return "no usable OS keyring backend on this machine"
+    text = " ".join(str(exc).split())[:160]
+    return f"keyring backend failed ({type(exc).__name__}{': ' + text if text else ''})"
+
+
+def check_sources(settings: Settings, env: Mapping[str, str] | None = None, *,
+                  stop_at_first: bool = True) -> tuple[Credential | None, list[SourceCheck]]:
+    """Look through the allowed key sources in order; return the first credential found and
+    what each source consulted held. With stop_at_first=False every source is looked at
+    (for `key status` and `fleet-doctor`), which may import keyring."""
+    env = os.environ if env is None else env
+    found: Credential | None = None
+    checks: list[SourceCheck] = []
+    for kind in settings.key_sources:
+        label = source_label(kind, settings)
+        if kind == "keyring":
+            raw, reason = read_keyring(settings.keyring_service, settings.keyring_key)
+        else:
+            raw = env.get(_ENV_SOURCES[kind])
+            reason = "set" if _clean(raw) else ("empty" if raw is not None else "not set")
+        value = _clean(raw)
+        checks.append(SourceCheck(kind, label, bool(value), reason))
+        if value and found is None:
+            found = Credential(source=label, value=value, kind=kind)
+            if stop_at_first:
+                break
+    return found, checks
+
+
+def no_credential_message(settings: Settings, checks: Sequence[SourceCheck],
+                          env: Mapping[str, str]) -> str:
+    """Each place looked at, why nothing was there, and how to set a key."""
+    lines = ["no API key found. Looked in, in this order:"]
+    lines += [f"  - {c.label}: {c.reason}" for c in checks]
+    ignored = [kind for kind in ("env", "zhipu", "glm")
+               if kind not in settings.key_sources and _clean(env.get(_ENV_SOURCES[kind]))]
+    if ignored:
+        lines.append("  (ignored because FLEET_WORKER_KEY_SOURCES="
+                     + ",".join(settings.key_sources) + " leaves them out: "
+                     + ", ".join(_ENV_SOURCES[k] for k in ignored) + ")")
+    lines += [
+        "Set one:",
+        "  fleet-tui key set            store it in the OS keyring (prompted, not echoed)",
+        "  export ZHIPU_API_KEY=...     or GLM_API_KEY / ANTHROPIC_AUTH_TOKEN",
+    ]
+    if tuple(settings.key_sources) != ("env", "keyring", "zhipu", "glm"):
+        lines.append("  or widen FLEET_WORKER_KEY_SOURCES (env,keyring,zhipu,glm)")
+    return "\n".join(lines)
+
+
+def resolve_credential(settings: Settings, env: Mapping[str, str] | None = None) -> Credential:
+    """The API key: ANTHROPIC_AUTH_TOKEN, the keyring entry, ZHIPU_API_KEY, GLM_API_KEY
+    (restricted and ordered by settings.key_sources); surrounding whitespace stripped."""
+    env = os.environ if env is None else env
+    credential, checks = check_sources(settings, env)
+    if credential is None:
+        raise NoCredentialError(no_credential_message(settings, checks, env))
+    return credential
+
+
+def _which(name: str, search_path: str) -> str | None:
+    """shutil.which for the common case (shutil costs fleet-worker startup time)."""
+    for folder in search_path.split(os.pathsep):
+        candidate = os.path.join(folder or os.curdir, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def find_claude(settings: Settings, env: Mapping[str, str] | None = None) -> str:
+    """Absolute path of the claude binary: FLEET_WORKER_CLAUDE (a path or a name looked
+    up on PATH), default `claude` on the caller's PATH."""
+    env = os.environ if env is None else env
+    name = settings.claude
+    hint = ("Install Claude Code (npm install -g @anthropic-ai/claude-code) or set "
+            "FLEET_WORKER_CLAUDE to the path of the claude binary.")
+    if os.sep in name or (os.altsep and os.altsep in name):
+        path = os.path.abspath(os.path.expanduser(name))
+        if not os.path.exists(path):
+            raise ClaudeNotFoundError(f"claude not found: {path} does not exist. {hint}")
+        if not os.path.isfile(path) or not os.access(path, os.X_OK):
+            raise ClaudeNotFoundError(f"claude at {path} is not an executable file. {hint}")
+        return path
+    found = _which(name, env.get("PATH", os.defpath))
+    if found is None:
+        raise ClaudeNotFoundError(f"claude not found: {name!r} is not on PATH. {hint}")
+    return os.path.abspath(found)
+
+
+def _settings_path(config_dir: Path) -> Path:
+    return config_dir / SETTINGS_FILE
+
+
+def read_user_settings(config_dir: Path) -> dict[str, object]:
+    """The JSON object in <config_dir>/settings.json ({} when absent). A corrupt file is a
+    ConfigDirError naming it: it is the user's file and is never silently replaced."""
+    path = _settings_path(config_dir)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigDirError(f"{path}: cannot read it ({exc})") from None
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigDirError(
+            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}). "
+            "Fix it or delete it; fleet-worker rewrites it at every launch but will not "
+            "throw away settings it cannot read.") from None
+    if not isinstance(data, dict):
+        raise ConfigDirError(f"{path}: must hold a JSON object (it holds a "
+                             f"{type(data).__name__}). Fix it or delete it.")
+    return data
+
+
+def _ensure_private_dir(path: Path) -> None:
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigDirError(f"config dir {path} exists and is not a directory") from None
+    except OSError as exc:
+        raise ConfigDirError(f"cannot create config dir {path}: {exc.strerror or exc}") from None
+    if not path.is_dir():
+        raise ConfigDirError(f"config dir {path} exists and is not a directory")
+    try:
+        if path.stat().st_mode & 0o777 != 0o700:
+            path.chmod(0o700)
+    except OSError as exc:
+        raise ConfigDirError(f"cannot make config dir {path} private (0700): "
+                             f"{exc.strerror or exc}") from None
+
+
+def prepare_config_dir(path: Path, effort: str) -> None:
+    """Create the isolated CLAUDE_CONFIG_DIR (0700) and rewrite its settings.json (0600)
+    at every launch: effortLevel from the current setting (original defect 5: it was only
+    written once and not JSON-escaped), hooks emptied so no host hook runs, every other
+    key the user put there kept. The write is atomic, so parallel launches sharing a
+    dir never see a half-written file."""
+    _ensure_private_dir(path)
+    data = read_user_settings(path)
+    data["effortLevel"] = effort
+    data["hooks"] = {}
+    target = _settings_path(path)
+    tmp = path / f".{SETTINGS_FILE}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, ensure_ascii=False)
+            handle.write("\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigDirError(f"cannot write {target}: {exc.strerror or exc}") from None
+
+
+def _settings_allowlist(data: Mapping[str, object]) -> bool:
+    permissions = data.get("permissions")
+    if isinstance(permissions, dict):
+        allow = permissions.get("allow")
+        return isinstance(allow, list) and len(allow) > 0
+    return False
+
+
+def _options_part(args: Sequence[str]) -> list[str]:
+    """The caller's arguments up to a `--` (after it everything is a positional)."""
+    out: list[str] = []
+    for arg in args:
+        if arg == "--":
+            break
+        out.append(arg)
+    return out
+
+
+def has_allowlist_flag(args: Sequence[str]) -> bool:
+    """True for --allowedTools X, --allowedTools=X, --allowed-tools X, --allowed-tools=X
+    (original defect 7: the `=` form was not recognised)."""
+    opts = _options_part(args)
+    for index, arg in enumerate(opts):
+        if arg in ALLOWLIST_FLAGS and index + 1 < len(opts):
+            return True
+        for flag in ALLOWLIST_FLAGS:
+            if arg.startswith(flag + "=") and arg[len(flag) + 1:].strip():
+                return True
+    return False
+
+
+def split_permission_mode(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """(the last --permission-mode given in args, args without it) so that the caller's
+    mode overrides the setting and claude never receives two."""
+    mode: str | None = None
+    rest: list[str] = []
+    items = list(args)
+    index = 0
+    while index < len(items):
+        arg = items[index]
+        if arg == "--":
+            rest.extend(items[index:])
+            break
+        if arg == "--permission-mode":
+            if index + 1 >= len(items):
+                raise UsageError("--permission-mode needs a value: one of "
+                                 + ", ".join(PERMISSION_MODES))
+            mode = items[index + 1]
+            index += 2
+            continue
+        if arg.startswith("--permission-mode="):
+            mode = arg.split("=", 1)[1]
+            index += 1
+            continue
+        rest.append(arg)
+        index += 1
+    return mode, rest
+
+
+def current_euid() -> int:
+    """The effective uid (a function so tests can simulate a non-root user)."""
+    return os.geteuid() if hasattr(os, "geteuid") else -1
+
+
+class LaunchPlan:
+    """Everything needed to start claude. `env` is the child's complete environment and
+    holds the key, so it is left out of repr; `describe()` is safe to print."""
+
+    __slots__ = ("argv", "config_dir", "credential_source", "cwd", "env", "permission_mode",
+                 "prepared", "removed_env", "set_env", "warnings")
+
+    def __init__(self, *, argv: list[str], env: dict[str, str], cwd: Path | None,
+                 config_dir: Path, credential_source: str, warnings: list[str],
+                 permission_mode: str, removed_env: tuple[str, ...] = (),
+                 set_env: tuple[str, ...] = (), prepared: bool = True) -> None:
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+        self.config_dir = config_dir
+        self.credential_source = credential_source
+        self.warnings = warnings
+        self.permission_mode = permission_mode
+        self.removed_env = removed_env  # inherited names taken out (values never shown)
+        self.set_env = set_env  # names we set, in order
+        self.prepared = prepared  # False: dry run, settings.json not written
+
+    def __repr__(self) -> str:
+        return (f"LaunchPlan(argv={self.argv!r}, cwd={self.cwd!r}, "
+                f"config_dir={self.config_dir!r}, credential_source="
+                f"{self.credential_source!r}, warnings={self.warnings!r})")
+
+    def describe(self) -> str:
+        """Dry-run text: the environment changes and the argv, key redacted."""
+        import shlex
+
+        secret = self.env.get("ANTHROPIC_AUTH_TOKEN", "")
+        lines = ["fleet-worker --dry-run: nothing was started.",
+                 f"config dir: {self.config_dir} (0700)",
+                 "  settings.json: effortLevel and hooks={} "
+                 + ("written" if self.prepared else "would be rewritten")
+                 + "; your other keys are kept",
+                 f"key: from {self.credential_source}",
+                 f"cwd: {self.cwd if self.cwd is not None else os.getcwd()}",
+                 "environment changes:"]
+        lines += [f"  unset {name}" for name in self.removed_env]
+        for name in self.set_env:
+            value = self.env[name]
+            if name == "ANTHROPIC_AUTH_TOKEN":
+                value = f"<redacted: from {self.credential_source}>"
+            lines.append(f"  {name}={value}")
+        lines.append("argv: " + shlex.join(self.argv))
+        lines += [f"warning: {w}" for w in self.warnings]
+        text = "\n".join(lines) + "\n"
+        if len(secret) >= 6:  # belt and braces: a key typed into a setting or a flag
+            text = text.replace(secret, REDACTED)
+        return text
+
+
+def child_env(base_env: Mapping[str, str]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The caller's environment without inherited credentials and config redirections."""
+    env: dict[str, str] = {}
+    removed: list[str] = []
+    for name, value in base_env.items():
+        if name.startswith(SCRUB_PREFIXES) or name in SCRUB_NAMES:
+            removed.append(name)
+        else:
+            env[name] = value
+    return env, tuple(sorted(removed))
+
+
+def plan_launch(settings: Settings, args: Sequence[str] = (), *, prompt: str | None = None,
+                config_dir: Path | None = None, base_env: Mapping[str, str] | None = None,
+                model: str | None = None, permission_mode: str | None = None,
+                cwd: Path | None = None, prepare: bool = True) -> LaunchPlan:
+    """Build the isolated launch: argv `claude -p --model sonnet --permission-mode MODE
+    [args] [prompt]`, the child's environment and the prepared config dir.
+
+    Precedence of the permission mode: a --permission-mode in `args` > `permission_mode`
+    > settings. `model` replaces the OPUS/SONNET mapping (small-model fallback).
+    `prepare=False` (dry run) reads settings.json but writes nothing. Raises LaunchError
+    subclasses; warnings (dontAsk without an allowlist) come back in `plan.warnings`.
+    """
+    base = dict(os.environ if base_env is None else base_env)
+    flag_mode, rest = split_permission_mode(args)
+    mode = flag_mode or permission_mode or settings.permission_mode
+    if mode not in PERMISSION_MODES:
+        raise UsageError(f"unknown permission mode {mode!r}; use one of "
+                         + ", ".join(PERMISSION_MODES))
+    options = _options_part(rest)
+    bypass = mode == "bypassPermissions" or "--dangerously-skip-permissions" in options
+    if bypass and current_euid() == 0 and not settings.sandbox:
+        raise UsageError(
+            "running as root with permission mode bypassPermissions: claude refuses that "
+            "unless it runs in a sandbox. If this machine is a container or VM set "
+            "FLEET_WORKER_SANDBOX=1 (fleet-worker then sets IS_SANDBOX=1 for claude); "
+            "otherwise run as a normal user or choose another mode, e.g. "
+            "FLEET_WORKER_PERMISSION_MODE=dontAsk with --allowedTools.")
+    if cwd is not None and not Path(cwd).is_dir():
+        raise UsageError(f"working directory {cwd} does not exist or is not a directory")
+
+    claude = find_claude(settings, base)
+    credential = resolve_credential(settings, base)
+
+    cfg = Path(config_dir if config_dir is not None else settings.config_dir)
+    cfg = Path(os.path.abspath(os.path.expanduser(cfg)))
+    if prepare:
+        prepare_config_dir(cfg, settings.effort)
+    user_settings = read_user_settings(cfg)
+
+    warnings: list[str] = []
+    if mode == "dontAsk" and not (has_allowlist_flag(rest) or _settings_allowlist(user_settings)):
+        warnings.append(
+            "permission mode dontAsk without an allowlist: every tool call that needs "
+            "permission will be denied. Pass --allowedTools \"Read Edit Bash(git:*)\" or "
+            f"add a permissions.allow list to {_settings_path(cfg)}.")
+
+    env, removed = child_env(base)
+    main_model = model or settings.model
+    ours = {
+        "CLAUDE_CONFIG_DIR": str(cfg),
+        "ANTHROPIC_BASE_URL": settings.base_url,
+        "ANTHROPIC_AUTH_TOKEN": credential.value,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": main_model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": main_model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": settings.small_model,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+    }
+    if settings.sandbox:
+        ours["IS_SANDBOX"] = "1"
+    env.update(ours)
+
+    argv = [claude, "-p", "--model", "sonnet", "--permission-mode", mode, *rest]
+    if prompt is not None:
+        argv.append(prompt)
+    return LaunchPlan(
+        argv=argv, env=env, cwd=Path(cwd) if cwd is not None else None, config_dir=cfg,
+        credential_source=credential.source, warnings=warnings, permission_mode=mode,
+        removed_env=removed, set_env=tuple(ours), prepared=prepare)
