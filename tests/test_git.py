@@ -1,0 +1,488 @@
+"""fleet_tui.git against real git repositories (the `git_repo` fixture)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from fleet_tui import git as fgit
+
+
+def git(cwd: Path, *args: str) -> str:
+    """Run the git CLI directly (independent of the code under test); stdout."""
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout
+
+
+def snapshot(repo: Path) -> tuple[dict[str, str], str, str, str]:
+    """Hash of every file in the main checkout (outside .git and .fleet-work), its status,
+    its HEAD and the entries of its index, so "unchanged" can be checked byte for byte."""
+    files: dict[str, str] = {}
+    for path in sorted(repo.rglob("*")):
+        rel = path.relative_to(repo)
+        if rel.parts[0] in (".git", ".fleet-work") or not path.is_file():
+            continue
+        files[str(rel)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    status = git(repo, "status", "--porcelain", "--untracked-files=all")
+    head = git(repo, "rev-parse", "HEAD")
+    index = git(repo, "ls-files", "--stage")
+    return files, status, head, index
+
+
+def commit_all(cwd: Path, message: str) -> str:
+    git(cwd, "add", "-A")
+    git(cwd, "commit", "-q", "-m", message)
+    return git(cwd, "rev-parse", "HEAD").strip()
+
+
+# --- find_repo --------------------------------------------------------------------------------
+
+
+def test_find_repo_from_subfolder(git_repo: Path) -> None:
+    assert fgit.find_repo(git_repo / "src") == git_repo.resolve()
+    assert fgit.find_repo(git_repo / "src" / "app.py") == git_repo.resolve()
+
+
+def test_find_repo_not_a_repository(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(fgit.GitError, match=r"not inside a git repository.*git init"):
+        fgit.find_repo(plain)
+
+
+def test_find_repo_missing_path(tmp_path: Path) -> None:
+    with pytest.raises(fgit.GitError, match="does not exist"):
+        fgit.find_repo(tmp_path / "nope")
+
+
+def test_find_repo_bare(tmp_path: Path) -> None:
+    bare = tmp_path / "bare.git"
+    git(tmp_path, "init", "-q", "--bare", str(bare))
+    with pytest.raises(fgit.GitError, match=r"bare repository.*git clone"):
+        fgit.find_repo(bare)
+
+
+def test_find_repo_no_commit(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    git(empty, "init", "-q", "-b", "main")
+    with pytest.raises(fgit.GitError, match=r"no commit yet.*git commit"):
+        fgit.find_repo(empty)
+
+
+def test_find_repo_inside_worktree_and_logs(git_repo: Path) -> None:
+    info = fgit.create_worktree(git_repo, "abc123")
+    (info.path / "sub").mkdir()
+    # Inside a task's worktree: that worktree is its own checkout; main_worktree maps back.
+    assert fgit.find_repo(info.path / "sub") == info.path.resolve()
+    assert fgit.main_worktree(info.path / "sub") == git_repo.resolve()
+    # The logs folder under .fleet-work/ is not a worktree: it belongs to the main checkout.
+    logs = git_repo / ".fleet-work" / ".logs" / "abc123" / "1"
+    logs.mkdir(parents=True)
+    assert fgit.find_repo(logs) == git_repo.resolve()
+    assert fgit.main_worktree(git_repo / "src") == git_repo.resolve()
+
+
+# --- worktrees --------------------------------------------------------------------------------
+
+
+def test_create_worktree_and_exclude(git_repo: Path) -> None:
+    head = git(git_repo, "rev-parse", "HEAD").strip()
+    info = fgit.create_worktree(git_repo, "t1")
+    assert info.path == (git_repo / ".fleet-work" / "t1").resolve()
+    assert info.branch == "fleet/t1"
+    assert info.base_commit == head
+    assert info.base_branch == "main"
+    assert (info.path / "src" / "app.py").read_text() == "def main():\n    return 1\n"
+    assert git(info.path, "rev-parse", "--abbrev-ref", "HEAD").strip() == "fleet/t1"
+    fgit.verify_worktree(info.path, "fleet/t1")
+    # .fleet-work/ is invisible to git in the main checkout, and the line is added once.
+    assert git(git_repo, "status", "--porcelain", "--untracked-files=all") == ""
+    fgit.create_worktree(git_repo, "t2")
+    exclude = (git_repo / ".git" / "info" / "exclude").read_text()
+    assert exclude.count("/.fleet-work/") == 1
+
+
+def test_create_worktree_from_branch_and_detached(git_repo: Path) -> None:
+    git(git_repo, "branch", "feature")
+    info = fgit.create_worktree(git_repo, "b1", "feature")
+    assert info.base_branch == "feature"
+    tag_commit = git(git_repo, "rev-parse", "HEAD").strip()
+    git(git_repo, "tag", "v1")
+    info2 = fgit.create_worktree(git_repo, "b2", "v1")
+    assert info2.base_branch is None and info2.base_commit == tag_commit
+    git(git_repo, "checkout", "-q", "--detach")
+    info3 = fgit.create_worktree(git_repo, "b3")
+    assert info3.base_branch is None and info3.base_commit == tag_commit
+
+
+def test_create_worktree_unknown_base(git_repo: Path) -> None:
+    with pytest.raises(fgit.GitError, match="unknown base ref 'no-such-branch'"):
+        fgit.create_worktree(git_repo, "u1", "no-such-branch")
+    assert not (git_repo / ".fleet-work" / "u1").exists()
+    assert "fleet/u1" not in git(git_repo, "branch", "--list")
+
+
+def test_create_worktree_bad_id(git_repo: Path) -> None:
+    with pytest.raises(fgit.GitError, match="bad task id"):
+        fgit.create_worktree(git_repo, "../evil")
+
+
+def test_retry_never_reuses_stale_worktree(git_repo: Path) -> None:
+    info = fgit.create_worktree(git_repo, "r1")
+    (info.path / "stale.txt").write_text("left by attempt 1\n")
+    with pytest.raises(fgit.GitError, match="exists already"):
+        fgit.create_worktree(git_repo, "r1")
+    assert (info.path / "stale.txt").exists()  # the refusal changed nothing
+    fresh = fgit.create_worktree(git_repo, "r1", reset=True)
+    assert fresh.path == info.path
+    assert not (fresh.path / "stale.txt").exists()
+    fgit.verify_worktree(fresh.path, "fleet/r1")
+
+
+def test_retry_with_only_branch_left(git_repo: Path) -> None:
+    git(git_repo, "branch", "fleet/r2")
+    with pytest.raises(fgit.GitError, match="fleet/r2 exists already"):
+        fgit.create_worktree(git_repo, "r2")
+    info = fgit.create_worktree(git_repo, "r2", reset=True)
+    fgit.verify_worktree(info.path, "fleet/r2")
+
+
+def test_verify_worktree_rejects_main_checkout_and_missing(git_repo: Path) -> None:
+    # Defect 8: a folder that is not its own worktree (here: a plain folder in main) fails.
+    plain = git_repo / ".fleet-work" / "x9"
+    plain.mkdir(parents=True)
+    with pytest.raises(fgit.GitError, match="not a git worktree of its own"):
+        fgit.verify_worktree(plain, "fleet/x9")
+    with pytest.raises(fgit.GitError, match="does not exist"):
+        fgit.verify_worktree(git_repo / ".fleet-work" / "gone", "fleet/gone")
+    info = fgit.create_worktree(git_repo, "v1")
+    with pytest.raises(fgit.GitError, match="not on branch fleet/other"):
+        fgit.verify_worktree(info.path, "fleet/other")
+
+
+# --- diff -------------------------------------------------------------------------------------
+
+
+def test_diff_committed_uncommitted_untracked_deleted_binary(git_repo: Path) -> None:
+    (git_repo / "old_name.txt").write_text("".join(f"line {i}\n" for i in range(20)))
+    commit_all(git_repo, "add a file to rename")
+    info = fgit.create_worktree(git_repo, "d1")
+    wt = info.path
+    # committed: a new file and a rename
+    (wt / "committed.py").write_text("a = 1\nb = 2\n")
+    git(wt, "mv", "old_name.txt", "new_name.txt")
+    commit_all(wt, "worker commit")
+    # uncommitted: a modification and a deletion
+    (wt / "src" / "app.py").write_text("def main():\n    return 2\n\n# done\n")
+    (wt / "README.md").unlink()
+    # untracked: text and binary
+    (wt / "notes.md").write_text("one\ntwo\nthree\n")
+    (wt / "blob.bin").write_bytes(b"\x00\x01\x02binary\x00data")
+    index_before = (git_repo / ".git" / "worktrees" / "d1" / "index").read_bytes()
+
+    result = fgit.diff(wt, info.base_commit)
+    by_path = {f.path: f for f in result.files}
+    assert set(by_path) == {"committed.py", "new_name.txt", "src/app.py", "README.md",
+                            "notes.md", "blob.bin"}
+    assert by_path["committed.py"].status == "added"
+    assert (by_path["committed.py"].added, by_path["committed.py"].deleted) == (2, 0)
+    assert by_path["new_name.txt"].status == "renamed"
+    assert by_path["new_name.txt"].old_path == "old_name.txt"
+    assert by_path["src/app.py"].status == "modified"
+    assert (by_path["src/app.py"].added, by_path["src/app.py"].deleted) == (3, 1)
+    assert "+    return 2" in by_path["src/app.py"].patch
+    assert "-    return 1" in by_path["src/app.py"].patch
+    assert by_path["README.md"].status == "deleted"
+    assert (by_path["README.md"].added, by_path["README.md"].deleted) == (0, 1)
+    assert by_path["notes.md"].status == "untracked"
+    assert by_path["notes.md"].added == 3
+    assert "+two" in by_path["notes.md"].patch
+    assert by_path["blob.bin"].status == "untracked"
+    assert by_path["blob.bin"].binary and by_path["blob.bin"].patch == ""
+    for f in result.files:
+        if not f.binary:
+            assert f.patch.startswith("diff --git ")
+            assert f.patch in result.patch
+    assert result.added == sum(f.added for f in result.files)
+    # The worktree's index and status were not touched by computing the diff.
+    assert (git_repo / ".git" / "worktrees" / "d1" / "index").read_bytes() == index_before
+    assert "?? notes.md" in git(wt, "status", "--porcelain")
+    assert fgit.diff_stat(wt, info.base_commit) == (result.added, result.deleted)
+
+
+def test_diff_empty_and_errors(git_repo: Path) -> None:
+    info = fgit.create_worktree(git_repo, "d2")
+    empty = fgit.diff(info.path, info.base_commit)
+    assert empty.files == [] and empty.patch == ""
+    assert fgit.diff_stat(info.path, info.base_commit) == (0, 0)
+    with pytest.raises(fgit.GitError, match="unknown base commit"):
+        fgit.diff(info.path, "0" * 40)
+    with pytest.raises(fgit.GitError, match="does not exist"):
+        fgit.diff(git_repo / ".fleet-work" / "gone", info.base_commit)
+
+
+def test_diff_large_is_fast(git_repo: Path) -> None:
+    """200 files / 20,000 changed lines: committed, modified and untracked in one diff."""
+    for i in range(100):
+        (git_repo / f"mod{i:03}.txt").write_text("".join(f"orig {i} {j}\n" for j in range(50)))
+    commit_all(git_repo, "files to modify")
+    info = fgit.create_worktree(git_repo, "big")
+    wt = info.path
+    for i in range(100):  # 100 modified files, 100 lines changed (+50 -50) each
+        (wt / f"mod{i:03}.txt").write_text("".join(f"new {i} {j}\n" for j in range(50)))
+    for i in range(50):  # 50 committed new files, 100 lines each
+        (wt / f"new{i:03}.py").write_text("".join(f"x_{j} = {j}\n" for j in range(100)))
+    commit_all(wt, "worker")
+    for i in range(50):  # 50 untracked files, 100 lines each
+        (wt / f"untracked{i:03}.md").write_text("".join(f"- item {j}\n" for j in range(100)))
+    start = time.perf_counter()
+    result = fgit.diff(wt, info.base_commit)
+    elapsed = time.perf_counter() - start
+    assert len(result.files) == 200
+    assert result.added + result.deleted == 20_000
+    assert sum(1 for f in result.files if f.status == "untracked") == 50
+    print(f"\n200-file / 20,000-line diff: {elapsed * 1000:.0f} ms")
+    assert elapsed < 5.0
+
+
+# --- conflict preview -------------------------------------------------------------------------
+
+
+def test_conflict_preview_clean_and_conflicting(git_repo: Path) -> None:
+    info = fgit.create_worktree(git_repo, "c1")
+    (info.path / "src" / "app.py").write_text("def main():\n    return 'worker'\n")
+    (info.path / "extra.txt").write_text("new\n")
+    before = snapshot(git_repo)
+    wt_status = git(info.path, "status", "--porcelain")
+
+    clean = fgit.conflict_preview(git_repo, info.branch, "main")
+    assert clean.clean and clean.conflicts == [] and clean.uncommitted
+    assert "merges cleanly" in clean.message and "uncommitted" in clean.message
+
+    # main moves on and touches the same line: uncommitted worktree change now conflicts
+    (git_repo / "src" / "app.py").write_text("def main():\n    return 'main'\n")
+    commit_all(git_repo, "main changes app")
+    before = snapshot(git_repo)
+    index_bytes = (git_repo / ".git" / "index").read_bytes()
+    conflict = fgit.conflict_preview(git_repo, info.branch, "main")
+    assert not conflict.clean
+    assert conflict.conflicts == ["src/app.py"]
+    assert "src/app.py" in conflict.message
+    # Nothing changed: not the main checkout, not the worktree, not any branch.
+    assert snapshot(git_repo) == before
+    assert (git_repo / ".git" / "index").read_bytes() == index_bytes
+    assert git(info.path, "status", "--porcelain") == wt_status
+    assert git(git_repo, "rev-parse", "fleet/c1").strip() == info.base_commit
+
+
+def test_conflict_preview_committed_only(git_repo: Path) -> None:
+    info = fgit.create_worktree(git_repo, "c2")
+    (info.path / "README.md").write_text("# worker\n")
+    commit_all(info.path, "worker")
+    (git_repo / "README.md").write_text("# main\n")
+    commit_all(git_repo, "main")
+    preview = fgit.conflict_preview(git_repo, info.branch, "main", worktree=info.path)
+    assert not preview.clean and not preview.uncommitted
+    assert preview.conflicts == ["README.md"]
+    with pytest.raises(fgit.GitError, match="base branch 'nope'"):
+        fgit.conflict_preview(git_repo, info.branch, "nope")
+
+
+# --- merge ------------------------------------------------------------------------------------
+
+
+def _worker_change(git_repo: Path, task_id: str) -> fgit.WorktreeInfo:
+    info = fgit.create_worktree(git_repo, task_id)
+    (info.path / "src" / "feature.py").write_text("def feature():\n    return 42\n")
+    (info.path / "src" / "app.py").write_text("def main():\n    return 2\n")
+    return info
+
+
+def test_merge_success(git_repo: Path) -> None:
+    info = _worker_change(git_repo, "m1")
+    result = fgit.merge(git_repo, info.path, info.branch, "main", message="Add feature",
+                        trailers={"Fleet-Task": "m1", "Fleet-Session": "sess-123"})
+    assert result.merged, result.message
+    assert result.commit == git(git_repo, "rev-parse", "HEAD").strip()
+    # a real merge commit on main, with our trailers
+    parents = git(git_repo, "rev-list", "--parents", "-n", "1", "HEAD").split()
+    assert len(parents) == 3
+    trailers = git(git_repo, "log", "-1", "--format=%(trailers:only,unfold)", "HEAD^2")
+    assert "Fleet-Task: m1" in trailers and "Fleet-Session: sess-123" in trailers
+    assert git(git_repo, "log", "-1", "--format=%s", "HEAD^2").strip() == "Add feature"
+    assert "Fleet-Task: m1" in git(git_repo, "log", "-1", "--format=%B", "HEAD")
+    assert (git_repo / "src" / "feature.py").read_text() == "def feature():\n    return 42\n"
+    # worktree and branch are gone (defect 10), main checkout is clean
+    assert not info.path.exists()
+    assert "fleet/m1" not in git(git_repo, "branch", "--list")
+    assert str(info.path) not in git(git_repo, "worktree", "list")
+    assert git(git_repo, "status", "--porcelain") == ""
+    # idempotent clean-up afterwards
+    fgit.discard(git_repo, info.path, info.branch)
+
+
+def test_merge_squash(git_repo: Path) -> None:
+    info = _worker_change(git_repo, "s1")
+    base = git(git_repo, "rev-parse", "HEAD").strip()
+    result = fgit.merge(git_repo, info.path, info.branch, "main", message="Squashed work",
+                        trailers={"Fleet-Task": "s1"}, strategy="squash")
+    assert result.merged, result.message
+    parents = git(git_repo, "rev-list", "--parents", "-n", "1", "HEAD").split()
+    assert parents[1:] == [base]  # one ordinary commit on top of the base
+    body = git(git_repo, "log", "-1", "--format=%B", "HEAD")
+    assert body.startswith("Squashed work") and "Fleet-Task: s1" in body
+    assert (git_repo / "src" / "feature.py").exists()
+    assert not info.path.exists() and "fleet/s1" not in git(git_repo, "branch", "--list")
+
+
+def test_merge_refused_on_dirty_checkout(git_repo: Path) -> None:
+    info = _worker_change(git_repo, "m2")
+    (git_repo / "README.md").write_text("# local edit\n")
+    before = snapshot(git_repo)
+    result = fgit.merge(git_repo, info.path, info.branch, "main", message="x")
+    assert not result.merged and result.commit is None
+    assert "uncommitted changes" in result.message and "README.md" in result.message
+    assert snapshot(git_repo) == before
+    assert info.path.is_dir()  # the task is kept for a later merge
+
+
+def test_merge_ignores_untracked_in_main(git_repo: Path) -> None:
+    info = _worker_change(git_repo, "m5")
+    (git_repo / "scratch.txt").write_text("mine\n")
+    result = fgit.merge(git_repo, info.path, info.branch, "main", message="x")
+    assert result.merged, result.message
+    assert (git_repo / "scratch.txt").read_text() == "mine\n"
+
+
+def test_merge_refused_on_other_branch(git_repo: Path) -> None:
+    info = _worker_change(git_repo, "m3")
+    git(git_repo, "switch", "-q", "-c", "elsewhere")
+    result = fgit.merge(git_repo, info.path, info.branch, "main", message="x")
+    assert not result.merged
+    assert "on elsewhere, not on main" in result.message and "git switch main" in result.message
+    assert git(git_repo, "rev-parse", "main").strip() == info.base_commit
+
+
+def test_failing_test_command_blocks_merge(git_repo: Path) -> None:
+    info = _worker_change(git_repo, "m4")
+    before = snapshot(git_repo)
+    result = fgit.merge(git_repo, info.path, info.branch, "main", message="x",
+                        test_command="echo running checks; ls src; echo broken >&2; exit 3")
+    assert not result.merged
+    assert "test command failed" in result.message
+    assert result.test_output is not None
+    assert "running checks" in result.test_output and "feature.py" in result.test_output
+    assert "broken" in result.test_output and "status 3" in result.test_output
+    assert snapshot(git_repo) == before
+    # nothing committed on the task branch either
+    assert git(git_repo, "rev-parse", "fleet/m4").strip() == info.base_commit
+    passing = fgit.merge(git_repo, info.path, info.branch, "main", message="x",
+                         test_command="test -f src/feature.py && echo ok")
+    assert passing.merged and passing.test_output is not None and "ok" in passing.test_output
+
+
+def test_test_command_timeout(git_repo: Path) -> None:
+    info = _worker_change(git_repo, "m6")
+    start = time.monotonic()
+    result = fgit.merge(git_repo, info.path, info.branch, "main", message="x",
+                        test_command="sleep 30", test_timeout=0.5)
+    assert time.monotonic() - start < 10
+    assert not result.merged and result.test_output is not None
+    assert "timed out" in result.test_output
+
+
+def test_test_command_gets_no_key(git_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = "sk-test-" + os.urandom(8).hex()
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", key)
+    info = _worker_change(git_repo, "m7")
+    result = fgit.merge(git_repo, info.path, info.branch, "main", message="x",
+                        test_command="env; echo token=${ANTHROPIC_AUTH_TOKEN:-unset}")
+    assert result.merged
+    assert result.test_output is not None and "token=unset" in result.test_output
+    assert key not in result.test_output
+
+
+def test_conflict_leaves_main_byte_identical(git_repo: Path) -> None:
+    info = fgit.create_worktree(git_repo, "k1")
+    (info.path / "src" / "app.py").write_text("def main():\n    return 'worker'\n")
+    commit_all(info.path, "worker")
+    (git_repo / "src" / "app.py").write_text("def main():\n    return 'main'\n")
+    commit_all(git_repo, "main moved")
+    (git_repo / "untracked-note.txt").write_text("keep me\n")
+    before = snapshot(git_repo)
+    for strategy in ("merge", "squash"):
+        result = fgit.merge(git_repo, info.path, info.branch, "main", message="x",
+                            strategy=strategy)
+        assert not result.merged
+        assert result.conflicts == ["src/app.py"]
+        assert "conflicts" in result.message
+        assert snapshot(git_repo) == before
+        assert not (git_repo / ".git" / "MERGE_HEAD").exists()
+    assert info.path.is_dir() and "fleet/k1" in git(git_repo, "branch", "--list")
+
+
+@pytest.mark.parametrize("strategy", ["merge", "squash"])
+def test_real_merge_conflict_is_rolled_back(git_repo: Path, monkeypatch: pytest.MonkeyPatch,
+                                            strategy: str) -> None:
+    """Even if the merge-tree pre-check were wrong, a conflicting `git merge` is undone."""
+    info = fgit.create_worktree(git_repo, "k2")
+    (info.path / "src" / "app.py").write_text("def main():\n    return 'worker'\n")
+    (info.path / "added-by-worker.txt").write_text("new\n")
+    commit_all(info.path, "worker")
+    (git_repo / "src" / "app.py").write_text("def main():\n    return 'main'\n")
+    commit_all(git_repo, "main moved")
+    before = snapshot(git_repo)
+    monkeypatch.setattr(fgit, "_merge_tree", lambda *a: None)  # skip the pre-check
+    result = fgit.merge(git_repo, info.path, info.branch, "main", message="x",
+                        strategy=strategy)
+    assert not result.merged
+    assert result.conflicts == ["src/app.py"]
+    assert "restored" in result.message
+    assert snapshot(git_repo) == before
+    assert not (git_repo / "added-by-worker.txt").exists()
+
+
+def test_nothing_to_merge(git_repo: Path) -> None:
+    info = fgit.create_worktree(git_repo, "n1")
+    result = fgit.merge(git_repo, info.path, info.branch, "main", message="x")
+    assert not result.merged and "nothing to merge" in result.message
+    assert info.path.is_dir()
+
+
+def test_merge_bad_strategy(git_repo: Path) -> None:
+    info = fgit.create_worktree(git_repo, "n2")
+    with pytest.raises(fgit.GitError, match="unknown merge strategy 'rebase'"):
+        fgit.merge(git_repo, info.path, info.branch, "main", message="x", strategy="rebase")
+
+
+# --- discard ----------------------------------------------------------------------------------
+
+
+def test_discard_idempotent(git_repo: Path) -> None:
+    info = _worker_change(git_repo, "x1")
+    commit_all(info.path, "worker")
+    (info.path / "dirty.txt").write_text("uncommitted\n")
+    before = snapshot(git_repo)
+    fgit.discard(git_repo, info.path, info.branch)
+    assert not info.path.exists()
+    assert "fleet/x1" not in git(git_repo, "branch", "--list")
+    assert str(info.path) not in git(git_repo, "worktree", "list")
+    fgit.discard(git_repo, info.path, info.branch)  # second call: no-op, no error
+    assert snapshot(git_repo) == before
+    # the id can be reused afterwards without reset
+    fgit.create_worktree(git_repo, "x1")
+
+
+def test_discard_worktree_folder_deleted_by_hand(git_repo: Path) -> None:
+    info = fgit.create_worktree(git_repo, "x2")
+    shutil.rmtree(info.path)
+    fgit.discard(git_repo, info.path, info.branch)
+    assert "fleet/x2" not in git(git_repo, "branch", "--list")
+    assert "x2" not in git(git_repo, "worktree", "list")
