@@ -212,7 +212,7 @@ def resolve_credential(settings: Settings, env: Mapping[str, str] | None = None)
     return credential
 
 
-def _which(name: str, search_path: str) -> str | None:
+def which(name: str, search_path: str) -> str | None:
     """shutil.which for the common case (shutil costs fleet-worker startup time)."""
     for folder in search_path.split(os.pathsep):
         candidate = os.path.join(folder or os.curdir, name)
@@ -235,7 +235,7 @@ def find_claude(settings: Settings, env: Mapping[str, str] | None = None) -> str
         if not os.path.isfile(path) or not os.access(path, os.X_OK):
             raise ClaudeNotFoundError(f"claude at {path} is not an executable file. {hint}")
         return path
-    found = _which(name, env.get("PATH", os.defpath))
+    found = which(name, env.get("PATH", os.defpath))
     if found is None:
         raise ClaudeNotFoundError(f"claude not found: {name!r} is not on PATH. {hint}")
     return os.path.abspath(found)

@@ -1,0 +1,383 @@
+"""fleet-doctor: is this machine ready to run workers, and (with --live) does the endpoint
+answer our key?
+
+Every check reports a status and a one-line detail; the key itself is never shown (only
+where it came from). The live probe is made in-process with urllib, the key only in a
+request header, so it cannot show up in `ps` (original defect 4: curl got it in argv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleet_tui import CLAUDE_CODE_VERSION, __version__
+from fleet_tui.config import ConfigError, Settings, config_file_path, load_settings
+from fleet_tui.launcher import (
+    LaunchError,
+    check_sources,
+    current_euid,
+    find_claude,
+    no_credential_message,
+    read_user_settings,
+    which,
+)
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_MISSING = 5
+EXIT_AUTH = 6
+EXIT_UNAVAILABLE = 7
+EXIT_QUOTA = 8
+EXIT_OVERLOADED = 9
+EXIT_DRIFT = 10
+
+EPILOG = f"""\
+checks: settings (config.toml and FLEET_WORKER_*), claude found and its version, a key
+resolvable (its source only), the isolated config dir writable and private (0700), the
+host login trap (~/.claude.json oauthAccount, forceLoginMethod) as advice, root with
+bypassPermissions and no FLEET_WORKER_SANDBOX=1, git present, `.fleet-work/` ignored in
+the current repository. --live also sends one 1-token request to <base>/v1/messages
+(key in the `Authorization: Bearer` header, as claude sends ANTHROPIC_AUTH_TOKEN).
+
+exit codes (the first failing check decides; warnings never fail):
+  {EXIT_OK}   ok
+  {EXIT_CONFIG}   usage or configuration error (bad setting, unusable config dir, root
+      without the sandbox opt-in)
+  {EXIT_MISSING}   claude not found, or no key
+  {EXIT_AUTH}   --live: the endpoint rejected the key (HTTP 401/403)
+  {EXIT_UNAVAILABLE}   --live: endpoint unavailable (connection error, timeout, other HTTP status)
+  {EXIT_QUOTA}   --live: quota or rate limit (HTTP 429)
+  {EXIT_OVERLOADED}   --live: endpoint overloaded (HTTP 529)
+  {EXIT_DRIFT}  --live: HTTP 404: the base URL or API path has drifted
+
+fleet-doctor {__version__}; tested with Claude Code {CLAUDE_CODE_VERSION}.
+"""
+
+
+@dataclass
+class Check:
+    """One line of the report. `exit_code` is used only when status is fail."""
+
+    check: str
+    status: str
+    detail: str
+    exit_code: int = 0
+
+    def as_json(self) -> dict[str, str]:
+        return {"check": self.check, "status": self.status, "detail": self.detail}
+
+
+@dataclass
+class Context:
+    env: Mapping[str, str]
+    settings: Settings | None = None
+    secret: str = ""
+    claude_path: str | None = None
+    claude_version: str | None = None
+    meta: dict[str, object] = field(default_factory=dict)
+
+
+def _settings_check(ctx: Context) -> Check:
+    path = config_file_path(ctx.env)
+    try:
+        ctx.settings = load_settings(env=ctx.env)
+    except ConfigError as exc:
+        return Check("settings", FAIL, str(exc), EXIT_CONFIG)
+    where = f"{path}" if path.exists() else f"defaults ({path} absent)"
+    s = ctx.settings
+    return Check("settings", OK, f"{where}; base_url {s.base_url}, model {s.model}, "
+                 f"small_model {s.small_model}, permission_mode {s.permission_mode}")
+
+
+def _claude_check(ctx: Context, settings: Settings, timeout: float) -> Check:
+    try:
+        path = find_claude(settings, ctx.env)
+    except LaunchError as exc:
+        return Check("claude", FAIL, str(exc), EXIT_MISSING)
+    ctx.claude_path = path
+    try:
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            env={**ctx.env, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                 "DISABLE_TELEMETRY": "1"})
+    except subprocess.TimeoutExpired:
+        return Check("claude", FAIL, f"{path} --version did not answer within {timeout:g} s",
+                     EXIT_MISSING)
+    except OSError as exc:
+        return Check("claude", FAIL, f"cannot run {path}: {exc.strerror or exc}", EXIT_MISSING)
+    first = (out.stdout.strip().splitlines() or [""])[0]
+    if out.returncode != 0 or not first:
+        return Check("claude", FAIL, f"{path} --version exited {out.returncode}",
+                     EXIT_MISSING)
+    ctx.claude_version = first.split()[0]
+    note = "" if ctx.claude_version == CLAUDE_CODE_VERSION else \
+        f" (fleet-tui is tested with {CLAUDE_CODE_VERSION})"
+    return Check("claude", OK, f"{first} at {path}{note}")
+
+
+def _key_check(ctx: Context, settings: Settings) -> Check:
+    found, checks = check_sources(settings, ctx.env)
+    if found is None:
+        message = no_credential_message(settings, checks, ctx.env)
+        return Check("key", FAIL, message.replace("\n", " ").replace("  ", " "), EXIT_MISSING)
+    ctx.secret = found.value
+    return Check("key", OK, f"found in {found.source}")
+
+
+def _config_dir_check(settings: Settings) -> Check:
+    path = Path(os.path.abspath(settings.config_dir))
+    if not path.exists():
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if os.access(parent, os.W_OK | os.X_OK):
+            return Check("config_dir", OK, f"{path} will be created (0700) at the first launch")
+        return Check("config_dir", FAIL, f"{path} does not exist and {parent} is not writable",
+                     EXIT_CONFIG)
+    if not path.is_dir():
+        return Check("config_dir", FAIL, f"{path} exists and is not a directory", EXIT_CONFIG)
+    if not os.access(path, os.W_OK | os.X_OK):
+        return Check("config_dir", FAIL, f"{path} is not writable", EXIT_CONFIG)
+    try:
+        read_user_settings(path)
+    except LaunchError as exc:
+        return Check("config_dir", FAIL, str(exc), EXIT_CONFIG)
+    mode = path.stat().st_mode & 0o777
+    if mode != 0o700:
+        return Check("config_dir", WARN, f"{path} has mode {mode:04o}; fleet-worker sets it to "
+                     "0700 at the next launch (or run: chmod 700 " + str(path) + ")")
+    return Check("config_dir", OK, f"{path} is writable, mode 0700")
+
+
+def _login_trap_check(env: Mapping[str, str]) -> Check:
+    """Spec §4: a host logged into a subscription sends its OAuth token instead of ours
+    unless the config dir is isolated. fleet-worker isolates it; this is advice for
+    anyone running claude against the endpoint by hand."""
+    home = Path(env.get("HOME") or Path.home())
+    found: list[str] = []
+    try:
+        data = json.loads((home / ".claude.json").read_text(encoding="utf-8"))
+        if isinstance(data, dict) and data.get("oauthAccount"):
+            found.append("~/.claude.json holds an oauthAccount (subscription login)")
+    except (OSError, ValueError):
+        pass
+    try:
+        data = json.loads((home / ".claude" / "settings.json").read_text(encoding="utf-8"))
+        if isinstance(data, dict) and data.get("forceLoginMethod"):
+            found.append(f"~/.claude/settings.json sets forceLoginMethod="
+                         f"{data['forceLoginMethod']}")
+    except (OSError, ValueError):
+        pass
+    if not found:
+        return Check("host_login", OK, "no subscription login in ~/.claude.json or "
+                     "~/.claude/settings.json")
+    return Check("host_login", WARN, "; ".join(found) + ". fleet-worker is not affected (it "
+                 "uses its own CLAUDE_CONFIG_DIR), but plain `claude` pointed at the endpoint "
+                 "would send the subscription token and get 401: never run it without "
+                 "CLAUDE_CONFIG_DIR set to a separate dir.")
+
+
+def _root_check(settings: Settings) -> Check:
+    if current_euid() != 0:
+        return Check("root", OK, "not running as root")
+    if settings.permission_mode != "bypassPermissions":
+        return Check("root", OK, f"running as root; permission mode {settings.permission_mode}"
+                     " does not need the sandbox opt-in")
+    if settings.sandbox:
+        return Check("root", OK, "running as root with FLEET_WORKER_SANDBOX=1: claude gets "
+                     "IS_SANDBOX=1 and accepts bypassPermissions")
+    return Check("root", FAIL, "running as root with bypassPermissions: claude refuses it. Set "
+                 "FLEET_WORKER_SANDBOX=1 if this machine is a sandbox (container/VM), or "
+                 "choose another FLEET_WORKER_PERMISSION_MODE", EXIT_CONFIG)
+
+
+def _git_checks(env: Mapping[str, str], cwd: Path) -> list[Check]:
+    git = which("git", env.get("PATH", os.defpath))
+    if git is None:
+        return [Check("git", WARN, "git not found on PATH: fleet-tui needs it for worktrees "
+                      "(fleet-worker alone does not)")]
+    run_env = {**env, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    try:
+        version = subprocess.run([git, "--version"], capture_output=True, text=True,
+                                 timeout=10, env=run_env).stdout.strip()
+        top = subprocess.run([git, "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=10, cwd=cwd, env=run_env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [Check("git", WARN, f"git did not run: {exc}")]
+    checks = [Check("git", OK, f"{version} at {git}")]
+    if top.returncode != 0:
+        checks.append(Check("fleet_work_ignored", SKIP, f"{cwd} is not in a git repository"))
+        return checks
+    repo = Path(top.stdout.strip())
+    try:
+        ignored = subprocess.run([git, "check-ignore", "-q", ".fleet-work/"],
+                                 capture_output=True, text=True, timeout=10, cwd=repo,
+                                 env=run_env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        checks.append(Check("fleet_work_ignored", WARN, f"git check-ignore did not run: {exc}"))
+        return checks
+    if ignored.returncode == 0:
+        checks.append(Check("fleet_work_ignored", OK, f".fleet-work/ is ignored in {repo}"))
+    else:
+        checks.append(Check("fleet_work_ignored", WARN, f".fleet-work/ is not ignored in {repo}"
+                            ": worktrees there would show up as untracked files. Add it: "
+                            f"echo .fleet-work/ >> {repo}/.git/info/exclude"))
+    return checks
+
+
+def _redact(text: str, secret: str) -> str:
+    return text.replace(secret, "<redacted>") if len(secret) >= 6 else text
+
+
+def _live_check(settings: Settings, secret: str, timeout: float) -> Check:
+    """One 1-token request to <base>/v1/messages, the key only in a header; redirects are
+    not followed so the header never goes to another host."""
+    import urllib.error
+    import urllib.request
+
+    url = settings.base_url.rstrip("/") + "/v1/messages"
+    body = json.dumps({"model": settings.model, "max_tokens": 1,
+                       "messages": [{"role": "user", "content": "ping"}]}).encode()
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        "Authorization": f"Bearer {secret}",
+        "anthropic-version": "2023-06-01",
+        "content-type": "application/json",
+        "user-agent": f"fleet-doctor/{__version__}",
+    })
+
+    class _NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    opener = urllib.request.build_opener(_NoRedirect)
+    how = f"POST {url} (key in the Authorization: Bearer header)"
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            status = int(response.status)
+            reply = response.read(4096)
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+        try:
+            reply = exc.read(4096)
+        except OSError:
+            reply = b""
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return Check("live", FAIL, _redact(f"{how}: endpoint unavailable: {reason}", secret),
+                     EXIT_UNAVAILABLE)
+    summary = _error_summary(reply)
+    if status == 200:
+        return Check("live", OK, f"{how}: HTTP 200, the endpoint accepted the key")
+    verdicts = {401: ("the endpoint rejected the key", EXIT_AUTH),
+                403: ("the endpoint refused the key", EXIT_AUTH),
+                404: ("not found: FLEET_WORKER_BASE_URL or the API path has drifted",
+                      EXIT_DRIFT),
+                429: ("quota or rate limit reached", EXIT_QUOTA),
+                529: ("the endpoint is overloaded; try again later", EXIT_OVERLOADED)}
+    text, code = verdicts.get(status, ("endpoint unavailable", EXIT_UNAVAILABLE))
+    detail = f"{how}: HTTP {status}: {text}" + (f" ({summary})" if summary else "")
+    return Check("live", FAIL, _redact(detail, secret), code)
+
+
+def _error_summary(reply: bytes) -> str:
+    """The endpoint's own error message, short, from an Anthropic-style error body."""
+    try:
+        data = json.loads(reply.decode("utf-8", "replace"))
+    except ValueError:
+        return ""
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        message = str(error.get("message") or error.get("type") or "")
+        return " ".join(message.split())[:200]
+    return ""
+
+
+def run_checks(*, env: Mapping[str, str], cwd: Path, live: bool, timeout: float) -> tuple[
+        list[Check], Context]:
+    """All checks in order; later checks that need settings are skipped when they fail."""
+    ctx = Context(env=env)
+    checks = [_settings_check(ctx)]
+    settings = ctx.settings
+    if settings is None:
+        for name in ("claude", "key", "config_dir", "root"):
+            checks.append(Check(name, SKIP, "settings could not be loaded"))
+    else:
+        checks.append(_claude_check(ctx, settings, timeout))
+        checks.append(_key_check(ctx, settings))
+        checks.append(_config_dir_check(settings))
+        checks.append(_root_check(settings))
+    checks.append(_login_trap_check(env))
+    checks.extend(_git_checks(env, cwd))
+    if live:
+        if settings is None or not ctx.secret:
+            checks.append(Check("live", SKIP, "needs valid settings and a key"))
+        else:
+            checks.append(_live_check(settings, ctx.secret, timeout))
+    ctx.meta = {
+        "fleet_tui_version": __version__,
+        "claude_version": ctx.claude_version,
+        "claude_path": ctx.claude_path,
+        "tested_claude_version": CLAUDE_CODE_VERSION,
+        "config_file": str(config_file_path(env)),
+        "config_dir": str(settings.config_dir) if settings else None,
+        "base_url": settings.base_url if settings else None,
+        "live": live,
+    }
+    return checks, ctx
+
+
+def exit_code_for(checks: list[Check]) -> int:
+    for check in checks:
+        if check.status == FAIL:
+            return check.exit_code or EXIT_UNAVAILABLE
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleet-doctor", description="Check that fleet-worker can run here.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--live", action="store_true",
+                        help="also send one 1-token request to the endpoint")
+    parser.add_argument("--json", action="store_true",
+                        help="print {data: [{check, status, detail}], meta: {...}}")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="print only problems (warn and fail)")
+    parser.add_argument("--timeout", type=float, default=20.0,
+                        help="seconds to wait for claude --version and the live request")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    if args.timeout <= 0:
+        sys.stderr.write("fleet-doctor: --timeout must be positive\n")
+        return EXIT_CONFIG
+    checks, ctx = run_checks(env=dict(os.environ), cwd=Path.cwd(), live=args.live,
+                             timeout=args.timeout)
+    code = exit_code_for(checks)
+    shown = [c for c in checks if c.status in (WARN, FAIL)] if args.quiet else checks
+    if args.json:
+        meta = {**ctx.meta, "exit_code": code}
+        text = json.dumps({"data": [c.as_json() for c in shown], "meta": meta}, indent=2)
+        sys.stdout.write(_redact(text, ctx.secret) + "\n")
+    else:
+        width = max((len(c.check) for c in shown), default=0)
+        for c in shown:
+            sys.stdout.write(_redact(f"{c.status:<5} {c.check:<{width}}  {c.detail}\n",
+                                     ctx.secret))
+    return code

@@ -1,0 +1,155 @@
+"""fleet-tui key set|delete|status: keep the API key in the OS keyring, not in a file.
+
+The key is read without echo (getpass) from a terminal, or from stdin when piped, so it
+never lands in shell history or argv. Where no keyring backend works (a bare Linux box
+without a Secret Service), this says so and points to the environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fleet_tui.config import ConfigError, load_settings
+from fleet_tui.launcher import check_sources, keyring_failure_reason
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_NO_KEY = 5
+EXIT_NO_BACKEND = 6
+
+USAGE_EPILOG = """\
+Where the key comes from (first found wins; FLEET_WORKER_KEY_SOURCES narrows it):
+  ANTHROPIC_AUTH_TOKEN, the OS keyring entry FLEET_WORKER_KEYRING_SERVICE /
+  FLEET_WORKER_KEYRING_KEY (fleet-worker / api-key), ZHIPU_API_KEY, GLM_API_KEY.
+
+exit codes: 0 ok; 2 usage; 5 (status) no key found; 6 no usable OS keyring backend.
+"""
+
+ENV_ADVICE = ("Use an environment variable instead, e.g. `export ZHIPU_API_KEY=...` in your "
+              "shell profile (or GLM_API_KEY / ANTHROPIC_AUTH_TOKEN).")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleet-tui key", description="Store, remove or locate the endpoint's API key.",
+        epilog=USAGE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--service", help="keyring service (default: FLEET_WORKER_KEYRING_SERVICE"
+                        " or fleet-worker)")
+    parser.add_argument("--name", help="keyring entry name (default: FLEET_WORKER_KEYRING_KEY"
+                        " or api-key)")
+    sub = parser.add_subparsers(dest="action", metavar="set|delete|status")
+    sub.add_parser("set", help="store the key (prompted without echo, or read from stdin)")
+    sub.add_parser("delete", help="remove the stored key")
+    sub.add_parser("status", help="say which source the key would come from (never the key)")
+    return parser
+
+
+def _read_secret() -> str:
+    """The key from a terminal (no echo) or from piped stdin."""
+    if sys.stdin is not None and sys.stdin.isatty():
+        import getpass
+
+        return getpass.getpass("API key (input hidden): ")
+    return sys.stdin.read() if sys.stdin is not None else ""
+
+
+def _no_backend(action: str, exc: BaseException) -> int:
+    sys.stderr.write(f"fleet-tui key {action}: the OS keyring cannot be used here: "
+                     f"{keyring_failure_reason(exc)}.\n{ENV_ADVICE}\n")
+    return EXIT_NO_BACKEND
+
+
+def _set(service: str, name: str, env_token_set: bool) -> int:
+    try:
+        secret = _read_secret().strip()
+    except (EOFError, KeyboardInterrupt):
+        sys.stderr.write("\nfleet-tui key set: cancelled; nothing stored.\n")
+        return EXIT_USAGE
+    if not secret:
+        sys.stderr.write("fleet-tui key set: no key given; nothing stored.\n")
+        return EXIT_USAGE
+    if any(ch.isspace() for ch in secret):
+        sys.stderr.write("fleet-tui key set: the key contains whitespace or a line break "
+                         "inside it, which no API key does; nothing stored.\n")
+        return EXIT_USAGE
+    import keyring
+
+    try:
+        keyring.set_password(service, name, secret)
+    except Exception as exc:  # every backend raises its own types
+        return _no_backend("set", exc)
+    print(f"stored the key in the OS keyring as {service}/{name}.")
+    if env_token_set:
+        print("note: ANTHROPIC_AUTH_TOKEN is set in this environment and is used before the "
+              "keyring; unset it (or set FLEET_WORKER_KEY_SOURCES=keyring) to use this key.")
+    return EXIT_OK
+
+
+def _delete(service: str, name: str) -> int:
+    import keyring
+
+    try:
+        existing = keyring.get_password(service, name)
+        if existing is None:
+            print(f"no key stored as {service}/{name}; nothing to delete.")
+            return EXIT_OK
+        keyring.delete_password(service, name)
+    except Exception as exc:
+        return _no_backend("delete", exc)
+    print(f"deleted the key {service}/{name} from the OS keyring.")
+    return EXIT_OK
+
+
+def _status(settings_env: dict[str, str], overrides: dict[str, object]) -> int:
+    try:
+        settings = load_settings(env=settings_env, overrides=overrides)
+    except ConfigError as exc:
+        sys.stderr.write(f"fleet-tui key status: {exc}\n")
+        return EXIT_USAGE
+    found, checks = check_sources(settings, settings_env, stop_at_first=False)
+    for check in checks:
+        marker = "->" if found is not None and check.label == found.source else "  "
+        print(f"{marker} {check.label}: {check.reason}")
+    if found is None:
+        print("no key found. Store one with `fleet-tui key set`, or "
+              "`export ZHIPU_API_KEY=...`.")
+        if any(c.kind == "keyring" and c.reason not in ("no entry", "entry is empty")
+               for c in checks):
+            print(ENV_ADVICE)
+        return EXIT_NO_KEY
+    print(f"the key would come from {found.source}.")
+    return EXIT_OK
+
+
+def _env_token_wins(sources: tuple[str, ...], env: dict[str, str]) -> bool:
+    """True when an exported ANTHROPIC_AUTH_TOKEN would be used before the keyring."""
+    if "env" not in sources or not env.get("ANTHROPIC_AUTH_TOKEN", "").strip():
+        return False
+    return "keyring" not in sources or sources.index("env") < sources.index("keyring")
+
+
+def main(argv: list[str]) -> int:
+    import os
+
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
+        return int(exc.code or 0)
+    if args.action is None:
+        parser.print_help()
+        return EXIT_USAGE
+    env = dict(os.environ)
+    overrides: dict[str, object] = {"keyring_service": args.service, "keyring_key": args.name}
+    if args.action == "status":
+        return _status(env, overrides)
+    try:
+        settings = load_settings(env=env, overrides=overrides)
+    except ConfigError as exc:
+        sys.stderr.write(f"fleet-tui key {args.action}: {exc}\n")
+        return EXIT_USAGE
+    if args.action == "set":
+        return _set(settings.keyring_service, settings.keyring_key,
+                    _env_token_wins(settings.key_sources, env))
+    return _delete(settings.keyring_service, settings.keyring_key)
