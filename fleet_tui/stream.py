@@ -1,0 +1,808 @@
+"""stream-json bytes -> typed events.
+
+`claude -p --output-format stream-json --verbose` prints one JSON object per line. The engine
+tails that output from a file while the run is still writing it, so the decoder is
+incremental (feed chunks of any size, get the same events whatever the chunking), bounded
+(a line over `MAX_LINE_BYTES` becomes one `Malformed` event without being buffered whole)
+and total: no input makes it raise.
+
+Lines are decoded with msgspec into small typed structs (unknown keys are skipped without
+being built, which is what makes this faster than `json.loads`); a line that msgspec cannot
+fit to those structs is retried with the standard library so that valid JSON of an
+unexpected shape becomes `Unknown` rather than `Malformed`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+import msgspec
+
+MAX_LINE_BYTES = 16 * 1024 * 1024
+"""Longest line decoded; a longer one becomes a single Malformed event."""
+
+RAW_KEEP_BYTES = 4096
+"""How much of a bad line a Malformed event keeps."""
+
+SUMMARY_MAX = 120
+"""Longest one-line tool summary, in characters."""
+
+FIRST_LINE_MAX = 200
+"""Longest first line of a tool result, in characters."""
+
+SYNTHETIC_MODEL = "<synthetic>"
+"""Model name the CLI puts on the assistant line it makes up for an API failure."""
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(slots=True, kw_only=True)
+class Event:
+    """One thing that happened in a run; `line_no` is the 1-based stream-json line."""
+
+    kind: ClassVar[str] = "event"
+    line_no: int
+    parent_tool_use_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the event (with its kind), for logs and `--json` output."""
+        out: dict[str, Any] = {"kind": self.kind}
+        for f in fields(self):
+            out[f.name] = getattr(self, f.name)
+        return out
+
+
+@dataclass(slots=True, kw_only=True)
+class Init(Event):
+    """The `system/init` line: what the CLI runs with."""
+
+    kind: ClassVar[str] = "init"
+    session_id: str | None = None
+    cwd: str | None = None
+    model: str | None = None
+    permission_mode: str | None = None
+    claude_code_version: str | None = None
+    tools: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class AssistantEvent(Event):
+    """Common part of the events cut from one assistant line (one content block each).
+
+    Several lines share one `message_id` (one API message, one turn); `usage` is the
+    message's usage as of this line. `synthetic` marks the line the CLI makes up for an
+    API failure, whose top-level `error` (e.g. `authentication_failed`) is kept.
+    """
+
+    kind: ClassVar[str] = "assistant"
+    message_id: str | None = None
+    synthetic: bool = False
+    error: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class Text(AssistantEvent):
+    kind: ClassVar[str] = "text"
+    text: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class Thinking(AssistantEvent):
+    kind: ClassVar[str] = "thinking"
+    text: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolUse(AssistantEvent):
+    """A tool call; `summary` is one short line for people (`Write src/app.py`)."""
+
+    kind: ClassVar[str] = "tool_use"
+    id: str = ""
+    name: str = ""
+    input: Any = None
+    summary: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolResult(Event):
+    """A tool's result, paired with its call by id (`tool_name` is None if never seen)."""
+
+    kind: ClassVar[str] = "tool_result"
+    tool_use_id: str = ""
+    tool_name: str | None = None
+    is_error: bool = False
+    first_line: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class ApiRetry(Event):
+    """One retry the CLI makes by itself after an API error."""
+
+    kind: ClassVar[str] = "api_retry"
+    attempt: int | None = None
+    max_retries: int | None = None
+    retry_delay_ms: float | None = None
+    error_status: int | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Status(Event):
+    """A `system/status` line (with `--include-partial-messages`)."""
+
+    kind: ClassVar[str] = "status"
+    status: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Partial(Event):
+    """A raw SSE event (`stream_event`); `text` is the delta text when there is one."""
+
+    kind: ClassVar[str] = "partial"
+    event_type: str = ""
+    text: str | None = None
+    data: Any = None
+
+
+@dataclass(slots=True, kw_only=True)
+class RateLimit(Event):
+    """A `rate_limit_event` line from newer CLIs."""
+
+    kind: ClassVar[str] = "rate_limit"
+    status: str | None = None
+    resets_at: Any = None
+    rate_limit_type: str | None = None
+    data: Any = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Result(Event):
+    """The final `result` line; `data` is the whole object."""
+
+    kind: ClassVar[str] = "result"
+    subtype: str | None = None
+    is_error: bool = False
+    api_error_status: int | None = None
+    result: str | None = None
+    num_turns: int | None = None
+    session_id: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+    stop_reason: str | None = None
+    terminal_reason: str | None = None
+    permission_denials: list[Any] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class Unknown(Event):
+    """Valid JSON the parser has no event for (new line types, new block types)."""
+
+    kind: ClassVar[str] = "unknown"
+    type: str = ""
+    data: Any = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Malformed(Event):
+    """A line that is not JSON (or over the size cap); `raw` is its bounded head."""
+
+    kind: ClassVar[str] = "malformed"
+    raw: str = ""
+    error: str = ""
+
+
+# --------------------------------------------------------------------------- wire shapes
+# Only the keys the events need; msgspec skips every other key without building it.
+
+
+class _Usage(msgspec.Struct):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class _Block(msgspec.Struct):
+    type: str = ""
+    text: str | None = None
+    thinking: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: Any = None
+    tool_use_id: str | None = None
+    content: Any = None
+    is_error: bool | None = None
+
+
+class _Message(msgspec.Struct):
+    id: str | None = None
+    model: str | None = None
+    content: list[_Block] | str | None = None
+    usage: _Usage | None = None
+
+
+class _System(msgspec.Struct, tag="system", tag_field="type"):
+    subtype: str | None = None
+    parent_tool_use_id: str | None = None
+    session_id: str | None = None
+    cwd: str | None = None
+    model: str | None = None
+    permissionMode: str | None = None  # noqa: N815 - the wire name
+    claude_code_version: str | None = None
+    tools: list[str] | None = None
+    attempt: int | None = None
+    max_retries: int | None = None
+    retry_delay_ms: float | None = None
+    error_status: int | None = None
+    error: Any = None
+    status: Any = None
+
+
+class _Assistant(msgspec.Struct, tag="assistant", tag_field="type"):
+    message: _Message
+    parent_tool_use_id: str | None = None
+    error: Any = None
+
+
+class _User(msgspec.Struct, tag="user", tag_field="type"):
+    message: _Message
+    parent_tool_use_id: str | None = None
+
+
+class _Result(msgspec.Struct, tag="result", tag_field="type"):
+    pass
+
+
+class _StreamEvent(msgspec.Struct, tag="stream_event", tag_field="type"):
+    event: Any = None
+    parent_tool_use_id: str | None = None
+
+
+class _RateLimitEvent(msgspec.Struct, tag="rate_limit_event", tag_field="type"):
+    rate_limit_info: Any = None
+    parent_tool_use_id: str | None = None
+
+
+_Line = _System | _Assistant | _User | _Result | _StreamEvent | _RateLimitEvent
+_DECODER = msgspec.json.Decoder(_Line)
+_DecodeError = msgspec.DecodeError  # ValidationError is a subclass
+_decode_any = msgspec.json.Decoder().decode  # untyped: the whole object as dicts and lists
+
+
+# --------------------------------------------------------------------------- summaries
+
+# C0 controls and DEL become spaces, so a summary is one printable line.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+# tool name -> input keys tried in order for its one-line detail
+_DETAIL_KEYS: dict[str, tuple[str, ...]] = {
+    "Write": ("file_path",),
+    "Edit": ("file_path",),
+    "MultiEdit": ("file_path",),
+    "Read": ("file_path",),
+    "NotebookEdit": ("notebook_path",),
+    "NotebookRead": ("notebook_path",),
+    "Bash": ("command",),
+    "BashOutput": ("bash_id", "shell_id"),
+    "KillBash": ("shell_id", "bash_id"),
+    "KillShell": ("shell_id", "bash_id"),
+    "Task": ("description", "subagent_type", "prompt"),
+    "Agent": ("description", "subagent_type", "prompt"),
+    "WebFetch": ("url",),
+    "WebSearch": ("query",),
+    "Skill": ("skill", "command", "name"),
+    "SlashCommand": ("command",),
+    "TaskCreate": ("subject", "description", "title"),
+    "TaskUpdate": ("taskId", "task_id", "status"),
+    "TaskGet": ("taskId", "task_id"),
+    "TaskOutput": ("task_id", "taskId"),
+    "TaskStop": ("task_id", "taskId"),
+}
+
+
+def _one_line(text: str, limit: int) -> str:
+    """Collapse whitespace and control characters; cut to `limit` characters with '…'."""
+    if len(text) > limit * 4:  # do not scan megabytes of a Write's content
+        text = text[: limit * 4]
+    if not text.isprintable():
+        text = _CONTROL_RE.sub(" ", text)
+    text = " ".join(text.split())
+    if len(text) > limit:
+        text = text[: limit - 1].rstrip() + "…"
+    return text
+
+
+def _relative(text: str, cwd: str | None) -> str:
+    """Show paths inside the run's cwd relative to it."""
+    if not cwd or cwd == "/":
+        return text
+    root = cwd.rstrip("/")
+    if text == root:
+        return "."
+    return text.replace(root + "/", "")
+
+
+def _str(value: Any) -> str | None:
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def _todo_detail(todos: Any) -> str | None:
+    if not isinstance(todos, list):
+        return None
+    items = [t for t in todos if isinstance(t, dict)]
+    done = sum(1 for t in items if t.get("status") == "completed")
+    detail = f"{done}/{len(items)} done"
+    current = next((t for t in items if t.get("status") == "in_progress"), None)
+    if current is not None:
+        name = _str(current.get("activeForm")) or _str(current.get("content"))
+        if name:
+            detail += f" · {name}"
+    return detail
+
+
+def _detail(name: str, data: dict[str, Any]) -> str | None:
+    if name == "TodoWrite":
+        return _todo_detail(data.get("todos"))
+    if name in ("Grep", "Glob"):
+        pattern = _str(data.get("pattern"))
+        if pattern is None:
+            return None
+        where = _str(data.get("path"))
+        return f"{pattern} in {where}" if where else pattern
+    for key in _DETAIL_KEYS.get(name, ()):
+        value = _str(data.get(key))
+        if value is not None:
+            return value
+    # an unlisted tool (new built-in, MCP): its first short string argument
+    for value in data.values():
+        text = _str(value)
+        if text is not None:
+            return text
+    return None
+
+
+def summarize_tool(name: str, input: Any, cwd: str | None = None) -> str:  # noqa: A002
+    """One short line for a tool call: `Write src/app.py`, `Bash pytest -q`.
+
+    Paths inside `cwd` are shown relative to it. Never raises, whatever `input` holds.
+    """
+    label = _one_line(name if isinstance(name, str) and name else "tool", 40)
+    try:
+        detail = _detail(label, input) if isinstance(input, dict) else None
+    except Exception:  # a defensive net: a summary must never break the stream
+        detail = None
+    if not detail:
+        return label
+    detail = _relative(_one_line(detail, SUMMARY_MAX * 2), cwd)
+    return _one_line(f"{label} {detail}", SUMMARY_MAX)
+
+
+def _first_line(content: Any) -> str:
+    """The first non-blank line of a tool result's content (a string or a block list)."""
+    text = ""
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        for block in content:
+            if isinstance(block, dict):
+                if block.get("type") == "text" and isinstance(block.get("text"), str):
+                    text = block["text"]
+                    break
+                if block.get("type") == "image":
+                    text = "[image]"
+                    break
+    elif content is not None:
+        text = str(content)
+    if len(text) > FIRST_LINE_MAX * 8:
+        text = text[: FIRST_LINE_MAX * 8]
+    start = 0
+    while True:
+        end = text.find("\n", start)
+        line = text[start:] if end < 0 else text[start:end]
+        if line.strip():
+            return _one_line(line, FIRST_LINE_MAX)
+        if end < 0:
+            return ""
+        start = end + 1
+
+
+# --------------------------------------------------------------------------- decoding helpers
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _as_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _raw_head(line: bytes) -> str:
+    return line[:RAW_KEEP_BYTES].decode("utf-8", "replace")
+
+
+def _result_event(data: dict[str, Any], line_no: int) -> Result:
+    usage = data.get("usage")
+    denials = data.get("permission_denials")
+    return Result(
+        line_no=line_no,
+        parent_tool_use_id=_as_str(data.get("parent_tool_use_id")),
+        subtype=_as_str(data.get("subtype")),
+        is_error=data.get("is_error") is True,
+        api_error_status=_as_int(data.get("api_error_status")),
+        result=_as_str(data.get("result")),
+        num_turns=_as_int(data.get("num_turns")),
+        session_id=_as_str(data.get("session_id")),
+        usage=usage if isinstance(usage, dict) else {},
+        stop_reason=_as_str(data.get("stop_reason")),
+        terminal_reason=_as_str(data.get("terminal_reason")),
+        permission_denials=denials if isinstance(denials, list) else [],
+        data=data,
+    )
+
+
+def _partial_text(event: Any) -> tuple[str, str | None]:
+    if not isinstance(event, dict):
+        return "", None
+    etype = event.get("type")
+    text = None
+    delta = event.get("delta")
+    if isinstance(delta, dict):
+        text = _as_str(delta.get("text")) or _as_str(delta.get("thinking"))
+    return (etype if isinstance(etype, str) else ""), text
+
+
+# --------------------------------------------------------------------------- decoder
+
+
+class StreamDecoder:
+    """Incremental stream-json decoder: `feed(bytes)` any chunks, then `finish()`.
+
+    The same bytes give the same events however they are split into chunks. Tool results
+    carry the name of the tool call they answer. `cwd` (else the init line's cwd) makes
+    tool summaries show paths relative to the run's directory.
+    """
+
+    __slots__ = ("_line_no", "_over_head", "_over_size", "_pending", "_pending_len",
+                 "_tool_names", "cwd")
+
+    def __init__(self, cwd: str | None = None) -> None:
+        self.cwd = cwd
+        self._line_no = 0
+        self._pending: list[bytes] = []
+        self._pending_len = 0
+        self._over_head: bytes = b""
+        self._over_size = -1  # >= 0 while discarding the rest of an over-cap line
+        self._tool_names: dict[str, str] = {}
+
+    @property
+    def line_no(self) -> int:
+        """Number of complete lines seen so far."""
+        return self._line_no
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        """Decode every line completed by `chunk`; hold an unfinished last line."""
+        out: list[Event] = []
+        if not chunk:
+            return out
+        chunk = bytes(chunk)
+        nl = chunk.find(b"\n")
+        if nl < 0:
+            self._hold(chunk)
+            return out
+        start = 0
+        if self._pending_len or self._over_size >= 0:
+            self._hold(chunk[:nl])
+            self._line_no += 1
+            self._flush_pending(out)
+            start = nl + 1
+        lines = chunk[start:].split(b"\n") if start else chunk.split(b"\n")
+        tail = lines.pop()
+        decode = self._decode
+        for line in lines:
+            self._line_no += 1
+            if line:
+                decode(line, out)
+        if tail:
+            self._hold(tail)
+        return out
+
+    def finish(self) -> list[Event]:
+        """Decode a last line that had no newline (a run that died mid-line)."""
+        out: list[Event] = []
+        if self._pending_len or self._over_size >= 0:
+            self._line_no += 1
+            self._flush_pending(out)
+        return out
+
+    # ---- buffering
+
+    def _hold(self, piece: bytes) -> None:
+        if self._over_size >= 0:
+            self._over_size += len(piece)
+            return
+        self._pending.append(piece)
+        self._pending_len += len(piece)
+        if self._pending_len > MAX_LINE_BYTES:
+            joined = b"".join(self._pending)
+            self._over_head = joined[:RAW_KEEP_BYTES]
+            self._over_size = len(joined)
+            self._pending = []
+            self._pending_len = 0
+
+    def _flush_pending(self, out: list[Event]) -> None:
+        if self._over_size >= 0:
+            out.append(self._too_long(self._over_head, self._over_size))
+            self._over_head = b""
+            self._over_size = -1
+            return
+        line = b"".join(self._pending)
+        self._pending = []
+        self._pending_len = 0
+        if line:
+            self._decode(line, out)
+
+    def _too_long(self, head: bytes, size: int) -> Malformed:
+        return Malformed(line_no=self._line_no, raw=_raw_head(head),
+                         error=f"line is {size} bytes, over the {MAX_LINE_BYTES} byte limit")
+
+    # ---- one line
+
+    def _decode(self, line: bytes, out: list[Event]) -> None:
+        if len(line) > MAX_LINE_BYTES:
+            out.append(self._too_long(line, len(line)))
+            return
+        try:
+            obj = _DECODER.decode(line)
+        except _DecodeError:
+            self._decode_slow(line, out)
+            return
+        try:
+            self._emit(obj, line, None, out)
+        except Exception as exc:  # a defensive net: never let one odd line stop a stream
+            out.append(Malformed(line_no=self._line_no, raw=_raw_head(line),
+                                 error=f"could not interpret the line: {exc!r}"))
+
+    def _decode_slow(self, line: bytes, out: list[Event]) -> None:
+        """The line did not fit the typed shapes: parse it generically."""
+        if not line.strip():
+            return
+        try:
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                text = line.decode("utf-8", "replace")
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            out.append(Malformed(line_no=self._line_no, raw=_raw_head(line),
+                                 error=f"not JSON: {exc}"))
+            return
+        try:
+            obj = msgspec.convert(data, _Line)
+        except (msgspec.ValidationError, TypeError, ValueError, RecursionError):
+            kind = data.get("type") if isinstance(data, dict) else None
+            out.append(Unknown(line_no=self._line_no, type=kind if isinstance(kind, str) else "",
+                               data=data))
+            return
+        try:
+            self._emit(obj, line, data, out)
+        except Exception as exc:  # a defensive net, as in _decode
+            out.append(Malformed(line_no=self._line_no, raw=_raw_head(line),
+                                 error=f"could not interpret the line: {exc!r}"))
+
+    def _emit(self, obj: Any, line: bytes, data: Any, out: list[Event]) -> None:
+        line_no = self._line_no
+        cls = type(obj)
+        if cls is _Assistant:
+            self._assistant(obj, line_no, out)
+        elif cls is _User:
+            self._user(obj, line_no, out)
+        elif cls is _System:
+            self._system(obj, line, data, line_no, out)
+        elif cls is _Result:
+            if data is None:
+                data = _decode_any(line)
+            out.append(_result_event(data, line_no))
+        elif cls is _StreamEvent:
+            etype, text = _partial_text(obj.event)
+            out.append(Partial(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
+                               event_type=etype, text=text, data=obj.event))
+        elif cls is _RateLimitEvent:
+            info = obj.rate_limit_info
+            info_d = info if isinstance(info, dict) else {}
+            out.append(RateLimit(
+                line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
+                status=_as_str(info_d.get("status")),
+                resets_at=info_d.get("resetsAt", info_d.get("resets_at")),
+                rate_limit_type=_as_str(info_d.get("rateLimitType",
+                                                   info_d.get("rate_limit_type"))),
+                data=info))
+
+    def _assistant(self, obj: _Assistant, line_no: int, out: list[Event]) -> None:
+        msg = obj.message
+        parent = obj.parent_tool_use_id
+        usage = msg.usage
+        in_tok = (usage.input_tokens or 0) if usage is not None else 0
+        out_tok = (usage.output_tokens or 0) if usage is not None else 0
+        synthetic = msg.model == SYNTHETIC_MODEL
+        error = obj.error if isinstance(obj.error, str) else None
+        content = msg.content
+        if isinstance(content, str):
+            out.append(Text(line_no=line_no, parent_tool_use_id=parent, message_id=msg.id,
+                            synthetic=synthetic, error=error, input_tokens=in_tok,
+                            output_tokens=out_tok, text=content))
+            return
+        if not content:
+            return
+        for block in content:
+            btype = block.type
+            if btype == "text":
+                out.append(Text(line_no=line_no, parent_tool_use_id=parent, message_id=msg.id,
+                                synthetic=synthetic, error=error, input_tokens=in_tok,
+                                output_tokens=out_tok, text=block.text or ""))
+            elif btype in ("tool_use", "server_tool_use", "mcp_tool_use"):
+                tool_id = block.id or ""
+                name = block.name or ""
+                if tool_id:
+                    self._tool_names[tool_id] = name
+                out.append(ToolUse(line_no=line_no, parent_tool_use_id=parent,
+                                   message_id=msg.id, synthetic=synthetic, error=error,
+                                   input_tokens=in_tok, output_tokens=out_tok, id=tool_id,
+                                   name=name, input=block.input,
+                                   summary=summarize_tool(name, block.input, self.cwd)))
+            elif btype in ("thinking", "redacted_thinking"):
+                out.append(Thinking(line_no=line_no, parent_tool_use_id=parent,
+                                    message_id=msg.id, synthetic=synthetic, error=error,
+                                    input_tokens=in_tok, output_tokens=out_tok,
+                                    text=block.thinking or ""))
+            else:
+                out.append(Unknown(line_no=line_no, parent_tool_use_id=parent,
+                                   type=f"assistant/{btype}",
+                                   data=msgspec.structs.asdict(block)))
+
+    def _user(self, obj: _User, line_no: int, out: list[Event]) -> None:
+        content = obj.message.content
+        cwd = self.cwd
+        if not isinstance(content, list):
+            return  # a prompt (e.g. a sub-agent's): nothing new to show
+        for block in content:
+            if block.type != "tool_result":
+                continue
+            tool_id = block.tool_use_id or ""
+            out.append(ToolResult(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
+                                  tool_use_id=tool_id,
+                                  tool_name=self._tool_names.pop(tool_id, None),
+                                  is_error=block.is_error is True,
+                                  first_line=_relative(_first_line(block.content), cwd)))
+
+    def _system(self, obj: _System, line: bytes, data: Any, line_no: int,
+                out: list[Event]) -> None:
+        subtype = obj.subtype
+        if subtype == "init":
+            if self.cwd is None and obj.cwd:
+                self.cwd = obj.cwd
+            out.append(Init(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
+                            session_id=obj.session_id, cwd=obj.cwd, model=obj.model,
+                            permission_mode=obj.permissionMode,
+                            claude_code_version=obj.claude_code_version,
+                            tools=obj.tools or []))
+        elif subtype == "api_retry":
+            out.append(ApiRetry(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
+                                attempt=obj.attempt, max_retries=obj.max_retries,
+                                retry_delay_ms=obj.retry_delay_ms,
+                                error_status=obj.error_status,
+                                error=obj.error if isinstance(obj.error, str) else None))
+        elif subtype == "status":
+            out.append(Status(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
+                              status=_as_str(obj.status)))
+        else:
+            if data is None:
+                data = _decode_any(line)
+            out.append(Unknown(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
+                               type="system", data=data))
+
+
+def decode_all(data: bytes) -> list[Event]:
+    """Every event of a complete stream-json text (a finished run's events file)."""
+    decoder = StreamDecoder()
+    events = decoder.feed(data)
+    events.extend(decoder.finish())
+    return events
+
+
+# --------------------------------------------------------------------------- summary
+
+
+@dataclass(slots=True)
+class RunSummary:
+    """What a person wants at a glance about one attempt, kept up to date event by event.
+
+    Turns are the distinct API messages of the main agent (synthetic failure messages do
+    not count); tokens add up every message's latest usage, and the result's usage, when it
+    arrives, is taken as the final word. `last_activity` is set by the caller (the time it
+    read the event), since events carry no trustworthy clock.
+    """
+
+    turns: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    api_retries: int = 0
+    last_tool: str | None = None
+    last_text: str | None = None
+    session_id: str | None = None
+    model: str | None = None
+    last_activity: float | None = None
+    finished: bool = False
+    _messages: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
+    _turn_ids: set[str] = field(default_factory=set, repr=False)
+
+    def update(self, event: Event, at: float | None = None) -> None:
+        """Fold one event in; `at` (a timestamp) becomes `last_activity` when given."""
+        if at is not None:
+            self.last_activity = at
+        if isinstance(event, AssistantEvent):
+            self._count_message(event)
+            if isinstance(event, ToolUse):
+                self.tool_calls += 1
+                self.last_tool = event.summary
+            elif isinstance(event, Text) and event.text and event.parent_tool_use_id is None:
+                self.last_text = _one_line(event.text, FIRST_LINE_MAX)
+        elif isinstance(event, ToolResult):
+            if event.is_error:
+                self.tool_errors += 1
+        elif isinstance(event, ApiRetry):
+            self.api_retries += 1
+        elif isinstance(event, Init):
+            self.session_id = event.session_id or self.session_id
+            self.model = event.model or self.model
+        elif isinstance(event, Result):
+            self.finished = True
+            self.session_id = event.session_id or self.session_id
+            usage = event.usage
+            in_tok = _as_int(usage.get("input_tokens"))
+            out_tok = _as_int(usage.get("output_tokens"))
+            if in_tok is not None and in_tok >= self.input_tokens:
+                self.input_tokens = in_tok
+            if out_tok is not None and out_tok >= self.output_tokens:
+                self.output_tokens = out_tok
+            if event.num_turns is not None and event.num_turns > self.turns:
+                self.turns = event.num_turns
+
+    def _count_message(self, event: AssistantEvent) -> None:
+        mid = event.message_id
+        if not mid:
+            return
+        new = (event.input_tokens, event.output_tokens)
+        old = self._messages.get(mid)
+        if old != new:
+            if old is not None:
+                self.input_tokens -= old[0]
+                self.output_tokens -= old[1]
+            self.input_tokens += new[0]
+            self.output_tokens += new[1]
+            self._messages[mid] = new
+        if (not event.synthetic and event.parent_tool_use_id is None
+                and mid not in self._turn_ids):
+            self._turn_ids.add(mid)
+            self.turns += 1
+
+    def to_json(self) -> dict[str, Any]:
+        """The public fields as a JSON-ready dict (for the store and `--json` output)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if not f.name.startswith("_")}
