@@ -231,7 +231,7 @@ class _System(msgspec.Struct, tag="system", tag_field="type"):
     session_id: str | None = None
     cwd: str | None = None
     model: str | None = None
-    permissionMode: str | None = None  # noqa: N815 - the wire name
+    permissionMode: str | None = None  # the wire name
     claude_code_version: str | None = None
     tools: list[str] | None = None
     attempt: int | None = None
@@ -369,7 +369,7 @@ def _detail(name: str, data: dict[str, Any]) -> str | None:
     return None
 
 
-def summarize_tool(name: str, input: Any, cwd: str | None = None) -> str:  # noqa: A002
+def summarize_tool(name: str, input: Any, cwd: str | None = None) -> str:
     """One short line for a tool call: `Write src/app.py`, `Bash pytest -q`.
 
     Paths inside `cwd` are shown relative to it. Never raises, whatever `input` holds.
