@@ -1,0 +1,482 @@
+"""The scripted endpoint, driven over real HTTP on 127.0.0.1 (http.client, sockets)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from endpoint_helpers import assemble, post, request_body
+
+from fleet_tui.endpoint import (
+    Fault,
+    ScriptedEndpoint,
+    ScriptError,
+    find_cwd,
+    load_scripts,
+    parse_fault,
+)
+
+TOOL_SCRIPT: list[Any] = [
+    [{"type": "text", "text": "I'll write the file now, then check it."},
+     {"type": "tool_use", "name": "Write",
+      "input": {"file_path": "{cwd}/hello.txt",
+                "content": "hello from a longer file body so the JSON splits\n" * 3}}],
+    [{"type": "thinking", "thinking": "list the directory"},
+     {"type": "tool_use", "name": "Bash", "input": {"command": "ls", "description": "list"}}],
+    "All done: hello.txt written.",
+]
+
+
+@pytest.fixture
+def endpoint() -> Any:
+    with ScriptedEndpoint(TOOL_SCRIPT) as ep:
+        yield ep
+
+
+def test_stream_plays_a_tool_turn_as_the_real_api_does(endpoint: ScriptedEndpoint) -> None:
+    reply = post(endpoint.url, request_body(cwd="/srv/work/repo", model="GLM-9"))
+
+    assert reply.status == 200
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    shape = " ".join(reply.names())
+    block = r"content_block_start( content_block_delta)+ content_block_stop"
+    assert re.fullmatch(rf"message_start( {block}){{2}} message_delta message_stop", shape)
+    start = reply.events[0][1]["message"]
+    assert start["model"] == "GLM-9" and start["role"] == "assistant" and start["content"] == []
+    delta = reply.events[-2][1]
+    assert delta["delta"]["stop_reason"] == "tool_use"
+    assert delta["usage"]["output_tokens"] > 0
+
+    json_chunks = [d["delta"]["partial_json"] for n, d in reply.events
+                   if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta"]
+    assert len(json_chunks) >= 3, "tool input must arrive as several partial JSON chunks"
+    text, tool = assemble(reply.events)
+    assert text == {"type": "text", "text": "I'll write the file now, then check it."}
+    assert tool["type"] == "tool_use" and tool["name"] == "Write"
+    assert tool["id"].startswith("toolu_")
+    assert tool["input"]["file_path"] == "/srv/work/repo/hello.txt"
+    assert tool["input"]["content"] == TOOL_SCRIPT[0][1]["input"]["content"]
+
+
+def test_block_indexes_open_and_close_in_order(endpoint: ScriptedEndpoint) -> None:
+    reply = post(endpoint.url, request_body(turns_done=1))
+    open_index: int | None = None
+    seen: list[int] = []
+    for name, data in reply.events:
+        if name == "content_block_start":
+            assert open_index is None
+            open_index = data["index"]
+            seen.append(open_index)
+        elif name == "content_block_delta":
+            assert data["index"] == open_index
+        elif name == "content_block_stop":
+            assert data["index"] == open_index
+            open_index = None
+    assert seen == [0, 1]
+    thinking, tool = assemble(reply.events)
+    assert thinking["type"] == "thinking" and thinking["thinking"] == "list the directory"
+    assert thinking["signature"]
+    assert tool["name"] == "Bash" and tool["input"] == {"command": "ls", "description": "list"}
+
+
+def test_turn_is_counted_from_assistant_messages_and_mid_system_is_accepted(
+        endpoint: ScriptedEndpoint) -> None:
+    final = post(endpoint.url, request_body(turns_done=2, system_in_middle=True))
+    assert final.status == 200
+    assert assemble(final.events) == [{"type": "text", "text": "All done: hello.txt written."}]
+    assert final.events[-2][1]["delta"]["stop_reason"] == "end_turn"
+
+    beyond = post(endpoint.url, request_body(turns_done=7))
+    assert beyond.status == 200
+    assert "only 3 turn(s)" in assemble(beyond.events)[0]["text"]
+    assert [r.turn for r in endpoint.requests] == [2, 7]
+
+
+def test_tool_use_ids_are_unique_per_request() -> None:
+    two_tools = ScriptedEndpoint([[
+        {"type": "tool_use", "name": "Bash", "input": {"command": "true"}},
+        {"type": "tool_use", "name": "Bash", "input": {"command": "true"}}]])
+    with two_tools:
+        ids = [b["id"] for _ in range(3)
+               for b in assemble(post(two_tools.url, request_body()).events)]
+    assert len(ids) == 6 and len(set(ids)) == 6
+    assert two_tools.requests[0].tool_use_ids == tuple(ids[:2])
+
+
+def test_non_streaming_answer_is_a_message_object(endpoint: ScriptedEndpoint) -> None:
+    reply = post(endpoint.url, request_body(stream=False, model="m-x"), path="/v1/messages")
+    assert reply.status == 200
+    msg = reply.json
+    assert msg["type"] == "message" and msg["model"] == "m-x"
+    assert msg["stop_reason"] == "tool_use"
+    assert [b["type"] for b in msg["content"]] == ["text", "tool_use"]
+    assert msg["content"][1]["input"]["file_path"] == "/work/somewhere/hello.txt"
+    assert msg["usage"]["input_tokens"] > 0
+    assert endpoint.requests[0].stream is False
+
+
+def test_keep_alive_serves_several_requests_on_one_connection(
+        endpoint: ScriptedEndpoint) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=5)
+    try:
+        replies = [post(endpoint.url, request_body(turns_done=i), conn=conn) for i in range(3)]
+        local_port = conn.sock.getsockname()[1] if conn.sock else None
+        post(endpoint.url, request_body(stream=False), conn=conn)
+        assert conn.sock is not None and conn.sock.getsockname()[1] == local_port
+    finally:
+        conn.close()
+    assert [r.status for r in replies] == [200, 200, 200]
+    assert [r.names()[-1] for r in replies] == ["message_stop"] * 3
+
+
+def test_concurrent_clients_each_get_their_own_script() -> None:
+    scripts = {"default": ["plain"], **{f"w{i}": [f"worker {i} done"] for i in range(6)}}
+    results: dict[int, str] = {}
+
+    with ScriptedEndpoint(scripts, event_delay=0.02) as ep:
+        def run(i: int) -> None:
+            reply = post(ep.url, request_body(prompt=f"task [script:w{i}] please"))
+            results[i] = assemble(reply.events)[0]["text"]
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        elapsed = time.monotonic() - started
+        unmarked = assemble(post(ep.url, request_body()).events)[0]["text"]
+
+    assert results == {i: f"worker {i} done" for i in range(6)}
+    assert unmarked == "plain"
+    # 5 events at 0.02 s each: parallel clients overlap instead of queueing.
+    assert elapsed < 6 * 5 * 0.02
+    assert sorted(r.script or "" for r in ep.requests) == sorted(
+        [f"w{i}" for i in range(6)] + ["default"])
+
+
+def test_unknown_script_marker_is_a_clear_400() -> None:
+    with ScriptedEndpoint({"alpha": ["a"], "beta": ["b"]}) as ep:
+        reply = post(ep.url, request_body(prompt="[script:gamma]"))
+        first = post(ep.url, request_body())
+    assert reply.status == 400
+    assert reply.json["type"] == "error"
+    assert reply.json["error"]["type"] == "invalid_request_error"
+    assert "gamma" in reply.json["error"]["message"]
+    assert "alpha, beta" in reply.json["error"]["message"]
+    assert assemble(first.events)[0]["text"] == "a"  # no marker, no "default": the first
+
+
+def test_error_faults_for_the_first_requests_then_normal() -> None:
+    with ScriptedEndpoint(["fine"], faults=["529x2"]) as ep:
+        replies = [post(ep.url, request_body()) for _ in range(3)]
+    assert [r.status for r in replies] == [529, 529, 200]
+    assert replies[0].json == {"type": "error", "error": {
+        "type": "overloaded_error", "message": "Overloaded"},
+        "request_id": replies[0].json["request_id"]}
+    assert replies[0].headers["x-should-retry"] == "true"
+    assert [r.fault for r in ep.requests] == ["error:529", "error:529", None]
+
+
+@pytest.mark.parametrize(("status", "kind", "retry"), [
+    (401, "authentication_error", "false"),
+    (429, "rate_limit_error", "true"),
+    (500, "api_error", "true"),
+])
+def test_error_fault_bodies_and_retry_headers(status: int, kind: str, retry: str) -> None:
+    with ScriptedEndpoint(["fine"], faults=[{"status": status, "retry_after": 0}]) as ep:
+        reply = post(ep.url, request_body())
+    assert reply.status == status
+    assert reply.json["error"]["type"] == kind
+    assert reply.headers["x-should-retry"] == retry
+    assert reply.headers["retry-after"] == "0"
+
+
+def test_429_carries_retry_after_by_default() -> None:
+    with ScriptedEndpoint(["fine"], faults=[429]) as ep:
+        assert post(ep.url, request_body()).headers["retry-after"] == "1"
+
+
+def test_script_faults_apply_to_that_script_only_and_after_global_ones(tmp_path: Path) -> None:
+    (tmp_path / "calm.json").write_text(json.dumps(["calm"]))
+    (tmp_path / "busy.json").write_text(json.dumps(
+        {"turns": ["busy"], "faults": [{"status": 500, "times": 1}]}))
+    with ScriptedEndpoint(tmp_path, faults=["429"]) as ep:
+        statuses = [post(ep.url, request_body(prompt=p)).status
+                    for p in ("[script:calm]", "[script:calm]", "[script:busy]",
+                              "[script:busy]")]
+    assert statuses == [429, 200, 500, 200]
+
+
+def test_faults_can_be_set_at_runtime_and_limited_to_a_turn(
+        endpoint: ScriptedEndpoint) -> None:
+    assert post(endpoint.url, request_body()).status == 200
+    endpoint.set_faults([Fault(kind="error", status=503, times=None, turn=1)])
+    assert post(endpoint.url, request_body(turns_done=0)).status == 200
+    assert [post(endpoint.url, request_body(turns_done=1)).status for _ in range(2)] == [503,
+                                                                                          503]
+    endpoint.set_faults(["401"], script="default")
+    endpoint.clear_faults()
+    assert post(endpoint.url, request_body(turns_done=1)).status == 200
+
+
+def test_drop_cuts_the_stream_mid_way(endpoint: ScriptedEndpoint) -> None:
+    endpoint.set_faults([{"kind": "drop", "after_events": 3}])
+    conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=5)
+    try:
+        conn.request("POST", "/v1/messages", body=json.dumps(request_body()))
+        resp = conn.getresponse()
+        assert resp.status == 200
+        with pytest.raises(http.client.IncompleteRead) as info:
+            resp.read()
+    finally:
+        conn.close()
+    assert info.value.partial.count(b"event: ") == 3
+    assert b"message_stop" not in info.value.partial
+    # the next request is served normally
+    assert post(endpoint.url, request_body()).names()[-1] == "message_stop"
+    assert [r.fault for r in endpoint.requests] == ["drop", None]
+
+
+def test_hang_holds_the_request_until_the_client_gives_up() -> None:
+    ep = ScriptedEndpoint(["late"], faults=["hang"])
+    with ep:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            post(ep.url, request_body(), timeout=0.3)
+        assert time.monotonic() - started < 3
+        assert post(ep.url, request_body()).status == 200
+        stop_started = time.monotonic()
+    assert time.monotonic() - stop_started < 3, "stopping must release the hung handler"
+    assert [r.fault for r in ep.requests] == ["hang", None]
+
+
+def test_event_delay_slows_the_stream() -> None:
+    with ScriptedEndpoint(["one two three four"], event_delay=0.05) as ep:
+        started = time.monotonic()
+        reply = post(ep.url, request_body())
+        elapsed = time.monotonic() - started
+    assert elapsed >= 0.05 * (len(reply.events) - 1) * 0.9
+
+
+def test_script_delay_chunks_text_for_a_human_speed_demo() -> None:
+    text = "This sentence is long enough to be streamed in several small pieces."
+    with ScriptedEndpoint({"demo": {"turns": [text], "delay": 0.001}}) as ep:
+        reply = post(ep.url, request_body())
+    deltas = [d["delta"]["text"] for n, d in reply.events if n == "content_block_delta"]
+    assert len(deltas) >= 3 and "".join(deltas) == text
+
+
+def test_requests_record_auth_kind_and_digest_never_the_value(
+        endpoint: ScriptedEndpoint) -> None:
+    secret = "sk-test-" + os.urandom(8).hex()
+    post(endpoint.url, request_body(), headers={"authorization": f"Bearer {secret}"})
+    post(endpoint.url, request_body(), headers={"x-api-key": secret})
+    post(endpoint.url, request_body())
+    bearer, api_key, anonymous = endpoint.requests
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    assert (bearer.has_auth, bearer.auth_kind, bearer.auth_sha256) == (True, "bearer", digest)
+    assert (api_key.auth_kind, api_key.auth_sha256) == ("x-api-key", digest)
+    assert (anonymous.has_auth, anonymous.auth_kind, anonymous.auth_sha256) == (False, None,
+                                                                                None)
+    assert secret not in repr(endpoint.requests)
+
+
+def test_requests_record_tool_results_model_cwd_and_prompt(endpoint: ScriptedEndpoint) -> None:
+    results = [
+        {"type": "tool_result", "tool_use_id": "toolu_a", "is_error": True,
+         "content": [{"type": "text", "text": "Permission denied"}]},
+        {"type": "tool_result", "tool_use_id": "toolu_b", "content": "README.md"},
+    ]
+    post(endpoint.url, request_body(turns_done=1, tool_results=results, model="GLM-X",
+                                    cwd="/a b/c", prompt="fix it [script:default]"))
+    (rec,) = endpoint.requests
+    assert (rec.model, rec.turn, rec.script, rec.cwd) == ("GLM-X", 1, "default", "/a b/c")
+    assert rec.prompt == "fix it [script:default]"
+    assert [(t.tool_use_id, t.is_error, t.text) for t in rec.tool_results] == [
+        ("toolu_a", True, "Permission denied"), ("toolu_b", False, "README.md")]
+    assert rec.path == "/v1/messages?beta=true" and rec.status == 200 and rec.stream
+
+
+def test_wait_for_returns_once_enough_requests_arrived(endpoint: ScriptedEndpoint) -> None:
+    threading.Timer(0.1, lambda: post(endpoint.url, request_body())).start()
+    assert len(endpoint.wait_for(1, timeout=5)) == 1
+    with pytest.raises(TimeoutError):
+        endpoint.wait_for(2, timeout=0.1)
+
+
+def test_cwd_unknown_leaves_a_dot(endpoint: ScriptedEndpoint) -> None:
+    reply = post(endpoint.url, request_body(cwd=None))
+    assert assemble(reply.events)[1]["input"]["file_path"] == "./hello.txt"
+    assert endpoint.requests[0].cwd is None
+
+
+def test_find_cwd_falls_back_to_messages_and_older_wording() -> None:
+    body = {"system": "nothing here", "messages": [
+        {"role": "user", "content": "<env>\nWorking directory: /old/style\n</env>"}]}
+    assert find_cwd(body) == "/old/style"
+    assert find_cwd({"messages": []}) is None
+
+
+def test_connect_is_refused_and_recorded(endpoint: ScriptedEndpoint) -> None:
+    with socket.create_connection(("127.0.0.1", endpoint.port), timeout=5) as sock:
+        sock.sendall(b"CONNECT api.anthropic.com:443 HTTP/1.1\r\n"
+                     b"Host: api.anthropic.com:443\r\n\r\n")
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 403")
+    assert endpoint.connects == ["api.anthropic.com:443"]
+    assert endpoint.requests == []
+
+
+def test_absolute_form_proxy_request_is_refused_and_recorded(
+        endpoint: ScriptedEndpoint) -> None:
+    reply = post(endpoint.url, {"x": 1}, path="http://example.invalid/v1/messages")
+    assert reply.status == 403
+    (rec,) = endpoint.requests
+    assert rec.proxied and rec.path == "http://example.invalid/v1/messages"
+
+
+def test_other_paths_are_a_recorded_404(endpoint: ScriptedEndpoint) -> None:
+    reply = post(endpoint.url, {"x": 1}, path="/v1/complete")
+    conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=5)
+    conn.request("GET", "/v1/models")
+    got = conn.getresponse()
+    body = json.loads(got.read())
+    conn.close()
+    assert reply.status == 404 and reply.json["error"]["type"] == "not_found_error"
+    assert got.status == 404 and body["type"] == "error"
+    assert [(r.method, r.path, r.status) for r in endpoint.requests] == [
+        ("POST", "/v1/complete", 404), ("GET", "/v1/models", 404)]
+    assert endpoint.message_requests() == []
+
+
+def test_head_probe_is_answered_and_kept_apart(endpoint: ScriptedEndpoint) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=5)
+    conn.request("HEAD", "/")
+    assert conn.getresponse().status == 200
+    conn.close()
+    assert endpoint.probes == [("HEAD", "/")] and endpoint.requests == []
+
+
+def test_bad_json_body_is_a_400(endpoint: ScriptedEndpoint) -> None:
+    reply = post(endpoint.url, b"{not json")
+    assert reply.status == 400 and reply.json["error"]["type"] == "invalid_request_error"
+
+
+async def test_async_context_manager() -> None:
+    import asyncio
+
+    async with ScriptedEndpoint(["async ok"]) as ep:
+        reply = await asyncio.to_thread(post, ep.url, request_body())
+    assert assemble(reply.events)[0]["text"] == "async ok"
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = ep.url
+
+
+def test_load_scripts_from_file_and_directory(tmp_path: Path) -> None:
+    single = tmp_path / "one.json"
+    single.write_text(json.dumps({"turns": [[{"type": "tool_use", "name": "Read",
+                                             "input": {"file_path": "{cwd}/x"}}], "done"],
+                                  "faults": ["529x2", {"kind": "drop"}], "delay": 0.5}))
+    scripts = load_scripts(single)
+    assert list(scripts) == ["default"]
+    s = scripts["default"]
+    assert len(s.turns) == 2 and s.delay == 0.5
+    assert s.faults == [Fault(kind="error", status=529, times=2), Fault(kind="drop")]
+
+    d = tmp_path / "many"
+    d.mkdir()
+    (d / "a.json").write_text('["a"]')
+    (d / "b.json").write_text('{"turns": ["b"]}')
+    assert sorted(load_scripts(d)) == ["a", "b"]
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    ("[1, 2", "invalid JSON"),
+    ("[]", "non-empty list of turns"),
+    ('[[{"type": "tool_use", "input": {}}]]', "needs a \"name\""),
+    ('[[{"type": "image"}]]', "unknown block type"),
+    ('{"turns": ["x"], "faults": ["boom"]}', "cannot read fault"),
+    ('{"turns": ["x"], "fault": []}', "unknown key"),
+])
+def test_bad_scripts_give_actionable_errors(tmp_path: Path, content: str,
+                                            expected: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ScriptError, match=expected):
+        load_scripts(path)
+
+
+def test_parse_fault_forms() -> None:
+    assert parse_fault("529x3") == Fault(kind="error", status=529, times=3)
+    assert parse_fault("hang") == Fault(kind="hang")
+    assert parse_fault("dropx2") == Fault(kind="drop", times=2)
+    assert parse_fault("500xinf") == Fault(kind="error", status=500, times=None)
+    assert parse_fault(401) == Fault(kind="error", status=401)
+    with pytest.raises(ScriptError, match="400-599"):
+        parse_fault({"status": 200})
+
+
+def _start_cli(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "fleet_tui.endpoint", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+
+
+def test_cli_prints_url_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps(["served from the command line"]))
+    proc = _start_cli("--script", str(script))
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        reply = post(url, request_body())
+        assert assemble(reply.events)[0]["text"] == "served from the command line"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_fault_flag_and_sigint(tmp_path: Path) -> None:
+    script = tmp_path / "s.json"
+    script.write_text('["ok"]')
+    proc = _start_cli("--script", str(script), "--fault", "529")
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert [post(url, request_body()).status for _ in range(2)] == [529, 200]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("args", [("--script", "/nonexistent/s.json"), ("--port", "-1")])
+def test_cli_bad_input_is_a_message_not_a_traceback(tmp_path: Path,
+                                                    args: tuple[str, ...]) -> None:
+    if "--script" not in args:
+        (tmp_path / "s.json").write_text('["x"]')
+        args = ("--script", str(tmp_path / "s.json"), *args)
+    proc = _start_cli(*args)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 2
+    assert out == ""
+    assert err.startswith("endpoint: ") and "Traceback" not in err
