@@ -1,0 +1,411 @@
+"""fleet_tui.store on real SQLite files, shared by real processes and threads."""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet_tui import paths
+from fleet_tui.store import (
+    ACTIVE_STATES,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    AmbiguousTaskError,
+    Store,
+    StoreError,
+    TaskState,
+    UnknownTaskError,
+)
+
+REPO = Path("/srv/project")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "fleet.db")
+    yield s
+    s.close()
+
+
+_BARRIER = """
+import os, sys, time
+_go = sys.argv.pop()
+_deadline = time.monotonic() + 30
+while not os.path.exists(_go) and time.monotonic() < _deadline:
+    time.sleep(0.001)
+"""
+
+
+def run_workers(script: str, args_list: list[list[str]], go_file: Path,
+                timeout: float = 120) -> list[str]:
+    """Start one real Python process per args, release them together once all have started
+    (so they really contend), and return their stdouts (all must exit 0)."""
+    code = _BARRIER + textwrap.dedent(script)
+    procs = [subprocess.Popen([sys.executable, "-c", code, *args, str(go_file)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for args in args_list]
+    time.sleep(0.3)  # let the interpreters start and import
+    go_file.touch()
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err
+        assert "locked" not in err
+        outputs.append(out)
+    return outputs
+
+
+# --- schema -----------------------------------------------------------------------------------
+
+
+def test_default_path_and_wal(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FLEET_TUI_HOME", str(tmp_path / "home"))
+    with Store() as s:
+        assert s.path == paths.db_path() == tmp_path / "home" / "fleet.db"
+        assert s.path.exists()
+        assert s.journal_mode() == "wal"
+        assert s.schema_version() == SCHEMA_VERSION
+    raw = sqlite3.connect(tmp_path / "home" / "fleet.db")
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persistent
+    raw.close()
+
+
+def test_migration_from_older_version(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    MIGRATIONS[0](conn)  # a database as version 1 of fleet-tui left it
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO tasks (id, prompt, repo, state, created_at, updated_at, "
+                 "extra_args) VALUES ('old001', 'fix it', '/r', 'succeeded', 1.5, 2.5, "
+                 "'[\"--verbose\"]')")
+    conn.close()
+    with Store(db) as s:
+        assert s.schema_version() == SCHEMA_VERSION
+        task = s.get_task("old001")
+        assert task.state is TaskState.SUCCEEDED
+        assert task.extra_args == ["--verbose"]
+        assert task.created_at == 1.5
+        assert task.claimed_by is None  # the column the migration added
+        assert s.update_task("old001", claimed_by="engine-1")
+    with Store(db) as s:  # reopening does not migrate twice
+        assert s.get_task("old001").claimed_by == "engine-1"
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "new.db"
+    conn = sqlite3.connect(db)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
+    conn.close()
+    with pytest.raises(StoreError, match="newer than this fleet-tui"):
+        Store(db)
+
+
+def test_unwritable_home_message(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StoreError, match="FLEET_TUI_HOME"):
+        Store(blocker / "sub" / "fleet.db")
+
+
+# --- tasks ------------------------------------------------------------------------------------
+
+
+def test_create_and_read_back_task_settings(store: Store) -> None:
+    before = time.time()
+    task = store.create_task(prompt="Add a CLI flag", repo=REPO, title="flag", base_ref="main",
+                             base_branch="main", base_commit="a" * 40, endpoint="http://e",
+                             model="small", permission_mode="acceptEdits", effort="low",
+                             max_turns=12, timeout=90.5, extra_args=["--allowedTools", "Read"])
+    assert re.fullmatch(r"[0-9a-z]{6}", task.id)
+    assert task.branch == f"fleet/{task.id}"
+    assert task.state is TaskState.QUEUED
+    got = store.get_task(task.id)
+    assert got == task
+    assert isinstance(got.created_at, float) and got.created_at >= before
+    assert got.extra_args == ["--allowedTools", "Read"]
+    assert (got.model, got.permission_mode, got.effort, got.max_turns, got.timeout) == (
+        "small", "acceptEdits", "low", 12, 90.5)
+    assert got.repo == REPO and got.worktree is None
+    assert store.update_task(task.id, worktree=REPO / ".fleet-work" / task.id)
+    assert store.get_task(task.id).worktree == REPO / ".fleet-work" / task.id
+
+
+def test_ids_are_unique_and_well_formed(store: Store) -> None:
+    with store.transaction():  # one transaction: 300 inserts stay fast
+        ids = {store.create_task(prompt=f"p{i}", repo=REPO).id for i in range(300)}
+    assert len(ids) == 300
+    assert all(re.fullmatch(r"[0-9a-z]{6}", i) for i in ids)
+    with pytest.raises(StoreError, match="exists already"):
+        store.create_task(prompt="dup", repo=REPO, task_id=next(iter(ids)))
+
+
+def test_prefix_lookup_and_ambiguity(store: Store) -> None:
+    store.create_task(prompt="one", repo=REPO, task_id="abc111")
+    store.create_task(prompt="two", repo=REPO, task_id="abc222")
+    store.create_task(prompt="three", repo=REPO, task_id="xyz999")
+    assert store.get_task("abc1").prompt == "one"
+    assert store.get_task("ABC2").prompt == "two"  # case-insensitive input
+    assert store.get_task("x").prompt == "three"
+    assert store.get_task("abc111").prompt == "one"
+    with pytest.raises(AmbiguousTaskError, match="abc111, abc222") as ambiguous:
+        store.get_task("abc")
+    assert "type more characters" in str(ambiguous.value)
+    with pytest.raises(UnknownTaskError, match=r"no task 'q'.*fleet-tui ls"):
+        store.get_task("q")
+    with pytest.raises(UnknownTaskError, match="1 to 6 characters"):
+        store.get_task("ab%")  # LIKE wildcards are not id characters
+    with pytest.raises(UnknownTaskError):
+        store.get_task("")
+
+
+def test_conditional_update(store: Store) -> None:
+    task = store.create_task(prompt="p", repo=REPO)
+    assert store.update_task(task.id, expect_state=TaskState.QUEUED, state=TaskState.RUNNING)
+    # a second engine that also saw "queued" loses
+    assert not store.update_task(task.id, expect_state=TaskState.QUEUED,
+                                 state=TaskState.RUNNING)
+    assert store.update_task(task.id, expect_state=ACTIVE_STATES, state="succeeded",
+                             verdict="ok", finished_at=123.0)
+    got = store.get_task(task.id)
+    assert (got.state, got.verdict, got.finished_at) == (TaskState.SUCCEEDED, "ok", 123.0)
+    assert got.updated_at >= got.created_at
+    assert not store.update_task("nope00", state="failed")
+    with pytest.raises(TypeError, match="api_key"):
+        store.update_task(task.id, api_key="x")
+
+
+def test_list_tasks_filters(store: Store) -> None:
+    other = Path("/srv/other")
+    a = store.create_task(prompt="a", repo=REPO, now=1.0)
+    b = store.create_task(prompt="b", repo=REPO, now=2.0, state=TaskState.FAILED)
+    c = store.create_task(prompt="c", repo=other, now=3.0)
+    assert [t.id for t in store.list_tasks()] == [c.id, b.id, a.id]  # newest first
+    assert [t.id for t in store.list_tasks(repo=REPO)] == [b.id, a.id]
+    assert [t.id for t in store.list_tasks(states=[TaskState.QUEUED])] == [c.id, a.id]
+    assert [t.id for t in store.list_tasks(REPO, [TaskState.QUEUED])] == [a.id]
+    assert [t.id for t in store.list_tasks(limit=1)] == [c.id]
+    assert store.list_tasks(states=[]) == []
+    assert store.count_tasks(TaskState.QUEUED) == 2
+
+
+def test_listing_1000_tasks_is_fast(store: Store) -> None:
+    states = list(TaskState)
+    with store.transaction():
+        for i in range(1000):
+            store.create_task(prompt=f"task {i}", repo=REPO if i % 2 else Path("/srv/b"),
+                              state=states[i % len(states)], now=float(i))
+    start = time.perf_counter()
+    everything = store.list_tasks()
+    all_ms = (time.perf_counter() - start) * 1000
+    start = time.perf_counter()
+    some = store.list_tasks(repo=REPO, states=[TaskState.RUNNING, TaskState.QUEUED])
+    filtered_ms = (time.perf_counter() - start) * 1000
+    assert len(everything) == 1000
+    assert some and all(t.repo == REPO and t.state in (TaskState.RUNNING, TaskState.QUEUED)
+                        for t in some)
+    plan = " ".join(str(r[-1]) for r in store._connect().execute(
+        "EXPLAIN QUERY PLAN SELECT * FROM tasks WHERE repo = ? AND state IN (?, ?)",
+        (str(REPO), "running", "queued")))
+    assert "tasks_repo_state_updated" in plan
+    print(f"\nlist 1000 tasks: {all_ms:.1f} ms; filtered: {filtered_ms:.1f} ms")
+    assert all_ms < 500
+
+
+def test_modify_task_and_delete(store: Store) -> None:
+    task = store.create_task(prompt="p", repo=REPO)
+    store.add_attempt(task.id, prompt="p")
+    after = store.modify_task(task.id, lambda t: {"turns": t.turns + 3})
+    assert after.turns == 3 and store.get_task(task.id).turns == 3
+    assert store.delete_task(task.id)
+    assert store.list_attempts(task.id) == []
+    with pytest.raises(UnknownTaskError):
+        store.get_task(task.id)
+    with pytest.raises(UnknownTaskError):
+        store.modify_task(task.id, lambda t: None)
+
+
+# --- claim_next -------------------------------------------------------------------------------
+
+
+def test_claim_next_order_cap_and_backoff(store: Store) -> None:
+    e = "http://127.0.0.1:1"
+    first = store.create_task(prompt="1", repo=REPO, endpoint=e, now=10.0)
+    waiting_later = store.create_task(prompt="2", repo=REPO, endpoint=e, now=11.0,
+                                      state=TaskState.WAITING, not_before=500.0)
+    waiting_due = store.create_task(prompt="3", repo=REPO, endpoint=e, now=12.0,
+                                    state=TaskState.WAITING, not_before=90.0)
+    store.create_task(prompt="other endpoint", repo=REPO, endpoint="http://other",
+                      state=TaskState.RUNNING)
+    claimed = store.claim_next(e, cap=2, now=100.0, owner="engine-a")
+    assert claimed is not None and claimed.id == first.id
+    assert claimed.state is TaskState.RUNNING
+    assert (claimed.claimed_by, claimed.claimed_at) == ("engine-a", 100.0)
+    second = store.claim_next(e, cap=2, now=100.0)
+    assert second is not None and second.id == waiting_due.id and second.not_before is None
+    assert store.claim_next(e, cap=2, now=1000.0) is None  # cap reached
+    store.update_task(first.id, state=TaskState.SUCCEEDED)
+    assert store.claim_next(e, cap=2, now=100.0) is None  # the other one is not due yet
+    third = store.claim_next(e, cap=2, now=600.0)
+    assert third is not None and third.id == waiting_later.id
+    assert store.claim_next(e, cap=5, now=600.0) is None  # nothing left
+
+
+def test_claim_next_holds_cap_across_processes(tmp_path: Path) -> None:
+    db = tmp_path / "fleet.db"
+    endpoint = "http://127.0.0.1:9"
+    with Store(db) as s, s.transaction():
+        ids = {s.create_task(prompt=f"t{i}", repo=REPO, endpoint=endpoint, now=float(i)).id
+               for i in range(40)}
+    script = """
+        import sys, time
+        from fleet_tui.store import Store, TaskState, ACTIVE_STATES
+        db, endpoint, owner = sys.argv[1:4]
+        store = Store(db)
+        claimed, peak = [], 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            task = store.claim_next(endpoint, cap=3, owner=owner)
+            if task is None:
+                if store.count_tasks([TaskState.QUEUED]) == 0:
+                    break
+                time.sleep(0.001)
+                continue
+            with store.transaction():  # latest committed state
+                peak = max(peak, store.count_tasks(ACTIVE_STATES, endpoint))
+            claimed.append(task.id)
+            time.sleep(0.002)
+            assert store.update_task(task.id, expect_state=TaskState.RUNNING,
+                                     state=TaskState.SUCCEEDED)
+        print(peak, " ".join(claimed))
+    """
+    outs = run_workers(script, [[str(db), endpoint, "a"], [str(db), endpoint, "b"]],
+                       tmp_path / "go")
+    peaks = [int(o.split()[0]) for o in outs]
+    claimed = [tid for o in outs for tid in o.split()[1:]]
+    assert sorted(claimed) == sorted(ids)  # every task claimed exactly once
+    assert max(peaks) <= 3
+    assert all(len(o.split()) > 1 for o in outs), "both processes should have claimed some"
+    with Store(db) as s:
+        done = s.list_tasks(states=[TaskState.SUCCEEDED])
+        assert {t.claimed_by for t in done} == {"a", "b"}
+
+
+# --- concurrency ------------------------------------------------------------------------------
+
+
+def test_concurrent_processes_lose_no_updates(tmp_path: Path) -> None:
+    db = tmp_path / "fleet.db"
+    with Store(db) as s:
+        task = s.create_task(prompt="counter", repo=REPO)
+        attempt = s.add_attempt(task.id, prompt="counter")
+    script = """
+        import sys
+        from fleet_tui.store import Store
+        db, task_id, attempt_id = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        store = Store(db)
+        start = time.perf_counter()
+        for _ in range(200):
+            store.modify_task(task_id, lambda t: {"turns": t.turns + 1,
+                                                  "input_tokens": t.input_tokens + 7})
+            with store.transaction():
+                a = store.get_attempt(attempt_id)
+                store.update_attempt(attempt_id, events_offset=a.events_offset + 1)
+        print(f"done {time.perf_counter() - start:.3f}")
+    """
+    outs = run_workers(script, [[str(db), task.id, str(attempt.id)]] * 4, tmp_path / "go")
+    assert [o.split()[0] for o in outs] == ["done"] * 4
+    with Store(db) as s:
+        got = s.get_task(task.id)
+        assert got.turns == 800 and got.input_tokens == 5600
+        assert s.get_attempt(attempt.id).events_offset == 800
+    slowest = max(float(o.split()[1]) for o in outs)
+    print(f"\n4 processes x 200 read-modify-write (x2 transactions): slowest {slowest:.2f} s")
+
+
+def test_threads_share_one_store(store: Store) -> None:
+    task = store.create_task(prompt="p", repo=REPO)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(100):
+                store.modify_task(task.id, lambda t: {"output_tokens": t.output_tokens + 1})
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert store.get_task(task.id).output_tokens == 400
+
+
+def test_rollback_on_error(store: Store) -> None:
+    task = store.create_task(prompt="p", repo=REPO)
+    with pytest.raises(RuntimeError), store.transaction():
+        store.update_task(task.id, state=TaskState.FAILED)
+        raise RuntimeError("boom")
+    assert store.get_task(task.id).state is TaskState.QUEUED
+
+
+# --- attempts ---------------------------------------------------------------------------------
+
+
+def test_attempts(store: Store, tmp_path: Path) -> None:
+    task = store.create_task(prompt="p", repo=REPO)
+    d = tmp_path / "logs" / "1"
+    first = store.add_attempt(task.id, prompt="p", model="GLM-5.2", dir=d,
+                              events_path=d / "events.jsonl", config_dir=tmp_path / "cfg",
+                              now=50.0)
+    assert (first.n, first.kind, first.started_at) == (1, "fresh", 50.0)
+    assert store.update_attempt(first.id, pid=1234, pid_start="98765", runner_pid=1200,
+                                finished_at=60.0, exit_code=1, verdict="overload",
+                                session_id="s-1", turns=2, events_offset=4096)
+    second = store.add_attempt(task.id, kind="resume", prompt="go on")
+    assert second.n == 2
+    assert store.get_task(task.id).attempt_count == 2
+    got = store.get_attempt(first.id)
+    assert (got.pid, got.pid_start, got.runner_pid, got.verdict, got.events_offset) == (
+        1234, "98765", 1200, "overload", 4096)
+    assert got.events_path == d / "events.jsonl" and got.config_dir == tmp_path / "cfg"
+    assert [a.n for a in store.list_attempts(task.id)] == [1, 2]
+    latest = store.latest_attempt(task.id)
+    assert latest is not None and latest.id == second.id
+    assert [a.id for a in store.unfinished_attempts()] == [second.id]
+    with pytest.raises(UnknownTaskError):
+        store.add_attempt("nope00", prompt="x")
+    with pytest.raises(StoreError, match="no attempt 999"):
+        store.get_attempt(999)
+
+
+# --- secrets ----------------------------------------------------------------------------------
+
+
+def test_store_file_never_holds_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = "sk-fleet-" + os.urandom(12).hex()
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", key)
+    monkeypatch.setenv("GLM_API_KEY", key)
+    db = tmp_path / "fleet.db"
+    with Store(db) as s:
+        for i in range(20):
+            task = s.create_task(prompt=f"task {i} " * 50, repo=REPO, title=f"t{i}",
+                                 endpoint="http://127.0.0.1:1", extra_args=["--verbose"],
+                                 message="x" * 200)
+            a = s.add_attempt(task.id, prompt="p", config_dir=tmp_path / "cfg",
+                              events_path=tmp_path / "events.jsonl")
+            s.update_attempt(a.id, verdict="ok", session_id="s")
+        blobs = b"".join(p.read_bytes() for p in tmp_path.glob("fleet.db*"))
+        assert len(blobs) > 10_000  # the store (and its WAL) really holds data
+        assert key.encode() not in blobs
