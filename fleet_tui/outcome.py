@@ -1,0 +1,304 @@
+"""One verdict per finished run.
+
+The CLI's own signals disagree with one another: `subtype` stays "success" on API
+failures, `is_error` stays false when the run ran out of turns in some versions, and the
+exit code is 1 for every kind of failure. So a verdict is built from all of them together:
+the exit code (or signal), the result object (or its absence), and the stderr tail, and
+each verdict comes with one line a person can act on. Retry policy is the engine's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal as _signal
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from fleet_tui.stream import Result
+
+
+class Verdict(StrEnum):
+    OK = "ok"
+    AUTH = "auth"
+    OVERLOAD = "overload"
+    QUOTA = "quota"
+    TIMEOUT = "timeout"
+    MAX_TURNS = "max_turns"
+    EMPTY = "empty"
+    REFUSED = "refused"
+    KILLED = "killed"
+    CRASHED = "crashed"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A classified run: the verdict, its one-line message, and the result's key facts."""
+
+    verdict: Verdict
+    message: str
+    is_error: bool | None = None
+    api_error_status: int | None = None
+    num_turns: int | None = None
+    session_id: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+    result_text: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    subtype: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is Verdict.OK
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the verdict as its string value)."""
+        out = asdict(self)
+        out["verdict"] = str(self.verdict)
+        return out
+
+
+# --------------------------------------------------------------------------- messages
+
+_AUTH_HINT = "check FLEET_WORKER_BASE_URL and the key; run fleet-doctor --live"
+_TEXT_MAX = 160
+
+# stderr lines that mean claude refused to start (nothing was sent to the endpoint)
+_REFUSAL_PATTERNS = (
+    re.compile(r"cannot be used with root/sudo privileges", re.I),
+    re.compile(r"^error: (unknown|unexpected|missing|too many|option|required)", re.I | re.M),
+    re.compile(r"^error: .*(option|argument)", re.I | re.M),
+    re.compile(r"requires --verbose", re.I),
+    re.compile(r"^Error: (When using|Invalid|Unknown|--)", re.M),
+)
+_API_STATUS_IN_TEXT = re.compile(r"API Error: (?:[^0-9\n]{0,40}\()?(\d{3})\b")
+_TIMEOUT_TEXT = re.compile(r"\b(request )?timed out\b|\btimeout\b", re.I)
+
+
+def _clip(text: str, limit: int = _TEXT_MAX) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _last_line(text: str) -> str:
+    for line in reversed(text.splitlines()):
+        if line.strip():
+            return _clip(line)
+    return ""
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return _signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
+def _refusal(stderr_tail: str) -> str | None:
+    """The stderr line saying claude refused to start, if there is one."""
+    for pattern in _REFUSAL_PATTERNS:
+        match = pattern.search(stderr_tail)
+        if match:
+            start = stderr_tail.rfind("\n", 0, match.start()) + 1
+            end = stderr_tail.find("\n", match.end())
+            return _clip(stderr_tail[start: end if end >= 0 else None])
+    return None
+
+
+def _refused_message(line: str) -> str:
+    if "root/sudo" in line:
+        return (f"claude refused to start: {line} (run as a non-root user, or set "
+                "FLEET_WORKER_SANDBOX=1 inside a container or VM)")
+    return f"claude refused to start: {line} (check the extra arguments given to claude)"
+
+
+def _api_message(status: int, text: str) -> tuple[Verdict, str]:
+    detail = f": {_clip(text)}" if text else ""
+    if status in (401, 403):
+        return Verdict.AUTH, f"the endpoint rejected the key ({status}): {_AUTH_HINT}"
+    if status == 429:
+        return Verdict.QUOTA, (f"the endpoint's rate limit or quota was hit (429){detail}; "
+                               "wait for the quota window or lower max_workers")
+    if status == 529 or 500 <= status <= 599:
+        return Verdict.OVERLOAD, (f"the endpoint is overloaded or failing ({status}) even after "
+                                  "claude's own retries; retry later or fall back to the small "
+                                  "model (FLEET_WORKER_SMALL_MODEL)")
+    if status in (404, 405):
+        return Verdict.REFUSED, (f"the endpoint refused the request ({status}){detail}; check "
+                                 "FLEET_WORKER_BASE_URL and FLEET_WORKER_MODEL")
+    return Verdict.REFUSED, (f"the endpoint refused the request ({status}){detail}; check the "
+                             "model name and the prompt size")
+
+
+# --------------------------------------------------------------------------- classify
+
+
+def classify(*, exit_code: int | None, signal: int | None = None,
+             result: dict[str, Any] | Result | None = None, stderr_tail: str = "",
+             killed: bool = False, timed_out: bool = False) -> Outcome:
+    """The verdict of one finished run.
+
+    `exit_code` None means unknown (fleet-collect reads a saved result); a negative one
+    means a signal, as subprocess reports it. `result` is the result object (a dict, or a
+    stream `Result` event). `killed` / `timed_out` are the caller's own kill and wall-clock
+    timeout. `subtype` is never trusted alone: `is_error`, `api_error_status` and the exit
+    code decide.
+    """
+    if isinstance(result, Result):
+        result = result.data or {}
+    if result is not None and not isinstance(result, dict):
+        result = None
+    if signal is None and exit_code is not None and exit_code < 0:
+        signal = -exit_code
+    stderr_tail = stderr_tail or ""
+
+    facts: dict[str, Any] = {"exit_code": exit_code, "signal": signal}
+    if result is not None:
+        raw_text = result.get("result")
+        usage = result.get("usage")
+        subtype = result.get("subtype")
+        session = result.get("session_id")
+        facts.update(
+            is_error=result.get("is_error") if isinstance(result.get("is_error"), bool)
+            else None,
+            api_error_status=_as_int(result.get("api_error_status")),
+            num_turns=_as_int(result.get("num_turns")),
+            session_id=session if isinstance(session, str) else None,
+            usage=usage if isinstance(usage, dict) else {},
+            result_text=raw_text if isinstance(raw_text, str) else None,
+            subtype=subtype if isinstance(subtype, str) else None,
+        )
+
+    def out(verdict: Verdict, message: str) -> Outcome:
+        return Outcome(verdict=verdict, message=message, **facts)
+
+    # a signal's exit code says nothing about the result the run printed before it
+    code = exit_code if signal is None else None
+    finished_ok = result is not None and _result_verdict(result, code)[0] is Verdict.OK
+
+    if killed and not (finished_ok and exit_code == 0):
+        how = f" ({_signal_name(signal)})" if signal else ""
+        return out(Verdict.KILLED, f"the run was killed on request{how}")
+    if timed_out and not (finished_ok and exit_code == 0):
+        return out(Verdict.TIMEOUT, "the run went past its wall-clock timeout and was stopped; "
+                                    "raise timeout (FLEET_WORKER_TIMEOUT) or split the task")
+    if signal and not finished_ok:
+        return out(Verdict.KILLED, f"claude was terminated by {_signal_name(signal)} before "
+                                   "it finished (out of memory, or killed from outside?)")
+    if result is None:
+        refusal = _refusal(stderr_tail)
+        if refusal is not None:
+            return out(Verdict.REFUSED, _refused_message(refusal))
+        how = "an unknown code" if exit_code is None else f"code {exit_code}"
+        tail = _last_line(stderr_tail)
+        detail = f": {tail}" if tail else " and printed nothing on stderr"
+        return out(Verdict.CRASHED, f"claude exited with {how} without a result line{detail}; "
+                                    "see the run's stderr log")
+    verdict, message = _result_verdict(result, code)
+    return out(verdict, message)
+
+
+def _result_verdict(result: dict[str, Any], exit_code: int | None) -> tuple[Verdict, str]:
+    """Verdict from a result object (and the exit code when known)."""
+    is_error = result.get("is_error") is True
+    status = _as_int(result.get("api_error_status"))
+    subtype = result.get("subtype") if isinstance(result.get("subtype"), str) else ""
+    terminal = result.get("terminal_reason")
+    raw_text = result.get("result")
+    text = raw_text if isinstance(raw_text, str) else ""
+    turns = _as_int(result.get("num_turns"))
+
+    if status is not None and (is_error or status >= 400):
+        return _api_message(status, text)
+    if subtype == "error_max_turns" or terminal == "max_turns":
+        at = f" after {turns} turns" if turns is not None else ""
+        return Verdict.MAX_TURNS, (f"the run stopped at its --max-turns limit{at} before it "
+                                   "finished; raise --max-turns or split the task")
+    if is_error:
+        if _TIMEOUT_TEXT.search(text):
+            return Verdict.TIMEOUT, ("the API request timed out (the endpoint did not answer); "
+                                     "check the endpoint, or raise API_TIMEOUT_MS, then retry")
+        found = _API_STATUS_IN_TEXT.search(text)
+        if found:
+            return _api_message(int(found.group(1)), text)
+        what = _clip(text) if text.strip() else (subtype or "no detail")
+        return Verdict.CRASHED, f"claude reported an error: {what}; see the run's log"
+    if subtype and subtype != "success":
+        return Verdict.CRASHED, (f"claude ended with {subtype!r}"
+                                 + (f": {_clip(text)}" if text.strip() else "")
+                                 + "; see the run's log")
+    if exit_code is not None and exit_code != 0:
+        return Verdict.CRASHED, (f"claude exited with code {exit_code} although its result "
+                                 "reports success; see the run's stderr log")
+    if not text.strip():
+        return Verdict.EMPTY, ("the run finished but returned no result text; read its log, "
+                               "then retry or make the prompt ask for a final answer")
+    done = f" in {turns} turns" if turns is not None else ""
+    message = f"finished{done}: {_clip(text, 100)}"
+    denials = result.get("permission_denials")
+    if isinstance(denials, list) and denials:
+        names = sorted({str(d.get("tool_name")) for d in denials if isinstance(d, dict)})
+        message += (f" ({len(denials)} tool call(s) denied by the permission mode: "
+                    f"{', '.join(names)}; check permission_mode)")
+    return Verdict.OK, message
+
+
+# --------------------------------------------------------------------------- find_result
+
+
+def _is_result(obj: Any) -> bool:
+    return isinstance(obj, dict) and (
+        obj.get("type") == "result" or ("type" not in obj and "is_error" in obj))
+
+
+def _from_document(obj: Any) -> dict[str, Any] | None:
+    if _is_result(obj):
+        return dict(obj)
+    if isinstance(obj, list):  # `--output-format json --verbose` prints every message
+        for item in reversed(obj):
+            if _is_result(item):
+                return dict(item)
+    return None
+
+
+def find_result(data: bytes | str) -> dict[str, Any] | None:
+    """The result object of `--output-format json` or stream-json output, else None.
+
+    stream-json: the LAST line whose type is "result"; malformed lines are skipped.
+    """
+    text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
+    if not text.strip():
+        return None
+    try:
+        found = _from_document(json.loads(text))
+    except (ValueError, RecursionError):
+        found = None
+    if found is not None:
+        return found
+    end = len(text)
+    while end > 0:
+        start = text.rfind("\n", 0, end) + 1
+        line = text[start:end].strip()
+        end = start - 1
+        if not line.startswith("{") or '"result"' not in line:
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if _is_result(obj):
+            return dict(obj)
+    return None
