@@ -293,10 +293,14 @@ def _remove_worktree(repo: Path, worktree: Path | None, branch: str | None) -> N
         _run(repo, "worktree", "remove", "--force", "--force", str(target), check=False)
     # A folder left behind (never registered, or registration already pruned): delete it,
     # but only inside .fleet-work/ so a wrong argument cannot wipe anything else.
-    if worktree is not None and worktree.exists():
+    if worktree is not None and (worktree.exists() or worktree.is_symlink()):
         work = paths.work_dir(repo).resolve()
-        if work in worktree.resolve().parents:
-            shutil.rmtree(worktree, ignore_errors=True)
+        if work in worktree.absolute().parents or work in worktree.resolve().parents:
+            if worktree.is_dir() and not worktree.is_symlink():
+                shutil.rmtree(worktree, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    worktree.unlink()
     _run(repo, "worktree", "prune", check=False)
     for target in targets:
         if target.exists():
@@ -346,12 +350,17 @@ def create_worktree(repo: Path, task_id: str, base_ref: str | None = None, *,
                            "run); discard the task first, or retry with a reset")
         _remove_worktree(repo, path, branch)
         _delete_branch(repo, branch)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GitError(f"cannot create {path.parent}: {exc.strerror or exc}; move away "
+                       f"whatever is at {paths.work_dir(repo)}") from None
     status, _, err = _run(repo, "worktree", "add", "-b", branch, str(path), base_commit,
                           check=False)
     if status != 0:
         with contextlib.suppress(GitError):
             _remove_worktree(repo, path, None)
+            _delete_branch(repo, branch)  # it did not exist before this call
         raise GitError(f"could not create the worktree {path}: {_first_line(err)}")
     verify_worktree(path, branch)
     return WorktreeInfo(path=path, branch=branch, base_commit=base_commit,
@@ -494,8 +503,9 @@ def diff(worktree: Path, base_commit: str) -> Diff:
     aligned = len(chunks) == len(entries)
     files: list[FileDiff] = []
     for index, (letter, path, old, added, deleted, binary) in enumerate(entries):
-        status: FileStatus = "untracked" if path in untracked_set else _STATUS.get(letter,
-                                                                                "modified")
+        status: FileStatus = _STATUS.get(letter, "modified")
+        if status == "added" and path in untracked_set:
+            status = "untracked"  # a rename into an untracked file stays "renamed"
         file_patch = chunks[index] if aligned and not binary else ""
         files.append(FileDiff(path=path, status=status, added=added, deleted=deleted,
                               patch=file_patch, old_path=old, binary=binary))
@@ -664,7 +674,9 @@ def merge(repo: Path, worktree: Path | None, branch: str, base_branch: str, *, m
     if base_tip is None:
         raise GitError(f"the base branch {base_branch!r} does not exist in {repo}")
     if _rev(repo, f"refs/heads/{branch}") is None:
-        raise GitError(f"the task branch {branch!r} does not exist (discarded or merged?)")
+        # Already merged (or discarded): a second merge is a no-op, not an error.
+        return MergeResult(False, None, f"the task branch {branch} no longer exists (already "
+                           "merged or discarded); nothing to do")
     on = current_branch(repo)
     if on != base_branch:
         return MergeResult(False, None, (

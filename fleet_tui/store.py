@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import secrets
 import sqlite3
@@ -342,8 +343,10 @@ class Store:
 
     def _connect(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None:
+        if conn is not None and self._local.pid == os.getpid():
             return conn
+        # No connection yet in this thread, or we are a forked child: a SQLite connection
+        # must not cross fork(), so open a fresh one.
         try:
             conn = sqlite3.connect(self.path, timeout=self.BUSY_TIMEOUT_MS / 1000,
                                    isolation_level=None, check_same_thread=False)
@@ -355,6 +358,7 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open the task database {self.path}: {exc}") from None
         self._local.conn = conn
+        self._local.pid = os.getpid()
         with self._all_lock:
             self._all.append(conn)
         return conn

@@ -154,6 +154,20 @@ def test_retry_with_only_branch_left(git_repo: Path) -> None:
     fgit.verify_worktree(info.path, "fleet/r2")
 
 
+def test_failed_creation_leaves_nothing(git_repo: Path) -> None:
+    """Defect 8: when the worktree cannot be made, the caller gets an error, not main."""
+    git(git_repo, "branch", "fleet")  # refs/heads/fleet blocks refs/heads/fleet/<id>
+    with pytest.raises(fgit.GitError, match="could not create the worktree"):
+        fgit.create_worktree(git_repo, "f1")
+    assert not (git_repo / ".fleet-work" / "f1").exists()
+    assert "fleet/f1" not in git(git_repo, "branch", "--list")
+    git(git_repo, "branch", "-D", "fleet")
+    shutil.rmtree(git_repo / ".fleet-work")
+    (git_repo / ".fleet-work").write_text("a file where the folder should be\n")
+    with pytest.raises(fgit.GitError, match="cannot create"):
+        fgit.create_worktree(git_repo, "f2")
+
+
 def test_verify_worktree_rejects_main_checkout_and_missing(git_repo: Path) -> None:
     # Defect 8: a folder that is not its own worktree (here: a plain folder in main) fails.
     plain = git_repo / ".fleet-work" / "x9"
@@ -215,6 +229,16 @@ def test_diff_committed_uncommitted_untracked_deleted_binary(git_repo: Path) -> 
     assert (git_repo / ".git" / "worktrees" / "d1" / "index").read_bytes() == index_before
     assert "?? notes.md" in git(wt, "status", "--porcelain")
     assert fgit.diff_stat(wt, info.base_commit) == (result.added, result.deleted)
+
+
+def test_diff_rename_without_git_mv(git_repo: Path) -> None:
+    (git_repo / "long.txt").write_text("".join(f"row {i}\n" for i in range(30)))
+    commit_all(git_repo, "long file")
+    info = fgit.create_worktree(git_repo, "d3")
+    (info.path / "long.txt").rename(info.path / "moved.txt")  # plain mv: untracked + deleted
+    result = fgit.diff(info.path, info.base_commit)
+    assert [(f.status, f.path, f.old_path) for f in result.files] == [
+        ("renamed", "moved.txt", "long.txt")]
 
 
 def test_diff_empty_and_errors(git_repo: Path) -> None:
@@ -324,8 +348,12 @@ def test_merge_success(git_repo: Path) -> None:
     assert "fleet/m1" not in git(git_repo, "branch", "--list")
     assert str(info.path) not in git(git_repo, "worktree", "list")
     assert git(git_repo, "status", "--porcelain") == ""
-    # idempotent clean-up afterwards
+    # idempotent: a second merge and a discard afterwards are no-ops, not errors
+    head = git(git_repo, "rev-parse", "HEAD")
+    again = fgit.merge(git_repo, info.path, info.branch, "main", message="Add feature")
+    assert not again.merged and "no longer exists" in again.message
     fgit.discard(git_repo, info.path, info.branch)
+    assert git(git_repo, "rev-parse", "HEAD") == head
 
 
 def test_merge_squash(git_repo: Path) -> None:
@@ -359,6 +387,17 @@ def test_merge_ignores_untracked_in_main(git_repo: Path) -> None:
     result = fgit.merge(git_repo, info.path, info.branch, "main", message="x")
     assert result.merged, result.message
     assert (git_repo / "scratch.txt").read_text() == "mine\n"
+
+
+def test_merge_blocked_by_untracked_file_in_main(git_repo: Path) -> None:
+    info = _worker_change(git_repo, "m8")
+    (git_repo / "src" / "feature.py").write_text("my own untracked work\n")
+    before = snapshot(git_repo)
+    result = fgit.merge(git_repo, info.path, info.branch, "main", message="x")
+    assert not result.merged
+    assert "restored" in result.message and "untracked" in result.message
+    assert snapshot(git_repo) == before
+    assert info.path.is_dir()
 
 
 def test_merge_refused_on_other_branch(git_repo: Path) -> None:
