@@ -1,0 +1,1 @@
+"""The Textual control panel. The only package of fleet-tui that imports Textual."""

@@ -1,0 +1,153 @@
+"""FleetApp: the Textual control panel over the engine.
+
+The app owns the engine object, runs the scheduler loop (``Fleet.run``) in a thread worker
+so the panel is one of the processes that start queued tasks, turns every failed worker
+into one error toast, and hands the terminal to $SHELL / $EDITOR when asked.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from functools import partial
+from pathlib import Path
+
+from textual.app import App, SuspendNotSupported, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+
+from fleet_tui.fleet import Fleet
+from fleet_tui.ui.screens.main import HELP_TEXT, MainScreen, run_command
+
+
+def describe_error(error: BaseException) -> str:
+    """A user-facing message for an engine failure; never a traceback."""
+    from fleet_tui.fleet import FleetError
+    from fleet_tui.git import GitError
+
+    if isinstance(error, FleetError | GitError):
+        return str(error) or type(error).__name__
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class FleetApp(App[None]):
+    """The control panel. Inject ``clock`` and turn the scheduler off for snapshots."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "fleet-tui"
+    BINDINGS = [
+        Binding("ctrl+q", "quit", "Quit", show=False, priority=True, id="app.ctrl_q"),
+    ]
+
+    def __init__(self, fleet: Fleet, *, repo: Path | None = None, default_base: str = "",
+                 clock: Callable[[], float] = time.time, run_scheduler: bool = True,
+                 poll_interval: float = 0.5, diff_interval: float = 2.0,
+                 stream_interval: float = 0.1, bell: bool = True,
+                 scheduler_interval: float = 0.25) -> None:
+        super().__init__()
+        self.fleet = fleet
+        self.repo = repo
+        self.default_base = default_base
+        self.clock = clock
+        self.run_scheduler = run_scheduler
+        self.poll_interval = poll_interval
+        self.diff_interval = diff_interval
+        self.stream_interval = stream_interval
+        self.scheduler_interval = scheduler_interval
+        self.bell_enabled = bell
+        self.bells = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+
+    def on_mount(self) -> None:
+        self.push_screen(MainScreen())
+        if self.run_scheduler:
+            self._scheduler()
+
+    @property
+    def main(self) -> MainScreen:
+        for candidate in self.screen_stack:
+            if isinstance(candidate, MainScreen):
+                return candidate
+        raise LookupError("the main screen is not up")
+
+    # --- the scheduler -------------------------------------------------------------------
+    def _scheduler(self) -> None:
+        self.run_worker(partial(self.fleet.run, self._stop, self.scheduler_interval),
+                        thread=True, exit_on_error=False, group="scheduler",
+                        name="scheduler", description="the scheduler")
+
+    def wake_scheduler(self) -> None:
+        """Hook for a scheduler that sleeps; Fleet.run polls often enough today."""
+
+    def stop_scheduler(self) -> None:
+        self._stop.set()
+
+    def on_unmount(self) -> None:
+        self._stop.set()
+
+    async def action_quit(self) -> None:
+        self._stop.set()
+        self.exit()
+
+    def settings_test_command(self) -> str | None:
+        settings = getattr(self.fleet, "settings", None)
+        command = getattr(settings, "test_command", None)
+        return command if isinstance(command, str) and command else None
+
+    # --- one place for worker failures ---------------------------------------------------
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state != WorkerState.ERROR or event.worker.error is None:
+            return
+        message = describe_error(event.worker.error)
+        self.errors.append(message)
+        what = event.worker.description or event.worker.name or "background work"
+        self.notify(message, title=f"Failed: {what}", severity="error", timeout=10,
+                    markup=False)
+        self.ring()
+        if event.worker.group == "scheduler" and not self._stop.is_set():
+            # The scheduler must keep going: start it again after a pause.
+            self.set_timer(2.0, self._scheduler)
+
+    def ring(self) -> None:
+        self.bells += 1
+        if self.bell_enabled:
+            self.bell()
+
+    # --- outside programs ----------------------------------------------------------------
+    def run_external(self, argv: list[str], cwd: Path, what: str) -> None:
+        """Suspend the panel, run an interactive program in ``cwd``, come back."""
+        try:
+            with self.suspend():
+                print(f"fleet-tui: {what}", flush=True)
+                code = run_command(argv, cwd)
+        except SuspendNotSupported:
+            self.notify("This terminal cannot hand over control (no suspend here).",
+                        severity="error", markup=False)
+            return
+        except RuntimeError as exc:
+            self.notify(str(exc), severity="error", markup=False)
+            return
+        if code:
+            self.notify(f"{argv[0]} exited with {code}", severity="warning", markup=False)
+        self.refresh()
+
+    # --- command palette -----------------------------------------------------------------
+    def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        if not isinstance(screen, MainScreen):
+            return
+        for binding in screen.BINDINGS:
+            assert isinstance(binding, Binding)
+            action = binding.action
+            name, _, args = action.partition("(")
+            params: tuple[object, ...] = (args.rstrip(")").strip("'\""),) if args else ()
+            if name in ("quit",) or not screen.check_action(name, params):
+                continue
+            key = self.get_key_display(binding)
+            help_text = HELP_TEXT.get(action, binding.description)
+            yield SystemCommand(f"{binding.description} ({key})", help_text,
+                                partial(screen.run_action, action))

@@ -1,0 +1,280 @@
+"""The launch form: a prompt and the knobs of one task, validated inline.
+
+It remembers the last options (not the prompt) in a small JSON file in fleet-tui's home,
+because a fleet is usually launched with the same base, model and limits many times.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, TextArea
+
+from fleet_tui import paths
+from fleet_tui.config import PERMISSION_MODES
+from fleet_tui.store import TaskSpec
+
+EFFORTS = ("low", "medium", "high", "max")
+FORM_FILE = "launch-form.json"
+MAX_COPIES = 20
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
+
+
+@dataclass
+class FormValues:
+    """The remembered options of the form (everything but the prompt and the title)."""
+
+    base_ref: str = ""
+    model: str = "main"
+    permission_mode: str = ""
+    effort: str = ""
+    max_turns: str = ""
+    timeout: str = ""
+    copies: str = "1"
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> FormValues:
+        path = path or (paths.home() / FORM_FILE)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return cls()
+        if not isinstance(data, dict):
+            return cls()
+        known = {k: str(v) for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def save(self, path: Path | None = None) -> None:
+        path = path or (paths.home() / FORM_FILE)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
+        except OSError:
+            pass  # remembering is a convenience; never fail a launch over it
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    spec: TaskSpec
+    copies: int
+
+
+def parse_duration(text: str) -> float | None:
+    """'90', '90s', '15m', '2h' -> seconds; '' -> None; ValueError otherwise."""
+    if not text.strip():
+        return None
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError("a number of seconds, or with a unit: 90s, 15m, 2h")
+    value = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    if value <= 0:
+        raise ValueError("more than 0")
+    return value
+
+
+def parse_positive_int(text: str, *, maximum: int | None = None) -> int | None:
+    if not text.strip():
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("a whole number") from None
+    if value < 1 or (maximum is not None and value > maximum):
+        raise ValueError(f"between 1 and {maximum}" if maximum else "1 or more")
+    return value
+
+
+def check_base_ref(repo: Path, ref: str) -> str | None:
+    """None when ``ref`` names a commit in ``repo``, else a message saying what is wrong."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                             cwd=repo, capture_output=True, text=True, timeout=10,
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"could not run git: {exc}"
+    if out.returncode != 0:
+        return f"unknown ref {ref!r} in {repo.name} (a branch, tag or commit)"
+    return None
+
+
+class LaunchScreen(ModalScreen[LaunchRequest | None]):
+    """New task: ctrl+s submits, escape cancels; every field says what is wrong with it."""
+
+    BINDINGS = [
+        Binding("ctrl+s", "submit", "Launch", id="launch.submit", priority=True),
+        Binding("escape", "cancel", "Cancel", id="launch.cancel"),
+    ]
+
+    def __init__(self, repo: Path, *, default_base: str = "", default_model: str = "",
+                 form_file: Path | None = None) -> None:
+        super().__init__(classes="modal")
+        self._repo = repo
+        self._default_base = default_base
+        self._default_model = default_model
+        self._form_file = form_file
+        self._values = FormValues.load(form_file)
+        self._submitting = False
+
+    def compose(self) -> ComposeResult:
+        v = self._values
+        with Vertical(classes="dialog form", id="launch-dialog"):
+            yield Label(f"New task in {self._repo.name}", classes="dialog-title", markup=False)
+            with VerticalScroll(id="launch-fields"):
+                yield Label("Prompt", classes="field-label")
+                yield TextArea(id="prompt", soft_wrap=True, show_line_numbers=False,
+                               tab_behavior="focus")
+                yield Label("", id="prompt-error", classes="field-error")
+                yield Label("Title", classes="field-label")
+                yield Input(id="title", placeholder="the prompt's first line")
+                with Grid(id="launch-grid"):
+                    with Vertical():
+                        yield Label("Base ref", classes="field-label")
+                        yield Input(v.base_ref, id="base-ref",
+                                    placeholder=self._default_base or "current branch")
+                        yield Label("", id="base-ref-error", classes="field-error")
+                    with Vertical():
+                        yield Label("Model", classes="field-label")
+                        yield Input(v.model or "main", id="model",
+                                    placeholder="main, small, or a model name")
+                        yield Label("", id="model-error", classes="field-error")
+                    with Vertical():
+                        yield Label("Permission mode", classes="field-label")
+                        yield Select([(m, m) for m in PERMISSION_MODES], id="permission-mode",
+                                     prompt="from settings",
+                                     value=(v.permission_mode if v.permission_mode
+                                            in PERMISSION_MODES else Select.NULL))
+                    with Vertical():
+                        yield Label("Effort", classes="field-label")
+                        yield Select([(e, e) for e in EFFORTS], id="effort",
+                                     prompt="from settings",
+                                     value=v.effort if v.effort in EFFORTS else Select.NULL)
+                    with Vertical():
+                        yield Label("Max turns", classes="field-label")
+                        yield Input(v.max_turns, id="max-turns", placeholder="no limit")
+                        yield Label("", id="max-turns-error", classes="field-error")
+                    with Vertical():
+                        yield Label("Timeout", classes="field-label")
+                        yield Input(v.timeout, id="timeout", placeholder="settings (e.g. 30m)")
+                        yield Label("", id="timeout-error", classes="field-error")
+                    with Vertical():
+                        yield Label("Copies", classes="field-label")
+                        yield Input(v.copies or "1", id="copies")
+                        yield Label("", id="copies-error", classes="field-error")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Launch [ctrl+s]", id="launch", variant="primary")
+                yield Button("Cancel [esc]", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#prompt", TextArea).focus()
+
+    # --- live feedback -------------------------------------------------------------------
+    @on(TextArea.Changed, "#prompt")
+    def _prompt_changed(self, event: TextArea.Changed) -> None:
+        first = next((ln.strip() for ln in event.text_area.text.splitlines() if ln.strip()), "")
+        self.query_one("#title", Input).placeholder = first[:72] or "the prompt's first line"
+        if first:
+            self._error("prompt", "")
+
+    @on(Input.Changed)
+    def _field_changed(self, event: Input.Changed) -> None:
+        if event.input.id in ("max-turns", "timeout", "copies", "model"):
+            self._validate_numbers()
+
+    def _error(self, field: str, message: str) -> None:
+        label = self.query_one(f"#{field}-error", Label)
+        label.update(message)
+        label.set_class(bool(message), "-shown")
+
+    def _value(self, widget_id: str) -> str:
+        return self.query_one(f"#{widget_id}", Input).value.strip()
+
+    def _validate_numbers(self) -> bool:
+        ok = True
+        for field, parse in (
+            ("max-turns", lambda t: parse_positive_int(t)),
+            ("timeout", parse_duration),
+            ("copies", lambda t: parse_positive_int(t, maximum=MAX_COPIES)),
+        ):
+            try:
+                parse(self._value(field))
+                self._error(field, "")
+            except ValueError as exc:
+                self._error(field, f"Expected {exc}.")
+                ok = False
+        if not self._value("model"):
+            self._error("model", "main, small, or a model name.")
+            ok = False
+        else:
+            self._error("model", "")
+        return ok
+
+    # --- submit --------------------------------------------------------------------------
+    def action_submit(self) -> None:
+        if self._submitting:
+            return
+        prompt = self.query_one("#prompt", TextArea).text
+        ok = self._validate_numbers()
+        if not prompt.strip():
+            self._error("prompt", "The prompt is empty: say what the worker should do.")
+            ok = False
+        if not ok:
+            self.app.bell()
+            return
+        self._submitting = True
+        self._check_and_submit(prompt, self._value("base-ref"))
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="launch-check",
+          description="checking the base ref")
+    def _check_and_submit(self, prompt: str, base_ref: str) -> None:
+        problem = check_base_ref(self._repo, base_ref) if base_ref else None
+        self.app.call_from_thread(self._finish_submit, prompt, base_ref, problem)
+
+    def _finish_submit(self, prompt: str, base_ref: str, problem: str | None) -> None:
+        self._submitting = False
+        if problem:
+            self._error("base-ref", problem)
+            self.app.bell()
+            return
+        self._error("base-ref", "")
+        permission = self.query_one("#permission-mode", Select).value
+        effort = self.query_one("#effort", Select).value
+        title = self._value("title") or next(
+            (ln.strip() for ln in prompt.splitlines() if ln.strip()), "")[:72]
+        copies = parse_positive_int(self._value("copies"), maximum=MAX_COPIES) or 1
+        spec = TaskSpec(
+            prompt=prompt.strip(),
+            title=title,
+            repo=self._repo,
+            base_ref=base_ref or None,
+            model=self._value("model") or "main",
+            permission_mode=permission if isinstance(permission, str) else None,
+            effort=effort if isinstance(effort, str) else None,
+            max_turns=parse_positive_int(self._value("max-turns")),
+            timeout=parse_duration(self._value("timeout")),
+        )
+        FormValues(
+            base_ref=base_ref, model=spec.model, permission_mode=spec.permission_mode or "",
+            effort=spec.effort or "", max_turns=self._value("max-turns"),
+            timeout=self._value("timeout"), copies=str(copies),
+        ).save(self._form_file)
+        self.dismiss(LaunchRequest(spec, copies))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#launch")
+    def _launch_pressed(self) -> None:
+        self.action_submit()
+
+    @on(Button.Pressed, "#cancel")
+    def _cancel_pressed(self) -> None:
+        self.dismiss(None)

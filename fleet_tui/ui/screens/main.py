@@ -1,0 +1,836 @@
+"""The main screen: task list on top, the selected task's stream and diff below.
+
+The screen renders state and sends intents. Every engine call, git call and file read runs
+in a thread worker; results come back as messages (ui/messages.py). Failures of any worker
+become one error toast in FleetApp.on_worker_state_changed.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input, Label, TabbedContent, TabPane
+from textual.worker import get_current_worker
+
+from fleet_tui.store import ACTIVE_STATES, FINISHED_STATES, Attempt, Task, TaskState
+from fleet_tui.ui.formatting import StreamFormatter, raw_rows
+from fleet_tui.ui.messages import (
+    ActionDone,
+    DiffLoaded,
+    StreamBatch,
+    TasksLoaded,
+    TasksSubmitted,
+)
+from fleet_tui.ui.screens.help import HelpScreen, HelpSection
+from fleet_tui.ui.screens.launch import LaunchRequest, LaunchScreen
+from fleet_tui.ui.screens.modals import (
+    AttemptScreen,
+    ChoiceScreen,
+    ConfirmScreen,
+    MergeAnswer,
+    MergeItem,
+    MergeScreen,
+    MessageScreen,
+    PromptScreen,
+)
+from fleet_tui.ui.widgets.diff_view import DiffView, PreparedDiff
+from fleet_tui.ui.widgets.status_line import StatusLine
+from fleet_tui.ui.widgets.stream_view import StreamView
+from fleet_tui.ui.widgets.task_table import TaskTable, sort_tasks
+
+if TYPE_CHECKING:
+    from fleet_tui.fleet import Fleet, FleetStatus
+    from fleet_tui.ui.app import FleetApp
+
+READ_CHUNK = 4 * 1024 * 1024  # bytes of events per batch; bigger backlogs take several
+CLOSED = frozenset({TaskState.MERGED, TaskState.DISCARDED})
+KILLABLE = frozenset({TaskState.RUNNING, TaskState.STALLED, TaskState.QUEUED,
+                      TaskState.WAITING})
+ALERT_STATES = {
+    TaskState.SUCCEEDED: ("finished", "information"),
+    TaskState.FAILED: ("failed", "error"),
+    TaskState.STALLED: ("stalled", "warning"),
+}
+
+
+class MainScreen(Screen[None]):
+    """Task list, status line, stream | diff tabs, footer."""
+
+    BINDINGS = [
+        Binding("n", "new_task", "New", id="task.new"),
+        Binding("m", "merge", "Merge", id="task.merge"),
+        Binding("d", "discard", "Discard", id="task.discard"),
+        Binding("r", "retry", "Retry", id="task.retry"),
+        Binding("f", "follow_up", "Follow-up", id="task.follow_up"),
+        Binding("k", "kill", "Kill", id="task.kill"),
+        Binding("space", "toggle_mark", "Mark", id="task.mark"),
+        Binding("o", "shell", "Shell", id="task.shell"),
+        Binding("e", "edit", "Edit", id="task.edit"),
+        Binding("slash", "filter", "Filter", id="list.filter"),
+        Binding("question_mark", "help", "Help", id="app.help"),
+        Binding("1", "show_tab('tab-stream')", "Stream", show=False, id="view.stream"),
+        Binding("2", "show_tab('tab-diff')", "Diff", show=False, id="view.diff"),
+        Binding("t", "toggle_tools", "Tools only", show=False, id="stream.tools_only"),
+        Binding("J", "toggle_raw", "Raw JSON", show=False, id="stream.raw"),
+        Binding("a", "choose_attempt", "Attempt", show=False, id="stream.attempt"),
+        Binding("F", "toggle_follow", "Follow", show=False, id="stream.follow"),
+        Binding("escape", "clear_filter", "Clear filter", show=False, id="list.clear"),
+        Binding("q", "quit", "Quit", id="app.quit"),
+    ]
+
+    HELP_EXTRA: list[HelpSection] = [
+        ("Lists and views", [
+            ("↑ ↓ / pgup pgdn", "move in the task list, scroll the stream or the diff"),
+            ("tab / shift+tab", "move focus: task list, tabs, file list, diff"),
+            ("home / end", "stream: jump to the start / the end (end resumes following)"),
+            ("enter", "filter: apply and go back to the list"),
+        ]),
+        ("In dialogs", [
+            ("y / n / escape", "confirm, refuse, cancel"),
+            ("ctrl+s", "submit the launch form, a follow-up or a merge"),
+            ("f / r", "retry: a fresh run or resume the session"),
+            ("ctrl+p", "command palette: every action by name"),
+        ]),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(id="main")
+        self.tasks: dict[str, Task] = {}
+        self.marked: set[str] = set()
+        self.filter_text = ""
+        self.selected_id: str | None = None
+        self.status: FleetStatus | None = None
+        self.raw = False
+        self.attempt_choice: dict[str, int] = {}
+        self._stream_gen = 0
+        self._stream_task: tuple[str, int] | None = None  # (task id, attempt_count)
+        self._stream_attempt: Attempt | None = None
+        self._stream_attempts = 0
+        self._diff_loading = False
+        self._poll_lock = threading.Lock()
+        self._seen_states: dict[str, TaskState] | None = None
+        self._cooldown_seen: float | None = None
+
+    # --- helpers -------------------------------------------------------------------------
+    @property
+    def fleet_app(self) -> FleetApp:
+        from fleet_tui.ui.app import FleetApp
+
+        app = self.app
+        assert isinstance(app, FleetApp)
+        return app
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.fleet_app.fleet
+
+    def now(self) -> float:
+        return self.fleet_app.clock()
+
+    @property
+    def selected(self) -> Task | None:
+        return self.tasks.get(self.selected_id) if self.selected_id else None
+
+    def targets(self) -> list[Task]:
+        """Marked tasks when any are marked, else the selected one."""
+        marked = [self.tasks[t] for t in sorted(self.marked) if t in self.tasks]
+        if marked:
+            return marked
+        return [self.selected] if self.selected else []
+
+    # --- layout --------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="status")
+        with Vertical(id="list-pane"):
+            yield Input(id="filter", placeholder="filter: text in id, title, state, model, "
+                        "tool (enter: keep, escape: clear)")
+            yield TaskTable(id="tasks")
+            yield Label("No tasks yet: press n to launch one.", id="empty-hint")
+        with Vertical(id="detail-pane"):
+            yield Label("", id="detail-title", markup=False)
+            with TabbedContent(id="tabs", initial="tab-stream"):
+                with TabPane("Stream", id="tab-stream"):
+                    yield Label("", id="stream-caption", markup=False)
+                    yield StreamView(id="stream")
+                with TabPane("Diff", id="tab-diff"):
+                    yield DiffView(id="diff")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        status = self.query_one(StatusLine)
+        repo = self.fleet_app.repo
+        status.repo_name = repo.name if repo else ""
+        status.scheduler = self.fleet_app.run_scheduler
+        status.show(None, self.now())
+        self.query_one("#filter", Input).display = False
+        self.query_one(DiffView).show_message("Select a task to see its changes.")
+        self.query_one(TaskTable).focus()
+        app = self.fleet_app
+        self.set_interval(app.poll_interval, self.poll)
+        self.set_interval(app.diff_interval, self._diff_tick)
+        self.set_interval(1.0, self._second_tick)
+        self.poll()
+
+    # --- polling the store ---------------------------------------------------------------
+    def poll(self) -> None:
+        if self._poll_lock.acquire(blocking=False):
+            self._load_tasks()
+
+    @work(thread=True, exit_on_error=False, group="poll", description="reading the task list")
+    def _load_tasks(self) -> None:
+        try:
+            tasks = self.fleet.list_tasks()
+            status = self.fleet.status()
+            self.post_message(TasksLoaded(tasks, status, time.monotonic()))
+        finally:
+            self._poll_lock.release()
+
+    def on_tasks_loaded(self, message: TasksLoaded) -> None:
+        self.tasks = {t.id: t for t in message.tasks}
+        self.status = message.status
+        self.marked &= set(self.tasks)
+        self._alert_transitions(message.tasks, message.status)
+        self._render_tasks()
+
+    def _alert_transitions(self, tasks: list[Task], status: FleetStatus) -> None:
+        """Toast and bell when a task finishes, fails or stalls, or a cooldown starts."""
+        states = {t.id: t.state for t in tasks}
+        if self._seen_states is not None:
+            for task in tasks:
+                old = self._seen_states.get(task.id)
+                if old == task.state or task.state not in ALERT_STATES:
+                    continue
+                word, severity = ALERT_STATES[task.state]
+                detail = f"\n{task.message}" if task.message else ""
+                self.notify(f"{task.short_title}{detail}", title=f"{task.id} {word}",
+                            severity=severity,  # type: ignore[arg-type]
+                            timeout=8)
+                self.fleet_app.ring()
+            cooldown = status.cooldown_until
+            if cooldown is not None and cooldown > self.now() and cooldown != self._cooldown_seen \
+                    and self._cooldown_seen is None:
+                self.notify(f"The endpoint asked us to slow down; new attempts wait "
+                            f"{int(cooldown - self.now())} s.", title="Endpoint cooldown",
+                            severity="warning", timeout=8)
+                self.fleet_app.ring()
+        self._cooldown_seen = status.cooldown_until if (
+            status.cooldown_until is not None and status.cooldown_until > self.now()) else None
+        self._seen_states = states
+
+    def _visible_tasks(self) -> list[Task]:
+        tasks = sort_tasks(self.tasks.values())
+        needle = self.filter_text.lower().strip()
+        if not needle:
+            return tasks
+        return [t for t in tasks if needle in " ".join(
+            (t.id, t.short_title, str(t.state), t.model, t.last_tool or "")).lower()]
+
+    def _render_tasks(self) -> None:
+        table = self.query_one(TaskTable)
+        visible = self._visible_tasks()
+        table.show(visible, self.marked, self.now())
+        self.query_one("#empty-hint").display = not self.tasks
+        self.query_one(StatusLine).show(self.status, self.now())
+        if self.selected_id is None or self.selected_id not in {t.id for t in visible}:
+            key = table.selected_key
+            if key is not None:
+                self._select(key)
+            elif not visible:
+                self._select(None)
+        else:
+            self._refresh_selected()
+        self.refresh_bindings()
+
+    def _second_tick(self) -> None:
+        self.query_one(StatusLine).show(self.status, self.now())
+
+    # --- selection -----------------------------------------------------------------------
+    @on(DataTable.RowHighlighted, "#tasks")
+    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        key = event.row_key.value if event.row_key is not None else None
+        if key != self.selected_id:
+            self._select(key)
+
+    def _select(self, task_id: str | None) -> None:
+        self.selected_id = task_id
+        self._stream_task = None
+        self._refresh_selected(new=True)
+        self.refresh_bindings()
+
+    def _refresh_selected(self, *, new: bool = False) -> None:
+        """Update the detail title; restart the stream when the attempt changed."""
+        task = self.selected
+        title = self.query_one("#detail-title", Label)
+        if task is None:
+            title.update("")
+            if new:
+                self._stream_gen += 1
+                self.query_one(StreamView).clear_rows()
+                self._caption()
+                self.query_one(DiffView).show_message("Select a task to see its changes.")
+            return
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(f"{task.id} ", style="bold")
+        text.append(task.short_title)
+        text.append(f"  ·  {task.state}")
+        if task.branch:
+            text.append(f"  ·  {task.branch}")
+            if task.base_branch:
+                text.append(f" → {task.base_branch}")
+        if task.message and task.state not in (TaskState.RUNNING, TaskState.QUEUED):
+            text.append(f"  ·  {task.message.splitlines()[0] if task.message else ''}")
+        title.update(text)
+        key = (task.id, task.attempt_count)
+        if key != self._stream_task:
+            self._stream_task = key
+            self._restart_stream()
+        if new:
+            self._load_diff_now(task.id, first=True)
+
+    # --- stream --------------------------------------------------------------------------
+    def _restart_stream(self) -> None:
+        task = self.selected
+        self._stream_gen += 1
+        view = self.query_one(StreamView)
+        view.clear_rows()
+        self._stream_attempt = None
+        self._stream_attempts = 0
+        self._caption()
+        if task is None:
+            return
+        self._follow_stream(self._stream_gen, task.id, self.attempt_choice.get(task.id),
+                            self.raw)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="stream",
+          description="reading the attempt's events")
+    def _follow_stream(self, generation: int, task_id: str, attempt_no: int | None,
+                       raw: bool) -> None:
+        """Read one attempt's events from its file, from the start, and keep following
+        it while it runs. One message per batch, so a fast stream costs few messages."""
+        worker = get_current_worker()
+        formatter = StreamFormatter()
+        attempt: Attempt | None = None
+        offset = 0
+        last_check = 0.0
+        interval = self.fleet_app.stream_interval
+        while not worker.is_cancelled:
+            if attempt is None or time.monotonic() - last_check > 1.0:
+                last_check = time.monotonic()
+                attempts = self.fleet.attempts(task_id)
+                chosen = [a for a in attempts if a.n == attempt_no] if attempt_no else []
+                current = chosen[0] if chosen else (attempts[-1] if attempts else None)
+                if current is None:
+                    task = self.fleet.get_task(task_id)
+                    if task.state not in (TaskState.QUEUED, TaskState.WAITING):
+                        return
+                    worker_sleep(worker, 0.5)
+                    continue
+                if attempt is None or current.n != attempt.n:
+                    offset = 0
+                    formatter = StreamFormatter()
+                    self.post_message(StreamBatch(generation, [], current, len(attempts)))
+                attempt = current
+            if raw:
+                events_path = attempt.events_path or (
+                    attempt.dir / "events.jsonl" if attempt.dir else None)
+                lines, offset, more = read_raw_lines(events_path, offset, READ_CHUNK)
+                rows = raw_rows(lines)
+            else:
+                before = offset
+                events, offset = self.fleet.read_events(attempt, offset, READ_CHUNK)
+                more = offset - before >= READ_CHUNK // 2
+                rows = formatter.rows(events)
+            if rows:
+                self.post_message(StreamBatch(generation, rows))
+            if more:
+                continue
+            if attempt.finished_at is not None and time.monotonic() - last_check < 1.0 \
+                    and not rows:
+                # Finished and read to the end: one last look after the check above.
+                return
+            worker_sleep(worker, interval)
+
+    def on_stream_batch(self, message: StreamBatch) -> None:
+        if message.generation != self._stream_gen:
+            return
+        if message.attempt is not None:
+            self._stream_attempt = message.attempt
+            self._stream_attempts = message.attempts
+            self.query_one(StreamView).clear_rows()
+            self._caption()
+        self.query_one(StreamView).append_rows(message.rows)
+
+    def _caption(self) -> None:
+        view = self.query_one(StreamView)
+        attempt = self._stream_attempt
+        text = Text(no_wrap=True, overflow="ellipsis")
+        if self.selected is None:
+            text.append("No task selected.")
+        elif attempt is None:
+            state = self.selected.state
+            text.append("Waiting for a free slot…" if state in (
+                TaskState.QUEUED, TaskState.WAITING) else "No attempt yet.")
+        else:
+            text.append(f"attempt {attempt.n}/{self._stream_attempts} ({attempt.kind})",
+                        style="bold")
+            if attempt.verdict:
+                text.append(f" · {attempt.verdict}")
+        text.append("   ")
+        text.append("following" if view.follow else "paused (end: follow)")
+        text.append(" · JSON lines" if self.raw else (
+            " · tool calls only" if view.tools_only else " · everything"))
+        text.append("   t: tools/all  J: raw  a: attempt  F: follow")
+        self.query_one("#stream-caption", Label).update(text)
+
+    def on_line_view_follow_changed(self) -> None:
+        self._caption()
+
+    # --- diff ----------------------------------------------------------------------------
+    def _diff_tick(self) -> None:
+        task = self.selected
+        if task is None or task.state not in ACTIVE_STATES or self._diff_loading:
+            return
+        self._load_diff_now(task.id)
+
+    def _load_diff_now(self, task_id: str, *, first: bool = False) -> None:
+        task = self.tasks.get(task_id)
+        if task is None:
+            return
+        if task.worktree is None or task.state in CLOSED:
+            why = {TaskState.MERGED: "Merged: the worktree is gone; the change is on "
+                                     f"{task.base_branch or 'the base branch'}.",
+                   TaskState.DISCARDED: "Discarded."}.get(
+                task.state, "No worktree yet: the task has not started.")
+            self.query_one(DiffView).show_message(why)
+            return
+        if first:
+            self.query_one(DiffView).show_message("Loading the diff…")
+        self._diff_loading = True
+        self._load_diff(task_id)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="diff",
+          description="computing the diff")
+    def _load_diff(self, task_id: str) -> None:
+        from fleet_tui.fleet import FleetError
+        from fleet_tui.git import GitError
+
+        try:
+            prepared = PreparedDiff.build(self.fleet.diff(task_id))
+        except (FleetError, GitError) as exc:
+            self.post_message(DiffLoaded(task_id, None, str(exc)))
+            return
+        self.post_message(DiffLoaded(task_id, prepared))
+
+    def on_diff_loaded(self, message: DiffLoaded) -> None:
+        self._diff_loading = False
+        if message.task_id != self.selected_id:
+            return
+        view = self.query_one(DiffView)
+        if message.prepared is None:
+            view.show_message(message.problem or "No diff.")
+        else:
+            view.show(message.task_id, message.prepared)
+        self.refresh_bindings()
+
+    @on(DiffView.FileHighlighted)
+    def _file_highlighted(self) -> None:
+        self.refresh_bindings()
+
+    # --- bindings that apply right now -----------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        targets = self.targets()
+        states = {t.state for t in targets}
+        task = self.selected
+        if action == "merge":
+            return bool(targets) and states <= FINISHED_STATES
+        if action == "discard":
+            return bool(targets) and not (states & (CLOSED | ACTIVE_STATES))
+        if action == "retry":
+            return bool(targets) and states <= FINISHED_STATES
+        if action == "kill":
+            return bool(targets) and states <= KILLABLE
+        if action == "follow_up":
+            return task is not None and task.state in FINISHED_STATES and not self.marked
+        if action == "shell":
+            return task is not None and task.worktree is not None and task.state not in CLOSED
+        if action == "edit":
+            view = self.query_one(DiffView)
+            return (task is not None and task.worktree is not None
+                    and task.state not in CLOSED and view.selected_path is not None)
+        if action == "toggle_mark":
+            return task is not None
+        if action in ("toggle_tools", "toggle_raw", "toggle_follow", "choose_attempt"):
+            return task is not None and (action != "choose_attempt" or task.attempt_count > 0)
+        if action == "clear_filter":
+            return bool(self.filter_text) or self.query_one("#filter", Input).display
+        return True
+
+    # --- actions: list -------------------------------------------------------------------
+    def action_toggle_mark(self) -> None:
+        task = self.selected
+        if task is None:
+            return
+        self.marked ^= {task.id}
+        self._render_tasks()
+        table = self.query_one(TaskTable)
+        if table.cursor_row < table.row_count - 1:
+            table.move_cursor(row=table.cursor_row + 1)
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+        self.refresh_bindings()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value
+        self._render_tasks()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_submitted(self) -> None:
+        box = self.query_one("#filter", Input)
+        if not box.value:
+            box.display = False
+        self.query_one(TaskTable).focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.value = ""
+        self.filter_text = ""
+        box.display = False
+        self.query_one(TaskTable).focus()
+        self._render_tasks()
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen(self.help_sections()))
+
+    def help_sections(self) -> list[HelpSection]:
+        keys: list[tuple[str, str]] = []
+        for binding in self.BINDINGS:
+            assert isinstance(binding, Binding)
+            keys.append((self.app.get_key_display(binding), HELP_TEXT.get(
+                binding.action, binding.description)))
+        return [("Tasks and views", keys), *self.HELP_EXTRA]
+
+    # --- actions: stream -----------------------------------------------------------------
+    def action_toggle_tools(self) -> None:
+        view = self.query_one(StreamView)
+        view.tools_only = not view.tools_only
+        self._caption()
+
+    def action_toggle_raw(self) -> None:
+        self.raw = not self.raw
+        self._stream_task = None
+        self._refresh_selected()
+
+    def action_toggle_follow(self) -> None:
+        view = self.query_one(StreamView)
+        view.follow = not view.follow
+        self._caption()
+
+    def action_choose_attempt(self) -> None:
+        task = self.selected
+        if task is None:
+            return
+        self._open_attempts(task.id)
+
+    @work(thread=True, exit_on_error=False, group="actions", description="listing attempts")
+    def _open_attempts(self, task_id: str) -> None:
+        attempts = self.fleet.attempts(task_id)
+        current = self._stream_attempt.n if self._stream_attempt else 0
+        items = [(a.n, f"{a.n}. {a.kind:<8} {a.verdict or 'running':<10} "
+                  f"{a.turns} turns  {a.model or ''}") for a in attempts]
+        self.app.call_from_thread(self._push_attempts, task_id, items, current)
+
+    def _push_attempts(self, task_id: str, items: list[tuple[int, str]], current: int) -> None:
+        def chosen(n: int | None) -> None:
+            if n is None:
+                return
+            latest = max((i[0] for i in items), default=0)
+            if n == latest:
+                self.attempt_choice.pop(task_id, None)
+            else:
+                self.attempt_choice[task_id] = n
+            self._stream_task = None
+            self._refresh_selected()
+
+        self.app.push_screen(AttemptScreen(f"Attempts of {task_id}", items, current), chosen)
+
+    # --- actions: engine -----------------------------------------------------------------
+    def action_new_task(self) -> None:
+        repo = self.fleet_app.repo
+        if repo is None:
+            self.notify("Open fleet-tui inside a git repository, or pass --repo PATH.",
+                        title="No repository", severity="error")
+            return
+
+        def launched(request: LaunchRequest | None) -> None:
+            if request is not None:
+                self._submit(request)
+
+        self.app.push_screen(LaunchScreen(repo, default_base=self.fleet_app.default_base),
+                             launched)
+
+    @work(thread=True, exit_on_error=False, group="actions", description="launching")
+    def _submit(self, request: LaunchRequest) -> None:
+        tasks = self.fleet.submit(request.spec, copies=request.copies)
+        self.post_message(TasksSubmitted(tasks))
+
+    def on_tasks_submitted(self, message: TasksSubmitted) -> None:
+        for task in message.tasks:
+            self.tasks[task.id] = task
+        self.filter_text = ""
+        self.query_one("#filter", Input).value = ""
+        self.query_one("#filter", Input).display = False
+        self._render_tasks()
+        if message.tasks:
+            first = message.tasks[0]
+            self.query_one(TaskTable).select_key(first.id)
+            self._select(first.id)
+            self.action_show_tab("tab-stream")
+            self.query_one(TaskTable).focus()
+            n = len(message.tasks)
+            self.notify(f"{first.short_title}" + (f" ×{n}" if n > 1 else ""),
+                        title=f"Queued {', '.join(t.id for t in message.tasks)}")
+        self.fleet_app.wake_scheduler()
+        self.poll()
+
+    def action_merge(self) -> None:
+        targets = self.targets()
+        if targets:
+            self._prepare_merge([t.id for t in targets])
+
+    @work(thread=True, exit_on_error=False, group="actions",
+          description="previewing the merge")
+    def _prepare_merge(self, task_ids: list[str]) -> None:
+        items = []
+        for task_id in task_ids:
+            task = self.fleet.get_task(task_id)
+            preview = self.fleet.conflict_preview(task_id)
+            items.append(MergeItem(task.id, task.short_title, task.branch,
+                                   task.base_branch or "the base branch", preview.clean,
+                                   list(preview.conflicts), preview.message,
+                                   task.added_lines, task.deleted_lines))
+        test_command = self.fleet_app.settings_test_command()
+        self.app.call_from_thread(self._confirm_merge, items, test_command)
+
+    def _confirm_merge(self, items: list[MergeItem], test_command: str | None) -> None:
+        def answered(answer: MergeAnswer | None) -> None:
+            if answer is not None:
+                self._merge([i.task_id for i in items], answer.message, test_command)
+
+        self.app.push_screen(MergeScreen(items, test_command), answered)
+
+    @work(thread=True, exit_on_error=False, group="actions", description="merging")
+    def _merge(self, task_ids: list[str], message: str | None,
+               test_command: str | None) -> None:
+        for task_id in task_ids:
+            result = self.fleet.merge(task_id, message=message, test_command=test_command)
+            if result.merged:
+                self.post_message(ActionDone(
+                    result.message or f"commit {(result.commit or '')[:10]}",
+                    title=f"{task_id} merged", task_ids=[task_id],
+                    details=result.test_output if result.test_output else None))
+            else:
+                detail = result.message
+                if result.conflicts:
+                    detail += "\nConflicts: " + ", ".join(result.conflicts)
+                if result.test_output:
+                    detail += "\n\nTest output:\n" + result.test_output
+                self.post_message(ActionDone(detail, title=f"{task_id} not merged",
+                                             severity="error", details=detail,
+                                             task_ids=[task_id]))
+
+    def action_discard(self) -> None:
+        targets = self.targets()
+        if not targets:
+            return
+        names = "\n".join(f"  {t.id}  {t.short_title}" for t in targets)
+        body = (f"Delete the worktree and the branch of:\n{names}\n\n"
+                "The work in them is lost. The logs stay.")
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._engine_each("discard", [t.id for t in targets], "discarded")
+
+        self.app.push_screen(ConfirmScreen(
+            f"Discard {len(targets)} task{'s' if len(targets) > 1 else ''}?", body,
+            yes="Discard"), answered)
+
+    def action_kill(self) -> None:
+        targets = self.targets()
+        if not targets:
+            return
+        names = "\n".join(f"  {t.id}  {t.short_title}  ({t.state})" for t in targets)
+        body = f"Stop these workers (their whole process group):\n{names}"
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._engine_each("kill", [t.id for t in targets], "killed")
+
+        self.app.push_screen(ConfirmScreen(
+            f"Kill {len(targets)} task{'s' if len(targets) > 1 else ''}?", body,
+            yes="Kill"), answered)
+
+    def action_retry(self) -> None:
+        targets = self.targets()
+        if not targets:
+            return
+        can_resume = all(t.session_id for t in targets)
+        choices = [("f", "fresh", "Fresh run")]
+        if can_resume:
+            choices.append(("r", "resume", "Resume session"))
+        body = ("A fresh run starts over from the prompt in the same worktree."
+                + ("\nResume continues the last session with its history." if can_resume
+                   else "\n(No session to resume.)"))
+
+        def answered(choice: str | None) -> None:
+            if choice:
+                self._retry([t.id for t in targets], choice == "resume")
+
+        self.app.push_screen(ChoiceScreen(
+            f"Retry {', '.join(t.id for t in targets)}", body, choices), answered)
+
+    @work(thread=True, exit_on_error=False, group="actions", description="retrying")
+    def _retry(self, task_ids: list[str], resume: bool) -> None:
+        for task_id in task_ids:
+            self.fleet.retry(task_id, resume=resume)
+            self.post_message(ActionDone("queued again" + (" (resume)" if resume else ""),
+                                         title=f"{task_id} retry", task_ids=[task_id]))
+
+    def action_follow_up(self) -> None:
+        task = self.selected
+        if task is None:
+            return
+
+        def answered(prompt: str | None) -> None:
+            if prompt:
+                self._follow_up(task.id, prompt)
+
+        self.app.push_screen(PromptScreen(
+            f"Follow-up for {task.id}: {task.short_title}",
+            "Continues the task's session with this prompt, in the same worktree."),
+            answered)
+
+    @work(thread=True, exit_on_error=False, group="actions", description="following up")
+    def _follow_up(self, task_id: str, prompt: str) -> None:
+        self.fleet.follow_up(task_id, prompt)
+        self.post_message(ActionDone("follow-up queued", title=task_id, task_ids=[task_id]))
+
+    @work(thread=True, exit_on_error=False, group="actions", description="engine call")
+    def _engine_each(self, method: str, task_ids: list[str], word: str) -> None:
+        call: Callable[[str], Any] = getattr(self.fleet, method)
+        for task_id in task_ids:
+            call(task_id)
+            self.post_message(ActionDone(word, title=task_id, task_ids=[task_id]))
+
+    def on_action_done(self, message: ActionDone) -> None:
+        self.marked -= set(message.task_ids)
+        if message.details and message.severity == "error":
+            self.app.push_screen(MessageScreen(message.title, message.details))
+            self.fleet_app.ring()
+        else:
+            self.notify(message.text, title=message.title,
+                        severity=message.severity)  # type: ignore[arg-type]
+        self._stream_task = None
+        self.fleet_app.wake_scheduler()
+        self.poll()
+
+    # --- actions: outside programs -------------------------------------------------------
+    def action_shell(self) -> None:
+        task = self.selected
+        if task is None or task.worktree is None:
+            return
+        shell = os.environ.get("SHELL") or "/bin/sh"
+        self.fleet_app.run_external([shell], task.worktree,
+                                    f"shell in {task.worktree} (exit to come back)")
+
+    def action_edit(self) -> None:
+        task = self.selected
+        path = self.query_one(DiffView).selected_path
+        if task is None or task.worktree is None or path is None:
+            return
+        target = Path(task.worktree) / path
+        if not target.exists():
+            self.notify(f"{path} was deleted in this task.", severity="warning")
+            return
+        editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+        self.fleet_app.run_external([*shlex.split(editor), str(target)], task.worktree,
+                                    f"editing {path}")
+        self._load_diff_now(task.id)
+
+    async def action_quit(self) -> None:
+        await self.fleet_app.action_quit()
+
+
+HELP_TEXT = {
+    "new_task": "launch a task (the form; ctrl+s submits)",
+    "merge": "merge into the base branch (conflict preview, message, test gate)",
+    "discard": "delete the task's worktree and branch (asks first)",
+    "retry": "run again: fresh, or resume the session",
+    "follow_up": "send a follow-up prompt to a finished task's session",
+    "kill": "stop a running or queued task (asks first)",
+    "toggle_mark": "mark / unmark; merge, discard, kill and retry act on every marked task",
+    "shell": "open $SHELL in the task's worktree (exit to come back)",
+    "edit": "open the highlighted diff file in $EDITOR",
+    "filter": "filter the task list",
+    "help": "this help",
+    "show_tab('tab-stream')": "show the live stream",
+    "show_tab('tab-diff')": "show the diff review",
+    "toggle_tools": "stream: tool calls only / everything",
+    "toggle_raw": "stream: raw JSON lines / readable",
+    "choose_attempt": "stream: choose the attempt to show",
+    "toggle_follow": "stream: follow the end on / off",
+    "clear_filter": "clear the filter",
+    "quit": "quit (workers keep running; the next start picks them up)",
+}
+
+
+def worker_sleep(worker: Any, seconds: float) -> None:
+    """Sleep in small steps so a cancelled worker stops quickly."""
+    end = time.monotonic() + seconds
+    while not worker.is_cancelled and time.monotonic() < end:
+        time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+
+def read_raw_lines(path: Path | None, offset: int, max_bytes: int) -> tuple[list[str], int, bool]:
+    """Complete lines of ``path`` from ``offset``: (lines, new offset, more to read)."""
+    if path is None:
+        return [], offset, False
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(max_bytes)
+    except FileNotFoundError:
+        return [], offset, False
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset, False
+    chunk = data[: end + 1]
+    lines = chunk.decode("utf-8", errors="replace").splitlines()
+    return lines, offset + len(chunk), len(data) >= max_bytes
+
+
+def run_command(argv: list[str], cwd: Path) -> int:
+    """Run an interactive program on the real terminal (the app is suspended)."""
+    try:
+        return subprocess.call(argv, cwd=cwd)
+    except OSError as exc:
+        raise RuntimeError(f"could not start {argv[0]}: {exc.strerror}") from None

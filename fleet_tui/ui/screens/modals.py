@@ -1,0 +1,313 @@
+"""Small modals: confirm, choice, follow-up prompt, error, merge review, attempt picker.
+
+Every modal answers to the keyboard alone: `y` / `n` / `escape` where it asks a question,
+`ctrl+s` where it takes text. Text from agents or git is shown as plain Text, never markup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
+from textual.widgets.option_list import Option
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question about a destructive action."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes", id="confirm.yes"),
+        Binding("n", "answer(False)", "No", id="confirm.no"),
+        Binding("escape", "answer(False)", "Cancel", id="confirm.cancel"),
+    ]
+
+    def __init__(self, title: str, body: str | Text, *, yes: str = "Yes",
+                 danger: bool = True) -> None:
+        super().__init__(classes="modal")
+        self._title = title
+        self._body = body
+        self._yes = yes
+        self._danger = danger
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self._title, classes="dialog-title", markup=False)
+            body = self._body if isinstance(self._body, Text) else Text(self._body)
+            yield Static(body, classes="dialog-body")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button(f"{self._yes} [y]", id="yes",
+                             variant="error" if self._danger else "primary")
+                yield Button("No [n]", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+
+class ChoiceScreen(ModalScreen[str | None]):
+    """Pick one of a few answers by its key (retry: fresh or resume)."""
+
+    BINDINGS = [Binding("escape", "dismiss_none", "Cancel", id="choice.cancel")]
+
+    def __init__(self, title: str, body: str, choices: list[tuple[str, str, str]]) -> None:
+        """choices: (key, value, label)."""
+        super().__init__(classes="modal")
+        self._title = title
+        self._body = body
+        self._choices = choices
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self._title, classes="dialog-title", markup=False)
+            yield Static(Text(self._body), classes="dialog-body")
+            with Horizontal(classes="dialog-buttons"):
+                for i, (key, value, label) in enumerate(self._choices):
+                    yield Button(f"{label} [{key}]", id=f"choice-{value}",
+                                 variant="primary" if i == 0 else "default")
+                yield Button("Cancel [esc]", id="choice-cancel")
+
+    def on_mount(self) -> None:
+        self.query(Button).first().focus()
+
+    def on_key(self, event: object) -> None:
+        key = getattr(event, "key", None)
+        for choice_key, value, _ in self._choices:
+            if key == choice_key:
+                getattr(event, "stop")()  # noqa: B009
+                self.dismiss(value)
+                return
+
+    def action_dismiss_none(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        button_id = event.button.id or ""
+        self.dismiss(None if button_id == "choice-cancel"
+                     else button_id.removeprefix("choice-"))
+
+
+class PromptScreen(ModalScreen[str | None]):
+    """A multi-line prompt (the follow-up to a finished task)."""
+
+    BINDINGS = [
+        Binding("ctrl+s", "submit", "Send", id="prompt.submit", priority=True),
+        Binding("escape", "cancel", "Cancel", id="prompt.cancel"),
+    ]
+
+    def __init__(self, title: str, hint: str = "") -> None:
+        super().__init__(classes="modal")
+        self._title = title
+        self._hint = hint
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Label(self._title, classes="dialog-title", markup=False)
+            if self._hint:
+                yield Static(Text(self._hint), classes="dialog-hint")
+            yield TextArea(id="prompt-text", soft_wrap=True, show_line_numbers=False)
+            yield Label("", id="prompt-error", classes="field-error")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Send [ctrl+s]", id="send", variant="primary")
+                yield Button("Cancel [esc]", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one(TextArea).focus()
+
+    def action_submit(self) -> None:
+        text = self.query_one(TextArea).text.strip()
+        if not text:
+            self.query_one("#prompt-error", Label).update("Write a prompt first.")
+            return
+        self.dismiss(text)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#send")
+    def _send(self) -> None:
+        self.action_submit()
+
+    @on(Button.Pressed, "#cancel")
+    def _cancel(self) -> None:
+        self.dismiss(None)
+
+
+class MessageScreen(ModalScreen[None]):
+    """An error or a long result (test output) the user should read before going on."""
+
+    BINDINGS = [
+        Binding("escape", "close", "Close", id="message.close"),
+        Binding("enter", "close", "Close", show=False, id="message.enter"),
+        Binding("q", "close", "Close", show=False, id="message.q"),
+    ]
+
+    def __init__(self, title: str, body: str, *, error: bool = True) -> None:
+        super().__init__(classes="modal")
+        self._title = title
+        self._body = body
+        self._error = error
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide" + (" error" if self._error else "")):
+            yield Label(self._title, classes="dialog-title", markup=False)
+            with VerticalScroll(classes="dialog-scroll"):
+                yield Static(Text(self._body), classes="dialog-body")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("OK [enter]", id="ok", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one("#ok", Button).focus()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#ok")
+    def _ok(self) -> None:
+        self.dismiss(None)
+
+
+@dataclass(frozen=True)
+class MergeItem:
+    """What the merge modal shows for one task."""
+
+    task_id: str
+    title: str
+    branch: str
+    base_branch: str
+    clean: bool
+    conflicts: list[str]
+    preview_message: str
+    added: int
+    deleted: int
+
+
+@dataclass(frozen=True)
+class MergeAnswer:
+    message: str | None
+
+
+class MergeScreen(ModalScreen[MergeAnswer | None]):
+    """Confirm a merge: the conflict preview, the commit message, the test gate."""
+
+    BINDINGS = [
+        Binding("y", "merge", "Merge", id="merge.yes"),
+        Binding("ctrl+s", "merge", "Merge", show=False, id="merge.submit", priority=True),
+        Binding("n", "cancel", "No", id="merge.no"),
+        Binding("escape", "cancel", "Cancel", id="merge.cancel"),
+    ]
+
+    def __init__(self, items: list[MergeItem], test_command: str | None) -> None:
+        super().__init__(classes="modal")
+        self._items = items
+        self._test_command = test_command
+
+    def compose(self) -> ComposeResult:
+        single = len(self._items) == 1
+        with Vertical(classes="dialog wide"):
+            title = (f"Merge {self._items[0].branch} into {self._items[0].base_branch}?"
+                     if single else f"Merge {len(self._items)} tasks?")
+            yield Label(title, classes="dialog-title", markup=False)
+            with VerticalScroll(classes="dialog-scroll"):
+                for item in self._items:
+                    yield Static(self._preview(item), classes="merge-item")
+                if self._test_command:
+                    yield Static(Text.assemble(("Test gate: ", "bold"), self._test_command,
+                                               " runs in the worktree first; a failure "
+                                               "stops the merge."), classes="dialog-hint")
+                else:
+                    yield Static(Text("No test command configured (test_command in "
+                                      "config.toml): merging without a test gate."),
+                                 classes="dialog-hint")
+            if single:
+                yield Label("Commit message", classes="field-label")
+                yield Input(value=self._items[0].title, id="merge-message")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Merge [y]", id="yes", variant="success",
+                             disabled=not all(i.clean for i in self._items))
+                yield Button("No [n]", id="no")
+
+    def _preview(self, item: MergeItem) -> Text:
+        text = Text()
+        text.append(f"{item.task_id} ", style="bold")
+        text.append(item.title)
+        text.append(f"   +{item.added} -{item.deleted}\n")
+        if item.clean:
+            text.append("✔ merges cleanly", style="bold")
+            if item.preview_message:
+                text.append(f" — {item.preview_message}")
+        else:
+            text.append("✗ conflicts: ", style="bold reverse")
+            text.append(", ".join(item.conflicts) or item.preview_message)
+            if item.preview_message and item.conflicts:
+                text.append(f"\n{item.preview_message}")
+        return text
+
+    def on_mount(self) -> None:
+        if len(self._items) != 1:
+            self.query_one("#no", Button).focus()
+
+    def action_merge(self) -> None:
+        if not all(i.clean for i in self._items):
+            self.notify("Resolve the conflicts first (retry or follow up on the task).",
+                        severity="warning")
+            return
+        message: str | None = None
+        if len(self._items) == 1:
+            message = self.query_one("#merge-message", Input).value.strip() or None
+        self.dismiss(MergeAnswer(message))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#yes")
+    def _yes(self) -> None:
+        self.action_merge()
+
+    @on(Button.Pressed, "#no")
+    def _no(self) -> None:
+        self.dismiss(None)
+
+
+class AttemptScreen(ModalScreen[int | None]):
+    """Choose which attempt of a task the stream shows."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="attempt.cancel")]
+
+    def __init__(self, title: str, attempts: list[tuple[int, str]], current: int) -> None:
+        super().__init__(classes="modal")
+        self._title = title
+        self._attempts = attempts
+        self._current = current
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self._title, classes="dialog-title", markup=False)
+            yield OptionList(*[Option(Text(label), id=str(n)) for n, label in self._attempts],
+                             id="attempts")
+
+    def on_mount(self) -> None:
+        options = self.query_one(OptionList)
+        options.focus()
+        for index, (n, _) in enumerate(self._attempts):
+            if n == self._current:
+                options.highlighted = index
+
+    @on(OptionList.OptionSelected)
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(int(event.option.id or "0"))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,1 @@
+"""Widgets of the panel: task table, stream view, diff view, status line."""

@@ -1,0 +1,184 @@
+"""A virtual scrolling view of styled lines (toolong style).
+
+Only the lines on screen are turned into strips, and those are cached; the data behind the
+view is a plain list. So a 20,000-line diff or an attempt with 100,000 events costs one list
+and a screenful of rendering, never one widget per line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from rich.cells import cell_len
+from rich.style import Style
+from rich.text import Text
+from textual.cache import LRUCache
+from textual.events import MouseScrollUp
+from textual.geometry import Size
+from textual.message import Message
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+Span = tuple[str, str]
+"""(style name, text): the style name is a component class suffix, "" for plain."""
+Row = tuple[Span, ...]
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x80-\x9f]")
+
+
+def clean(text: str) -> str:
+    """Untrusted text made safe to paint: no control characters, tabs expanded."""
+    return _CONTROL.sub("\ufffd", text).expandtabs(4)
+
+
+def row_width(row: Row) -> int:
+    return sum(cell_len(chunk) for _, chunk in row)
+
+
+class LineView(ScrollView, can_focus=True):
+    """Base class: subclasses say how many rows there are and what row ``y`` holds.
+
+    Styles come from component classes named ``<STYLE_PREFIX><name>`` so that colours live
+    in the stylesheet (theme variables), never in Python.
+    """
+
+    DEFAULT_CSS = """
+    LineView {
+        background: $surface;
+        overflow: auto auto;
+        &:focus { background-tint: $foreground 4%; }
+    }
+    """
+    STYLE_PREFIX = "lineview--"
+
+    follow: reactive[bool] = reactive(False)
+    """Stick to the end as rows arrive (turned off by scrolling up, on by `end`)."""
+
+    def __init__(self, *, name: str | None = None, id: str | None = None,
+                 classes: str | None = None) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self._cache: LRUCache[int, Strip] = LRUCache(2048)
+        self._styles: dict[str, Style] = {}
+        self._width = 0
+
+    # --- data model for subclasses -------------------------------------------------------
+    def row_count(self) -> int:
+        raise NotImplementedError
+
+    def get_row(self, index: int) -> Row:
+        raise NotImplementedError
+
+    # --- bookkeeping ---------------------------------------------------------------------
+    def reset_view(self, width: int) -> None:
+        """The rows were replaced: forget cached strips and resize."""
+        self._cache.clear()
+        self._width = width
+        self.virtual_size = Size(self._width, self.row_count())
+        if self.follow:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+        self.refresh()
+
+    def rows_appended(self, first: int, width: int) -> None:
+        """Rows from ``first`` on are new: extend the virtual size, follow if asked."""
+        self._width = max(self._width, width)
+        count = self.row_count()
+        self.virtual_size = Size(self._width, count)
+        for y in range(first, count):
+            self._cache.discard(y)
+        if self.follow:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+        self.refresh()
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles.clear()
+        self._cache.clear()
+
+    def _style(self, name: str) -> Style:
+        style = self._styles.get(name)
+        if style is None:
+            style = (self.get_component_rich_style(self.STYLE_PREFIX + name, partial=True)
+                     if name else Style())
+            self._styles[name] = style
+        return style
+
+    # --- rendering -----------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        index = scroll_y + y
+        width = self.size.width
+        base = self.rich_style
+        if index >= self.row_count():
+            return Strip.blank(width, base)
+        strip = self._cache.get(index)
+        if strip is None:
+            text = Text(no_wrap=True, end="", style=base)
+            for name, chunk in self.get_row(index):
+                text.append(chunk, self._style(name) if name else None)
+            strip = Strip(text.render(self.app.console), text.cell_len)
+            self._cache[index] = strip
+        return strip.crop_extend(scroll_x, scroll_x + width, base)
+
+    # --- follow mode ---------------------------------------------------------------------
+    def _unfollow(self) -> None:
+        if self.follow:
+            self.follow = False
+
+    def _refollow_if_at_end(self) -> None:
+        if self.is_vertical_scroll_end and not self.follow:
+            self.follow = True
+
+    def action_scroll_up(self) -> None:
+        self._unfollow()
+        super().action_scroll_up()
+
+    def action_page_up(self) -> None:
+        self._unfollow()
+        super().action_page_up()
+
+    def action_scroll_home(self) -> None:
+        self._unfollow()
+        super().action_scroll_home()
+
+    def action_scroll_end(self) -> None:
+        self.follow = True
+        super().action_scroll_end()
+
+    def action_scroll_down(self) -> None:
+        super().action_scroll_down()
+        self.call_after_refresh(self._refollow_if_at_end)
+
+    def action_page_down(self) -> None:
+        super().action_page_down()
+        self.call_after_refresh(self._refollow_if_at_end)
+
+    def on_mouse_scroll_up(self, event: MouseScrollUp) -> None:
+        self._unfollow()
+
+    class FollowChanged(Message):
+        """Following switched on or off (the caption says which)."""
+
+    def watch_follow(self, follow: bool) -> None:
+        self.post_message(self.FollowChanged())
+        if follow:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+
+class TextLines(LineView):
+    """A LineView over a list of prebuilt rows (help text, test output)."""
+
+    def __init__(self, rows: Sequence[Row] = (), **kwargs: str | None) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._rows: list[Row] = list(rows)
+
+    def row_count(self) -> int:
+        return len(self._rows)
+
+    def get_row(self, index: int) -> Row:
+        return self._rows[index]
+
+    def set_rows(self, rows: Sequence[Row]) -> None:
+        self._rows = list(rows)
+        self.reset_view(max((row_width(r) for r in self._rows), default=0))

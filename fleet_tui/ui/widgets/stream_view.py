@@ -1,0 +1,91 @@
+"""The live stream of one attempt: a virtual view over formatted rows.
+
+Rows arrive in batches (a thread worker reads the attempt's events file, formats, and
+posts one message per batch), so the cost per event is a list append, never a widget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from textual.reactive import reactive
+
+from fleet_tui.ui.formatting import TOOL_KINDS, StreamRow
+from fleet_tui.ui.widgets.line_view import LineView, Row, row_width
+
+MAX_ROWS = 200_000  # beyond this the oldest rows go (the file keeps everything)
+
+
+class StreamView(LineView):
+    """Rows of one attempt, filtered to tool calls or showing everything."""
+
+    COMPONENT_CLASSES = {
+        "stream--icon", "stream--tool", "stream--dim", "stream--error", "stream--warn",
+        "stream--ok", "stream--say",
+    }
+    STYLE_PREFIX = "stream--"
+    DEFAULT_CSS = """
+    StreamView {
+        & > .stream--icon { color: $accent; text-style: bold; }
+        & > .stream--tool { color: $primary; text-style: bold; }
+        & > .stream--dim { color: $text-muted; }
+        & > .stream--error { color: $text-error; background: $error-muted; }
+        & > .stream--warn { color: $text-warning; background: $warning-muted; }
+        & > .stream--ok { color: $text-success; text-style: bold; }
+        & > .stream--say { color: $secondary; }
+    }
+    """
+
+    tools_only: reactive[bool] = reactive(False)
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.follow = True
+        self._all: list[StreamRow] = []
+        self._visible: list[Row] = []
+
+    @property
+    def total_rows(self) -> int:
+        return len(self._all)
+
+    def row_count(self) -> int:
+        return len(self._visible)
+
+    def get_row(self, index: int) -> Row:
+        return self._visible[index]
+
+    def _keep(self, row: StreamRow) -> bool:
+        return not self.tools_only or row.kind in TOOL_KINDS or row.kind == "raw"
+
+    def clear_rows(self) -> None:
+        self._all = []
+        self._visible = []
+        self.follow = True
+        self.reset_view(0)
+        self.scroll_to(0, 0, animate=False, immediate=True)
+
+    def append_rows(self, rows: Sequence[StreamRow]) -> None:
+        if not rows:
+            return
+        self._all.extend(rows)
+        if len(self._all) > MAX_ROWS:
+            del self._all[: len(self._all) - MAX_ROWS]
+            self._rebuild()
+            return
+        first = len(self._visible)
+        new = [r.row for r in rows if self._keep(r)]
+        if not new:
+            return
+        self._visible.extend(new)
+        self.rows_appended(first, max(row_width(r) for r in new))
+
+    def _rebuild(self) -> None:
+        self._visible = [r.row for r in self._all if self._keep(r)]
+        self.reset_view(max((row_width(r) for r in self._visible), default=0))
+
+    def watch_tools_only(self) -> None:
+        self._rebuild()
+
+    def plain_lines(self) -> list[str]:
+        """What is on display, as plain text (tests and copy)."""
+        return ["".join(chunk for _, chunk in row) for row in self._visible]
