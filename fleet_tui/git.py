@@ -122,6 +122,10 @@ class MergeResult:
 
 
 def _first_line(text: str) -> str:
+    """The part of git's stderr worth showing (with a hint for the usual set-up mistakes)."""
+    if "tell me who you are" in text or "unable to auto-detect email" in text:
+        return ("git does not know who you are; run `git config --global user.name "
+                "\"Your Name\"` and `git config --global user.email you@example.com`")
     for line in text.splitlines():
         line = line.strip()
         if line:

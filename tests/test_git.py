@@ -400,6 +400,20 @@ def test_merge_blocked_by_untracked_file_in_main(git_repo: Path) -> None:
     assert info.path.is_dir()
 
 
+def test_merge_without_git_identity(git_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    info = _worker_change(git_repo, "m9")
+    for name in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME",
+                 "GIT_COMMITTER_EMAIL"):
+        monkeypatch.delenv(name, raising=False)
+    git(git_repo, "config", "--unset", "user.name")
+    git(git_repo, "config", "--unset", "user.email")
+    git(git_repo, "config", "user.useConfigOnly", "true")
+    before = snapshot(git_repo)
+    with pytest.raises(fgit.GitError, match=r"does not know who you are.*user\.email"):
+        fgit.merge(git_repo, info.path, info.branch, "main", message="x")
+    assert snapshot(git_repo) == before
+
+
 def test_merge_refused_on_other_branch(git_repo: Path) -> None:
     info = _worker_change(git_repo, "m3")
     git(git_repo, "switch", "-q", "-c", "elsewhere")
