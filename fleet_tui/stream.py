@@ -494,6 +494,11 @@ class StreamDecoder:
         """Number of complete lines seen so far."""
         return self._line_no
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of an unfinished line held in memory (never more than the line cap)."""
+        return self._pending_len
+
     def feed(self, chunk: bytes) -> list[Event]:
         """Decode every line completed by `chunk`; hold an unfinished last line."""
         out: list[Event] = []
