@@ -54,8 +54,9 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory,
     # daemon can run here); tests that need "no backend" override this.
     monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring_standin.FileKeyring")
     monkeypatch.setenv("FLEET_TEST_KEYRING_FILE", str(base / "keyring.json"))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    tests_dir = str(Path(__file__).resolve().parent)
+    pythonpath = os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", pythonpath.rstrip(os.pathsep))
     # CI runs as root: claude refuses bypassPermissions as root without the opt-in.
     if os.geteuid() == 0:
         monkeypatch.setenv("FLEET_WORKER_SANDBOX", "1")
