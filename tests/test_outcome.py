@@ -1,0 +1,235 @@
+"""outcome.py: one verdict per finished run, from real CLI outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_tui.outcome import Outcome, Verdict, classify, find_result
+from fleet_tui.stream import Result, decode_all
+
+SAMPLES = Path(__file__).resolve().parent / "fixtures" / "stream-json"
+CASES = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())
+
+# Concrete verdicts per real run. The "ok" ones ran to the end with is_error false and a
+# result text; root_permdefault is ok too (its result is a success), and its message
+# reports the denied Write.
+EXPECTED = {
+    "nonroot_custom_script": Verdict.OK,
+    "nonroot_stream": Verdict.OK,
+    "root_401": Verdict.AUTH,
+    "root_429": Verdict.QUOTA,
+    "root_500": Verdict.OVERLOAD,
+    "root_529_default": Verdict.OVERLOAD,
+    "root_529_retries0_json": Verdict.OVERLOAD,
+    "root_529_retries2": Verdict.OVERLOAD,
+    "root_529_then_ok": Verdict.OK,
+    "root_apikey_401": Verdict.AUTH,
+    "root_apikey_ok": Verdict.OK,
+    "root_json": Verdict.OK,
+    "root_noflags": Verdict.OK,
+    "root_only_nonessential": Verdict.OK,
+    "root_permdefault": Verdict.OK,
+    "root_sandbox_stream": Verdict.OK,
+    "root_timeout": Verdict.TIMEOUT,
+}
+
+
+def sample(case: str) -> tuple[bytes, int, str]:
+    d = SAMPLES / case
+    (out,) = [p for p in d.iterdir() if p.name.startswith("stdout.json")]
+    return out.read_bytes(), json.loads((d / "exit.json").read_text())["rc"], \
+        (d / "stderr").read_text()
+
+
+def real_result(case: str) -> dict[str, Any]:
+    found = find_result(sample(case)[0])
+    assert found is not None
+    return found
+
+
+def test_every_sample_has_a_verdict() -> None:
+    assert sorted(EXPECTED) == CASES
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_real_sample_verdicts(case: str) -> None:
+    data, rc, stderr = sample(case)
+    result = find_result(data)
+    assert result is not None and result["type"] == "result"
+    out = classify(exit_code=rc, result=result, stderr_tail=stderr)
+    assert out.verdict == EXPECTED[case]
+    assert out.message and "\n" not in out.message
+    assert out.session_id == result["session_id"]
+    assert out.num_turns == result["num_turns"]
+    assert out.api_error_status == result["api_error_status"]
+    # exit code unknown (fleet-collect) gives the same verdict
+    assert classify(exit_code=None, result=result).verdict == EXPECTED[case]
+    # so does the parser's Result event
+    final = decode_all(data)[-1]
+    assert isinstance(final, Result)
+    assert classify(exit_code=rc, result=final).verdict == EXPECTED[case]
+    json.dumps(out.to_json())
+
+
+def test_messages_say_what_to_do() -> None:
+    auth = classify(exit_code=1, result=real_result("root_401"))
+    assert auth.message == ("the endpoint rejected the key (401): check FLEET_WORKER_BASE_URL "
+                            "and the key; run fleet-doctor --live")
+    assert "FLEET_WORKER_SMALL_MODEL" in classify(exit_code=1,
+                                                  result=real_result("root_529_default")).message
+    assert "429" in classify(exit_code=1, result=real_result("root_429")).message
+    assert "API_TIMEOUT_MS" in classify(exit_code=1, result=real_result("root_timeout")).message
+    denied = classify(exit_code=0, result=real_result("root_permdefault"))
+    assert "denied" in denied.message and "Write" in denied.message
+
+
+# ------------------------------------------------------------ variants of real results
+
+
+def variant(**changes: Any) -> dict[str, Any]:
+    result = real_result("nonroot_stream")
+    result.update(changes)
+    return result
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    # defect 3: ran out of turns (whatever is_error says), or returned nothing
+    ({"subtype": "error_max_turns", "is_error": True, "result": None,
+      "stop_reason": "tool_use", "terminal_reason": "max_turns"}, Verdict.MAX_TURNS),
+    ({"subtype": "error_max_turns", "is_error": False}, Verdict.MAX_TURNS),
+    ({"terminal_reason": "max_turns"}, Verdict.MAX_TURNS),
+    ({"result": ""}, Verdict.EMPTY),
+    ({"result": "  \n"}, Verdict.EMPTY),
+    ({"result": None}, Verdict.EMPTY),
+    # subtype is never trusted alone
+    ({"is_error": True, "api_error_status": 403}, Verdict.AUTH),
+    ({"is_error": True, "api_error_status": 502}, Verdict.OVERLOAD),
+    ({"is_error": True, "api_error_status": 529}, Verdict.OVERLOAD),
+    ({"is_error": True, "api_error_status": 429}, Verdict.QUOTA),
+    ({"is_error": True, "api_error_status": 404}, Verdict.REFUSED),
+    ({"is_error": True, "api_error_status": None, "result": "Request timed out"},
+     Verdict.TIMEOUT),
+    ({"is_error": True, "api_error_status": None,
+      "result": "API Error: 529 Overloaded. This is a server-side issue"}, Verdict.OVERLOAD),
+    ({"is_error": True, "api_error_status": None, "result": "something broke"},
+     Verdict.CRASHED),
+    ({"subtype": "error_during_execution", "is_error": False}, Verdict.CRASHED),
+    ({"is_error": False, "api_error_status": None}, Verdict.OK),
+])
+def test_result_variants(changes: dict[str, Any], expected: Verdict) -> None:
+    assert classify(exit_code=None, result=variant(**changes)).verdict == expected
+
+
+def test_exit_code_contradicting_a_success_is_not_ok() -> None:
+    assert classify(exit_code=0, result=variant()).verdict == Verdict.OK
+    assert classify(exit_code=1, result=variant()).verdict == Verdict.CRASHED
+
+
+def test_caller_flags_and_signals() -> None:
+    ok = variant()
+    assert classify(exit_code=-15, killed=True).verdict == Verdict.KILLED
+    assert "SIGTERM" in classify(exit_code=None, signal=15, killed=True).message
+    assert classify(exit_code=None, signal=9).verdict == Verdict.KILLED
+    assert classify(exit_code=-9).verdict == Verdict.KILLED
+    assert classify(exit_code=-9, timed_out=True).verdict == Verdict.TIMEOUT
+    assert "wall-clock" in classify(exit_code=-9, timed_out=True).message
+    # a run that had finished before the kill landed keeps its success
+    assert classify(exit_code=0, result=ok, killed=True).verdict == Verdict.OK
+    assert classify(exit_code=None, signal=15, result=ok).verdict == Verdict.OK
+    assert classify(exit_code=-15, result=variant(result=""), killed=True).verdict == \
+        Verdict.KILLED
+
+
+def test_no_result_line_is_crashed_with_the_stderr_tail() -> None:
+    out = classify(exit_code=1, stderr_tail="warming up\nTypeError: x is undefined\n\n")
+    assert out.verdict == Verdict.CRASHED
+    assert "code 1" in out.message and "TypeError: x is undefined" in out.message
+    assert classify(exit_code=0).verdict == Verdict.CRASHED
+    assert "unknown code" in classify(exit_code=None).message
+
+
+def test_outcome_to_json() -> None:
+    out = classify(exit_code=1, result=real_result("root_429"))
+    data = json.loads(json.dumps(out.to_json()))
+    assert data["verdict"] == "quota" and data["api_error_status"] == 429
+    assert data["exit_code"] == 1 and data["usage"]["output_tokens"] == 0
+    assert isinstance(out, Outcome) and not out.ok
+
+
+# --------------------------------------------------------------------------- refused, for real
+
+
+def _run_claude(claude_bin: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real claude; it refuses before any request (the base URL is never reached)."""
+    cfg = tmp_path / "cfg"
+    cfg.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "IS_SANDBOX"}
+    env.update(CLAUDE_CONFIG_DIR=str(cfg), ANTHROPIC_BASE_URL="http://127.0.0.1:9",
+               ANTHROPIC_AUTH_TOKEN="sk-test-not-a-key",
+               CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1")
+    return subprocess.run([claude_bin, "-p", *args, "say hi"], env=env, cwd=tmp_path,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.real_claude
+@pytest.mark.skipif(os.geteuid() != 0, reason="claude refuses bypassPermissions only as root")
+def test_real_root_refusal(claude_bin: str, tmp_path: Path) -> None:
+    run = _run_claude(claude_bin, tmp_path, "--permission-mode", "bypassPermissions",
+                      "--output-format", "stream-json", "--verbose")
+    assert run.returncode == 1 and find_result(run.stdout) is None
+    out = classify(exit_code=run.returncode, result=None, stderr_tail=run.stderr)
+    assert out.verdict == Verdict.REFUSED
+    assert "root/sudo" in out.message and "FLEET_WORKER_SANDBOX=1" in out.message
+
+
+@pytest.mark.real_claude
+@pytest.mark.parametrize("args", [("--no-such-flag",), ("--output-format", "stream-json")])
+def test_real_bad_arguments_are_refused(claude_bin: str, tmp_path: Path,
+                                        args: tuple[str, ...]) -> None:
+    run = _run_claude(claude_bin, tmp_path, *args)
+    assert run.returncode != 0 and find_result(run.stdout) is None
+    out = classify(exit_code=run.returncode, result=None, stderr_tail=run.stderr)
+    assert out.verdict == Verdict.REFUSED, run.stderr
+    assert "refused to start" in out.message
+
+
+# --------------------------------------------------------------------------- find_result
+
+
+def test_find_result_takes_the_last_result_line_and_skips_bad_lines() -> None:
+    data, _, _ = sample("nonroot_stream")
+    first = real_result("root_401")
+    messy = (json.dumps(first).encode() + b"\n{broken\n\xff\xfe garbage\n" + data
+             + b"\n\n[1,2]\n{\"type\": \"result\"\n")
+    found = find_result(messy)
+    assert found is not None and found["session_id"] == real_result("nonroot_stream")[
+        "session_id"]
+
+
+def test_find_result_json_forms() -> None:
+    single, _, _ = sample("root_json")
+    assert find_result(single) == json.loads(single)
+    assert find_result(single.decode()) == json.loads(single)
+    pretty = json.dumps(json.loads(single), indent=2)
+    assert find_result(pretty) == json.loads(single)
+    # `--output-format json --verbose` prints an array of every message
+    stream_lines = [json.loads(ln) for ln in sample("nonroot_stream")[0].splitlines()]
+    assert find_result(json.dumps(stream_lines)) == stream_lines[-1]
+
+
+@pytest.mark.parametrize("data", [b"", b"   \n", b"not json", b"{\"type\": \"assistant\"}\n",
+                                  b"\xff\xfe\xfd", b"[1, 2]", b"null", b"{" * 100_000])
+def test_find_result_none(data: bytes) -> None:
+    assert find_result(data) is None
+
+
+def test_signal_names_in_messages() -> None:
+    out = classify(exit_code=None, signal=int(signal.SIGKILL))
+    assert "SIGKILL" in out.message
