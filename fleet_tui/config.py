@@ -250,7 +250,11 @@ def _read_toml(path: Path) -> tuple[dict[str, object], str]:
     except tomllib.TOMLDecodeError as exc:
         match = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
         line = int(match.group(1)) if match else None
-        reason = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+        if line is None and "end of document" in str(exc):
+            line = max(1, len(text.splitlines()))
+        reason = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", str(exc))
+        if "end of document" in str(exc):
+            reason += " (the file ends too early)"
         where = f"{path}, line {line}" if line else str(path)
         raise ConfigError(f"{where}: not valid TOML: {reason}", path=path, line=line) from None
 

@@ -1,0 +1,319 @@
+"""fleet-worker as a process: it becomes claude, and claude gets the key only in its env.
+
+Most tests run the recording stand-in claude (tests/standin_claude.py) because what is
+under test is what claude *receives*; the last tests run the real pinned claude against
+the scripted endpoint on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pty
+import secrets
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import standin_claude
+
+from fleet_tui.endpoint import ScriptedEndpoint
+
+WORKER_SCRIPT = Path(sys.executable).parent / "fleet-worker"
+TIMEOUT = 30
+
+
+def worker_cmd(*args: str) -> list[str]:
+    if WORKER_SCRIPT.exists():
+        return [str(WORKER_SCRIPT), *args]
+    return [sys.executable, "-c",
+            "import sys; from fleet_tui.cli import worker_main; sys.exit(worker_main())", *args]
+
+
+def run_worker(*args: str, input: str | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(worker_cmd(*args), input=input, capture_output=True, text=True,
+                          timeout=TIMEOUT, env=env,
+                          stdin=subprocess.DEVNULL if input is None else None)
+
+
+@pytest.fixture
+def key(monkeypatch: pytest.MonkeyPatch) -> str:
+    value = "sk-fleet-" + secrets.token_hex(20)
+    monkeypatch.setenv("ZHIPU_API_KEY", value)
+    return value
+
+
+@pytest.fixture
+def record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The stand-in claude installed as FLEET_WORKER_CLAUDE; returns its record path."""
+    monkeypatch.setenv("FLEET_WORKER_CLAUDE", str(standin_claude.install(tmp_path / "bin")))
+    monkeypatch.setenv("FLEET_WORKER_CONFIG_DIR", str(tmp_path / "cfg"))
+    path = tmp_path / "record.json"
+    monkeypatch.setenv("FLEET_STANDIN_RECORD", str(path))
+    return path
+
+
+def test_worker_execs_claude_with_the_key_only_in_its_environment(
+        record: Path, key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_STANDIN_WAIT", "1")
+    proc = subprocess.Popen(worker_cmd("--output-format", "json", "hello there"),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        rec = standin_claude.read_record(record)
+        assert rec["pid"] == proc.pid  # exec: claude *is* the process we started
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        assert key.encode() not in cmdline
+        assert b"ANTHROPIC_AUTH_TOKEN=" + key.encode() in environ
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=TIMEOUT) == -signal.SIGTERM  # the signal reached claude
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=TIMEOUT)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert key.encode() not in out + err
+    assert rec["argv"] == ["-p", "--model", "sonnet", "--permission-mode", "bypassPermissions",
+                           "--output-format", "json", "hello there"]
+    assert all(key not in arg for arg in rec["argv"])
+    env = rec["env"]
+    assert env["ANTHROPIC_AUTH_TOKEN"] == key
+    assert env["CLAUDE_CONFIG_DIR"] == os.environ["FLEET_WORKER_CONFIG_DIR"]
+    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert env["DISABLE_TELEMETRY"] == "1"
+
+
+@pytest.mark.parametrize("code", [0, 1, 3])
+def test_claudes_exit_code_passes_through(record: Path, key: str, code: int,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_STANDIN_EXIT", str(code))
+    assert run_worker("hi").returncode == code
+    assert standin_claude.read_record(record)["argv"][-1] == "hi"
+
+
+def test_prompt_piped_on_stdin_reaches_claude(record: Path, key: str) -> None:
+    """Original defect 1: the launcher replaced stdin with /dev/null."""
+    prompt = "Summarise README.md\nin three bullet points.\n"
+    result = run_worker("--output-format", "json", input=prompt)
+    assert result.returncode == 0, result.stderr
+    rec = standin_claude.read_record(record)
+    assert rec["stdin"] == prompt and rec["stdin_is_devnull"] is False
+
+
+def test_terminal_stdin_becomes_dev_null(record: Path, key: str) -> None:
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run(worker_cmd("hi"), stdin=slave, capture_output=True,
+                              timeout=TIMEOUT)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert proc.returncode == 0, proc.stderr
+    rec = standin_claude.read_record(record)
+    assert rec["stdin_is_devnull"] is True and rec["stdin"] == ""
+
+
+def test_inherited_credentials_do_not_reach_the_worker(record: Path, key: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Original defect 6: ANTHROPIC_API_KEY went on, and a token for another endpoint
+    was used; FLEET_WORKER_KEY_SOURCES keeps the exported token out."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "other-api-key")
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "token-for-api.anthropic.com")
+    monkeypatch.setenv("CLAUDE_CODE_OAUTH_TOKEN", "oauth-token")
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", "/host/.claude")
+    monkeypatch.setenv("FLEET_WORKER_KEY_SOURCES", "zhipu,glm")
+    assert run_worker("hi").returncode == 0
+    env = standin_claude.read_record(record)["env"]
+    assert env["ANTHROPIC_AUTH_TOKEN"] == key
+    assert "ANTHROPIC_API_KEY" not in env and "CLAUDE_CODE_OAUTH_TOKEN" not in env
+    assert env["CLAUDE_CONFIG_DIR"] != "/host/.claude"
+
+
+def test_effort_change_reaches_settings_json_on_every_launch(record: Path, key: str,
+                                                            tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """Original defect 5: a later FLEET_WORKER_EFFORT was silently ignored."""
+    settings_file = tmp_path / "cfg" / "settings.json"
+    monkeypatch.setenv("FLEET_WORKER_EFFORT", "low")
+    assert run_worker("hi").returncode == 0
+    assert json.loads(settings_file.read_text())["effortLevel"] == "low"
+    data = json.loads(settings_file.read_text())
+    data["permissions"] = {"allow": ["Read"]}
+    data["hooks"] = {"Stop": [{"hooks": [{"type": "command", "command": "echo host"}]}]}
+    settings_file.write_text(json.dumps(data))
+    monkeypatch.setenv("FLEET_WORKER_EFFORT", "high")
+    assert run_worker("hi").returncode == 0
+    data = json.loads(settings_file.read_text())
+    assert data == {"effortLevel": "high", "hooks": {}, "permissions": {"allow": ["Read"]}}
+
+
+def test_dontask_warning_and_the_equals_form(record: Path, key: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Original defect 7: `--allowedTools=Read` still produced the warning."""
+    monkeypatch.setenv("FLEET_WORKER_PERMISSION_MODE", "dontAsk")
+    warned = run_worker("hi")
+    assert warned.returncode == 0 and "warning" in warned.stderr and "dontAsk" in warned.stderr
+    quiet = run_worker("--allowedTools=Read", "hi")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert standin_claude.read_record(record)["argv"][3:6] == [
+        "--permission-mode", "dontAsk", "--allowedTools=Read"]
+
+
+def test_dry_run_shows_the_isolated_env_with_the_key_redacted(
+        record: Path, key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "inherited-secret-value")
+    result = run_worker("--output-format", "json", "--dry-run", "hello")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert key not in out + result.stderr and "inherited-secret-value" not in out
+    assert "ANTHROPIC_AUTH_TOKEN=<redacted: from ZHIPU_API_KEY>" in out
+    assert "unset ANTHROPIC_API_KEY" in out
+    assert f"CLAUDE_CONFIG_DIR={tmp_path / 'cfg'}" in out
+    assert "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1" in out
+    argv_line = next(line for line in out.splitlines() if line.startswith("argv: "))
+    assert "-p --model sonnet --permission-mode bypassPermissions --output-format json hello" \
+        in argv_line and "--dry-run" not in argv_line
+    assert standin_claude.STANDIN_VERSION in out
+    assert not record.exists() and not (tmp_path / "cfg").exists()  # nothing ran or changed
+
+
+def test_help_anywhere_prints_our_usage(record: Path) -> None:
+    result = run_worker("--output-format", "json", "--help", "prompt")
+    assert result.returncode == 0
+    for knob in ("FLEET_WORKER_CONFIG_DIR", "FLEET_WORKER_BASE_URL", "FLEET_WORKER_MODEL",
+                 "FLEET_WORKER_SMALL_MODEL", "FLEET_WORKER_PERMISSION_MODE",
+                 "FLEET_WORKER_EFFORT", "FLEET_WORKER_KEYRING_SERVICE",
+                 "FLEET_WORKER_KEYRING_KEY", "FLEET_WORKER_CLAUDE", "FLEET_WORKER_SANDBOX",
+                 "--dry-run", "exit codes"):
+        assert knob in result.stdout
+    assert not record.exists()
+    assert run_worker("-h").returncode == 0
+
+
+def test_missing_claude_and_missing_key_exit_5(record: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLM_API_KEY", "g-key-123456")
+    monkeypatch.setenv("FLEET_WORKER_CLAUDE", str(tmp_path / "no-such-claude"))
+    missing = run_worker("hi")
+    assert missing.returncode == 5 and "FLEET_WORKER_CLAUDE" in missing.stderr
+    monkeypatch.setenv("FLEET_WORKER_CLAUDE", "claude")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert run_worker("hi").returncode == 5
+    monkeypatch.delenv("GLM_API_KEY")
+    monkeypatch.setenv("FLEET_WORKER_CLAUDE", str(standin_claude.install(tmp_path / "bin")))
+    nokey = run_worker("hi")
+    assert nokey.returncode == 5
+    assert "ZHIPU_API_KEY" in nokey.stderr and "fleet-tui key set" in nokey.stderr
+    assert "Traceback" not in missing.stderr + nokey.stderr
+    assert not record.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root check needs root")
+def test_root_with_bypass_needs_the_sandbox_opt_in(record: Path, key: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEET_WORKER_SANDBOX", raising=False)
+    refused = run_worker("hi")
+    assert refused.returncode == 2 and "FLEET_WORKER_SANDBOX=1" in refused.stderr
+    assert not record.exists()
+    assert run_worker("--permission-mode", "acceptEdits", "hi").returncode == 0
+    assert "IS_SANDBOX" not in standin_claude.read_record(record)["env"]
+    record.unlink()
+    monkeypatch.setenv("FLEET_WORKER_SANDBOX", "1")
+    assert run_worker("hi").returncode == 0
+    assert standin_claude.read_record(record)["env"]["IS_SANDBOX"] == "1"
+
+
+def test_usage_and_config_errors_exit_2_without_traceback(
+        record: Path, key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_WORKER_PERMISSION_MODE", "yolo")
+    bad_mode = run_worker("hi")
+    assert bad_mode.returncode == 2 and "FLEET_WORKER_PERMISSION_MODE" in bad_mode.stderr
+    monkeypatch.delenv("FLEET_WORKER_PERMISSION_MODE")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("model = 'x'\nmax_workers = [\n")
+    monkeypatch.setenv("FLEET_TUI_CONFIG", str(cfg))
+    bad_toml = run_worker("hi")
+    assert bad_toml.returncode == 2 and f"{cfg}, line 2" in bad_toml.stderr
+    monkeypatch.delenv("FLEET_TUI_CONFIG")
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "settings.json").write_text("{broken")
+    bad_json = run_worker("hi")
+    assert bad_json.returncode == 2 and "settings.json" in bad_json.stderr
+    assert (tmp_path / "cfg" / "settings.json").read_text() == "{broken"
+    for result in (bad_mode, bad_toml, bad_json):
+        assert "Traceback" not in result.stderr and key not in result.stderr
+    assert not record.exists()
+
+
+_IMPORT_PROBE = """
+import os, sys
+from fleet_tui.commands import worker
+def report(path, argv, env):
+    heavy = [m for m in ("textual", "git", "msgspec", "keyring", "platformdirs", "tomllib")
+             if m in sys.modules]
+    print("HEAVY=" + ",".join(heavy))
+    os._exit(0)
+os.execve = report
+sys.exit(worker.main(["hi"]))
+"""
+
+
+def test_worker_imports_only_what_it_needs(record: Path, monkeypatch: pytest.MonkeyPatch,
+                                           tmp_path: Path) -> None:
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "a-token-123456")
+    fast = subprocess.run([sys.executable, "-c", _IMPORT_PROBE], capture_output=True,
+                          text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    assert fast.stdout.strip() == "HEAVY=", fast.stderr
+    # keyring is imported only when the keyring is actually consulted.
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN")
+    monkeypatch.setenv("GLM_API_KEY", "g-token-123456")
+    slow = subprocess.run([sys.executable, "-c", _IMPORT_PROBE], capture_output=True,
+                          text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    assert slow.stdout.strip() == "HEAVY=keyring", slow.stderr
+
+
+# -- the real claude ----------------------------------------------------------------------
+
+def test_dry_run_with_the_real_claude_reports_its_version(claude_bin: str, key: str,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    from fleet_tui import CLAUDE_CODE_VERSION
+
+    monkeypatch.setenv("FLEET_WORKER_CLAUDE", claude_bin)
+    result = run_worker("--dry-run", "hello")
+    assert result.returncode == 0, result.stderr
+    assert f"claude version: {CLAUDE_CODE_VERSION} (Claude Code)" in result.stdout
+    assert key not in result.stdout + result.stderr
+
+
+@pytest.mark.real_claude
+def test_real_claude_gets_piped_prompt_and_key_through_the_worker(
+        claude_bin: str, key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end: fleet-worker execs the real claude, which sends the piped prompt and
+    our key (as a Bearer token) to the scripted endpoint, and its exit code comes back."""
+    monkeypatch.setenv("FLEET_WORKER_CLAUDE", claude_bin)
+    monkeypatch.setenv("FLEET_WORKER_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "must-not-be-sent")
+    work = tmp_path / "work"
+    work.mkdir()
+    with ScriptedEndpoint(["All done: the prompt arrived."]) as endpoint:
+        monkeypatch.setenv("FLEET_WORKER_BASE_URL", endpoint.url)
+        prompt = "Reply with one line. piped-prompt-" + secrets.token_hex(4)
+        proc = subprocess.run(worker_cmd("--output-format", "json"), input=prompt,
+                              capture_output=True, text=True, timeout=120, cwd=work)
+        requests = endpoint.requests
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["is_error"] is False and "the prompt arrived" in result["result"]
+    messages = [r for r in requests if r.path.startswith("/v1/messages")]
+    assert messages and all(r.auth_kind == "bearer" for r in messages)
+    assert {r.auth_sha256 for r in messages} == {hashlib.sha256(key.encode()).hexdigest()}
+    assert any(prompt in (r.prompt or "") for r in messages)
+    assert {r.model for r in messages} <= {"GLM-5.2", "GLM-4.5-Air"}
+    assert key not in proc.stdout + proc.stderr
