@@ -1,0 +1,553 @@
+"""The engine with real git repositories, real runner processes and the real claude binary
+against the scripted endpoint: cap, backoff and fallback, quota cooldown, kill, adoption,
+merge gates, two engines on one store, retry, resume and follow-up."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_tui import paths, procs, stream
+from fleet_tui.config import load_settings
+from fleet_tui.endpoint import ScriptedEndpoint
+from fleet_tui.fleet import Fleet, FleetError, TaskSpec
+from fleet_tui.runner import EVENTS_FILE, read_json
+from fleet_tui.store import ACTIVE_STATES, Store, Task, TaskState
+
+pytestmark = pytest.mark.real_claude
+
+KEY = "sk-fleet-test-SECRET-41d8"
+TICK = 0.05
+
+SCRIPTS: dict[str, Any] = {
+    # writes a file in two turns, then answers
+    "default": [
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "echo worker > a.txt", "description": "write a.txt"}}],
+        "wrote a.txt",
+    ],
+    # keeps its slot for a moment so that the cap is visible
+    "slow": [
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "sleep 1; echo slow > slow.txt", "description": "slow"}}],
+        "slow done",
+    ],
+    "sleepy": [
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "setsid sleep 327 </dev/null >/dev/null 2>&1 & sleep 326",
+                    "description": "wait"}}],
+        "never reached",
+    ],
+    "chat": ["first answer", "second answer", "third answer"],
+    "three": [
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "echo one > one.txt", "description": "one"}}],
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "echo two > two.txt", "description": "two"}}],
+        "three turns done",
+    ],
+}
+
+
+@pytest.fixture
+def endpoint() -> Iterator[ScriptedEndpoint]:
+    with ScriptedEndpoint(SCRIPTS) as ep:
+        yield ep
+
+
+def make_fleet(endpoint: ScriptedEndpoint, claude: str, db: Path | None = None,
+               **overrides: Any) -> Fleet:
+    values: dict[str, Any] = {
+        "base_url": endpoint.url, "claude": claude, "sandbox": os.geteuid() == 0,
+        "key_sources": "env", "backoff_base": 0.2, "backoff_cap": 1.0, "kill_grace": 2.0,
+        "max_workers": 4,
+    }
+    values.update(overrides)
+    settings = load_settings(env=os.environ, overrides=values)
+    env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
+    store = Store(db if db is not None else paths.db_path())
+    return Fleet(settings, store, env=env)
+
+
+def drive(fleet: Fleet, until: Callable[[], bool], timeout: float = 60.0,
+          each: Callable[[], None] | None = None) -> None:
+    """Tick until `until()` holds (fail after timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fleet.tick()
+        if each is not None:
+            each()
+        if until():
+            return
+        if time.monotonic() > deadline:
+            states = {t.id: (t.state, t.message) for t in fleet.list_tasks()}
+            pytest.fail(f"timed out waiting; tasks: {states}")
+        time.sleep(TICK)
+
+
+def settled(fleet: Fleet, *ids: str) -> Callable[[], bool]:
+    done = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED}
+    return lambda: all(fleet.get_task(i).state in done for i in ids)
+
+
+def sleepers() -> list[int]:
+    return [st.pid for st in procs.all_stats() if st.state != "Z"
+            and " ".join(procs.cmdline(st.pid)) in ("sleep 326", "sleep 327")]
+
+
+def snapshot(repo: Path) -> dict[str, str]:
+    """Every file of the main checkout (outside .git and .fleet-work) with its hash, plus
+    HEAD and the index: byte-identical means equal snapshots."""
+    out: dict[str, str] = {}
+    for path in sorted(repo.rglob("*")):
+        rel = path.relative_to(repo)
+        if rel.parts[0] in (".fleet-work",) or not path.is_file():
+            continue
+        if rel.parts[0] == ".git" and rel.as_posix() not in (".git/HEAD", ".git/index"):
+            continue
+        out[rel.as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    out["refs/heads/main"] = subprocess.run(["git", "rev-parse", "main"], cwd=repo, text=True,
+                                            capture_output=True).stdout
+    return out
+
+
+def run_one(fleet: Fleet, repo: Path, prompt: str, **spec: Any) -> Task:
+    (task,) = fleet.submit(TaskSpec(prompt=prompt, repo=repo, **spec))
+    drive(fleet, settled(fleet, task.id))
+    return fleet.get_task(task.id)
+
+
+# --- scheduling -------------------------------------------------------------------------------
+
+
+def test_three_tasks_under_a_cap_of_two(git_repo: Path, claude_bin: str,
+                                         endpoint: ScriptedEndpoint) -> None:
+    fleet = make_fleet(endpoint, claude_bin, max_workers=2)
+    tasks = fleet.submit(TaskSpec(prompt="[script:slow] go", repo=git_repo, title="slow"),
+                         copies=3)
+    assert [t.state for t in tasks] == [TaskState.QUEUED] * 3
+    assert len({t.branch for t in tasks}) == 3
+    peak = {"store": 0, "claude": 0}
+
+    def sample() -> None:
+        running = fleet.store.count_tasks(ACTIVE_STATES, endpoint=endpoint.url)
+        worktrees = {str(paths.worktree_path(git_repo, t.id)) for t in tasks}
+        live = [st for st in procs.all_stats() if st.state != "Z"
+                and procs.cmdline(st.pid)[:2] == [claude_bin, "-p"]
+                and os.path.realpath(f"/proc/{st.pid}/cwd") in worktrees]
+        peak["store"] = max(peak["store"], running)
+        peak["claude"] = max(peak["claude"], len(live))
+        assert running <= 2 and len(live) <= 2
+
+    drive(fleet, settled(fleet, *[t.id for t in tasks]), each=sample)
+    assert peak["store"] == 2  # the cap was used, never exceeded
+    for t in tasks:
+        done = fleet.get_task(t.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        assert done.verdict == "ok" and done.turns == 2 and done.session_id
+        assert done.added_lines == 1 and done.deleted_lines == 0
+        assert (Path(done.worktree or "") / "slow.txt").read_text() == "slow\n"
+        assert done.input_tokens > 0 and done.output_tokens > 0
+    status = fleet.status()
+    assert status.running == 0 and status.queued == 0 and status.cap == 2
+    assert status.total_tokens > 0
+
+
+def test_overload_backoff_then_small_model(git_repo: Path, claude_bin: str) -> None:
+    with ScriptedEndpoint({"default": ["fine"]}, faults=["529x2"]) as ep:
+        fleet = make_fleet(ep, claude_bin, fallback_after=2, backoff_base=0.3,
+                           model="big-model", small_model="small-model")
+        (task,) = fleet.submit(TaskSpec(prompt="hello", repo=git_repo))
+        seen_waiting: list[float | None] = []
+
+        def watch() -> None:
+            t = fleet.get_task(task.id)
+            if t.state == TaskState.WAITING:
+                seen_waiting.append(t.not_before)
+
+        drive(fleet, settled(fleet, task.id), each=watch)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        attempts = fleet.attempts(task.id)
+        assert [a.verdict for a in attempts] == ["overload", "overload", "ok"]
+        assert [a.model for a in attempts] == ["big-model", "big-model", "small-model"]
+        assert [r.model for r in ep.requests] == ["big-model", "big-model", "small-model"]
+        assert [r.status for r in ep.requests] == [529, 529, 200]
+        assert seen_waiting  # it waited between attempts
+        # jittered exponential backoff: the second gap is at least base*2*0.5
+        t0, t1, t2 = (r.time for r in ep.requests)
+        assert t1 - t0 >= 0.3 * 0.5
+        assert t2 - t1 >= 0.6 * 0.5
+
+
+def test_overload_gives_up_after_max_attempts(git_repo: Path, claude_bin: str) -> None:
+    with ScriptedEndpoint({"default": ["fine"]}, faults=["529x9"]) as ep:
+        fleet = make_fleet(ep, claude_bin, max_attempts=2, backoff_base=0.1)
+        (task,) = fleet.submit(TaskSpec(prompt="hello", repo=git_repo))
+        drive(fleet, settled(fleet, task.id))
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.FAILED and done.verdict == "overload"
+        assert "gave up after 2 attempts" in (done.message or "")
+        assert len(ep.requests) == 2
+
+
+def test_quota_cooldown_holds_every_task_of_the_endpoint(git_repo: Path,
+                                                          claude_bin: str) -> None:
+    with ScriptedEndpoint({"default": ["fine"]}, faults=["429x1"]) as ep:
+        fleet = make_fleet(ep, claude_bin, max_workers=1, quota_cooldown=1.5)
+        first, second = (fleet.submit(TaskSpec(prompt=f"task {i}", repo=git_repo))[0]
+                         for i in range(2))
+        drive(fleet, lambda: fleet.get_task(first.id).state == TaskState.WAITING)
+        until = fleet.cooldown_until(ep.url)
+        assert until is not None and fleet.status().cooldown_until == until
+        # the slot is free, yet the other task must not start during the cooldown
+        t_429 = ep.requests[0].time
+        assert ep.requests[0].status == 429
+        drive(fleet, settled(fleet, first.id, second.id))
+        for t in (first, second):
+            assert fleet.get_task(t.id).state == TaskState.SUCCEEDED
+        later = ep.requests[1:]
+        assert len(later) == 2
+        assert all(r.time >= t_429 + 1.5 - 0.05 for r in later), \
+            [r.time - t_429 for r in later]
+        assert [a.verdict for a in fleet.attempts(first.id)] == ["quota", "ok"]
+
+
+def test_auth_failure_fails_at_once_with_the_fix(git_repo: Path, claude_bin: str) -> None:
+    with ScriptedEndpoint({"default": ["fine"]}, faults=["401x5"]) as ep:
+        fleet = make_fleet(ep, claude_bin)
+        done = run_one(fleet, git_repo, "hello")
+        assert done.state == TaskState.FAILED and done.verdict == "auth"
+        assert "key" in (done.message or "")
+        assert len(fleet.attempts(done.id)) == 1  # no retry
+        assert KEY not in (done.message or "")
+
+
+def test_no_key_fails_clearly(git_repo: Path, claude_bin: str,
+                              endpoint: ScriptedEndpoint) -> None:
+    fleet = make_fleet(endpoint, claude_bin)
+    fleet.env.pop("ANTHROPIC_AUTH_TOKEN")
+    done = run_one(fleet, git_repo, "hello")
+    assert done.state == TaskState.FAILED
+    assert "key" in (done.message or "").lower()
+    assert endpoint.requests == []
+
+
+def test_max_turns_and_timeout(git_repo: Path, claude_bin: str,
+                               endpoint: ScriptedEndpoint) -> None:
+    fleet = make_fleet(endpoint, claude_bin)
+    done = run_one(fleet, git_repo, "[script:three] go", max_turns=1)
+    assert done.state == TaskState.FAILED and done.verdict == "max_turns"
+    slow = run_one(fleet, git_repo, "[script:sleepy] wait", timeout=1.5)
+    assert slow.state == TaskState.FAILED and slow.verdict == "timeout"
+    assert sleepers() == []
+
+
+def test_submit_validation(git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
+                           tmp_path: Path) -> None:
+    fleet = make_fleet(endpoint, claude_bin)
+    with pytest.raises(FleetError, match="prompt is empty"):
+        fleet.submit(TaskSpec(prompt="  ", repo=git_repo))
+    with pytest.raises(FleetError, match="unknown base ref"):
+        fleet.submit(TaskSpec(prompt="x", repo=git_repo, base_ref="no-such-branch"))
+    with pytest.raises(FleetError, match="copies"):
+        fleet.submit(TaskSpec(prompt="x", repo=git_repo), copies=0)
+    with pytest.raises(FleetError, match="not inside a git repository"):
+        fleet.submit(TaskSpec(prompt="x", repo=tmp_path))
+    with pytest.raises(FleetError, match="permission mode"):
+        fleet.submit(TaskSpec(prompt="x", repo=git_repo, permission_mode="yolo"))
+    with pytest.raises(FleetError, match="no task"):
+        fleet.get_task("zzzzzz")
+    assert fleet.list_tasks() == []
+
+
+# --- kill, stall, adoption --------------------------------------------------------------------
+
+
+def test_kill_leaves_no_process_behind(git_repo: Path, claude_bin: str,
+                                       endpoint: ScriptedEndpoint) -> None:
+    fleet = make_fleet(endpoint, claude_bin)
+    (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
+    try:
+        drive(fleet, lambda: len(sleepers()) == 2, timeout=30)
+        attempt = fleet.attempts(task.id)[-1]
+        runner = read_json(Path(attempt.dir or "") / "runner.json")
+        assert runner is not None
+        fleet.kill(task.id)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.KILLED and done.verdict == "killed"
+        assert procs.wait_gone([runner["runner_pid"], runner["claude_pid"]], 5)
+        assert sleepers() == []
+        assert procs.group_members(runner["claude_pid"]) == []
+        with pytest.raises(FleetError, match="not running"):
+            fleet.kill(task.id)
+    finally:
+        for pid in sleepers():
+            procs.signal_pid(pid, signal.SIGKILL)
+
+
+def test_kill_queued_task_and_stall_detection(git_repo: Path, claude_bin: str,
+                                              endpoint: ScriptedEndpoint) -> None:
+    fleet = make_fleet(endpoint, claude_bin, stall_seconds=0.5, stall_kill=True)
+    (queued,) = fleet.submit(TaskSpec(prompt="hello", repo=git_repo))
+    fleet.kill(queued.id)
+    assert fleet.get_task(queued.id).state == TaskState.KILLED
+    (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
+    states: set[TaskState] = set()
+    try:
+        drive(fleet, settled(fleet, task.id),
+              each=lambda: states.add(fleet.get_task(task.id).state))
+        assert TaskState.STALLED in states
+        done = fleet.get_task(task.id)
+        assert done.verdict == "timeout" and "stalled" in (done.message or "")
+        assert sleepers() == []
+    finally:
+        for pid in sleepers():
+            procs.signal_pid(pid, signal.SIGKILL)
+
+
+def test_adoption_after_the_engine_is_rebuilt(git_repo: Path, claude_bin: str) -> None:
+    with ScriptedEndpoint(SCRIPTS, event_delay=0.05) as ep:
+        first = make_fleet(ep, claude_bin)
+        (task,) = first.submit(TaskSpec(prompt="[script:three] go", repo=git_repo))
+        drive(first, lambda: first.get_task(task.id).turns >= 1)
+        runner_pid = first.attempts(task.id)[0].runner_pid
+        first.store.close()
+        del first  # the panel closed mid-run; the runner goes on by itself
+        second = make_fleet(ep, claude_bin)
+        drive(second, settled(second, task.id))
+        done = second.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        attempts = second.attempts(task.id)
+        assert len(attempts) == 1 and attempts[0].runner_pid == runner_pid  # not restarted
+        turns = [r.turn for r in ep.requests]
+        assert sorted(turns) == [0, 1, 2]  # each turn seen once
+        events, offset = second.read_events(attempts[0])
+        assert isinstance(events[0], stream.Init) and isinstance(events[-1], stream.Result)
+        assert offset == (Path(attempts[0].dir or "") / EVENTS_FILE).stat().st_size
+        assert attempts[0].events_offset == offset and done.turns == 3
+        # read from the middle, as the panel does when it tails
+        tail, end = second.read_events(attempts[0], offset=_line_start(attempts[0]))
+        assert len(tail) == len(events) - 1 and end == offset
+        assert isinstance(tail[-1], stream.Result)
+
+
+def _line_start(attempt: Any) -> int:
+    data = (Path(attempt.dir) / EVENTS_FILE).read_bytes()
+    return data.index(b"\n") + 1
+
+
+def test_dead_runner_without_exit_record_is_marked_crashed(
+        git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
+    first = make_fleet(endpoint, claude_bin)
+    (task,) = first.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
+    try:
+        drive(first, lambda: len(sleepers()) == 2, timeout=30)
+        attempt = first.attempts(task.id)[0]
+        del first
+        # the machine "lost" the runner: kill its tree the hard way, no exit record
+        procs.signal_tree(attempt.runner_pid or 0, signal.SIGKILL)
+        assert procs.wait_gone([attempt.runner_pid or 0], 5)
+        second = make_fleet(endpoint, claude_bin)
+        drive(second, settled(second, task.id))
+        done = second.get_task(task.id)
+        assert done.state == TaskState.FAILED and done.verdict == "crashed"
+        assert "without an exit record" in (done.message or "")
+    finally:
+        for pid in sleepers():
+            procs.signal_pid(pid, signal.SIGKILL)
+
+
+def test_two_engines_on_one_store_never_exceed_the_cap(git_repo: Path, claude_bin: str,
+                                                        endpoint: ScriptedEndpoint) -> None:
+    db = paths.db_path()
+    engines = [make_fleet(endpoint, claude_bin, db=db, max_workers=2) for _ in range(2)]
+    tasks = engines[0].submit(TaskSpec(prompt="[script:slow] go", repo=git_repo), copies=4)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop(fleet: Fleet) -> None:
+        try:
+            fleet.run(stop, interval=TICK)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(e,)) for e in engines]
+    for th in threads:
+        th.start()
+    watcher = Store(db)
+    peak = 0
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            running = watcher.count_tasks(ACTIVE_STATES)
+            peak = max(peak, running)
+            assert running <= 2
+            if all(watcher.get_task(t.id).state == TaskState.SUCCEEDED for t in tasks):
+                break
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=10)
+    assert not errors
+    assert peak == 2
+    for t in tasks:
+        assert watcher.get_task(t.id).state == TaskState.SUCCEEDED
+        assert len(watcher.list_attempts(t.id)) == 1  # nothing ran twice
+    owners = {watcher.get_task(t.id).claimed_by for t in tasks}
+    assert owners <= {e.owner for e in engines}
+    assert all(e.last_error is None for e in engines)
+
+
+# --- merge, discard ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def finished(git_repo: Path, claude_bin: str,
+             endpoint: ScriptedEndpoint) -> tuple[Fleet, Task]:
+    fleet = make_fleet(endpoint, claude_bin)
+    task = run_one(fleet, git_repo, "write a.txt", title="Add a.txt")
+    assert task.state == TaskState.SUCCEEDED, task.message
+    return fleet, task
+
+
+def test_diff_and_clean_merge(finished: tuple[Fleet, Task], git_repo: Path) -> None:
+    fleet, task = finished
+    diff = fleet.diff(task.id)
+    assert [(f.path, f.status, f.added) for f in diff.files] == [("a.txt", "untracked", 1)]
+    assert fleet.conflict_preview(task.id).clean
+    config_dir = paths.task_config_dir(task.id)
+    assert config_dir.is_dir() and (config_dir.stat().st_mode & 0o777) == 0o700
+    result = fleet.merge(task.id)
+    assert result.merged, result.message
+    assert (git_repo / "a.txt").read_text() == "worker\n"
+    log = subprocess.run(["git", "log", "-2", "--format=%B"], cwd=git_repo, text=True,
+                         capture_output=True).stdout
+    assert "Add a.txt" in log and f"Fleet-Task: {task.id}" in log
+    assert f"Fleet-Session: {task.session_id}" in log
+    merged = fleet.get_task(task.id)
+    assert merged.state == TaskState.MERGED
+    assert not config_dir.exists()
+    with pytest.raises(FleetError, match="merged"):
+        fleet.merge(task.id)
+
+
+def test_merge_conflict_leaves_main_checkout_byte_identical(
+        finished: tuple[Fleet, Task], git_repo: Path) -> None:
+    fleet, task = finished
+    (git_repo / "a.txt").write_text("main's own a.txt\n")
+    subprocess.run(["git", "add", "a.txt"], cwd=git_repo, check=True)
+    subprocess.run(["git", "commit", "-qm", "main a.txt"], cwd=git_repo, check=True)
+    before = snapshot(git_repo)
+    preview = fleet.conflict_preview(task.id)
+    assert not preview.clean and "a.txt" in preview.conflicts
+    result = fleet.merge(task.id)
+    assert not result.merged and "a.txt" in result.message
+    assert snapshot(git_repo) == before
+    assert fleet.get_task(task.id).state == TaskState.SUCCEEDED  # still there to fix
+
+
+def test_merge_refused_on_dirty_checkout_and_failing_tests(
+        finished: tuple[Fleet, Task], git_repo: Path) -> None:
+    fleet, task = finished
+    (git_repo / "README.md").write_text("# edited by hand\n")
+    before = snapshot(git_repo)
+    result = fleet.merge(task.id)
+    assert not result.merged and "uncommitted" in result.message
+    assert snapshot(git_repo) == before
+    subprocess.run(["git", "checkout", "README.md"], cwd=git_repo, check=True)
+    before = snapshot(git_repo)
+    result = fleet.merge(task.id, test_command="test -f b.txt || { echo missing b; exit 3; }")
+    assert not result.merged and "test command failed" in result.message
+    assert "missing b" in (result.test_output or "")
+    assert snapshot(git_repo) == before
+    assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+    assert fleet.merge(task.id, test_command="test -f a.txt").merged
+
+
+def test_discard_removes_worktree_branch_and_config(finished: tuple[Fleet, Task],
+                                                    git_repo: Path) -> None:
+    fleet, task = finished
+    worktree = Path(task.worktree or "")
+    fleet.discard(task.id)
+    assert not worktree.exists()
+    assert not paths.task_config_dir(task.id).exists()
+    branches = subprocess.run(["git", "branch", "--list", task.branch], cwd=git_repo,
+                              text=True, capture_output=True).stdout
+    assert branches.strip() == ""
+    assert fleet.get_task(task.id).state == TaskState.DISCARDED
+    with pytest.raises(FleetError):
+        fleet.diff(task.id)
+
+
+# --- retry, resume, follow-up -----------------------------------------------------------------
+
+
+def test_retry_fresh_resets_the_worktree(finished: tuple[Fleet, Task],
+                                         endpoint: ScriptedEndpoint) -> None:
+    fleet, task = finished
+    worktree = Path(task.worktree or "")
+    (worktree / "junk.txt").write_text("left over\n")
+    queued = fleet.retry(task.id)
+    assert queued.state == TaskState.QUEUED
+    assert not (worktree / "junk.txt").exists() and not (worktree / "a.txt").exists()
+    drive(fleet, settled(fleet, task.id))
+    done = fleet.get_task(task.id)
+    assert done.state == TaskState.SUCCEEDED
+    attempts = fleet.attempts(task.id)
+    assert [a.kind for a in attempts] == ["fresh", "fresh"]
+    assert attempts[0].session_id != attempts[1].session_id
+    assert [r.turn for r in endpoint.requests] == [0, 1, 0, 1]
+
+
+def test_resume_and_follow_up_continue_the_session(git_repo: Path, claude_bin: str,
+                                                   endpoint: ScriptedEndpoint) -> None:
+    fleet = make_fleet(endpoint, claude_bin)
+    task = run_one(fleet, git_repo, "[script:chat] talk to me")
+    assert task.state == TaskState.SUCCEEDED
+    session = task.session_id
+    assert session
+    with pytest.raises(FleetError, match="empty"):
+        fleet.follow_up(task.id, "  ")
+    fleet.follow_up(task.id, "and then?")
+    drive(fleet, settled(fleet, task.id))
+    fleet.retry(task.id, resume=True)
+    drive(fleet, settled(fleet, task.id))
+    done = fleet.get_task(task.id)
+    assert done.state == TaskState.SUCCEEDED and done.session_id == session
+    attempts = fleet.attempts(task.id)
+    assert [a.kind for a in attempts] == ["fresh", "followup", "resume"]
+    assert all(a.session_id == session for a in attempts)
+    # the endpoint saw the earlier turns each time: turn = assistant messages so far
+    assert [r.turn for r in endpoint.requests] == [0, 1, 2]
+    assert all(r.script == "chat" for r in endpoint.requests)
+    last, _ = fleet.read_events(attempts[-1])
+    results = [e for e in last if isinstance(e, stream.Result)]
+    assert results and results[-1].result == "third answer"
+
+
+def test_retry_refused_while_running_and_no_key_leak(git_repo: Path, claude_bin: str,
+                                                     endpoint: ScriptedEndpoint) -> None:
+    fleet = make_fleet(endpoint, claude_bin)
+    (task,) = fleet.submit(TaskSpec(prompt="[script:slow] go", repo=git_repo))
+    drive(fleet, lambda: fleet.get_task(task.id).state == TaskState.RUNNING)
+    with pytest.raises(FleetError, match="kill it"):
+        fleet.retry(task.id)
+    with pytest.raises(FleetError, match="kill it"):
+        fleet.merge(task.id)
+    drive(fleet, settled(fleet, task.id))
+    # the key lives only in claude's environment: not in the store, logs or spec
+    assert KEY.encode() not in paths.db_path().read_bytes()
+    for path in (git_repo / ".fleet-work" / ".logs").rglob("*"):
+        if path.is_file():
+            assert KEY.encode() not in path.read_bytes(), path
