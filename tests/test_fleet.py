@@ -319,7 +319,8 @@ def test_adoption_after_the_engine_is_rebuilt(git_repo: Path, claude_bin: str) -
     with ScriptedEndpoint(SCRIPTS, event_delay=0.05) as ep:
         first = make_fleet(ep, claude_bin)
         (task,) = first.submit(TaskSpec(prompt="[script:three] go", repo=git_repo))
-        drive(first, lambda: first.get_task(task.id).turns >= 1)
+        store = first.store
+        drive(first, lambda: store.get_task(task.id).turns >= 1)
         runner_pid = first.attempts(task.id)[0].runner_pid
         first.store.close()
         del first  # the panel closed mid-run; the runner goes on by itself
@@ -353,6 +354,7 @@ def test_dead_runner_without_exit_record_is_marked_crashed(
     try:
         drive(first, lambda: len(sleepers()) == 2, timeout=30)
         attempt = first.attempts(task.id)[0]
+        first.store.close()
         del first
         # the machine "lost" the runner: kill its tree the hard way, no exit record
         procs.signal_tree(attempt.runner_pid or 0, signal.SIGKILL)
