@@ -1,0 +1,266 @@
+"""fleet-doctor: each check, the --json shape, -q, and --live against 127.0.0.1."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import standin_claude
+
+from fleet_tui.commands import doctor
+from fleet_tui.endpoint import ScriptedEndpoint
+
+DOCTOR_SCRIPT = Path(sys.executable).parent / "fleet-doctor"
+TIMEOUT = 60
+
+
+def run_doctor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [str(DOCTOR_SCRIPT), *args] if DOCTOR_SCRIPT.exists() else [
+        sys.executable, "-c",
+        "import sys; from fleet_tui.cli import doctor_main; sys.exit(doctor_main())", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd,
+                          stdin=subprocess.DEVNULL)
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def by_check(report: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {row["check"]: row for row in report["data"]}
+
+
+@pytest.fixture
+def key(monkeypatch: pytest.MonkeyPatch) -> str:
+    value = "sk-doctor-" + secrets.token_hex(20)
+    monkeypatch.setenv("ZHIPU_API_KEY", value)
+    return value
+
+
+@pytest.fixture
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, git_repo: Path) -> Path:
+    """Stand-in claude, a private config dir, and a repository with .fleet-work ignored."""
+    monkeypatch.setenv("FLEET_WORKER_CLAUDE", str(standin_claude.install(tmp_path / "bin")))
+    monkeypatch.setenv("FLEET_WORKER_CONFIG_DIR", str(tmp_path / "cfg"))
+    exclude = git_repo / ".git" / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    exclude.write_text(".fleet-work/\n")
+    return git_repo
+
+
+def test_json_reports_every_check(setup: Path, key: str) -> None:
+    result = run_doctor("--json", cwd=setup)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = as_json(result)
+    checks = by_check(report)
+    assert list(checks) == ["settings", "claude", "key", "config_dir", "root", "host_login",
+                            "git", "fleet_work_ignored"]
+    assert all(set(row) == {"check", "status", "detail"} for row in report["data"])
+    assert all(row["status"] == "ok" for row in report["data"]), report
+    assert checks["key"]["detail"] == "found in ZHIPU_API_KEY"
+    assert standin_claude.STANDIN_VERSION in checks["claude"]["detail"]
+    assert "will be created" in checks["config_dir"]["detail"]
+    assert report["meta"]["exit_code"] == 0 and report["meta"]["live"] is False
+    assert report["meta"]["claude_version"] == "0.0.0-standin"
+    assert key not in result.stdout + result.stderr
+
+
+def test_human_output_and_quiet(setup: Path, key: str, tmp_path: Path) -> None:
+    full = run_doctor(cwd=setup)
+    assert full.returncode == 0
+    assert [line.split()[1] for line in full.stdout.splitlines()][:3] == [
+        "settings", "claude", "key"]
+    assert run_doctor("-q", cwd=setup).stdout == ""  # nothing wrong, nothing printed
+    (tmp_path / "cfg").mkdir(mode=0o755)
+    (tmp_path / "cfg").chmod(0o755)
+    quiet = run_doctor("-q", cwd=setup)
+    assert quiet.returncode == 0  # a warning is not a failure
+    assert quiet.stdout.splitlines() == [line for line in quiet.stdout.splitlines()
+                                         if line.startswith("warn")]
+    assert "mode 0755" in quiet.stdout and "chmod 700" in quiet.stdout
+
+
+def test_real_claude_version_is_reported(setup: Path, key: str, claude_bin: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet_tui import CLAUDE_CODE_VERSION
+
+    monkeypatch.setenv("FLEET_WORKER_CLAUDE", claude_bin)
+    report = as_json(run_doctor("--json", cwd=setup))
+    assert report["meta"]["claude_version"] == CLAUDE_CODE_VERSION
+    assert by_check(report)["claude"]["detail"].startswith(f"{CLAUDE_CODE_VERSION} (Claude Code)")
+
+
+def test_missing_claude_or_key_exit_5(setup: Path, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    result = run_doctor("--json", cwd=setup)  # no key anywhere
+    assert result.returncode == 5
+    detail = by_check(as_json(result))["key"]["detail"]
+    assert "ANTHROPIC_AUTH_TOKEN: not set" in detail and "fleet-tui key set" in detail
+    monkeypatch.setenv("GLM_API_KEY", "g-123456789")
+    monkeypatch.setenv("FLEET_WORKER_CLAUDE", str(tmp_path / "nowhere" / "claude"))
+    result = run_doctor("--json", cwd=setup)
+    assert result.returncode == 5
+    assert by_check(as_json(result))["claude"]["status"] == "fail"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root check needs root")
+def test_root_with_bypass_and_no_opt_in_fails(setup: Path, key: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEET_WORKER_SANDBOX", raising=False)
+    result = run_doctor("--json", cwd=setup)
+    assert result.returncode == 2
+    assert "FLEET_WORKER_SANDBOX=1" in by_check(as_json(result))["root"]["detail"]
+
+
+def test_host_login_trap_is_advice(setup: Path, key: str) -> None:
+    home = Path(os.environ["HOME"])
+    (home / ".claude.json").write_text(json.dumps({"oauthAccount": {"emailAddress": "x@y"}}))
+    (home / ".claude").mkdir()
+    (home / ".claude" / "settings.json").write_text(json.dumps({"forceLoginMethod": "claudeai"}))
+    result = run_doctor("--json", "-q", cwd=setup)
+    assert result.returncode == 0
+    rows = as_json(result)["data"]
+    assert [r["check"] for r in rows] == ["host_login"] and rows[0]["status"] == "warn"
+    assert "oauthAccount" in rows[0]["detail"] and "forceLoginMethod" in rows[0]["detail"]
+
+
+def test_fleet_work_not_ignored_is_flagged(setup: Path, key: str) -> None:
+    (setup / ".git" / "info" / "exclude").write_text("")
+    row = by_check(as_json(run_doctor("--json", cwd=setup)))["fleet_work_ignored"]
+    assert row["status"] == "warn" and ".git/info/exclude" in row["detail"]
+
+
+def test_bad_settings_and_corrupt_settings_json_exit_2(setup: Path, key: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cfg").mkdir(mode=0o700)
+    (tmp_path / "cfg" / "settings.json").write_text("{nope")
+    result = run_doctor("--json", cwd=setup)
+    assert result.returncode == 2
+    assert "settings.json" in by_check(as_json(result))["config_dir"]["detail"]
+    monkeypatch.setenv("FLEET_WORKER_MAX_WORKERS", "lots")
+    result = run_doctor("--json", cwd=setup)
+    checks = by_check(as_json(result))
+    assert result.returncode == 2 and checks["settings"]["status"] == "fail"
+    assert "FLEET_WORKER_MAX_WORKERS" in checks["settings"]["detail"]
+    assert checks["claude"]["status"] == "skip"
+
+
+def test_help_documents_the_exit_codes(tmp_path: Path) -> None:
+    result = run_doctor("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for text in ("--live", "--json", "-q", "401/403", "429", "529", "404", "unavailable"):
+        assert text in result.stdout
+
+
+# -- --live -------------------------------------------------------------------------------
+
+@pytest.fixture
+def endpoint() -> Iterator[ScriptedEndpoint]:
+    with ScriptedEndpoint(["pong"]) as ep:
+        yield ep
+
+
+@pytest.mark.parametrize(("fault", "status", "code"), [
+    (None, "ok", 0), (401, "fail", 6), (403, "fail", 6), (429, "fail", 8),
+    (529, "fail", 9), (500, "fail", 7)])
+def test_live_probe_maps_http_status_to_exit_code(
+        setup: Path, key: str, endpoint: ScriptedEndpoint, monkeypatch: pytest.MonkeyPatch,
+        fault: int | None, status: str, code: int) -> None:
+    monkeypatch.setenv("FLEET_WORKER_BASE_URL", endpoint.url)
+    if fault is not None:
+        endpoint.set_faults([fault])
+    result = run_doctor("--live", "--json", cwd=setup)
+    assert result.returncode == code, result.stdout
+    row = by_check(as_json(result))["live"]
+    assert row["status"] == status
+    assert "Authorization: Bearer" in row["detail"]
+    if fault is not None:
+        assert f"HTTP {fault}" in row["detail"]
+    [request] = endpoint.requests
+    assert request.path == "/v1/messages" and request.auth_kind == "bearer"
+    assert request.auth_sha256 == hashlib.sha256(key.encode()).hexdigest()
+    assert request.prompt == "ping" and request.model == "GLM-5.2"
+    assert key not in result.stdout + result.stderr
+
+
+def test_live_probe_drift_and_unavailable(setup: Path, key: str, endpoint: ScriptedEndpoint,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_WORKER_BASE_URL", endpoint.url + "/api/anthropic")
+    drift = run_doctor("--live", cwd=setup)
+    assert drift.returncode == 10 and "drifted" in drift.stdout
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("FLEET_WORKER_BASE_URL", f"http://127.0.0.1:{port}")
+    down = run_doctor("--live", "-q", cwd=setup)
+    assert down.returncode == 7 and "unavailable" in down.stdout
+    assert key not in drift.stdout + down.stdout
+
+
+def test_live_probe_keeps_the_key_out_of_any_argv(setup: Path, key: str,
+                                                  endpoint: ScriptedEndpoint,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Original defect 4: the key went into curl's arguments, visible to `ps`."""
+    monkeypatch.setenv("FLEET_WORKER_BASE_URL", endpoint.url)
+    started: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def recording_popen(args: Any, *rest: Any, **kwargs: Any) -> Any:
+        started.append([str(a) for a in args])
+        return real_popen(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", recording_popen)
+    monkeypatch.chdir(setup)
+    assert doctor.main(["--live", "--json"]) == 0
+    out = capsys.readouterr()
+    assert started, "expected claude --version and git to run"
+    assert all(key not in arg for argv in started for arg in argv)
+    assert key not in out.out + out.err
+    assert len(endpoint.requests) == 1  # the probe was made in-process
+
+
+class _Redirector(http.server.BaseHTTPRequestHandler):
+    target = ""
+
+    def do_POST(self) -> None:
+        self.send_response(307)
+        self.send_header("Location", self.target)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_live_probe_does_not_follow_redirects_with_the_key(setup: Path, key: str,
+                                                           endpoint: ScriptedEndpoint,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    handler = type("Redirect", (_Redirector,), {"target": endpoint.url + "/v1/messages"})
+    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("FLEET_WORKER_BASE_URL", f"http://127.0.0.1:{server.server_port}")
+        result = run_doctor("--live", "--json", cwd=setup)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    assert result.returncode == 7
+    assert "HTTP 307" in by_check(as_json(result))["live"]["detail"]
+    assert endpoint.requests == []  # the key was not carried to the redirect target
