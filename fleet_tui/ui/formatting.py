@@ -53,8 +53,16 @@ class StreamFormatter:
     of every Task/Agent call, so a sub-agent's calls are indented under their parent.
     """
 
+    cwd: str | None = None
     tool_names: dict[str, str] = field(default_factory=dict)
     depth_of: dict[str, int] = field(default_factory=dict)
+    last_text: str = ""
+
+    def _relative(self, text: str) -> str:
+        """Paths inside the worktree shown relative to it (they are long and all alike)."""
+        if self.cwd:
+            text = text.replace(self.cwd.rstrip("/") + "/", "")
+        return text
 
     def _depth(self, event: stream.Event) -> int:
         parent = event.parent_tool_use_id
@@ -81,12 +89,12 @@ class StreamFormatter:
             if event.name in ("Task", "Agent"):
                 self.depth_of[event.id] = depth
             icon = TOOL_ICONS.get(event.name, DEFAULT_ICON)
-            summary = clean(event.summary or event.name)
+            summary = clean(self._relative(event.summary or event.name))
             name, _, rest = summary.partition(" ")
             add("tool", ("icon", f"{icon} "), ("tool", name),
                 ("", f" {rest}" if rest else ""))
         elif isinstance(event, stream.ToolResult):
-            first = clean(event.first_line or "")
+            first = clean(self._relative(event.first_line or ""))
             if event.is_error:
                 add("result", ("error", "  └ ✗ "), ("error", first or "(error)"))
             else:
@@ -95,6 +103,7 @@ class StreamFormatter:
             first = (event.text.strip().splitlines() or [event.error or "API error"])[0]
             add("error", ("error", "✗ API error: "), ("error", clean(first)))
         elif isinstance(event, stream.Text):
+            self.last_text = event.text.strip()
             lines = event.text.splitlines() or [""]
             for i, line in enumerate(lines[:MAX_TEXT_LINES]):
                 add("text", ("say", "▌ " if i == 0 else "  "), ("", clean(line)))
@@ -120,10 +129,15 @@ class StreamFormatter:
                 add("error", ("error", head), ("error", f": {text}" if text else ""))
             else:
                 add("done", ("ok", f"■ done in {turns} turns"))
-                for line in (str(event.result or "").splitlines())[:MAX_TEXT_LINES]:
-                    add("text", ("say", "  "), ("", clean(line)))
+                final = str(event.result or "").strip()
+                if final and final != self.last_text:  # usually the last message again
+                    for line in final.splitlines()[:MAX_TEXT_LINES]:
+                        add("text", ("say", "  "), ("", clean(line)))
         elif isinstance(event, stream.Init):
-            add("info", ("dim", "● session started"))
+            if event.cwd and not self.cwd:
+                self.cwd = event.cwd
+            detail = f" · model {event.model}" if event.model else ""
+            add("info", ("dim", f"● session started{detail}"))
         elif isinstance(event, stream.RateLimit):
             add("retry", ("warn", "⚠ rate limit notice"))
         elif isinstance(event, stream.Malformed):

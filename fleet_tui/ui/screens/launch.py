@@ -22,6 +22,7 @@ from textual.widgets import Button, Input, Label, Select, TextArea
 from fleet_tui import paths
 from fleet_tui.config import PERMISSION_MODES
 from fleet_tui.store import TaskSpec
+from fleet_tui.ui.screens.modals import keyed
 
 EFFORTS = ("low", "medium", "high", "max")
 FORM_FILE = "launch-form.json"
@@ -170,8 +171,8 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
                         yield Input(v.copies or "1", id="copies")
                         yield Label("", id="copies-error", classes="field-error")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Launch [ctrl+s]", id="launch", variant="primary")
-                yield Button("Cancel [esc]", id="cancel")
+                yield Button(keyed("Launch", "ctrl+s"), id="launch", variant="primary")
+                yield Button(keyed("Cancel", "esc"), id="cancel")
 
     def on_mount(self) -> None:
         self.query_one("#prompt", TextArea).focus()

@@ -321,7 +321,9 @@ class MainScreen(Screen[None]):
         """Read one attempt's events from its file, from the start, and keep following
         it while it runs. One message per batch, so a fast stream costs few messages."""
         worker = get_current_worker()
-        formatter = StreamFormatter()
+        task = self.fleet.get_task(task_id)
+        cwd = str(task.worktree) if task.worktree else None
+        formatter = StreamFormatter(cwd=cwd)
         attempt: Attempt | None = None
         offset = 0
         last_check = 0.0
@@ -340,7 +342,7 @@ class MainScreen(Screen[None]):
                     continue
                 if attempt is None or current.n != attempt.n:
                     offset = 0
-                    formatter = StreamFormatter()
+                    formatter = StreamFormatter(cwd=cwd)
                     self.post_message(StreamBatch(generation, [], current, len(attempts)))
                 attempt = current
             if raw:

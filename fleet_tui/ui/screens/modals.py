@@ -18,6 +18,11 @@ from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
 
+def keyed(label: str, key: str) -> Text:
+    """A button label that names its key ("Merge  y"), as Text so nothing is markup."""
+    return Text.assemble(label, "  ", (key, "bold"))
+
+
 class ConfirmScreen(ModalScreen[bool]):
     """A yes/no question about a destructive action."""
 
@@ -41,9 +46,9 @@ class ConfirmScreen(ModalScreen[bool]):
             body = self._body if isinstance(self._body, Text) else Text(self._body)
             yield Static(body, classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
-                yield Button(f"{self._yes} [y]", id="yes",
+                yield Button(keyed(self._yes, "y"), id="yes",
                              variant="error" if self._danger else "primary")
-                yield Button("No [n]", id="no")
+                yield Button(keyed("No", "n"), id="no")
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
@@ -74,9 +79,9 @@ class ChoiceScreen(ModalScreen[str | None]):
             yield Static(Text(self._body), classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
                 for i, (key, value, label) in enumerate(self._choices):
-                    yield Button(f"{label} [{key}]", id=f"choice-{value}",
+                    yield Button(keyed(label, key), id=f"choice-{value}",
                                  variant="primary" if i == 0 else "default")
-                yield Button("Cancel [esc]", id="choice-cancel")
+                yield Button(keyed("Cancel", "esc"), id="choice-cancel")
 
     def on_mount(self) -> None:
         self.query(Button).first().focus()
@@ -120,8 +125,8 @@ class PromptScreen(ModalScreen[str | None]):
             yield TextArea(id="prompt-text", soft_wrap=True, show_line_numbers=False)
             yield Label("", id="prompt-error", classes="field-error")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Send [ctrl+s]", id="send", variant="primary")
-                yield Button("Cancel [esc]", id="cancel")
+                yield Button(keyed("Send", "ctrl+s"), id="send", variant="primary")
+                yield Button(keyed("Cancel", "esc"), id="cancel")
 
     def on_mount(self) -> None:
         self.query_one(TextArea).focus()
@@ -166,7 +171,7 @@ class MessageScreen(ModalScreen[None]):
             with VerticalScroll(classes="dialog-scroll"):
                 yield Static(Text(self._body), classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("OK [enter]", id="ok", variant="primary")
+                yield Button(keyed("OK", "enter"), id="ok", variant="primary")
 
     def on_mount(self) -> None:
         self.query_one("#ok", Button).focus()
@@ -235,9 +240,9 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
                 yield Label("Commit message", classes="field-label")
                 yield Input(value=self._items[0].title, id="merge-message")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Merge [y]", id="yes", variant="success",
+                yield Button(keyed("Merge", "y"), id="yes", variant="success",
                              disabled=not all(i.clean for i in self._items))
-                yield Button("No [n]", id="no")
+                yield Button(keyed("No", "n"), id="no")
 
     def _preview(self, item: MergeItem) -> Text:
         text = Text()
@@ -256,8 +261,9 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
         return text
 
     def on_mount(self) -> None:
-        if len(self._items) != 1:
-            self.query_one("#no", Button).focus()
+        # Focus a button, not the message box, so y / n answer at once.
+        button = self.query_one("#yes", Button)
+        (self.query_one("#no", Button) if button.disabled else button).focus()
 
     def action_merge(self) -> None:
         if not all(i.clean for i in self._items):

@@ -1,0 +1,330 @@
+"""`fleet-tui --demo`: a real fleet against a scripted local endpoint, no API key needed.
+
+It builds a scratch git repository with a small project, starts the scripted endpoint on
+127.0.0.1 (fleet_tui.endpoint), points the workers at it with a dummy key, submits a few
+tasks whose scripts do visible work at human speed (edits that make real diffs, a 529
+the CLI retries through, two tasks that change the same lines), and opens the panel.
+The workers are the real `claude` binary; only the model behind the endpoint is scripted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet_tui import CLAUDE_CODE_VERSION, paths
+
+DEMO_KEY = "demo-key"  # the scripted endpoint accepts any key; this one is not a secret
+EVENT_DELAY = 0.2  # seconds between SSE events: tool calls arrive at reading speed
+
+# --- the scratch project -----------------------------------------------------------------
+
+PROJECT_FILES: dict[str, str] = {
+    "README.md": "# inventory\n\nA tiny stock-keeping library used by the fleet-tui demo.\n",
+    "inventory.py": (
+        '"""Stock keeping for a small shop."""\n'
+        "\n"
+        "\n"
+        "def add_item(stock, name, count):\n"
+        '    """Add count units of name to stock."""\n'
+        "    stock[name] = stock.get(name, 0) + count\n"
+        "    return stock\n"
+        "\n"
+        "\n"
+        "def remove_item(stock, name, count):\n"
+        '    """Take count units of name out of stock."""\n'
+        "    stock[name] = stock.get(name, 0) - count\n"
+        "    return stock\n"
+    ),
+    "greeting.py": (
+        '"""What the shop says at the door."""\n'
+        "\n"
+        'GREETING = "Welcome!"\n'
+        "\n"
+        "\n"
+        "def greet(name):\n"
+        '    return f"{GREETING} {name}"\n'
+    ),
+    "test_inventory.py": (
+        "import unittest\n"
+        "\n"
+        "from inventory import add_item, remove_item\n"
+        "\n"
+        "\n"
+        "class InventoryTest(unittest.TestCase):\n"
+        "    def test_add(self):\n"
+        '        self.assertEqual(add_item({}, "pen", 2), {"pen": 2})\n'
+        "\n"
+        "    def test_remove(self):\n"
+        '        self.assertEqual(remove_item({"pen": 3}, "pen", 1), {"pen": 2})\n'
+        "\n"
+        "\n"
+        'if __name__ == "__main__":\n'
+        "    unittest.main()\n"
+    ),
+}
+
+_REMOVE_OLD = (
+    "    stock[name] = stock.get(name, 0) - count\n"
+    "    return stock\n"
+)
+_REMOVE_NEW = (
+    "    have = stock.get(name, 0)\n"
+    "    if count > have:\n"
+    '        raise ValueError(f"only {have} {name} in stock, cannot remove {count}")\n'
+    "    stock[name] = have - count\n"
+    "    return stock\n"
+)
+_TEST_NEW = (
+    "import unittest\n"
+    "\n"
+    "from inventory import add_item, remove_item\n"
+    "\n"
+    "\n"
+    "class InventoryTest(unittest.TestCase):\n"
+    "    def test_add(self):\n"
+    '        self.assertEqual(add_item({}, "pen", 2), {"pen": 2})\n'
+    "\n"
+    "    def test_remove(self):\n"
+    '        self.assertEqual(remove_item({"pen": 3}, "pen", 1), {"pen": 2})\n'
+    "\n"
+    "    def test_remove_too_many(self):\n"
+    "        with self.assertRaises(ValueError):\n"
+    '            remove_item({"pen": 1}, "pen", 5)\n'
+    "\n"
+    "\n"
+    'if __name__ == "__main__":\n'
+    "    unittest.main()\n"
+)
+_README_USAGE = (
+    "# inventory\n\nA tiny stock-keeping library used by the fleet-tui demo.\n\n"
+    "## Usage\n\n"
+    "```python\n"
+    "from inventory import add_item, remove_item\n\n"
+    "stock = add_item({}, \"pen\", 10)\n"
+    "remove_item(stock, \"pen\", 3)   # {'pen': 7}\n"
+    "```\n\n"
+    "Run the tests with `python3 -m unittest -q`.\n"
+)
+
+
+def _tool(name: str, **inputs: Any) -> dict[str, Any]:
+    return {"type": "tool_use", "name": name, "input": inputs}
+
+
+def _say(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def demo_scripts() -> dict[str, Any]:
+    """The scripts the endpoint plays; a task picks one with `[script:NAME]`."""
+    return {
+        # Launched from the form without a marker: a short, visible change.
+        "default": {"turns": [
+            [_say("I'll look at the project first."), _tool("Glob", pattern="*.py")],
+            [_tool("Read", file_path="{cwd}/README.md")],
+            [_say("Adding a changelog with this change."),
+             _tool("Write", file_path="{cwd}/CHANGELOG.md",
+                   content="# Changelog\n\n- Started a changelog (written by a fleet "
+                           "worker).\n")],
+            [_tool("Bash", command="git status --short", description="show the change")],
+            "Done: CHANGELOG.md created. Review the diff and merge it when it looks right.",
+        ]},
+        "validate": {"turns": [
+            [_say("Let me read the inventory module."),
+             _tool("Read", file_path="{cwd}/inventory.py")],
+            [_tool("Bash", command="grep -n remove_item *.py", description="find callers")],
+            [_say("remove_item lets stock go negative. I'll refuse to remove more than "
+                  "there is."),
+             _tool("Edit", file_path="{cwd}/inventory.py", old_string=_REMOVE_OLD,
+                   new_string=_REMOVE_NEW)],
+            [_tool("Read", file_path="{cwd}/test_inventory.py")],
+            [_tool("Write", file_path="{cwd}/test_inventory.py", content=_TEST_NEW)],
+            [_tool("Bash", command="python3 -m unittest -q 2>&1 | tail -3",
+                   description="run the tests")],
+            "remove_item now raises ValueError instead of going negative; a test covers "
+            "it and the suite passes.",
+        ]},
+        # The endpoint answers 529 twice; the CLI retries by itself and recovers.
+        "docs": {"faults": [{"status": 529, "times": 2}], "turns": [
+            [_tool("Read", file_path="{cwd}/README.md")],
+            [_tool("Read", file_path="{cwd}/inventory.py")],
+            [_say("Writing a usage section."),
+             _tool("Write", file_path="{cwd}/README.md", content=_README_USAGE)],
+            [_tool("Bash", command="head -5 README.md", description="check the result")],
+            "README.md now has a usage example.",
+        ]},
+        # These two change the same line: merge one, the other shows a conflict.
+        "greet-formal": {"turns": [
+            [_tool("Read", file_path="{cwd}/greeting.py")],
+            [_tool("Edit", file_path="{cwd}/greeting.py",
+                   old_string='GREETING = "Welcome!"',
+                   new_string='GREETING = "Good day, and welcome to our shop."')],
+            [_tool("Bash", command="python3 -c 'import greeting; print(greeting.greet(\"Ada\"))'",
+                   description="try it")],
+            "The greeting is more formal now.",
+        ]},
+        "greet-casual": {"turns": [
+            [_tool("Read", file_path="{cwd}/greeting.py")],
+            [_tool("Edit", file_path="{cwd}/greeting.py",
+                   old_string='GREETING = "Welcome!"',
+                   new_string='GREETING = "Hey there, come on in!"')],
+            [_tool("Bash", command="python3 -c 'import greeting; print(greeting.greet(\"Bo\"))'",
+                   description="try it")],
+            "The greeting is more casual now.",
+        ]},
+    }
+
+
+DEMO_TASKS: list[tuple[str, str]] = [
+    ("Refuse to remove more stock than there is",
+     "[script:validate] remove_item lets the stock go negative. Make it raise a ValueError "
+     "instead, and add a test."),
+    ("Document how to use the library",
+     "[script:docs] Add a usage section to README.md."),
+    ("Make the greeting formal",
+     "[script:greet-formal] Make the shop's greeting more formal."),
+    ("Make the greeting casual",
+     "[script:greet-casual] Make the shop's greeting more casual."),
+]
+
+
+def create_project(repo: Path) -> Path:
+    """A fresh git repository on branch main with the demo project committed."""
+    repo.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "fleet-tui demo",
+           "GIT_AUTHOR_EMAIL": "demo@fleet-tui.invalid",
+           "GIT_COMMITTER_NAME": "fleet-tui demo",
+           "GIT_COMMITTER_EMAIL": "demo@fleet-tui.invalid"}
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True)
+
+    git("init", "-q", "-b", "main")
+    git("config", "user.name", "fleet-tui demo")
+    git("config", "user.email", "demo@fleet-tui.invalid")
+    for name, text in PROJECT_FILES.items():
+        (repo / name).write_text(text, encoding="utf-8")
+    git("add", "-A")
+    git("commit", "-q", "-m", "The inventory project")
+    return repo
+
+
+# --- finding or installing claude ----------------------------------------------------------
+
+def find_claude_binary(env: Mapping[str, str] | None = None) -> str | None:
+    """FLEET_WORKER_CLAUDE, then `claude` on PATH, then the CLI the demo installed."""
+    env = os.environ if env is None else env
+    explicit = env.get("FLEET_WORKER_CLAUDE")
+    if explicit:
+        path = shutil.which(explicit, path=env.get("PATH")) if os.sep not in explicit \
+            else explicit
+        return path if path and os.access(path, os.X_OK) else None
+    found = shutil.which("claude", path=env.get("PATH"))
+    if found:
+        return found
+    local = paths.cli_install_dir(env) / "node_modules" / ".bin" / "claude"
+    return str(local) if os.access(local, os.X_OK) else None
+
+
+def install_command(env: Mapping[str, str] | None = None) -> list[str]:
+    return ["npm", "install", "--prefix", str(paths.cli_install_dir(env)), "--no-audit",
+            "--no-fund", f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}"]
+
+
+def ensure_claude(ask: Callable[[str], str] = input, out: Callable[[str], None] = print,
+                  env: Mapping[str, str] | None = None) -> str | None:
+    """The claude binary for the demo; offers to install the pinned CLI when missing."""
+    found = find_claude_binary(env)
+    if found:
+        return found
+    command = install_command(env)
+    out("fleet-tui --demo runs real Claude Code workers, but `claude` was not found "
+        "(not on PATH, not in FLEET_WORKER_CLAUDE, not in "
+        f"{paths.cli_install_dir(env)}).")
+    if shutil.which("npm") is None:
+        out("npm is not installed. Install Node.js (which brings npm), then run:\n  "
+            + " ".join(command) + "\nor set FLEET_WORKER_CLAUDE to a claude binary.")
+        return None
+    try:
+        answer = ask(f"Install Claude Code {CLAUDE_CODE_VERSION} with `{' '.join(command)}`? "
+                     "[y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        out("Not installed. To do it by hand:\n  " + " ".join(command))
+        return None
+    result = subprocess.run(command, check=False)
+    if result.returncode != 0:
+        out(f"npm failed (exit {result.returncode}); run it by hand:\n  " + " ".join(command))
+        return None
+    return find_claude_binary(env)
+
+
+# --- the whole setup -----------------------------------------------------------------------
+
+@dataclass
+class Demo:
+    """A prepared demo: where things are, and the running endpoint to stop at the end."""
+
+    root: Path
+    repo: Path
+    home: Path
+    endpoint: Any  # fleet_tui.endpoint.ScriptedEndpoint
+    env: dict[str, str]
+
+    def stop(self) -> None:
+        self.endpoint.stop()
+
+
+def demo_root(env: Mapping[str, str] | None = None) -> Path:
+    return paths.home(env) / "demo" / time.strftime("%Y%m%d-%H%M%S")
+
+
+def start_demo(claude: str, *, root: Path | None = None, event_delay: float = EVENT_DELAY,
+               environ: dict[str, str] | None = None) -> Demo:
+    """Create the project, start the endpoint, and point this process's environment at
+    them (the engine and its runners read settings and the key from the environment)."""
+    from fleet_tui.endpoint import ScriptedEndpoint
+
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    assert environ is not None
+    root = root or demo_root(environ)
+    repo = create_project(root / "inventory")
+    home = root / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    endpoint = ScriptedEndpoint(demo_scripts(), event_delay=event_delay).start()
+    updates = {
+        "FLEET_TUI_HOME": str(home),
+        "FLEET_WORKER_BASE_URL": endpoint.url,
+        "FLEET_WORKER_CLAUDE": claude,
+        "FLEET_WORKER_KEY_SOURCES": "env",
+        "FLEET_WORKER_MODEL": "demo-main",
+        "FLEET_WORKER_SMALL_MODEL": "demo-small",
+        "FLEET_WORKER_MAX_WORKERS": "4",
+        "ANTHROPIC_AUTH_TOKEN": DEMO_KEY,
+        "CLAUDE_CODE_MAX_RETRIES": "3",
+        "FLEET_WORKER_TEST_COMMAND": "python3 -m unittest -q",
+        "FLEET_TUI_CONFIG": str(root / "config.toml"),  # not the user's config
+    }
+    if os.geteuid() == 0:
+        updates["FLEET_WORKER_SANDBOX"] = "1"
+    environ.update(updates)
+    return Demo(root=root, repo=repo, home=home, endpoint=endpoint, env=updates)
+
+
+def submit_demo_tasks(fleet: Any, repo: Path) -> list[Any]:
+    from fleet_tui.store import TaskSpec
+
+    tasks = []
+    for title, prompt in DEMO_TASKS:
+        tasks.extend(fleet.submit(TaskSpec(prompt=prompt, title=title, repo=repo)))
+    return tasks
+
+
