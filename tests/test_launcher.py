@@ -106,7 +106,8 @@ def test_keyring_without_backend_is_not_found_there(settings: Settings,
     monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
     import keyring.core
 
-    keyring.core.set_keyring(keyring.core.load_env())  # what a fresh process would pick
+    # what a fresh process would pick with that variable
+    keyring.core.set_keyring(keyring.core.load_keyring("keyring.backends.fail.Keyring"))
     try:
         assert resolve_credential(settings, {"GLM_API_KEY": "g"}).value == "g"
         with pytest.raises(NoCredentialError) as info:
@@ -115,7 +116,7 @@ def test_keyring_without_backend_is_not_found_there(settings: Settings,
         assert "Traceback" not in str(info.value)
     finally:
         monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring_standin.FileKeyring")
-        keyring.core.set_keyring(keyring.core.load_env())
+        keyring.core.set_keyring(keyring.core.load_keyring("keyring_standin.FileKeyring"))
 
 
 def test_credential_repr_never_shows_the_value(key: str) -> None:
@@ -343,7 +344,7 @@ def test_key_never_in_argv_describe_repr_or_errors(settings: Settings, key: str,
     errors: list[LaunchError] = []
     for kwargs in ({"cwd": tmp_path / "missing"}, {"permission_mode": "bad"}):
         try:
-            plan_launch(settings, base_env=base, **kwargs)  # type: ignore[arg-type]
+            plan_launch(settings, base_env=base, **kwargs)
         except LaunchError as exc:
             errors.append(exc)
     (tmp_path / "cfg" / "settings.json").write_text("{not json")
