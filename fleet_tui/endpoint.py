@@ -755,6 +755,7 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     block_on_close = False
+    request_queue_size = 64  # a fleet of workers may connect at the same moment
 
     def __init__(self, address: tuple[str, int], endpoint: ScriptedEndpoint) -> None:
         self.endpoint = endpoint
