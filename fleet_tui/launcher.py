@@ -447,7 +447,7 @@ def plan_launch(settings: Settings, args: Sequence[str] = (), *, prompt: str | N
                 model: str | None = None, permission_mode: str | None = None,
                 cwd: Path | None = None, prepare: bool = True) -> LaunchPlan:
     """Build the isolated launch: argv `claude -p --model sonnet --permission-mode MODE
-    [args] [prompt]`, the child's environment and the prepared config dir.
+    [args] [-- prompt]`, the child's environment and the prepared config dir.
 
     Precedence of the permission mode: a --permission-mode in `args` > `permission_mode`
     > settings. `model` replaces the OPUS/SONNET mapping (small-model fallback).
@@ -506,6 +506,10 @@ def plan_launch(settings: Settings, args: Sequence[str] = (), *, prompt: str | N
 
     argv = [claude, "-p", "--model", "sonnet", "--permission-mode", mode, *rest]
     if prompt is not None:
+        # `--` ends the options: claude's list flags (--allowedTools X Y, --add-dir) would
+        # otherwise swallow the prompt, and a prompt starting with "-" would be a flag.
+        if "--" not in rest:
+            argv.append("--")
         argv.append(prompt)
     return LaunchPlan(
         argv=argv, env=env, cwd=Path(cwd) if cwd is not None else None, config_dir=cfg,

@@ -233,7 +233,7 @@ def test_plan_argv_shape_prompt_and_engine_options(settings: Settings, claude: P
                        config_dir=tmp_path / "task-cfg", model="GLM-4.5-Air",
                        permission_mode="acceptEdits", cwd=tmp_path)
     assert plan.argv == [str(claude), "-p", "--model", "sonnet", "--permission-mode",
-                         "acceptEdits", *extra, "fix the bug"]
+                         "acceptEdits", *extra, "--", "fix the bug"]
     assert plan.env["ANTHROPIC_DEFAULT_SONNET_MODEL"] == "GLM-4.5-Air"
     assert plan.env["ANTHROPIC_DEFAULT_OPUS_MODEL"] == "GLM-4.5-Air"
     assert plan.env["CLAUDE_CONFIG_DIR"] == str(tmp_path / "task-cfg")
@@ -365,3 +365,34 @@ def test_plan_uses_the_process_environment_by_default(settings: Settings,
     assert plan.env["ANTHROPIC_AUTH_TOKEN"] == "from-process"
     assert "ANTHROPIC_API_KEY" not in plan.env
     assert os.environ["ANTHROPIC_API_KEY"] == "leak"  # the caller's env is not modified
+
+
+@pytest.mark.real_claude
+def test_real_claude_receives_the_prompt_after_a_list_flag(tmp_path: Path, claude_bin: str,
+                                                           key: str) -> None:
+    """The engine passes --allowedTools (a list flag) and then prompt=: without the `--`
+    plan_launch inserts, claude 2.1.197 takes the prompt for a tool name and fails."""
+    import hashlib
+    import subprocess
+
+    from fleet_tui.endpoint import ScriptedEndpoint
+
+    with ScriptedEndpoint(["done"]) as endpoint:
+        settings = load_settings(
+            env={"HOME": str(tmp_path), "FLEET_WORKER_CLAUDE": claude_bin,
+                 "FLEET_WORKER_SANDBOX": "1", "FLEET_WORKER_BASE_URL": endpoint.url},
+            config_file=tmp_path / "none.toml")
+        work = tmp_path / "work"
+        work.mkdir()
+        plan = plan_launch(settings, ["--allowedTools", "Read", "Edit"],
+                           prompt="-starts with a dash", permission_mode="dontAsk",
+                           config_dir=tmp_path / "task-cfg", cwd=work,
+                           base_env={**os.environ, "GLM_API_KEY": key})
+        assert plan.warnings == []
+        proc = subprocess.run(plan.argv, env=plan.env, cwd=plan.cwd, capture_output=True,
+                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+        requests = endpoint.requests
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "done"
+    assert [r.prompt for r in requests] == ["-starts with a dash"]
+    assert requests[0].auth_sha256 == hashlib.sha256(key.encode()).hexdigest()

@@ -23,7 +23,8 @@ Runs `claude -p --model sonnet --permission-mode MODE [CLAUDE FLAGS...] PROMPT` 
 isolated CLAUDE_CONFIG_DIR, pointed at an Anthropic-compatible endpoint. Every argument
 except the two below is passed to claude unchanged; the process becomes claude, so its
 pid, signals and exit code are claude's. A prompt piped on stdin reaches claude; when
-stdin is a terminal, claude gets /dev/null instead (no wait for input).
+stdin is a terminal, claude gets /dev/null instead (no wait for input). Put `--` before
+the prompt when the flag before it takes a list (--allowedTools Read Edit -- "PROMPT").
 
 options (ours; everything else goes to claude):
   --dry-run        print the environment changes (key redacted) and the argv; run nothing
