@@ -11,7 +11,6 @@ a detached process; the engine never holds a pipe to it, so closing the panel lo
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -46,6 +45,7 @@ from fleet_tui.store import (
     ACTIVE_STATES,
     CLOSED_STATES,
     FINISHED_STATES,
+    AmbiguousTaskError,
     Attempt,
     Store,
     StoreError,
@@ -54,7 +54,8 @@ from fleet_tui.store import (
     TaskState,
 )
 
-__all__ = ["Fleet", "FleetError", "FleetRefused", "FleetStatus", "TaskChange", "TaskSpec"]
+__all__ = ["Fleet", "FleetError", "FleetRefused", "FleetStatus", "TaskChange", "TaskNotFound",
+           "TaskSpec"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,14 @@ MAX_COPIES = 50
 
 class FleetError(Exception):
     """A user-facing engine error; the message says what to do."""
+
+
+class TaskNotFound(FleetError):
+    """No task has this id (or, with `ambiguous`, the prefix matches several)."""
+
+    def __init__(self, message: str, *, ambiguous: bool = False) -> None:
+        super().__init__(message)
+        self.ambiguous = ambiguous
 
 
 class FleetRefused(FleetError):
@@ -167,7 +176,8 @@ class Fleet:
         try:
             return self.store.get_task(task_id)
         except StoreError as exc:
-            raise FleetError(str(exc)) from None
+            raise TaskNotFound(str(exc),
+                               ambiguous=isinstance(exc, AmbiguousTaskError)) from None
 
     def attempts(self, task_id: str) -> list[Attempt]:
         return self.store.list_attempts(self.get_task(task_id).id)
@@ -892,6 +902,8 @@ class Fleet:
     async def follow_events(self, attempt: Attempt, offset: int = 0, *,
                             poll: float = 0.2) -> AsyncIterator[stream.Event]:
         """Yield events as they are written, until the attempt has finished."""
+        import asyncio  # here: the CLI never pays for it
+
         while True:
             fresh = self.store.get_attempt(attempt.id)
             done = self.attempt_finished(fresh)

@@ -553,3 +553,25 @@ def test_retry_refused_while_running_and_no_key_leak(git_repo: Path, claude_bin:
     for path in (git_repo / ".fleet-work" / ".logs").rglob("*"):
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
+
+
+async def test_follow_events_tails_a_running_attempt(git_repo: Path, claude_bin: str) -> None:
+    with ScriptedEndpoint(SCRIPTS, event_delay=0.01) as ep:
+        fleet = make_fleet(ep, claude_bin)
+        (task,) = fleet.submit(TaskSpec(prompt="[script:three] go", repo=git_repo))
+        stop = threading.Event()
+        loop = threading.Thread(target=fleet.run, args=(stop,), kwargs={"interval": TICK})
+        loop.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not (fleet.attempts(task.id) and fleet.attempts(task.id)[0].dir):
+                assert time.monotonic() < deadline
+                time.sleep(TICK)
+            attempt = fleet.attempts(task.id)[0]
+            got = [ev async for ev in fleet.follow_events(attempt, poll=0.05)]
+        finally:
+            stop.set()
+            loop.join(timeout=10)
+        assert isinstance(got[0], stream.Init) and isinstance(got[-1], stream.Result)
+        events, _ = fleet.read_events(fleet.attempts(task.id)[0])
+        assert [type(e) for e in got] == [type(e) for e in events]

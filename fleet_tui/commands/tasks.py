@@ -1,0 +1,630 @@
+"""fleet-tui run|ls|show|logs|diff|merge|discard|retry|follow-up|kill: the headless engine.
+
+Every command is a thin layer over `Fleet`. Commands that look at tasks first run one
+scheduling pass, so whatever finished while no fleet-tui process was running is recorded
+(and queued work starts) before anything is printed: close everything, come back, `ls`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from fleet_tui import git, stream
+from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings, load_settings
+from fleet_tui.fleet import Fleet, FleetError, FleetRefused, TaskNotFound, TaskSpec
+from fleet_tui.store import (
+    ACTIVE_STATES,
+    CLOSED_STATES,
+    FINISHED_STATES,
+    Attempt,
+    StoreError,
+    Task,
+    TaskState,
+)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_REFUSED = 4
+EXIT_NO_CLAUDE = 5
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES = """\
+exit codes:
+  0  ok
+  1  a task failed (run --wait), or the engine reported an error
+  2  usage error (bad option, empty prompt, not a git repository, no --yes without a TTY)
+  3  no such task
+  4  refused to keep your work safe (dirty checkout, conflict, failing test command)
+  5  claude or the API key is missing
+"""
+
+TICK = float(os.environ.get("FLEET_TUI_TICK", "0.1") or 0.1)
+WAITING_STATES = {TaskState.QUEUED, TaskState.WAITING}
+DONE_STATES = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED, TaskState.MERGED,
+               TaskState.DISCARDED}
+
+
+class _Usage(Exception):
+    """A usage error: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so every error is one clear line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _Usage(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def _parser(name: str, description: str) -> _Parser:
+    parser = _Parser(prog=f"fleet-tui {name}", description=description, epilog=EXIT_CODES,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repo", type=Path, help="the repository (default: the current "
+                        "directory's)")
+    return parser
+
+
+def _id_parser(name: str, description: str) -> _Parser:
+    parser = _parser(name, description)
+    parser.add_argument("id", metavar="ID", help="task id (a unique prefix is enough)")
+    return parser
+
+
+# --- output helpers ---------------------------------------------------------------------------
+
+
+def _out(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(text.rstrip("\n") + "\n")
+    sys.stderr.flush()
+
+
+def task_json(task: Task, attempts: list[Attempt] | None = None) -> dict[str, Any]:
+    """A task as plain JSON (what `ls --json` and `run --json` print)."""
+    data: dict[str, Any] = {}
+    for name, value in vars(task).items():
+        if isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, TaskState):
+            value = value.value
+        data[name] = value
+    if attempts is not None:
+        data["attempts"] = [
+            {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
+            for a in attempts]
+    return data
+
+
+def _age(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    secs = max(0, time.time() - ts)
+    if secs < 60:
+        return f"{secs:.0f}s"
+    if secs < 3600:
+        return f"{secs / 60:.0f}m"
+    if secs < 86400:
+        return f"{secs / 3600:.0f}h"
+    return f"{secs / 86400:.0f}d"
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+
+
+def _one_line(text: str | None, limit: int = 100) -> str:
+    line = " ".join((text or "").split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def format_event(ev: stream.Event) -> str | None:
+    """One readable line per event (None for events not worth a line)."""
+    prefix = "  ↳ " if getattr(ev, "parent_tool_use_id", None) else ""
+    line: str | None
+    if isinstance(ev, stream.Init):
+        line = f"init     session {ev.session_id} model {ev.model} in {ev.cwd}"
+    elif isinstance(ev, stream.ToolUse):
+        line = f"tool     {ev.summary or ev.name}"
+    elif isinstance(ev, stream.ToolResult):
+        mark = "error" if ev.is_error else "ok"
+        line = f"  {mark:<6} {ev.tool_name or ''} {_one_line(ev.first_line)}".rstrip()
+    elif isinstance(ev, stream.Text):
+        line = f"text     {_one_line(ev.text)}" if ev.text.strip() else None
+    elif isinstance(ev, stream.Thinking):
+        line = f"thinking {_one_line(ev.text)}" if ev.text.strip() else None
+    elif isinstance(ev, stream.ApiRetry):
+        delay = f" in {ev.retry_delay_ms / 1000:.1f}s" if ev.retry_delay_ms else ""
+        line = (f"retry    API retry {ev.attempt}/{ev.max_retries}: {ev.error_status} "
+                f"{ev.error or ''}{delay}")
+    elif isinstance(ev, stream.Result):
+        status = "error" if ev.is_error else "ok"
+        line = (f"result   {status} ({ev.subtype}, {ev.num_turns} turns): "
+                f"{_one_line(ev.result) or '(no text)'}")
+    elif isinstance(ev, stream.RateLimit):
+        line = f"limit    rate limit {ev.status or ''} {ev.rate_limit_type or ''}".rstrip()
+    elif isinstance(ev, stream.Malformed):
+        line = f"?        unreadable line: {_one_line(ev.raw, 80)}"
+    else:
+        line = None
+    return prefix + line if line is not None else None
+
+
+# --- setup ------------------------------------------------------------------------------------
+
+
+def _settings(overrides: dict[str, object] | None = None) -> Settings:
+    try:
+        return load_settings(overrides=overrides)
+    except ConfigError as exc:
+        raise _Usage(str(exc)) from None
+
+
+def _repo(path: Path | None) -> Path:
+    try:
+        return git.main_worktree(path if path is not None else Path.cwd())
+    except git.GitError as exc:
+        raise _Usage(str(exc)) from None
+
+
+def _fleet(settings: Settings | None = None) -> Fleet:
+    try:
+        return Fleet(settings or _settings())
+    except StoreError as exc:
+        raise FleetError(str(exc)) from None
+
+
+def _catch_up(fleet: Fleet) -> None:
+    """One scheduling pass so the store reflects what happened while nobody watched."""
+    try:
+        fleet.tick()
+    except (FleetError, StoreError, OSError) as exc:  # never block a look at the tasks
+        _err(f"fleet-tui: warning: could not update running tasks: {exc}")
+
+
+def _confirm(question: str, yes: bool, action: str) -> None:
+    if yes:
+        return
+    if sys.stdin is None or not sys.stdin.isatty():
+        raise _Usage(f"fleet-tui {action}: not asking on a non-interactive stdin; "
+                     "pass --yes to confirm")
+    sys.stdout.write(f"{question} [y/N] ")
+    sys.stdout.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise _Aborted()
+
+
+class _Aborted(Exception):
+    """The user said no."""
+
+
+def _schedule_until(fleet: Fleet, ids: Sequence[str], done: Callable[[Task], bool],
+                    on_change: Callable[[Task], None] | None = None) -> list[Task]:
+    """Run the scheduler here until done(task) holds for every id."""
+    seen: dict[str, tuple[TaskState, str | None]] = {}
+    while True:
+        try:
+            fleet.tick()
+        except (StoreError, OSError) as exc:
+            _err(f"fleet-tui: warning: scheduling pass failed: {exc}")
+        tasks = [fleet.get_task(i) for i in ids]
+        for t in tasks:
+            key = (t.state, t.message)
+            if seen.get(t.id) != key:
+                seen[t.id] = key
+                if on_change is not None:
+                    on_change(t)
+        if all(done(t) for t in tasks):
+            return tasks
+        time.sleep(TICK)
+
+
+def _print_change(task: Task) -> None:
+    msg = f": {_one_line(task.message, 140)}" if task.message else ""
+    _err(f"{task.id} {task.state}{msg}")
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.file is not None and args.prompt is not None and args.prompt != "-":
+        raise _Usage("fleet-tui run: give the prompt as an argument or with --file, not both")
+    source = args.file if args.file is not None else args.prompt
+    if source == "-" or (source is None and sys.stdin is not None and not sys.stdin.isatty()):
+        text = sys.stdin.read() if sys.stdin is not None else ""
+    elif args.file is not None:
+        try:
+            text = Path(args.file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or exc
+            raise _Usage(f"fleet-tui run: cannot read the prompt file {args.file}: "
+                         f"{reason}") from None
+    elif source is None:
+        raise _Usage("fleet-tui run: no prompt; give it as an argument, with --file F, "
+                     "or pipe it in with `-`")
+    else:
+        text = source
+    if not text.strip():
+        raise _Usage("fleet-tui run: the prompt is empty; say what the worker should do")
+    return text
+
+
+def _check_launch(settings: Settings) -> None:
+    """Fail fast (exit 5) when claude or the key is missing, before anything is queued."""
+    from fleet_tui.launcher import LaunchError, find_claude, resolve_credential
+
+    try:
+        find_claude(settings)
+        resolve_credential(settings)
+    except LaunchError as exc:
+        raise _LaunchMissing(str(exc), exc.exit_code) from None
+
+
+class _LaunchMissing(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def cmd_run(argv: list[str]) -> int:
+    p = _parser("run", "Queue a task (or N copies) and start it in its own worktree.")
+    p.add_argument("prompt", nargs="?", metavar="PROMPT",
+                   help="what the worker should do; `-` reads it from stdin")
+    p.add_argument("--file", "-f", metavar="F", help="read the prompt from file F (`-`: stdin)")
+    p.add_argument("--title", help="a short title (default: the prompt's first line)")
+    p.add_argument("--base", metavar="REF", help="branch, tag or commit to start from "
+                   "(default: the current HEAD)")
+    p.add_argument("--copies", type=int, default=1, metavar="N",
+                   help="run N independent copies (default 1)")
+    p.add_argument("--model", default="main",
+                   help="main, small or a model name (default main)")
+    p.add_argument("--permission-mode", choices=PERMISSION_MODES, metavar="P",
+                   help="one of " + ", ".join(PERMISSION_MODES))
+    p.add_argument("--max-turns", type=int, metavar="N")
+    p.add_argument("--timeout", type=float, metavar="S", help="wall-clock limit in seconds")
+    p.add_argument("--wait", action="store_true",
+                   help="stay until every task finished; exit 1 unless all succeeded")
+    p.add_argument("--json", action="store_true", help="print the tasks as JSON")
+    args = p.parse_args(argv)
+    prompt = _read_prompt(args)
+    repo = _repo(args.repo)
+    settings = _settings()
+    _check_launch(settings)
+    fleet = _fleet(settings)
+    tasks = fleet.submit(TaskSpec(prompt=prompt, title=args.title or "", repo=repo,
+                                  base_ref=args.base, model=args.model,
+                                  permission_mode=args.permission_mode,
+                                  max_turns=args.max_turns, timeout=args.timeout),
+                         copies=args.copies)
+    ids = [t.id for t in tasks]
+    if not args.json:
+        for t in tasks:
+            _out(f"{t.id}  {t.branch}  {t.title}")
+    on_change = None if args.json else _print_change
+    if args.wait:
+        final = _schedule_until(fleet, ids, lambda t: t.state in DONE_STATES, on_change)
+    else:
+        final = _schedule_until(fleet, ids, lambda t: t.state != TaskState.QUEUED, on_change)
+        if not args.json:
+            _err("running in the background; follow with `fleet-tui ls` / "
+                 "`fleet-tui logs ID --follow`")
+    if args.json:
+        _out(json.dumps([task_json(t) for t in final], indent=2))
+    if args.wait:
+        return EXIT_OK if all(t.state == TaskState.SUCCEEDED for t in final) else EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_ls(argv: list[str]) -> int:
+    p = _parser("ls", "List tasks of this repository (newest first).")
+    p.add_argument("--all-repos", action="store_true", help="tasks of every repository")
+    p.add_argument("--json", action="store_true", help="print a JSON list")
+    args = p.parse_args(argv)
+    repo: Path | None = None
+    if not args.all_repos:
+        repo = _repo(args.repo)
+    fleet = _fleet()
+    _catch_up(fleet)
+    tasks = fleet.list_tasks(repo)
+    if args.json:
+        _out(json.dumps([task_json(t) for t in tasks], indent=2))
+        return EXIT_OK
+    if not tasks:
+        _out("no tasks" + ("" if repo is None else f" in {repo}")
+             + "; start one with `fleet-tui run PROMPT`")
+        return EXIT_OK
+    header = f"{'ID':<6}  {'STATE':<9}  {'VERDICT':<9}  {'+/-':>9}  {'TURNS':>5}  " \
+             f"{'TOKENS':>7}  {'AGE':>4}  TITLE"
+    _out(header)
+    for t in tasks:
+        diff = f"+{t.added_lines}/-{t.deleted_lines}"
+        where = f"  [{t.repo}]" if repo is None else ""
+        _out(f"{t.id:<6}  {t.state.value:<9}  {t.verdict or '-':<9}  {diff:>9}  {t.turns:>5}  "
+             f"{_tokens(t.input_tokens + t.output_tokens):>7}  {_age(t.created_at):>4}  "
+             f"{_one_line(t.title, 60)}{where}")
+    return EXIT_OK
+
+
+def cmd_show(argv: list[str]) -> int:
+    p = _id_parser("show", "Show one task and its attempts.")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    task = fleet.get_task(args.id)
+    attempts = fleet.attempts(task.id)
+    if args.json:
+        _out(json.dumps(task_json(task, attempts), indent=2))
+        return EXIT_OK
+    rows = [("id", task.id), ("title", task.title), ("state", task.state.value),
+            ("verdict", task.verdict or "-"), ("message", task.message or "-"),
+            ("repo", str(task.repo)), ("branch", task.branch),
+            ("base", f"{task.base_branch or task.base_ref or '-'} @ {task.base_commit[:10]}"),
+            ("worktree", str(task.worktree) if task.worktree else "-"),
+            ("model", task.model), ("session", task.session_id or "-"),
+            ("turns", str(task.turns)),
+            ("tokens", f"{task.input_tokens} in / {task.output_tokens} out"),
+            ("changes", f"+{task.added_lines} -{task.deleted_lines}"),
+            ("last tool", task.last_tool or "-")]
+    for name, value in rows:
+        _out(f"{name + ':':<10} {value}")
+    _out("prompt:")
+    for line in task.prompt.rstrip().splitlines() or [""]:
+        _out(f"  {line}")
+    _out("attempts:")
+    for a in attempts:
+        span = ""
+        if a.started_at and a.finished_at:
+            span = f" {a.finished_at - a.started_at:.1f}s"
+        _out(f"  #{a.n} {a.kind:<8} {a.model or '-':<14} {a.verdict or 'running':<9}{span}"
+             f"  {_one_line(a.message, 100)}")
+        if a.dir is not None:
+            _out(f"     log: {a.dir}")
+    return EXIT_OK
+
+
+def _attempt(fleet: Fleet, task: Task, number: int | None) -> Attempt:
+    attempts = fleet.attempts(task.id)
+    if not attempts:
+        raise _NotStarted(f"task {task.id} has not started yet (it is {task.state})")
+    if number is None:
+        started = [a for a in attempts if a.dir is not None]
+        return started[-1] if started else attempts[-1]
+    for a in attempts:
+        if a.n == number:
+            return a
+    raise _Usage(f"fleet-tui logs: task {task.id} has no attempt {number} "
+                 f"(it has 1 to {attempts[-1].n})")
+
+
+class _NotStarted(Exception):
+    pass
+
+
+def cmd_logs(argv: list[str]) -> int:
+    p = _id_parser("logs", "Print an attempt's events, one line each (or the raw JSONL).")
+    p.add_argument("--follow", action="store_true", help="keep printing until it finishes")
+    p.add_argument("--raw", action="store_true", help="the raw stream-json lines")
+    p.add_argument("--attempt", type=int, metavar="N", help="attempt number (default: last)")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    task = fleet.get_task(args.id)
+    try:
+        attempt = _attempt(fleet, task, args.attempt)
+    except _NotStarted as exc:
+        if not args.follow:
+            _err(str(exc))
+            return EXIT_OK
+        _schedule_until(fleet, [task.id], lambda t: bool(fleet.attempts(t.id))
+                        and fleet.attempts(t.id)[-1].dir is not None)
+        attempt = _attempt(fleet, task, args.attempt)
+    offset = 0
+    while True:
+        attempt = fleet.store.get_attempt(attempt.id)
+        done = fleet.attempt_finished(attempt)
+        if args.raw:
+            offset = _print_raw(attempt, offset, done)
+        else:
+            events, offset = fleet.read_events(attempt, offset)
+            for ev in events:
+                line = format_event(ev)
+                if line is not None:
+                    _out(line)
+        if not args.follow or done:
+            break
+        time.sleep(TICK)
+        _catch_up(fleet)
+    if args.follow:
+        final = fleet.get_task(task.id)
+        _err(f"{final.id} {final.state}" + (f": {final.message}" if final.message else ""))
+    return EXIT_OK
+
+
+def _print_raw(attempt: Attempt, offset: int, done: bool) -> int:
+    if attempt.dir is None:
+        return offset
+    try:
+        with open(attempt.dir / "events.jsonl", "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return offset
+    if not done:
+        data = data[: data.rfind(b"\n") + 1]
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    return offset + len(data)
+
+
+def cmd_diff(argv: list[str]) -> int:
+    p = _id_parser("diff", "Show a task's changes against its base (committed, uncommitted "
+                   "and untracked).")
+    p.add_argument("--stat", action="store_true", help="only files and line counts")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    diff = fleet.diff(args.id)
+    if not diff.files:
+        _err(f"task {fleet.get_task(args.id).id} has no changes")
+        return EXIT_OK
+    if args.stat:
+        for f in diff.files:
+            _out(f"{f.status:<9} +{f.added:<5} -{f.deleted:<5} {f.path}")
+    else:
+        sys.stdout.write(diff.patch if diff.patch.endswith("\n") or not diff.patch
+                         else diff.patch + "\n")
+    return EXIT_OK
+
+
+def cmd_merge(argv: list[str]) -> int:
+    p = _id_parser("merge", "Merge a finished task into its base branch, then clean up "
+                   "its worktree, branch and config dir.")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask")
+    p.add_argument("--test", metavar="CMD", help="run CMD in the worktree first; merge only "
+                   "if it succeeds (default: the test_command setting)")
+    p.add_argument("--message", "-m", help="commit message (default: the task's title)")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    task = fleet.get_task(args.id)
+    if task.state in CLOSED_STATES:
+        raise FleetError(f"task {task.id} was {task.state} already; nothing to merge")
+    if task.state not in FINISHED_STATES:
+        raise FleetError(f"task {task.id} is {task.state}; wait for it to finish or kill it "
+                         f"(`fleet-tui kill {task.id}`) before you merge it")
+    preview = fleet.conflict_preview(task.id)
+    if not preview.clean:
+        _err(preview.message)
+    _confirm(f"merge {task.id} ({task.title}) +{task.added_lines}/-{task.deleted_lines} "
+             f"into {task.base_branch}?", args.yes, "merge")
+    result = fleet.merge(task.id, message=args.message, test_command=args.test)
+    if result.test_output:
+        sys.stdout.write(result.test_output if result.test_output.endswith("\n")
+                         else result.test_output + "\n")
+    if not result.merged:
+        _err(f"fleet-tui merge: not merged: {result.message}")
+        return EXIT_REFUSED
+    _out(result.message)
+    return EXIT_OK
+
+
+def cmd_discard(argv: list[str]) -> int:
+    p = _id_parser("discard", "Throw a task's work away: worktree, branch and config dir.")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    task = fleet.get_task(args.id)
+    _confirm(f"discard {task.id} ({task.title}) +{task.added_lines}/-{task.deleted_lines} "
+             "for good?", args.yes, "discard")
+    fleet.discard(task.id)
+    _out(f"discarded {task.id}; branch {task.branch} deleted")
+    return EXIT_OK
+
+
+def _until_started(fleet: Fleet, task: Task) -> Task:
+    (final,) = _schedule_until(fleet, [task.id], lambda t: t.state not in WAITING_STATES
+                               or t.verdict in ("overload", "quota"))
+    return final
+
+
+def cmd_retry(argv: list[str]) -> int:
+    p = _id_parser("retry", "Run a finished task again: fresh (worktree reset to its base) "
+                   "or --resume its session.")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the last session in the same worktree")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    task = fleet.retry(args.id, resume=args.resume)
+    _out(f"{task.id} queued for a {'resumed' if args.resume else 'fresh'} attempt")
+    _print_change(_until_started(fleet, task))
+    return EXIT_OK
+
+
+def cmd_follow_up(argv: list[str]) -> int:
+    p = _id_parser("follow-up", "Send a finished task a new prompt in the same session.")
+    p.add_argument("text", metavar="TEXT", help="the follow-up prompt (`-`: stdin)")
+    args = p.parse_args(argv)
+    text = sys.stdin.read() if args.text == "-" else args.text
+    fleet = _fleet()
+    _catch_up(fleet)
+    task = fleet.follow_up(args.id, text)
+    _out(f"{task.id} queued for a follow-up")
+    _print_change(_until_started(fleet, task))
+    return EXIT_OK
+
+
+def cmd_kill(argv: list[str]) -> int:
+    p = _id_parser("kill", "Stop a task now (its whole process tree), or drop it from the "
+                   "queue.")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    task = fleet.get_task(args.id)
+    if task.state not in ACTIVE_STATES | WAITING_STATES:
+        raise FleetError(f"task {task.id} is not running (it is {task.state})")
+    fleet.kill(task.id)
+    _print_change(fleet.get_task(task.id))
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "run": cmd_run, "ls": cmd_ls, "show": cmd_show, "logs": cmd_logs, "diff": cmd_diff,
+    "merge": cmd_merge, "discard": cmd_discard, "retry": cmd_retry,
+    "follow-up": cmd_follow_up, "kill": cmd_kill,
+}
+
+
+def main(argv: list[str]) -> int:
+    """argv[0] is the subcommand. Every failure is one line on stderr and an exit code."""
+    if not argv or argv[0] not in COMMANDS:
+        _err(f"fleet-tui: unknown task command {argv[0] if argv else ''!r}; use one of "
+             + ", ".join(COMMANDS))
+        return EXIT_USAGE
+    name, rest = argv[0], argv[1:]
+    try:
+        return COMMANDS[name](rest)
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
+    except _Usage as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    except _Aborted:
+        _err(f"fleet-tui {name}: not confirmed; nothing was changed")
+        return EXIT_USAGE
+    except _LaunchMissing as exc:
+        _err(f"fleet-tui {name}: {exc}")
+        return exc.code if exc.code in (EXIT_USAGE, EXIT_NO_CLAUDE) else EXIT_NO_CLAUDE
+    except TaskNotFound as exc:
+        _err(f"fleet-tui {name}: {exc}")
+        return EXIT_USAGE if exc.ambiguous else EXIT_NOT_FOUND
+    except FleetRefused as exc:
+        _err(f"fleet-tui {name}: refused: {exc}")
+        return EXIT_REFUSED
+    except FleetError as exc:
+        _err(f"fleet-tui {name}: {exc}")
+        return EXIT_FAILED
+    except (StoreError, git.GitError) as exc:
+        _err(f"fleet-tui {name}: {exc}")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        _err(f"fleet-tui {name}: interrupted; running tasks go on in the background "
+             "(`fleet-tui ls`)")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK

@@ -1,0 +1,249 @@
+"""`fleet-tui run/ls/show/logs/diff/merge/discard/retry/follow-up/kill` as real subprocesses,
+with the real claude binary against the scripted endpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_tui import procs
+from fleet_tui.endpoint import ScriptedEndpoint
+
+pytestmark = pytest.mark.real_claude
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "sk-cli-test-SECRET-93be"
+
+SCRIPTS: dict[str, Any] = {
+    "default": [
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "echo worker > a.txt", "description": "write a.txt"}}],
+        "wrote a.txt",
+    ],
+    "chat": ["first answer", "second answer"],
+    "sleepy": [
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "setsid sleep 337 </dev/null >/dev/null 2>&1 & sleep 336",
+                    "description": "wait"}}],
+        "never reached",
+    ],
+    "denied": {"turns": ["never"], "faults": [{"status": 401, "times": 9}]},
+}
+
+
+@pytest.fixture
+def endpoint() -> Iterator[ScriptedEndpoint]:
+    with ScriptedEndpoint(SCRIPTS) as ep:
+        yield ep
+
+
+@pytest.fixture
+def env(endpoint: ScriptedEndpoint, claude_bin: str) -> dict[str, str]:
+    return dict(os.environ, FLEET_WORKER_BASE_URL=endpoint.url, FLEET_WORKER_CLAUDE=claude_bin,
+                ANTHROPIC_AUTH_TOKEN=KEY, FLEET_WORKER_KEY_SOURCES="env",
+                CLAUDE_CODE_MAX_RETRIES="0", FLEET_TUI_TICK="0.05",
+                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+
+def cli(env: dict[str, str], cwd: Path, *args: str, stdin: str | None = None,
+        timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([sys.executable, "-m", "fleet_tui.cli", *args], cwd=cwd, env=env,
+                         input=stdin if stdin is not None else "", capture_output=True,
+                         text=True, timeout=timeout)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out
+
+
+def ls(env: dict[str, str], cwd: Path) -> list[dict[str, Any]]:
+    out = cli(env, cwd, "ls", "--json")
+    assert out.returncode == 0, out.stderr
+    data: list[dict[str, Any]] = json.loads(out.stdout)
+    return data
+
+
+def wait_state(env: dict[str, str], cwd: Path, task_id: str, states: set[str],
+               timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        task = next(t for t in ls(env, cwd) if t["id"] == task_id)
+        if task["state"] in states:
+            return task
+        assert time.monotonic() < deadline, task
+        time.sleep(0.1)
+
+
+def test_run_wait_ls_show_logs_diff_merge(env: dict[str, str], git_repo: Path) -> None:
+    out = cli(env, git_repo, "run", "write a.txt please", "--title", "Add a.txt", "--wait",
+              "--json")
+    assert out.returncode == 0, out.stderr
+    (task,) = json.loads(out.stdout)
+    tid = task["id"]
+    assert task["state"] == "succeeded" and task["branch"] == f"fleet/{tid}"
+
+    listed = ls(env, git_repo)
+    assert [t["id"] for t in listed] == [tid]
+    for key in ("id", "title", "state", "branch", "verdict"):
+        assert key in listed[0]
+    assert listed[0]["title"] == "Add a.txt" and listed[0]["verdict"] == "ok"
+    assert listed[0]["added_lines"] == 1
+
+    table = cli(env, git_repo, "ls")
+    assert tid in table.stdout and "succeeded" in table.stdout
+
+    show = cli(env, git_repo, "show", tid[:4])  # a prefix is enough
+    assert show.returncode == 0 and f"fleet/{tid}" in show.stdout
+    assert "#1 fresh" in show.stdout
+
+    logs = cli(env, git_repo, "logs", tid)
+    assert logs.returncode == 0
+    lines = logs.stdout.splitlines()
+    assert lines[0].startswith("init")
+    assert "tool     Bash echo worker > a.txt" in lines
+    assert lines[-1] == "result   ok (success, 2 turns): wrote a.txt"
+    raw = cli(env, git_repo, "logs", tid, "--raw")
+    objs = [json.loads(line) for line in raw.stdout.splitlines()]
+    assert objs[0]["type"] == "system" and objs[-1]["type"] == "result"
+
+    diff = cli(env, git_repo, "diff", tid)
+    assert diff.returncode == 0 and "+worker" in diff.stdout and "a.txt" in diff.stdout
+
+    refused = cli(env, git_repo, "merge", tid)  # stdin is not a TTY
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert not (git_repo / "a.txt").exists()
+
+    merged = cli(env, git_repo, "merge", tid, "--yes")
+    assert merged.returncode == 0, merged.stderr
+    assert (git_repo / "a.txt").read_text() == "worker\n"
+    assert ls(env, git_repo)[0]["state"] == "merged"
+    again = cli(env, git_repo, "merge", tid, "--yes")
+    assert again.returncode == 1 and "merged already" in again.stderr
+    # the key never reaches what fleet-tui prints or stores
+    for text in (out.stdout, table.stdout, show.stdout, logs.stdout, raw.stdout):
+        assert KEY not in text
+
+
+def test_run_returns_once_started_and_ls_catches_up(env: dict[str, str],
+                                                    git_repo: Path) -> None:
+    # a prompt piped on stdin reaches the worker (defect 1 of the originals)
+    out = cli(env, git_repo, "run", "-", "--copies", "2", stdin="[script:chat] hello\n")
+    assert out.returncode == 0, out.stderr
+    ids = [line.split()[0] for line in out.stdout.splitlines()]
+    assert len(ids) == 2
+    # nobody runs the scheduler now; `ls` itself records what finished meanwhile
+    for tid in ids:
+        done = wait_state(env, git_repo, tid, {"succeeded", "failed"})
+        assert done["state"] == "succeeded", done["message"]
+    discard = cli(env, git_repo, "discard", ids[0], "--yes")
+    assert discard.returncode == 0, discard.stderr
+    branches = subprocess.run(["git", "branch", "--list", "fleet/*"], cwd=git_repo, text=True,
+                              capture_output=True).stdout
+    assert f"fleet/{ids[0]}" not in branches and f"fleet/{ids[1]}" in branches
+    assert {t["id"]: t["state"] for t in ls(env, git_repo)}[ids[0]] == "discarded"
+
+    follow = cli(env, git_repo, "follow-up", ids[1], "and then?")
+    assert follow.returncode == 0, follow.stderr
+    wait_state(env, git_repo, ids[1], {"succeeded", "failed"})
+    second = cli(env, git_repo, "logs", ids[1], "--attempt", "2")
+    assert "result   ok" in second.stdout and "second answer" in second.stdout
+    first = cli(env, git_repo, "logs", ids[1], "--attempt", "1")
+    assert "first answer" in first.stdout
+
+
+def test_prompt_sources_and_usage_errors(env: dict[str, str], git_repo: Path,
+                                         tmp_path: Path) -> None:
+    prompt_file = tmp_path / "prompt.md"
+    prompt_file.write_text("[script:chat] from a file\n")
+    out = cli(env, git_repo, "run", "--file", str(prompt_file), "--json")
+    assert out.returncode == 0, out.stderr
+    (task,) = json.loads(out.stdout)
+    assert task["prompt"] == "[script:chat] from a file\n"
+
+    empty = cli(env, git_repo, "run", "   ")
+    assert empty.returncode == 2 and "empty" in empty.stderr
+    missing = cli(env, git_repo, "run", "--file", str(tmp_path / "nope.md"))
+    assert missing.returncode == 2 and "nope.md" in missing.stderr
+    bad = cli(env, git_repo, "run", "x", "--copies", "many")
+    assert bad.returncode == 2 and "--copies" in bad.stderr
+    outside = cli(env, tmp_path, "run", "hello")
+    assert outside.returncode == 2 and "git repository" in outside.stderr
+    unknown = cli(env, git_repo, "show", "zzzzzz")
+    assert unknown.returncode == 3 and "no task" in unknown.stderr
+    for cmd in ("logs", "diff", "merge", "discard", "retry", "kill"):
+        assert cli(env, git_repo, cmd, "zzzzzz", "--yes" if cmd in ("merge", "discard")
+                   else "--repo=.").returncode == 3
+    helped = cli(env, git_repo, "merge", "--help")
+    assert helped.returncode == 0 and "exit codes" in helped.stdout and "4  refused" in \
+        helped.stdout
+    wait_state(env, git_repo, task["id"], {"succeeded"})
+
+
+def test_missing_key_or_claude_exit_5(env: dict[str, str], git_repo: Path,
+                                      tmp_path: Path) -> None:
+    no_key = {k: v for k, v in env.items() if k != "ANTHROPIC_AUTH_TOKEN"}
+    out = cli(no_key, git_repo, "run", "hello")
+    assert out.returncode == 5 and "key" in out.stderr.lower()
+    no_claude = dict(env, FLEET_WORKER_CLAUDE=str(tmp_path / "no-claude"))
+    out = cli(no_claude, git_repo, "run", "hello")
+    assert out.returncode == 5 and "claude" in out.stderr
+    assert ls(env, git_repo) == []  # nothing was queued
+
+
+def test_failed_task_exit_1_and_merge_gates(env: dict[str, str], git_repo: Path) -> None:
+    failed = cli(env, git_repo, "run", "[script:denied] hi", "--wait")
+    assert failed.returncode == 1
+    assert "auth" in cli(env, git_repo, "show", ls(env, git_repo)[0]["id"]).stdout
+
+    ok = cli(env, git_repo, "run", "write a.txt", "--wait", "--json")
+    tid = json.loads(ok.stdout)[0]["id"]
+    tests_fail = cli(env, git_repo, "merge", tid, "--yes", "--test", "echo nope; exit 1")
+    assert tests_fail.returncode == 4 and "test command failed" in tests_fail.stderr
+    assert "nope" in tests_fail.stdout
+    (git_repo / "README.md").write_text("dirty\n")
+    dirty = cli(env, git_repo, "merge", tid, "--yes")
+    assert dirty.returncode == 4 and "uncommitted" in dirty.stderr
+    subprocess.run(["git", "checkout", "README.md"], cwd=git_repo, check=True)
+    (git_repo / "a.txt").write_text("conflicting\n")
+    subprocess.run(["git", "add", "a.txt"], cwd=git_repo, check=True)
+    subprocess.run(["git", "commit", "-qm", "a.txt on main"], cwd=git_repo, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=git_repo, text=True,
+                          capture_output=True).stdout
+    conflict = cli(env, git_repo, "merge", tid, "--yes")
+    assert conflict.returncode == 4 and "a.txt" in conflict.stderr
+    assert (git_repo / "a.txt").read_text() == "conflicting\n"
+    assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=git_repo, text=True,
+                          capture_output=True).stdout == head
+    retried = cli(env, git_repo, "retry", tid)
+    assert retried.returncode == 0, retried.stderr
+    assert wait_state(env, git_repo, tid, {"succeeded", "failed"})["state"] == "succeeded"
+
+
+def _sleepers() -> list[int]:
+    return [st.pid for st in procs.all_stats() if st.state != "Z"
+            and " ".join(procs.cmdline(st.pid)) in ("sleep 336", "sleep 337")]
+
+
+def test_kill_from_the_cli(env: dict[str, str], git_repo: Path) -> None:
+    out = cli(env, git_repo, "run", "[script:sleepy] wait", "--json")
+    tid = json.loads(out.stdout)[0]["id"]
+    try:
+        deadline = time.monotonic() + 30
+        while len(_sleepers()) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        killed = cli(env, git_repo, "kill", tid)
+        assert killed.returncode == 0, killed.stderr
+        assert ls(env, git_repo)[0]["state"] == "killed"
+        assert _sleepers() == []
+        assert cli(env, git_repo, "kill", tid).returncode == 1
+    finally:
+        for pid in _sleepers():
+            procs.signal_pid(pid, signal.SIGKILL)
