@@ -1,0 +1,411 @@
+"""What every benchmark shares: figures and their statistics, an isolated environment,
+scratch git repositories, the stand-in `claude`, the machine description and the report.
+
+A figure keeps every sample it was computed from, so the report can show the median and
+the spread (min–max and the interquartile range) and nothing is summarised twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SAMPLES_DIR = REPO_ROOT / "tests" / "fixtures" / "stream-json"
+
+_SCRUB_PREFIXES = ("ANTHROPIC_", "FLEET_WORKER_", "FLEET_TUI_", "CLAUDE_")
+_SCRUB_NAMES = ("ZHIPU_API_KEY", "GLM_API_KEY", "IS_SANDBOX", "HTTPS_PROXY", "HTTP_PROXY",
+                "https_proxy", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (q in [0, 1]) of a non-empty sequence."""
+    if not values:
+        raise ValueError("quantile of no values")
+    data = sorted(values)
+    if len(data) == 1:
+        return data[0]
+    pos = q * (len(data) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+@dataclass
+class Figure:
+    """One measured quantity over several runs, and its budget.
+
+    `samples` hold one value per run (or per observation, see `per`). The budget is
+    compared with the median of the samples; `better` says which way passes.
+    """
+
+    key: str
+    title: str
+    unit: str
+    samples: list[float]
+    budget: float | None = None
+    better: str = "lower"  # "lower": median <= budget passes; "higher": median >= budget
+    per: str = "run"  # what one sample is: "run", "press", "step", "pair"
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def minimum(self) -> float:
+        return min(self.samples)
+
+    @property
+    def maximum(self) -> float:
+        return max(self.samples)
+
+    @property
+    def q1(self) -> float:
+        return quantile(self.samples, 0.25)
+
+    @property
+    def q3(self) -> float:
+        return quantile(self.samples, 0.75)
+
+    @property
+    def passed(self) -> bool | None:
+        """None when the figure has no budget (context only)."""
+        if self.budget is None:
+            return None
+        if self.better == "higher":
+            return self.median >= self.budget
+        return self.median <= self.budget
+
+    def check(self) -> None:
+        """Raise ValueError unless the figure is well formed (used by the smoke tests)."""
+        if not self.key or not self.title or not self.unit:
+            raise ValueError(f"figure {self.key!r} lacks a key, title or unit")
+        if not self.samples:
+            raise ValueError(f"figure {self.key!r} has no samples")
+        for value in self.samples:
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"figure {self.key!r} has a bad sample {value!r}")
+        if self.better not in ("lower", "higher"):
+            raise ValueError(f"figure {self.key!r}: better must be lower or higher")
+        if self.budget is not None and not math.isfinite(self.budget):
+            raise ValueError(f"figure {self.key!r} has a bad budget {self.budget!r}")
+
+    def to_json(self) -> dict[str, object]:
+        return {"key": self.key, "title": self.title, "unit": self.unit,
+                "median": self.median, "min": self.minimum, "max": self.maximum,
+                "q1": self.q1, "q3": self.q3, "n": len(self.samples), "per": self.per,
+                "budget": self.budget, "better": self.better, "passed": self.passed,
+                "samples": self.samples, "note": self.note}
+
+
+@dataclass
+class BenchResult:
+    """What one benchmark returns: its figures and free-text findings for the report."""
+
+    name: str
+    title: str
+    figures: list[Figure]
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def check(self) -> None:
+        if not self.figures:
+            raise ValueError(f"benchmark {self.name} produced no figures")
+        for fig in self.figures:
+            fig.check()
+        budgets = [f for f in self.figures if f.budget is not None]
+        if not budgets:
+            raise ValueError(f"benchmark {self.name} has no figure with a budget")
+
+
+def ms(seconds: float) -> float:
+    return seconds * 1000.0
+
+
+# --------------------------------------------------------------------------- environment
+
+
+@dataclass
+class BenchEnv:
+    """A private HOME, FLEET_TUI_HOME and XDG dirs under one scratch directory.
+
+    `env` is the full environment for child processes; while the context is open the same
+    values are set in os.environ too, so in-process code (paths.home()) sees them.
+    """
+
+    root: Path
+    env: dict[str, str]
+
+    @property
+    def home(self) -> Path:
+        return Path(self.env["HOME"])
+
+    @property
+    def fleet_home(self) -> Path:
+        return Path(self.env["FLEET_TUI_HOME"])
+
+
+def _scrubbed(base: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in base.items()
+            if not (k.startswith(_SCRUB_PREFIXES) or k in _SCRUB_NAMES)}
+
+
+@contextlib.contextmanager
+def bench_env(prefix: str = "fleet-bench-") -> Iterator[BenchEnv]:
+    """Open an isolated environment; everything under it is removed on exit."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    home = root / "home"
+    home.mkdir()
+    env = _scrubbed(os.environ)
+    env.update({
+        "HOME": str(home),
+        "FLEET_TUI_HOME": str(root / "fleet-home"),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "GIT_AUTHOR_NAME": "Fleet Bench",
+        "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+        "GIT_COMMITTER_NAME": "Fleet Bench",
+        "GIT_COMMITTER_EMAIL": "bench@example.invalid",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    })
+    if os.geteuid() == 0:
+        env["FLEET_WORKER_SANDBOX"] = "1"  # claude's root rule; the stand-in ignores it
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield BenchEnv(root=root, env=env)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def git(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
+                         env=dict(env) if env is not None else None)
+    return out.stdout
+
+
+def make_repo(path: Path, files: Mapping[str, str] | None = None) -> Path:
+    """A real git repository on `main` with one commit of `files` (or a README)."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    git(path, "config", "user.name", "Fleet Bench")
+    git(path, "config", "user.email", "bench@example.invalid")
+    for name, text in (files or {"README.md": "# bench\n"}).items():
+        target = path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "initial")
+    return path
+
+
+# --------------------------------------------------------------------------- stand-in claude
+
+_STANDIN_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+int main(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const char *stamp = getenv("BENCH_STAMP_FILE");
+    if (stamp) {
+        FILE *f = fopen(stamp, "a");
+        if (f) {
+            fprintf(f, "%lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+            fclose(f);
+        }
+    }
+    if (getenv("BENCH_PRINT_RESULT")) {
+        fputs("{\"type\":\"result\",\"subtype\":\"success\",\"is_error\":false,"
+              "\"result\":\"done\",\"num_turns\":1,\"session_id\":\"bench\","
+              "\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}\n", stdout);
+    }
+    return 0;
+}
+"""
+
+_STANDIN_PY = """\
+import os, time
+t = time.monotonic_ns()
+p = os.environ.get("BENCH_STAMP_FILE")
+if p:
+    with open(p, "a") as f:
+        f.write(f"{t}\\n")
+if os.environ.get("BENCH_PRINT_RESULT"):
+    print('{"type":"result","subtype":"success","is_error":false,"result":"done",'
+          '"num_turns":1,"session_id":"bench","usage":{"input_tokens":1,"output_tokens":1}}')
+"""
+
+
+def build_standin(directory: Path) -> Path:
+    """A stand-in for `claude` (nothing real can be timed here without a network): it
+    records CLOCK_MONOTONIC at its first instruction into $BENCH_STAMP_FILE, prints one
+    successful result line when $BENCH_PRINT_RESULT is set, and exits 0.
+
+    Compiled from C when a compiler is present (so its own start-up is ~1 ms); otherwise
+    a Python script started with -S -E (slower, but the same in both arms of a ratio).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    exe = directory / "claude"
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc:
+        src = directory / "standin.c"
+        src.write_text(_STANDIN_C)
+        done = subprocess.run([cc, "-O2", "-o", str(exe), str(src)], capture_output=True,
+                              check=False)
+        if done.returncode == 0:
+            return exe
+    exe.write_text(f"#!{sys.executable} -S -E\n{_STANDIN_PY}")
+    exe.chmod(0o755)
+    return exe
+
+
+def read_stamps(path: Path) -> list[int]:
+    try:
+        return [int(x) for x in path.read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(module: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(module)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _mem_total() -> str:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                kib = int(line.split()[1])
+                return f"{kib / 1024 / 1024:.1f} GiB"
+    except (OSError, ValueError):
+        pass
+    return "unknown"
+
+
+def machine_info() -> dict[str, str]:
+    git_version = subprocess.run(["git", "--version"], capture_output=True, text=True,
+                                 check=False).stdout.strip()
+    return {
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": _cpu_model(),
+        "cores": str(os.cpu_count() or 0),
+        "memory": _mem_total(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "textual": _version("textual"),
+        "msgspec": _version("msgspec"),
+        "git": git_version,
+    }
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit in ("events/s", "lines/s"):
+        return f"{value:,.0f}"
+    if unit == "×":
+        return f"{value:.2f}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _budget_text(fig: Figure) -> str:
+    if fig.budget is None:
+        return "—"
+    op = "≥" if fig.better == "higher" else "≤"
+    return f"{op} {_fmt(fig.budget, fig.unit)} {fig.unit}"
+
+
+def _verdict(fig: Figure) -> str:
+    if fig.passed is None:
+        return "(context)"
+    return "**pass**" if fig.passed else "**FAIL**"
+
+
+def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
+                  command: str, smoke: bool) -> str:
+    lines = ["# fleet-tui benchmarks", ""]
+    lines.append(f"Written by `{command}` — do not edit by hand; run it again instead.")
+    if smoke:
+        lines.append("")
+        lines.append("**Smoke mode: tiny sizes, figures are NOT comparable with the budgets.**")
+    lines += ["", "## Machine", ""]
+    for key, value in machine.items():
+        lines.append(f"- {key}: {value}")
+    lines += ["", "## Summary", "",
+              "| benchmark | figure | median | spread (min–max) | IQR | n | budget | result |",
+              "|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        for fig in res.figures:
+            u = fig.unit
+            lines.append(
+                f"| {res.title} | {fig.title} | {_fmt(fig.median, u)} {u} "
+                f"| {_fmt(fig.minimum, u)}–{_fmt(fig.maximum, u)} "
+                f"| {_fmt(fig.q1, u)}–{_fmt(fig.q3, u)} | {len(fig.samples)} {fig.per}s "
+                f"| {_budget_text(fig)} | {_verdict(fig)} |")
+    failed = [f"{r.title}: {f.title}" for r in results for f in r.figures if f.passed is False]
+    lines.append("")
+    if failed:
+        lines.append("Budgets missed: " + "; ".join(failed) + ".")
+    else:
+        lines.append("Every budget met.")
+    lines += ["", "## Details", ""]
+    for res in results:
+        lines.append(f"### {res.title}")
+        lines.append("")
+        lines.append(f"(`bench/{res.name}.py`, {res.seconds:.1f} s)")
+        lines.append("")
+        for fig in res.figures:
+            note = f" — {fig.note}" if fig.note else ""
+            lines.append(f"- **{fig.title}**: median {_fmt(fig.median, fig.unit)} {fig.unit}, "
+                         f"min {_fmt(fig.minimum, fig.unit)}, max "
+                         f"{_fmt(fig.maximum, fig.unit)} over {len(fig.samples)} "
+                         f"{fig.per}s; budget {_budget_text(fig)} → {_verdict(fig)}{note}")
+        for note in res.notes:
+            lines.append(f"- {note}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
