@@ -19,6 +19,13 @@ is recorded (never a credential: only whether one came, its kind, and its sha256
 every CONNECT is refused and recorded, so a second instance can stand as `HTTPS_PROXY` and
 prove that nothing tries to leave the machine.
 
+Observed with CLI 2.1.197, and mirrored here: the CLI sends `HEAD /` once before its first
+call (answered 200, kept in `.probes`, not `.requests`); it honours `x-should-retry` (a 401
+without `x-should-retry: false` is retried like a 5xx, so error faults send the header the
+real API sends); after a stream cut mid-way it retries once with a non-streaming request
+(the JSON form below); with HTTP(S)_PROXY set it sends absolute-form requests for http://
+and CONNECT for https://, both of which a second instance refuses and records.
+
 Standard library only; the server runs in a background thread so that sync and async code
 can both use it.
 """

@@ -248,6 +248,28 @@ def test_rate_limit_is_classified_as_quota(worker: Worker) -> None:
     assert len(ep.message_requests()) == 2
 
 
+def test_dropped_stream_falls_back_to_a_non_streaming_request(worker: Worker) -> None:
+    """Observed CLI behaviour the endpoint must support: a stream cut mid-way is retried
+    once as a plain JSON request, and the run still succeeds."""
+    with ScriptedEndpoint(TOOL_LOOP, faults=[{"kind": "drop", "after_events": 3}]) as ep:
+        run = worker.run(ep.url, "notes please", extra={"CLAUDE_CODE_MAX_RETRIES": "1"})
+    assert run.exit_code == 0, run.stderr
+    assert run.verdict == "ok"
+    first, fallback = ep.message_requests()[:2]
+    assert (first.fault, first.stream) == ("drop", True)
+    assert (fallback.turn, fallback.stream, fallback.fault) == (0, False, None)
+
+
+def test_hung_endpoint_times_out(worker: Worker) -> None:
+    with ScriptedEndpoint(TOOL_LOOP, faults=[{"kind": "hang", "times": None}]) as ep:
+        run = worker.run(ep.url, "anything", extra={"CLAUDE_CODE_MAX_RETRIES": "0",
+                                                    "API_TIMEOUT_MS": "1000"})
+    assert run.exit_code == 1
+    assert run.result.is_error and run.result.api_error_status is None
+    assert "timed out" in (run.result.result or "").lower()
+    assert [r.fault for r in ep.message_requests()] == ["hang"]
+
+
 # ---------------------------------------------------------- 5-6. permissions, max turns
 
 
