@@ -572,12 +572,18 @@ class StreamDecoder:
             out.append(self._too_long(line, len(line)))
             return
         try:
-            obj = _DECODER.decode(line)
+            obj: Any = _DECODER.decode(line)
         except _DecodeError:
             self._decode_slow(line, out)
             return
         try:
-            self._emit(obj, line, None, out)
+            cls = type(obj)  # the two commonest kinds first, without a further call
+            if cls is _Assistant:
+                self._assistant(obj, self._line_no, out)
+            elif cls is _User:
+                self._user(obj, self._line_no, out)
+            else:
+                self._emit(obj, line, None, out)
         except Exception as exc:  # a defensive net: never let one odd line stop a stream
             out.append(Malformed(line_no=self._line_no, raw=_raw_head(line),
                                  error=f"could not interpret the line: {exc!r}"))
