@@ -359,9 +359,10 @@ def test_key_never_in_cmdline_nor_in_files(worker: Worker, tmp_path: Path) -> No
     assert key in environ, "control: the key must be in the environment we looked at"
     assert [p for p, line in cmdlines.items() if key in line] == []
     assert b"Add the notes file." in cmdlines[proc.pid]
-    # nothing written anywhere (events, stderr, config dir, the repo) holds the key
-    assert _files_containing(tmp_path, key) == []
-    assert _files_containing(tmp_path, key[-16:]) == []
+    # nothing written anywhere (events, stderr, config dir, the repo, HOME) holds the key
+    for root in (tmp_path, Path.home()):
+        assert _files_containing(root, key) == []
+        assert _files_containing(root, key[-16:]) == []
     assert decode(events_file.read_bytes())[-1].kind == "result"
     assert {r.auth_sha256 for r in ep.message_requests()} == {sha(worker.key)}
 
