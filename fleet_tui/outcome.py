@@ -20,6 +20,8 @@ from fleet_tui.stream import Result
 
 
 class Verdict(StrEnum):
+    """What became of a run; whether to retry is the engine's decision, not this one's."""
+
     OK = "ok"
     AUTH = "auth"
     OVERLOAD = "overload"
@@ -136,6 +138,9 @@ def _api_message(status: int, text: str) -> tuple[Verdict, str]:
         return Verdict.OVERLOAD, (f"the endpoint is overloaded or failing ({status}) even after "
                                   "claude's own retries; retry later or fall back to the small "
                                   "model (FLEET_WORKER_SMALL_MODEL)")
+    if status == 408:
+        return Verdict.TIMEOUT, ("the endpoint timed out the request (408); check the endpoint, "
+                                 "then retry")
     if status in (404, 405):
         return Verdict.REFUSED, (f"the endpoint refused the request ({status}){detail}; check "
                                  "FLEET_WORKER_BASE_URL and FLEET_WORKER_MODEL")

@@ -114,6 +114,7 @@ def variant(**changes: Any) -> dict[str, Any]:
     ({"is_error": True, "api_error_status": 529}, Verdict.OVERLOAD),
     ({"is_error": True, "api_error_status": 429}, Verdict.QUOTA),
     ({"is_error": True, "api_error_status": 404}, Verdict.REFUSED),
+    ({"is_error": True, "api_error_status": 408}, Verdict.TIMEOUT),
     ({"is_error": True, "api_error_status": None, "result": "Request timed out"},
      Verdict.TIMEOUT),
     ({"is_error": True, "api_error_status": None,
