@@ -50,7 +50,8 @@ class Figure:
     """One measured quantity over several runs, and its budget.
 
     `samples` hold one value per run (or per observation, see `per`). The budget is
-    compared with the median of the samples; `better` says which way passes.
+    compared with `stat` of the samples (the median, or the 99th percentile for latencies
+    sampled press by press); `better` says which way passes.
     """
 
     key: str
@@ -61,6 +62,11 @@ class Figure:
     better: str = "lower"  # "lower": median <= budget passes; "higher": median >= budget
     per: str = "run"  # what one sample is: "run", "press", "step", "pair"
     note: str = ""
+    stat: str = "median"  # "median" | "p99": what the budget is compared with
+
+    @property
+    def value(self) -> float:
+        return quantile(self.samples, 0.99) if self.stat == "p99" else self.median
 
     @property
     def median(self) -> float:
@@ -88,8 +94,8 @@ class Figure:
         if self.budget is None:
             return None
         if self.better == "higher":
-            return self.median >= self.budget
-        return self.median <= self.budget
+            return self.value >= self.budget
+        return self.value <= self.budget
 
     def check(self) -> None:
         """Raise ValueError unless the figure is well formed (used by the smoke tests)."""
@@ -100,6 +106,8 @@ class Figure:
         for value in self.samples:
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"figure {self.key!r} has a bad sample {value!r}")
+        if self.stat not in ("median", "p99"):
+            raise ValueError(f"figure {self.key!r}: stat must be median or p99")
         if self.better not in ("lower", "higher"):
             raise ValueError(f"figure {self.key!r}: better must be lower or higher")
         if self.budget is not None and not math.isfinite(self.budget):
@@ -107,7 +115,8 @@ class Figure:
 
     def to_json(self) -> dict[str, object]:
         return {"key": self.key, "title": self.title, "unit": self.unit,
-                "median": self.median, "min": self.minimum, "max": self.maximum,
+                "stat": self.stat, "value": self.value, "median": self.median,
+                "min": self.minimum, "max": self.maximum,
                 "q1": self.q1, "q3": self.q3, "n": len(self.samples), "per": self.per,
                 "budget": self.budget, "better": self.better, "passed": self.passed,
                 "samples": self.samples, "note": self.note}
@@ -357,7 +366,8 @@ def _budget_text(fig: Figure) -> str:
     if fig.budget is None:
         return "—"
     op = "≥" if fig.better == "higher" else "≤"
-    return f"{op} {_fmt(fig.budget, fig.unit)} {fig.unit}"
+    where = " (p99)" if fig.stat == "p99" else ""
+    return f"{op} {_fmt(fig.budget, fig.unit)} {fig.unit}{where}"
 
 
 def _verdict(fig: Figure) -> str:
@@ -377,13 +387,15 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
     for key, value in machine.items():
         lines.append(f"- {key}: {value}")
     lines += ["", "## Summary", "",
-              "| benchmark | figure | median | spread (min–max) | IQR | n | budget | result |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| benchmark | figure | median | p99 | spread (min–max) | IQR | n | budget "
+              "| result |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         for fig in res.figures:
             u = fig.unit
             lines.append(
                 f"| {res.title} | {fig.title} | {_fmt(fig.median, u)} {u} "
+                f"| {_fmt(quantile(fig.samples, 0.99), u) if fig.per != 'run' else '—'} "
                 f"| {_fmt(fig.minimum, u)}–{_fmt(fig.maximum, u)} "
                 f"| {_fmt(fig.q1, u)}–{_fmt(fig.q3, u)} | {len(fig.samples)} {fig.per}s "
                 f"| {_budget_text(fig)} | {_verdict(fig)} |")
@@ -401,7 +413,10 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
         lines.append("")
         for fig in res.figures:
             note = f" — {fig.note}" if fig.note else ""
-            lines.append(f"- **{fig.title}**: median {_fmt(fig.median, fig.unit)} {fig.unit}, "
+            p99 = (f", p99 {_fmt(quantile(fig.samples, 0.99), fig.unit)}"
+                   if fig.per != "run" else "")
+            lines.append(f"- **{fig.title}**: median {_fmt(fig.median, fig.unit)} {fig.unit}"
+                         f"{p99}, "
                          f"min {_fmt(fig.minimum, fig.unit)}, max "
                          f"{_fmt(fig.maximum, fig.unit)} over {len(fig.samples)} "
                          f"{fig.per}s; budget {_budget_text(fig)} → {_verdict(fig)}{note}")
