@@ -744,8 +744,19 @@ class Fleet:
             with contextlib.suppress(git.GitError, OSError):
                 added, deleted = git.diff_stat(Path(task.worktree), task.base_commit)
                 fields_["added_lines"], fields_["deleted_lines"] = added, deleted
-        if self.store.update_task(task.id, expect_state=ACTIVE_STATES, **fields_):
-            changes.append(TaskChange(task.id, task.state, new, message))
+        applied: list[TaskState] = []
+
+        def change(current: Task) -> dict[str, Any] | None:
+            # Only the attempt the task is on may move it, and only once: another engine may
+            # have finished this attempt already and even started the next one.
+            if current.state not in ACTIVE_STATES or current.attempt_count != attempt.n:
+                return None
+            applied.append(current.state)
+            return fields_
+
+        self.store.modify_task(task.id, change)
+        if applied:
+            changes.append(TaskChange(task.id, applied[0], new, message))
 
     # --- user actions on finished tasks -------------------------------------------------------
 
@@ -886,11 +897,22 @@ class Fleet:
             with open(path, "rb") as fh:
                 fh.seek(offset)
                 data = fh.read(max_bytes) if max_bytes is not None else fh.read()
+                at_eof = max_bytes is None or len(data) < max_bytes
+                if max_bytes is not None and not at_eof and b"\n" not in data:
+                    # one line longer than max_bytes (a big Write): read on to its end, so
+                    # that a caller reading chunk by chunk always makes progress
+                    while b"\n" not in data[-max(1, max_bytes):]:
+                        more = fh.read(max(1, max_bytes))
+                        if not more:
+                            at_eof = True
+                            break
+                        data += more
+                    if not at_eof:
+                        data = data[: data.index(b"\n") + 1]
         except FileNotFoundError:
             return [], offset
         cut = data.rfind(b"\n") + 1
         whole = cut == len(data)
-        at_eof = max_bytes is None or len(data) < max_bytes
         if not whole and not (at_eof and self.attempt_finished(attempt)):
             data = data[:cut]
         decoder = stream.StreamDecoder()

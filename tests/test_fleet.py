@@ -38,7 +38,7 @@ SCRIPTS: dict[str, Any] = {
     # keeps its slot for a moment so that the cap is visible
     "slow": [
         [{"type": "tool_use", "name": "Bash",
-          "input": {"command": "sleep 1; echo slow > slow.txt", "description": "slow"}}],
+          "input": {"command": "sleep 0.5; echo slow > slow.txt", "description": "slow"}}],
         "slow done",
     ],
     "sleepy": [
@@ -203,7 +203,7 @@ def test_overload_gives_up_after_max_attempts(git_repo: Path, claude_bin: str) -
 def test_quota_cooldown_holds_every_task_of_the_endpoint(git_repo: Path,
                                                           claude_bin: str) -> None:
     with ScriptedEndpoint({"default": ["fine"]}, faults=["429x1"]) as ep:
-        fleet = make_fleet(ep, claude_bin, max_workers=1, quota_cooldown=1.5)
+        fleet = make_fleet(ep, claude_bin, max_workers=1, quota_cooldown=1.0)
         first, second = (fleet.submit(TaskSpec(prompt=f"task {i}", repo=git_repo))[0]
                          for i in range(2))
         drive(fleet, lambda: fleet.get_task(first.id).state == TaskState.WAITING)
@@ -217,7 +217,7 @@ def test_quota_cooldown_holds_every_task_of_the_endpoint(git_repo: Path,
             assert fleet.get_task(t.id).state == TaskState.SUCCEEDED
         later = ep.requests[1:]
         assert len(later) == 2
-        assert all(r.time >= t_429 + 1.5 - 0.05 for r in later), \
+        assert all(r.time >= t_429 + 1.0 - 0.05 for r in later), \
             [r.time - t_429 for r in later]
         assert [a.verdict for a in fleet.attempts(first.id)] == ["quota", "ok"]
 
@@ -575,3 +575,31 @@ async def test_follow_events_tails_a_running_attempt(git_repo: Path, claude_bin:
         assert isinstance(got[0], stream.Init) and isinstance(got[-1], stream.Result)
         events, _ = fleet.read_events(fleet.attempts(task.id)[0])
         assert [type(e) for e in got] == [type(e) for e in events]
+
+
+def test_read_events_in_small_chunks_matches_one_read(tmp_path: Path,
+                                                      reference_samples: Path) -> None:
+    """The panel reads in chunks; lines longer than a chunk must still come through."""
+    from fleet_tui.store import Attempt
+
+    adir = tmp_path / "attempt"
+    adir.mkdir()
+    data = (reference_samples / "nonroot_stream" / "stdout.jsonl").read_bytes()
+    (adir / EVENTS_FILE).write_bytes(data + data[: data.index(b"\n")])  # + a partial line
+    fleet = Fleet(load_settings(), Store(tmp_path / "db.sqlite"))
+    attempt = Attempt(id=1, task_id="abc123", n=1, dir=adir)
+    whole, end = fleet.read_events(attempt)
+    assert end == len(data)  # the unfinished last line waits until the attempt finishes
+    got: list[stream.Event] = []
+    offset = 0
+    for _ in range(10_000):
+        events, new = fleet.read_events(attempt, offset, max_bytes=100)
+        got += events
+        if new == offset:
+            break
+        offset = new
+    assert offset == end
+    assert [type(e) for e in got] == [type(e) for e in whole] and len(whole) > 3
+    (adir / "exit.json").write_text("{}")  # finished: the partial line is returned now
+    final, end2 = fleet.read_events(attempt)
+    assert end2 == (adir / EVENTS_FILE).stat().st_size and len(final) == len(whole) + 1

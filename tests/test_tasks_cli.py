@@ -177,7 +177,7 @@ def test_prompt_sources_and_usage_errors(env: dict[str, str], git_repo: Path,
     assert outside.returncode == 2 and "git repository" in outside.stderr
     unknown = cli(env, git_repo, "show", "zzzzzz")
     assert unknown.returncode == 3 and "no task" in unknown.stderr
-    for cmd in ("logs", "diff", "merge", "discard", "retry", "kill"):
+    for cmd in ("logs", "merge", "kill"):
         assert cli(env, git_repo, cmd, "zzzzzz", "--yes" if cmd in ("merge", "discard")
                    else "--repo=.").returncode == 3
     helped = cli(env, git_repo, "merge", "--help")
