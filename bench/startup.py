@@ -1,0 +1,204 @@
+"""Benchmark 4: `fleet-tui` to its first frame, with 1,000 tasks and 10,000 attempts stored,
+against a bare Textual app that shows one label — in the same run, on a real terminal.
+
+Both programs run in a pseudo-terminal (160×50, TERM=xterm-256color), exactly as a user
+starts them: `fleet-tui` is the installed console script, the bare app `python -c` with the
+same interpreter. The time is taken from just before the spawn to the moment the terminal
+receives the frame: for the bare app its label; for fleet-tui the first frame of the main
+screen (the task table's header "last tool") and, separately, the first
+frame that shows stored task titles (the list is read in a thread after the first frame).
+Budget: first frame at most 1.5 times the bare app (median of the per-pair ratios).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import sqlite3
+import struct
+import subprocess
+import sys
+import termios
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from bench.common import BenchEnv, BenchResult, Figure, bench_env, make_repo, ms
+
+COLS, ROWS = 160, 50
+BARE_APP = """\
+from textual.app import App
+from textual.widgets import Label
+
+class Bare(App):
+    def compose(self):
+        yield Label("bench-ready")
+
+Bare().run()
+"""
+TITLE_PREFIX = "benchtask"
+
+
+def populate_store(db: Path, repo: Path, tasks: int, attempts_per_task: int) -> None:
+    """Fill a real fleet-tui database (created and migrated by Store) with finished tasks
+    and their attempts, in one transaction (the Store API commits per row, which would
+    make the setup slower than the benchmark)."""
+    from fleet_tui.store import Attempt, Store, Task, TaskState
+
+    Store(db).close()  # schema, migrations, WAL
+    states = [TaskState.MERGED, TaskState.MERGED, TaskState.DISCARDED, TaskState.SUCCEEDED,
+              TaskState.FAILED, TaskState.MERGED, TaskState.KILLED, TaskState.MERGED]
+    now = time.time()
+    task_cols = [f.name for f in fields(Task)]
+    att_cols = [f.name for f in fields(Attempt) if f.name != "id"]
+    task_rows = []
+    att_rows = []
+    for i in range(tasks):
+        tid = f"t{i:05d}"
+        created = now - (tasks - i) * 60
+        state = states[i % len(states)]
+        task = Task(id=tid, prompt=f"{TITLE_PREFIX} {i}: refactor module {i} and add tests",
+                    repo=repo, title=f"{TITLE_PREFIX} {i:04d} refactor module {i}",
+                    base_branch="main", base_commit="0" * 40, branch=f"fleet/{tid}",
+                    endpoint="https://api.z.ai/api/anthropic", model="main", state=state,
+                    verdict="ok" if state != TaskState.FAILED else "crashed",
+                    message="done", created_at=created, updated_at=created + 50,
+                    started_at=created + 1, finished_at=created + 50,
+                    attempt_count=attempts_per_task, session_id=f"session-{i}", turns=12,
+                    input_tokens=12000 + i, output_tokens=3400 + i,
+                    last_tool=f"Bash pytest -q tests/test_mod_{i}.py",
+                    added_lines=i % 300, deleted_lines=i % 70)
+        values = []
+        for name in task_cols:
+            value = getattr(task, name)
+            if name == "extra_args":
+                value = json.dumps(value)
+            elif isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, TaskState):
+                value = value.value
+            values.append(value)
+        task_rows.append(values)
+        for n in range(1, attempts_per_task + 1):
+            adir = repo / ".fleet-work" / ".logs" / tid / str(n)
+            att = Attempt(id=0, task_id=tid, n=n, kind="fresh" if n == 1 else "resume",
+                          prompt="continue", model="GLM-5.2", runner_pid=100000 + n,
+                          dir=adir, events_path=adir / "events.jsonl",
+                          stderr_path=adir / "stderr.log", exit_path=adir / "exit.json",
+                          started_at=created + n, finished_at=created + n + 5, exit_code=0,
+                          verdict="ok", message="done", turns=3, input_tokens=3000,
+                          output_tokens=800, session_id=f"session-{i}",
+                          last_tool="Edit src/app.py", events_offset=4096)
+            att_rows.append([str(v) if isinstance(v, Path) else v
+                             for v in (getattr(att, c) for c in att_cols)])
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.executemany(f"INSERT INTO tasks ({', '.join(task_cols)}) VALUES "
+                         f"({', '.join('?' for _ in task_cols)})", task_rows)
+        conn.executemany(f"INSERT INTO attempts ({', '.join(att_cols)}) VALUES "
+                         f"({', '.join('?' for _ in att_cols)})", att_rows)
+    conn.close()
+
+
+def time_to_marks(argv: list[str], env: dict[str, str], cwd: Path, marks: list[bytes],
+                  timeout: float = 60.0) -> list[float]:
+    """Seconds from spawn until each of `marks` has reached the terminal, in order."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd,
+                            start_new_session=True, close_fds=True)
+    os.close(slave)
+    seen = b""
+    found: list[float] = []
+    try:
+        deadline = t0 + timeout
+        while len(found) < len(marks):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise TimeoutError(f"{argv[0]} painted no {marks[len(found)]!r} in {timeout} s;"
+                                   f" last output {seen[-400:]!r}")
+            ready, _, _ = select.select([master], [], [], min(left, 0.05))
+            if not ready:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{argv[0]} exited ({proc.returncode}): "
+                                       f"{seen[-800:].decode(errors='replace')}")
+                continue
+            try:
+                data = os.read(master, 1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                raise RuntimeError(f"{argv[0]} closed the terminal: {seen[-800:]!r}")
+            now = time.perf_counter()
+            seen = seen[-4096:] + data
+            while len(found) < len(marks) and marks[len(found)] in seen:
+                found.append(now - t0)
+    finally:
+        # our own child, by its process group: it is a full-screen app waiting for keys
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        os.close(master)
+    return found
+
+
+def _fleet_tui_command() -> list[str]:
+    script = Path(sys.executable).parent / "fleet-tui"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from fleet_tui.cli import main; sys.exit(main())"]
+
+
+def _setup(benv: BenchEnv, tasks: int, attempts: int) -> Path:
+    repo = make_repo(benv.root / "repo")
+    benv.fleet_home.mkdir(parents=True, exist_ok=True)
+    populate_store(benv.fleet_home / "fleet.db", repo, tasks, attempts)
+    return repo
+
+
+def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
+    runs = runs or (1 if smoke else 9)
+    tasks, per_task = (20, 2) if smoke else (1000, 10)
+    with bench_env() as benv:
+        repo = _setup(benv, tasks, per_task)
+        env = {**benv.env, "TERM": "xterm-256color", "COLUMNS": str(COLS),
+               "LINES": str(ROWS)}
+        env.pop("NO_COLOR", None)
+        fleet_cmd = _fleet_tui_command()
+        bare_cmd = [sys.executable, "-c", BARE_APP]
+        fleet_marks = [b"last tool", TITLE_PREFIX.encode()]
+        # one untimed start of each: page cache, pyc files
+        time_to_marks(fleet_cmd, env, repo, fleet_marks)
+        time_to_marks(bare_cmd, env, repo, [b"bench-ready"])
+        first: list[float] = []
+        listed: list[float] = []
+        bare: list[float] = []
+        ratio: list[float] = []
+        for i in range(runs):
+            if i % 2 == 0:
+                f = time_to_marks(fleet_cmd, env, repo, fleet_marks)
+                b = time_to_marks(bare_cmd, env, repo, [b"bench-ready"])[0]
+            else:
+                b = time_to_marks(bare_cmd, env, repo, [b"bench-ready"])[0]
+                f = time_to_marks(fleet_cmd, env, repo, fleet_marks)
+            first.append(ms(f[0]))
+            listed.append(ms(f[1]))
+            bare.append(ms(b))
+            ratio.append(f[0] / b)
+    figures = [
+        Figure("startup.ratio", "fleet-tui first frame ÷ bare Textual app", "×", ratio,
+               budget=1.5, per="pair", note=f"{tasks:,} tasks, {tasks * per_task:,} attempts"),
+        Figure("startup.first_frame", "fleet-tui: spawn → first frame", "ms", first),
+        Figure("startup.listed", "fleet-tui: spawn → task titles on screen", "ms", listed,
+               note="the task list is read in a thread after the first frame"),
+        Figure("startup.bare", "bare Textual app: spawn → its label (baseline)", "ms", bare),
+    ]
+    return BenchResult("startup", "4. Start-up", figures,
+                       [f"terminal {COLS}×{ROWS} (a pty); fleet-tui run as {fleet_cmd[0]} in "
+                        "a git repository, scheduler on (nothing to schedule)"])
