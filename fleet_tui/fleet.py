@@ -165,7 +165,6 @@ class Fleet:
         self._lock = threading.RLock()
         self._follows: dict[int, _Follow] = {}
         self._children: dict[int, subprocess.Popen[bytes]] = {}
-        self._kill_sent: dict[int, float] = {}
 
     # --- queries ------------------------------------------------------------------------------
 
@@ -267,11 +266,16 @@ class Fleet:
             changes: list[TaskChange] = []
             self._reap()
             now = self.clock()
-            for task in self.store.list_tasks(states=ACTIVE_STATES):
+            active = self.store.list_tasks(states=ACTIVE_STATES)
+            for task in active:
                 try:
                     self._follow_task(task, now, changes)
                 except (OSError, StoreError, git.GitError) as exc:
                     log.warning("following task %s: %s", task.id, exc)
+            # forget attempts another engine finished (their tasks are no longer active)
+            live = {a.id for t in active if (a := self.store.latest_attempt(t.id)) is not None}
+            for attempt_id in set(self._follows) - live:
+                del self._follows[attempt_id]
             self._start_ready(changes)
             return changes
 
@@ -367,10 +371,12 @@ class Fleet:
 
     def _launch(self, task: Task) -> Attempt:
         now = self.clock()
+        attempts = self.store.list_attempts(task.id)
         worktree = task.worktree
         if worktree is None or not Path(worktree).is_dir():
+            # a retry may find what a failed start left behind: then start clean
             info = git.create_worktree(task.repo, task.id, task.base_commit or task.base_ref,
-                                       reset=worktree is not None)
+                                       reset=worktree is not None or bool(attempts))
             worktree = info.path
             self.store.update_task(task.id, worktree=info.path, branch=info.branch,
                                    base_commit=task.base_commit or info.base_commit,
@@ -383,7 +389,6 @@ class Fleet:
         config_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(config_dir, 0o700)
 
-        attempts = self.store.list_attempts(task.id)
         pending = attempts[-1] if attempts and attempts[-1].runner_pid is None \
             and attempts[-1].finished_at is None else None
         model = self._model_for(task, attempts)
@@ -689,7 +694,6 @@ class Fleet:
             last_tool=s.last_tool, events_offset=fol.offset)
         self._store_summary(task, attempt, now, False)
         self._follows.pop(attempt.id, None)
-        self._kill_sent.pop(attempt.id, None)
         self._apply_outcome(task, attempt, verdict, message, now, changes)
 
     def _apply_outcome(self, task: Task, attempt: Attempt, verdict: str, message: str,
