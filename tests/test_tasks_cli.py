@@ -138,6 +138,10 @@ def test_run_returns_once_started_and_ls_catches_up(env: dict[str, str],
     assert out.returncode == 0, out.stderr
     ids = [line.split()[0] for line in out.stdout.splitlines()]
     assert len(ids) == 2
+    followed = cli(env, git_repo, "logs", ids[0], "--follow")
+    assert followed.returncode == 0, followed.stderr
+    assert followed.stdout.splitlines()[-1] == "result   ok (success, 1 turns): first answer"
+    assert f"{ids[0]} succeeded" in followed.stderr
     # nobody runs the scheduler now; `ls` itself records what finished meanwhile
     for tid in ids:
         done = wait_state(env, git_repo, tid, {"succeeded", "failed"})
