@@ -15,6 +15,7 @@ from pathlib import Path
 
 from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -60,6 +61,7 @@ class FleetApp(App[None]):
         self.bell_enabled = bell
         self.bells = 0
         self.errors: list[str] = []
+        self.toasts: list[tuple[str, str, str]] = []  # (severity, title, message)
         self._stop = threading.Event()
 
     def on_mount(self) -> None:
@@ -105,12 +107,19 @@ class FleetApp(App[None]):
         message = describe_error(event.worker.error)
         self.errors.append(message)
         what = event.worker.description or event.worker.name or "background work"
-        self.notify(message, title=f"Failed: {what}", severity="error", timeout=10,
-                    markup=False)
+        self.notify(message, title=f"Failed: {what}", severity="error", timeout=10)
         self.ring()
         if event.worker.group == "scheduler" and not self._stop.is_set():
             # The scheduler must keep going: start it again after a pause.
             self.set_timer(2.0, self._scheduler)
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """A toast; markup is off by default because messages carry agent and git text."""
+        self.toasts.append((severity, title, message))
+        del self.toasts[:-200]
+        super().notify(message, title=title, severity=severity, timeout=timeout,
+                       markup=markup)
 
     def ring(self) -> None:
         self.bells += 1

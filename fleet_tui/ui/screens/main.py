@@ -123,6 +123,8 @@ class MainScreen(Screen[None]):
         self._poll_lock = threading.Lock()
         self._seen_states: dict[str, TaskState] | None = None
         self._cooldown_seen: float | None = None
+        self._bindings_signature: object = None
+        self._title_shown = ""
 
     # --- helpers -------------------------------------------------------------------------
     @property
@@ -248,11 +250,26 @@ class MainScreen(Screen[None]):
             key = table.selected_key
             if key is not None:
                 self._select(key)
-            elif not visible:
+            elif not visible and self.selected_id is not None:
                 self._select(None)
         else:
             self._refresh_selected()
-        self.refresh_bindings()
+        self._maybe_refresh_bindings()
+
+    def _maybe_refresh_bindings(self) -> None:
+        """Refresh the footer only when what decides the bindings changed (a footer
+        rebuild on every poll would cost more than the whole poll)."""
+        task = self.selected
+        signature = (
+            tuple((t.id, t.state, t.worktree is not None, bool(t.session_id),
+                   t.attempt_count) for t in self.targets()),
+            (task.id, task.state) if task else None,
+            frozenset(self.marked), bool(self.filter_text),
+            self.query_one(DiffView).selected_path,
+        )
+        if signature != self._bindings_signature:
+            self._bindings_signature = signature
+            self.refresh_bindings()
 
     def _second_tick(self) -> None:
         self.query_one(StatusLine).show(self.status, self.now())
@@ -276,6 +293,7 @@ class MainScreen(Screen[None]):
         title = self.query_one("#detail-title", Label)
         if task is None:
             title.update("")
+            self._title_shown = ""
             if new:
                 self._stream_gen += 1
                 self.query_one(StreamView).clear_rows()
@@ -292,7 +310,9 @@ class MainScreen(Screen[None]):
                 text.append(f" → {task.base_branch}")
         if task.message and task.state not in (TaskState.RUNNING, TaskState.QUEUED):
             text.append(f"  ·  {task.message.splitlines()[0] if task.message else ''}")
-        title.update(text)
+        if text.plain != self._title_shown:
+            self._title_shown = text.plain
+            title.update(text)
         key = (task.id, task.attempt_count)
         if key != self._stream_task:
             self._stream_task = key

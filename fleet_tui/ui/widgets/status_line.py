@@ -33,6 +33,7 @@ class StatusLine(Static):
         self.repo_name = ""
         self.status: FleetStatus | None = None
         self.scheduler = True
+        self._shown: str | None = None
 
     def show(self, status: FleetStatus | None, now: float) -> None:
         self.status = status
@@ -58,4 +59,6 @@ class StatusLine(Static):
         if not self.scheduler:
             text.append("   (not starting tasks)",
                         style=self.get_component_rich_style("status--muted"))
-        self.update(text)
+        if text.plain != self._shown:
+            self._shown = text.plain
+            self.update(text)

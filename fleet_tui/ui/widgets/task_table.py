@@ -82,6 +82,7 @@ class TaskTable(DataTable[Text]):
         self._order: list[str] = []
         self._cells: dict[str, tuple[Text, ...]] = {}
         self._title_width = 0
+        self._built = False
 
     def _style(self, name: str) -> object:
         return self.get_component_rich_style(f"tasktable--{name}")
@@ -127,7 +128,8 @@ class TaskTable(DataTable[Text]):
         title_w, tool_w = self._widths()
         order = [t.id for t in tasks]
         rows = {t.id: self._row(t, t.id in marked, now) for t in tasks}
-        if order == self._order and title_w == self._title_width and self.columns:
+        if order == self._order and title_w == self._title_width and self.columns \
+                and self._built:
             col_keys = list(self.columns)
             for task_id in order:
                 old = self._cells.get(task_id)
@@ -151,6 +153,7 @@ class TaskTable(DataTable[Text]):
             self.add_row(*rows[task_id], key=task_id)
         self._order = order
         self._cells = rows
+        self._built = True
         if selected in order:
             self.move_cursor(row=order.index(selected), animate=False, scroll=True)
 
@@ -172,7 +175,7 @@ class TaskTable(DataTable[Text]):
 
     def on_resize(self) -> None:
         if self._widths()[0] != self._title_width and self._order:
-            self._order = []  # force a rebuild with the new widths on the next show
+            self._built = False  # rebuild with the new widths on the next show
 
 
 def _same(a: Text, b: Text) -> bool:

@@ -1,0 +1,81 @@
+"""The newcomer's path, from the keyboard only, on the real engine and the real claude:
+launch from the form, watch the tool calls arrive, review the diff, merge, find the change
+on the branch."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from textual.widgets import TabbedContent, TextArea
+
+from fleet_tui.store import TaskState
+from fleet_tui.ui.screens.launch import LaunchScreen
+from fleet_tui.ui.screens.modals import MergeScreen
+from fleet_tui.ui.widgets.diff_view import DiffLines, DiffView
+from fleet_tui.ui.widgets.task_table import TaskTable
+from test_ui_support import TEST_KEY, Rig, rig, stream_text, toasts, wait_until
+
+__all__ = ["rig"]
+
+pytestmark = pytest.mark.real_claude
+
+
+async def test_launch_watch_review_merge(rig: Rig) -> None:
+    app = rig.app()
+    import sys, time
+    t0 = time.monotonic()
+    async with app.run_test(size=(160, 48)) as pilot:
+        main = app.main
+        await pilot.press("n")
+        await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen), what="the form")
+        assert isinstance(app.focused, TextArea)
+        await pilot.press(*"Say hello in a file", "enter", *"second line")
+        print("typed", time.monotonic() - t0, file=sys.stderr)
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: not isinstance(app.screen, LaunchScreen),
+                         what="the form to close")
+        await wait_until(pilot, lambda: main.selected_id is not None, what="a selection")
+        task_id = main.selected_id
+        assert task_id is not None
+        task = rig.fleet.get_task(task_id)
+        assert task.title == "Say hello in a file"  # title defaults to the first line
+        assert main.query_one(TaskTable).selected_key == task_id  # selected at once
+        assert main.query_one(TabbedContent).active == "tab-stream"
+
+        # The tool calls arrive in the stream while the worker runs.
+        await wait_until(pilot, lambda: "Write hello.txt" in stream_text(app),
+                         what="the Write call in the stream")
+        await wait_until(pilot, lambda: rig.state(task_id) == TaskState.SUCCEEDED,
+                         what="the task to succeed")
+        await wait_until(pilot, lambda: "done in" in stream_text(app), what="the result line")
+        text = stream_text(app)
+        assert "$ Bash cat hello.txt" in text
+        assert "└ hello from the worker" in text
+        assert TEST_KEY not in text
+        await wait_until(pilot, lambda: any(f"{task_id} finished" in t for t in toasts(app)),
+                         what="the finish toast")
+
+        # Review the diff.
+        await pilot.press("2")
+        diff = main.query_one(DiffView)
+        await wait_until(pilot, lambda: diff.prepared is not None
+                         and any(f.path == "hello.txt" for f in diff.prepared.diff.files),
+                         what="the diff")
+        assert "+hello from the worker" in diff.query_one(DiffLines).lines
+
+        # Merge: the confirm modal with the preview, then y.
+        await pilot.press("m")
+        await wait_until(pilot, lambda: isinstance(app.screen, MergeScreen),
+                         what="the merge modal")
+        await pilot.press("y")
+        await wait_until(pilot, lambda: rig.state(task_id) == TaskState.MERGED,
+                         what="the merge")
+        await wait_until(pilot, lambda: any(f"{task_id} merged" in t for t in toasts(app)),
+                         what="the merge toast")
+        print("before exit", time.monotonic() - t0, file=sys.stderr)
+    print("after exit", time.monotonic() - t0, file=sys.stderr)
+    shown = subprocess.run(["git", "show", "main:hello.txt"], cwd=rig.repo, check=True,
+                           capture_output=True, text=True).stdout
+    assert shown == "hello from the worker\n"
+    assert app.errors == []
