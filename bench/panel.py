@@ -1,0 +1,151 @@
+"""Benchmark 2: the panel under load — 20 workers' event files growing as fast as they can,
+100,000 events in all, into the running app (FleetApp, headless, scheduler on).
+
+The store holds 20 running tasks whose runner is one stand-in process (bench.fleetfix) that
+appends real stream-json lines to the 20 `events.jsonl` files, one line per write, round
+robin, as fast as it can. In the app, the engine's scheduler thread (`Fleet.run`, as the
+panel starts it) follows every attempt and the stream view follows the selected one.
+
+- Drain rate: events ingested by the app per second, from the writer's start to the moment
+  the engine has read every file to its end. Budget: at least 20,000 events/s.
+- Key latency while it drains: `down`/`up` sent every 50 ms the way a terminal driver sends
+  them, each timed to the first painted frame that shows the table cursor moved. Budget:
+  100 ms at the 99th percentile (pooled over the runs). The same presses on the idle panel
+  are the baseline.
+
+The ingestion counter is the engine's per-attempt read offset (`Fleet._follows`, private:
+the panel exposes no counter of its own); the stream view's `total_rows` is public.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import BenchResult, Figure, bench_env, make_repo, ms, quantile
+from bench.fleetfix import make_running_tasks, send_job, start_writer, stop_writer, wait_done
+
+PRESS_EVERY = 0.05
+
+
+def engine_offsets(fleet: Any) -> int:
+    """Bytes of events the engine has read, over every followed attempt."""
+    follows = getattr(fleet, "_follows", {})
+    return sum(f.offset for f in list(follows.values()))
+
+
+async def _press(app: Any, probe: Any, table: Any, key: str, expect: int) -> float:
+    from bench.apphelp import send_key
+
+    t0 = send_key(app, key)
+    frame = await probe.wait_frame(t0, lambda seen: seen == expect, timeout=10.0)
+    return frame.at - t0
+
+
+async def _press_loop(app: Any, probe: Any, table: Any, until: Any, out: list[float],
+                      limit: int | None = None) -> None:
+    """Alternate down/up every PRESS_EVERY seconds until `until()` (or `limit` presses)."""
+    n = 0
+    while not until() and (limit is None or n < limit):
+        started = time.perf_counter()
+        down = table.cursor_row == 0
+        took = await _press(app, probe, table, "down" if down else "up",
+                            table.cursor_row + (1 if down else -1))
+        out.append(ms(took))
+        n += 1
+        await asyncio.sleep(max(0.0, PRESS_EVERY - (time.perf_counter() - started)))
+
+
+async def _one_run(workers: int, per_file: int, idle_presses: int) -> dict[str, Any]:
+    from bench.apphelp import FrameProbe, wait_until
+    from fleet_tui.config import load_settings
+    from fleet_tui.fleet import Fleet
+    from fleet_tui.store import Store
+    from fleet_tui.ui.app import FleetApp
+    from fleet_tui.ui.widgets.stream_view import StreamView
+    from fleet_tui.ui.widgets.task_table import TaskTable
+
+    with bench_env() as benv:
+        repo = make_repo(benv.root / "repo")
+        benv.fleet_home.mkdir(parents=True, exist_ok=True)
+        writer = start_writer(benv.env)
+        try:
+            files = make_running_tasks(benv.fleet_home / "fleet.db", repo, workers,
+                                       writer.pid)
+            fleet = Fleet(load_settings(), Store(benv.fleet_home / "fleet.db"))
+            app = FleetApp(fleet, repo=repo, default_base="main", run_scheduler=True,
+                           bell=False)
+            async with app.run_test(size=(160, 50)) as pilot:
+                table = app.main.query_one(TaskTable)
+                view = app.main.query_one(StreamView)
+                await wait_until(lambda: table.row_count == workers, timeout=30)
+                probe = FrameProbe(app, lambda: table.cursor_row).install()
+                await pilot.pause()
+                idle: list[float] = []
+                await _press_loop(app, probe, table, lambda: False, idle, limit=idle_presses)
+
+                t_go = time.perf_counter()
+                send_job(writer, files, per_file)
+                report_task = asyncio.create_task(asyncio.to_thread(wait_done, writer))
+                total: list[int] = []  # set once the writer reports
+
+                def drained() -> bool:
+                    if report_task.done() and not total:
+                        total.append(sum(os.path.getsize(f) for f in files))
+                    return bool(total) and engine_offsets(fleet) >= total[0]
+
+                loaded: list[float] = []
+                await _press_loop(app, probe, table, drained, loaded)
+                t_drained = await wait_until(drained, timeout=600, poll=0.002)
+                report = await report_task
+                stream_rows_at_drain = view.total_rows
+                await app.action_quit()
+        finally:
+            stop_writer(writer)
+    events = workers * per_file
+    return {"events": events, "drain_s": t_drained - t_go, "write_s": report["seconds"],
+            "bytes": report["bytes"], "idle": idle, "loaded": loaded,
+            "stream_rows": stream_rows_at_drain, "files": [Path(f).name for f in files][:1]}
+
+
+def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
+    runs = runs or (1 if smoke else 5)
+    workers, per_file = (2, 100) if smoke else (20, 5_000)
+    idle_presses = 3 if smoke else 20
+    rates: list[float] = []
+    write_rates: list[float] = []
+    idle: list[float] = []
+    loaded: list[float] = []
+    p99s: list[float] = []
+    mb = 0.0
+    for _ in range(runs):
+        res = asyncio.run(_one_run(workers, per_file, idle_presses))
+        rates.append(res["events"] / res["drain_s"])
+        write_rates.append(res["events"] / res["write_s"])
+        idle.extend(res["idle"])
+        loaded.extend(res["loaded"])
+        if res["loaded"]:
+            p99s.append(quantile(res["loaded"], 0.99))
+        mb = res["bytes"] / 1e6
+    if not loaded:  # drained before a single press came back: count that as none
+        loaded = [0.0]
+    figures = [
+        Figure("panel.drain", "events drained into the app", "events/s", rates,
+               budget=20_000, better="higher",
+               note=f"{workers} workers × {per_file:,} events ({mb:.0f} MB); writer start → "
+                    "engine read to the end of every file"),
+        Figure("panel.key_loaded", "key → frame while draining", "ms", loaded, budget=100.0,
+               per="press", stat="p99",
+               note="pooled over runs; per-run p99: "
+                    + ", ".join(f"{x:.0f}" for x in p99s) + " ms"),
+        Figure("panel.key_idle", "key → frame, idle panel (baseline)", "ms", idle,
+               per="press"),
+        Figure("panel.writer", "writer speed (how fast the files grew)", "events/s",
+               write_rates, better="higher"),
+    ]
+    return BenchResult("panel", "2. Panel under load", figures,
+                       [f"keys every {PRESS_EVERY * 1000:.0f} ms alternating down/up (each "
+                        "moves the selection, so the stream view restarts on the new task)"])
