@@ -236,6 +236,14 @@ def find_claude(settings: Settings, env: Mapping[str, str] | None = None) -> str
             raise ClaudeNotFoundError(f"claude at {path} is not an executable file. {hint}")
         return path
     found = which(name, env.get("PATH", os.defpath))
+    if found is None and name == "claude":
+        # The copy `fleet-tui --demo` installs into fleet-tui's own data folder. Imported
+        # here, not at the top: only this fallback pays for platformdirs.
+        from fleet_tui import paths
+
+        local = paths.cli_install_dir(env) / "node_modules" / ".bin" / "claude"
+        if local.is_file() and os.access(local, os.X_OK):
+            found = str(local)
     if found is None:
         raise ClaudeNotFoundError(f"claude not found: {name!r} is not on PATH. {hint}")
     return os.path.abspath(found)

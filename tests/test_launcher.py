@@ -143,6 +143,23 @@ def test_find_claude_path_name_and_missing(tmp_path: Path, settings: Settings,
         find_claude(dataclasses.replace(settings, claude=str(plain)), {})
 
 
+def test_find_claude_falls_back_to_the_copy_the_demo_installed(tmp_path: Path,
+                                                               settings: Settings,
+                                                               claude: Path) -> None:
+    import dataclasses
+
+    home = tmp_path / "fleet-home"
+    local = home / "claude-cli" / "node_modules" / ".bin"
+    local.mkdir(parents=True)
+    (local / "claude").symlink_to(claude)
+    by_name = dataclasses.replace(settings, claude="claude")
+    env = {"PATH": str(tmp_path / "empty"), "FLEET_TUI_HOME": str(home)}
+    assert find_claude(by_name, env) == str(local / "claude")
+    # Only the default name falls back: an explicit other name stays an error.
+    with pytest.raises(ClaudeNotFoundError):
+        find_claude(dataclasses.replace(settings, claude="claude-nightly"), env)
+
+
 # -- config dir ---------------------------------------------------------------------------
 
 def test_config_dir_created_private_and_tightened(tmp_path: Path) -> None:
