@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from pathlib import Path
 
 from bench.common import BenchEnv, BenchResult, Figure, bench_env, make_repo, ms
@@ -71,6 +72,10 @@ def _store_tasks(benv: BenchEnv, repo: Path, worktree: Path, base: str) -> tuple
     return small.id, big.id
 
 
+def _moved(before: float, seen: tuple[int, float]) -> bool:
+    return seen[1] != before
+
+
 async def _measure_app(benv: BenchEnv, repo: Path, presses: int, scroll_steps: int,
                        expect_lines: int) -> tuple[list[float], list[float], int]:
     from bench.apphelp import FrameProbe, send_key, wait_until
@@ -110,7 +115,7 @@ async def _measure_app(benv: BenchEnv, repo: Path, presses: int, scroll_steps: i
                 await pilot.pause()
                 before = lines_view.scroll_y
             t0 = send_key(app, "pagedown")
-            frame = await probe.wait_frame(t0, lambda seen, b=before: seen[1] != b)
+            frame = await probe.wait_frame(t0, partial(_moved, before))
             scroll.append(ms(frame.at - t0))
         bytes_out = probe.bytes_out
         await app.action_quit()

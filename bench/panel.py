@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.apphelp import FrameProbe, send_key
 from bench.common import BenchResult, Figure, bench_env, make_repo, ms, quantile
 from bench.fleetfix import make_running_tasks, send_job, start_writer, stop_writer, wait_done
 
@@ -37,22 +38,20 @@ def engine_offsets(fleet: Any) -> int:
     return sum(f.offset for f in list(follows.values()))
 
 
-async def _press(app: Any, probe: Any, table: Any, key: str, expect: int) -> float:
-    from bench.apphelp import send_key
-
+async def _press(app: Any, probe: FrameProbe, key: str, expect: int) -> float:
     t0 = send_key(app, key)
-    frame = await probe.wait_frame(t0, lambda seen: seen == expect, timeout=10.0)
+    frame = await probe.wait_frame(t0, lambda seen: bool(seen == expect), timeout=10.0)
     return frame.at - t0
 
 
-async def _press_loop(app: Any, probe: Any, table: Any, until: Any, out: list[float],
+async def _press_loop(app: Any, probe: FrameProbe, table: Any, until: Any, out: list[float],
                       limit: int | None = None) -> None:
     """Alternate down/up every PRESS_EVERY seconds until `until()` (or `limit` presses)."""
     n = 0
     while not until() and (limit is None or n < limit):
         started = time.perf_counter()
         down = table.cursor_row == 0
-        took = await _press(app, probe, table, "down" if down else "up",
+        took = await _press(app, probe, "down" if down else "up",
                             table.cursor_row + (1 if down else -1))
         out.append(ms(took))
         n += 1
@@ -60,7 +59,7 @@ async def _press_loop(app: Any, probe: Any, table: Any, until: Any, out: list[fl
 
 
 async def _one_run(workers: int, per_file: int, idle_presses: int) -> dict[str, Any]:
-    from bench.apphelp import FrameProbe, wait_until
+    from bench.apphelp import wait_until
     from fleet_tui.config import load_settings
     from fleet_tui.fleet import Fleet
     from fleet_tui.store import Store
