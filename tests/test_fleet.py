@@ -141,7 +141,9 @@ def test_three_tasks_under_a_cap_of_two(git_repo: Path, claude_bin: str,
     def sample() -> None:
         running = fleet.store.count_tasks(ACTIVE_STATES, endpoint=endpoint.url)
         worktrees = {str(paths.worktree_path(git_repo, t.id)) for t in tasks}
-        live = [st for st in procs.all_stats() if st.state != "Z"
+        # claude processes in the worktrees; each leads its own process group (a fork
+        # of claude, before it execs a tool, shows the same argv but is no leader)
+        live = [st for st in procs.all_stats() if st.state != "Z" and st.pid == st.pgid
                 and procs.cmdline(st.pid)[:2] == [claude_bin, "-p"]
                 and os.path.realpath(f"/proc/{st.pid}/cwd") in worktrees]
         peak["store"] = max(peak["store"], running)
