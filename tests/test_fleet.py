@@ -141,10 +141,11 @@ def test_three_tasks_under_a_cap_of_two(git_repo: Path, claude_bin: str,
     def sample() -> None:
         running = fleet.store.count_tasks(ACTIVE_STATES, endpoint=endpoint.url)
         worktrees = {str(paths.worktree_path(git_repo, t.id)) for t in tasks}
-        # claude processes in the worktrees; each leads its own process group (a fork
-        # of claude, before it execs a tool, shows the same argv but is no leader)
-        live = [st for st in procs.all_stats() if st.state != "Z" and st.pid == st.pgid
+        # claude processes started by a runner in the worktrees (a fork of claude, before
+        # it execs a tool, shows the same argv, but its parent is claude, not a runner)
+        live = [st for st in procs.all_stats() if st.state != "Z"
                 and procs.cmdline(st.pid)[:2] == [claude_bin, "-p"]
+                and "fleet_tui.runner" in procs.cmdline(st.ppid)
                 and os.path.realpath(f"/proc/{st.pid}/cwd") in worktrees]
         peak["store"] = max(peak["store"], running)
         peak["claude"] = max(peak["claude"], len(live))
@@ -152,6 +153,7 @@ def test_three_tasks_under_a_cap_of_two(git_repo: Path, claude_bin: str,
 
     drive(fleet, settled(fleet, *[t.id for t in tasks]), each=sample)
     assert peak["store"] == 2  # the cap was used, never exceeded
+    assert peak["claude"] >= 1
     for t in tasks:
         done = fleet.get_task(t.id)
         assert done.state == TaskState.SUCCEEDED, done.message
