@@ -23,15 +23,12 @@ pytestmark = pytest.mark.real_claude
 
 async def test_launch_watch_review_merge(rig: Rig) -> None:
     app = rig.app()
-    import sys, time
-    t0 = time.monotonic()
     async with app.run_test(size=(160, 48)) as pilot:
         main = app.main
         await pilot.press("n")
         await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen), what="the form")
         assert isinstance(app.focused, TextArea)
         await pilot.press(*"Say hello in a file", "enter", *"second line")
-        print("typed", time.monotonic() - t0, file=sys.stderr)
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: not isinstance(app.screen, LaunchScreen),
                          what="the form to close")
@@ -73,8 +70,6 @@ async def test_launch_watch_review_merge(rig: Rig) -> None:
                          what="the merge")
         await wait_until(pilot, lambda: any(f"{task_id} merged" in t for t in toasts(app)),
                          what="the merge toast")
-        print("before exit", time.monotonic() - t0, file=sys.stderr)
-    print("after exit", time.monotonic() - t0, file=sys.stderr)
     shown = subprocess.run(["git", "show", "main:hello.txt"], cwd=rig.repo, check=True,
                            capture_output=True, text=True).stdout
     assert shown == "hello from the worker\n"

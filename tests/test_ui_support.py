@@ -98,10 +98,8 @@ async def wait_until(pilot: Pilot[Any], predicate: Callable[[], bool], *,
                      timeout: float = 30.0, what: str = "the condition") -> None:
     """Let the app run until ``predicate()`` holds (fails the test after ``timeout``)."""
     deadline = time.monotonic() + timeout
-    start = time.monotonic()
     while time.monotonic() < deadline:
         if predicate():
-            import sys; print(f"waited {time.monotonic()-start:.2f}s for {what}", file=sys.stderr)
             return
         await pilot.pause(0.05)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")

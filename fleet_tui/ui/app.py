@@ -63,6 +63,8 @@ class FleetApp(App[None]):
         self.errors: list[str] = []
         self.toasts: list[tuple[str, str, str]] = []  # (severity, title, message)
         self._stop = threading.Event()
+        self._last_error: str | None = None
+        self._last_error_at = 0.0
 
     def on_mount(self) -> None:
         self.push_screen(MainScreen())
@@ -106,6 +108,10 @@ class FleetApp(App[None]):
             return
         message = describe_error(event.worker.error)
         self.errors.append(message)
+        now = time.monotonic()
+        if self._last_error == message and now - self._last_error_at < 10:
+            return  # a poll failing every half second says it once
+        self._last_error, self._last_error_at = message, now
         what = event.worker.description or event.worker.name or "background work"
         self.notify(message, title=f"Failed: {what}", severity="error", timeout=10)
         self.ring()

@@ -22,13 +22,13 @@ class HelpScreen(ModalScreen[None]):
 
     def __init__(self, sections: list[HelpSection]) -> None:
         super().__init__(classes="modal")
-        self._sections = sections
+        self.sections = sections
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="help-dialog"):
             yield Label("fleet-tui keys", classes="dialog-title")
             with VerticalScroll(id="help-scroll"):
-                for title, keys in self._sections:
+                for title, keys in self.sections:
                     yield Label(title, classes="help-section")
                     table = Table.grid(padding=(0, 2))
                     table.add_column(min_width=12, style="bold")

@@ -18,6 +18,7 @@ from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, TextArea
+from textual.worker import Worker, WorkerState
 
 from fleet_tui import paths
 from fleet_tui.config import PERMISSION_MODES
@@ -238,6 +239,13 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
     def _check_and_submit(self, prompt: str, base_ref: str) -> None:
         problem = check_base_ref(self._repo, base_ref) if base_ref else None
         self.app.call_from_thread(self._finish_submit, prompt, base_ref, problem)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR:
+            self._submitting = False
+            handler = getattr(self.app, "on_worker_state_changed", None)
+            if handler is not None:
+                handler(event)
 
     def _finish_submit(self, prompt: str, base_ref: str, problem: str | None) -> None:
         self._submitting = False

@@ -23,7 +23,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label, TabbedContent, TabPane
-from textual.worker import get_current_worker
+from textual.worker import Worker, get_current_worker
 
 from fleet_tui.store import ACTIVE_STATES, FINISHED_STATES, Attempt, Task, TaskState
 from fleet_tui.ui.formatting import StreamFormatter, raw_rows
@@ -185,6 +185,10 @@ class MainScreen(Screen[None]):
         self.set_interval(app.diff_interval, self._diff_tick)
         self.set_interval(1.0, self._second_tick)
         self.poll()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """StateChanged does not bubble: hand it to the app's one failure handler."""
+        self.fleet_app.on_worker_state_changed(event)
 
     # --- polling the store ---------------------------------------------------------------
     def poll(self) -> None:
