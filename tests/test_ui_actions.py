@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from test_ui_support import Rig, rig, stream_text, toasts, wait_until
 from textual.widgets import Input, TextArea
 
 from fleet_tui.store import TaskState
@@ -26,7 +27,6 @@ from fleet_tui.ui.screens.modals import (
 from fleet_tui.ui.widgets.diff_view import DiffView, FileList
 from fleet_tui.ui.widgets.stream_view import StreamView
 from fleet_tui.ui.widgets.task_table import TaskTable
-from test_ui_support import Rig, rig, stream_text, toasts, wait_until
 
 __all__ = ["rig"]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from test_ui_support import TEST_KEY, Rig, rig, stream_text, toasts, wait_until
 from textual.widgets import TabbedContent, TextArea
 
 from fleet_tui.store import TaskState
@@ -14,7 +15,6 @@ from fleet_tui.ui.screens.launch import LaunchScreen
 from fleet_tui.ui.screens.modals import MergeScreen
 from fleet_tui.ui.widgets.diff_view import DiffLines, DiffView
 from fleet_tui.ui.widgets.task_table import TaskTable
-from test_ui_support import TEST_KEY, Rig, rig, stream_text, toasts, wait_until
 
 __all__ = ["rig"]
 
