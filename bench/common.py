@@ -370,6 +370,10 @@ def _budget_text(fig: Figure) -> str:
     return f"{op} {_fmt(fig.budget, fig.unit)} {fig.unit}{where}"
 
 
+def _plural(word: str) -> str:
+    return word + ("es" if word.endswith("s") else "s")
+
+
 def _verdict(fig: Figure) -> str:
     if fig.passed is None:
         return "(context)"
@@ -397,7 +401,7 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
                 f"| {res.title} | {fig.title} | {_fmt(fig.median, u)} {u} "
                 f"| {_fmt(quantile(fig.samples, 0.99), u) if fig.per != 'run' else '—'} "
                 f"| {_fmt(fig.minimum, u)}–{_fmt(fig.maximum, u)} "
-                f"| {_fmt(fig.q1, u)}–{_fmt(fig.q3, u)} | {len(fig.samples)} {fig.per}s "
+                f"| {_fmt(fig.q1, u)}–{_fmt(fig.q3, u)} | {len(fig.samples)} {_plural(fig.per)} "
                 f"| {_budget_text(fig)} | {_verdict(fig)} |")
     failed = [f"{r.title}: {f.title}" for r in results for f in r.figures if f.passed is False]
     lines.append("")
@@ -419,7 +423,7 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
                          f"{p99}, "
                          f"min {_fmt(fig.minimum, fig.unit)}, max "
                          f"{_fmt(fig.maximum, fig.unit)} over {len(fig.samples)} "
-                         f"{fig.per}s; budget {_budget_text(fig)} → {_verdict(fig)}{note}")
+                         f"{_plural(fig.per)}; budget {_budget_text(fig)} → {_verdict(fig)}{note}")
         for note in res.notes:
             lines.append(f"- {note}")
         lines.append("")
