@@ -71,6 +71,7 @@ class MainScreen(Screen[None]):
 
     BINDINGS = [
         Binding("n", "new_task", "New", id="task.new"),
+        Binding("question_mark", "help", "Help", id="app.help"),
         Binding("m", "merge", "Merge", id="task.merge"),
         Binding("d", "discard", "Discard", id="task.discard"),
         Binding("r", "retry", "Retry", id="task.retry"),
@@ -80,7 +81,6 @@ class MainScreen(Screen[None]):
         Binding("o", "shell", "Shell", id="task.shell"),
         Binding("e", "edit", "Edit", id="task.edit"),
         Binding("slash", "filter", "Filter", id="list.filter"),
-        Binding("question_mark", "help", "Help", id="app.help"),
         Binding("1", "show_tab('tab-stream')", "Stream", show=False, id="view.stream"),
         Binding("2", "show_tab('tab-diff')", "Diff", show=False, id="view.diff"),
         Binding("t", "toggle_tools", "Tools only", show=False, id="stream.tools_only"),

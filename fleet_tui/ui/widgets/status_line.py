@@ -39,9 +39,6 @@ class StatusLine(Static):
         self.status = status
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append("fleet-tui", style=self.get_component_rich_style("status--name"))
-        if self.repo_name:
-            text.append(f"  {self.repo_name}", style=self.get_component_rich_style(
-                "status--muted"))
         if status is not None:
             text.append("   ")
             text.append(f"▶ {status.running} running",
@@ -52,10 +49,13 @@ class StatusLine(Static):
             text.append(f" · cap {status.cap}")
             if status.cooldown_until is not None and status.cooldown_until > now:
                 text.append("  ")
-                text.append(f" ⏸ endpoint cooldown {human_duration(status.cooldown_until - now)} ",
+                text.append(f" cooldown {human_duration(status.cooldown_until - now)} ",
                             style=self.get_component_rich_style("status--cooldown"))
             text.append(f"   Σ {human_tokens(status.total_tokens)} tokens",
                         style=self.get_component_rich_style("status--muted"))
+        if self.repo_name:
+            text.append(f"   {self.repo_name}", style=self.get_component_rich_style(
+                "status--muted"))
         if not self.scheduler:
             text.append("   (not starting tasks)",
                         style=self.get_component_rich_style("status--muted"))

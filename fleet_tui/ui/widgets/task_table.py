@@ -28,6 +28,9 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("lines", "+/-", 11),
     ("tool", "last tool", None),
 )
+# Below this width the model, turns and last-tool columns give way to the title.
+NARROW_WIDTH = 110
+NARROW_HIDDEN = frozenset({"model", "turns", "tool"})
 STATE_CLASS: dict[TaskState, str] = {
     TaskState.QUEUED: "muted",
     TaskState.RUNNING: "running",
@@ -87,9 +90,17 @@ class TaskTable(DataTable[Text]):
     def _style(self, name: str) -> object:
         return self.get_component_rich_style(f"tasktable--{name}")
 
+    def _columns(self) -> list[tuple[str, str, int | None]]:
+        if self.size.width and self.size.width < NARROW_WIDTH:
+            return [c for c in COLUMNS if c[0] not in NARROW_HIDDEN]
+        return list(COLUMNS)
+
     def _widths(self) -> tuple[int, int]:
-        fixed = sum(w for _, _, w in COLUMNS if w) + 2 * len(COLUMNS)
+        columns = self._columns()
+        fixed = sum(w for _, _, w in columns if w) + 2 * len(columns)
         free = max(0, self.size.width - fixed - 2)
+        if not any(key == "tool" for key, _, _ in columns):
+            return max(16, free), 0
         title = max(16, min(48, free * 2 // 3))
         tool = max(12, free - title)
         return title, tool
@@ -126,9 +137,13 @@ class TaskTable(DataTable[Text]):
     def show(self, tasks: list[Task], marked: set[str], now: float) -> None:
         """Show ``tasks`` (already sorted), updating in place when only cells changed."""
         title_w, tool_w = self._widths()
+        columns = self._columns()
+        keep = [i for i, c in enumerate(COLUMNS) if c in columns]
         order = [t.id for t in tasks]
-        rows = {t.id: self._row(t, t.id in marked, now) for t in tasks}
-        if order == self._order and title_w == self._title_width and self.columns \
+        rows = {t.id: tuple(cells[i] for i in keep) for t in tasks
+                for cells in (self._row(t, t.id in marked, now),)}
+        same_columns = [c[0] for c in columns] == [str(k.value) for k in self.columns]
+        if order == self._order and title_w == self._title_width and same_columns \
                 and self._built:
             col_keys = list(self.columns)
             for task_id in order:
@@ -140,9 +155,9 @@ class TaskTable(DataTable[Text]):
             self._cells = rows
             return
         selected = self.selected_key
-        self.clear(columns=not self.columns or title_w != self._title_width)
+        self.clear(columns=not same_columns or title_w != self._title_width)
         if not self.columns:
-            for key, label, width in COLUMNS:
+            for key, label, width in columns:
                 if key == "title":
                     width = title_w
                 elif key == "tool":
