@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +186,101 @@ def _git_path(cwd: Path, name: str) -> Path:
     return Path(out)
 
 
+# --- reading git's files directly -------------------------------------------------------------
+# Each git subprocess costs milliseconds; the engine creates a worktree per task and checks it
+# before every start. These helpers read the few facts it needs (where the git dir is, what a
+# ref or HEAD points at) straight from the files git documents (gitrepository-layout(5)).
+# They answer None for anything unusual (reftable, a symbolic ref chain, an unreadable file):
+# the caller then asks git itself, so the answer is never a guess.
+
+_SHA_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+
+
+def _git_dir_of(checkout: Path) -> Path | None:
+    """The git dir of a checkout: its `.git` folder, or where a `.git` file points."""
+    dot = checkout / ".git"
+    try:
+        if dot.is_dir():
+            return dot
+        text = dot.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text.startswith("gitdir: "):
+        return None
+    target = Path(text[len("gitdir: "):].strip())
+    return target if target.is_absolute() else checkout / target
+
+
+def _common_dir(git_dir: Path) -> Path:
+    """The shared git dir (refs, objects, info/) of a possibly linked worktree's git dir."""
+    try:
+        rel = (git_dir / "commondir").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return git_dir
+    common = Path(rel)
+    return common if common.is_absolute() else git_dir / common
+
+
+def _ref_from_files(common: Path, ref: str) -> tuple[bool, str | None]:
+    """(known, commit) of a full ref name like refs/heads/x from the loose ref or
+    packed-refs. known=False: could not tell from the files (ask git)."""
+    if (common / "reftable").exists():
+        return False, None
+    try:
+        text = (common / ref).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        text = None
+    except IsADirectoryError:
+        return True, None  # refs/heads/fleet is a folder: no branch of that name
+    except (OSError, UnicodeDecodeError):
+        return False, None
+    if text is not None:
+        return (True, text) if _SHA_RE.match(text) else (False, None)
+    try:
+        packed = (common / "packed-refs").read_bytes()
+    except FileNotFoundError:
+        return True, None
+    except OSError:
+        return False, None
+    needle = b" " + ref.encode() + b"\n"
+    at = packed.find(needle)
+    if at < 0:
+        return True, None
+    start = packed.rfind(b"\n", 0, at) + 1
+    sha = packed[start:at].decode("ascii", "replace")
+    return (True, sha) if _SHA_RE.match(sha) else (False, None)
+
+
+def _head_from_files(checkout: Path) -> tuple[str, str | None] | None:
+    """(commit, branch or None when detached) of a checkout's HEAD, or None: ask git."""
+    git_dir = _git_dir_of(checkout)
+    if git_dir is None:
+        return None
+    try:
+        head = (git_dir / "HEAD").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if _SHA_RE.match(head):
+        return head, None
+    if not head.startswith("ref: refs/heads/"):
+        return None
+    ref = head[len("ref: "):]
+    known, sha = _ref_from_files(_common_dir(git_dir), ref)
+    if not known or sha is None:
+        return None  # unknown, or an unborn branch: let git say so
+    return sha, ref[len("refs/heads/"):]
+
+
+def _branch_exists_fast(repo: Path, branch: str) -> bool:
+    """_branch_exists from the files when they tell, else from git."""
+    git_dir = _git_dir_of(repo)
+    if git_dir is not None:
+        known, sha = _ref_from_files(_common_dir(git_dir), f"refs/heads/{branch}")
+        if known:
+            return sha is not None
+    return _branch_exists(repo, branch)
+
+
 # --- finding the repository -------------------------------------------------------------------
 
 
@@ -231,9 +327,30 @@ def main_worktree(path: Path | str) -> Path:
     return top
 
 
+_EXCLUDED: set[Path] = set()  # repositories whose exclude file this process has checked
+_EXCLUDED_LOCK = threading.Lock()
+
+
+def _exclude_file(repo: Path) -> Path:
+    git_dir = _git_dir_of(repo)
+    if git_dir is not None and (git_dir / "HEAD").is_file():
+        return _common_dir(git_dir) / "info" / "exclude"
+    return _git_path(repo, "info/exclude")
+
+
+def _ensure_excluded_once(repo: Path) -> None:
+    """ensure_excluded, once per repository per process (each worktree creation needs it)."""
+    if repo in _EXCLUDED:
+        return
+    with _EXCLUDED_LOCK:
+        if repo not in _EXCLUDED:
+            ensure_excluded(repo)
+            _EXCLUDED.add(repo)
+
+
 def ensure_excluded(repo: Path) -> None:
     """Keep ``.fleet-work/`` out of git through ``info/exclude`` (appends the line once)."""
-    exclude = _git_path(repo, "info/exclude")
+    exclude = _exclude_file(repo)
     try:
         text = exclude.read_text(encoding="utf-8") if exclude.exists() else ""
         lines = {line.strip() for line in text.splitlines()}
@@ -318,6 +435,40 @@ def _delete_branch(repo: Path, branch: str) -> None:
              what=f"deleting branch {branch}")
 
 
+def _resolve_base(repo: Path, base_ref: str | None) -> tuple[str, str | None]:
+    """(base commit, base branch or None) for create_worktree; files first, git if unsure.
+
+    A full commit id is taken as it is: `git worktree add` itself refuses one that does not
+    exist (and create_worktree then reports it as an unknown base)."""
+    if base_ref is None:
+        head = _head_from_files(repo)
+        if head is not None:
+            return head
+        base_commit = _rev(repo, "HEAD")
+        if base_commit is None:
+            raise GitError(f"the repository {repo} has no commit yet; make one first")
+        return base_commit, current_branch(repo)
+    if not base_ref.strip() or base_ref.startswith("-"):
+        raise GitError(f"unknown base ref {base_ref!r}: give a branch, tag or commit")
+    name = base_ref.removeprefix("refs/heads/")
+    if _SHA_RE.match(base_ref):
+        return base_ref, (name if _branch_exists_fast(repo, name) else None)
+    commit = _rev(repo, base_ref)
+    if commit is None:
+        raise _unknown_base(repo, base_ref)
+    return commit, (name if _branch_exists_fast(repo, name) else None)
+
+
+def _unknown_base(repo: Path, base_ref: str) -> GitError:
+    return GitError(f"unknown base ref {base_ref!r} in {repo}: give an existing branch, "
+                    "tag or commit (see `git branch -a`)")
+
+
+def _stale_error(path: Path, branch: str) -> GitError:
+    return GitError(f"{path} or branch {branch} exists already (left by an earlier run); "
+                    "discard the task first, or retry with a reset")
+
+
 def create_worktree(repo: Path, task_id: str, base_ref: str | None = None, *,
                     reset: bool = False) -> WorktreeInfo:
     """Create ``.fleet-work/<id>`` on a new branch ``fleet/<id>`` from the base.
@@ -325,33 +476,23 @@ def create_worktree(repo: Path, task_id: str, base_ref: str | None = None, *,
     An existing worktree or branch of that id is never reused silently: GitError, unless
     ``reset`` (then both are removed and made fresh). The result is verified, so a failure
     never leaves the caller pointing at the main checkout.
+
+    On the usual path this is one git process (`git worktree add`) and a few file reads:
+    the base, the branch check, the exclude file and the verification come from git's
+    files. `worktree add -b` itself refuses an existing branch or a registered path, so
+    anything stale it finds is sorted out after a refusal, not checked for up front.
     """
     if not _TASK_ID_RE.match(task_id):
         raise GitError(f"bad task id {task_id!r}: use lowercase letters and digits")
     repo = Path(repo).resolve()
-    if base_ref is None:
-        base_commit = _rev(repo, "HEAD")
-        if base_commit is None:
-            raise GitError(f"the repository {repo} has no commit yet; make one first")
-        base_branch = current_branch(repo)
-    else:
-        if not base_ref.strip() or base_ref.startswith("-"):
-            raise GitError(f"unknown base ref {base_ref!r}: give a branch, tag or commit")
-        base_commit = _rev(repo, base_ref)
-        if base_commit is None:
-            raise GitError(f"unknown base ref {base_ref!r} in {repo}: give an existing branch, "
-                           "tag or commit (see `git branch -a`)")
-        name = base_ref.removeprefix("refs/heads/")
-        base_branch = name if _branch_exists(repo, name) else None
-    ensure_excluded(repo)
+    base_commit, base_branch = _resolve_base(repo, base_ref)
+    _ensure_excluded_once(repo)
     path = paths.worktree_path(repo, task_id)
     branch = f"fleet/{task_id}"
-    stale = (path.exists() or _branch_exists(repo, branch)
-             or _registered_worktree(repo, path=path) is not None)
-    if stale:
+    # An existing folder must be checked here: git would happily fill an empty one.
+    if path.exists() or path.is_symlink() or _branch_exists_fast(repo, branch):
         if not reset:
-            raise GitError(f"{path} or branch {branch} exists already (left by an earlier "
-                           "run); discard the task first, or retry with a reset")
+            raise _stale_error(path, branch)
         _remove_worktree(repo, path, branch)
         _delete_branch(repo, branch)
     try:
@@ -359,26 +500,60 @@ def create_worktree(repo: Path, task_id: str, base_ref: str | None = None, *,
     except OSError as exc:
         raise GitError(f"cannot create {path.parent}: {exc.strerror or exc}; move away "
                        f"whatever is at {paths.work_dir(repo)}") from None
-    status, _, err = _run(repo, "worktree", "add", "-b", branch, str(path), base_commit,
-                          check=False)
-    if status != 0:
+    for again in (True, False):
+        status, _, err = _run(repo, "worktree", "add", "-b", branch, str(path), base_commit,
+                              check=False)
+        if status == 0:
+            break
+        # git refused: the path may still be registered (its folder deleted by hand and
+        # not pruned), which is stale like the folder itself; else something went wrong
+        stale = _registered_worktree(repo, path=path) is not None
+        if stale and reset and again:
+            _remove_worktree(repo, path, branch)
+            _delete_branch(repo, branch)
+            continue
+        if stale:
+            raise _stale_error(path, branch)
         with contextlib.suppress(GitError):
             _remove_worktree(repo, path, None)
             _delete_branch(repo, branch)  # it did not exist before this call
+        if _rev(repo, base_commit) is None:
+            raise _unknown_base(repo, base_ref or "HEAD")
         raise GitError(f"could not create the worktree {path}: {_first_line(err)}")
     verify_worktree(path, branch)
     return WorktreeInfo(path=path, branch=branch, base_commit=base_commit,
                         base_branch=base_branch)
 
 
+def _verified_by_files(path: Path, branch: str | None) -> bool:
+    """True when git's files show ``path`` is a linked worktree of its own, registered
+    (its admin dir points back at it) and, if given, on ``branch``. False: not sure."""
+    git_dir = _git_dir_of(path)
+    if git_dir is None or (path / ".git").is_dir():
+        return False
+    try:
+        back = (git_dir / "gitdir").read_text(encoding="utf-8").strip()
+        head = (git_dir / "HEAD").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    if not (git_dir / "commondir").is_file():
+        return False
+    if os.path.realpath(back) != os.path.realpath(path / ".git"):
+        return False
+    return branch is None or head == f"ref: refs/heads/{branch}"
+
+
 def verify_worktree(path: Path, branch: str | None = None) -> None:
     """Raise GitError unless ``path`` is its own checkout (not the main one) on ``branch``.
 
-    The guard against defect 8: a worker must never run in the main checkout.
+    The guard against defect 8: a worker must never run in the main checkout. The usual
+    case is answered from git's files; anything else asks git, which gives the reason.
     """
     path = Path(path)
     if not path.is_dir():
         raise GitError(f"the worktree {path} does not exist; retry the task to recreate it")
+    if _verified_by_files(path, branch):
+        return
     status, out, _ = _run(path, "rev-parse", "--show-toplevel", check=False)
     if status != 0 or Path(out.strip()).resolve() != path.resolve():
         raise GitError(f"{path} is not a git worktree of its own (its checkout is "
@@ -516,16 +691,50 @@ def diff(worktree: Path, base_commit: str) -> Diff:
     return Diff(files=files, patch=patch)
 
 
+def _status_summary(worktree: Path) -> tuple[bool, bool]:
+    """(tracked changes, untracked files) of a worktree, from one `git status`."""
+    out = _out(worktree, "--no-optional-locks", "status", "--porcelain", "-z",
+               "--untracked-files=all", what="git status")
+    tokens = out.split("\0")
+    dirty = untracked = False
+    i = 0
+    while i < len(tokens):
+        entry = tokens[i]
+        i += 1
+        if len(entry) < 3:
+            continue
+        if entry.startswith("?? "):
+            untracked = True
+        else:
+            dirty = True
+            if entry[0] in "RC":
+                i += 1  # the rename's source path follows as its own token
+    return dirty, untracked
+
+
 def diff_stat(worktree: Path, base_commit: str) -> tuple[int, int]:
     """(added, deleted) lines of the worktree against its base, untracked files included."""
     worktree = Path(worktree)
     if not worktree.is_dir():
         raise GitError(f"the worktree {worktree} does not exist (discarded or merged?)")
-    with _temp_index(worktree) as env:
-        untracked = _untracked(worktree, env)
-        _intent_to_add(worktree, untracked, env)
-        out = _out(worktree, *_DIFF_OPTS, "--numstat", "-z", base_commit, "--", env=env,
+    # One `git status` tells the usual cases apart: nothing changed since the base (the
+    # answer is 0/0 if HEAD is still the base), only tracked changes (a plain diff against
+    # the base), or untracked files (the temporary index with intent-to-add, as diff()).
+    # --no-optional-locks: status must not refresh the worktree's own index.
+    dirty, untracked_seen = _status_summary(worktree)
+    if not dirty and not untracked_seen:
+        head = _head_from_files(worktree)
+        if head is not None and head[0] == base_commit:
+            return 0, 0
+    if not untracked_seen:
+        out = _out(worktree, *_DIFF_OPTS, "--numstat", "-z", base_commit, "--",
                    what="git diff")
+    else:
+        with _temp_index(worktree) as env:
+            untracked = _untracked(worktree, env)
+            _intent_to_add(worktree, untracked, env)
+            out = _out(worktree, *_DIFF_OPTS, "--numstat", "-z", base_commit, "--", env=env,
+                       what="git diff")
     added = deleted = 0
     for token in out.split("\0"):
         parts = token.split("\t")

@@ -181,6 +181,77 @@ def test_verify_worktree_rejects_main_checkout_and_missing(git_repo: Path) -> No
         fgit.verify_worktree(info.path, "fleet/other")
 
 
+def test_worktree_registered_but_its_folder_deleted_is_stale(git_repo: Path) -> None:
+    """Defect 9: a folder deleted by hand (still registered with git) is not reused."""
+    info = fgit.create_worktree(git_repo, "g1")
+    shutil.rmtree(info.path)
+    git(git_repo, "branch", "-m", "fleet/g1", "elsewhere")  # only the registration is left
+    with pytest.raises(fgit.GitError, match="exists already"):
+        fgit.create_worktree(git_repo, "g1")
+    fresh = fgit.create_worktree(git_repo, "g1", reset=True)
+    fgit.verify_worktree(fresh.path, "fleet/g1")
+    assert (fresh.path / "src" / "app.py").exists()
+
+
+def test_create_worktree_reads_packed_refs(git_repo: Path) -> None:
+    """HEAD, the base branch and the stale-branch check come from git's files, packed too."""
+    head = git(git_repo, "rev-parse", "HEAD").strip()
+    git(git_repo, "branch", "fleet/p2")
+    git(git_repo, "pack-refs", "--all")
+    assert not (git_repo / ".git" / "refs" / "heads" / "main").exists()
+    info = fgit.create_worktree(git_repo, "p1")
+    assert (info.base_commit, info.base_branch) == (head, "main")
+    with pytest.raises(fgit.GitError, match="fleet/p2 exists already"):
+        fgit.create_worktree(git_repo, "p2")
+    by_commit = fgit.create_worktree(git_repo, "p3", head)
+    assert by_commit.base_commit == head and by_commit.base_branch is None
+
+
+def test_create_worktree_unknown_commit(git_repo: Path) -> None:
+    with pytest.raises(fgit.GitError, match="unknown base ref"):
+        fgit.create_worktree(git_repo, "z1", "0" * 40)
+    assert not (git_repo / ".fleet-work" / "z1").exists()
+    assert "fleet/z1" not in git(git_repo, "branch", "--list")
+    fgit.create_worktree(git_repo, "z1")  # nothing was left behind
+
+
+def test_verify_worktree_detached_or_unregistered(git_repo: Path) -> None:
+    """The file check must not pass what git would not: a detached worktree, or one
+    whose registration was pruned, goes to git and fails there."""
+    info = fgit.create_worktree(git_repo, "w1")
+    git(info.path, "checkout", "-q", "--detach")
+    with pytest.raises(fgit.GitError, match="not on branch fleet/w1"):
+        fgit.verify_worktree(info.path, "fleet/w1")
+    other = fgit.create_worktree(git_repo, "w2")
+    shutil.rmtree(git_repo / ".git" / "worktrees" / "w2")
+    with pytest.raises(fgit.GitError, match="not a git worktree of its own"):
+        fgit.verify_worktree(other.path, "fleet/w2")
+
+
+@pytest.mark.parametrize("change", ["none", "tracked", "committed", "untracked", "staged-rename"])
+def test_diff_stat_matches_diff(git_repo: Path, change: str) -> None:
+    """diff_stat takes shortcuts (one `git status` for an untouched worktree); its counts
+    are always those of the full diff."""
+    info = fgit.create_worktree(git_repo, f"s-{change}")
+    wt = info.path
+    if change == "tracked":
+        (wt / "src" / "app.py").write_text("def main():\n    return 3\n# more\n")
+    elif change == "committed":
+        (wt / "new.py").write_text("x = 1\ny = 2\n")
+        commit_all(wt, "worker commit")
+    elif change == "untracked":
+        (wt / "notes.md").write_text("a\nb\n")
+    elif change == "staged-rename":
+        git(wt, "mv", "src/app.py", "src/main.py")
+    index = git_repo / ".git" / "worktrees" / f"s-{change}" / "index"
+    before = index.read_bytes()
+    full = fgit.diff(wt, info.base_commit)
+    assert fgit.diff_stat(wt, info.base_commit) == (full.added, full.deleted)
+    assert index.read_bytes() == before  # the worktree's own index is left alone
+    if change != "none":
+        assert full.files
+
+
 # --- diff -------------------------------------------------------------------------------------
 
 
