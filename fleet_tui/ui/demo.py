@@ -126,8 +126,9 @@ def demo_scripts() -> dict[str, Any]:
     """The scripts the endpoint plays; a task picks one with `[script:NAME]`."""
     return {
         # Launched from the form without a marker: a short, visible change.
-        "default": {"turns": [
-            [_say("I'll look at the project first."), _tool("Glob", pattern="*.py")],
+        "default": {"delay": 0.35, "turns": [
+            [_say("I'll look at the project first."),
+             _tool("Bash", command="ls", description="list the project")],
             [_tool("Read", file_path="{cwd}/README.md")],
             [_say("Adding a changelog with this change."),
              _tool("Write", file_path="{cwd}/CHANGELOG.md",
@@ -136,7 +137,7 @@ def demo_scripts() -> dict[str, Any]:
             [_tool("Bash", command="git status --short", description="show the change")],
             "Done: CHANGELOG.md created. Review the diff and merge it when it looks right.",
         ]},
-        "validate": {"turns": [
+        "validate": {"delay": 0.25, "turns": [
             [_say("Let me read the inventory module."),
              _tool("Read", file_path="{cwd}/inventory.py")],
             [_tool("Bash", command="grep -n remove_item *.py", description="find callers")],
@@ -152,7 +153,7 @@ def demo_scripts() -> dict[str, Any]:
             "it and the suite passes.",
         ]},
         # The endpoint answers 529 twice; the CLI retries by itself and recovers.
-        "docs": {"faults": [{"status": 529, "times": 2}], "turns": [
+        "docs": {"delay": 0.35, "faults": [{"status": 529, "times": 2}], "turns": [
             [_tool("Read", file_path="{cwd}/README.md")],
             [_tool("Read", file_path="{cwd}/inventory.py")],
             [_say("Writing a usage section."),
@@ -161,7 +162,7 @@ def demo_scripts() -> dict[str, Any]:
             "README.md now has a usage example.",
         ]},
         # These two change the same line: merge one, the other shows a conflict.
-        "greet-formal": {"turns": [
+        "greet-formal": {"delay": 0.6, "turns": [
             [_tool("Read", file_path="{cwd}/greeting.py")],
             [_tool("Edit", file_path="{cwd}/greeting.py",
                    old_string='GREETING = "Welcome!"',
@@ -170,7 +171,7 @@ def demo_scripts() -> dict[str, Any]:
                    description="try it")],
             "The greeting is more formal now.",
         ]},
-        "greet-casual": {"turns": [
+        "greet-casual": {"delay": 0.7, "turns": [
             [_tool("Read", file_path="{cwd}/greeting.py")],
             [_tool("Edit", file_path="{cwd}/greeting.py",
                    old_string='GREETING = "Welcome!"',

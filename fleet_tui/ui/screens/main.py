@@ -125,6 +125,7 @@ class MainScreen(Screen[None]):
         self._cooldown_seen: float | None = None
         self._bindings_signature: object = None
         self._title_shown = ""
+        self._keep_row: int | None = None
 
     # --- helpers -------------------------------------------------------------------------
     @property
@@ -248,6 +249,12 @@ class MainScreen(Screen[None]):
         table = self.query_one(TaskTable)
         visible = self._visible_tasks()
         table.show(visible, self.marked, self.now())
+        if self._keep_row is not None and self.selected is not None \
+                and self.selected.state in CLOSED and visible:
+            row = min(self._keep_row, len(visible) - 1)
+            self._keep_row = None
+            table.move_cursor(row=row, animate=False, scroll=True)
+            self._select(visible[row].id)
         self.query_one("#empty-hint").display = not self.tasks
         self.query_one(StatusLine).show(self.status, self.now())
         if self.selected_id is None or self.selected_id not in {t.id for t in visible}:
@@ -769,6 +776,10 @@ class MainScreen(Screen[None]):
 
     def on_action_done(self, message: ActionDone) -> None:
         self.marked -= set(message.task_ids)
+        if self.selected_id in message.task_ids:
+            # The task may sink to the history at the bottom; the cursor stays on its row
+            # so the next task is under it (lazygit does the same).
+            self._keep_row = self.query_one(TaskTable).cursor_row
         if message.details and message.severity == "error":
             self.app.push_screen(MessageScreen(message.title, message.details))
             self.fleet_app.ring()

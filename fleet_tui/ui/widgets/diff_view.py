@@ -50,6 +50,7 @@ class DiffLines(LineView):
     COMPONENT_CLASSES = {"diff--add", "diff--del", "diff--hunk", "diff--header",
                          "diff--empty"}
     STYLE_PREFIX = "diff--"
+    FILL_ROWS = True
     DEFAULT_CSS = """
     DiffLines {
         & > .diff--add { color: $text-success; background: $success-muted; }

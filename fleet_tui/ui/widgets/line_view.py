@@ -52,6 +52,8 @@ class LineView(ScrollView, can_focus=True):
     }
     """
     STYLE_PREFIX = "lineview--"
+    FILL_ROWS = False
+    """Paint a styled row's background to the right edge (diff lines, like lazygit)."""
 
     follow: reactive[bool] = reactive(False)
     """Stick to the end as rows arrive (turned off by scrolling up, on by `end`)."""
@@ -96,6 +98,9 @@ class LineView(ScrollView, can_focus=True):
         self._styles.clear()
         self._cache.clear()
 
+    def on_resize(self) -> None:
+        self._cache.clear()  # filled rows were cut to the old width
+
     def _style(self, name: str) -> Style:
         style = self._styles.get(name)
         if style is None:
@@ -112,14 +117,19 @@ class LineView(ScrollView, can_focus=True):
         base = self.rich_style
         if index >= self.row_count():
             return Strip.blank(width, base)
-        strip = self._cache.get(index)
-        if strip is None:
-            text = Text(no_wrap=True, end="", style=base)
+        cached = self._cache.get(index)
+        if cached is None:
+            text = Text(no_wrap=True, end="")
+            fill = base
             for name, chunk in self.get_row(index):
-                text.append(chunk, self._style(name) if name else None)
+                style = base + self._style(name) if name else base
+                text.append(chunk, style)
+                if self.FILL_ROWS:
+                    fill = style
             strip = Strip(text.render(self.app.console), text.cell_len)
-            self._cache[index] = strip
-        return strip.crop_extend(scroll_x, scroll_x + width, base)
+            cached = self._cache[index] = strip if fill is base else strip.extend_cell_length(
+                max(self._width, width) + scroll_x, fill)
+        return cached.crop_extend(scroll_x, scroll_x + width, base)
 
     # --- follow mode ---------------------------------------------------------------------
     def _unfollow(self) -> None:

@@ -40,7 +40,7 @@ class StreamView(LineView):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.follow = True
+        self.set_reactive(LineView.follow, True)
         self._all: list[StreamRow] = []
         self._visible: list[Row] = []
 

@@ -1,0 +1,181 @@
+"""The stream formatter and the virtual views: readable rows, no markup, big inputs fast."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from textual.app import App, ComposeResult
+
+from fleet_tui import stream
+from fleet_tui.git import Diff, FileDiff
+from fleet_tui.ui.formatting import StreamFormatter, human_duration, human_tokens
+from fleet_tui.ui.screens.launch import FormValues, parse_duration, parse_positive_int
+from fleet_tui.ui.screens.main import read_raw_lines
+from fleet_tui.ui.widgets.diff_view import DiffLines, DiffView, PreparedDiff
+from fleet_tui.ui.widgets.line_view import clean
+from fleet_tui.ui.widgets.stream_view import StreamView
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stream-json"
+
+
+def _decode(path: Path) -> list[stream.Event]:
+    decoder = stream.StreamDecoder()
+    return decoder.feed(path.read_bytes()) + decoder.finish()
+
+
+def _plain(rows: list[Any]) -> list[str]:
+    return ["".join(chunk for _, chunk in r.row) for r in rows]
+
+
+def test_a_real_run_reads_as_one_line_per_tool_call() -> None:
+    rows = StreamFormatter().rows(_decode(FIXTURES / "root_529_then_ok" / "stdout.jsonl"))
+    text = _plain(rows)
+    assert text[0].startswith("● session started")
+    assert any(line.startswith("⚠ API retry 1/") and "529" in line for line in text)
+    assert "✎ Write hello.txt" in text  # the worktree prefix is dropped
+    assert any(line.startswith("$ Bash ls") for line in text)
+    assert any(line.startswith("  └ ") for line in text)
+    assert text[-1].startswith("■ done in")
+    # the result repeats the last message: shown once
+    assert sum("Created hello.txt" in line for line in text) == 1
+    kinds = {r.kind for r in rows}
+    assert {"tool", "result", "retry", "text", "done", "info"} <= kinds
+
+
+def test_failed_run_is_highlighted_as_error() -> None:
+    rows = StreamFormatter().rows(_decode(FIXTURES / "root_529_retries2" / "stdout.jsonl"))
+    errors = [r for r in rows if r.kind == "error"]
+    assert errors and all(span[0] == "error" for r in errors for span in r.row)
+    assert any("HTTP 529" in "".join(c for _, c in r.row) for r in errors)
+
+
+def test_sub_agent_calls_are_indented_under_their_task() -> None:
+    events: list[stream.Event] = [
+        stream.ToolUse(line_no=1, id="t1", name="Task", input={}, summary="Task explore"),
+        stream.ToolUse(line_no=2, parent_tool_use_id="t1", id="t2", name="Read", input={},
+                       summary="Read a.py"),
+        stream.ToolResult(line_no=3, parent_tool_use_id="t1", tool_use_id="t2",
+                          first_line="x = 1"),
+        stream.ToolUse(line_no=4, id="t3", name="Bash", input={}, summary="Bash ls"),
+    ]
+    text = _plain(StreamFormatter().rows(events))
+    assert text == ["⤷ Task explore", "  ◱ Read a.py", "    └ x = 1", "$ Bash ls"]
+
+
+def test_agent_text_is_never_markup_or_control_codes() -> None:
+    hostile = "[bold red]boom[/] \x1b[31mred\x1b[0m [link=http://x]y[/link]"
+    rows = StreamFormatter().rows([stream.Text(line_no=1, text=hostile)])
+    shown = _plain(rows)[0]
+    assert "[bold red]boom[/]" in shown and "\x1b" not in shown
+    assert clean("a\tb\x07") == "a   b\ufffd"
+
+
+def test_numbers_for_humans() -> None:
+    assert human_tokens(999) == "999" and human_tokens(12_345) == "12.3k"
+    assert human_tokens(2_500_000) == "2.5M"
+    assert human_duration(59) == "59s" and human_duration(61) == "1m01s"
+    assert human_duration(3 * 3600 + 120) == "3h02m"
+
+
+def test_form_parsers_and_memory(tmp_path: Path) -> None:
+    assert parse_duration("") is None and parse_duration("90") == 90
+    assert parse_duration("15m") == 900 and parse_duration("2h") == 7200
+    for bad in ("soon", "-3", "0"):
+        try:
+            parse_duration(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)
+    assert parse_positive_int("3") == 3 and parse_positive_int("") is None
+    for bad in ("0", "x", "21"):
+        try:
+            parse_positive_int(bad, maximum=20)
+        except ValueError:
+            continue
+        raise AssertionError(bad)
+    path = tmp_path / "form.json"
+    FormValues(base_ref="dev", copies="3").save(path)
+    assert FormValues.load(path) == FormValues(base_ref="dev", copies="3")
+    path.write_text("{not json")
+    assert FormValues.load(path) == FormValues()  # a broken file is ignored, not fatal
+
+
+def test_raw_lines_only_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b'{"a":1}\n{"b":2}\n{"c":')
+    lines, offset, more = read_raw_lines(path, 0, 1 << 20)
+    assert lines == ['{"a":1}', '{"b":2}'] and offset == 16 and not more
+    assert read_raw_lines(tmp_path / "missing", 0, 10) == ([], 0, False)
+
+
+class _ViewApp(App[None]):
+    def __init__(self, widget: Any) -> None:
+        super().__init__()
+        self.widget = widget
+
+    def compose(self) -> ComposeResult:
+        yield self.widget
+
+
+def _big_diff(lines: int) -> Diff:
+    body = [f"+line {i} " + "x" * (i % 70) for i in range(lines)]
+    patch = "\n".join(["diff --git a/big.txt b/big.txt", "new file mode 100644",
+                       "--- /dev/null", "+++ b/big.txt", f"@@ -0,0 +1,{lines} @@", *body])
+    return Diff(files=[FileDiff(path="big.txt", status="added", added=lines, deleted=0,
+                                patch=patch)], patch=patch)
+
+
+async def test_twenty_thousand_line_diff_paints_fast() -> None:
+    prepared = PreparedDiff.build(_big_diff(20_000))
+    view = DiffView()
+    app = _ViewApp(view)
+    async with app.run_test(size=(160, 48)) as pilot:
+        start = time.perf_counter()
+        view.show("t1", prepared)
+        await pilot.pause()
+        elapsed = time.perf_counter() - start
+        lines = view.query_one(DiffLines)
+        assert lines.row_count() == 20_005
+        assert elapsed < 0.3, f"first paint took {elapsed:.3f} s"
+        assert len(lines._cache) < 200  # only what is on screen was rendered
+        lines.focus()
+        await pilot.press("end")
+        await pilot.pause()
+        assert lines.scroll_y > 19_000
+
+
+async def test_stream_view_takes_a_flood_in_batches() -> None:
+    view = StreamView()
+    app = _ViewApp(view)
+    events: list[stream.Event] = []
+    for i in range(25_000):
+        events.append(stream.ToolUse(line_no=2 * i, id=f"t{i}", name="Bash", input={},
+                                     summary=f"Bash echo {i}"))
+        events.append(stream.ToolResult(line_no=2 * i + 1, tool_use_id=f"t{i}",
+                                        first_line=str(i)))
+    formatter = StreamFormatter()
+    async with app.run_test(size=(120, 40)) as pilot:
+        start = time.perf_counter()
+        for chunk in range(0, len(events), 5_000):
+            view.append_rows(formatter.rows(events[chunk:chunk + 5_000]))
+            await pilot.pause()
+        elapsed = time.perf_counter() - start
+        assert view.row_count() == 50_000
+        assert view.is_vertical_scroll_end  # following
+        assert elapsed < 5.0, f"50,000 rows took {elapsed:.2f} s"
+        view.tools_only = True
+        assert view.row_count() == 50_000
+        await pilot.press("home")
+        assert not view.follow  # scrolling back stops following
+        await pilot.press("end")
+        assert view.follow
+
+
+def test_raw_json_rows_stay_verbatim() -> None:
+    line = json.dumps({"type": "assistant", "text": "[b]x[/b]"})
+    from fleet_tui.ui.formatting import raw_rows
+
+    assert _plain(raw_rows([line])) == [line]
