@@ -249,7 +249,7 @@ def ensure_claude(ask: Callable[[str], str] = input, out: Callable[[str], None] 
     out("fleet-tui --demo runs real Claude Code workers, but `claude` was not found "
         "(not on PATH, not in FLEET_WORKER_CLAUDE, not in "
         f"{paths.cli_install_dir(env)}).")
-    if shutil.which("npm") is None:
+    if shutil.which("npm", path=(os.environ if env is None else env).get("PATH")) is None:
         out("npm is not installed. Install Node.js (which brings npm), then run:\n  "
             + " ".join(command) + "\nor set FLEET_WORKER_CLAUDE to a claude binary.")
         return None
