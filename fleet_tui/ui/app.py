@@ -63,6 +63,7 @@ class FleetApp(App[None]):
         self.errors: list[str] = []
         self.toasts: list[tuple[str, str, str]] = []  # (severity, title, message)
         self._stop = threading.Event()
+        self.quitting = False
         self._last_error: str | None = None
         self._last_error_at = 0.0
 
@@ -94,6 +95,7 @@ class FleetApp(App[None]):
         self._stop.set()
 
     async def action_quit(self) -> None:
+        self.quitting = True  # keys already typed must not open screens on the way out
         self._stop.set()
         self.exit()
 

@@ -176,7 +176,8 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
                 yield Button(keyed("Cancel", "esc"), id="cancel")
 
     def on_mount(self) -> None:
-        self.query_one("#prompt", TextArea).focus()
+        for prompt in self.query("#prompt").results(TextArea):
+            prompt.focus()
 
     # --- live feedback -------------------------------------------------------------------
     @on(TextArea.Changed, "#prompt")

@@ -484,6 +484,8 @@ class MainScreen(Screen[None]):
 
     # --- bindings that apply right now -----------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self.fleet_app.quitting:
+            return False
         targets = self.targets()
         states = {t.state for t in targets}
         task = self.selected
