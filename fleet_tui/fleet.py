@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,9 @@ START_GRACE = 60.0  # a claim with no runner after this long is an engine that d
 STDERR_TAIL = 4000
 TRANSIENT = ("overload", "quota")
 MAX_COPIES = 50
+READ_CHUNK = 1 << 20  # bytes of one attempt's events.jsonl folded in per tick (GIL hold)
+START_THREADS = 4  # worktrees made and runners spawned at once (git and fork wait on I/O)
+CHILD_POLL = 0.01  # while our runners live, run() checks this often whether one exited
 
 
 class FleetError(Exception):
@@ -165,6 +169,10 @@ class Fleet:
         self._lock = threading.RLock()
         self._follows: dict[int, _Follow] = {}
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        # What the engine has folded in from events files, for the panel and benchmarks.
+        self.ingested_events = 0
+        self.ingested_bytes = 0
 
     # --- queries ------------------------------------------------------------------------------
 
@@ -280,7 +288,10 @@ class Fleet:
             return changes
 
     def run(self, stop: threading.Event, interval: float = 0.25) -> None:
-        """Tick until `stop` is set (meant for a thread of the panel or the CLI)."""
+        """Tick until `stop` is set (meant for a thread of the panel or the CLI).
+
+        Between ticks it waits `interval`, but a runner this engine started that exits
+        ends the wait at once: its slot is refilled without waiting for the next tick."""
         while not stop.is_set():
             try:
                 self.tick()
@@ -288,7 +299,24 @@ class Fleet:
             except Exception as exc:  # keep scheduling; the panel shows last_error
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.exception("fleet tick failed")
-            stop.wait(interval)
+            self._wait(stop, interval)
+
+    def _wait(self, stop: threading.Event, interval: float) -> None:
+        """Sleep up to `interval`; return early when `stop` is set or one of our runners
+        has exited (a waitpid(WNOHANG) per child every CHILD_POLL seconds)."""
+        deadline = time.monotonic() + interval
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            children = list(self._children.values())
+            if not children:
+                stop.wait(left)
+                return
+            if stop.wait(min(left, CHILD_POLL)):
+                return
+            if any(proc.poll() is not None for proc in children):
+                return
 
     def _reap(self) -> None:
         for pid, proc in list(self._children.items()):
@@ -298,18 +326,32 @@ class Fleet:
     def _start_ready(self, changes: list[TaskChange]) -> None:
         ready = self.store.list_tasks(states=(TaskState.QUEUED, TaskState.WAITING))
         endpoints = sorted({t.endpoint for t in ready})
+        claimed: list[tuple[Task, TaskState]] = []
         for endpoint in endpoints:
+            # the cooldown comes from finished attempts, which only a tick moves on
+            if self._cooldown_until(endpoint, self.store.list_tasks(endpoint=endpoint),
+                                    self.clock()) is not None:
+                continue
             while True:
-                now = self.clock()
-                if self._cooldown_until(endpoint, self.store.list_tasks(endpoint=endpoint),
-                                        now) is not None:
-                    break
-                task = self.store.claim_next(endpoint, self.settings.max_workers, now,
-                                             owner=self.owner)
+                task = self.store.claim_next(endpoint, self.settings.max_workers,
+                                             self.clock(), owner=self.owner)
                 if task is None:
                     break
                 old = TaskState.WAITING if task.verdict in TRANSIENT else TaskState.QUEUED
+                claimed.append((task, old))
+        if len(claimed) <= 1:
+            for task, old in claimed:
                 self._start(task, old, changes)
+            return
+        # Several at once (the cap just opened, or a batch was queued): their worktrees and
+        # runners are made in parallel; the tick returns once every one has started or
+        # failed, as before.
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=START_THREADS,
+                                            thread_name_prefix="fleet-start")
+        futures = [self._pool.submit(self._start, task, old, changes) for task, old in claimed]
+        for future in futures:
+            future.result()
 
     # --- starting an attempt ------------------------------------------------------------------
 
@@ -491,14 +533,22 @@ class Fleet:
             try:
                 with open(path, "rb") as fh:
                     fh.seek(fol.offset)
-                    data = fh.read()
+                    # A big backlog is folded in over several ticks (READ_CHUNK each), so
+                    # one attempt does not hold the GIL for long; finishing reads it all.
+                    while True:
+                        data = fh.read(READ_CHUNK)
+                        if not data:
+                            break
+                        fol.offset += len(data)
+                        self.ingested_bytes += len(data)
+                        events += fol.decoder.feed(data)
+                        if not final:
+                            break
             except FileNotFoundError:
-                data = b""
-            if data:
-                fol.offset += len(data)
-                events = fol.decoder.feed(data)
+                pass
         if final:
             events += fol.decoder.finish()
+        self.ingested_events += len(events)
         for ev in events:
             fol.summary.update(ev, at=now)
             if isinstance(ev, stream.Result):

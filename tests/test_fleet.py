@@ -607,3 +607,48 @@ def test_read_events_in_small_chunks_matches_one_read(tmp_path: Path,
     (adir / "exit.json").write_text("{}")  # finished: the partial line is returned now
     final, end2 = fleet.read_events(attempt)
     assert end2 == (adir / EVENTS_FILE).stat().st_size and len(final) == len(whole) + 1
+
+
+def test_a_big_backlog_is_read_in_bounded_chunks_and_counted(
+        tmp_path: Path, reference_samples: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Following reads at most READ_CHUNK per attempt per tick (the GIL is not held for a
+    whole backlog); finishing reads the rest before it classifies; the counters match."""
+    from fleet_tui import fleet as fleet_mod
+    from fleet_tui.runner import EXIT_FILE, write_json_atomic
+
+    monkeypatch.setattr(fleet_mod, "READ_CHUNK", 4096)
+    sample = (reference_samples / "nonroot_stream" / "stdout.jsonl").read_bytes()
+    data = sample * 40
+    assert len(data) > 4 * 4096
+    store = Store(tmp_path / "db.sqlite")
+    fleet = Fleet(load_settings(), store)
+    now = time.time()
+    me = os.getpid()
+    task = store.create_task(prompt="p", repo=tmp_path, task_id="big001",
+                             state=TaskState.RUNNING, base_commit="0" * 40, started_at=now,
+                             endpoint=fleet.settings.base_url, attempt_count=1)
+    adir = tmp_path / "attempt"
+    adir.mkdir()
+    (adir / EVENTS_FILE).write_bytes(data)
+    write_json_atomic(adir / "launch.json", {"runner_pid": me,
+                                             "runner_start": procs.start_time(me)})
+    attempt = store.add_attempt(task.id, prompt="p", now=now, runner_pid=me, dir=adir,
+                                events_path=adir / EVENTS_FILE, started_at=now)
+    fleet.tick()
+    assert fleet.ingested_bytes == 4096
+    assert store.get_attempt(attempt.id).events_offset == 4096
+    assert fleet.get_task(task.id).state == TaskState.RUNNING
+    fleet.tick()
+    assert fleet.ingested_bytes == 8192
+    write_json_atomic(adir / EXIT_FILE, {"exit_code": 0})
+    fleet.tick()
+    done = fleet.get_task(task.id)
+    assert done.state == TaskState.SUCCEEDED, done.message
+    assert fleet.ingested_bytes == len(data)
+    assert store.get_attempt(attempt.id).events_offset == len(data)
+    whole, _ = fleet.read_events(store.get_attempt(attempt.id))
+    assert fleet.ingested_events == len(whole)
+    summary = stream.RunSummary()
+    for ev in whole:
+        summary.update(ev)
+    assert (done.turns, done.output_tokens) == (summary.turns, summary.output_tokens)
