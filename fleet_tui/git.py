@@ -331,6 +331,18 @@ _EXCLUDED: set[Path] = set()  # repositories whose exclude file this process has
 _EXCLUDED_LOCK = threading.Lock()
 
 
+_WORKTREE_LOCKS: dict[Path, threading.Lock] = {}
+
+
+def _worktree_lock(repo: Path) -> threading.Lock:
+    """One lock per repository for the git commands that add, list or remove worktrees:
+    git 2.39 reads every worktree's admin folder while adding one, and fails ("failed to
+    read .git/worktrees/X/commondir") on a folder another `worktree add` is still writing.
+    The engine starts tasks from several threads, so its adds take turns."""
+    with _EXCLUDED_LOCK:
+        return _WORKTREE_LOCKS.setdefault(repo, threading.Lock())
+
+
 def _exclude_file(repo: Path) -> Path:
     git_dir = _git_dir_of(repo)
     if git_dir is not None and (git_dir / "HEAD").is_file():
@@ -399,6 +411,11 @@ def _registered_worktree(repo: Path, *, path: Path | None = None,
 
 def _remove_worktree(repo: Path, worktree: Path | None, branch: str | None) -> None:
     """Remove a task's worktree (by path or by its branch), then prune. Idempotent."""
+    with _worktree_lock(Path(repo).resolve()):
+        _remove_worktree_locked(repo, worktree, branch)
+
+
+def _remove_worktree_locked(repo: Path, worktree: Path | None, branch: str | None) -> None:
     targets: list[Path] = []
     if worktree is not None:
         registered = _registered_worktree(repo, path=worktree)
@@ -501,8 +518,9 @@ def create_worktree(repo: Path, task_id: str, base_ref: str | None = None, *,
         raise GitError(f"cannot create {path.parent}: {exc.strerror or exc}; move away "
                        f"whatever is at {paths.work_dir(repo)}") from None
     for again in (True, False):
-        status, _, err = _run(repo, "worktree", "add", "-b", branch, str(path), base_commit,
-                              check=False)
+        with _worktree_lock(repo):
+            status, _, err = _run(repo, "worktree", "add", "-b", branch, str(path),
+                                  base_commit, check=False)
         if status == 0:
             break
         # git refused: the path may still be registered (its folder deleted by hand and
