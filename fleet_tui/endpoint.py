@@ -231,6 +231,9 @@ class Script:
     turns: list[Turn]
     faults: list[Fault] = field(default_factory=list)
     delay: float | None = None
+    # Played after the script's own turns, when the session is resumed with a new prompt
+    # (a follow-up). `{prompt}` in them is that prompt's first line.
+    followup: list[Turn] = field(default_factory=list)
 
     @classmethod
     def from_data(cls, name: str, data: object) -> Script:
@@ -239,11 +242,17 @@ class Script:
             return data
         faults: list[Fault] = []
         delay: float | None = None
+        followup: list[Turn] = []
         if isinstance(data, dict):
-            unknown = set(data) - {"turns", "faults", "delay", "description"}
+            unknown = set(data) - {"turns", "faults", "delay", "description", "followup"}
             if unknown:
                 raise ScriptError(f"script {name!r}: unknown key(s) {sorted(unknown)}; "
-                                  "known: turns, faults, delay, description")
+                                  "known: turns, faults, delay, followup, description")
+            raw_followup = data.get("followup", [])
+            if not isinstance(raw_followup, list):
+                raise ScriptError(f"script {name!r}: \"followup\" must be a list of turns")
+            followup = [_normalize_turn(t, f"script {name!r}, followup turn {i + 1}")
+                        for i, t in enumerate(raw_followup)]
             raw_faults = data.get("faults", [])
             if not isinstance(raw_faults, list):
                 raise ScriptError(f"script {name!r}: \"faults\" must be a list")
@@ -260,7 +269,7 @@ class Script:
                               "(or an object with \"turns\")")
         turns = [_normalize_turn(t, f"script {name!r}, turn {i + 1}")
                  for i, t in enumerate(data)]
-        return cls(name=name, turns=turns, faults=faults, delay=delay)
+        return cls(name=name, turns=turns, faults=faults, delay=delay, followup=followup)
 
 
 def _load_json(path: Path) -> object:
@@ -381,6 +390,23 @@ def _prompt_of(body: Mapping[str, Any]) -> str:
     return ""
 
 
+def _latest_prompt(body: Mapping[str, Any]) -> str:
+    """First line of the newest user prompt (a follow-up's text), tool results and the
+    CLI's system reminders left out."""
+    for msg in reversed(body.get("messages") or []):
+        if not isinstance(msg, dict) or msg.get("role") != "user":
+            continue
+        content = msg.get("content")
+        blocks = content if isinstance(content, list) else [content]
+        texts = [t for b in blocks if not (isinstance(b, dict) and b.get("type") == "tool_result")
+                 for t in _texts([b] if isinstance(b, dict) else b)
+                 if not t.lstrip().startswith("<system-reminder>")]
+        text = "\n".join(texts).strip()
+        if text:
+            return text.splitlines()[0]
+    return ""
+
+
 def _count_turn(body: Mapping[str, Any]) -> int:
     return sum(1 for m in body.get("messages") or []
                if isinstance(m, dict) and m.get("role") == "assistant")
@@ -420,13 +446,13 @@ def _auth_of(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _substitute(value: Any, cwd: str) -> Any:
+def _substitute(value: Any, cwd: str, prompt: str = "") -> Any:
     if isinstance(value, str):
-        return value.replace("{cwd}", cwd)
+        return value.replace("{cwd}", cwd).replace("{prompt}", prompt)
     if isinstance(value, list):
-        return [_substitute(v, cwd) for v in value]
+        return [_substitute(v, cwd, prompt) for v in value]
     if isinstance(value, dict):
-        return {k: _substitute(v, cwd) for k, v in value.items()}
+        return {k: _substitute(v, cwd, prompt) for k, v in value.items()}
     return value
 
 
@@ -621,7 +647,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             ep._record(replace(base, status=0, fault=fault_name))
             ep._hang()
             raise _Dropped
-        blocks = self._build_blocks(script, turn, cwd or ".")
+        blocks = self._build_blocks(script, turn, cwd or ".", _latest_prompt(body))
         ids = tuple(b["id"] for b in blocks if b["type"] == "tool_use")
         stop_reason = "tool_use" if ids else "end_turn"
         ep._record(replace(base, status=200, fault=fault_name, tool_use_ids=ids))
@@ -647,15 +673,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
             })
 
-    def _build_blocks(self, script: Script, turn: int, cwd: str) -> list[Block]:
+    def _build_blocks(self, script: Script, turn: int, cwd: str,
+                      prompt: str = "") -> list[Block]:
+        extra = turn - len(script.turns)
         if turn < len(script.turns):
             template = script.turns[turn]
+        elif extra < len(script.followup):
+            template = script.followup[extra]
         else:
             template = [{"type": "text",
                          "text": f"(script {script.name!r} has only {len(script.turns)} "
                                  f"turn(s); nothing more to do)"}]
         blocks: list[Block] = []
-        for block in _substitute(template, cwd):
+        for block in _substitute(template, cwd, prompt):
             if block["type"] == "tool_use":
                 block = {"type": "tool_use", "id": _new_id("toolu_"), "name": block["name"],
                          "input": block["input"]}

@@ -21,6 +21,7 @@ from endpoint_helpers import assemble, post, request_body
 
 from fleet_tui.endpoint import (
     Fault,
+    Script,
     ScriptedEndpoint,
     ScriptError,
     find_cwd,
@@ -102,6 +103,34 @@ def test_turn_is_counted_from_assistant_messages_and_mid_system_is_accepted(
     assert beyond.status == 200
     assert "only 3 turn(s)" in assemble(beyond.events)[0]["text"]
     assert [r.turn for r in endpoint.requests] == [2, 7]
+
+
+def test_follow_up_prompt_plays_the_followup_turns() -> None:
+    script = {"turns": ["first answer"],
+              "followup": [[{"type": "tool_use", "name": "Bash",
+                             "input": {"command": "ls {cwd}"}}],
+                           "Done: {prompt}"]}
+    with ScriptedEndpoint({"default": script}) as ep:
+        body = request_body(prompt="first")
+        body["messages"] += [
+            {"role": "assistant", "content": [{"type": "text", "text": "first answer"}]},
+            {"role": "user", "content": [{"type": "text", "text": "also add docs\nmore"}]}]
+        tool = assemble(post(ep.url, body).events)
+        assert tool[0]["name"] == "Bash"
+        assert tool[0]["input"] == {"command": "ls /work/somewhere"}
+        body["messages"] += [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_x",
+                                               "name": "Bash", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x",
+                                          "content": "a.txt"}]}]
+        final = assemble(post(ep.url, body).events)
+        # {prompt} is the follow-up's first line, not the tool result nor the first prompt.
+        assert final == [{"type": "text", "text": "Done: also add docs"}]
+        body["messages"] += [{"role": "assistant", "content": [{"type": "text", "text": "x"}]},
+                             {"role": "user", "content": "again"}]
+        assert "only 1 turn(s)" in assemble(post(ep.url, body).events)[0]["text"]
+    with pytest.raises(ScriptError, match="followup"):
+        Script.from_data("bad", {"turns": ["x"], "followup": "nope"})
 
 
 def test_tool_use_ids_are_unique_per_request() -> None:
