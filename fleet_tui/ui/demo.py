@@ -122,8 +122,24 @@ def _say(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
+# What every demo script plays when the user sends a follow-up (`f`): a look at the
+# worktree, then an answer that quotes the follow-up's first line.
+FOLLOWUP_TURNS: list[Any] = [
+    [_say("Following up on: {prompt}"),
+     _tool("Bash", command="git status --short", description="look at the worktree")],
+    "Follow-up done: {prompt}",
+]
+
+
 def demo_scripts() -> dict[str, Any]:
     """The scripts the endpoint plays; a task picks one with `[script:NAME]`."""
+    scripts = _demo_scripts()
+    for script in scripts.values():
+        script.setdefault("followup", FOLLOWUP_TURNS)
+    return scripts
+
+
+def _demo_scripts() -> dict[str, Any]:
     return {
         # Launched from the form without a marker: a short, visible change.
         "default": {"delay": 0.35, "turns": [
