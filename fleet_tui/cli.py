@@ -2,14 +2,16 @@
 
 This module only dispatches; each command lives in fleet_tui/commands/<name>.py and exposes
 ``main(argv: list[str]) -> int``. Imports are lazy so that `fleet-worker` (which execs
-claude) never pays for Textual or GitPython.
+claude) never pays for Textual or GitPython, and this module itself imports only `sys`.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
-from collections.abc import Sequence
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 # subcommand -> module under fleet_tui.commands
 TASK_COMMANDS = ("run", "ls", "show", "logs", "diff", "merge", "discard", "retry",
@@ -28,8 +30,9 @@ Run `fleet-tui COMMAND --help` for the options of one command.
 
 
 def _run(module: str, argv: Sequence[str]) -> int:
-    mod = importlib.import_module(f"fleet_tui.commands.{module}")
-    result: int = mod.main(list(argv))
+    name = f"fleet_tui.commands.{module}"
+    __import__(name)
+    result: int = sys.modules[name].main(list(argv))
     return result
 
 

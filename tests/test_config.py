@@ -173,3 +173,27 @@ def test_unreadable_config_file_is_a_clear_error(tmp_path: Path) -> None:
     cfg.write_bytes(b"model = \"\xff\xfe\"\n")
     with pytest.raises(ConfigError, match=r"config\.toml"):
         load_settings(env={"HOME": str(tmp_path)}, config_file=cfg)
+
+
+def test_the_lean_settings_of_fleet_worker_agree_with_settings(tmp_path: Path) -> None:
+    """fleet-worker reads its settings through config_core without the dataclass; the
+    fields, defaults and merged values must be those of Settings."""
+    from fleet_tui.config_core import _SPEC, load_launch_settings
+
+    fields = dataclasses.fields(Settings)
+    assert tuple(f.name for f in fields) == tuple(_SPEC)
+    for f in fields:
+        default = _SPEC[f.name][2]
+        assert (Path(str(default)) if f.name == "config_dir" else default) == f.default
+    config = write(tmp_path / "c.toml", 'model = "from-file"\nmax_workers = 7\n')
+    env = {"HOME": str(tmp_path), "FLEET_WORKER_EFFORT": "low",
+           "FLEET_WORKER_KEY_SOURCES": "glm,env"}
+    full = load_settings(env=env, config_file=config, overrides={"claude": "/x/claude"})
+    lean = load_launch_settings(env=env, config_file=config, overrides={"claude": "/x/claude"})
+    for f in fields:
+        value = getattr(lean, f.name)
+        assert (Path(value) if f.name == "config_dir" else value) == getattr(full, f.name)
+    with pytest.raises(AttributeError):
+        lean.model = "changed"  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="FLEET_WORKER_MAX_WORKERS"):
+        load_launch_settings(env={"FLEET_WORKER_MAX_WORKERS": "0"}, config_file=config)

@@ -2,7 +2,8 @@
 
 All arguments go to claude; the process *becomes* claude (exec: same pid, so signals and
 the exit code pass straight through). Only `--dry-run` and `-h/--help` are ours. Kept
-lean: this runs before every worker, so it imports only config and launcher.
+lean: this runs before every worker, so it imports only config_core and launcher (no
+dataclasses, pathlib, json or typing on the usual path; see those modules).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from fleet_tui.config import ConfigError, load_settings
+from fleet_tui.config_core import ConfigError, load_launch_settings
 from fleet_tui.launcher import LaunchError, plan_launch
 
 PROG = "fleet-worker"
@@ -114,7 +115,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(USAGE)
         return 0
     try:
-        settings = load_settings()
+        settings = load_launch_settings()
         plan = plan_launch(settings, args, prepare=not dry_run)
     except ConfigError as exc:
         _err(f"error: {exc}")

@@ -1,0 +1,374 @@
+"""The lean half of config.py: where settings come from and how they are checked.
+
+`fleet-worker` runs before every worker, and a Python launcher pays for every module it
+imports (~10 ms for `dataclasses`, ~12 ms for `pathlib` with the `re` it pulls in, ~10 ms
+for `typing`). So this module imports nothing but `os` and `sys` at the top: paths are
+strings here, `tomllib` is imported only when a config file exists, and the result for the
+launcher is a plain slotted `LaunchSettings`. `config.load_settings` builds the frozen
+`Settings` dataclass from the same merged values, so both always agree.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # mypy only: these imports cost start-up time
+    from collections.abc import Mapping
+    from typing import Protocol
+
+    class SettingsLike(Protocol):
+        """What the launcher reads of the settings (`Settings` and `LaunchSettings`)."""
+
+        @property
+        def config_dir(self) -> str | os.PathLike[str]: ...
+        @property
+        def base_url(self) -> str: ...
+        @property
+        def model(self) -> str: ...
+        @property
+        def small_model(self) -> str: ...
+        @property
+        def permission_mode(self) -> str: ...
+        @property
+        def effort(self) -> str: ...
+        @property
+        def keyring_service(self) -> str: ...
+        @property
+        def keyring_key(self) -> str: ...
+        @property
+        def claude(self) -> str: ...
+        @property
+        def sandbox(self) -> bool: ...
+        @property
+        def key_sources(self) -> tuple[str, ...]: ...
+
+APP_NAME = "fleet-tui"
+ENV_PREFIX = "FLEET_WORKER_"
+CONFIG_FILE_ENV = "FLEET_TUI_CONFIG"
+
+PERMISSION_MODES = ("default", "acceptEdits", "plan", "auto", "dontAsk", "bypassPermissions")
+KEY_SOURCES = ("env", "keyring", "zhipu", "glm")
+MERGE_STRATEGIES = ("merge", "squash")
+DEFAULT_CONFIG_DIR = "~/.fleet-worker/cfg"
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class ConfigError(Exception):
+    """A setting that cannot be used. The message names where it came from (file and
+    line, or the environment variable) and what would be accepted."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None,
+                 line: int | None = None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+        self.key = key
+
+
+# Every setting, in the order of the Settings fields: name -> (kind, minimum, default).
+# Kinds: str, path, bool, int, float, sources, optstr. A minimum of 0 allows zero (timeout:
+# 0 means none); 1 / 1e-9 mean "positive".
+_POSITIVE = 1e-9
+_SPEC: dict[str, tuple[str, float | None, object]] = {
+    # launcher (names and defaults of the original fleet-worker)
+    "config_dir": ("path", None, DEFAULT_CONFIG_DIR),
+    "base_url": ("str", None, "https://api.z.ai/api/anthropic"),
+    "model": ("str", None, "GLM-5.2"),
+    "small_model": ("str", None, "GLM-4.5-Air"),
+    "permission_mode": ("str", None, "bypassPermissions"),
+    "effort": ("str", None, "high"),
+    "keyring_service": ("str", None, "fleet-worker"),
+    "keyring_key": ("str", None, "api-key"),
+    "claude": ("str", None, "claude"),
+    "sandbox": ("bool", None, False),
+    "key_sources": ("sources", None, KEY_SOURCES),
+    # engine
+    "max_workers": ("int", 1, 4),
+    "max_attempts": ("int", 1, 4),
+    "backoff_base": ("float", _POSITIVE, 5.0),
+    "backoff_cap": ("float", _POSITIVE, 300.0),
+    "fallback_after": ("int", 1, 2),
+    "quota_cooldown": ("float", _POSITIVE, 60.0),
+    "timeout": ("float", 0, 3600.0),
+    "stall_seconds": ("float", _POSITIVE, 300.0),
+    "stall_kill": ("bool", None, False),
+    "kill_grace": ("float", _POSITIVE, 5.0),
+    "merge_strategy": ("str", None, "merge"),
+    "test_command": ("optstr", None, None),
+}
+
+FIELD_NAMES: tuple[str, ...] = tuple(_SPEC)
+
+
+def env_name(field: str) -> str:
+    """The environment variable of one setting: `FLEET_WORKER_<FIELD UPPERCASE>`."""
+    return ENV_PREFIX + field.upper()
+
+
+def expand_home(text: str, env: Mapping[str, str]) -> str:
+    """`~` expanded against the given environment's HOME (so tests and callers that pass
+    their own env get their own home)."""
+    if text == "~" or text.startswith("~/"):
+        home = env.get("HOME") or os.path.expanduser("~")
+        return home + text[1:]
+    return os.path.expanduser(text)
+
+
+def config_file_location(env: Mapping[str, str] | None = None) -> str:
+    """Where config.toml lives: `FLEET_TUI_CONFIG`, else the platform's user config dir."""
+    env = os.environ if env is None else env
+    override = env.get(CONFIG_FILE_ENV)
+    if override:
+        return expand_home(override, env)
+    if sys.platform.startswith("linux"):
+        # What platformdirs.user_config_path computes on Linux (XDG), without paying ~13 ms
+        # to import platformdirs on every fleet-worker launch.
+        xdg = env.get("XDG_CONFIG_HOME", "").strip()
+        base = xdg if xdg else expand_home("~/.config", env)
+        return os.path.join(base, APP_NAME, "config.toml")
+    import platformdirs
+
+    return str(platformdirs.user_config_path(APP_NAME) / "config.toml")
+
+
+def _describe_kind(kind: str, minimum: float | None) -> str:
+    if kind == "int":
+        return "a whole number" + (" >= 1" if minimum == 1 else f" >= {minimum:g}")
+    if kind == "float":
+        return "a number of seconds" + (" > 0" if minimum == _POSITIVE else " >= 0")
+    if kind == "bool":
+        return "true or false (1/0, yes/no, on/off)"
+    if kind == "sources":
+        return "a comma-separated list of " + ", ".join(KEY_SOURCES)
+    return "a non-empty string"
+
+
+def _convert(name: str, raw: object, *, from_text: bool) -> object:
+    """Turn one raw value (TOML value, env text or flag value) into the field's type.
+    Raises ValueError with the expectation; the caller adds where it came from."""
+    kind, minimum, _ = _SPEC[name]
+    expected = _describe_kind(kind, minimum)
+    if kind in ("str", "path", "optstr"):
+        if not isinstance(raw, str | os.PathLike):
+            raise ValueError(f"expected {expected}")
+        text = os.fspath(raw).strip()
+        if not text:
+            if kind == "optstr":
+                return None
+            raise ValueError(f"expected {expected}")
+        if name == "permission_mode" and text not in PERMISSION_MODES:
+            raise ValueError(f"{text!r} is not a permission mode; use one of "
+                             + ", ".join(PERMISSION_MODES))
+        if name == "base_url" and not text.startswith(("http://", "https://")):
+            raise ValueError(f"{text!r} is not an http(s) URL")
+        if name == "merge_strategy" and text not in MERGE_STRATEGIES:
+            raise ValueError(f"{text!r} is not a merge strategy; use merge or squash")
+        return text
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        if from_text and isinstance(raw, str):
+            low = raw.strip().lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE or low == "":
+                return False
+        raise ValueError(f"expected {expected}")
+    if kind == "sources":
+        items: list[str]
+        if isinstance(raw, str):
+            items = [part.strip() for part in raw.split(",") if part.strip()]
+        elif isinstance(raw, list | tuple) and all(isinstance(p, str) for p in raw):
+            items = [str(p).strip() for p in raw]
+        else:
+            raise ValueError(f"expected {expected}")
+        if not items:
+            raise ValueError(f"expected {expected} (at least one)")
+        bad = [p for p in items if p not in KEY_SOURCES]
+        if bad:
+            raise ValueError(f"unknown key source {bad[0]!r}; use " + ", ".join(KEY_SOURCES))
+        return tuple(dict.fromkeys(items))  # keep order, drop repeats
+    # numbers
+    value: float
+    if isinstance(raw, bool):
+        raise ValueError(f"expected {expected}")
+    if kind == "int":
+        if isinstance(raw, int):
+            value = raw
+        elif from_text and isinstance(raw, str):
+            try:
+                value = int(raw.strip())
+            except ValueError:
+                raise ValueError(f"expected {expected}") from None
+        else:
+            raise ValueError(f"expected {expected}")
+    else:
+        if isinstance(raw, int | float):
+            value = float(raw)
+        elif from_text and isinstance(raw, str):
+            try:
+                value = float(raw.strip())
+            except ValueError:
+                raise ValueError(f"expected {expected}") from None
+        else:
+            raise ValueError(f"expected {expected}")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"expected {expected}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"expected {expected}, got {raw!r}")
+    return value
+
+
+def _line_of_key(text: str, key: str) -> int | None:
+    """The line where `key = ...` is set at the top level of a TOML text, if findable."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.lstrip()
+        for candidate in (key, f'"{key}"', f"'{key}'"):
+            if stripped.startswith(candidate):
+                rest = stripped[len(candidate):].lstrip()
+                if rest.startswith("="):
+                    return number
+    return None
+
+
+def _read_toml(path: str) -> tuple[dict[str, object], str]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return {}, ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the settings file ({exc})", path=path) from None
+    import re
+    import tomllib
+
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        line = int(match.group(1)) if match else None
+        if line is None and "end of document" in str(exc):
+            line = max(1, len(text.splitlines()))
+        reason = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", str(exc))
+        if "end of document" in str(exc):
+            reason += " (the file ends too early)"
+        where = f"{path}, line {line}" if line else str(path)
+        raise ConfigError(f"{where}: not valid TOML: {reason}", path=path, line=line) from None
+
+
+def _from_file(path: str) -> dict[str, object]:
+    data, text = _read_toml(path)
+    values: dict[str, object] = {}
+    for key, raw in data.items():
+        line = _line_of_key(text, key)
+        where = f"{path}, line {line}" if line else str(path)
+        if key not in _SPEC:
+            import difflib
+
+            close = difflib.get_close_matches(key, FIELD_NAMES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"{where}: unknown setting {key!r}{hint}. Known settings: "
+                + ", ".join(FIELD_NAMES), path=path, line=line, key=key)
+        try:
+            values[key] = _convert(key, raw, from_text=False)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {key}: {exc}", path=path, line=line, key=key) from None
+    return values
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, object]:
+    values: dict[str, object] = {}
+    for name in FIELD_NAMES:
+        var = env_name(name)
+        raw = env.get(var)
+        # An empty variable counts as unset, like the original's ${VAR:-default}.
+        if raw is None or (raw.strip() == "" and _SPEC[name][0] != "bool"):
+            continue
+        try:
+            values[name] = _convert(name, raw, from_text=True)
+        except ValueError as exc:
+            raise ConfigError(f"{var}={raw!r}: {exc}", key=var) from None
+    return values
+
+
+def _from_overrides(overrides: Mapping[str, object]) -> dict[str, object]:
+    values: dict[str, object] = {}
+    for name, raw in overrides.items():
+        if raw is None:
+            continue  # an option that was not given
+        if name not in _SPEC:
+            raise ConfigError(f"unknown setting {name!r}", key=name)
+        try:
+            values[name] = _convert(name, raw, from_text=isinstance(raw, str))
+        except ValueError as exc:
+            raise ConfigError(f"--{name.replace('_', '-')}: {exc}", key=name) from None
+    return values
+
+
+def merged_values(*, env: Mapping[str, str] | None = None,
+                  config_file: str | os.PathLike[str] | None = None,
+                  overrides: Mapping[str, object] | None = None) -> dict[str, object]:
+    """Every setting, defaults < config file < FLEET_WORKER_* env < overrides, checked.
+
+    `config_dir` comes back as a string with `~` expanded. Raises ConfigError naming the
+    file and line or the variable."""
+    env = os.environ if env is None else env
+    path = config_file_location(env) if config_file is None else os.fspath(config_file)
+    merged: dict[str, object] = {name: spec[2] for name, spec in _SPEC.items()}
+    merged.update(_from_file(path))
+    merged.update(_from_env(env))
+    if overrides:
+        merged.update(_from_overrides(overrides))
+    merged["config_dir"] = expand_home(os.fspath(merged["config_dir"]), env)  # type: ignore[call-overload]
+    base, cap = merged["backoff_base"], merged["backoff_cap"]
+    assert isinstance(base, float) and isinstance(cap, float)
+    if cap < base:
+        raise ConfigError(f"backoff_cap ({cap:g}) must be at least backoff_base ({base:g})",
+                          key="backoff_cap")
+    return merged
+
+
+class LaunchSettings:
+    """The settings as fleet-worker holds them: the same names and values as
+    `config.Settings`, in a plain slotted object (no dataclasses import, `config_dir` a
+    string). Anything else should use `config.load_settings()`."""
+
+    __slots__ = FIELD_NAMES
+
+    config_dir: str
+    base_url: str
+    model: str
+    small_model: str
+    permission_mode: str
+    effort: str
+    keyring_service: str
+    keyring_key: str
+    claude: str
+    sandbox: bool
+    key_sources: tuple[str, ...]
+
+    def __init__(self, values: Mapping[str, object]) -> None:
+        for name in FIELD_NAMES:
+            object.__setattr__(self, name, values[name])
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"LaunchSettings is read-only ({name})")
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in FIELD_NAMES)
+        return f"LaunchSettings({inner})"
+
+
+def load_launch_settings(*, env: Mapping[str, str] | None = None,
+                         config_file: str | os.PathLike[str] | None = None,
+                         overrides: Mapping[str, object] | None = None) -> LaunchSettings:
+    """`config.load_settings` for fleet-worker: same sources, checks and errors."""
+    return LaunchSettings(merged_values(env=env, config_file=config_file,
+                                        overrides=overrides))
