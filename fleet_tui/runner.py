@@ -24,13 +24,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
 from fleet_tui import procs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
+    from collections.abc import Mapping, Sequence
+    from types import FrameType
+    from typing import Any
 
 SPEC_FILE = "spec.json"
 RUNNER_FILE = "runner.json"
@@ -181,12 +184,12 @@ class Runner:
         return self._run_claude(spec, argv, env)
 
     def _plan(self, spec: RunSpec) -> tuple[list[str], dict[str, str]]:
-        from fleet_tui.config import ConfigError, load_settings
+        from fleet_tui.config_core import ConfigError, load_launch_settings
         from fleet_tui.launcher import LaunchError, plan_launch
 
         try:
-            settings = load_settings(env=self.env, config_file=Path(os.devnull),
-                                     overrides=spec.settings)
+            settings = load_launch_settings(env=self.env, config_file=os.devnull,
+                                            overrides=spec.settings)
             plan = plan_launch(settings, claude_args(spec), prompt=spec.prompt,
                                config_dir=Path(spec.config_dir), base_env=self.env,
                                model=spec.model, permission_mode=spec.permission_mode,
