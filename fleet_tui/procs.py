@@ -8,40 +8,58 @@ a `sleep` in its own process group), and how to signal all of them.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
-import functools
 import os
 import signal
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 
-PROC = Path("/proc")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy knows it)
+if TYPE_CHECKING:
+    import ctypes
+
+# Every runner (one per task attempt) imports this module, so it stays cheap to import:
+# no ctypes until prctl is needed, no dataclasses, no pathlib.
+PROC = "/proc"
 
 # prctl(2) options (linux/prctl.h)
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
-@dataclass(frozen=True, slots=True)
 class ProcStat:
     """The fields of /proc/PID/stat the engine uses."""
 
-    pid: int
-    state: str
-    ppid: int
-    pgid: int
-    sid: int
-    start: str  # starttime in clock ticks since boot, as text (stable identity with the pid)
+    __slots__ = ("pgid", "pid", "ppid", "sid", "start", "state")
+
+    def __init__(self, *, pid: int, state: str, ppid: int, pgid: int, sid: int,
+                 start: str) -> None:
+        self.pid = pid
+        self.state = state
+        self.ppid = ppid
+        self.pgid = pgid
+        self.sid = sid
+        # starttime in clock ticks since boot, as text (stable identity with the pid)
+        self.start = start
+
+    def _key(self) -> tuple[int, str, int, int, int, str]:
+        return (self.pid, self.state, self.ppid, self.pgid, self.sid, self.start)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProcStat) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (f"ProcStat(pid={self.pid}, state={self.state!r}, ppid={self.ppid}, "
+                f"pgid={self.pgid}, sid={self.sid}, start={self.start!r})")
 
 
 def read_stat(pid: int) -> ProcStat | None:
     """Parse /proc/PID/stat; None when the process does not exist (or vanished meanwhile)."""
     try:
-        raw = (PROC / str(pid) / "stat").read_text(errors="replace")
+        with open(f"{PROC}/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            raw = fh.read()
     except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
         return None
     except OSError:
@@ -122,7 +140,8 @@ def group_members(pgid: int) -> list[int]:
 def cmdline(pid: int) -> list[str]:
     """argv of pid ([] when gone or a kernel thread)."""
     try:
-        raw = (PROC / str(pid) / "cmdline").read_bytes()
+        with open(f"{PROC}/{pid}/cmdline", "rb") as fh:
+            raw = fh.read()
     except OSError:
         return []
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
@@ -203,13 +222,23 @@ def reap_children() -> list[tuple[int, int]]:
     return reaped
 
 
-@functools.cache
+_LIBC: list[ctypes.CDLL | None] = []
+
+
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c") or "libc.so.6"
-    try:
-        return ctypes.CDLL(name, use_errno=True)
-    except OSError:
-        return None
+    """libc, loaded once. `libc.so.6` directly: ctypes.util.find_library would spawn
+    processes and import subprocess on every runner start."""
+    if not _LIBC:
+        import ctypes
+
+        try:
+            _LIBC.append(ctypes.CDLL("libc.so.6", use_errno=True))
+        except OSError:
+            try:
+                _LIBC.append(ctypes.CDLL(None, use_errno=True))
+            except OSError:
+                _LIBC.append(None)
+    return _LIBC[0]
 
 
 def preload_libc() -> None:
@@ -221,6 +250,8 @@ def _prctl(option: int, arg: int) -> bool:
     libc = _libc()
     if libc is None:
         return False
+    import ctypes
+
     res = libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0),
                      ctypes.c_ulong(0), ctypes.c_ulong(0))
     return int(res) == 0
@@ -240,6 +271,7 @@ def signal_name(sig: int | None) -> str | None:
     """SIGTERM for 15; None for None; the number as text when unknown."""
     if sig is None:
         return None
-    with contextlib.suppress(ValueError):
+    try:
         return signal.Signals(sig).name
-    return str(sig)
+    except ValueError:
+        return str(sig)
