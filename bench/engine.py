@@ -7,9 +7,9 @@ worktree removed (untimed) before the next. Budget: at most 1.2 times the bare c
 Scheduling: 100 queued tasks, `max_workers = 8`, and a stand-in claude that prints one
 successful result line and exits at once. The engine runs as the panel runs it
 (`Fleet.run` in a thread, default tick interval) until every task has finished. The bare
-baseline does the unavoidable work with 8 threads: `git worktree add` and the stand-in,
-its stdout to a file, per task. Overhead per task = (engine wall time − bare wall time)
-÷ tasks. Budget: at most 50 ms per task.
+baseline does the unavoidable work with 8 threads: `git worktree add` (one at a time, as
+in the engine: git races otherwise) and the stand-in, its stdout to a file, per task.
+Overhead per task = (engine wall time − bare wall time) ÷ tasks. Budget: at most 50 ms per task.
 """
 
 from __future__ import annotations
@@ -142,10 +142,16 @@ def measure_bare(benv: BenchEnv, repo: Path, standin: Path, tasks: int, cap: int
     logs = benv.root / f"bare-{tag}"
     logs.mkdir()
 
+    # git 2.39 races when several `worktree add` run at once in one repository (one reads
+    # another's half-written .git/worktrees/<name>), so the adds take turns, as they do in
+    # the engine; the stand-ins run `cap` at once.
+    add_lock = threading.Lock()
+
     def one(i: int) -> None:
         path = repo / ".fleet-work" / f"bare{tag}{i:03d}"
-        subprocess.run(["git", "worktree", "add", "-b", f"bare/{tag}{i:03d}", str(path), base],
-                       cwd=repo, capture_output=True, check=True)
+        with add_lock:
+            subprocess.run(["git", "worktree", "add", "-b", f"bare/{tag}{i:03d}", str(path),
+                            base], cwd=repo, capture_output=True, check=True)
         with open(logs / f"{i}.jsonl", "wb") as out:
             subprocess.run([str(standin), "-p", "exit at once"], cwd=path, env=env,
                            stdout=out, stderr=subprocess.DEVNULL, check=True)
