@@ -32,6 +32,17 @@ class StreamBatch(Message):
     rows: list[StreamRow]
     attempt: Attempt | None = None
     attempts: int = 0
+    older: int | None = None  # with ``attempt``: bytes before the tail, read on demand
+
+
+@dataclass
+class StreamOlder(Message):
+    """Rows from before what the stream view holds; ``older`` bytes are still unread."""
+
+    generation: int
+    rows: list[StreamRow]
+    older: int
+    everything: bool = False
 
 
 @dataclass

@@ -22,15 +22,16 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input, Label, TabbedContent, TabPane
-from textual.worker import Worker, get_current_worker
+from textual.widgets import Footer, Input, Label, TabbedContent, TabPane
+from textual.worker import Worker, WorkerState, get_current_worker
 
 from fleet_tui.store import ACTIVE_STATES, FINISHED_STATES, Attempt, Task, TaskState
-from fleet_tui.ui.formatting import StreamFormatter, raw_rows
+from fleet_tui.ui.formatting import StreamFormatter, StreamRow, raw_rows
 from fleet_tui.ui.messages import (
     ActionDone,
     DiffLoaded,
     StreamBatch,
+    StreamOlder,
     TasksLoaded,
     TasksSubmitted,
 )
@@ -48,7 +49,7 @@ from fleet_tui.ui.screens.modals import (
 )
 from fleet_tui.ui.widgets.diff_view import DiffView, PreparedDiff
 from fleet_tui.ui.widgets.status_line import StatusLine
-from fleet_tui.ui.widgets.stream_view import StreamView
+from fleet_tui.ui.widgets.stream_view import MAX_ROWS, StreamView
 from fleet_tui.ui.widgets.task_table import TaskTable, sort_tasks
 
 if TYPE_CHECKING:
@@ -56,6 +57,9 @@ if TYPE_CHECKING:
     from fleet_tui.ui.app import FleetApp
 
 READ_CHUNK = 4 * 1024 * 1024  # bytes of events per batch; bigger backlogs take several
+TAIL_BYTES = 128 * 1024  # a newly selected attempt shows its last events first ...
+OLDER_CHUNK = 1024 * 1024  # ... and reads older ones, a chunk at a time, on scrolling up
+STREAM_SETTLE = 0.08  # seconds a selection must stay before its events file is read
 CLOSED = frozenset({TaskState.MERGED, TaskState.DISCARDED})
 KILLABLE = frozenset({TaskState.RUNNING, TaskState.STALLED, TaskState.QUEUED,
                       TaskState.WAITING})
@@ -119,7 +123,11 @@ class MainScreen(Screen[None]):
         self._stream_task: tuple[str, int] | None = None  # (task id, attempt_count)
         self._stream_attempt: Attempt | None = None
         self._stream_attempts = 0
+        self._stream_older = 0  # bytes of the attempt's events not read yet (before the tail)
+        self._older_loading = False
         self._diff_loading = False
+        self._diff_wanted: str | None = None
+        self._select_pending = False
         self._poll_lock = threading.Lock()
         self._seen_states: dict[str, TaskState] | None = None
         self._cooldown_seen: float | None = None
@@ -189,6 +197,9 @@ class MainScreen(Screen[None]):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """StateChanged does not bubble: hand it to the app's one failure handler."""
+        if event.worker.group == "diff" and event.state in (WorkerState.ERROR,
+                                                           WorkerState.CANCELLED):
+            self._diff_failed()
         self.fleet_app.on_worker_state_changed(event)
 
     # --- polling the store ---------------------------------------------------------------
@@ -200,7 +211,7 @@ class MainScreen(Screen[None]):
     def _load_tasks(self) -> None:
         try:
             tasks = self.fleet.list_tasks()
-            status = self.fleet.status()
+            status = status_from_tasks(tasks, self.fleet)
             self.post_message(TasksLoaded(tasks, status, time.monotonic()))
         finally:
             self._poll_lock.release()
@@ -276,6 +287,7 @@ class MainScreen(Screen[None]):
                    t.attempt_count) for t in self.targets()),
             (task.id, task.state) if task else None,
             frozenset(self.marked), bool(self.filter_text),
+            self.query_one("#filter", Input).display,
             self.query_one(DiffView).selected_path,
         )
         if signature != self._bindings_signature:
@@ -286,9 +298,17 @@ class MainScreen(Screen[None]):
         self.query_one(StatusLine).show(self.status, self.now())
 
     # --- selection -----------------------------------------------------------------------
-    @on(DataTable.RowHighlighted, "#tasks")
-    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        key = event.row_key.value if event.row_key is not None else None
+    @on(TaskTable.RowHighlighted, "#tasks")
+    def _row_highlighted(self, event: TaskTable.RowHighlighted) -> None:
+        if event.key != self.selected_id and not self._select_pending:
+            # Paint the moved cursor first, then switch the views below to the task: a
+            # key held down gets one frame per press and one switch per frame.
+            self._select_pending = True
+            self.call_after_refresh(self._select_highlighted)
+
+    def _select_highlighted(self) -> None:
+        self._select_pending = False
+        key = self.query_one(TaskTable).selected_key
         if key != self.selected_id:
             self._select(key)
 
@@ -296,7 +316,7 @@ class MainScreen(Screen[None]):
         self.selected_id = task_id
         self._stream_task = None
         self._refresh_selected(new=True)
-        self.refresh_bindings()
+        self._maybe_refresh_bindings()
 
     def _refresh_selected(self, *, new: bool = False) -> None:
         """Update the detail title; restart the stream when the attempt changed."""
@@ -339,6 +359,9 @@ class MainScreen(Screen[None]):
         view.clear_rows()
         self._stream_attempt = None
         self._stream_attempts = 0
+        self._stream_older = 0
+        self._older_loading = False
+        view.has_older = False
         self._caption()
         if task is None:
             return
@@ -349,9 +372,13 @@ class MainScreen(Screen[None]):
           description="reading the attempt's events")
     def _follow_stream(self, generation: int, task_id: str, attempt_no: int | None,
                        raw: bool) -> None:
-        """Read one attempt's events from its file, from the start, and keep following
-        it while it runs. One message per batch, so a fast stream costs few messages."""
+        """Read the end of one attempt's events file and keep following it while it runs;
+        older history is read when the view scrolls up to it (``_load_older``). One
+        message per batch, so a fast stream costs few messages."""
         worker = get_current_worker()
+        worker_sleep(worker, STREAM_SETTLE)  # a key held down has moved on: read nothing
+        if worker.is_cancelled:
+            return
         task = self.fleet.get_task(task_id)
         cwd = str(task.worktree) if task.worktree else None
         formatter = StreamFormatter(cwd=cwd)
@@ -372,14 +399,13 @@ class MainScreen(Screen[None]):
                     worker_sleep(worker, 0.5)
                     continue
                 if attempt is None or current.n != attempt.n:
-                    offset = 0
+                    offset = tail_start(events_path(current), TAIL_BYTES)
                     formatter = StreamFormatter(cwd=cwd)
-                    self.post_message(StreamBatch(generation, [], current, len(attempts)))
+                    self.post_message(StreamBatch(generation, [], current, len(attempts),
+                                                  older=offset))
                 attempt = current
             if raw:
-                events_path = attempt.events_path or (
-                    attempt.dir / "events.jsonl" if attempt.dir else None)
-                lines, offset, more = read_raw_lines(events_path, offset, READ_CHUNK)
+                lines, offset, more = read_raw_lines(events_path(attempt), offset, READ_CHUNK)
                 rows = raw_rows(lines)
             else:
                 before = offset
@@ -389,6 +415,7 @@ class MainScreen(Screen[None]):
             if rows:
                 self.post_message(StreamBatch(generation, rows))
             if more:
+                time.sleep(0.001)  # between big batches, let the event loop have the GIL
                 continue
             if attempt.finished_at is not None and time.monotonic() - last_check < 1.0 \
                     and not rows:
@@ -396,15 +423,78 @@ class MainScreen(Screen[None]):
                 return
             worker_sleep(worker, interval)
 
+    @work(thread=True, exclusive=True, exit_on_error=False, group="stream-older",
+          description="reading older events")
+    def _load_older(self, generation: int, attempt: Attempt, end: int, everything: bool,
+                    raw: bool, cwd: str | None) -> None:
+        """Rows of the attempt's events from before ``end`` (a line start): the previous
+        chunk, or everything (``home``), posted as one StreamOlder."""
+        path = events_path(attempt)
+        start = 0 if everything else tail_start(path, OLDER_CHUNK, end=end)
+        formatter = StreamFormatter(cwd=cwd)
+        rows: list[StreamRow] = []
+        offset = start
+        worker = get_current_worker()
+        while offset < end and not worker.is_cancelled:
+            want = min(READ_CHUNK, end - offset)
+            if raw:
+                lines, new, _ = read_raw_lines(path, offset, want)
+                rows += raw_rows(lines)
+            else:
+                events, new = self.fleet.read_events(attempt, offset, want)
+                rows += formatter.rows(events)
+            if new <= offset:
+                break
+            offset = new
+            del rows[:-MAX_ROWS]
+        if not worker.is_cancelled:
+            self.post_message(StreamOlder(generation, rows, start, everything))
+
     def on_stream_batch(self, message: StreamBatch) -> None:
         if message.generation != self._stream_gen:
             return
+        view = self.query_one(StreamView)
         if message.attempt is not None:
             self._stream_attempt = message.attempt
             self._stream_attempts = message.attempts
-            self.query_one(StreamView).clear_rows()
+            self._stream_older = message.older or 0
+            view.clear_rows()
+            view.has_older = self._stream_older > 0
             self._caption()
-        self.query_one(StreamView).append_rows(message.rows)
+        view.append_rows(message.rows)
+        self._fill_stream()
+
+    def on_stream_older(self, message: StreamOlder) -> None:
+        if message.generation != self._stream_gen:
+            return
+        self._older_loading = False
+        self._stream_older = message.older
+        view = self.query_one(StreamView)
+        view.has_older = message.older > 0
+        view.prepend_rows(message.rows, to_top=message.everything)
+        self._fill_stream()
+
+    @on(StreamView.WantsOlder)
+    def _wants_older(self, message: StreamView.WantsOlder) -> None:
+        self._read_older(everything=message.everything)
+
+    def _read_older(self, *, everything: bool = False) -> None:
+        attempt = self._stream_attempt
+        task = self.selected
+        if attempt is None or task is None or self._stream_older <= 0:
+            return
+        if self._older_loading and not everything:
+            return
+        self._older_loading = True
+        self._load_older(self._stream_gen, attempt, self._stream_older, everything,
+                         self.raw, str(task.worktree) if task.worktree else None)
+
+    def _fill_stream(self) -> None:
+        """Fewer rows than the view is high (a short tail, tool calls only): read on back."""
+        view = self.query_one(StreamView)
+        if self._stream_older > 0 and not self._older_loading \
+                and view.row_count() < max(1, view.size.height):
+            self._read_older()
 
     def _caption(self) -> None:
         view = self.query_one(StreamView)
@@ -451,6 +541,9 @@ class MainScreen(Screen[None]):
             return
         if first:
             self.query_one(DiffView).show_message("Loading the diff…")
+        if self._diff_loading:
+            self._diff_wanted = task_id  # one git diff at a time: this one goes next
+            return
         self._diff_loading = True
         self._load_diff(task_id)
 
@@ -469,6 +562,9 @@ class MainScreen(Screen[None]):
 
     def on_diff_loaded(self, message: DiffLoaded) -> None:
         self._diff_loading = False
+        wanted, self._diff_wanted = self._diff_wanted, None
+        if wanted is not None and wanted == self.selected_id:
+            self._load_diff_now(wanted)  # asked for while this one ran
         if message.task_id != self.selected_id:
             return
         view = self.query_one(DiffView)
@@ -476,11 +572,16 @@ class MainScreen(Screen[None]):
             view.show_message(message.problem or "No diff.")
         else:
             view.show(message.task_id, message.prepared)
-        self.refresh_bindings()
+        self._maybe_refresh_bindings()
+
+    def _diff_failed(self) -> None:
+        """A diff worker died (the app's handler says why): let the next load start."""
+        self._diff_loading = False
+        self._diff_wanted = None
 
     @on(DiffView.FileHighlighted)
     def _file_highlighted(self) -> None:
-        self.refresh_bindings()
+        self._maybe_refresh_bindings()
 
     # --- bindings that apply right now -----------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -842,11 +943,71 @@ HELP_TEXT = {
 }
 
 
+def status_from_tasks(tasks: list[Task], fleet: Fleet) -> FleetStatus:
+    """Fleet.status() from a task list already read: the same counts, without reading
+    every task from the store a second time on each poll. The cooldown rule is the
+    engine's: the latest not_before of the tasks waiting after a 429 (verdict quota)."""
+    from fleet_tui.fleet import FleetStatus
+
+    clock = getattr(fleet, "clock", time.time)
+    now = clock()
+    running = queued = waiting = tokens = 0
+    cooldown: float | None = None
+    for t in tasks:
+        if t.state in ACTIVE_STATES:
+            running += 1
+        elif t.state == TaskState.QUEUED:
+            queued += 1
+        elif t.state == TaskState.WAITING:
+            waiting += 1
+            if t.verdict == "quota" and t.not_before is not None and t.not_before > now:
+                cooldown = t.not_before if cooldown is None else max(cooldown, t.not_before)
+        tokens += t.input_tokens + t.output_tokens
+    return FleetStatus(running=running, queued=queued, waiting=waiting,
+                       cap=fleet.settings.max_workers, cooldown_until=cooldown,
+                       total_tokens=tokens)
+
+
 def worker_sleep(worker: Any, seconds: float) -> None:
     """Sleep in small steps so a cancelled worker stops quickly."""
     end = time.monotonic() + seconds
     while not worker.is_cancelled and time.monotonic() < end:
         time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+
+def events_path(attempt: Attempt) -> Path | None:
+    if attempt.events_path is not None:
+        return Path(attempt.events_path)
+    return attempt.dir / "events.jsonl" if attempt.dir else None
+
+
+def tail_start(path: Path | None, tail: int, *, end: int | None = None) -> int:
+    """Where to start reading to get the last ``tail`` bytes before ``end`` (default: the
+    end of the file) as whole lines: the first line start in that window, or the start
+    of the one long line that covers it; 0 when the window reaches the file's start."""
+    if path is None:
+        return 0
+    try:
+        with open(path, "rb") as fh:
+            if end is None:
+                end = fh.seek(0, os.SEEK_END)
+            at = end - tail
+            if at <= 0:
+                return 0
+            fh.seek(at - 1)  # a newline just before ``at`` makes ``at`` a line start
+            cut = fh.read(end - at + 1).find(b"\n")
+            if 0 <= cut < end - at:
+                return at + cut
+            while at > 0:  # no line starts in the window: go back to the long line's start
+                step = min(tail, at)
+                fh.seek(at - step)
+                newline = fh.read(step).rfind(b"\n")
+                if newline >= 0:
+                    return at - step + newline + 1
+                at -= step
+            return 0
+    except FileNotFoundError:
+        return 0
 
 
 def read_raw_lines(path: Path | None, offset: int, max_bytes: int) -> tuple[list[str], int, bool]:

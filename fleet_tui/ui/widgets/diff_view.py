@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
@@ -112,13 +113,22 @@ class FileList(OptionList):
     }
     """
 
-    def label(self, mark: str, path: str, added: int, deleted: int) -> Text:
+    def label(self, mark: str, path: str, added: int, deleted: int,
+              styles: tuple[Style, Style, Style] | None = None) -> Text:
+        """One file's line; pass ``label_styles()`` when labelling many (looking a component
+        style up costs more than building the label)."""
+        mark_style, add_style, del_style = styles or self.label_styles()
         text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(f"{mark} ", style=self.get_component_rich_style("filelist--mark"))
+        text.append(f"{mark} ", style=mark_style)
         text.append(clean(path))
-        text.append(f"  +{added}", style=self.get_component_rich_style("filelist--add"))
-        text.append(f" -{deleted}", style=self.get_component_rich_style("filelist--del"))
+        text.append(f"  +{added}", style=add_style)
+        text.append(f" -{deleted}", style=del_style)
         return text
+
+    def label_styles(self) -> tuple[Style, Style, Style]:
+        return (self.get_component_rich_style("filelist--mark"),
+                self.get_component_rich_style("filelist--add"),
+                self.get_component_rich_style("filelist--del"))
 
 
 class DiffView(Horizontal):
@@ -141,6 +151,7 @@ class DiffView(Horizontal):
         super().__init__(id=id)
         self._prepared: PreparedDiff | None = None
         self._task_id: str | None = None
+        self._message: str | None = None
         self.selected: str = ALL_FILES
 
     def compose(self) -> ComposeResult:
@@ -157,8 +168,11 @@ class DiffView(Horizontal):
         return None if self.selected == ALL_FILES else self.selected
 
     def show_message(self, text: str) -> None:
+        if self._prepared is None and self._message == text:
+            return  # already shown (moving along tasks without worktrees)
         self._prepared = None
         self._task_id = None
+        self._message = text
         self.query_one(FileList).clear_options()
         self.query_one(DiffLines).set_lines([], 0, empty=text)
 
@@ -168,19 +182,20 @@ class DiffView(Horizontal):
         old = self._prepared
         self._prepared = prepared
         self._task_id = task_id
+        self._message = None
         if not same_task or prepared.lines.get(self.selected) is None:
             self.selected = ALL_FILES
         files = self.query_one(FileList)
         if not (same_task and old is not None and _same_files(old.diff, prepared.diff)):
-            files.clear_options()
             total_add = sum(f.added for f in prepared.diff.files)
             total_del = sum(f.deleted for f in prepared.diff.files)
-            files.add_option(Option(files.label("*", f"all files ({len(prepared.diff.files)})",
-                                                total_add, total_del), id=ALL_FILES))
-            for f in prepared.diff.files:
-                files.add_option(Option(
-                    files.label(STATUS_MARKS.get(f.status, "?"), f.path, f.added, f.deleted),
-                    id=f.path))
+            styles = files.label_styles()
+            options = [Option(files.label("*", f"all files ({len(prepared.diff.files)})",
+                                          total_add, total_del, styles), id=ALL_FILES)]
+            options += [Option(files.label(STATUS_MARKS.get(f.status, "?"), f.path, f.added,
+                                           f.deleted, styles), id=f.path)
+                        for f in prepared.diff.files]
+            files.set_options(options)
             try:
                 files.highlighted = files.get_option_index(self.selected)
             except Exception:

@@ -20,6 +20,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.widget import Widget
 
 Span = tuple[str, str]
 """(style name, text): the style name is a component class suffix, "" for plain."""
@@ -31,6 +32,19 @@ _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x80-\x9f]")
 def clean(text: str) -> str:
     """Untrusted text made safe to paint: no control characters, tabs expanded."""
     return _CONTROL.sub("\ufffd", text).expandtabs(4)
+
+
+def text_style(widget: Widget, name: str) -> Style:
+    """A component class's text style without its background (the row's shows through).
+
+    ``partial=True`` alone leaves an alpha colour such as ``$text-muted`` unblended (it
+    comes out white), so the colour is taken from the full style, which is blended
+    against the widget's background."""
+    partial = widget.get_component_rich_style(name, partial=True)
+    if partial.color is None:
+        return partial
+    full = widget.get_component_rich_style(name)
+    return partial + Style(color=full.color)
 
 
 def row_width(row: Row) -> int:
@@ -104,8 +118,7 @@ class LineView(ScrollView, can_focus=True):
     def _style(self, name: str) -> Style:
         style = self._styles.get(name)
         if style is None:
-            style = (self.get_component_rich_style(self.STYLE_PREFIX + name, partial=True)
-                     if name else Style())
+            style = text_style(self, self.STYLE_PREFIX + name) if name else Style()
             self._styles[name] = style
         return style
 

@@ -2,12 +2,16 @@
 
 Rows arrive in batches (a thread worker reads the attempt's events file, formats, and
 posts one message per batch), so the cost per event is a list append, never a widget.
+A newly selected attempt starts from the end of its file; scrolling up to the top asks
+for the rows before (``WantsOlder``), which arrive through ``prepend_rows``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from textual.geometry import Size
+from textual.message import Message
 from textual.reactive import reactive
 
 from fleet_tui.ui.formatting import TOOL_KINDS, StreamRow
@@ -38,11 +42,20 @@ class StreamView(LineView):
 
     tools_only: reactive[bool] = reactive(False)
 
+    class WantsOlder(Message):
+        """The view reached its top and older rows exist; ``everything`` for ``home``."""
+
+        def __init__(self, everything: bool = False) -> None:
+            super().__init__()
+            self.everything = everything
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.set_reactive(LineView.follow, True)
         self._all: list[StreamRow] = []
         self._visible: list[Row] = []
+        self.has_older = False
+        """Rows before the first one here can still be read (the panel sets it)."""
 
     @property
     def total_rows(self) -> int:
@@ -78,6 +91,35 @@ class StreamView(LineView):
             return
         self._visible.extend(new)
         self.rows_appended(first, max(row_width(r) for r in new))
+
+    def prepend_rows(self, rows: Sequence[StreamRow], *, to_top: bool = False) -> None:
+        """Older rows go before the others; what is on screen stays where it is, unless
+        ``to_top`` (``home`` asked for the start)."""
+        room = MAX_ROWS - len(self._all)
+        rows = list(rows)[-room:] if room > 0 else []
+        new = [r.row for r in rows if self._keep(r)]
+        self._all[:0] = rows
+        self._visible[:0] = new
+        self._cache.clear()  # row indexes moved
+        if new:
+            self._width = max(self._width, max(row_width(r) for r in new))
+        self.virtual_size = Size(self._width, self.row_count())
+        if self.follow:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+        else:
+            y = 0 if to_top else self.scroll_y + len(new)
+            self.scroll_to(y=y, animate=False, immediate=True)
+        self.refresh()
+
+    def watch_scroll_y(self, old: float, new: float) -> None:
+        super().watch_scroll_y(old, new)
+        if new <= 0 < old and self.has_older:
+            self.post_message(self.WantsOlder())
+
+    def action_scroll_home(self) -> None:
+        super().action_scroll_home()
+        if self.has_older:
+            self.post_message(self.WantsOlder(everything=True))
 
     def _rebuild(self) -> None:
         self._visible = [r.row for r in self._all if self._keep(r)]

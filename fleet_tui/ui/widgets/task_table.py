@@ -1,11 +1,24 @@
-"""The task list: one row per task, keyed by its id, what needs attention first."""
+"""The task list: one row per task, keyed by its id, what needs attention first.
+
+A virtual list (a ScrollView that paints only the rows on screen), not a DataTable: with
+a thousand tasks in the store, DataTable's add_row and its measuring of every cell cost
+most of a second at start-up and on every poll. Columns have fixed widths here, so
+nothing needs measuring; a row's cells are built when it is painted, and cached.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
-from textual.widgets import DataTable
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from fleet_tui.store import Task, TaskState
 from fleet_tui.ui.formatting import (
@@ -15,6 +28,7 @@ from fleet_tui.ui.formatting import (
     human_duration,
     human_tokens,
 )
+from fleet_tui.ui.widgets.line_view import text_style
 
 COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("mark", " ", 1),
@@ -57,16 +71,47 @@ def elapsed(task: Task, now: float) -> float | None:
     return max(0.0, end - task.started_at)
 
 
-class TaskTable(DataTable[Text]):
-    """A DataTable whose cells are Text styled from component classes (theme colours)."""
+RIGHT_ALIGNED = frozenset({"elapsed", "turns", "tokens"})
+CELL_PAD = 1  # blank cells each side of a column, as DataTable draws them
+
+
+class TaskTable(ScrollView, can_focus=True):
+    """The task list: a fixed header line, then one row per task, a row cursor.
+
+    It keeps DataTable's vocabulary (``cursor_row``, ``row_count``, ``move_cursor``,
+    ``get_row``) so callers read the same, and posts ``RowHighlighted`` with the task id
+    when the cursor lands on another task. Cell styles come from component classes.
+    """
 
     COMPONENT_CLASSES = {
+        "tasktable--header", "tasktable--cursor",
         "tasktable--muted", "tasktable--running", "tasktable--stalled",
         "tasktable--waiting", "tasktable--succeeded", "tasktable--failed",
         "tasktable--attention", "tasktable--mark", "tasktable--add", "tasktable--del",
     }
     DEFAULT_CSS = """
     TaskTable {
+        background: $surface;
+        color: $foreground;
+        height: auto;
+        max-height: 100%;
+        overflow-x: hidden;
+        overflow-y: auto;
+        &:focus {
+            background-tint: $foreground 5%;
+            & > .tasktable--cursor {
+                background: $block-cursor-background;
+                color: $block-cursor-foreground;
+                text-style: $block-cursor-text-style;
+            }
+            & > .tasktable--header { background-tint: $foreground 5%; }
+        }
+        & > .tasktable--header { text-style: bold; background: $panel; color: $foreground; }
+        & > .tasktable--cursor {
+            background: $block-cursor-blurred-background;
+            color: $block-cursor-blurred-foreground;
+            text-style: $block-cursor-blurred-text-style;
+        }
         & > .tasktable--muted { color: $text-muted; }
         & > .tasktable--running { color: $text-primary; }
         & > .tasktable--waiting { color: $text-warning; }
@@ -79,16 +124,176 @@ class TaskTable(DataTable[Text]):
         & > .tasktable--del { color: $text-error; }
     }
     """
+    BINDINGS: list[BindingType] = [
+        Binding("up", "cursor_up", "Up", show=False),
+        Binding("down", "cursor_down", "Down", show=False),
+        Binding("pageup", "cursor_page_up", "Page up", show=False),
+        Binding("pagedown", "cursor_page_down", "Page down", show=False),
+        Binding("home,ctrl+home", "cursor_first", "First", show=False),
+        Binding("end,ctrl+end", "cursor_last", "Last", show=False),
+    ]
+
+    class RowHighlighted(Message):
+        """The cursor is on another task (``key`` is its id, None when the list is empty)."""
+
+        def __init__(self, table: TaskTable, key: str | None, cursor_row: int) -> None:
+            super().__init__()
+            self.table = table
+            self.key = key
+            self.cursor_row = cursor_row
+
+        @property
+        def control(self) -> TaskTable:
+            return self.table
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id, cursor_type="row", zebra_stripes=False)
+        super().__init__(id=id)
         self._order: list[str] = []
-        self._cells: dict[str, tuple[Text, ...]] = {}
-        self._title_width = 0
-        self._built = False
+        self._tasks: dict[str, Task] = {}
+        self._marked: set[str] = set()
+        self._now = 0.0
+        self.cursor_row = 0
+        self._highlighted: str | None = None
+        self._styles: dict[str, Style] = {}
+        self._strips: dict[tuple[str, bool], tuple[object, Strip]] = {}
+        self._header: tuple[object, Strip] | None = None
 
-    def _style(self, name: str) -> object:
-        return self.get_component_rich_style(f"tasktable--{name}")
+    # --- what callers use ----------------------------------------------------------------
+    @property
+    def row_count(self) -> int:
+        return len(self._order)
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self._order)
+
+    @property
+    def selected_key(self) -> str | None:
+        if 0 <= self.cursor_row < len(self._order):
+            return self._order[self.cursor_row]
+        return None
+
+    def select_key(self, task_id: str) -> bool:
+        if task_id not in self._tasks:
+            return False
+        self.move_cursor(row=self._order.index(task_id))
+        return True
+
+    def get_row(self, task_id: str) -> list[Text]:
+        """The cells of a task's row as they are painted (tests, copy)."""
+        keep = [i for i, c in enumerate(COLUMNS) if c in self._columns()]
+        cells = self._row(self._tasks[task_id], task_id in self._marked, self._now)
+        return [cells[i] for i in keep]
+
+    def show(self, tasks: list[Task], marked: set[str], now: float) -> None:
+        """Show ``tasks`` (already sorted). The cursor stays on its task when it is still
+        listed, else on the same row; only the rows on screen are painted."""
+        selected = self.selected_key
+        self._order = [t.id for t in tasks]
+        self._tasks = {t.id: t for t in tasks}
+        self._marked = set(marked)
+        self._now = now
+        if selected is not None and selected in self._tasks:
+            self.cursor_row = self._order.index(selected)
+        self.cursor_row = max(0, min(self.cursor_row, len(self._order) - 1))
+        self._resize_virtual()
+        self._scroll_to_cursor()
+        self.refresh()
+        self._announce()
+
+    def move_cursor(self, *, row: int, animate: bool = False, scroll: bool = True) -> None:
+        """Put the cursor on ``row`` (clamped), scroll it into view, say which task."""
+        del animate  # the list never animates; kept for DataTable's signature
+        row = max(0, min(row, len(self._order) - 1))
+        if row != self.cursor_row:
+            self.cursor_row = row
+            self.refresh()
+        if scroll:
+            self._scroll_to_cursor()
+        self._announce()
+
+    # --- cursor keys and the mouse -------------------------------------------------------
+    def _page(self) -> int:
+        return max(1, self.scrollable_content_region.height - 1)
+
+    def action_cursor_up(self) -> None:
+        self.move_cursor(row=self.cursor_row - 1)
+
+    def action_cursor_down(self) -> None:
+        self.move_cursor(row=self.cursor_row + 1)
+
+    def action_cursor_page_up(self) -> None:
+        self.move_cursor(row=self.cursor_row - self._page())
+
+    def action_cursor_page_down(self) -> None:
+        self.move_cursor(row=self.cursor_row + self._page())
+
+    def action_cursor_first(self) -> None:
+        self.move_cursor(row=0)
+
+    def action_cursor_last(self) -> None:
+        self.move_cursor(row=len(self._order) - 1)
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None or offset.y < 1:
+            return
+        row = int(self.scroll_y) + offset.y - 1
+        if row < len(self._order):
+            self.move_cursor(row=row, scroll=False)
+
+    def _announce(self) -> None:
+        key = self.selected_key
+        if key != self._highlighted:
+            self._highlighted = key
+            self.post_message(self.RowHighlighted(self, key, self.cursor_row))
+
+    def _scroll_to_cursor(self) -> None:
+        rows = self.scrollable_content_region.height - 1  # below the header
+        if rows <= 0 or not self._order:
+            return
+        top = int(self.scroll_y)
+        if self.cursor_row < top:
+            self.scroll_to(y=self.cursor_row, animate=False, immediate=True)
+        elif self.cursor_row >= top + rows:
+            self.scroll_to(y=self.cursor_row - rows + 1, animate=False, immediate=True)
+
+    def _resize_virtual(self) -> None:
+        size = Size(self.size.width, len(self._order) + 1)
+        if size != self.virtual_size:
+            self.virtual_size = size
+
+    def on_resize(self) -> None:
+        self._strips.clear()
+        self._header = None
+        self._resize_virtual()
+        self.call_after_refresh(self._scroll_to_cursor)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles.clear()
+        self._strips.clear()
+        self._header = None
+
+    def _on_focus(self, event: events.Focus) -> None:
+        super()._on_focus(event)
+        self.notify_style_update()
+        self.refresh()
+
+    def _on_blur(self, event: events.Blur) -> None:
+        super()._on_blur(event)
+        self.notify_style_update()
+        self.refresh()
+
+    # --- columns and cells ---------------------------------------------------------------
+    def _style(self, name: str) -> Style:
+        style = self._styles.get(name)
+        if style is None:
+            full = name in ("header", "cursor")  # these paint their own background
+            style = self._styles[name] = (
+                self.get_component_rich_style(f"tasktable--{name}") if full
+                else text_style(self, f"tasktable--{name}"))
+        return style
 
     def _columns(self) -> list[tuple[str, str, int | None]]:
         if self.size.width and self.size.width < NARROW_WIDTH:
@@ -105,25 +310,38 @@ class TaskTable(DataTable[Text]):
         tool = max(12, free - title)
         return title, tool
 
+    def _layout(self) -> list[tuple[int, str, str, int]]:
+        """(index in COLUMNS, key, label, width) of the columns that fit."""
+        title_w, tool_w = self._widths()
+        out = []
+        for index, (key, label, width) in enumerate(COLUMNS):
+            if (key, label, width) not in self._columns():
+                continue
+            if key == "title":
+                width = title_w
+            elif key == "tool":
+                width = tool_w
+            out.append((index, key, label, width or 0))
+        return out
+
     def _row(self, task: Task, marked: bool, now: float) -> tuple[Text, ...]:
         state_style = self._style(STATE_CLASS.get(task.state, "muted"))
         attention = task.state in ATTENTION_STATES
         title_style = self._style("attention") if attention else (
             self._style("muted") if task.state in (TaskState.MERGED, TaskState.DISCARDED)
-            else None)
+            else "")
         spent = elapsed(task, now)
         tokens = task.input_tokens + task.output_tokens
         lines = Text(no_wrap=True)
         if task.added_lines or task.deleted_lines:
-            lines.append(f"+{task.added_lines}", style=self._style("add"))  # type: ignore[arg-type]
-            lines.append(f" -{task.deleted_lines}", style=self._style("del"))  # type: ignore[arg-type]
+            lines.append(f"+{task.added_lines}", style=self._style("add"))
+            lines.append(f" -{task.deleted_lines}", style=self._style("del"))
         return (
-            Text("●" if marked else " ", style=self._style("mark")),  # type: ignore[arg-type]
-            Text(STATE_BADGES.get(task.state, str(task.state)), style=state_style,  # type: ignore[arg-type]
+            Text("●" if marked else " ", style=self._style("mark")),
+            Text(STATE_BADGES.get(task.state, str(task.state)), style=state_style,
                  no_wrap=True),
             Text(task.id, no_wrap=True),
-            Text(task.short_title, style=title_style, no_wrap=True,  # type: ignore[arg-type]
-                 overflow="ellipsis"),
+            Text(task.short_title, style=title_style, no_wrap=True, overflow="ellipsis"),
             Text(task.model, no_wrap=True, overflow="ellipsis"),
             Text(human_duration(spent) if spent is not None else "", no_wrap=True,
                  justify="right"),
@@ -131,67 +349,59 @@ class TaskTable(DataTable[Text]):
             Text(human_tokens(tokens) if tokens else "", justify="right"),
             lines,
             Text(task.last_tool or "", no_wrap=True, overflow="ellipsis",
-                 style=self._style("muted")),  # type: ignore[arg-type]
+                 style=self._style("muted")),
         )
 
-    def show(self, tasks: list[Task], marked: set[str], now: float) -> None:
-        """Show ``tasks`` (already sorted), updating in place when only cells changed."""
-        title_w, tool_w = self._widths()
-        columns = self._columns()
-        keep = [i for i, c in enumerate(COLUMNS) if c in columns]
-        order = [t.id for t in tasks]
-        rows = {t.id: tuple(cells[i] for i in keep) for t in tasks
-                for cells in (self._row(t, t.id in marked, now),)}
-        same_columns = [c[0] for c in columns] == [str(k.value) for k in self.columns]
-        if order == self._order and title_w == self._title_width and same_columns \
-                and self._built:
-            col_keys = list(self.columns)
-            for task_id in order:
-                old = self._cells.get(task_id)
-                new = rows[task_id]
-                for i, cell in enumerate(new):
-                    if old is None or _same(old[i], cell) is False:
-                        self.update_cell(task_id, col_keys[i], cell)
-            self._cells = rows
-            return
-        selected = self.selected_key
-        self.clear(columns=not same_columns or title_w != self._title_width)
-        if not self.columns:
-            for key, label, width in columns:
-                if key == "title":
-                    width = title_w
-                elif key == "tool":
-                    width = tool_w
-                self.add_column(label, key=key, width=width)
-        self._title_width = title_w
-        for task_id in order:
-            self.add_row(*rows[task_id], key=task_id)
-        self._order = order
-        self._cells = rows
-        self._built = True
-        if selected in order:
-            self.move_cursor(row=order.index(selected), animate=False, scroll=True)
+    def _signature(self, task: Task, marked: bool) -> object:
+        """What a painted row depends on: the strip is rebuilt only when this changes."""
+        spent = elapsed(task, self._now)
+        return (task.state, task.short_title, task.model, task.turns, task.input_tokens,
+                task.output_tokens, task.added_lines, task.deleted_lines, task.last_tool,
+                None if spent is None else int(spent), marked)
 
-    @property
-    def selected_key(self) -> str | None:
-        if not self._order or self.cursor_row < 0 or self.cursor_row >= len(self._order):
-            return None
-        return self._order[self.cursor_row]
+    def _paint(self, cells: list[tuple[Text, str, int]], row_style: Style) -> Strip:
+        line = Text(no_wrap=True, end="")
+        pad = " " * CELL_PAD
+        for cell, key, width in cells:
+            cell = cell.copy()
+            cell.truncate(width, overflow="ellipsis")
+            cell.align("right" if key in RIGHT_ALIGNED else "left", width)
+            line.append(pad)
+            line.append_text(cell)
+            line.append(pad)
+        segments = list(Segment.apply_style(line.render(self.app.console), row_style))
+        width = self.size.width
+        strip = Strip(segments, line.cell_len)
+        return strip.extend_cell_length(width, row_style).crop(0, width)
 
-    def select_key(self, task_id: str) -> bool:
-        if task_id not in self._order:
-            return False
-        self.move_cursor(row=self._order.index(task_id), animate=False, scroll=True)
-        return True
+    # --- rendering -----------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        base = self.rich_style
+        if y == 0:
+            layout = self._layout()
+            key = (width, tuple(layout))
+            if self._header is None or self._header[0] != key:
+                style = base + self._style("header")
+                self._header = (key, self._paint(
+                    [(Text(label, no_wrap=True), k, w) for _, k, label, w in layout], style))
+            return self._header[1]
+        index = int(self.scroll_y) + y - 1
+        if index >= len(self._order):
+            return Strip.blank(width, base)
+        task_id = self._order[index]
+        task = self._tasks[task_id]
+        marked = task_id in self._marked
+        is_cursor = index == self.cursor_row
+        signature = (self._signature(task, marked), width)
+        cached = self._strips.get((task_id, is_cursor))
+        if cached is None or cached[0] != signature:
+            row_style = base + self._style("cursor") if is_cursor else base
+            layout = self._layout()
+            cells = self._row(task, marked, self._now)
+            strip = self._paint([(cells[i], k, w) for i, k, _, w in layout], row_style)
+            if len(self._strips) > 4096:
+                self._strips.clear()
+            cached = self._strips[(task_id, is_cursor)] = (signature, strip)
+        return cached[1]
 
-    @property
-    def keys(self) -> list[str]:
-        return list(self._order)
-
-    def on_resize(self) -> None:
-        if self._widths()[0] != self._title_width and self._order:
-            self._built = False  # rebuild with the new widths on the next show
-
-
-def _same(a: Text, b: Text) -> bool:
-    return a.plain == b.plain and str(a.style) == str(b.style) and a.spans == b.spans
