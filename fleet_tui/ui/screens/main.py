@@ -132,6 +132,7 @@ class MainScreen(Screen[None]):
         self._seen_states: dict[str, TaskState] | None = None
         self._cooldown_seen: float | None = None
         self._bindings_signature: object = None
+        self._actions: list[tuple[str, tuple[object, ...]]] | None = None
         self._title_shown = ""
         self._keep_row: int | None = None
 
@@ -279,20 +280,24 @@ class MainScreen(Screen[None]):
         self._maybe_refresh_bindings()
 
     def _maybe_refresh_bindings(self) -> None:
-        """Refresh the footer only when what decides the bindings changed (a footer
-        rebuild on every poll would cost more than the whole poll)."""
-        task = self.selected
-        signature = (
-            tuple((t.id, t.state, t.worktree is not None, bool(t.session_id),
-                   t.attempt_count) for t in self.targets()),
-            (task.id, task.state) if task else None,
-            frozenset(self.marked), bool(self.filter_text),
-            self.query_one("#filter", Input).display,
-            self.query_one(DiffView).selected_path,
-        )
+        """Refresh the footer only when the set of applicable actions changed: Textual
+        rebuilds the whole footer on refresh_bindings(), which costs more than a poll
+        or a cursor move."""
+        signature = tuple(self.check_action(name, params)
+                          for name, params in self._binding_actions())
         if signature != self._bindings_signature:
             self._bindings_signature = signature
             self.refresh_bindings()
+
+    def _binding_actions(self) -> list[tuple[str, tuple[object, ...]]]:
+        if self._actions is None:
+            self._actions = []
+            for binding in self.BINDINGS:
+                assert isinstance(binding, Binding)
+                name, _, args = binding.action.partition("(")
+                params = (args.rstrip(")").strip("'\""),) if args else ()
+                self._actions.append((name, params))
+        return self._actions
 
     def _second_tick(self) -> None:
         self.query_one(StatusLine).show(self.status, self.now())
@@ -629,7 +634,7 @@ class MainScreen(Screen[None]):
         box = self.query_one("#filter", Input)
         box.display = True
         box.focus()
-        self.refresh_bindings()
+        self._maybe_refresh_bindings()
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:

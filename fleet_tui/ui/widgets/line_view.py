@@ -77,6 +77,7 @@ class LineView(ScrollView, can_focus=True):
         super().__init__(name=name, id=id, classes=classes)
         self._cache: LRUCache[int, Strip] = LRUCache(2048)
         self._styles: dict[str, Style] = {}
+        self._base: tuple[bool, Style] | None = None
         self._width = 0
 
     # --- data model for subclasses -------------------------------------------------------
@@ -111,6 +112,15 @@ class LineView(ScrollView, can_focus=True):
         super().notify_style_update()
         self._styles.clear()
         self._cache.clear()
+        self._base = None
+
+    def _base_style(self) -> Style:
+        """``rich_style`` (it walks every ancestor) once per focus state, not per line."""
+        key = self.has_focus
+        if self._base is None or self._base[0] != key:
+            self._base = (key, self.rich_style)
+            self._cache.clear()
+        return self._base[1]
 
     def on_resize(self) -> None:
         self._cache.clear()  # filled rows were cut to the old width
@@ -127,7 +137,7 @@ class LineView(ScrollView, can_focus=True):
         scroll_x, scroll_y = self.scroll_offset
         index = scroll_y + y
         width = self.size.width
-        base = self.rich_style
+        base = self._base_style()
         if index >= self.row_count():
             return Strip.blank(width, base)
         cached = self._cache.get(index)

@@ -9,6 +9,7 @@ nothing needs measuring; a row's cells are built when it is painted, and cached.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
@@ -124,7 +125,7 @@ class TaskTable(ScrollView, can_focus=True):
         & > .tasktable--del { color: $text-error; }
     }
     """
-    BINDINGS: list[BindingType] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up", "cursor_up", "Up", show=False),
         Binding("down", "cursor_down", "Down", show=False),
         Binding("pageup", "cursor_page_up", "Page up", show=False),
@@ -157,6 +158,7 @@ class TaskTable(ScrollView, can_focus=True):
         self._styles: dict[str, Style] = {}
         self._strips: dict[tuple[str, bool], tuple[object, Strip]] = {}
         self._header: tuple[object, Strip] | None = None
+        self._base: Style | None = None
 
     # --- what callers use ----------------------------------------------------------------
     @property
@@ -274,6 +276,13 @@ class TaskTable(ScrollView, can_focus=True):
         self._styles.clear()
         self._strips.clear()
         self._header = None
+        self._base = None
+
+    def _base_style(self) -> Style:
+        """``rich_style`` walks every ancestor: once per style change, not per line."""
+        if self._base is None:
+            self._base = self.rich_style
+        return self._base
 
     def _on_focus(self, event: events.Focus) -> None:
         super()._on_focus(event)
@@ -377,7 +386,7 @@ class TaskTable(ScrollView, can_focus=True):
     # --- rendering -----------------------------------------------------------------------
     def render_line(self, y: int) -> Strip:
         width = self.size.width
-        base = self.rich_style
+        base = self._base_style()
         if y == 0:
             layout = self._layout()
             key = (width, tuple(layout))
