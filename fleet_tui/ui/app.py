@@ -13,14 +13,20 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 
+from textual import work
 from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from fleet_tui.fleet import Fleet
 from fleet_tui.ui.screens.main import HELP_TEXT, MainScreen, run_command
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from fleet_tui.fleet import Fleet
+
+ENGINE_WAIT = 120.0  # seconds a thread waits for the engine before giving up
 
 
 def describe_error(error: BaseException) -> str:
@@ -35,7 +41,12 @@ def describe_error(error: BaseException) -> str:
 
 
 class FleetApp(App[None]):
-    """The control panel. Inject ``clock`` and turn the scheduler off for snapshots."""
+    """The control panel. Inject ``clock`` and turn the scheduler off for snapshots.
+
+    ``fleet`` is the engine, or a function that makes it: then it is made in a thread
+    once the first frame is up (importing the engine and GitPython takes longer than
+    Textual's own start), and every thread that asks for ``fleet`` waits for it.
+    """
 
     CSS_PATH = "app.tcss"
     TITLE = "fleet-tui"
@@ -43,13 +54,21 @@ class FleetApp(App[None]):
         Binding("ctrl+q", "quit", "Quit", show=False, priority=True, id="app.ctrl_q"),
     ]
 
-    def __init__(self, fleet: Fleet, *, repo: Path | None = None, default_base: str = "",
+    def __init__(self, fleet: Fleet | Callable[[], Fleet], *, repo: Path | None = None,
+                 default_base: str = "",
                  clock: Callable[[], float] = time.time, run_scheduler: bool = True,
                  poll_interval: float = 0.5, diff_interval: float = 2.0,
                  stream_interval: float = 0.1, bell: bool = True,
                  scheduler_interval: float = 0.25) -> None:
         super().__init__()
-        self.fleet = fleet
+        self._fleet: Fleet | None = None
+        self._make_fleet: Callable[[], Fleet] | None = None
+        self._fleet_ready = threading.Event()
+        if callable(fleet):
+            self._make_fleet = fleet
+        else:
+            self._fleet = fleet
+            self._fleet_ready.set()
         self.repo = repo
         self.default_base = default_base
         self.clock = clock
@@ -67,10 +86,39 @@ class FleetApp(App[None]):
         self._last_error: str | None = None
         self._last_error_at = 0.0
 
+    @property
+    def fleet(self) -> Fleet:
+        """The engine; a thread that asks before it is made waits for it. (The event
+        loop never asks: every engine call runs in a thread worker.)"""
+        if self._fleet is None and not self._fleet_ready.wait(ENGINE_WAIT):
+            raise RuntimeError("the engine did not start in time")
+        if self._fleet is None:
+            raise RuntimeError("the engine did not start")
+        return self._fleet
+
     def on_mount(self) -> None:
         self.push_screen(MainScreen())
-        if self.run_scheduler:
+        if self._make_fleet is not None:
+            self._start_engine()
+        elif self.run_scheduler:
             self._scheduler()
+
+    @work(thread=True, exit_on_error=False, group="engine", name="engine",
+          description="starting the engine")
+    def _start_engine(self) -> None:
+        assert self._make_fleet is not None
+        try:
+            self._fleet = self._make_fleet()
+        except Exception as exc:
+            message = f"fleet-tui: {describe_error(exc)}"
+            # after the next refresh: exiting while the main screen still mounts fails
+            self.call_from_thread(self.call_after_refresh, partial(
+                self.exit, return_code=1, message=message))
+            raise
+        finally:
+            self._fleet_ready.set()
+        if self.run_scheduler:
+            self.call_from_thread(self._scheduler)
 
     @property
     def main(self) -> MainScreen:

@@ -6,10 +6,12 @@ from dataclasses import dataclass, field
 
 from textual.message import Message
 
-from fleet_tui.fleet import FleetStatus
-from fleet_tui.store import Attempt, Task
-from fleet_tui.ui.formatting import StreamRow
-from fleet_tui.ui.widgets.diff_view import PreparedDiff
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the engine is imported once the first frame is up, not for it
+    from fleet_tui.fleet import FleetStatus
+    from fleet_tui.store import Attempt, Task
+    from fleet_tui.ui.formatting import StreamRow
+    from fleet_tui.ui.widgets.diff_view import PreparedDiff
 
 
 @dataclass

@@ -36,17 +36,6 @@ from fleet_tui.ui.messages import (
     TasksSubmitted,
 )
 from fleet_tui.ui.screens.help import HelpScreen, HelpSection
-from fleet_tui.ui.screens.launch import LaunchRequest, LaunchScreen
-from fleet_tui.ui.screens.modals import (
-    AttemptScreen,
-    ChoiceScreen,
-    ConfirmScreen,
-    MergeAnswer,
-    MergeItem,
-    MergeScreen,
-    MessageScreen,
-    PromptScreen,
-)
 from fleet_tui.ui.widgets.diff_view import DiffView, PreparedDiff
 from fleet_tui.ui.widgets.status_line import StatusLine
 from fleet_tui.ui.widgets.stream_view import MAX_ROWS, StreamView
@@ -55,6 +44,8 @@ from fleet_tui.ui.widgets.task_table import TaskTable, sort_tasks
 if TYPE_CHECKING:
     from fleet_tui.fleet import Fleet, FleetStatus
     from fleet_tui.ui.app import FleetApp
+    from fleet_tui.ui.screens.launch import LaunchRequest
+    from fleet_tui.ui.screens.modals import MergeAnswer, MergeItem
 
 READ_CHUNK = 4 * 1024 * 1024  # bytes of events per batch; bigger backlogs take several
 TAIL_BYTES = 128 * 1024  # a newly selected attempt shows its last events first ...
@@ -388,6 +379,7 @@ class MainScreen(Screen[None]):
         cwd = str(task.worktree) if task.worktree else None
         formatter = StreamFormatter(cwd=cwd)
         attempt: Attempt | None = None
+        announce: tuple[Attempt, int, int] | None = None
         offset = 0
         last_check = 0.0
         interval = self.fleet_app.stream_interval
@@ -406,8 +398,8 @@ class MainScreen(Screen[None]):
                 if attempt is None or current.n != attempt.n:
                     offset = tail_start(events_path(current), TAIL_BYTES)
                     formatter = StreamFormatter(cwd=cwd)
-                    self.post_message(StreamBatch(generation, [], current, len(attempts),
-                                                  older=offset))
+                    # said with the tail's rows, so the view knows what it holds at once
+                    announce = (current, len(attempts), offset)
                 attempt = current
             if raw:
                 lines, offset, more = read_raw_lines(events_path(attempt), offset, READ_CHUNK)
@@ -417,7 +409,11 @@ class MainScreen(Screen[None]):
                 events, offset = self.fleet.read_events(attempt, offset, READ_CHUNK)
                 more = offset - before >= READ_CHUNK // 2
                 rows = formatter.rows(events)
-            if rows:
+            if announce is not None:
+                self.post_message(StreamBatch(generation, rows, announce[0], announce[1],
+                                              older=announce[2]))
+                announce = None
+            elif rows:
                 self.post_message(StreamBatch(generation, rows))
             if more:
                 time.sleep(0.001)  # between big batches, let the event loop have the GIL
@@ -712,6 +708,8 @@ class MainScreen(Screen[None]):
             self._stream_task = None
             self._refresh_selected()
 
+        from fleet_tui.ui.screens.modals import AttemptScreen
+
         self.app.push_screen(AttemptScreen(f"Attempts of {task_id}", items, current), chosen)
 
     # --- actions: engine -----------------------------------------------------------------
@@ -721,6 +719,8 @@ class MainScreen(Screen[None]):
             self.notify("Open fleet-tui inside a git repository, or pass --repo PATH.",
                         title="No repository", severity="error")
             return
+
+        from fleet_tui.ui.screens.launch import LaunchScreen
 
         def launched(request: LaunchRequest | None) -> None:
             if request is not None:
@@ -761,6 +761,8 @@ class MainScreen(Screen[None]):
     @work(thread=True, exit_on_error=False, group="actions",
           description="previewing the merge")
     def _prepare_merge(self, task_ids: list[str]) -> None:
+        from fleet_tui.ui.screens.modals import MergeItem
+
         items = []
         for task_id in task_ids:
             task = self.fleet.get_task(task_id)
@@ -776,6 +778,8 @@ class MainScreen(Screen[None]):
         def answered(answer: MergeAnswer | None) -> None:
             if answer is not None:
                 self._merge([i.task_id for i in items], answer.message, test_command)
+
+        from fleet_tui.ui.screens.modals import MergeScreen
 
         self.app.push_screen(MergeScreen(items, test_command), answered)
 
@@ -811,6 +815,8 @@ class MainScreen(Screen[None]):
             if yes:
                 self._engine_each("discard", [t.id for t in targets], "discarded")
 
+        from fleet_tui.ui.screens.modals import ConfirmScreen
+
         self.app.push_screen(ConfirmScreen(
             f"Discard {len(targets)} task{'s' if len(targets) > 1 else ''}?", body,
             yes="Discard"), answered)
@@ -825,6 +831,8 @@ class MainScreen(Screen[None]):
         def answered(yes: bool | None) -> None:
             if yes:
                 self._engine_each("kill", [t.id for t in targets], "killed")
+
+        from fleet_tui.ui.screens.modals import ConfirmScreen
 
         self.app.push_screen(ConfirmScreen(
             f"Kill {len(targets)} task{'s' if len(targets) > 1 else ''}?", body,
@@ -846,6 +854,8 @@ class MainScreen(Screen[None]):
             if choice:
                 self._retry([t.id for t in targets], choice == "resume")
 
+        from fleet_tui.ui.screens.modals import ChoiceScreen
+
         self.app.push_screen(ChoiceScreen(
             f"Retry {', '.join(t.id for t in targets)}", body, choices), answered)
 
@@ -864,6 +874,8 @@ class MainScreen(Screen[None]):
         def answered(prompt: str | None) -> None:
             if prompt:
                 self._follow_up(task.id, prompt)
+
+        from fleet_tui.ui.screens.modals import PromptScreen
 
         self.app.push_screen(PromptScreen(
             f"Follow-up for {task.id}: {task.short_title}",
@@ -889,6 +901,8 @@ class MainScreen(Screen[None]):
             # so the next task is under it (lazygit does the same).
             self._keep_row = self.query_one(TaskTable).cursor_row
         if message.details and message.severity == "error":
+            from fleet_tui.ui.screens.modals import MessageScreen
+
             self.app.push_screen(MessageScreen(message.title, message.details))
             self.fleet_app.ring()
         else:

@@ -16,8 +16,11 @@ from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from fleet_tui.git import Diff
 from fleet_tui.ui.widgets.line_view import LineView, Row, clean
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # GitPython is slow to import: the panel's first frame does not wait
+    from fleet_tui.git import Diff
 
 STATUS_MARKS = {"added": "A", "modified": "M", "deleted": "D", "untracked": "?",
                 "renamed": "R"}

@@ -5,8 +5,11 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from fleet_tui.fleet import FleetStatus
 from fleet_tui.ui.formatting import human_duration, human_tokens
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from fleet_tui.fleet import FleetStatus
 
 
 class StatusLine(Static):

@@ -1,0 +1,144 @@
+"""The panel at scale: a thousand tasks, a long events file, the engine made after the first
+frame. Real store, real engine, real recordings of claude's stream."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from test_ui_snapshots import FIXTURES, NOW, build_fleet
+from textual.pilot import Pilot
+
+from fleet_tui.config import load_settings
+from fleet_tui.fleet import Fleet, FleetError
+from fleet_tui.store import Store, TaskState
+from fleet_tui.ui.app import FleetApp
+from fleet_tui.ui.screens.main import TAIL_BYTES, status_from_tasks, tail_start
+from fleet_tui.ui.widgets.stream_view import StreamView
+from fleet_tui.ui.widgets.task_table import TaskTable
+
+
+async def _until(pilot: Pilot[Any], test: Any, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not test():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.02)
+
+
+def test_status_from_the_task_list_is_the_engines(git_repo: Path, tmp_path: Path) -> None:
+    """One read of the task list gives what Fleet.status() reads the store again for."""
+    fleet = build_fleet(git_repo, tmp_path)
+    derived = status_from_tasks(fleet.list_tasks(), fleet)
+    assert derived == fleet.status()
+    assert derived.cooldown_until == NOW + 42 and derived.running == 2
+
+
+def test_tail_start_is_a_line_start_within_the_tail(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    lines = [b"a" * 5 + b"\n", b"b" * 50 + b"\n", b"c" * 3 + b"\n", b"d" * 4 + b"\n"]
+    path.write_bytes(b"".join(lines))
+    starts = [0, 6, 57, 61, 66]
+    assert tail_start(path, 10) == 57  # "ccc\n" and "dddd\n" fit in the last 10 bytes
+    assert tail_start(path, 100) == 0
+    assert tail_start(path, 3) == 61  # inside the last line: from its start
+    assert tail_start(path, 20) == 57
+    assert tail_start(path, 20, end=57) == 6  # the long line covers the window: its start
+    for end in starts[1:]:
+        for tail in range(1, 70):
+            assert tail_start(path, tail, end=end) in starts[:starts.index(end)]
+    assert tail_start(tmp_path / "missing", 10) == 0
+
+
+def _many_tasks(tmp_path: Path, repo: Path, count: int) -> Fleet:
+    store = Store(tmp_path / "fleet.db")
+    states = [TaskState.MERGED, TaskState.SUCCEEDED, TaskState.FAILED, TaskState.DISCARDED]
+    for i in range(count):
+        store.create_task(task_id=f"t{i:05d}", prompt=f"task {i}", repo=repo,
+                          title=f"task number {i:04d}", state=states[i % len(states)],
+                          base_branch="main", base_commit="0" * 40, model="main",
+                          endpoint=load_settings().base_url, now=NOW - 10_000 + i,
+                          started_at=NOW - 10_000 + i, finished_at=NOW - 9_000 + i)
+    return Fleet(load_settings(), store, clock=lambda: NOW)
+
+
+async def test_a_thousand_tasks_list_at_once_and_scroll(git_repo: Path, tmp_path: Path) -> None:
+    """Only the rows on screen are built; the cursor walks the whole list."""
+    fleet = _many_tasks(tmp_path, git_repo, 1000)
+    app = FleetApp(fleet, repo=git_repo, clock=lambda: NOW, run_scheduler=False, bell=False,
+                   poll_interval=60, diff_interval=60)
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.main.query_one(TaskTable)
+        await _until(pilot, lambda: table.row_count == 1000, "the list")
+        assert len(table._strips) < 60  # a screenful, not a thousand rows
+        first = table.selected_key
+        await pilot.press("down", "down")
+        await _until(pilot, lambda: app.main.selected_id == table.keys[2], "the selection")
+        assert table.selected_key != first and table.cursor_row == 2
+        await pilot.press("end")
+        await _until(pilot, lambda: app.main.selected_id == table.keys[-1], "the last row")
+        assert table.scroll_y > 900  # scrolled with the cursor
+        row = table.get_row(table.keys[-1])
+        assert table.keys[-1] in str(row[2])
+        await pilot.press("home")
+        await _until(pilot, lambda: table.cursor_row == 0 and table.scroll_y == 0, "the top")
+        await pilot.click(TaskTable, offset=(20, 3))  # header + rows 0, 1: the third row
+        await _until(pilot, lambda: app.main.selected_id == table.keys[2], "the click")
+
+
+async def test_stream_shows_the_tail_then_reads_back(git_repo: Path, tmp_path: Path) -> None:
+    """A long events file: the view starts with its end; `home` brings in the rest."""
+    fleet = build_fleet(git_repo, tmp_path)
+    task = fleet.get_task("s4n7ud")
+    attempt = fleet.attempts(task.id)[-1]
+    assert attempt.events_path is not None
+    one_run = (FIXTURES / "root_529_then_ok" / "stdout.jsonl").read_bytes()
+    repeats = 3 * TAIL_BYTES // len(one_run) + 1
+    attempt.events_path.write_bytes(one_run * repeats)
+    every = len(fleet.read_events(attempt)[0])
+    app = FleetApp(fleet, repo=git_repo, clock=lambda: NOW, run_scheduler=False, bell=False,
+                   poll_interval=60, diff_interval=60)
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.main.query_one(TaskTable)
+        view = app.main.query_one(StreamView)
+        await _until(pilot, lambda: task.id in table.keys, "the list")
+        table.select_key(task.id)
+        await _until(pilot, lambda: view.has_older and view.row_count() > 0, "the tail")
+        tail_rows = view.total_rows
+        assert view.plain_lines()[-1].startswith("■ done")  # the end of the file
+        view.focus()
+        await pilot.press("home")
+        await _until(pilot, lambda: not view.has_older, "the older events")
+        assert view.total_rows > tail_rows
+        assert view.plain_lines()[0].startswith("● session started")
+        assert view.scroll_y == 0
+        assert sum(line.startswith("● session started") for line in view.plain_lines()) \
+            == repeats
+        assert every >= repeats
+
+
+async def test_engine_is_made_after_the_first_frame(git_repo: Path, tmp_path: Path) -> None:
+    made: list[float] = []
+
+    def make() -> Fleet:
+        made.append(time.monotonic())
+        return build_fleet(git_repo, tmp_path)
+
+    app = FleetApp(make, repo=git_repo, clock=lambda: NOW, run_scheduler=False, bell=False,
+                   poll_interval=0.1, diff_interval=60)
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.main.query_one(TaskTable)
+        await _until(pilot, lambda: table.row_count == 7, "the list")
+        assert len(made) == 1 and app.fleet is not None
+
+
+async def test_an_engine_that_cannot_start_ends_the_panel_with_its_message(
+        git_repo: Path) -> None:
+    def make() -> Fleet:
+        raise FleetError("the store is locked by a newer fleet-tui; upgrade")
+
+    app = FleetApp(make, repo=git_repo, run_scheduler=True, bell=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _until(pilot, lambda: app.return_code == 1, "the exit")
+    assert app.return_code == 1
+    assert app.errors and "newer fleet-tui" in app.errors[0]
