@@ -106,12 +106,16 @@ from fleet_tui import procs
 assert procs.set_child_subreaper()
 # the shell exits at once; its background sleep is orphaned and must come to us
 subprocess.run(["sh", "-c", "sleep 304 &"], check=True)
-for _ in range(200):
+# The orphan can be seen while it is still the shell's fork, before it execs sleep:
+# wait for the exec as well.
+seen = ""
+for _ in range(250):
     kids = [s for s in procs.all_stats() if s.ppid == os.getpid() and s.state != "Z"]
-    if kids:
+    seen = " ".join(procs.cmdline(kids[0].pid)) if kids else ""
+    if seen == "sleep 304":
         break
     time.sleep(0.02)
-print(" ".join(procs.cmdline(kids[0].pid)), flush=True)
+print(seen, flush=True)
 procs.signal_tree(os.getpid(), 9)
 time.sleep(0.1)
 procs.reap_children()
