@@ -107,6 +107,10 @@ def test_missing_claude_or_key_exit_5(setup: Path, tmp_path: Path,
     assert result.returncode == 5
     detail = by_check(as_json(result))["key"]["detail"]
     assert "ANTHROPIC_AUTH_TOKEN: not set" in detail and "fleet-tui key set" in detail
+    # In the text report each place looked in stands on its own, indented line.
+    lines = run_doctor(cwd=setup).stdout.splitlines()
+    sources = [line.strip() for line in lines if line.startswith(" ") and ": not set" in line]
+    assert sources[:1] == ["- ANTHROPIC_AUTH_TOKEN: not set"] and len(sources) >= 3
     monkeypatch.setenv("GLM_API_KEY", "g-123456789")
     monkeypatch.setenv("FLEET_WORKER_CLAUDE", str(tmp_path / "nowhere" / "claude"))
     result = run_doctor("--json", cwd=setup)

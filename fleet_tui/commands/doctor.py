@@ -129,7 +129,7 @@ def _key_check(ctx: Context, settings: Settings) -> Check:
     found, checks = check_sources(settings, ctx.env)
     if found is None:
         message = no_credential_message(settings, checks, ctx.env)
-        return Check("key", FAIL, message.replace("\n", " ").replace("  ", " "), EXIT_MISSING)
+        return Check("key", FAIL, message, EXIT_MISSING)
     ctx.secret = found.value
     return Check("key", OK, f"found in {found.source}")
 
@@ -377,7 +377,11 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(_redact(text, ctx.secret) + "\n")
     else:
         width = max((len(c.check) for c in shown), default=0)
+        indent = "\n" + " " * (width + 8)
         for c in shown:
-            sys.stdout.write(_redact(f"{c.status:<5} {c.check:<{width}}  {c.detail}\n",
+            # A multi-line detail (the key's sources, how to set one) stays readable:
+            # its further lines are indented under the first.
+            detail = indent.join(line.rstrip() for line in c.detail.splitlines())
+            sys.stdout.write(_redact(f"{c.status:<5} {c.check:<{width}}  {detail}\n",
                                      ctx.secret))
     return code
