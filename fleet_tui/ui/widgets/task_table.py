@@ -392,8 +392,11 @@ class TaskTable(ScrollView, can_focus=True):
             key = (width, tuple(layout))
             if self._header is None or self._header[0] != key:
                 style = base + self._style("header")
+                # each label its own span, as the rows' cells are (an SVG export then
+                # places every column at its cell instead of one long run of text)
                 self._header = (key, self._paint(
-                    [(Text(label, no_wrap=True), k, w) for _, k, label, w in layout], style))
+                    [(Text(label, no_wrap=True, style=style), k, w)
+                     for _, k, label, w in layout], style))
             return self._header[1]
         index = int(self.scroll_y) + y - 1
         if index >= len(self._order):
