@@ -189,8 +189,11 @@ class Fleet:
     def attempts(self, task_id: str) -> list[Attempt]:
         return self.store.list_attempts(self.get_task(task_id).id)
 
-    def status(self) -> FleetStatus:
-        tasks = self.store.list_tasks()
+    def status(self, tasks: list[Task] | None = None) -> FleetStatus:
+        """Counts, tokens and the cooldown over every task. ``tasks``: a full task list the
+        caller has just read (the panel polls it anyway), so the store is not read twice."""
+        if tasks is None:
+            tasks = self.store.list_tasks()
         now = self.clock()
         cooldowns = [self._cooldown_until(ep, tasks, now) for ep in {t.endpoint for t in tasks}]
         until = max((c for c in cooldowns if c is not None), default=None)

@@ -19,9 +19,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Literal
-
-import git as gitpython
 
 from fleet_tui import paths
 
@@ -57,6 +56,20 @@ _TEST_OUTPUT_LIMIT = 64_000
 
 class GitError(Exception):
     """A git problem, with a message that says what to do about it."""
+
+
+_GITPYTHON: ModuleType | None = None
+
+
+def _gitpython() -> ModuleType:
+    """GitPython, imported on first use: it takes ~50 ms to import, and the panel and the
+    task commands import this module before they run any git command (or none at all)."""
+    global _GITPYTHON
+    if _GITPYTHON is None:
+        import git as gitpython
+
+        _GITPYTHON = gitpython
+    return _GITPYTHON
 
 
 @dataclass(frozen=True)
@@ -140,6 +153,7 @@ def _run(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
 
     With ``check``, a non-zero status raises GitError naming ``what`` and git's own reason.
     """
+    gitpython = _gitpython()
     try:
         status, out, err = gitpython.Git(str(cwd)).execute(
             ["git", *args], with_extended_output=True, with_exceptions=False,
@@ -295,6 +309,7 @@ def find_repo(path: Path | str) -> Path:
         raise GitError(f"{start} does not exist; give the folder of a git repository")
     if start.is_file():
         start = start.parent
+    gitpython = _gitpython()
     try:
         repo = gitpython.Repo(start, search_parent_directories=True)
     except gitpython.InvalidGitRepositoryError:

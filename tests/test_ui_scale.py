@@ -14,7 +14,7 @@ from fleet_tui.config import load_settings
 from fleet_tui.fleet import Fleet, FleetError
 from fleet_tui.store import Store, TaskState
 from fleet_tui.ui.app import FleetApp
-from fleet_tui.ui.screens.main import TAIL_BYTES, status_from_tasks, tail_start
+from fleet_tui.ui.screens.main import TAIL_BYTES, tail_start
 from fleet_tui.ui.widgets.stream_view import StreamView
 from fleet_tui.ui.widgets.task_table import TaskTable
 
@@ -29,7 +29,7 @@ async def _until(pilot: Pilot[Any], test: Any, what: str, timeout: float = 15.0)
 def test_status_from_the_task_list_is_the_engines(git_repo: Path, tmp_path: Path) -> None:
     """One read of the task list gives what Fleet.status() reads the store again for."""
     fleet = build_fleet(git_repo, tmp_path)
-    derived = status_from_tasks(fleet.list_tasks(), fleet)
+    derived = fleet.status(fleet.list_tasks())
     assert derived == fleet.status()
     assert derived.cooldown_until == NOW + 42 and derived.running == 2
 

@@ -1,7 +1,8 @@
 """`fleet-tui [--demo] [--repo PATH]`: open the control panel.
 
 Textual is imported only here, after the arguments are read, so `fleet-tui --help` and
-the other commands stay fast.
+the other commands stay fast. The engine is made after the panel's first frame (see
+``FleetApp``), and with it the lookup of the repository around the current directory.
 """
 
 from __future__ import annotations
@@ -10,6 +11,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from fleet_tui.fleet import Fleet
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,10 +38,13 @@ def _fail(message: str, code: int = 1) -> int:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from fleet_tui import git
+    # Textual first: the first frame needs nothing else. The engine (store, GitPython) is
+    # made in a thread once the frame is up, and the repository is looked up there too.
     from fleet_tui.config import ConfigError, load_settings
+    from fleet_tui.ui.app import FleetApp
 
     demo = None
+    repo: Path | None = None
     if args.demo:
         from fleet_tui.ui import demo as demo_mod
 
@@ -44,38 +52,47 @@ def main(argv: list[str]) -> int:
         if claude is None:
             return 5
         demo = demo_mod.start_demo(claude)
-        repo: Path | None = demo.repo
+        repo = demo.repo
         print(f"fleet-tui demo: project in {demo.repo}, endpoint {demo.endpoint.url}")
-    else:
-        start = args.repo if args.repo is not None else Path.cwd()
+    elif args.repo is not None:
+        # named on the command line: a mistake is reported before the screen is taken
+        from fleet_tui import git
+
         try:
-            repo = git.main_worktree(start)
+            repo = git.main_worktree(args.repo)
         except git.GitError as exc:
-            if args.repo is not None:
-                return _fail(f"--repo {args.repo}: {exc}", 2)
-            repo = None  # the panel still lists tasks; `n` says what to do
+            return _fail(f"--repo {args.repo}: {exc}", 2)
     try:
         try:
             settings = load_settings()
         except ConfigError as exc:
             return _fail(str(exc), 2)
-        from fleet_tui.fleet import Fleet, FleetError
-        from fleet_tui.store import StoreError
+        look_around = not args.demo and args.repo is None
 
-        try:
+        def make_engine() -> Fleet:
+            """Runs in a thread after the first frame; a FleetError or StoreError ends the
+            panel with its message."""
+            from fleet_tui import git
+            from fleet_tui.fleet import Fleet
+
+            if look_around:
+                try:
+                    app.repo = git.main_worktree(Path.cwd())
+                except git.GitError:
+                    app.repo = None  # the panel still lists tasks; `n` says what to do
+            if app.repo is not None:
+                app.default_base = git.current_branch(app.repo) or ""
             fleet = Fleet(settings)
             if demo is not None:
                 from fleet_tui.ui.demo import submit_demo_tasks
 
                 submit_demo_tasks(fleet, demo.repo)
-        except (FleetError, StoreError) as exc:
-            return _fail(str(exc))
-        default_base = (git.current_branch(repo) or "") if repo is not None else ""
-        from fleet_tui.ui.app import FleetApp
+            return fleet
 
-        app = FleetApp(fleet, repo=repo, default_base=default_base,
-                       run_scheduler=not args.no_scheduler)
+        app = FleetApp(make_engine, repo=repo, run_scheduler=not args.no_scheduler)
         app.run()
+        if app.return_code:
+            return app.return_code
         if demo is not None:
             print(f"fleet-tui demo: the project stays in {demo.repo} "
                   f"(FLEET_TUI_HOME={demo.home}).")

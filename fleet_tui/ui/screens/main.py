@@ -174,10 +174,8 @@ class MainScreen(Screen[None]):
 
     def on_mount(self) -> None:
         status = self.query_one(StatusLine)
-        repo = self.fleet_app.repo
-        status.repo_name = repo.name if repo else ""
         status.scheduler = self.fleet_app.run_scheduler
-        status.show(None, self.now())
+        self._show_status()
         self.query_one("#filter", Input).display = False
         self.query_one(DiffView).show_message("Select a task to see its changes.")
         self.query_one(TaskTable).focus()
@@ -186,6 +184,14 @@ class MainScreen(Screen[None]):
         self.set_interval(app.diff_interval, self._diff_tick)
         self.set_interval(1.0, self._second_tick)
         self.poll()
+
+    def _show_status(self) -> None:
+        """The header; the repository is read each time, since the panel may learn it
+        after the first frame (it is looked up while the engine starts)."""
+        status = self.query_one(StatusLine)
+        repo = self.fleet_app.repo
+        status.repo_name = repo.name if repo else ""
+        status.show(self.status, self.now())
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """StateChanged does not bubble: hand it to the app's one failure handler."""
@@ -203,7 +209,7 @@ class MainScreen(Screen[None]):
     def _load_tasks(self) -> None:
         try:
             tasks = self.fleet.list_tasks()
-            status = status_from_tasks(tasks, self.fleet)
+            status = self.fleet.status(tasks)
             self.post_message(TasksLoaded(tasks, status, time.monotonic()))
         finally:
             self._poll_lock.release()
@@ -259,7 +265,7 @@ class MainScreen(Screen[None]):
             table.move_cursor(row=row, animate=False, scroll=True)
             self._select(visible[row].id)
         self.query_one("#empty-hint").display = not self.tasks
-        self.query_one(StatusLine).show(self.status, self.now())
+        self._show_status()
         if self.selected_id is None or self.selected_id not in {t.id for t in visible}:
             key = table.selected_key
             if key is not None:
@@ -291,7 +297,7 @@ class MainScreen(Screen[None]):
         return self._actions
 
     def _second_tick(self) -> None:
-        self.query_one(StatusLine).show(self.status, self.now())
+        self._show_status()
 
     # --- selection -----------------------------------------------------------------------
     @on(TaskTable.RowHighlighted, "#tasks")
@@ -960,31 +966,6 @@ HELP_TEXT = {
     "clear_filter": "clear the filter",
     "quit": "quit (workers keep running; the next start picks them up)",
 }
-
-
-def status_from_tasks(tasks: list[Task], fleet: Fleet) -> FleetStatus:
-    """Fleet.status() from a task list already read: the same counts, without reading
-    every task from the store a second time on each poll. The cooldown rule is the
-    engine's: the latest not_before of the tasks waiting after a 429 (verdict quota)."""
-    from fleet_tui.fleet import FleetStatus
-
-    clock = getattr(fleet, "clock", time.time)
-    now = clock()
-    running = queued = waiting = tokens = 0
-    cooldown: float | None = None
-    for t in tasks:
-        if t.state in ACTIVE_STATES:
-            running += 1
-        elif t.state == TaskState.QUEUED:
-            queued += 1
-        elif t.state == TaskState.WAITING:
-            waiting += 1
-            if t.verdict == "quota" and t.not_before is not None and t.not_before > now:
-                cooldown = t.not_before if cooldown is None else max(cooldown, t.not_before)
-        tokens += t.input_tokens + t.output_tokens
-    return FleetStatus(running=running, queued=queued, waiting=waiting,
-                       cap=fleet.settings.max_workers, cooldown_until=cooldown,
-                       total_tokens=tokens)
 
 
 def worker_sleep(worker: Any, seconds: float) -> None:
