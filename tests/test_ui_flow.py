@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 from test_ui_support import TEST_KEY, Rig, rig, stream_text, toasts, wait_until
-from textual.widgets import TabbedContent, TextArea
+from textual.widgets import TextArea
 
 from fleet_tui.store import TaskState
 from fleet_tui.ui.screens.launch import LaunchScreen
@@ -38,7 +38,7 @@ async def test_launch_watch_review_merge(rig: Rig) -> None:
         task = rig.fleet.get_task(task_id)
         assert task.title == "Say hello in a file"  # title defaults to the first line
         assert main.query_one(TaskTable).selected_key == task_id  # selected at once
-        assert main.query_one(TabbedContent).active == "tab-stream"
+        assert main.active_tab == "tab-stream"
 
         # The tool calls arrive in the stream while the worker runs.
         await wait_until(pilot, lambda: "Write hello.txt" in stream_text(app),

@@ -26,7 +26,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from fleet_tui.fleet import Fleet
 
+HIDDEN_DELAY = 0.05  # seconds after the first layout until the hidden widgets are mounted
 ENGINE_WAIT = 120.0  # seconds a thread waits for the engine before giving up
+
+
+class EngineNotStarted(RuntimeError):
+    """Asked for the engine after making it failed: that failure is the one reported."""
 
 
 def describe_error(error: BaseException) -> str:
@@ -93,8 +98,14 @@ class FleetApp(App[None]):
         if self._fleet is None and not self._fleet_ready.wait(ENGINE_WAIT):
             raise RuntimeError("the engine did not start in time")
         if self._fleet is None:
-            raise RuntimeError("the engine did not start")
+            raise EngineNotStarted("the engine did not start")
         return self._fleet
+
+    def on_ready(self) -> None:
+        """The first layout is done (its frame is painted right after this): mount what
+        it does not show a moment later, so they do not delay it."""
+        main = self.main
+        main.set_timer(HIDDEN_DELAY, main.mount_hidden)
 
     def on_mount(self) -> None:
         self.push_screen(MainScreen())
@@ -156,6 +167,8 @@ class FleetApp(App[None]):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state != WorkerState.ERROR or event.worker.error is None:
             return
+        if isinstance(event.worker.error, EngineNotStarted):
+            return  # the engine's own failure is reported (and ends the panel)
         message = describe_error(event.worker.error)
         self.errors.append(message)
         now = time.monotonic()

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleet_tui import stream
 from fleet_tui.store import TaskState
 from fleet_tui.ui.widgets.line_view import Row, clean
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from fleet_tui import stream
 
 # One icon per tool: single-cell symbols so columns stay aligned in every terminal.
 TOOL_ICONS: dict[str, str] = {
@@ -57,6 +60,12 @@ class StreamFormatter:
     tool_names: dict[str, str] = field(default_factory=dict)
     depth_of: dict[str, int] = field(default_factory=dict)
     last_text: str = ""
+
+    def __post_init__(self) -> None:
+        # The event classes, imported with the first formatter (in a worker thread) rather
+        # than with the panel: the stream decoder costs the first frame ~10 ms to import.
+        global stream
+        from fleet_tui import stream
 
     def _relative(self, text: str) -> str:
         """Paths inside the worktree shown relative to it (they are long and all alike)."""

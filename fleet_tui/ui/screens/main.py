@@ -7,6 +7,7 @@ become one error toast in FleetApp.on_worker_state_changed.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import subprocess
@@ -22,7 +23,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Label, TabbedContent, TabPane
+from textual.widgets import ContentSwitcher, Input, Label
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from fleet_tui.store import ACTIVE_STATES, FINISHED_STATES, Attempt, Task, TaskState
@@ -36,6 +37,7 @@ from fleet_tui.ui.messages import (
     TasksSubmitted,
 )
 from fleet_tui.ui.screens.help import HelpScreen, HelpSection
+from fleet_tui.ui.widgets.bars import KeyBar, TabBar
 from fleet_tui.ui.widgets.diff_view import DiffView, PreparedDiff
 from fleet_tui.ui.widgets.status_line import StatusLine
 from fleet_tui.ui.widgets.stream_view import MAX_ROWS, StreamView
@@ -126,6 +128,11 @@ class MainScreen(Screen[None]):
         self._actions: list[tuple[str, tuple[object, ...]]] | None = None
         self._title_shown = ""
         self._keep_row: int | None = None
+        self._diff_pending = "Select a task to see its changes."
+        self._diff_pending_loaded: DiffLoaded | None = None
+        self._diff: DiffView | None = None
+        self._hidden_started = False
+        self._hidden_done = asyncio.Event()
 
     # --- helpers -------------------------------------------------------------------------
     @property
@@ -158,26 +165,68 @@ class MainScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
         with Vertical(id="list-pane"):
-            yield Input(id="filter", placeholder="filter: text in id, title, state, model, "
-                        "tool (enter: keep, escape: clear)")
             yield TaskTable(id="tasks")
             yield Label("No tasks yet: press n to launch one.", id="empty-hint")
         with Vertical(id="detail-pane"):
             yield Label("", id="detail-title", markup=False)
-            with TabbedContent(id="tabs", initial="tab-stream"):
-                with TabPane("Stream", id="tab-stream"):
+            yield TabBar([("tab-stream", "Stream"), ("tab-diff", "Diff")], "tab-stream",
+                         id="tabs")
+            with ContentSwitcher(id="views", initial="tab-stream"):
+                with Vertical(id="tab-stream"):
                     yield Label("", id="stream-caption", markup=False)
                     yield StreamView(id="stream")
-                with TabPane("Diff", id="tab-diff"):
-                    yield DiffView(id="diff")
-        yield Footer()
+                yield Vertical(id="tab-diff")  # its DiffView: see mount_hidden
+        yield KeyBar(id="keys")
+
+    async def mount_hidden(self) -> None:
+        """Mount what the first frame does not show: the filter box (hidden until `/`) and
+        the diff view (behind the stream tab). Their CSS and composing cost the first frame
+        tens of milliseconds. They are mounted 50 ms after it (FleetApp.on_ready) or before
+        the first task list is shown, whichever comes first."""
+        if self._hidden_started:
+            await self._hidden_done.wait()
+            return
+        self._hidden_started = True
+        try:
+            await self._mount_hidden()
+        finally:
+            self._hidden_done.set()
+
+    async def _mount_hidden(self) -> None:
+        box = Input(id="filter", placeholder="filter: text in id, title, state, model, "
+                    "tool (enter: keep, escape: clear)")
+        box.display = False
+        diff = DiffView(id="diff")
+        await self.query_one("#list-pane").mount(box, before=0)
+        await self.query_one("#tab-diff").mount(diff)
+        if not diff.composed or self.fleet_app.quitting:
+            return  # the panel is closing: it never got its children
+        self._diff = diff
+        diff.show_message(self._diff_pending)
+        self._maybe_refresh_bindings()
+        loaded, self._diff_pending_loaded = self._diff_pending_loaded, None
+        if loaded is not None and loaded.task_id == self.selected_id:
+            self._show_loaded(diff, loaded)
+
+    def _diff_view(self) -> DiffView | None:
+        """The diff view, or None until it is mounted (with its children)."""
+        return self._diff
+
+    def _show_diff_message(self, text: str) -> None:
+        view = self._diff_view()
+        if view is None:
+            self._diff_pending = text
+        else:
+            view.show_message(text)
+
+    def _filter_box(self) -> Input | None:
+        found = self.query("#filter").results(Input)
+        return next(found, None)
 
     def on_mount(self) -> None:
         status = self.query_one(StatusLine)
         status.scheduler = self.fleet_app.run_scheduler
         self._show_status()
-        self.query_one("#filter", Input).display = False
-        self.query_one(DiffView).show_message("Select a task to see its changes.")
         self.query_one(TaskTable).focus()
         app = self.fleet_app
         self.set_interval(app.poll_interval, self.poll)
@@ -214,7 +263,8 @@ class MainScreen(Screen[None]):
         finally:
             self._poll_lock.release()
 
-    def on_tasks_loaded(self, message: TasksLoaded) -> None:
+    async def on_tasks_loaded(self, message: TasksLoaded) -> None:
+        await self.mount_hidden()
         self.tasks = {t.id: t for t in message.tasks}
         self.status = message.status
         self.marked &= set(self.tasks)
@@ -331,7 +381,7 @@ class MainScreen(Screen[None]):
                 self._stream_gen += 1
                 self.query_one(StreamView).clear_rows()
                 self._caption()
-                self.query_one(DiffView).show_message("Select a task to see its changes.")
+                self._show_diff_message("Select a task to see its changes.")
             return
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(f"{task.id} ", style="bold")
@@ -544,10 +594,10 @@ class MainScreen(Screen[None]):
                                      f"{task.base_branch or 'the base branch'}.",
                    TaskState.DISCARDED: "Discarded."}.get(
                 task.state, "No worktree yet: the task has not started.")
-            self.query_one(DiffView).show_message(why)
+            self._show_diff_message(why)
             return
         if first:
-            self.query_one(DiffView).show_message("Loading the diff…")
+            self._show_diff_message("Loading the diff…")
         if self._diff_loading:
             self._diff_wanted = task_id  # one git diff at a time: this one goes next
             return
@@ -574,7 +624,13 @@ class MainScreen(Screen[None]):
             self._load_diff_now(wanted)  # asked for while this one ran
         if message.task_id != self.selected_id:
             return
-        view = self.query_one(DiffView)
+        view = self._diff_view()
+        if view is None:
+            self._diff_pending_loaded = message
+            return
+        self._show_loaded(view, message)
+
+    def _show_loaded(self, view: DiffView, message: DiffLoaded) -> None:
         if message.prepared is None:
             view.show_message(message.problem or "No diff.")
         else:
@@ -610,15 +666,16 @@ class MainScreen(Screen[None]):
         if action == "shell":
             return task is not None and task.worktree is not None and task.state not in CLOSED
         if action == "edit":
-            view = self.query_one(DiffView)
-            return (task is not None and task.worktree is not None
+            view = self._diff_view()
+            return (task is not None and task.worktree is not None and view is not None
                     and task.state not in CLOSED and view.selected_path is not None)
         if action == "toggle_mark":
             return task is not None
         if action in ("toggle_tools", "toggle_raw", "toggle_follow", "choose_attempt"):
             return task is not None and (action != "choose_attempt" or task.attempt_count > 0)
         if action == "clear_filter":
-            return bool(self.filter_text) or self.query_one("#filter", Input).display
+            box = self._filter_box()
+            return bool(self.filter_text) or (box is not None and box.display)
         return True
 
     # --- actions: list -------------------------------------------------------------------
@@ -633,7 +690,10 @@ class MainScreen(Screen[None]):
             table.move_cursor(row=table.cursor_row + 1)
 
     def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
+        box = self._filter_box()
+        if box is None:  # pressed in the frame before it is mounted
+            self.call_after_refresh(self.action_filter)
+            return
         box.display = True
         box.focus()
         self._maybe_refresh_bindings()
@@ -651,15 +711,26 @@ class MainScreen(Screen[None]):
         self.query_one(TaskTable).focus()
 
     def action_clear_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.value = ""
+        box = self._filter_box()
         self.filter_text = ""
-        box.display = False
+        if box is not None:
+            box.value = ""
+            box.display = False
         self.query_one(TaskTable).focus()
         self._render_tasks()
 
+    @property
+    def active_tab(self) -> str:
+        """The view shown below the list: "tab-stream" or "tab-diff"."""
+        return self.query_one(ContentSwitcher).current or "tab-stream"
+
     def action_show_tab(self, tab: str) -> None:
-        self.query_one(TabbedContent).active = tab
+        self.query_one(ContentSwitcher).current = tab
+        self.query_one(TabBar).active = tab
+
+    @on(TabBar.Changed)
+    def _tab_chosen(self, event: TabBar.Changed) -> None:
+        self.query_one(ContentSwitcher).current = event.tab
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(self.help_sections()))
@@ -744,8 +815,10 @@ class MainScreen(Screen[None]):
         for task in message.tasks:
             self.tasks[task.id] = task
         self.filter_text = ""
-        self.query_one("#filter", Input).value = ""
-        self.query_one("#filter", Input).display = False
+        box = self._filter_box()
+        if box is not None:
+            box.value = ""
+            box.display = False
         self._render_tasks()
         if message.tasks:
             first = message.tasks[0]
@@ -929,7 +1002,8 @@ class MainScreen(Screen[None]):
 
     def action_edit(self) -> None:
         task = self.selected
-        path = self.query_one(DiffView).selected_path
+        view = self._diff_view()
+        path = view.selected_path if view is not None else None
         if task is None or task.worktree is None or path is None:
             return
         target = Path(task.worktree) / path

@@ -162,6 +162,12 @@ class DiffView(Horizontal):
         yield DiffLines(id="diff-lines")
 
     @property
+    def composed(self) -> bool:
+        """True once its file list and lines are in place (not when the app closed while
+        it was being mounted)."""
+        return bool(self.children)
+
+    @property
     def prepared(self) -> PreparedDiff | None:
         return self._prepared
 

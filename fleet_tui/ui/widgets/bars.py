@@ -1,0 +1,184 @@
+"""Two one-line bars of the main screen, each a single widget: the key bar (footer) and the
+tab bar over the stream | diff views.
+
+Textual's Footer builds one widget per key and rebuilds them all whenever the bindings
+change; TabbedContent brings tabs, an animated underline and panes. On the first frame the
+two cost ~60 ms of styling and layout (start-up budget: 1.5x a bare Textual app). These draw
+the same information as one line of text each, and still answer the mouse.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import events
+from textual.binding import Binding
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from textual.screen import Screen
+
+
+class KeyBar(Widget):
+    """The footer: the keys that apply now and what they do, the command palette key at
+    the right. Redrawn when the screen's bindings change; a click presses the key."""
+
+    ALLOW_SELECT = False
+    COMPONENT_CLASSES = {"keybar--key", "keybar--description"}
+    DEFAULT_CSS = """
+    KeyBar {
+        dock: bottom;
+        height: 1;
+        color: $footer-foreground;
+        background: $footer-background;
+        & > .keybar--key { color: $footer-key-foreground; background: $footer-key-background;
+                           text-style: bold; }
+        & > .keybar--description { color: $footer-description-foreground;
+                                   background: $footer-description-background; }
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._spans: list[tuple[int, int, str]] = []  # (start, end, key) for clicks
+        self._text = Text()
+        self._palette: Binding | None = None
+        self._palette_at = -1  # where the palette key starts (-1: not shown)
+
+    def on_mount(self) -> None:
+        self.screen.bindings_updated_signal.subscribe(self, self._bindings_changed)
+        self._rebuild()
+
+    def on_unmount(self) -> None:
+        self.screen.bindings_updated_signal.unsubscribe(self)
+
+    def _bindings_changed(self, screen: Screen[object]) -> None:
+        if self.is_attached and screen is self.screen:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        key_style = self.get_component_rich_style("keybar--key")
+        desc_style = self.get_component_rich_style("keybar--description")
+        active = self.screen.active_bindings
+        palette: Binding | None = None
+        if self.app.ENABLE_COMMAND_PALETTE:
+            found = active.get(self.app.COMMAND_PALETTE_BINDING)
+            palette = found.binding if found is not None else None
+        text = Text(no_wrap=True, overflow="ellipsis", end="")
+        spans: list[tuple[int, int, str]] = []
+        seen: set[str] = set()
+        for _node, binding, enabled, _tooltip in active.values():
+            if not binding.show or not enabled or binding.action in seen or binding is palette:
+                continue
+            seen.add(binding.action)
+            start = len(text)
+            text.append(f" {self.app.get_key_display(binding)} ", key_style)
+            text.append(f"{binding.description} ", desc_style)
+            spans.append((start, len(text), binding.key))
+        self._palette = palette
+        self._text = text
+        self._spans = spans
+        self.refresh()
+
+    def render(self) -> Text:
+        width = self.size.width
+        text = self._text.copy()
+        palette = self._palette
+        self._palette_at = -1
+        if palette is not None:
+            tail = Text.assemble(
+                ("▏", "dim"),
+                (f" {self.app.get_key_display(palette)} ",
+                 self.get_component_rich_style("keybar--key")),
+                (f"{palette.description} ", self.get_component_rich_style(
+                    "keybar--description")))
+            room = width - tail.cell_len
+            if room > 0:
+                text.truncate(room, overflow="ellipsis", pad=True)
+                text.append_text(tail)
+                self._palette_at = room
+        return text
+
+    def on_click(self, event: events.Click) -> None:
+        x = event.x
+        palette = self._palette
+        if palette is not None and 0 <= self._palette_at <= x:
+            self.app.simulate_key(palette.key)
+            return
+        for start, end, key in self._spans:
+            if start <= x < end:
+                self.app.simulate_key(key)
+                return
+
+
+class TabBar(Widget, can_focus=True):
+    """Tab titles on one line; the active one is underlined and bold. Left/right (when
+    focused) and a click choose a tab; the screen shows it (``Changed``)."""
+
+    ALLOW_SELECT = False
+    BINDINGS = [
+        Binding("left", "move(-1)", "Previous tab", show=False),
+        Binding("right", "move(1)", "Next tab", show=False),
+    ]
+    COMPONENT_CLASSES = {"tabbar--active", "tabbar--inactive"}
+    DEFAULT_CSS = """
+    TabBar {
+        height: 1;
+        background: $surface;
+        & > .tabbar--active { color: $foreground; text-style: bold underline; }
+        & > .tabbar--inactive { color: $text-muted; }
+        &:focus > .tabbar--active { color: $block-cursor-foreground;
+                                    background: $block-cursor-background; }
+    }
+    """
+
+    active: reactive[str] = reactive("", init=False)
+
+    class Changed(Message):
+        """A tab was chosen on the bar."""
+
+        def __init__(self, tab: str) -> None:
+            super().__init__()
+            self.tab = tab
+
+    def __init__(self, tabs: list[tuple[str, str]], active: str, *,
+                 id: str | None = None) -> None:
+        """``tabs``: (id, title) pairs in order."""
+        super().__init__(id=id)
+        self.tabs = tabs
+        self.set_reactive(TabBar.active, active)
+        self._spans: list[tuple[int, int, str]] = []
+
+    def render(self) -> Text:
+        on = self.get_component_rich_style("tabbar--active")
+        off = self.get_component_rich_style("tabbar--inactive")
+        text = Text(no_wrap=True, end="")
+        spans: list[tuple[int, int, str]] = []
+        for tab_id, title in self.tabs:
+            text.append(" ")
+            start = len(text)
+            text.append(f" {title} ", on if tab_id == self.active else off)
+            spans.append((start, len(text), tab_id))
+        self._spans = spans
+        return text
+
+    def watch_active(self) -> None:
+        self.refresh()
+
+    def _choose(self, tab: str) -> None:
+        if tab != self.active:
+            self.active = tab
+            self.post_message(self.Changed(tab))
+
+    def action_move(self, step: int) -> None:
+        ids = [t for t, _ in self.tabs]
+        index = ids.index(self.active) if self.active in ids else 0
+        self._choose(ids[(index + step) % len(ids)])
+
+    def on_click(self, event: events.Click) -> None:
+        for start, end, tab in self._spans:
+            if start <= event.x < end:
+                self._choose(tab)
+                return
