@@ -74,3 +74,29 @@ async def test_launch_watch_review_merge(rig: Rig) -> None:
                            capture_output=True, text=True).stdout
     assert shown == "hello from the worker\n"
     assert app.errors == []
+
+
+async def test_the_tab_bar_and_the_key_bar_answer_the_mouse(rig: Rig) -> None:
+    """The one-line bars (cheaper than TabbedContent and Footer at start-up) still do
+    what those did: a click on a tab shows it, a click on a key presses it."""
+    from fleet_tui.ui.screens.help import HelpScreen
+    from fleet_tui.ui.widgets.bars import KeyBar, TabBar
+
+    app = rig.app(run_scheduler=False)
+    async with app.run_test(size=(120, 30)) as pilot:
+        main = app.main
+        bar = main.query_one(TabBar)
+        plain = bar.render().plain
+        await pilot.click(TabBar, offset=(plain.index("Diff"), 0))
+        await wait_until(pilot, lambda: main.active_tab == "tab-diff", what="the diff tab")
+        await wait_until(pilot, lambda: bool(main.query(DiffView)), what="the diff view")
+        assert main.query_one(DiffView).display
+        await pilot.press("1")
+        assert main.active_tab == "tab-stream" and bar.active == "tab-stream"
+
+        keys = main.query_one(KeyBar)
+        await wait_until(pilot, lambda: "Help" in keys.render().plain, what="the keys")
+        text = keys.render().plain
+        assert "^p" in text and "palette" in text and "Quit" in text
+        await pilot.click(KeyBar, offset=(text.index("Help"), 0))
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")

@@ -9,6 +9,7 @@ the same information as one line of text each, and still answer the mouse.
 
 from __future__ import annotations
 
+from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
@@ -22,8 +23,9 @@ if TYPE_CHECKING:
 
 
 class KeyBar(Widget):
-    """The footer: the keys that apply now and what they do, the command palette key at
-    the right. Redrawn when the screen's bindings change; a click presses the key."""
+    """The footer: the keys that apply now and what they do (dimmed when check_action
+    answers None), the command palette key at the right. Redrawn when the screen's
+    bindings change; a click presses the key."""
 
     ALLOW_SELECT = False
     COMPONENT_CLASSES = {"keybar--key", "keybar--description"}
@@ -70,13 +72,14 @@ class KeyBar(Widget):
         spans: list[tuple[int, int, str]] = []
         seen: set[str] = set()
         for _node, binding, enabled, _tooltip in active.values():
-            if not binding.show or not enabled or binding.action in seen or binding is palette:
+            if not binding.show or binding.action in seen or binding is palette:
                 continue
             seen.add(binding.action)
             start = len(text)
-            text.append(f" {self.app.get_key_display(binding)} ", key_style)
-            text.append(f"{binding.description} ", desc_style)
-            spans.append((start, len(text), binding.key))
+            dim = Style() if enabled else Style(dim=True)  # check_action said None
+            text.append(f" {self.app.get_key_display(binding)} ", key_style + dim)
+            text.append(f"{binding.description} ", desc_style + dim)
+            spans.append((start, len(text), binding.key if enabled else ""))
         self._palette = palette
         self._text = text
         self._spans = spans
@@ -109,7 +112,10 @@ class KeyBar(Widget):
             return
         for start, end, key in self._spans:
             if start <= x < end:
-                self.app.simulate_key(key)
+                if key:
+                    self.app.simulate_key(key)
+                else:
+                    self.app.bell()
                 return
 
 
