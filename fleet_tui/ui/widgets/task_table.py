@@ -368,7 +368,10 @@ class TaskTable(ScrollView, can_focus=True):
                 task.output_tokens, task.added_lines, task.deleted_lines, task.last_tool,
                 None if spent is None else int(spent), marked)
 
-    def _paint(self, cells: list[tuple[Text, str, int]], row_style: Style) -> Strip:
+    def _paint(self, cells: list[tuple[Text, str, int]], row_style: Style,
+               *, over: bool = False) -> Strip:
+        """One line of cells. ``over``: row_style wins over the cells' own colours (the
+        cursor row, where a muted or state colour on the cursor background is unreadable)."""
         line = Text(no_wrap=True, end="")
         pad = " " * CELL_PAD
         for cell, key, width in cells:
@@ -378,7 +381,9 @@ class TaskTable(ScrollView, can_focus=True):
             line.append(pad)
             line.append_text(cell)
             line.append(pad)
-        segments = list(Segment.apply_style(line.render(self.app.console), row_style))
+        rendered = line.render(self.app.console)
+        segments = list(Segment.apply_style(rendered, post_style=row_style) if over
+                        else Segment.apply_style(rendered, row_style))
         width = self.size.width
         strip = Strip(segments, line.cell_len)
         return strip.extend_cell_length(width, row_style).crop(0, width)
@@ -411,7 +416,8 @@ class TaskTable(ScrollView, can_focus=True):
             row_style = base + self._style("cursor") if is_cursor else base
             layout = self._layout()
             cells = self._row(task, marked, self._now)
-            strip = self._paint([(cells[i], k, w) for i, k, _, w in layout], row_style)
+            strip = self._paint([(cells[i], k, w) for i, k, _, w in layout], row_style,
+                                over=is_cursor)
             if len(self._strips) > 4096:
                 self._strips.clear()
             cached = self._strips[(task_id, is_cursor)] = (signature, strip)
