@@ -142,3 +142,32 @@ async def test_an_engine_that_cannot_start_ends_the_panel_with_its_message(
         await _until(pilot, lambda: app.return_code == 1, "the exit")
     assert app.return_code == 1
     assert app.errors and "newer fleet-tui" in app.errors[0]
+
+
+async def test_diff_reloads_when_the_selected_task_finishes(git_repo: Path,
+                                                            tmp_path: Path) -> None:
+    """A worker that writes and finishes between two timed refreshes: the state change
+    alone brings the final diff (the timed refresh is set far away here)."""
+    from fleet_tui import git as fgit
+    from fleet_tui.ui.widgets.diff_view import DiffView
+
+    store = Store(tmp_path / "fleet.db")
+    info = fgit.create_worktree(git_repo, "dfin01")
+    store.create_task(task_id="dfin01", prompt="write it", repo=git_repo, title="write it",
+                      state=TaskState.RUNNING, base_branch="main",
+                      base_commit=info.base_commit, branch=info.branch, worktree=info.path,
+                      model="main", endpoint=load_settings().base_url, now=NOW,
+                      started_at=NOW)
+    fleet = Fleet(load_settings(), store, clock=lambda: NOW)
+    app = FleetApp(fleet, repo=git_repo, clock=lambda: NOW, run_scheduler=False, bell=False,
+                   poll_interval=0.1, diff_interval=600)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _until(pilot, lambda: app.main.selected_id == "dfin01", "the selection")
+        await pilot.press("2")
+        diff = app.main.query_one(DiffView)
+        await _until(pilot, lambda: diff.prepared is not None, "the first (empty) diff")
+        assert diff.prepared is not None and diff.prepared.diff.files == []
+        (info.path / "late.txt").write_text("written just before the end\n")
+        assert store.update_task("dfin01", state=TaskState.SUCCEEDED, finished_at=NOW)
+        await _until(pilot, lambda: diff.prepared is not None and any(
+            f.path == "late.txt" for f in diff.prepared.diff.files), "the final diff")

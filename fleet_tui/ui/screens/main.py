@@ -120,6 +120,9 @@ class MainScreen(Screen[None]):
         self._older_loading = False
         self._diff_loading = False
         self._diff_wanted: str | None = None
+        # (task id, state, attempt_count) the diff was last asked for: a change of state
+        # (a worker finishing right after the last timed refresh) loads it again
+        self._diff_key: tuple[str, TaskState, int] | None = None
         self._select_pending = False
         self._poll_lock = threading.Lock()
         self._seen_states: dict[str, TaskState] | None = None
@@ -377,6 +380,7 @@ class MainScreen(Screen[None]):
         if task is None:
             title.update("")
             self._title_shown = ""
+            self._diff_key = None
             if new:
                 self._stream_gen += 1
                 self.query_one(StreamView).clear_rows()
@@ -400,8 +404,10 @@ class MainScreen(Screen[None]):
         if key != self._stream_task:
             self._stream_task = key
             self._restart_stream()
-        if new:
-            self._load_diff_now(task.id, first=True)
+        diff_key = (task.id, task.state, task.attempt_count)
+        if new or diff_key != self._diff_key:
+            self._diff_key = diff_key
+            self._load_diff_now(task.id, first=new)
 
     # --- stream --------------------------------------------------------------------------
     def _restart_stream(self) -> None:
