@@ -931,8 +931,10 @@ class MainScreen(Screen[None]):
         choices = [("f", "fresh", "Fresh run")]
         if can_resume:
             choices.append(("r", "resume", "Resume session"))
-        body = ("A fresh run starts over from the prompt in the same worktree."
-                + ("\nResume continues the last session with its history." if can_resume
+        body = ("A fresh run starts over from the prompt; the worktree is reset to its "
+                "base first (its changes are dropped)."
+                + ("\nResume continues the last session, changes and history kept."
+                   if can_resume
                    else "\n(No session to resume.)"))
 
         def answered(choice: str | None) -> None:
