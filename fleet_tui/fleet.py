@@ -331,9 +331,9 @@ class Fleet:
         endpoints = sorted({t.endpoint for t in ready})
         claimed: list[tuple[Task, TaskState]] = []
         for endpoint in endpoints:
-            # the cooldown comes from finished attempts, which only a tick moves on
-            if self._cooldown_until(endpoint, self.store.list_tasks(endpoint=endpoint),
-                                    self.clock()) is not None:
+            # the cooldown comes from finished attempts, which only a tick moves on; its
+            # tasks (waiting, verdict quota) are among `ready`, so no second read
+            if self._cooldown_until(endpoint, ready, self.clock()) is not None:
                 continue
             while True:
                 task = self.store.claim_next(endpoint, self.settings.max_workers,
