@@ -231,8 +231,13 @@ def which(name: str, search_path: str) -> str | None:
 def find_claude(settings: Settings, env: Mapping[str, str] | None = None) -> str:
     """Absolute path of the claude binary: FLEET_WORKER_CLAUDE (a path or a name looked
     up on PATH), default `claude` on the caller's PATH."""
+    return find_claude_named(settings.claude, env)
+
+
+def find_claude_named(name: str, env: Mapping[str, str] | None = None) -> str:
+    """`find_claude` for a name or path given directly (the demo asks before it has
+    settings); ClaudeNotFoundError with how to install it when there is none."""
     env = os.environ if env is None else env
-    name = settings.claude
     hint = ("Install Claude Code (npm install -g @anthropic-ai/claude-code) or set "
             "FLEET_WORKER_CLAUDE to the path of the claude binary.")
     if os.sep in name or (os.altsep and os.altsep in name):

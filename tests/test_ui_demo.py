@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -87,3 +88,17 @@ def test_panel_help_exits_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
         panel.main(["--help"])
     assert info.value.code == 0
     assert "--demo" in capsys.readouterr().out
+
+
+def test_demo_gives_the_environment_back_when_it_stops(tmp_path: Path) -> None:
+    """The demo points the environment at its endpoint and key; stop() restores every
+    variable it set, including a token the user had exported before."""
+    before = {"ANTHROPIC_AUTH_TOKEN": "users-own-token", "PATH": os.environ["PATH"]}
+    environ = dict(before)
+    started = demo.start_demo("/bin/true", root=tmp_path / "d", environ=environ)
+    try:
+        assert environ["ANTHROPIC_AUTH_TOKEN"] == demo.DEMO_KEY
+        assert environ["FLEET_WORKER_BASE_URL"] == started.endpoint.url
+    finally:
+        started.stop()
+    assert environ == before

@@ -8,7 +8,6 @@ the other commands stay fast. The engine is made after the panel's first frame (
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -100,4 +99,3 @@ def main(argv: list[str]) -> int:
     finally:
         if demo is not None:
             demo.stop()
-            os.environ.pop("ANTHROPIC_AUTH_TOKEN", None)

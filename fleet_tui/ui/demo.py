@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -236,18 +236,15 @@ def create_project(repo: Path) -> Path:
 # --- finding or installing claude ----------------------------------------------------------
 
 def find_claude_binary(env: Mapping[str, str] | None = None) -> str | None:
-    """FLEET_WORKER_CLAUDE, then `claude` on PATH, then the CLI the demo installed."""
+    """FLEET_WORKER_CLAUDE, then `claude` on PATH, then the CLI the demo installed: the
+    launcher's own lookup, None instead of an error."""
+    from fleet_tui.launcher import ClaudeNotFoundError, find_claude_named
+
     env = os.environ if env is None else env
-    explicit = env.get("FLEET_WORKER_CLAUDE")
-    if explicit:
-        path = shutil.which(explicit, path=env.get("PATH")) if os.sep not in explicit \
-            else explicit
-        return path if path and os.access(path, os.X_OK) else None
-    found = shutil.which("claude", path=env.get("PATH"))
-    if found:
-        return found
-    local = paths.cli_install_dir(env) / "node_modules" / ".bin" / "claude"
-    return str(local) if os.access(local, os.X_OK) else None
+    try:
+        return find_claude_named(env.get("FLEET_WORKER_CLAUDE") or "claude", env)
+    except ClaudeNotFoundError:
+        return None
 
 
 def install_command(env: Mapping[str, str] | None = None) -> list[str]:
@@ -295,9 +292,19 @@ class Demo:
     home: Path
     endpoint: Any  # fleet_tui.endpoint.ScriptedEndpoint
     env: dict[str, str]
+    # what the variables in `env` were before the demo set them (None: unset), and where
+    saved: dict[str, str | None] = field(default_factory=dict)
+    environ: dict[str, str] | None = None
 
     def stop(self) -> None:
+        """Stop the endpoint and give the environment back as it was before the demo."""
         self.endpoint.stop()
+        if self.environ is not None:
+            for name, value in self.saved.items():
+                if value is None:
+                    self.environ.pop(name, None)
+                else:
+                    self.environ[name] = value
 
 
 def demo_root(env: Mapping[str, str] | None = None) -> Path:
@@ -332,8 +339,10 @@ def start_demo(claude: str, *, root: Path | None = None, event_delay: float = EV
     }
     if os.geteuid() == 0:
         updates["FLEET_WORKER_SANDBOX"] = "1"
+    saved = {name: environ.get(name) for name in updates}
     environ.update(updates)
-    return Demo(root=root, repo=repo, home=home, endpoint=endpoint, env=updates)
+    return Demo(root=root, repo=repo, home=home, endpoint=endpoint, env=updates, saved=saved,
+                environ=environ)
 
 
 def submit_demo_tasks(fleet: Any, repo: Path) -> list[Any]:
