@@ -900,13 +900,6 @@ class ScriptedEndpoint:
         return f"http://{self.host}:{self._port}"
 
     # -- configuration at runtime
-    def add_script(self, name: str, script: object) -> None:
-        s = Script.from_data(name, script)
-        with self._lock:
-            self.scripts[name] = s
-            for fault in s.faults:
-                self._remaining[id(fault)] = fault.times
-
     def set_faults(self, faults: Iterable[object], *, script: str | None = None) -> None:
         """Replace the global faults (or one script's) with fresh counters."""
         parsed = [parse_fault(f) for f in faults]

@@ -20,7 +20,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
@@ -280,7 +280,6 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 _TASK_COLUMNS = tuple(f.name for f in fields(Task))
 _ATTEMPT_COLUMNS = tuple(f.name for f in fields(Attempt))
-_TASK_PATH_FIELDS = {"repo", "worktree"}
 _ATTEMPT_PATH_FIELDS = {"dir", "events_path", "stderr_path", "exit_path", "config_dir"}
 
 
@@ -669,8 +668,3 @@ class Store:
         with self.transaction() as conn:
             return conn.execute(f"UPDATE attempts SET {sets} WHERE id = ?",
                                 [*args, attempt_id]).rowcount > 0
-
-
-def task_fields() -> Sequence[str]:
-    """Names of the stored Task fields (for callers that build updates generically)."""
-    return _TASK_COLUMNS

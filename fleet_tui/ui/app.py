@@ -144,9 +144,6 @@ class FleetApp(App[None]):
                         thread=True, exit_on_error=False, group="scheduler",
                         name="scheduler", description="the scheduler")
 
-    def wake_scheduler(self) -> None:
-        """Hook for a scheduler that sleeps; Fleet.run polls often enough today."""
-
     def stop_scheduler(self) -> None:
         self._stop.set()
 

@@ -52,12 +52,11 @@ class StreamRow:
 class StreamFormatter:
     """Turns stream events into rows, remembering what it needs across batches.
 
-    It keeps the names of tool calls (a result only carries the call's id) and the depth
-    of every Task/Agent call, so a sub-agent's calls are indented under their parent.
+    It keeps the depth of every Task/Agent call, so that a sub-agent's calls are
+    indented under their parent.
     """
 
     cwd: str | None = None
-    tool_names: dict[str, str] = field(default_factory=dict)
     depth_of: dict[str, int] = field(default_factory=dict)
     last_text: str = ""
 
@@ -94,7 +93,6 @@ class StreamFormatter:
             out.append(StreamRow(kind, row))
 
         if isinstance(event, stream.ToolUse):
-            self.tool_names[event.id] = event.name
             if event.name in ("Task", "Agent"):
                 self.depth_of[event.id] = depth
             icon = TOOL_ICONS.get(event.name, DEFAULT_ICON)

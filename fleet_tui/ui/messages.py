@@ -70,6 +70,3 @@ class ActionDone(Message):
     task_ids: list[str] = field(default_factory=list)
 
 
-@dataclass
-class MergePreviewReady(Message):
-    items: list[object]  # MergeItem; typed loosely to keep screens out of this module

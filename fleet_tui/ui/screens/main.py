@@ -835,7 +835,6 @@ class MainScreen(Screen[None]):
             n = len(message.tasks)
             self.notify(f"{first.short_title}" + (f" ×{n}" if n > 1 else ""),
                         title=f"Queued {', '.join(t.id for t in message.tasks)}")
-        self.fleet_app.wake_scheduler()
         self.poll()
 
     def action_merge(self) -> None:
@@ -996,7 +995,6 @@ class MainScreen(Screen[None]):
             self.notify(message.text, title=message.title,
                         severity=message.severity)  # type: ignore[arg-type]
         self._stream_task = None
-        self.fleet_app.wake_scheduler()
         self.poll()
 
     # --- actions: outside programs -------------------------------------------------------

@@ -8,7 +8,6 @@ and a screenful of rendering, never one widget per line.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
 from rich.cells import cell_len
 from rich.style import Style
@@ -197,21 +196,3 @@ class LineView(ScrollView, can_focus=True):
         self.post_message(self.FollowChanged())
         if follow:
             self.scroll_end(animate=False, immediate=True, x_axis=False)
-
-
-class TextLines(LineView):
-    """A LineView over a list of prebuilt rows (help text, test output)."""
-
-    def __init__(self, rows: Sequence[Row] = (), **kwargs: str | None) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self._rows: list[Row] = list(rows)
-
-    def row_count(self) -> int:
-        return len(self._rows)
-
-    def get_row(self, index: int) -> Row:
-        return self._rows[index]
-
-    def set_rows(self, rows: Sequence[Row]) -> None:
-        self._rows = list(rows)
-        self.reset_view(max((row_width(r) for r in self._rows), default=0))
