@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from fleet_tui.stream import Result
+from fleet_tui.stream import Result, one_line
 
 
 class Verdict(StrEnum):
@@ -79,8 +79,7 @@ _TIMEOUT_TEXT = re.compile(r"\b(request )?timed out\b|\btimeout\b", re.I)
 
 
 def _clip(text: str, limit: int = _TEXT_MAX) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    return one_line(text, limit)
 
 
 def _last_line(text: str) -> str:
@@ -192,7 +191,8 @@ def classify(*, exit_code: int | None, signal: int | None = None,
 
     # a signal's exit code says nothing about the result the run printed before it
     code = exit_code if signal is None else None
-    finished_ok = result is not None and _result_verdict(result, code)[0] is Verdict.OK
+    from_result = None if result is None else _result_verdict(result, code)
+    finished_ok = from_result is not None and from_result[0] is Verdict.OK
 
     if killed and not (finished_ok and exit_code == 0):
         how = f" ({_signal_name(signal)})" if signal else ""
@@ -203,7 +203,7 @@ def classify(*, exit_code: int | None, signal: int | None = None,
     if signal and not finished_ok:
         return out(Verdict.KILLED, f"claude was terminated by {_signal_name(signal)} before "
                                    "it finished (out of memory, or killed from outside?)")
-    if result is None:
+    if from_result is None:
         refusal = _refusal(stderr_tail)
         if refusal is not None:
             return out(Verdict.REFUSED, _refused_message(refusal))
@@ -212,8 +212,7 @@ def classify(*, exit_code: int | None, signal: int | None = None,
         detail = f": {tail}" if tail else " and printed nothing on stderr"
         return out(Verdict.CRASHED, f"claude exited with {how} without a result line{detail}; "
                                     "see the run's stderr log")
-    verdict, message = _result_verdict(result, code)
-    return out(verdict, message)
+    return out(*from_result)
 
 
 def _result_verdict(result: dict[str, Any], exit_code: int | None) -> tuple[Verdict, str]:

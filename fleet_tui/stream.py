@@ -304,7 +304,7 @@ _DETAIL_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _one_line(text: str, limit: int) -> str:
+def one_line(text: str, limit: int) -> str:
     """Collapse whitespace and control characters; cut to `limit` characters with '…'."""
     if len(text) > limit * 4:  # do not scan megabytes of a Write's content
         text = text[: limit * 4]
@@ -374,15 +374,15 @@ def summarize_tool(name: str, input: Any, cwd: str | None = None) -> str:
 
     Paths inside `cwd` are shown relative to it. Never raises, whatever `input` holds.
     """
-    label = _one_line(name if isinstance(name, str) and name else "tool", 40)
+    label = one_line(name if isinstance(name, str) and name else "tool", 40)
     try:
         detail = _detail(label, input) if isinstance(input, dict) else None
     except Exception:  # a defensive net: a summary must never break the stream
         detail = None
     if not detail:
         return label
-    detail = _relative(_one_line(detail, SUMMARY_MAX * 2), cwd)
-    return _one_line(f"{label} {detail}", SUMMARY_MAX)
+    detail = _relative(one_line(detail, SUMMARY_MAX * 2), cwd)
+    return one_line(f"{label} {detail}", SUMMARY_MAX)
 
 
 def _first_line(content: Any) -> str:
@@ -408,7 +408,7 @@ def _first_line(content: Any) -> str:
         end = text.find("\n", start)
         line = text[start:] if end < 0 else text[start:end]
         if line.strip():
-            return _one_line(line, FIRST_LINE_MAX)
+            return one_line(line, FIRST_LINE_MAX)
         if end < 0:
             return ""
         start = end + 1
@@ -773,7 +773,7 @@ class RunSummary:
                 self.tool_calls += 1
                 self.last_tool = event.summary
             elif isinstance(event, Text) and event.text and event.parent_tool_use_id is None:
-                self.last_text = _one_line(event.text, FIRST_LINE_MAX)
+                self.last_text = one_line(event.text, FIRST_LINE_MAX)
         elif isinstance(event, ToolResult):
             if event.is_error:
                 self.tool_errors += 1

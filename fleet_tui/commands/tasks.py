@@ -125,8 +125,7 @@ def _tokens(n: int) -> str:
 
 
 def _one_line(text: str | None, limit: int = 100) -> str:
-    line = " ".join((text or "").split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    return stream.one_line(text or "", limit)
 
 
 def format_event(ev: stream.Event) -> str | None:
