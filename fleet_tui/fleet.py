@@ -46,6 +46,7 @@ from fleet_tui.store import (
     ACTIVE_STATES,
     CLOSED_STATES,
     FINISHED_STATES,
+    MAX_COPIES,
     AmbiguousTaskError,
     Attempt,
     Store,
@@ -65,7 +66,6 @@ RESUME_PROMPT = "Continue the task where you left off, then summarise what you d
 START_GRACE = 60.0  # a claim with no runner after this long is an engine that died mid-start
 STDERR_TAIL = 4000
 TRANSIENT = ("overload", "quota")
-MAX_COPIES = 50
 READ_CHUNK = 1 << 20  # bytes of one attempt's events.jsonl folded in per tick (GIL hold)
 START_THREADS = 4  # worktrees made and runners spawned at once (git and fork wait on I/O)
 CHILD_POLL = 0.01  # while our runners live, run() checks this often whether one exited

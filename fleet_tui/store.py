@@ -31,6 +31,7 @@ from fleet_tui import paths
 __all__ = [
     "ACTIVE_STATES",
     "FINISHED_STATES",
+    "MAX_COPIES",
     "SCHEMA_VERSION",
     "AmbiguousTaskError",
     "Attempt",
@@ -62,6 +63,8 @@ ACTIVE_STATES: frozenset[TaskState] = frozenset({TaskState.RUNNING, TaskState.ST
 FINISHED_STATES: frozenset[TaskState] = frozenset(
     {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED})
 CLOSED_STATES: frozenset[TaskState] = frozenset({TaskState.MERGED, TaskState.DISCARDED})
+# how many copies of one task a submit may ask for (the engine and the form agree on it)
+MAX_COPIES = 50
 
 ID_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 ID_LENGTH = 6

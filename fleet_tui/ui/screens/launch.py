@@ -22,12 +22,11 @@ from textual.worker import Worker, WorkerState
 
 from fleet_tui import paths
 from fleet_tui.config import PERMISSION_MODES
-from fleet_tui.store import TaskSpec
+from fleet_tui.store import MAX_COPIES, TaskSpec
 from fleet_tui.ui.screens.modals import keyed
 
 EFFORTS = ("low", "medium", "high", "max")
 FORM_FILE = "launch-form.json"
-MAX_COPIES = 20
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 
 

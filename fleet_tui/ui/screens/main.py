@@ -26,7 +26,14 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input, Label
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from fleet_tui.store import ACTIVE_STATES, FINISHED_STATES, Attempt, Task, TaskState
+from fleet_tui.store import (
+    ACTIVE_STATES,
+    CLOSED_STATES,
+    FINISHED_STATES,
+    Attempt,
+    Task,
+    TaskState,
+)
 from fleet_tui.ui.formatting import StreamFormatter, StreamRow, raw_rows
 from fleet_tui.ui.messages import (
     ActionDone,
@@ -53,7 +60,6 @@ READ_CHUNK = 4 * 1024 * 1024  # bytes of events per batch; bigger backlogs take 
 TAIL_BYTES = 128 * 1024  # a newly selected attempt shows its last events first ...
 OLDER_CHUNK = 1024 * 1024  # ... and reads older ones, a chunk at a time, on scrolling up
 STREAM_SETTLE = 0.08  # seconds a selection must stay before its events file is read
-CLOSED = frozenset({TaskState.MERGED, TaskState.DISCARDED})
 KILLABLE = frozenset({TaskState.RUNNING, TaskState.STALLED, TaskState.QUEUED,
                       TaskState.WAITING})
 ALERT_STATES = {
@@ -312,7 +318,7 @@ class MainScreen(Screen[None]):
         visible = self._visible_tasks()
         table.show(visible, self.marked, self.now())
         if self._keep_row is not None and self.selected is not None \
-                and self.selected.state in CLOSED and visible:
+                and self.selected.state in CLOSED_STATES and visible:
             row = min(self._keep_row, len(visible) - 1)
             self._keep_row = None
             table.move_cursor(row=row, animate=False, scroll=True)
@@ -595,7 +601,7 @@ class MainScreen(Screen[None]):
         task = self.tasks.get(task_id)
         if task is None:
             return
-        if task.worktree is None or task.state in CLOSED:
+        if task.worktree is None or task.state in CLOSED_STATES:
             why = {TaskState.MERGED: "Merged: the worktree is gone; the change is on "
                                      f"{task.base_branch or 'the base branch'}.",
                    TaskState.DISCARDED: "Discarded."}.get(
@@ -662,7 +668,7 @@ class MainScreen(Screen[None]):
         if action == "merge":
             return bool(targets) and states <= FINISHED_STATES
         if action == "discard":
-            return bool(targets) and not (states & (CLOSED | ACTIVE_STATES))
+            return bool(targets) and not (states & (CLOSED_STATES | ACTIVE_STATES))
         if action == "retry":
             return bool(targets) and states <= FINISHED_STATES
         if action == "kill":
@@ -670,11 +676,12 @@ class MainScreen(Screen[None]):
         if action == "follow_up":
             return task is not None and task.state in FINISHED_STATES and not self.marked
         if action == "shell":
-            return task is not None and task.worktree is not None and task.state not in CLOSED
+            return (task is not None and task.worktree is not None
+                    and task.state not in CLOSED_STATES)
         if action == "edit":
             view = self._diff_view()
             return (task is not None and task.worktree is not None and view is not None
-                    and task.state not in CLOSED and view.selected_path is not None)
+                    and task.state not in CLOSED_STATES and view.selected_path is not None)
         if action == "toggle_mark":
             return task is not None
         if action in ("toggle_tools", "toggle_raw", "toggle_follow", "choose_attempt"):
