@@ -171,3 +171,39 @@ async def test_diff_reloads_when_the_selected_task_finishes(git_repo: Path,
         assert store.update_task("dfin01", state=TaskState.SUCCEEDED, finished_at=NOW)
         await _until(pilot, lambda: diff.prepared is not None and any(
             f.path == "late.txt" for f in diff.prepared.diff.files), "the final diff")
+
+
+async def test_no_git_diff_runs_while_the_diff_tab_is_hidden(git_repo: Path,
+                                                             tmp_path: Path) -> None:
+    """Selecting a task on the stream tab computes no diff; showing the diff tab does."""
+    from fleet_tui import git as fgit
+    from fleet_tui.ui.widgets.diff_view import DiffView
+
+    store = Store(tmp_path / "fleet.db")
+    info = fgit.create_worktree(git_repo, "hid001")
+    (info.path / "new.txt").write_text("hello\n")
+    store.create_task(task_id="hid001", prompt="p", repo=git_repo, title="p",
+                      state=TaskState.SUCCEEDED, base_branch="main",
+                      base_commit=info.base_commit, branch=info.branch, worktree=info.path,
+                      model="main", endpoint=load_settings().base_url, now=NOW,
+                      started_at=NOW, finished_at=NOW)
+    fleet = Fleet(load_settings(), store, clock=lambda: NOW)
+    calls: list[str] = []
+    real_diff = fleet.diff
+
+    def counted_diff(task_id: str) -> Any:  # a spy: counts, then runs the real diff
+        calls.append(task_id)
+        return real_diff(task_id)
+
+    fleet.diff = counted_diff  # type: ignore[method-assign]
+    app = FleetApp(fleet, repo=git_repo, clock=lambda: NOW, run_scheduler=False, bell=False,
+                   poll_interval=0.1, diff_interval=0.1)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _until(pilot, lambda: app.main.selected_id == "hid001", "the selection")
+        await pilot.pause(0.5)  # several polls and diff ticks on the stream tab
+        assert calls == []
+        await pilot.press("2")
+        diff = app.main.query_one(DiffView)
+        await _until(pilot, lambda: diff.prepared is not None and any(
+            f.path == "new.txt" for f in diff.prepared.diff.files), "the diff")
+        assert calls == ["hid001"]

@@ -129,6 +129,7 @@ class MainScreen(Screen[None]):
         # (task id, state, attempt_count) the diff was last asked for: a change of state
         # (a worker finishing right after the last timed refresh) loads it again
         self._diff_key: tuple[str, TaskState, int] | None = None
+        self._diff_when_shown: str | None = None  # a diff asked for while its tab was hidden
         self._select_pending = False
         self._poll_lock = threading.Lock()
         self._seen_states: dict[str, TaskState] | None = None
@@ -608,6 +609,11 @@ class MainScreen(Screen[None]):
                 task.state, "No worktree yet: the task has not started.")
             self._show_diff_message(why)
             return
+        if self.active_tab != "tab-diff":
+            # The diff view is hidden: no `git diff` (nor the GIL it holds) for nobody to
+            # see; showing the diff tab loads it.
+            self._diff_when_shown = task_id
+            return
         if first:
             self._show_diff_message("Loading the diff…")
         if self._diff_loading:
@@ -738,12 +744,18 @@ class MainScreen(Screen[None]):
         return self.query_one(ContentSwitcher).current or "tab-stream"
 
     def action_show_tab(self, tab: str) -> None:
-        self.query_one(ContentSwitcher).current = tab
         self.query_one(TabBar).active = tab
+        self._switch_to(tab)
 
     @on(TabBar.Changed)
     def _tab_chosen(self, event: TabBar.Changed) -> None:
-        self.query_one(ContentSwitcher).current = event.tab
+        self._switch_to(event.tab)
+
+    def _switch_to(self, tab: str) -> None:
+        self.query_one(ContentSwitcher).current = tab
+        wanted, self._diff_when_shown = self._diff_when_shown, None
+        if tab == "tab-diff" and wanted is not None and wanted == self.selected_id:
+            self._load_diff_now(wanted, first=True)
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(self.help_sections()))
