@@ -91,6 +91,7 @@ def test_human_output_and_quiet(setup: Path, key: str, tmp_path: Path) -> None:
     assert "mode 0755" in quiet.stdout and "chmod 700" in quiet.stdout
 
 
+@pytest.mark.real_claude
 def test_real_claude_version_is_reported(setup: Path, key: str, claude_bin: str,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from fleet_tui import CLAUDE_CODE_VERSION

@@ -286,6 +286,7 @@ def test_worker_imports_only_what_it_needs(record: Path, monkeypatch: pytest.Mon
 
 # -- the real claude ----------------------------------------------------------------------
 
+@pytest.mark.real_claude
 def test_dry_run_with_the_real_claude_reports_its_version(claude_bin: str, key: str,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
