@@ -4,8 +4,16 @@
     .venv/bin/python -m bench parser launch   # some of them
     .venv/bin/python -m bench --smoke         # tiny sizes (what the tests run)
     .venv/bin/python -m bench --runs 3        # fewer runs per figure
+    .venv/bin/python -m bench --judge-anyway  # judge the budgets even on a busy machine
 
-Exit status: 0 when every budget is met, 1 when one is missed, 2 when a benchmark broke.
+A benchmark run while other processes took more than a quarter of the machine's CPU, or
+with a load average above one per core before it, is not judged: its budget rows say
+"machine busy (...): not judged". Figures measured on a busy machine say nothing either
+way (a miss may be the load, a pass may hide one).
+
+Exit status: 0 when every budget was judged and met; 1 when a budget was missed or a
+figure with a budget measured nothing; 2 when a benchmark crashed (or on a usage error);
+3 when nothing failed but the machine was too busy to judge.
 """
 
 from __future__ import annotations
@@ -13,13 +21,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import BenchResult, machine_info, render_report
+from bench.common import (
+    BenchResult,
+    Crash,
+    LoadReading,
+    LoadSample,
+    judge_run,
+    machine_info,
+    render_report,
+)
 
 # run order: the cheap, finished-module ones first
 BENCHMARKS: dict[str, str] = {
@@ -30,8 +48,9 @@ BENCHMARKS: dict[str, str] = {
     "diff": "5. Diff",
     "launch": "6. Launcher",
     "engine": "7. Engine",
+    "endpoint": "8. Scripted endpoint",
 }
-ORDER = ["parser", "launch", "diff", "engine", "startup", "panel", "memory"]
+ORDER = ["parser", "launch", "diff", "engine", "endpoint", "startup", "panel", "memory"]
 HERE = Path(__file__).resolve().parent
 
 
@@ -51,13 +70,39 @@ def _load() -> str:
     return f"{one:.2f} (1 min), {five:.2f} (5 min)"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if len(text) > 200:
+        text = text[:199] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _fmt(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:.4g}"
+
+
+def main(argv: list[str] | None = None, *,
+         sample_load: Callable[[], LoadSample] = LoadSample.take) -> int:
+    """`sample_load` reads the machine's load before and after each benchmark (the tests
+    pass a fixed reading, to check the judging of a busy machine)."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"benchmarks to run ({', '.join(ORDER)})")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one or two runs")
-    parser.add_argument("--runs", type=int, default=None, help="runs per figure")
+    parser.add_argument("--runs", type=_positive, default=None, help="runs per figure")
+    parser.add_argument("--judge-anyway", action="store_true",
+                        help="judge the budgets even when the machine was too busy")
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md",
                         help="where to write the report (default bench/RESULTS.md)")
     args = parser.parse_args(argv)
@@ -69,40 +114,49 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()
     machine["load average at start"] = _load()
     results: list[BenchResult] = []
-    broken: list[str] = []
+    crashed: list[Crash] = []
     for name in names:
         print(f"bench: {name} …", file=sys.stderr, flush=True)
+        before = sample_load()
         try:
             result = run_one(name, smoke=args.smoke, runs=args.runs)
-        except Exception:
-            broken.append(name)
+        except Exception as exc:
+            crashed.append(Crash(name, BENCHMARKS[name], _one_line(exc)))
             traceback.print_exc()
             continue
+        result.load = LoadReading.between(before, sample_load())
         results.append(result)
         for fig in result.figures:
-            verdict = {None: "", True: "pass", False: "FAIL"}[fig.passed]
-            print(f"  {fig.title}: {fig.median:.4g} {fig.unit} "
-                  f"[{fig.minimum:.4g}–{fig.maximum:.4g}] {verdict}", file=sys.stderr)
+            word = {None: "", True: "pass", False: "FAIL"}[fig.passed]
+            if not fig.measured:
+                word += " (no measurement)"
+            print(f"  {fig.title}: {_fmt(fig.median)} {fig.unit} "
+                  f"[{_fmt(fig.minimum)}–{_fmt(fig.maximum)}] {word}", file=sys.stderr)
+        print(f"  ({result.load.describe()})", file=sys.stderr)
     machine["load average at end"] = _load()
 
     command = "python -m bench" + (" --smoke" if args.smoke else "") + (
         f" --runs {args.runs}" if args.runs else "") + (
+        " --judge-anyway" if args.judge_anyway else "") + (
         " " + " ".join(args.names) if args.names else "")
-    report = render_report(results, machine, command=command, smoke=args.smoke)
-    if broken:
-        report += "\n## Broken\n\n" + "".join(
-            f"- `{name}` raised; see the run's stderr\n" for name in broken)
+    verdict = judge_run(results, crashed, judge_anyway=args.judge_anyway)
+    report = render_report(results, machine, command=command, smoke=args.smoke,
+                           crashed=crashed, judge_anyway=args.judge_anyway)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report)
     args.out.with_suffix(".json").write_text(json.dumps(
         {"machine": machine, "command": command, "smoke": args.smoke,
+         "exit_status": verdict.code, "summary": verdict.summary,
          "results": [{"name": r.name, "title": r.title, "seconds": r.seconds, "notes": r.notes,
+                      "load": r.load.to_json() if r.load is not None else None,
+                      "not_judged": verdict.busy.get(r.name),
                       "figures": [f.to_json() for f in r.figures]} for r in results],
-         "broken": broken}, indent=2))
+         "crashed": [{"name": c.name, "title": c.title, "error": c.error} for c in crashed]},
+        indent=2))
+    for line in verdict.summary:
+        print(f"bench: {line}", file=sys.stderr)
     print(f"bench: wrote {args.out}", file=sys.stderr)
-    if broken:
-        return 2
-    return 1 if any(f.passed is False for r in results for f in r.figures) else 0
+    return verdict.code
 
 
 if __name__ == "__main__":

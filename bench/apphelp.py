@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from textual import events
-from textual.app import App
+from textual.app import App, ComposeResult
+from textual.widget import Widget
 
 
 @dataclass
@@ -95,3 +96,14 @@ async def wait_until(test: Callable[[], bool], timeout: float = 30.0,
             raise TimeoutError(f"condition not met within {timeout} s")
         await asyncio.sleep(poll)
     return time.perf_counter()
+
+
+class WidgetApp(App[None]):
+    """A bare app that shows one widget, to time that widget on its own."""
+
+    def __init__(self, widget: Widget) -> None:
+        super().__init__()
+        self.widget = widget
+
+    def compose(self) -> ComposeResult:
+        yield self.widget

@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,34 +66,50 @@ class Figure:
     stat: str = "median"  # "median" | "p99": what the budget is compared with
 
     @property
+    def measured(self) -> bool:
+        """False when the benchmark took no sample at all: then there is nothing to judge,
+        and a figure with a budget fails (a missing measurement never passes)."""
+        return bool(self.samples)
+
+    @property
     def value(self) -> float:
+        """What the budget is compared with; NaN when nothing was measured."""
+        if not self.samples:
+            return math.nan
         return quantile(self.samples, 0.99) if self.stat == "p99" else self.median
 
     @property
     def median(self) -> float:
-        return statistics.median(self.samples)
+        return statistics.median(self.samples) if self.samples else math.nan
 
     @property
     def minimum(self) -> float:
-        return min(self.samples)
+        return min(self.samples) if self.samples else math.nan
 
     @property
     def maximum(self) -> float:
-        return max(self.samples)
+        return max(self.samples) if self.samples else math.nan
 
     @property
     def q1(self) -> float:
-        return quantile(self.samples, 0.25)
+        return quantile(self.samples, 0.25) if self.samples else math.nan
 
     @property
     def q3(self) -> float:
-        return quantile(self.samples, 0.75)
+        return quantile(self.samples, 0.75) if self.samples else math.nan
+
+    @property
+    def p99(self) -> float:
+        return quantile(self.samples, 0.99) if self.samples else math.nan
 
     @property
     def passed(self) -> bool | None:
-        """None when the figure has no budget (context only)."""
+        """None when the figure has no budget (context only); False when it has a budget
+        but no sample (nothing measured is never a pass)."""
         if self.budget is None:
             return None
+        if not self.samples:
+            return False
         if self.better == "higher":
             return self.value >= self.budget
         return self.value <= self.budget
@@ -114,11 +131,15 @@ class Figure:
             raise ValueError(f"figure {self.key!r} has a bad budget {self.budget!r}")
 
     def to_json(self) -> dict[str, object]:
+        def num(x: float) -> float | None:  # JSON has no NaN: an unmeasured value is null
+            return None if math.isnan(x) else x
+
         return {"key": self.key, "title": self.title, "unit": self.unit,
-                "stat": self.stat, "value": self.value, "median": self.median,
-                "min": self.minimum, "max": self.maximum,
-                "q1": self.q1, "q3": self.q3, "n": len(self.samples), "per": self.per,
-                "budget": self.budget, "better": self.better, "passed": self.passed,
+                "stat": self.stat, "value": num(self.value), "median": num(self.median),
+                "min": num(self.minimum), "max": num(self.maximum),
+                "q1": num(self.q1), "q3": num(self.q3), "n": len(self.samples),
+                "per": self.per, "budget": self.budget, "better": self.better,
+                "passed": self.passed, "measured": self.measured,
                 "samples": self.samples, "note": self.note}
 
 
@@ -131,6 +152,7 @@ class BenchResult:
     figures: list[Figure]
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    load: LoadReading | None = None  # the machine around the run (set by python -m bench)
 
     def check(self) -> None:
         if not self.figures:
@@ -347,10 +369,178 @@ def machine_info() -> dict[str, str]:
     }
 
 
+# --------------------------------------------------------------------------- the load
+
+# A benchmark is not judged when the machine was too busy for its figures to mean anything:
+# other processes took more than BUSY_SHARE of all CPU time while it ran, or the 1-minute
+# load average per core was above BUSY_LOAD before it started.
+BUSY_SHARE = 0.25
+BUSY_LOAD = 1.0
+
+
+def _machine_busy_seconds() -> float | None:
+    """CPU-seconds the whole machine has spent busy since boot (Linux /proc/stat: user,
+    nice, system, irq, softirq and steal — steal is CPU a hypervisor gave to others)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as handle:
+            fields = handle.readline().split()
+        ticks = [int(x) for x in fields[1:9]]
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+    if not fields or fields[0] != "cpu" or len(ticks) < 8 or hz <= 0:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
+    return (user + nice + system + irq + softirq + steal) / hz
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """The machine at one moment, taken just before and just after each benchmark."""
+
+    at: float  # time.monotonic()
+    cores: int
+    load1: float | None  # the 1-minute load average (None where the OS has none)
+    busy: float | None  # CPU-seconds the machine has been busy since boot (None off Linux)
+    own: float  # CPU-seconds used by this process and the children it has waited for
+
+    @classmethod
+    def take(cls) -> LoadSample:
+        try:
+            load1: float | None = os.getloadavg()[0]
+        except OSError:
+            load1 = None
+        t = os.times()
+        return cls(at=time.monotonic(), cores=os.cpu_count() or 1, load1=load1,
+                   busy=_machine_busy_seconds(),
+                   own=t.user + t.system + t.children_user + t.children_system)
+
+
+@dataclass(frozen=True)
+class LoadReading:
+    """The load around one benchmark.
+
+    `before`/`after`: the 1-minute load average per core when it started and ended (the
+    one after includes the benchmark's own processes, so it is recorded, not judged,
+    when `others` is known). `others`: the share of all the machine's CPU time (0–1) that
+    processes other than the benchmark used while it ran — the machine's busy time
+    minus the benchmark's own CPU time, over wall time × cores.
+    """
+
+    before: float | None
+    after: float | None
+    others: float | None
+
+    @classmethod
+    def between(cls, start: LoadSample, end: LoadSample) -> LoadReading:
+        cores = max(1, start.cores)
+        wall = end.at - start.at
+        others: float | None = None
+        if start.busy is not None and end.busy is not None and wall > 0:
+            used = (end.busy - start.busy) - (end.own - start.own)
+            others = min(1.0, max(0.0, used / (wall * cores)))
+        return cls(before=None if start.load1 is None else start.load1 / cores,
+                   after=None if end.load1 is None else end.load1 / cores, others=others)
+
+    def describe(self) -> str:
+        parts = []
+        if self.before is not None and self.after is not None:
+            parts.append(f"load average {self.before:.2f} → {self.after:.2f} per core")
+        if self.others is not None:
+            parts.append(f"other processes used {self.others:.0%} of the CPU")
+        return ", ".join(parts) or "load unknown"
+
+    def to_json(self) -> dict[str, float | None]:
+        return {"before_per_core": self.before, "after_per_core": self.after,
+                "others_share": self.others}
+
+
+def judge_load(reading: LoadReading | None, *, busy_share: float = BUSY_SHARE,
+               busy_load: float = BUSY_LOAD) -> str | None:
+    """Why the machine was too busy to judge a benchmark, or None when it was quiet
+    enough (or nothing is known about it)."""
+    if reading is None:
+        return None
+    reasons = []
+    if reading.others is not None and reading.others > busy_share:
+        reasons.append(f"other processes used {reading.others:.0%} of the CPU during it")
+    if reading.before is not None and reading.before > busy_load:
+        reasons.append(f"load average {reading.before:.2f} per core before it")
+    if reading.others is None and reading.after is not None and reading.after > busy_load:
+        reasons.append(f"load average {reading.after:.2f} per core after it")
+    return "; ".join(reasons) or None
+
+
+# --------------------------------------------------------------------------- the verdict
+
+EXIT_MET = 0  # every budget judged and met
+EXIT_MISSED = 1  # a budget missed, or a figure with a budget measured nothing
+EXIT_CRASHED = 2  # a benchmark raised (argparse's usage errors exit 2 as well)
+EXIT_NOT_JUDGED = 3  # nothing missed or crashed, but the machine was too busy to judge
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A benchmark that raised instead of returning its figures."""
+
+    name: str
+    title: str
+    error: str  # one line: "TypeError: what it said"
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """What a run of benchmarks comes to: its exit status and the sentences that say
+    why (the report's summary). Worked out once, so the report and the exit status agree."""
+
+    code: int
+    summary: list[str]
+    busy: dict[str, str]  # benchmark name → why it was not judged
+
+
+def judge_run(results: Sequence[BenchResult], crashed: Sequence[Crash] = (), *,
+              judge_anyway: bool = False) -> RunVerdict:
+    busy = {} if judge_anyway else {
+        r.name: why for r in results if (why := judge_load(r.load)) is not None}
+    unmeasured = [f"{r.title}: {f.title}" for r in results for f in r.figures
+                  if f.budget is not None and not f.measured]
+    missed = [f"{r.title}: {f.title}" for r in results for f in r.figures
+              if f.measured and f.passed is False and r.name not in busy]
+    judged = [f for r in results if r.name not in busy for f in r.figures
+              if f.passed is not None]
+    summary = []
+    if crashed:
+        summary.append("Crashed: " + "; ".join(f"{c.title} ({c.error})" for c in crashed)
+                       + ".")
+    if unmeasured:
+        summary.append("No measurement (a failure): " + "; ".join(unmeasured) + ".")
+    if missed:
+        summary.append("Budgets missed: " + "; ".join(missed) + ".")
+    if busy:
+        summary.append("Not judged, the machine was too busy: " + "; ".join(
+            f"{r.title} ({busy[r.name]})" for r in results if r.name in busy)
+            + ". Run them again on a quiet machine, or pass --judge-anyway.")
+    if crashed or not results:
+        code = EXIT_CRASHED
+    elif unmeasured or missed:
+        code = EXIT_MISSED
+    elif busy:
+        code = EXIT_NOT_JUDGED
+    else:
+        code = EXIT_MET
+    if code == EXIT_MET:
+        summary.append("Every budget met." if judged else "No budget was judged.")
+    if not results and not crashed:
+        summary.append("No benchmark ran.")
+    return RunVerdict(code=code, summary=summary, busy=busy)
+
+
 # --------------------------------------------------------------------------- the report
 
 
 def _fmt(value: float, unit: str) -> str:
+    if math.isnan(value):
+        return "—"
     if unit in ("events/s", "lines/s"):
         return f"{value:,.0f}"
     if unit == "×":
@@ -374,20 +564,33 @@ def _plural(word: str) -> str:
     return word + ("es" if word.endswith("s") else "s")
 
 
-def _verdict(fig: Figure) -> str:
+def _verdict(fig: Figure, busy: str | None = None, judged_busy: bool = False) -> str:
     if fig.passed is None:
         return "(context)"
-    return "**pass**" if fig.passed else "**FAIL**"
+    if not fig.measured:
+        return "**FAIL** (no measurement)"
+    if busy is not None:
+        return f"machine busy ({busy}): not judged"
+    text = "**pass**" if fig.passed else "**FAIL**"
+    return text + (" (judged on a busy machine)" if judged_busy else "")
+
+
+_RESULT_WORDS = {EXIT_MET: "every budget met", EXIT_MISSED: "FAILED (a budget missed)",
+                 EXIT_CRASHED: "FAILED (a benchmark crashed)",
+                 EXIT_NOT_JUDGED: "NOT JUDGED (the machine was too busy)"}
 
 
 def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
-                  command: str, smoke: bool) -> str:
+                  command: str, smoke: bool, crashed: Sequence[Crash] = (),
+                  judge_anyway: bool = False) -> str:
+    verdict = judge_run(results, crashed, judge_anyway=judge_anyway)
     lines = ["# fleet-tui benchmarks", ""]
     lines.append(f"Written by `{command}` — do not edit by hand; run it again instead.")
     if smoke:
         lines.append("")
         lines.append("**Smoke mode: tiny sizes, figures are NOT comparable with the budgets.**")
-    lines += ["", "## Machine", ""]
+    lines += ["", f"**Result: {_RESULT_WORDS[verdict.code]}** (exit status {verdict.code}).",
+              "", "## Machine", ""]
     for key, value in machine.items():
         lines.append(f"- {key}: {value}")
     lines += ["", "## Summary", "",
@@ -395,36 +598,49 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
               "| result |",
               "|---|---|---|---|---|---|---|---|---|"]
     for res in results:
+        busy = verdict.busy.get(res.name)
+        judged_busy = judge_anyway and judge_load(res.load) is not None
         for fig in res.figures:
             u = fig.unit
             lines.append(
                 f"| {res.title} | {fig.title} | {_fmt(fig.median, u)} {u} "
-                f"| {_fmt(quantile(fig.samples, 0.99), u) if fig.per != 'run' else '—'} "
+                f"| {_fmt(fig.p99, u) if fig.per != 'run' else '—'} "
                 f"| {_fmt(fig.minimum, u)}–{_fmt(fig.maximum, u)} "
                 f"| {_fmt(fig.q1, u)}–{_fmt(fig.q3, u)} | {len(fig.samples)} {_plural(fig.per)} "
-                f"| {_budget_text(fig)} | {_verdict(fig)} |")
-    failed = [f"{r.title}: {f.title}" for r in results for f in r.figures if f.passed is False]
+                f"| {_budget_text(fig)} | {_verdict(fig, busy, judged_busy)} |")
+    for crash in crashed:
+        lines.append(f"| {crash.title} | — | — | — | — | — | — | — "
+                     f"| **CRASHED** ({crash.error}) |")
     lines.append("")
-    if failed:
-        lines.append("Budgets missed: " + "; ".join(failed) + ".")
-    else:
-        lines.append("Every budget met.")
+    lines += verdict.summary
     lines += ["", "## Details", ""]
     for res in results:
+        busy = verdict.busy.get(res.name)
+        judged_busy = judge_anyway and judge_load(res.load) is not None
         lines.append(f"### {res.title}")
         lines.append("")
-        lines.append(f"(`bench/{res.name}.py`, {res.seconds:.1f} s)")
+        load = f"; {res.load.describe()}" if res.load is not None else ""
+        lines.append(f"(`bench/{res.name}.py`, {res.seconds:.1f} s{load})")
         lines.append("")
         for fig in res.figures:
             note = f" — {fig.note}" if fig.note else ""
-            p99 = (f", p99 {_fmt(quantile(fig.samples, 0.99), fig.unit)}"
-                   if fig.per != "run" else "")
+            if not fig.measured:
+                lines.append(f"- **{fig.title}**: no measurement (0 {_plural(fig.per)}); "
+                             f"budget {_budget_text(fig)} → {_verdict(fig)}{note}")
+                continue
+            p99 = f", p99 {_fmt(fig.p99, fig.unit)}" if fig.per != "run" else ""
             lines.append(f"- **{fig.title}**: median {_fmt(fig.median, fig.unit)} {fig.unit}"
                          f"{p99}, "
                          f"min {_fmt(fig.minimum, fig.unit)}, max "
                          f"{_fmt(fig.maximum, fig.unit)} over {len(fig.samples)} "
-                         f"{_plural(fig.per)}; budget {_budget_text(fig)} → {_verdict(fig)}{note}")
+                         f"{_plural(fig.per)}; budget {_budget_text(fig)} → "
+                         f"{_verdict(fig, busy, judged_busy)}{note}")
         for note in res.notes:
             lines.append(f"- {note}")
+        lines.append("")
+    if crashed:
+        lines += ["## Crashed", ""]
+        lines += [f"- `{c.name}` ({c.title}) raised {c.error}; the traceback is on the run's "
+                  "stderr" for c in crashed]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

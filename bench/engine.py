@@ -10,6 +10,10 @@ successful result line and exits at once. The engine runs as the panel runs it
 baseline does the unavoidable work with 8 threads: `git worktree add` (one at a time, as
 in the engine: git races otherwise) and the stand-in, its stdout to a file, per task.
 Overhead per task = (engine wall time − bare wall time) ÷ tasks. Budget: at most 50 ms per task.
+
+The merge's test gate: `git.merge` of a task whose test command (`sleep 30`) outlives its
+0.5 s timeout, from the call to the refusal. Budget: 10 s (kept from tests/test_git.py,
+which now checks the behaviour: the command stopped, its later steps never ran).
 """
 
 from __future__ import annotations
@@ -162,6 +166,27 @@ def measure_bare(benv: BenchEnv, repo: Path, standin: Path, tasks: int, cap: int
     return time.perf_counter() - t0
 
 
+GATE_TIMEOUT = 0.5
+
+
+def measure_test_gate(root: Path, runs: int) -> list[float]:
+    """ms for a merge whose test command outlives its timeout to come back refused."""
+    from fleet_tui import git as fgit
+
+    repo = make_repo(root / "gate", {"src/app.py": "def main():\n    return 1\n"})
+    info = fgit.create_worktree(repo, "gate01")
+    (info.path / "src" / "feature.py").write_text("def feature():\n    return 42\n")
+    out: list[float] = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        result = fgit.merge(repo, info.path, info.branch, "main", message="gate",
+                            test_command="sleep 30", test_timeout=GATE_TIMEOUT)
+        out.append(ms(time.perf_counter() - t0))
+        if result.merged or "timed out" not in (result.test_output or ""):
+            raise RuntimeError(f"the test gate did not time out: {result.message}")
+    return out
+
+
 def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
     wt_runs = 3 if smoke else 21
     engine_runs = runs or (1 if smoke else 3)
@@ -182,6 +207,7 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
             engine_per_task.append(ms(wall / tasks))
             bare_per_task.append(ms(bare_wall / tasks))
             cpu_per_task.append(ms(cpu / tasks))
+        gate = measure_test_gate(benv.root, engine_runs)
     ratio_of_medians = statistics.median(ours) / statistics.median(bare)
     figures = [
         Figure("engine.worktree_ratio", "create_worktree ÷ bare `git worktree add`", "×",
@@ -197,6 +223,9 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
                bare_per_task),
         Figure("engine.cpu", "engine process CPU per task", "ms", cpu_per_task,
                note="Fleet.run thread and the store, not the runner processes"),
+        Figure("engine.test_gate_timeout", "merge with a test command past its timeout",
+               "ms", gate, budget=10_000.0,
+               note=f"`sleep 30` with a {GATE_TIMEOUT:g} s timeout: call → refusal"),
     ]
     notes = [f"repository of {REPO_FILES if not smoke else 20} files; Fleet.run tick "
              "interval 0.25 s (the panel's default); each task's runner is a "

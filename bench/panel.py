@@ -11,7 +11,10 @@ panel starts it) follows every attempt and the stream view follows the selected 
 - Key latency while it drains: `down`/`up` sent every 50 ms the way a terminal driver sends
   them, each timed to the first painted frame that shows the table cursor moved. Budget:
   100 ms at the 99th percentile (pooled over the runs). The same presses on the idle panel
-  are the baseline.
+  are the baseline. A run in which no press came back before the end of the drain has no
+  sample: "no measurement", a failure.
+- The stream view on its own taking a flood: 50,000 rows appended in batches of 5,000.
+  Budget: 5 s (kept from tests/test_ui_views.py, which now checks only the behaviour).
 
 The ingestion counter is the engine's per-attempt read offset (`Fleet._follows`, private:
 the panel exposes no counter of its own); the stream view's `total_rows` is public.
@@ -25,11 +28,40 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.apphelp import FrameProbe, send_key
+from bench.apphelp import FrameProbe, WidgetApp, send_key
 from bench.common import BenchResult, Figure, bench_env, make_repo, ms, quantile
 from bench.fleetfix import make_running_tasks, send_job, start_writer, stop_writer, wait_done
 
 PRESS_EVERY = 0.05
+FLOOD_ROWS, FLOOD_BATCH = 50_000, 5_000
+
+
+async def stream_flood(rows: int, batch: int) -> float:
+    """Seconds for the stream view to take `rows` rows (half tool calls, half their results)
+    in batches of `batch`: each batch formatted, appended, and the app given a turn."""
+    from fleet_tui import stream
+    from fleet_tui.ui.formatting import StreamFormatter
+    from fleet_tui.ui.widgets.stream_view import StreamView
+
+    events: list[stream.Event] = []
+    for i in range(rows // 2):
+        events.append(stream.ToolUse(line_no=2 * i, id=f"t{i}", name="Bash", input={},
+                                     summary=f"Bash echo {i}"))
+        events.append(stream.ToolResult(line_no=2 * i + 1, tool_use_id=f"t{i}",
+                                        first_line=str(i)))
+    formatter = StreamFormatter()
+    view = StreamView()
+    app = WidgetApp(view)
+    async with app.run_test(size=(120, 40)) as pilot:
+        start = time.perf_counter()
+        for chunk in range(0, len(events), batch):
+            view.append_rows(formatter.rows(events[chunk:chunk + batch]))
+            await pilot.pause()
+        took = time.perf_counter() - start
+        if view.row_count() != len(events) or not view.is_vertical_scroll_end:
+            raise RuntimeError(f"the stream view holds {view.row_count()} rows of "
+                               f"{len(events)}, or stopped following")
+    return took
 
 
 def engine_offsets(fleet: Any) -> int:
@@ -129,8 +161,10 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
         if res["loaded"]:
             p99s.append(quantile(res["loaded"], 0.99))
         mb = res["bytes"] / 1e6
-    if not loaded:  # drained before a single press came back: count that as none
-        loaded = [0.0]
+    # No press came back while draining: the figure stays empty, which the report shows
+    # as "no measurement" and counts as a failure (never as a 0 ms pass).
+    flood_rows, flood_batch = (2_000, 500) if smoke else (FLOOD_ROWS, FLOOD_BATCH)
+    flood = [ms(asyncio.run(stream_flood(flood_rows, flood_batch))) for _ in range(runs)]
     figures = [
         Figure("panel.drain", "events drained into the app", "events/s", rates,
                budget=20_000, better="higher",
@@ -144,6 +178,11 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
                per="press"),
         Figure("panel.writer", "writer speed (how fast the files grew)", "events/s",
                write_rates, better="higher"),
+        Figure("panel.stream_flood", "stream view takes a flood, rows appended in batches",
+               "ms", flood, budget=5000.0,
+               note=f"{flood_rows:,} rows (tool calls and results) in batches of "
+                    f"{flood_batch:,}, each batch formatted, appended and laid out; the view "
+                    "alone, no engine"),
     ]
     return BenchResult("panel", "2. Panel under load", figures,
                        [f"keys every {PRESS_EVERY * 1000:.0f} ms alternating down/up (each "

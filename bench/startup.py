@@ -9,6 +9,9 @@ screen (the task table's header "last tool") and, separately, the first
 frame that shows stored task titles (the list is read in a thread after the first frame).
 Budget: first frame at most 1.5 times the bare app (median of the per-pair ratios).
 
+Also, from the same store: `Store.list_tasks()` of all 1,000 tasks, as the panel's first
+read does. Budget: 500 ms (kept from tests/test_store.py, which now checks the behaviour).
+
 Both programs start from compiled bytecode, as they do after any install (pip compiles
 what it installs): before timing, `python -m compileall` runs over the fleet_tui package
 and the interpreter's site-packages (Textual, Rich, GitPython, ...), and the children run
@@ -155,6 +158,26 @@ def time_to_marks(argv: list[str], env: dict[str, str], cwd: Path, marks: list[b
     return found
 
 
+def time_list_tasks(db: Path, runs: int, expect: int) -> list[float]:
+    """ms for `Store.list_tasks()` of the whole store (a Store per run, its connection
+    opened by a one-row read before the timed one)."""
+    from fleet_tui.store import Store
+
+    out: list[float] = []
+    for _ in range(runs):
+        store = Store(db)
+        try:
+            store.list_tasks(limit=1)
+            t0 = time.perf_counter()
+            got = store.list_tasks()
+            out.append(ms(time.perf_counter() - t0))
+        finally:
+            store.close()
+        if len(got) != expect:
+            raise RuntimeError(f"list_tasks returned {len(got)} tasks of {expect}")
+    return out
+
+
 def _fleet_tui_command() -> list[str]:
     script = Path(sys.executable).parent / "fleet-tui"
     if script.exists():
@@ -195,6 +218,7 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
         if not smoke:  # one untimed start of each: page cache, pyc files
             time_to_marks(fleet_cmd, env, repo, fleet_marks)
             time_to_marks(bare_cmd, env, repo, [b"bench-ready"])
+        list_ms = time_list_tasks(benv.fleet_home / "fleet.db", runs, tasks)
         first: list[float] = []
         listed: list[float] = []
         bare: list[float] = []
@@ -217,6 +241,8 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
         Figure("startup.listed", "fleet-tui: spawn → task titles on screen", "ms", listed,
                note="the task list is read in a thread after the first frame"),
         Figure("startup.bare", "bare Textual app: spawn → its label (baseline)", "ms", bare),
+        Figure("startup.list_tasks", "Store.list_tasks() of every stored task", "ms",
+               list_ms, budget=500.0, note=f"{tasks:,} tasks, {tasks * per_task:,} attempts"),
     ]
     return BenchResult("startup", "4. Start-up", figures,
                        [f"terminal {COLS}×{ROWS} (a pty); fleet-tui run as {fleet_cmd[0]} in "

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from claude_marks import pytest_collection_modifyitems, pytest_runtest_setup
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -33,6 +34,9 @@ def _find_claude() -> str | None:
 
 
 _CLAUDE = _find_claude()
+
+# The real_claude mark follows the claude_bin fixture (see tests/claude_marks.py).
+__all__ = ["pytest_collection_modifyitems", "pytest_runtest_setup"]
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +74,8 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory,
 
 @pytest.fixture
 def claude_bin() -> str:
-    """Path of the real, pinned claude binary. Missing: skip locally, fail under CI."""
+    """Path of the real, pinned claude binary. Missing: skip locally, fail under CI.
+    The only way a test reaches the real binary; asking for it marks the test real_claude."""
     if _CLAUDE is None:
         msg = ("the real claude binary is not installed; run `bash scripts/test` (it installs "
                "the pinned @anthropic-ai/claude-code into .claude-cli/) or set FLEET_TEST_CLAUDE")

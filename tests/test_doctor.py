@@ -24,12 +24,15 @@ DOCTOR_SCRIPT = Path(sys.executable).parent / "fleet-doctor"
 TIMEOUT = 60
 
 
-def run_doctor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [str(DOCTOR_SCRIPT), *args] if DOCTOR_SCRIPT.exists() else [
+def _doctor_cmd(*args: str) -> list[str]:
+    return [str(DOCTOR_SCRIPT), *args] if DOCTOR_SCRIPT.exists() else [
         sys.executable, "-c",
         "import sys; from fleet_tui.cli import doctor_main; sys.exit(doctor_main())", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd,
-                          stdin=subprocess.DEVNULL)
+
+
+def run_doctor(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_doctor_cmd(*args), capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=cwd, stdin=subprocess.DEVNULL)
 
 
 def as_json(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -91,6 +94,7 @@ def test_human_output_and_quiet(setup: Path, key: str, tmp_path: Path) -> None:
     assert "mode 0755" in quiet.stdout and "chmod 700" in quiet.stdout
 
 
+@pytest.mark.real_claude
 def test_real_claude_version_is_reported(setup: Path, key: str, claude_bin: str,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from fleet_tui import CLAUDE_CODE_VERSION
@@ -125,6 +129,25 @@ def test_root_with_bypass_and_no_opt_in_fails(setup: Path, key: str,
     result = run_doctor("--json", cwd=setup)
     assert result.returncode == 2
     assert "FLEET_WORKER_SANDBOX=1" in by_check(as_json(result))["root"]["detail"]
+
+
+def test_non_root_with_bypass_needs_no_opt_in(key: str) -> None:
+    """The counterpart of the root test, run on every machine (as root, the doctor runs as
+    nobody): a normal user with bypassPermissions and no sandbox opt-in passes."""
+    from nonroot import make_repo, non_root
+
+    with non_root() as user:
+        repo = make_repo(user.root / "repo")
+        user.env.update(FLEET_WORKER_CLAUDE=str(standin_claude.install(user.root / "bin")),
+                        FLEET_WORKER_CONFIG_DIR=str(user.root / "cfg"))
+        user.env.pop("FLEET_WORKER_SANDBOX", None)
+        user.own()
+        result = user.run(_doctor_cmd("--json"), cwd=repo, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = by_check(as_json(result))
+    assert checks["settings"]["detail"].endswith("permission_mode bypassPermissions")
+    assert checks["root"]["status"] == "ok"
+    assert checks["root"]["detail"] == "not running as root"
 
 
 def test_host_login_trap_is_advice(setup: Path, key: str) -> None:

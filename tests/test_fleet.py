@@ -23,8 +23,6 @@ from fleet_tui.fleet import Fleet, FleetError, TaskSpec
 from fleet_tui.runner import EVENTS_FILE, read_json
 from fleet_tui.store import ACTIVE_STATES, Store, Task, TaskState
 
-pytestmark = pytest.mark.real_claude
-
 KEY = "sk-fleet-test-SECRET-41d8"
 TICK = 0.05
 

@@ -6,7 +6,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -323,8 +322,9 @@ def test_diff_empty_and_errors(git_repo: Path) -> None:
         fgit.diff(git_repo / ".fleet-work" / "gone", info.base_commit)
 
 
-def test_diff_large_is_fast(git_repo: Path) -> None:
-    """200 files / 20,000 changed lines: committed, modified and untracked in one diff."""
+def test_diff_large_counts_every_file_and_line(git_repo: Path) -> None:
+    """200 files / 20,000 changed lines: committed, modified and untracked in one diff.
+    (Its speed budget is bench/diff.py's diff.git_mixed.)"""
     for i in range(100):
         (git_repo / f"mod{i:03}.txt").write_text("".join(f"orig {i} {j}\n" for j in range(50)))
     commit_all(git_repo, "files to modify")
@@ -337,14 +337,10 @@ def test_diff_large_is_fast(git_repo: Path) -> None:
     commit_all(wt, "worker")
     for i in range(50):  # 50 untracked files, 100 lines each
         (wt / f"untracked{i:03}.md").write_text("".join(f"- item {j}\n" for j in range(100)))
-    start = time.perf_counter()
     result = fgit.diff(wt, info.base_commit)
-    elapsed = time.perf_counter() - start
     assert len(result.files) == 200
     assert result.added + result.deleted == 20_000
     assert sum(1 for f in result.files if f.status == "untracked") == 50
-    print(f"\n200-file / 20,000-line diff: {elapsed * 1000:.0f} ms")
-    assert elapsed < 5.0
 
 
 # --- conflict preview -------------------------------------------------------------------------
@@ -512,14 +508,21 @@ def test_failing_test_command_blocks_merge(git_repo: Path) -> None:
     assert passing.merged and passing.test_output is not None and "ok" in passing.test_output
 
 
-def test_test_command_timeout(git_repo: Path) -> None:
+def test_test_command_timeout(git_repo: Path, tmp_path: Path) -> None:
+    """The merge stops the test command at its timeout: the shell is gone when merge
+    returns and the step after its `sleep` never ran. (The time it takes is bench/
+    engine.py's engine.test_gate_timeout.)"""
     info = _worker_change(git_repo, "m6")
-    start = time.monotonic()
+    pid_file, after = tmp_path / "shell.pid", tmp_path / "after-the-sleep"
     result = fgit.merge(git_repo, info.path, info.branch, "main", message="x",
-                        test_command="sleep 30", test_timeout=0.5)
-    assert time.monotonic() - start < 10
+                        test_command=f"echo $$ > {pid_file}; sleep 30; touch {after}",
+                        test_timeout=0.5)
     assert not result.merged and result.test_output is not None
     assert "timed out" in result.test_output
+    shell = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(shell, 0)
+    assert not after.exists()
 
 
 def test_test_command_gets_no_key(git_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -191,6 +191,30 @@ def test_real_root_refusal(claude_bin: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.real_claude
+def test_real_non_root_bypass_is_accepted(claude_bin: str) -> None:
+    """The counterpart of the root refusal, run on every machine (as root, claude runs as
+    nobody): with bypassPermissions and no IS_SANDBOX a normal user's claude answers."""
+    from nonroot import non_root
+
+    from fleet_tui.endpoint import ScriptedEndpoint
+
+    with ScriptedEndpoint(["Hello from the endpoint."]) as endpoint, non_root() as user:
+        (user.root / "cfg").mkdir()
+        env = {k: v for k, v in user.env.items() if k != "IS_SANDBOX"}
+        env.update(CLAUDE_CONFIG_DIR=str(user.root / "cfg"), ANTHROPIC_BASE_URL=endpoint.url,
+                   ANTHROPIC_AUTH_TOKEN="sk-test-not-a-key", CLAUDE_CODE_MAX_RETRIES="0",
+                   CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1")
+        user.own()
+        run = user.run([claude_bin, "-p", "--permission-mode", "bypassPermissions",
+                        "--output-format", "stream-json", "--verbose", "say hi"], env=env)
+    result = find_result(run.stdout)
+    assert run.returncode == 0 and result is not None, run.stderr[-2000:]
+    out = classify(exit_code=run.returncode, result=result, stderr_tail=run.stderr)
+    assert out.verdict == Verdict.OK, out.message
+    assert "Hello from the endpoint." in out.message
+
+
+@pytest.mark.real_claude
 @pytest.mark.parametrize("args", [("--no-such-flag",), ("--output-format", "stream-json")])
 def test_real_bad_arguments_are_refused(claude_bin: str, tmp_path: Path,
                                         args: tuple[str, ...]) -> None:

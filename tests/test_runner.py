@@ -29,8 +29,6 @@ from fleet_tui.runner import (
     write_json_atomic,
 )
 
-pytestmark = pytest.mark.real_claude
-
 KEY = "sk-runner-test-SECRET-7f3a9c"
 ROOT = str(Path(__file__).resolve().parent.parent)
 

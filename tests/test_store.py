@@ -198,18 +198,15 @@ def test_list_tasks_filters(store: Store) -> None:
     assert store.count_tasks(TaskState.QUEUED) == 2
 
 
-def test_listing_1000_tasks_is_fast(store: Store) -> None:
+def test_listing_1000_tasks_uses_the_index(store: Store) -> None:
+    """(Its speed budget is bench/startup.py's startup.list_tasks.)"""
     states = list(TaskState)
     with store.transaction():
         for i in range(1000):
             store.create_task(prompt=f"task {i}", repo=REPO if i % 2 else Path("/srv/b"),
                               state=states[i % len(states)], now=float(i))
-    start = time.perf_counter()
     everything = store.list_tasks()
-    all_ms = (time.perf_counter() - start) * 1000
-    start = time.perf_counter()
     some = store.list_tasks(repo=REPO, states=[TaskState.RUNNING, TaskState.QUEUED])
-    filtered_ms = (time.perf_counter() - start) * 1000
     assert len(everything) == 1000
     assert some and all(t.repo == REPO and t.state in (TaskState.RUNNING, TaskState.QUEUED)
                         for t in some)
@@ -217,8 +214,6 @@ def test_listing_1000_tasks_is_fast(store: Store) -> None:
         "EXPLAIN QUERY PLAN SELECT * FROM tasks WHERE repo = ? AND state IN (?, ?)",
         (str(REPO), "running", "queued")))
     assert "tasks_repo_state_updated" in plan
-    print(f"\nlist 1000 tasks: {all_ms:.1f} ms; filtered: {filtered_ms:.1f} ms")
-    assert all_ms < 500
 
 
 def test_modify_task_and_delete(store: Store) -> None:
@@ -393,19 +388,42 @@ def test_attempts(store: Store, tmp_path: Path) -> None:
 # --- secrets ----------------------------------------------------------------------------------
 
 
-def test_store_file_never_holds_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_store_file_never_holds_the_key(git_repo: Path, claude_bin: str,
+                                        tmp_path: Path) -> None:
+    """The key is where the engine handles it — the Fleet's environment, which the runner
+    hands to claude, which sends it to the endpoint — while the engine writes the store at
+    every step of two real runs (one refused with 401, one that succeeds). The store's
+    files (fleet.db, its WAL and shm) never hold it. The endpoint receiving the key is the
+    proof that it really went through the code that writes the store."""
+    import hashlib
+
+    from fleet_tui.config import load_settings
+    from fleet_tui.endpoint import ScriptedEndpoint
+    from fleet_tui.fleet import Fleet
+    from fleet_tui.store import FINISHED_STATES, TaskSpec
+
     key = "sk-fleet-" + os.urandom(12).hex()
-    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", key)
-    monkeypatch.setenv("GLM_API_KEY", key)
     db = tmp_path / "fleet.db"
-    with Store(db) as s:
-        for i in range(20):
-            task = s.create_task(prompt=f"task {i} " * 50, repo=REPO, title=f"t{i}",
-                                 endpoint="http://127.0.0.1:1", extra_args=["--verbose"],
-                                 message="x" * 200)
-            a = s.add_attempt(task.id, prompt="p", config_dir=tmp_path / "cfg",
-                              events_path=tmp_path / "events.jsonl")
-            s.update_attempt(a.id, verdict="ok", session_id="s")
+    scripts = {"default": ["All done."],
+               "denied": {"turns": ["never"], "faults": [{"status": 401, "times": None}]}}
+    with ScriptedEndpoint(scripts) as endpoint, Store(db) as s:
+        settings = load_settings(env=os.environ, overrides={
+            "base_url": endpoint.url, "claude": claude_bin, "sandbox": os.geteuid() == 0,
+            "key_sources": "env", "backoff_base": 0.2, "backoff_cap": 1.0})
+        env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=key, GLM_API_KEY=key,
+                   CLAUDE_CODE_MAX_RETRIES="0")
+        fleet = Fleet(settings, s, env=env)
+        (ok,) = fleet.submit(TaskSpec(prompt="say done", title="fine", repo=git_repo))
+        (denied,) = fleet.submit(TaskSpec(prompt="[script:denied] go", repo=git_repo))
+        deadline = time.monotonic() + 120
+        while not all(fleet.get_task(t.id).state in FINISHED_STATES for t in (ok, denied)):
+            assert time.monotonic() < deadline, [fleet.get_task(t.id) for t in (ok, denied)]
+            fleet.tick()
+            time.sleep(0.1)
+        assert fleet.get_task(ok.id).state == TaskState.SUCCEEDED
+        assert fleet.get_task(denied.id).verdict == "auth"
         blobs = b"".join(p.read_bytes() for p in tmp_path.glob("fleet.db*"))
-        assert len(blobs) > 10_000  # the store (and its WAL) really holds data
-        assert key.encode() not in blobs
+    sent = {r.auth_sha256 for r in endpoint.message_requests()}
+    assert sent == {hashlib.sha256(key.encode()).hexdigest()}  # the key went through
+    assert len(blobs) > 10_000  # the store (and its WAL) really holds data
+    assert key.encode() not in blobs, "the key is in the store's files"

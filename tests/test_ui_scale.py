@@ -3,6 +3,7 @@ frame. Real store, real engine, real recordings of claude's stream."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -118,18 +119,41 @@ async def test_stream_shows_the_tail_then_reads_back(git_repo: Path, tmp_path: P
 
 
 async def test_engine_is_made_after_the_first_frame(git_repo: Path, tmp_path: Path) -> None:
-    made: list[float] = []
+    """The main screen's first frame is painted while the engine is still being made: the
+    maker waits for that frame (up to 10 s) before it builds the engine. Made before the
+    first frame (in the constructor, or on the event loop), no frame can come while it
+    waits, and the engine is done before the first frame."""
+    from fleet_tui.ui.screens.main import MainScreen
+
+    first_frame: list[float] = []
+    painted = threading.Event()
+    made: list[tuple[float, float, bool]] = []  # (called, returned, saw the frame first)
 
     def make() -> Fleet:
-        made.append(time.monotonic())
-        return build_fleet(git_repo, tmp_path)
+        called = time.monotonic()
+        saw = painted.wait(10)
+        fleet = build_fleet(git_repo, tmp_path)
+        made.append((called, time.monotonic(), saw))
+        return fleet
 
     app = FleetApp(make, repo=git_repo, clock=lambda: NOW, run_scheduler=False, bell=False,
                    poll_interval=0.1, diff_interval=60)
+    display = app._display
+
+    def record(screen: Any, renderable: Any) -> None:
+        if renderable is not None and isinstance(screen, MainScreen) and not first_frame:
+            first_frame.append(time.monotonic())
+            painted.set()
+        display(screen, renderable)
+
+    app._display = record  # type: ignore[method-assign]
     async with app.run_test(size=(120, 40)) as pilot:
         table = app.main.query_one(TaskTable)
         await _until(pilot, lambda: table.row_count == 7, "the list")
         assert len(made) == 1 and app.fleet is not None
+    (_, returned, saw), frame = made[0], first_frame[0]
+    assert saw, "no frame was painted while the engine was being made"
+    assert frame < returned, "the engine was made before the first frame"
 
 
 async def test_an_engine_that_cannot_start_ends_the_panel_with_its_message(

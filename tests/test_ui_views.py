@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -128,18 +127,16 @@ def _big_diff(lines: int) -> Diff:
                                 patch=patch)], patch=patch)
 
 
-async def test_twenty_thousand_line_diff_paints_fast() -> None:
+async def test_twenty_thousand_line_diff_renders_only_what_is_on_screen() -> None:
+    """(Its speed budget is bench/diff.py's diff.view_paint.)"""
     prepared = PreparedDiff.build(_big_diff(20_000))
     view = DiffView()
     app = _ViewApp(view)
     async with app.run_test(size=(160, 48)) as pilot:
-        start = time.perf_counter()
         view.show("t1", prepared)
         await pilot.pause()
-        elapsed = time.perf_counter() - start
         lines = view.query_one(DiffLines)
         assert lines.row_count() == 20_005
-        assert elapsed < 0.3, f"first paint took {elapsed:.3f} s"
         assert len(lines._cache) < 200  # only what is on screen was rendered
         lines.focus()
         await pilot.press("end")
@@ -148,6 +145,7 @@ async def test_twenty_thousand_line_diff_paints_fast() -> None:
 
 
 async def test_stream_view_takes_a_flood_in_batches() -> None:
+    """(Its speed budget is bench/panel.py's panel.stream_flood.)"""
     view = StreamView()
     app = _ViewApp(view)
     events: list[stream.Event] = []
@@ -158,14 +156,11 @@ async def test_stream_view_takes_a_flood_in_batches() -> None:
                                         first_line=str(i)))
     formatter = StreamFormatter()
     async with app.run_test(size=(120, 40)) as pilot:
-        start = time.perf_counter()
         for chunk in range(0, len(events), 5_000):
             view.append_rows(formatter.rows(events[chunk:chunk + 5_000]))
             await pilot.pause()
-        elapsed = time.perf_counter() - start
         assert view.row_count() == 50_000
         assert view.is_vertical_scroll_end  # following
-        assert elapsed < 5.0, f"50,000 rows took {elapsed:.2f} s"
         view.tools_only = True
         assert view.row_count() == 50_000
         await pilot.press("home")

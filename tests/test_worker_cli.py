@@ -229,6 +229,27 @@ def test_root_with_bypass_needs_the_sandbox_opt_in(record: Path, key: str,
     assert standin_claude.read_record(record)["env"]["IS_SANDBOX"] == "1"
 
 
+def test_non_root_runs_bypass_without_the_opt_in(key: str) -> None:
+    """The counterpart of the root test, run on every machine (as root, fleet-worker runs
+    as nobody): a normal user's bypassPermissions run needs no opt-in, and claude is not
+    told it runs in a sandbox."""
+    from nonroot import non_root
+
+    with non_root() as user:
+        record = user.root / "record.json"
+        user.env.update(FLEET_WORKER_CLAUDE=str(standin_claude.install(user.root / "bin")),
+                        FLEET_WORKER_CONFIG_DIR=str(user.root / "cfg"),
+                        FLEET_STANDIN_RECORD=str(record))
+        user.env.pop("FLEET_WORKER_SANDBOX", None)
+        user.own()
+        result = user.run(worker_cmd("hi"), timeout=TIMEOUT)
+        assert result.returncode == 0, result.stderr
+        claude = standin_claude.read_record(record)
+    assert "--permission-mode" in claude["argv"]
+    assert claude["argv"][claude["argv"].index("--permission-mode") + 1] == "bypassPermissions"
+    assert "IS_SANDBOX" not in claude["env"]
+
+
 def test_usage_and_config_errors_exit_2_without_traceback(
         record: Path, key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_WORKER_PERMISSION_MODE", "yolo")
@@ -286,6 +307,7 @@ def test_worker_imports_only_what_it_needs(record: Path, monkeypatch: pytest.Mon
 
 # -- the real claude ----------------------------------------------------------------------
 
+@pytest.mark.real_claude
 def test_dry_run_with_the_real_claude_reports_its_version(claude_bin: str, key: str,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
