@@ -38,6 +38,7 @@ from fleet_tui.ui.formatting import StreamFormatter, StreamRow, raw_rows
 from fleet_tui.ui.messages import (
     ActionDone,
     DiffLoaded,
+    PollFailed,
     StreamBatch,
     StreamOlder,
     TasksLoaded,
@@ -137,6 +138,9 @@ class MainScreen(Screen[None]):
         self._diff_when_shown: str | None = None  # a diff asked for while its tab was hidden
         self._select_pending = False
         self._poll_lock = threading.Lock()
+        self.poll_error: str | None = None  # why the task list could not be read, if so
+        self._polled = False  # a task list was read once
+        self._notice_shown: str | None = None
         self._seen_states: dict[str, TaskState] | None = None
         self._cooldown_seen: float | None = None
         self._bindings_signature: object = None
@@ -191,7 +195,7 @@ class MainScreen(Screen[None]):
         yield StatusLine(id="status")
         with Vertical(id="list-pane"):
             yield TaskTable(id="tasks")
-            yield Label("No tasks yet: press n to launch one.", id="empty-hint")
+            yield Label("", id="list-notice", markup=False)
         with Vertical(id="detail-pane"):
             yield Label("", id="detail-title", markup=False)
             yield TabBar([("tab-stream", "Stream"), ("tab-diff", "Diff")], "tab-stream",
@@ -282,15 +286,48 @@ class MainScreen(Screen[None]):
 
     @work(thread=True, exit_on_error=False, group="poll", description="reading the task list")
     def _load_tasks(self) -> None:
+        from fleet_tui.ui.app import EngineNotStarted
+
         try:
-            tasks = self.fleet.list_tasks()
-            status = self.fleet.status(tasks)
+            fleet = self.fleet
+            try:
+                tasks = fleet.list_tasks()
+                status = fleet.status(tasks)
+            except Exception as exc:  # whatever the store raises: said, and polled again
+                self.post_message(PollFailed(poll_problem(fleet, exc)))
+                return
             self.post_message(TasksLoaded(tasks, status, time.monotonic()))
+        except EngineNotStarted:
+            return  # the engine's own failure is reported (and ends the panel)
         finally:
             self._poll_lock.release()
 
+    def on_poll_failed(self, message: PollFailed) -> None:
+        """The list cannot be read: say why where the list is, keep what was read last
+        (never an empty list that claims there are no tasks); the next poll tries again."""
+        self.poll_error = message.problem + (
+            "; showing the last list read and trying again." if self._polled
+            else "; trying again.")
+        self._show_notice()
+
+    def _show_notice(self) -> None:
+        notice = self.query_one("#list-notice", Label)
+        if self.poll_error is not None:
+            text = self.poll_error
+        elif not self.tasks:
+            text = "No tasks yet: press n to launch one."
+        else:
+            text = ""
+        if text != self._notice_shown:
+            self._notice_shown = text
+            notice.update(text)
+        notice.set_class(self.poll_error is not None, "-error")
+        notice.display = bool(text)
+
     async def on_tasks_loaded(self, message: TasksLoaded) -> None:
         await self.mount_hidden()
+        self.poll_error = None
+        self._polled = True
         self.tasks = {t.id: t for t in message.tasks}
         self.status = message.status
         self.marked &= set(self.tasks)
@@ -340,7 +377,7 @@ class MainScreen(Screen[None]):
             self._keep_row = None
             table.move_cursor(row=row, animate=False, scroll=True)
             self._select(visible[row].id)
-        self.query_one("#empty-hint").display = not self.tasks
+        self._show_notice()
         self._show_status()
         if self.selected_id is None or self.selected_id not in {t.id for t in visible}:
             key = table.selected_key
@@ -1164,6 +1201,21 @@ HELP_TEXT = {
     "clear_filter": "clear the filter",
     "quit": "quit (workers keep running; the next start picks them up)",
 }
+
+
+def poll_problem(fleet: Fleet, error: BaseException) -> str:
+    """The start of one sentence for a task list that cannot be read: where from and why
+    ("Cannot read the task list from F: file is not a database (DatabaseError)")."""
+    from fleet_tui.fleet import FleetError
+    from fleet_tui.store import StoreError
+
+    where = getattr(getattr(fleet, "store", None), "path", None)
+    text = " ".join(str(error).split()).rstrip(".")
+    if isinstance(error, FleetError | StoreError) and text:
+        cause = text  # written for the user already
+    else:
+        cause = f"{text} ({type(error).__name__})" if text else type(error).__name__
+    return f"Cannot read the task list{f' from {where}' if where else ''}: {cause}"
 
 
 def worker_sleep(worker: Any, seconds: float) -> None:
