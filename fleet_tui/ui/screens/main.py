@@ -195,7 +195,9 @@ class MainScreen(Screen[None]):
         yield StatusLine(id="status")
         with Vertical(id="list-pane"):
             yield TaskTable(id="tasks")
-            yield Label("", id="list-notice", markup=False)
+            notice = Label("", id="list-notice", markup=False)
+            notice.display = False  # until the first poll says what to show
+            yield notice
         with Vertical(id="detail-pane"):
             yield Label("", id="detail-title", markup=False)
             yield TabBar([("tab-stream", "Stream"), ("tab-diff", "Diff")], "tab-stream",
