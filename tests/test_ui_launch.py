@@ -19,7 +19,7 @@ from textual.widgets import Button, Input, TextArea
 from fleet_tui.config import load_settings
 from fleet_tui.fleet import Fleet
 from fleet_tui.ui.app import FleetApp
-from fleet_tui.ui.screens.launch import LaunchScreen
+from fleet_tui.ui.screens.launch import FormValues, LaunchScreen
 
 
 @pytest.fixture
@@ -92,6 +92,10 @@ async def test_every_field_and_the_launch_button_are_reachable_at_80x24(
     async with app.run_test(size=(80, 24)) as pilot:
         form = await open_form(pilot, app)
         launch = form.query_one("#launch", Button)
+        await pilot.pause(0.1)
+        # what the form will start is in sight before any scrolling: copies and Launch
+        assert _on_screen(app, form.query_one("#copies", Input)), "Copies is off-screen"
+        assert _on_screen(app, launch), "Launch is off-screen"
         seen: list[str] = []
         for _ in range(20):
             focused = app.focused
@@ -110,3 +114,18 @@ async def test_every_field_and_the_launch_button_are_reachable_at_80x24(
         form.query_one("#prompt", TextArea).text = "from the keyboard"
         await pilot.press("enter")
         await wait_until(pilot, lambda: len(fleet.list_tasks()) == 1, what="the launch")
+
+
+async def test_with_remembered_values_the_form_still_fits_80x24(fleet: Fleet,
+                                                                git_repo: Path) -> None:
+    """The line naming the carried values costs a row; Copies and Launch stay in sight."""
+    FormValues(model="small", max_turns="5", timeout="30m").save()
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=(80, 24)) as pilot:
+        form = await open_form(pilot, app)
+        await pilot.pause(0.1)
+        carried = form.query_one("#carried")
+        assert carried.display and _on_screen(app, carried)
+        assert "model small, max turns 5, timeout 30m" in str(carried.render())
+        assert _on_screen(app, form.query_one("#copies", Input))
+        assert _on_screen(app, form.query_one("#launch", Button))
