@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import http.server
 import json
+import os
 import re
 import signal
 import socket
@@ -834,6 +835,7 @@ class ScriptedEndpoint:
         self._connects: list[str] = []
         self._probes: list[tuple[str, str]] = []
         self._sockets: set[socket.socket] = set()
+        self._quiet_since = time.monotonic()  # when the last connection closed
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         for fault in self._global_faults:
@@ -1004,6 +1006,12 @@ class ScriptedEndpoint:
                 self._sockets.add(sock)
             else:
                 self._sockets.discard(sock)
+            self._quiet_since = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since the last client connection closed; 0 while any is open."""
+        with self._lock:
+            return 0.0 if self._sockets else time.monotonic() - self._quiet_since
 
     def _hang(self) -> None:
         """Block until the endpoint stops (a hung upstream, for client timeouts)."""
@@ -1029,7 +1037,26 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="pause between SSE events, for a human-speed demo")
     parser.add_argument("--fault", action="append", default=[], metavar="SPEC",
                         help="global fault: 529, 529x2, 429x3, 401, hang, drop (repeatable)")
+    parser.add_argument("--port-file", type=Path, default=None, metavar="FILE",
+                        help="once listening, write the URL to FILE (atomically; removed "
+                             "again on exit), for a parent that started it detached")
+    parser.add_argument("--idle-exit", type=float, default=0.0, metavar="SECONDS",
+                        help="exit once no client has been connected for SECONDS "
+                             "(default: serve until stopped)")
     return parser.parse_args(list(argv))
+
+
+def _write_port_file(path: Path, url: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(url + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _remove_port_file(path: Path, url: str) -> None:
+    """Remove the port file if it is still ours (a newer instance may have replaced it)."""
+    with contextlib.suppress(OSError):
+        if path.read_text(encoding="utf-8").strip() == url:
+            path.unlink()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1057,12 +1084,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"endpoint: cannot listen on 127.0.0.1:{args.port}: {exc.strerror or exc}",
                   file=sys.stderr)
             return 2
-        print(endpoint.url, flush=True)
+        url = endpoint.url
+        if args.port_file is not None:
+            try:
+                _write_port_file(args.port_file, url)
+            except OSError as exc:
+                print(f"endpoint: cannot write --port-file {args.port_file}: "
+                      f"{exc.strerror or exc}", file=sys.stderr)
+                return 2
+        print(url, flush=True)
         print(f"endpoint: scripts {', '.join(sorted(endpoint.scripts))}; "
               "stop with Ctrl-C", file=sys.stderr, flush=True)
         while not done.wait(0.5):
-            pass
+            if args.idle_exit > 0 and endpoint.idle_for() >= args.idle_exit:
+                print(f"endpoint: no client for {_fmt_seconds(args.idle_exit)} s; exiting",
+                      file=sys.stderr, flush=True)
+                break
     finally:
+        if args.port_file is not None and endpoint.port:
+            _remove_port_file(args.port_file, f"http://{endpoint.host}:{endpoint.port}")
         endpoint.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

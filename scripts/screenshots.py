@@ -78,8 +78,8 @@ async def shoot(out: Path, size: tuple[int, int]) -> list[Path]:
     if claude is None:
         raise SystemExit("screenshots: no claude binary (run scripts/test once, or set "
                          "FLEET_TEST_CLAUDE)")
-    root = Path(tempfile.mkdtemp(prefix="fleet-shots-"))
-    demo = start_demo(claude, root=root)
+    scratch = Path(tempfile.mkdtemp(prefix="fleet-shots-"))
+    demo = start_demo(claude, root=scratch / "demo")  # its endpoint: scratch/endpoint
     saved: list[Path] = []
     try:
         fleet = Fleet(load_settings())
@@ -135,7 +135,8 @@ async def shoot(out: Path, size: tuple[int, int]) -> list[Path]:
             app.stop_scheduler()
     finally:
         demo.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        demo.endpoint.stop()  # nothing of a throwaway run stays behind
+        shutil.rmtree(scratch, ignore_errors=True)
     return saved
 
 

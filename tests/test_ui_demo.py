@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from endpoint_helpers import assemble, post, request_body
 
 from fleet_tui import CLAUDE_CODE_VERSION
 from fleet_tui.commands import panel
@@ -101,4 +107,139 @@ def test_demo_gives_the_environment_back_when_it_stops(tmp_path: Path) -> None:
         assert environ["FLEET_WORKER_BASE_URL"] == started.endpoint.url
     finally:
         started.stop()
+        started.endpoint.stop()
     assert environ == before
+
+
+# --- the endpoint as a process of its own -------------------------------------------------
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_endpoint_writes_its_url_and_exits_when_nobody_is_connected(tmp_path: Path) -> None:
+    """`--port-file` says where it listens; `--idle-exit` ends it once no client has been
+    connected for that long, and an open connection keeps it alive."""
+    (tmp_path / "s.json").write_text(json.dumps(["served"]))
+    port_file = tmp_path / "url"
+    proc = subprocess.Popen([sys.executable, "-m", "fleet_tui.endpoint", "--script",
+                             str(tmp_path / "s.json"), "--port-file", str(port_file),
+                             "--idle-exit", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait(port_file.exists, 15, "the port file")
+        url = port_file.read_text().strip()
+        assert url.startswith("http://127.0.0.1:")
+        assert assemble(post(url, request_body()).events)[0]["text"] == "served"
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)):
+            time.sleep(2.5)  # more than --idle-exit, with a client connected
+            assert proc.poll() is None
+        _wait(lambda: proc.poll() is not None, 10, "the idle exit")
+        assert proc.returncode == 0
+        assert not port_file.exists()  # removed on the way out
+        assert "no client for 1 s" in (proc.stderr.read() if proc.stderr else "")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def test_a_second_demo_reuses_the_running_endpoint(tmp_path: Path) -> None:
+    environ = {"PATH": os.environ["PATH"]}
+    first = demo.start_demo("/bin/true", root=tmp_path / "one", environ=environ)
+    try:
+        first.stop()  # the first panel quit: the endpoint stays for the next one
+        assert first.endpoint.alive() and first.endpoint.answers()
+        second = demo.start_demo("/bin/true", root=tmp_path / "two", environ=environ)
+        second.stop()
+        assert second.endpoint.reused
+        assert (second.endpoint.pid, second.endpoint.url) == (first.endpoint.pid,
+                                                               first.endpoint.url)
+        # its own session: a terminal's hangup or Ctrl-C to the panel does not reach it
+        assert os.getsid(first.endpoint.pid) == first.endpoint.pid
+        assert first.endpoint.log.parent.parent == tmp_path / "endpoint"
+        assert "started by pid" in first.endpoint.log.read_text()
+    finally:
+        first.endpoint.stop()
+    assert not first.endpoint.alive()
+    # gone: the next demo starts a new one
+    third = demo.start_demo("/bin/true", root=tmp_path / "three", environ=environ)
+    try:
+        assert not third.endpoint.reused and third.endpoint.pid != first.endpoint.pid
+    finally:
+        third.stop()
+        third.endpoint.stop()
+
+
+def test_the_endpoint_process_gets_no_credential(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "users-real-token-5e1f")
+    started = demo.start_demo("/bin/true", root=tmp_path / "d", environ={"PATH": "/bin"})
+    try:
+        env = Path(f"/proc/{started.endpoint.pid}/environ").read_bytes()
+        assert b"users-real-token-5e1f" not in env and b"ANTHROPIC" not in env
+    finally:
+        started.stop()
+        started.endpoint.stop()
+
+
+@pytest.mark.real_claude
+async def test_demo_workers_finish_after_the_panel_quits(claude_bin: str,
+                                                         tmp_path: Path) -> None:
+    """The panel quits while the demo's workers run: they go on talking to the endpoint
+    process, finish ok, and the endpoint then stops by itself."""
+    from fleet_tui.config import load_settings
+    from fleet_tui.fleet import Fleet
+    from fleet_tui.store import TaskState
+    from fleet_tui.ui.app import FleetApp
+
+    started = demo.start_demo(claude_bin, root=tmp_path / "demo", idle_exit=3)
+    endpoint = started.endpoint
+    try:
+        fleet = Fleet(load_settings())
+        tasks = demo.submit_demo_tasks(fleet, started.repo)
+        ids = [t.id for t in tasks]
+        app = FleetApp(fleet, repo=started.repo, default_base="main", bell=False,
+                       scheduler_interval=0.2)
+        async with app.run_test(size=(120, 36)) as pilot:
+            deadline = time.monotonic() + 60
+            while not all(fleet.attempts(t) and (fleet.attempts(t)[-1].dir / "events.jsonl")
+                          .stat().st_size > 0 for t in ids
+                          if fleet.attempts(t) and fleet.attempts(t)[-1].dir):
+                assert time.monotonic() < deadline, "the workers did not start"
+                await pilot.pause(0.1)
+            running = [t for t in ids if fleet.get_task(t).state == TaskState.RUNNING]
+            assert len(running) == len(ids)
+            await pilot.press("q")
+        started.stop()  # what `fleet-tui --demo` does on the way out
+        runners = [fleet.attempts(t)[-1].runner_pid for t in ids]
+        assert all(pid and _alive(pid) for pid in runners), "a worker died with the panel"
+        assert endpoint.alive()
+        # nothing schedules now; the runners finish by themselves, against the endpoint
+        for task_id in ids:
+            attempt_dir = fleet.attempts(task_id)[-1].dir
+            assert attempt_dir is not None
+            _wait((attempt_dir / "exit.json").exists, 120, f"{task_id} to finish")
+        fleet.tick()  # what the next `fleet-tui` or `fleet-tui ls` does: record them
+        verdicts = {t: (fleet.get_task(t).state, fleet.get_task(t).verdict) for t in ids}
+        assert all(v == (TaskState.SUCCEEDED, "ok") for v in verdicts.values()), verdicts
+        # no worker and no panel left: the endpoint stops by itself
+        _wait(lambda: not endpoint.alive(), 30, "the endpoint to stop by itself")
+        assert "no client for 3 s" in endpoint.log.read_text()
+    finally:
+        started.stop()
+        endpoint.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"

@@ -142,6 +142,21 @@ def test_main_screen(snap_compare: Any, snapshot_app: FleetApp, size: tuple[int,
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_marked_rows(snap_compare: Any, snapshot_app: FleetApp, size: tuple[int, int]) -> None:
+    """Two rows marked with space (the ● column, "2 marked" in the header), the cursor
+    moved on below them, and the key bar offering to unmark."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await _main_ready(pilot)
+        await pilot.press("space", "down", "space")
+        main = snapshot_app.main
+        await _settle(pilot, lambda: len(main.marked) == 2
+                      and main.selected_id == main.query_one(TaskTable).selected_key)
+
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_diff_view(snap_compare: Any, snapshot_app: FleetApp, size: tuple[int, int]) -> None:
     """The succeeded task's diff: a modified and an untracked file."""
 

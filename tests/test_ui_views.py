@@ -96,8 +96,13 @@ def test_form_parsers_and_memory(tmp_path: Path) -> None:
             continue
         raise AssertionError(bad)
     path = tmp_path / "form.json"
-    FormValues(base_ref="dev", copies="3").save(path)
-    assert FormValues.load(path) == FormValues(base_ref="dev", copies="3")
+    FormValues(base_ref="dev", timeout="30m").save(path)
+    assert FormValues.load(path) == FormValues(base_ref="dev", timeout="30m")
+    assert FormValues.load(path).carried() == ["base ref dev", "timeout 30m"]
+    assert FormValues().carried() == []
+    # a file from before copies were forgotten: the count is not carried
+    path.write_text('{"copies": "2", "model": "small"}')
+    assert FormValues.load(path) == FormValues(model="small")
     path.write_text("{not json")
     assert FormValues.load(path) == FormValues()  # a broken file is ignored, not fatal
 

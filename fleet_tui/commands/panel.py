@@ -21,7 +21,11 @@ def _parser() -> argparse.ArgumentParser:
         prog="fleet-tui", description="The control panel for a fleet of Claude Code workers.")
     parser.add_argument("--demo", action="store_true",
                         help="a scratch repository, a scripted local endpoint and a few "
-                             "running tasks; no API key needed")
+                             "running tasks; no API key needed. As in a real run, workers "
+                             "keep running after the panel quits: the endpoint is a "
+                             "process of its own, reused by the next --demo, and it stops "
+                             "by itself a minute after nothing uses it (no worker, no "
+                             "demo panel)")
     parser.add_argument("--repo", type=Path, default=None,
                         help="the repository new tasks start in (default: the one around "
                              "the current directory)")
@@ -50,9 +54,15 @@ def main(argv: list[str]) -> int:
         claude = demo_mod.ensure_claude()
         if claude is None:
             return 5
-        demo = demo_mod.start_demo(claude)
+        try:
+            demo = demo_mod.start_demo(claude)
+        except (demo_mod.DemoEndpointError, OSError) as exc:
+            return _fail(f"--demo: {exc}")
         repo = demo.repo
-        print(f"fleet-tui demo: project in {demo.repo}, endpoint {demo.endpoint.url}")
+        endpoint = demo.endpoint
+        print(f"fleet-tui demo: project in {demo.repo}, endpoint {endpoint.url} "
+              f"({'running already' if endpoint.reused else 'started'}: pid {endpoint.pid}, "
+              f"log {endpoint.log})")
     elif args.repo is not None:
         # named on the command line: a mistake is reported before the screen is taken
         from fleet_tui import git
@@ -94,7 +104,9 @@ def main(argv: list[str]) -> int:
             return app.return_code
         if demo is not None:
             print(f"fleet-tui demo: the project stays in {demo.repo} "
-                  f"(FLEET_TUI_HOME={demo.home}).")
+                  f"(FLEET_TUI_HOME={demo.home}). Workers still running finish on their "
+                  f"own; the endpoint (pid {demo.endpoint.pid}) stops a minute after the "
+                  "last one.")
         return 0
     finally:
         if demo is not None:

@@ -5,14 +5,29 @@ It builds a scratch git repository with a small project, starts the scripted end
 tasks whose scripts do visible work at human speed (edits that make real diffs, a 529
 the CLI retries through, two tasks that change the same lines), and opens the panel.
 The workers are the real `claude` binary; only the model behind the endpoint is scripted.
+
+The endpoint runs as its own detached process (`python -m fleet_tui.endpoint`, in its own
+session, logged in the demo folder's `endpoint/`), so that, as in a real run, workers keep
+running after the panel quits. The next `fleet-tui --demo` reuses it while it is alive.
+It stops by itself once no client has been connected for ENDPOINT_IDLE_EXIT seconds: no
+worker talking to it and no demo panel open (each panel holds a connection to it while it
+runs, which the kernel closes however the panel ends).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
+import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +37,10 @@ from fleet_tui import CLAUDE_CODE_VERSION, paths
 
 DEMO_KEY = "demo-key"  # the scripted endpoint accepts any key; this one is not a secret
 EVENT_DELAY = 0.2  # seconds between SSE events: tool calls arrive at reading speed
+ENDPOINT_IDLE_EXIT = 60.0  # the endpoint exits after this long with no client connected
+ENDPOINT_START = 15.0  # seconds to wait for a new endpoint process to listen
+# what the endpoint process inherits: no credential, nothing of the user's settings
+_ENDPOINT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")
 
 # --- the scratch project -----------------------------------------------------------------
 
@@ -281,24 +300,171 @@ def ensure_claude(ask: Callable[[str], str] = input, out: Callable[[str], None] 
     return find_claude_binary(env)
 
 
+# --- the endpoint, a process of its own -----------------------------------------------------
+
+class DemoEndpointError(RuntimeError):
+    """The demo's endpoint process did not start; the message says why and where the log is."""
+
+
+@dataclass
+class DemoEndpoint:
+    """The demo's scripted endpoint, running as its own process (see the module doc)."""
+
+    url: str
+    pid: int
+    folder: Path  # its scripts, port file, pid file and log
+    reused: bool = False
+    _hold: socket.socket | None = field(default=None, repr=False)
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "endpoint.log"
+
+    def answers(self, timeout: float = 2.0) -> bool:
+        """The endpoint answers its probe (`HEAD /`, as the CLI sends before its calls)."""
+        parts = urllib.parse.urlsplit(self.url)
+        try:
+            with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80),
+                                          timeout=timeout) as sock:
+                sock.sendall(b"HEAD / HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n")
+                return sock.recv(64).startswith(b"HTTP/1.1 200")
+        except OSError:
+            return False
+
+    def hold(self) -> None:
+        """Keep the endpoint alive while this process runs: an open connection counts as
+        a client; it closes when the process ends, however it ends."""
+        if self._hold is None:
+            parts = urllib.parse.urlsplit(self.url)
+            self._hold = socket.create_connection(
+                (parts.hostname or "127.0.0.1", parts.port or 80), timeout=5)
+
+    def release(self) -> None:
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            with contextlib.suppress(OSError):
+                hold.close()
+
+    def alive(self) -> bool:
+        return _is_endpoint_process(self.pid, self.folder)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the endpoint process now (workers still using it lose it: the tests and
+        the screenshot script use it to leave nothing behind)."""
+        self.release()
+        if not self.alive():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def _is_endpoint_process(pid: int, folder: Path) -> bool:
+    """``pid`` is alive and is the endpoint serving from ``folder`` (not a reused pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rpartition(")")[2].split()[0] == "Z":
+        return False  # exited, not yet reaped by its parent
+    return b"fleet_tui.endpoint" in cmdline and str(folder / "url").encode() in cmdline
+
+
+def _scripts_key(scripts: Mapping[str, Any], event_delay: float) -> str:
+    """Endpoints are shared only between demos that play the same scripts."""
+    data = json.dumps({"scripts": scripts, "delay": event_delay}, sort_keys=True)
+    return hashlib.sha256(data.encode()).hexdigest()[:12]
+
+
+def start_endpoint(state: Path, *, event_delay: float = EVENT_DELAY,
+                   idle_exit: float = ENDPOINT_IDLE_EXIT) -> DemoEndpoint:
+    """The demo endpoint serving from ``state``: the running one if it answers, else a
+    new detached process. Holds a connection to it (see DemoEndpoint.hold)."""
+    scripts = demo_scripts()
+    folder = state / _scripts_key(scripts, event_delay)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two demos starting at once start one endpoint
+        endpoint = _running_endpoint(folder)
+        if endpoint is None:
+            endpoint = _spawn_endpoint(folder, scripts, event_delay, idle_exit)
+        endpoint.hold()
+    return endpoint
+
+
+def _running_endpoint(folder: Path) -> DemoEndpoint | None:
+    try:
+        url = (folder / "url").read_text(encoding="utf-8").strip()
+        pid = int((folder / "pid").read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return None
+    endpoint = DemoEndpoint(url=url, pid=pid, folder=folder, reused=True)
+    if endpoint.alive() and endpoint.answers():
+        return endpoint
+    return None
+
+
+def _spawn_endpoint(folder: Path, scripts: Mapping[str, Any], event_delay: float,
+                    idle_exit: float) -> DemoEndpoint:
+    script_dir = folder / "scripts"
+    script_dir.mkdir(exist_ok=True)
+    for name, script in scripts.items():
+        (script_dir / f"{name}.json").write_text(json.dumps(script, indent=1),
+                                                 encoding="utf-8")
+    url_file = folder / "url"
+    url_file.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "fleet_tui.endpoint", "--script", str(script_dir),
+            "--delay", str(event_delay), "--port-file", str(url_file),
+            "--idle-exit", str(idle_exit)]
+    env = {name: os.environ[name] for name in _ENDPOINT_ENV if name in os.environ}
+    with open(folder / "endpoint.log", "ab") as log:
+        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} started by pid "
+                  f"{os.getpid()}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                env=env, cwd=folder, start_new_session=True,
+                                close_fds=True)
+    (folder / "pid").write_text(f"{proc.pid}\n", encoding="utf-8")
+    deadline = time.monotonic() + ENDPOINT_START
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            url = url_file.read_text(encoding="utf-8").strip()
+            if url:
+                return DemoEndpoint(url=url, pid=proc.pid, folder=folder)
+        if proc.poll() is not None:
+            raise DemoEndpointError(f"the demo endpoint exited at start (code "
+                                    f"{proc.returncode}); see {folder / 'endpoint.log'}")
+        time.sleep(0.02)
+    proc.kill()
+    raise DemoEndpointError(f"the demo endpoint did not listen within {ENDPOINT_START:g} s; "
+                            f"see {folder / 'endpoint.log'}")
+
+
 # --- the whole setup -----------------------------------------------------------------------
 
 @dataclass
 class Demo:
-    """A prepared demo: where things are, and the running endpoint to stop at the end."""
+    """A prepared demo: where things are, and the endpoint it uses."""
 
     root: Path
     repo: Path
     home: Path
-    endpoint: Any  # fleet_tui.endpoint.ScriptedEndpoint
+    endpoint: DemoEndpoint
     env: dict[str, str]
     # what the variables in `env` were before the demo set them (None: unset), and where
     saved: dict[str, str | None] = field(default_factory=dict)
     environ: dict[str, str] | None = None
 
     def stop(self) -> None:
-        """Stop the endpoint and give the environment back as it was before the demo."""
-        self.endpoint.stop()
+        """Let go of the endpoint (it keeps serving the workers still running, and exits
+        once nothing uses it) and give the environment back as it was before the demo."""
+        self.endpoint.release()
         if self.environ is not None:
             for name, value in self.saved.items():
                 if value is None:
@@ -312,18 +478,19 @@ def demo_root(env: Mapping[str, str] | None = None) -> Path:
 
 
 def start_demo(claude: str, *, root: Path | None = None, event_delay: float = EVENT_DELAY,
-               environ: dict[str, str] | None = None) -> Demo:
-    """Create the project, start the endpoint, and point this process's environment at
-    them (the engine and its runners read settings and the key from the environment)."""
-    from fleet_tui.endpoint import ScriptedEndpoint
-
+               environ: dict[str, str] | None = None,
+               idle_exit: float = ENDPOINT_IDLE_EXIT) -> Demo:
+    """Create the project, start (or reuse) the endpoint, and point this process's
+    environment at them (the engine and its runners read settings and the key from the
+    environment). The endpoint lives in ``root``'s parent folder, under ``endpoint/``."""
     environ = os.environ if environ is None else environ  # type: ignore[assignment]
     assert environ is not None
     root = root or demo_root(environ)
     repo = create_project(root / "inventory")
     home = root / "home"
     home.mkdir(parents=True, exist_ok=True)
-    endpoint = ScriptedEndpoint(demo_scripts(), event_delay=event_delay).start()
+    endpoint = start_endpoint(root.parent / "endpoint", event_delay=event_delay,
+                              idle_exit=idle_exit)
     updates = {
         "FLEET_TUI_HOME": str(home),
         "FLEET_WORKER_BASE_URL": endpoint.url,

@@ -27,6 +27,16 @@ class TasksLoaded(Message):
 
 
 @dataclass
+class PollFailed(Message):
+    """Reading the task list failed; ``problem`` is one sentence naming the cause."""
+
+    problem: str
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, PollFailed)
+
+
+@dataclass
 class StreamBatch(Message):
     """Rows of the selected attempt, in order; ``generation`` drops stale batches."""
 

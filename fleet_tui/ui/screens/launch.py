@@ -1,7 +1,11 @@
 """The launch form: a prompt and the knobs of one task, validated inline.
 
-It remembers the last options (not the prompt) in a small JSON file in fleet-tui's home,
-because a fleet is usually launched with the same base, model and limits many times.
+It remembers the last options (not the prompt, not the number of copies) in a small JSON
+file in fleet-tui's home, because a fleet is usually launched with the same base, model
+and limits many times; a line at the top of the form names every remembered value that is
+not the default, so nothing is carried over unseen. Copies always starts at 1: a count
+carried over silently started twice the workers the user meant (issue 9, finding 7), and
+the Launch button says how many it starts.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 
 @dataclass
 class FormValues:
-    """The remembered options of the form (everything but the prompt and the title)."""
+    """The remembered options of the form (everything but the prompt, the title and the
+    number of copies)."""
 
     base_ref: str = ""
     model: str = "main"
@@ -40,7 +45,15 @@ class FormValues:
     effort: str = ""
     max_turns: str = ""
     timeout: str = ""
-    copies: str = "1"
+
+    def carried(self) -> list[str]:
+        """The remembered values that differ from a fresh form's, as "name value"."""
+        fresh = FormValues()
+        names = (("base_ref", "base ref"), ("model", "model"),
+                 ("permission_mode", "permission mode"), ("effort", "effort"),
+                 ("max_turns", "max turns"), ("timeout", "timeout"))
+        return [f"{label} {getattr(self, name)}" for name, label in names
+                if getattr(self, name) != getattr(fresh, name)]
 
     @classmethod
     def load(cls, path: Path | None = None) -> FormValues:
@@ -127,8 +140,13 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
 
     def compose(self) -> ComposeResult:
         v = self._values
+        carried = self._values.carried()
         with Vertical(classes="dialog form", id="launch-dialog"):
             yield Label(f"New task in {self._repo.name}", classes="dialog-title", markup=False)
+            notice = Label("Kept from your last launch: " + ", ".join(carried) + ".",
+                           id="carried", classes="dialog-hint", markup=False)
+            notice.display = bool(carried)
+            yield notice
             with VerticalScroll(id="launch-fields"):
                 yield Label("Prompt", classes="field-label")
                 yield TextArea(id="prompt", soft_wrap=True, show_line_numbers=False,
@@ -137,6 +155,10 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
                 yield Label("Title", classes="field-label")
                 yield Input(id="title", placeholder="the prompt's first line")
                 with Grid(id="launch-grid"):
+                    with Vertical():
+                        yield Label("Copies", classes="field-label")
+                        yield Input("1", id="copies")
+                        yield Label("", id="copies-error", classes="field-error")
                     with Vertical():
                         yield Label("Base ref", classes="field-label")
                         yield Input(v.base_ref, id="base-ref",
@@ -166,10 +188,6 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
                         yield Label("Timeout", classes="field-label")
                         yield Input(v.timeout, id="timeout", placeholder="settings (e.g. 30m)")
                         yield Label("", id="timeout-error", classes="field-error")
-                    with Vertical():
-                        yield Label("Copies", classes="field-label")
-                        yield Input(v.copies or "1", id="copies")
-                        yield Label("", id="copies-error", classes="field-error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button(keyed("Launch", "ctrl+s"), id="launch", variant="primary")
                 yield Button(keyed("Cancel", "esc"), id="cancel")
@@ -190,6 +208,19 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
     def _field_changed(self, event: Input.Changed) -> None:
         if event.input.id in ("max-turns", "timeout", "copies", "model"):
             self._validate_numbers()
+        if event.input.id == "copies":
+            self._label_launch()
+
+    def _label_launch(self) -> None:
+        """The button says what it starts: "Launch", or "Launch 3 copies"."""
+        try:
+            copies = parse_positive_int(self._value("copies"), maximum=MAX_COPIES) or 1
+        except ValueError:
+            copies = 1
+        label = "Launch" if copies == 1 else f"Launch {copies} copies"
+        button = self.query_one("#launch", Button)
+        button.label = keyed(label, "ctrl+s")
+        button.refresh(layout=True)  # Button.label does not ask for a new width itself
 
     def _error(self, field: str, message: str) -> None:
         label = self.query_one(f"#{field}-error", Label)
@@ -273,7 +304,7 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
         FormValues(
             base_ref=base_ref, model=spec.model, permission_mode=spec.permission_mode or "",
             effort=spec.effort or "", max_turns=self._value("max-turns"),
-            timeout=self._value("timeout"), copies=str(copies),
+            timeout=self._value("timeout"),
         ).save(self._form_file)
         self.dismiss(LaunchRequest(spec, copies))
 

@@ -38,6 +38,7 @@ from fleet_tui.ui.formatting import StreamFormatter, StreamRow, raw_rows
 from fleet_tui.ui.messages import (
     ActionDone,
     DiffLoaded,
+    PollFailed,
     StreamBatch,
     StreamOlder,
     TasksLoaded,
@@ -81,6 +82,12 @@ class MainScreen(Screen[None]):
         Binding("f", "follow_up", "Follow-up", id="task.follow_up"),
         Binding("k", "kill", "Kill", id="task.kill"),
         Binding("space", "toggle_mark", "Mark", id="task.mark"),
+        Binding("ctrl+a", "mark_all", "Mark all", id="task.mark_all"),
+        # escape clears the filter first (while there is one), then the marks; ctrl+\ as
+        # in k9s
+        Binding("escape", "clear_filter", "Clear filter", show=False, id="list.clear"),
+        Binding("escape,ctrl+backslash", "unmark_all", "Unmark all", key_display="esc",
+                id="task.unmark_all"),
         Binding("o", "shell", "Shell", id="task.shell"),
         Binding("e", "edit", "Edit", id="task.edit"),
         Binding("slash", "filter", "Filter", id="list.filter"),
@@ -90,7 +97,6 @@ class MainScreen(Screen[None]):
         Binding("J", "toggle_raw", "Raw JSON", show=False, id="stream.raw"),
         Binding("a", "choose_attempt", "Attempt", show=False, id="stream.attempt"),
         Binding("F", "toggle_follow", "Follow", show=False, id="stream.follow"),
-        Binding("escape", "clear_filter", "Clear filter", show=False, id="list.clear"),
         Binding("q", "quit", "Quit", id="app.quit"),
     ]
 
@@ -132,6 +138,9 @@ class MainScreen(Screen[None]):
         self._diff_when_shown: str | None = None  # a diff asked for while its tab was hidden
         self._select_pending = False
         self._poll_lock = threading.Lock()
+        self.poll_error: str | None = None  # why the task list could not be read, if so
+        self._polled = False  # a task list was read once
+        self._notice_shown: str | None = None
         self._seen_states: dict[str, TaskState] | None = None
         self._cooldown_seen: float | None = None
         self._bindings_signature: object = None
@@ -164,19 +173,31 @@ class MainScreen(Screen[None]):
     def selected(self) -> Task | None:
         return self.tasks.get(self.selected_id) if self.selected_id else None
 
+    @property
+    def cursor_task(self) -> Task | None:
+        """The task on the cursor row: what a key press acts on. ``selected`` (the task the
+        detail pane shows) follows it a frame later, so keys must not act on that."""
+        key = self.query_one(TaskTable).selected_key
+        return self.tasks.get(key) if key is not None else None
+
     def targets(self) -> list[Task]:
-        """Marked tasks when any are marked, else the selected one."""
-        marked = [self.tasks[t] for t in sorted(self.marked) if t in self.tasks]
-        if marked:
-            return marked
-        return [self.selected] if self.selected else []
+        """The marked tasks (in list order) when any are marked, else the cursor's task."""
+        if self.marked:
+            order = self.query_one(TaskTable).keys
+            listed = [self.tasks[t] for t in order if t in self.marked and t in self.tasks]
+            hidden = sorted(t for t in self.marked if t in self.tasks and t not in order)
+            return listed + [self.tasks[t] for t in hidden]
+        task = self.cursor_task
+        return [task] if task is not None else []
 
     # --- layout --------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
         with Vertical(id="list-pane"):
             yield TaskTable(id="tasks")
-            yield Label("No tasks yet: press n to launch one.", id="empty-hint")
+            notice = Label("", id="list-notice", markup=False)
+            notice.display = False  # until the first poll says what to show
+            yield notice
         with Vertical(id="detail-pane"):
             yield Label("", id="detail-title", markup=False)
             yield TabBar([("tab-stream", "Stream"), ("tab-diff", "Diff")], "tab-stream",
@@ -250,6 +271,7 @@ class MainScreen(Screen[None]):
         status = self.query_one(StatusLine)
         repo = self.fleet_app.repo
         status.repo_name = repo.name if repo else ""
+        status.marked = len(self.marked)
         status.show(self.status, self.now())
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -266,15 +288,48 @@ class MainScreen(Screen[None]):
 
     @work(thread=True, exit_on_error=False, group="poll", description="reading the task list")
     def _load_tasks(self) -> None:
+        from fleet_tui.ui.app import EngineNotStarted
+
         try:
-            tasks = self.fleet.list_tasks()
-            status = self.fleet.status(tasks)
+            fleet = self.fleet
+            try:
+                tasks = fleet.list_tasks()
+                status = fleet.status(tasks)
+            except Exception as exc:  # whatever the store raises: said, and polled again
+                self.post_message(PollFailed(poll_problem(fleet, exc)))
+                return
             self.post_message(TasksLoaded(tasks, status, time.monotonic()))
+        except EngineNotStarted:
+            return  # the engine's own failure is reported (and ends the panel)
         finally:
             self._poll_lock.release()
 
+    def on_poll_failed(self, message: PollFailed) -> None:
+        """The list cannot be read: say why where the list is, keep what was read last
+        (never an empty list that claims there are no tasks); the next poll tries again."""
+        self.poll_error = message.problem + (
+            "; showing the last list read and trying again." if self._polled
+            else "; trying again.")
+        self._show_notice()
+
+    def _show_notice(self) -> None:
+        notice = self.query_one("#list-notice", Label)
+        if self.poll_error is not None:
+            text = self.poll_error
+        elif not self.tasks:
+            text = "No tasks yet: press n to launch one."
+        else:
+            text = ""
+        if text != self._notice_shown:
+            self._notice_shown = text
+            notice.update(text)
+        notice.set_class(self.poll_error is not None, "-error")
+        notice.display = bool(text)
+
     async def on_tasks_loaded(self, message: TasksLoaded) -> None:
         await self.mount_hidden()
+        self.poll_error = None
+        self._polled = True
         self.tasks = {t.id: t for t in message.tasks}
         self.status = message.status
         self.marked &= set(self.tasks)
@@ -324,7 +379,7 @@ class MainScreen(Screen[None]):
             self._keep_row = None
             table.move_cursor(row=row, animate=False, scroll=True)
             self._select(visible[row].id)
-        self.query_one("#empty-hint").display = not self.tasks
+        self._show_notice()
         self._show_status()
         if self.selected_id is None or self.selected_id not in {t.id for t in visible}:
             key = table.selected_key
@@ -680,16 +735,22 @@ class MainScreen(Screen[None]):
         if action == "kill":
             return bool(targets) and states <= KILLABLE
         if action == "follow_up":
-            return task is not None and task.state in FINISHED_STATES and not self.marked
+            return bool(targets) and states <= FINISHED_STATES and not self.marked
         if action == "shell":
-            return (task is not None and task.worktree is not None
-                    and task.state not in CLOSED_STATES)
+            here = self.cursor_task
+            return (here is not None and here.worktree is not None
+                    and here.state not in CLOSED_STATES)
         if action == "edit":
             view = self._diff_view()
             return (task is not None and task.worktree is not None and view is not None
                     and task.state not in CLOSED_STATES and view.selected_path is not None)
         if action == "toggle_mark":
-            return task is not None
+            return self.cursor_task is not None
+        if action == "mark_all":
+            shown = self.query_one(TaskTable).keys
+            return bool(shown) and not set(shown) <= self.marked
+        if action == "unmark_all":
+            return bool(self.marked)
         if action in ("toggle_tools", "toggle_raw", "toggle_follow", "choose_attempt"):
             return task is not None and (action != "choose_attempt" or task.attempt_count > 0)
         if action == "clear_filter":
@@ -699,14 +760,30 @@ class MainScreen(Screen[None]):
 
     # --- actions: list -------------------------------------------------------------------
     def action_toggle_mark(self) -> None:
-        task = self.selected
-        if task is None:
-            return
-        self.marked ^= {task.id}
-        self._render_tasks()
+        """Mark / unmark the cursor row and move down: each press acts on the row the
+        cursor is on when the key is handled, however fast the keys come."""
         table = self.query_one(TaskTable)
+        key = table.selected_key
+        if key is None:
+            return
+        self.marked ^= {key}
+        self._marks_changed()
         if table.cursor_row < table.row_count - 1:
             table.move_cursor(row=table.cursor_row + 1)
+
+    def action_mark_all(self) -> None:
+        """Mark every task the list shows (a filter narrows it)."""
+        self.marked |= set(self.query_one(TaskTable).keys)
+        self._marks_changed()
+
+    def action_unmark_all(self) -> None:
+        self.marked.clear()
+        self._marks_changed()
+
+    def _marks_changed(self) -> None:
+        self.query_one(TaskTable).set_marked(self.marked)
+        self._show_status()
+        self._maybe_refresh_bindings()
 
     def action_filter(self) -> None:
         box = self._filter_box()
@@ -889,6 +966,16 @@ class MainScreen(Screen[None]):
     @work(thread=True, exit_on_error=False, group="actions", description="merging")
     def _merge(self, task_ids: list[str], message: str | None,
                test_command: str | None) -> None:
+        if len(task_ids) > 1:
+            def merge_one(task_id: str) -> str | None:
+                result = self.fleet.merge(task_id, message=message, test_command=test_command)
+                if result.merged:
+                    return None
+                return result.message + (
+                    f" (conflicts: {', '.join(result.conflicts)})" if result.conflicts else "")
+
+            self.post_message(_each(task_ids, merge_one, "merged", "Merged"))
+            return
         for task_id in task_ids:
             result = self.fleet.merge(task_id, message=message, test_command=test_command)
             if result.merged:
@@ -961,18 +1048,29 @@ class MainScreen(Screen[None]):
 
         from fleet_tui.ui.screens.modals import ChoiceScreen
 
-        self.app.push_screen(ChoiceScreen(
-            f"Retry {', '.join(t.id for t in targets)}", body, choices), answered)
+        title = (f"Retry {targets[0].id}" if len(targets) == 1
+                 else f"Retry {len(targets)} tasks?")
+        if len(targets) > 1:
+            body = "\n".join(f"  {t.id}  {t.short_title}  ({t.state})"
+                             for t in targets) + "\n\n" + body
+        self.app.push_screen(ChoiceScreen(title, body, choices), answered)
 
     @work(thread=True, exit_on_error=False, group="actions", description="retrying")
     def _retry(self, task_ids: list[str], resume: bool) -> None:
+        if len(task_ids) > 1:
+            def retry_one(task_id: str) -> None:
+                self.fleet.retry(task_id, resume=resume)
+
+            self.post_message(_each(task_ids, retry_one, "queued again",
+                                    "Queued", again=" again"))
+            return
         for task_id in task_ids:
             self.fleet.retry(task_id, resume=resume)
             self.post_message(ActionDone("queued again" + (" (resume)" if resume else ""),
                                          title=f"{task_id} retry", task_ids=[task_id]))
 
     def action_follow_up(self) -> None:
-        task = self.selected
+        task = self.cursor_task
         if task is None:
             return
 
@@ -995,6 +1093,12 @@ class MainScreen(Screen[None]):
     @work(thread=True, exit_on_error=False, group="actions", description="engine call")
     def _engine_each(self, method: str, task_ids: list[str], word: str) -> None:
         call: Callable[[str], Any] = getattr(self.fleet, method)
+        if len(task_ids) > 1:
+            def one(task_id: str) -> None:
+                call(task_id)
+
+            self.post_message(_each(task_ids, one, word, word.capitalize()))
+            return
         for task_id in task_ids:
             call(task_id)
             self.post_message(ActionDone(word, title=task_id, task_ids=[task_id]))
@@ -1018,7 +1122,7 @@ class MainScreen(Screen[None]):
 
     # --- actions: outside programs -------------------------------------------------------
     def action_shell(self) -> None:
-        task = self.selected
+        task = self.cursor_task
         if task is None or task.worktree is None:
             return
         shell = os.environ.get("SHELL") or "/bin/sh"
@@ -1044,6 +1148,37 @@ class MainScreen(Screen[None]):
         await self.fleet_app.action_quit()
 
 
+def _each(task_ids: list[str], act: Callable[[str], str | None], word: str, verb: str,
+          *, again: str = "") -> ActionDone:
+    """Run ``act`` on every task of a bulk action, one failure not stopping the others,
+    and say in one message how many it did: ``act`` returns None when it did it, or why
+    not (or raises). ``task_ids`` of the message are the ones done (their marks go)."""
+    from fleet_tui.ui.app import describe_error
+
+    done: list[str] = []
+    failed: list[tuple[str, str]] = []
+    for task_id in task_ids:
+        try:
+            why = act(task_id)
+        except Exception as exc:  # reported below with the task's id; the others go on
+            why = describe_error(exc)
+        if why is None:
+            done.append(task_id)
+        else:
+            failed.append((task_id, why))
+    total = len(task_ids)
+    if not failed:
+        return ActionDone(", ".join(done), title=f"{verb} {total} tasks{again}",
+                          task_ids=done)
+    lines = [f"{verb} {len(done)} of {total} tasks{again}"
+             + (f": {', '.join(done)}." if done else "."),
+             f"Not {word} ({len(failed)}, still marked):"]
+    lines += [f"  {task_id}: {why}" for task_id, why in failed]
+    text = "\n".join(lines)
+    return ActionDone(text, title=f"{verb} {len(done)} of {total} tasks{again}",
+                      severity="error", details=text, task_ids=done)
+
+
 HELP_TEXT = {
     "new_task": "launch a task (the form; ctrl+s submits)",
     "merge": "merge into the base branch (conflict preview, message, test gate)",
@@ -1051,7 +1186,10 @@ HELP_TEXT = {
     "retry": "run again: fresh, or resume the session",
     "follow_up": "send a follow-up prompt to a finished task's session",
     "kill": "stop a running or queued task (asks first)",
-    "toggle_mark": "mark / unmark; merge, discard, kill and retry act on every marked task",
+    "toggle_mark": "mark / unmark the cursor row and move down; merge, discard, kill and "
+                   "retry act on every marked task",
+    "mark_all": "mark every task shown in the list (a filter narrows it)",
+    "unmark_all": "unmark every task (escape once more after a filter; ctrl+\\ too)",
     "shell": "open $SHELL in the task's worktree (exit to come back)",
     "edit": "open the highlighted diff file in $EDITOR",
     "filter": "filter the task list",
@@ -1065,6 +1203,21 @@ HELP_TEXT = {
     "clear_filter": "clear the filter",
     "quit": "quit (workers keep running; the next start picks them up)",
 }
+
+
+def poll_problem(fleet: Fleet, error: BaseException) -> str:
+    """The start of one sentence for a task list that cannot be read: where from and why
+    ("Cannot read the task list from F: file is not a database (DatabaseError)")."""
+    from fleet_tui.fleet import FleetError
+    from fleet_tui.store import StoreError
+
+    where = getattr(getattr(fleet, "store", None), "path", None)
+    text = " ".join(str(error).split()).rstrip(".")
+    if isinstance(error, FleetError | StoreError) and text:
+        cause = text  # written for the user already
+    else:
+        cause = f"{text} ({type(error).__name__})" if text else type(error).__name__
+    return f"Cannot read the task list{f' from {where}' if where else ''}: {cause}"
 
 
 def worker_sleep(worker: Any, seconds: float) -> None:

@@ -16,7 +16,7 @@ class StatusLine(Static):
     """One line; its parts are styled from component classes (theme colours)."""
 
     COMPONENT_CLASSES = {"status--name", "status--running", "status--cooldown",
-                         "status--muted"}
+                         "status--muted", "status--marked"}
     DEFAULT_CSS = """
     StatusLine {
         height: 1;
@@ -28,6 +28,7 @@ class StatusLine(Static):
         & > .status--cooldown { color: $text-warning; background: $warning-muted;
                                 text-style: bold; }
         & > .status--muted { color: $text-muted; }
+        & > .status--marked { color: $accent; text-style: bold; }
     }
     """
 
@@ -36,6 +37,7 @@ class StatusLine(Static):
         self.repo_name = ""
         self.status: FleetStatus | None = None
         self.scheduler = True
+        self.marked = 0  # how many tasks are marked (the bulk actions act on them)
         self._shown: str | None = None
 
     def show(self, status: FleetStatus | None, now: float) -> None:
@@ -54,6 +56,10 @@ class StatusLine(Static):
                 text.append("  ")
                 text.append(f" cooldown {human_duration(status.cooldown_until - now)} ",
                             style=self.get_component_rich_style("status--cooldown"))
+        if self.marked:  # before the tokens: at 80 columns the end of the line is cut
+            text.append(f"   ● {self.marked} marked",
+                        style=self.get_component_rich_style("status--marked"))
+        if status is not None:
             text.append(f"   Σ {human_tokens(status.total_tokens)} tokens",
                         style=self.get_component_rich_style("status--muted"))
         if self.repo_name:

@@ -203,6 +203,12 @@ class TaskTable(ScrollView, can_focus=True):
         self.refresh()
         self._announce()
 
+    def set_marked(self, marked: set[str]) -> None:
+        """Show these marks (repaints the rows on screen; rows are cached per mark)."""
+        if marked != self._marked:
+            self._marked = set(marked)
+            self.refresh()
+
     def move_cursor(self, *, row: int, animate: bool = False, scroll: bool = True) -> None:
         """Put the cursor on ``row`` (clamped), scroll it into view, say which task."""
         del animate  # the list never animates; kept for DataTable's signature

@@ -1,0 +1,131 @@
+"""The launch form: every new form starts from one copy, what it carries over is said
+plainly, and the whole form works at 80x24.
+
+No claude here: the scheduler is off, so a launch only queues tasks (the real engine, the
+real store, a real git repository).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_ui_support import wait_until
+from textual.pilot import Pilot
+from textual.widget import Widget
+from textual.widgets import Button, Input, TextArea
+
+from fleet_tui.config import load_settings
+from fleet_tui.fleet import Fleet
+from fleet_tui.ui.app import FleetApp
+from fleet_tui.ui.screens.launch import FormValues, LaunchScreen
+
+
+@pytest.fixture
+def fleet(git_repo: Path) -> Fleet:
+    return Fleet(load_settings())
+
+
+def make_app(fleet: Fleet, repo: Path) -> FleetApp:
+    return FleetApp(fleet, repo=repo, default_base="main", run_scheduler=False, bell=False,
+                    poll_interval=0.1, diff_interval=60)
+
+
+async def open_form(pilot: Pilot[Any], app: FleetApp) -> LaunchScreen:
+    await pilot.press("n")
+    await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen)
+                     and bool(app.screen.query("#copies")), what="the form")
+    screen = app.screen
+    assert isinstance(screen, LaunchScreen)
+    return screen
+
+
+async def test_a_new_form_starts_from_one_copy(fleet: Fleet, git_repo: Path) -> None:
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=(120, 40)) as pilot:
+        form = await open_form(pilot, app)
+        form.query_one("#prompt", TextArea).text = "first batch"
+        form.query_one("#copies", Input).value = "2"
+        form.query_one("#timeout", Input).value = "30m"
+        await pilot.pause()
+        assert "Launch 2 copies" in str(form.query_one("#launch", Button).label)
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: len(fleet.list_tasks()) == 2, what="two copies")
+
+        form = await open_form(pilot, app)
+        assert form.query_one("#copies", Input).value == "1"
+        assert str(form.query_one("#launch", Button).label).startswith("Launch  ")
+        # what the form carries over from the last launch is said, not just pre-filled
+        carried = str(form.query_one("#carried").render())
+        assert "timeout 30m" in carried and "copies" not in carried
+        form.query_one("#prompt", TextArea).text = "one more"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: len(fleet.list_tasks()) == 3, what="the third task")
+        await pilot.pause(0.3)
+        assert len(fleet.list_tasks()) == 3  # one task, not two more
+
+
+async def test_nothing_carried_says_nothing(fleet: Fleet, git_repo: Path) -> None:
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=(120, 40)) as pilot:
+        form = await open_form(pilot, app)
+        assert not form.query_one("#carried").display
+
+
+def _on_screen(app: FleetApp, widget: Widget) -> bool:
+    """The widget's whole region is inside the terminal, and what is painted at its top
+    left and bottom right corners is the widget (not a button bar or a border over it)."""
+    region = widget.region
+    if region.area <= 0 or not app.screen.region.contains_region(region):
+        return False
+    for x, y in ((region.x, region.y), (region.right - 1, region.bottom - 1)):
+        found, _ = app.screen.get_widget_at(x, y)
+        if found is not widget and widget not in found.ancestors:
+            return False
+    return True
+
+
+async def test_every_field_and_the_launch_button_are_reachable_at_80x24(
+        fleet: Fleet, git_repo: Path) -> None:
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=(80, 24)) as pilot:
+        form = await open_form(pilot, app)
+        launch = form.query_one("#launch", Button)
+        await pilot.pause(0.1)
+        # what the form will start is in sight before any scrolling: copies and Launch
+        assert _on_screen(app, form.query_one("#copies", Input)), "Copies is off-screen"
+        assert _on_screen(app, launch), "Launch is off-screen"
+        seen: list[str] = []
+        for _ in range(20):
+            focused = app.focused
+            assert focused is not None
+            await pilot.pause(0.05)  # scrolling to the focused widget takes a frame
+            assert _on_screen(app, focused), f"{focused.id} is off-screen at {focused.region}"
+            seen.append(focused.id or "")
+            if focused is launch:
+                break
+            await pilot.press("tab")
+        assert app.focused is launch, f"tab never reached Launch (went {seen})"
+        for field in ("prompt", "title", "base-ref", "model", "permission-mode", "effort",
+                      "max-turns", "timeout", "copies"):
+            assert field in seen
+        # the focused Launch button launches
+        form.query_one("#prompt", TextArea).text = "from the keyboard"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: len(fleet.list_tasks()) == 1, what="the launch")
+
+
+async def test_with_remembered_values_the_form_still_fits_80x24(fleet: Fleet,
+                                                                git_repo: Path) -> None:
+    """The line naming the carried values costs a row; Copies and Launch stay in sight."""
+    FormValues(model="small", max_turns="5", timeout="30m").save()
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=(80, 24)) as pilot:
+        form = await open_form(pilot, app)
+        await pilot.pause(0.1)
+        carried = form.query_one("#carried")
+        assert carried.display and _on_screen(app, carried)
+        assert "model small, max turns 5, timeout 30m" in str(carried.render())
+        assert _on_screen(app, form.query_one("#copies", Input))
+        assert _on_screen(app, form.query_one("#launch", Button))
