@@ -1100,8 +1100,9 @@ class Fleet:
         result = fol.result.data if fol.result is not None else None
         killed, timed_out = reason in ("kill", "error"), reason in ("timeout", "stall")
         if exit_rec is None:
-            if problem is None:  # no exit record at all: the runner died
-                stopped = self._stop_leftovers(attempt)
+            # the runner died (or its record is damaged): it may not have cleaned up
+            stopped = self._stop_leftovers(attempt)
+            if problem is None:
                 why = self._no_exit_record(attempt, stopped)
             else:
                 why = (f"the exit record {exit_path} is unreadable ({problem}); the verdict "

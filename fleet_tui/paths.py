@@ -109,13 +109,13 @@ def secure_home(env: Mapping[str, str] | None = None) -> None:
     root = home(env)
     if not root.is_dir():
         return
-    secure_tree_top(root)
     config = root / "config"
     try:
-        config_mode = stat.S_IMODE(os.lstat(config).st_mode)
+        config_open = stat.S_IMODE(os.lstat(config).st_mode) != PRIVATE_DIR
     except OSError:
-        return
-    if config_mode != PRIVATE_DIR:
+        config_open = False
+    secure_tree_top(root)
+    if config_open:
         secure_tree_top(config)
 
 
