@@ -717,6 +717,11 @@ class Fleet:
                      "events_offset": 0},
                     {"verdict": None, "message": None, "finished_at": None,
                      "last_event_at": None, "attempt_count": attempt.n}):
+                current = self.store.get_task(task.id)
+                if current.state not in ACTIVE_STATES:  # killed meanwhile: close the attempt
+                    self.store.update_attempt(attempt.id, finished_at=now,
+                                              verdict=current.verdict or "killed",
+                                              message=current.message)
                 raise _NotStarted("it was killed, or taken over, before its runner started")
             with open(os.devnull, "rb") as devnull, open(adir / RUNNER_LOG, "ab") as runner_log:
                 proc = subprocess.Popen(
@@ -1032,6 +1037,9 @@ class Fleet:
         # spawns nothing (record_launch refuses)
         if self.store.kill_unlaunched(task.id, now, "killed before it started"):
             return
+        task = self.get_task(task.id)
+        if task.state not in ACTIVE_STATES:
+            raise FleetError(f"task {task.id} is not running (it is {task.state})")
         attempt = self.store.latest_attempt(task.id)
         deadline = time.monotonic() + START_GRACE
         while attempt is None or attempt.dir is None or (

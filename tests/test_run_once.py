@@ -67,13 +67,15 @@ def make_fleet(endpoint: ScriptedEndpoint, claude: str, **more: Any) -> Fleet:
 
 def engine_process(tmp_path: Path, endpoint: ScriptedEndpoint, claude: str, *,
                    die_at: str | None = None, until_settled: list[str] | None = None,
-                   **more: Any) -> subprocess.Popen[bytes]:
+                   start_grace: float | None = None, **more: Any) -> subprocess.Popen[bytes]:
     """Start tests/engine_child.py: a real engine in its own process."""
     config = tmp_path / f"engine-{time.monotonic_ns()}.json"
     config.write_text(json.dumps({
         "settings": _overrides(endpoint, claude, **more), "env": _env(),
-        "db": str(paths.db_path()), "die_at": die_at, "until_settled": until_settled}))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]))
+        "db": str(paths.db_path()), "die_at": die_at, "until_settled": until_settled,
+        "start_grace": start_grace}))
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*inherited, str(ROOT), str(TESTS)]))
     return subprocess.Popen([sys.executable, str(TESTS / "engine_child.py"), str(config)],
                             env=env)
 
@@ -177,3 +179,105 @@ def test_a_second_engine_beside_a_slow_start_never_runs_a_task_twice(
             first.wait()
     for task_id in ids:
         assert_ran_once(fleet, endpoint, task_id)
+
+
+def test_kill_during_a_slow_start_stops_it_before_any_runner(
+        git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint, tmp_path: Path,
+        no_runner_left: None) -> None:
+    hook = git_repo / ".git" / "hooks" / "post-checkout"
+    hook.write_text("#!/bin/sh\nsleep 3\n")
+    hook.chmod(0o755)
+    fleet = make_fleet(endpoint, claude_bin)
+    (task,) = fleet.submit(TaskSpec(prompt="work once", repo=git_repo))
+    child = engine_process(tmp_path, endpoint, claude_bin)  # one pass: claim, checkout...
+    try:
+        deadline = time.monotonic() + 30
+        while fleet.get_task(task.id).state != TaskState.RUNNING:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        fleet.kill(task.id)
+        # kill did not wait for the start: the other engine is still in its checkout
+        assert child.poll() is None
+        killed = fleet.get_task(task.id)
+        assert killed.state == TaskState.KILLED and killed.message == "killed before it started"
+        assert child.wait(timeout=60) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    # its starter found it killed and spawned nothing
+    done = fleet.get_task(task.id)
+    assert done.state == TaskState.KILLED
+    assert all(a.runner_pid is None and a.finished_at is not None for a in fleet.attempts(
+        task.id))
+    assert runner_processes(paths.attempt_dir(git_repo, task.id, 1)) == []
+    assert endpoint.requests == []
+
+
+def test_a_slow_start_keeps_its_claims_fresh(
+        git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint, tmp_path: Path,
+        no_runner_left: None) -> None:
+    """The heartbeat by which an engine on another host tells a slow start from a dead
+    one: claimed_at moves while the claim waits for its turn."""
+    hook = git_repo / ".git" / "hooks" / "post-checkout"
+    hook.write_text("#!/bin/sh\nsleep 1\n")
+    hook.chmod(0o755)
+    fleet = make_fleet(endpoint, claude_bin, max_workers=4)
+    tasks = fleet.submit(TaskSpec(prompt="work once", repo=git_repo), copies=4)
+    ids = [t.id for t in tasks]
+    child = engine_process(tmp_path, endpoint, claude_bin, until_settled=ids, max_workers=4,
+                           start_grace=0.4)
+    seen: dict[str, set[float]] = {i: set() for i in ids}
+    try:
+        deadline = time.monotonic() + 60
+        while not all(fleet.attempts(i) and fleet.attempts(i)[-1].dir for i in ids):
+            assert time.monotonic() < deadline
+            for i in ids:
+                t = fleet.get_task(i)
+                if t.claimed_at is not None and not (fleet.attempts(i)
+                                                     and fleet.attempts(i)[-1].dir):
+                    seen[i].add(t.claimed_at)
+            time.sleep(0.02)
+        assert child.wait(timeout=120) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert max(len(v) for v in seen.values()) >= 3, seen
+    for i in ids:
+        assert_ran_once(fleet, endpoint, i)
+
+
+def test_a_claim_is_requeued_only_when_its_starter_is_provably_gone(git_repo: Path) -> None:
+    """Claims nobody is launching, with the claimer: alive on this host, dead on this host,
+    a dead engine object in this very process, and another host with and without a recent
+    heartbeat. (No runner needed: what is checked is the requeue decision of one pass.)"""
+    # max_workers 2: the two claims that stay fill the cap, so this pass starts nothing
+    settings = load_settings(env=os.environ, overrides={
+        "claude": "/nonexistent/claude", "key_sources": "env", "max_workers": 2,
+        "base_url": "http://127.0.0.1:9"})
+    fleet = Fleet(settings, Store(paths.db_path()))
+    now = time.time()
+    gone = Fleet(settings, Store(paths.db_path()))
+    gone_owner = gone.owner
+    del gone
+    init_start = procs.start_time(1)
+    claims = {
+        "alive-here": (f"{fleet_mod._HOST}:1:{init_start}:0", now - 3600),
+        "dead-pid": (f"{fleet_mod._HOST}:{2 ** 22 - 3}:12345:0", now),
+        "dead-object": (gone_owner, now),
+        "other-fresh": ("elsewhere.example:42:7:0", now - 5),
+        "other-stale": ("elsewhere.example:42:7:0", now - fleet_mod.START_GRACE - 5),
+    }
+    ids: dict[str, str] = {}
+    for name, (owner, at) in claims.items():
+        task = fleet.store.create_task(prompt=name, repo=git_repo, title=name,
+                                       state=TaskState.RUNNING, claimed_by=owner,
+                                       claimed_at=at, endpoint="http://127.0.0.1:9")
+        ids[name] = task.id
+    changes = fleet.tick()
+    requeued = {c.task_id for c in changes if c.new == TaskState.QUEUED}
+    assert requeued == {ids["dead-pid"], ids["dead-object"], ids["other-stale"]}
+    for name in ("alive-here", "other-fresh"):
+        kept = fleet.get_task(ids[name])
+        assert kept.claimed_by == claims[name][0] and kept.state == TaskState.RUNNING
