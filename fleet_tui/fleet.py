@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
@@ -91,6 +92,7 @@ _HOST = socket.gethostname()
 # the engines of this process by owner string: a claim by one of them that no longer exists
 # is abandoned even though the process lives
 _LIVE_OWNERS: weakref.WeakValueDictionary[str, Fleet] = weakref.WeakValueDictionary()
+_ENGINE_SEQ = itertools.count(1)  # owner strings stay unique in a process (ids are reused)
 
 
 class FleetError(Exception):
@@ -306,7 +308,7 @@ class Fleet:
         # who claims tasks: host, pid and its start time (so a claim's starter can be proven
         # gone), and this object (several engines may live in one process)
         self.owner = (f"{_HOST}:{os.getpid()}:{procs.start_time(os.getpid()) or 0}:"
-                      f"{id(self):x}")
+                      f"{next(_ENGINE_SEQ)}-{id(self):x}")
         _LIVE_OWNERS[self.owner] = self
         self._secured = False
         self.last_error: str | None = None

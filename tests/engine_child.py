@@ -7,7 +7,8 @@ a real `kill -9` (or a power cut) would have to hit by luck.
 
 usage: python engine_child.py CONFIG.json
 CONFIG (JSON): settings (load_settings overrides), env (the engine's environment), db (the
-store path), die_at (null, "after-claim" or "after-runner-spawn"), until_settled (task
+store path), die_at (null, "after-claim", "after-record-launch": the attempt folder is
+recorded, no runner yet, or "after-runner-spawn"), until_settled (task
 ids: run the scheduler until every one has finished, then exit 0), start_grace (seconds,
 instead of fleet.START_GRACE: how often the heartbeat of a slow start beats).
 """
@@ -50,6 +51,15 @@ def main() -> int:
             return task
 
         Store.claim_next = claim_then_die  # type: ignore[method-assign]
+    elif die_at == "after-record-launch":
+        real_record = Store.record_launch
+
+        def record_then_die(self: Store, *args: Any, **kwargs: Any) -> Any:
+            if real_record(self, *args, **kwargs):
+                _die()
+            return False
+
+        Store.record_launch = record_then_die  # type: ignore[method-assign]
     elif die_at == "after-runner-spawn":
         real_popen = subprocess.Popen
 
