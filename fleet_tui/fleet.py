@@ -7,6 +7,8 @@ any number of fleet-tui processes can share the work: `tick()` claims queued tas
 the store (the cap holds across processes), follows every running attempt by tailing its
 files, and finishes attempts whose exit record appeared, whoever started them. A runner is
 a detached process; the engine never holds a pipe to it, so closing the panel loses nothing.
+Each attempt has exactly one runner: its folder is recorded and its lock (`.lock`) taken
+before the runner is spawned, and the runner holds that lock until it is gone.
 """
 
 from __future__ import annotations
