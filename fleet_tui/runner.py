@@ -326,7 +326,7 @@ class Runner:
             with contextlib.suppress(OSError):
                 os.unlink(self.dir / RESERVE_FILE)
 
-    def _write_runner_record(self) -> None:
+    def _write_runner_record(self) -> bool:
         try:
             write_json_atomic(self.dir / RUNNER_FILE, {
                 "runner_pid": self.pid,
@@ -336,10 +336,12 @@ class Runner:
                 "started_at": self.started_at,
             })
         except OSError as exc:
-            if self.write_error is None:
+            self._log(f"could not write {RUNNER_FILE} in {self.dir}: {_strerror(exc)}")
+            if self.child is None:  # before the run: do not start one nobody can follow
                 self.write_error = (f"could not write {RUNNER_FILE} in {self.dir}: "
                                     f"{_strerror(exc)}")
-            self._log(self.write_error)
+            return False
+        return True
 
     def _write_exit(self, *, exit_code: int | None, sig: int | None = None,
                     error: str | None = None) -> bool:

@@ -69,17 +69,22 @@ def test_descendants_and_signal_tree_reach_other_groups() -> None:
     # plain; both must be found through the tree and killed.
     proc = subprocess.Popen(["bash", "-c", "setsid sleep 301 & sleep 302 & wait"],
                             start_new_session=True)
+    kids: list[int] = []
+
+    def sleeping() -> bool:  # both forks have exec'd sleep (under load that takes a while)
+        kids[:] = procs.descendants(proc.pid)
+        return {" ".join(procs.cmdline(k)) for k in kids} >= {"sleep 301", "sleep 302"}
+
     try:
-        assert _wait_for(lambda: len(procs.descendants(proc.pid)) >= 2)
-        kids = procs.descendants(proc.pid)
-        cmds = {" ".join(procs.cmdline(k)) for k in kids}
-        assert {"sleep 301", "sleep 302"} <= cmds
+        assert _wait_for(sleeping)
         other_groups = {procs.read_stat(k).pgid for k in kids if procs.read_stat(k)}  # type: ignore[union-attr]
         assert len(other_groups | {proc.pid}) >= 2
         hit = procs.signal_tree(proc.pid, signal.SIGKILL)
         assert proc.pid in hit and set(kids) <= set(hit)
         assert procs.wait_gone([proc.pid, *kids], 5)
     finally:
+        for pid in kids:  # a failed check must not leave its sleeps to the next run
+            procs.signal_pid(pid, signal.SIGKILL)
         proc.kill()
         proc.wait()
     for st in procs.all_stats():
