@@ -669,9 +669,14 @@ class Fleet:
             raise FleetError(attempts[-1].row_error)
         worktree = task.worktree
         if worktree is None or not Path(worktree).is_dir():
-            # a retry may find what a failed start left behind: then start clean
+            # A retry may find what a failed start left behind, and so may a task claimed
+            # before by an engine that died while making its worktree (no runner ran: that
+            # needs the attempt folder, recorded later): then start clean.
+            claimed_before = (task.started_at is not None and task.claimed_at is not None
+                              and task.started_at < task.claimed_at)
             info = git.create_worktree(task.repo, task.id, task.base_commit or task.base_ref,
-                                       reset=worktree is not None or bool(attempts))
+                                       reset=worktree is not None or bool(attempts)
+                                       or claimed_before)
             worktree = info.path
             self.store.update_task(task.id, worktree=info.path, branch=info.branch,
                                    base_commit=task.base_commit or info.base_commit,

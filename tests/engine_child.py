@@ -7,8 +7,9 @@ a real `kill -9` (or a power cut) would have to hit by luck.
 
 usage: python engine_child.py CONFIG.json
 CONFIG (JSON): settings (load_settings overrides), env (the engine's environment), db (the
-store path), die_at (null, "after-claim", "after-record-launch": the attempt folder is
-recorded, no runner yet, or "after-runner-spawn"), until_settled (task
+store path), die_at (null, "after-claim", "after-worktree": made but not recorded,
+"after-record-launch": the attempt folder is recorded, no runner yet, or
+"after-runner-spawn"), until_settled (task
 ids: run the scheduler until every one has finished, then exit 0), start_grace (seconds,
 instead of fleet.START_GRACE: how often the heartbeat of a slow start beats).
 """
@@ -51,6 +52,16 @@ def main() -> int:
             return task
 
         Store.claim_next = claim_then_die  # type: ignore[method-assign]
+    elif die_at == "after-worktree":
+        from fleet_tui import git as fleet_git
+
+        real_create = fleet_git.create_worktree
+
+        def create_then_die(*args: Any, **kwargs: Any) -> Any:
+            real_create(*args, **kwargs)
+            _die()
+
+        fleet_git.create_worktree = create_then_die
     elif die_at == "after-record-launch":
         real_record = Store.record_launch
 

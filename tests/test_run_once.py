@@ -134,7 +134,7 @@ def no_runner_left() -> Iterator[None]:
             procs.signal_tree(st.pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("die_at", ["after-claim", "after-record-launch",
+@pytest.mark.parametrize("die_at", ["after-claim", "after-worktree", "after-record-launch",
                                     "after-runner-spawn"])
 def test_an_engine_killed_while_starting_a_task_never_runs_it_twice(
         die_at: str, git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
