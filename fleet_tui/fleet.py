@@ -524,13 +524,18 @@ class Fleet:
                      changes: list[TaskChange]) -> None:
         """Fail one task (verdict crashed) with `message`. A runner of it that still lives
         is stopped: a failed task must not go on working unseen (nor beside a retry)."""
-        now = self.clock()
         if attempt is not None and attempt.dir is not None and attempt.finished_at is None:
             try:
                 if self._runner_state(attempt) == "alive":
+                    # marked only once it is gone, so that no retry runs beside it
                     self._request_kill(attempt, "error", message)
+                    if not self._wait_runner(attempt,
+                                             self.settings.kill_grace + RUNNER_HEADSTART):
+                        self._signal_attempt(attempt, signal.SIGKILL)
+                        self._wait_runner(attempt, 5.0)
             except Exception:
                 log.exception("could not stop the runner of task %s", task.id)
+        now = self.clock()
         if attempt is not None and attempt.finished_at is None:
             self.store.update_attempt(attempt.id, finished_at=now, verdict="crashed",
                                       message=message)
@@ -667,6 +672,18 @@ class Fleet:
         attempts = self.store.list_attempts(task.id)
         if attempts and attempts[-1].row_error is not None:
             raise FleetError(attempts[-1].row_error)
+        pending = attempts[-1] if attempts and attempts[-1].runner_pid is None \
+            and attempts[-1].finished_at is None else None
+        # one live worker per task: an earlier attempt's runner still stopping (a kill's
+        # grace) comes first; the task goes back to the queue and is tried again
+        for earlier in attempts:
+            if earlier is not pending and earlier.dir is not None \
+                    and lock_held(earlier.dir) is True:
+                current = self.store.get_task(task.id)
+                self.store.requeue_claim(task.id, self.owner, current.claimed_at, now,
+                                         f"waiting for the runner of attempt {earlier.n} "
+                                         "to stop")
+                raise _NotStarted(f"the runner of attempt {earlier.n} still lives")
         worktree = task.worktree
         if worktree is None or not Path(worktree).is_dir():
             # A retry may find what a failed start left behind, and so may a task claimed
@@ -687,8 +704,6 @@ class Fleet:
             raise FleetError(f"refusing to run task {task.id} in the main checkout {task.repo}")
         config_dir = paths.private_dir(paths.task_config_dir(task.id, self.env))
 
-        pending = attempts[-1] if attempts and attempts[-1].runner_pid is None \
-            and attempts[-1].finished_at is None else None
         model = self._model_for(task, attempts)
         if pending is None:
             attempt = self.store.add_attempt(task.id, kind="fresh", prompt=task.prompt,

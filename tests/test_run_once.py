@@ -282,3 +282,49 @@ def test_a_claim_is_requeued_only_when_its_starter_is_provably_gone(git_repo: Pa
     for name in ("alive-here", "other-fresh"):
         kept = fleet.get_task(ids[name])
         assert kept.claimed_by == claims[name][0] and kept.state == TaskState.RUNNING
+
+
+SLEEPY = [[{"type": "tool_use", "name": "Bash",
+            "input": {"command": "sleep 341", "description": "wait"}}], "never reached"]
+
+
+def test_a_new_attempt_waits_for_the_previous_runner_to_stop(
+        git_repo: Path, claude_bin: str, tmp_path: Path, no_runner_left: None) -> None:
+    """One live worker per task across attempts too: a task closed while its runner still
+    lives (here set so in the store by hand, as a stand-in for any path that closes a task
+    early) and resumed must not start a second runner in the same worktree."""
+    with ScriptedEndpoint({"default": SLEEPY}) as ep:
+        fleet = make_fleet(ep, claude_bin)
+        (task,) = fleet.submit(TaskSpec(prompt="wait", repo=git_repo))
+
+        def sleeping() -> list[int]:
+            return [st.pid for st in procs.all_stats() if st.state != "Z"
+                    and procs.cmdline(st.pid) == ["sleep", "341"]]
+
+        drive(fleet, lambda: bool(sleeping()) and fleet.get_task(task.id).session_id
+              is not None, timeout=60)
+        first = fleet.attempts(task.id)[-1]
+        assert fleet.store.update_task(task.id, state=TaskState.FAILED, verdict="crashed",
+                                       message="closed early (test)")
+        fleet.retry(task.id, resume=True)
+        for _ in range(10):
+            fleet.tick()
+            time.sleep(0.05)
+        # still one runner: the resume waits in the queue for the first one to stop
+        runners = [st.pid for st in procs.all_stats() if st.state != "Z"
+                   and "fleet_tui.runner" in procs.cmdline(st.pid)
+                   and task.id in " ".join(procs.cmdline(st.pid))]
+        assert runners == [first.runner_pid]
+        second = fleet.attempts(task.id)[-1]
+        assert second.n == 2 and second.dir is None and second.runner_pid is None
+        assert fleet.get_task(task.id).state == TaskState.QUEUED
+        assert "waiting for the runner of attempt 1 to stop" in (
+            fleet.get_task(task.id).message or "")
+        for pid in sleeping():
+            procs.signal_pid(pid, signal.SIGKILL)  # the first run ends (its step fails)
+        assert procs.wait_gone([first.runner_pid or 0], 60)
+        gone_at = time.time()
+        drive(fleet, lambda: fleet.get_task(task.id).state in FINISHED_STATES, timeout=60)
+        second = fleet.attempts(task.id)[-1]
+        assert second.n == 2 and second.runner_pid is not None
+        assert (second.started_at or 0) >= gone_at  # started only once the first was gone
