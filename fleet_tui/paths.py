@@ -86,7 +86,8 @@ def private_file(path: Path) -> Path:
 
 
 def secure_tree_top(folder: Path) -> None:
-    """Make folder 0700 and its direct entries private (dirs 0700, files 0600)."""
+    """Make folder 0700 and its direct entries private: dirs 0700, files lose every group
+    and other bit (0644 -> 0600; an owner's execute bit is kept)."""
     make_private(folder, PRIVATE_DIR)
     try:
         entries = list(os.scandir(folder))
@@ -96,8 +97,11 @@ def secure_tree_top(folder: Path) -> None:
         try:
             if entry.is_symlink():
                 continue
-            make_private(Path(entry.path),
-                         PRIVATE_DIR if entry.is_dir(follow_symlinks=False) else PRIVATE_FILE)
+            if entry.is_dir(follow_symlinks=False):
+                make_private(Path(entry.path), PRIVATE_DIR)
+            else:
+                mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
+                make_private(Path(entry.path), mode & 0o700)
         except OSError:
             continue
 
