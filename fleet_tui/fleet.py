@@ -445,28 +445,35 @@ class Fleet:
         the database itself (locked for longer than the busy timeout, disk full) fails the
         whole pass."""
         with self._lock:
-            changes: list[TaskChange] = []
-            self._reap()
-            if not self._secured:
-                self._secured = True
-                self._secure_logs()
-            now = self.clock()
-            active = self.store.list_tasks(states=ACTIVE_STATES)
-            live: set[int] = set()
-            for task in active:
-                attempt: Attempt | None = None
-                try:
-                    attempt = self.store.latest_attempt(task.id)
-                    if attempt is not None:
-                        live.add(attempt.id)
-                    self._follow_task(task, attempt, now, changes)
-                except Exception as exc:
-                    self._on_task_error(task, attempt, exc, changes)
-            # forget attempts another engine finished (their tasks are no longer active)
-            for attempt_id in set(self._follows) - live:
-                del self._follows[attempt_id]
-            self._start_ready(changes)
-            return changes
+            try:
+                return self._tick()
+            except sqlite3.OperationalError as exc:  # locked past the busy timeout, full...
+                raise StoreError(f"the task database {self.store.path} could not be used: "
+                                 f"{exc}") from exc
+
+    def _tick(self) -> list[TaskChange]:
+        changes: list[TaskChange] = []
+        self._reap()
+        if not self._secured:
+            self._secured = True
+            self._secure_logs()
+        now = self.clock()
+        active = self.store.list_tasks(states=ACTIVE_STATES)
+        live: set[int] = set()
+        for task in active:
+            attempt: Attempt | None = None
+            try:
+                attempt = self.store.latest_attempt(task.id)
+                if attempt is not None:
+                    live.add(attempt.id)
+                self._follow_task(task, attempt, now, changes)
+            except Exception as exc:
+                self._on_task_error(task, attempt, exc, changes)
+        # forget attempts another engine finished (their tasks are no longer active)
+        for attempt_id in set(self._follows) - live:
+            del self._follows[attempt_id]
+        self._start_ready(changes)
+        return changes
 
     def run(self, stop: threading.Event, interval: float = 0.25) -> None:
         """Tick until `stop` is set (meant for a thread of the panel or the CLI).

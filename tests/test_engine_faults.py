@@ -481,3 +481,20 @@ def test_write_json_atomic_leaves_nothing_behind_when_the_write_fails(
     with pytest.raises(OSError, match="No space left"):
         write_json_atomic(small_disk / "x.json", {"big": "y" * 10_000})
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "filler2"]
+
+
+def test_a_full_database_disk_is_a_store_error_not_a_crash(small_disk: Path,
+                                                           git_repo: Path) -> None:
+    """The database itself failing is every task's problem, not one task's: the pass fails
+    with one StoreError naming the database (the CLI prints it; the panel shows it)."""
+    from fleet_tui.store import StoreError
+
+    store = Store(small_disk / "fleet.db")
+    fleet = Fleet(load_settings(overrides={"claude": "/nonexistent/claude"}), store)
+    for i in range(3):
+        store.create_task(prompt=f"p{i}", repo=git_repo, endpoint=fleet.settings.base_url)
+    fill(small_disk)
+    with pytest.raises(StoreError, match=r"the task database .*fleet\.db could not be used: "
+                                         r"database or disk is full"):
+        for _ in range(20):  # the WAL may still have room for a write or two
+            fleet.tick()
