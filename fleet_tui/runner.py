@@ -32,6 +32,7 @@ written at the start and the exit record goes into it when no new file can be ma
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -68,6 +69,7 @@ RESERVE_SIZE = 8192
 LOCK_WAIT = 1.0  # a lock held this long by someone else is a live runner, not a passing check
 EX_LOCKED = 75  # another runner holds this attempt: nothing was done (EX_TEMPFAIL)
 EX_NO_RECORD = 74  # not even the exit record could be written (EX_IOERR)
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 
 
 @dataclass
@@ -170,6 +172,11 @@ def acquire_lock(attempt_dir: Path, wait: float = LOCK_WAIT) -> int | None:
                 os.close(fd)
                 return None
             time.sleep(0.005)
+        except OSError as exc:
+            if exc.errno in _NO_LOCKS:  # a file system without flock: go on unguarded
+                return fd  # (the engine falls back to pid and start time: lock_held None)
+            os.close(fd)
+            raise
         except BaseException:
             os.close(fd)
             raise
@@ -188,6 +195,8 @@ def lock_held(attempt_dir: Path) -> bool | None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
+    except OSError:  # no flock here: unknown (the caller uses pid and start time)
+        return None
     finally:
         os.close(fd)  # releases the lock if this look took it
     return False
