@@ -7,23 +7,32 @@ any number of fleet-tui processes can share the work: `tick()` claims queued tas
 the store (the cap holds across processes), follows every running attempt by tailing its
 files, and finishes attempts whose exit record appeared, whoever started them. A runner is
 a detached process; the engine never holds a pipe to it, so closing the panel loses nothing.
+Each attempt has exactly one runner: its folder is recorded and its lock (`.lock`) taken
+before the runner is spawned, and the runner holds that lock until it is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import itertools
+import json
 import logging
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,11 +43,17 @@ from fleet_tui.runner import (
     EVENTS_FILE,
     EXIT_FILE,
     KILL_FILE,
+    LEFTOVER_GRACE,
+    LOCK_FILE,
+    RESERVE_FILE,
     RUNNER_FILE,
     RUNNER_LOG,
     SPEC_FILE,
     STDERR_FILE,
+    TOKEN_ENV,
     RunSpec,
+    acquire_lock,
+    lock_held,
     read_json,
     write_json_atomic,
 )
@@ -63,12 +78,23 @@ log = logging.getLogger(__name__)
 
 LAUNCH_FILE = "launch.json"  # the engine's record of the runner it started (pid, start time)
 RESUME_PROMPT = "Continue the task where you left off, then summarise what you did."
-START_GRACE = 60.0  # a claim with no runner after this long is an engine that died mid-start
+START_GRACE = 60.0  # a claim by another host's engine with no heartbeat for this long is dead
+RUNNER_HEADSTART = 1.0  # the runner enforces timeout and kill grace; the engine's backstop waits
 STDERR_TAIL = 4000
 TRANSIENT = ("overload", "quota")
 READ_CHUNK = 1 << 20  # bytes of one attempt's events.jsonl folded in per tick (GIL hold)
 START_THREADS = 4  # worktrees made and runners spawned at once (git and fork wait on I/O)
 CHILD_POLL = 0.01  # while our runners live, run() checks this often whether one exited
+
+
+# errors of the moment (the machine, not the task's data): tried again on the next pass
+_PASSING_ERRNOS = frozenset({errno.EINTR, errno.EAGAIN, errno.EMFILE, errno.ENFILE,
+                             errno.ENOMEM, errno.EBUSY, errno.ENOSPC, errno.EDQUOT})
+_HOST = socket.gethostname()
+# the engines of this process by owner string: a claim by one of them that no longer exists
+# is abandoned even though the process lives
+_LIVE_OWNERS: weakref.WeakValueDictionary[str, Fleet] = weakref.WeakValueDictionary()
+_ENGINE_SEQ = itertools.count(1)  # owner strings stay unique in a process (ids are reused)
 
 
 class FleetError(Exception):
@@ -115,6 +141,123 @@ class _Follow:
     offset: int = 0
     result: stream.Result | None = None
     stored: tuple[Any, ...] = ()
+
+
+class _NotStarted(Exception):
+    """A start that must not happen (killed or taken over meanwhile, or a runner of the
+    attempt lives already): nothing to mark, nothing spawned."""
+
+
+class _TaskDataError(Exception):
+    """One task's files or rows could not be used; the message names the file."""
+
+
+def _describe(exc: BaseException) -> str:
+    """One line naming the cause (and, for a task's data, the file)."""
+    if isinstance(exc, _TaskDataError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    return stream.one_line(f"{type(exc).__name__}: {exc}", 300)
+
+
+@contextlib.contextmanager
+def _about(what: str) -> Iterator[None]:
+    """Name the file behind an exception from reading or classifying one task's data."""
+    try:
+        yield
+    except (_TaskDataError, sqlite3.OperationalError):
+        raise
+    except OSError as exc:
+        if exc.errno in _PASSING_ERRNOS:
+            raise
+        raise _TaskDataError(f"{what}: {_describe(exc)}") from exc
+    except Exception as exc:
+        raise _TaskDataError(
+            f"{what}: {stream.one_line(f'{type(exc).__name__}: {exc}', 200)}") from exc
+
+
+def _parse_owner(owner: str | None) -> tuple[str, int, str | None] | None:
+    """host, pid and start time from an engine's owner string (host:pid:start:object; an
+    older one has no start time)."""
+    if not owner:
+        return None
+    parts = owner.split(":")
+    if len(parts) not in (3, 4) or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1]), parts[2] if len(parts) == 4 else None
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write text to path (0600) through a temporary file and a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with open(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _as_float(value: Any, default: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    return float(value)
+
+
+def _read_exit(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The runner's exit record, or (None, why it is unreadable); (None, None): there is
+    none. Each field the engine uses is checked, so bad data is reported, never raised."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None, "it is not JSON"
+    if not isinstance(data, dict):
+        return None, f"it holds a JSON {type(data).__name__}, not an object"
+    for key, kinds in (("exit_code", (int, type(None))), ("signal", (int, type(None))),
+                       ("error", (str, type(None)))):
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            return None, f"its {key} holds {stream.one_line(repr(value), 40)}"
+    return data, None
+
+
+def _read_kill(path: Path) -> dict[str, Any]:
+    """Why an attempt was stopped ({} when it was not, or the record is unusable)."""
+    rec = read_json(path)
+    if not rec or rec.get("reason") not in ("kill", "timeout", "stall", "error"):
+        return {}
+    if not isinstance(rec.get("message"), (str, type(None))):
+        rec["message"] = None
+    return rec
+
+
+def _write_problem(folder: Path) -> str | None:
+    """Why nothing can be written in folder (e.g. "No space left on device"), or None."""
+    probe = folder / f".probe.{os.getpid()}.{secrets.token_hex(3)}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, b"\0" * 4096)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return None
 
 
 def _package_root() -> str:
@@ -164,7 +307,12 @@ class Fleet:
         self.clock = clock
         self.python = python or sys.executable
         self.rng = rng or random.Random()
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        # who claims tasks: host, pid and its start time (so a claim's starter can be proven
+        # gone), and this object (several engines may live in one process)
+        self.owner = (f"{_HOST}:{os.getpid()}:{procs.start_time(os.getpid()) or 0}:"
+                      f"{next(_ENGINE_SEQ)}-{id(self):x}")
+        _LIVE_OWNERS[self.owner] = self
+        self._secured = False
         self.last_error: str | None = None
         self._lock = threading.RLock()
         self._follows: dict[int, _Follow] = {}
@@ -173,6 +321,23 @@ class Fleet:
         # What the engine has folded in from events files, for the panel and benchmarks.
         self.ingested_events = 0
         self.ingested_bytes = 0
+
+    def _secure_logs(self) -> None:
+        """Make each repository's attempt folders private (0700 `.fleet-work/.logs`); in an
+        install from before this was done, also every folder and file under it."""
+        try:
+            repos = self.store.repos()
+        except sqlite3.Error:
+            return
+        for repo in repos:
+            logs = paths.logs_dir(repo)
+            if not paths.make_private(logs, paths.PRIVATE_DIR):
+                continue
+            for folder, dirs, files in os.walk(logs):
+                for name in dirs:
+                    paths.make_private(Path(folder, name), paths.PRIVATE_DIR)
+                for name in files:
+                    paths.make_private(Path(folder, name), paths.PRIVATE_FILE)
 
     # --- queries ------------------------------------------------------------------------------
 
@@ -272,23 +437,43 @@ class Fleet:
 
     def tick(self) -> list[TaskChange]:
         """One pass: follow and finish running attempts (whoever started them), then start
-        what the cap allows. Safe to call from several processes at once."""
+        what the cap allows. Safe to call from several processes at once.
+
+        One task's trouble stays that task's: an exception while following, finishing or
+        starting it marks that task failed (verdict crashed) with a one-line reason naming
+        the cause and the file, is logged, and every other task goes on. Only a problem of
+        the database itself (locked for longer than the busy timeout, disk full) fails the
+        whole pass."""
         with self._lock:
-            changes: list[TaskChange] = []
-            self._reap()
-            now = self.clock()
-            active = self.store.list_tasks(states=ACTIVE_STATES)
-            for task in active:
-                try:
-                    self._follow_task(task, now, changes)
-                except (OSError, StoreError, git.GitError) as exc:
-                    log.warning("following task %s: %s", task.id, exc)
-            # forget attempts another engine finished (their tasks are no longer active)
-            live = {a.id for t in active if (a := self.store.latest_attempt(t.id)) is not None}
-            for attempt_id in set(self._follows) - live:
-                del self._follows[attempt_id]
-            self._start_ready(changes)
-            return changes
+            try:
+                return self._tick()
+            except sqlite3.OperationalError as exc:  # locked past the busy timeout, full...
+                raise StoreError(f"the task database {self.store.path} could not be used: "
+                                 f"{exc}") from exc
+
+    def _tick(self) -> list[TaskChange]:
+        changes: list[TaskChange] = []
+        self._reap()
+        if not self._secured:
+            self._secured = True
+            self._secure_logs()
+        now = self.clock()
+        active = self.store.list_tasks(states=ACTIVE_STATES)
+        live: set[int] = set()
+        for task in active:
+            attempt: Attempt | None = None
+            try:
+                attempt = self.store.latest_attempt(task.id)
+                if attempt is not None:
+                    live.add(attempt.id)
+                self._follow_task(task, attempt, now, changes)
+            except Exception as exc:
+                self._on_task_error(task, attempt, exc, changes)
+        # forget attempts another engine finished (their tasks are no longer active)
+        for attempt_id in set(self._follows) - live:
+            del self._follows[attempt_id]
+        self._start_ready(changes)
+        return changes
 
     def run(self, stop: threading.Event, interval: float = 0.25) -> None:
         """Tick until `stop` is set (meant for a thread of the panel or the CLI).
@@ -326,6 +511,50 @@ class Fleet:
             if proc.poll() is not None:
                 del self._children[pid]
 
+    # --- one task's trouble -------------------------------------------------------------------
+
+    def _on_task_error(self, task: Task, attempt: Attempt | None, exc: Exception,
+                       changes: list[TaskChange]) -> None:
+        if isinstance(exc, sqlite3.OperationalError):
+            raise exc  # the database itself (locked, full, gone): not this task's data
+        if isinstance(exc, OSError) and exc.errno in _PASSING_ERRNOS:
+            log.warning("following task %s: %s (tried again next pass)", task.id, exc)
+            return
+        log.error("task %s: %s", task.id, _describe(exc), exc_info=exc)
+        try:
+            self._mark_broken(task, attempt, f"the engine could not go on with this task: "
+                                             f"{_describe(exc)}", changes)
+        except Exception:  # marking failed too: say so in the log, go on with the others
+            log.exception("could not mark task %s", task.id)
+
+    def _mark_broken(self, task: Task, attempt: Attempt | None, message: str,
+                     changes: list[TaskChange]) -> None:
+        """Fail one task (verdict crashed) with `message`. A runner of it that still lives
+        is stopped: a failed task must not go on working unseen (nor beside a retry)."""
+        if attempt is not None and attempt.dir is not None and attempt.finished_at is None:
+            try:
+                if self._runner_state(attempt) == "alive":
+                    # marked only once it is gone, so that no retry runs beside it
+                    self._request_kill(attempt, "error", message)
+                    if not self._wait_runner(attempt,
+                                             self.settings.kill_grace + RUNNER_HEADSTART):
+                        self._signal_attempt(attempt, signal.SIGKILL)
+                        self._wait_runner(attempt, 5.0)
+            except Exception:
+                log.exception("could not stop the runner of task %s", task.id)
+        now = self.clock()
+        if attempt is not None and attempt.finished_at is None:
+            self.store.update_attempt(attempt.id, finished_at=now, verdict="crashed",
+                                      message=message)
+            self._follows.pop(attempt.id, None)
+        if self.store.update_task(task.id, expect_state=ACTIVE_STATES | {TaskState.QUEUED,
+                                                                         TaskState.WAITING},
+                                  state=TaskState.FAILED, verdict="crashed", message=message,
+                                  finished_at=now, not_before=None):
+            changes.append(TaskChange(task.id, task.state, TaskState.FAILED, message))
+
+    # --- starting -----------------------------------------------------------------------------
+
     def _start_ready(self, changes: list[TaskChange]) -> None:
         ready = self.store.list_tasks(states=(TaskState.QUEUED, TaskState.WAITING))
         endpoints = sorted({t.endpoint for t in ready})
@@ -341,6 +570,12 @@ class Fleet:
                 if task is None:
                     break
                 old = TaskState.WAITING if task.verdict in TRANSIENT else TaskState.QUEUED
+                if task.row_error is not None:  # never run what cannot be read as it is
+                    try:
+                        self._mark_broken(task, None, task.row_error, changes)
+                    except Exception:
+                        log.exception("could not mark task %s", task.id)
+                    continue
                 claimed.append((task, old))
         if len(claimed) <= 1:
             for task, old in claimed:
@@ -348,15 +583,24 @@ class Fleet:
             return
         # Several at once (the cap just opened, or a batch was queued): their worktrees and
         # runners are made in parallel; the tick returns once every one has started or
-        # failed, as before.
+        # failed. Meanwhile the claims not yet started are kept fresh (claimed_at), the
+        # heartbeat by which an engine on another host tells a slow start from a dead one.
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=START_THREADS,
                                             thread_name_prefix="fleet-start")
-        futures = [self._pool.submit(self._start, task, old, changes) for task, old in claimed]
-        for future in futures:
-            future.result()
-
-    # --- starting an attempt ------------------------------------------------------------------
+        pending = {self._pool.submit(self._start, task, old, changes): task
+                   for task, old in claimed}
+        while pending:
+            done, _ = futures_wait(pending, timeout=max(0.05, START_GRACE / 4))
+            for future in done:
+                del pending[future]
+                future.result()
+            if pending:
+                try:
+                    self.store.touch_claims([t.id for t in pending.values()], self.owner,
+                                            self.clock())
+                except sqlite3.Error as exc:
+                    log.warning("could not refresh the claims: %s", exc)
 
     def _model_for(self, task: Task, attempts: list[Attempt]) -> str:
         """The model name for the next attempt: the task's tier, or the small model after
@@ -396,32 +640,67 @@ class Fleet:
         return env
 
     def _start(self, task: Task, old: TaskState, changes: list[TaskChange]) -> None:
-        """Worktree, config dir, spec.json, runner. A failure fails the task, clearly."""
+        """Worktree, config dir, spec.json, runner. A failure fails the task, clearly; never
+        raises (it runs in the start threads)."""
         try:
             attempt = self._launch(task)
-        except (git.GitError, OSError, FleetError, StoreError) as exc:
-            message = f"could not start: {exc}"
-            now = self.clock()
-            if self.store.update_task(task.id, expect_state=ACTIVE_STATES,
-                                      state=TaskState.FAILED, verdict="crashed",
-                                      message=message, finished_at=now):
-                latest = self.store.latest_attempt(task.id)
-                if latest is not None and latest.finished_at is None:
-                    self.store.update_attempt(latest.id, finished_at=now, verdict="crashed",
-                                              message=message)
-                changes.append(TaskChange(task.id, old, TaskState.FAILED, message))
+        except _NotStarted as exc:
+            log.info("task %s not started: %s", task.id, exc)
+            return
+        except Exception as exc:
+            if isinstance(exc, (git.GitError, FleetError, StoreError)):
+                reason = str(exc)
+            else:
+                if not isinstance(exc, OSError):
+                    log.error("starting task %s", task.id, exc_info=exc)
+                reason = _describe(exc)
+            message = f"could not start: {reason}"
+            try:
+                now = self.clock()
+                if self.store.update_task(task.id, expect_state=ACTIVE_STATES,
+                                          state=TaskState.FAILED, verdict="crashed",
+                                          message=message, finished_at=now):
+                    latest = self.store.latest_attempt(task.id)
+                    if latest is not None and latest.finished_at is None:
+                        self.store.update_attempt(latest.id, finished_at=now,
+                                                  verdict="crashed", message=message)
+                    changes.append(TaskChange(task.id, old, TaskState.FAILED, message))
+            except Exception:
+                log.exception("could not mark task %s as failed to start", task.id)
             return
         changes.append(TaskChange(task.id, old, TaskState.RUNNING,
                                   f"attempt {attempt.n} started ({attempt.model})"))
 
     def _launch(self, task: Task) -> Attempt:
+        """Start one attempt. The runner is known before it can run: the attempt's folder
+        is recorded in the store (only while the task is still ours and not killed) and its
+        lock taken before the spawn; the runner inherits the held lock."""
         now = self.clock()
         attempts = self.store.list_attempts(task.id)
+        if attempts and attempts[-1].row_error is not None:
+            raise FleetError(attempts[-1].row_error)
+        pending = attempts[-1] if attempts and attempts[-1].runner_pid is None \
+            and attempts[-1].finished_at is None else None
+        # one live worker per task: an earlier attempt's runner still stopping (a kill's
+        # grace) comes first; the task goes back to the queue and is tried again
+        for earlier in attempts:
+            if earlier is not pending and earlier.dir is not None \
+                    and lock_held(earlier.dir) is True:
+                current = self.store.get_task(task.id)
+                self.store.requeue_claim(task.id, self.owner, current.claimed_at, now,
+                                         f"waiting for the runner of attempt {earlier.n} "
+                                         "to stop")
+                raise _NotStarted(f"the runner of attempt {earlier.n} still lives")
         worktree = task.worktree
         if worktree is None or not Path(worktree).is_dir():
-            # a retry may find what a failed start left behind: then start clean
+            # A retry may find what a failed start left behind, and so may a task claimed
+            # before by an engine that died while making its worktree (no runner ran: that
+            # needs the attempt folder, recorded later): then start clean.
+            claimed_before = (task.started_at is not None and task.claimed_at is not None
+                              and task.started_at < task.claimed_at)
             info = git.create_worktree(task.repo, task.id, task.base_commit or task.base_ref,
-                                       reset=worktree is not None or bool(attempts))
+                                       reset=worktree is not None or bool(attempts)
+                                       or claimed_before)
             worktree = info.path
             self.store.update_task(task.id, worktree=info.path, branch=info.branch,
                                    base_commit=task.base_commit or info.base_commit,
@@ -430,12 +709,8 @@ class Fleet:
         git.verify_worktree(Path(worktree), task.branch or f"fleet/{task.id}")
         if Path(worktree).resolve() == Path(task.repo).resolve():
             raise FleetError(f"refusing to run task {task.id} in the main checkout {task.repo}")
-        config_dir = paths.task_config_dir(task.id, self.env)
-        config_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(config_dir, 0o700)
+        config_dir = paths.private_dir(paths.task_config_dir(task.id, self.env))
 
-        pending = attempts[-1] if attempts and attempts[-1].runner_pid is None \
-            and attempts[-1].finished_at is None else None
         model = self._model_for(task, attempts)
         if pending is None:
             attempt = self.store.add_attempt(task.id, kind="fresh", prompt=task.prompt,
@@ -444,73 +719,167 @@ class Fleet:
             attempt = pending
             attempt.model = model
         adir = paths.attempt_dir(task.repo, task.id, attempt.n)
-        adir.mkdir(parents=True, exist_ok=True)
-        for stale in (EXIT_FILE, RUNNER_FILE, KILL_FILE, LAUNCH_FILE):
-            with contextlib.suppress(FileNotFoundError):
-                (adir / stale).unlink()
-        resume = task.session_id if attempt.kind in ("resume", "followup") else None
-        spec = RunSpec(cwd=str(worktree), prompt=attempt.prompt or task.prompt,
-                       config_dir=str(config_dir), args=list(task.extra_args), model=model,
-                       permission_mode=task.permission_mode, max_turns=task.max_turns,
-                       resume=resume, settings=self._settings_overrides(task),
-                       task_id=task.id, attempt=attempt.n)
-        tmp = adir / f".{SPEC_FILE}.tmp"
-        tmp.write_text(spec.to_json(), encoding="utf-8")
-        os.replace(tmp, adir / SPEC_FILE)
-        (adir / EVENTS_FILE).touch()
-        with open(os.devnull, "rb") as devnull, open(adir / RUNNER_LOG, "ab") as runner_log:
-            proc = subprocess.Popen(
-                [self.python, "-m", "fleet_tui.runner", str(adir)], cwd=str(adir),
-                env=self._runner_env(), stdin=devnull, stdout=runner_log, stderr=runner_log,
-                start_new_session=True, close_fds=True)
+        for folder in (paths.logs_dir(task.repo), adir.parent, adir):
+            paths.private_dir(folder)
+        lock_fd = acquire_lock(adir)
+        if lock_fd is None:  # a runner of this attempt lives: following adopts it
+            raise _NotStarted(f"a runner holds {adir / LOCK_FILE} already")
+        try:
+            for stale in (EXIT_FILE, RUNNER_FILE, KILL_FILE, LAUNCH_FILE, RESERVE_FILE):
+                with contextlib.suppress(FileNotFoundError):
+                    (adir / stale).unlink()
+            resume = task.session_id if attempt.kind in ("resume", "followup") else None
+            limit = task.timeout if task.timeout is not None else self.settings.timeout
+            spec = RunSpec(cwd=str(worktree), prompt=attempt.prompt or task.prompt,
+                           config_dir=str(config_dir), args=list(task.extra_args),
+                           model=model, permission_mode=task.permission_mode,
+                           max_turns=task.max_turns, resume=resume,
+                           settings=self._settings_overrides(task), task_id=task.id,
+                           attempt=attempt.n, token=secrets.token_hex(16),
+                           timeout=limit or None, kill_grace=self.settings.kill_grace)
+            _write_private(adir / SPEC_FILE, spec.to_json())
+            paths.private_file(adir / EVENTS_FILE)
+            paths.private_file(adir / RUNNER_LOG)
+            if not self.store.record_launch(
+                    task.id, attempt.id, self.owner,
+                    {"runner_pid": None, "started_at": now, "model": model, "dir": adir,
+                     "events_path": adir / EVENTS_FILE, "stderr_path": adir / STDERR_FILE,
+                     "exit_path": adir / EXIT_FILE, "config_dir": config_dir,
+                     "events_offset": 0},
+                    {"verdict": None, "message": None, "finished_at": None,
+                     "last_event_at": None, "attempt_count": attempt.n}):
+                current = self.store.get_task(task.id)
+                if current.state not in ACTIVE_STATES:  # killed meanwhile: close the attempt
+                    self.store.update_attempt(attempt.id, finished_at=now,
+                                              verdict=current.verdict or "killed",
+                                              message=current.message)
+                raise _NotStarted("it was killed, or taken over, before its runner started")
+            with open(os.devnull, "rb") as devnull, open(adir / RUNNER_LOG, "ab") as runner_log:
+                proc = subprocess.Popen(
+                    [self.python, "-m", "fleet_tui.runner", "--lock-fd", str(lock_fd),
+                     str(adir)], cwd=str(adir), env=self._runner_env(), stdin=devnull,
+                    stdout=runner_log, stderr=runner_log, start_new_session=True,
+                    close_fds=True, pass_fds=(lock_fd,))
+        finally:
+            os.close(lock_fd)  # the runner holds it now (or nobody, if the spawn failed)
         self._children[proc.pid] = proc
-        runner_start = procs.start_time(proc.pid)
-        write_json_atomic(adir / LAUNCH_FILE, {"runner_pid": proc.pid,
-                                               "runner_start": runner_start,
-                                               "started_at": now, "owner": self.owner})
-        self.store.update_attempt(
-            attempt.id, runner_pid=proc.pid, started_at=now, model=model, dir=adir,
-            events_path=adir / EVENTS_FILE, stderr_path=adir / STDERR_FILE,
-            exit_path=adir / EXIT_FILE, config_dir=config_dir, events_offset=0)
-        self.store.update_task(task.id, verdict=None, message=None, finished_at=None,
-                               last_event_at=None, attempt_count=attempt.n)
+        # The runner runs whatever happens below; if this bookkeeping fails, following
+        # adopts the runner from its own record (runner.json).
+        try:
+            write_json_atomic(adir / LAUNCH_FILE, {"runner_pid": proc.pid,
+                                                   "runner_start": procs.start_time(proc.pid),
+                                                   "started_at": now, "owner": self.owner})
+            self.store.update_attempt(attempt.id, runner_pid=proc.pid)
+        except Exception:
+            log.exception("recording the runner of task %s", task.id)
         attempt.runner_pid = proc.pid
         attempt.dir = adir
         attempt.started_at = now
         return attempt
 
+    # --- claims -------------------------------------------------------------------------------
+
+    def _claimer_gone(self, task: Task, now: float) -> str | None:
+        """Why the engine that claimed `task` is provably gone, or None when it may still
+        be starting it. On this host: its pid and start time (and, in this very process,
+        whether that engine object still exists). Elsewhere: no heartbeat for START_GRACE."""
+        owner = task.claimed_by
+        claimed = task.claimed_at or task.updated_at
+        parsed = _parse_owner(owner)
+        if parsed is None or parsed[0] != _HOST:
+            if now - claimed > START_GRACE:
+                where = f" on {parsed[0]}" if parsed else ""
+                return (f"its engine{where} gave no sign of life for {START_GRACE:g} s while "
+                        "starting it")
+            return None
+        _host, pid, start = parsed
+        if pid == os.getpid():
+            alive = owner in _LIVE_OWNERS
+        elif start is None:  # a claim from before start times were recorded
+            alive = procs.is_alive(pid) and now - claimed <= START_GRACE
+        else:
+            alive = procs.is_alive(pid, start)
+        return None if alive else f"its engine (pid {pid}) stopped while starting it"
+
+    def _requeue_if_abandoned(self, task: Task, now: float,
+                              changes: list[TaskChange]) -> None:
+        if task.claimed_by == self.owner:
+            return  # ours: being started (or its failure already marked)
+        why = self._claimer_gone(task, now)
+        if why is None:
+            return
+        if self.store.requeue_claim(task.id, task.claimed_by, task.claimed_at, now,
+                                    f"requeued: {why}"):
+            changes.append(TaskChange(task.id, task.state, TaskState.QUEUED, "requeued"))
+
     # --- following ----------------------------------------------------------------------------
 
     def _runner_identity(self, attempt: Attempt) -> tuple[int | None, str | None]:
+        """The runner's pid and /proc start time: from the engine's launch.json or the
+        runner's own runner.json (the runner of an engine that died before recording it)."""
         if attempt.dir is None:
             return attempt.runner_pid, None
         for name in (LAUNCH_FILE, RUNNER_FILE):
             rec = read_json(attempt.dir / name)
-            if rec and rec.get("runner_pid") == attempt.runner_pid and rec.get("runner_start"):
-                return attempt.runner_pid, str(rec["runner_start"])
+            pid = rec.get("runner_pid") if rec else None
+            if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+                continue
+            if attempt.runner_pid is not None and pid != attempt.runner_pid:
+                continue
+            start = rec.get("runner_start") if rec else None
+            return pid, str(start) if isinstance(start, (str, int)) else None
         return attempt.runner_pid, None
 
-    def _runner_alive(self, attempt: Attempt) -> bool:
-        pid, start = self._runner_identity(attempt)
-        return procs.is_alive(pid, start)
+    def _runner_state(self, attempt: Attempt) -> str:
+        """"alive": the attempt's runner lives (its lock is held); "dead": it ran and is
+        gone; "never": no runner was ever spawned for it (a start that did not happen)."""
+        assert attempt.dir is not None
+        held = lock_held(attempt.dir)
+        if held is None:  # no lock file: an attempt from before locks, by pid and start
+            if attempt.runner_pid is None and not (attempt.dir / RUNNER_FILE).exists():
+                return "never" if not (attempt.dir / EXIT_FILE).exists() else "dead"
+            return "alive" if procs.is_alive(*self._runner_identity(attempt)) else "dead"
+        if held:
+            return "alive"
+        if attempt.runner_pid is not None or any(
+                (attempt.dir / name).exists() for name in (EXIT_FILE, RUNNER_FILE, LAUNCH_FILE)):
+            return "dead"
+        return "never"
 
-    def _follow_task(self, task: Task, now: float, changes: list[TaskChange]) -> None:
-        attempt = self.store.latest_attempt(task.id)
-        if attempt is None or attempt.runner_pid is None or attempt.dir is None:
-            # claimed but not (yet) started: an engine that died between claim and launch
-            claimed = task.claimed_at or task.updated_at
-            if (task.claimed_by != self.owner and now - claimed > START_GRACE
-                    and self.store.update_task(task.id, expect_state=ACTIVE_STATES,
-                                               state=TaskState.QUEUED,
-                                               message="requeued: its engine stopped while "
-                                                       "starting it")):
-                changes.append(TaskChange(task.id, task.state, TaskState.QUEUED, "requeued"))
+    def _runner_alive(self, attempt: Attempt) -> bool:
+        return attempt.dir is not None and self._runner_state(attempt) == "alive"
+
+    def _adopt(self, attempt: Attempt) -> None:
+        """Record the runner an engine started but died before recording."""
+        pid, _start = self._runner_identity(attempt)
+        if pid is not None and attempt.runner_pid is None:
+            self.store.update_attempt(attempt.id, runner_pid=pid)
+            attempt.runner_pid = pid
+            log.info("adopted the runner %s of task %s", pid, attempt.task_id)
+
+    def _follow_task(self, task: Task, attempt: Attempt | None, now: float,
+                     changes: list[TaskChange]) -> None:
+        if task.row_error is not None:
+            self._mark_broken(task, attempt, task.row_error, changes)
             return
-        if attempt.finished_at is not None:
+        if attempt is not None and attempt.row_error is not None:
+            self._mark_broken(task, attempt, attempt.row_error, changes)
+            return
+        if attempt is not None and attempt.finished_at is not None:
             # the attempt was closed but the task not moved on (a crash in between)
             self._apply_outcome(task, attempt, attempt.verdict or "crashed",
                                 attempt.message or "", now, changes)
             return
+        if attempt is None or attempt.dir is None:
+            # claimed, not launched: being started, or by an engine that died doing it
+            self._requeue_if_abandoned(task, now, changes)
+            return
+        state = self._runner_state(attempt)
+        if state == "never":
+            self._requeue_if_abandoned(task, now, changes)
+            return
+        if state == "alive" and attempt.runner_pid is None:
+            self._adopt(attempt)
         fresh = self._read_new(attempt, now)
         task = self._store_summary(task, attempt, now, fresh) or task
         if fresh and task.state == TaskState.STALLED and self.store.update_task(
@@ -518,8 +887,7 @@ class Fleet:
             changes.append(TaskChange(task.id, TaskState.STALLED, TaskState.RUNNING,
                                       "events resumed"))
             task.state = TaskState.RUNNING
-        exit_path = attempt.dir / EXIT_FILE
-        if exit_path.exists() or not self._runner_alive(attempt):
+        if state == "dead" or (attempt.dir / EXIT_FILE).exists():
             self._finish(task, attempt, changes)
             return
         self._watchdogs(task, attempt, now, changes)
@@ -532,30 +900,31 @@ class Fleet:
             self._follows[attempt.id] = fol
         path = attempt.dir / EVENTS_FILE if attempt.dir is not None else None
         events: list[stream.Event] = []
-        if path is not None:
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(fol.offset)
-                    # A big backlog is folded in over several ticks (READ_CHUNK each), so
-                    # one attempt does not hold the GIL for long; finishing reads it all.
-                    while True:
-                        data = fh.read(READ_CHUNK)
-                        if not data:
-                            break
-                        fol.offset += len(data)
-                        self.ingested_bytes += len(data)
-                        events += fol.decoder.feed(data)
-                        if not final:
-                            break
-            except FileNotFoundError:
-                pass
-        if final:
-            events += fol.decoder.finish()
-        self.ingested_events += len(events)
-        for ev in events:
-            fol.summary.update(ev, at=now)
-            if isinstance(ev, stream.Result):
-                fol.result = ev
+        with _about(f"could not read the events file {path}"):
+            if path is not None:
+                try:
+                    with open(path, "rb") as fh:
+                        fh.seek(fol.offset)
+                        # A big backlog is folded in over several ticks (READ_CHUNK each), so
+                        # one attempt does not hold the GIL for long; finishing reads it all.
+                        while True:
+                            data = fh.read(READ_CHUNK)
+                            if not data:
+                                break
+                            fol.offset += len(data)
+                            self.ingested_bytes += len(data)
+                            events += fol.decoder.feed(data)
+                            if not final:
+                                break
+                except FileNotFoundError:
+                    pass
+            if final:
+                events += fol.decoder.finish()
+            self.ingested_events += len(events)
+            for ev in events:
+                fol.summary.update(ev, at=now)
+                if isinstance(ev, stream.Result):
+                    fol.result = ev
         return bool(events)
 
     def _store_summary(self, task: Task, attempt: Attempt, now: float,
@@ -575,9 +944,11 @@ class Fleet:
         if last_event_at is not None:
             fields_["last_event_at"] = last_event_at
         runner = read_json(attempt.dir / RUNNER_FILE) if attempt.dir is not None else None
-        if runner and runner.get("claude_pid") and attempt.pid is None:
-            fields_["pid"] = runner["claude_pid"]
-            fields_["pid_start"] = runner.get("claude_start")
+        claude_pid = runner.get("claude_pid") if runner else None
+        if isinstance(claude_pid, int) and attempt.pid is None:
+            fields_["pid"] = claude_pid
+            start = runner.get("claude_start") if runner else None
+            fields_["pid_start"] = start if isinstance(start, str) else None
         self.store.update_attempt(attempt.id, **fields_)
         # the task shows totals over its attempts; the session is the latest one
         others = [a for a in self.store.list_attempts(task.id) if a.id != attempt.id]
@@ -598,17 +969,19 @@ class Fleet:
 
     def _watchdogs(self, task: Task, attempt: Attempt, now: float,
                    changes: list[TaskChange]) -> None:
-        """Wall-clock timeout, stall detection, and the SIGKILL after a grace period."""
+        """Wall-clock timeout, stall detection, and the SIGKILL after a grace period. The
+        runner enforces the timeout and the grace itself; these are the engine's backstop
+        (a runner of an older version, or one that hangs)."""
         assert attempt.dir is not None
-        kill_rec = read_json(attempt.dir / KILL_FILE)
-        if kill_rec is not None:
-            sent = float(kill_rec.get("at") or now)
-            if now - sent >= self.settings.kill_grace:
+        kill_rec = _read_kill(attempt.dir / KILL_FILE)
+        if kill_rec:
+            sent = _as_float(kill_rec.get("at"), now)
+            if now - sent >= self.settings.kill_grace + RUNNER_HEADSTART:
                 self._signal_attempt(attempt, signal.SIGKILL)
             return
         started = attempt.started_at or now
         limit = task.timeout if task.timeout is not None else self.settings.timeout
-        if limit and limit > 0 and now - started > limit:
+        if limit and limit > 0 and now - started > limit + RUNNER_HEADSTART:
             self._request_kill(attempt, "timeout",
                                f"timed out after {limit:g} s (wall clock)")
             return
@@ -630,10 +1003,11 @@ class Fleet:
 
     def _request_kill(self, attempt: Attempt, reason: str, message: str) -> None:
         """Record why (so any engine that finishes the attempt classifies it right), then
-        SIGTERM the runner, which passes it to claude's group and every descendant."""
+        SIGTERM the runner, which passes it to claude's group and every descendant and
+        sends SIGKILL after the kill grace by itself."""
         assert attempt.dir is not None
         path = attempt.dir / KILL_FILE
-        if read_json(path) is None:
+        if not _read_kill(path):
             write_json_atomic(path, {"reason": reason, "message": message, "at": self.clock(),
                                      "by": self.owner})
         self._signal_attempt(attempt, signal.SIGTERM)
@@ -643,7 +1017,8 @@ class Fleet:
         claude = attempt.pid
         if claude is None and attempt.dir is not None:
             rec = read_json(attempt.dir / RUNNER_FILE)
-            claude = rec.get("claude_pid") if rec else None
+            found = rec.get("claude_pid") if rec else None
+            claude = found if isinstance(found, int) and not isinstance(found, bool) else None
         runner_ok = procs.is_alive(pid, start)
         if sig == signal.SIGTERM and runner_ok and pid:
             procs.signal_pid(pid, sig)
@@ -652,10 +1027,28 @@ class Fleet:
         if runner_ok and pid:
             procs.signal_tree(pid, sig, groups=groups)
         else:
-            # The runner is gone: only claude's group can be left (pdeathsig kills claude).
-            for g in groups:
-                if g != pid or runner_ok:
-                    procs.signal_group(g, sig)
+            # The runner is gone: claude dies with it (pdeathsig); what claude started is
+            # found by the attempt's token, wherever it went.
+            if claude:
+                procs.signal_group(claude, sig)
+            self._stop_leftovers(attempt)
+
+    def _stop_leftovers(self, attempt: Attempt) -> int:
+        """Stop every process the attempt started that outlived its runner (a Bash step's
+        setsid/nohup/double-fork daemon now under pid 1): they carry the attempt's token in
+        their environment. Returns how many there were."""
+        if attempt.dir is None:
+            return 0
+        spec = read_json(attempt.dir / SPEC_FILE)
+        token = spec.get("token") if spec else None
+        if not isinstance(token, str) or not token:
+            return 0  # an attempt from before tokens: only claude's group could be told
+        found = procs.with_env(TOKEN_ENV, token)
+        if found:
+            log.warning("task %s: stopping %d process(es) left by its dead runner: %s",
+                        attempt.task_id, len(found), found)
+            procs.stop(found, LEFTOVER_GRACE)
+        return len(found)
 
     def kill(self, task_id: str) -> None:
         """Stop a task now: SIGTERM to the worker's whole tree, SIGKILL after the grace."""
@@ -671,31 +1064,43 @@ class Fleet:
             task = self.get_task(task.id)
         if task.state not in ACTIVE_STATES:
             raise FleetError(f"task {task.id} is not running (it is {task.state})")
+        # claimed, its runner not launched yet: killed in the store, so that its starter
+        # spawns nothing (record_launch refuses)
+        if self.store.kill_unlaunched(task.id, now, "killed before it started"):
+            return
+        task = self.get_task(task.id)
+        if task.state not in ACTIVE_STATES:
+            raise FleetError(f"task {task.id} is not running (it is {task.state})")
         attempt = self.store.latest_attempt(task.id)
         deadline = time.monotonic() + START_GRACE
-        while attempt is None or attempt.runner_pid is None or attempt.dir is None:
-            # claimed this very moment: wait for its runner to be recorded
+        while attempt is None or attempt.dir is None or (
+                self._runner_identity(attempt)[0] is None
+                and self._runner_state(attempt) == "alive"):
+            # being launched this very moment: wait for the runner to be known
             if time.monotonic() > deadline:
                 raise FleetError(f"task {task.id} is starting; try again in a moment")
-            time.sleep(0.05)
+            time.sleep(0.02)
             attempt = self.store.latest_attempt(task.id)
         self._request_kill(attempt, "kill", "killed by the user")
-        if not self._wait_runner(attempt, self.settings.kill_grace):
+        if not self._wait_runner(attempt, self.settings.kill_grace + RUNNER_HEADSTART):
             self._signal_attempt(attempt, signal.SIGKILL)
             self._wait_runner(attempt, 5.0)
         with self._lock:
             task = self.get_task(task.id)
             if task.state in ACTIVE_STATES:
-                self._finish(task, attempt, [])
+                try:
+                    self._finish(task, attempt, [])
+                except Exception as exc:
+                    self._on_task_error(task, attempt, exc, [])
 
     def _wait_runner(self, attempt: Attempt, timeout: float) -> bool:
-        pid, start = self._runner_identity(attempt)
+        pid, _start = self._runner_identity(attempt)
         deadline = time.monotonic() + timeout
         while True:
             child = self._children.get(pid or -1)
             if child is not None:
                 child.poll()
-            if not procs.is_alive(pid, start):
+            if not self._runner_alive(attempt):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -709,36 +1114,8 @@ class Fleet:
         now = self.clock()
         self._read_new(attempt, now, final=True)
         fol = self._follows[attempt.id]
-        exit_rec = read_json(attempt.dir / EXIT_FILE)
-        kill_rec = read_json(attempt.dir / KILL_FILE) or {}
-        reason = kill_rec.get("reason")
-        stderr_tail = _tail(attempt.dir / STDERR_FILE)
-        result = fol.result.data if fol.result is not None else None
-        exit_code: int | None = None
-        sig: int | None = None
-        if exit_rec is None:
-            verdict, message = "crashed", ("the runner process died without an exit record "
-                                           f"(see {attempt.dir / RUNNER_LOG})")
-            if reason == "kill":
-                verdict, message = "killed", kill_rec.get("message") or "killed"
-            elif reason in ("timeout", "stall"):
-                verdict, message = "timeout", kill_rec.get("message") or "timed out"
-        else:
-            exit_code = exit_rec.get("exit_code")
-            sig = exit_rec.get("signal")
-            error = exit_rec.get("error")
-            if error and reason is None:
-                # the launcher refused (no key, no claude, bad settings): nothing ran
-                verdict = "auth" if exit_code == 5 and "key" in str(error).lower() \
-                    else "crashed"
-                message = str(error)
-            else:
-                out = outcome.classify(exit_code=exit_code, signal=sig, result=result,
-                                       stderr_tail=stderr_tail, killed=reason == "kill",
-                                       timed_out=reason in ("timeout", "stall"))
-                verdict, message = str(out.verdict), out.message
-                if reason in ("timeout", "stall") and kill_rec.get("message"):
-                    message = str(kill_rec["message"])
+        with _about(f"could not classify the run in {attempt.dir}"):
+            verdict, message, exit_code, sig = self._verdict(attempt, fol)
         s = fol.summary
         self.store.update_attempt(
             attempt.id, finished_at=now, exit_code=exit_code, signal=sig, verdict=verdict,
@@ -748,6 +1125,83 @@ class Fleet:
         self._store_summary(task, attempt, now, False)
         self._follows.pop(attempt.id, None)
         self._apply_outcome(task, attempt, verdict, message, now, changes)
+
+    def _verdict(self, attempt: Attempt, fol: _Follow
+                 ) -> tuple[str, str, int | None, int | None]:
+        """verdict, message, exit code and signal of a finished (or dead) attempt."""
+        assert attempt.dir is not None
+        exit_path = attempt.dir / EXIT_FILE
+        exit_rec, problem = _read_exit(exit_path)
+        kill_rec = _read_kill(attempt.dir / KILL_FILE)
+        reason = kill_rec.get("reason")
+        kill_message = kill_rec.get("message")
+        stderr_tail = _tail(attempt.dir / STDERR_FILE)
+        result = fol.result.data if fol.result is not None else None
+        killed, timed_out = reason in ("kill", "error"), reason in ("timeout", "stall")
+        if exit_rec is None:
+            # the runner died (or its record is damaged): it may not have cleaned up
+            stopped = self._stop_leftovers(attempt)
+            if problem is None:
+                why = self._no_exit_record(attempt, stopped)
+            else:
+                why = (f"the exit record {exit_path} is unreadable ({problem}); the verdict "
+                       "comes from the events' result")
+            if reason in ("kill", "error"):
+                return "killed" if reason == "kill" else "crashed", \
+                    str(kill_message or "killed"), None, None
+            if timed_out:
+                return "timeout", str(kill_message or "timed out"), None, None
+            if result is None:
+                if problem is not None:
+                    why = (f"the exit record {exit_path} is unreadable ({problem}) and the "
+                           "events hold no result")
+                return "crashed", why, None, None
+            out = outcome.classify(exit_code=None, result=result, stderr_tail=stderr_tail)
+            return str(out.verdict), f"{out.message} ({why})", None, None
+        exit_code = exit_rec.get("exit_code")
+        sig = exit_rec.get("signal")
+        error = exit_rec.get("error")
+        if error and reason is None:
+            # the launcher refused (no key, no claude, bad settings), or the runner could
+            # not record the run (a full disk): say that
+            verdict = "auth" if exit_code == 5 and "key" in str(error).lower() else "crashed"
+            return verdict, str(error), exit_code, sig
+        if reason == "error":
+            return "crashed", str(kill_message or "stopped by the engine"), exit_code, sig
+        out = outcome.classify(exit_code=exit_code, signal=sig, result=result,
+                               stderr_tail=stderr_tail, killed=killed, timed_out=timed_out)
+        message = out.message
+        if timed_out and kill_message:
+            message = str(kill_message)
+        return str(out.verdict), message, exit_code, sig
+
+    def _no_exit_record(self, attempt: Attempt, stopped: int) -> str:
+        """One sentence on why a dead runner left no exit record."""
+        assert attempt.dir is not None
+        folder = attempt.dir
+        strays = sorted(folder.glob(f".{EXIT_FILE}.*.tmp"))
+        for stray in strays:  # half a record helps nobody
+            with contextlib.suppress(OSError):
+                stray.unlink()
+        problem = _write_problem(folder)
+        log_path = folder / RUNNER_LOG
+        try:
+            logged = log_path.stat().st_size > 0
+        except OSError:
+            logged = False
+        if problem is not None:
+            message = f"the runner could not write its exit record in {folder}: {problem}"
+        elif strays:
+            message = (f"the runner died while writing its exit record in {folder} "
+                       f"(it left {strays[0].name})")
+        else:
+            message = ("the runner process died without an exit record (killed from outside, "
+                       "or the machine went down?)")
+        if logged:
+            message += f"; see {log_path}"
+        if stopped:
+            message += f"; {stopped} process(es) it had started were stopped"
+        return message
 
     def _apply_outcome(self, task: Task, attempt: Attempt, verdict: str, message: str,
                        now: float, changes: list[TaskChange]) -> None:

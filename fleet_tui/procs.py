@@ -195,6 +195,40 @@ def signal_tree(pid: int, sig: int, *, groups: Iterable[int] = ()) -> list[int]:
     return hit
 
 
+def with_env(name: str, value: str, *, stats: Iterable[ProcStat] | None = None) -> list[int]:
+    """Live processes whose environment holds exactly NAME=value (from /proc/PID/environ).
+
+    What a process inherited is kept however it left its parent: a daemon that double-forked
+    or called setsid, now under pid 1, still carries the marker its ancestor was given.
+    Only processes we may read are seen (our own user's, or all of them as root)."""
+    needle = f"\0{name}={value}\0".encode()
+    own = os.getpid()
+    found: list[int] = []
+    for st in all_stats() if stats is None else stats:
+        if st.pid == own or st.state in ("Z", "X", "x"):
+            continue
+        try:
+            with open(f"{PROC}/{st.pid}/environ", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        if needle in b"\0" + data + b"\0":
+            found.append(st.pid)
+    return found
+
+
+def stop(pids: Iterable[int], grace: float) -> list[int]:
+    """SIGTERM pids, SIGKILL whichever still lives after grace seconds. Returns the pids
+    that were signalled (those that still existed)."""
+    hit = [p for p in pids if p != os.getpid() and signal_pid(p, signal.SIGTERM)]
+    if hit and not wait_gone(hit, grace):
+        for p in hit:
+            if is_alive(p):
+                signal_pid(p, signal.SIGKILL)
+        wait_gone(hit, max(grace, 1.0))
+    return hit
+
+
 def wait_gone(pids: Iterable[int], timeout: float, *, poll: float = 0.02) -> bool:
     """Wait until none of pids is alive (zombies count as gone); True when they all went."""
     pending = list(pids)

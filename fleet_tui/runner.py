@@ -1,22 +1,39 @@
-"""One detached process per attempt: `python -m fleet_tui.runner ATTEMPT_DIR`.
+"""One detached process per attempt: `python -m fleet_tui.runner [--lock-fd N] ATTEMPT_DIR`.
 
 Why a separate process: the panel (or CLI) that started a worker may close or crash; the
 worker must go on and leave a complete record behind. The runner reads `spec.json` (no
 secrets), asks the launcher for claude's env and argv (so the key is resolved here, from the
 inherited environment or the keyring, and lives only in claude's environment), runs claude
-in the worktree, copies its stdout byte for byte to `events.jsonl`, its stderr to
-`stderr.log`, and finally writes `exit.json` atomically. `runner.json` is written as soon as
-claude runs, so the engine can re-adopt the attempt by pid and /proc start time.
+in the worktree with the prompt on its stdin (an argv is limited to 128 KiB a string),
+copies its stdout byte for byte to `events.jsonl`, its stderr to `stderr.log`, and finally
+writes `exit.json` atomically.
+
+One runner per attempt, known before it runs: the attempt folder's `.lock` is flock'ed for
+the runner's whole life. The engine takes that lock before it spawns the runner and hands
+it over (`--lock-fd`), so from before the spawn until the runner is gone the lock says "a
+runner lives here"; a runner that finds the lock held by another refuses to start. The
+runner writes `runner.json` (its pid and /proc start time) before anything else, so an
+engine that died mid-start is replaced by one that adopts the runner from its record.
 
 Process hygiene: claude gets its own process group and dies with the runner
 (PR_SET_PDEATHSIG); the runner is a child subreaper, so processes that claude's Bash tool
-orphans (e.g. a `sleep` in its own group) are reparented here and killed too. SIGTERM,
-SIGINT and SIGHUP are passed to claude's group and every descendant.
+orphans (e.g. a `sleep` in its own group) are reparented here and killed too; every process
+claude starts inherits FLEET_ATTEMPT_TOKEN, by which the engine finds what is left when the
+runner itself was killed. SIGTERM, SIGINT and SIGHUP are passed to claude's group and every
+descendant, and SIGKILL follows after the kill grace. The runner enforces the wall-clock
+timeout itself (records `kill.json` with reason timeout, then stops claude's tree): a run
+ends on time with no engine watching.
+
+Files: the runner's own are private (umask 077); claude keeps the user's umask, since it
+writes the user's worktree. A full disk does not lose the ending: a small reserve file is
+written at the start and the exit record goes into it when no new file can be made.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import select
@@ -41,10 +58,18 @@ EVENTS_FILE = "events.jsonl"
 STDERR_FILE = "stderr.log"
 EXIT_FILE = "exit.json"
 RUNNER_LOG = "runner.log"
-KILL_FILE = "kill.json"  # written by the engine before it signals: why (killed/timeout/stall)
+KILL_FILE = "kill.json"  # why it was killed (kill, timeout, stall, error), before the signal
+LOCK_FILE = ".lock"  # flock'ed by the attempt's runner (and its starter) while it lives
+RESERVE_FILE = ".exit.reserve"  # room for the exit record, written while the disk had room
+TOKEN_ENV = "FLEET_ATTEMPT_TOKEN"  # inherited by everything claude starts
 
 # How long leftover descendants get between SIGTERM and SIGKILL once claude has exited.
 LEFTOVER_GRACE = 1.0
+RESERVE_SIZE = 8192
+LOCK_WAIT = 1.0  # a lock held this long by someone else is a live runner, not a passing check
+EX_LOCKED = 75  # another runner holds this attempt: nothing was done (EX_TEMPFAIL)
+EX_NO_RECORD = 74  # not even the exit record could be written (EX_IOERR)
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 
 
 @dataclass
@@ -62,6 +87,9 @@ class RunSpec:
     settings: dict[str, Any] = field(default_factory=dict)  # load_settings overrides
     task_id: str = ""
     attempt: int = 0
+    token: str = ""  # FLEET_ATTEMPT_TOKEN for claude and all it starts ("" = none)
+    timeout: float | None = None  # wall-clock seconds (None or 0: none)
+    kill_grace: float = 5.0  # SIGTERM, then SIGKILL this much later
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -76,7 +104,8 @@ class RunSpec:
 
 
 def claude_args(spec: RunSpec) -> list[str]:
-    """The arguments the runner adds to the launcher's `claude -p` command line."""
+    """The arguments the runner adds to the launcher's `claude -p` command line (the prompt
+    itself goes to claude's stdin)."""
     args = ["--output-format", "stream-json", "--verbose"]
     if spec.max_turns:
         args += ["--max-turns", str(int(spec.max_turns))]
@@ -87,42 +116,125 @@ def claude_args(spec: RunSpec) -> list[str]:
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """Write JSON to a temporary file and rename it, so readers never see half a record."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(dict(data), fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Write JSON (0600) to a temporary file and rename it, so readers never see half a
+    record. On failure (a full disk) the temporary file is removed and the error raised."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with open(fd, "w", encoding="utf-8") as fh:
+            json.dump(dict(data), fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object from path, or None when missing or unreadable (e.g. being replaced)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+# --- the attempt's lock ---------------------------------------------------------------------
+
+
+def open_lock(attempt_dir: Path, *, create: bool = True) -> int | None:
+    """An fd on the attempt's lock file (None: no lock file and create is False)."""
+    flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    try:
+        return os.open(attempt_dir / LOCK_FILE, flags, 0o600)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+
+
+def acquire_lock(attempt_dir: Path, wait: float = LOCK_WAIT) -> int | None:
+    """Take the attempt's lock: the fd to keep open for as long as it is held, or None
+    when another process held it for all of `wait` seconds (a live runner, or its starter).
+    A look by `lock_held` holds it for microseconds, hence the wait."""
+    fd = open_lock(attempt_dir)
+    assert fd is not None
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.005)
+        except OSError as exc:
+            if exc.errno in _NO_LOCKS:  # a file system without flock: go on unguarded
+                return fd  # (the engine falls back to pid and start time: lock_held None)
+            os.close(fd)
+            raise
+        except BaseException:
+            os.close(fd)
+            raise
+
+
+def lock_held(attempt_dir: Path) -> bool | None:
+    """True: a runner of this attempt lives (or its starter is spawning it); False: none
+    does; None: the folder has no lock file (an attempt started before locks existed)."""
+    try:
+        fd = open_lock(attempt_dir, create=False)
+    except OSError:
+        return None
+    if fd is None:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no flock here: unknown (the caller uses pid and start time)
+        return None
+    finally:
+        os.close(fd)  # releases the lock if this look took it
+    return False
+
+
+def _strerror(exc: OSError) -> str:
+    return exc.strerror or str(exc)
 
 
 class Runner:
     """Runs one claude process for one attempt directory."""
 
-    def __init__(self, attempt_dir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, attempt_dir: Path, env: Mapping[str, str] | None = None, *,
+                 lock_fd: int | None = None) -> None:
         self.dir = attempt_dir
         self.env = dict(os.environ if env is None else env)
         self.child: subprocess.Popen[bytes] | None = None
         self.child_start: str | None = None
         self.received: int | None = None  # the terminating signal we got, if any
         self.started_at = time.time()
+        self.started_mono = time.monotonic()
         self.pid = os.getpid()
+        self.lock_fd = lock_fd
+        self.reserve_fd: int | None = None
+        self.write_error: str | None = None  # why our output could not be written
+        self.term_at: float | None = None  # monotonic time SIGTERM went to claude's tree
+        self.killed_hard = False
+        self.kill_grace = 5.0
+        self.timeout: float | None = None
+        self.user_umask = 0o022
 
     # --- signals ---------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signum
+        if self.term_at is None:
+            self.term_at = time.monotonic()
         self._forward(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
     def _forward(self, sig: int) -> None:
@@ -134,20 +246,115 @@ class Runner:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
 
+    def _terminate(self) -> None:
+        """SIGTERM claude's tree now; `_watch` sends SIGKILL after the kill grace."""
+        if self.term_at is None:
+            self.term_at = time.monotonic()
+        self._forward(signal.SIGTERM)
+
+    def _watch(self) -> None:
+        """The wall-clock timeout and the SIGKILL after the grace, checked while copying."""
+        now = time.monotonic()
+        if self.term_at is None:
+            if self.timeout and now - self.started_mono >= self.timeout:
+                self._record_kill("timeout", f"timed out after {self.timeout:g} s (wall clock)")
+                self._terminate()
+        elif not self.killed_hard and now - self.term_at >= self.kill_grace:
+            self.killed_hard = True
+            self._forward(signal.SIGKILL)
+
+    def _record_kill(self, reason: str, message: str) -> None:
+        """kill.json, unless one is there already (the engine's reason comes first)."""
+        path = self.dir / KILL_FILE
+        if path.exists():
+            return
+        try:
+            write_json_atomic(path, {"reason": reason, "message": message, "at": time.time(),
+                                     "by": f"runner {self.pid}"})
+        except OSError as exc:
+            self._log(f"could not write {path}: {_strerror(exc)}")
+
     # --- records ---------------------------------------------------------------------------
 
-    def _write_runner_record(self) -> None:
-        write_json_atomic(self.dir / RUNNER_FILE, {
-            "runner_pid": self.pid,
-            "runner_start": procs.start_time(self.pid),
-            "claude_pid": self.child.pid if self.child else None,
-            "claude_start": self.child_start,
-            "started_at": self.started_at,
-        })
+    def _log(self, line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"fleet_tui.runner: {line}\n")
+            sys.stderr.flush()
+
+    def _take_lock(self) -> bool:
+        """Hold the attempt's lock for our whole life; False: another runner holds it."""
+        if self.lock_fd is not None:
+            # handed over by the engine, already locked; check it is this attempt's lock
+            try:
+                mine = os.fstat(self.lock_fd)
+                ref = os.stat(self.dir / LOCK_FILE)
+                os.set_inheritable(self.lock_fd, False)
+                fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if (mine.st_dev, mine.st_ino) == (ref.st_dev, ref.st_ino):
+                    return True
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                self._log(f"the lock fd {self.lock_fd} is unusable: {_strerror(exc)}")
+            with contextlib.suppress(OSError):
+                os.close(self.lock_fd)
+            self.lock_fd = None
+        fd = acquire_lock(self.dir)
+        if fd is None:
+            self._log(f"another runner holds {self.dir / LOCK_FILE}; not starting a second "
+                      "one on the same attempt")
+            return False
+        self.lock_fd = fd
+        return True
+
+    def _reserve(self) -> None:
+        """Write RESERVE_SIZE bytes now, to be overwritten in place by the exit record when
+        the disk is full at the end (overwriting needs no new space)."""
+        path = self.dir / RESERVE_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            self._log(f"could not make {path}: {_strerror(exc)}")
+            return
+        try:
+            os.pwrite(fd, b" " * RESERVE_SIZE, 0)
+            os.fsync(fd)
+        except OSError as exc:
+            self._log(f"could not fill {path}: {_strerror(exc)}")
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            return
+        self.reserve_fd = fd
+
+    def _drop_reserve(self) -> None:
+        if self.reserve_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.reserve_fd)
+            self.reserve_fd = None
+            with contextlib.suppress(OSError):
+                os.unlink(self.dir / RESERVE_FILE)
+
+    def _write_runner_record(self) -> bool:
+        try:
+            write_json_atomic(self.dir / RUNNER_FILE, {
+                "runner_pid": self.pid,
+                "runner_start": procs.start_time(self.pid),
+                "claude_pid": self.child.pid if self.child else None,
+                "claude_start": self.child_start,
+                "started_at": self.started_at,
+            })
+        except OSError as exc:
+            self._log(f"could not write {RUNNER_FILE} in {self.dir}: {_strerror(exc)}")
+            if self.child is None:  # before the run: do not start one nobody can follow
+                self.write_error = (f"could not write {RUNNER_FILE} in {self.dir}: "
+                                    f"{_strerror(exc)}")
+            return False
+        return True
 
     def _write_exit(self, *, exit_code: int | None, sig: int | None = None,
-                    error: str | None = None) -> None:
-        write_json_atomic(self.dir / EXIT_FILE, {
+                    error: str | None = None) -> bool:
+        record = {
             "exit_code": exit_code,
             "signal": sig,
             "signal_name": procs.signal_name(sig),
@@ -157,30 +364,71 @@ class Runner:
             "finished_at": time.time(),
             "runner_pid": self.pid,
             "claude_pid": self.child.pid if self.child else None,
-        })
+        }
+        path = self.dir / EXIT_FILE
+        try:
+            write_json_atomic(path, record)
+        except OSError as exc:
+            first = exc
+        else:
+            self._drop_reserve()
+            return True
+        # No room for a new file: the reserve written at the start takes the record.
+        if self.reserve_fd is not None:
+            record["record_note"] = (f"written into the reserved space: {EXIT_FILE} could "
+                                     f"not be written ({_strerror(first)})")
+            blob = (json.dumps(record, sort_keys=True) + "\n").encode()
+            if len(blob) <= RESERVE_SIZE:
+                try:
+                    os.pwrite(self.reserve_fd, blob + b" " * (RESERVE_SIZE - len(blob)), 0)
+                    os.fsync(self.reserve_fd)
+                    os.replace(self.dir / RESERVE_FILE, path)
+                except OSError as exc:
+                    self._log(f"could not use the reserve for {path}: {_strerror(exc)}")
+                else:
+                    with contextlib.suppress(OSError):
+                        os.close(self.reserve_fd)
+                    self.reserve_fd = None
+                    return True
+        self._log(f"could not write its exit record {path}: {_strerror(first)}")
+        return False
+
+    def _end(self, returncode: int, *, exit_code: int | None, sig: int | None = None,
+             error: str | None = None) -> int:
+        if error is None:
+            error = self.write_error
+        if not self._write_exit(exit_code=exit_code, sig=sig, error=error):
+            return EX_NO_RECORD
+        return returncode
 
     # --- the run ---------------------------------------------------------------------------
 
     def run(self) -> int:
         """Launch, copy output, clean up, record. Returns the runner's exit status."""
+        self.user_umask = os.umask(0o077)  # our files are private; claude gets it back
         self.install_signals()
         procs.set_child_subreaper()
+        if not self._take_lock():
+            return EX_LOCKED
+        self._reserve()
+        self._write_runner_record()  # known before anything runs
         try:
             spec = RunSpec.from_json((self.dir / SPEC_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError, TypeError) as exc:
-            self._write_runner_record()
-            self._write_exit(exit_code=2, error=f"cannot read {self.dir / SPEC_FILE}: {exc}")
-            return 2
+        except (OSError, ValueError, TypeError, RecursionError) as exc:
+            return self._end(2, exit_code=2, error=f"cannot read {self.dir / SPEC_FILE}: {exc}")
+        self.kill_grace = _number(spec.kill_grace, 5.0)
+        self.timeout = _number(spec.timeout, 0.0) or None
+        if self.write_error is not None:
+            return self._end(EX_NO_RECORD, exit_code=None)
         try:
             argv, env = self._plan(spec)
         except _LaunchFailure as exc:
-            self._write_runner_record()
-            self._write_exit(exit_code=exc.exit_code, error=exc.message)
-            return exc.exit_code
+            return self._end(exc.exit_code, exit_code=exc.exit_code, error=exc.message)
         if self.received is not None:  # killed before claude even started
-            self._write_runner_record()
-            self._write_exit(exit_code=None, sig=self.received, error="killed before start")
-            return 128 + self.received
+            return self._end(128 + self.received, exit_code=None, sig=self.received,
+                             error="killed before start")
+        if spec.token:
+            env[TOKEN_ENV] = spec.token
         return self._run_claude(spec, argv, env)
 
     def _plan(self, spec: RunSpec) -> tuple[list[str], dict[str, str]]:
@@ -190,7 +438,7 @@ class Runner:
         try:
             settings = load_launch_settings(env=self.env, config_file=os.devnull,
                                             overrides=spec.settings)
-            plan = plan_launch(settings, claude_args(spec), prompt=spec.prompt,
+            plan = plan_launch(settings, claude_args(spec), prompt=None,
                                config_dir=Path(spec.config_dir), base_env=self.env,
                                model=spec.model, permission_mode=spec.permission_mode,
                                cwd=Path(spec.cwd))
@@ -200,11 +448,32 @@ class Runner:
             raise _LaunchFailure(str(exc), int(getattr(exc, "exit_code", 1) or 1)) from None
         return list(plan.argv), dict(plan.env)
 
+    def _prompt_fd(self, prompt: str) -> int:
+        """claude's stdin: the prompt in a memory file (no argv limit, nothing on disk)."""
+        data = prompt.encode("utf-8", "replace")
+        try:
+            fd = os.memfd_create("fleet-prompt", os.MFD_CLOEXEC)
+        except (AttributeError, OSError):
+            path = self.dir / f".prompt.{self.pid}"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            os.unlink(path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.lseek(fd, 0, os.SEEK_SET)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def _run_claude(self, spec: RunSpec, argv: Sequence[str], env: Mapping[str, str]) -> int:
         parent = self.pid
+        user_umask = self.user_umask
 
         def preexec() -> None:  # runs in the child between fork and exec
             os.setpgid(0, 0)
+            os.umask(user_umask)
             procs.set_parent_death_signal(signal.SIGKILL)
             if os.getppid() != parent:  # the runner died before the death signal was armed
                 os._exit(1)
@@ -213,43 +482,48 @@ class Runner:
         stderr_path = self.dir / STDERR_FILE
         # The worktree guard (defect 8) is the engine's; here only refuse a missing cwd.
         if not Path(spec.cwd).is_dir():
-            self._write_runner_record()
-            self._write_exit(exit_code=2, error=f"the worktree {spec.cwd} does not exist")
-            return 2
+            return self._end(2, exit_code=2, error=f"the worktree {spec.cwd} does not exist")
         procs.preload_libc()
-        with open(stderr_path, "ab") as err_fh, open(events, "ab", buffering=0) as out_fh:
+        try:
+            stdin_fd = self._prompt_fd(spec.prompt)
+            err_fh = open(stderr_path, "ab")  # noqa: SIM115 (closed below)
+            out_fh = open(events, "ab", buffering=0)  # noqa: SIM115
+        except OSError as exc:
+            return self._end(EX_NO_RECORD, exit_code=None,
+                             error=f"could not prepare the run in {self.dir}: {_strerror(exc)}")
+        with err_fh, out_fh:
             try:
                 self.child = subprocess.Popen(
-                    list(argv), cwd=spec.cwd, env=dict(env), stdin=subprocess.DEVNULL,
+                    list(argv), cwd=spec.cwd, env=dict(env), stdin=stdin_fd,
                     stdout=subprocess.PIPE, stderr=err_fh, preexec_fn=preexec,
                     close_fds=True)
             except OSError as exc:
-                self._write_runner_record()
-                self._write_exit(exit_code=127,
+                return self._end(127, exit_code=127,
                                  error=f"cannot start {argv[0]}: {exc.strerror or exc}")
-                return 127
+            finally:
+                os.close(stdin_fd)
             self.child_start = procs.start_time(self.child.pid)
             self._write_runner_record()
             if self.received is not None:
                 self._forward(self.received)
             self._copy_output(out_fh)
         returncode = self._wait_child()
-        self._clean_leftovers()
+        self._clean_leftovers(spec.token)
         if returncode < 0:
-            self._write_exit(exit_code=None, sig=-returncode)
-            return 128 - returncode
-        self._write_exit(exit_code=returncode)
-        return returncode
+            return self._end(128 - returncode, exit_code=None, sig=-returncode)
+        return self._end(returncode, exit_code=returncode)
 
     def _copy_output(self, out_fh: Any) -> None:
         """Copy claude's stdout to events.jsonl as it comes (unbuffered: each chunk lands on
         disk at once). Stops at EOF, or shortly after claude exited even if an orphan still
-        holds the pipe open."""
+        holds the pipe open. When events.jsonl cannot be written (a full disk), the run is
+        stopped: it would go on unrecorded."""
         assert self.child is not None and self.child.stdout is not None
         fd = self.child.stdout.fileno()
         os.set_blocking(fd, False)
         exited_at: float | None = None
         while True:
+            self._watch()
             try:
                 ready, _, _ = select.select([fd], [], [], 0.2)
             except InterruptedError:  # pragma: no cover (PEP 475 retries)
@@ -262,7 +536,7 @@ class Runner:
                 if chunk == b"":
                     break
                 if chunk:
-                    out_fh.write(chunk)
+                    self._save(out_fh, chunk)
                     continue
             if self.child.poll() is not None:
                 if exited_at is None:
@@ -271,22 +545,51 @@ class Runner:
                     break
         self.child.stdout.close()
 
+    def _save(self, out_fh: Any, chunk: bytes) -> None:
+        if self.write_error is not None:
+            return  # the run is being stopped; what it prints now has nowhere to go
+        view = memoryview(chunk)
+        try:
+            while view:
+                view = view[out_fh.write(view):]
+        except OSError as exc:
+            self.write_error = (f"could not write {EVENTS_FILE} in {self.dir}: "
+                                f"{_strerror(exc)}; the run was stopped")
+            self._log(self.write_error)
+            self._terminate()
+
     def _wait_child(self) -> int:
         assert self.child is not None
         while True:
             try:
-                return self.child.wait()
+                return self.child.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                self._watch()
             except KeyboardInterrupt:  # pragma: no cover (SIGINT has our handler)
                 continue
 
-    def _clean_leftovers(self) -> None:
-        """Kill whatever claude left behind (reparented to us as subreaper) and reap it."""
+    def _clean_leftovers(self, token: str = "") -> None:
+        """Kill whatever claude left behind (reparented to us as subreaper, or carrying the
+        attempt's token) and reap it."""
         groups = [self.child.pid] if self.child is not None else []
         hit = procs.signal_tree(self.pid, signal.SIGTERM, groups=groups)
+        if token:
+            marked = [p for p in procs.with_env(TOKEN_ENV, token) if p not in hit]
+            hit += [p for p in marked if procs.signal_pid(p, signal.SIGTERM)]
         if hit and not procs.wait_gone(hit, LEFTOVER_GRACE):
             procs.signal_tree(self.pid, signal.SIGKILL, groups=groups)
+            for p in hit:
+                if procs.is_alive(p):
+                    procs.signal_pid(p, signal.SIGKILL)
             procs.wait_gone(hit, LEFTOVER_GRACE)
         procs.reap_children()
+
+
+def _number(value: Any, default: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    number = float(value)
+    return number if number == number and number >= 0 else default  # NaN, negative: default
 
 
 class _LaunchFailure(Exception):
@@ -296,22 +599,28 @@ class _LaunchFailure(Exception):
         self.exit_code = exit_code
 
 
+USAGE = "usage: python -m fleet_tui.runner [--lock-fd N] ATTEMPT_DIR\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    lock_fd: int | None = None
+    if len(args) == 3 and args[0] == "--lock-fd" and args[1].isdigit():
+        lock_fd = int(args[1])
+        args = args[2:]
     if len(args) != 1 or args[0] in ("-h", "--help"):
-        sys.stderr.write("usage: python -m fleet_tui.runner ATTEMPT_DIR\n")
+        sys.stderr.write(USAGE)
         return 2
     attempt_dir = Path(args[0])
     if not attempt_dir.is_dir():
         sys.stderr.write(f"fleet_tui.runner: {attempt_dir} is not a directory\n")
         return 2
-    runner = Runner(attempt_dir)
+    runner = Runner(attempt_dir, lock_fd=lock_fd)
     try:
         return runner.run()
     except Exception as exc:  # the exit record must exist whatever happens
-        with contextlib.suppress(OSError):
-            if not (attempt_dir / EXIT_FILE).exists():
-                runner._write_exit(exit_code=70, error=f"runner failed: {exc!r}")
+        if runner.lock_fd is not None and not (attempt_dir / EXIT_FILE).exists():
+            runner._write_exit(exit_code=70, error=f"runner failed: {exc!r}")
         raise
 
 

@@ -21,7 +21,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -146,6 +146,9 @@ class Task:
     deleted_lines: int = 0
     claimed_by: str | None = None
     claimed_at: float | None = None
+    # Not a column: why the stored row could not be read as it is (None: it could). Such a
+    # task is shown failed with this as its message, and the engine never runs it.
+    row_error: str | None = None
 
     @property
     def short_title(self) -> str:
@@ -187,6 +190,7 @@ class Attempt:
     last_tool: str | None = None
     last_event_at: float | None = None
     events_offset: int = 0
+    row_error: str | None = None  # not a column: see Task.row_error
 
 
 # --- schema ---------------------------------------------------------------------------------
@@ -281,8 +285,9 @@ def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_script(_V1), _script(_V2)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
-_TASK_COLUMNS = tuple(f.name for f in fields(Task))
-_ATTEMPT_COLUMNS = tuple(f.name for f in fields(Attempt))
+_NOT_COLUMNS = {"row_error"}
+_TASK_COLUMNS = tuple(f.name for f in fields(Task) if f.name not in _NOT_COLUMNS)
+_ATTEMPT_COLUMNS = tuple(f.name for f in fields(Attempt) if f.name not in _NOT_COLUMNS)
 _ATTEMPT_PATH_FIELDS = {"dir", "events_path", "stderr_path", "exit_path", "config_dir"}
 
 
@@ -299,20 +304,107 @@ def _to_db(name: str, value: Any) -> Any:
     return value
 
 
+# --- decoding rows, totally ------------------------------------------------------------------
+# A row is whatever SQLite holds, and SQLite keeps any value in any column: a hand-edited or
+# damaged row must not stop a listing. Each column is checked against its field's type; a
+# value that does not fit is replaced by the field's default and the row is marked (with the
+# first bad column named), never raised.
+
+_NONE = type(None)
+_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    # annotation -> (accepted SQLite value types, conversion)
+    "str": ((str,), ""), "str | None": ((str, _NONE), ""),
+    "int": ((int,), ""), "int | None": ((int, _NONE), ""),
+    "float": ((float, int), ""), "float | None": ((float, int, _NONE), ""),
+    "Path": ((str,), "path"), "Path | None": ((str, _NONE), "path?"),
+    "TaskState": ((str,), "state"), "list[str]": ((str,), "json-list"),
+}
+
+
+def _column_kinds(cls: type) -> list[tuple[str, tuple[type, ...], str, Any]]:
+    out: list[tuple[str, tuple[type, ...], str, Any]] = []
+    for f in fields(cls):
+        if f.name in _NOT_COLUMNS:
+            continue
+        types, conv = _KINDS[str(f.type)]
+        if f.default is not MISSING:
+            default: Any = f.default
+        elif f.default_factory is not MISSING:
+            default = f.default_factory
+        elif conv:
+            default = Path(".")
+        else:
+            default = 0 if int in types else ""
+        out.append((f.name, types, conv, default))
+    return out
+
+
+_TASK_KINDS = _column_kinds(Task)
+_ATTEMPT_KINDS = _column_kinds(Attempt)
+_STATES = {s.value: s for s in TaskState}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _decode(row: sqlite3.Row, kinds: list[tuple[str, tuple[type, ...], str, Any]]
+            ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Column values -> field values; the complaints about the columns that did not fit."""
+    data: dict[str, Any] = {}
+    bad: list[tuple[str, str]] = []
+    keys = set(row.keys())
+    for name, types, conv, default in kinds:
+        if name not in keys:
+            continue  # an older schema's row: the field's default
+        value = row[name]
+        ok = type(value) in types
+        if ok and conv:
+            if conv == "path":
+                ok = bool(value)
+                value = Path(value)
+            elif conv == "path?":
+                value = Path(value) if value else None
+            elif conv == "state":
+                ok = value in _STATES
+                value = _STATES.get(value)
+            else:  # json-list
+                try:
+                    value = json.loads(value or "[]")
+                except (ValueError, RecursionError):
+                    ok = False
+                else:
+                    ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        if not ok:
+            bad.append((name, f"column {name} holds {_shown(row[name])}"))
+            value = default() if callable(default) else default
+        data[name] = value
+    return data, bad
+
+
 def _task_from_row(row: sqlite3.Row) -> Task:
-    data = {k: row[k] for k in row.keys()}  # noqa: SIM118 (sqlite3.Row is not a mapping)
-    data["repo"] = Path(data["repo"])
-    data["worktree"] = Path(data["worktree"]) if data["worktree"] else None
-    data["state"] = TaskState(data["state"])
-    data["extra_args"] = json.loads(data["extra_args"] or "[]")
-    return Task(**data)
+    data, bad = _decode(row, _TASK_KINDS)
+    task = Task(**data)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        task.row_error = (f"the store row of task {task.id} is unreadable: {bad[0][1]}{more}"
+                          "; discard the task, or correct the row")
+        task.message = task.row_error
+        task.verdict = "crashed"
+        if any(name == "state" for name, _ in bad):
+            task.state = TaskState.FAILED
+    return task
 
 
 def _attempt_from_row(row: sqlite3.Row) -> Attempt:
-    data = {k: row[k] for k in row.keys()}  # noqa: SIM118
-    for name in _ATTEMPT_PATH_FIELDS:
-        data[name] = Path(data[name]) if data[name] else None
-    return Attempt(**data)
+    data, bad = _decode(row, _ATTEMPT_KINDS)
+    attempt = Attempt(**data)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        attempt.row_error = (f"the store row of attempt {attempt.n} of task "
+                             f"{attempt.task_id} is unreadable: {bad[0][1]}{more}")
+    return attempt
 
 
 def _states_tuple(states: TaskState | Iterable[TaskState] | str | None) -> tuple[str, ...]:
@@ -331,15 +423,28 @@ class Store:
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else paths.db_path()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=paths.PRIVATE_DIR)
         except OSError as exc:
             raise StoreError(f"cannot create the folder of the task database {self.path}: "
                              f"{exc.strerror or exc}; set FLEET_TUI_HOME to a writable folder"
                              ) from None
+        self._make_private()
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self._migrate()
+
+    def _make_private(self) -> None:
+        """The database holds every prompt: 0600 (SQLite gives its -wal and -shm files the
+        database's mode), in a 0700 data folder. Fixes an older install's modes too."""
+        with contextlib.suppress(OSError):
+            if self.path.parent.resolve() == paths.home().resolve():
+                paths.secure_home()
+        if not self.path.exists():
+            with contextlib.suppress(OSError):
+                paths.private_file(self.path)
+        for name in ("", "-wal", "-shm", "-journal"):
+            paths.make_private(Path(f"{self.path}{name}"), paths.PRIVATE_FILE)
 
     # --- connections and transactions ---------------------------------------------------------
 
@@ -487,6 +592,11 @@ class Store:
                 f"{' and more' if len(rows) > 5 else ''}; type more characters")
         return _task_from_row(rows[0])
 
+    def repos(self) -> list[Path]:
+        """Every repository that has tasks."""
+        rows = self._connect().execute("SELECT DISTINCT repo FROM tasks").fetchall()
+        return [Path(r[0]) for r in rows if isinstance(r[0], str) and r[0]]
+
     def list_tasks(self, repo: Path | None = None,
                    states: TaskState | Iterable[TaskState] | None = None,
                    limit: int | None = None, *, endpoint: str | None = None) -> list[Task]:
@@ -608,6 +718,67 @@ class Store:
                 (TaskState.RUNNING.value, owner, now, now, now, row["id"]))
             fresh = conn.execute("SELECT * FROM tasks WHERE id = ?", (row["id"],)).fetchone()
             return _task_from_row(fresh)
+
+    # --- claims: one starter per task, and no start after a kill ------------------------------
+
+    def touch_claims(self, task_ids: Iterable[str], owner: str, now: float) -> int:
+        """Heartbeat: an engine still starting the tasks it claimed says so (claimed_at)."""
+        ids = list(task_ids)
+        if not ids:
+            return 0
+        active = tuple(s.value for s in ACTIVE_STATES)
+        with self.transaction() as conn:
+            return conn.execute(
+                f"UPDATE tasks SET claimed_at = ? WHERE claimed_by = ? AND state IN "
+                f"({', '.join('?' for _ in active)}) AND id IN "
+                f"({', '.join('?' for _ in ids)})", (now, owner, *active, *ids)).rowcount
+
+    def requeue_claim(self, task_id: str, claimed_by: str | None, claimed_at: float | None,
+                      now: float, message: str) -> bool:
+        """Put a claimed task back in the queue, only while it is still that same claim
+        (claimer and claim time) and active: two engines that both found the claimer gone
+        requeue it once, and never a claim made since by a third."""
+        active = tuple(s.value for s in ACTIVE_STATES)
+        with self.transaction() as conn:
+            return conn.execute(
+                f"UPDATE tasks SET state = ?, message = ?, claimed_by = NULL, claimed_at = NULL,"
+                f" updated_at = ? WHERE id = ? AND claimed_by IS ? AND claimed_at IS ? AND "
+                f"state IN ({', '.join('?' for _ in active)})",
+                (TaskState.QUEUED.value, message, now, task_id, claimed_by, claimed_at,
+                 *active)).rowcount > 0
+
+    def record_launch(self, task_id: str, attempt_id: int, owner: str,
+                      attempt_fields: dict[str, Any], task_fields: dict[str, Any]) -> bool:
+        """The starter's point of no return, before it spawns the runner: record where the
+        attempt runs, if the task is still active and still claimed by `owner` (not killed
+        or taken over meanwhile). False: do not spawn."""
+        active = {s.value for s in ACTIVE_STATES}
+        with self.transaction() as conn:
+            row = conn.execute("SELECT state, claimed_by FROM tasks WHERE id = ?",
+                               (task_id,)).fetchone()
+            if row is None or row["state"] not in active or row["claimed_by"] != owner:
+                return False
+            self.update_attempt(attempt_id, **attempt_fields)
+            self.update_task(task_id, **task_fields)
+            return True
+
+    def kill_unlaunched(self, task_id: str, now: float, message: str) -> bool:
+        """Kill an active task none of whose attempts has been launched (no attempt folder
+        recorded): its starter, at record_launch, then finds it killed and spawns nothing.
+        False: a runner was (being) launched; stop that one instead."""
+        active = tuple(s.value for s in ACTIVE_STATES)
+        with self.transaction() as conn:
+            changed = conn.execute(
+                f"UPDATE tasks SET state = ?, verdict = 'killed', message = ?, finished_at = ?,"
+                f" not_before = NULL, updated_at = ? WHERE id = ? AND state IN "
+                f"({', '.join('?' for _ in active)}) AND NOT EXISTS (SELECT 1 FROM attempts "
+                f"WHERE attempts.task_id = tasks.id AND finished_at IS NULL AND dir IS NOT NULL)",
+                (TaskState.KILLED.value, message, now, now, task_id, *active)).rowcount > 0
+            if changed:
+                conn.execute("UPDATE attempts SET finished_at = ?, verdict = 'killed', "
+                             "message = ? WHERE task_id = ? AND finished_at IS NULL",
+                             (now, message, task_id))
+            return changed
 
     # --- attempts -----------------------------------------------------------------------------
 

@@ -650,3 +650,66 @@ def test_a_big_backlog_is_read_in_bounded_chunks_and_counted(
     for ev in whole:
         summary.update(ev)
     assert (done.turns, done.output_tokens) == (summary.turns, summary.output_tokens)
+
+
+# --- long prompts, private files (issue 9, findings 8 and 18) ---------------------------------
+
+
+def test_a_200_kib_prompt_reaches_the_endpoint(git_repo: Path, claude_bin: str) -> None:
+    """An argv string is limited to 128 KiB; the prompt goes on claude's stdin, a
+    follow-up's too (with --resume)."""
+    prompt = "".join(f"line {i:06d} " + "y" * 90 + "\n" for i in range(2000))
+    assert len(prompt.encode()) >= 200 * 1024
+    follow = "and then? " + "z" * 140_000
+    with ScriptedEndpoint({"default": {"turns": ["first answer"],
+                                       "followup": ["got: {prompt}"]}}) as ep:
+        fleet = make_fleet(ep, claude_bin)
+        done = run_one(fleet, git_repo, prompt)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        sent = [r.prompt for r in ep.requests if r.turn == 0
+                and not (r.prompt or "").startswith("<session>")]
+        assert sent == [prompt.strip()]  # the CLI trims a prompt, whichever way it came
+        fleet.follow_up(done.id, follow)
+        drive(fleet, settled(fleet, done.id))
+        again = fleet.get_task(done.id)
+        assert again.state == TaskState.SUCCEEDED, again.message
+        assert again.session_id == done.session_id and ep.requests[-1].turn == 1
+        last, _ = fleet.read_events(fleet.attempts(done.id)[-1])
+        results = [e for e in last if isinstance(e, stream.Result)]
+        assert results and results[-1].result == f"got: {follow}"
+
+
+def _mode(path: Path) -> int:
+    return path.lstat().st_mode & 0o777
+
+
+def test_attempt_folders_are_private_older_ones_included(
+        git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
+    # what an older fleet-tui left in this repository: world-readable logs
+    old = git_repo / ".fleet-work" / ".logs" / "old001" / "1"
+    old.mkdir(parents=True)
+    (old / "events.jsonl").write_text('{"type": "system"}\n')
+    for path in (old.parent.parent, old.parent, old):
+        os.chmod(path, 0o755)
+    os.chmod(old / "events.jsonl", 0o644)
+    umask = os.umask(0o022)
+    try:
+        fleet = make_fleet(endpoint, claude_bin)
+        task = run_one(fleet, git_repo, "write a.txt")
+    finally:
+        os.umask(umask)
+    assert task.state == TaskState.SUCCEEDED, task.message
+    adir = Path(fleet.attempts(task.id)[-1].dir or "")
+    logs = git_repo / ".fleet-work" / ".logs"
+    for folder in (logs, adir.parent, adir, old.parent, old):
+        assert _mode(folder) == 0o700, folder
+    names = {p.name for p in adir.iterdir()}
+    assert {"spec.json", "events.jsonl", "stderr.log", "runner.log", "runner.json",
+            "launch.json", "exit.json"} <= names
+    for path in [*adir.iterdir(), old / "events.jsonl"]:
+        if path.is_file():
+            assert _mode(path) == 0o600, path
+    # claude's own work keeps the user's umask: the worktree is the user's
+    assert _mode(Path(task.worktree or "") / "a.txt") == 0o644
+    assert _mode(paths.task_config_dir(task.id)) == 0o700
+    assert _mode(paths.home()) == 0o700 and _mode(paths.db_path()) == 0o600

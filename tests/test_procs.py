@@ -69,17 +69,22 @@ def test_descendants_and_signal_tree_reach_other_groups() -> None:
     # plain; both must be found through the tree and killed.
     proc = subprocess.Popen(["bash", "-c", "setsid sleep 301 & sleep 302 & wait"],
                             start_new_session=True)
+    kids: list[int] = []
+
+    def sleeping() -> bool:  # both forks have exec'd sleep (under load that takes a while)
+        kids[:] = procs.descendants(proc.pid)
+        return {" ".join(procs.cmdline(k)) for k in kids} >= {"sleep 301", "sleep 302"}
+
     try:
-        assert _wait_for(lambda: len(procs.descendants(proc.pid)) >= 2)
-        kids = procs.descendants(proc.pid)
-        cmds = {" ".join(procs.cmdline(k)) for k in kids}
-        assert {"sleep 301", "sleep 302"} <= cmds
+        assert _wait_for(sleeping)
         other_groups = {procs.read_stat(k).pgid for k in kids if procs.read_stat(k)}  # type: ignore[union-attr]
         assert len(other_groups | {proc.pid}) >= 2
         hit = procs.signal_tree(proc.pid, signal.SIGKILL)
         assert proc.pid in hit and set(kids) <= set(hit)
         assert procs.wait_gone([proc.pid, *kids], 5)
     finally:
+        for pid in kids:  # a failed check must not leave its sleeps to the next run
+            procs.signal_pid(pid, signal.SIGKILL)
         proc.kill()
         proc.wait()
     for st in procs.all_stats():
@@ -158,3 +163,48 @@ def test_signal_name() -> None:
     assert procs.signal_name(15) == "SIGTERM"
     assert procs.signal_name(None) is None
     assert procs.signal_name(250) == "250"
+
+
+def test_with_env_finds_daemons_that_left_the_tree() -> None:
+    """A double fork and a setsid daemon end up under pid 1 (or a subreaper), out of any
+    tree walk from their starter; the variable they inherited still names them."""
+    token = "tok-" + os.urandom(6).hex()
+    env = dict(os.environ, FLEET_ATTEMPT_TOKEN=token)
+    starter = subprocess.run(
+        ["bash", "-c", "setsid nohup sleep 331 >/dev/null 2>&1 & "
+                       "( (sleep 332 >/dev/null 2>&1 &) & ) ; exit 0"],
+        env=env, start_new_session=True, timeout=10)
+    assert starter.returncode == 0
+    try:
+        assert _wait_for(lambda: {" ".join(procs.cmdline(p))
+                                  for p in procs.with_env("FLEET_ATTEMPT_TOKEN", token)}
+                         == {"sleep 331", "sleep 332"})
+        found = procs.with_env("FLEET_ATTEMPT_TOKEN", token)
+        for pid in found:
+            st = procs.read_stat(pid)
+            assert st is not None and st.ppid != os.getpid()  # not our children any more
+        assert procs.with_env("FLEET_ATTEMPT_TOKEN", token[:-1]) == []  # the exact value
+        assert procs.with_env("FLEET_ATTEMPT_TOKE", token) == []  # the exact name
+        hit = procs.stop(found, 2.0)
+        assert sorted(hit) == sorted(found)
+        assert procs.with_env("FLEET_ATTEMPT_TOKEN", token) == []
+    finally:
+        for pid in procs.with_env("FLEET_ATTEMPT_TOKEN", token):
+            procs.signal_pid(pid, signal.SIGKILL)
+
+
+def test_stop_escalates_to_sigkill() -> None:
+    proc = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 333 & wait"],
+                            start_new_session=True)
+    kids: list[int] = []
+    try:
+        assert _wait_for(lambda: len(procs.descendants(proc.pid)) == 1)
+        kids = procs.descendants(proc.pid)
+        assert procs.stop([proc.pid], 0.3) == [proc.pid]
+        assert proc.wait(timeout=5) == -signal.SIGKILL  # the trap ignored the SIGTERM
+    finally:
+        for pid in kids:
+            procs.signal_pid(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

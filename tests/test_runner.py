@@ -209,3 +209,59 @@ def test_usage_errors(tmp_path: Path) -> None:
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 2
         assert "Traceback" not in out.stderr and out.stderr.strip()
+
+
+def test_a_second_runner_on_the_same_attempt_refuses(
+        tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
+    """The attempt's lock is held for the runner's whole life: a second runner started on
+    the same folder (an engine that thought the first one dead) does nothing at all."""
+    first, adir = _start(tmp_path, claude_bin, endpoint.url, "[script:sleepy] wait")
+    try:
+        assert _wait(lambda: len(_sleepers("sleep 316", "sleep 317")) == 2)
+        before = {p.name: p.read_bytes() for p in adir.iterdir() if p.is_file()}
+        env = dict(os.environ, PYTHONPATH=ROOT, ANTHROPIC_AUTH_TOKEN=KEY,
+                   FLEET_WORKER_KEY_SOURCES="env")
+        second = subprocess.run([sys.executable, "-m", "fleet_tui.runner", str(adir)],
+                                env=env, capture_output=True, text=True, timeout=30)
+        assert second.returncode == 75
+        assert "another runner holds" in second.stderr and "Traceback" not in second.stderr
+        after = {p.name: p.read_bytes() for p in adir.iterdir() if p.is_file()}
+        assert after == before  # not a byte written, no second claude
+        assert len([r for r in endpoint.requests if r.turn == 0
+                    and not (r.prompt or "").startswith("<session>")]) == 1
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=30)
+        for pid in _sleepers("sleep 316", "sleep 317"):
+            procs.signal_pid(pid, signal.SIGKILL)
+
+
+def test_claude_gets_the_prompt_on_stdin_the_token_and_the_users_umask(
+        tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
+    """The prompt is not in claude's argv (no 128 KiB limit, not in `ps`); every process of
+    the run carries the attempt's token; the runner's own files are private, while what
+    claude writes in the worktree keeps the user's umask."""
+    prompt = "write the file, please -- with a leading dash line\n-x"
+    old = os.umask(0o022)
+    try:
+        proc, adir = _start(tmp_path, claude_bin, endpoint.url, prompt, token="tok-123abc")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        os.umask(old)
+    sent = [r for r in endpoint.requests if r.turn == 0
+            and not (r.prompt or "").startswith("<session>")]
+    assert [r.prompt for r in sent] == [prompt]
+    for name in (EVENTS_FILE, STDERR_FILE, EXIT_FILE, RUNNER_FILE):
+        assert (adir / name).stat().st_mode & 0o777 == 0o600, name
+    assert (tmp_path / "work" / "out.txt").stat().st_mode & 0o777 == 0o644
+    assert list(adir.glob(".*.tmp")) == [] and not (adir / ".exit.reserve").exists()
+
+
+def test_token_reaches_the_bash_tool(tmp_path: Path, claude_bin: str) -> None:
+    script = [[{"type": "tool_use", "name": "Bash",
+                "input": {"command": "echo \"$FLEET_ATTEMPT_TOKEN\" > token.txt",
+                          "description": "token"}}], "done"]
+    with ScriptedEndpoint({"default": script}) as ep:
+        proc, _adir = _start(tmp_path, claude_bin, ep.url, "go", token="tok-456def")
+        assert proc.wait(timeout=60) == 0
+    assert (tmp_path / "work" / "token.txt").read_text() == "tok-456def\n"

@@ -1,0 +1,107 @@
+"""One fleet-tui engine in a process of its own, for the tests that need a real engine
+process to die (SIGKILL) at a chosen point, or a second engine process beside the test's.
+
+Not a stand-in: the real Fleet, store, git, runner and claude. The only addition is the
+crash point: the process SIGKILLs itself right after one named step, which is the moment
+a real `kill -9` (or a power cut) would have to hit by luck.
+
+usage: python engine_child.py CONFIG.json
+CONFIG (JSON): settings (load_settings overrides), env (the engine's environment), db (the
+store path), die_at (null, "after-claim", "after-worktree": made but not recorded,
+"after-record-launch": the attempt folder is recorded, no runner yet, or
+"after-runner-spawn"), until_settled (task
+ids: run the scheduler until every one has finished, then exit 0), start_grace (seconds,
+instead of fleet.START_GRACE: how often the heartbeat of a slow start beats).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _die() -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> int:
+    config = json.loads(Path(sys.argv[1]).read_text())
+    from fleet_tui import fleet as fleet_mod
+    from fleet_tui.config import load_settings
+    from fleet_tui.fleet import Fleet
+    from fleet_tui.store import FINISHED_STATES, Store
+
+    if config.get("start_grace") is not None:
+        fleet_mod.START_GRACE = float(config["start_grace"])
+    die_at = config.get("die_at")
+    if die_at == "after-claim":
+        real_claim = Store.claim_next
+
+        def claim_then_die(self: Store, *args: Any, **kwargs: Any) -> Any:
+            task = real_claim(self, *args, **kwargs)
+            if task is not None:
+                _die()
+            return task
+
+        Store.claim_next = claim_then_die  # type: ignore[method-assign]
+    elif die_at == "after-worktree":
+        from fleet_tui import git as fleet_git
+
+        real_create = fleet_git.create_worktree
+
+        def create_then_die(*args: Any, **kwargs: Any) -> Any:
+            real_create(*args, **kwargs)
+            _die()
+
+        fleet_git.create_worktree = create_then_die
+    elif die_at == "after-record-launch":
+        real_record = Store.record_launch
+
+        def record_then_die(self: Store, *args: Any, **kwargs: Any) -> Any:
+            if real_record(self, *args, **kwargs):
+                _die()
+            return False
+
+        Store.record_launch = record_then_die  # type: ignore[method-assign]
+    elif die_at == "after-runner-spawn":
+        real_popen = subprocess.Popen
+
+        class PopenThenDie(real_popen):  # type: ignore[misc, valid-type]
+            def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
+                super().__init__(args, *rest, **kwargs)
+                if "fleet_tui.runner" in list(args):
+                    _die()
+
+        subprocess.Popen = PopenThenDie  # type: ignore[misc]
+
+    settings = load_settings(env=config["env"], overrides=config["settings"])
+    fleet = Fleet(settings, Store(config["db"]), env=config["env"])
+    ids = list(config.get("until_settled") or [])
+    if not ids:
+        fleet.tick()
+        return 0
+    stop = threading.Event()
+    loop = threading.Thread(target=fleet.run, args=(stop,), kwargs={"interval": 0.05})
+    loop.start()
+    try:
+        deadline = time.monotonic() + float(config.get("timeout", 240))
+        while time.monotonic() < deadline:
+            if all(fleet.get_task(i).state in FINISHED_STATES for i in ids):
+                return 0
+            time.sleep(0.1)
+        return 3
+    finally:
+        stop.set()
+        loop.join(timeout=30)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
