@@ -152,14 +152,19 @@ def _api_message(status: int, text: str) -> tuple[Verdict, str]:
 
 def classify(*, exit_code: int | None, signal: int | None = None,
              result: dict[str, Any] | Result | None = None, stderr_tail: str = "",
-             killed: bool = False, timed_out: bool = False) -> Outcome:
-    """The verdict of one finished run.
+             killed: bool = False, timed_out: bool = False,
+             finished_before_stop: bool = False) -> Outcome:
+    """The verdict of one finished run. Never raises, whatever the arguments hold.
 
     `exit_code` None means unknown (fleet-collect reads a saved result); a negative one
     means a signal, as subprocess reports it. `result` is the result object (a dict, or a
     stream `Result` event). `killed` / `timed_out` are the caller's own kill and wall-clock
-    timeout. `subtype` is never trusted alone: `is_error`, `api_error_status` and the exit
-    code decide.
+    timeout: they decide the verdict whatever claude printed after the signal (CLI 2.1.197
+    answers a SIGTERM during a Bash step with one more API turn, a clean `success` result
+    and exit 0). Only a caller that knows the result line was complete before it asked
+    for the stop passes `finished_before_stop`, and then the run's own verdict stands.
+    `subtype` is never trusted alone: `is_error`, `api_error_status` and the exit code
+    decide.
     """
     if isinstance(result, Result):
         result = result.data or {}
@@ -194,10 +199,11 @@ def classify(*, exit_code: int | None, signal: int | None = None,
     from_result = None if result is None else _result_verdict(result, code)
     finished_ok = from_result is not None and from_result[0] is Verdict.OK
 
-    if killed and not (finished_ok and exit_code == 0):
+    stopped_after_finish = finished_before_stop and finished_ok
+    if killed and not stopped_after_finish:
         how = f" ({_signal_name(signal)})" if signal else ""
         return out(Verdict.KILLED, f"the run was killed on request{how}")
-    if timed_out and not (finished_ok and exit_code == 0):
+    if timed_out and not stopped_after_finish:
         return out(Verdict.TIMEOUT, "the run went past its wall-clock timeout and was stopped; "
                                     "raise timeout (FLEET_WORKER_TIMEOUT) or split the task")
     if signal and not finished_ok:

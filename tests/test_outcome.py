@@ -141,8 +141,18 @@ def test_caller_flags_and_signals() -> None:
     assert classify(exit_code=-9).verdict == Verdict.KILLED
     assert classify(exit_code=-9, timed_out=True).verdict == Verdict.TIMEOUT
     assert "wall-clock" in classify(exit_code=-9, timed_out=True).message
-    # a run that had finished before the kill landed keeps its success
-    assert classify(exit_code=0, result=ok, killed=True).verdict == Verdict.OK
+    # issue 9 finding 1: a kill or a timeout decides, whatever claude printed after the
+    # signal (2.1.197 answers SIGTERM with one more turn, a success result and exit 0)
+    assert classify(exit_code=0, result=ok, killed=True).verdict == Verdict.KILLED
+    assert classify(exit_code=0, result=ok, timed_out=True).verdict == Verdict.TIMEOUT
+    # ...unless the caller knows the result was complete before it asked for the stop
+    assert classify(exit_code=0, result=ok, killed=True,
+                    finished_before_stop=True).verdict == Verdict.OK
+    assert classify(exit_code=0, result=ok, timed_out=True,
+                    finished_before_stop=True).verdict == Verdict.OK
+    assert classify(exit_code=1, result=ok, killed=True,
+                    finished_before_stop=True).verdict == Verdict.KILLED
+    # a signal from outside (not ours) after a clean result: the result stands
     assert classify(exit_code=None, signal=15, result=ok).verdict == Verdict.OK
     assert classify(exit_code=-15, result=variant(result=""), killed=True).verdict == \
         Verdict.KILLED
