@@ -5,18 +5,30 @@ failures, `is_error` stays false when the run ran out of turns in some versions,
 exit code is 1 for every kind of failure. So a verdict is built from all of them together:
 the exit code (or signal), the result object (or its absence), and the stderr tail, and
 each verdict comes with one line a person can act on. Retry policy is the engine's.
+
+Everything here is total: `find_result` and `classify` never raise, whatever bytes, JSON
+values or argument types they get (a result is untrusted data; so is an exit record read
+back from disk), and an Outcome holds only what JSON, a terminal and the store take.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal as _signal
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from fleet_tui.stream import Result, one_line
+from fleet_tui.stream import (
+    MAX_INT,
+    Result,
+    has_surrogate_escape,
+    one_line,
+    result_fields,
+    scrub_surrogates,
+)
 
 
 class Verdict(StrEnum):
@@ -74,7 +86,7 @@ _REFUSAL_PATTERNS = (
     re.compile(r"requires --verbose", re.I),
     re.compile(r"^Error: (When using|Invalid|Unknown|--)", re.M),
 )
-_API_STATUS_IN_TEXT = re.compile(r"API Error: (?:[^0-9\n]{0,40}\()?(\d{3})\b")
+_API_STATUS_IN_TEXT = re.compile(r"API Error: (?:[^0-9\n]{0,40}\()?([0-9]{3})\b")
 _TIMEOUT_TEXT = re.compile(r"\b(request )?timed out\b|\btimeout\b", re.I)
 
 
@@ -92,20 +104,59 @@ def _last_line(text: str) -> str:
 def _signal_name(num: int) -> str:
     try:
         return _signal.Signals(num).name
-    except ValueError:
+    except (ValueError, TypeError):
         return f"signal {num}"
 
 
 def _as_int(value: Any) -> int | None:
+    """An integer within `MAX_INT` from a JSON number or a string of ASCII digits, else None.
+
+    `"²".isdigit()` and `"١٢٣".isdigit()` are true, so digits are checked as ASCII: int()
+    refuses the first, and a status code is never written in the second.
+    """
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
+        return value if -MAX_INT <= value <= MAX_INT else None
+    if isinstance(value, float):
+        if value.is_integer() and -MAX_INT <= value <= MAX_INT:
+            return int(value)
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isascii() and text.isdigit() and len(text) <= 15:
+            return int(text)
     return None
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """A JSON-safe, bounded copy of an untrusted value (the result's usage): at most 4
+    levels and 64 items per container, finite numbers within MAX_INT, str keys."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value if -MAX_INT <= value <= MAX_INT else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if depth >= 4:
+        return None
+    if isinstance(value, dict):
+        return {k: _plain(v, depth + 1) for k, v in list(value.items())[:64]
+                if isinstance(k, str)}
+    if isinstance(value, list):
+        return [_plain(v, depth + 1) for v in value[:64]]
+    return None
+
+
+def _clean(text: str | None) -> str | None:
+    """`text` with any lone surrogate replaced, so that UTF-8 output takes it."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return str(scrub_surrogates(text))
+    return text
 
 
 def _refusal(stderr_tail: str) -> str | None:
@@ -170,9 +221,17 @@ def classify(*, exit_code: int | None, signal: int | None = None,
         result = result.data or {}
     if result is not None and not isinstance(result, dict):
         result = None
+    # an exit record is read back from disk: anything that is not a number is unknown
+    exit_code = _as_int(exit_code)
+    signal = _as_int(signal)
+    if signal is not None and signal <= 0:
+        signal = None
     if signal is None and exit_code is not None and exit_code < 0:
         signal = -exit_code
-    stderr_tail = stderr_tail or ""
+    if isinstance(stderr_tail, (bytes, bytearray)):
+        stderr_tail = bytes(stderr_tail).decode("utf-8", "replace")
+    elif not isinstance(stderr_tail, str):
+        stderr_tail = ""
 
     facts: dict[str, Any] = {"exit_code": exit_code, "signal": signal}
     if result is not None:
@@ -185,14 +244,14 @@ def classify(*, exit_code: int | None, signal: int | None = None,
             else None,
             api_error_status=_as_int(result.get("api_error_status")),
             num_turns=_as_int(result.get("num_turns")),
-            session_id=session if isinstance(session, str) else None,
-            usage=usage if isinstance(usage, dict) else {},
-            result_text=raw_text if isinstance(raw_text, str) else None,
-            subtype=subtype if isinstance(subtype, str) else None,
+            session_id=_clean(session) if isinstance(session, str) else None,
+            usage=_plain(usage) if isinstance(usage, dict) else {},
+            result_text=_clean(raw_text) if isinstance(raw_text, str) else None,
+            subtype=_clean(subtype) if isinstance(subtype, str) else None,
         )
 
     def out(verdict: Verdict, message: str) -> Outcome:
-        return Outcome(verdict=verdict, message=message, **facts)
+        return Outcome(verdict=verdict, message=_clean(message) or str(verdict), **facts)
 
     # a signal's exit code says nothing about the result the run printed before it
     code = exit_code if signal is None else None
@@ -225,7 +284,8 @@ def _result_verdict(result: dict[str, Any], exit_code: int | None) -> tuple[Verd
     """Verdict from a result object (and the exit code when known)."""
     is_error = result.get("is_error") is True
     status = _as_int(result.get("api_error_status"))
-    subtype = result.get("subtype") if isinstance(result.get("subtype"), str) else ""
+    raw_subtype = result.get("subtype")
+    subtype = raw_subtype if isinstance(raw_subtype, str) else ""
     terminal = result.get("terminal_reason")
     raw_text = result.get("result")
     text = raw_text if isinstance(raw_text, str) else ""
@@ -244,10 +304,10 @@ def _result_verdict(result: dict[str, Any], exit_code: int | None) -> tuple[Verd
         found = _API_STATUS_IN_TEXT.search(text)
         if found:
             return _api_message(int(found.group(1)), text)
-        what = _clip(text) if text.strip() else (subtype or "no detail")
+        what = _clip(text) if text.strip() else (_clip(subtype, 60) or "no detail")
         return Verdict.CRASHED, f"claude reported an error: {what}; see the run's log"
     if subtype and subtype != "success":
-        return Verdict.CRASHED, (f"claude ended with {subtype!r}"
+        return Verdict.CRASHED, (f"claude ended with {_clip(subtype, 60)!r}"
                                  + (f": {_clip(text)}" if text.strip() else "")
                                  + "; see the run's log")
     if exit_code is not None and exit_code != 0:
@@ -260,9 +320,12 @@ def _result_verdict(result: dict[str, Any], exit_code: int | None) -> tuple[Verd
     message = f"finished{done}: {_clip(text, 100)}"
     denials = result.get("permission_denials")
     if isinstance(denials, list) and denials:
-        names = sorted({str(d.get("tool_name")) for d in denials if isinstance(d, dict)})
+        names = sorted({_clip(name, 40) if isinstance(name, str) else "?"
+                        for name in (d.get("tool_name") for d in denials
+                                     if isinstance(d, dict))})
+        shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
         message += (f" ({len(denials)} tool call(s) denied by the permission mode: "
-                    f"{', '.join(names)}; check permission_mode)")
+                    f"{shown}; check permission_mode)")
     return Verdict.OK, message
 
 
@@ -284,17 +347,29 @@ def _from_document(obj: Any) -> dict[str, Any] | None:
     return None
 
 
+def _loads(text: str) -> Any:
+    """json.loads, with lone surrogates scrubbed; raises as json.loads does."""
+    obj = json.loads(text)
+    return scrub_surrogates(obj) if has_surrogate_escape(text) else obj
+
+
 def find_result(data: bytes | str) -> dict[str, Any] | None:
     """The result object of `--output-format json` or stream-json output, else None.
 
-    stream-json: the LAST line whose type is "result"; malformed lines are skipped.
+    stream-json: the LAST line whose type is "result"; malformed lines are skipped, and a
+    result line nested too deep to build whole gives its known keys. Never raises.
     """
-    text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        text = bytes(data).decode("utf-8", "replace")
+    elif isinstance(data, str):
+        text = data
+    else:
+        return None
     if not text.strip():
         return None
     try:
-        found = _from_document(json.loads(text))
-    except (ValueError, RecursionError):
+        found = _from_document(_loads(text))
+    except Exception:  # ValueError (not one document, a huge int), RecursionError
         found = None
     if found is not None:
         return found
@@ -306,8 +381,12 @@ def find_result(data: bytes | str) -> dict[str, Any] | None:
         if not line.startswith("{") or '"result"' not in line:
             continue
         try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):
+            obj = _loads(line)
+        except RecursionError:
+            obj = result_fields(line)
+            if obj is not None and has_surrogate_escape(line):
+                obj = scrub_surrogates(obj)
+        except Exception:  # not JSON (ValueError), or a huge int
             continue
         if _is_result(obj):
             return dict(obj)
