@@ -26,7 +26,6 @@ from fleet_tui.stream import (
     Result,
     has_surrogate_escape,
     one_line,
-    result_fields,
     scrub_surrogates,
 )
 
@@ -356,8 +355,8 @@ def _loads(text: str) -> Any:
 def find_result(data: bytes | str) -> dict[str, Any] | None:
     """The result object of `--output-format json` or stream-json output, else None.
 
-    stream-json: the LAST line whose type is "result"; malformed lines are skipped, and a
-    result line nested too deep to build whole gives its known keys. Never raises.
+    stream-json: the LAST line whose type is "result"; malformed lines (and lines nested
+    too deep to decode) are skipped. Never raises.
     """
     if isinstance(data, (bytes, bytearray, memoryview)):
         text = bytes(data).decode("utf-8", "replace")
@@ -382,11 +381,7 @@ def find_result(data: bytes | str) -> dict[str, Any] | None:
             continue
         try:
             obj = _loads(line)
-        except RecursionError:
-            obj = result_fields(line)
-            if obj is not None and has_surrogate_escape(line):
-                obj = scrub_surrogates(obj)
-        except Exception:  # not JSON (ValueError), or a huge int
+        except Exception:  # not JSON or a huge int (ValueError), nested too deep
             continue
         if _is_result(obj):
             return dict(obj)

@@ -242,18 +242,20 @@ class _Message(msgspec.Struct):
 
 
 class _System(msgspec.Struct, tag="system", tag_field="type"):
-    subtype: str | None = None
-    parent_tool_use_id: str | None = None
-    session_id: str | None = None
-    cwd: str | None = None
-    model: str | None = None
-    permissionMode: str | None = None  # the wire name
-    claude_code_version: str | None = None
-    tools: list[str] | None = None
-    attempt: int | None = None
-    max_retries: int | None = None
-    retry_delay_ms: float | None = None
-    error_status: int | None = None
+    # Any, and checked when used: a system line is rare, and one odd value must not turn
+    # an init or a retry into an Unknown
+    subtype: Any = None
+    parent_tool_use_id: Any = None
+    session_id: Any = None
+    cwd: Any = None
+    model: Any = None
+    permissionMode: Any = None  # the wire name
+    claude_code_version: Any = None
+    tools: Any = None
+    attempt: Any = None
+    max_retries: Any = None
+    retry_delay_ms: Any = None
+    error_status: Any = None
     error: Any = None
     status: Any = None
 
@@ -283,49 +285,9 @@ class _RateLimitEvent(msgspec.Struct, tag="rate_limit_event", tag_field="type"):
     parent_tool_use_id: str | None = None
 
 
-class _ResultFields(msgspec.Struct):
-    """The keys of a result line that verdicts read, for a line whose other keys nest too
-    deep to build (msgspec skips unknown keys without building them)."""
-
-    type: Any = None
-    subtype: Any = None
-    is_error: Any = None
-    api_error_status: Any = None
-    result: Any = None
-    num_turns: Any = None
-    session_id: Any = None
-    usage: Any = None
-    stop_reason: Any = None
-    terminal_reason: Any = None
-    permission_denials: Any = None
-    parent_tool_use_id: Any = None
-
-
 _Line = _System | _Assistant | _User | _Result | _StreamEvent | _RateLimitEvent
 _DECODER = msgspec.json.Decoder(_Line)
-_RESULT_FIELDS = msgspec.json.Decoder(_ResultFields)
-_DecodeError = msgspec.DecodeError  # ValidationError is a subclass
 _decode_any = msgspec.json.Decoder().decode  # untyped: the whole object as dicts and lists
-
-
-def result_fields(line: bytes | str) -> dict[str, Any] | None:
-    """The known keys of one result line whose JSON is too deep to build whole (None when
-    even those do not decode). The keys the line did not have are left out."""
-    try:
-        fields_ = _RESULT_FIELDS.decode(line)
-    except Exception:  # not JSON, not an object, or a known key nests too deep
-        return None
-    data = {k: v for k, v in msgspec.structs.asdict(fields_).items() if v is not None}
-    return data if data.get("type") == "result" or "is_error" in data else None
-
-
-def _result_data(line: bytes) -> dict[str, Any] | None:
-    """A result line as a dict: whole, or its known keys when the whole nests too deep."""
-    try:
-        data = _decode_any(line)
-    except Exception:  # RecursionError: an unknown key nests too deep to build
-        return result_fields(line)
-    return data if isinstance(data, dict) else None
 
 
 # --------------------------------------------------------------------------- summaries
@@ -778,13 +740,8 @@ class StreamDecoder:
             self._system(obj, line, data, line_no, out)
         elif cls is _Result:
             if data is None:
-                data = _result_data(line)
-            if data is None:
-                out.append(Malformed(line_no=line_no, raw=_raw_head(line),
-                                     error=f"a result line nested over the limit of "
-                                           f"{MAX_NESTING} levels where it matters"))
-            else:
-                out.append(_result_event(data, line_no))
+                data = _decode_any(line)  # raises only on a line nested too deep: Malformed
+            out.append(_result_event(data, line_no))
         elif cls is _StreamEvent:
             etype, text = _partial_text(obj.event)
             out.append(Partial(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
@@ -860,23 +817,27 @@ class StreamDecoder:
     def _system(self, obj: _System, line: bytes, data: Any, line_no: int,
                 out: list[Event]) -> None:
         subtype = obj.subtype
+        parent = _as_str(obj.parent_tool_use_id)
         if subtype == "init":
-            if self.cwd is None and obj.cwd:
-                self.cwd = obj.cwd
-            out.append(Init(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
-                            session_id=obj.session_id, cwd=obj.cwd, model=obj.model,
-                            permission_mode=obj.permissionMode,
-                            claude_code_version=obj.claude_code_version,
-                            tools=obj.tools or []))
+            cwd = _as_str(obj.cwd)
+            if self.cwd is None and cwd:
+                self.cwd = cwd
+            tools = obj.tools if isinstance(obj.tools, list) else []
+            out.append(Init(line_no=line_no, parent_tool_use_id=parent,
+                            session_id=_as_str(obj.session_id), cwd=cwd,
+                            model=_as_str(obj.model),
+                            permission_mode=_as_str(obj.permissionMode),
+                            claude_code_version=_as_str(obj.claude_code_version),
+                            tools=[t for t in tools if isinstance(t, str)]))
         elif subtype == "api_retry":
-            out.append(ApiRetry(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
+            out.append(ApiRetry(line_no=line_no, parent_tool_use_id=parent,
                                 attempt=_as_int(obj.attempt),
                                 max_retries=_as_int(obj.max_retries),
                                 retry_delay_ms=_as_float(obj.retry_delay_ms),
                                 error_status=_as_int(obj.error_status),
                                 error=obj.error if isinstance(obj.error, str) else None))
         elif subtype == "status":
-            out.append(Status(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
+            out.append(Status(line_no=line_no, parent_tool_use_id=parent,
                               status=_as_str(obj.status)))
         else:
             if data is None:
@@ -884,7 +845,7 @@ class StreamDecoder:
                     data = _decode_any(line)
                 except Exception:  # RecursionError: a key the typed shape skipped nests deep
                     data = None
-            out.append(Unknown(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
+            out.append(Unknown(line_no=line_no, parent_tool_use_id=parent,
                                type="system", data=data))
 
 

@@ -158,6 +158,53 @@ def test_caller_flags_and_signals() -> None:
         Verdict.KILLED
 
 
+@pytest.mark.parametrize("status", ["²", "429²", "١٢٣", "4" * 40, 10**40, 1e300, float("nan"),
+                                    [429], {"code": 429}, True])
+def test_odd_api_error_status_never_raises(status: Any) -> None:
+    """Issue 9 finding 2: `"api_error_status": "²"` raised ValueError from int("²") (and
+    "²".isdigit() is true) in the CLI, the panel and fleet-collect."""
+    failed = classify(exit_code=1, result=variant(is_error=True, api_error_status=status,
+                                                  result="something broke"))
+    assert failed.verdict == Verdict.CRASHED and failed.api_error_status is None
+    assert "something broke" in failed.message
+    # the status in the text is still read (ASCII digits only)
+    quota = classify(exit_code=1, result=variant(is_error=True, api_error_status=status,
+                                                 result="API Error: 429 rate limited"))
+    assert quota.verdict == Verdict.QUOTA
+    assert classify(exit_code=0, result=variant(api_error_status=status)).verdict == Verdict.OK
+    json.dumps(failed.to_json(), allow_nan=False)
+
+
+def test_an_exit_record_of_the_wrong_types_is_unknown_not_a_crash() -> None:
+    """The engine reads exit.json back from disk: its values are untrusted too."""
+    ok = variant()
+    for exit_code, signal_ in [("0", None), ([0], {}), (2**80, "TERM"), (None, 10**30),
+                               (float("nan"), -3), (True, 99999)]:
+        out = classify(exit_code=exit_code, signal=signal_, result=ok)
+        assert out.verdict == Verdict.OK, (exit_code, signal_)
+        killed = classify(exit_code=exit_code, signal=signal_, result=ok, killed=True)
+        assert killed.verdict == Verdict.KILLED
+        assert classify(exit_code=exit_code, signal=signal_).verdict in (Verdict.CRASHED,
+                                                                        Verdict.KILLED)
+    assert classify(exit_code="0", result=ok).exit_code == 0
+
+
+def test_outcome_holds_only_what_json_and_a_terminal_take() -> None:
+    odd = variant(result="done \ud800", session_id="s\udfff",
+                  usage={"input_tokens": float("nan"), "deep": [[[[[[[[1]]]]]]]],
+                         "big": 10**40, 7: "int key", "cache": {"x": float("inf")}},
+                  permission_denials=[{"tool_name": {"a": [1]}}, {"tool_name": "W\nrite"},
+                                      "not a dict"])
+    out = classify(exit_code=0, result=odd)
+    assert out.verdict == Verdict.OK
+    assert out.result_text == "done \ufffd" and out.session_id == "s\ufffd"
+    assert "\n" not in out.message and "W rite" in out.message
+    text = json.dumps(out.to_json(), allow_nan=False, ensure_ascii=False)
+    text.encode("utf-8")
+    assert out.usage["input_tokens"] is None and out.usage["big"] is None
+    assert out.usage["cache"] == {"x": None}
+
+
 def test_no_result_line_is_crashed_with_the_stderr_tail() -> None:
     out = classify(exit_code=1, stderr_tail="warming up\nTypeError: x is undefined\n\n")
     assert out.verdict == Verdict.CRASHED
