@@ -100,6 +100,48 @@ def _last_line(text: str) -> str:
     return ""
 
 
+# stderr lines that never say what went wrong: Bun's uncaught-error report puts a source
+# excerpt and a caret above the error line and stack frames and its version banner below
+# it ("Bun v1.4.0 (Linux x64 baseline)" is the last line); its crash report (a panic)
+# wraps the panic line in a header and a link; minified code is one huge line.
+_NOISE_LINE = re.compile(
+    r"\s*$"
+    r"|\s*at\s"                       # stack frame: `at fn (/$bunfs/root/src/cli.js:477:6)`
+    r"|\s*\d+\s?\|"                   # source excerpt: `472 | function ...`
+    r"|\s*\^+\s*$"                     # the caret under the excerpt
+    r"|(?:Bun|Node\.js|Deno) v\d"      # version banner
+    r"|=+\s*$"
+    r"|(?:Linux Kernel|macOS|Windows|CPU|Args|Features|Builtins|Elapsed|RSS)\b.*[:|]"
+    r"|oh no: Bun has crashed|To send a redacted crash report|please file a GitHub issue"
+    r"|\s*https?://\S+\s*$",
+)
+_NOISE_LENGTH = 1000  # longer lines are code or data dumps, not a message
+_ERROR_LINE = re.compile(
+    r"(?i:\b\w*error\b|\bpanic\b|\buncaught\b|\bexception\b|\bfatal\b"
+    r"|segmentation fault|out of memory|bubblewrap is required|permission denied"
+    r"|no space left)"
+    r"|\bE(?:NOSPC|ACCES|PERM|ROFS|NOENT|NOTDIR|ISDIR|EXIST|MFILE|NFILE|NOMEM|IO|PIPE"
+    r"|CONNREFUSED|CONNRESET|TIMEDOUT|ADDRINUSE)\b",
+)
+
+
+def _crash_line(stderr_tail: str) -> str:
+    """The stderr line that says what went wrong: the last error-like line that is not
+    noise (see above), else the last line that is not noise, else the last line."""
+    lines = [line for line in stderr_tail.splitlines()
+             if len(line) <= _NOISE_LENGTH and not _NOISE_LINE.match(line)]
+    for line in reversed(lines):
+        if _ERROR_LINE.search(line):
+            return _clip(line)
+    return _clip(lines[-1]) if lines else _last_line(stderr_tail)
+
+
+# signals that mean claude itself crashed (its runtime's crash report is on stderr), as
+# opposed to being stopped from outside (SIGTERM, SIGKILL from the OOM killer, ...)
+_CRASH_SIGNALS = frozenset({_signal.SIGSEGV, _signal.SIGBUS, _signal.SIGILL, _signal.SIGFPE,
+                            _signal.SIGABRT, _signal.SIGTRAP, _signal.SIGSYS})
+
+
 def _signal_name(num: int) -> str:
     try:
         return _signal.Signals(num).name
@@ -265,6 +307,11 @@ def classify(*, exit_code: int | None, signal: int | None = None,
         return out(Verdict.TIMEOUT, "the run went past its wall-clock timeout and was stopped; "
                                     "raise timeout (FLEET_WORKER_TIMEOUT) or split the task")
     if signal and not finished_ok:
+        if signal in _CRASH_SIGNALS:
+            line = _crash_line(stderr_tail)
+            detail = f": {line}" if line else " and printed nothing on stderr"
+            return out(Verdict.CRASHED, f"claude crashed with {_signal_name(signal)}{detail}; "
+                                        "see the run's stderr log")
         return out(Verdict.KILLED, f"claude was terminated by {_signal_name(signal)} before "
                                    "it finished (out of memory, or killed from outside?)")
     if from_result is None:
@@ -272,7 +319,7 @@ def classify(*, exit_code: int | None, signal: int | None = None,
         if refusal is not None:
             return out(Verdict.REFUSED, _refused_message(refusal))
         how = "an unknown code" if exit_code is None else f"code {exit_code}"
-        tail = _last_line(stderr_tail)
+        tail = _crash_line(stderr_tail)
         detail = f": {tail}" if tail else " and printed nothing on stderr"
         return out(Verdict.CRASHED, f"claude exited with {how} without a result line{detail}; "
                                     "see the run's stderr log")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fleet_tui.fleet import STDERR_TAIL
 from fleet_tui.outcome import Outcome, Verdict, classify, find_result
 from fleet_tui.stream import Result, decode_all
 
@@ -256,6 +257,115 @@ def test_real_bad_arguments_are_refused(claude_bin: str, tmp_path: Path,
     out = classify(exit_code=run.returncode, result=None, stderr_tail=run.stderr)
     assert out.verdict == Verdict.REFUSED, run.stderr
     assert "refused to start" in out.message
+
+
+# ------------------------------------------------------------- crashes: the line that says why
+# Issue 9 finding 3: a crashed claude's verdict quoted its last stderr line, Bun's banner
+# ("Bun v1.4.0 (Linux x64 baseline)"), instead of the line saying what went wrong.
+
+
+def _without(names: tuple[str, ...], where: Path) -> str:
+    """A PATH of symlinks to every command on this machine's PATH except `names`."""
+    where.mkdir()
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.isdir(folder):
+            continue
+        for entry in os.listdir(folder):
+            link = where / entry
+            if entry not in names and not link.exists():
+                link.symlink_to(Path(folder) / entry)
+    return str(where)
+
+
+@pytest.mark.real_claude
+def test_real_uncaught_bun_error_quotes_the_error_not_the_banner(claude_bin: str,
+                                                                 tmp_path: Path) -> None:
+    """2.1.197 with CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=1 and no bubblewrap dies with Bun's
+    uncaught-error report: a minified source excerpt, a caret, `error: bubblewrap is
+    required ...`, stack frames, a blank line, then `Bun v1.4.0 (Linux x64 baseline)`."""
+    path = _without(("bwrap", "socat"), tmp_path / "bin")
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "IS_SANDBOX"}
+    env.update(PATH=path, CLAUDE_CONFIG_DIR=str(cfg), ANTHROPIC_BASE_URL="http://127.0.0.1:9",
+               ANTHROPIC_AUTH_TOKEN="sk-test-not-a-key", CLAUDE_CODE_SUBPROCESS_ENV_SCRUB="1",
+               CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1")
+    run = subprocess.run([claude_bin, "-p", "--output-format", "stream-json", "--verbose",
+                          "say hi"], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and find_result(run.stdout) is None
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("Bun v"), run.stderr[-2000:]  # the shape the issue saw
+    out = classify(exit_code=run.returncode, stderr_tail=run.stderr[-STDERR_TAIL:])
+    assert out.verdict == Verdict.CRASHED
+    assert "error: bubblewrap is required" in out.message, out.message
+    assert "Bun v" not in out.message
+
+
+@pytest.mark.real_claude
+def test_real_bun_panic_is_a_crash_with_its_panic_line(claude_bin: str,
+                                                       tmp_path: Path) -> None:
+    """A segfault in claude (Bun's own crash report, provoked with SIGSEGV): crashed, with
+    the panic line, not "terminated ... killed from outside?" nor the report's URL."""
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "IS_SANDBOX"}
+    env.update(CLAUDE_CONFIG_DIR=str(cfg), ANTHROPIC_BASE_URL="http://127.0.0.1:9",
+               ANTHROPIC_AUTH_TOKEN="sk-test-not-a-key",
+               CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1")
+    proc = subprocess.Popen([claude_bin, "-p", "--output-format", "stream-json", "--verbose",
+                             "say hi"], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert b'"subtype":"init"' in proc.stdout.readline()  # running: its runtime is up
+        proc.send_signal(signal.SIGSEGV)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    tail = stderr.decode("utf-8", "replace")[-STDERR_TAIL:]
+    assert proc.returncode == -signal.SIGSEGV and "panic(main thread)" in tail
+    out = classify(exit_code=proc.returncode, stderr_tail=tail)
+    assert out.verdict == Verdict.CRASHED
+    assert "SIGSEGV" in out.message and "panic(main thread): Segmentation fault" in out.message
+    assert "bun.report" not in out.message
+
+
+BUN_UNCAUGHT = """\
+12 |   const fd = openSync(path, "w");
+                  ^
+{error}
+      at writeConfig (/$bunfs/root/src/entrypoints/cli.js:477:6115)
+      at <anonymous> (/$bunfs/root/src/entrypoints/cli.js:11379:4615)
+
+Bun v1.4.0 (Linux x64 baseline)
+"""
+
+
+@pytest.mark.parametrize("error", [
+    "ENOSPC: no space left on device, write",
+    "EACCES: permission denied, open '/home/dev/.claude/settings.json'",
+    "TypeError: undefined is not an object (evaluating 'e.request.subtype')",
+    "error: bubblewrap is required for subprocess env scrubbing and isolation.",
+    "Error: Settings file not found: /nonexistent.json",
+])
+def test_the_error_line_of_a_bun_uncaught_error_is_quoted(error: str) -> None:
+    """The shape of Bun's uncaught-error report (as in the real test above), written out so
+    that each kind of error line is tried."""
+    out = classify(exit_code=1, stderr_tail="warming up\n" + BUN_UNCAUGHT.format(error=error))
+    assert out.verdict == Verdict.CRASHED
+    assert error[:60] in out.message and "Bun v" not in out.message
+    assert "openSync" not in out.message and "cli.js" not in out.message
+
+
+def test_crash_line_falls_back_to_the_last_line_that_is_not_noise() -> None:
+    out = classify(exit_code=3, stderr_tail="starting\nsomething odd happened\n\n"
+                                           "Bun v1.4.0 (Linux x64 baseline)\n")
+    assert "something odd happened" in out.message
+    only_banner = classify(exit_code=3, stderr_tail="\nBun v1.4.0 (Linux x64 baseline)\n")
+    assert "Bun v1.4.0" in only_banner.message  # nothing better to say
+    assert "printed nothing" in classify(exit_code=3, stderr_tail="\n \n").message
 
 
 # --------------------------------------------------------------------------- find_result
