@@ -1,12 +1,14 @@
 """Issue 9, finding 1: a task the user killed is `killed`, a task that hit its timeout is
 `timeout`, whatever claude prints after the signal.
 
-Measured with the real binaries against the scripted endpoint (a Bash step that sleeps 300 s,
-then a turn that answers text): CLI 2.1.197 answers a SIGTERM that lands 3 s or more into a
-Bash step by making one more API turn and exiting 0 with a clean `success` result (8 of 8
-kills and 3 of 3 timeouts of 6 s; a kill within 2 s of the step's start ends with exit 143
-and no result, 8 of 8); CLI 2.1.332 exits 143 without a result. The verdict must be the same
-for both, and what 2.1.197 printed after the signal stays in the run's events.
+Measured with the real binaries through the engine against the scripted endpoint (a Bash
+step that sleeps 300 s, then a turn that answers text): CLI 2.1.197 answers a SIGTERM that
+lands 3 s or more into the Bash step with one more API turn, a clean `success` result and
+exit 0 (kills 4 s in: 11 of 12; 3 s in: 6 of 6; wall-clock timeouts of 6 s: 13 of 15), so
+all of these ended `succeeded/ok` before the fix; a SIGTERM within 2.5 s of the step's start
+ends it with exit 143 and no result (0 of 36 kills; 0 of 3 timeouts of 3 s). CLI 2.1.332
+exits 143 without a result every time (kills: 6 of 6; timeouts: 4 of 4). The verdict must
+be the same for both, and what 2.1.197 printed after the signal stays in the run's events.
 
 2.1.332 refuses `sleep 300 && ...` by itself ("Blocked: sleep 300 followed by: echo
 finished ... use run_in_background"), so its long step sleeps in python instead.
@@ -40,7 +42,7 @@ KEY = "sk-kill-verdict-SECRET-7c2e"
 TICK = 0.05
 
 # 2.1.197 answers a SIGTERM with an extra turn only once the Bash step has run ~3 s
-# (measured: 2 s after the step started, 0 of 8; 3 s, 8 of 8): signal later than that.
+# (measured: 2.5 s after the step started, 0 of 12; 3 s, 6 of 6): signal later than that.
 STEP_RUNNING = 4.0
 # A wall-clock timeout that lands well into the step (the step starts ~1-2 s after launch).
 TIMEOUT = 6.0
