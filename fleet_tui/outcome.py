@@ -411,14 +411,18 @@ def find_result(data: bytes | str) -> dict[str, Any] | None:
         text = data
     else:
         return None
-    if not text.strip():
+    stripped = text.strip()
+    if not stripped:
         return None
-    try:
-        found = _from_document(_loads(text))
-    except Exception:  # ValueError (not one document, a huge int), RecursionError
-        found = None
-    if found is not None:
-        return found
+    # one document (`--output-format json`, compact or indented, or its --verbose list);
+    # stream-json has an object at the start of each line, and is read line by line below
+    if stripped[0] == "[" or "\n{" not in stripped:
+        try:
+            found = _from_document(_loads(text))
+        except Exception:  # ValueError (not one document, a huge int), RecursionError
+            found = None
+        if found is not None:
+            return found
     end = len(text)
     while end > 0:
         start = text.rfind("\n", 0, end) + 1

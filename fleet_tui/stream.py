@@ -43,7 +43,10 @@ SYNTHETIC_MODEL = "<synthetic>"
 
 MAX_NESTING = 512
 """Deepest nesting of arrays and objects the generic (slow-path) decoder accepts; deeper
-lines become one Malformed event instead of a RecursionError at Python's stack limit."""
+lines become one Malformed event instead of a RecursionError at Python's stack limit. (The
+typed fast path is not checked, to keep it fast: msgspec stops at the recursion limit, so a
+line nested ~1000 deep is Malformed there too, and one nested just under it may decode in
+one caller and not in a deeper one; the same caller always gets the same events.)"""
 
 MAX_COUNT = 2**40
 """Largest token count taken from one message; anything else counts as 0 (a count must stay

@@ -9,12 +9,12 @@ No input may raise, and each must keep the decoder's promises: the same events w
 chunking, line numbers that match the input's lines, an event for every line that is not a
 plain user/assistant message, and outcomes a person and JSON can read.
 
-Against the code before the fix (commit d111664), 8,416 of the 50,400 inputs failed: 6,017
-raised inside fleet_tui (3,481 RecursionError from msgspec in StreamDecoder.feed, 74
-ValueError from int("²") in outcome._as_int, 6 UnicodeEncodeError in fleet-collect, 2
-RecursionError in Outcome.to_json; 2,454 TypeError from an exit code or stderr tail of
-another type), the others broke an invariant (lone surrogates, NaN in JSON, counts over
-2**63, events that depended on the chunking).
+Against the code before the fix (commit d111664), 8,019 of the 50,400 inputs failed: 6,049
+raised inside fleet_tui (3,470 RecursionError from msgspec in StreamDecoder.feed, 78
+ValueError from int("²") in outcome._as_int, 2 UnicodeEncodeError in fleet-collect, 2
+RecursionError in Outcome.to_json, and 2,497 TypeError from an exit code or a stderr tail of
+another type), and 1,970 broke an invariant (lone surrogates in events and outcomes, NaN in
+JSON output, counts over 2**63, events that depended on the chunking).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import io
 import json
 import math
 import random
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,9 +40,9 @@ SAMPLES = Path(__file__).resolve().parent / "fixtures" / "stream-json"
 # inputs per generator below; 50,400 in all
 ROUNDS = 7_200
 # the costlier checks run on one input in N (every input is decoded, summed up, classified)
-CHUNKED_EVERY = 2  # decoded again in random pieces, and compared
+CHUNKED_EVERY = 3  # decoded again in random pieces, and compared
 COLLECT_EVERY = 9  # through fleet-collect's main()
-JSON_EVERY = 5  # the Outcome written as strict JSON
+JSON_EVERY = 10  # the Outcome written as strict JSON
 MAX_SAFE = 2**63 - 1  # what SQLite can store
 
 
@@ -244,7 +245,7 @@ def documents(seed: int, generator: Callable[[random.Random], bytes],
         if rng.random() < 0.5:
             yield bad + rng.choice((b"\n", b"", b"\r\n"))
             continue
-        lines = [rng.choice(LINES) for _ in range(rng.randint(0, 4))]
+        lines = [rng.choice(LINES) for _ in range(rng.randint(1, 2))]
         lines.insert(rng.randint(0, len(lines)), bad)
         sep = rng.choice((b"\n", b"\r\n", b"\n\n"))
         yield sep.join(lines) + rng.choice((sep, b""))
@@ -273,14 +274,22 @@ def _complete_lines(data: bytes) -> list[bytes]:
     return lines
 
 
+_PLAIN_MESSAGE = re.compile(rb'\s*\{\s*"type"\s*:\s*"(?:user|assistant)"')
+
+
 def _may_show_nothing(line: bytes) -> bool:
     """A plain user/assistant message may give no event (a prompt, an empty message)."""
     if not line.strip():
         return True
     try:
         obj = json.loads(line.decode("utf-8", "replace"))
-    except (ValueError, RecursionError):
+    except ValueError:
         return False
+    except RecursionError:
+        # nested ~1000 deep: whether it decodes at all depends on the stack depth of the
+        # caller (msgspec and json both stop at Python's recursion limit); the decoder may
+        # have read it as the message it starts as
+        return _PLAIN_MESSAGE.match(line) is not None
     return isinstance(obj, dict) and obj.get("type") in ("user", "assistant")
 
 
@@ -301,9 +310,9 @@ def _feed(data: bytes, steps: list[int]) -> tuple[list[stream.Event], stream.Str
 def check_decoder(data: bytes, rng: random.Random, chunked: bool) -> list[stream.Event]:
     whole, decoder = _feed(data, [len(data) or 1])
     if chunked:
-        # pieces of 1 byte and up, at most ~40 of them (a 100 KB deep line in 1-byte
+        # pieces of 1 byte and up, at most ~20 of them (a 100 KB deep line in 1-byte
         # pieces would only test the same thing more slowly)
-        steps = [max(rng.choice((1, 2, 7, 64, 4096)), len(data) // 40)
+        steps = [max(rng.choice((1, 2, 7, 64, 4096)), len(data) // 20)
                  for _ in range(rng.randint(1, 5))]
         pieces, decoder = _feed(data, steps)
         assert [_fingerprint(e) for e in pieces] == [_fingerprint(e) for e in whole]
