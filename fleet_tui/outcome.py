@@ -5,18 +5,29 @@ failures, `is_error` stays false when the run ran out of turns in some versions,
 exit code is 1 for every kind of failure. So a verdict is built from all of them together:
 the exit code (or signal), the result object (or its absence), and the stderr tail, and
 each verdict comes with one line a person can act on. Retry policy is the engine's.
+
+Everything here is total: `find_result` and `classify` never raise, whatever bytes, JSON
+values or argument types they get (a result is untrusted data; so is an exit record read
+back from disk), and an Outcome holds only what JSON, a terminal and the store take.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal as _signal
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from fleet_tui.stream import Result, one_line
+from fleet_tui.stream import (
+    MAX_INT,
+    Result,
+    has_surrogate_escape,
+    one_line,
+    scrub_surrogates,
+)
 
 
 class Verdict(StrEnum):
@@ -74,7 +85,7 @@ _REFUSAL_PATTERNS = (
     re.compile(r"requires --verbose", re.I),
     re.compile(r"^Error: (When using|Invalid|Unknown|--)", re.M),
 )
-_API_STATUS_IN_TEXT = re.compile(r"API Error: (?:[^0-9\n]{0,40}\()?(\d{3})\b")
+_API_STATUS_IN_TEXT = re.compile(r"API Error: (?:[^0-9\n]{0,40}\()?([0-9]{3})\b")
 _TIMEOUT_TEXT = re.compile(r"\b(request )?timed out\b|\btimeout\b", re.I)
 
 
@@ -89,23 +100,104 @@ def _last_line(text: str) -> str:
     return ""
 
 
+# stderr lines that never say what went wrong: Bun's uncaught-error report puts a source
+# excerpt and a caret above the error line and stack frames and its version banner below
+# it ("Bun v1.4.0 (Linux x64 baseline)" is the last line); its crash report (a panic)
+# wraps the panic line in a header and a link; minified code is one huge line.
+_NOISE_LINE = re.compile(
+    r"\s*$"
+    r"|\s*at\s"                       # stack frame: `at fn (/$bunfs/root/src/cli.js:477:6)`
+    r"|\s*\d+\s?\|"                   # source excerpt: `472 | function ...`
+    r"|\s*\^+\s*$"                     # the caret under the excerpt
+    r"|(?:Bun|Node\.js|Deno) v\d"      # version banner
+    r"|=+\s*$"
+    r"|(?:Linux Kernel|macOS|Windows|CPU|Args|Features|Builtins|Elapsed|RSS)\b.*[:|]"
+    r"|oh no: Bun has crashed|To send a redacted crash report|please file a GitHub issue"
+    r"|\s*https?://\S+\s*$",
+)
+_NOISE_LENGTH = 1000  # longer lines are code or data dumps, not a message
+_ERROR_LINE = re.compile(
+    r"(?i:\b\w*error\b|\bpanic\b|\buncaught\b|\bexception\b|\bfatal\b"
+    r"|segmentation fault|out of memory|bubblewrap is required|permission denied"
+    r"|no space left)"
+    r"|\bE(?:NOSPC|ACCES|PERM|ROFS|NOENT|NOTDIR|ISDIR|EXIST|MFILE|NFILE|NOMEM|IO|PIPE"
+    r"|CONNREFUSED|CONNRESET|TIMEDOUT|ADDRINUSE)\b",
+)
+
+
+def _crash_line(stderr_tail: str) -> str:
+    """The stderr line that says what went wrong: the last error-like line that is not
+    noise (see above), else the last line that is not noise, else the last line."""
+    lines = [line for line in stderr_tail.splitlines()
+             if len(line) <= _NOISE_LENGTH and not _NOISE_LINE.match(line)]
+    for line in reversed(lines):
+        if _ERROR_LINE.search(line):
+            return _clip(line)
+    return _clip(lines[-1]) if lines else _last_line(stderr_tail)
+
+
+# signals that mean claude itself crashed (its runtime's crash report is on stderr), as
+# opposed to being stopped from outside (SIGTERM, SIGKILL from the OOM killer, ...)
+_CRASH_SIGNALS = frozenset({_signal.SIGSEGV, _signal.SIGBUS, _signal.SIGILL, _signal.SIGFPE,
+                            _signal.SIGABRT, _signal.SIGTRAP, _signal.SIGSYS})
+
+
 def _signal_name(num: int) -> str:
     try:
         return _signal.Signals(num).name
-    except ValueError:
+    except (ValueError, TypeError):
         return f"signal {num}"
 
 
 def _as_int(value: Any) -> int | None:
+    """An integer within `MAX_INT` from a JSON number or a string of ASCII digits, else None.
+
+    `"²".isdigit()` and `"١٢٣".isdigit()` are true, so digits are checked as ASCII: int()
+    refuses the first, and a status code is never written in the second.
+    """
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
+        return value if -MAX_INT <= value <= MAX_INT else None
+    if isinstance(value, float):
+        if value.is_integer() and -MAX_INT <= value <= MAX_INT:
+            return int(value)
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isascii() and text.isdigit() and len(text) <= 15:
+            return int(text)
     return None
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """A JSON-safe, bounded copy of an untrusted value (the result's usage): at most 4
+    levels and 64 items per container, finite numbers within MAX_INT, str keys."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value if -MAX_INT <= value <= MAX_INT else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if depth >= 4:
+        return None
+    if isinstance(value, dict):
+        return {k: _plain(v, depth + 1) for k, v in list(value.items())[:64]
+                if isinstance(k, str)}
+    if isinstance(value, list):
+        return [_plain(v, depth + 1) for v in value[:64]]
+    return None
+
+
+def _clean(text: str | None) -> str | None:
+    """`text` with any lone surrogate replaced, so that UTF-8 output takes it."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return str(scrub_surrogates(text))
+    return text
 
 
 def _refusal(stderr_tail: str) -> str | None:
@@ -152,22 +244,35 @@ def _api_message(status: int, text: str) -> tuple[Verdict, str]:
 
 def classify(*, exit_code: int | None, signal: int | None = None,
              result: dict[str, Any] | Result | None = None, stderr_tail: str = "",
-             killed: bool = False, timed_out: bool = False) -> Outcome:
-    """The verdict of one finished run.
+             killed: bool = False, timed_out: bool = False,
+             finished_before_stop: bool = False) -> Outcome:
+    """The verdict of one finished run. Never raises, whatever the arguments hold.
 
     `exit_code` None means unknown (fleet-collect reads a saved result); a negative one
     means a signal, as subprocess reports it. `result` is the result object (a dict, or a
     stream `Result` event). `killed` / `timed_out` are the caller's own kill and wall-clock
-    timeout. `subtype` is never trusted alone: `is_error`, `api_error_status` and the exit
-    code decide.
+    timeout: they decide the verdict whatever claude printed after the signal (CLI 2.1.197
+    answers a SIGTERM during a Bash step with one more API turn, a clean `success` result
+    and exit 0). Only a caller that knows the result line was complete before it asked
+    for the stop passes `finished_before_stop`, and then the run's own verdict stands.
+    `subtype` is never trusted alone: `is_error`, `api_error_status` and the exit code
+    decide.
     """
     if isinstance(result, Result):
         result = result.data or {}
     if result is not None and not isinstance(result, dict):
         result = None
+    # an exit record is read back from disk: anything that is not a number is unknown
+    exit_code = _as_int(exit_code)
+    signal = _as_int(signal)
+    if signal is not None and signal <= 0:
+        signal = None
     if signal is None and exit_code is not None and exit_code < 0:
         signal = -exit_code
-    stderr_tail = stderr_tail or ""
+    if isinstance(stderr_tail, (bytes, bytearray)):
+        stderr_tail = bytes(stderr_tail).decode("utf-8", "replace")
+    elif not isinstance(stderr_tail, str):
+        stderr_tail = ""
 
     facts: dict[str, Any] = {"exit_code": exit_code, "signal": signal}
     if result is not None:
@@ -180,27 +285,33 @@ def classify(*, exit_code: int | None, signal: int | None = None,
             else None,
             api_error_status=_as_int(result.get("api_error_status")),
             num_turns=_as_int(result.get("num_turns")),
-            session_id=session if isinstance(session, str) else None,
-            usage=usage if isinstance(usage, dict) else {},
-            result_text=raw_text if isinstance(raw_text, str) else None,
-            subtype=subtype if isinstance(subtype, str) else None,
+            session_id=_clean(session) if isinstance(session, str) else None,
+            usage=_plain(usage) if isinstance(usage, dict) else {},
+            result_text=_clean(raw_text) if isinstance(raw_text, str) else None,
+            subtype=_clean(subtype) if isinstance(subtype, str) else None,
         )
 
     def out(verdict: Verdict, message: str) -> Outcome:
-        return Outcome(verdict=verdict, message=message, **facts)
+        return Outcome(verdict=verdict, message=_clean(message) or str(verdict), **facts)
 
     # a signal's exit code says nothing about the result the run printed before it
     code = exit_code if signal is None else None
     from_result = None if result is None else _result_verdict(result, code)
     finished_ok = from_result is not None and from_result[0] is Verdict.OK
 
-    if killed and not (finished_ok and exit_code == 0):
+    stopped_after_finish = finished_before_stop and finished_ok
+    if killed and not stopped_after_finish:
         how = f" ({_signal_name(signal)})" if signal else ""
         return out(Verdict.KILLED, f"the run was killed on request{how}")
-    if timed_out and not (finished_ok and exit_code == 0):
+    if timed_out and not stopped_after_finish:
         return out(Verdict.TIMEOUT, "the run went past its wall-clock timeout and was stopped; "
                                     "raise timeout (FLEET_WORKER_TIMEOUT) or split the task")
     if signal and not finished_ok:
+        if signal in _CRASH_SIGNALS:
+            line = _crash_line(stderr_tail)
+            detail = f": {line}" if line else " and printed nothing on stderr"
+            return out(Verdict.CRASHED, f"claude crashed with {_signal_name(signal)}{detail}; "
+                                        "see the run's stderr log")
         return out(Verdict.KILLED, f"claude was terminated by {_signal_name(signal)} before "
                                    "it finished (out of memory, or killed from outside?)")
     if from_result is None:
@@ -208,7 +319,7 @@ def classify(*, exit_code: int | None, signal: int | None = None,
         if refusal is not None:
             return out(Verdict.REFUSED, _refused_message(refusal))
         how = "an unknown code" if exit_code is None else f"code {exit_code}"
-        tail = _last_line(stderr_tail)
+        tail = _crash_line(stderr_tail)
         detail = f": {tail}" if tail else " and printed nothing on stderr"
         return out(Verdict.CRASHED, f"claude exited with {how} without a result line{detail}; "
                                     "see the run's stderr log")
@@ -219,7 +330,8 @@ def _result_verdict(result: dict[str, Any], exit_code: int | None) -> tuple[Verd
     """Verdict from a result object (and the exit code when known)."""
     is_error = result.get("is_error") is True
     status = _as_int(result.get("api_error_status"))
-    subtype = result.get("subtype") if isinstance(result.get("subtype"), str) else ""
+    raw_subtype = result.get("subtype")
+    subtype = raw_subtype if isinstance(raw_subtype, str) else ""
     terminal = result.get("terminal_reason")
     raw_text = result.get("result")
     text = raw_text if isinstance(raw_text, str) else ""
@@ -238,10 +350,10 @@ def _result_verdict(result: dict[str, Any], exit_code: int | None) -> tuple[Verd
         found = _API_STATUS_IN_TEXT.search(text)
         if found:
             return _api_message(int(found.group(1)), text)
-        what = _clip(text) if text.strip() else (subtype or "no detail")
+        what = _clip(text) if text.strip() else (_clip(subtype, 60) or "no detail")
         return Verdict.CRASHED, f"claude reported an error: {what}; see the run's log"
     if subtype and subtype != "success":
-        return Verdict.CRASHED, (f"claude ended with {subtype!r}"
+        return Verdict.CRASHED, (f"claude ended with {_clip(subtype, 60)!r}"
                                  + (f": {_clip(text)}" if text.strip() else "")
                                  + "; see the run's log")
     if exit_code is not None and exit_code != 0:
@@ -254,9 +366,12 @@ def _result_verdict(result: dict[str, Any], exit_code: int | None) -> tuple[Verd
     message = f"finished{done}: {_clip(text, 100)}"
     denials = result.get("permission_denials")
     if isinstance(denials, list) and denials:
-        names = sorted({str(d.get("tool_name")) for d in denials if isinstance(d, dict)})
+        names = sorted({_clip(name, 40) if isinstance(name, str) else "?"
+                        for name in (d.get("tool_name") for d in denials
+                                     if isinstance(d, dict))})
+        shown = ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
         message += (f" ({len(denials)} tool call(s) denied by the permission mode: "
-                    f"{', '.join(names)}; check permission_mode)")
+                    f"{shown}; check permission_mode)")
     return Verdict.OK, message
 
 
@@ -278,20 +393,36 @@ def _from_document(obj: Any) -> dict[str, Any] | None:
     return None
 
 
+def _loads(text: str) -> Any:
+    """json.loads, with lone surrogates scrubbed; raises as json.loads does."""
+    obj = json.loads(text)
+    return scrub_surrogates(obj) if has_surrogate_escape(text) else obj
+
+
 def find_result(data: bytes | str) -> dict[str, Any] | None:
     """The result object of `--output-format json` or stream-json output, else None.
 
-    stream-json: the LAST line whose type is "result"; malformed lines are skipped.
+    stream-json: the LAST line whose type is "result"; malformed lines (and lines nested
+    too deep to decode) are skipped. Never raises.
     """
-    text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
-    if not text.strip():
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        text = bytes(data).decode("utf-8", "replace")
+    elif isinstance(data, str):
+        text = data
+    else:
         return None
-    try:
-        found = _from_document(json.loads(text))
-    except (ValueError, RecursionError):
-        found = None
-    if found is not None:
-        return found
+    stripped = text.strip()
+    if not stripped:
+        return None
+    # one document (`--output-format json`, compact or indented, or its --verbose list);
+    # stream-json has an object at the start of each line, and is read line by line below
+    if stripped[0] == "[" or "\n{" not in stripped:
+        try:
+            found = _from_document(_loads(text))
+        except Exception:  # ValueError (not one document, a huge int), RecursionError
+            found = None
+        if found is not None:
+            return found
     end = len(text)
     while end > 0:
         start = text.rfind("\n", 0, end) + 1
@@ -300,8 +431,8 @@ def find_result(data: bytes | str) -> dict[str, Any] | None:
         if not line.startswith("{") or '"result"' not in line:
             continue
         try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):
+            obj = _loads(line)
+        except Exception:  # not JSON or a huge int (ValueError), nested too deep
             continue
         if _is_result(obj):
             return dict(obj)

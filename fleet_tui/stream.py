@@ -4,7 +4,8 @@
 tails that output from a file while the run is still writing it, so the decoder is
 incremental (feed chunks of any size, get the same events whatever the chunking), bounded
 (a line over `MAX_LINE_BYTES` becomes one `Malformed` event without being buffered whole)
-and total: no input makes it raise.
+and total: no input makes it raise, and what it gives out is safe to store and show (no
+lone surrogates in its strings, counts within `MAX_COUNT`, numbers that are numbers).
 
 Lines are decoded with msgspec into small typed structs (unknown keys are skipped without
 being built, which is what makes this faster than `json.loads`); a line that msgspec cannot
@@ -14,7 +15,11 @@ unexpected shape becomes `Unknown` rather than `Malformed`.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
+import math
+import operator
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -35,6 +40,20 @@ FIRST_LINE_MAX = 200
 
 SYNTHETIC_MODEL = "<synthetic>"
 """Model name the CLI puts on the assistant line it makes up for an API failure."""
+
+MAX_NESTING = 512
+"""Deepest nesting of arrays and objects the generic (slow-path) decoder accepts; deeper
+lines become one Malformed event instead of a RecursionError at Python's stack limit. (The
+typed fast path is not checked, to keep it fast: msgspec stops at the recursion limit, so a
+line nested ~1000 deep is Malformed there too, and one nested just under it may decode in
+one caller and not in a deeper one; the same caller always gets the same events.)"""
+
+MAX_COUNT = 2**40
+"""Largest token count taken from one message; anything else counts as 0 (a count must stay
+storable: SQLite holds 63 bits, and a summary adds many messages up)."""
+
+MAX_INT = 2**53
+"""Largest magnitude of a number field (status, turns, retry attempt) taken as given."""
 
 
 # --------------------------------------------------------------------------- events
@@ -226,18 +245,20 @@ class _Message(msgspec.Struct):
 
 
 class _System(msgspec.Struct, tag="system", tag_field="type"):
-    subtype: str | None = None
-    parent_tool_use_id: str | None = None
-    session_id: str | None = None
-    cwd: str | None = None
-    model: str | None = None
-    permissionMode: str | None = None  # the wire name
-    claude_code_version: str | None = None
-    tools: list[str] | None = None
-    attempt: int | None = None
-    max_retries: int | None = None
-    retry_delay_ms: float | None = None
-    error_status: int | None = None
+    # Any, and checked when used: a system line is rare, and one odd value must not turn
+    # an init or a retry into an Unknown
+    subtype: Any = None
+    parent_tool_use_id: Any = None
+    session_id: Any = None
+    cwd: Any = None
+    model: Any = None
+    permissionMode: Any = None  # the wire name
+    claude_code_version: Any = None
+    tools: Any = None
+    attempt: Any = None
+    max_retries: Any = None
+    retry_delay_ms: Any = None
+    error_status: Any = None
     error: Any = None
     status: Any = None
 
@@ -269,7 +290,6 @@ class _RateLimitEvent(msgspec.Struct, tag="rate_limit_event", tag_field="type"):
 
 _Line = _System | _Assistant | _User | _Result | _StreamEvent | _RateLimitEvent
 _DECODER = msgspec.json.Decoder(_Line)
-_DecodeError = msgspec.DecodeError  # ValidationError is a subclass
 _decode_any = msgspec.json.Decoder().decode  # untyped: the whole object as dicts and lists
 
 
@@ -399,7 +419,9 @@ def _first_line(content: Any) -> str:
                 if block.get("type") == "image":
                     text = "[image]"
                     break
-    elif content is not None:
+    elif isinstance(content, dict):
+        text = _bounded_json(content, FIRST_LINE_MAX * 8)
+    elif isinstance(content, (int, float)):  # bool included
         text = str(content)
     if len(text) > FIRST_LINE_MAX * 8:
         text = text[: FIRST_LINE_MAX * 8]
@@ -418,17 +440,99 @@ def _first_line(content: Any) -> str:
 
 
 def _as_int(value: Any) -> int | None:
+    """An integral JSON number within `MAX_INT`, else None (bools, NaN, 1e300, strings)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
+        return value if -MAX_INT <= value <= MAX_INT else None
+    if isinstance(value, float) and value.is_integer() and -MAX_INT <= value <= MAX_INT:
         return int(value)
     return None
 
 
+def _as_float(value: Any) -> float | None:
+    """A finite JSON number within `MAX_INT`, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int):
+        return float(value) if -MAX_INT <= value <= MAX_INT else None
+    return value if math.isfinite(value) and -MAX_INT <= value <= MAX_INT else None
+
+
 def _as_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _count(value: int | None) -> int:
+    """A token count as given, or 0 when it is absent, negative or absurd."""
+    return value if value is not None and 0 <= value <= MAX_COUNT else 0
+
+
+def _bounded_json(value: Any, limit: int) -> str:
+    """JSON text of a decoded value, cut to `limit` characters ('' if it cannot be written)."""
+    try:
+        return msgspec.json.encode(value)[:limit * 4].decode("utf-8", "replace")[:limit]
+    except Exception:  # too deep, or a lone surrogate: there is nothing worth a first line
+        return ""
+
+
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE_RE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def has_surrogate_escape(text: str) -> bool:
+    """True when JSON text may decode to a lone surrogate (a `\\udXXX` escape)."""
+    return _SURROGATE_ESCAPE_RE.search(text) is not None
+
+
+def scrub_surrogates(value: Any) -> Any:
+    """`value` (a decoded JSON value) with every lone surrogate in its strings and keys
+    replaced by U+FFFD: `json.loads` keeps `"\\ud800"` as a str that no UTF-8 file,
+    database or terminal takes. Containers are fixed in place; iterative, so any depth."""
+    if isinstance(value, str):
+        return _SURROGATE_RE.sub("\ufffd", value)
+    sub = _SURROGATE_RE.sub
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            items = list(node.items())
+            node.clear()
+            for key, item in items:
+                if isinstance(key, str):
+                    key = sub("\ufffd", key)
+                if isinstance(item, str):
+                    item = sub("\ufffd", item)
+                elif isinstance(item, (dict, list)):
+                    stack.append(item)
+                node[key] = item
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                if isinstance(item, str):
+                    node[i] = sub("\ufffd", item)
+                elif isinstance(item, (dict, list)):
+                    stack.append(item)
+    return value
+
+
+_JSON_STRING_RE = re.compile(rb'"(?:[^"\\]++|\\.)*+"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_STEPS = bytes.maketrans(b"[]{}", b"\x02\x00\x02\x00")  # opener 2, closer 0
+_OVER_LIMIT = functools.partial(operator.lt, MAX_NESTING)  # depth -> MAX_NESTING < depth
+
+
+def too_deep(line: bytes) -> bool:
+    """True when arrays and objects in a JSON text nest deeper than `MAX_NESTING` (brackets
+    inside strings do not count). Cheap unless the line has that many brackets at all."""
+    if line.count(b"[") + line.count(b"{") <= MAX_NESTING:
+        return False
+    # strings out (without a backslash, they are the odd pieces between quotes)
+    bare = _JSON_STRING_RE.sub(b"", line) if b"\\" in line else b"".join(line.split(b'"')[::2])
+    steps = bare.translate(_BRACKET_STEPS, _NOT_BRACKETS)
+    # after k brackets, (2 * openers so far) - k is the depth; stop at the first one over
+    # the limit (C-level iteration throughout)
+    depths = map(operator.sub, itertools.accumulate(steps), itertools.count(1))
+    return next(filter(_OVER_LIMIT, depths), None) is not None
 
 
 def _raw_head(line: bytes) -> str:
@@ -513,7 +617,11 @@ class StreamDecoder:
         if self._pending_len or self._over_size >= 0:
             self._hold(chunk[:nl])
             self._line_no += 1
-            self._flush_pending(out)
+            # _decode is called from here as for every other line: the same stack depth,
+            # so a line near msgspec's nesting limit decodes the same whatever the chunking
+            held = self._take_pending(out)
+            if held:
+                self._decode(held, out)
             start = nl + 1
         lines = chunk[start:].split(b"\n") if start else chunk.split(b"\n")
         tail = lines.pop()
@@ -531,7 +639,9 @@ class StreamDecoder:
         out: list[Event] = []
         if self._pending_len or self._over_size >= 0:
             self._line_no += 1
-            self._flush_pending(out)
+            held = self._take_pending(out)
+            if held:
+                self._decode(held, out)
         return out
 
     # ---- buffering
@@ -549,17 +659,17 @@ class StreamDecoder:
             self._pending = []
             self._pending_len = 0
 
-    def _flush_pending(self, out: list[Event]) -> None:
+    def _take_pending(self, out: list[Event]) -> bytes:
+        """The held line, now complete (b"" when it was over the cap: reported to `out`)."""
         if self._over_size >= 0:
             out.append(self._too_long(self._over_head, self._over_size))
             self._over_head = b""
             self._over_size = -1
-            return
+            return b""
         line = b"".join(self._pending)
         self._pending = []
         self._pending_len = 0
-        if line:
-            self._decode(line, out)
+        return line
 
     def _too_long(self, head: bytes, size: int) -> Malformed:
         return Malformed(line_no=self._line_no, raw=_raw_head(head),
@@ -573,7 +683,7 @@ class StreamDecoder:
             return
         try:
             obj: Any = _DECODER.decode(line)
-        except _DecodeError:
+        except Exception:  # DecodeError/ValidationError; RecursionError for deep nesting
             self._decode_slow(line, out)
             return
         try:
@@ -592,19 +702,26 @@ class StreamDecoder:
         """The line did not fit the typed shapes: parse it generically."""
         if not line.strip():
             return
+        if too_deep(line):
+            out.append(Malformed(line_no=self._line_no, raw=_raw_head(line),
+                                 error=f"JSON nested deeper than the limit of {MAX_NESTING} "
+                                       "levels"))
+            return
         try:
             try:
                 text = line.decode("utf-8")
             except UnicodeDecodeError:
                 text = line.decode("utf-8", "replace")
             data = json.loads(text)
-        except (ValueError, RecursionError) as exc:
+        except Exception as exc:  # ValueError (incl. a huge int), RecursionError
             out.append(Malformed(line_no=self._line_no, raw=_raw_head(line),
-                                 error=f"not JSON: {exc}"))
+                                 error=f"not JSON: {one_line(str(exc), SUMMARY_MAX)}"))
             return
+        if has_surrogate_escape(text):
+            data = scrub_surrogates(data)
         try:
             obj = msgspec.convert(data, _Line)
-        except (msgspec.ValidationError, TypeError, ValueError, RecursionError):
+        except Exception:  # ValidationError: valid JSON of another shape
             kind = data.get("type") if isinstance(data, dict) else None
             out.append(Unknown(line_no=self._line_no, type=kind if isinstance(kind, str) else "",
                                data=data))
@@ -626,7 +743,7 @@ class StreamDecoder:
             self._system(obj, line, data, line_no, out)
         elif cls is _Result:
             if data is None:
-                data = _decode_any(line)
+                data = _decode_any(line)  # raises only on a line nested too deep: Malformed
             out.append(_result_event(data, line_no))
         elif cls is _StreamEvent:
             etype, text = _partial_text(obj.event)
@@ -647,8 +764,8 @@ class StreamDecoder:
         msg = obj.message
         parent = obj.parent_tool_use_id
         usage = msg.usage
-        in_tok = (usage.input_tokens or 0) if usage is not None else 0
-        out_tok = (usage.output_tokens or 0) if usage is not None else 0
+        in_tok = _count(usage.input_tokens) if usage is not None else 0
+        out_tok = _count(usage.output_tokens) if usage is not None else 0
         synthetic = msg.model == SYNTHETIC_MODEL
         error = obj.error if isinstance(obj.error, str) else None
         content = msg.content
@@ -703,27 +820,35 @@ class StreamDecoder:
     def _system(self, obj: _System, line: bytes, data: Any, line_no: int,
                 out: list[Event]) -> None:
         subtype = obj.subtype
+        parent = _as_str(obj.parent_tool_use_id)
         if subtype == "init":
-            if self.cwd is None and obj.cwd:
-                self.cwd = obj.cwd
-            out.append(Init(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
-                            session_id=obj.session_id, cwd=obj.cwd, model=obj.model,
-                            permission_mode=obj.permissionMode,
-                            claude_code_version=obj.claude_code_version,
-                            tools=obj.tools or []))
+            cwd = _as_str(obj.cwd)
+            if self.cwd is None and cwd:
+                self.cwd = cwd
+            tools = obj.tools if isinstance(obj.tools, list) else []
+            out.append(Init(line_no=line_no, parent_tool_use_id=parent,
+                            session_id=_as_str(obj.session_id), cwd=cwd,
+                            model=_as_str(obj.model),
+                            permission_mode=_as_str(obj.permissionMode),
+                            claude_code_version=_as_str(obj.claude_code_version),
+                            tools=[t for t in tools if isinstance(t, str)]))
         elif subtype == "api_retry":
-            out.append(ApiRetry(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
-                                attempt=obj.attempt, max_retries=obj.max_retries,
-                                retry_delay_ms=obj.retry_delay_ms,
-                                error_status=obj.error_status,
+            out.append(ApiRetry(line_no=line_no, parent_tool_use_id=parent,
+                                attempt=_as_int(obj.attempt),
+                                max_retries=_as_int(obj.max_retries),
+                                retry_delay_ms=_as_float(obj.retry_delay_ms),
+                                error_status=_as_int(obj.error_status),
                                 error=obj.error if isinstance(obj.error, str) else None))
         elif subtype == "status":
-            out.append(Status(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
+            out.append(Status(line_no=line_no, parent_tool_use_id=parent,
                               status=_as_str(obj.status)))
         else:
             if data is None:
-                data = _decode_any(line)
-            out.append(Unknown(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
+                try:
+                    data = _decode_any(line)
+                except Exception:  # RecursionError: a key the typed shape skipped nests deep
+                    data = None
+            out.append(Unknown(line_no=line_no, parent_tool_use_id=parent,
                                type="system", data=data))
 
 

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from claude_marks import pytest_collection_modifyitems, pytest_runtest_setup
@@ -23,10 +24,10 @@ _SCRUB_NAMES = ("ZHIPU_API_KEY", "GLM_API_KEY", "IS_SANDBOX", "HTTPS_PROXY", "HT
                 "https_proxy", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
-def _find_claude() -> str | None:
-    explicit = os.environ.get("FLEET_TEST_CLAUDE")
+def _find_claude(variable: str = "FLEET_TEST_CLAUDE", folder: str = ".claude-cli") -> str | None:
+    explicit = os.environ.get(variable)
     candidates = [explicit] if explicit else []
-    candidates.append(str(REPO_ROOT / ".claude-cli" / "node_modules" / ".bin" / "claude"))
+    candidates.append(str(REPO_ROOT / folder / "node_modules" / ".bin" / "claude"))
     for cand in candidates:
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
@@ -34,6 +35,14 @@ def _find_claude() -> str | None:
 
 
 _CLAUDE = _find_claude()
+_CLAUDE_NEWEST = _find_claude("FLEET_TEST_CLAUDE_NEWEST", ".claude-cli-newest")
+
+
+def _missing(msg: str) -> NoReturn:
+    """Skip locally, fail under CI (where scripts/test installed everything)."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(msg)
+    pytest.skip(msg)
 
 # The real_claude mark follows the claude_bin fixture (see tests/claude_marks.py).
 __all__ = ["pytest_collection_modifyitems", "pytest_runtest_setup"]
@@ -77,12 +86,21 @@ def claude_bin() -> str:
     """Path of the real, pinned claude binary. Missing: skip locally, fail under CI.
     The only way a test reaches the real binary; asking for it marks the test real_claude."""
     if _CLAUDE is None:
-        msg = ("the real claude binary is not installed; run `bash scripts/test` (it installs "
-               "the pinned @anthropic-ai/claude-code into .claude-cli/) or set FLEET_TEST_CLAUDE")
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+        _missing("the real claude binary is not installed; run `bash scripts/test` (it installs "
+                 "the pinned @anthropic-ai/claude-code into .claude-cli/) or set "
+                 "FLEET_TEST_CLAUDE")
     return _CLAUDE
+
+
+@pytest.fixture
+def claude_newest_bin() -> str:
+    """Path of the newest pinned claude (CLAUDE_CODE_NEWEST_VERSION), for behaviour that
+    differs between versions. Missing: skip locally, fail under CI."""
+    if _CLAUDE_NEWEST is None:
+        _missing("the newest claude binary is not installed; run `bash scripts/test` (it "
+                 "installs CLAUDE_CODE_NEWEST_VERSION into .claude-cli-newest/) or set "
+                 "FLEET_TEST_CLAUDE_NEWEST")
+    return _CLAUDE_NEWEST
 
 
 def git(cwd: Path, *args: str) -> str:

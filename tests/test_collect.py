@@ -138,6 +138,52 @@ def test_usage_missing_and_malformed(tmp_path: Path) -> None:
     assert collect(str(cut)).returncode == 4
 
 
+def test_poisoned_files_get_a_verdict_not_a_traceback(tmp_path: Path) -> None:
+    """Issue 9 finding 2: a stream with a line nested 1000 deep and a result whose
+    api_error_status is "²" gave a traceback; now a verdict with its reason and the
+    documented exit code (0 ok, 10 not ok, 4 malformed)."""
+    lines = stdout_file("nonroot_stream").read_text().strip().split("\n")
+    result = json.loads(lines[-1])
+    deep = "[" * 1000 + "]" * 1000
+    poisoned = [lines[0], '{"type":"stream_event","event":' + deep + "}", *lines[1:-1]]
+
+    failed = dict(result, is_error=True, api_error_status="²", result="something broke")
+    path = tmp_path / "failed.jsonl"
+    path.write_text("\n".join([*poisoned, json.dumps(failed)]) + "\n")
+    run = collect(str(path))
+    assert "Traceback" not in run.stderr
+    assert run.returncode == 10
+    assert run.stderr == ("FAILED (crashed): claude reported an error: something broke; see the "
+                          "run's log\n")
+    as_json = collect("--json", str(path))
+    assert as_json.returncode == 10 and json.loads(as_json.stdout)["api_error_status"] is None
+
+    odd = dict(result, result="done \ud800", usage={"input_tokens": float("nan"),
+                                                    "output_tokens": 10**40})
+    path = tmp_path / "odd.jsonl"
+    path.write_text("\n".join([*poisoned, json.dumps(odd)]) + "\n")
+    run = collect(str(path))
+    assert (run.returncode, run.stdout, run.stderr) == (0, "done \ufffd\n", "OK\n")
+    as_json = collect("--json", str(path))
+    assert json.loads(as_json.stdout)["usage"] == {"input_tokens": None, "output_tokens": None}
+
+    only_deep = tmp_path / "deep.jsonl"
+    only_deep.write_text('{"type":"result","is_error":false,"x":' + deep + "}\n")
+    run = collect(str(only_deep))
+    assert "Traceback" not in run.stderr
+    assert run.returncode == 4 and run.stderr.startswith("fleet-collect: ")
+
+
+def test_a_result_the_terminal_cannot_encode_is_replaced_not_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"type": "result", "subtype": "success", "is_error": False,
+                                "result": "h\u00e9llo \u2713"}))
+    monkeypatch.setenv("PYTHONIOENCODING", "ascii")
+    run = collect(str(path))
+    assert (run.returncode, run.stdout, run.stderr) == (0, "h?llo ?\n", "OK\n")
+
+
 # --------------------------------------------------------------------------- real runs
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fleet_tui.fleet import STDERR_TAIL
 from fleet_tui.outcome import Outcome, Verdict, classify, find_result
 from fleet_tui.stream import Result, decode_all
 
@@ -141,11 +142,68 @@ def test_caller_flags_and_signals() -> None:
     assert classify(exit_code=-9).verdict == Verdict.KILLED
     assert classify(exit_code=-9, timed_out=True).verdict == Verdict.TIMEOUT
     assert "wall-clock" in classify(exit_code=-9, timed_out=True).message
-    # a run that had finished before the kill landed keeps its success
-    assert classify(exit_code=0, result=ok, killed=True).verdict == Verdict.OK
+    # issue 9 finding 1: a kill or a timeout decides, whatever claude printed after the
+    # signal (2.1.197 answers SIGTERM with one more turn, a success result and exit 0)
+    assert classify(exit_code=0, result=ok, killed=True).verdict == Verdict.KILLED
+    assert classify(exit_code=0, result=ok, timed_out=True).verdict == Verdict.TIMEOUT
+    # ...unless the caller knows the result was complete before it asked for the stop
+    assert classify(exit_code=0, result=ok, killed=True,
+                    finished_before_stop=True).verdict == Verdict.OK
+    assert classify(exit_code=0, result=ok, timed_out=True,
+                    finished_before_stop=True).verdict == Verdict.OK
+    assert classify(exit_code=1, result=ok, killed=True,
+                    finished_before_stop=True).verdict == Verdict.KILLED
+    # a signal from outside (not ours) after a clean result: the result stands
     assert classify(exit_code=None, signal=15, result=ok).verdict == Verdict.OK
     assert classify(exit_code=-15, result=variant(result=""), killed=True).verdict == \
         Verdict.KILLED
+
+
+@pytest.mark.parametrize("status", ["²", "429²", "١٢٣", "4" * 40, 10**40, 1e300, float("nan"),
+                                    [429], {"code": 429}, True])
+def test_odd_api_error_status_never_raises(status: Any) -> None:
+    """Issue 9 finding 2: `"api_error_status": "²"` raised ValueError from int("²") (and
+    "²".isdigit() is true) in the CLI, the panel and fleet-collect."""
+    failed = classify(exit_code=1, result=variant(is_error=True, api_error_status=status,
+                                                  result="something broke"))
+    assert failed.verdict == Verdict.CRASHED and failed.api_error_status is None
+    assert "something broke" in failed.message
+    # the status in the text is still read (ASCII digits only)
+    quota = classify(exit_code=1, result=variant(is_error=True, api_error_status=status,
+                                                 result="API Error: 429 rate limited"))
+    assert quota.verdict == Verdict.QUOTA
+    assert classify(exit_code=0, result=variant(api_error_status=status)).verdict == Verdict.OK
+    json.dumps(failed.to_json(), allow_nan=False)
+
+
+def test_an_exit_record_of_the_wrong_types_is_unknown_not_a_crash() -> None:
+    """The engine reads exit.json back from disk: its values are untrusted too."""
+    ok = variant()
+    for exit_code, signal_ in [("0", None), ([0], {}), (2**80, "TERM"), (None, 10**30),
+                               (float("nan"), -3), (True, 99999)]:
+        out = classify(exit_code=exit_code, signal=signal_, result=ok)
+        assert out.verdict == Verdict.OK, (exit_code, signal_)
+        killed = classify(exit_code=exit_code, signal=signal_, result=ok, killed=True)
+        assert killed.verdict == Verdict.KILLED
+        assert classify(exit_code=exit_code, signal=signal_).verdict in (Verdict.CRASHED,
+                                                                        Verdict.KILLED)
+    assert classify(exit_code="0", result=ok).exit_code == 0
+
+
+def test_outcome_holds_only_what_json_and_a_terminal_take() -> None:
+    odd = variant(result="done \ud800", session_id="s\udfff",
+                  usage={"input_tokens": float("nan"), "deep": [[[[[[[[1]]]]]]]],
+                         "big": 10**40, 7: "int key", "cache": {"x": float("inf")}},
+                  permission_denials=[{"tool_name": {"a": [1]}}, {"tool_name": "W\nrite"},
+                                      "not a dict"])
+    out = classify(exit_code=0, result=odd)
+    assert out.verdict == Verdict.OK
+    assert out.result_text == "done \ufffd" and out.session_id == "s\ufffd"
+    assert "\n" not in out.message and "W rite" in out.message
+    text = json.dumps(out.to_json(), allow_nan=False, ensure_ascii=False)
+    text.encode("utf-8")
+    assert out.usage["input_tokens"] is None and out.usage["big"] is None
+    assert out.usage["cache"] == {"x": None}
 
 
 def test_no_result_line_is_crashed_with_the_stderr_tail() -> None:
@@ -223,6 +281,115 @@ def test_real_bad_arguments_are_refused(claude_bin: str, tmp_path: Path,
     out = classify(exit_code=run.returncode, result=None, stderr_tail=run.stderr)
     assert out.verdict == Verdict.REFUSED, run.stderr
     assert "refused to start" in out.message
+
+
+# ------------------------------------------------------------- crashes: the line that says why
+# Issue 9 finding 3: a crashed claude's verdict quoted its last stderr line, Bun's banner
+# ("Bun v1.4.0 (Linux x64 baseline)"), instead of the line saying what went wrong.
+
+
+def _without(names: tuple[str, ...], where: Path) -> str:
+    """A PATH of symlinks to every command on this machine's PATH except `names`."""
+    where.mkdir()
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.isdir(folder):
+            continue
+        for entry in os.listdir(folder):
+            link = where / entry
+            if entry not in names and not link.exists():
+                link.symlink_to(Path(folder) / entry)
+    return str(where)
+
+
+@pytest.mark.real_claude
+def test_real_uncaught_bun_error_quotes_the_error_not_the_banner(claude_bin: str,
+                                                                 tmp_path: Path) -> None:
+    """2.1.197 with CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=1 and no bubblewrap dies with Bun's
+    uncaught-error report: a minified source excerpt, a caret, `error: bubblewrap is
+    required ...`, stack frames, a blank line, then `Bun v1.4.0 (Linux x64 baseline)`."""
+    path = _without(("bwrap", "socat"), tmp_path / "bin")
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "IS_SANDBOX"}
+    env.update(PATH=path, CLAUDE_CONFIG_DIR=str(cfg), ANTHROPIC_BASE_URL="http://127.0.0.1:9",
+               ANTHROPIC_AUTH_TOKEN="sk-test-not-a-key", CLAUDE_CODE_SUBPROCESS_ENV_SCRUB="1",
+               CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1")
+    run = subprocess.run([claude_bin, "-p", "--output-format", "stream-json", "--verbose",
+                          "say hi"], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and find_result(run.stdout) is None
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("Bun v"), run.stderr[-2000:]  # the shape the issue saw
+    out = classify(exit_code=run.returncode, stderr_tail=run.stderr[-STDERR_TAIL:])
+    assert out.verdict == Verdict.CRASHED
+    assert "error: bubblewrap is required" in out.message, out.message
+    assert "Bun v" not in out.message
+
+
+@pytest.mark.real_claude
+def test_real_bun_panic_is_a_crash_with_its_panic_line(claude_bin: str,
+                                                       tmp_path: Path) -> None:
+    """A segfault in claude (Bun's own crash report, provoked with SIGSEGV): crashed, with
+    the panic line, not "terminated ... killed from outside?" nor the report's URL."""
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "IS_SANDBOX"}
+    env.update(CLAUDE_CONFIG_DIR=str(cfg), ANTHROPIC_BASE_URL="http://127.0.0.1:9",
+               ANTHROPIC_AUTH_TOKEN="sk-test-not-a-key",
+               CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1")
+    proc = subprocess.Popen([claude_bin, "-p", "--output-format", "stream-json", "--verbose",
+                             "say hi"], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert b'"subtype":"init"' in proc.stdout.readline()  # running: its runtime is up
+        proc.send_signal(signal.SIGSEGV)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    tail = stderr.decode("utf-8", "replace")[-STDERR_TAIL:]
+    assert proc.returncode == -signal.SIGSEGV and "panic(main thread)" in tail
+    out = classify(exit_code=proc.returncode, stderr_tail=tail)
+    assert out.verdict == Verdict.CRASHED
+    assert "SIGSEGV" in out.message and "panic(main thread): Segmentation fault" in out.message
+    assert "bun.report" not in out.message
+
+
+BUN_UNCAUGHT = """\
+12 |   const fd = openSync(path, "w");
+                  ^
+{error}
+      at writeConfig (/$bunfs/root/src/entrypoints/cli.js:477:6115)
+      at <anonymous> (/$bunfs/root/src/entrypoints/cli.js:11379:4615)
+
+Bun v1.4.0 (Linux x64 baseline)
+"""
+
+
+@pytest.mark.parametrize("error", [
+    "ENOSPC: no space left on device, write",
+    "EACCES: permission denied, open '/home/dev/.claude/settings.json'",
+    "TypeError: undefined is not an object (evaluating 'e.request.subtype')",
+    "error: bubblewrap is required for subprocess env scrubbing and isolation.",
+    "Error: Settings file not found: /nonexistent.json",
+])
+def test_the_error_line_of_a_bun_uncaught_error_is_quoted(error: str) -> None:
+    """The shape of Bun's uncaught-error report (as in the real test above), written out so
+    that each kind of error line is tried."""
+    out = classify(exit_code=1, stderr_tail="warming up\n" + BUN_UNCAUGHT.format(error=error))
+    assert out.verdict == Verdict.CRASHED
+    assert error[:60] in out.message and "Bun v" not in out.message
+    assert "openSync" not in out.message and "cli.js" not in out.message
+
+
+def test_crash_line_falls_back_to_the_last_line_that_is_not_noise() -> None:
+    out = classify(exit_code=3, stderr_tail="starting\nsomething odd happened\n\n"
+                                           "Bun v1.4.0 (Linux x64 baseline)\n")
+    assert "something odd happened" in out.message
+    only_banner = classify(exit_code=3, stderr_tail="\nBun v1.4.0 (Linux x64 baseline)\n")
+    assert "Bun v1.4.0" in only_banner.message  # nothing better to say
+    assert "printed nothing" in classify(exit_code=3, stderr_tail="\n \n").message
 
 
 # --------------------------------------------------------------------------- find_result

@@ -317,6 +317,67 @@ def test_invalid_utf8() -> None:
     assert isinstance(bad, Malformed) and bad.raw == "\ufffd\ufffd\ufffd"
 
 
+def test_a_line_nested_1000_deep_is_one_event_and_the_stream_goes_on() -> None:
+    """Issue 9 finding 2: a line nested ~1000 deep made feed() raise RecursionError (from
+    msgspec), and every later read of the task's events raised again."""
+    good = sample_lines("nonroot_stream")
+    deep = b"[" * 1000 + b"]" * 1000
+    lines = [
+        good[0],
+        b'{"type":"stream_event","event":%s}' % deep,
+        b'{"type":"assistant","message":{"id":"m1","content":[{"type":"tool_use","id":"t1",'
+        b'"name":"Bash","input":{"command":%s}}]}}' % deep,
+        b'{"type":"system","subtype":"hook","data":%s}' % (b'{"a":' * 1000 + b"1"
+                                                            + b"}" * 1000),
+        b'{"type":"rate_limit_event","rate_limit_info":%s}' % deep,
+        good[1],
+    ]
+    data = b"\n".join(lines) + b"\n"
+    for cuts in ([], list(range(0, len(data), 7)), [len(lines[0]) + 5000]):
+        events = feed_chunks(data, cuts)
+        assert events[0].kind == "init" and events[-1].kind == "text"
+        assert sorted({e.line_no for e in events}) == [1, 2, 3, 4, 5, 6]
+        bad = [e for e in events if isinstance(e, Malformed)]
+        assert bad and all("deeper than" in e.error or "not JSON" in e.error for e in bad)
+
+
+def test_a_result_line_nested_too_deep_is_malformed_and_the_next_one_counts() -> None:
+    deep = b"[" * 5000 + b"]" * 5000
+    ok = (b'{"type":"result","subtype":"success","is_error":false,"num_turns":2,'
+          b'"result":"done","extra":%s}')
+    first, second = decode_all(ok % deep + b"\n" + ok % b"[[1]]" + b"\n")
+    assert isinstance(first, Malformed) and "deeper than" in first.error
+    assert isinstance(second, Result) and second.result == "done" and second.line_no == 2
+
+
+def test_odd_values_are_dropped_not_raised_or_stored() -> None:
+    """Values a store or a screen cannot take: lone surrogates, absurd counts and numbers."""
+    lines = [
+        b'{"type":"assistant","message":{"id":"m","content":[{"type":"text",'
+        b'"text":"a\\ud800b"}],"usage":{"input_tokens":100000000000000000000000,'
+        b'"output_tokens":-5}}}',
+        b'{"type":"system","subtype":"api_retry","attempt":1e400,"max_retries":NaN,'
+        b'"retry_delay_ms":Infinity,"error_status":"529","error":"overloaded"}',
+        b'{"type":"result","subtype":"success","is_error":false,"result":"ok \\udfff",'
+        b'"num_turns":1e300,"api_error_status":"\xc2\xb2",'
+        b'"usage":{"input_tokens":99999999999999999999999,"output_tokens":3}}',
+    ]
+    events = decode_all(b"\n".join(lines) + b"\n")
+    text, retry, result = events
+    assert isinstance(text, Text) and text.text == "a\ufffdb"
+    assert (text.input_tokens, text.output_tokens) == (0, 0)
+    assert isinstance(retry, ApiRetry)
+    assert (retry.attempt, retry.max_retries, retry.retry_delay_ms, retry.error_status) == \
+        (None, None, None, None)
+    assert isinstance(result, Result) and result.result == "ok \ufffd"
+    assert (result.num_turns, result.api_error_status) == (None, None)
+    summary = RunSummary()
+    for event in events:
+        summary.update(event)
+    assert (summary.input_tokens, summary.output_tokens, summary.turns) == (0, 3, 1)
+    json.dumps(summary.to_json(), allow_nan=False)
+
+
 def test_partial_last_line_held_until_newline_or_finish() -> None:
     lines = sample_lines("nonroot_stream")
     dec = StreamDecoder()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from fleet_tui.outcome import classify, find_result
 
@@ -36,8 +36,18 @@ exit: 0 ok (the result text on stdout), 10 the run failed (the reason on stderr)
 """
 
 
+def _write(stream: TextIO, text: str) -> None:
+    """Write text that came from a run: what the stream's encoding cannot hold (an ASCII
+    locale, say) is replaced rather than raised."""
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = stream.encoding or "utf-8"
+        stream.write(text.encode(encoding, "replace").decode(encoding, "replace"))
+
+
 def _err(text: str) -> None:
-    sys.stderr.write(f"fleet-collect: {text}\n")
+    _write(sys.stderr, f"fleet-collect: {text}\n")
 
 
 def _parse(argv: list[str]) -> tuple[bool, bool, str] | int:
@@ -107,13 +117,13 @@ def main(argv: list[str]) -> int:
             "num_turns": outcome.num_turns, "session_id": outcome.session_id,
             "usage": outcome.usage,
         }
-        sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
+        _write(sys.stdout, json.dumps(payload, ensure_ascii=False) + "\n")
     elif outcome.ok:
         text = outcome.result_text or ""
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        _write(sys.stdout, text if text.endswith("\n") else text + "\n")
     if outcome.ok:
         if not quiet:
             sys.stderr.write("OK\n")
         return EXIT_OK
-    sys.stderr.write(f"FAILED ({outcome.verdict}): {outcome.message}\n")
+    _write(sys.stderr, f"FAILED ({outcome.verdict}): {outcome.message}\n")
     return EXIT_FAILED
