@@ -881,16 +881,23 @@ class Fleet:
             raise FleetError(self._missing_worktree(task))
         return Path(task.worktree)
 
+    def _cached_secrets(self) -> tuple[str, ...] | None:
+        cached = self._secret_cache
+        if cached is not None and time.monotonic() - cached[0] < self.SECRET_TTL:
+            return cached[1]
+        return None
+
     def _secrets(self) -> tuple[str, ...]:
         """The API key workers get (resolved as they resolve it), for the diff's and the
         merge's scan; () when none can be resolved (then nothing is scanned for).
 
         Remembered for SECRET_TTL seconds: the panel reloads a running task's diff every
-        2 s, and a keyring lookup costs more than the scan."""
+        2 s, and a keyring lookup costs more than the scan (the first one imports the
+        keyring library: ~100 ms)."""
+        cached = self._cached_secrets()
+        if cached is not None:
+            return cached
         now = time.monotonic()
-        cached = self._secret_cache
-        if cached is not None and now - cached[0] < self.SECRET_TTL:
-            return cached[1]
         from fleet_tui.launcher import LaunchError, resolve_credential
 
         try:
@@ -904,11 +911,25 @@ class Fleet:
         """The task's changes; ``secret_paths`` names files that hold the API key (the key
         is replaced in the patch, never shown)."""
         task = self.get_task(task_id)
+        worktree = self._worktree_of(task)
         try:
-            return git.diff(self._worktree_of(task), task.base_commit,
-                            secrets=self._secrets())
+            secrets = self._cached_secrets()
+            if secrets is not None:
+                return git.diff(worktree, task.base_commit, secrets=secrets)
+            # Not resolved lately: look the key up while git diff runs (the panel's first
+            # paint of a diff waits for both).
+            with ThreadPoolExecutor(1, thread_name_prefix="fleet-key") as pool:
+                resolving = pool.submit(self._secrets)
+                result = git.diff(worktree, task.base_commit)
+                git.mark_secrets(worktree, result, resolving.result())
+            return result
         except git.GitError as exc:
             raise FleetError(str(exc)) from None
+
+    def prepare_secret_scan(self) -> None:
+        """Look the key up now (e.g. in the thread that builds the engine), so the first
+        diff or merge preview need not wait for a keyring lookup."""
+        self._secrets()
 
     def conflict_preview(self, task_id: str) -> git.ConflictPreview:
         """What merge() would do now, short of the test command: clean, or why not

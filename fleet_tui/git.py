@@ -49,6 +49,7 @@ __all__ = [
     "ensure_excluded",
     "find_repo",
     "main_worktree",
+    "mark_secrets",
     "merge",
     "verify_worktree",
 ]
@@ -767,6 +768,15 @@ def diff(worktree: Path, base_commit: str, *, secrets: Sequence[str] = ()) -> Di
     if needles:
         _mark_secrets(worktree, result, needles, aligned)
     return result
+
+
+def mark_secrets(worktree: Path, result: Diff, secrets: Sequence[str]) -> None:
+    """What diff(secrets=...) does, for a Diff made without them: fill ``secret_paths``
+    and hide the key in the patches (the engine resolves the key while git diff runs)."""
+    needles = _needles(secrets)
+    if needles:
+        aligned = all(f.patch or f.binary for f in result.files)
+        _mark_secrets(Path(worktree), result, needles, aligned)
 
 
 def _needles(secrets: Sequence[str]) -> list[str]:

@@ -557,8 +557,13 @@ def test_a_worktree_deleted_by_hand_is_named_as_such(git_repo: Path) -> None:
 def test_the_engine_scans_for_the_key_it_gives_workers(git_repo: Path) -> None:
     fleet, task, info = _fleet_with_task(git_repo)
     (info.path / "token-copy.txt").write_text(f"{KEY}\n")
-    diff = fleet.diff(task.id)
+    diff = fleet.diff(task.id)  # the key is looked up while git diff runs
     assert diff.secret_paths == ["token-copy.txt"] and KEY not in diff.patch
+    warm = Fleet(fleet.settings, fleet.store, env=fleet.env)
+    warm.prepare_secret_scan()  # looked up beforehand
+    assert warm.diff(task.id).secret_paths == ["token-copy.txt"]
+    keyless = Fleet(fleet.settings, fleet.store, env={"PATH": os.environ["PATH"]})
+    assert keyless.diff(task.id).secret_paths == []  # no key: nothing to look for
     preview = fleet.conflict_preview(task.id)
     assert preview.reason == "secret" and preview.secret_paths == ["token-copy.txt"]
     before = snapshot(git_repo)
