@@ -77,8 +77,8 @@ def _holder(fd: int | None, path: str) -> str:
 
 def _busy_message(path: str, what: str, waited: float, holder: str) -> str:
     who = f"another fleet-tui process ({holder})" if holder else "another fleet-tui process"
-    return (f"could not start {what}: {who} holds the repository lock {path} and did not "
-            f"finish within {waited:.0f} s; wait for it to finish (or stop it), then try again")
+    return (f"{what} waited {waited:.0f} s for {who}, which holds the repository lock "
+            f"{path}; wait for it to finish (or stop it), then try again")
 
 
 def _open(path: str) -> int:

@@ -332,12 +332,12 @@ def test_a_merge_waits_for_the_lock_and_gives_up_with_a_clear_message(
         with pytest.raises(fgit.GitError) as caught:
             fgit.merge(git_repo, info.path, info.branch, "main", message="x")
         text = str(caught.value)
-        assert f"another fleet-tui process (pid {holder.pid} merging fleet/other into " \
-               "main" in text
-        assert "did not finish within" in text
-        assert "try again" in text
+        assert text.startswith("merging fleet/w1 into main waited 0 s for another fleet-tui "
+                               f"process (pid {holder.pid} merging fleet/other into main")
+        assert f"which holds the repository lock {lock}; wait for it" in text
+        assert text.endswith("then try again")
         assert snapshot(git_repo) == before
-        with pytest.raises(fgit.GitError, match="holds the repository lock"):
+        with pytest.raises(fgit.GitError, match=r"^discarding fleet/w1 waited"):
             fgit.discard(git_repo, info.path, info.branch)
         assert info.path.is_dir()
     finally:
@@ -572,3 +572,37 @@ def test_the_engine_scans_for_the_key_it_gives_workers(git_repo: Path) -> None:
     assert KEY not in result.message
     assert snapshot(git_repo) == before
     assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+
+
+def test_the_engines_merge_discard_and_retry_honour_the_lock(
+        git_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The panel's dialogs act through these: they take turns like the CLI."""
+    import threading
+
+    fleet, task, info = _fleet_with_task(git_repo)
+    (info.path / "feature.txt").write_text("work\n")
+    monkeypatch.setattr(fgit, "LOCK_TIMEOUT", 0.3)
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with repolock.hold(git_repo / ".git" / fgit.LOCK_FILE, "merging fleet/other"):
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(10)
+        before = snapshot(git_repo)
+        with pytest.raises(FleetRefused, match="waited 0 s for another fleet-tui process"):
+            fleet.merge(task.id)
+        with pytest.raises(FleetError, match=r"^discarding fleet/f1 waited"):
+            fleet.discard(task.id)
+        with pytest.raises(FleetError, match=r"^creating the worktree of fleet/f1 waited"):
+            fleet.retry(task.id)
+        assert snapshot(git_repo) == before and info.path.is_dir()
+        assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+    finally:
+        release.set()
+        thread.join(10)
+    assert fleet.merge(task.id).merged
