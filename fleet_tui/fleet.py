@@ -887,14 +887,14 @@ class Fleet:
             return cached[1]
         return None
 
-    def _secrets(self) -> tuple[str, ...]:
+    def _secrets(self, *, fresh: bool = False) -> tuple[str, ...]:
         """The API key workers get (resolved as they resolve it), for the diff's and the
         merge's scan; () when none can be resolved (then nothing is scanned for).
 
         Remembered for SECRET_TTL seconds: the panel reloads a running task's diff every
         2 s, and a keyring lookup costs more than the scan (the first one imports the
-        keyring library: ~100 ms)."""
-        cached = self._cached_secrets()
+        keyring library: ~100 ms). The merge itself asks afresh (``fresh``)."""
+        cached = None if fresh else self._cached_secrets()
         if cached is not None:
             return cached
         now = time.monotonic()
@@ -966,7 +966,7 @@ class Fleet:
                                trailers=trailers,
                                test_command=test_command or self.settings.test_command,
                                strategy=self.settings.merge_strategy,
-                               secrets=self._secrets())
+                               secrets=self._secrets(fresh=True))
         except git.GitError as exc:
             raise FleetRefused(str(exc)) from None
         if result.merged:

@@ -1221,8 +1221,9 @@ def _run_test(command: str, cwd: Path, timeout: float,
     shell only, and whatever the command leaves running is stopped when it exits or times
     out. The key is kept out of its environment.
     """
+    needles = _needles(secrets)
     env = {k: v for k, v in os.environ.items()
-           if k not in _SECRET_ENV and not any(s and s in v for s in secrets)}
+           if k not in _SECRET_ENV and not any(n in v for n in needles)}
     boot = _GATE_BOOT.format(root=str(Path(__file__).resolve().parent.parent))
     with tempfile.TemporaryFile(prefix="fleet-test-") as out:
         try:
