@@ -6,7 +6,8 @@ Every refused or aborted step is checked against the main checkout byte for byte
 (ignored ones included), `git status`, HEAD, the index and the merge-state files of the git
 dir (MERGE_HEAD, ORIG_HEAD, ...), before and after.
 
-FLEET_SOAK_MERGE_ROUNDS=N runs the merge race N rounds (default 6).
+FLEET_SOAK_MERGE_ROUNDS=N runs the merge race N rounds (default 6; ~1.6 s a round on a
+busy 2-core machine, so for N > 100 lift pytest's per-test limit: `--timeout 0`).
 """
 
 from __future__ import annotations
