@@ -1317,21 +1317,77 @@ class Fleet:
                                verdict=None, message=None, finished_at=None, not_before=None)
         return self.get_task(task.id)
 
+    # The key, as resolved for the diff's and the merge's scan: (when, values); see _secrets.
+    _secret_cache: tuple[float, tuple[str, ...]] | None = None
+    SECRET_TTL = 30.0
+
+    @staticmethod
+    def _missing_worktree(task: Task) -> str:
+        return (f"the worktree of task {task.id} ({task.worktree}) is missing: it was "
+                "deleted outside fleet-tui; discard the task, or retry it to start fresh")
+
     def _worktree_of(self, task: Task) -> Path:
         if task.state in CLOSED_STATES:
             raise FleetError(f"task {task.id} was {task.state}; its worktree is gone")
-        if task.worktree is None or not Path(task.worktree).is_dir():
+        if task.worktree is None:
             raise FleetError(f"task {task.id} has no worktree yet (it is {task.state})")
+        if not Path(task.worktree).is_dir():
+            raise FleetError(self._missing_worktree(task))
         return Path(task.worktree)
 
-    def diff(self, task_id: str) -> git.Diff:
-        task = self.get_task(task_id)
+    def _cached_secrets(self) -> tuple[str, ...] | None:
+        cached = self._secret_cache
+        if cached is not None and time.monotonic() - cached[0] < self.SECRET_TTL:
+            return cached[1]
+        return None
+
+    def _secrets(self, *, fresh: bool = False) -> tuple[str, ...]:
+        """The API key workers get (resolved as they resolve it), for the diff's and the
+        merge's scan; () when none can be resolved (then nothing is scanned for).
+
+        Remembered for SECRET_TTL seconds: the panel reloads a running task's diff every
+        2 s, and a keyring lookup costs more than the scan (the first one imports the
+        keyring library: ~100 ms). The merge itself asks afresh (``fresh``)."""
+        cached = None if fresh else self._cached_secrets()
+        if cached is not None:
+            return cached
+        now = time.monotonic()
+        from fleet_tui.launcher import LaunchError, resolve_credential
+
         try:
-            return git.diff(self._worktree_of(task), task.base_commit)
+            found: tuple[str, ...] = (resolve_credential(self.settings, self.env).value,)
+        except (LaunchError, OSError):
+            found = ()
+        self._secret_cache = (now, found)
+        return found
+
+    def diff(self, task_id: str) -> git.Diff:
+        """The task's changes; ``secret_paths`` names files that hold the API key (the key
+        is replaced in the patch, never shown)."""
+        task = self.get_task(task_id)
+        worktree = self._worktree_of(task)
+        try:
+            secrets = self._cached_secrets()
+            if secrets is not None:
+                return git.diff(worktree, task.base_commit, secrets=secrets)
+            # Not resolved lately: look the key up while git diff runs (the panel's first
+            # paint of a diff waits for both).
+            with ThreadPoolExecutor(1, thread_name_prefix="fleet-key") as pool:
+                resolving = pool.submit(self._secrets)
+                result = git.diff(worktree, task.base_commit)
+                git.mark_secrets(worktree, result, resolving.result())
+            return result
         except git.GitError as exc:
             raise FleetError(str(exc)) from None
 
+    def prepare_secret_scan(self) -> None:
+        """Look the key up now (e.g. in the thread that builds the engine), so the first
+        diff or merge preview need not wait for a keyring lookup."""
+        self._secrets()
+
     def conflict_preview(self, task_id: str) -> git.ConflictPreview:
+        """What merge() would do now, short of the test command: clean, or why not
+        (identity, main checkout, nothing to merge, conflicts, files in the way, the key)."""
         task = self.get_task(task_id)
         worktree = self._worktree_of(task)
         if not task.base_branch:
@@ -1339,7 +1395,8 @@ class Fleet:
                              "merge its branch by hand")
         try:
             return git.conflict_preview(task.repo, task.branch, task.base_branch,
-                                        worktree=worktree)
+                                        worktree=worktree, secrets=self._secrets(),
+                                        strategy=self.settings.merge_strategy)
         except git.GitError as exc:
             raise FleetError(str(exc)) from None
 
@@ -1352,6 +1409,8 @@ class Fleet:
         if not task.base_branch:
             raise FleetError(f"task {task.id} was started from a commit, not a branch; "
                              f"merge its branch {task.branch} by hand")
+        if task.worktree is not None and not Path(task.worktree).is_dir():
+            raise FleetRefused(self._missing_worktree(task))
         trailers = {"Fleet-Task": task.id}
         if task.session_id:
             trailers["Fleet-Session"] = task.session_id
@@ -1360,7 +1419,8 @@ class Fleet:
                                message=message or task.title or _title_of(task.prompt),
                                trailers=trailers,
                                test_command=test_command or self.settings.test_command,
-                               strategy=self.settings.merge_strategy)
+                               strategy=self.settings.merge_strategy,
+                               secrets=self._secrets(fresh=True))
         except git.GitError as exc:
             raise FleetRefused(str(exc)) from None
         if result.merged:

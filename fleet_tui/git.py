@@ -3,7 +3,14 @@
 Every git command runs through GitPython (``git.Git(cwd).execute``); its exceptions become
 ``GitError`` with a message that says what to do, never a traceback. Nothing here writes to
 a checkout the user did not ask to change: diffs and the conflict preview work on a temporary
-index file and unreferenced objects, and a failed merge is rolled back.
+index file and unreferenced objects, and a failed merge is rolled back (and said to be
+restored only when HEAD, index and files were checked).
+
+Merges, discards and worktree creation of one repository take turns across processes and
+threads (``repolock``, a flock in the repository's common git dir): two merges at once once
+left the main checkout mid-merge. A merge checks everything that could refuse it before it
+runs the test command, and the test command last; the commands that change the main
+checkout run under the lock.
 """
 
 from __future__ import annotations
@@ -14,15 +21,16 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Literal
+from typing import IO, Literal
 
-from fleet_tui import paths
+from fleet_tui import paths, procs, repolock
 
 __all__ = [
     "ConflictPreview",
@@ -31,6 +39,7 @@ __all__ = [
     "GitError",
     "MergeResult",
     "WorktreeInfo",
+    "check_identity",
     "conflict_preview",
     "create_worktree",
     "current_branch",
@@ -40,6 +49,7 @@ __all__ = [
     "ensure_excluded",
     "find_repo",
     "main_worktree",
+    "mark_secrets",
     "merge",
     "verify_worktree",
 ]
@@ -52,6 +62,10 @@ _EXCLUDE_LINE = f"/{paths.WORK_DIR_NAME}/"
 # Variables that could carry a credential into a user's test command.
 _SECRET_ENV = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GLM_API_KEY")
 _TEST_OUTPUT_LIMIT = 64_000
+LOCK_FILE = "fleet-tui.lock"  # in the common git dir: see repolock
+LOCK_TIMEOUT = 120.0  # seconds a merge, discard or worktree creation waits for another
+SECRET_MIN_LENGTH = 8  # shorter "keys" (a test stand-in) would match everywhere
+REDACTED = "[API key hidden]"
 
 
 class GitError(Exception):
@@ -101,6 +115,9 @@ class Diff:
 
     files: list[FileDiff]
     patch: str
+    # Changed files whose new content holds the API key (the key itself is replaced by
+    # REDACTED in ``patch`` and in each file's patch, so it is never shown).
+    secret_paths: list[str] = field(default_factory=list)
 
     @property
     def added(self) -> int:
@@ -119,6 +136,13 @@ class ConflictPreview:
     conflicts: list[str]
     message: str
     uncommitted: bool = False  # the worktree has changes that merge() will commit first
+    # Why not clean: "conflicts", "nothing" (no changes to land), "overwrite" (the branch
+    # writes paths that exist untracked or ignored in the main checkout: ``blocked``),
+    # "secret" (the changes hold the API key: ``secret_paths``), "identity" (git has no
+    # committer identity), "checkout" (main is dirty or on another branch). "" when clean.
+    reason: str = ""
+    blocked: list[str] = field(default_factory=list)
+    secret_paths: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -346,16 +370,28 @@ _EXCLUDED: set[Path] = set()  # repositories whose exclude file this process has
 _EXCLUDED_LOCK = threading.Lock()
 
 
-_WORKTREE_LOCKS: dict[Path, threading.Lock] = {}
+def _lock_file(repo: Path) -> Path:
+    """The repository's lock file: in its common git dir, shared by every worktree."""
+    git_dir = _git_dir_of(repo)
+    if git_dir is not None and (git_dir / "HEAD").is_file():
+        return _common_dir(git_dir) / LOCK_FILE
+    common = _out(repo, "rev-parse", "--path-format=absolute", "--git-common-dir").strip()
+    return Path(common) / LOCK_FILE
 
 
-def _worktree_lock(repo: Path) -> threading.Lock:
-    """One lock per repository for the git commands that add, list or remove worktrees:
-    git 2.39 reads every worktree's admin folder while adding one, and fails ("failed to
-    read .git/worktrees/X/commondir") on a folder another `worktree add` is still writing.
-    The engine starts tasks from several threads, so its adds take turns."""
-    with _EXCLUDED_LOCK:
-        return _WORKTREE_LOCKS.setdefault(repo, threading.Lock())
+@contextlib.contextmanager
+def _repo_lock(repo: Path, what: str) -> Iterator[None]:
+    """Hold the repository's lock (every fleet-tui process and thread honours it) while
+    worktrees are added or removed and while a merge changes the main checkout.
+
+    It also keeps the engine's own worktree adds apart: git 2.39 reads every worktree's
+    admin folder while adding one, and fails ("failed to read .git/worktrees/X/commondir")
+    on a folder another `worktree add` is still writing."""
+    try:
+        with repolock.hold(_lock_file(repo), what, LOCK_TIMEOUT):
+            yield
+    except repolock.LockTimeout as exc:
+        raise GitError(str(exc)) from None
 
 
 def _exclude_file(repo: Path) -> Path:
@@ -426,7 +462,7 @@ def _registered_worktree(repo: Path, *, path: Path | None = None,
 
 def _remove_worktree(repo: Path, worktree: Path | None, branch: str | None) -> None:
     """Remove a task's worktree (by path or by its branch), then prune. Idempotent."""
-    with _worktree_lock(Path(repo).resolve()):
+    with _repo_lock(Path(repo).resolve(), f"removing the worktree of {branch or worktree}"):
         _remove_worktree_locked(repo, worktree, branch)
 
 
@@ -521,39 +557,41 @@ def create_worktree(repo: Path, task_id: str, base_ref: str | None = None, *,
     _ensure_excluded_once(repo)
     path = paths.worktree_path(repo, task_id)
     branch = f"fleet/{task_id}"
-    # An existing folder must be checked here: git would happily fill an empty one.
-    if path.exists() or path.is_symlink() or _branch_exists_fast(repo, branch):
-        if not reset:
-            raise _stale_error(path, branch)
-        _remove_worktree(repo, path, branch)
-        _delete_branch(repo, branch)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise GitError(f"cannot create {path.parent}: {exc.strerror or exc}; move away "
-                       f"whatever is at {paths.work_dir(repo)}") from None
-    for again in (True, False):
-        with _worktree_lock(repo):
-            status, _, err = _run(repo, "worktree", "add", "-b", branch, str(path),
-                                  base_commit, check=False)
-        if status == 0:
-            break
-        # git refused: the path may still be registered (its folder deleted by hand and
-        # not pruned), which is stale like the folder itself; else something went wrong
-        stale = _registered_worktree(repo, path=path) is not None
-        if stale and reset and again:
+    # One process at a time adds, removes or merges in a repository (repolock): the
+    # stale check and the add are one step, so two starts of one task cannot race.
+    with _repo_lock(repo, f"creating the worktree of {branch}"):
+        # An existing folder must be checked here: git would happily fill an empty one.
+        if path.exists() or path.is_symlink() or _branch_exists_fast(repo, branch):
+            if not reset:
+                raise _stale_error(path, branch)
             _remove_worktree(repo, path, branch)
             _delete_branch(repo, branch)
-            continue
-        if stale:
-            raise _stale_error(path, branch)
-        with contextlib.suppress(GitError):
-            _remove_worktree(repo, path, None)
-            _delete_branch(repo, branch)  # it did not exist before this call
-        if _rev(repo, base_commit) is None:
-            raise _unknown_base(repo, base_ref or "HEAD")
-        raise GitError(f"could not create the worktree {path}: {_first_line(err)}")
-    verify_worktree(path, branch)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise GitError(f"cannot create {path.parent}: {exc.strerror or exc}; move away "
+                           f"whatever is at {paths.work_dir(repo)}") from None
+        for again in (True, False):
+            status, _, err = _run(repo, "worktree", "add", "-b", branch, str(path),
+                                  base_commit, check=False)
+            if status == 0:
+                break
+            # git refused: the path may still be registered (its folder deleted by hand and
+            # not pruned), which is stale like the folder itself; else something went wrong
+            stale = _registered_worktree(repo, path=path) is not None
+            if stale and reset and again:
+                _remove_worktree(repo, path, branch)
+                _delete_branch(repo, branch)
+                continue
+            if stale:
+                raise _stale_error(path, branch)
+            with contextlib.suppress(GitError):
+                _remove_worktree(repo, path, None)
+                _delete_branch(repo, branch)  # it did not exist before this call
+            if _rev(repo, base_commit) is None:
+                raise _unknown_base(repo, base_ref or "HEAD")
+            raise GitError(f"could not create the worktree {path}: {_first_line(err)}")
+        verify_worktree(path, branch)
     return WorktreeInfo(path=path, branch=branch, base_commit=base_commit,
                         base_branch=base_branch)
 
@@ -692,11 +730,15 @@ _STATUS: dict[str, FileStatus] = {"A": "added", "C": "added", "D": "deleted", "M
                                   "R": "renamed", "T": "modified", "U": "modified"}
 
 
-def diff(worktree: Path, base_commit: str) -> Diff:
+def diff(worktree: Path, base_commit: str, *, secrets: Sequence[str] = ()) -> Diff:
     """The worktree against its base: committed, uncommitted and untracked changes.
 
     Untracked files are marked intent-to-add in a temporary copy of the index, so two git
     calls cover every file and the worktree's own index is never touched.
+
+    ``secrets`` (the API key): files whose new content holds one are listed in
+    ``Diff.secret_paths`` and the key is replaced by REDACTED in the patch. The scan reads
+    the patch already in hand (its added lines) and, for binary files only, the file.
     """
     worktree = Path(worktree)
     if not worktree.is_dir():
@@ -721,7 +763,69 @@ def diff(worktree: Path, base_commit: str) -> Diff:
         file_patch = chunks[index] if aligned and not binary else ""
         files.append(FileDiff(path=path, status=status, added=added, deleted=deleted,
                               patch=file_patch, old_path=old, binary=binary))
-    return Diff(files=files, patch=patch)
+    result = Diff(files=files, patch=patch)
+    needles = _needles(secrets)
+    if needles:
+        _mark_secrets(worktree, result, needles, aligned)
+    return result
+
+
+def mark_secrets(worktree: Path, result: Diff, secrets: Sequence[str]) -> None:
+    """What diff(secrets=...) does, for a Diff made without them: fill ``secret_paths``
+    and hide the key in the patches (the engine resolves the key while git diff runs)."""
+    needles = _needles(secrets)
+    if needles:
+        aligned = all(f.patch or f.binary for f in result.files)
+        _mark_secrets(Path(worktree), result, needles, aligned)
+
+
+def _needles(secrets: Sequence[str]) -> list[str]:
+    """The secrets worth looking for (a very short one would match everywhere)."""
+    return sorted({s for s in secrets if len(s) >= SECRET_MIN_LENGTH}, key=len, reverse=True)
+
+
+def _redact(text: str, needles: Sequence[str]) -> str:
+    for needle in needles:
+        text = text.replace(needle, REDACTED)
+    return text
+
+
+def _file_holds(path: Path, needles: Sequence[bytes]) -> bool:
+    """Does the file at path hold one of needles? Read in chunks (a binary may be big)."""
+    overlap = max(len(n) for n in needles) - 1
+    tail = b""
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                window = tail + chunk
+                if any(n in window for n in needles):
+                    return True
+                tail = window[-overlap:] if overlap else b""
+    except OSError:
+        return False
+    return False
+
+
+def _mark_secrets(worktree: Path, result: Diff, needles: list[str], aligned: bool) -> None:
+    """Fill result.secret_paths and redact the key from the patches (see diff())."""
+    in_patch = any(n in result.patch for n in needles)
+    raw = [os.fsencode(n) for n in needles]
+    hits: list[str] = []
+    for f in result.files:
+        if f.status == "deleted":
+            continue
+        if f.binary or (in_patch and not aligned):
+            # no patch text to read (binary), or the patch could not be split per file
+            if _file_holds(worktree / f.path, raw):
+                hits.append(f.path)
+        elif in_patch and any(line.startswith("+") and any(n in line for n in needles)
+                              for line in f.patch.splitlines()):
+            hits.append(f.path)
+    if in_patch:
+        result.patch = _redact(result.patch, needles)
+        for f in result.files:
+            f.patch = _redact(f.patch, needles)
+    result.secret_paths = hits
 
 
 def _status_summary(worktree: Path) -> tuple[bool, bool]:
@@ -781,7 +885,8 @@ def diff_stat(worktree: Path, base_commit: str) -> tuple[int, int]:
 
 
 def _has_uncommitted(worktree: Path) -> bool:
-    out = _out(worktree, "status", "--porcelain", "--untracked-files=all", "-z")
+    out = _out(worktree, "--no-optional-locks", "status", "--porcelain",
+               "--untracked-files=all", "-z")
     return bool(out.strip("\0"))
 
 
@@ -801,17 +906,166 @@ def _snapshot_commit(worktree: Path) -> str:
                 env=ident, what="git commit-tree").strip()
 
 
-def _merge_tree(repo: Path, base_tip: str, side: str) -> list[str] | None:
-    """Conflicting paths of merging ``side`` into ``base_tip`` (None: clean). No checkout."""
+def check_identity(repo: Path) -> str | None:
+    """None when git can make commits in repo; else one sentence saying how to fix it.
+
+    `git var GIT_COMMITTER_IDENT` (and the author's) fail exactly when `git commit` would:
+    no user.name/user.email and none that git can guess, or `user.useConfigOnly` without
+    them. The merge commits (the worker's changes, then the merge), so it asks first.
+    """
+    for var in ("GIT_COMMITTER_IDENT", "GIT_AUTHOR_IDENT"):
+        status, _, _ = _run(Path(repo), "var", var, check=False)
+        if status != 0:
+            return (f"git does not know who you are in {repo}, so it cannot make the merge "
+                    "commit; set it with `git config --global user.name \"Your Name\"` and "
+                    "`git config --global user.email you@example.com` (or without --global "
+                    "for this repository only), then merge again")
+    return None
+
+
+@dataclass
+class _Refused:
+    """Why a merge would not (or did not) happen; nothing was changed."""
+
+    kind: str  # as ConflictPreview.reason, plus "gone" (the task branch does not exist)
+    message: str
+    paths: list[str] = field(default_factory=list)
+    uncommitted: bool = False
+
+
+@dataclass
+class _Plan:
+    """A merge that was checked: ``side`` (the branch tip, or a snapshot commit of the
+    worktree's uncommitted changes) merges into ``base_tip`` as ``tree``."""
+
+    base_tip: str
+    side: str
+    tree: str
+    worktree: Path | None
+    uncommitted: bool
+
+
+def _merge_tree(repo: Path, base_tip: str, side: str) -> tuple[str, list[str]]:
+    """(tree, conflicting paths) of merging ``side`` into ``base_tip``. No checkout."""
     status, out, err = _run(repo, "merge-tree", "--write-tree", "--name-only", "--no-messages",
                             base_tip, side, check=False)
-    if status == 0:
-        return None
-    if status == 1:
-        lines = [line for line in out.splitlines()[1:] if line.strip()]
-        return sorted(set(lines))
+    lines = out.splitlines()
+    if status in (0, 1) and lines:
+        conflicts = sorted({line for line in lines[1:] if line.strip()}) if status else []
+        return lines[0].strip(), conflicts
     raise GitError(f"git merge-tree failed: {_first_line(err) or 'exit ' + str(status)} "
                    "(fleet-tui needs git 2.38 or newer)")
+
+
+def _tree_changes(repo: Path, base_tip: str, tree: str) -> list[tuple[str, str, str]]:
+    """(status letter, path, new object id) of every path the merge changes in the base."""
+    out = _out(repo, "diff-tree", "-r", "-z", "--no-renames", "--no-abbrev", "--raw",
+               base_tip, tree, what="git diff-tree")
+    tokens = out.split("\0")
+    changes: list[tuple[str, str, str]] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token.startswith(":") and i + 1 < len(tokens):
+            fields = token[1:].split()
+            if len(fields) >= 5:
+                changes.append((fields[4][0], tokens[i + 1], fields[3]))
+            i += 2
+        else:
+            i += 1
+    return changes
+
+
+def _in_the_way(repo: Path, changes: list[tuple[str, str, str]]) -> list[str]:
+    """Paths the merge would write that exist in the main checkout but are not tracked
+    there (untracked or ignored): `git merge` overwrites an ignored file without a word.
+
+    Only added paths can be such: a modified one is tracked in the base, and the main
+    checkout is on the base with no changes. A new file whose folder exists as an
+    untracked file (or link) is in the way too.
+    """
+    removed = {path for letter, path, _ in changes if letter == "D"}
+    found: set[str] = set()
+    for letter, path, _ in changes:
+        if letter != "A":
+            continue
+        if os.path.lexists(repo / path):
+            found.add(path)
+            continue
+        parts = path.split("/")
+        for n in range(1, len(parts)):
+            prefix = "/".join(parts[:n])
+            if prefix in removed:
+                break  # a tracked file the merge replaces by a folder: git handles it
+            where = repo / prefix
+            if not os.path.lexists(where):
+                break
+            if os.path.islink(where) or not os.path.isdir(where):
+                found.add(prefix)
+                break
+    return sorted(found)
+
+
+def _objects_holding(repo: Path, oids: list[str], needles: Sequence[bytes]) -> dict[str, str]:
+    """{object id: type} of the objects whose content holds one of needles, read through
+    one `git cat-file --batch` (GitPython's), in chunks."""
+    if not oids or not needles:
+        return {}
+    overlap = max(len(n) for n in needles) - 1
+    gitpython = _gitpython()
+    runner = gitpython.Git(str(repo))
+    found: dict[str, str] = {}
+    try:
+        for oid in oids:
+            _, kind, _, stream = runner.stream_object_data(oid)
+            tail = b""
+            hit = False
+            while chunk := stream.read(1 << 20):
+                if hit:
+                    continue  # read it to the end: the batch process stays in step
+                window = tail + chunk
+                hit = any(n in window for n in needles)
+                tail = window[-overlap:] if overlap else b""
+            if hit:
+                found[oid] = kind.decode() if isinstance(kind, bytes) else str(kind)
+    except (gitpython.GitCommandError, ValueError, OSError) as exc:
+        raise GitError(f"could not read the branch's objects: {exc}") from None
+    finally:
+        runner.clear_cache()
+    return found
+
+
+def _secret_hits(repo: Path, base_tip: str, side: str, changes: list[tuple[str, str, str]],
+                 needles: Sequence[str], *, history: bool) -> tuple[list[str], list[str]]:
+    """(paths whose merged content holds a needle, further places in the branch's history
+    that hold one). History counts for a real merge: its commits land in the base."""
+    final: dict[str, list[str]] = {}
+    for letter, path, oid in changes:
+        if letter != "D" and oid.strip("0"):
+            final.setdefault(oid, []).append(path)
+    earlier: dict[str, str] = {}
+    if history:
+        out = _out(repo, "rev-list", "--objects", side, "--not", base_tip,
+                   what="git rev-list")
+        for line in out.splitlines():
+            oid, _, name = line.partition(" ")
+            if oid and oid not in final:
+                earlier[oid] = name
+    hits = _objects_holding(repo, [*final, *earlier], [n.encode() for n in needles])
+    in_result = sorted({p for oid in hits if oid in final for p in final[oid]})
+    in_history = sorted({earlier[oid] or (f"the message of commit {oid[:10]}"
+                                         if kind == "commit" else "a folder listing")
+                         for oid, kind in hits.items() if oid in earlier})
+    return in_result, in_history
+
+
+def _shown(paths: Sequence[str], limit: int = 5) -> str:
+    return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more"
+                                       if len(paths) > limit else "")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def _worktree_of(repo: Path, worktree: Path | None, branch: str) -> Path | None:
@@ -820,40 +1074,112 @@ def _worktree_of(repo: Path, worktree: Path | None, branch: str) -> Path | None:
     return _registered_worktree(repo, branch=branch)
 
 
-def conflict_preview(repo: Path, branch: str, base_branch: str, *,
-                     worktree: Path | None = None) -> ConflictPreview:
-    """Would ``branch`` (with its worktree's uncommitted changes) merge cleanly into
-    ``base_branch``'s current tip? Uses ``git merge-tree``; touches no working tree.
+def _merge_plan(repo: Path, worktree: Path | None, branch: str, base_branch: str, *,
+                secrets: Sequence[str], strategy: str) -> _Plan | _Refused:
+    """Everything that decides whether a merge may happen, cheapest first; changes nothing.
+
+    The conflict preview and merge() both use it, so the preview refuses what the merge
+    would (and the merge refuses before its test command runs).
     """
-    repo = Path(repo)
     base_tip = _rev(repo, f"refs/heads/{base_branch}")
     if base_tip is None:
         raise GitError(f"the base branch {base_branch!r} does not exist in {repo}")
-    side = _rev(repo, f"refs/heads/{branch}")
-    if side is None:
-        raise GitError(f"the task branch {branch!r} does not exist (discarded or merged?)")
+    tip = _rev(repo, f"refs/heads/{branch}")
+    if tip is None:
+        return _Refused("gone", f"the task branch {branch} no longer exists (already merged "
+                        "or discarded); nothing to do")
+    problem = check_identity(repo)
+    if problem:
+        return _Refused("identity", problem)
+    on = current_branch(repo)
+    if on != base_branch:
+        return _Refused("checkout", (
+            f"the main checkout {repo} is on {on or 'a detached HEAD'}, not on {base_branch}; "
+            f"switch to it (`git switch {base_branch}`) and merge again"))
+    dirty = _dirty_paths(repo)
+    if dirty:
+        return _Refused("checkout", (
+            f"the main checkout {repo} has uncommitted changes ({_shown(dirty)}); commit or "
+            "stash them, then merge again"))
     wt = _worktree_of(repo, worktree, branch)
-    uncommitted = wt is not None and _has_uncommitted(wt)
-    if wt is not None and uncommitted:
-        side = _snapshot_commit(wt)
-    conflicts = _merge_tree(repo, base_tip, side)
+    uncommitted = False
+    side = tip
+    if wt is not None:
+        verify_worktree(wt, branch)
+        uncommitted = _has_uncommitted(wt)
+        if uncommitted:
+            side = _snapshot_commit(wt)
+    status, _, _ = _run(repo, "merge-base", "--is-ancestor", side, base_tip, check=False)
+    if status == 0:
+        return _Refused("nothing", f"{branch} has no changes that {base_branch} lacks; "
+                        "nothing to merge (discard the task)", uncommitted=uncommitted)
+    tree, conflicts = _merge_tree(repo, base_tip, side)
+    if conflicts:
+        return _Refused("conflicts", (
+            f"{branch} conflicts with {base_branch} in {_plural(len(conflicts), 'file')}: "
+            f"{_shown(conflicts)}; rebase or fix it in the worktree, or discard the task"),
+            conflicts, uncommitted)
+    if tree == _out(repo, "rev-parse", f"{base_tip}^{{tree}}").strip():
+        return _Refused("nothing", f"the changes of {branch} are already in {base_branch}; "
+                        "nothing to merge (discard the task)", uncommitted=uncommitted)
+    changes = _tree_changes(repo, base_tip, tree)
+    blocked = _in_the_way(repo, changes)
+    if blocked:
+        them = "it" if len(blocked) == 1 else "them"
+        files = _plural(len(blocked), "untracked or ignored file")
+        return _Refused("overwrite", (
+            f"merging {branch} would overwrite {files} of the main checkout {repo}: "
+            f"{_shown(blocked)}; move {them} away (or commit {them}), then merge again"),
+            blocked, uncommitted)
+    needles = _needles(secrets)
+    if needles:
+        in_result, in_history = _secret_hits(repo, base_tip, side, changes, needles,
+                                             history=strategy == "merge")
+        if in_result:
+            return _Refused("secret", (
+                f"the changes of {branch} contain the API key in: {_shown(in_result)}; "
+                "remove it before merging"), in_result, uncommitted)
+        if in_history:
+            return _Refused("secret", (
+                f"an earlier commit of {branch} contains the API key in: "
+                f"{_shown(in_history)}; a merge would copy it into the history of "
+                f"{base_branch}: remove it from the branch's commits, or discard the task"),
+                in_history, uncommitted)
+    return _Plan(base_tip=base_tip, side=side, tree=tree, worktree=wt,
+                 uncommitted=uncommitted)
+
+
+def conflict_preview(repo: Path, branch: str, base_branch: str, *,
+                     worktree: Path | None = None, secrets: Sequence[str] = (),
+                     strategy: str = "merge") -> ConflictPreview:
+    """Would ``branch`` (with its worktree's uncommitted changes) merge into
+    ``base_branch``'s current tip right now? The same checks as merge() (identity, main
+    checkout, emptiness, conflicts via `git merge-tree`, paths in the way, the API key),
+    without the test command; touches no working tree and takes no lock.
+    """
+    repo = Path(repo)
+    plan = _merge_plan(repo, worktree, branch, base_branch, secrets=secrets,
+                       strategy=strategy)
+    if isinstance(plan, _Refused):
+        if plan.kind == "gone":
+            raise GitError(f"the task branch {branch!r} does not exist (discarded or merged?)")
+        return ConflictPreview(
+            clean=False, conflicts=plan.paths if plan.kind == "conflicts" else [],
+            message=plan.message, uncommitted=plan.uncommitted, reason=plan.kind,
+            blocked=plan.paths if plan.kind == "overwrite" else [],
+            secret_paths=plan.paths if plan.kind == "secret" else [])
     note = " (uncommitted changes in the worktree included; merging commits them first)" \
-        if uncommitted else ""
-    if conflicts is None:
-        return ConflictPreview(clean=True, conflicts=[], uncommitted=uncommitted,
-                               message=f"{branch} merges cleanly into {base_branch}{note}")
-    shown = ", ".join(conflicts[:5]) + (f" and {len(conflicts) - 5} more"
-                                        if len(conflicts) > 5 else "")
-    return ConflictPreview(
-        clean=False, conflicts=conflicts, uncommitted=uncommitted,
-        message=(f"{branch} conflicts with {base_branch} in {len(conflicts)} file"
-                 f"{'s' if len(conflicts) != 1 else ''}: {shown}{note}; rebase or fix it in "
-                 "the worktree, or discard the task"))
+        if plan.uncommitted else ""
+    return ConflictPreview(clean=True, conflicts=[], uncommitted=plan.uncommitted,
+                           message=f"{branch} merges cleanly into {base_branch}{note}")
 
 
 def _dirty_paths(repo: Path) -> list[str]:
-    """Tracked changes in the main checkout (untracked files and .fleet-work/ ignored)."""
-    out = _out(repo, "status", "--porcelain", "--untracked-files=no", "-z")
+    """Tracked changes in the main checkout (untracked files and .fleet-work/ ignored).
+    --no-optional-locks: the preview runs this beside merges of other processes, and must
+    not take the index lock a `git merge` needs."""
+    out = _out(repo, "--no-optional-locks", "status", "--porcelain", "--untracked-files=no",
+               "-z")
     result = []
     for entry in out.split("\0"):
         if len(entry) > 3:
@@ -863,30 +1189,65 @@ def _dirty_paths(repo: Path) -> list[str]:
     return result
 
 
-def _run_test(command: str, cwd: Path, timeout: float) -> tuple[bool, str]:
-    """Run the user's test command in a shell in cwd; (passed, combined output tail)."""
-    env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
+_GATE_BOOT = ("import sys; sys.path.insert(0, {root!r}); "
+              "from fleet_tui.testgate import main; raise SystemExit(main(sys.argv[1:]))")
+
+
+def _read_tail(fh: IO[bytes], limit: int) -> str:
+    fh.seek(0, os.SEEK_END)
+    size = fh.tell()
+    fh.seek(max(0, size - limit))
+    text = fh.read().decode("utf-8", "replace")
+    return ("[... output cut ...]\n" + text) if size > limit else text
+
+
+def _stop_gate(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the test gate (it stops what the command started), SIGKILL as a last resort."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
     try:
-        proc = subprocess.Popen(command, shell=True, cwd=cwd, env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    except OSError as exc:
-        return False, f"cannot run the test command: {exc.strerror or exc}"
-    try:
-        out, _ = proc.communicate(timeout=timeout if timeout > 0 else None)
-        timed_out = False
+        proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        timed_out = True
-    text = out.decode("utf-8", "replace")
-    if len(text) > _TEST_OUTPUT_LIMIT:
-        text = "[... output cut ...]\n" + text[-_TEST_OUTPUT_LIMIT:]
+        procs.signal_tree(proc.pid, signal.SIGKILL, groups=[proc.pid])
+        proc.wait()
+
+
+def _run_test(command: str, cwd: Path, timeout: float,
+              secrets: Sequence[str] = ()) -> tuple[bool, str]:
+    """Run the user's test command in a shell in cwd; (passed, combined output tail).
+
+    Through fleet_tui.testgate: the command gets a session of its own, its output goes to a
+    file (a daemon that inherits it cannot hold the merge up), the merge waits for the
+    shell only, and whatever the command leaves running is stopped when it exits or times
+    out. The key is kept out of its environment.
+    """
+    needles = _needles(secrets)
+    env = {k: v for k, v in os.environ.items()
+           if k not in _SECRET_ENV and not any(n in v for n in needles)}
+    boot = _GATE_BOOT.format(root=str(Path(__file__).resolve().parent.parent))
+    with tempfile.TemporaryFile(prefix="fleet-test-") as out:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-c", boot, str(os.getpid()), command], cwd=cwd,
+                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        except OSError as exc:
+            return False, f"cannot run the test command: {exc.strerror or exc}"
+        timed_out = False
+        try:
+            code = proc.wait(timeout=timeout if timeout > 0 else None)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _stop_gate(proc)
+            code = proc.returncode
+        except BaseException:
+            _stop_gate(proc)  # Ctrl-C: nothing of the test may outlive the merge
+            raise
+        text = _read_tail(out, _TEST_OUTPUT_LIMIT)
     if timed_out:
         return False, text + f"\n[test command timed out after {timeout:g} s]\n"
-    if proc.returncode != 0:
-        return False, text + f"\n[test command exited with status {proc.returncode}]\n"
+    if code != 0:
+        return False, text + f"\n[test command exited with status {code}]\n"
     return True, text
 
 
@@ -902,81 +1263,150 @@ def _commit_args(message: str, trailers: Mapping[str, str]) -> list[str]:
             _with_trailers(message, trailers)]
 
 
-def merge(repo: Path, worktree: Path | None, branch: str, base_branch: str, *, message: str,
-          trailers: Mapping[str, str] | None = None, test_command: str | None = None,
-          strategy: str = "merge", test_timeout: float = 600.0) -> MergeResult:
-    """Land a task: test, commit its worktree, merge into ``base_branch``, clean up.
+def _refused_result(refusal: _Refused, test_output: str | None = None) -> MergeResult:
+    return MergeResult(False, None, refusal.message, test_output,
+                       refusal.paths if refusal.kind == "conflicts" else [])
 
-    Refuses (merged=False, the reason in ``message``) when the main checkout is dirty or not
-    on ``base_branch``, when the test command fails, or on conflicts; in each case the main
-    checkout is left exactly as it was. After a merge the worktree goes first, then the branch.
+
+# Files a merge attempt may write into the main checkout's git dir; a failed one leaves
+# them as they were before it.
+_MERGE_STATE_FILES = ("ORIG_HEAD", "MERGE_HEAD", "MERGE_MSG", "MERGE_MODE", "SQUASH_MSG",
+                      "AUTO_MERGE")
+
+
+@dataclass
+class _MainState:
+    """The main checkout just before `git merge`: what a rollback must give back."""
+
+    git_dir: Path
+    head: str
+    status: str
+    files: dict[str, bytes | None]
+
+
+def _main_git_dir(repo: Path) -> Path:
+    git_dir = _git_dir_of(repo)
+    if git_dir is not None and (git_dir / "HEAD").is_file():
+        return git_dir
+    return Path(_out(repo, "rev-parse", "--path-format=absolute", "--git-dir").strip())
+
+
+def _status_all(repo: Path) -> str:
+    return _out(repo, "--no-optional-locks", "status", "--porcelain", "-z",
+                "--untracked-files=all", what="git status")
+
+
+def _main_state(repo: Path) -> _MainState:
+    git_dir = _main_git_dir(repo)
+    files: dict[str, bytes | None] = {}
+    for name in _MERGE_STATE_FILES:
+        try:
+            files[name] = (git_dir / name).read_bytes()
+        except OSError:
+            files[name] = None
+    return _MainState(git_dir=git_dir, head=_out(repo, "rev-parse", "HEAD").strip(),
+                      status=_status_all(repo), files=files)
+
+
+def _put_back(git_dir: Path, files: Mapping[str, bytes | None]) -> None:
+    for name, content in files.items():
+        path = git_dir / name
+        with contextlib.suppress(OSError):
+            if content is None:
+                path.unlink(missing_ok=True)
+            elif not path.exists() or path.read_bytes() != content:
+                path.write_bytes(content)
+
+
+def _roll_back(repo: Path, before: _MainState) -> tuple[bool, str]:
+    """Undo a failed `git merge` in the main checkout; (verified restored, what is not).
+
+    Never resets to a commit other than the HEAD the merge started from: if HEAD moved
+    (another program committed meanwhile), nothing is reset and that is said.
     """
-    repo = Path(repo).resolve()
-    trailers = dict(trailers or {})
-    if strategy not in ("merge", "squash"):
-        raise GitError(f"unknown merge strategy {strategy!r}: use merge or squash")
-    title = message.strip() or f"fleet task {branch}"
-    base_tip = _rev(repo, f"refs/heads/{base_branch}")
-    if base_tip is None:
-        raise GitError(f"the base branch {base_branch!r} does not exist in {repo}")
-    if _rev(repo, f"refs/heads/{branch}") is None:
-        # Already merged (or discarded): a second merge is a no-op, not an error.
-        return MergeResult(False, None, f"the task branch {branch} no longer exists (already "
-                           "merged or discarded); nothing to do")
-    on = current_branch(repo)
-    if on != base_branch:
-        return MergeResult(False, None, (
-            f"the main checkout {repo} is on {on or 'a detached HEAD'}, not on {base_branch}; "
-            f"switch to it (`git switch {base_branch}`) and merge again"))
-    dirty = _dirty_paths(repo)
-    if dirty:
-        shown = ", ".join(dirty[:5]) + (" ..." if len(dirty) > 5 else "")
-        return MergeResult(False, None, (
-            f"the main checkout {repo} has uncommitted changes ({shown}); commit or stash "
-            "them, then merge again"))
-    ensure_excluded(repo)
-    wt = _worktree_of(repo, worktree, branch)
-    if wt is not None:
-        verify_worktree(wt, branch)
-    test_output: str | None = None
-    if test_command:
-        cwd = wt if wt is not None else repo
-        passed, test_output = _run_test(test_command, cwd, test_timeout)
-        if not passed:
-            return MergeResult(False, None, f"the test command failed in {cwd}; not merged "
-                               "(its output is below)", test_output)
-    if wt is not None and _has_uncommitted(wt):
+    head = _rev(repo, "HEAD")
+    if head != before.head:
+        return False, (f"HEAD is now {head[:10] if head else 'unreadable'}, not "
+                       f"{before.head[:10]} (another program changed it meanwhile), so "
+                       "fleet-tui reset nothing; look at `git status` and `git log`")
+    if (before.git_dir / "MERGE_HEAD").exists() and before.files["MERGE_HEAD"] is None:
+        _run(repo, "merge", "--abort", check=False)
+    if _status_all(repo) != before.status and _rev(repo, "HEAD") == before.head:
+        _run(repo, "reset", "--merge", check=False)  # to that same HEAD: the merge's index
+    if not (before.git_dir / "MERGE_HEAD").exists():  # never hide a merge in progress
+        _put_back(before.git_dir, before.files)
+    problems = []
+    head = _rev(repo, "HEAD")
+    if head != before.head:
+        problems.append(f"HEAD is {head[:10] if head else 'unreadable'}, not "
+                        f"{before.head[:10]}")
+    if (before.git_dir / "MERGE_HEAD").exists() and before.files["MERGE_HEAD"] is None:
+        problems.append("a merge is still in progress (MERGE_HEAD)")
+    now = _status_all(repo)
+    if now != before.status:
+        changed = sorted(set(now.split("\0")) ^ set(before.status.split("\0")))
+        problems.append(f"`git status` shows {_shown([c for c in changed if c], 3)}")
+    return not problems, "; ".join(problems)
+
+
+def _merge_failure(text: str) -> str:
+    """git merge's reason, with the files it names ("... would be overwritten by merge:"
+    lists them on the following lines)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if "would be overwritten by merge" in line or "would be removed by merge" in line:
+            names = []
+            for follow in lines[i + 1:]:
+                if not follow.startswith(("\t", " ")) or not follow.strip():
+                    break
+                names.append(follow.strip())
+            head = line.strip().removeprefix("error: ").rstrip(":").strip()
+            return f"{head}: {_shown(names, 10)}" if names else head
+    return _first_line(text) or "git merge failed"
+
+
+def _land(repo: Path, plan: _Plan, branch: str, base_branch: str, *, title: str,
+          trailers: Mapping[str, str], strategy: str, secrets: Sequence[str],
+          test_output: str | None) -> MergeResult:
+    """Commit the worker's changes, merge, clean up; under the repository lock."""
+    wt = plan.worktree
+    if plan.uncommitted and wt is not None:
+        checked = _out(repo, "rev-parse", f"{plan.side}^{{tree}}").strip()
         _run(wt, "add", "-A", "--", ".", what="staging the worker's changes")
         _run(wt, *_commit_args(title, trailers), what="committing the worker's changes")
-    side = _out(repo, "rev-parse", f"refs/heads/{branch}").strip()
-    status, _, _ = _run(repo, "merge-base", "--is-ancestor", side, base_tip, check=False)
-    if status == 0:
-        return MergeResult(False, None, f"{branch} has no changes that {base_branch} lacks; "
-                           "nothing to merge (discard the task)", test_output)
-    conflicts = _merge_tree(repo, base_tip, side)
-    if conflicts:
+        tip = _out(repo, "rev-parse", f"refs/heads/{branch}").strip()
+        if _out(repo, "rev-parse", f"{tip}^{{tree}}").strip() == checked:
+            plan = _Plan(plan.base_tip, tip, plan.tree, wt, uncommitted=False)
+        else:  # the worktree changed after it was checked: check what was committed
+            again = _merge_plan(repo, wt, branch, base_branch, secrets=secrets,
+                                strategy=strategy)
+            if isinstance(again, _Refused):
+                return _refused_result(again, test_output)
+            plan = again
+    before = _main_state(repo)
+    if before.head != plan.base_tip:
         return MergeResult(False, None, (
-            f"{branch} conflicts with {base_branch} in: {', '.join(conflicts[:5])}; nothing "
-            "was changed in the main checkout"), test_output, conflicts)
+            f"{base_branch} moved to {before.head[:10]} while the merge was being checked; "
+            "nothing was merged, try again"), test_output)
     head_title = title.splitlines()[0]
     if strategy == "merge":
         merge_msg = _with_trailers(f"Merge {branch}: {head_title}", trailers)
         args = ["merge", "--no-ff", "--no-verify", "--no-edit", "-m", merge_msg]
-        status, _, err = _run(repo, *args, "--end-of-options", branch, check=False)
+        status, out, err = _run(repo, *args, "--end-of-options", plan.side, check=False)
     else:
-        status, _, err = _run(repo, "merge", "--squash", "--end-of-options", branch,
-                              check=False)
+        status, out, err = _run(repo, "merge", "--squash", "--end-of-options", plan.side,
+                                check=False)
         if status == 0:
-            status, _, err = _run(repo, *_commit_args(title, trailers), check=False)
+            status, out, err = _run(repo, *_commit_args(title, trailers), check=False)
     if status != 0:
-        found = _out(repo, "diff", "--name-only", "--diff-filter=U").split()
-        if strategy == "merge" and _git_path(repo, "MERGE_HEAD").exists():
-            _run(repo, "merge", "--abort", check=False)
-        else:
-            _run(repo, "reset", "--merge", check=False)
+        reason = _merge_failure(err or out)
+        _, conflicted, _ = _run(repo, "diff", "--name-only", "--diff-filter=U", check=False)
+        restored, problem = _roll_back(repo, before)
+        where = ("the main checkout was restored (HEAD, index and files checked)" if restored
+                 else f"the main checkout is NOT as it was: {problem}")
         return MergeResult(False, None, (
-            f"merging {branch} into {base_branch} failed: {_first_line(err)}; the main "
-            "checkout was restored"), test_output, sorted(found))
+            f"merging {branch} into {base_branch} failed: {reason}; {where}"), test_output,
+            sorted(set(conflicted.split())))
     commit = _out(repo, "rev-parse", "HEAD").strip()
     _remove_worktree(repo, wt, branch)
     _delete_branch(repo, branch)
@@ -984,8 +1414,59 @@ def merge(repo: Path, worktree: Path | None, branch: str, base_branch: str, *, m
                        test_output)
 
 
+def merge(repo: Path, worktree: Path | None, branch: str, base_branch: str, *, message: str,
+          trailers: Mapping[str, str] | None = None, test_command: str | None = None,
+          strategy: str = "merge", test_timeout: float = 600.0,
+          secrets: Sequence[str] = ()) -> MergeResult:
+    """Land a task: check, test, commit its worktree, merge into ``base_branch``, clean up.
+
+    Refuses (merged=False, the reason in ``message``) when git has no identity, when the
+    main checkout is dirty or not on ``base_branch``, when there is nothing to merge, on
+    conflicts, when the merge would overwrite an untracked or ignored file of the main
+    checkout, when the changes hold one of ``secrets`` (the API key), and when the test
+    command fails, in that order (the test last); in each case the main checkout is left
+    exactly as it was. Everything but the test runs under the repository lock, and all is
+    checked again after the test. After a merge the worktree goes first, then the branch.
+    """
+    repo = Path(repo).resolve()
+    trailers = dict(trailers or {})
+    if strategy not in ("merge", "squash"):
+        raise GitError(f"unknown merge strategy {strategy!r}: use merge or squash")
+    title = message.strip() or f"fleet task {branch}"
+    what = f"merging {branch} into {base_branch}"
+
+    def check() -> _Plan | _Refused:
+        return _merge_plan(repo, worktree, branch, base_branch, secrets=secrets,
+                           strategy=strategy)
+
+    def land(plan: _Plan, test_output: str | None) -> MergeResult:
+        return _land(repo, plan, branch, base_branch, title=title, trailers=trailers,
+                     strategy=strategy, secrets=secrets, test_output=test_output)
+
+    with _repo_lock(repo, what):
+        ensure_excluded(repo)
+        plan = check()
+        if isinstance(plan, _Refused):
+            return _refused_result(plan)
+        if not test_command:
+            return land(plan, None)
+    # The test runs last and without the lock (it may take minutes; other merges and
+    # worker starts need not wait); then everything is checked again.
+    cwd = plan.worktree if plan.worktree is not None else repo
+    passed, test_output = _run_test(test_command, cwd, test_timeout, secrets)
+    if not passed:
+        return MergeResult(False, None, f"the test command failed in {cwd}; not merged "
+                           "(its output is below)", test_output)
+    with _repo_lock(repo, what):
+        plan = check()
+        if isinstance(plan, _Refused):
+            return _refused_result(plan, test_output)
+        return land(plan, test_output)
+
+
 def discard(repo: Path, worktree: Path | None, branch: str) -> None:
     """Remove a task's worktree, then its branch, without merging. Idempotent."""
     repo = Path(repo).resolve()
-    _remove_worktree(repo, Path(worktree) if worktree is not None else None, branch)
-    _delete_branch(repo, branch)
+    with _repo_lock(repo, f"discarding {branch}"):
+        _remove_worktree(repo, Path(worktree) if worktree is not None else None, branch)
+        _delete_branch(repo, branch)

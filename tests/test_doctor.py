@@ -68,7 +68,7 @@ def test_json_reports_every_check(setup: Path, key: str) -> None:
     report = as_json(result)
     checks = by_check(report)
     assert list(checks) == ["settings", "claude", "key", "config_dir", "root", "host_login",
-                            "git", "fleet_work_ignored"]
+                            "git", "fleet_work_ignored", "git_identity"]
     assert all(set(row) == {"check", "status", "detail"} for row in report["data"])
     assert all(row["status"] == "ok" for row in report["data"]), report
     assert checks["key"]["detail"] == "found in ZHIPU_API_KEY"

@@ -19,9 +19,13 @@ def git(cwd: Path, *args: str) -> str:
                           text=True).stdout
 
 
-def snapshot(repo: Path) -> tuple[dict[str, str], str, str, str]:
-    """Hash of every file in the main checkout (outside .git and .fleet-work), its status,
-    its HEAD and the entries of its index, so "unchanged" can be checked byte for byte."""
+GIT_STATE_FILES = ("MERGE_HEAD", "ORIG_HEAD", "MERGE_MSG", "SQUASH_MSG", "MERGE_MODE")
+
+
+def snapshot(repo: Path) -> tuple[dict[str, str], str, str, str, dict[str, str | None]]:
+    """Hash of every file in the main checkout (outside .git and .fleet-work, ignored files
+    included), its status, its HEAD, the entries of its index and the merge-state files of
+    its git dir (MERGE_HEAD, ORIG_HEAD, ...), so "unchanged" can be checked byte for byte."""
     files: dict[str, str] = {}
     for path in sorted(repo.rglob("*")):
         rel = path.relative_to(repo)
@@ -31,7 +35,9 @@ def snapshot(repo: Path) -> tuple[dict[str, str], str, str, str]:
     status = git(repo, "status", "--porcelain", "--untracked-files=all")
     head = git(repo, "rev-parse", "HEAD")
     index = git(repo, "ls-files", "--stage")
-    return files, status, head, index
+    state = {name: ((repo / ".git" / name).read_text() if (repo / ".git" / name).exists()
+                    else None) for name in GIT_STATE_FILES}
+    return files, status, head, index, state
 
 
 def commit_all(cwd: Path, message: str) -> str:
@@ -457,14 +463,20 @@ def test_merge_ignores_untracked_in_main(git_repo: Path) -> None:
 
 
 def test_merge_blocked_by_untracked_file_in_main(git_repo: Path) -> None:
+    """Finding 11: the refusal names the file and leaves no ORIG_HEAD behind."""
     info = _worker_change(git_repo, "m8")
     (git_repo / "src" / "feature.py").write_text("my own untracked work\n")
     before = snapshot(git_repo)
+    assert before[4]["ORIG_HEAD"] is None
+    preview = fgit.conflict_preview(git_repo, info.branch, "main", worktree=info.path)
+    assert not preview.clean and preview.reason == "overwrite"
+    assert preview.blocked == ["src/feature.py"]
     result = fgit.merge(git_repo, info.path, info.branch, "main", message="x")
     assert not result.merged
-    assert "restored" in result.message and "untracked" in result.message
+    assert "untracked or ignored" in result.message and "src/feature.py" in result.message
     assert snapshot(git_repo) == before
     assert info.path.is_dir()
+    assert git(info.path, "status", "--porcelain")  # the worker's changes stay uncommitted
 
 
 def test_merge_without_git_identity(git_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -476,9 +488,21 @@ def test_merge_without_git_identity(git_repo: Path, monkeypatch: pytest.MonkeyPa
     git(git_repo, "config", "--unset", "user.email")
     git(git_repo, "config", "user.useConfigOnly", "true")
     before = snapshot(git_repo)
-    with pytest.raises(fgit.GitError, match=r"does not know who you are.*user\.email"):
-        fgit.merge(git_repo, info.path, info.branch, "main", message="x")
+    wt_status = git(info.path, "status", "--porcelain")
+    # Finding 8: the preview says so (it said "merges cleanly"), and so does the merge,
+    # before anything is committed anywhere.
+    preview = fgit.conflict_preview(git_repo, info.branch, "main", worktree=info.path)
+    assert not preview.clean and preview.reason == "identity"
+    assert "does not know who you are" in preview.message
+    assert "git config --global user.name" in preview.message
+    assert fgit.check_identity(git_repo) == preview.message
+    result = fgit.merge(git_repo, info.path, info.branch, "main", message="x",
+                        test_command="echo the tests ran")
+    assert not result.merged and result.message == preview.message
+    assert result.test_output is None  # refused before the test
     assert snapshot(git_repo) == before
+    assert git(info.path, "status", "--porcelain") == wt_status
+    assert git(git_repo, "rev-parse", info.branch).strip() == info.base_commit
 
 
 def test_merge_refused_on_other_branch(git_repo: Path) -> None:
@@ -566,13 +590,15 @@ def test_real_merge_conflict_is_rolled_back(git_repo: Path, monkeypatch: pytest.
     (git_repo / "src" / "app.py").write_text("def main():\n    return 'main'\n")
     commit_all(git_repo, "main moved")
     before = snapshot(git_repo)
-    monkeypatch.setattr(fgit, "_merge_tree", lambda *a: None)  # skip the pre-check
+    real = fgit._merge_tree
+    # skip the pre-check: report merge-tree's (conflicted) tree as clean
+    monkeypatch.setattr(fgit, "_merge_tree", lambda *a: (real(*a)[0], []))
     result = fgit.merge(git_repo, info.path, info.branch, "main", message="x",
                         strategy=strategy)
     assert not result.merged
     assert result.conflicts == ["src/app.py"]
-    assert "restored" in result.message
-    assert snapshot(git_repo) == before
+    assert "restored (HEAD, index and files checked)" in result.message
+    assert snapshot(git_repo) == before  # ORIG_HEAD, MERGE_MSG, SQUASH_MSG included
     assert not (git_repo / "added-by-worker.txt").exists()
 
 

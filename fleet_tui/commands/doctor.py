@@ -235,6 +235,29 @@ def _git_checks(env: Mapping[str, str], cwd: Path) -> list[Check]:
     return checks
 
 
+def _git_identity_check(env: Mapping[str, str], cwd: Path) -> Check:
+    """`fleet-tui merge` commits (the worker's changes, then the merge): without a git
+    identity it cannot. `git var GIT_COMMITTER_IDENT` fails exactly when a commit would
+    (user.useConfigOnly included)."""
+    git = which("git", env.get("PATH", os.defpath))
+    if git is None:
+        return Check("git_identity", SKIP, "git not found")
+    run_env = {**env, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    where = cwd if cwd.is_dir() else Path(env.get("HOME") or "/")
+    try:
+        idents = [subprocess.run([git, "var", var], capture_output=True, text=True,
+                                 timeout=10, cwd=where, env=run_env)
+                  for var in ("GIT_COMMITTER_IDENT", "GIT_AUTHOR_IDENT")]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("git_identity", WARN, f"git var did not run: {exc}")
+    if any(r.returncode != 0 for r in idents):
+        return Check("git_identity", WARN, "git does not know who you are, so `fleet-tui "
+                     "merge` cannot commit; set it: git config --global user.name \"Your "
+                     "Name\" && git config --global user.email you@example.com")
+    who = idents[0].stdout.strip().rsplit(" ", 2)[0]  # drop the timestamp and zone
+    return Check("git_identity", OK, f"commits as {who}")
+
+
 def _redact(text: str, secret: str) -> str:
     return text.replace(secret, "<redacted>") if len(secret) >= 6 else text
 
@@ -318,6 +341,7 @@ def run_checks(*, env: Mapping[str, str], cwd: Path, live: bool, timeout: float)
         checks.append(_root_check(settings))
     checks.append(_login_trap_check(env))
     checks.extend(_git_checks(env, cwd))
+    checks.append(_git_identity_check(env, cwd))
     if live:
         if settings is None or not ctx.secret:
             checks.append(Check("live", SKIP, "needs valid settings and a key"))

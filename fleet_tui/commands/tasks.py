@@ -480,9 +480,14 @@ def cmd_diff(argv: list[str]) -> int:
     if not diff.files:
         _err(f"task {fleet.get_task(args.id).id} has no changes")
         return EXIT_OK
+    if diff.secret_paths:
+        _err(f"fleet-tui diff: warning: these files contain the API key (shown as "
+             f"{git.REDACTED}; a merge refuses them): {', '.join(diff.secret_paths)}")
     if args.stat:
+        secret = set(diff.secret_paths)
         for f in diff.files:
-            _out(f"{f.status:<9} +{f.added:<5} -{f.deleted:<5} {f.path}")
+            mark = "  (contains the API key)" if f.path in secret else ""
+            _out(f"{f.status:<9} +{f.added:<5} -{f.deleted:<5} {f.path}{mark}")
     else:
         sys.stdout.write(diff.patch if diff.patch.endswith("\n") or not diff.patch
                          else diff.patch + "\n")
@@ -507,7 +512,9 @@ def cmd_merge(argv: list[str]) -> int:
                          f"(`fleet-tui kill {task.id}`) before you merge it")
     preview = fleet.conflict_preview(task.id)
     if not preview.clean:
-        _err(preview.message)
+        # The merge makes the same checks: refuse now, before asking or running tests.
+        _err(f"fleet-tui merge: not merged: {preview.message}")
+        return EXIT_REFUSED
     _confirm(f"merge {task.id} ({task.title}) +{task.added_lines}/-{task.deleted_lines} "
              f"into {task.base_branch}?", args.yes, "merge")
     result = fleet.merge(task.id, message=args.message, test_command=args.test)
