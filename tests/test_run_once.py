@@ -127,10 +127,15 @@ def assert_ran_once(fleet: Fleet, endpoint: ScriptedEndpoint, task_id: str) -> N
 
 
 @pytest.fixture
-def no_runner_left() -> Iterator[None]:
+def no_runner_left(tmp_path: Path) -> Iterator[None]:
+    """Kill the runners this test left, and only those: their attempt folder is under this
+    test's tmp_path (other tests and other checkouts run runners on the same machine)."""
     yield
+    mine = str(tmp_path)
     for st in procs.all_stats():
-        if "fleet_tui.runner" in procs.cmdline(st.pid) and st.state != "Z":
+        argv = procs.cmdline(st.pid)
+        if ("fleet_tui.runner" in argv and st.state != "Z"
+                and any(arg.startswith(mine) for arg in argv)):
             procs.signal_tree(st.pid, signal.SIGKILL)
 
 
