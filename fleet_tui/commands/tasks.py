@@ -541,14 +541,83 @@ def _until_started(fleet: Fleet, task: Task) -> Task:
     return final
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _work_at_stake(task: Task) -> str | None:
+    """What a fresh retry would throw away (changed files in the worktree, commits on the
+    branch beyond its base), as a short phrase; None when there is nothing."""
+    parts: list[str] = []
+    if task.worktree is not None and Path(task.worktree).is_dir():
+        try:
+            diff = git.diff(Path(task.worktree), task.base_commit)
+        except git.GitError:
+            parts.append("a worktree whose changes could not be read")
+        else:
+            if diff.files:
+                names = ", ".join(f.path for f in diff.files[:3])
+                more = f" and {len(diff.files) - 3} more" if len(diff.files) > 3 else ""
+                added = sum(f.added for f in diff.files)
+                deleted = sum(f.deleted for f in diff.files)
+                parts.append(f"{_plural(len(diff.files), 'changed file')} ({names}{more}; "
+                             f"+{added}/-{deleted})")
+    if task.branch and task.base_commit:
+        count = _git_count(task.repo, "rev-list", "--count",
+                           f"{task.base_commit}..refs/heads/{task.branch}")
+        if count:
+            parts.append(f"{_plural(count, 'commit')} on {task.branch}")
+    return " and ".join(parts) or None
+
+
+def _git_count(repo: Path, *args: str) -> int:
+    """A number git prints (0 when git fails: then there is no such branch to lose)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                             timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    text = out.stdout.strip()
+    return int(text) if out.returncode == 0 and text.isdigit() else 0
+
+
+def _confirm_loss(task: Task, yes: bool) -> None:
+    """A fresh retry resets the worktree and the branch to the base: ask first, as discard
+    does. Without a terminal (and no --yes) refuse, exit 4: the work is kept."""
+    if yes:
+        return
+    at_stake = _work_at_stake(task)
+    if at_stake is None:
+        return
+    if sys.stdin is None or not sys.stdin.isatty():
+        raise FleetRefused(f"a fresh retry of {task.id} would throw away its work: "
+                           f"{at_stake}. Pass --yes to retry from scratch anyway, or "
+                           "--resume to continue in the same worktree")
+    sys.stdout.write(f"retry {task.id} ({task.title}) from scratch? This throws away "
+                     f"{at_stake}. [y/N] ")
+    sys.stdout.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise _Aborted()
+
+
 def cmd_retry(argv: list[str]) -> int:
-    p = _id_parser("retry", "Run a finished task again: fresh (worktree reset to its base) "
-                   "or --resume its session.")
+    p = _id_parser("retry", "Run a finished task again: fresh (worktree and branch reset "
+                   "to its base; asks first when that throws work away) or --resume its "
+                   "session in the same worktree.")
     p.add_argument("--resume", action="store_true",
-                   help="continue the last session in the same worktree")
+                   help="continue the last session in the same worktree (nothing is reset)")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="do not ask before a fresh retry throws the task's changes away")
     args = p.parse_args(argv)
     fleet = _fleet()
     _catch_up(fleet)
+    if not args.resume:
+        current = fleet.get_task(args.id)
+        if current.state in FINISHED_STATES:  # else fleet.retry says why it cannot
+            _confirm_loss(current, args.yes)
     task = fleet.retry(args.id, resume=args.resume)
     _out(f"{task.id} queued for a {'resumed' if args.resume else 'fresh'} attempt")
     _print_change(_until_started(fleet, task))
