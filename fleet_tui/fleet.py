@@ -384,6 +384,7 @@ class Fleet:
             "effort": task.effort or s.effort, "keyring_service": s.keyring_service,
             "keyring_key": s.keyring_key, "claude": s.claude, "sandbox": s.sandbox,
             "key_sources": list(s.key_sources), "config_dir": str(s.config_dir),
+            "key_helper": s.key_helper, "scrub_tool_env": s.scrub_tool_env,
         }
 
     def _runner_env(self) -> dict[str, str]:

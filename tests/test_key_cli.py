@@ -54,7 +54,7 @@ def test_set_from_stdin_then_status_then_worker_uses_it(key: str, tmp_path: Path
          "import sys; from fleet_tui.cli import worker_main; sys.exit(worker_main())", "hi"],
         capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     assert worker.returncode == 0, worker.stderr
-    assert standin_claude.read_record(record)["env"]["ANTHROPIC_AUTH_TOKEN"] == key
+    assert standin_claude.read_record(record)["helper_key"] == key
     for result in (stored, status, worker):
         assert key not in result.stdout + result.stderr
 
