@@ -145,3 +145,29 @@ def test_submit_refuses_what_claude_cannot_take_and_keeps_long_prompts(git_repo:
     (task,) = fleet.submit(TaskSpec(prompt=big, repo=git_repo))
     assert len(big.encode()) > 128 * 1024
     assert fleet.get_task(task.id).prompt == big
+
+
+def test_scrub_tool_env_without_bubblewrap_is_refused_before_anything_exists(
+        git_repo: Path, tmp_path: Path) -> None:
+    """scrub_tool_env needs bubblewrap and socat on claude's PATH: without them claude
+    would refuse to start (bwrap) or fail every Bash call (socat)."""
+    bin_dir = tmp_path / "bin"  # a PATH with git but neither bwrap nor socat
+    bin_dir.mkdir()
+    git_path = subprocess.run(["which", "git"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    (bin_dir / "git").symlink_to(git_path)
+    env = dict(os.environ, PATH=str(bin_dir), FLEET_WORKER_SCRUB_TOOL_ENV="1",
+               FLEET_WORKER_CLAUDE=sys.executable, ANTHROPIC_AUTH_TOKEN="sk-refusal-987654")
+    out = fleet_tui(git_repo, "run", "hello", env=env)
+    assert_one_clear_line(out, 2, "scrub_tool_env", "bwrap and socat", "apt-get install "
+                          "bubblewrap socat", "FLEET_WORKER_SCRUB_TOOL_ENV=0")
+    assert_nothing_created(git_repo)
+    with_bwrap_only = tmp_path / "bwrap-only"
+    with_bwrap_only.mkdir()
+    (with_bwrap_only / "git").symlink_to(git_path)
+    fake_bwrap = with_bwrap_only / "bwrap"  # found on PATH is all the check asks
+    fake_bwrap.write_text("#!/bin/sh\nexit 0\n")
+    fake_bwrap.chmod(0o755)
+    out = fleet_tui(git_repo, "run", "hello", env=dict(env, PATH=str(with_bwrap_only)))
+    assert_one_clear_line(out, 2, "socat is not installed")
+    assert_nothing_created(git_repo)

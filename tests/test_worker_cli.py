@@ -371,3 +371,31 @@ def test_real_claude_gets_piped_prompt_and_key_through_the_worker(
     assert any(prompt in (r.prompt or "") for r in messages)
     assert {r.model for r in messages} <= {"GLM-5.2", "GLM-4.5-Air"}
     assert key not in proc.stdout + proc.stderr
+
+
+def test_scrub_tool_env_sets_the_scrub_and_an_explicit_allowlist(
+        record: Path, key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_WORKER_SCRUB_TOOL_ENV", "1")
+    tools = tmp_path / "tools"  # bwrap and socat only need to be found on PATH
+    tools.mkdir()
+    for name in ("bwrap", "socat"):
+        (tools / name).write_text("#!/bin/sh\nexit 0\n")
+        (tools / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    assert run_worker("hi").returncode == 0
+    rec = standin_claude.read_record(record)
+    assert rec["env"]["CLAUDE_CODE_SUBPROCESS_ENV_SCRUB"] == "1"
+    argv = rec["argv"]
+    at = argv.index("--allowedTools")
+    # claude forces the permission mode to default under the scrub: name the tools
+    assert argv[at + 1:at + 4] == ["Bash", "Edit", "Write"] and "--model" in argv[at:]
+    assert argv[-1] == "hi" and rec["helper_key"] == key
+    own = run_worker("--allowedTools", "Read", "--", "hi")  # the caller's list is kept
+    assert own.returncode == 0
+    assert standin_claude.read_record(record)["argv"].count("--allowedTools") == 1
+    (tools / "socat").unlink()  # without socat every Bash call would fail: refused
+    monkeypatch.setenv("PATH", str(tools))  # the stand-in runs by absolute paths
+    record.unlink()
+    refused = run_worker("hi")
+    assert refused.returncode == 2 and "apt-get install bubblewrap socat" in refused.stderr
+    assert "socat is not installed" in refused.stderr and not record.exists()
