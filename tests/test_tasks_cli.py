@@ -355,3 +355,21 @@ def test_resume_and_a_retry_without_changes_do_not_ask(env: dict[str, str],
     assert fresh.returncode == 0, fresh.stderr
     assert wait_state(env, git_repo, chat_id, {"succeeded", "failed"})["state"] == "succeeded"
     assert f"fleet/{chat_id}" in _worktrees(git_repo)
+
+
+def test_a_long_prompt_is_queued_whole(env: dict[str, str], git_repo: Path,
+                                       tmp_path: Path) -> None:
+    """Finding 8: a prompt of 128 KiB or more is not refused and nothing in the CLI chokes
+    on it (how the runner hands it to claude is the engine's part)."""
+    prompt = "[script:chat] " + "a long prompt line\n" * (200 * 1024 // 19)
+    big = tmp_path / "big.md"
+    big.write_text(prompt)
+    assert big.stat().st_size > 128 * 1024
+    out = cli(env, git_repo, "run", "--file", str(big), "--json")
+    assert out.returncode == 0, out.stderr
+    (task,) = json.loads(out.stdout)
+    shown = json.loads(cli(env, git_repo, "show", task["id"], "--json").stdout)
+    assert shown["prompt"] == prompt and shown["title"] == "[script:chat] a long prompt line"
+    piped = cli(env, git_repo, "run", "-", "--json", stdin=prompt)
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)[0]["prompt"] == prompt
