@@ -58,7 +58,7 @@ from fleet_tui.store import (
 )
 
 __all__ = ["Fleet", "FleetError", "FleetRefused", "FleetStatus", "InvalidSpec", "TaskChange",
-           "TaskNotFound", "TaskSpec", "check_text"]
+           "TaskNotFound", "TaskSpec", "check_text", "work_at_stake"]
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +174,47 @@ def _title_of(prompt: str) -> str:
         if line:
             return line[:72] + ("…" if len(line) > 72 else "")
     return "untitled"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def work_at_stake(task: Task) -> str | None:
+    """What a fresh retry would throw away (changed or untracked files in the worktree,
+    commits on the branch beyond its base), as a short phrase; None when there is nothing.
+    A fresh `Fleet.retry` resets both, so the CLI asks first (and the panel should)."""
+    parts: list[str] = []
+    if task.worktree is not None and Path(task.worktree).is_dir():
+        try:
+            diff = git.diff(Path(task.worktree), task.base_commit)
+        except git.GitError:
+            parts.append("a worktree whose changes could not be read")
+        else:
+            if diff.files:
+                names = ", ".join(f.path for f in diff.files[:3])
+                more = f" and {len(diff.files) - 3} more" if len(diff.files) > 3 else ""
+                added = sum(f.added for f in diff.files)
+                deleted = sum(f.deleted for f in diff.files)
+                parts.append(f"{_plural(len(diff.files), 'changed file')} ({names}{more}; "
+                             f"+{added}/-{deleted})")
+    if task.branch and task.base_commit:
+        count = _git_count(task.repo, "rev-list", "--count",
+                           f"{task.base_commit}..refs/heads/{task.branch}")
+        if count:
+            parts.append(f"{_plural(count, 'commit')} on {task.branch}")
+    return " and ".join(parts) or None
+
+
+def _git_count(repo: Path, *args: str) -> int:
+    """A number git prints (0 when git fails: then there is no such branch to lose)."""
+    try:
+        out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                             timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    text = out.stdout.strip()
+    return int(text) if out.returncode == 0 and text.isdigit() else 0
 
 
 class Fleet:

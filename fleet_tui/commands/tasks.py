@@ -27,6 +27,7 @@ from fleet_tui.fleet import (
     TaskNotFound,
     TaskSpec,
     check_text,
+    work_at_stake,
 )
 from fleet_tui.store import (
     ACTIVE_STATES,
@@ -610,54 +611,12 @@ def _until_started(fleet: Fleet, task: Task) -> Task:
     return final
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def _work_at_stake(task: Task) -> str | None:
-    """What a fresh retry would throw away (changed files in the worktree, commits on the
-    branch beyond its base), as a short phrase; None when there is nothing."""
-    parts: list[str] = []
-    if task.worktree is not None and Path(task.worktree).is_dir():
-        try:
-            diff = git.diff(Path(task.worktree), task.base_commit)
-        except git.GitError:
-            parts.append("a worktree whose changes could not be read")
-        else:
-            if diff.files:
-                names = ", ".join(f.path for f in diff.files[:3])
-                more = f" and {len(diff.files) - 3} more" if len(diff.files) > 3 else ""
-                added = sum(f.added for f in diff.files)
-                deleted = sum(f.deleted for f in diff.files)
-                parts.append(f"{_plural(len(diff.files), 'changed file')} ({names}{more}; "
-                             f"+{added}/-{deleted})")
-    if task.branch and task.base_commit:
-        count = _git_count(task.repo, "rev-list", "--count",
-                           f"{task.base_commit}..refs/heads/{task.branch}")
-        if count:
-            parts.append(f"{_plural(count, 'commit')} on {task.branch}")
-    return " and ".join(parts) or None
-
-
-def _git_count(repo: Path, *args: str) -> int:
-    """A number git prints (0 when git fails: then there is no such branch to lose)."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
-                             timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    text = out.stdout.strip()
-    return int(text) if out.returncode == 0 and text.isdigit() else 0
-
-
 def _confirm_loss(task: Task, yes: bool) -> None:
     """A fresh retry resets the worktree and the branch to the base: ask first, as discard
     does. Without a terminal (and no --yes) refuse, exit 4: the work is kept."""
     if yes:
         return
-    at_stake = _work_at_stake(task)
+    at_stake = work_at_stake(task)
     if at_stake is None:
         return
     if sys.stdin is None or not sys.stdin.isatty():
