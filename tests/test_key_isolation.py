@@ -119,10 +119,13 @@ def test_the_tools_a_worker_runs_never_see_the_key(claude: str, key: str,
 
 def test_with_key_helper_off_the_tools_see_it(claude: str, key: str,
                                              endpoint: ScriptedEndpoint,
-                                             git_repo: Path) -> None:
-    """The documented trade-off of FLEET_WORKER_KEY_HELPER=0 (and what the test above
-    would see without the handoff): the key is in claude's environment, so in the tool's."""
-    env = dict(base_env(endpoint, claude, key), FLEET_WORKER_KEY_HELPER="0")
+                                             git_repo: Path, tmp_path: Path) -> None:
+    """The documented trade-off of `key_helper = false` (and what the test above would see
+    without the handoff): the key is in claude's environment, so in the tool's. Set in
+    config.toml, it reaches the runner too."""
+    config = tmp_path / "config.toml"
+    config.write_text("key_helper = false\n")
+    env = dict(base_env(endpoint, claude, key), FLEET_TUI_CONFIG=str(config))
     _task, worktree = run_task(env, git_repo)
     assert (worktree / "t.txt").read_text().strip() == key
 
