@@ -483,12 +483,43 @@ def scrub_missing_message(missing: Sequence[str]) -> str:
             "(FLEET_WORKER_SCRUB_TOOL_ENV=0).")
 
 
+def bwrap_problem(env: Mapping[str, str] | None = None, timeout: float = 10.0) -> str:
+    """'' when bubblewrap (on env's PATH) can make a pid namespace here, else why not, in
+    one line (e.g. a container that allows no user namespaces)."""
+    import subprocess
+
+    env = os.environ if env is None else env
+    bwrap = which("bwrap", env.get("PATH", os.defpath))
+    if bwrap is None:
+        return "bwrap is not installed"
+    try:
+        out = subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                              "--unshare-pid", "true"], capture_output=True, text=True,
+                             timeout=timeout, stdin=subprocess.DEVNULL, env=dict(env))
+    except subprocess.TimeoutExpired:
+        return f"{bwrap} did not answer within {timeout:g} s"
+    except OSError as exc:
+        return f"cannot run {bwrap}: {exc.strerror or exc}"
+    if out.returncode == 0:
+        return ""
+    lines = (out.stderr or out.stdout).strip().splitlines()
+    return lines[-1] if lines else f"{bwrap} exited {out.returncode}"
+
+
+def bwrap_broken_message(problem: str) -> str:
+    return (f"scrub_tool_env is on but bubblewrap cannot make a sandbox here ({problem}); "
+            "claude's tools would all fail. Allow unprivileged user namespaces (or run "
+            "where they are allowed), or turn it off (FLEET_WORKER_SCRUB_TOOL_ENV=0).")
+
+
 def check_setup(settings: Settings, env: Mapping[str, str] | None = None, *,
                 args: Sequence[str] = (), permission_mode: str | None = None) -> str:
     """Refuse (UsageError, exit 2) a launch claude would refuse or that cannot keep its
     promises, before anything is created: an unknown permission mode, root with
     bypassPermissions without the sandbox opt-in, scrub_tool_env without bubblewrap and
-    socat. Reads nothing but the settings, the uid and PATH. Returns the permission mode."""
+    socat, or with a bubblewrap that cannot make a namespace here. Reads nothing but the
+    settings, the uid and PATH (and runs bwrap once when scrub_tool_env is on). Returns
+    the permission mode."""
     flag_mode, rest = split_permission_mode(args)
     mode = flag_mode or permission_mode or settings.permission_mode
     if mode not in PERMISSION_MODES:
@@ -502,6 +533,9 @@ def check_setup(settings: Settings, env: Mapping[str, str] | None = None, *,
         missing = missing_scrub_programs(env)
         if missing:
             raise UsageError(scrub_missing_message(missing))
+        problem = bwrap_problem(env)  # one `bwrap ... true`, only for those who opt in
+        if problem:
+            raise UsageError(bwrap_broken_message(problem))
     return mode
 
 

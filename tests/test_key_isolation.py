@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from fleet_tui import launcher
 from fleet_tui.endpoint import ScriptedEndpoint
 
 pytestmark = pytest.mark.real_claude
@@ -135,6 +136,9 @@ def _scrub_ready() -> None:
     if missing:
         pytest.skip("scrub_tool_env needs bubblewrap and socat (apt-get install bubblewrap "
                     f"socat); missing here: {', '.join(missing)}")
+    problem = launcher.bwrap_problem()
+    if problem:
+        pytest.skip(f"bubblewrap cannot make a namespace on this machine: {problem}")
 
 
 @pytest.mark.parametrize("key_helper", ["1", "0"])

@@ -171,3 +171,11 @@ def test_scrub_tool_env_without_bubblewrap_is_refused_before_anything_exists(
     out = fleet_tui(git_repo, "run", "hello", env=dict(env, PATH=str(with_bwrap_only)))
     assert_one_clear_line(out, 2, "socat is not installed")
     assert_nothing_created(git_repo)
+    # both there, but bubblewrap cannot make a namespace (a container without user
+    # namespaces): claude's tools would all fail, so this is refused up front too
+    fake_bwrap.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: "
+                          "Operation not permitted' >&2\nexit 1\n")
+    (with_bwrap_only / "socat").symlink_to("/bin/true")
+    out = fleet_tui(git_repo, "run", "hello", env=dict(env, PATH=str(with_bwrap_only)))
+    assert_one_clear_line(out, 2, "cannot make a sandbox", "Operation not permitted")
+    assert_nothing_created(git_repo)

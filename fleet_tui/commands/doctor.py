@@ -23,6 +23,8 @@ from fleet_tui.launcher import (
     ROOT_MESSAGE,
     SCRUB_PROGRAMS,
     LaunchError,
+    bwrap_broken_message,
+    bwrap_problem,
     check_sources,
     current_euid,
     find_claude,
@@ -224,13 +226,9 @@ def _tool_env_check(ctx: Context, settings: Settings, timeout: float) -> Check:
         missing = missing_scrub_programs(ctx.env)
         if missing:
             return Check("tool_env", FAIL, scrub_missing_message(missing), EXIT_CONFIG)
-        bwrap = which("bwrap", path) or "bwrap"
-        problem = _bwrap_problem(bwrap, ctx.env, timeout)
+        problem = bwrap_problem(ctx.env, timeout)
         if problem:
-            return Check("tool_env", FAIL, f"scrub_tool_env is on but bubblewrap cannot make "
-                         f"a sandbox here ({problem}); claude would fail its tools. Allow "
-                         "unprivileged user namespaces, or turn it off "
-                         "(FLEET_WORKER_SCRUB_TOOL_ENV=0)", EXIT_CONFIG)
+            return Check("tool_env", FAIL, bwrap_broken_message(problem), EXIT_CONFIG)
         how = "its own pid namespace (bubblewrap)"
         return Check("tool_env", OK, f"scrub_tool_env: claude runs each tool without the key "
                      f"and in {how}; it forces the permission mode to default, so the "
@@ -247,22 +245,6 @@ def _tool_env_check(ctx: Context, settings: Settings, timeout: float) -> Check:
                  "(apiKeyHelper), not its environment, so the tools it runs do not inherit "
                  "it; scrub_tool_env would also hide claude's own process from them "
                  f"({extra})" + note)
-
-
-def _bwrap_problem(bwrap: str, env: Mapping[str, str], timeout: float) -> str:
-    """'' when bubblewrap can make a pid namespace here, else why not (one line)."""
-    try:
-        out = subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                              "--unshare-pid", "true"], capture_output=True, text=True,
-                             timeout=timeout, stdin=subprocess.DEVNULL, env=dict(env))
-    except subprocess.TimeoutExpired:
-        return f"{bwrap} did not answer within {timeout:g} s"
-    except OSError as exc:
-        return f"cannot run {bwrap}: {exc.strerror or exc}"
-    if out.returncode == 0:
-        return ""
-    lines = (out.stderr or out.stdout).strip().splitlines()
-    return lines[-1] if lines else f"{bwrap} exited {out.returncode}"
 
 
 def _git_checks(env: Mapping[str, str], cwd: Path) -> list[Check]:
