@@ -249,10 +249,7 @@ def _print_change(task: Task) -> None:
     _err(f"{task.id} {task.state}{msg}")
 
 
-# --- commands ---------------------------------------------------------------------------------
-
-
-# --- checked option values (argparse types: a bad value is one clear usage line) ---------
+# --- checked option values and prompt text (a bad one is one clear usage line) --------------
 
 
 def _whole(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -298,6 +295,9 @@ def _decode(data: bytes, source: str, command: str) -> str:
                      f"(byte 0x{data[exc.start]:02x} at offset {exc.start}); save it as "
                      "UTF-8") from None
     return text.removeprefix("\ufeff")
+
+
+# --- commands ---------------------------------------------------------------------------------
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
