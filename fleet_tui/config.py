@@ -53,6 +53,9 @@ class Settings:
     claude: str = "claude"
     sandbox: bool = False
     key_sources: tuple[str, ...] = KEY_SOURCES
+    # keeping the key away from the tools claude runs
+    key_helper: bool = True  # the key reaches claude through a one-shot pipe, not its env
+    scrub_tool_env: bool = False  # CLAUDE_CODE_SUBPROCESS_ENV_SCRUB (needs bubblewrap, socat)
     # engine
     max_workers: int = 4
     max_attempts: int = 4

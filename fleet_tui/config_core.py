@@ -43,6 +43,10 @@ if TYPE_CHECKING:  # mypy only: these imports cost start-up time
         def sandbox(self) -> bool: ...
         @property
         def key_sources(self) -> tuple[str, ...]: ...
+        @property
+        def key_helper(self) -> bool: ...
+        @property
+        def scrub_tool_env(self) -> bool: ...
 
 APP_NAME = "fleet-tui"
 ENV_PREFIX = "FLEET_WORKER_"
@@ -88,6 +92,9 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
     "claude": ("str", None, "claude"),
     "sandbox": ("bool", None, False),
     "key_sources": ("sources", None, KEY_SOURCES),
+    # keeping the key away from the tools claude runs (see launcher.plan_launch)
+    "key_helper": ("bool", None, True),
+    "scrub_tool_env": ("bool", None, False),
     # engine
     "max_workers": ("int", 1, 4),
     "max_attempts": ("int", 1, 4),
@@ -353,6 +360,8 @@ class LaunchSettings:
     claude: str
     sandbox: bool
     key_sources: tuple[str, ...]
+    key_helper: bool
+    scrub_tool_env: bool
 
     def __init__(self, values: Mapping[str, object]) -> None:
         for name in FIELD_NAMES:

@@ -18,6 +18,7 @@ import errno
 import itertools
 import json
 import logging
+import math
 import os
 import random
 import secrets
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet_tui import git, outcome, paths, procs, stream
+from fleet_tui import git, launcher, outcome, paths, procs, stream
 from fleet_tui.config import PERMISSION_MODES, Settings
 from fleet_tui.runner import (
     EVENTS_FILE,
@@ -71,8 +72,8 @@ from fleet_tui.store import (
     TaskState,
 )
 
-__all__ = ["Fleet", "FleetError", "FleetRefused", "FleetStatus", "TaskChange", "TaskNotFound",
-           "TaskSpec"]
+__all__ = ["Fleet", "FleetError", "FleetRefused", "FleetStatus", "InvalidSpec", "TaskChange",
+           "TaskNotFound", "TaskSpec", "check_text", "work_at_stake"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,30 @@ class TaskNotFound(FleetError):
 class FleetRefused(FleetError):
     """The engine refused an action to keep the user's work safe (dirty checkout, conflict,
     failing tests)."""
+
+
+class InvalidSpec(FleetError):
+    """A task cannot be queued as given (empty prompt, a NUL byte, text that is not UTF-8,
+    a number out of range, a setup claude would refuse); the message says what to change.
+    Nothing was stored."""
+
+
+def check_text(what: str, text: str) -> None:
+    """Refuse text claude cannot be given: a NUL byte (no process argument or environment
+    can hold one) or text that is not valid UTF-8 (bytes that did not decode arrive as
+    surrogate escapes, e.g. from argv). InvalidSpec names the first bad spot."""
+    nul = text.find("\0")
+    if nul >= 0:
+        raise InvalidSpec(f"the {what} contains a NUL byte (at character {nul + 1}), which "
+                          "cannot be passed to claude; remove it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        bad = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else \
+            f"character U+{code:04X}"
+        raise InvalidSpec(f"the {what} is not valid UTF-8 text ({bad} at character "
+                          f"{exc.start + 1}); convert it to UTF-8") from None
 
 
 @dataclass
@@ -294,6 +319,47 @@ def _title_of(prompt: str) -> str:
     return "untitled"
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def work_at_stake(task: Task) -> str | None:
+    """What a fresh retry would throw away (changed or untracked files in the worktree,
+    commits on the branch beyond its base), as a short phrase; None when there is nothing.
+    A fresh `Fleet.retry` resets both, so the CLI asks first (and the panel should)."""
+    parts: list[str] = []
+    if task.worktree is not None and Path(task.worktree).is_dir():
+        try:
+            diff = git.diff(Path(task.worktree), task.base_commit)
+        except git.GitError:
+            parts.append("a worktree whose changes could not be read")
+        else:
+            if diff.files:
+                names = ", ".join(f.path for f in diff.files[:3])
+                more = f" and {len(diff.files) - 3} more" if len(diff.files) > 3 else ""
+                added = sum(f.added for f in diff.files)
+                deleted = sum(f.deleted for f in diff.files)
+                parts.append(f"{_plural(len(diff.files), 'changed file')} ({names}{more}; "
+                             f"+{added}/-{deleted})")
+    if task.branch and task.base_commit:
+        count = _git_count(task.repo, "rev-list", "--count",
+                           f"{task.base_commit}..refs/heads/{task.branch}")
+        if count:
+            parts.append(f"{_plural(count, 'commit')} on {task.branch}")
+    return " and ".join(parts) or None
+
+
+def _git_count(repo: Path, *args: str) -> int:
+    """A number git prints (0 when git fails: then there is no such branch to lose)."""
+    try:
+        out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                             timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    text = out.stdout.strip()
+    return int(text) if out.returncode == 0 and text.isdigit() else 0
+
+
 class Fleet:
     """The engine. Thread-safe: the panel ticks in one thread and acts from others."""
 
@@ -386,22 +452,46 @@ class Fleet:
     # --- submit -------------------------------------------------------------------------------
 
     def submit(self, spec: TaskSpec, copies: int = 1) -> list[Task]:
-        """Validate a task spec and store `copies` queued tasks (they start in `tick`)."""
+        """Validate a task spec and store `copies` queued tasks (they start in `tick`).
+
+        Everything that would only fail at launch is refused here, before anything is
+        stored (InvalidSpec): text claude cannot take (`check_text`), numbers out of range,
+        and a setup claude refuses (root with bypassPermissions without the sandbox
+        opt-in; scrub_tool_env without bubblewrap). Prompts of any length are accepted."""
         prompt = spec.prompt.strip() if isinstance(spec.prompt, str) else ""
         if not prompt:
-            raise FleetError("the prompt is empty; say what the worker should do")
-        if not isinstance(copies, int) or not 1 <= copies <= MAX_COPIES:
-            raise FleetError(f"copies must be between 1 and {MAX_COPIES} (got {copies!r})")
-        if spec.max_turns is not None and spec.max_turns < 1:
-            raise FleetError(f"max turns must be at least 1 (got {spec.max_turns})")
-        if spec.timeout is not None and spec.timeout < 0:
-            raise FleetError(f"the timeout must be 0 (none) or more seconds (got {spec.timeout})")
+            raise InvalidSpec("the prompt is empty; say what the worker should do")
+        check_text("prompt", spec.prompt)
+        for what, text in (("title", spec.title), ("base ref", spec.base_ref),
+                           ("model", spec.model), ("effort", spec.effort)):
+            if isinstance(text, str):
+                check_text(what, text)
+        for arg in spec.extra_args:
+            check_text("argument", arg)
+        if isinstance(copies, bool) or not isinstance(copies, int) or \
+                not 1 <= copies <= MAX_COPIES:
+            raise InvalidSpec(f"copies must be a whole number from 1 to {MAX_COPIES} "
+                              f"(got {copies!r})")
+        turns = spec.max_turns
+        if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int)
+                                  or turns < 1):
+            raise InvalidSpec(f"max turns must be a whole number of at least 1 (got {turns!r})")
+        limit = spec.timeout
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float)
+                                  or not math.isfinite(limit) or limit < 0):
+            raise InvalidSpec(f"the timeout must be a number of seconds, 0 (none) or more "
+                              f"(got {limit!r})")
         if spec.permission_mode is not None and spec.permission_mode not in PERMISSION_MODES:
-            raise FleetError(f"unknown permission mode {spec.permission_mode!r}; use one of "
-                             + ", ".join(PERMISSION_MODES))
+            raise InvalidSpec(f"unknown permission mode {spec.permission_mode!r}; use one of "
+                              + ", ".join(PERMISSION_MODES))
+        try:
+            launcher.check_setup(self.settings, self.env, args=spec.extra_args,
+                                 permission_mode=spec.permission_mode)
+        except launcher.LaunchError as exc:
+            raise InvalidSpec(str(exc)) from None
         model = (spec.model or "main").strip()
         if not model:
-            raise FleetError("the model is empty; use main, small or a model name")
+            raise InvalidSpec("the model is empty; use main, small or a model name")
         try:
             repo = git.main_worktree(spec.repo if spec.repo is not None else Path.cwd())
         except git.GitError as exc:
@@ -628,6 +718,7 @@ class Fleet:
             "effort": task.effort or s.effort, "keyring_service": s.keyring_service,
             "keyring_key": s.keyring_key, "claude": s.claude, "sandbox": s.sandbox,
             "key_sources": list(s.key_sources), "config_dir": str(s.config_dir),
+            "key_helper": s.key_helper, "scrub_tool_env": s.scrub_tool_env,
         }
 
     def _runner_env(self) -> dict[str, str]:

@@ -30,13 +30,34 @@ if TYPE_CHECKING:  # mypy only: these imports cost start-up time
 # Inherited variables that would let another credential, login or config reach claude.
 # ANTHROPIC_* covers ANTHROPIC_API_KEY / _AUTH_TOKEN / _BASE_URL / model overrides. The
 # CLAUDE_CODE_USE_* switches would send every request to another provider altogether.
+# ZHIPU_API_KEY and GLM_API_KEY are where our key may come from: claude gets the key its
+# own way, and the tools it runs (which inherit its environment) get neither.
 SCRUB_PREFIXES = ("ANTHROPIC_",)
 SCRUB_NAMES = ("CLAUDE_CODE_OAUTH_TOKEN", "CLAUDE_CONFIG_DIR", "CLAUDE_CODE_USE_BEDROCK",
-               "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY")
+               "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY", "ZHIPU_API_KEY",
+               "GLM_API_KEY")
 
 ALLOWLIST_FLAGS = ("--allowedTools", "--allowed-tools")
 SETTINGS_FILE = "settings.json"
 REDACTED = "<redacted>"
+
+# The key handoff (setting key_helper): claude reads the key once from a named pipe through
+# its apiKeyHelper instead of ANTHROPIC_AUTH_TOKEN, so the tools it runs (Bash, hooks, MCP
+# servers) never find it in their environment. Checked with CLI 2.1.197 and 2.1.332: the
+# helper runs once, its answer is sent as `Authorization: Bearer` and `x-api-key`, and a
+# helper that fails later keeps the cached key; the TTL below keeps claude from asking again
+# (~24 days). A helper that never answers hangs claude, hence the `timeout` around `cat`.
+KEY_HELPER_TTL_MS = "2147483647"
+KEY_READ_TIMEOUT = 60  # seconds the helper waits for the pipe's writer
+KEY_HANDOFF_TIMEOUT = 600  # seconds the writer waits for claude to ask
+# scrub_tool_env: CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=1 also runs every tool in its own pid
+# namespace (bubblewrap; socat for its network proxy), so a tool cannot even read claude's
+# /proc entries. claude then forces the permission mode to `default` and denies every tool
+# not listed explicitly, so without a list of the user's own, these are allowed.
+SCRUB_PROGRAMS = ("bwrap", "socat")
+SCRUB_PACKAGES = "bubblewrap and socat"
+SCRUB_ALLOWED_TOOLS = ("Bash", "Edit", "Write", "NotebookEdit", "Read", "WebFetch",
+                       "WebSearch", "Task")
 
 
 class LaunchError(Exception):
@@ -441,17 +462,239 @@ def current_euid() -> int:
     return os.geteuid() if hasattr(os, "geteuid") else -1
 
 
+ROOT_MESSAGE = (
+    "running as root with permission mode bypassPermissions: claude refuses that unless it "
+    "runs in a sandbox. If this machine is a container or VM, set FLEET_WORKER_SANDBOX=1 "
+    "(claude then gets IS_SANDBOX=1); otherwise run fleet-tui as a non-root user, or choose "
+    "another permission mode, e.g. FLEET_WORKER_PERMISSION_MODE=dontAsk with --allowedTools.")
+
+
+def missing_scrub_programs(env: Mapping[str, str] | None = None) -> list[str]:
+    """The programs scrub_tool_env needs (bwrap, socat) that are not on env's PATH."""
+    search = (os.environ if env is None else env).get("PATH", os.defpath)
+    return [name for name in SCRUB_PROGRAMS if which(name, search) is None]
+
+
+def scrub_missing_message(missing: Sequence[str]) -> str:
+    return (f"scrub_tool_env is on but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed: claude needs "
+            f"{SCRUB_PACKAGES} to run its tools without the key (Debian/Ubuntu: "
+            "apt-get install bubblewrap socat). Install them, or turn it off "
+            "(FLEET_WORKER_SCRUB_TOOL_ENV=0).")
+
+
+def bwrap_problem(env: Mapping[str, str] | None = None, timeout: float = 10.0) -> str:
+    """'' when bubblewrap (on env's PATH) can make a pid namespace here, else why not, in
+    one line (e.g. a container that allows no user namespaces)."""
+    import subprocess
+
+    env = os.environ if env is None else env
+    bwrap = which("bwrap", env.get("PATH", os.defpath))
+    if bwrap is None:
+        return "bwrap is not installed"
+    try:
+        out = subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                              "--unshare-pid", "true"], capture_output=True, text=True,
+                             timeout=timeout, stdin=subprocess.DEVNULL, env=dict(env))
+    except subprocess.TimeoutExpired:
+        return f"{bwrap} did not answer within {timeout:g} s"
+    except OSError as exc:
+        return f"cannot run {bwrap}: {exc.strerror or exc}"
+    if out.returncode == 0:
+        return ""
+    lines = (out.stderr or out.stdout).strip().splitlines()
+    return lines[-1] if lines else f"{bwrap} exited {out.returncode}"
+
+
+def bwrap_broken_message(problem: str) -> str:
+    return (f"scrub_tool_env is on but bubblewrap cannot make a sandbox here ({problem}); "
+            "claude's tools would all fail. Allow unprivileged user namespaces (or run "
+            "where they are allowed), or turn it off (FLEET_WORKER_SCRUB_TOOL_ENV=0).")
+
+
+def check_setup(settings: Settings, env: Mapping[str, str] | None = None, *,
+                args: Sequence[str] = (), permission_mode: str | None = None) -> str:
+    """Refuse (UsageError, exit 2) a launch claude would refuse or that cannot keep its
+    promises, before anything is created: an unknown permission mode, root with
+    bypassPermissions without the sandbox opt-in, scrub_tool_env without bubblewrap and
+    socat, or with a bubblewrap that cannot make a namespace here. Reads nothing but the
+    settings, the uid and PATH (and runs bwrap once when scrub_tool_env is on). Returns
+    the permission mode."""
+    flag_mode, rest = split_permission_mode(args)
+    mode = flag_mode or permission_mode or settings.permission_mode
+    if mode not in PERMISSION_MODES:
+        raise UsageError(f"unknown permission mode {mode!r}; use one of "
+                         + ", ".join(PERMISSION_MODES))
+    bypass = mode == "bypassPermissions" or "--dangerously-skip-permissions" in \
+        _options_part(rest)
+    if bypass and current_euid() == 0 and not settings.sandbox:
+        raise UsageError(ROOT_MESSAGE)
+    if settings.scrub_tool_env:
+        missing = missing_scrub_programs(env)
+        if missing:
+            raise UsageError(scrub_missing_message(missing))
+        problem = bwrap_problem(env)  # one `bwrap ... true`, only for those who opt in
+        if problem:
+            raise UsageError(bwrap_broken_message(problem))
+    return mode
+
+
+def check_launch(settings: Settings, env: Mapping[str, str] | None = None, *,
+                 args: Sequence[str] = (), permission_mode: str | None = None
+                 ) -> Credential:
+    """Everything that would stop `plan_launch`, without its side effects (nothing is
+    written): `check_setup`, then claude (ClaudeNotFoundError) and a key
+    (NoCredentialError). For commands that queue work to be launched later."""
+    check_setup(settings, env, args=args, permission_mode=permission_mode)
+    find_claude(settings, env)
+    return resolve_credential(settings, env)
+
+
+def _sh_quote(text: str) -> str:
+    """shlex.quote without importing shlex (and the `re` it pulls in)."""
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def _json_string(text: str) -> str:
+    """json.dumps(text, ensure_ascii=False) without importing json (~8 ms)."""
+    out = ['"']
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch < " ":
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+class KeyHandoff:
+    """Hands the key to one claude process through a named pipe (FIFO) that its
+    apiKeyHelper reads once: the key is never in claude's environment, so the tools it
+    runs do not inherit it, and the pipe is gone once read.
+
+    `start()` creates the pipe (0600, in the private config dir) and forks a writer that
+    waits for the first reader, writes the key, removes the pipe and exits; it also goes
+    (removing the pipe) on SIGTERM, when its parent exits, or after KEY_HANDOFF_TIMEOUT.
+    The caller starts it right before claude (fleet-worker: before exec, so claude becomes
+    the writer's parent). Never started, the helper finds no pipe and claude fails with an
+    auth error at once. The value stays out of repr."""
+
+    __slots__ = ("_value", "path", "pid")
+
+    def __init__(self, path: str, value: str) -> None:
+        self.path = path
+        self._value = value
+        self.pid: int | None = None
+
+    def __repr__(self) -> str:
+        return f"KeyHandoff(path={self.path!r}, pid={self.pid!r}, value=<redacted>)"
+
+    @property
+    def value(self) -> str:
+        return self._value
+
+    def helper_command(self, env: Mapping[str, str]) -> str:
+        """The apiKeyHelper command: `cat` of the pipe, bounded by `timeout` when there
+        is one (a helper that never returns would hang claude for good)."""
+        guard = which("timeout", env.get("PATH", os.defpath))
+        read = f"cat {_sh_quote(self.path)}"
+        return f"{_sh_quote(guard)} {KEY_READ_TIMEOUT} {read}" if guard else read
+
+    def start(self) -> None:
+        """Create the pipe and fork its writer. ConfigDirError when the pipe cannot be
+        made (e.g. a file system without FIFOs): set FLEET_WORKER_KEY_HELPER=0 then."""
+        if self.pid is not None:
+            return
+        try:
+            os.mkfifo(self.path, 0o600)
+        except OSError as exc:
+            raise ConfigDirError(
+                f"cannot create the key pipe {self.path}: {exc.strerror or exc}. Set "
+                "FLEET_WORKER_KEY_HELPER=0 to pass the key in claude's environment "
+                "instead.") from None
+        parent = os.getpid()
+        secret = self._value.encode("utf-8")
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            _unlink_quietly(self.path)
+            raise LaunchError(f"cannot start the key pipe's writer: {exc.strerror or exc}",
+                              1) from None
+        if pid == 0:  # pragma: no cover - the child never returns (coverage cannot see it)
+            _write_key_once(self.path, secret, parent)
+        self.pid = pid
+
+    def cancel(self) -> None:
+        """Stop the writer (if claude never asked) and remove the pipe."""
+        if self.pid is not None:
+            import signal
+
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+            self.pid = None
+        _unlink_quietly(self.path)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:  # noqa: SIM105 (contextlib costs fleet-worker start-up time)
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _write_key_once(path: str, secret: bytes, parent: int) -> None:
+    """The forked writer: give the key to the first reader of the pipe, then go. Never
+    returns into the caller's code, whatever happens."""
+    try:
+        import signal
+
+        def leave(_sig: int = 0, _frame: object = None) -> None:
+            _unlink_quietly(path)
+            os._exit(0)
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
+            signal.signal(sig, leave)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        # Hold none of the launcher's files (a reader of fleet-worker's output must not
+        # wait for this process to close its stdout).
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, 65536)
+        from fleet_tui import procs
+
+        procs.set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != parent:  # the parent went before the death signal was armed
+            leave()
+        signal.alarm(KEY_HANDOFF_TIMEOUT)
+        fd = os.open(path, os.O_WRONLY)  # blocks until the helper opens the pipe to read
+        view = memoryview(secret)
+        while view:
+            view = view[os.write(fd, view):]
+        os.close(fd)
+    except BaseException:  # nothing to report to: the helper just finds no key
+        pass
+    _unlink_quietly(path)
+    os._exit(0)
+
+
 class LaunchPlan:
     """Everything needed to start claude. `env` is the child's complete environment and
     holds the key, so it is left out of repr; `describe()` is safe to print."""
 
-    __slots__ = ("_config_dir", "_cwd", "argv", "credential_source", "env",
+    __slots__ = ("_config_dir", "_cwd", "argv", "credential_source", "env", "key_handoff",
                  "permission_mode", "prepared", "removed_env", "set_env", "warnings")
 
     def __init__(self, *, argv: list[str], env: dict[str, str], cwd: StrPath | None,
                  config_dir: StrPath, credential_source: str, warnings: list[str],
                  permission_mode: str, removed_env: tuple[str, ...] = (),
-                 set_env: tuple[str, ...] = (), prepared: bool = True) -> None:
+                 set_env: tuple[str, ...] = (), prepared: bool = True,
+                 key_handoff: KeyHandoff | None = None) -> None:
         self.argv = argv
         self.env = env
         self._cwd = cwd
@@ -462,6 +705,13 @@ class LaunchPlan:
         self.removed_env = removed_env  # inherited names taken out (values never shown)
         self.set_env = set_env  # names we set, in order
         self.prepared = prepared  # False: dry run, settings.json not written
+        # Not None: the key is not in `env`; start it right before claude starts.
+        self.key_handoff = key_handoff
+
+    def start_key_handoff(self) -> None:
+        """Start handing the key over (a no-op when it travels in the environment)."""
+        if self.key_handoff is not None:
+            self.key_handoff.start()
 
     @property
     def cwd(self) -> Path | None:
@@ -489,12 +739,18 @@ class LaunchPlan:
         import shlex
 
         secret = self.env.get("ANTHROPIC_AUTH_TOKEN", "")
+        if self.key_handoff is not None:
+            secret = self.key_handoff.value
+            key = (f"key: from {self.credential_source}; handed to claude through a one-shot "
+                   "pipe (apiKeyHelper), not its environment, so its tools do not see it")
+        else:
+            key = f"key: from {self.credential_source}"
         lines = ["fleet-worker --dry-run: nothing was started.",
                  f"config dir: {os.fspath(self._config_dir)} (0700)",
                  "  settings.json: effortLevel and hooks={} "
                  + ("written" if self.prepared else "would be rewritten")
                  + "; your other keys are kept",
-                 f"key: from {self.credential_source}",
+                 key,
                  f"cwd: {os.fspath(self._cwd) if self._cwd is not None else os.getcwd()}",
                  "environment changes:"]
         lines += [f"  unset {name}" for name in self.removed_env]
@@ -526,30 +782,28 @@ def child_env(base_env: Mapping[str, str]) -> tuple[dict[str, str], tuple[str, .
 def plan_launch(settings: Settings, args: Sequence[str] = (), *, prompt: str | None = None,
                 config_dir: StrPath | None = None, base_env: Mapping[str, str] | None = None,
                 model: str | None = None, permission_mode: str | None = None,
-                cwd: StrPath | None = None, prepare: bool = True) -> LaunchPlan:
-    """Build the isolated launch: argv `claude -p --model sonnet --permission-mode MODE
-    [args] [-- prompt]`, the child's environment and the prepared config dir.
+                cwd: StrPath | None = None, prepare: bool = True,
+                key_handoff: bool = False) -> LaunchPlan:
+    """Build the isolated launch: argv `claude -p [--settings ...] [--allowedTools ...]
+    --model sonnet --permission-mode MODE [args] [-- prompt]`, the child's environment
+    and the prepared config dir.
 
     Precedence of the permission mode: a --permission-mode in `args` > `permission_mode`
     > settings. `model` replaces the OPUS/SONNET mapping (small-model fallback).
     `prepare=False` (dry run) reads settings.json but writes nothing. Raises LaunchError
     subclasses; warnings (dontAsk without an allowlist) come back in `plan.warnings`.
+
+    `key_handoff=True` (a caller that will call `plan.start_key_handoff()` right before
+    claude starts) with the `key_helper` setting on: the key goes through a one-shot pipe
+    read by claude's apiKeyHelper (`plan.key_handoff`), not ANTHROPIC_AUTH_TOKEN. Otherwise
+    (and when the caller passes its own --settings) it is in `plan.env` as before.
+    `scrub_tool_env`: CLAUDE_CODE_SUBPROCESS_ENV_SCRUB=1, plus an --allowedTools list when
+    none is given (claude forces the permission mode to default then).
     """
     base = dict(os.environ if base_env is None else base_env)
-    flag_mode, rest = split_permission_mode(args)
-    mode = flag_mode or permission_mode or settings.permission_mode
-    if mode not in PERMISSION_MODES:
-        raise UsageError(f"unknown permission mode {mode!r}; use one of "
-                         + ", ".join(PERMISSION_MODES))
+    mode = check_setup(settings, base, args=args, permission_mode=permission_mode)
+    rest = split_permission_mode(args)[1]
     options = _options_part(rest)
-    bypass = mode == "bypassPermissions" or "--dangerously-skip-permissions" in options
-    if bypass and current_euid() == 0 and not settings.sandbox:
-        raise UsageError(
-            "running as root with permission mode bypassPermissions: claude refuses that "
-            "unless it runs in a sandbox. If this machine is a container or VM set "
-            "FLEET_WORKER_SANDBOX=1 (fleet-worker then sets IS_SANDBOX=1 for claude); "
-            "otherwise run as a normal user or choose another mode, e.g. "
-            "FLEET_WORKER_PERMISSION_MODE=dontAsk with --allowedTools.")
     if cwd is not None and not os.path.isdir(cwd):
         raise UsageError(f"working directory {cwd} does not exist or is not a directory")
 
@@ -571,6 +825,17 @@ def plan_launch(settings: Settings, args: Sequence[str] = (), *, prompt: str | N
 
     env, removed = child_env(base)
     main_model = model or settings.model
+    handoff: KeyHandoff | None = None
+    ours_first: list[str] = []  # our flags, right after -p (before --model ends a list)
+    if key_handoff and settings.key_helper:
+        if "--settings" in options or any(o.startswith("--settings=") for o in options):
+            warnings.append("--settings is given, so the key reaches claude in its "
+                            "environment (ANTHROPIC_AUTH_TOKEN), where its tools can read it")
+        else:
+            handoff = KeyHandoff(os.path.join(
+                cfg, f".key-{os.getpid()}-{os.urandom(6).hex()}.fifo"), credential.value)
+            ours_first += ["--settings", '{"apiKeyHelper": '
+                           + _json_string(handoff.helper_command(base)) + "}"]
     ours = {
         "CLAUDE_CONFIG_DIR": cfg,
         "ANTHROPIC_BASE_URL": settings.base_url,
@@ -581,11 +846,18 @@ def plan_launch(settings: Settings, args: Sequence[str] = (), *, prompt: str | N
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_TELEMETRY": "1",
     }
+    if handoff is not None:
+        del ours["ANTHROPIC_AUTH_TOKEN"]
+        ours["CLAUDE_CODE_API_KEY_HELPER_TTL_MS"] = KEY_HELPER_TTL_MS
     if settings.sandbox:
         ours["IS_SANDBOX"] = "1"
+    if settings.scrub_tool_env:
+        ours["CLAUDE_CODE_SUBPROCESS_ENV_SCRUB"] = "1"
+        if not (has_allowlist_flag(rest) or _settings_allowlist(user_settings)):
+            ours_first += ["--allowedTools", *SCRUB_ALLOWED_TOOLS]
     env.update(ours)
 
-    argv = [claude, "-p", "--model", "sonnet", "--permission-mode", mode, *rest]
+    argv = [claude, "-p", *ours_first, "--model", "sonnet", "--permission-mode", mode, *rest]
     if prompt is not None:
         # `--` ends the options: claude's list flags (--allowedTools X Y, --add-dir) would
         # otherwise swallow the prompt, and a prompt starting with "-" would be a flag.
@@ -595,4 +867,4 @@ def plan_launch(settings: Settings, args: Sequence[str] = (), *, prompt: str | N
     return LaunchPlan(
         argv=argv, env=env, cwd=cwd, config_dir=cfg,
         credential_source=credential.source, warnings=warnings, permission_mode=mode,
-        removed_env=removed, set_env=tuple(ours), prepared=prepare)
+        removed_env=removed, set_env=tuple(ours), prepared=prepare, key_handoff=handoff)

@@ -441,7 +441,10 @@ class Runner:
             plan = plan_launch(settings, claude_args(spec), prompt=None,
                                config_dir=Path(spec.config_dir), base_env=self.env,
                                model=spec.model, permission_mode=spec.permission_mode,
-                               cwd=Path(spec.cwd))
+                               cwd=Path(spec.cwd), key_handoff=True)
+            # The key's one-shot pipe (setting key_helper): its writer is our child, so
+            # _clean_leftovers stops it (and it removes the pipe) if claude never reads it.
+            plan.start_key_handoff()
         except ConfigError as exc:
             raise _LaunchFailure(str(exc), 2) from None
         except LaunchError as exc:

@@ -7,6 +7,10 @@ as JSON to the file named by FLEET_STANDIN_RECORD, then exits with FLEET_STANDIN
 (default 0). With FLEET_STANDIN_WAIT=1 it waits (up to 30 s) after recording, so a test
 can look at /proc/<pid>/cmdline or send it a signal. `--version` prints a version line.
 Tests run it through a small executable wrapper script that FLEET_WORKER_CLAUDE points to.
+
+Like the real claude (checked with 2.1.197 and 2.1.332), it runs the `apiKeyHelper` of a
+`--settings` JSON argument once, with `/bin/sh -c`, and records what the helper printed as
+`helper_key` (and `helper_exit`): that is the key claude would send.
 """
 
 from __future__ import annotations
@@ -42,6 +46,24 @@ def read_record(path: Path, timeout: float = 10.0) -> dict[str, Any]:
     return data
 
 
+def _run_key_helper(argv: list[str]) -> tuple[str | None, int | None]:
+    """(what the apiKeyHelper of a --settings JSON printed, its exit code), or Nones."""
+    import subprocess
+
+    for index, arg in enumerate(argv[:-1]):
+        if arg == "--settings":
+            try:
+                helper = json.loads(argv[index + 1]).get("apiKeyHelper")
+            except (ValueError, AttributeError):
+                return None, None
+            if not helper:
+                return None, None
+            out = subprocess.run(["/bin/sh", "-c", helper], capture_output=True, text=True,
+                                 timeout=90, stdin=subprocess.DEVNULL)
+            return out.stdout.strip(), out.returncode
+    return None, None
+
+
 def main() -> int:
     if "--version" in sys.argv[1:]:
         print(STANDIN_VERSION)
@@ -54,7 +76,10 @@ def main() -> int:
             stdin_text = sys.stdin.read()
         except OSError:
             stdin_text = None
+    helper_key, helper_exit = _run_key_helper(sys.argv[1:])
     record = {
+        "helper_key": helper_key,
+        "helper_exit": helper_exit,
         "argv": sys.argv[1:],
         "env": dict(os.environ),
         "cwd": os.getcwd(),

@@ -33,6 +33,7 @@ def test_defaults_keep_the_original_names_and_values(tmp_path: Path) -> None:
     assert (s.keyring_service, s.keyring_key, s.claude) == ("fleet-worker", "api-key", "claude")
     assert s.sandbox is False
     assert s.key_sources == ("env", "keyring", "zhipu", "glm")
+    assert (s.key_helper, s.scrub_tool_env) == (True, False)
     assert (s.max_workers, s.max_attempts, s.fallback_after) == (4, 4, 2)
     assert (s.backoff_base, s.backoff_cap, s.quota_cooldown) == (5, 300, 60)
     assert (s.timeout, s.stall_seconds, s.stall_kill, s.kill_grace) == (3600, 300, False, 5)
@@ -81,9 +82,11 @@ def test_environment_values_are_parsed(tmp_path: Path) -> None:
            "FLEET_WORKER_KEY_SOURCES": "keyring, glm", "FLEET_WORKER_MAX_WORKERS": "6",
            "FLEET_WORKER_TIMEOUT": "0", "FLEET_WORKER_BACKOFF_BASE": "0.5",
            "FLEET_WORKER_CONFIG_DIR": "~/cfg-7", "FLEET_WORKER_CLAUDE": "/opt/claude",
-           "FLEET_WORKER_STALL_KILL": "yes", "FLEET_WORKER_TEST_COMMAND": "pytest -q"}
+           "FLEET_WORKER_STALL_KILL": "yes", "FLEET_WORKER_TEST_COMMAND": "pytest -q",
+           "FLEET_WORKER_KEY_HELPER": "0", "FLEET_WORKER_SCRUB_TOOL_ENV": "on"}
     s = load_settings(env=env, config_file=tmp_path / "none.toml")
     assert s.sandbox is True
+    assert s.key_helper is False and s.scrub_tool_env is True
     assert s.key_sources == ("keyring", "glm")
     assert s.max_workers == 6 and s.timeout == 0 and s.backoff_base == 0.5
     assert s.config_dir == tmp_path / "cfg-7"

@@ -7,6 +7,7 @@ import http.server
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
@@ -67,13 +68,15 @@ def test_json_reports_every_check(setup: Path, key: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     report = as_json(result)
     checks = by_check(report)
-    assert list(checks) == ["settings", "claude", "key", "config_dir", "root", "host_login",
-                            "git", "fleet_work_ignored", "git_identity"]
+    assert list(checks) == ["settings", "claude", "key", "config_dir", "root", "tool_env",
+                            "host_login", "git", "fleet_work_ignored", "git_identity"]
     assert all(set(row) == {"check", "status", "detail"} for row in report["data"])
     assert all(row["status"] == "ok" for row in report["data"]), report
     assert checks["key"]["detail"] == "found in ZHIPU_API_KEY"
     assert standin_claude.STANDIN_VERSION in checks["claude"]["detail"]
     assert "will be created" in checks["config_dir"]["detail"]
+    assert "one-shot pipe" in checks["tool_env"]["detail"]
+    assert "ZHIPU_API_KEY is exported" in checks["tool_env"]["detail"]
     assert report["meta"]["exit_code"] == 0 and report["meta"]["live"] is False
     assert report["meta"]["claude_version"] == "0.0.0-standin"
     assert key not in result.stdout + result.stderr
@@ -291,3 +294,48 @@ def test_live_probe_does_not_follow_redirects_with_the_key(setup: Path, key: str
     assert result.returncode == 7
     assert "HTTP 307" in by_check(as_json(result))["live"]["detail"]
     assert endpoint.requests == []  # the key was not carried to the redirect target
+
+
+def _tools(folder: Path, **scripts: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, body in scripts.items():
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def test_tool_env_reports_who_can_read_the_key(setup: Path, key: str, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 17: key_helper off is a warning; scrub_tool_env needs bubblewrap and socat
+    on PATH (else exit 2) and a bubblewrap that can make a sandbox here."""
+    monkeypatch.setenv("FLEET_WORKER_KEY_HELPER", "0")
+    off = by_check(as_json(run_doctor("--json", cwd=setup)))["tool_env"]
+    assert off["status"] == "warn" and "every tool it runs" in off["detail"]
+    monkeypatch.delenv("FLEET_WORKER_KEY_HELPER")
+    monkeypatch.setenv("FLEET_WORKER_SCRUB_TOOL_ENV", "1")
+    bare = _tools(tmp_path / "bare", git='exec /usr/bin/git "$@"')
+    monkeypatch.setenv("PATH", str(bare))
+    missing = run_doctor("--json", cwd=setup)
+    row = by_check(as_json(missing))["tool_env"]
+    assert missing.returncode == 2 and row["status"] == "fail"
+    assert "bwrap and socat are not installed" in row["detail"]
+    assert "apt-get install bubblewrap socat" in row["detail"]
+    broken = _tools(tmp_path / "broken", git='exec /usr/bin/git "$@"', socat="exit 0",
+                    bwrap="echo 'bwrap: No permissions to create new namespace' >&2; exit 1")
+    monkeypatch.setenv("PATH", str(broken))
+    refused = run_doctor("--json", cwd=setup)
+    row = by_check(as_json(refused))["tool_env"]
+    assert refused.returncode == 2 and "No permissions to create new namespace" in row["detail"]
+
+
+def test_tool_env_with_a_working_bubblewrap(setup: Path, key: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    if not (shutil.which("bwrap") and shutil.which("socat")):
+        pytest.skip("needs bubblewrap and socat installed (apt-get install bubblewrap socat)")
+    monkeypatch.setenv("FLEET_WORKER_SCRUB_TOOL_ENV", "1")
+    result = run_doctor("--json", cwd=setup)
+    row = by_check(as_json(result))["tool_env"]
+    if row["status"] == "fail":  # installed, but this machine allows no namespaces
+        assert result.returncode == 2 and "cannot make a sandbox" in row["detail"]
+    else:
+        assert result.returncode == 0 and "own pid namespace" in row["detail"]

@@ -54,7 +54,7 @@ def test_set_from_stdin_then_status_then_worker_uses_it(key: str, tmp_path: Path
          "import sys; from fleet_tui.cli import worker_main; sys.exit(worker_main())", "hi"],
         capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     assert worker.returncode == 0, worker.stderr
-    assert standin_claude.read_record(record)["env"]["ANTHROPIC_AUTH_TOKEN"] == key
+    assert standin_claude.read_record(record)["helper_key"] == key
     for result in (stored, status, worker):
         assert key not in result.stdout + result.stderr
 
@@ -135,6 +135,19 @@ def _read_until(fd: int, needle: bytes, timeout: float) -> bytes:
     return seen
 
 
+def _wait_or_kill(pid: int, timeout: float) -> int | None:
+    """The child's exit code, or None (and the child killed) if it is still waiting."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return None
+
+
 def test_set_from_a_terminal_does_not_echo(key: str) -> None:
     pid, fd = pty.fork()
     if pid == 0:  # child: runs with the pty as its controlling terminal
@@ -155,3 +168,31 @@ def test_set_from_a_terminal_does_not_echo(key: str) -> None:
     assert b"stored the key" in rest
     assert key.encode() not in prompt + rest  # not echoed back to the terminal
     assert "the key would come from keyring" in key_cmd("status").stdout
+
+
+def test_set_without_a_backend_refuses_before_asking_for_the_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 8: it asked for the secret first and only then said no backend is usable.
+    Now the backend is checked first: no prompt on the terminal, exit 6, and what to do
+    instead (environment variable, a Secret Service, or keyrings.alt at one's own risk)."""
+    monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
+    pid, fd = pty.fork()
+    if pid == 0:  # child: the pty is its controlling terminal
+        cmd = tui_cmd("key", "set")
+        try:
+            os.execv(cmd[0], cmd)
+        finally:
+            os._exit(127)
+    try:
+        screen = _read_until(fd, b"keyrings.alt", TIMEOUT)
+        status = _wait_or_kill(pid, TIMEOUT)
+    finally:
+        os.close(fd)
+    assert status == 6, screen
+    text = screen.decode(errors="replace")
+    assert "input hidden" not in text and "API key" not in text.split("keyring")[0]
+    for advice in ("no usable OS keyring backend", "nothing was asked or stored",
+                   "export ANTHROPIC_AUTH_TOKEN=", "ZHIPU_API_KEY", "gnome-keyring",
+                   "keyrings.alt", "own risk"):
+        assert advice in text, text
+    assert "Traceback" not in text

@@ -225,7 +225,7 @@ def test_failed_task_exit_1_and_merge_gates(env: dict[str, str], git_repo: Path)
     assert (git_repo / "a.txt").read_text() == "conflicting\n"
     assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=git_repo, text=True,
                           capture_output=True).stdout == head
-    retried = cli(env, git_repo, "retry", tid)
+    retried = cli(env, git_repo, "retry", tid, "--yes")
     assert retried.returncode == 0, retried.stderr
     assert wait_state(env, git_repo, tid, {"succeeded", "failed"})["state"] == "succeeded"
 
@@ -251,3 +251,125 @@ def test_kill_from_the_cli(env: dict[str, str], git_repo: Path) -> None:
     finally:
         for pid in _sleepers():
             procs.signal_pid(pid, signal.SIGKILL)
+
+
+def _worktrees(repo: Path) -> str:
+    return subprocess.run(["git", "worktree", "list"], cwd=repo, text=True,
+                          capture_output=True, check=True).stdout
+
+
+def _retry_on_a_terminal(env: dict[str, str], cwd: Path, task_id: str,
+                         answer: bytes) -> tuple[int, bytes]:
+    """`fleet-tui retry ID` with a pty as its terminal; answers the question with `answer`."""
+    import pty
+    import select
+
+    pid, fd = pty.fork()
+    if pid == 0:  # child: the pty is its controlling terminal
+        try:
+            os.chdir(cwd)
+            os.execve(sys.executable, [sys.executable, "-m", "fleet_tui.cli", "retry",
+                                       task_id], env)
+        finally:
+            os._exit(127)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"[y/N]" not in seen and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+        if b"[y/N]" in seen:
+            os.write(fd, answer + b"\n")
+        while time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), seen
+
+
+def test_fresh_retry_asks_before_it_throws_work_away(env: dict[str, str],
+                                                     git_repo: Path) -> None:
+    """Finding 5: a fresh retry of a task with changes asks like discard; --yes skips the
+    question; without a terminal and --yes it refuses (exit 4) and nothing is touched."""
+    out = cli(env, git_repo, "run", "write a.txt", "--wait", "--json")
+    assert out.returncode == 0, out.stderr
+    tid = json.loads(out.stdout)[0]["id"]
+    worktree = Path(json.loads(out.stdout)[0]["worktree"])
+    assert (worktree / "a.txt").read_text() == "worker\n"
+    (worktree / "notes.txt").write_text("mine, untracked\n")
+
+    refused = cli(env, git_repo, "retry", tid)  # stdin is not a terminal
+    assert refused.returncode == 4, refused.stderr
+    assert "--yes" in refused.stderr and "--resume" in refused.stderr
+    assert "a.txt" in refused.stderr or "2 files" in refused.stderr
+    assert (worktree / "a.txt").read_text() == "worker\n"
+    assert (worktree / "notes.txt").exists()
+    assert ls(env, git_repo)[0]["state"] == "succeeded"
+    assert len(json.loads(cli(env, git_repo, "show", tid, "--json").stdout)["attempts"]) == 1
+
+    code, screen = _retry_on_a_terminal(env, git_repo, tid, b"n")
+    assert code == 2 and b"[y/N]" in screen and b"nothing was changed" in screen
+    assert (worktree / "notes.txt").exists() and (worktree / "a.txt").exists()
+    assert ls(env, git_repo)[0]["state"] == "succeeded"
+
+    # commits on the branch count as work too, even with a clean worktree
+    subprocess.run(["git", "add", "-A"], cwd=worktree, check=True)
+    subprocess.run(["git", "commit", "-qm", "worker's work"], cwd=worktree, check=True)
+    again = cli(env, git_repo, "retry", tid)
+    assert again.returncode == 4 and "commit" in again.stderr, again.stderr
+
+    yes = cli(env, git_repo, "retry", tid, "--yes")
+    assert yes.returncode == 0, yes.stderr
+    assert not (worktree / "notes.txt").exists()
+    assert wait_state(env, git_repo, tid, {"succeeded", "failed"})["state"] == "succeeded"
+
+
+def test_resume_and_a_retry_without_changes_do_not_ask(env: dict[str, str],
+                                                       git_repo: Path) -> None:
+    out = cli(env, git_repo, "run", "write a.txt", "--wait", "--json")
+    tid = json.loads(out.stdout)[0]["id"]
+    worktree = Path(json.loads(out.stdout)[0]["worktree"])
+    resumed = cli(env, git_repo, "retry", tid, "--resume")  # keeps the worktree: no question
+    assert resumed.returncode == 0, resumed.stderr
+    assert (worktree / "a.txt").read_text() == "worker\n"
+    wait_state(env, git_repo, tid, {"succeeded", "failed"})
+    assert (worktree / "a.txt").read_text() == "worker\n"
+
+    chat = cli(env, git_repo, "run", "[script:chat] hi", "--wait", "--json")
+    chat_id = json.loads(chat.stdout)[0]["id"]
+    fresh = cli(env, git_repo, "retry", chat_id)  # nothing to lose: no question
+    assert fresh.returncode == 0, fresh.stderr
+    assert wait_state(env, git_repo, chat_id, {"succeeded", "failed"})["state"] == "succeeded"
+    assert f"fleet/{chat_id}" in _worktrees(git_repo)
+
+
+def test_a_long_prompt_is_queued_whole(env: dict[str, str], git_repo: Path,
+                                       tmp_path: Path) -> None:
+    """Finding 8: a prompt of 128 KiB or more is not refused and nothing in the CLI chokes
+    on it (how the runner hands it to claude is the engine's part)."""
+    prompt = "[script:chat] " + "a long prompt line\n" * (200 * 1024 // 19)
+    big = tmp_path / "big.md"
+    big.write_text(prompt)
+    assert big.stat().st_size > 128 * 1024
+    out = cli(env, git_repo, "run", "--file", str(big), "--json")
+    assert out.returncode == 0, out.stderr
+    (task,) = json.loads(out.stdout)
+    shown = json.loads(cli(env, git_repo, "show", task["id"], "--json").stdout)
+    assert shown["prompt"] == prompt and shown["title"] == "[script:chat] a long prompt line"
+    piped = cli(env, git_repo, "run", "-", "--json", stdin=prompt)
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)[0]["prompt"] == prompt

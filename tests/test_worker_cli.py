@@ -1,4 +1,6 @@
-"""fleet-worker as a process: it becomes claude, and claude gets the key only in its env.
+"""fleet-worker as a process: it becomes claude, and claude gets the key through a one-shot
+pipe its apiKeyHelper reads (or, with FLEET_WORKER_KEY_HELPER=0, in its environment), never
+in its argv.
 
 Most tests run the recording stand-in claude (tests/standin_claude.py) because what is
 under test is what claude *receives*; the last tests run the real pinned claude against
@@ -57,7 +59,13 @@ def record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def test_worker_execs_claude_with_the_key_only_in_its_environment(
+def _helper_of(argv: list[str]) -> str:
+    index = argv.index("--settings")
+    helper: str = json.loads(argv[index + 1])["apiKeyHelper"]
+    return helper
+
+
+def test_worker_execs_claude_with_the_key_in_neither_argv_nor_environment(
         record: Path, key: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_STANDIN_WAIT", "1")
     proc = subprocess.Popen(worker_cmd("--output-format", "json", "hello there"),
@@ -68,8 +76,7 @@ def test_worker_execs_claude_with_the_key_only_in_its_environment(
         assert rec["pid"] == proc.pid  # exec: claude *is* the process we started
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
-        assert key.encode() not in cmdline
-        assert b"ANTHROPIC_AUTH_TOKEN=" + key.encode() in environ
+        assert key.encode() not in cmdline and key.encode() not in environ
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=TIMEOUT) == -signal.SIGTERM  # the signal reached claude
     finally:
@@ -78,14 +85,47 @@ def test_worker_execs_claude_with_the_key_only_in_its_environment(
             proc.wait(timeout=TIMEOUT)
     out, err = proc.communicate(timeout=TIMEOUT)
     assert key.encode() not in out + err
-    assert rec["argv"] == ["-p", "--model", "sonnet", "--permission-mode", "bypassPermissions",
-                           "--output-format", "json", "hello there"]
-    assert all(key not in arg for arg in rec["argv"])
+    assert rec["helper_key"] == key and rec["helper_exit"] == 0  # what claude would send
+    argv = rec["argv"]
+    assert argv[0] == "-p" and argv[1] == "--settings"
+    assert argv[3:] == ["--model", "sonnet", "--permission-mode", "bypassPermissions",
+                        "--output-format", "json", "hello there"]
+    assert all(key not in arg for arg in argv)
+    fifo = _helper_of(argv).split("cat ", 1)[1].strip("'")
+    assert Path(fifo).parent == Path(os.environ["FLEET_WORKER_CONFIG_DIR"])
+    assert not Path(fifo).exists()  # read once, then gone
     env = rec["env"]
-    assert env["ANTHROPIC_AUTH_TOKEN"] == key
+    assert "ANTHROPIC_AUTH_TOKEN" not in env and "ANTHROPIC_API_KEY" not in env
+    assert env["CLAUDE_CODE_API_KEY_HELPER_TTL_MS"] == "2147483647"
     assert env["CLAUDE_CONFIG_DIR"] == os.environ["FLEET_WORKER_CONFIG_DIR"]
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
     assert env["DISABLE_TELEMETRY"] == "1"
+
+
+def test_the_key_pipe_gives_the_key_once(record: Path, key: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second reader (a tool running the same helper command) gets nothing."""
+    assert run_worker("hi").returncode == 0
+    rec = standin_claude.read_record(record)
+    assert rec["helper_key"] == key
+    again = subprocess.run(["/bin/sh", "-c", _helper_of(rec["argv"])], capture_output=True,
+                           text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    assert again.returncode != 0 and key not in again.stdout
+
+
+def test_key_helper_off_puts_the_key_in_claudes_environment(
+        record: Path, key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_WORKER_KEY_HELPER", "0")
+    assert run_worker("hi").returncode == 0
+    rec = standin_claude.read_record(record)
+    assert rec["env"]["ANTHROPIC_AUTH_TOKEN"] == key and rec["helper_key"] is None
+    assert rec["argv"][:5] == ["-p", "--model", "sonnet", "--permission-mode",
+                               "bypassPermissions"]
+    # and a --settings of the caller's own wins over the handoff, with a warning
+    monkeypatch.delenv("FLEET_WORKER_KEY_HELPER")
+    own = run_worker("--settings", "{}", "hi")
+    assert own.returncode == 0 and "--settings is given" in own.stderr
+    assert standin_claude.read_record(record)["env"]["ANTHROPIC_AUTH_TOKEN"] == key
 
 
 @pytest.mark.parametrize("code", [0, 1, 3])
@@ -128,8 +168,9 @@ def test_inherited_credentials_do_not_reach_the_worker(record: Path, key: str,
     monkeypatch.setenv("CLAUDE_CONFIG_DIR", "/host/.claude")
     monkeypatch.setenv("FLEET_WORKER_KEY_SOURCES", "zhipu,glm")
     assert run_worker("hi").returncode == 0
-    env = standin_claude.read_record(record)["env"]
-    assert env["ANTHROPIC_AUTH_TOKEN"] == key
+    rec = standin_claude.read_record(record)
+    env = rec["env"]
+    assert rec["helper_key"] == key and "ANTHROPIC_AUTH_TOKEN" not in env
     assert "ANTHROPIC_API_KEY" not in env and "CLAUDE_CODE_OAUTH_TOKEN" not in env
     assert env["CLAUDE_CONFIG_DIR"] != "/host/.claude"
 
@@ -161,8 +202,9 @@ def test_dontask_warning_and_the_equals_form(record: Path, key: str,
     assert warned.returncode == 0 and "warning" in warned.stderr and "dontAsk" in warned.stderr
     quiet = run_worker("--allowedTools=Read", "hi")
     assert quiet.returncode == 0 and quiet.stderr == ""
-    assert standin_claude.read_record(record)["argv"][3:6] == [
-        "--permission-mode", "dontAsk", "--allowedTools=Read"]
+    argv = standin_claude.read_record(record)["argv"]
+    at = argv.index("--permission-mode")
+    assert argv[at:at + 3] == ["--permission-mode", "dontAsk", "--allowedTools=Read"]
 
 
 def test_dry_run_shows_the_isolated_env_with_the_key_redacted(
@@ -172,15 +214,20 @@ def test_dry_run_shows_the_isolated_env_with_the_key_redacted(
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert key not in out + result.stderr and "inherited-secret-value" not in out
-    assert "ANTHROPIC_AUTH_TOKEN=<redacted: from ZHIPU_API_KEY>" in out
+    assert "key: from ZHIPU_API_KEY; handed to claude through a one-shot pipe" in out
+    assert "ANTHROPIC_AUTH_TOKEN" not in out.replace("unset ANTHROPIC_API_KEY", "")
     assert "unset ANTHROPIC_API_KEY" in out
     assert f"CLAUDE_CONFIG_DIR={tmp_path / 'cfg'}" in out
     assert "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1" in out
     argv_line = next(line for line in out.splitlines() if line.startswith("argv: "))
-    assert "-p --model sonnet --permission-mode bypassPermissions --output-format json hello" \
-        in argv_line and "--dry-run" not in argv_line
+    assert "--model sonnet --permission-mode bypassPermissions --output-format json hello" \
+        in argv_line and "--dry-run" not in argv_line and "apiKeyHelper" in argv_line
     assert standin_claude.STANDIN_VERSION in out
     assert not record.exists() and not (tmp_path / "cfg").exists()  # nothing ran or changed
+    monkeypatch.setenv("FLEET_WORKER_KEY_HELPER", "0")
+    in_env = run_worker("--dry-run", "hello").stdout
+    assert "ANTHROPIC_AUTH_TOKEN=<redacted: from ZHIPU_API_KEY>" in in_env
+    assert key not in in_env
 
 
 def test_help_anywhere_prints_our_usage(record: Path) -> None:
@@ -340,8 +387,37 @@ def test_real_claude_gets_piped_prompt_and_key_through_the_worker(
     result = json.loads(proc.stdout)
     assert result["is_error"] is False and "the prompt arrived" in result["result"]
     messages = [r for r in requests if r.path.startswith("/v1/messages")]
-    assert messages and all(r.auth_kind == "bearer" for r in messages)
+    # the apiKeyHelper's key goes out as both headers (observed with 2.1.197 and 2.1.332)
+    assert messages and all(r.auth_kind == "bearer+x-api-key" for r in messages)
     assert {r.auth_sha256 for r in messages} == {hashlib.sha256(key.encode()).hexdigest()}
     assert any(prompt in (r.prompt or "") for r in messages)
     assert {r.model for r in messages} <= {"GLM-5.2", "GLM-4.5-Air"}
     assert key not in proc.stdout + proc.stderr
+
+
+def test_scrub_tool_env_sets_the_scrub_and_an_explicit_allowlist(
+        record: Path, key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_WORKER_SCRUB_TOOL_ENV", "1")
+    tools = tmp_path / "tools"  # bwrap and socat only need to be found on PATH
+    tools.mkdir()
+    for name in ("bwrap", "socat"):
+        (tools / name).write_text("#!/bin/sh\nexit 0\n")
+        (tools / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    assert run_worker("hi").returncode == 0
+    rec = standin_claude.read_record(record)
+    assert rec["env"]["CLAUDE_CODE_SUBPROCESS_ENV_SCRUB"] == "1"
+    argv = rec["argv"]
+    at = argv.index("--allowedTools")
+    # claude forces the permission mode to default under the scrub: name the tools
+    assert argv[at + 1:at + 4] == ["Bash", "Edit", "Write"] and "--model" in argv[at:]
+    assert argv[-1] == "hi" and rec["helper_key"] == key
+    own = run_worker("--allowedTools", "Read", "--", "hi")  # the caller's list is kept
+    assert own.returncode == 0
+    assert standin_claude.read_record(record)["argv"].count("--allowedTools") == 1
+    (tools / "socat").unlink()  # without socat every Bash call would fail: refused
+    monkeypatch.setenv("PATH", str(tools))  # the stand-in runs by absolute paths
+    record.unlink()
+    refused = run_worker("hi")
+    assert refused.returncode == 2 and "apt-get install bubblewrap socat" in refused.stderr
+    assert "socat is not installed" in refused.stderr and not record.exists()

@@ -20,12 +20,18 @@ from pathlib import Path
 from fleet_tui import CLAUDE_CODE_VERSION, __version__
 from fleet_tui.config import ConfigError, Settings, config_file_path, load_settings
 from fleet_tui.launcher import (
+    ROOT_MESSAGE,
+    SCRUB_PROGRAMS,
     LaunchError,
+    bwrap_broken_message,
+    bwrap_problem,
     check_sources,
     current_euid,
     find_claude,
+    missing_scrub_programs,
     no_credential_message,
     read_user_settings,
+    scrub_missing_message,
     which,
 )
 
@@ -44,14 +50,16 @@ EPILOG = f"""\
 checks: settings (config.toml and FLEET_WORKER_*), claude found and its version, a key
 resolvable (its source only), the isolated config dir writable and private (0700), the
 host login trap (~/.claude.json oauthAccount, forceLoginMethod) as advice, root with
-bypassPermissions and no FLEET_WORKER_SANDBOX=1, git present, `.fleet-work/` ignored in
-the current repository. --live also sends one 1-token request to <base>/v1/messages
-(key in the `Authorization: Bearer` header, as claude sends ANTHROPIC_AUTH_TOKEN).
+bypassPermissions and no FLEET_WORKER_SANDBOX=1, whether the tools claude runs can read
+the key (key_helper; scrub_tool_env needs bubblewrap and socat, and bubblewrap must work
+here), git present, `.fleet-work/` ignored in the current repository. --live also sends
+one 1-token request to <base>/v1/messages (key in the `Authorization: Bearer` header, as
+claude sends it).
 
 exit codes (the first failing check decides; warnings never fail):
   {EXIT_OK}   ok
   {EXIT_CONFIG}   usage or configuration error (bad setting, unusable config dir, root
-      without the sandbox opt-in)
+      without the sandbox opt-in, scrub_tool_env without a working bubblewrap)
   {EXIT_MISSING}   claude not found, or no key
   {EXIT_AUTH}   --live: the endpoint rejected the key (HTTP 401/403)
   {EXIT_UNAVAILABLE}   --live: endpoint unavailable (connection error, timeout, other HTTP status)
@@ -83,6 +91,7 @@ class Context:
     secret: str = ""
     claude_path: str | None = None
     claude_version: str | None = None
+    secret_sources: tuple[str, ...] = ()  # environment variables that hold a key
     meta: dict[str, object] = field(default_factory=dict)
 
 
@@ -131,6 +140,7 @@ def _key_check(ctx: Context, settings: Settings) -> Check:
         message = no_credential_message(settings, checks, ctx.env)
         return Check("key", FAIL, message, EXIT_MISSING)
     ctx.secret = found.value
+    ctx.secret_sources = tuple(c.label for c in checks if c.found and c.kind != "keyring")
     return Check("key", OK, f"found in {found.source}")
 
 
@@ -196,9 +206,45 @@ def _root_check(settings: Settings) -> Check:
     if settings.sandbox:
         return Check("root", OK, "running as root with FLEET_WORKER_SANDBOX=1: claude gets "
                      "IS_SANDBOX=1 and accepts bypassPermissions")
-    return Check("root", FAIL, "running as root with bypassPermissions: claude refuses it. Set "
-                 "FLEET_WORKER_SANDBOX=1 if this machine is a sandbox (container/VM), or "
-                 "choose another FLEET_WORKER_PERMISSION_MODE", EXIT_CONFIG)
+    return Check("root", FAIL, ROOT_MESSAGE, EXIT_CONFIG)
+
+
+_EXPORTED = ("ANTHROPIC_AUTH_TOKEN", "ZHIPU_API_KEY", "GLM_API_KEY")
+
+
+def _tool_env_check(ctx: Context, settings: Settings, timeout: float) -> Check:
+    """Can the tools claude runs read the key? key_helper keeps it out of their
+    environment; scrub_tool_env (bubblewrap, socat) also hides claude's own process."""
+    path = ctx.env.get("PATH", os.defpath)
+    exported = [name for name in _EXPORTED if name in ctx.secret_sources]
+    note = ""
+    if exported:
+        note = (f"; note: {exported[0]} is exported in this shell, so every process started "
+                "from it carries the key in its environment (/proc/PID/environ), which "
+                "anything running as you can read: `fleet-tui key set` avoids that")
+    if settings.scrub_tool_env:
+        missing = missing_scrub_programs(ctx.env)
+        if missing:
+            return Check("tool_env", FAIL, scrub_missing_message(missing), EXIT_CONFIG)
+        problem = bwrap_problem(ctx.env, timeout)
+        if problem:
+            return Check("tool_env", FAIL, bwrap_broken_message(problem), EXIT_CONFIG)
+        how = "its own pid namespace (bubblewrap)"
+        return Check("tool_env", OK, f"scrub_tool_env: claude runs each tool without the key "
+                     f"and in {how}; it forces the permission mode to default, so the "
+                     "tools are listed with --allowedTools" + note)
+    have = [name for name in SCRUB_PROGRAMS if which(name, path)]
+    extra = ("bubblewrap and socat are installed" if len(have) == len(SCRUB_PROGRAMS)
+             else "it needs bubblewrap and socat")
+    if not settings.key_helper:
+        return Check("tool_env", WARN, "key_helper is off: the key is in claude's environment, "
+                     "so every tool it runs (Bash, hooks, MCP servers) can read it; set "
+                     "FLEET_WORKER_KEY_HELPER=1, or FLEET_WORKER_SCRUB_TOOL_ENV=1 "
+                     f"({extra})" + note)
+    return Check("tool_env", OK, "the key reaches claude through a one-shot pipe "
+                 "(apiKeyHelper), not its environment, so the tools it runs do not inherit "
+                 "it; scrub_tool_env would also hide claude's own process from them "
+                 f"({extra})" + note)
 
 
 def _git_checks(env: Mapping[str, str], cwd: Path) -> list[Check]:
@@ -332,13 +378,14 @@ def run_checks(*, env: Mapping[str, str], cwd: Path, live: bool, timeout: float)
     checks = [_settings_check(ctx)]
     settings = ctx.settings
     if settings is None:
-        for name in ("claude", "key", "config_dir", "root"):
+        for name in ("claude", "key", "config_dir", "root", "tool_env"):
             checks.append(Check(name, SKIP, "settings could not be loaded"))
     else:
         checks.append(_claude_check(ctx, settings, timeout))
         checks.append(_key_check(ctx, settings))
         checks.append(_config_dir_check(settings))
         checks.append(_root_check(settings))
+        checks.append(_tool_env_check(ctx, settings, timeout))
     checks.append(_login_trap_check(env))
     checks.extend(_git_checks(env, cwd))
     checks.append(_git_identity_check(env, cwd))

@@ -1,8 +1,8 @@
 """fleet-tui key set|delete|status: keep the API key in the OS keyring, not in a file.
 
 The key is read without echo (getpass) from a terminal, or from stdin when piped, so it
-never lands in shell history or argv. Where no keyring backend works (a bare Linux box
-without a Secret Service), this says so and points to the environment variables.
+never lands in shell history or argv. Where no keyring backend works (a headless Linux box
+has no Secret Service), `set` says so before it asks for the key, and what to do instead.
 """
 
 from __future__ import annotations
@@ -29,6 +29,15 @@ exit codes: 0 ok; 2 usage; 5 (status) no key found; 6 no usable OS keyring backe
 ENV_ADVICE = ("Use an environment variable instead, e.g. `export ZHIPU_API_KEY=...` in your "
               "shell profile (or GLM_API_KEY / ANTHROPIC_AUTH_TOKEN).")
 
+# What to do where no keyring backend works (a headless Linux box has no Secret Service).
+NO_BACKEND_ADVICE = """Instead, either:
+  - export ANTHROPIC_AUTH_TOKEN=... (or ZHIPU_API_KEY / GLM_API_KEY) in your shell profile;
+  - install and unlock a Secret Service such as gnome-keyring (on a headless box it
+    needs a D-Bus session, e.g. a shell started with `dbus-run-session`);
+  - or, at your own risk, keyrings.alt's file backend (`pip install keyrings.alt`, then
+    PYTHON_KEYRING_BACKEND=keyrings.alt.file.PlaintextKeyring): it keeps the key
+    unencrypted in a file under your home."""
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -54,13 +63,32 @@ def _read_secret() -> str:
     return sys.stdin.read() if sys.stdin is not None else ""
 
 
-def _no_backend(action: str, exc: BaseException) -> int:
+def _no_backend(action: str, exc: BaseException, advice: str = ENV_ADVICE) -> int:
     sys.stderr.write(f"fleet-tui key {action}: the OS keyring cannot be used here: "
-                     f"{keyring_failure_reason(exc)}.\n{ENV_ADVICE}\n")
+                     f"{keyring_failure_reason(exc)}.\n{advice}\n")
     return EXIT_NO_BACKEND
 
 
+def _backend_problem(service: str, name: str) -> BaseException | None:
+    """Why the keyring cannot store a key here (None: it can). Asked before the key is
+    read, so nobody types a secret only to be told it cannot be kept. A read of the entry
+    is the probe: it fails the way a write would (no backend, a locked or broken one)."""
+    import keyring
+
+    try:
+        keyring.get_password(service, name)
+    except Exception as exc:  # every backend raises its own types
+        return exc
+    return None
+
+
 def _set(service: str, name: str, env_token_set: bool) -> int:
+    problem = _backend_problem(service, name)
+    if problem is not None:
+        sys.stderr.write(f"fleet-tui key set: the OS keyring cannot be used here: "
+                         f"{keyring_failure_reason(problem)}; nothing was asked or stored.\n"
+                         f"{NO_BACKEND_ADVICE}\n")
+        return EXIT_NO_BACKEND
     try:
         secret = _read_secret().strip()
     except (EOFError, KeyboardInterrupt):
@@ -78,7 +106,7 @@ def _set(service: str, name: str, env_token_set: bool) -> int:
     try:
         keyring.set_password(service, name, secret)
     except Exception as exc:  # every backend raises its own types
-        return _no_backend("set", exc)
+        return _no_backend("set", exc, NO_BACKEND_ADVICE)
     print(f"stored the key in the OS keyring as {service}/{name}.")
     if env_token_set:
         print("note: ANTHROPIC_AUTH_TOKEN is set in this environment and is used before the "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -18,11 +19,21 @@ from typing import Any, NoReturn
 
 from fleet_tui import git, stream
 from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings, load_settings
-from fleet_tui.fleet import Fleet, FleetError, FleetRefused, TaskNotFound, TaskSpec
+from fleet_tui.fleet import (
+    Fleet,
+    FleetError,
+    FleetRefused,
+    InvalidSpec,
+    TaskNotFound,
+    TaskSpec,
+    check_text,
+    work_at_stake,
+)
 from fleet_tui.store import (
     ACTIVE_STATES,
     CLOSED_STATES,
     FINISHED_STATES,
+    MAX_COPIES,
     Attempt,
     StoreError,
     Task,
@@ -41,9 +52,12 @@ EXIT_CODES = """\
 exit codes:
   0  ok
   1  a task failed (run --wait), or the engine reported an error
-  2  usage error (bad option, empty prompt, not a git repository, no --yes without a TTY)
+  2  usage or setup error (bad option, empty or unusable prompt, not a git repository,
+     no --yes without a TTY, root without FLEET_WORKER_SANDBOX=1, scrub_tool_env
+     without bubblewrap)
   3  no such task
-  4  refused to keep your work safe (dirty checkout, conflict, failing test command)
+  4  refused to keep your work safe (dirty checkout, conflict, failing test command, a
+     fresh retry that would throw changes away without --yes)
   5  claude or the API key is missing
 """
 
@@ -235,6 +249,54 @@ def _print_change(task: Task) -> None:
     _err(f"{task.id} {task.state}{msg}")
 
 
+# --- checked option values and prompt text (a bad one is one clear usage line) --------------
+
+
+def _whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number {bound}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds (give a finite number, 0 for no limit)")
+    return value
+
+
+def _read_stdin() -> bytes:
+    if sys.stdin is None:
+        return b""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is not None:
+        data: bytes = buffer.read()
+        return data
+    return sys.stdin.read().encode("utf-8", "surrogateescape")
+
+
+def _decode(data: bytes, source: str, command: str) -> str:
+    """UTF-8 text from bytes read from a file or stdin; a leading BOM is dropped."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Usage(f"fleet-tui {command}: the prompt in {source} is not valid UTF-8 text "
+                     f"(byte 0x{data[exc.start]:02x} at offset {exc.start}); save it as "
+                     "UTF-8") from None
+    return text.removeprefix("\ufeff")
+
+
 # --- commands ---------------------------------------------------------------------------------
 
 
@@ -243,14 +305,14 @@ def _read_prompt(args: argparse.Namespace) -> str:
         raise _Usage("fleet-tui run: give the prompt as an argument or with --file, not both")
     source = args.file if args.file is not None else args.prompt
     if source == "-" or (source is None and sys.stdin is not None and not sys.stdin.isatty()):
-        text = sys.stdin.read() if sys.stdin is not None else ""
+        text = _decode(_read_stdin(), "stdin", "run")
     elif args.file is not None:
         try:
-            text = Path(args.file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or exc
+            data = Path(args.file).read_bytes()
+        except OSError as exc:
             raise _Usage(f"fleet-tui run: cannot read the prompt file {args.file}: "
-                         f"{reason}") from None
+                         f"{exc.strerror or exc}") from None
+        text = _decode(data, str(args.file), "run")
     elif source is None:
         raise _Usage("fleet-tui run: no prompt; give it as an argument, with --file F, "
                      "or pipe it in with `-`")
@@ -258,16 +320,18 @@ def _read_prompt(args: argparse.Namespace) -> str:
         text = source
     if not text.strip():
         raise _Usage("fleet-tui run: the prompt is empty; say what the worker should do")
+    check_text("prompt", text)  # a NUL byte, or argv bytes that were not UTF-8
     return text
 
 
-def _check_launch(settings: Settings) -> None:
-    """Fail fast (exit 5) when claude or the key is missing, before anything is queued."""
-    from fleet_tui.launcher import LaunchError, find_claude, resolve_credential
+def _check_launch(settings: Settings, permission_mode: str | None = None) -> None:
+    """Fail fast, before anything is queued or created: a setup claude would refuse (root
+    with bypassPermissions without FLEET_WORKER_SANDBOX=1, scrub_tool_env without
+    bubblewrap: exit 2), then claude or the key missing (exit 5)."""
+    from fleet_tui.launcher import LaunchError, check_launch
 
     try:
-        find_claude(settings)
-        resolve_credential(settings)
+        check_launch(settings, permission_mode=permission_mode)
     except LaunchError as exc:
         raise _LaunchMissing(str(exc), exc.exit_code) from None
 
@@ -286,22 +350,28 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--title", help="a short title (default: the prompt's first line)")
     p.add_argument("--base", metavar="REF", help="branch, tag or commit to start from "
                    "(default: the current HEAD)")
-    p.add_argument("--copies", type=int, default=1, metavar="N",
-                   help="run N independent copies (default 1)")
+    p.add_argument("--copies", type=_whole(1, MAX_COPIES), default=1, metavar="N",
+                   help=f"run N independent copies, 1 to {MAX_COPIES} (default 1)")
     p.add_argument("--model", default="main",
                    help="main, small or a model name (default main)")
     p.add_argument("--permission-mode", choices=PERMISSION_MODES, metavar="P",
                    help="one of " + ", ".join(PERMISSION_MODES))
-    p.add_argument("--max-turns", type=int, metavar="N")
-    p.add_argument("--timeout", type=float, metavar="S", help="wall-clock limit in seconds")
+    p.add_argument("--max-turns", type=_whole(1), metavar="N",
+                   help="stop after N agent turns (at least 1)")
+    p.add_argument("--timeout", type=_seconds, metavar="S",
+                   help="wall-clock limit in seconds (0: none)")
     p.add_argument("--wait", action="store_true",
                    help="stay until every task finished; exit 1 unless all succeeded")
     p.add_argument("--json", action="store_true", help="print the tasks as JSON")
     args = p.parse_args(argv)
     prompt = _read_prompt(args)
+    for what, value in (("title", args.title), ("base ref", args.base),
+                        ("model", args.model)):
+        if value is not None:
+            check_text(what, value)
     repo = _repo(args.repo)
     settings = _settings()
-    _check_launch(settings)
+    _check_launch(settings, args.permission_mode)
     fleet = _fleet(settings)
     tasks = fleet.submit(TaskSpec(prompt=prompt, title=args.title or "", repo=repo,
                                   base_ref=args.base, model=args.model,
@@ -548,14 +618,41 @@ def _until_started(fleet: Fleet, task: Task) -> Task:
     return final
 
 
+def _confirm_loss(task: Task, yes: bool) -> None:
+    """A fresh retry resets the worktree and the branch to the base: ask first, as discard
+    does. Without a terminal (and no --yes) refuse, exit 4: the work is kept."""
+    if yes:
+        return
+    at_stake = work_at_stake(task)
+    if at_stake is None:
+        return
+    if sys.stdin is None or not sys.stdin.isatty():
+        raise FleetRefused(f"a fresh retry of {task.id} would throw away its work: "
+                           f"{at_stake}. Pass --yes to retry from scratch anyway, or "
+                           "--resume to continue in the same worktree")
+    sys.stdout.write(f"retry {task.id} ({task.title}) from scratch? This throws away "
+                     f"{at_stake}. [y/N] ")
+    sys.stdout.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise _Aborted()
+
+
 def cmd_retry(argv: list[str]) -> int:
-    p = _id_parser("retry", "Run a finished task again: fresh (worktree reset to its base) "
-                   "or --resume its session.")
+    p = _id_parser("retry", "Run a finished task again: fresh (worktree and branch reset "
+                   "to its base; asks first when that throws work away) or --resume its "
+                   "session in the same worktree.")
     p.add_argument("--resume", action="store_true",
-                   help="continue the last session in the same worktree")
+                   help="continue the last session in the same worktree (nothing is reset)")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="do not ask before a fresh retry throws the task's changes away")
     args = p.parse_args(argv)
     fleet = _fleet()
     _catch_up(fleet)
+    if not args.resume:
+        current = fleet.get_task(args.id)
+        if current.state in FINISHED_STATES:  # else fleet.retry says why it cannot
+            _confirm_loss(current, args.yes)
     task = fleet.retry(args.id, resume=args.resume)
     _out(f"{task.id} queued for a {'resumed' if args.resume else 'fresh'} attempt")
     _print_change(_until_started(fleet, task))
@@ -566,7 +663,8 @@ def cmd_follow_up(argv: list[str]) -> int:
     p = _id_parser("follow-up", "Send a finished task a new prompt in the same session.")
     p.add_argument("text", metavar="TEXT", help="the follow-up prompt (`-`: stdin)")
     args = p.parse_args(argv)
-    text = sys.stdin.read() if args.text == "-" else args.text
+    text = _decode(_read_stdin(), "stdin", "follow-up") if args.text == "-" else args.text
+    check_text("follow-up prompt", text)
     fleet = _fleet()
     _catch_up(fleet)
     task = fleet.follow_up(args.id, text)
@@ -612,6 +710,9 @@ def main(argv: list[str]) -> int:
         return EXIT_USAGE
     except _Aborted:
         _err(f"fleet-tui {name}: not confirmed; nothing was changed")
+        return EXIT_USAGE
+    except InvalidSpec as exc:
+        _err(f"fleet-tui {name}: {exc}")
         return EXIT_USAGE
     except _LaunchMissing as exc:
         _err(f"fleet-tui {name}: {exc}")

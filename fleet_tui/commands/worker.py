@@ -47,12 +47,18 @@ settings (environment; also config.toml keys without the prefix, in lower case):
   FLEET_WORKER_CLAUDE            claude binary, a path or a name on PATH     (claude)
   FLEET_WORKER_SANDBOX=1         this machine is a sandbox: allow bypassPermissions as
                                  root (sets IS_SANDBOX=1 for claude)
+  FLEET_WORKER_KEY_HELPER=0      put the key in claude's environment (default: claude
+                                 reads it once from a pipe, so its tools never see it)
+  FLEET_WORKER_SCRUB_TOOL_ENV=1  also run claude's tools without the key and in their own
+                                 pid namespace (needs bubblewrap and socat; forces
+                                 claude's permission mode to default with --allowedTools)
   FLEET_TUI_CONFIG               path of config.toml
                                  (default: ~/.config/fleet-tui/config.toml)
 
 the key (first found): ANTHROPIC_AUTH_TOKEN, the OS keyring entry (`fleet-tui key set`),
-ZHIPU_API_KEY, GLM_API_KEY. It reaches claude only in its environment. Inherited
-ANTHROPIC_* variables, CLAUDE_CODE_OAUTH_TOKEN and CLAUDE_CONFIG_DIR are removed.
+ZHIPU_API_KEY, GLM_API_KEY. It reaches claude through a one-shot pipe read by its
+apiKeyHelper (or, with FLEET_WORKER_KEY_HELPER=0, its environment), never its argv.
+Inherited ANTHROPIC_* variables, CLAUDE_CODE_OAUTH_TOKEN and CLAUDE_CONFIG_DIR are removed.
 
 exit codes: claude's own (0 ok, 1 auth/API/overload error); 2 usage or configuration
 error; 5 claude not found or no key.
@@ -116,7 +122,9 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         settings = load_launch_settings()
-        plan = plan_launch(settings, args, prepare=not dry_run)
+        # The key reaches claude through a one-shot pipe (setting key_helper), so the
+        # tools claude runs do not inherit it; dry runs show it without starting it.
+        plan = plan_launch(settings, args, prepare=not dry_run, key_handoff=True)
     except ConfigError as exc:
         _err(f"error: {exc}")
         return exc.exit_code
@@ -136,8 +144,14 @@ def main(argv: list[str]) -> int:
     try:
         if plan.cwd is not None:
             os.chdir(plan.cwd)
+        plan.start_key_handoff()  # its writer outlives this exec: claude becomes its parent
         os.execve(plan.argv[0], plan.argv, plan.env)
+    except LaunchError as exc:
+        _err(f"error: {exc}")
+        return exc.exit_code
     except OSError as exc:
+        if plan.key_handoff is not None:
+            plan.key_handoff.cancel()
         _err(f"error: cannot run {plan.argv[0]}: {exc.strerror or exc}")
         return 5
     return 0  # pragma: no cover - execve does not return

@@ -1,0 +1,181 @@
+"""`fleet-tui run` refuses bad input and impossible setups up front (issue 9, finding 8):
+one clear line, the usage exit code, no traceback, and nothing created: no task in the
+store, no worktree, no branch. The real `fleet-tui` entry point runs as a subprocess; none
+of these get as far as starting claude."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet_tui import launcher
+from fleet_tui.commands import tasks
+from fleet_tui.config import load_settings
+from fleet_tui.fleet import Fleet, FleetError, TaskSpec
+
+TUI = Path(sys.executable).parent / "fleet-tui"
+BIG = 200 * 1024  # well over the 128 KiB a single argv string may hold on Linux
+
+
+def fleet_tui(cwd: Path, *args: str, stdin: bytes = b"",
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [str(TUI)] if TUI.exists() else [sys.executable, "-m", "fleet_tui.cli"]
+    out = subprocess.run([*cmd, *args], cwd=cwd, input=stdin, capture_output=True,
+                         timeout=60, env=env)
+    return subprocess.CompletedProcess(out.args, out.returncode,
+                                       out.stdout.decode("utf-8", "replace"),
+                                       out.stderr.decode("utf-8", "replace"))
+
+
+def assert_nothing_created(repo: Path) -> None:
+    listed = fleet_tui(repo, "ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == []
+    worktrees = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=repo,
+                               capture_output=True, text=True, check=True).stdout
+    assert worktrees.count("worktree ") == 1, worktrees
+    branches = subprocess.run(["git", "branch", "--list", "fleet/*"], cwd=repo,
+                              capture_output=True, text=True, check=True).stdout
+    assert branches.strip() == ""
+    assert not (repo / ".fleet-work").exists()
+
+
+def assert_one_clear_line(out: subprocess.CompletedProcess[str], code: int,
+                          *needles: str) -> None:
+    assert out.returncode == code, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr and "Error:" not in out.stderr, out.stderr
+    for needle in needles:
+        assert needle in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e400", "-5", "abc", ""])
+def test_timeout_must_be_a_finite_number_of_seconds(git_repo: Path, value: str) -> None:
+    out = fleet_tui(git_repo, "run", "hello", f"--timeout={value}")
+    assert_one_clear_line(out, 2, "--timeout", "seconds")
+    assert_nothing_created(git_repo)
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--copies", "0"), ("--copies", "-1"), ("--copies", "51"), ("--copies", "two"),
+    ("--copies", "1.5"), ("--max-turns", "0"), ("--max-turns", "-3"),
+    ("--max-turns", "x"), ("--max-turns", "2.5"),
+])
+def test_copies_and_max_turns_must_be_whole_numbers_in_range(git_repo: Path, flag: str,
+                                                             value: str) -> None:
+    out = fleet_tui(git_repo, "run", "hello", flag, value)
+    assert_one_clear_line(out, 2, flag, "whole number")
+    assert_nothing_created(git_repo)
+
+
+def test_a_nul_byte_is_refused_from_every_source(git_repo: Path, tmp_path: Path) -> None:
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_bytes(b"write a.txt\x00and more")
+    from_file = fleet_tui(git_repo, "run", "--file", str(prompt_file))
+    assert_one_clear_line(from_file, 2, "NUL", "prompt")
+    # a long prompt is read whole (the NUL is at its very end) and refused the same way
+    from_stdin = fleet_tui(git_repo, "run", "-", stdin=b"x" * BIG + b"\x00")
+    assert_one_clear_line(from_stdin, 2, "NUL", "prompt")
+    assert_nothing_created(git_repo)
+
+
+def test_invalid_utf8_is_refused_from_every_source(git_repo: Path, tmp_path: Path) -> None:
+    prompt_file = tmp_path / "latin1.txt"
+    prompt_file.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    from_file = fleet_tui(git_repo, "run", "--file", str(prompt_file))
+    assert_one_clear_line(from_file, 2, "UTF-8", "0xe9", str(prompt_file))
+    from_stdin = fleet_tui(git_repo, "run", "-", stdin=b"hello \xff world")
+    assert_one_clear_line(from_stdin, 2, "UTF-8", "0xff", "stdin")
+    # bytes on the command line arrive as surrogate escapes (PEP 383)
+    bad_arg = os.fsdecode(b"hello \xfe world")
+    from_argv = fleet_tui(git_repo, "run", bad_arg)
+    assert_one_clear_line(from_argv, 2, "UTF-8", "0xfe", "prompt")
+    bad_title = fleet_tui(git_repo, "run", "hello", "--title", os.fsdecode(b"T \xc3("))
+    assert_one_clear_line(bad_title, 2, "UTF-8", "title")
+    assert_nothing_created(git_repo)
+
+
+def test_root_without_the_sandbox_opt_in_is_refused_before_anything_exists(
+        git_repo: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("FLEET_WORKER_SANDBOX", raising=False)
+    monkeypatch.setenv("FLEET_WORKER_CLAUDE", sys.executable)  # found; never started
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "sk-refusal-test-123456")
+    if os.geteuid() == 0:  # what CI sees: the real entry point as the real root
+        out = fleet_tui(git_repo, "run", "hello")
+        assert_one_clear_line(out, 2, "root", "FLEET_WORKER_SANDBOX=1", "non-root user")
+        assert_nothing_created(git_repo)
+    # Everywhere: the same command in-process with the effective uid reported as 0.
+    monkeypatch.setattr(launcher, "current_euid", lambda: 0)
+    monkeypatch.chdir(git_repo)
+    assert tasks.main(["run", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert "FLEET_WORKER_SANDBOX=1" in err and "Traceback" not in err
+    # another permission mode does not need the opt-in, so it is not refused for it
+    monkeypatch.setattr(launcher, "current_euid", lambda: 0)
+    settings = load_settings()
+    launcher.check_launch(settings, permission_mode="acceptEdits")
+    with pytest.raises(launcher.UsageError):
+        launcher.check_launch(settings)
+    assert_nothing_created(git_repo)
+
+
+def test_submit_refuses_what_claude_cannot_take_and_keeps_long_prompts(git_repo: Path) -> None:
+    """The engine checks the same (the panel's launch form goes through submit)."""
+    fleet = Fleet(load_settings())
+    for spec, needle in [
+        (TaskSpec(prompt="a\x00b", repo=git_repo), "NUL"),
+        (TaskSpec(prompt="ok", title="t\x00", repo=git_repo), "NUL"),
+        (TaskSpec(prompt=os.fsdecode(b"x\xff"), repo=git_repo), "UTF-8"),
+        (TaskSpec(prompt="ok", title=os.fsdecode(b"\xff"), repo=git_repo), "UTF-8"),
+        (TaskSpec(prompt="ok", timeout=float("nan"), repo=git_repo), "timeout"),
+        (TaskSpec(prompt="ok", timeout=float("inf"), repo=git_repo), "timeout"),
+        (TaskSpec(prompt="ok", max_turns=0, repo=git_repo), "max turns"),
+        (TaskSpec(prompt="ok", base_ref="main\x00", repo=git_repo), "NUL"),
+        (TaskSpec(prompt="ok", model="m\x00", repo=git_repo), "NUL"),
+    ]:
+        with pytest.raises(FleetError, match=needle):
+            fleet.submit(spec)
+    assert fleet.list_tasks() == []
+    big = "line of a long prompt\n" * (BIG // 22)
+    (task,) = fleet.submit(TaskSpec(prompt=big, repo=git_repo))
+    assert len(big.encode()) > 128 * 1024
+    assert fleet.get_task(task.id).prompt == big
+
+
+def test_scrub_tool_env_without_bubblewrap_is_refused_before_anything_exists(
+        git_repo: Path, tmp_path: Path) -> None:
+    """scrub_tool_env needs bubblewrap and socat on claude's PATH: without them claude
+    would refuse to start (bwrap) or fail every Bash call (socat)."""
+    bin_dir = tmp_path / "bin"  # a PATH with git but neither bwrap nor socat
+    bin_dir.mkdir()
+    git_path = subprocess.run(["which", "git"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    (bin_dir / "git").symlink_to(git_path)
+    env = dict(os.environ, PATH=str(bin_dir), FLEET_WORKER_SCRUB_TOOL_ENV="1",
+               FLEET_WORKER_CLAUDE=sys.executable, ANTHROPIC_AUTH_TOKEN="sk-refusal-987654")
+    out = fleet_tui(git_repo, "run", "hello", env=env)
+    assert_one_clear_line(out, 2, "scrub_tool_env", "bwrap and socat", "apt-get install "
+                          "bubblewrap socat", "FLEET_WORKER_SCRUB_TOOL_ENV=0")
+    assert_nothing_created(git_repo)
+    with_bwrap_only = tmp_path / "bwrap-only"
+    with_bwrap_only.mkdir()
+    (with_bwrap_only / "git").symlink_to(git_path)
+    fake_bwrap = with_bwrap_only / "bwrap"  # found on PATH is all the check asks
+    fake_bwrap.write_text("#!/bin/sh\nexit 0\n")
+    fake_bwrap.chmod(0o755)
+    out = fleet_tui(git_repo, "run", "hello", env=dict(env, PATH=str(with_bwrap_only)))
+    assert_one_clear_line(out, 2, "socat is not installed")
+    assert_nothing_created(git_repo)
+    # both there, but bubblewrap cannot make a namespace (a container without user
+    # namespaces): claude's tools would all fail, so this is refused up front too
+    fake_bwrap.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: "
+                          "Operation not permitted' >&2\nexit 1\n")
+    (with_bwrap_only / "socat").symlink_to("/bin/true")
+    out = fleet_tui(git_repo, "run", "hello", env=dict(env, PATH=str(with_bwrap_only)))
+    assert_one_clear_line(out, 2, "cannot make a sandbox", "Operation not permitted")
+    assert_nothing_created(git_repo)
