@@ -35,7 +35,6 @@ import subprocess
 import sys
 import termios
 import time
-from dataclasses import fields
 from pathlib import Path
 
 from bench.common import BenchEnv, BenchResult, Figure, bench_env, make_repo, ms
@@ -58,14 +57,14 @@ def populate_store(db: Path, repo: Path, tasks: int, attempts_per_task: int) -> 
     """Fill a real fleet-tui database (created and migrated by Store) with finished tasks
     and their attempts, in one transaction (the Store API commits per row, which would
     make the setup slower than the benchmark)."""
-    from fleet_tui.store import Attempt, Store, Task, TaskState
+    from fleet_tui.store import ATTEMPT_COLUMNS, TASK_COLUMNS, Attempt, Store, Task, TaskState
 
     Store(db).close()  # schema, migrations, WAL
     states = [TaskState.MERGED, TaskState.MERGED, TaskState.DISCARDED, TaskState.SUCCEEDED,
               TaskState.FAILED, TaskState.MERGED, TaskState.KILLED, TaskState.MERGED]
     now = time.time()
-    task_cols = [f.name for f in fields(Task)]
-    att_cols = [f.name for f in fields(Attempt) if f.name != "id"]
+    task_cols = list(TASK_COLUMNS)
+    att_cols = [name for name in ATTEMPT_COLUMNS if name != "id"]
     task_rows = []
     att_rows = []
     for i in range(tasks):

@@ -30,9 +30,11 @@ from fleet_tui import paths
 
 __all__ = [
     "ACTIVE_STATES",
+    "ATTEMPT_COLUMNS",
     "FINISHED_STATES",
     "MAX_COPIES",
     "SCHEMA_VERSION",
+    "TASK_COLUMNS",
     "AmbiguousTaskError",
     "Attempt",
     "Store",
@@ -286,8 +288,8 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_script(_V1), _script(
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error"}
-_TASK_COLUMNS = tuple(f.name for f in fields(Task) if f.name not in _NOT_COLUMNS)
-_ATTEMPT_COLUMNS = tuple(f.name for f in fields(Attempt) if f.name not in _NOT_COLUMNS)
+TASK_COLUMNS = tuple(f.name for f in fields(Task) if f.name not in _NOT_COLUMNS)
+ATTEMPT_COLUMNS = tuple(f.name for f in fields(Attempt) if f.name not in _NOT_COLUMNS)
 _ATTEMPT_PATH_FIELDS = {"dir", "events_path", "stderr_path", "exit_path", "config_dir"}
 
 
@@ -547,7 +549,7 @@ class Store:
 
         ``branch`` defaults to ``fleet/<id>``; any other Task field may be given.
         """
-        unknown = set(fields_) - set(_TASK_COLUMNS)
+        unknown = set(fields_) - set(TASK_COLUMNS)
         if unknown:
             raise TypeError(f"unknown task fields: {', '.join(sorted(unknown))}")
         now = time.time() if now is None else now
@@ -558,12 +560,12 @@ class Store:
             if not task.branch:
                 task.branch = f"fleet/{tid}"
             task.state = TaskState(task.state)
-            values = [_to_db(name, getattr(task, name)) for name in _TASK_COLUMNS]
+            values = [_to_db(name, getattr(task, name)) for name in TASK_COLUMNS]
             try:
                 with self.transaction() as conn:
                     conn.execute(
-                        f"INSERT INTO tasks ({', '.join(_TASK_COLUMNS)}) "
-                        f"VALUES ({', '.join('?' for _ in _TASK_COLUMNS)})", values)
+                        f"INSERT INTO tasks ({', '.join(TASK_COLUMNS)}) "
+                        f"VALUES ({', '.join('?' for _ in TASK_COLUMNS)})", values)
             except sqlite3.IntegrityError:
                 if task_id is not None:
                     raise StoreError(f"a task with id {task_id} exists already") from None
@@ -631,7 +633,7 @@ class Store:
 
         Returns whether a row changed. ``updated_at`` is set to now unless given.
         """
-        unknown = set(fields_) - set(_TASK_COLUMNS) - {"id"}
+        unknown = set(fields_) - set(TASK_COLUMNS) - {"id"}
         if unknown or "id" in fields_:
             raise TypeError(f"cannot update task fields: {', '.join(sorted(unknown or {'id'}))}")
         fields_.setdefault("updated_at", time.time())
@@ -785,7 +787,7 @@ class Store:
     def add_attempt(self, task_id: str, *, kind: str = "fresh", prompt: str = "",
                     now: float | None = None, **fields_: Any) -> Attempt:
         """Record a new attempt (n = previous + 1) and bump the task's attempt_count."""
-        unknown = set(fields_) - set(_ATTEMPT_COLUMNS) - {"id", "task_id", "n"}
+        unknown = set(fields_) - set(ATTEMPT_COLUMNS) - {"id", "task_id", "n"}
         if unknown or {"id", "task_id", "n"} & set(fields_):
             raise TypeError(f"bad attempt fields: {', '.join(sorted(fields_))}")
         now = time.time() if now is None else now
@@ -794,7 +796,7 @@ class Store:
             n = int(conn.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM attempts WHERE task_id = ?",
                                  (task_id,)).fetchone()[0])
             attempt = Attempt(id=0, task_id=task_id, n=n, kind=kind, prompt=prompt, **fields_)
-            columns = [c for c in _ATTEMPT_COLUMNS if c != "id"]
+            columns = [c for c in ATTEMPT_COLUMNS if c != "id"]
             try:
                 cur = conn.execute(
                     f"INSERT INTO attempts ({', '.join(columns)}) "
@@ -832,7 +834,7 @@ class Store:
         return [_attempt_from_row(r) for r in rows]
 
     def update_attempt(self, attempt_id: int, **fields_: Any) -> bool:
-        unknown = set(fields_) - set(_ATTEMPT_COLUMNS)
+        unknown = set(fields_) - set(ATTEMPT_COLUMNS)
         if unknown or {"id", "task_id", "n"} & set(fields_):
             raise TypeError(f"cannot update attempt fields: {', '.join(sorted(fields_))}")
         if not fields_:

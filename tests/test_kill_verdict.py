@@ -70,11 +70,13 @@ SCRIPTS: dict[str, Any] = {f"long-{name}": _script(cmd) for name, cmd in LONG_ST
 
 
 @pytest.fixture(params=["pinned", "newest"])
-def cli_version(request: pytest.FixtureRequest) -> tuple[str, str]:
-    """(which, path): the pinned claude (2.1.197) and the newest one (2.1.332)."""
+def cli_version(request: pytest.FixtureRequest, claude_bin: str) -> tuple[str, str]:
+    """(which, path): the pinned claude (2.1.197) and the newest one (2.1.332). It asks
+    for `claude_bin` by name so that the real_claude mark guard sees a claude test."""
     which: str = request.param
-    fixture = "claude_bin" if which == "pinned" else "claude_newest_bin"
-    path: str = request.getfixturevalue(fixture)
+    if which == "pinned":
+        return which, claude_bin
+    path: str = request.getfixturevalue("claude_newest_bin")
     return which, path
 
 

@@ -25,8 +25,6 @@ from fleet_tui.fleet import Fleet, TaskSpec
 from fleet_tui.runner import EVENTS_FILE
 from fleet_tui.store import FINISHED_STATES, Store, TaskState
 
-pytestmark = pytest.mark.real_claude
-
 KEY = "sk-fleet-once-SECRET-0c1e"
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

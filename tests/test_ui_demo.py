@@ -209,9 +209,14 @@ async def test_demo_workers_finish_after_the_panel_quits(claude_bin: str,
                        scheduler_interval=0.2)
         async with app.run_test(size=(120, 36)) as pilot:
             deadline = time.monotonic() + 60
-            while not all(fleet.attempts(t) and (fleet.attempts(t)[-1].dir / "events.jsonl")
-                          .stat().st_size > 0 for t in ids
-                          if fleet.attempts(t) and fleet.attempts(t)[-1].dir):
+
+            def writing(task_id: str) -> bool:  # its worker has started writing events
+                attempts = fleet.attempts(task_id)
+                folder = attempts[-1].dir if attempts else None
+                events = folder / "events.jsonl" if folder is not None else None
+                return events is not None and events.exists() and events.stat().st_size > 0
+
+            while not all(writing(t) for t in ids):
                 assert time.monotonic() < deadline, "the workers did not start"
                 await pilot.pause(0.1)
             running = [t for t in ids if fleet.get_task(t).state == TaskState.RUNNING]
