@@ -25,7 +25,7 @@ WRITER_CODE = "from bench.fleetfix import writer_main; writer_main()"
 def make_running_tasks(db: Path, repo: Path, count: int, runner_pid: int) -> list[Path]:
     """`count` running tasks with one attempt each; returns their events.jsonl paths."""
     from fleet_tui import paths, procs
-    from fleet_tui.runner import write_json_atomic
+    from fleet_tui.attemptlog import write_json_atomic
     from fleet_tui.store import Store, TaskState
 
     store = Store(db)

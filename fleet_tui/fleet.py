@@ -39,25 +39,25 @@ from pathlib import Path
 from typing import Any
 
 from fleet_tui import git, launcher, outcome, paths, procs, stream
-from fleet_tui.config import PERMISSION_MODES, Settings
-from fleet_tui.runner import (
+from fleet_tui.attemptlog import (
     EVENTS_FILE,
     EXIT_FILE,
     KILL_FILE,
-    LEFTOVER_GRACE,
+    LAUNCH_FILE,
     LOCK_FILE,
     RESERVE_FILE,
     RUNNER_FILE,
     RUNNER_LOG,
     SPEC_FILE,
     STDERR_FILE,
-    TOKEN_ENV,
-    RunSpec,
+    STDERR_TAIL,
     acquire_lock,
     lock_held,
     read_json,
     write_json_atomic,
 )
+from fleet_tui.config import PERMISSION_MODES, Settings
+from fleet_tui.runner import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
 from fleet_tui.store import (
     ACTIVE_STATES,
     CLOSED_STATES,
@@ -77,11 +77,9 @@ __all__ = ["Fleet", "FleetError", "FleetRefused", "FleetStatus", "InvalidSpec", 
 
 log = logging.getLogger(__name__)
 
-LAUNCH_FILE = "launch.json"  # the engine's record of the runner it started (pid, start time)
 RESUME_PROMPT = "Continue the task where you left off, then summarise what you did."
 START_GRACE = 60.0  # a claim by another host's engine with no heartbeat for this long is dead
 RUNNER_HEADSTART = 1.0  # the runner enforces timeout and kill grace; the engine's backstop waits
-STDERR_TAIL = 4000
 TRANSIENT = ("overload", "quota")
 READ_CHUNK = 1 << 20  # bytes of one attempt's events.jsonl folded in per tick (GIL hold)
 START_THREADS = 4  # worktrees made and runners spawned at once (git and fork wait on I/O)

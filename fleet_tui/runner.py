@@ -32,7 +32,6 @@ written at the start and the exit record goes into it when no new file can be ma
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -45,6 +44,18 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from fleet_tui import procs
+from fleet_tui.attemptlog import (
+    EVENTS_FILE,
+    EXIT_FILE,
+    KILL_FILE,
+    LOCK_FILE,
+    RESERVE_FILE,
+    RUNNER_FILE,
+    SPEC_FILE,
+    STDERR_FILE,
+    acquire_lock,
+    write_json_atomic,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
@@ -52,24 +63,13 @@ if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 
     from types import FrameType
     from typing import Any
 
-SPEC_FILE = "spec.json"
-RUNNER_FILE = "runner.json"
-EVENTS_FILE = "events.jsonl"
-STDERR_FILE = "stderr.log"
-EXIT_FILE = "exit.json"
-RUNNER_LOG = "runner.log"
-KILL_FILE = "kill.json"  # why it was killed (kill, timeout, stall, error), before the signal
-LOCK_FILE = ".lock"  # flock'ed by the attempt's runner (and its starter) while it lives
-RESERVE_FILE = ".exit.reserve"  # room for the exit record, written while the disk had room
 TOKEN_ENV = "FLEET_ATTEMPT_TOKEN"  # inherited by everything claude starts
 
 # How long leftover descendants get between SIGTERM and SIGKILL once claude has exited.
 LEFTOVER_GRACE = 1.0
 RESERVE_SIZE = 8192
-LOCK_WAIT = 1.0  # a lock held this long by someone else is a live runner, not a passing check
 EX_LOCKED = 75  # another runner holds this attempt: nothing was done (EX_TEMPFAIL)
 EX_NO_RECORD = 74  # not even the exit record could be written (EX_IOERR)
-_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 
 
 @dataclass
@@ -113,93 +113,6 @@ def claude_args(spec: RunSpec) -> list[str]:
         args += ["--resume", spec.resume]
     args += list(spec.args)
     return args
-
-
-def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """Write JSON (0600) to a temporary file and rename it, so readers never see half a
-    record. On failure (a full disk) the temporary file is removed and the error raised."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with open(fd, "w", encoding="utf-8") as fh:
-            json.dump(dict(data), fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from path, or None when missing or unreadable (e.g. being replaced)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-# --- the attempt's lock ---------------------------------------------------------------------
-
-
-def open_lock(attempt_dir: Path, *, create: bool = True) -> int | None:
-    """An fd on the attempt's lock file (None: no lock file and create is False)."""
-    flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-    try:
-        return os.open(attempt_dir / LOCK_FILE, flags, 0o600)
-    except FileNotFoundError:
-        if create:
-            raise
-        return None
-
-
-def acquire_lock(attempt_dir: Path, wait: float = LOCK_WAIT) -> int | None:
-    """Take the attempt's lock: the fd to keep open for as long as it is held, or None
-    when another process held it for all of `wait` seconds (a live runner, or its starter).
-    A look by `lock_held` holds it for microseconds, hence the wait."""
-    fd = open_lock(attempt_dir)
-    assert fd is not None
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(0.005)
-        except OSError as exc:
-            if exc.errno in _NO_LOCKS:  # a file system without flock: go on unguarded
-                return fd  # (the engine falls back to pid and start time: lock_held None)
-            os.close(fd)
-            raise
-        except BaseException:
-            os.close(fd)
-            raise
-
-
-def lock_held(attempt_dir: Path) -> bool | None:
-    """True: a runner of this attempt lives (or its starter is spawning it); False: none
-    does; None: the folder has no lock file (an attempt started before locks existed)."""
-    try:
-        fd = open_lock(attempt_dir, create=False)
-    except OSError:
-        return None
-    if fd is None:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:  # no flock here: unknown (the caller uses pid and start time)
-        return None
-    finally:
-        os.close(fd)  # releases the lock if this look took it
-    return False
 
 
 def _strerror(exc: OSError) -> str:

@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from fleet_tui import paths
+from fleet_tui.states import ACTIVE_STATES, CLOSED_STATES, FINISHED_STATES, TaskState
 
 __all__ = [
     "ACTIVE_STATES",
     "ATTEMPT_COLUMNS",
+    "CLOSED_STATES",
     "FINISHED_STATES",
     "MAX_COPIES",
     "SCHEMA_VERSION",
@@ -47,24 +49,6 @@ __all__ = [
 ]
 
 
-class TaskState(StrEnum):
-    """Where a task is in its life."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    STALLED = "stalled"
-    WAITING = "waiting"  # backoff or endpoint cooldown before the next attempt
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    KILLED = "killed"
-    MERGED = "merged"
-    DISCARDED = "discarded"
-
-
-ACTIVE_STATES: frozenset[TaskState] = frozenset({TaskState.RUNNING, TaskState.STALLED})
-FINISHED_STATES: frozenset[TaskState] = frozenset(
-    {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED})
-CLOSED_STATES: frozenset[TaskState] = frozenset({TaskState.MERGED, TaskState.DISCARDED})
 # how many copies of one task a submit may ask for (the engine and the form agree on it)
 MAX_COPIES = 50
 

@@ -21,10 +21,7 @@ from typing import Any
 import pytest
 
 from fleet_tui import paths, procs, stream
-from fleet_tui.config import load_settings
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.fleet import Fleet, TaskSpec
-from fleet_tui.runner import (
+from fleet_tui.attemptlog import (
     EVENTS_FILE,
     EXIT_FILE,
     KILL_FILE,
@@ -33,6 +30,9 @@ from fleet_tui.runner import (
     read_json,
     write_json_atomic,
 )
+from fleet_tui.config import load_settings
+from fleet_tui.endpoint import ScriptedEndpoint
+from fleet_tui.fleet import Fleet, TaskSpec
 from fleet_tui.store import FINISHED_STATES, Store, Task, TaskState
 
 KEY = "sk-fleet-faults-SECRET-77ab"

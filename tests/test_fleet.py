@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from fleet_tui import paths, procs, stream
+from fleet_tui.attemptlog import EVENTS_FILE, read_json
 from fleet_tui.config import load_settings
 from fleet_tui.endpoint import ScriptedEndpoint
 from fleet_tui.fleet import Fleet, FleetError, TaskSpec
-from fleet_tui.runner import EVENTS_FILE, read_json
 from fleet_tui.store import ACTIVE_STATES, Store, Task, TaskState
 
 KEY = "sk-fleet-test-SECRET-41d8"
@@ -612,7 +612,7 @@ def test_a_big_backlog_is_read_in_bounded_chunks_and_counted(
     """Following reads at most READ_CHUNK per attempt per tick (the GIL is not held for a
     whole backlog); finishing reads the rest before it classifies; the counters match."""
     from fleet_tui import fleet as fleet_mod
-    from fleet_tui.runner import EXIT_FILE, write_json_atomic
+    from fleet_tui.attemptlog import EXIT_FILE, write_json_atomic
 
     monkeypatch.setattr(fleet_mod, "READ_CHUNK", 4096)
     sample = (reference_samples / "nonroot_stream" / "stdout.jsonl").read_bytes()

@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 
 from fleet_tui import paths, procs, stream
+from fleet_tui.attemptlog import EVENTS_FILE, EXIT_FILE, read_json
 from fleet_tui.config import load_settings
 from fleet_tui.endpoint import ScriptedEndpoint
 from fleet_tui.fleet import Fleet, TaskSpec
-from fleet_tui.runner import EVENTS_FILE, EXIT_FILE, read_json
 from fleet_tui.store import Store, Task, TaskState
 
 pytestmark = pytest.mark.real_claude

@@ -19,10 +19,10 @@ import pytest
 
 from fleet_tui import fleet as fleet_mod
 from fleet_tui import paths, procs
+from fleet_tui.attemptlog import EVENTS_FILE
 from fleet_tui.config import load_settings
 from fleet_tui.endpoint import ScriptedEndpoint
 from fleet_tui.fleet import Fleet, TaskSpec
-from fleet_tui.runner import EVENTS_FILE
 from fleet_tui.store import FINISHED_STATES, Store, TaskState
 
 KEY = "sk-fleet-once-SECRET-0c1e"

@@ -16,18 +16,17 @@ from pathlib import Path
 import pytest
 
 from fleet_tui import procs
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.runner import (
+from fleet_tui.attemptlog import (
     EVENTS_FILE,
     EXIT_FILE,
     RUNNER_FILE,
     SPEC_FILE,
     STDERR_FILE,
-    RunSpec,
-    claude_args,
     read_json,
     write_json_atomic,
 )
+from fleet_tui.endpoint import ScriptedEndpoint
+from fleet_tui.runner import RunSpec, claude_args
 
 KEY = "sk-runner-test-SECRET-7f3a9c"
 ROOT = str(Path(__file__).resolve().parent.parent)

@@ -1,0 +1,278 @@
+"""The attempt folder: the one module that knows its layout.
+
+Every attempt of a task has a folder (`<repo>/.fleet-work/.logs/<task>/<n>/`) that outlives
+any fleet-tui process: the runner writes it, the engine follows and finishes it, the panel
+and `fleet-tui logs` read it. Before this module each of them knew the file names and read
+`events.jsonl` its own way, with three different rules for a last line without a newline;
+a second copy of such a rule drifts, so here is the only one:
+
+    a line without its newline is part of the stream only once the attempt has finished
+    (a running claude may be half way through writing it).
+
+Cheap to import (os, json, fcntl): every runner imports it. Parsing (`stream`) is imported
+only by the methods that parse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # a runner imports this module: typing would cost each one ~5 ms
+    from collections.abc import Mapping
+    from typing import Any
+
+    from fleet_tui import stream
+
+SPEC_FILE = "spec.json"  # what to run (no secret), by the engine
+LAUNCH_FILE = "launch.json"  # the engine's record of the runner it started
+RUNNER_FILE = "runner.json"  # the runner's pids and /proc start times, before claude starts
+EVENTS_FILE = "events.jsonl"  # claude's stdout, byte for byte
+STDERR_FILE = "stderr.log"  # claude's stderr
+EXIT_FILE = "exit.json"  # how it ended (atomic)
+RUNNER_LOG = "runner.log"  # the runner's own output
+KILL_FILE = "kill.json"  # why it was stopped (kill, timeout, stall, error), before the signal
+LOCK_FILE = ".lock"  # flock'ed by the attempt's runner (and its starter) while it lives
+RESERVE_FILE = ".exit.reserve"  # room for the exit record, written while the disk had room
+
+STDERR_TAIL = 4000  # bytes of stderr a verdict looks at
+LOCK_WAIT = 1.0  # a lock held this long by someone else is a live runner, not a passing check
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
+
+
+# --- records (small JSON files) --------------------------------------------------------------
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON (0600) to a temporary file and rename it, so readers never see half a
+    record. On failure (a full disk) the temporary file is removed and the error raised."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with open(fd, "w", encoding="utf-8") as fh:
+            json.dump(dict(data), fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from path, or None when missing or unreadable (e.g. being replaced)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# --- the attempt's lock ------------------------------------------------------------------------
+
+
+def open_lock(attempt_dir: Path, *, create: bool = True) -> int | None:
+    """An fd on the attempt's lock file (None: no lock file and create is False)."""
+    flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    try:
+        return os.open(attempt_dir / LOCK_FILE, flags, 0o600)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+
+
+def acquire_lock(attempt_dir: Path, wait: float = LOCK_WAIT) -> int | None:
+    """Take the attempt's lock: the fd to keep open for as long as it is held, or None
+    when another process held it for all of `wait` seconds (a live runner, or its starter).
+    A look by `lock_held` holds it for microseconds, hence the wait."""
+    fd = open_lock(attempt_dir)
+    assert fd is not None
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.005)
+        except OSError as exc:
+            if exc.errno in _NO_LOCKS:  # a file system without flock: go on unguarded
+                return fd  # (the engine falls back to pid and start time: lock_held None)
+            os.close(fd)
+            raise
+        except BaseException:
+            os.close(fd)
+            raise
+
+
+def lock_held(attempt_dir: Path) -> bool | None:
+    """True: a runner of this attempt lives (or its starter is spawning it); False: none
+    does; None: the folder has no lock file (an attempt started before locks existed)."""
+    try:
+        fd = open_lock(attempt_dir, create=False)
+    except OSError:
+        return None
+    if fd is None:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no flock here: unknown (the caller uses pid and start time)
+        return None
+    finally:
+        os.close(fd)  # releases the lock if this look took it
+    return False
+
+
+# --- the one partial-line rule ----------------------------------------------------------------
+
+
+def usable_end(data: bytes, *, at_eof: bool, finished: bool) -> int:
+    """How much of `data` (read from a line start) belongs to the stream now: up to its
+    last newline, or all of it when it reaches the end of a finished attempt's file."""
+    if at_eof and finished:
+        return len(data)
+    return data.rfind(b"\n") + 1
+
+
+class AttemptLog:
+    """One attempt folder: its file paths, records, and every read of its streams.
+
+    Readers ask for bytes, lines or events from an offset and get the offset to go on
+    from; `finished` says whether the attempt has ended (the caller knows: the store or the
+    exit record), which decides whether a last line without newline counts."""
+
+    __slots__ = ("dir",)
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.dir = Path(folder)
+
+    def __repr__(self) -> str:
+        return f"AttemptLog({str(self.dir)!r})"
+
+    def path(self, name: str) -> Path:
+        return self.dir / name
+
+    @property
+    def events(self) -> Path:
+        return self.dir / EVENTS_FILE
+
+    @property
+    def stderr(self) -> Path:
+        return self.dir / STDERR_FILE
+
+    # records
+    def record(self, name: str) -> dict[str, Any] | None:
+        return read_json(self.dir / name)
+
+    def write_record(self, name: str, data: Mapping[str, Any]) -> None:
+        write_json_atomic(self.dir / name, data)
+
+    def has(self, name: str) -> bool:
+        return (self.dir / name).exists()
+
+    @property
+    def exited(self) -> bool:
+        """The runner wrote its exit record."""
+        return (self.dir / EXIT_FILE).exists()
+
+    # events.jsonl
+    def size(self) -> int:
+        try:
+            return os.stat(self.events).st_size
+        except OSError:
+            return 0
+
+    def read_bytes(self, offset: int = 0, max_bytes: int | None = None, *,
+                   finished: bool) -> tuple[bytes, int]:
+        """Whole lines of events.jsonl from `offset` (a line start), at most about
+        `max_bytes` (None: to the end), and the offset to go on from. One line longer than
+        `max_bytes` is read whole, so a caller reading chunk by chunk always moves on."""
+        try:
+            with open(self.events, "rb") as fh:
+                fh.seek(offset)
+                if max_bytes is None:
+                    data = fh.read()
+                    at_eof = True
+                else:
+                    step = max(1, max_bytes)
+                    data = fh.read(step)
+                    at_eof = len(data) < step
+                    while not at_eof and b"\n" not in data:
+                        more = fh.read(step)
+                        at_eof = len(more) < step
+                        data += more
+        except FileNotFoundError:
+            return b"", offset
+        data = data[: usable_end(data, at_eof=at_eof, finished=finished)]
+        return data, offset + len(data)
+
+    def read_lines(self, offset: int = 0, max_bytes: int | None = None, *,
+                   finished: bool) -> tuple[list[str], int, bool]:
+        """Raw lines (decoded, invalid bytes replaced) from `offset`: (lines, new offset,
+        whether more may follow at once)."""
+        data, end = self.read_bytes(offset, max_bytes, finished=finished)
+        more = max_bytes is not None and len(data) >= max_bytes
+        return data.decode("utf-8", errors="replace").splitlines(), end, more
+
+    def read_events(self, offset: int = 0, max_bytes: int | None = None, *, finished: bool,
+                    cwd: str | None = None) -> tuple[list[stream.Event], int]:
+        """Parsed events from `offset` and the offset to go on from (see read_bytes)."""
+        from fleet_tui import stream
+
+        data, end = self.read_bytes(offset, max_bytes, finished=finished)
+        decoder = stream.StreamDecoder(cwd)
+        events = decoder.feed(data)
+        if data and not data.endswith(b"\n"):
+            events += decoder.finish()
+        return events, end
+
+    def tail_start(self, tail: int, *, end: int | None = None) -> int:
+        """Where to start reading to get the last `tail` bytes before `end` (default: the
+        end of the file) as whole lines: the first line start in that window, or the start
+        of the one long line that covers it; 0 when the window reaches the file's start."""
+        try:
+            with open(self.events, "rb") as fh:
+                if end is None:
+                    end = fh.seek(0, os.SEEK_END)
+                at = end - tail
+                if at <= 0:
+                    return 0
+                fh.seek(at - 1)  # a newline just before `at` makes `at` a line start
+                cut = fh.read(end - at + 1).find(b"\n")
+                if 0 <= cut < end - at:
+                    return at + cut
+                while at > 0:  # no line starts in the window: back to the long line's start
+                    step = min(tail, at)
+                    fh.seek(at - step)
+                    newline = fh.read(step).rfind(b"\n")
+                    if newline >= 0:
+                        return at - step + newline + 1
+                    at -= step
+                return 0
+        except FileNotFoundError:
+            return 0
+
+    # stderr.log
+    def stderr_tail(self, size: int = STDERR_TAIL) -> str:
+        """The last `size` bytes of claude's stderr, decoded ("" when there is none)."""
+        try:
+            with open(self.stderr, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                end = fh.tell()
+                fh.seek(max(0, end - size))
+                return fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""

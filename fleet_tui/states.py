@@ -1,0 +1,108 @@
+"""Task states: the one table of what each state is, looks like and lets the user do.
+
+The store, the engine, the CLI and the panel all read this table; a state's badge, its place
+in the list, its style, whether it needs the user and which actions it can allow are written
+here once. Adding a state means adding one row (and its enum member).
+
+Nothing here imports the engine or Textual: `style` is a name the panel maps to a theme
+colour, `alert` a word and a severity the panel's notifications use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class TaskState(StrEnum):
+    """Where a task is in its life."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    STALLED = "stalled"
+    WAITING = "waiting"  # backoff or endpoint cooldown before the next attempt
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    MERGED = "merged"
+    DISCARDED = "discarded"
+
+
+class Phase(StrEnum):
+    """The four phases a state belongs to; the sets below are derived from them."""
+
+    PENDING = "pending"  # no worker yet: waits for a slot (queued) or a time (waiting)
+    ACTIVE = "active"  # a worker runs
+    FINISHED = "finished"  # the worker ended; the work waits for the user
+    CLOSED = "closed"  # merged or discarded: history
+
+
+class Action(StrEnum):
+    """What a user can do to a task (the panel's keys, the CLI's commands)."""
+
+    MERGE = "merge"
+    DISCARD = "discard"
+    RETRY = "retry"
+    KILL = "kill"
+    FOLLOW_UP = "follow_up"
+    SHELL = "shell"
+    DIFF = "diff"
+
+
+@dataclass(frozen=True, slots=True)
+class StateInfo:
+    state: TaskState
+    phase: Phase
+    badge: str  # icon and word in the task list (single-cell icons keep columns aligned)
+    order: int  # place in the list: needs-you first, then running, then waiting, history
+    style: str  # style name the panel maps to a theme colour
+    attention: bool  # the task needs the user (sorted first, bold, counted in the header)
+    alert: tuple[str, str] | None  # (word, severity) of the notification on entering it
+    actions: frozenset[Action]  # what this state can allow (policy.allowed_actions refines)
+
+
+_FINISHED_ACTIONS = frozenset({Action.MERGE, Action.DISCARD, Action.RETRY, Action.FOLLOW_UP,
+                               Action.SHELL, Action.DIFF})
+_ACTIVE_ACTIONS = frozenset({Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF})
+_PENDING_ACTIONS = frozenset({Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF})
+
+STATES: dict[TaskState, StateInfo] = {info.state: info for info in (
+    StateInfo(TaskState.STALLED, Phase.ACTIVE, "‼ stalled", 0, "stalled", True,
+              ("stalled", "warning"), _ACTIVE_ACTIONS),
+    StateInfo(TaskState.FAILED, Phase.FINISHED, "✗ failed", 1, "failed", True,
+              ("failed", "error"), _FINISHED_ACTIONS),
+    StateInfo(TaskState.SUCCEEDED, Phase.FINISHED, "✔ done", 2, "succeeded", True,
+              ("finished", "information"), _FINISHED_ACTIONS),
+    StateInfo(TaskState.KILLED, Phase.FINISHED, "■ killed", 3, "stalled", True, None,
+              _FINISHED_ACTIONS),
+    StateInfo(TaskState.RUNNING, Phase.ACTIVE, "▶ running", 4, "running", False, None,
+              _ACTIVE_ACTIONS),
+    StateInfo(TaskState.WAITING, Phase.PENDING, "… waiting", 5, "waiting", False, None,
+              _PENDING_ACTIONS),
+    StateInfo(TaskState.QUEUED, Phase.PENDING, "· queued", 6, "muted", False, None,
+              _PENDING_ACTIONS),
+    StateInfo(TaskState.MERGED, Phase.CLOSED, "⇢ merged", 7, "muted", False, None,
+              frozenset()),
+    StateInfo(TaskState.DISCARDED, Phase.CLOSED, "⌫ discarded", 8, "muted", False, None,
+              frozenset()),
+)}
+assert set(STATES) == set(TaskState), "every TaskState needs its row in STATES"
+
+
+def info(state: TaskState | str) -> StateInfo | None:
+    """The row of a state (None for a value that is not a state, e.g. a tampered row)."""
+    try:
+        return STATES[TaskState(state)]
+    except ValueError:
+        return None
+
+
+def _phase(phase: Phase) -> frozenset[TaskState]:
+    return frozenset(s for s, i in STATES.items() if i.phase is phase)
+
+
+PENDING_STATES = _phase(Phase.PENDING)
+ACTIVE_STATES = _phase(Phase.ACTIVE)
+FINISHED_STATES = _phase(Phase.FINISHED)
+CLOSED_STATES = _phase(Phase.CLOSED)
+ATTENTION_STATES = frozenset(s for s, i in STATES.items() if i.attention)
