@@ -1,7 +1,7 @@
 """The engine: queue, per-endpoint concurrency cap, backoff, cooldown, kill, adoption.
 
-One API for the panel and the headless CLI (see FLEET_API.md). Everything that survives a
-restart lives in the store (tasks, attempts, summaries) and in each attempt's directory
+One API for the panel and the headless CLI (its docstrings are the contract). Everything that
+survives a restart lives in the store (tasks, attempts, summaries) and in each attempt's directory
 (`spec.json`, `events.jsonl`, `stderr.log`, `runner.json`, `exit.json`, `kill.json`), so
 any number of fleet-tui processes can share the work: `tick()` claims queued tasks through
 the store (the cap holds across processes), follows every running attempt by tailing its
@@ -794,7 +794,7 @@ class Fleet:
             self.store.update_task(task.id, worktree=info.path, branch=info.branch,
                                    base_commit=task.base_commit or info.base_commit,
                                    base_branch=task.base_branch or info.base_branch)
-        # defect 8: never run in the main checkout, whatever happened to the worktree
+        # never run in the main checkout, whatever happened to the worktree
         git.verify_worktree(Path(worktree), task.branch or f"fleet/{task.id}")
         if Path(worktree).resolve() == Path(task.repo).resolve():
             raise FleetError(f"refusing to run task {task.id} in the main checkout {task.repo}")

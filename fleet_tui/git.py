@@ -617,8 +617,9 @@ def _verified_by_files(path: Path, branch: str | None) -> bool:
 def verify_worktree(path: Path, branch: str | None = None) -> None:
     """Raise GitError unless ``path`` is its own checkout (not the main one) on ``branch``.
 
-    The guard against defect 8: a worker must never run in the main checkout. The usual
-    case is answered from git's files; anything else asks git, which gives the reason.
+    The guard that a worker never runs in the main checkout (where it would edit the user's
+    own files), whatever happened to its worktree. The usual case is answered from git's
+    files; anything else asks git, which gives the reason.
     """
     path = Path(path)
     if not path.is_dir():

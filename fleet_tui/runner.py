@@ -396,7 +396,8 @@ class Runner:
 
         events = self.dir / EVENTS_FILE
         stderr_path = self.dir / STDERR_FILE
-        # The worktree guard (defect 8) is the engine's; here only refuse a missing cwd.
+        # The guard against running in the main checkout is the engine's; here only refuse
+        # a missing cwd.
         if not Path(spec.cwd).is_dir():
             return self._end(2, exit_code=2, error=f"the worktree {spec.cwd} does not exist")
         procs.preload_libc()
