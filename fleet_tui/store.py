@@ -31,6 +31,8 @@ from fleet_tui.errors import EXIT_NOT_FOUND, EXIT_USAGE, FleetTuiError
 from fleet_tui.states import ACTIVE_STATES, CLOSED_STATES, FINISHED_STATES, TaskState, Verdict
 from fleet_tui.titles import task_title
 
+# TaskState and its phase sets are states.py's (the one table of states), re-exported here
+# for the code that has always imported them from the store.
 __all__ = [
     "ACTIVE_STATES",
     "ATTEMPT_COLUMNS",

@@ -36,6 +36,7 @@ from fleet_tui.errors import FleetError, FleetTuiError
 from fleet_tui.runner import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
 from fleet_tui.states import ACTIVE_STATES, TaskState, Verdict
 from fleet_tui.store import Attempt, Store, Task
+from fleet_tui.stream import one_line
 
 log = logging.getLogger("fleet_tui.fleet")
 
@@ -67,8 +68,6 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror}{where}"
-    from fleet_tui.stream import one_line
-
     return one_line(f"{type(exc).__name__}: {exc}", 300)
 
 
