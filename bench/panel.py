@@ -16,8 +16,9 @@ panel starts it) follows every attempt and the stream view follows the selected 
 - The stream view on its own taking a flood: 50,000 rows appended in batches of 5,000.
   Budget: 5 s (kept from tests/test_ui_views.py, which now checks only the behaviour).
 
-The ingestion counter is the engine's per-attempt read offset (`Fleet._follows`, private:
-the panel exposes no counter of its own); the stream view's `total_rows` is public.
+The ingestion counter is the engine's own (`Fleet.ingested_bytes`: the bytes of events files
+it has folded in; the attempts here never finish, so it is the sum of their read offsets);
+the stream view's `total_rows` is public.
 """
 
 from __future__ import annotations
@@ -66,8 +67,7 @@ async def stream_flood(rows: int, batch: int) -> float:
 
 def engine_offsets(fleet: Any) -> int:
     """Bytes of events the engine has read, over every followed attempt."""
-    follows = getattr(fleet, "_follows", {})
-    return sum(f.offset for f in list(follows.values()))
+    return int(fleet.ingested_bytes)
 
 
 async def _press(app: Any, probe: FrameProbe, key: str, expect: int) -> float:

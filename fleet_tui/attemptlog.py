@@ -42,6 +42,9 @@ LOCK_FILE = ".lock"  # flock'ed by the attempt's runner (and its starter) while 
 RESERVE_FILE = ".exit.reserve"  # room for the exit record, written while the disk had room
 
 STDERR_TAIL = 4000  # bytes of stderr a verdict looks at
+STOP_REASONS = ("kill", "timeout", "stall", "error")  # why a stop was asked (KILL_FILE)
+# what a new attempt's start clears from its folder (a retried start may find them)
+_PER_RUN = (EXIT_FILE, RUNNER_FILE, KILL_FILE, LAUNCH_FILE, RESERVE_FILE)
 LOCK_WAIT = 1.0  # a lock held this long by someone else is a live runner, not a passing check
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 
@@ -49,17 +52,19 @@ _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 # --- records (small JSON files) --------------------------------------------------------------
 
 
-def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+def write_json_atomic(path: Path, data: Mapping[str, Any], *, sync: bool = True) -> None:
     """Write JSON (0600) to a temporary file and rename it, so readers never see half a
-    record. On failure (a full disk) the temporary file is removed and the error raised."""
+    record. On failure (a full disk) the temporary file is removed and the error raised.
+    `sync`: fsync before the rename (a record that must survive a power cut)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(fd, "w", encoding="utf-8") as fh:
             json.dump(dict(data), fh, indent=2, sort_keys=True)
             fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -173,6 +178,30 @@ class AttemptLog:
     def stderr(self) -> Path:
         return self.dir / STDERR_FILE
 
+    @property
+    def spec_path(self) -> Path:
+        return self.dir / SPEC_FILE
+
+    @property
+    def runner_record_path(self) -> Path:
+        return self.dir / RUNNER_FILE
+
+    @property
+    def exit_path(self) -> Path:
+        return self.dir / EXIT_FILE
+
+    @property
+    def reserve_path(self) -> Path:
+        return self.dir / RESERVE_FILE
+
+    @property
+    def lock_path(self) -> Path:
+        return self.dir / LOCK_FILE
+
+    @property
+    def runner_log(self) -> Path:
+        return self.dir / RUNNER_LOG
+
     # records
     def record(self, name: str) -> dict[str, Any] | None:
         return read_json(self.dir / name)
@@ -187,6 +216,134 @@ class AttemptLog:
     def exited(self) -> bool:
         """The runner wrote its exit record."""
         return (self.dir / EXIT_FILE).exists()
+
+    def read_spec(self) -> str:
+        """spec.json's text (what the runner is to run); OSError when it cannot be read."""
+        return (self.dir / SPEC_FILE).read_text(encoding="utf-8")
+
+    def write_spec(self, data: Mapping[str, Any]) -> None:
+        """spec.json, written by the engine before it spawns the runner (no secret in it)."""
+        write_json_atomic(self.dir / SPEC_FILE, data, sync=False)
+
+    def launch_record(self) -> dict[str, Any] | None:
+        """The engine's record of the runner it spawned (pid, start time, owner)."""
+        return read_json(self.dir / LAUNCH_FILE)
+
+    def write_launch_record(self, data: Mapping[str, Any]) -> None:
+        write_json_atomic(self.dir / LAUNCH_FILE, data)
+
+    def runner_record(self) -> dict[str, Any] | None:
+        """The runner's own record: its pid and start time, claude's once it runs."""
+        return read_json(self.dir / RUNNER_FILE)
+
+    def write_runner_record(self, data: Mapping[str, Any]) -> None:
+        write_json_atomic(self.dir / RUNNER_FILE, data)
+
+    def has_runner_record(self) -> bool:
+        return (self.dir / RUNNER_FILE).exists()
+
+    def has_run(self) -> bool:
+        """A runner was spawned for this attempt at some time (any of its traces)."""
+        return any((self.dir / name).exists() for name in (EXIT_FILE, RUNNER_FILE, LAUNCH_FILE))
+
+    def spec_token(self) -> str | None:
+        """The attempt's FLEET_ATTEMPT_TOKEN from its spec (None: none, an older attempt)."""
+        spec = read_json(self.dir / SPEC_FILE)
+        token = spec.get("token") if spec else None
+        return token if isinstance(token, str) and token else None
+
+    def clear_run_records(self) -> None:
+        """Remove what an earlier start of this attempt left (exit, runner, stop and launch
+        records, the reserve), so that none of it is taken for the new run's."""
+        for name in _PER_RUN:
+            with contextlib.suppress(FileNotFoundError):
+                (self.dir / name).unlink()
+
+    def stop_request(self) -> dict[str, Any]:
+        """Why a stop was asked ({} when none was, or the record is unusable): `reason`
+        (one of STOP_REASONS), `message` (str or None), `at`, `by`."""
+        rec = read_json(self.dir / KILL_FILE)
+        if not rec or rec.get("reason") not in STOP_REASONS:
+            return {}
+        if not isinstance(rec.get("message"), (str, type(None))):
+            rec["message"] = None
+        return rec
+
+    def request_stop(self, reason: str, message: str, *, at: float, by: str) -> bool:
+        """Record why the run is being stopped (before the signal, so whoever finishes the
+        attempt classifies it right), unless a usable request is there already: the first
+        reason stands. True when this call wrote it."""
+        if self.stop_request():
+            return False
+        write_json_atomic(self.dir / KILL_FILE,
+                          {"reason": reason, "message": message, "at": at, "by": by})
+        return True
+
+    def exit_record(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The runner's exit record, or (None, why it is unreadable); (None, None): there is
+        none. Each field the engine uses is checked, so bad data is reported, never raised."""
+        try:
+            raw = (self.dir / EXIT_FILE).read_bytes()
+        except FileNotFoundError:
+            return None, None
+        except OSError as exc:
+            return None, exc.strerror or str(exc)
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            return None, "it is not JSON"
+        if not isinstance(data, dict):
+            return None, f"it holds a JSON {type(data).__name__}, not an object"
+        for key, kinds in (("exit_code", (int, type(None))), ("signal", (int, type(None))),
+                           ("error", (str, type(None)))):
+            value = data.get(key)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                shown = " ".join(repr(value)[:160].split())
+                if len(shown) > 40:
+                    shown = shown[:39].rstrip() + "…"
+                return None, f"its {key} holds {shown}"
+        return data, None
+
+    def remove_exit_strays(self) -> list[str]:
+        """Remove the temporary files of an exit record whose writer died half way (half a
+        record helps nobody); their names, sorted."""
+        strays = sorted(self.dir.glob(f".{EXIT_FILE}.*.tmp"))
+        for stray in strays:
+            with contextlib.suppress(OSError):
+                stray.unlink()
+        return [stray.name for stray in strays]
+
+    def write_problem(self) -> str | None:
+        """Why nothing can be written in the folder (e.g. "No space left on device"), or
+        None: a probe of 4 KiB is written, synced and removed."""
+        probe = self.dir / f".probe.{os.getpid()}.{os.urandom(3).hex()}"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, b"\0" * 4096)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        finally:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+        return None
+
+    def runner_logged(self) -> bool:
+        """The runner wrote something to its own log."""
+        try:
+            return (self.dir / RUNNER_LOG).stat().st_size > 0
+        except OSError:
+            return False
+
+    # the lock
+    def acquire_lock(self, wait: float = LOCK_WAIT) -> int | None:
+        return acquire_lock(self.dir, wait)
+
+    def lock_held(self) -> bool | None:
+        return lock_held(self.dir)
 
     # events.jsonl
     def size(self) -> int:

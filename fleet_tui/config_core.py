@@ -2,7 +2,8 @@
 
 `fleet-worker` runs before every worker, and a Python launcher pays for every module it
 imports (~10 ms for `dataclasses`, ~12 ms for `pathlib` with the `re` it pulls in, ~10 ms
-for `typing`). So this module imports nothing but `os` and `sys` at the top: paths are
+for `typing`). So this module imports nothing but `os`, `sys` and `fleet_tui.errors` (which
+imports nothing) at the top: paths are
 strings here, `tomllib` is imported only when a config file exists, and the result for the
 launcher is a plain slotted `LaunchSettings`. `config.load_settings` builds the frozen
 `Settings` dataclass from the same merged values, so both always agree.
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
+
+from fleet_tui.errors import FleetTuiError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: these imports cost start-up time
@@ -61,11 +64,12 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
-class ConfigError(Exception):
+class ConfigError(FleetTuiError):
     """A setting that cannot be used. The message names where it came from (file and
     line, or the environment variable) and what would be accepted."""
 
     exit_code = 2
+    title = "Settings"
 
     def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None,
                  line: int | None = None, key: str | None = None) -> None:

@@ -39,3 +39,37 @@ class FleetTuiError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+# --- the engine's errors (fleet.py re-exports them; its parts below the front raise them) ---
+
+
+class FleetError(FleetTuiError):
+    """A user-facing engine error; the message says what to do."""
+
+
+class TaskNotFound(FleetError):
+    """No task has this id (exit 3) or, with `ambiguous`, the prefix matches several (a
+    usage error: exit 2)."""
+
+    exit_code = EXIT_NOT_FOUND
+
+    def __init__(self, message: str, *, ambiguous: bool = False) -> None:
+        super().__init__(message, exit_code=EXIT_USAGE if ambiguous else None)
+        self.ambiguous = ambiguous
+
+
+class FleetRefused(FleetError):
+    """The engine refused an action to keep the user's work safe (dirty checkout, conflict,
+    failing tests): exit 4."""
+
+    exit_code = EXIT_REFUSED
+    title = "Refused"
+
+
+class InvalidSpec(FleetError):
+    """A task cannot be queued as given (empty prompt, a NUL byte, text that is not UTF-8,
+    a number out of range, a setup claude would refuse); the message says what to change.
+    Nothing was stored. A usage error: exit 2."""
+
+    exit_code = EXIT_USAGE

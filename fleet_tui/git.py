@@ -28,9 +28,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import IO, Literal
+from typing import IO, Literal, NamedTuple
 
 from fleet_tui import paths, procs, repolock
+from fleet_tui.errors import FleetTuiError
 
 __all__ = [
     "ConflictPreview",
@@ -68,8 +69,10 @@ SECRET_MIN_LENGTH = 8  # shorter "keys" (a test stand-in) would match everywhere
 REDACTED = "[API key hidden]"
 
 
-class GitError(Exception):
+class GitError(FleetTuiError):
     """A git problem, with a message that says what to do about it."""
+
+    title = "Git"
 
 
 _GITPYTHON: ModuleType | None = None
@@ -503,33 +506,45 @@ def _delete_branch(repo: Path, branch: str) -> None:
              what=f"deleting branch {branch}")
 
 
-def _resolve_base(repo: Path, base_ref: str | None) -> tuple[str, str | None]:
-    """(base commit, base branch or None) for create_worktree; files first, git if unsure.
+class Base(NamedTuple):
+    """What a task starts from: the commit, and the branch a merge lands in (None when the
+    base is a tag or a commit: such a task's branch is merged by hand)."""
 
-    A full commit id is taken as it is: `git worktree add` itself refuses one that does not
-    exist (and create_worktree then reports it as an unknown base)."""
+    commit: str
+    branch: str | None
+
+
+def resolve_base(repo: Path, base_ref: str | None = None, *,
+                 check_commit: bool = True) -> Base:
+    """The base named by `base_ref` (None: the current HEAD and its branch): the one base
+    resolution of the engine (`Fleet.submit`, `create_worktree`) and the launch form. Git's
+    files first, git itself if unsure. GitError (an "unknown ref" sentence) when `base_ref`
+    names no commit, or the repository has none yet.
+
+    With `check_commit` false a full commit id is taken as it is (`git worktree add`
+    itself refuses one that does not exist, and create_worktree then reports it)."""
     if base_ref is None:
         head = _head_from_files(repo)
         if head is not None:
-            return head
+            return Base(*head)
         base_commit = _rev(repo, "HEAD")
         if base_commit is None:
             raise GitError(f"the repository {repo} has no commit yet; make one first")
-        return base_commit, current_branch(repo)
+        return Base(base_commit, current_branch(repo))
     if not base_ref.strip() or base_ref.startswith("-"):
-        raise GitError(f"unknown base ref {base_ref!r}: give a branch, tag or commit")
+        raise GitError(f"unknown ref {base_ref!r}: give a branch, tag or commit as the base")
     name = base_ref.removeprefix("refs/heads/")
-    if _SHA_RE.match(base_ref):
-        return base_ref, (name if _branch_exists_fast(repo, name) else None)
+    if _SHA_RE.match(base_ref) and not check_commit:
+        return Base(base_ref, name if _branch_exists_fast(repo, name) else None)
     commit = _rev(repo, base_ref)
     if commit is None:
         raise _unknown_base(repo, base_ref)
-    return commit, (name if _branch_exists_fast(repo, name) else None)
+    return Base(commit, name if _branch_exists_fast(repo, name) else None)
 
 
 def _unknown_base(repo: Path, base_ref: str) -> GitError:
-    return GitError(f"unknown base ref {base_ref!r} in {repo}: give an existing branch, "
-                    "tag or commit (see `git branch -a`)")
+    return GitError(f"unknown ref {base_ref!r} in {repo}: give an existing branch, tag or "
+                    "commit as the base (see `git branch -a`)")
 
 
 def _stale_error(path: Path, branch: str) -> GitError:
@@ -553,7 +568,7 @@ def create_worktree(repo: Path, task_id: str, base_ref: str | None = None, *,
     if not _TASK_ID_RE.match(task_id):
         raise GitError(f"bad task id {task_id!r}: use lowercase letters and digits")
     repo = Path(repo).resolve()
-    base_commit, base_branch = _resolve_base(repo, base_ref)
+    base_commit, base_branch = resolve_base(repo, base_ref, check_commit=False)
     _ensure_excluded_once(repo)
     path = paths.worktree_path(repo, task_id)
     branch = f"fleet/{task_id}"
@@ -617,8 +632,9 @@ def _verified_by_files(path: Path, branch: str | None) -> bool:
 def verify_worktree(path: Path, branch: str | None = None) -> None:
     """Raise GitError unless ``path`` is its own checkout (not the main one) on ``branch``.
 
-    The guard against defect 8: a worker must never run in the main checkout. The usual
-    case is answered from git's files; anything else asks git, which gives the reason.
+    The guard that a worker never runs in the main checkout (where it would edit the user's
+    own files), whatever happened to its worktree. The usual case is answered from git's
+    files; anything else asks git, which gives the reason.
     """
     path = Path(path)
     if not path.is_dir():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from fleet_tui.config_core import PERMISSION_MODES
+from fleet_tui.errors import FleetTuiError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: these imports cost start-up time
@@ -60,20 +61,15 @@ SCRUB_ALLOWED_TOOLS = ("Bash", "Edit", "Write", "NotebookEdit", "Read", "WebFetc
                        "WebSearch", "Task")
 
 
-class LaunchError(Exception):
+class LaunchError(FleetTuiError):
     """Why claude cannot be launched, and the exit code fleet-worker uses for it.
     Messages never contain the key."""
 
     exit_code = 1
+    title = "Cannot launch claude"
 
     def __init__(self, message: str, exit_code: int | None = None) -> None:
-        super().__init__(message)
-        if exit_code is not None:
-            self.exit_code = exit_code
-
-    @property
-    def message(self) -> str:
-        return str(self.args[0]) if self.args else ""
+        super().__init__(message, exit_code=exit_code)
 
 
 class UsageError(LaunchError):

@@ -18,9 +18,10 @@ import math
 import re
 import signal as _signal
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from typing import Any
 
+from fleet_tui.errors import EXIT_MISSING
+from fleet_tui.states import Verdict as Verdict  # re-exported: outcome.Verdict
 from fleet_tui.stream import (
     MAX_INT,
     Result,
@@ -28,21 +29,6 @@ from fleet_tui.stream import (
     one_line,
     scrub_surrogates,
 )
-
-
-class Verdict(StrEnum):
-    """What became of a run; whether to retry is the engine's decision, not this one's."""
-
-    OK = "ok"
-    AUTH = "auth"
-    OVERLOAD = "overload"
-    QUOTA = "quota"
-    TIMEOUT = "timeout"
-    MAX_TURNS = "max_turns"
-    EMPTY = "empty"
-    REFUSED = "refused"
-    KILLED = "killed"
-    CRASHED = "crashed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +223,106 @@ def _api_message(status: int, text: str) -> tuple[Verdict, str]:
                                  "FLEET_WORKER_BASE_URL and FLEET_WORKER_MODEL")
     return Verdict.REFUSED, (f"the endpoint refused the request ({status}){detail}; check the "
                              "model name and the prompt size")
+
+
+# --------------------------------------------------------------------------- the engine's own
+# Verdicts the engine gives without a run to classify (or beside it): a start that failed, a
+# kill before the runner existed, a runner that died without its exit record, one task's
+# data the engine could not use. Written here so that every verdict has one home.
+
+KILLED_BEFORE_START = "killed before it started"
+KILLED_BY_USER = "killed by the user"
+STOPPED_BY_ENGINE = "stopped by the engine"
+
+
+def could_not_start(reason: str) -> str:
+    """The message of a task whose attempt could not be started (verdict crashed)."""
+    return f"could not start: {reason}"
+
+
+def engine_gave_up(cause: str) -> str:
+    """The message of a task the engine could not go on with (its data, its files)."""
+    return f"the engine could not go on with this task: {cause}"
+
+
+def no_exit_record(folder: str, *, write_problem: str | None, stray: str | None,
+                   runner_log: str | None, stopped: int) -> str:
+    """One sentence on why a dead runner left no exit record in `folder`: the folder
+    cannot be written (`write_problem`), it died half way through writing it (`stray`: the
+    temporary file it left), or it was killed from outside; then where its own log is and
+    how many processes it had left behind were stopped."""
+    if write_problem is not None:
+        message = f"the runner could not write its exit record in {folder}: {write_problem}"
+    elif stray is not None:
+        message = (f"the runner died while writing its exit record in {folder} "
+                   f"(it left {stray})")
+    else:
+        message = ("the runner process died without an exit record (killed from outside, "
+                   "or the machine went down?)")
+    if runner_log:
+        message += f"; see {runner_log}"
+    if stopped:
+        message += f"; {stopped} process(es) it had started were stopped"
+    return message
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How one attempt ended, as the engine records it."""
+
+    verdict: Verdict
+    message: str
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | None,
+                  exit_path: str, stop_reason: str | None, stop_message: str | None,
+                  result: dict[str, Any] | None, stderr_tail: str,
+                  no_record: str = "") -> Ending:
+    """The verdict of an attempt whose runner is gone, from everything it left: the exit
+    record (None: missing, or unreadable for `exit_problem`), why a stop was asked
+    (`stop_reason`, one of attemptlog.STOP_REASONS, and its message), the events' result and the
+    stderr tail. `no_record`: why there is no exit record (see `no_exit_record`).
+
+    A stop asked by the user or the engine decides the verdict (killed, crashed, timeout)
+    whatever claude printed after it; a launcher's refusal recorded by the runner (no key,
+    no claude) is an auth failure or a crash; else `classify` judges the run."""
+    killed = stop_reason in ("kill", "error")
+    timed_out = stop_reason in ("timeout", "stall")
+    if exit_record is None:
+        if exit_problem is None:
+            why = no_record
+        else:
+            why = (f"the exit record {exit_path} is unreadable ({exit_problem}); the verdict "
+                   "comes from the events' result")
+        if killed:
+            return Ending(Verdict.KILLED if stop_reason == "kill" else Verdict.CRASHED,
+                          stop_message or "killed")
+        if timed_out:
+            return Ending(Verdict.TIMEOUT, stop_message or "timed out")
+        if result is None:
+            if exit_problem is not None:
+                why = (f"the exit record {exit_path} is unreadable ({exit_problem}) and the "
+                       "events hold no result")
+            return Ending(Verdict.CRASHED, why)
+        out = classify(exit_code=None, result=result, stderr_tail=stderr_tail)
+        return Ending(out.verdict, f"{out.message} ({why})")
+    exit_code = _as_int(exit_record.get("exit_code"))
+    sig = _as_int(exit_record.get("signal"))
+    error = exit_record.get("error")
+    if error and stop_reason is None:
+        # the launcher refused (no key, no claude, bad settings), or the runner could not
+        # record the run (a full disk): say that
+        verdict = (Verdict.AUTH if exit_code == EXIT_MISSING and "key" in str(error).lower()
+                   else Verdict.CRASHED)
+        return Ending(verdict, str(error), exit_code, sig)
+    if stop_reason == "error":
+        return Ending(Verdict.CRASHED, stop_message or STOPPED_BY_ENGINE, exit_code, sig)
+    out = classify(exit_code=exit_code, signal=sig, result=result, stderr_tail=stderr_tail,
+                   killed=killed, timed_out=timed_out)
+    message = stop_message if timed_out and stop_message else out.message
+    return Ending(out.verdict, message, exit_code, sig)
 
 
 # --------------------------------------------------------------------------- classify

@@ -24,13 +24,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from fleet_tui.errors import FleetTuiError
+
 __all__ = ["LockTimeout", "hold"]
 
 POLL = 0.01  # first wait between two tries of a busy lock; doubles up to POLL_MAX
 POLL_MAX = 0.05
 
 
-class LockTimeout(Exception):
+class LockTimeout(FleetTuiError):
     """The lock stayed busy for longer than the caller would wait; the message says who
     holds it (when known) and what to do."""
 

@@ -44,18 +44,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from fleet_tui import procs
-from fleet_tui.attemptlog import (
-    EVENTS_FILE,
-    EXIT_FILE,
-    KILL_FILE,
-    LOCK_FILE,
-    RESERVE_FILE,
-    RUNNER_FILE,
-    SPEC_FILE,
-    STDERR_FILE,
-    acquire_lock,
-    write_json_atomic,
-)
+from fleet_tui.attemptlog import AttemptLog, write_json_atomic
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
@@ -125,6 +114,7 @@ class Runner:
     def __init__(self, attempt_dir: Path, env: Mapping[str, str] | None = None, *,
                  lock_fd: int | None = None) -> None:
         self.dir = attempt_dir
+        self.log = AttemptLog(attempt_dir)  # every file of the folder, by its owner
         self.env = dict(os.environ if env is None else env)
         self.child: subprocess.Popen[bytes] | None = None
         self.child_start: str | None = None
@@ -177,15 +167,12 @@ class Runner:
             self._forward(signal.SIGKILL)
 
     def _record_kill(self, reason: str, message: str) -> None:
-        """kill.json, unless one is there already (the engine's reason comes first)."""
-        path = self.dir / KILL_FILE
-        if path.exists():
-            return
+        """The stop request, unless one is there already (the engine's reason comes first)."""
         try:
-            write_json_atomic(path, {"reason": reason, "message": message, "at": time.time(),
-                                     "by": f"runner {self.pid}"})
+            self.log.request_stop(reason, message, at=time.time(), by=f"runner {self.pid}")
         except OSError as exc:
-            self._log(f"could not write {path}: {_strerror(exc)}")
+            self._log(f"could not record why the run is stopped in {self.dir}: "
+                      f"{_strerror(exc)}")
 
     # --- records ---------------------------------------------------------------------------
 
@@ -200,7 +187,7 @@ class Runner:
             # handed over by the engine, already locked; check it is this attempt's lock
             try:
                 mine = os.fstat(self.lock_fd)
-                ref = os.stat(self.dir / LOCK_FILE)
+                ref = os.stat(self.log.lock_path)
                 os.set_inheritable(self.lock_fd, False)
                 fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if (mine.st_dev, mine.st_ino) == (ref.st_dev, ref.st_ino):
@@ -212,9 +199,9 @@ class Runner:
             with contextlib.suppress(OSError):
                 os.close(self.lock_fd)
             self.lock_fd = None
-        fd = acquire_lock(self.dir)
+        fd = self.log.acquire_lock()
         if fd is None:
-            self._log(f"another runner holds {self.dir / LOCK_FILE}; not starting a second "
+            self._log(f"another runner holds {self.log.lock_path}; not starting a second "
                       "one on the same attempt")
             return False
         self.lock_fd = fd
@@ -223,7 +210,7 @@ class Runner:
     def _reserve(self) -> None:
         """Write RESERVE_SIZE bytes now, to be overwritten in place by the exit record when
         the disk is full at the end (overwriting needs no new space)."""
-        path = self.dir / RESERVE_FILE
+        path = self.log.reserve_path
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         except OSError as exc:
@@ -246,11 +233,11 @@ class Runner:
                 os.close(self.reserve_fd)
             self.reserve_fd = None
             with contextlib.suppress(OSError):
-                os.unlink(self.dir / RESERVE_FILE)
+                os.unlink(self.log.reserve_path)
 
     def _write_runner_record(self) -> bool:
         try:
-            write_json_atomic(self.dir / RUNNER_FILE, {
+            self.log.write_runner_record({
                 "runner_pid": self.pid,
                 "runner_start": procs.start_time(self.pid),
                 "claude_pid": self.child.pid if self.child else None,
@@ -258,10 +245,10 @@ class Runner:
                 "started_at": self.started_at,
             })
         except OSError as exc:
-            self._log(f"could not write {RUNNER_FILE} in {self.dir}: {_strerror(exc)}")
+            where = self.log.runner_record_path
+            self._log(f"could not write {where}: {_strerror(exc)}")
             if self.child is None:  # before the run: do not start one nobody can follow
-                self.write_error = (f"could not write {RUNNER_FILE} in {self.dir}: "
-                                    f"{_strerror(exc)}")
+                self.write_error = f"could not write {where}: {_strerror(exc)}"
             return False
         return True
 
@@ -278,7 +265,7 @@ class Runner:
             "runner_pid": self.pid,
             "claude_pid": self.child.pid if self.child else None,
         }
-        path = self.dir / EXIT_FILE
+        path = self.log.exit_path
         try:
             write_json_atomic(path, record)
         except OSError as exc:
@@ -288,14 +275,14 @@ class Runner:
             return True
         # No room for a new file: the reserve written at the start takes the record.
         if self.reserve_fd is not None:
-            record["record_note"] = (f"written into the reserved space: {EXIT_FILE} could "
+            record["record_note"] = (f"written into the reserved space: {path.name} could "
                                      f"not be written ({_strerror(first)})")
             blob = (json.dumps(record, sort_keys=True) + "\n").encode()
             if len(blob) <= RESERVE_SIZE:
                 try:
                     os.pwrite(self.reserve_fd, blob + b" " * (RESERVE_SIZE - len(blob)), 0)
                     os.fsync(self.reserve_fd)
-                    os.replace(self.dir / RESERVE_FILE, path)
+                    os.replace(self.log.reserve_path, path)
                 except OSError as exc:
                     self._log(f"could not use the reserve for {path}: {_strerror(exc)}")
                 else:
@@ -326,9 +313,9 @@ class Runner:
         self._reserve()
         self._write_runner_record()  # known before anything runs
         try:
-            spec = RunSpec.from_json((self.dir / SPEC_FILE).read_text(encoding="utf-8"))
+            spec = RunSpec.from_json(self.log.read_spec())
         except (OSError, ValueError, TypeError, RecursionError) as exc:
-            return self._end(2, exit_code=2, error=f"cannot read {self.dir / SPEC_FILE}: {exc}")
+            return self._end(2, exit_code=2, error=f"cannot read {self.log.spec_path}: {exc}")
         self.kill_grace = _number(spec.kill_grace, 5.0)
         self.timeout = _number(spec.timeout, 0.0) or None
         if self.write_error is not None:
@@ -394,9 +381,10 @@ class Runner:
             if os.getppid() != parent:  # the runner died before the death signal was armed
                 os._exit(1)
 
-        events = self.dir / EVENTS_FILE
-        stderr_path = self.dir / STDERR_FILE
-        # The worktree guard (defect 8) is the engine's; here only refuse a missing cwd.
+        events = self.log.events
+        stderr_path = self.log.stderr
+        # The guard against running in the main checkout is the engine's; here only refuse
+        # a missing cwd.
         if not Path(spec.cwd).is_dir():
             return self._end(2, exit_code=2, error=f"the worktree {spec.cwd} does not exist")
         procs.preload_libc()
@@ -469,7 +457,7 @@ class Runner:
             while view:
                 view = view[out_fh.write(view):]
         except OSError as exc:
-            self.write_error = (f"could not write {EVENTS_FILE} in {self.dir}: "
+            self.write_error = (f"could not write {self.log.events}: "
                                 f"{_strerror(exc)}; the run was stopped")
             self._log(self.write_error)
             self._terminate()
@@ -535,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return runner.run()
     except Exception as exc:  # the exit record must exist whatever happens
-        if runner.lock_fd is not None and not (attempt_dir / EXIT_FILE).exists():
+        if runner.lock_fd is not None and not runner.log.exited:
             runner._write_exit(exit_code=70, error=f"runner failed: {exc!r}")
         raise
 

@@ -49,6 +49,23 @@ class Action(StrEnum):
     DIFF = "diff"
 
 
+class Verdict(StrEnum):
+    """What became of a run (`outcome.classify` decides it; whether to retry is policy's
+    decision). Here, not in outcome, so that policy and the store can name verdicts
+    without importing the classifier and its stream parser."""
+
+    OK = "ok"
+    AUTH = "auth"
+    OVERLOAD = "overload"
+    QUOTA = "quota"
+    TIMEOUT = "timeout"
+    MAX_TURNS = "max_turns"
+    EMPTY = "empty"
+    REFUSED = "refused"
+    KILLED = "killed"
+    CRASHED = "crashed"
+
+
 @dataclass(frozen=True, slots=True)
 class StateInfo:
     state: TaskState

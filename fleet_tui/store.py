@@ -27,8 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from fleet_tui import paths
-from fleet_tui.states import ACTIVE_STATES, CLOSED_STATES, FINISHED_STATES, TaskState
+from fleet_tui.errors import EXIT_NOT_FOUND, EXIT_USAGE, FleetTuiError
+from fleet_tui.states import ACTIVE_STATES, CLOSED_STATES, FINISHED_STATES, TaskState, Verdict
+from fleet_tui.titles import task_title
 
+# TaskState and its phase sets are states.py's (the one table of states), re-exported here
+# for the code that has always imported them from the store.
 __all__ = [
     "ACTIVE_STATES",
     "ATTEMPT_COLUMNS",
@@ -57,12 +61,16 @@ ID_LENGTH = 6
 _ID_PREFIX_RE = re.compile(r"^[0-9a-z]{1,6}$")
 
 
-class StoreError(Exception):
+class StoreError(FleetTuiError):
     """A store problem with a message meant for the user."""
+
+    title = "Task database"
 
 
 class UnknownTaskError(StoreError, KeyError):
     """No task has this id (or id prefix)."""
+
+    exit_code = EXIT_NOT_FOUND
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
@@ -70,6 +78,8 @@ class UnknownTaskError(StoreError, KeyError):
 
 class AmbiguousTaskError(StoreError):
     """An id prefix matches more than one task."""
+
+    exit_code = EXIT_USAGE
 
 
 def new_task_id() -> str:
@@ -138,11 +148,8 @@ class Task:
 
     @property
     def short_title(self) -> str:
-        """The title, else the prompt's first line (for lists and commit messages)."""
-        if self.title.strip():
-            return self.title.strip()
-        first = self.prompt.strip().splitlines()[0] if self.prompt.strip() else ""
-        return first[:72]
+        """The title, else the one its prompt gives (titles.task_title: the one rule)."""
+        return task_title(self.title, self.prompt)
 
 
 @dataclass
@@ -327,7 +334,7 @@ def _column_kinds(cls: type) -> list[tuple[str, tuple[type, ...], str, Any]]:
 
 _TASK_KINDS = _column_kinds(Task)
 _ATTEMPT_KINDS = _column_kinds(Attempt)
-_STATES = {s.value: s for s in TaskState}
+_STATE_BY_VALUE = {s.value: s for s in TaskState}
 
 
 def _shown(value: Any) -> str:
@@ -353,8 +360,8 @@ def _decode(row: sqlite3.Row, kinds: list[tuple[str, tuple[type, ...], str, Any]
             elif conv == "path?":
                 value = Path(value) if value else None
             elif conv == "state":
-                ok = value in _STATES
-                value = _STATES.get(value)
+                ok = value in _STATE_BY_VALUE
+                value = _STATE_BY_VALUE.get(value)
             else:  # json-list
                 try:
                     value = json.loads(value or "[]")
@@ -377,7 +384,7 @@ def _task_from_row(row: sqlite3.Row) -> Task:
         task.row_error = (f"the store row of task {task.id} is unreadable: {bad[0][1]}{more}"
                           "; discard the task, or correct the row")
         task.message = task.row_error
-        task.verdict = "crashed"
+        task.verdict = Verdict.CRASHED
         if any(name == "state" for name, _ in bad):
             task.state = TaskState.FAILED
     return task
@@ -755,15 +762,16 @@ class Store:
         active = tuple(s.value for s in ACTIVE_STATES)
         with self.transaction() as conn:
             changed = conn.execute(
-                f"UPDATE tasks SET state = ?, verdict = 'killed', message = ?, finished_at = ?,"
+                f"UPDATE tasks SET state = ?, verdict = ?, message = ?, finished_at = ?,"
                 f" not_before = NULL, updated_at = ? WHERE id = ? AND state IN "
                 f"({', '.join('?' for _ in active)}) AND NOT EXISTS (SELECT 1 FROM attempts "
                 f"WHERE attempts.task_id = tasks.id AND finished_at IS NULL AND dir IS NOT NULL)",
-                (TaskState.KILLED.value, message, now, now, task_id, *active)).rowcount > 0
+                (TaskState.KILLED.value, Verdict.KILLED.value, message, now, now, task_id,
+                 *active)).rowcount > 0
             if changed:
-                conn.execute("UPDATE attempts SET finished_at = ?, verdict = 'killed', "
+                conn.execute("UPDATE attempts SET finished_at = ?, verdict = ?, "
                              "message = ? WHERE task_id = ? AND finished_at IS NULL",
-                             (now, message, task_id))
+                             (now, Verdict.KILLED.value, message, task_id))
             return changed
 
     # --- attempts -----------------------------------------------------------------------------

@@ -127,7 +127,8 @@ def git_repo(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def reference_samples() -> Path:
-    """The real CLI outputs copied from shared/reference/stream-json."""
+    """Real outputs of the pinned CLI (stdout, stderr, exit code per case), kept in
+    tests/fixtures/stream-json."""
     path = FIXTURES / "stream-json"
     if not path.is_dir():
         pytest.skip("tests/fixtures/stream-json missing")

@@ -11,7 +11,7 @@ store path), die_at (null, "after-claim", "after-worktree": made but not recorde
 "after-record-launch": the attempt folder is recorded, no runner yet, or
 "after-runner-spawn"), until_settled (task
 ids: run the scheduler until every one has finished, then exit 0), start_grace (seconds,
-instead of fleet.START_GRACE: how often the heartbeat of a slow start beats).
+instead of supervisor.START_GRACE: how often the heartbeat of a slow start beats).
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ def _die() -> None:
 
 def main() -> int:
     config = json.loads(Path(sys.argv[1]).read_text())
-    from fleet_tui import fleet as fleet_mod
+    from fleet_tui import supervisor as supervisor_mod
     from fleet_tui.config import load_settings
     from fleet_tui.fleet import Fleet
     from fleet_tui.store import FINISHED_STATES, Store
 
     if config.get("start_grace") is not None:
-        fleet_mod.START_GRACE = float(config["start_grace"])
+        supervisor_mod.START_GRACE = float(config["start_grace"])
     die_at = config.get("die_at")
     if die_at == "after-claim":
         real_claim = Store.claim_next

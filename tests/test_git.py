@@ -128,7 +128,7 @@ def test_create_worktree_from_branch_and_detached(git_repo: Path) -> None:
 
 
 def test_create_worktree_unknown_base(git_repo: Path) -> None:
-    with pytest.raises(fgit.GitError, match="unknown base ref 'no-such-branch'"):
+    with pytest.raises(fgit.GitError, match="unknown ref 'no-such-branch'"):
         fgit.create_worktree(git_repo, "u1", "no-such-branch")
     assert not (git_repo / ".fleet-work" / "u1").exists()
     assert "fleet/u1" not in git(git_repo, "branch", "--list")
@@ -213,7 +213,7 @@ def test_create_worktree_reads_packed_refs(git_repo: Path) -> None:
 
 
 def test_create_worktree_unknown_commit(git_repo: Path) -> None:
-    with pytest.raises(fgit.GitError, match="unknown base ref"):
+    with pytest.raises(fgit.GitError, match="unknown ref"):
         fgit.create_worktree(git_repo, "z1", "0" * 40)
     assert not (git_repo / ".fleet-work" / "z1").exists()
     assert "fleet/z1" not in git(git_repo, "branch", "--list")

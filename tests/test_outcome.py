@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fleet_tui.fleet import STDERR_TAIL
+from fleet_tui.attemptlog import STDERR_TAIL
 from fleet_tui.outcome import Outcome, Verdict, classify, find_result
 from fleet_tui.stream import Result, decode_all
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from fleet_tui import fleet as fleet_mod
 from fleet_tui import paths, procs
+from fleet_tui import supervisor as supervisor_mod
 from fleet_tui.attemptlog import EVENTS_FILE
 from fleet_tui.config import load_settings
 from fleet_tui.endpoint import ScriptedEndpoint
@@ -148,7 +148,7 @@ def test_an_engine_killed_while_starting_a_task_never_runs_it_twice(
     assert child.wait(timeout=60) == -signal.SIGKILL
     assert fleet.get_task(task.id).state == TaskState.RUNNING  # claimed by the dead engine
     # "any fleet-tui ls 60 s later": the start grace has passed
-    monkeypatch.setattr(fleet_mod, "START_GRACE", 0.5)
+    monkeypatch.setattr(supervisor_mod, "START_GRACE", 0.5)
     time.sleep(0.6)
     drive(fleet, lambda: fleet.get_task(task.id).state in FINISHED_STATES)
     assert_ran_once(fleet, endpoint, task.id)
@@ -173,7 +173,7 @@ def test_a_second_engine_beside_a_slow_start_never_runs_a_task_twice(
         assert time.monotonic() < deadline, "the first engine claimed nothing"
         time.sleep(0.02)
     # another terminal's `fleet-tui ls`, long enough after the claims (the grace shortened)
-    monkeypatch.setattr(fleet_mod, "START_GRACE", 0.5)
+    monkeypatch.setattr(supervisor_mod, "START_GRACE", 0.5)
     try:
         drive(fleet, lambda: first.poll() is not None, timeout=180)
         assert first.returncode == 0
@@ -267,11 +267,11 @@ def test_a_claim_is_requeued_only_when_its_starter_is_provably_gone(git_repo: Pa
     del gone
     init_start = procs.start_time(1)
     claims = {
-        "alive-here": (f"{fleet_mod._HOST}:1:{init_start}:0", now - 3600),
-        "dead-pid": (f"{fleet_mod._HOST}:{2 ** 22 - 3}:12345:0", now),
+        "alive-here": (f"{supervisor_mod._HOST}:1:{init_start}:0", now - 3600),
+        "dead-pid": (f"{supervisor_mod._HOST}:{2 ** 22 - 3}:12345:0", now),
         "dead-object": (gone_owner, now),
         "other-fresh": ("elsewhere.example:42:7:0", now - 5),
-        "other-stale": ("elsewhere.example:42:7:0", now - fleet_mod.START_GRACE - 5),
+        "other-stale": ("elsewhere.example:42:7:0", now - supervisor_mod.START_GRACE - 5),
     }
     ids: dict[str, str] = {}
     for name, (owner, at) in claims.items():

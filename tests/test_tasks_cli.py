@@ -83,11 +83,12 @@ def wait_state(env: dict[str, str], cwd: Path, task_id: str, states: set[str],
 
 def test_run_wait_ls_show_logs_diff_merge(env: dict[str, str], git_repo: Path) -> None:
     out = cli(env, git_repo, "run", "write a.txt please", "--title", "Add a.txt", "--wait",
-              "--json")
+              "--json", "--timeout", "1h30m")  # a duration as the launch form takes it
     assert out.returncode == 0, out.stderr
     (task,) = json.loads(out.stdout)
     tid = task["id"]
     assert task["state"] == "succeeded" and task["branch"] == f"fleet/{tid}"
+    assert task["timeout"] == 5400
 
     listed = ls(env, git_repo)
     assert [t["id"] for t in listed] == [tid]

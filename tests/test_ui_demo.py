@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 from endpoint_helpers import assemble, post, request_body
 
-from fleet_tui import CLAUDE_CODE_VERSION
+from fleet_tui import CLAUDE_CODE_VERSION, demo
 from fleet_tui.commands import panel
 from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.ui import demo
 
 
 def test_demo_project_is_a_committed_repo_whose_tests_pass(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
     demo = None
     repo: Path | None = None
     if args.demo:
-        from fleet_tui.ui import demo as demo_mod
+        from fleet_tui import demo as demo_mod
 
         claude = demo_mod.ensure_claude()
         if claude is None:
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
                 app.default_base = git.current_branch(app.repo) or ""
             fleet = Fleet(settings)
             if demo is not None:
-                from fleet_tui.ui.demo import submit_demo_tasks
+                from fleet_tui.demo import submit_demo_tasks
 
                 submit_demo_tasks(fleet, demo.repo)
             return fleet

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -17,35 +16,30 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fleet_tui import git, stream
-from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings, load_settings
-from fleet_tui.fleet import (
-    Fleet,
+from fleet_tui import git, policy, stream
+from fleet_tui.attemptlog import AttemptLog
+from fleet_tui.config import PERMISSION_MODES, Settings, load_settings
+from fleet_tui.durations import parse_duration
+from fleet_tui.errors import (
+    EXIT_FAILED,
+    EXIT_MISSING,
+    EXIT_REFUSED,
+    EXIT_USAGE,
     FleetError,
     FleetRefused,
-    InvalidSpec,
-    TaskNotFound,
-    TaskSpec,
-    check_text,
-    work_at_stake,
+    FleetTuiError,
 )
-from fleet_tui.store import (
+from fleet_tui.fleet import Fleet, TaskSpec, check_text, work_at_stake
+from fleet_tui.states import (
     ACTIVE_STATES,
-    CLOSED_STATES,
     FINISHED_STATES,
-    MAX_COPIES,
-    Attempt,
-    StoreError,
-    Task,
+    PENDING_STATES,
+    Action,
     TaskState,
 )
+from fleet_tui.store import MAX_COPIES, Attempt, StoreError, Task
 
 EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
-EXIT_REFUSED = 4
-EXIT_NO_CLAUDE = 5
 EXIT_INTERRUPTED = 130
 
 EXIT_CODES = """\
@@ -62,20 +56,20 @@ exit codes:
 """
 
 TICK = float(os.environ.get("FLEET_TUI_TICK", "0.1") or 0.1)
-WAITING_STATES = {TaskState.QUEUED, TaskState.WAITING}
-DONE_STATES = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED, TaskState.MERGED,
-               TaskState.DISCARDED}
+RUNNING_OR_PENDING = ACTIVE_STATES | PENDING_STATES
 
 
-class _Usage(Exception):
+class _Usage(FleetTuiError):
     """A usage error: one line, exit 2."""
+
+    exit_code = EXIT_USAGE
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting, so every error is one clear line."""
 
     def error(self, message: str) -> NoReturn:
-        raise _Usage(f"{self.prog}: {message} (see `{self.prog} --help`)")
+        raise _Usage(f"{message} (see `{self.prog} --help`)")
 
 
 def _parser(name: str, description: str) -> _Parser:
@@ -178,40 +172,40 @@ def format_event(ev: stream.Event) -> str | None:
 
 
 def _settings(overrides: dict[str, object] | None = None) -> Settings:
-    try:
-        return load_settings(overrides=overrides)
-    except ConfigError as exc:
-        raise _Usage(str(exc)) from None
+    return load_settings(overrides=overrides)  # a ConfigError is a usage error (exit 2)
 
 
 def _repo(path: Path | None) -> Path:
     try:
         return git.main_worktree(path if path is not None else Path.cwd())
-    except git.GitError as exc:
+    except git.GitError as exc:  # the repository to work in is an argument: usage
         raise _Usage(str(exc)) from None
 
 
 def _fleet(settings: Settings | None = None) -> Fleet:
-    try:
-        return Fleet(settings or _settings())
-    except StoreError as exc:
-        raise FleetError(str(exc)) from None
+    return Fleet(settings or _settings())
 
 
 def _catch_up(fleet: Fleet) -> None:
     """One scheduling pass so the store reflects what happened while nobody watched."""
     try:
         fleet.tick()
-    except (FleetError, StoreError, OSError) as exc:  # never block a look at the tasks
+    except (FleetTuiError, OSError) as exc:  # never block a look at the tasks
         _err(f"fleet-tui: warning: could not update running tasks: {exc}")
 
 
-def _confirm(question: str, yes: bool, action: str) -> None:
+def _refuse_unless(task: Task, action: Action) -> None:
+    """Refuse what the task's state does not allow, with the reason the panel shows."""
+    refused = policy.refusal(task, action)
+    if refused is not None:
+        raise FleetError(refused)
+
+
+def _confirm(question: str, yes: bool) -> None:
     if yes:
         return
     if sys.stdin is None or not sys.stdin.isatty():
-        raise _Usage(f"fleet-tui {action}: not asking on a non-interactive stdin; "
-                     "pass --yes to confirm")
+        raise _Usage("not asking on a non-interactive stdin; pass --yes to confirm")
     sys.stdout.write(f"{question} [y/N] ")
     sys.stdout.flush()
     answer = sys.stdin.readline().strip().lower()
@@ -219,8 +213,13 @@ def _confirm(question: str, yes: bool, action: str) -> None:
         raise _Aborted()
 
 
-class _Aborted(Exception):
+class _Aborted(FleetTuiError):
     """The user said no."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self) -> None:
+        super().__init__("not confirmed; nothing was changed")
 
 
 def _schedule_until(fleet: Fleet, ids: Sequence[str], done: Callable[[Task], bool],
@@ -265,15 +264,13 @@ def _whole(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def _seconds(text: str) -> float:
+def _duration(text: str) -> float:
+    """--timeout: seconds (`90`) or a duration (`15m`, `1h30m`), as the launch form takes
+    them; 0 for no limit."""
     try:
-        value = float(text.strip())
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of seconds (give a finite number, 0 for no limit)")
-    return value
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {exc} (0: no limit)") from None
 
 
 def _read_stdin() -> bytes:
@@ -291,7 +288,7 @@ def _decode(data: bytes, source: str, command: str) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _Usage(f"fleet-tui {command}: the prompt in {source} is not valid UTF-8 text "
+        raise _Usage(f"the prompt in {source} is not valid UTF-8 text "
                      f"(byte 0x{data[exc.start]:02x} at offset {exc.start}); save it as "
                      "UTF-8") from None
     return text.removeprefix("\ufeff")
@@ -302,7 +299,7 @@ def _decode(data: bytes, source: str, command: str) -> str:
 
 def _read_prompt(args: argparse.Namespace) -> str:
     if args.file is not None and args.prompt is not None and args.prompt != "-":
-        raise _Usage("fleet-tui run: give the prompt as an argument or with --file, not both")
+        raise _Usage("give the prompt as an argument or with --file, not both")
     source = args.file if args.file is not None else args.prompt
     if source == "-" or (source is None and sys.stdin is not None and not sys.stdin.isatty()):
         text = _decode(_read_stdin(), "stdin", "run")
@@ -310,16 +307,16 @@ def _read_prompt(args: argparse.Namespace) -> str:
         try:
             data = Path(args.file).read_bytes()
         except OSError as exc:
-            raise _Usage(f"fleet-tui run: cannot read the prompt file {args.file}: "
+            raise _Usage(f"cannot read the prompt file {args.file}: "
                          f"{exc.strerror or exc}") from None
         text = _decode(data, str(args.file), "run")
     elif source is None:
-        raise _Usage("fleet-tui run: no prompt; give it as an argument, with --file F, "
+        raise _Usage("no prompt; give it as an argument, with --file F, "
                      "or pipe it in with `-`")
     else:
         text = source
     if not text.strip():
-        raise _Usage("fleet-tui run: the prompt is empty; say what the worker should do")
+        raise _Usage("the prompt is empty; say what the worker should do")
     check_text("prompt", text)  # a NUL byte, or argv bytes that were not UTF-8
     return text
 
@@ -333,13 +330,9 @@ def _check_launch(settings: Settings, permission_mode: str | None = None) -> Non
     try:
         check_launch(settings, permission_mode=permission_mode)
     except LaunchError as exc:
-        raise _LaunchMissing(str(exc), exc.exit_code) from None
-
-
-class _LaunchMissing(Exception):
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
+        if exc.exit_code not in (EXIT_USAGE, EXIT_MISSING):  # whatever else stops claude
+            exc.exit_code = EXIT_MISSING
+        raise
 
 
 def cmd_run(argv: list[str]) -> int:
@@ -358,8 +351,8 @@ def cmd_run(argv: list[str]) -> int:
                    help="one of " + ", ".join(PERMISSION_MODES))
     p.add_argument("--max-turns", type=_whole(1), metavar="N",
                    help="stop after N agent turns (at least 1)")
-    p.add_argument("--timeout", type=_seconds, metavar="S",
-                   help="wall-clock limit in seconds (0: none)")
+    p.add_argument("--timeout", type=_duration, metavar="T",
+                   help="wall-clock limit: seconds, or 90s, 15m, 1h30m (0: none)")
     p.add_argument("--wait", action="store_true",
                    help="stay until every task finished; exit 1 unless all succeeded")
     p.add_argument("--json", action="store_true", help="print the tasks as JSON")
@@ -384,7 +377,8 @@ def cmd_run(argv: list[str]) -> int:
             _out(f"{t.id}  {t.branch}  {t.title}")
     on_change = None if args.json else _print_change
     if args.wait:
-        final = _schedule_until(fleet, ids, lambda t: t.state in DONE_STATES, on_change)
+        final = _schedule_until(fleet, ids, lambda t: t.state not in RUNNING_OR_PENDING,
+                                on_change)
     else:
         final = _schedule_until(fleet, ids, lambda t: t.state != TaskState.QUEUED, on_change)
         if not args.json:
@@ -423,7 +417,7 @@ def cmd_ls(argv: list[str]) -> int:
         where = f"  [{t.repo}]" if repo is None else ""
         _out(f"{t.id:<6}  {t.state.value:<9}  {t.verdict or '-':<9}  {diff:>9}  {t.turns:>5}  "
              f"{_tokens(t.input_tokens + t.output_tokens):>7}  {_age(t.created_at):>4}  "
-             f"{_one_line(t.title, 60)}{where}")
+             f"{_one_line(t.short_title, 60)}{where}")
     return EXIT_OK
 
 
@@ -438,7 +432,7 @@ def cmd_show(argv: list[str]) -> int:
     if args.json:
         _out(json.dumps(task_json(task, attempts), indent=2))
         return EXIT_OK
-    rows = [("id", task.id), ("title", task.title), ("state", task.state.value),
+    rows = [("id", task.id), ("title", task.short_title), ("state", task.state.value),
             ("verdict", task.verdict or "-"), ("message", task.message or "-"),
             ("repo", str(task.repo)), ("branch", task.branch),
             ("base", f"{task.base_branch or task.base_ref or '-'} @ {task.base_commit[:10]}"),
@@ -475,7 +469,7 @@ def _attempt(fleet: Fleet, task: Task, number: int | None) -> Attempt:
     for a in attempts:
         if a.n == number:
             return a
-    raise _Usage(f"fleet-tui logs: task {task.id} has no attempt {number} "
+    raise _Usage(f"task {task.id} has no attempt {number} "
                  f"(it has 1 to {attempts[-1].n})")
 
 
@@ -526,17 +520,10 @@ def cmd_logs(argv: list[str]) -> int:
 def _print_raw(attempt: Attempt, offset: int, done: bool) -> int:
     if attempt.dir is None:
         return offset
-    try:
-        with open(attempt.dir / "events.jsonl", "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except FileNotFoundError:
-        return offset
-    if not done:
-        data = data[: data.rfind(b"\n") + 1]
+    data, offset = AttemptLog(attempt.dir).read_bytes(offset, finished=done)
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
-    return offset + len(data)
+    return offset
 
 
 def cmd_diff(argv: list[str]) -> int:
@@ -575,18 +562,14 @@ def cmd_merge(argv: list[str]) -> int:
     fleet = _fleet()
     _catch_up(fleet)
     task = fleet.get_task(args.id)
-    if task.state in CLOSED_STATES:
-        raise FleetError(f"task {task.id} was {task.state} already; nothing to merge")
-    if task.state not in FINISHED_STATES:
-        raise FleetError(f"task {task.id} is {task.state}; wait for it to finish or kill it "
-                         f"(`fleet-tui kill {task.id}`) before you merge it")
+    _refuse_unless(task, Action.MERGE)
     preview = fleet.conflict_preview(task.id)
     if not preview.clean:
         # The merge makes the same checks: refuse now, before asking or running tests.
         _err(f"fleet-tui merge: not merged: {preview.message}")
         return EXIT_REFUSED
-    _confirm(f"merge {task.id} ({task.title}) +{task.added_lines}/-{task.deleted_lines} "
-             f"into {task.base_branch}?", args.yes, "merge")
+    _confirm(f"merge {task.id} ({task.short_title}) +{task.added_lines}/"
+             f"-{task.deleted_lines} into {task.base_branch}?", args.yes)
     result = fleet.merge(task.id, message=args.message, test_command=args.test)
     if result.test_output:
         sys.stdout.write(result.test_output if result.test_output.endswith("\n")
@@ -605,16 +588,18 @@ def cmd_discard(argv: list[str]) -> int:
     fleet = _fleet()
     _catch_up(fleet)
     task = fleet.get_task(args.id)
-    _confirm(f"discard {task.id} ({task.title}) +{task.added_lines}/-{task.deleted_lines} "
-             "for good?", args.yes, "discard")
+    _refuse_unless(task, Action.DISCARD)  # before asking
+    running = " (it is stopped first)" if task.state not in FINISHED_STATES else ""
+    _confirm(f"discard {task.id} ({task.short_title}) +{task.added_lines}/"
+             f"-{task.deleted_lines}{running} for good?", args.yes)
     fleet.discard(task.id)
     _out(f"discarded {task.id}; branch {task.branch} deleted")
     return EXIT_OK
 
 
 def _until_started(fleet: Fleet, task: Task) -> Task:
-    (final,) = _schedule_until(fleet, [task.id], lambda t: t.state not in WAITING_STATES
-                               or t.verdict in ("overload", "quota"))
+    (final,) = _schedule_until(fleet, [task.id], lambda t: t.state not in PENDING_STATES
+                               or t.verdict in policy.TRANSIENT)
     return final
 
 
@@ -630,7 +615,7 @@ def _confirm_loss(task: Task, yes: bool) -> None:
         raise FleetRefused(f"a fresh retry of {task.id} would throw away its work: "
                            f"{at_stake}. Pass --yes to retry from scratch anyway, or "
                            "--resume to continue in the same worktree")
-    sys.stdout.write(f"retry {task.id} ({task.title}) from scratch? This throws away "
+    sys.stdout.write(f"retry {task.id} ({task.short_title}) from scratch? This throws away "
                      f"{at_stake}. [y/N] ")
     sys.stdout.flush()
     answer = sys.stdin.readline().strip().lower()
@@ -651,7 +636,7 @@ def cmd_retry(argv: list[str]) -> int:
     _catch_up(fleet)
     if not args.resume:
         current = fleet.get_task(args.id)
-        if current.state in FINISHED_STATES:  # else fleet.retry says why it cannot
+        if policy.why_not(current, Action.RETRY) is None:  # else fleet.retry says why not
             _confirm_loss(current, args.yes)
     task = fleet.retry(args.id, resume=args.resume)
     _out(f"{task.id} queued for a {'resumed' if args.resume else 'fresh'} attempt")
@@ -680,8 +665,7 @@ def cmd_kill(argv: list[str]) -> int:
     fleet = _fleet()
     _catch_up(fleet)
     task = fleet.get_task(args.id)
-    if task.state not in ACTIVE_STATES | WAITING_STATES:
-        raise FleetError(f"task {task.id} is not running (it is {task.state})")
+    _refuse_unless(task, Action.KILL)
     fleet.kill(task.id)
     _print_change(fleet.get_task(task.id))
     return EXIT_OK
@@ -705,30 +689,9 @@ def main(argv: list[str]) -> int:
         return COMMANDS[name](rest)
     except SystemExit as exc:  # --help
         return int(exc.code or 0) if isinstance(exc.code, int | None) else EXIT_USAGE
-    except _Usage as exc:
-        _err(str(exc))
-        return EXIT_USAGE
-    except _Aborted:
-        _err(f"fleet-tui {name}: not confirmed; nothing was changed")
-        return EXIT_USAGE
-    except InvalidSpec as exc:
-        _err(f"fleet-tui {name}: {exc}")
-        return EXIT_USAGE
-    except _LaunchMissing as exc:
-        _err(f"fleet-tui {name}: {exc}")
-        return exc.code if exc.code in (EXIT_USAGE, EXIT_NO_CLAUDE) else EXIT_NO_CLAUDE
-    except TaskNotFound as exc:
-        _err(f"fleet-tui {name}: {exc}")
-        return EXIT_USAGE if exc.ambiguous else EXIT_NOT_FOUND
-    except FleetRefused as exc:
-        _err(f"fleet-tui {name}: refused: {exc}")
-        return EXIT_REFUSED
-    except FleetError as exc:
-        _err(f"fleet-tui {name}: {exc}")
-        return EXIT_FAILED
-    except (StoreError, git.GitError) as exc:
-        _err(f"fleet-tui {name}: {exc}")
-        return EXIT_FAILED
+    except FleetTuiError as exc:  # every error meant for the user: its message and code
+        _err(f"fleet-tui {name}: {exc.message}")
+        return exc.exit_code
     except KeyboardInterrupt:
         _err(f"fleet-tui {name}: interrupted; running tasks go on in the background "
              "(`fleet-tui ls`)")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-from fleet_tui.config_core import ConfigError, load_launch_settings
+from fleet_tui.config_core import load_launch_settings
+from fleet_tui.errors import FleetTuiError
 from fleet_tui.launcher import LaunchError, plan_launch
 
 PROG = "fleet-worker"
@@ -125,10 +126,7 @@ def main(argv: list[str]) -> int:
         # The key reaches claude through a one-shot pipe (setting key_helper), so the
         # tools claude runs do not inherit it; dry runs show it without starting it.
         plan = plan_launch(settings, args, prepare=not dry_run, key_handoff=True)
-    except ConfigError as exc:
-        _err(f"error: {exc}")
-        return exc.exit_code
-    except LaunchError as exc:
+    except FleetTuiError as exc:  # a setting, the key, claude: the message and its code
         _err(f"error: {exc}")
         return exc.exit_code
     for warning in plan.warnings:

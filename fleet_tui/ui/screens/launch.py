@@ -11,8 +11,6 @@ the Launch button says how many it starts.
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,14 +22,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, TextArea
 from textual.worker import Worker, WorkerState
 
-from fleet_tui import paths
+from fleet_tui import durations, paths
 from fleet_tui.config import PERMISSION_MODES
 from fleet_tui.store import MAX_COPIES, TaskSpec
 from fleet_tui.ui.screens.modals import keyed
 
 EFFORTS = ("low", "medium", "high", "max")
 FORM_FILE = "launch-form.json"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 
 
 @dataclass
@@ -83,16 +80,9 @@ class LaunchRequest:
 
 
 def parse_duration(text: str) -> float | None:
-    """'90', '90s', '15m', '2h' -> seconds; '' -> None; ValueError otherwise."""
-    if not text.strip():
-        return None
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError("a number of seconds, or with a unit: 90s, 15m, 2h")
-    value = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
-    if value <= 0:
-        raise ValueError("more than 0")
-    return value
+    """'90', '90s', '15m', '1h30m' -> seconds (durations.parse_duration, as the CLI's
+    --timeout); '' -> None; ValueError otherwise."""
+    return durations.parse_duration(text, allow_zero=False) if text.strip() else None
 
 
 def parse_positive_int(text: str, *, maximum: int | None = None) -> int | None:
@@ -108,15 +98,14 @@ def parse_positive_int(text: str, *, maximum: int | None = None) -> int | None:
 
 
 def check_base_ref(repo: Path, ref: str) -> str | None:
-    """None when ``ref`` names a commit in ``repo``, else a message saying what is wrong."""
+    """None when ``ref`` names a commit in ``repo``, else a message saying what is wrong
+    (git.resolve_base: the engine's own base resolution)."""
+    from fleet_tui import git  # in the form's check thread: not at the panel's start
+
     try:
-        out = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                             cwd=repo, capture_output=True, text=True, timeout=10,
-                             check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"could not run git: {exc}"
-    if out.returncode != 0:
-        return f"unknown ref {ref!r} in {repo.name} (a branch, tag or commit)"
+        git.resolve_base(repo, ref)
+    except git.GitError as exc:
+        return str(exc)
     return None
 
 

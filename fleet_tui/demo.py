@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_tui import CLAUDE_CODE_VERSION, paths
+from fleet_tui.errors import FleetTuiError
 
 DEMO_KEY = "demo-key"  # the scripted endpoint accepts any key; this one is not a secret
 EVENT_DELAY = 0.2  # seconds between SSE events: tool calls arrive at reading speed
@@ -302,7 +303,7 @@ def ensure_claude(ask: Callable[[str], str] = input, out: Callable[[str], None] 
 
 # --- the endpoint, a process of its own -----------------------------------------------------
 
-class DemoEndpointError(RuntimeError):
+class DemoEndpointError(FleetTuiError):
     """The demo's endpoint process did not start; the message says why and where the log is."""
 
 

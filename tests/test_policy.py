@@ -1,0 +1,364 @@
+"""The engine's decisions as tables: no claude, no git, no disk, no clock.
+
+Each rule of policy.py (and the verdicts the engine makes up itself, in outcome.py) is
+checked here in milliseconds; tests/test_fleet.py checks the same rules end to end with
+the real claude. Their counterparts here:
+
+- test_overload_backoff_then_small_model: model_for, backoff_delay, after_attempt (overload)
+- test_overload_gives_up_after_max_attempts: after_attempt (give up)
+- test_quota_cooldown_holds_every_task_of_the_endpoint: after_attempt (quota), cooldown_until
+- test_auth_failure_fails_at_once_with_the_fix: after_attempt (auth), auth_hint
+- test_no_key_fails_clearly: judge_attempt (the launcher's refusal)
+- test_max_turns_and_timeout: watchdog (timeout), judge_attempt (a timed-out run)
+- test_kill_queued_task_and_stall_detection: watchdog (stall, stall_kill), why_not (kill)
+- test_dead_runner_without_exit_record_is_marked_crashed: judge_attempt, no_exit_record
+- test_retry_refused_while_running_and_no_key_leak: refusal (retry, merge while running)
+- test_resume_and_follow_up_continue_the_session: why_not_resume, why_not (follow-up)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_tui import outcome, policy
+from fleet_tui.config import Settings
+from fleet_tui.states import Action, TaskState, Verdict
+from fleet_tui.store import Attempt, Task
+
+NOW = 1_000_000.0
+SETTINGS = Settings(model="big", small_model="small", max_attempts=4, backoff_base=5.0,
+                    backoff_cap=300.0, fallback_after=2, quota_cooldown=60.0, timeout=3600.0,
+                    stall_seconds=300.0, stall_kill=False, kill_grace=5.0)
+EP = "https://ep.example"
+
+
+class Draw:
+    """Stand-in for random.Random in tables that need an exact jitter: `uniform` returns
+    the point `at` (0: low end, 1: high end) of the range it is asked for."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def uniform(self, a: float, b: float) -> float:
+        return a + (b - a) * self.at
+
+
+def task(state: TaskState = TaskState.RUNNING, **fields: Any) -> Task:
+    base: dict[str, Any] = {"id": "abc123", "prompt": "p", "repo": Path("/r"),
+                            "endpoint": EP, "base_branch": "main", "branch": "fleet/abc123",
+                            "worktree": Path("/r/.fleet-work/abc123"), "session_id": "s-1"}
+    base.update(fields)
+    return Task(state=state, **base)
+
+
+def runs(*verdicts: str | None) -> list[Attempt]:
+    """Attempts 1..n of the task with these verdicts (None: not finished yet)."""
+    return [Attempt(id=n, task_id="abc123", n=n, verdict=v)
+            for n, v in enumerate(verdicts, start=1)]
+
+
+def settings(**changes: Any) -> Settings:
+    return dataclasses.replace(SETTINGS, **changes)
+
+
+# --- the model of the next attempt -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("tier", "verdicts", "fallback_after", "model"), [
+    ("main", (), 2, "big"),
+    ("small", (), 2, "small"),
+    ("glm-x", (), 2, "glm-x"),
+    ("", (), 2, "big"),  # a row with no tier: main
+    ("main", ("overload",), 2, "big"),
+    ("main", ("overload", "overload"), 2, "small"),  # the fallback
+    ("glm-x", ("overload", "overload"), 2, "small"),
+    ("main", ("overload", "overload", None), 2, "small"),  # the pending attempt is skipped
+    ("main", ("overload", "ok", "overload"), 2, "big"),  # only the overloads in a row
+    ("main", ("overload", "quota"), 2, "big"),  # a quota breaks the overload streak
+    ("main", ("overload",), 1, "small"),
+    ("main", (), 0, "small"),  # fallback_after 0: always the small model
+])
+def test_model_for(tier: str, verdicts: tuple[str | None, ...], fallback_after: int,
+                   model: str) -> None:
+    got = policy.model_for(task(model=tier), runs(*verdicts),
+                           settings(fallback_after=fallback_after))
+    assert got == model
+
+
+@pytest.mark.parametrize(("verdicts", "wanted", "count"), [
+    ((), policy.TRANSIENT, 0),
+    (("overload", "quota", "overload"), policy.TRANSIENT, 3),
+    (("ok", "overload", None), policy.TRANSIENT, 1),
+    (("overload", "crashed"), policy.TRANSIENT, 0),
+    (("quota", "overload", "overload"), (Verdict.OVERLOAD,), 2),
+])
+def test_streak(verdicts: tuple[str | None, ...], wanted: Any, count: int) -> None:
+    assert policy.streak(runs(*verdicts), wanted) == count
+
+
+# --- backoff, cooldown ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("overloads", "low", "high"), [
+    (0, 2.5, 5.0), (1, 2.5, 5.0), (2, 5.0, 10.0), (3, 10.0, 20.0), (7, 150.0, 300.0),
+    (8, 150.0, 300.0),  # capped
+    (10 ** 6, 150.0, 300.0),  # a huge count neither overflows nor passes the cap
+])
+def test_backoff_is_exponential_capped_and_jittered(overloads: int, low: float,
+                                                    high: float) -> None:
+    assert policy.backoff_delay(overloads, SETTINGS, Draw(0.0)) == low
+    assert policy.backoff_delay(overloads, SETTINGS, Draw(1.0)) == high
+    rng = random.Random(overloads)
+    draws = [policy.backoff_delay(overloads, SETTINGS, rng) for _ in range(200)]
+    assert all(low <= d <= high for d in draws) and len(set(draws)) > 100
+
+
+def test_cooldown_is_the_latest_quota_wait_of_the_endpoint() -> None:
+    tasks = [
+        task(TaskState.WAITING, id="a", verdict="quota", not_before=NOW + 30),
+        task(TaskState.WAITING, id="b", verdict="quota", not_before=NOW + 50),
+        task(TaskState.WAITING, id="c", verdict="overload", not_before=NOW + 90),  # backoff
+        task(TaskState.WAITING, id="d", verdict="quota", not_before=NOW - 1),  # passed
+        task(TaskState.WAITING, id="e", verdict="quota", not_before=NOW + 99,
+             endpoint="https://other.example"),
+        task(TaskState.FAILED, id="f", verdict="quota", not_before=NOW + 99),  # gave up
+    ]
+    assert policy.cooldown_until(EP, tasks, NOW) == NOW + 50
+    assert policy.cooldown_until("https://other.example", tasks, NOW) == NOW + 99
+    assert policy.cooldown_until(EP, tasks, NOW + 50) is None
+    assert policy.cooldown_until("https://nobody.example", tasks, NOW) is None
+
+
+# --- what a finished attempt leads to ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("verdicts", "state", "in_message", "wait"), [
+    (("ok",), TaskState.SUCCEEDED, None, None),
+    (("killed",), TaskState.KILLED, None, None),
+    (("crashed",), TaskState.FAILED, None, None),
+    (("max_turns",), TaskState.FAILED, None, None),
+    (("overload",), TaskState.WAITING, "retry 2/4 in 5.0 s", 5.0),
+    (("overload", "overload"), TaskState.WAITING, "retry 3/4 in 10.0 s on the small model "
+                                                  "small", 10.0),
+    (("quota", "overload"), TaskState.WAITING, "retry 3/4 in 5.0 s", 5.0),
+    (("overload",) * 4, TaskState.FAILED, "gave up after 4 attempts", None),
+    (("quota", "overload", "quota", "overload"), TaskState.FAILED, "gave up after 4",
+     None),
+    (("ok", "overload", "overload", "overload"), TaskState.WAITING, "retry 4/4", 20.0),
+    (("quota",), TaskState.WAITING, f"every task on {EP} waits 60 s (quota cooldown)",
+     60.0),
+    (("quota",) * 4, TaskState.FAILED, "gave up after 4 attempts", None),
+])
+def test_after_attempt(verdicts: tuple[str, ...], state: TaskState, in_message: str | None,
+                       wait: float | None) -> None:
+    nxt = policy.after_attempt(task(), runs(*verdicts), verdicts[-1], "the run's message",
+                               SETTINGS, NOW, Draw(1.0))
+    assert nxt.state == state
+    assert nxt.message.startswith("the run's message")
+    if in_message is not None:
+        assert in_message in nxt.message, nxt.message
+    else:
+        assert nxt.message == "the run's message"
+    assert nxt.not_before == (None if wait is None else NOW + wait)
+    assert nxt.finished == (state != TaskState.WAITING)
+
+
+def test_max_attempts_one_gives_up_at_the_first_overload() -> None:
+    nxt = policy.after_attempt(task(), runs("overload"), "overload", "busy",
+                               settings(max_attempts=1), NOW, Draw(0.5))
+    assert nxt.state == TaskState.FAILED and nxt.message == "busy — gave up after 1 attempts"
+
+
+@pytest.mark.parametrize(("message", "hinted"), [
+    ("the endpoint rejected the key (401): check it", False),  # names the key already
+    ("no API key found in ANTHROPIC_AUTH_TOKEN or the keyring", False),
+    ("Invalid bearer token", True),
+])
+def test_an_auth_failure_says_how_to_fix_it(message: str, hinted: bool) -> None:
+    nxt = policy.after_attempt(task(), runs("auth"), "auth", message, SETTINGS, NOW,
+                               Draw(0.5))
+    assert nxt.state == TaskState.FAILED and nxt.not_before is None
+    if hinted:
+        assert nxt.message == (f"{message} — check the API key for {EP}: `fleet-tui key "
+                               "set`, or ANTHROPIC_AUTH_TOKEN")
+    else:
+        assert nxt.message == message
+    assert policy.auth_hint(message, EP) == nxt.message
+
+
+# --- the watchdogs -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("task_timeout", "setting", "limit"), [
+    (None, 3600.0, 3600.0), (90.0, 3600.0, 90.0), (0.0, 3600.0, None), (None, 0.0, None),
+    (None, -1.0, None),
+])
+def test_time_limit(task_timeout: float | None, setting: float, limit: float | None) -> None:
+    assert policy.time_limit(task(timeout=task_timeout), settings(timeout=setting)) == limit
+
+
+def attempt(started: float, last_event: float | None = None) -> Attempt:
+    return Attempt(id=1, task_id="abc123", n=1, started_at=started, last_event_at=last_event)
+
+
+@pytest.mark.parametrize(("case", "watch"), [
+    # a stop was asked: only the SIGKILL after kill_grace + the runner's head start
+    ({"asked": NOW - 5.9}, policy.Watch()),
+    ({"asked": NOW - 6.0}, policy.Watch(hard_kill=True)),
+    ({"asked": NOW - 6.0, "started": NOW - 99_999}, policy.Watch(hard_kill=True)),
+    # the wall clock: limit + head start
+    ({"started": NOW - 3601.0, "last": NOW}, policy.Watch()),
+    ({"started": NOW - 3601.5},
+     policy.Watch(stop=("timeout", "timed out after 3600 s (wall clock)"))),
+    ({"started": NOW - 100, "timeout": 90.0},
+     policy.Watch(stop=("timeout", "timed out after 90 s (wall clock)"))),
+    ({"started": NOW - 99_999, "timeout": 0.0, "last": NOW}, policy.Watch()),  # no limit
+    # stalls: since the last event (stored or just read), else the start
+    ({"started": NOW - 301}, policy.Watch(stalled="no event for 301 s")),
+    ({"started": NOW - 301, "last_event": NOW - 10}, policy.Watch()),
+    ({"started": NOW - 301, "last": NOW - 10}, policy.Watch()),
+    ({"started": NOW - 301, "stall_kill": True},
+     policy.Watch(stop=("stall", "stalled: no event for 301 s"),
+                  stalled="no event for 301 s")),
+    ({"started": NOW - 301, "stall_kill": True, "state": TaskState.STALLED},
+     policy.Watch(stop=("stall", "stalled: no event for 301 s"))),  # marked already
+    ({"started": NOW - 301, "state": TaskState.STALLED}, policy.Watch()),
+])
+def test_watchdog(case: dict[str, Any], watch: policy.Watch) -> None:
+    running = task(case.get("state", TaskState.RUNNING), timeout=case.get("timeout"))
+    got = policy.watchdog(running, attempt(case.get("started", NOW), case.get("last_event")),
+                          settings(stall_kill=case.get("stall_kill", False)), NOW,
+                          stop_asked_at=case.get("asked"), last_activity=case.get("last"))
+    assert got == watch
+
+
+# --- what a task allows, as the engine and the CLI say it ----------------------------------------
+
+
+@pytest.mark.parametrize(("state", "fields", "action", "sentence"), [
+    (TaskState.RUNNING, {}, Action.RETRY, "cannot retry task abc123: it is running; wait for "
+     "it to finish or kill it (`fleet-tui kill abc123`) first"),
+    (TaskState.RUNNING, {}, Action.MERGE, "cannot merge task abc123: it is running; wait"),
+    (TaskState.QUEUED, {}, Action.FOLLOW_UP, "cannot follow up task abc123: it is queued"),
+    (TaskState.MERGED, {}, Action.MERGE, "cannot merge task abc123: it was merged already"),
+    (TaskState.DISCARDED, {}, Action.DISCARD,
+     "cannot discard task abc123: it was discarded already"),
+    (TaskState.KILLED, {}, Action.KILL,
+     "cannot kill task abc123: it is not running (it is killed)"),
+    (TaskState.SUCCEEDED, {"session_id": None}, Action.FOLLOW_UP,
+     "cannot follow up task abc123: it has no session to continue (its run never started "
+     "one); retry it instead"),
+    (TaskState.SUCCEEDED, {"base_branch": None}, Action.MERGE,
+     "cannot merge task abc123: it was started from a commit, not a branch; merge its "
+     "branch fleet/abc123 by hand"),
+])
+def test_refusals_read_as_one_sentence(state: TaskState, fields: dict[str, Any],
+                                       action: Action, sentence: str) -> None:
+    got = policy.refusal(task(state, **fields), action)
+    assert got is not None and got.startswith(sentence), got
+
+
+@pytest.mark.parametrize("state", [TaskState.QUEUED, TaskState.WAITING, TaskState.RUNNING,
+                                   TaskState.STALLED, TaskState.FAILED])
+def test_discard_is_allowed_until_closed_and_kill_while_pending_or_running(
+        state: TaskState) -> None:
+    """The panel refused to discard a running task that the engine discards (killing it
+    first): both ask policy now, and the answer is yes."""
+    assert policy.refusal(task(state), Action.DISCARD) is None
+    killable = state in (TaskState.QUEUED, TaskState.WAITING, TaskState.RUNNING,
+                         TaskState.STALLED)
+    assert (policy.refusal(task(state), Action.KILL) is None) == killable
+
+
+@pytest.mark.parametrize(("fields", "state", "why"), [
+    ({}, TaskState.SUCCEEDED, None),
+    ({"session_id": None}, TaskState.FAILED, "no session to resume"),
+    ({}, TaskState.RUNNING, "kill it"),
+    ({"session_id": None}, TaskState.RUNNING, "kill it"),  # the state's reason comes first
+])
+def test_why_not_resume(fields: dict[str, Any], state: TaskState, why: str | None) -> None:
+    got = policy.why_not_resume(task(state, **fields))
+    assert got is None if why is None else (got is not None and why in got)
+
+
+# --- verdicts the engine gives itself (outcome.py) -----------------------------------------------
+
+RESULT_OK = {"type": "result", "subtype": "success", "is_error": False, "result": "done",
+             "num_turns": 2}
+RESULT_529 = {"type": "result", "subtype": "success", "is_error": True,
+              "api_error_status": 529, "result": "API Error: 529 overloaded"}
+
+
+def judge(**given: Any) -> outcome.Ending:
+    args: dict[str, Any] = {"exit_record": None, "exit_problem": None,
+                            "exit_path": "/a/exit.json", "stop_reason": None,
+                            "stop_message": None, "result": None, "stderr_tail": "",
+                            "no_record": "the runner process died"}
+    args.update(given)
+    return outcome.judge_attempt(**args)
+
+
+@pytest.mark.parametrize(("given", "verdict", "message"), [
+    # the runner left its exit record
+    ({"exit_record": {"exit_code": 0}, "result": RESULT_OK}, Verdict.OK, "finished in 2"),
+    ({"exit_record": {"exit_code": 1}, "result": RESULT_529}, Verdict.OVERLOAD, "(529)"),
+    ({"exit_record": {"exit_code": 5, "error": "no API key found; run fleet-tui key set"}},
+     Verdict.AUTH, "no API key found"),
+    ({"exit_record": {"exit_code": 5, "error": "claude not found on PATH"}},
+     Verdict.CRASHED, "claude not found"),
+    ({"exit_record": {"exit_code": None, "signal": 15}, "stop_reason": "kill",
+      "result": RESULT_OK}, Verdict.KILLED, "killed on request"),
+    ({"exit_record": {"exit_code": 0}, "stop_reason": "timeout", "result": RESULT_OK,
+      "stop_message": "timed out after 90 s (wall clock)"},
+     Verdict.TIMEOUT, "timed out after 90 s (wall clock)"),
+    ({"exit_record": {"exit_code": 0}, "stop_reason": "error", "stop_message": "bad row"},
+     Verdict.CRASHED, "bad row"),
+    ({"exit_record": {"exit_code": 0}, "stop_reason": "error"}, Verdict.CRASHED,
+     outcome.STOPPED_BY_ENGINE),
+    # no exit record: a stop asked decides; else the result, else the reason there is none
+    ({"stop_reason": "kill", "stop_message": outcome.KILLED_BY_USER}, Verdict.KILLED,
+     outcome.KILLED_BY_USER),
+    ({"stop_reason": "stall", "stop_message": "stalled: no event for 301 s"},
+     Verdict.TIMEOUT, "stalled"),
+    ({}, Verdict.CRASHED, "the runner process died"),
+    ({"result": RESULT_OK}, Verdict.OK, "finished in 2 turns: done (the runner process died)"),
+    ({"exit_problem": "it is not JSON"}, Verdict.CRASHED,
+     "the exit record /a/exit.json is unreadable (it is not JSON) and the events hold no "
+     "result"),
+    ({"exit_problem": "it is not JSON", "result": RESULT_OK}, Verdict.OK,
+     "the verdict comes from the events' result"),
+])
+def test_judge_attempt(given: dict[str, Any], verdict: Verdict, message: str) -> None:
+    ending = judge(**given)
+    assert ending.verdict == verdict
+    assert message in ending.message, ending.message
+
+
+@pytest.mark.parametrize(("facts", "sentence"), [
+    ({}, "the runner process died without an exit record (killed from outside, or the "
+         "machine went down?)"),
+    ({"write_problem": "No space left on device"},
+     "the runner could not write its exit record in /a: No space left on device"),
+    ({"stray": ".exit.json.7.ab.tmp"},
+     "the runner died while writing its exit record in /a (it left .exit.json.7.ab.tmp)"),
+    ({"runner_log": "/a/runner.log", "stopped": 2},
+     "the runner process died without an exit record (killed from outside, or the machine "
+     "went down?); see /a/runner.log; 2 process(es) it had started were stopped"),
+])
+def test_no_exit_record(facts: dict[str, Any], sentence: str) -> None:
+    given: dict[str, Any] = {"write_problem": None, "stray": None, "runner_log": None,
+                             "stopped": 0}
+    given.update(facts)
+    assert outcome.no_exit_record("/a", **given) == sentence
+
+
+def test_the_engines_own_messages() -> None:
+    assert outcome.could_not_start("git failed") == "could not start: git failed"
+    assert outcome.engine_gave_up("bad file") == ("the engine could not go on with this "
+                                                  "task: bad file")
+    assert outcome.KILLED_BEFORE_START == "killed before it started"
