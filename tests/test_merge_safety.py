@@ -34,18 +34,29 @@ ROUNDS = int(os.environ.get("FLEET_SOAK_MERGE_ROUNDS", "6"))
 KEY = "sk-merge-safety-SECRET-5c1e9a"
 
 
-def running(*argvs: list[str]) -> list[int]:
-    """Live processes whose argv is one of argvs."""
-    return [st.pid for st in procs.all_stats() if st.state != "Z"
-            and procs.cmdline(st.pid) in argvs]
+def running(where: Path, *argvs: list[str]) -> list[int]:
+    """Live processes whose argv is one of argvs and that work under `where` (the test's
+    folder): another test run's processes on the machine are neither counted nor killed."""
+    root = str(where)
+    found = []
+    for st in procs.all_stats():
+        if st.state == "Z" or procs.cmdline(st.pid) not in argvs:
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{st.pid}/cwd")
+        except OSError:
+            continue
+        if cwd == root or cwd.startswith(root + os.sep):
+            found.append(st.pid)
+    return found
 
 
 @pytest.fixture
-def no_strays() -> Iterator[list[list[str]]]:
+def no_strays(tmp_path: Path) -> Iterator[list[list[str]]]:
     """Argv lists a test expects gone at its end; anything left is killed, then failed."""
     wanted: list[list[str]] = []
     yield wanted
-    left = running(*wanted)
+    left = running(tmp_path, *wanted)
     for pid in left:
         procs.signal_pid(pid, 9)
     assert not left, f"processes left behind: {[procs.cmdline(p) for p in left]}"
@@ -221,7 +232,7 @@ def test_test_gate_does_not_wait_for_a_daemon_and_stops_it(
                         test_timeout=150)
     assert result.merged, result.message
     assert result.test_output == "tests passed\n"
-    assert running(["sleep", "7791"]) == []
+    assert running(git_repo, ["sleep", "7791"]) == []
 
 
 def test_test_gate_timeout_stops_the_command_and_a_double_forked_daemon(
@@ -235,7 +246,7 @@ def test_test_gate_timeout_stops_the_command_and_a_double_forked_daemon(
                                      "sleep 7793", test_timeout=1.0)
     assert not result.merged and result.test_output is not None
     assert "started" in result.test_output and "timed out after 1 s" in result.test_output
-    assert running(["sleep", "7792"], ["sleep", "7793"]) == []
+    assert running(git_repo, ["sleep", "7792"], ["sleep", "7793"]) == []
     assert snapshot(git_repo) == before
 
 
