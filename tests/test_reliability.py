@@ -604,8 +604,9 @@ def chaos_round(target: str, n: int, seed: int, dirs: Dirs, endpoint: ScriptedEn
         cli(env, repo, dirs.outputs / f"{name}.cli", "ls", "--json")
         cli(env, repo, dirs.outputs / f"{name}.cli", "logs", victim or ids[0], "--raw")
         cli(env, repo, dirs.outputs / f"{name}.cli", "diff", victim or ids[0])
-    except (TimeoutError, subprocess.TimeoutExpired, AssertionError) as exc:
-        tally.problems.append(f"{where}: {exc}; point: {point or 'not reached'}")
+    except Exception as exc:  # this round's failure, with its seed; the next rounds go on
+        tally.problems.append(f"{where}: {type(exc).__name__}: {exc}; "
+                              f"point: {point or 'not reached'}")
     finally:
         for proc in (first, fresh):
             if proc is not None and proc.poll() is None:
