@@ -48,6 +48,18 @@ def _missing(msg: str) -> NoReturn:
 __all__ = ["pytest_collection_modifyitems", "pytest_runtest_setup"]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", default=False,
+                     help="the long forms of the reliability suite (same as FLEET_SOAK=1; "
+                          "see tests/soak_report.py and scripts/soak)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # before the test modules are imported: their sizes are read from the environment
+    if config.getoption("--soak"):
+        os.environ["FLEET_SOAK"] = "1"
+
+
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path_factory: pytest.TempPathFactory,
                  monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:

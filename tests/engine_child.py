@@ -32,6 +32,18 @@ def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _report(path: str, fleet: Any) -> None:
+    status = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmHWM", "VmRSS"):
+            status[name] = int(value.split()[0])
+    Path(path).write_text(json.dumps({
+        "vm_hwm_kib": status.get("VmHWM"), "vm_rss_kib": status.get("VmRSS"),
+        "ingested_events": getattr(fleet, "ingested_events", None),
+        "ingested_bytes": getattr(fleet, "ingested_bytes", None)}))
+
+
 def main() -> int:
     config = json.loads(Path(sys.argv[1]).read_text())
     from fleet_tui import supervisor as supervisor_mod
@@ -101,6 +113,8 @@ def main() -> int:
     finally:
         stop.set()
         loop.join(timeout=30)
+        if config.get("report"):
+            _report(config["report"], fleet)
 
 
 if __name__ == "__main__":

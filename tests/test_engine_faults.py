@@ -112,9 +112,10 @@ def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> bool:
     return pred()
 
 
-def sleepers() -> list[int]:
-    return [st.pid for st in procs.all_stats() if st.state != "Z"
-            and " ".join(procs.cmdline(st.pid)) in SLEEPS]
+def sleepers(where: Path) -> list[int]:
+    """The scripts' sleeps that work under `where` (the test's repository or folder): another
+    test run's sleeps on the machine are neither counted nor killed."""
+    return [pid for pid in in_folder(where) if " ".join(procs.cmdline(pid)) in SLEEPS]
 
 
 def in_folder(folder: Path) -> list[int]:
@@ -134,11 +135,11 @@ def in_folder(folder: Path) -> list[int]:
 
 
 @pytest.fixture
-def reap() -> Iterator[list[Path]]:
+def reap(tmp_path: Path) -> Iterator[list[Path]]:
     """Kill whatever a test leaves behind (sleeps, or anything working in its folders)."""
     folders: list[Path] = []
     yield folders
-    for pid in sleepers() + [p for f in folders for p in in_folder(f)]:
+    for pid in sleepers(tmp_path) + [p for f in folders for p in in_folder(f)]:
         procs.signal_pid(pid, signal.SIGKILL)
     for st in procs.all_stats():
         if "fleet_tui.runner" in procs.cmdline(st.pid) and st.state != "Z" and any(
@@ -169,7 +170,7 @@ def test_a_killed_runner_leaves_no_process_behind(
     worktree = Path(fleet.get_task(task.id).worktree or "")
     reap.append(worktree)
     drive(fleet, lambda: {"sleep 901", "sleep 903"} <= {
-        " ".join(procs.cmdline(p)) for p in sleepers()}
+        " ".join(procs.cmdline(p)) for p in sleepers(git_repo)}
         and (worktree / "ticks.txt").exists(), timeout=60)
     attempt = fleet.attempts(task.id)[-1]
     rec = read_json(Path(attempt.dir or "") / RUNNER_FILE)
@@ -179,12 +180,12 @@ def test_a_killed_runner_leaves_no_process_behind(
     os.kill(rec["runner_pid"], signal.SIGKILL)
     assert procs.wait_gone([rec["runner_pid"], rec["claude_pid"]], 10)
     # Nothing stopped them yet: claude died with its runner, its Bash children did not.
-    assert sleepers() and in_folder(worktree)
+    assert sleepers(git_repo) and in_folder(worktree)
     drive(fleet, settled(fleet, task.id))
     done = fleet.get_task(task.id)
     assert done.state == TaskState.FAILED and done.verdict == "crashed"
     assert "stopped" in (done.message or ""), done.message
-    assert sleepers() == []
+    assert sleepers(git_repo) == []
     assert in_folder(worktree) == []
     size = (worktree / "ticks.txt").stat().st_size
     time.sleep(0.6)
@@ -200,14 +201,14 @@ def test_the_runner_enforces_the_timeout_with_no_engine_watching(
         reap: list[Path]) -> None:
     fleet = make_fleet(endpoint, claude_bin, kill_grace=1.0)
     (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo, timeout=3))
-    drive(fleet, lambda: len(sleepers()) == 2, timeout=60)
+    drive(fleet, lambda: len(sleepers(git_repo)) == 2, timeout=60)
     attempt = fleet.attempts(task.id)[-1]
     adir = Path(attempt.dir or "")
     rec = read_json(adir / RUNNER_FILE)
     assert rec is not None
     # from here on nobody ticks: `run --timeout 3` without --wait, and no other command
     assert procs.wait_gone([rec["runner_pid"]], 3 + 1.0 + 20)
-    assert sleepers() == []
+    assert sleepers(git_repo) == []
     kill = read_json(adir / KILL_FILE)
     assert kill is not None and kill["reason"] == "timeout", kill
     assert kill["by"].startswith("runner")
@@ -358,7 +359,7 @@ def test_a_poisoned_exit_record_jams_nothing(git_repo: Path, claude_bin: str,
     events, beside a healthy task that must still finish."""
     fleet = make_fleet(endpoint, claude_bin)
     (bad,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
-    drive(fleet, lambda: len(sleepers()) == 2, timeout=60)
+    drive(fleet, lambda: len(sleepers(git_repo)) == 2, timeout=60)
     badt = fleet.attempts(bad.id)[-1]
     bdir = Path(badt.dir or "")
     rec = read_json(bdir / RUNNER_FILE)
@@ -373,7 +374,7 @@ def test_a_poisoned_exit_record_jams_nothing(git_repo: Path, claude_bin: str,
     assert broken.state == TaskState.FAILED and broken.verdict == "crashed"
     assert str(bdir / EXIT_FILE) in (broken.message or "")
     assert "exit_code holds 'x'" in (broken.message or "")
-    assert sleepers() == []
+    assert sleepers(git_repo) == []
 
 
 class _RaisingDecoder(stream.StreamDecoder):
@@ -397,7 +398,7 @@ def test_an_exception_for_one_task_marks_it_and_the_others_go_on(
     monkeypatch.setattr(stream, "StreamDecoder", _RaisingDecoder)
     fleet = make_fleet(endpoint, claude_bin)
     (bad,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
-    drive(fleet, lambda: len(sleepers()) == 2, timeout=60)
+    drive(fleet, lambda: len(sleepers(git_repo)) == 2, timeout=60)
     badt = fleet.attempts(bad.id)[-1]
     events = Path(badt.dir or "") / EVENTS_FILE
     with open(events, "ab") as fh:  # a line that makes the (stand-in) parser raise
@@ -411,7 +412,7 @@ def test_an_exception_for_one_task_marks_it_and_the_others_go_on(
     assert any(c.task_id == bad.id and c.new == TaskState.FAILED for c in changes)
     assert any(bad.id in r.getMessage() for r in caplog.records)
     # its runner was stopped before the task was marked: nothing works for a failed task
-    assert sleepers() == []
+    assert sleepers(git_repo) == []
     assert not procs.is_alive(fleet.attempts(bad.id)[-1].runner_pid)
     drive(fleet, settled(fleet, good.id))
     assert fleet.get_task(good.id).state == TaskState.SUCCEEDED
@@ -432,7 +433,7 @@ def test_a_tampered_row_of_a_running_task_is_marked_and_its_runner_stopped(
     (bad,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
     (queued_bad,) = fleet.submit(TaskSpec(prompt="write a.txt", repo=git_repo))
     fleet.kill(queued_bad.id)
-    drive(fleet, lambda: len(sleepers()) == 2, timeout=60)
+    drive(fleet, lambda: len(sleepers(git_repo)) == 2, timeout=60)
     _tamper(paths.db_path(), "UPDATE attempts SET turns = 'many' WHERE task_id = ?", bad.id)
     # and a queued task whose extra arguments are junk: never run with other arguments
     (junk,) = fleet.submit(TaskSpec(prompt="write a.txt", repo=git_repo))
@@ -444,7 +445,7 @@ def test_a_tampered_row_of_a_running_task_is_marked_and_its_runner_stopped(
     assert broken.state == TaskState.FAILED
     assert broken.message == (f"the store row of attempt 1 of task {bad.id} is unreadable: "
                               "column turns holds 'many'")
-    assert sleepers() == []
+    assert sleepers(git_repo) == []
     never = fleet.get_task(junk.id)
     assert never.state == TaskState.FAILED and never.attempt_count == 0
     assert "column extra_args holds '{junk'" in (never.message or "")

@@ -98,9 +98,23 @@ def settled(fleet: Fleet, *ids: str) -> Callable[[], bool]:
     return lambda: all(fleet.get_task(i).state in done for i in ids)
 
 
-def sleepers() -> list[int]:
-    return [st.pid for st in procs.all_stats() if st.state != "Z"
-            and " ".join(procs.cmdline(st.pid)) in ("sleep 326", "sleep 327")]
+def sleepers(where: Path) -> list[int]:
+    """The sleeps of the sleepy script that work under `where` (the test's repository, whose
+    worktrees are in it): another test run's sleeps on the machine are neither counted
+    nor killed."""
+    root = str(where)
+    found = []
+    for st in procs.all_stats():
+        if st.state == "Z" or " ".join(procs.cmdline(st.pid)) not in ("sleep 326",
+                                                                         "sleep 327"):
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{st.pid}/cwd")
+        except OSError:
+            continue
+        if cwd == root or cwd.startswith(root + os.sep):
+            found.append(st.pid)
+    return found
 
 
 def snapshot(repo: Path) -> dict[str, str]:
@@ -252,7 +266,7 @@ def test_max_turns_and_timeout(git_repo: Path, claude_bin: str,
     assert done.state == TaskState.FAILED and done.verdict == "max_turns"
     slow = run_one(fleet, git_repo, "[script:sleepy] wait", timeout=1.5)
     assert slow.state == TaskState.FAILED and slow.verdict == "timeout"
-    assert sleepers() == []
+    assert sleepers(git_repo) == []
 
 
 def test_submit_validation(git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
@@ -281,7 +295,7 @@ def test_kill_leaves_no_process_behind(git_repo: Path, claude_bin: str,
     fleet = make_fleet(endpoint, claude_bin)
     (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
     try:
-        drive(fleet, lambda: len(sleepers()) == 2, timeout=30)
+        drive(fleet, lambda: len(sleepers(git_repo)) == 2, timeout=30)
         attempt = fleet.attempts(task.id)[-1]
         runner = read_json(Path(attempt.dir or "") / "runner.json")
         assert runner is not None
@@ -289,12 +303,12 @@ def test_kill_leaves_no_process_behind(git_repo: Path, claude_bin: str,
         done = fleet.get_task(task.id)
         assert done.state == TaskState.KILLED and done.verdict == "killed"
         assert procs.wait_gone([runner["runner_pid"], runner["claude_pid"]], 5)
-        assert sleepers() == []
+        assert sleepers(git_repo) == []
         assert procs.group_members(runner["claude_pid"]) == []
         with pytest.raises(FleetError, match="not running"):
             fleet.kill(task.id)
     finally:
-        for pid in sleepers():
+        for pid in sleepers(git_repo):
             procs.signal_pid(pid, signal.SIGKILL)
 
 
@@ -312,9 +326,9 @@ def test_kill_queued_task_and_stall_detection(git_repo: Path, claude_bin: str,
         assert TaskState.STALLED in states
         done = fleet.get_task(task.id)
         assert done.verdict == "timeout" and "stalled" in (done.message or "")
-        assert sleepers() == []
+        assert sleepers(git_repo) == []
     finally:
-        for pid in sleepers():
+        for pid in sleepers(git_repo):
             procs.signal_pid(pid, signal.SIGKILL)
 
 
@@ -355,7 +369,7 @@ def test_dead_runner_without_exit_record_is_marked_crashed(
     first = make_fleet(endpoint, claude_bin)
     (task,) = first.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
     try:
-        drive(first, lambda: len(sleepers()) == 2, timeout=30)
+        drive(first, lambda: len(sleepers(git_repo)) == 2, timeout=30)
         attempt = first.attempts(task.id)[0]
         first.store.close()
         del first
@@ -368,7 +382,7 @@ def test_dead_runner_without_exit_record_is_marked_crashed(
         assert done.state == TaskState.FAILED and done.verdict == "crashed"
         assert "without an exit record" in (done.message or "")
     finally:
-        for pid in sleepers():
+        for pid in sleepers(git_repo):
             procs.signal_pid(pid, signal.SIGKILL)
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from soak_report import knob, record
 
 from fleet_tui import stream
 from fleet_tui.commands import collect
@@ -37,8 +38,9 @@ from fleet_tui.outcome import Outcome, Verdict, classify, find_result
 
 SAMPLES = Path(__file__).resolve().parent / "fixtures" / "stream-json"
 
-# inputs per generator below; 50,400 in all
-ROUNDS = 7_200
+# inputs per generator below; 50,400 in all (the soak, FLEET_SOAK=1: 504,000; or set
+# FLEET_SOAK_FUZZ_ROUNDS)
+ROUNDS = knob("FLEET_SOAK_FUZZ_ROUNDS", 7_200, 72_000)
 # the costlier checks run on one input in N (every input is decoded, summed up, classified)
 CHUNKED_EVERY = 3  # decoded again in random pieces, and compared
 COLLECT_EVERY = 9  # through fleet-collect's main()
@@ -426,6 +428,9 @@ def test_no_input_raises(generator: Callable[[random.Random], bytes],
                     check_collect(data, patch)
         except Exception as exc:  # counted, and reported below
             failures.append((count, repr(exc)[:300], data[:300]))
+    record("fuzz", "inputs", count, "", f"{len(GENERATORS)} generators x {ROUNDS:,}, "
+           f"seeds 9000-{9000 + len(GENERATORS) - 1}")
+    record("fuzz", "inputs that raised or broke a promise", len(failures))
     assert count == ROUNDS
     assert not failures, (f"{len(failures)} of {ROUNDS} inputs failed; first ones:\n"
                           + "\n".join(f"#{n}: {err}\n   {data!r}" for n, err, data in

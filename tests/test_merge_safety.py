@@ -6,8 +6,8 @@ Every refused or aborted step is checked against the main checkout byte for byte
 (ignored ones included), `git status`, HEAD, the index and the merge-state files of the git
 dir (MERGE_HEAD, ORIG_HEAD, ...), before and after.
 
-FLEET_SOAK_MERGE_ROUNDS=N runs the merge race N rounds (default 6; ~1.6 s a round on a
-busy 2-core machine, so for N > 100 lift pytest's per-test limit: `--timeout 0`).
+FLEET_SOAK_MERGE_ROUNDS=N runs the merge race N rounds (default 6, and 100 in the soak,
+FLEET_SOAK=1; ~1.6 s a round on a busy 2-core machine; the per-test time limit grows with N).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from soak_report import knob, record
 from test_git import commit_all, git, snapshot
 
 from fleet_tui import git as fgit
@@ -30,22 +31,33 @@ from fleet_tui.fleet import Fleet, FleetError, FleetRefused
 from fleet_tui.store import Store, Task, TaskState
 
 ROOT = Path(__file__).resolve().parent.parent
-ROUNDS = int(os.environ.get("FLEET_SOAK_MERGE_ROUNDS", "6"))
+ROUNDS = knob("FLEET_SOAK_MERGE_ROUNDS", 6, 100)
 KEY = "sk-merge-safety-SECRET-5c1e9a"
 
 
-def running(*argvs: list[str]) -> list[int]:
-    """Live processes whose argv is one of argvs."""
-    return [st.pid for st in procs.all_stats() if st.state != "Z"
-            and procs.cmdline(st.pid) in argvs]
+def running(where: Path, *argvs: list[str]) -> list[int]:
+    """Live processes whose argv is one of argvs and that work under `where` (the test's
+    folder): another test run's processes on the machine are neither counted nor killed."""
+    root = str(where)
+    found = []
+    for st in procs.all_stats():
+        if st.state == "Z" or procs.cmdline(st.pid) not in argvs:
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{st.pid}/cwd")
+        except OSError:
+            continue
+        if cwd == root or cwd.startswith(root + os.sep):
+            found.append(st.pid)
+    return found
 
 
 @pytest.fixture
-def no_strays() -> Iterator[list[list[str]]]:
+def no_strays(tmp_path: Path) -> Iterator[list[list[str]]]:
     """Argv lists a test expects gone at its end; anything left is killed, then failed."""
     wanted: list[list[str]] = []
     yield wanted
-    left = running(*wanted)
+    left = running(tmp_path, *wanted)
     for pid in left:
         procs.signal_pid(pid, 9)
     assert not left, f"processes left behind: {[procs.cmdline(p) for p in left]}"
@@ -221,7 +233,7 @@ def test_test_gate_does_not_wait_for_a_daemon_and_stops_it(
                         test_timeout=150)
     assert result.merged, result.message
     assert result.test_output == "tests passed\n"
-    assert running(["sleep", "7791"]) == []
+    assert running(git_repo, ["sleep", "7791"]) == []
 
 
 def test_test_gate_timeout_stops_the_command_and_a_double_forked_daemon(
@@ -235,7 +247,7 @@ def test_test_gate_timeout_stops_the_command_and_a_double_forked_daemon(
                                      "sleep 7793", test_timeout=1.0)
     assert not result.merged and result.test_output is not None
     assert "started" in result.test_output and "timed out after 1 s" in result.test_output
-    assert running(["sleep", "7792"], ["sleep", "7793"]) == []
+    assert running(git_repo, ["sleep", "7792"], ["sleep", "7793"]) == []
     assert snapshot(git_repo) == before
 
 
@@ -287,31 +299,42 @@ def _race(repo: Path, jobs: list[list[str]]) -> list[str]:
     return [racer.communicate(timeout=120)[0].strip() for racer in racers]
 
 
+@pytest.mark.timeout(120 + 5 * ROUNDS)
 def test_processes_merging_at_once_take_turns(git_repo: Path) -> None:
     """Three merges and a process that creates and discards worktrees, all at once, in
     separate processes, N rounds. Before the lock: with two merges, 15 of 25 rounds went
     wrong (a staged rename deleting the other
     task's file with MERGE_HEAD left behind, "cannot lock ref HEAD", false "restored")."""
-    for n in range(ROUNDS):
-        infos = []
-        for side in "abc":
-            info = fgit.create_worktree(git_repo, f"race{n}{side}")
-            (info.path / f"file_{n}_{side}.txt").write_text(f"{n}{side}\n")
-            if side == "b":
-                commit_all(info.path, "committed by the worker")
-            infos.append(info)
-        head = git(git_repo, "rev-parse", "HEAD").strip()
-        outs = _race(git_repo, [["merge", str(i.path)] for i in infos] + [[f"churn{n}x"]])
-        assert all(out.startswith("True") for out in outs), (n, outs)
-        assert not (git_repo / ".git" / "MERGE_HEAD").exists()
-        assert git(git_repo, "status", "--porcelain", "--untracked-files=all") == ""
-        for side in "abc":
-            assert (git_repo / f"file_{n}_{side}.txt").read_text() == f"{n}{side}\n"
-        merges = git(git_repo, "rev-list", "--first-parent", "--merges",
-                     f"{head}..HEAD").split()
-        assert len(merges) == 3, (n, outs)
-        assert all(not i.path.exists() for i in infos)
-        assert "race" not in git(git_repo, "branch", "--list")
+    started = time.monotonic()
+    passed = mid_merge = 0
+    try:
+        for n in range(ROUNDS):
+            infos = []
+            for side in "abc":
+                info = fgit.create_worktree(git_repo, f"race{n}{side}")
+                (info.path / f"file_{n}_{side}.txt").write_text(f"{n}{side}\n")
+                if side == "b":
+                    commit_all(info.path, "committed by the worker")
+                infos.append(info)
+            head = git(git_repo, "rev-parse", "HEAD").strip()
+            outs = _race(git_repo, [["merge", str(i.path)] for i in infos] + [[f"churn{n}x"]])
+            mid_merge += (git_repo / ".git" / "MERGE_HEAD").exists()
+            assert all(out.startswith("True") for out in outs), (n, outs)
+            assert not (git_repo / ".git" / "MERGE_HEAD").exists()
+            assert git(git_repo, "status", "--porcelain", "--untracked-files=all") == ""
+            for side in "abc":
+                assert (git_repo / f"file_{n}_{side}.txt").read_text() == f"{n}{side}\n"
+            merges = git(git_repo, "rev-list", "--first-parent", "--merges",
+                         f"{head}..HEAD").split()
+            assert len(merges) == 3, (n, outs)
+            assert all(not i.path.exists() for i in infos)
+            assert "race" not in git(git_repo, "branch", "--list")
+            passed += 1
+    finally:
+        record("merge race", "rounds", passed, "",
+               f"of {ROUNDS} asked: 3 merges and a worktree churn at once, each in its own "
+               f"process; {time.monotonic() - started:.0f} s")
+        record("merge race", "rounds that left main mid-merge (MERGE_HEAD)", mid_merge)
 
 
 def test_a_merge_waits_for_the_lock_and_gives_up_with_a_clear_message(

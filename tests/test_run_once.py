@@ -5,6 +5,7 @@ post-checkout hook makes the checkout slow), real runners and the real claude.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -300,9 +301,15 @@ def test_a_new_attempt_waits_for_the_previous_runner_to_stop(
         fleet = make_fleet(ep, claude_bin)
         (task,) = fleet.submit(TaskSpec(prompt="wait", repo=git_repo))
 
-        def sleeping() -> list[int]:
-            return [st.pid for st in procs.all_stats() if st.state != "Z"
-                    and procs.cmdline(st.pid) == ["sleep", "341"]]
+        def sleeping() -> list[int]:  # this test's sleep: it works in the repository
+            found = []
+            for st in procs.all_stats():
+                if st.state == "Z" or procs.cmdline(st.pid) != ["sleep", "341"]:
+                    continue
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{st.pid}/cwd").startswith(f"{git_repo}{os.sep}"):
+                        found.append(st.pid)
+            return found
 
         drive(fleet, lambda: bool(sleeping()) and fleet.get_task(task.id).session_id
               is not None, timeout=60)

@@ -66,9 +66,22 @@ def _start(tmp_path: Path, claude: str, url: str, prompt: str, *, key: str | Non
     return proc, adir
 
 
-def _sleepers(*names: str) -> list[int]:
-    return [st.pid for st in procs.all_stats()
-            if " ".join(procs.cmdline(st.pid)) in names and st.state != "Z"]
+def _sleepers(where: Path, *names: str) -> list[int]:
+    """The sleeps this test's claude started: their command line is one of names and they
+    work under `where` (the test's tmp_path). Another test run on the machine runs the same
+    sleeps; those are neither counted nor killed."""
+    root = str(where)
+    found = []
+    for st in procs.all_stats():
+        if st.state == "Z" or " ".join(procs.cmdline(st.pid)) not in names:
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{st.pid}/cwd")
+        except OSError:
+            continue
+        if cwd == root or cwd.startswith(root + os.sep):
+            found.append(st.pid)
+    return found
 
 
 def _wait(pred, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
@@ -135,7 +148,7 @@ def test_sigterm_reaches_claude_and_its_bash_children(
         tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
     proc, adir = _start(tmp_path, claude_bin, endpoint.url, "[script:sleepy] wait")
     try:
-        assert _wait(lambda: len(_sleepers("sleep 316", "sleep 317")) == 2), \
+        assert _wait(lambda: len(_sleepers(tmp_path, "sleep 316", "sleep 317")) == 2), \
             (adir / STDERR_FILE).read_text()
         runner = read_json(adir / RUNNER_FILE)
         assert runner is not None
@@ -145,12 +158,12 @@ def test_sigterm_reaches_claude_and_its_bash_children(
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
         assert procs.wait_gone([claude_pid], 5)
-        assert _sleepers("sleep 316", "sleep 317") == []
+        assert _sleepers(tmp_path, "sleep 316", "sleep 317") == []
         exit_rec = read_json(adir / EXIT_FILE)
         assert exit_rec is not None and exit_rec["received_signal"] == "SIGTERM"
         assert exit_rec["exit_code"] != 0 or exit_rec["signal"] is not None
     finally:
-        for pid in _sleepers("sleep 316", "sleep 317"):
+        for pid in _sleepers(tmp_path, "sleep 316", "sleep 317"):
             procs.signal_pid(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
@@ -161,7 +174,7 @@ def test_claude_dies_with_a_killed_runner(
         tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
     proc, adir = _start(tmp_path, claude_bin, endpoint.url, "[script:sleepy] wait")
     try:
-        assert _wait(lambda: len(_sleepers("sleep 316")) == 1)
+        assert _wait(lambda: len(_sleepers(tmp_path, "sleep 316")) == 1)
         runner = read_json(adir / RUNNER_FILE)
         assert runner is not None
         proc.kill()  # SIGKILL: no chance to forward anything
@@ -169,7 +182,7 @@ def test_claude_dies_with_a_killed_runner(
         assert procs.wait_gone([runner["claude_pid"]], 10)  # PR_SET_PDEATHSIG
         assert not (adir / EXIT_FILE).exists()
     finally:
-        for pid in _sleepers("sleep 316", "sleep 317"):
+        for pid in _sleepers(tmp_path, "sleep 316", "sleep 317"):
             procs.signal_pid(pid, signal.SIGKILL)
 
 
@@ -216,7 +229,7 @@ def test_a_second_runner_on_the_same_attempt_refuses(
     the same folder (an engine that thought the first one dead) does nothing at all."""
     first, adir = _start(tmp_path, claude_bin, endpoint.url, "[script:sleepy] wait")
     try:
-        assert _wait(lambda: len(_sleepers("sleep 316", "sleep 317")) == 2)
+        assert _wait(lambda: len(_sleepers(tmp_path, "sleep 316", "sleep 317")) == 2)
         before = {p.name: p.read_bytes() for p in adir.iterdir() if p.is_file()}
         env = dict(os.environ, PYTHONPATH=ROOT, ANTHROPIC_AUTH_TOKEN=KEY,
                    FLEET_WORKER_KEY_SOURCES="env")
@@ -231,7 +244,7 @@ def test_a_second_runner_on_the_same_attempt_refuses(
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=30)
-        for pid in _sleepers("sleep 316", "sleep 317"):
+        for pid in _sleepers(tmp_path, "sleep 316", "sleep 317"):
             procs.signal_pid(pid, signal.SIGKILL)
 
 

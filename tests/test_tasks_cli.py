@@ -231,9 +231,22 @@ def test_failed_task_exit_1_and_merge_gates(env: dict[str, str], git_repo: Path)
     assert wait_state(env, git_repo, tid, {"succeeded", "failed"})["state"] == "succeeded"
 
 
-def _sleepers() -> list[int]:
-    return [st.pid for st in procs.all_stats() if st.state != "Z"
-            and " ".join(procs.cmdline(st.pid)) in ("sleep 336", "sleep 337")]
+def _sleepers(where: Path) -> list[int]:
+    """The sleepy script's sleeps that work under `where` (the test's repository): another
+    test run's sleeps on the machine are neither counted nor killed."""
+    root = str(where)
+    found = []
+    for st in procs.all_stats():
+        if st.state == "Z" or " ".join(procs.cmdline(st.pid)) not in ("sleep 336",
+                                                                         "sleep 337"):
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{st.pid}/cwd")
+        except OSError:
+            continue
+        if cwd == root or cwd.startswith(root + os.sep):
+            found.append(st.pid)
+    return found
 
 
 def test_kill_from_the_cli(env: dict[str, str], git_repo: Path) -> None:
@@ -241,16 +254,16 @@ def test_kill_from_the_cli(env: dict[str, str], git_repo: Path) -> None:
     tid = json.loads(out.stdout)[0]["id"]
     try:
         deadline = time.monotonic() + 30
-        while len(_sleepers()) < 2:
+        while len(_sleepers(git_repo)) < 2:
             assert time.monotonic() < deadline
             time.sleep(0.05)
         killed = cli(env, git_repo, "kill", tid)
         assert killed.returncode == 0, killed.stderr
         assert ls(env, git_repo)[0]["state"] == "killed"
-        assert _sleepers() == []
+        assert _sleepers(git_repo) == []
         assert cli(env, git_repo, "kill", tid).returncode == 1
     finally:
-        for pid in _sleepers():
+        for pid in _sleepers(git_repo):
             procs.signal_pid(pid, signal.SIGKILL)
 
 
