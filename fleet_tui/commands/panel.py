@@ -11,10 +11,6 @@ import argparse
 import sys
 from pathlib import Path
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from fleet_tui.fleet import Fleet
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -45,6 +41,7 @@ def main(argv: list[str]) -> int:
     # made in a thread once the frame is up, and the repository is looked up there too.
     from fleet_tui.config import ConfigError, load_settings
     from fleet_tui.ui.app import FleetApp
+    from fleet_tui.ui.messages import EngineReady
 
     demo = None
     repo: Path | None = None
@@ -78,25 +75,27 @@ def main(argv: list[str]) -> int:
             return _fail(str(exc), 2)
         look_around = not args.demo and args.repo is None
 
-        def make_engine() -> Fleet:
+        def make_engine() -> EngineReady:
             """Runs in a thread after the first frame; a FleetError or StoreError ends the
-            panel with its message."""
+            panel with its message. What it returns is the panel's EngineReady: the engine,
+            the repository new tasks start in (looked up here unless given) and its
+            current branch."""
             from fleet_tui import git
             from fleet_tui.fleet import Fleet
 
+            where = repo
             if look_around:
                 try:
-                    app.repo = git.main_worktree(Path.cwd())
+                    where = git.main_worktree(Path.cwd())
                 except git.GitError:
-                    app.repo = None  # the panel still lists tasks; `n` says what to do
-            if app.repo is not None:
-                app.default_base = git.current_branch(app.repo) or ""
+                    where = None  # the panel still lists tasks; `n` says what to do
+            base = (git.current_branch(where) or "") if where is not None else ""
             fleet = Fleet(settings)
             if demo is not None:
                 from fleet_tui.ui.demo import submit_demo_tasks
 
                 submit_demo_tasks(fleet, demo.repo)
-            return fleet
+            return EngineReady(fleet, where, base)
 
         app = FleetApp(make_engine, repo=repo, run_scheduler=not args.no_scheduler)
         app.run()
