@@ -109,15 +109,17 @@ class FleetApp(App[None]):
 
     def on_ready(self) -> None:
         """The first layout is done (its frame is painted right after this): mount what
-        it does not show a moment later, so they do not delay it."""
+        it does not show a moment later, and start making the engine once the frame is
+        out, so neither delays it (a thread importing the engine and GitPython while the
+        first frame is laid out and painted would take the GIL from it half the time)."""
         main = self.main
         main.set_timer(HIDDEN_DELAY, main.mount_hidden)
+        if self._make_fleet is not None:
+            self.call_after_refresh(self._start_engine)
 
     def on_mount(self) -> None:
         if self._fleet_given is not None:
             self.post_message(EngineReady(self._fleet_given, self.repo, self.default_base))
-        else:
-            self._start_engine()
 
     @work(thread=True, exit_on_error=False, group="engine", name="engine",
           description="starting the engine")
@@ -126,10 +128,11 @@ class FleetApp(App[None]):
         try:
             made = self._make_fleet()
         except Exception as exc:
-            message = f"fleet-tui: {describe_error(exc)}"
+            problem = describe_error(exc)
+            self.errors.append(problem)
             # after the next refresh: exiting while the main screen still mounts fails
             self.call_from_thread(self.call_after_refresh, partial(
-                self.exit, return_code=1, message=message))
+                self.exit, return_code=1, message=f"fleet-tui: {problem}"))
             raise
         if not isinstance(made, EngineReady):
             made = EngineReady(made, self.repo, self.default_base)
@@ -179,8 +182,7 @@ class FleetApp(App[None]):
         if worker.error is None:
             return
         if worker.group == "engine":
-            self.errors.append(describe_error(worker.error))
-            return  # its own failure is reported on the way out (and ends the panel)
+            return  # said on the way out: it ends the panel (see _start_engine)
         message = describe_error(worker.error)
         self.errors.append(message)
         now = time.monotonic()
