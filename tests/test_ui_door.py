@@ -133,3 +133,9 @@ async def test_keys_can_be_rebound_by_binding_id(git_repo: Path) -> None:
         assert rows["N"].startswith("launch a task") and "n" not in rows
         titles = [c.title for c in app.get_system_commands(main)]
         assert "New (N)" in titles
+
+
+def test_a_keymap_naming_no_binding_is_refused(git_repo: Path) -> None:
+    with pytest.raises(ValueError, match=r"no key binding has the id 'task\.nwe'") as info:
+        FleetApp(Fleet(load_settings()), repo=git_repo, keymap={"task.nwe": "N"})
+    assert "task.new" in str(info.value)  # the message lists the ids there are

@@ -18,7 +18,7 @@ be done now (a follow-up for a task whose run never started a session).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from textual.binding import Binding
@@ -195,7 +195,11 @@ def find(name: str, params: tuple[object, ...] = ()) -> PanelAction | None:
     return BY_NAME.get(name)
 
 
-def unknown_ids(keymap: dict[str, str]) -> list[str]:
-    """The ids in a keymap that name no action (a typo would rebind nothing, silently)."""
-    known = {a.id for a in ACTIONS} | {"app.ctrl_q"}
-    return sorted(set(keymap) - known)
+def known_ids() -> list[str]:
+    """Every binding id a keymap can name (the app's ctrl+q too)."""
+    return [a.id for a in ACTIONS] + ["app.ctrl_q"]
+
+
+def unknown_ids(keymap: Mapping[str, str]) -> list[str]:
+    """The ids in a keymap that name no binding (a typo would rebind nothing, silently)."""
+    return sorted(set(keymap) - set(known_ids()))

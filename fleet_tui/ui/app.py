@@ -27,6 +27,7 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from fleet_tui.ui.actions import known_ids, unknown_ids
 from fleet_tui.ui.formatting import describe_error
 from fleet_tui.ui.messages import EngineReady, WorkerFailed
 from fleet_tui.ui.screens.main import MainScreen
@@ -91,6 +92,10 @@ class FleetApp(App[None]):
         self._last_error_at = 0.0
         self._main: MainScreen | None = None
         if self.keymap:
+            unknown = unknown_ids(self.keymap)
+            if unknown:  # a typo would rebind nothing, silently
+                raise ValueError(f"no key binding has the id {', '.join(map(repr, unknown))}"
+                                 f"; the ids are {', '.join(known_ids())}")
             self.set_keymap(self.keymap)
 
     def get_default_screen(self) -> MainScreen:
