@@ -180,6 +180,30 @@ async def test_stream_pane_shows_the_chosen_attempt(
         assert plain(pane) == []
 
 
+async def test_stream_pane_reads_an_attempt_whose_folder_is_recorded_late(
+        fleet: Fleet, git_repo: Path, tmp_path: Path) -> None:
+    """An attempt is in the store a moment before its folder (the starter records it once
+    it holds the folder's lock): the pane starts following it, and reads the file when
+    the folder is there. (A quick follow-up showed its caption and no rows.)"""
+    task = fleet.submit(TaskSpec(prompt="stream it", repo=git_repo))[0]
+    attempt = fleet.store.add_attempt(task.id, now=time.time())
+    fleet.store.update_task(task.id, state=TaskState.RUNNING, started_at=time.time())
+    pane = StreamPane(interval=0.05)
+    async with Host(pane).run_test(size=SIZE) as pilot:
+        pane.fleet = fleet
+        pane.show(fleet.get_task(task.id))
+        await wait_until(pilot, lambda: "attempt 1/1 (fresh)" in pane.caption,
+                         what="the attempt")
+        await pilot.pause(0.3)
+        folder = tmp_path / "logs" / "1"
+        folder.mkdir(parents=True)
+        (folder / "events.jsonl").write_bytes(b"".join(recording("root_529_then_ok")))
+        fleet.store.update_attempt(attempt.id, dir=folder,
+                                   events_path=folder / "events.jsonl")
+        await wait_until(pilot, lambda: "Write hello.txt" in "\n".join(plain(pane)),
+                         what="its events")
+
+
 # --- the diff pane ------------------------------------------------------------------------
 
 

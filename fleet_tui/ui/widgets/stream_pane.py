@@ -184,7 +184,11 @@ class StreamPane(Vertical):
                         return
                     worker_sleep(worker, 0.5)
                     continue
-                if attempt is None or current.n != attempt.n:
+                if attempt is None or current.n != attempt.n or (
+                        log is None and current.dir is not None):
+                    # a new attempt, or its folder is recorded now (an attempt is in the
+                    # store a moment before its folder: the starter records it when it
+                    # has the folder's lock)
                     log = AttemptLog(current.dir) if current.dir is not None else None
                     offset = log.tail_start(TAIL_BYTES) if log is not None else 0
                     formatter = StreamFormatter(cwd=cwd)
