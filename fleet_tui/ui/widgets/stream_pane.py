@@ -228,7 +228,8 @@ class StreamPane(Vertical):
                     raw: bool, cwd: str | None) -> None:
         """Rows of the attempt's events from before ``end`` (a line start): the previous
         chunk, or everything (``home``), posted as one StreamOlder."""
-        if attempt.dir is None:
+        if attempt.dir is None:  # (never announced with older bytes; said for the record)
+            self.post_message(StreamOlder(generation, [], 0, everything))
             return
         log = AttemptLog(attempt.dir)
         start = 0 if everything else log.tail_start(OLDER_CHUNK, end=end)
