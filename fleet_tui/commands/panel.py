@@ -7,12 +7,36 @@ the other commands stay fast. The engine is made after the panel's first frame (
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+
+class Options:
+    """What the command line asks for."""
+
+    def __init__(self, *, demo: bool = False, repo: Path | None = None,
+                 no_scheduler: bool = False) -> None:
+        self.demo = demo
+        self.repo = repo
+        self.no_scheduler = no_scheduler
+
+
+def _parse(argv: list[str]) -> Options:
+    if not argv:
+        # `fleet-tui` alone, the usual start: nothing to parse, and argparse (with gettext,
+        # which it imports) would cost the first frame ~5 ms, 3% of Textual's own start
+        return Options()
+    args = _parser().parse_args(argv)
+    return Options(demo=args.demo, repo=args.repo, no_scheduler=args.no_scheduler)
+
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="fleet-tui", description="The control panel for a fleet of Claude Code workers.")
     parser.add_argument("--demo", action="store_true",
@@ -36,7 +60,7 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     # Textual first: the first frame needs nothing else. The engine (store, GitPython) is
     # made in a thread once the frame is up, and the repository is looked up there too.
     from fleet_tui.config import ConfigError, load_settings
