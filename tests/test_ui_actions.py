@@ -105,6 +105,32 @@ async def test_kill_a_running_task(rig: Rig) -> None:
                          what="the kill", timeout=30)
 
 
+async def test_discard_a_running_task_stops_its_worker_first(rig: Rig) -> None:
+    """The policy offers discard for a running task (the engine stops it first); the
+    confirm says so, and after `y` the worker is gone with its worktree."""
+    from fleet_tui import procs
+
+    task_id = rig.submit("[script:slow] take your time")
+    app = rig.app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await _select(pilot, app, task_id, rig)
+        await wait_until(pilot, lambda: "Bash sleep 60" in stream_text(app),
+                         what="the slow tool call")
+        runner = rig.fleet.attempts(task_id)[-1].runner_pid
+        worktree = rig.fleet.get_task(task_id).worktree
+        assert runner and procs.is_alive(runner) and worktree is not None
+        assert app.main.check_action("discard", ()) is True
+        await pilot.press("d")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        body = str(app.screen.query_one(".dialog-body").render())
+        assert "still running or queued: it is stopped first" in body
+        await pilot.press("y")
+        await wait_until(pilot, lambda: rig.state(task_id) == TaskState.DISCARDED,
+                         what="the discard", timeout=30)
+    assert procs.wait_gone([runner], 10)
+    assert not worktree.exists()
+
+
 async def test_retry_fresh_then_resume_and_choose_attempt(rig: Rig) -> None:
     task_id = rig.submit("write a file")
     app = rig.app()
@@ -313,7 +339,7 @@ async def test_shell_and_editor_run_in_the_worktree(rig: Rig, tmp_path: Path,
 async def test_engine_errors_become_a_notification(rig: Rig) -> None:
     app = rig.app(run_scheduler=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        app.main._engine_each("kill", ["zzzzzz"], "killed")
+        app.main._engine_each(rig.fleet, "kill", ["zzzzzz"], "killed")
         await wait_until(pilot, lambda: bool(app.errors), what="the error")
         assert "zzzzzz" in app.errors[0]
         assert "Traceback" not in app.errors[0]

@@ -11,11 +11,12 @@ from typing import Any
 from test_ui_snapshots import FIXTURES, NOW, build_fleet
 from textual.pilot import Pilot
 
+from fleet_tui.attemptlog import AttemptLog
 from fleet_tui.config import load_settings
 from fleet_tui.fleet import Fleet, FleetError
 from fleet_tui.store import Store, TaskState
 from fleet_tui.ui.app import FleetApp
-from fleet_tui.ui.screens.main import TAIL_BYTES, tail_start
+from fleet_tui.ui.widgets.stream_pane import TAIL_BYTES
 from fleet_tui.ui.widgets.stream_view import StreamView
 from fleet_tui.ui.widgets.task_table import TaskTable
 
@@ -36,19 +37,22 @@ def test_status_from_the_task_list_is_the_engines(git_repo: Path, tmp_path: Path
 
 
 def test_tail_start_is_a_line_start_within_the_tail(tmp_path: Path) -> None:
-    path = tmp_path / "events.jsonl"
+    """Where the stream pane starts reading an attempt (AttemptLog.tail_start): whole lines,
+    whatever the window."""
+    log = AttemptLog(tmp_path)
     lines = [b"a" * 5 + b"\n", b"b" * 50 + b"\n", b"c" * 3 + b"\n", b"d" * 4 + b"\n"]
-    path.write_bytes(b"".join(lines))
+    log.events.write_bytes(b"".join(lines))
+    tail_start = log.tail_start
     starts = [0, 6, 57, 61, 66]
-    assert tail_start(path, 10) == 57  # "ccc\n" and "dddd\n" fit in the last 10 bytes
-    assert tail_start(path, 100) == 0
-    assert tail_start(path, 3) == 61  # inside the last line: from its start
-    assert tail_start(path, 20) == 57
-    assert tail_start(path, 20, end=57) == 6  # the long line covers the window: its start
+    assert tail_start(10) == 57  # "ccc\n" and "dddd\n" fit in the last 10 bytes
+    assert tail_start(100) == 0
+    assert tail_start(3) == 61  # inside the last line: from its start
+    assert tail_start(20) == 57
+    assert tail_start(20, end=57) == 6  # the long line covers the window: its start
     for end in starts[1:]:
         for tail in range(1, 70):
-            assert tail_start(path, tail, end=end) in starts[:starts.index(end)]
-    assert tail_start(tmp_path / "missing", 10) == 0
+            assert tail_start(tail, end=end) in starts[:starts.index(end)]
+    assert AttemptLog(tmp_path / "missing").tail_start(10) == 0
 
 
 def _many_tasks(tmp_path: Path, repo: Path, count: int) -> Fleet:

@@ -123,7 +123,8 @@ async def _main_ready(pilot: Pilot[Any]) -> None:
     app = pilot.app
     assert isinstance(app, FleetApp)
     main = app.main
-    await _settle(pilot, lambda: len(main.query_one(TaskTable).keys) == 7
+    # the screen's nested widgets may still be mounting when the pilot starts
+    await _settle(pilot, lambda: any(len(t.keys) == 7 for t in main.query(TaskTable))
                   and main.query_one(StreamView).row_count() >= 4)
 
 

@@ -9,12 +9,17 @@ from typing import Any
 from textual.app import App, ComposeResult
 
 from fleet_tui import stream
+from fleet_tui.attemptlog import AttemptLog
 from fleet_tui.git import Diff, FileDiff
-from fleet_tui.ui.formatting import StreamFormatter, human_duration, human_tokens
+from fleet_tui.ui.formatting import (
+    PreparedDiff,
+    StreamFormatter,
+    clean,
+    human_duration,
+    human_tokens,
+)
 from fleet_tui.ui.screens.launch import FormValues, parse_duration, parse_positive_int
-from fleet_tui.ui.screens.main import read_raw_lines
-from fleet_tui.ui.widgets.diff_view import DiffLines, DiffView, PreparedDiff
-from fleet_tui.ui.widgets.line_view import clean
+from fleet_tui.ui.widgets.diff_view import DiffLines, DiffView
 from fleet_tui.ui.widgets.stream_view import StreamView
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stream-json"
@@ -108,11 +113,15 @@ def test_form_parsers_and_memory(tmp_path: Path) -> None:
 
 
 def test_raw_lines_only_whole_lines(tmp_path: Path) -> None:
-    path = tmp_path / "events.jsonl"
-    path.write_bytes(b'{"a":1}\n{"b":2}\n{"c":')
-    lines, offset, more = read_raw_lines(path, 0, 1 << 20)
+    """The raw view's reads (AttemptLog.read_lines): a line without its newline is shown
+    only once the attempt has finished (a running claude may be writing it)."""
+    log = AttemptLog(tmp_path)
+    log.events.write_bytes(b'{"a":1}\n{"b":2}\n{"c":')
+    lines, offset, more = log.read_lines(0, 1 << 20, finished=False)
     assert lines == ['{"a":1}', '{"b":2}'] and offset == 16 and not more
-    assert read_raw_lines(tmp_path / "missing", 0, 10) == ([], 0, False)
+    lines, offset, _ = log.read_lines(0, 1 << 20, finished=True)
+    assert lines[-1] == '{"c":' and offset == 21
+    assert AttemptLog(tmp_path / "missing").read_lines(0, 10, finished=False) == ([], 0, False)
 
 
 class _ViewApp(App[None]):

@@ -7,16 +7,36 @@ the other commands stay fast. The engine is made after the panel's first frame (
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from fleet_tui.fleet import Fleet
+    import argparse
+
+
+class Options:
+    """What the command line asks for."""
+
+    def __init__(self, *, demo: bool = False, repo: Path | None = None,
+                 no_scheduler: bool = False) -> None:
+        self.demo = demo
+        self.repo = repo
+        self.no_scheduler = no_scheduler
+
+
+def _parse(argv: list[str]) -> Options:
+    if not argv:
+        # `fleet-tui` alone, the usual start: nothing to parse, and argparse (with gettext,
+        # which it imports) would cost the first frame ~5 ms, 3% of Textual's own start
+        return Options()
+    args = _parser().parse_args(argv)
+    return Options(demo=args.demo, repo=args.repo, no_scheduler=args.no_scheduler)
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="fleet-tui", description="The control panel for a fleet of Claude Code workers.")
     parser.add_argument("--demo", action="store_true",
@@ -40,11 +60,12 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     # Textual first: the first frame needs nothing else. The engine (store, GitPython) is
     # made in a thread once the frame is up, and the repository is looked up there too.
     from fleet_tui.config import ConfigError, load_settings
     from fleet_tui.ui.app import FleetApp
+    from fleet_tui.ui.messages import EngineReady
 
     demo = None
     repo: Path | None = None
@@ -78,25 +99,27 @@ def main(argv: list[str]) -> int:
             return _fail(str(exc), 2)
         look_around = not args.demo and args.repo is None
 
-        def make_engine() -> Fleet:
+        def make_engine() -> EngineReady:
             """Runs in a thread after the first frame; a FleetError or StoreError ends the
-            panel with its message."""
+            panel with its message. What it returns is the panel's EngineReady: the engine,
+            the repository new tasks start in (looked up here unless given) and its
+            current branch."""
             from fleet_tui import git
             from fleet_tui.fleet import Fleet
 
+            where = repo
             if look_around:
                 try:
-                    app.repo = git.main_worktree(Path.cwd())
+                    where = git.main_worktree(Path.cwd())
                 except git.GitError:
-                    app.repo = None  # the panel still lists tasks; `n` says what to do
-            if app.repo is not None:
-                app.default_base = git.current_branch(app.repo) or ""
+                    where = None  # the panel still lists tasks; `n` says what to do
+            base = (git.current_branch(where) or "") if where is not None else ""
             fleet = Fleet(settings)
             if demo is not None:
                 from fleet_tui.demo import submit_demo_tasks
 
                 submit_demo_tasks(fleet, demo.repo)
-            return fleet
+            return EngineReady(fleet, where, base)
 
         app = FleetApp(make_engine, repo=repo, run_scheduler=not args.no_scheduler)
         app.run()

@@ -1,19 +1,39 @@
-"""Plain-Python formatting for the panel: stream events to rows, states to badges, numbers.
+"""Plain-Python formatting for the panel: stream events to rows, diffs to lines, numbers.
 
-No Textual here, so the heavy part of ingesting a stream (turning thousands of events into
-rows) runs in a thread worker and is unit-tested without a terminal.
+The bottom layer of the panel: no Textual here (and nothing of the panel above it), so the
+heavy part of ingesting a stream or a diff (turning thousands of events or lines into rows)
+runs in a thread worker and is unit-tested without a terminal. A row is plain data: spans of
+(style name, text), where the style name is a component class the widget that paints it
+maps to a theme colour. What a task state looks like (badge, order, style) is not here but
+in `fleet_tui.states`, the one table of states.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-from fleet_tui.store import TaskState
-from fleet_tui.ui.widgets.line_view import Row, clean
+from rich.cells import cell_len
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from fleet_tui import stream
+    from fleet_tui.git import Diff
+
+Span = tuple[str, str]
+"""(style name, text): the style name is a component class suffix, "" for plain."""
+Row = tuple[Span, ...]
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x80-\x9f]")
+
+
+def clean(text: str) -> str:
+    """Untrusted text made safe to paint: no control characters, tabs expanded."""
+    return _CONTROL.sub("\ufffd", text).expandtabs(4)
+
+
+def row_width(row: Row) -> int:
+    return sum(cell_len(chunk) for _, chunk in row)
 
 # One icon per tool: single-cell symbols so columns stay aligned in every terminal.
 TOOL_ICONS: dict[str, str] = {
@@ -157,35 +177,33 @@ def raw_rows(lines: list[str]) -> list[StreamRow]:
     return [StreamRow("raw", (("", clean(line)),)) for line in lines]
 
 
-# --- task list formatting ---------------------------------------------------------------
+# --- diffs ------------------------------------------------------------------------------
 
-STATE_BADGES: dict[TaskState, str] = {
-    TaskState.QUEUED: "· queued",
-    TaskState.RUNNING: "▶ running",
-    TaskState.STALLED: "‼ stalled",
-    TaskState.WAITING: "… waiting",
-    TaskState.SUCCEEDED: "✔ done",
-    TaskState.FAILED: "✗ failed",
-    TaskState.KILLED: "■ killed",
-    TaskState.MERGED: "⇢ merged",
-    TaskState.DISCARDED: "⌫ discarded",
-}
+ALL_FILES = "\x00all"  # the diff view's "all files" entry
 
-# Lower sorts first: what needs the user, then what runs, then what waits, then history.
-STATE_ORDER: dict[TaskState, int] = {
-    TaskState.STALLED: 0,
-    TaskState.FAILED: 1,
-    TaskState.SUCCEEDED: 2,
-    TaskState.KILLED: 3,
-    TaskState.RUNNING: 4,
-    TaskState.WAITING: 5,
-    TaskState.QUEUED: 6,
-    TaskState.MERGED: 7,
-    TaskState.DISCARDED: 8,
-}
 
-ATTENTION_STATES = frozenset({TaskState.STALLED, TaskState.FAILED, TaskState.SUCCEEDED,
-                              TaskState.KILLED})
+@dataclass(frozen=True)
+class PreparedDiff:
+    """A diff split into lines off the UI thread, with the widest line measured."""
+
+    diff: Diff
+    lines: dict[str, list[str]]  # path (or ALL_FILES) -> lines
+    widths: dict[str, int]
+
+    @classmethod
+    def build(cls, diff: Diff) -> PreparedDiff:
+        lines: dict[str, list[str]] = {ALL_FILES: clean_lines(diff.patch)}
+        for f in diff.files:
+            lines[f.path] = clean_lines(f.patch)
+        widths = {k: max((len(x) for x in v), default=0) for k, v in lines.items()}
+        return cls(diff, lines, widths)
+
+
+def clean_lines(patch: str) -> list[str]:
+    return [clean(line) for line in patch.splitlines()]
+
+
+# --- numbers ----------------------------------------------------------------------------
 
 
 def human_tokens(count: int) -> str:
@@ -205,3 +223,16 @@ def human_duration(seconds: float) -> str:
         return f"{minutes}m{sec:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
+
+
+def describe_error(error: BaseException) -> str:
+    """A user-facing message for an engine failure; never a traceback. Errors written for
+    the user (fleet-tui's own) are said as they are; anything else names its type."""
+    from fleet_tui.errors import FleetTuiError
+    from fleet_tui.fleet import FleetError
+    from fleet_tui.git import GitError
+
+    if isinstance(error, FleetTuiError | FleetError | GitError):
+        return str(error) or type(error).__name__
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -1,17 +1,44 @@
-"""Messages that thread workers post to the panel (dataclasses, so a flood can coalesce)."""
+"""Messages that workers post to the panel (dataclasses, so a flood can coalesce).
+
+Data flows down through method calls and reactives; what happens in a worker, and what a
+screen asks of the app, comes back up as one of these.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from textual.message import Message
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the engine is imported once the first frame is up, not for it
-    from fleet_tui.fleet import FleetStatus
+    from textual.message_pump import MessagePump
+    from textual.worker import Worker
+
+    from fleet_tui.fleet import Fleet, FleetStatus
     from fleet_tui.store import Attempt, Task
-    from fleet_tui.ui.formatting import StreamRow
-    from fleet_tui.ui.widgets.diff_view import PreparedDiff
+    from fleet_tui.ui.formatting import PreparedDiff, StreamRow
+
+
+@dataclass
+class EngineReady(Message):
+    """The engine is made (in a thread, after the first frame): everything that needs it
+    starts when this arrives: polling, the scheduler, the launch form. ``repo`` is where new
+    tasks start (None: the panel was not opened in a repository), ``default_base`` its
+    current branch, the launch form's default base."""
+
+    fleet: Fleet
+    repo: Path | None = None
+    default_base: str = ""
+
+
+@dataclass
+class WorkerFailed(Message):
+    """A worker of a screen or a pane raised: the app turns it into one error toast.
+    (Worker.StateChanged does not bubble; this does.)"""
+
+    worker: Worker[object]
 
 
 @dataclass
@@ -80,3 +107,12 @@ class ActionDone(Message):
     task_ids: list[str] = field(default_factory=list)
 
 
+
+
+def report_failure(node: MessagePump, event: Worker.StateChanged) -> None:
+    """Hand a failed worker of ``node`` to the app's one failure handler (call it from the
+    node's ``on_worker_state_changed``)."""
+    from textual.worker import WorkerState
+
+    if event.state == WorkerState.ERROR and event.worker.error is not None:
+        node.post_message(WorkerFailed(event.worker))

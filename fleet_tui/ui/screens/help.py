@@ -1,4 +1,5 @@
-"""`?`: every key of the panel, grouped, generated from the bindings so it never lies."""
+"""`?`: every key of the panel, grouped, generated from the action records (ui/actions.py)
+with the keys a keymap set, so it never lies."""
 
 from __future__ import annotations
 

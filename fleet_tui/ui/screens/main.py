@@ -1,8 +1,14 @@
-"""The main screen: task list on top, the selected task's stream and diff below.
+"""The main screen: the task list on top, the selected task's stream and diff below.
 
-The screen renders state and sends intents. Every engine call, git call and file read runs
-in a thread worker; results come back as messages (ui/messages.py). Failures of any worker
-become one error toast in FleetApp.on_worker_state_changed.
+The screen keeps the list (the tasks as last read, the marks, the filter), the selection
+and the wiring: which task the panes below show, what the keys do and when they apply
+(ui/actions.py), and the dialogs of the engine actions. The panes own their own work: the
+stream (widgets/stream_pane.py) and the diff (widgets/diff_pane.py).
+
+It gets what it needs as arguments (``FleetApp.get_default_screen``) and the engine when it
+is ready (``engine_ready``, on the app's EngineReady); it never imports the app. Every engine
+call runs in a worker; results come back as messages (ui/messages.py), and a failed worker
+becomes one error toast in the app (``WorkerFailed``).
 """
 
 from __future__ import annotations
@@ -10,95 +16,63 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
-import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input, Label
-from textual.worker import Worker, WorkerState, get_current_worker
+from textual.worker import Worker
 
-from fleet_tui.store import (
+from fleet_tui.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
-    FINISHED_STATES,
-    Attempt,
-    Task,
+    PENDING_STATES,
+    STATES,
+    Action,
     TaskState,
 )
-from fleet_tui.ui.formatting import StreamFormatter, StreamRow, raw_rows
+from fleet_tui.ui.actions import ACTIONS, Context, PanelAction, find
+from fleet_tui.ui.external import run_external
+from fleet_tui.ui.formatting import describe_error
 from fleet_tui.ui.messages import (
     ActionDone,
     DiffLoaded,
+    EngineReady,
     PollFailed,
-    StreamBatch,
-    StreamOlder,
     TasksLoaded,
     TasksSubmitted,
+    report_failure,
 )
 from fleet_tui.ui.screens.help import HelpScreen, HelpSection
 from fleet_tui.ui.widgets.bars import KeyBar, TabBar
-from fleet_tui.ui.widgets.diff_view import DiffView, PreparedDiff
+from fleet_tui.ui.widgets.diff_pane import DiffPane
 from fleet_tui.ui.widgets.status_line import StatusLine
-from fleet_tui.ui.widgets.stream_view import MAX_ROWS, StreamView
+from fleet_tui.ui.widgets.stream_pane import StreamPane
 from fleet_tui.ui.widgets.task_table import TaskTable, sort_tasks
 
 if TYPE_CHECKING:
     from fleet_tui.fleet import Fleet, FleetStatus
-    from fleet_tui.ui.app import FleetApp
+    from fleet_tui.store import Task
     from fleet_tui.ui.screens.launch import LaunchRequest
-    from fleet_tui.ui.screens.modals import MergeAnswer, MergeItem
+    from fleet_tui.ui.screens.modals import MergeItem
 
-READ_CHUNK = 4 * 1024 * 1024  # bytes of events per batch; bigger backlogs take several
-TAIL_BYTES = 128 * 1024  # a newly selected attempt shows its last events first ...
-OLDER_CHUNK = 1024 * 1024  # ... and reads older ones, a chunk at a time, on scrolling up
-STREAM_SETTLE = 0.08  # seconds a selection must stay before its events file is read
-KILLABLE = frozenset({TaskState.RUNNING, TaskState.STALLED, TaskState.QUEUED,
-                      TaskState.WAITING})
-ALERT_STATES = {
-    TaskState.SUCCEEDED: ("finished", "information"),
-    TaskState.FAILED: ("failed", "error"),
-    TaskState.STALLED: ("stalled", "warning"),
-}
+PaletteCommand = tuple[str, str, Callable[[], object]]
+"""(title, help, callback) of one command palette entry."""
 
 
 class MainScreen(Screen[None]):
-    """Task list, status line, stream | diff tabs, footer."""
+    """Task list, status line, stream | diff tabs, key bar."""
 
-    BINDINGS = [
-        Binding("n", "new_task", "New", id="task.new"),
-        Binding("question_mark", "help", "Help", id="app.help"),
-        Binding("m", "merge", "Merge", id="task.merge"),
-        Binding("d", "discard", "Discard", id="task.discard"),
-        Binding("r", "retry", "Retry", id="task.retry"),
-        Binding("f", "follow_up", "Follow-up", id="task.follow_up"),
-        Binding("k", "kill", "Kill", id="task.kill"),
-        Binding("space", "toggle_mark", "Mark", id="task.mark"),
-        Binding("ctrl+a", "mark_all", "Mark all", id="task.mark_all"),
-        # escape clears the filter first (while there is one), then the marks; ctrl+\ as
-        # in k9s
-        Binding("escape", "clear_filter", "Clear filter", show=False, id="list.clear"),
-        Binding("escape,ctrl+backslash", "unmark_all", "Unmark all", key_display="esc",
-                id="task.unmark_all"),
-        Binding("o", "shell", "Shell", id="task.shell"),
-        Binding("e", "edit", "Edit", id="task.edit"),
-        Binding("slash", "filter", "Filter", id="list.filter"),
-        Binding("1", "show_tab('tab-stream')", "Stream", show=False, id="view.stream"),
-        Binding("2", "show_tab('tab-diff')", "Diff", show=False, id="view.diff"),
-        Binding("t", "toggle_tools", "Tools only", show=False, id="stream.tools_only"),
-        Binding("J", "toggle_raw", "Raw JSON", show=False, id="stream.raw"),
-        Binding("a", "choose_attempt", "Attempt", show=False, id="stream.attempt"),
-        Binding("F", "toggle_follow", "Follow", show=False, id="stream.follow"),
-        Binding("q", "quit", "Quit", id="app.quit"),
-    ]
+    BINDINGS = [action.binding() for action in ACTIONS]
 
     HELP_EXTRA: list[HelpSection] = [
         ("Lists and views", [
@@ -115,59 +89,52 @@ class MainScreen(Screen[None]):
         ]),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, *, repo: Path | None = None, clock: Callable[[], float] = time.time,
+                 run_scheduler: bool = True, poll_interval: float = 0.5,
+                 diff_interval: float = 2.0, stream_interval: float = 0.1,
+                 keymap: Mapping[str, str] | None = None) -> None:
+        """``repo``: where new tasks start, when known before the engine is made (the
+        engine's EngineReady says it otherwise); ``clock``: what "now" is for durations
+        and cooldowns; ``run_scheduler``: whether this panel starts queued tasks (said in
+        the header); the intervals: how often the list, a running task's diff and a
+        running attempt's events are read; ``keymap``: binding id -> keys, as given to the
+        app (help and palette name the keys it sets)."""
         super().__init__(id="main")
+        self.fleet: Fleet | None = None
+        self.repo = repo
+        self.default_base = ""
+        self.clock = clock
+        self.run_scheduler = run_scheduler
+        self.poll_interval = poll_interval
+        self.keymap: Mapping[str, str] = dict(keymap or {})
+        self.closing = False  # the app is quitting: keys typed on the way out do nothing
         self.tasks: dict[str, Task] = {}
         self.marked: set[str] = set()
         self.filter_text = ""
         self.selected_id: str | None = None
         self.status: FleetStatus | None = None
-        self.raw = False
-        self.attempt_choice: dict[str, int] = {}
-        self._stream_gen = 0
-        self._stream_task: tuple[str, int] | None = None  # (task id, attempt_count)
-        self._stream_attempt: Attempt | None = None
-        self._stream_attempts = 0
-        self._stream_older = 0  # bytes of the attempt's events not read yet (before the tail)
-        self._older_loading = False
-        self._diff_loading = False
-        self._diff_wanted: str | None = None
-        # (task id, state, attempt_count) the diff was last asked for: a change of state
-        # (a worker finishing right after the last timed refresh) loads it again
-        self._diff_key: tuple[str, TaskState, int] | None = None
-        self._diff_when_shown: str | None = None  # a diff asked for while its tab was hidden
-        self._select_pending = False
-        self._poll_lock = threading.Lock()
         self.poll_error: str | None = None  # why the task list could not be read, if so
+        self._ready = asyncio.Event()  # the engine is here
+        self._poll_lock = threading.Lock()
         self._polled = False  # a task list was read once
         self._notice_shown: str | None = None
         self._seen_states: dict[str, TaskState] | None = None
         self._cooldown_seen: float | None = None
         self._bindings_signature: object = None
-        self._actions: list[tuple[str, tuple[object, ...]]] | None = None
         self._title_shown = ""
         self._keep_row: int | None = None
-        self._diff_pending = "Select a task to see its changes."
-        self._diff_pending_loaded: DiffLoaded | None = None
-        self._diff: DiffView | None = None
+        self._select_pending = False
         self._hidden_started = False
         self._hidden_done = asyncio.Event()
+        self._filter: Input | None = None
+        self.table = TaskTable(id="tasks")
+        self.stream = StreamPane(interval=stream_interval, hints=self._caption_hints(),
+                                 id="tab-stream")
+        self.diff = DiffPane(interval=diff_interval, id="tab-diff")
 
     # --- helpers -------------------------------------------------------------------------
-    @property
-    def fleet_app(self) -> FleetApp:
-        from fleet_tui.ui.app import FleetApp
-
-        app = self.app
-        assert isinstance(app, FleetApp)
-        return app
-
-    @property
-    def fleet(self) -> Fleet:
-        return self.fleet_app.fleet
-
     def now(self) -> float:
-        return self.fleet_app.clock()
+        return self.clock()
 
     @property
     def selected(self) -> Task | None:
@@ -177,24 +144,31 @@ class MainScreen(Screen[None]):
     def cursor_task(self) -> Task | None:
         """The task on the cursor row: what a key press acts on. ``selected`` (the task the
         detail pane shows) follows it a frame later, so keys must not act on that."""
-        key = self.query_one(TaskTable).selected_key
+        key = self.table.selected_key
         return self.tasks.get(key) if key is not None else None
 
     def targets(self) -> list[Task]:
         """The marked tasks (in list order) when any are marked, else the cursor's task."""
         if self.marked:
-            order = self.query_one(TaskTable).keys
+            order = self.table.keys
             listed = [self.tasks[t] for t in order if t in self.marked and t in self.tasks]
             hidden = sorted(t for t in self.marked if t in self.tasks and t not in order)
             return listed + [self.tasks[t] for t in hidden]
         task = self.cursor_task
         return [task] if task is not None else []
 
+    def _engine(self) -> Fleet:
+        """The engine, for a worker started by a key (keys that need it apply only once
+        the list was read, which needs it)."""
+        if self.fleet is None:
+            raise RuntimeError("the engine is not ready yet")
+        return self.fleet
+
     # --- layout --------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
         with Vertical(id="list-pane"):
-            yield TaskTable(id="tasks")
+            yield self.table
             notice = Label("", id="list-notice", markup=False)
             notice.display = False  # until the first poll says what to show
             yield notice
@@ -203,10 +177,8 @@ class MainScreen(Screen[None]):
             yield TabBar([("tab-stream", "Stream"), ("tab-diff", "Diff")], "tab-stream",
                          id="tabs")
             with ContentSwitcher(id="views", initial="tab-stream"):
-                with Vertical(id="tab-stream"):
-                    yield Label("", id="stream-caption", markup=False)
-                    yield StreamView(id="stream")
-                yield Vertical(id="tab-diff")  # its DiffView: see mount_hidden
+                yield self.stream
+                yield self.diff  # its DiffView: see mount_hidden
         yield KeyBar(id="keys")
 
     async def mount_hidden(self) -> None:
@@ -219,79 +191,59 @@ class MainScreen(Screen[None]):
             return
         self._hidden_started = True
         try:
-            await self._mount_hidden()
+            box = Input(id="filter", placeholder="filter: text in id, title, state, model, "
+                        "tool (enter: keep, escape: clear)")
+            box.display = False
+            await self.query_one("#list-pane").mount(box, before=0)
+            self._filter = box
+            await self.diff.mount_view()
+            if not self.closing:
+                self._maybe_refresh_bindings()
         finally:
             self._hidden_done.set()
 
-    async def _mount_hidden(self) -> None:
-        box = Input(id="filter", placeholder="filter: text in id, title, state, model, "
-                    "tool (enter: keep, escape: clear)")
-        box.display = False
-        diff = DiffView(id="diff")
-        await self.query_one("#list-pane").mount(box, before=0)
-        await self.query_one("#tab-diff").mount(diff)
-        if not diff.composed or self.fleet_app.quitting:
-            return  # the panel is closing: it never got its children
-        self._diff = diff
-        diff.show_message(self._diff_pending)
-        self._maybe_refresh_bindings()
-        loaded, self._diff_pending_loaded = self._diff_pending_loaded, None
-        if loaded is not None and loaded.task_id == self.selected_id:
-            self._show_loaded(diff, loaded)
-
-    def _diff_view(self) -> DiffView | None:
-        """The diff view, or None until it is mounted (with its children)."""
-        return self._diff
-
-    def _show_diff_message(self, text: str) -> None:
-        view = self._diff_view()
-        if view is None:
-            self._diff_pending = text
-        else:
-            view.show_message(text)
-
     def _filter_box(self) -> Input | None:
-        found = self.query("#filter").results(Input)
-        return next(found, None)
+        """The filter box, once mounted (kept: a query per key-bar check costs ~0.3 ms)."""
+        return self._filter
 
     def on_mount(self) -> None:
         status = self.query_one(StatusLine)
-        status.scheduler = self.fleet_app.run_scheduler
+        status.scheduler = self.run_scheduler
         self._show_status()
-        self.query_one(TaskTable).focus()
-        app = self.fleet_app
-        self.set_interval(app.poll_interval, self.poll)
-        self.set_interval(app.diff_interval, self._diff_tick)
-        self.set_interval(1.0, self._second_tick)
+        self.table.focus()
+
+    def engine_ready(self, ready: EngineReady) -> None:
+        """The engine is made: read the list now and every poll interval; the panes can
+        read streams and diffs; a launch form asked for before opens."""
+        self.fleet = ready.fleet
+        self.repo = ready.repo
+        self.default_base = ready.default_base
+        self.stream.fleet = ready.fleet
+        self.diff.start(ready.fleet)
+        self.set_interval(self.poll_interval, self.poll)
+        self.set_interval(1.0, self._show_status)
         self.poll()
+        self._show_status()
+        self._ready.set()
 
     def _show_status(self) -> None:
-        """The header; the repository is read each time, since the panel may learn it
-        after the first frame (it is looked up while the engine starts)."""
         status = self.query_one(StatusLine)
-        repo = self.fleet_app.repo
-        status.repo_name = repo.name if repo else ""
+        status.repo_name = self.repo.name if self.repo else ""
         status.marked = len(self.marked)
         status.show(self.status, self.now())
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        """StateChanged does not bubble: hand it to the app's one failure handler."""
-        if event.worker.group == "diff" and event.state in (WorkerState.ERROR,
-                                                           WorkerState.CANCELLED):
-            self._diff_failed()
-        self.fleet_app.on_worker_state_changed(event)
+        """StateChanged does not bubble: hand failures to the app's one handler."""
+        report_failure(self, event)
 
     # --- polling the store ---------------------------------------------------------------
     def poll(self) -> None:
-        if self._poll_lock.acquire(blocking=False):
-            self._load_tasks()
+        if self.fleet is not None and self._poll_lock.acquire(blocking=False):
+            self._load_tasks(self.fleet)
 
     @work(thread=True, exit_on_error=False, group="poll", description="reading the task list")
-    def _load_tasks(self) -> None:
-        from fleet_tui.ui.app import EngineNotStarted
-
+    def _load_tasks(self, fleet: Fleet) -> None:
         try:
-            fleet = self.fleet
             try:
                 tasks = fleet.list_tasks()
                 status = fleet.status(tasks)
@@ -299,8 +251,6 @@ class MainScreen(Screen[None]):
                 self.post_message(PollFailed(poll_problem(fleet, exc)))
                 return
             self.post_message(TasksLoaded(tasks, status, time.monotonic()))
-        except EngineNotStarted:
-            return  # the engine's own failure is reported (and ends the panel)
         finally:
             self._poll_lock.release()
 
@@ -342,21 +292,22 @@ class MainScreen(Screen[None]):
         if self._seen_states is not None:
             for task in tasks:
                 old = self._seen_states.get(task.id)
-                if old == task.state or task.state not in ALERT_STATES:
+                row = STATES.get(task.state)
+                if old == task.state or row is None or row.alert is None:
                     continue
-                word, severity = ALERT_STATES[task.state]
+                word, severity = row.alert
                 detail = f"\n{task.message}" if task.message else ""
                 self.notify(f"{task.short_title}{detail}", title=f"{task.id} {word}",
                             severity=severity,  # type: ignore[arg-type]
                             timeout=8)
-                self.fleet_app.ring()
+                self.app.bell()
             cooldown = status.cooldown_until
             if cooldown is not None and cooldown > self.now() and cooldown != self._cooldown_seen \
                     and self._cooldown_seen is None:
                 self.notify(f"The endpoint asked us to slow down; new attempts wait "
                             f"{int(cooldown - self.now())} s.", title="Endpoint cooldown",
                             severity="warning", timeout=8)
-                self.fleet_app.ring()
+                self.app.bell()
         self._cooldown_seen = status.cooldown_until if (
             status.cooldown_until is not None and status.cooldown_until > self.now()) else None
         self._seen_states = states
@@ -370,7 +321,7 @@ class MainScreen(Screen[None]):
             (t.id, t.short_title, str(t.state), t.model, t.last_tool or "")).lower()]
 
     def _render_tasks(self) -> None:
-        table = self.query_one(TaskTable)
+        table = self.table
         visible = self._visible_tasks()
         table.show(visible, self.marked, self.now())
         if self._keep_row is not None and self.selected is not None \
@@ -391,28 +342,88 @@ class MainScreen(Screen[None]):
             self._refresh_selected()
         self._maybe_refresh_bindings()
 
+    # --- what applies now: the action records ----------------------------------------------
+    def context(self) -> Context:
+        """What the action guards look at (ui/actions.py)."""
+        table = self.table
+        box = self._filter_box()
+        shown = table.row_count
+        unmarked_shown = shown > len(self.marked) or (
+            shown > 0 and not set(table.keys) <= self.marked)
+        return Context(targets=self.targets(), cursor=self.cursor_task, selected=self.selected,
+                       marked=len(self.marked), unmarked_shown=unmarked_shown,
+                       diff_file=self.diff.selected_path,
+                       filtering=bool(self.filter_text) or (box is not None and box.display))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """True: the key applies; None: it applies to the selection but cannot be done now
+        (shown dimmed; a click says why); False: hidden."""
+        if self.closing:
+            return False
+        record = find(action, parameters)
+        if record is None:
+            return True
+        verdict = record.verdict(self.context())
+        return True if verdict is True else (None if verdict else False)
+
+    def why_not(self, record: PanelAction) -> str | None:
+        """Why an action that is shown dimmed cannot be done now (None: it can)."""
+        verdict = record.verdict(self.context())
+        return verdict if isinstance(verdict, str) else None
+
     def _maybe_refresh_bindings(self) -> None:
-        """Refresh the footer only when the set of applicable actions changed: Textual
-        rebuilds the whole footer on refresh_bindings(), which costs more than a poll
-        or a cursor move."""
-        signature = tuple(self.check_action(name, params)
-                          for name, params in self._binding_actions())
+        """Refresh the key bar only when what applies changed: it is rebuilt on every
+        refresh_bindings(), which costs more than a poll or a cursor move."""
+        ctx = self.context()
+        signature = (self.closing, tuple(a.verdict(ctx) for a in ACTIONS))
         if signature != self._bindings_signature:
             self._bindings_signature = signature
             self.refresh_bindings()
 
-    def _binding_actions(self) -> list[tuple[str, tuple[object, ...]]]:
-        if self._actions is None:
-            self._actions = []
-            for binding in self.BINDINGS:
-                assert isinstance(binding, Binding)
-                name, _, args = binding.action.partition("(")
-                params = (args.rstrip(")").strip("'\""),) if args else ()
-                self._actions.append((name, params))
-        return self._actions
+    def key_display(self, record: PanelAction) -> str:
+        """The key of an action as the help and the palette name it (a keymap's first)."""
+        binding = record.binding()
+        keys = self.keymap.get(record.id)
+        if keys:
+            binding = replace(binding, key=keys.split(",")[0].strip(), key_display=None)
+        return self.app.get_key_display(binding)
 
-    def _second_tick(self) -> None:
-        self._show_status()
+    def _caption_hints(self) -> str:
+        """The view flags' keys for the stream's caption ("t: tools/all  J: raw ...")."""
+        return "  ".join(f"{(self.keymap.get(a.id) or a.keys).split(',')[0]}: {a.hint}"
+                         for a in ACTIONS if a.hint)
+
+    def help_sections(self) -> list[HelpSection]:
+        keys = [(self.key_display(a), a.help) for a in ACTIONS]
+        return [("Tasks and views", keys), *self.HELP_EXTRA]
+
+    def palette_commands(self) -> Iterator[PaletteCommand]:
+        """The command palette's entries: every action that applies now, and those shown
+        dimmed with the reason they cannot be done."""
+        ctx = self.context()
+        for record in ACTIONS:
+            if not record.palette:
+                continue
+            verdict = record.verdict(ctx)
+            if verdict is False:
+                continue
+            title = f"{record.label} ({self.key_display(record)})"
+            if verdict is True:
+                yield title, record.help, partial(self.run_action, record.action)
+            else:
+                yield title, f"Not now: {verdict}", partial(self.explain, verdict)
+
+    @on(KeyBar.Refused)
+    def _refused(self, message: KeyBar.Refused) -> None:
+        """A dimmed key was clicked: say why it cannot be done."""
+        record = find(*_parse(message.binding.action))
+        reason = self.why_not(record) if record is not None else None
+        if reason:
+            self.explain(reason)
+
+    def explain(self, reason: str) -> None:
+        """Say why an action cannot be done now."""
+        self.notify(reason, title="Not now", severity="warning")
 
     # --- selection -----------------------------------------------------------------------
     @on(TaskTable.RowHighlighted, "#tasks")
@@ -425,344 +436,45 @@ class MainScreen(Screen[None]):
 
     def _select_highlighted(self) -> None:
         self._select_pending = False
-        key = self.query_one(TaskTable).selected_key
+        key = self.table.selected_key
         if key != self.selected_id:
             self._select(key)
 
     def _select(self, task_id: str | None) -> None:
         self.selected_id = task_id
-        self._stream_task = None
         self._refresh_selected(new=True)
         self._maybe_refresh_bindings()
 
     def _refresh_selected(self, *, new: bool = False) -> None:
-        """Update the detail title; restart the stream when the attempt changed."""
+        """Update the detail title; hand the task to the stream and the diff panes."""
         task = self.selected
         title = self.query_one("#detail-title", Label)
         if task is None:
             title.update("")
             self._title_shown = ""
-            self._diff_key = None
-            if new:
-                self._stream_gen += 1
-                self.query_one(StreamView).clear_rows()
-                self._caption()
-                self._show_diff_message("Select a task to see its changes.")
-            return
-        text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(f"{task.id} ", style="bold")
-        text.append(task.short_title)
-        text.append(f"  ·  {task.state}")
-        if task.branch:
-            text.append(f"  ·  {task.branch}")
-            if task.base_branch:
-                text.append(f" → {task.base_branch}")
-        if task.message and task.state not in (TaskState.RUNNING, TaskState.QUEUED):
-            text.append(f"  ·  {task.message.splitlines()[0] if task.message else ''}")
-        if text.plain != self._title_shown:
-            self._title_shown = text.plain
-            title.update(text)
-        key = (task.id, task.attempt_count)
-        if key != self._stream_task:
-            self._stream_task = key
-            self._restart_stream()
-        diff_key = (task.id, task.state, task.attempt_count)
-        if new or diff_key != self._diff_key:
-            self._diff_key = diff_key
-            self._load_diff_now(task.id, first=new)
-
-    # --- stream --------------------------------------------------------------------------
-    def _restart_stream(self) -> None:
-        task = self.selected
-        self._stream_gen += 1
-        view = self.query_one(StreamView)
-        view.clear_rows()
-        self._stream_attempt = None
-        self._stream_attempts = 0
-        self._stream_older = 0
-        self._older_loading = False
-        view.has_older = False
-        self._caption()
-        if task is None:
-            return
-        self._follow_stream(self._stream_gen, task.id, self.attempt_choice.get(task.id),
-                            self.raw)
-
-    @work(thread=True, exclusive=True, exit_on_error=False, group="stream",
-          description="reading the attempt's events")
-    def _follow_stream(self, generation: int, task_id: str, attempt_no: int | None,
-                       raw: bool) -> None:
-        """Read the end of one attempt's events file and keep following it while it runs;
-        older history is read when the view scrolls up to it (``_load_older``). One
-        message per batch, so a fast stream costs few messages."""
-        worker = get_current_worker()
-        worker_sleep(worker, STREAM_SETTLE)  # a key held down has moved on: read nothing
-        if worker.is_cancelled:
-            return
-        task = self.fleet.get_task(task_id)
-        cwd = str(task.worktree) if task.worktree else None
-        formatter = StreamFormatter(cwd=cwd)
-        attempt: Attempt | None = None
-        announce: tuple[Attempt, int, int] | None = None
-        offset = 0
-        last_check = 0.0
-        interval = self.fleet_app.stream_interval
-        while not worker.is_cancelled:
-            if attempt is None or time.monotonic() - last_check > 1.0:
-                last_check = time.monotonic()
-                attempts = self.fleet.attempts(task_id)
-                chosen = [a for a in attempts if a.n == attempt_no] if attempt_no else []
-                current = chosen[0] if chosen else (attempts[-1] if attempts else None)
-                if current is None:
-                    task = self.fleet.get_task(task_id)
-                    if task.state not in (TaskState.QUEUED, TaskState.WAITING):
-                        return
-                    worker_sleep(worker, 0.5)
-                    continue
-                if attempt is None or current.n != attempt.n:
-                    offset = tail_start(events_path(current), TAIL_BYTES)
-                    formatter = StreamFormatter(cwd=cwd)
-                    # said with the tail's rows, so the view knows what it holds at once
-                    announce = (current, len(attempts), offset)
-                attempt = current
-            if raw:
-                lines, offset, more = read_raw_lines(events_path(attempt), offset, READ_CHUNK)
-                rows = raw_rows(lines)
-            else:
-                before = offset
-                events, offset = self.fleet.read_events(attempt, offset, READ_CHUNK)
-                more = offset - before >= READ_CHUNK // 2
-                rows = formatter.rows(events)
-            if announce is not None:
-                self.post_message(StreamBatch(generation, rows, announce[0], announce[1],
-                                              older=announce[2]))
-                announce = None
-            elif rows:
-                self.post_message(StreamBatch(generation, rows))
-            if more:
-                time.sleep(0.001)  # between big batches, let the event loop have the GIL
-                continue
-            if attempt.finished_at is not None and time.monotonic() - last_check < 1.0 \
-                    and not rows:
-                # Finished and read to the end: one last look after the check above.
-                return
-            worker_sleep(worker, interval)
-
-    @work(thread=True, exclusive=True, exit_on_error=False, group="stream-older",
-          description="reading older events")
-    def _load_older(self, generation: int, attempt: Attempt, end: int, everything: bool,
-                    raw: bool, cwd: str | None) -> None:
-        """Rows of the attempt's events from before ``end`` (a line start): the previous
-        chunk, or everything (``home``), posted as one StreamOlder."""
-        path = events_path(attempt)
-        start = 0 if everything else tail_start(path, OLDER_CHUNK, end=end)
-        formatter = StreamFormatter(cwd=cwd)
-        rows: list[StreamRow] = []
-        offset = start
-        worker = get_current_worker()
-        while offset < end and not worker.is_cancelled:
-            want = min(READ_CHUNK, end - offset)
-            if raw:
-                lines, new, _ = read_raw_lines(path, offset, want)
-                rows += raw_rows(lines)
-            else:
-                events, new = self.fleet.read_events(attempt, offset, want)
-                rows += formatter.rows(events)
-            if new <= offset:
-                break
-            offset = new
-            del rows[:-MAX_ROWS]
-        if not worker.is_cancelled:
-            self.post_message(StreamOlder(generation, rows, start, everything))
-
-    def on_stream_batch(self, message: StreamBatch) -> None:
-        if message.generation != self._stream_gen:
-            return
-        view = self.query_one(StreamView)
-        if message.attempt is not None:
-            self._stream_attempt = message.attempt
-            self._stream_attempts = message.attempts
-            self._stream_older = message.older or 0
-            view.clear_rows()
-            view.has_older = self._stream_older > 0
-            self._caption()
-        view.append_rows(message.rows)
-        self._fill_stream()
-
-    def on_stream_older(self, message: StreamOlder) -> None:
-        if message.generation != self._stream_gen:
-            return
-        self._older_loading = False
-        self._stream_older = message.older
-        view = self.query_one(StreamView)
-        view.has_older = message.older > 0
-        view.prepend_rows(message.rows, to_top=message.everything)
-        self._fill_stream()
-
-    @on(StreamView.WantsOlder)
-    def _wants_older(self, message: StreamView.WantsOlder) -> None:
-        self._read_older(everything=message.everything)
-
-    def _read_older(self, *, everything: bool = False) -> None:
-        attempt = self._stream_attempt
-        task = self.selected
-        if attempt is None or task is None or self._stream_older <= 0:
-            return
-        if self._older_loading and not everything:
-            return
-        self._older_loading = True
-        self._load_older(self._stream_gen, attempt, self._stream_older, everything,
-                         self.raw, str(task.worktree) if task.worktree else None)
-
-    def _fill_stream(self) -> None:
-        """Fewer rows than the view is high (a short tail, tool calls only): read on back."""
-        view = self.query_one(StreamView)
-        if self._stream_older > 0 and not self._older_loading \
-                and view.row_count() < max(1, view.size.height):
-            self._read_older()
-
-    def _caption(self) -> None:
-        view = self.query_one(StreamView)
-        attempt = self._stream_attempt
-        text = Text(no_wrap=True, overflow="ellipsis")
-        if self.selected is None:
-            text.append("No task selected.")
-        elif attempt is None:
-            state = self.selected.state
-            text.append("Waiting for a free slot…" if state in (
-                TaskState.QUEUED, TaskState.WAITING) else "No attempt yet.")
         else:
-            text.append(f"attempt {attempt.n}/{self._stream_attempts} ({attempt.kind})",
-                        style="bold")
-            if attempt.verdict:
-                text.append(f" · {attempt.verdict}")
-        text.append("   ")
-        text.append("following" if view.follow else "paused (end: follow)")
-        text.append(" · JSON lines" if self.raw else (
-            " · tool calls only" if view.tools_only else " · everything"))
-        text.append("   t: tools/all  J: raw  a: attempt  F: follow")
-        self.query_one("#stream-caption", Label).update(text)
-
-    def on_line_view_follow_changed(self) -> None:
-        self._caption()
-
-    # --- diff ----------------------------------------------------------------------------
-    def _diff_tick(self) -> None:
-        task = self.selected
-        if task is None or task.state not in ACTIVE_STATES or self._diff_loading:
-            return
-        self._load_diff_now(task.id)
-
-    def _load_diff_now(self, task_id: str, *, first: bool = False) -> None:
-        task = self.tasks.get(task_id)
-        if task is None:
-            return
-        if task.worktree is None or task.state in CLOSED_STATES:
-            why = {TaskState.MERGED: "Merged: the worktree is gone; the change is on "
-                                     f"{task.base_branch or 'the base branch'}.",
-                   TaskState.DISCARDED: "Discarded."}.get(
-                task.state, "No worktree yet: the task has not started.")
-            self._show_diff_message(why)
-            return
-        if self.active_tab != "tab-diff":
-            # The diff view is hidden: no `git diff` (nor the GIL it holds) for nobody to
-            # see; showing the diff tab loads it.
-            self._diff_when_shown = task_id
-            return
-        if first:
-            self._show_diff_message("Loading the diff…")
-        if self._diff_loading:
-            self._diff_wanted = task_id  # one git diff at a time: this one goes next
-            return
-        self._diff_loading = True
-        self._load_diff(task_id)
-
-    @work(thread=True, exclusive=True, exit_on_error=False, group="diff",
-          description="computing the diff")
-    def _load_diff(self, task_id: str) -> None:
-        from fleet_tui.fleet import FleetError
-        from fleet_tui.git import GitError
-
-        try:
-            prepared = PreparedDiff.build(self.fleet.diff(task_id))
-        except (FleetError, GitError) as exc:
-            self.post_message(DiffLoaded(task_id, None, str(exc)))
-            return
-        self.post_message(DiffLoaded(task_id, prepared))
-
-    def on_diff_loaded(self, message: DiffLoaded) -> None:
-        self._diff_loading = False
-        wanted, self._diff_wanted = self._diff_wanted, None
-        if wanted is not None and wanted == self.selected_id:
-            self._load_diff_now(wanted)  # asked for while this one ran
-        if message.task_id != self.selected_id:
-            return
-        view = self._diff_view()
-        if view is None:
-            self._diff_pending_loaded = message
-            return
-        self._show_loaded(view, message)
-
-    def _show_loaded(self, view: DiffView, message: DiffLoaded) -> None:
-        if message.prepared is None:
-            view.show_message(message.problem or "No diff.")
-        else:
-            view.show(message.task_id, message.prepared)
-        self._maybe_refresh_bindings()
-
-    def _diff_failed(self) -> None:
-        """A diff worker died (the app's handler says why): let the next load start."""
-        self._diff_loading = False
-        self._diff_wanted = None
-
-    @on(DiffView.FileHighlighted)
-    def _file_highlighted(self) -> None:
-        self._maybe_refresh_bindings()
-
-    # --- bindings that apply right now -----------------------------------------------------
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if self.fleet_app.quitting:
-            return False
-        targets = self.targets()
-        states = {t.state for t in targets}
-        task = self.selected
-        if action == "merge":
-            return bool(targets) and states <= FINISHED_STATES
-        if action == "discard":
-            return bool(targets) and not (states & (CLOSED_STATES | ACTIVE_STATES))
-        if action == "retry":
-            return bool(targets) and states <= FINISHED_STATES
-        if action == "kill":
-            return bool(targets) and states <= KILLABLE
-        if action == "follow_up":
-            return bool(targets) and states <= FINISHED_STATES and not self.marked
-        if action == "shell":
-            here = self.cursor_task
-            return (here is not None and here.worktree is not None
-                    and here.state not in CLOSED_STATES)
-        if action == "edit":
-            view = self._diff_view()
-            return (task is not None and task.worktree is not None and view is not None
-                    and task.state not in CLOSED_STATES and view.selected_path is not None)
-        if action == "toggle_mark":
-            return self.cursor_task is not None
-        if action == "mark_all":
-            shown = self.query_one(TaskTable).keys
-            return bool(shown) and not set(shown) <= self.marked
-        if action == "unmark_all":
-            return bool(self.marked)
-        if action in ("toggle_tools", "toggle_raw", "toggle_follow", "choose_attempt"):
-            return task is not None and (action != "choose_attempt" or task.attempt_count > 0)
-        if action == "clear_filter":
-            box = self._filter_box()
-            return bool(self.filter_text) or (box is not None and box.display)
-        return True
+            text = Text(no_wrap=True, overflow="ellipsis")
+            text.append(f"{task.id} ", style="bold")
+            text.append(task.short_title)
+            text.append(f"  ·  {task.state}")
+            if task.branch:
+                text.append(f"  ·  {task.branch}")
+                if task.base_branch:
+                    text.append(f" → {task.base_branch}")
+            if task.message and task.state not in (TaskState.RUNNING, TaskState.QUEUED):
+                text.append(f"  ·  {task.message.splitlines()[0] if task.message else ''}")
+            if text.plain != self._title_shown:
+                self._title_shown = text.plain
+                title.update(text)
+        if new or task is not None:
+            self.stream.show(task)
+        self.diff.show(task, new=new)
 
     # --- actions: list -------------------------------------------------------------------
     def action_toggle_mark(self) -> None:
         """Mark / unmark the cursor row and move down: each press acts on the row the
         cursor is on when the key is handled, however fast the keys come."""
-        table = self.query_one(TaskTable)
+        table = self.table
         key = table.selected_key
         if key is None:
             return
@@ -773,7 +485,7 @@ class MainScreen(Screen[None]):
 
     def action_mark_all(self) -> None:
         """Mark every task the list shows (a filter narrows it)."""
-        self.marked |= set(self.query_one(TaskTable).keys)
+        self.marked |= set(self.table.keys)
         self._marks_changed()
 
     def action_unmark_all(self) -> None:
@@ -781,7 +493,7 @@ class MainScreen(Screen[None]):
         self._marks_changed()
 
     def _marks_changed(self) -> None:
-        self.query_one(TaskTable).set_marked(self.marked)
+        self.table.set_marked(self.marked)
         self._show_status()
         self._maybe_refresh_bindings()
 
@@ -804,7 +516,7 @@ class MainScreen(Screen[None]):
         box = self.query_one("#filter", Input)
         if not box.value:
             box.display = False
-        self.query_one(TaskTable).focus()
+        self.table.focus()
 
     def action_clear_filter(self) -> None:
         box = self._filter_box()
@@ -812,7 +524,7 @@ class MainScreen(Screen[None]):
         if box is not None:
             box.value = ""
             box.display = False
-        self.query_one(TaskTable).focus()
+        self.table.focus()
         self._render_tasks()
 
     @property
@@ -830,87 +542,68 @@ class MainScreen(Screen[None]):
 
     def _switch_to(self, tab: str) -> None:
         self.query_one(ContentSwitcher).current = tab
-        wanted, self._diff_when_shown = self._diff_when_shown, None
-        if tab == "tab-diff" and wanted is not None and wanted == self.selected_id:
-            self._load_diff_now(wanted, first=True)
+        self.diff.set_shown(tab == "tab-diff")
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(self.help_sections()))
 
-    def help_sections(self) -> list[HelpSection]:
-        keys: list[tuple[str, str]] = []
-        for binding in self.BINDINGS:
-            assert isinstance(binding, Binding)
-            keys.append((self.app.get_key_display(binding), HELP_TEXT.get(
-                binding.action, binding.description)))
-        return [("Tasks and views", keys), *self.HELP_EXTRA]
-
     # --- actions: stream -----------------------------------------------------------------
     def action_toggle_tools(self) -> None:
-        view = self.query_one(StreamView)
-        view.tools_only = not view.tools_only
-        self._caption()
+        self.stream.tools_only = not self.stream.tools_only
 
     def action_toggle_raw(self) -> None:
-        self.raw = not self.raw
-        self._stream_task = None
-        self._refresh_selected()
+        self.stream.raw = not self.stream.raw
 
     def action_toggle_follow(self) -> None:
-        view = self.query_one(StreamView)
-        view.follow = not view.follow
-        self._caption()
+        self.stream.follow = not self.stream.follow
 
     def action_choose_attempt(self) -> None:
         task = self.selected
-        if task is None:
-            return
-        self._open_attempts(task.id)
+        if task is not None:
+            self._choose_attempt(self._engine(), task.id)
 
-    @work(thread=True, exit_on_error=False, group="actions", description="listing attempts")
-    def _open_attempts(self, task_id: str) -> None:
-        attempts = self.fleet.attempts(task_id)
-        current = self._stream_attempt.n if self._stream_attempt else 0
-        items = [(a.n, f"{a.n}. {a.kind:<8} {a.verdict or 'running':<10} "
-                  f"{a.turns} turns  {a.model or ''}") for a in attempts]
-        self.app.call_from_thread(self._push_attempts, task_id, items, current)
-
-    def _push_attempts(self, task_id: str, items: list[tuple[int, str]], current: int) -> None:
-        def chosen(n: int | None) -> None:
-            if n is None:
-                return
-            latest = max((i[0] for i in items), default=0)
-            if n == latest:
-                self.attempt_choice.pop(task_id, None)
-            else:
-                self.attempt_choice[task_id] = n
-            self._stream_task = None
-            self._refresh_selected()
-
+    @work(exclusive=True, exit_on_error=False, group="dialog", description="listing attempts")
+    async def _choose_attempt(self, fleet: Fleet, task_id: str) -> None:
         from fleet_tui.ui.screens.modals import AttemptScreen
 
-        self.app.push_screen(AttemptScreen(f"Attempts of {task_id}", items, current), chosen)
+        attempts = await asyncio.to_thread(fleet.attempts, task_id)
+        shown = self.stream.attempt
+        current = shown.n if shown is not None else 0
+        items = [(a.n, f"{a.n}. {a.kind:<8} {a.verdict or 'running':<10} "
+                  f"{a.turns} turns  {a.model or ''}") for a in attempts]
+        if self.closing:
+            return
+        n = await self.app.push_screen_wait(AttemptScreen(f"Attempts of {task_id}", items,
+                                                          current))
+        if n is not None:
+            self.stream.choose_attempt(task_id, n, max((i[0] for i in items), default=0))
 
     # --- actions: engine -----------------------------------------------------------------
     def action_new_task(self) -> None:
-        repo = self.fleet_app.repo
+        self._new_task()
+
+    @work(exclusive=True, exit_on_error=False, group="dialog", description="launching")
+    async def _new_task(self) -> None:
+        """The launch form, once the engine is ready (a key pressed before waits for it:
+        the repository is known only then when the panel looked for it)."""
+        from fleet_tui.ui.screens.launch import LaunchScreen
+
+        await self._ready.wait()
+        repo = self.repo
         if repo is None:
             self.notify("Open fleet-tui inside a git repository, or pass --repo PATH.",
                         title="No repository", severity="error")
             return
-
-        from fleet_tui.ui.screens.launch import LaunchScreen
-
-        def launched(request: LaunchRequest | None) -> None:
-            if request is not None:
-                self._submit(request)
-
-        self.app.push_screen(LaunchScreen(repo, default_base=self.fleet_app.default_base),
-                             launched)
+        if self.closing:
+            return
+        request = await self.app.push_screen_wait(
+            LaunchScreen(repo, default_base=self.default_base))
+        if request is not None:
+            self._submit(self._engine(), request)
 
     @work(thread=True, exit_on_error=False, group="actions", description="launching")
-    def _submit(self, request: LaunchRequest) -> None:
-        tasks = self.fleet.submit(request.spec, copies=request.copies)
+    def _submit(self, fleet: Fleet, request: LaunchRequest) -> None:
+        tasks = fleet.submit(request.spec, copies=request.copies)
         self.post_message(TasksSubmitted(tasks))
 
     def on_tasks_submitted(self, message: TasksSubmitted) -> None:
@@ -924,10 +617,10 @@ class MainScreen(Screen[None]):
         self._render_tasks()
         if message.tasks:
             first = message.tasks[0]
-            self.query_one(TaskTable).select_key(first.id)
+            self.table.select_key(first.id)
             self._select(first.id)
             self.action_show_tab("tab-stream")
-            self.query_one(TaskTable).focus()
+            self.table.focus()
             n = len(message.tasks)
             self.notify(f"{first.short_title}" + (f" ×{n}" if n > 1 else ""),
                         title=f"Queued {', '.join(t.id for t in message.tasks)}")
@@ -936,39 +629,27 @@ class MainScreen(Screen[None]):
     def action_merge(self) -> None:
         targets = self.targets()
         if targets:
-            self._prepare_merge([t.id for t in targets])
+            self._merge_flow(self._engine(), [t.id for t in targets])
 
-    @work(thread=True, exit_on_error=False, group="actions",
+    @work(exclusive=True, exit_on_error=False, group="dialog",
           description="previewing the merge")
-    def _prepare_merge(self, task_ids: list[str]) -> None:
-        from fleet_tui.ui.screens.modals import MergeItem
-
-        items = []
-        for task_id in task_ids:
-            task = self.fleet.get_task(task_id)
-            preview = self.fleet.conflict_preview(task_id)
-            items.append(MergeItem(task.id, task.short_title, task.branch,
-                                   task.base_branch or "the base branch", preview.clean,
-                                   list(preview.conflicts), preview.message,
-                                   task.added_lines, task.deleted_lines))
-        test_command = self.fleet_app.settings_test_command()
-        self.app.call_from_thread(self._confirm_merge, items, test_command)
-
-    def _confirm_merge(self, items: list[MergeItem], test_command: str | None) -> None:
-        def answered(answer: MergeAnswer | None) -> None:
-            if answer is not None:
-                self._merge([i.task_id for i in items], answer.message, test_command)
-
+    async def _merge_flow(self, fleet: Fleet, task_ids: list[str]) -> None:
+        """The conflict preview (in a thread), the merge dialog, then the merge."""
         from fleet_tui.ui.screens.modals import MergeScreen
 
-        self.app.push_screen(MergeScreen(items, test_command), answered)
+        items, test_command = await asyncio.to_thread(merge_items, fleet, task_ids)
+        if self.closing:
+            return
+        answer = await self.app.push_screen_wait(MergeScreen(items, test_command))
+        if answer is not None:
+            self._merge(fleet, task_ids, answer.message, test_command)
 
     @work(thread=True, exit_on_error=False, group="actions", description="merging")
-    def _merge(self, task_ids: list[str], message: str | None,
+    def _merge(self, fleet: Fleet, task_ids: list[str], message: str | None,
                test_command: str | None) -> None:
         if len(task_ids) > 1:
             def merge_one(task_id: str) -> str | None:
-                result = self.fleet.merge(task_id, message=message, test_command=test_command)
+                result = fleet.merge(task_id, message=message, test_command=test_command)
                 if result.merged:
                     return None
                 return result.message + (
@@ -977,7 +658,7 @@ class MainScreen(Screen[None]):
             self.post_message(_each(task_ids, merge_one, "merged", "Merged"))
             return
         for task_id in task_ids:
-            result = self.fleet.merge(task_id, message=message, test_command=test_command)
+            result = fleet.merge(task_id, message=message, test_command=test_command)
             if result.merged:
                 self.post_message(ActionDone(
                     result.message or f"commit {(result.commit or '')[:10]}",
@@ -995,43 +676,32 @@ class MainScreen(Screen[None]):
 
     def action_discard(self) -> None:
         targets = self.targets()
-        if not targets:
-            return
-        names = "\n".join(f"  {t.id}  {t.short_title}" for t in targets)
-        body = (f"Delete the worktree and the branch of:\n{names}\n\n"
-                "The work in them is lost. The logs stay.")
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._engine_each("discard", [t.id for t in targets], "discarded")
-
-        from fleet_tui.ui.screens.modals import ConfirmScreen
-
-        self.app.push_screen(ConfirmScreen(
-            f"Discard {len(targets)} task{'s' if len(targets) > 1 else ''}?", body,
-            yes="Discard"), answered)
+        if targets:
+            self._confirm_each(self._engine(), Action.DISCARD, targets)
 
     def action_kill(self) -> None:
         targets = self.targets()
-        if not targets:
-            return
-        names = "\n".join(f"  {t.id}  {t.short_title}  ({t.state})" for t in targets)
-        body = f"Stop these workers (their whole process group):\n{names}"
+        if targets:
+            self._confirm_each(self._engine(), Action.KILL, targets)
 
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._engine_each("kill", [t.id for t in targets], "killed")
-
+    @work(exclusive=True, exit_on_error=False, group="dialog", description="asking first")
+    async def _confirm_each(self, fleet: Fleet, action: Action, targets: list[Task]) -> None:
+        """Discard and kill: ask (y / n / escape), then do it to every target."""
         from fleet_tui.ui.screens.modals import ConfirmScreen
 
-        self.app.push_screen(ConfirmScreen(
-            f"Kill {len(targets)} task{'s' if len(targets) > 1 else ''}?", body,
-            yes="Kill"), answered)
+        title, body, yes, word = confirm_text(action, targets)
+        if await self.app.push_screen_wait(ConfirmScreen(title, body, yes=yes)):
+            self._engine_each(fleet, action.value, [t.id for t in targets], word)
 
     def action_retry(self) -> None:
         targets = self.targets()
-        if not targets:
-            return
+        if targets:
+            self._retry_flow(self._engine(), targets)
+
+    @work(exclusive=True, exit_on_error=False, group="dialog", description="asking first")
+    async def _retry_flow(self, fleet: Fleet, targets: list[Task]) -> None:
+        from fleet_tui.ui.screens.modals import ChoiceScreen
+
         can_resume = all(t.session_id for t in targets)
         choices = [("f", "fresh", "Fresh run")]
         if can_resume:
@@ -1041,58 +711,52 @@ class MainScreen(Screen[None]):
                 + ("\nResume continues the last session, changes and history kept."
                    if can_resume
                    else "\n(No session to resume.)"))
-
-        def answered(choice: str | None) -> None:
-            if choice:
-                self._retry([t.id for t in targets], choice == "resume")
-
-        from fleet_tui.ui.screens.modals import ChoiceScreen
-
         title = (f"Retry {targets[0].id}" if len(targets) == 1
                  else f"Retry {len(targets)} tasks?")
         if len(targets) > 1:
             body = "\n".join(f"  {t.id}  {t.short_title}  ({t.state})"
                              for t in targets) + "\n\n" + body
-        self.app.push_screen(ChoiceScreen(title, body, choices), answered)
+        choice = await self.app.push_screen_wait(ChoiceScreen(title, body, choices))
+        if choice:
+            self._retry(fleet, [t.id for t in targets], choice == "resume")
 
     @work(thread=True, exit_on_error=False, group="actions", description="retrying")
-    def _retry(self, task_ids: list[str], resume: bool) -> None:
+    def _retry(self, fleet: Fleet, task_ids: list[str], resume: bool) -> None:
         if len(task_ids) > 1:
             def retry_one(task_id: str) -> None:
-                self.fleet.retry(task_id, resume=resume)
+                fleet.retry(task_id, resume=resume)
 
             self.post_message(_each(task_ids, retry_one, "queued again",
                                     "Queued", again=" again"))
             return
         for task_id in task_ids:
-            self.fleet.retry(task_id, resume=resume)
+            fleet.retry(task_id, resume=resume)
             self.post_message(ActionDone("queued again" + (" (resume)" if resume else ""),
                                          title=f"{task_id} retry", task_ids=[task_id]))
 
     def action_follow_up(self) -> None:
         task = self.cursor_task
-        if task is None:
-            return
+        if task is not None:
+            self._follow_up_flow(self._engine(), task)
 
-        def answered(prompt: str | None) -> None:
-            if prompt:
-                self._follow_up(task.id, prompt)
-
+    @work(exclusive=True, exit_on_error=False, group="dialog", description="asking first")
+    async def _follow_up_flow(self, fleet: Fleet, task: Task) -> None:
         from fleet_tui.ui.screens.modals import PromptScreen
 
-        self.app.push_screen(PromptScreen(
+        prompt = await self.app.push_screen_wait(PromptScreen(
             f"Follow-up for {task.id}: {task.short_title}",
-            "Continues the task's session with this prompt, in the same worktree."),
-            answered)
+            "Continues the task's session with this prompt, in the same worktree."))
+        if prompt:
+            self._follow_up(fleet, task.id, prompt)
 
     @work(thread=True, exit_on_error=False, group="actions", description="following up")
-    def _follow_up(self, task_id: str, prompt: str) -> None:
-        self.fleet.follow_up(task_id, prompt)
+    def _follow_up(self, fleet: Fleet, task_id: str, prompt: str) -> None:
+        fleet.follow_up(task_id, prompt)
         self.post_message(ActionDone("follow-up queued", title=task_id, task_ids=[task_id]))
 
     @work(thread=True, exit_on_error=False, group="actions", description="engine call")
-    def _engine_each(self, method: str, task_ids: list[str], word: str) -> None:
-        call: Callable[[str], Any] = getattr(self.fleet, method)
+    def _engine_each(self, fleet: Fleet, method: str, task_ids: list[str], word: str) -> None:
+        call: Callable[[str], Any] = getattr(fleet, method)
         if len(task_ids) > 1:
             def one(task_id: str) -> None:
                 call(task_id)
@@ -1108,17 +772,26 @@ class MainScreen(Screen[None]):
         if self.selected_id in message.task_ids:
             # The task may sink to the history at the bottom; the cursor stays on its row
             # so the next task is under it (lazygit does the same).
-            self._keep_row = self.query_one(TaskTable).cursor_row
+            self._keep_row = self.table.cursor_row
         if message.details and message.severity == "error":
             from fleet_tui.ui.screens.modals import MessageScreen
 
             self.app.push_screen(MessageScreen(message.title, message.details))
-            self.fleet_app.ring()
+            self.app.bell()
         else:
             self.notify(message.text, title=message.title,
                         severity=message.severity)  # type: ignore[arg-type]
-        self._stream_task = None
+        self.stream.reread()
         self.poll()
+
+    def on_diff_loaded(self, message: DiffLoaded) -> None:
+        """The diff pane showed a diff: `e` may apply now."""
+        self._maybe_refresh_bindings()
+
+    def on_diff_view_file_highlighted(self) -> None:
+        """Another file of the diff: `e` may apply now (the diff view is imported with
+        the diff pane's first mount, after the first frame: handled by name)."""
+        self._maybe_refresh_bindings()
 
     # --- actions: outside programs -------------------------------------------------------
     def action_shell(self) -> None:
@@ -1126,13 +799,12 @@ class MainScreen(Screen[None]):
         if task is None or task.worktree is None:
             return
         shell = os.environ.get("SHELL") or "/bin/sh"
-        self.fleet_app.run_external([shell], task.worktree,
-                                    f"shell in {task.worktree} (exit to come back)")
+        run_external(self.app, [shell], task.worktree,
+                     f"shell in {task.worktree} (exit to come back)")
 
     def action_edit(self) -> None:
         task = self.selected
-        view = self._diff_view()
-        path = view.selected_path if view is not None else None
+        path = self.diff.selected_path
         if task is None or task.worktree is None or path is None:
             return
         target = Path(task.worktree) / path
@@ -1140,12 +812,54 @@ class MainScreen(Screen[None]):
             self.notify(f"{path} was deleted in this task.", severity="warning")
             return
         editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
-        self.fleet_app.run_external([*shlex.split(editor), str(target)], task.worktree,
-                                    f"editing {path}")
-        self._load_diff_now(task.id)
+        run_external(self.app, [*shlex.split(editor), str(target)], task.worktree,
+                     f"editing {path}")
+        self.diff.reload()
 
     async def action_quit(self) -> None:
-        await self.fleet_app.action_quit()
+        await self.app.action_quit()
+
+
+def _parse(action: str) -> tuple[str, tuple[object, ...]]:
+    name, _, args = action.partition("(")
+    return name, ((args.rstrip(")").strip("'\""),) if args else ())
+
+
+def confirm_text(action: Action, targets: list[Task]) -> tuple[str, str, str, str]:
+    """(title, body, yes button, past-tense word) of the confirm dialog of a discard or a
+    kill of ``targets``."""
+    many = f"{len(targets)} task{'s' if len(targets) > 1 else ''}"
+    if action is Action.KILL:
+        names = "\n".join(f"  {t.id}  {t.short_title}  ({t.state})" for t in targets)
+        return (f"Kill {many}?", f"Stop these workers (their whole process group):\n{names}",
+                "Kill", "killed")
+    names = "\n".join(f"  {t.id}  {t.short_title}" for t in targets)
+    body = (f"Delete the worktree and the branch of:\n{names}\n\n"
+            "The work in them is lost. The logs stay.")
+    live = [t.id for t in targets if t.state in ACTIVE_STATES | PENDING_STATES]
+    if live:
+        # the engine stops a running or queued task before it discards it
+        body += (f"\n{live[0]} is still running or queued: it is stopped first."
+                 if len(live) == 1 else
+                 f"\n{', '.join(live)} are still running or queued: they are stopped first.")
+    return f"Discard {many}?", body, "Discard", "discarded"
+
+
+def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str | None]:
+    """What the merge dialog shows (the conflict preview of each task) and the test
+    command that gates the merge. Runs in a thread: git work."""
+    from fleet_tui.ui.screens.modals import MergeItem
+
+    items = []
+    for task_id in task_ids:
+        task = fleet.get_task(task_id)
+        preview = fleet.conflict_preview(task_id)
+        items.append(MergeItem(task.id, task.short_title, task.branch,
+                               task.base_branch or "the base branch", preview.clean,
+                               list(preview.conflicts), preview.message,
+                               task.added_lines, task.deleted_lines))
+    command = getattr(getattr(fleet, "settings", None), "test_command", None)
+    return items, command if isinstance(command, str) and command else None
 
 
 def _each(task_ids: list[str], act: Callable[[str], str | None], word: str, verb: str,
@@ -1153,8 +867,6 @@ def _each(task_ids: list[str], act: Callable[[str], str | None], word: str, verb
     """Run ``act`` on every task of a bulk action, one failure not stopping the others,
     and say in one message how many it did: ``act`` returns None when it did it, or why
     not (or raises). ``task_ids`` of the message are the ones done (their marks go)."""
-    from fleet_tui.ui.app import describe_error
-
     done: list[str] = []
     failed: list[tuple[str, str]] = []
     for task_id in task_ids:
@@ -1179,32 +891,6 @@ def _each(task_ids: list[str], act: Callable[[str], str | None], word: str, verb
                       severity="error", details=text, task_ids=done)
 
 
-HELP_TEXT = {
-    "new_task": "launch a task (the form; ctrl+s submits)",
-    "merge": "merge into the base branch (conflict preview, message, test gate)",
-    "discard": "delete the task's worktree and branch (asks first)",
-    "retry": "run again: fresh, or resume the session",
-    "follow_up": "send a follow-up prompt to a finished task's session",
-    "kill": "stop a running or queued task (asks first)",
-    "toggle_mark": "mark / unmark the cursor row and move down; merge, discard, kill and "
-                   "retry act on every marked task",
-    "mark_all": "mark every task shown in the list (a filter narrows it)",
-    "unmark_all": "unmark every task (escape once more after a filter; ctrl+\\ too)",
-    "shell": "open $SHELL in the task's worktree (exit to come back)",
-    "edit": "open the highlighted diff file in $EDITOR",
-    "filter": "filter the task list",
-    "help": "this help",
-    "show_tab('tab-stream')": "show the live stream",
-    "show_tab('tab-diff')": "show the diff review",
-    "toggle_tools": "stream: tool calls only / everything",
-    "toggle_raw": "stream: raw JSON lines / readable",
-    "choose_attempt": "stream: choose the attempt to show",
-    "toggle_follow": "stream: follow the end on / off",
-    "clear_filter": "clear the filter",
-    "quit": "quit (workers keep running; the next start picks them up)",
-}
-
-
 def poll_problem(fleet: Fleet, error: BaseException) -> str:
     """The start of one sentence for a task list that cannot be read: where from and why
     ("Cannot read the task list from F: file is not a database (DatabaseError)")."""
@@ -1218,71 +904,3 @@ def poll_problem(fleet: Fleet, error: BaseException) -> str:
     else:
         cause = f"{text} ({type(error).__name__})" if text else type(error).__name__
     return f"Cannot read the task list{f' from {where}' if where else ''}: {cause}"
-
-
-def worker_sleep(worker: Any, seconds: float) -> None:
-    """Sleep in small steps so a cancelled worker stops quickly."""
-    end = time.monotonic() + seconds
-    while not worker.is_cancelled and time.monotonic() < end:
-        time.sleep(min(0.05, max(0.0, end - time.monotonic())))
-
-
-def events_path(attempt: Attempt) -> Path | None:
-    if attempt.events_path is not None:
-        return Path(attempt.events_path)
-    return attempt.dir / "events.jsonl" if attempt.dir else None
-
-
-def tail_start(path: Path | None, tail: int, *, end: int | None = None) -> int:
-    """Where to start reading to get the last ``tail`` bytes before ``end`` (default: the
-    end of the file) as whole lines: the first line start in that window, or the start
-    of the one long line that covers it; 0 when the window reaches the file's start."""
-    if path is None:
-        return 0
-    try:
-        with open(path, "rb") as fh:
-            if end is None:
-                end = fh.seek(0, os.SEEK_END)
-            at = end - tail
-            if at <= 0:
-                return 0
-            fh.seek(at - 1)  # a newline just before ``at`` makes ``at`` a line start
-            cut = fh.read(end - at + 1).find(b"\n")
-            if 0 <= cut < end - at:
-                return at + cut
-            while at > 0:  # no line starts in the window: go back to the long line's start
-                step = min(tail, at)
-                fh.seek(at - step)
-                newline = fh.read(step).rfind(b"\n")
-                if newline >= 0:
-                    return at - step + newline + 1
-                at -= step
-            return 0
-    except FileNotFoundError:
-        return 0
-
-
-def read_raw_lines(path: Path | None, offset: int, max_bytes: int) -> tuple[list[str], int, bool]:
-    """Complete lines of ``path`` from ``offset``: (lines, new offset, more to read)."""
-    if path is None:
-        return [], offset, False
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read(max_bytes)
-    except FileNotFoundError:
-        return [], offset, False
-    end = data.rfind(b"\n")
-    if end < 0:
-        return [], offset, False
-    chunk = data[: end + 1]
-    lines = chunk.decode("utf-8", errors="replace").splitlines()
-    return lines, offset + len(chunk), len(data) >= max_bytes
-
-
-def run_command(argv: list[str], cwd: Path) -> int:
-    """Run an interactive program on the real terminal (the app is suspended)."""
-    try:
-        return subprocess.call(argv, cwd=cwd)
-    except OSError as exc:
-        raise RuntimeError(f"could not start {argv[0]}: {exc.strerror}") from None

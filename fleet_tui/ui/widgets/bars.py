@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
 
 class KeyBar(Widget):
-    """The footer: the keys that apply now and what they do (dimmed when check_action
-    answers None), the command palette key at the right. Redrawn when the screen's
-    bindings change; a click presses the key."""
+    """The key bar: the keys that apply now and what they do (dimmed when check_action
+    answers None: it applies to the selection but cannot be done now), the command palette
+    key at the right. Redrawn when the screen's bindings change; a click presses the key,
+    or on a dimmed one asks the screen to say why not (``Refused``)."""
 
     ALLOW_SELECT = False
     COMPONENT_CLASSES = {"keybar--key", "keybar--description"}
@@ -42,9 +43,16 @@ class KeyBar(Widget):
     }
     """
 
+    class Refused(Message):
+        """A dimmed key was clicked; the screen says why it cannot be done now."""
+
+        def __init__(self, binding: Binding) -> None:
+            super().__init__()
+            self.binding = binding
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self._spans: list[tuple[int, int, str]] = []  # (start, end, key) for clicks
+        self._spans: list[tuple[int, int, Binding, bool]] = []  # (start, end, binding, on)
         self._text = Text()
         self._palette: Binding | None = None
         self._palette_at = -1  # where the palette key starts (-1: not shown)
@@ -69,7 +77,7 @@ class KeyBar(Widget):
             found = active.get(self.app.COMMAND_PALETTE_BINDING)
             palette = found.binding if found is not None else None
         text = Text(no_wrap=True, overflow="ellipsis", end="")
-        spans: list[tuple[int, int, str]] = []
+        spans: list[tuple[int, int, Binding, bool]] = []
         seen: set[str] = set()
         for _node, binding, enabled, _tooltip in active.values():
             if not binding.show or binding.action in seen or binding is palette:
@@ -79,7 +87,7 @@ class KeyBar(Widget):
             dim = Style() if enabled else Style(dim=True)  # check_action said None
             text.append(f" {self.app.get_key_display(binding)} ", key_style + dim)
             text.append(f"{binding.description} ", desc_style + dim)
-            spans.append((start, len(text), binding.key if enabled else ""))
+            spans.append((start, len(text), binding, enabled))
         self._palette = palette
         self._text = text
         self._spans = spans
@@ -110,12 +118,13 @@ class KeyBar(Widget):
         if palette is not None and 0 <= self._palette_at <= x:
             self.app.simulate_key(palette.key)
             return
-        for start, end, key in self._spans:
+        for start, end, binding, enabled in self._spans:
             if start <= x < end:
-                if key:
-                    self.app.simulate_key(key)
+                if enabled:
+                    self.app.simulate_key(binding.key)
                 else:
                     self.app.bell()
+                    self.post_message(self.Refused(binding))
                 return
 
 

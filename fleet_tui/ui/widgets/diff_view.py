@@ -6,8 +6,6 @@ when it is painted, so a 20,000-line patch paints its first screen at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
@@ -16,7 +14,8 @@ from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from fleet_tui.ui.widgets.line_view import LineView, Row, clean
+from fleet_tui.ui.formatting import ALL_FILES, PreparedDiff, Row, clean
+from fleet_tui.ui.widgets.line_view import LineView
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # GitPython is slow to import: the panel's first frame does not wait
@@ -24,28 +23,7 @@ if TYPE_CHECKING:  # GitPython is slow to import: the panel's first frame does n
 
 STATUS_MARKS = {"added": "A", "modified": "M", "deleted": "D", "untracked": "?",
                 "renamed": "R"}
-ALL_FILES = "\x00all"
-
-
-@dataclass(frozen=True)
-class PreparedDiff:
-    """A diff split into lines off the UI thread, with the widest line measured."""
-
-    diff: Diff
-    lines: dict[str, list[str]]  # path (or ALL_FILES) -> lines
-    widths: dict[str, int]
-
-    @classmethod
-    def build(cls, diff: Diff) -> PreparedDiff:
-        lines: dict[str, list[str]] = {ALL_FILES: clean_lines(diff.patch)}
-        for f in diff.files:
-            lines[f.path] = clean_lines(f.patch)
-        widths = {k: max((len(x) for x in v), default=0) for k, v in lines.items()}
-        return cls(diff, lines, widths)
-
-
-def clean_lines(patch: str) -> list[str]:
-    return [clean(line) for line in patch.splitlines()]
+__all__ = ["ALL_FILES", "DiffLines", "DiffView", "FileList", "PreparedDiff"]
 
 
 class DiffLines(LineView):

@@ -7,9 +7,6 @@ and a screenful of rendering, never one widget per line.
 
 from __future__ import annotations
 
-import re
-
-from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.cache import LRUCache
@@ -21,16 +18,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
 
-Span = tuple[str, str]
-"""(style name, text): the style name is a component class suffix, "" for plain."""
-Row = tuple[Span, ...]
-
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x80-\x9f]")
-
-
-def clean(text: str) -> str:
-    """Untrusted text made safe to paint: no control characters, tabs expanded."""
-    return _CONTROL.sub("\ufffd", text).expandtabs(4)
+from fleet_tui.ui.formatting import Row
 
 
 def text_style(widget: Widget, name: str) -> Style:
@@ -44,10 +32,6 @@ def text_style(widget: Widget, name: str) -> Style:
         return partial
     full = widget.get_component_rich_style(name)
     return partial + Style(color=full.color)
-
-
-def row_width(row: Row) -> int:
-    return sum(cell_len(chunk) for _, chunk in row)
 
 
 class LineView(ScrollView, can_focus=True):

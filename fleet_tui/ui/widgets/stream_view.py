@@ -14,8 +14,8 @@ from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
 
-from fleet_tui.ui.formatting import TOOL_KINDS, StreamRow
-from fleet_tui.ui.widgets.line_view import LineView, Row, row_width
+from fleet_tui.ui.formatting import TOOL_KINDS, Row, StreamRow, row_width
+from fleet_tui.ui.widgets.line_view import LineView
 
 MAX_ROWS = 200_000  # beyond this the oldest rows go (the file keeps everything)
 

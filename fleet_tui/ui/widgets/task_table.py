@@ -21,15 +21,13 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from fleet_tui.store import Task, TaskState
-from fleet_tui.ui.formatting import (
-    ATTENTION_STATES,
-    STATE_BADGES,
-    STATE_ORDER,
-    human_duration,
-    human_tokens,
-)
+from fleet_tui.states import STATES, Phase
+from fleet_tui.ui.formatting import human_duration, human_tokens
 from fleet_tui.ui.widgets.line_view import text_style
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from fleet_tui.store import Task
 
 COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("mark", " ", 1),
@@ -46,23 +44,16 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
 # Below this width the model, turns and last-tool columns give way to the title.
 NARROW_WIDTH = 110
 NARROW_HIDDEN = frozenset({"model", "turns", "tool"})
-STATE_CLASS: dict[TaskState, str] = {
-    TaskState.QUEUED: "muted",
-    TaskState.RUNNING: "running",
-    TaskState.STALLED: "stalled",
-    TaskState.WAITING: "waiting",
-    TaskState.SUCCEEDED: "succeeded",
-    TaskState.FAILED: "failed",
-    TaskState.KILLED: "stalled",
-    TaskState.MERGED: "muted",
-    TaskState.DISCARDED: "muted",
-}
 
 
 def sort_tasks(tasks: Iterable[Task]) -> list[Task]:
     """Attention first (stalled, failed, done, killed), then running, waiting, queued,
     then history; newest first within a group."""
-    return sorted(tasks, key=lambda t: (STATE_ORDER.get(t.state, 9), -t.created_at, t.id))
+    def key(task: Task) -> tuple[int, float, str]:
+        row = STATES.get(task.state)
+        return (row.order if row is not None else len(STATES), -task.created_at, task.id)
+
+    return sorted(tasks, key=key)
 
 
 def elapsed(task: Task, now: float) -> float | None:
@@ -340,11 +331,10 @@ class TaskTable(ScrollView, can_focus=True):
         return out
 
     def _row(self, task: Task, marked: bool, now: float) -> tuple[Text, ...]:
-        state_style = self._style(STATE_CLASS.get(task.state, "muted"))
-        attention = task.state in ATTENTION_STATES
-        title_style = self._style("attention") if attention else (
-            self._style("muted") if task.state in (TaskState.MERGED, TaskState.DISCARDED)
-            else "")
+        row = STATES.get(task.state)  # None: a value that is not a state (a tampered row)
+        state_style = self._style(row.style if row is not None else "muted")
+        title_style = self._style("attention") if row is not None and row.attention else (
+            self._style("muted") if row is not None and row.phase is Phase.CLOSED else "")
         spent = elapsed(task, now)
         tokens = task.input_tokens + task.output_tokens
         lines = Text(no_wrap=True)
@@ -353,7 +343,7 @@ class TaskTable(ScrollView, can_focus=True):
             lines.append(f" -{task.deleted_lines}", style=self._style("del"))
         return (
             Text("●" if marked else " ", style=self._style("mark")),
-            Text(STATE_BADGES.get(task.state, str(task.state)), style=state_style,
+            Text(row.badge if row is not None else str(task.state), style=state_style,
                  no_wrap=True),
             Text(task.id, no_wrap=True),
             Text(task.short_title, style=title_style, no_wrap=True, overflow="ellipsis"),

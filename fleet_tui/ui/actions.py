@@ -1,0 +1,205 @@
+"""The main screen's actions: one record per action, and everything about it derived from it.
+
+A record says what the action is (its id, the action it runs, its default keys), how it is
+named (the key bar's word, the one-line help of `?` and of the command palette) and when it
+applies (its guard). The screen's BINDINGS, its `check_action`, the help screen and the
+command palette are all generated from `ACTIONS`, so adding a key means adding one record
+here (and the screen's `action_<name>` method that does it). lazygit keeps a binding, its
+handler, its "why not now" and its description together the same way; posting puts the help
+on the binding and lets users rebind keys by the binding's id (`FleetApp(keymap=...)`).
+
+A guard answers with True (the action applies now), False (it does not apply here: the key
+is hidden) or a sentence saying why not (the key is shown dimmed, and the reason is what a
+click on it, or the command palette, tells). Task actions ask `fleet_tui.policy`, the rule
+the engine and the CLI follow too: the state table decides whether an action is offered at
+all (a finished task is not killed), the policy says why not where it is offered but cannot
+be done now (a follow-up for a task whose run never started a session).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from textual.binding import Binding
+
+from fleet_tui.policy import why_not
+from fleet_tui.states import STATES, Action
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from fleet_tui.store import Task
+
+Verdict = bool | str
+"""True: applies now; False: does not apply here (hidden); a str: why not (dimmed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the guards look at: the main screen's state, read once by the screen."""
+
+    targets: Sequence[Task]  # the marked tasks, else the cursor's task
+    cursor: Task | None  # the task on the cursor row
+    selected: Task | None  # the task the stream and diff show
+    marked: int  # how many tasks are marked
+    unmarked_shown: bool  # the list shows a task that is not marked
+    diff_file: str | None  # the file highlighted in the diff's file list
+    filtering: bool  # a filter is typed or its box is open
+
+
+VERBS: dict[Action, str] = {
+    Action.MERGE: "merge",
+    Action.DISCARD: "discard",
+    Action.RETRY: "retry",
+    Action.KILL: "kill",
+    Action.FOLLOW_UP: "follow up",
+    Action.SHELL: "open a shell in",
+    Action.DIFF: "edit the files of",
+}
+
+
+def task_verdict(action: Action, tasks: Sequence[Task]) -> Verdict:
+    """Whether `action` applies to every one of `tasks`: False when one's state does not
+    offer it at all (or there is no task), the policy's reason for the first that cannot
+    do it now, else True."""
+    if not tasks:
+        return False
+    for task in tasks:
+        row = STATES.get(task.state)
+        if row is None or action not in row.actions:
+            return False
+    for task in tasks:
+        reason = why_not(task, action)
+        if reason is not None:
+            return f"Cannot {VERBS[action]} {task.id}: {reason}."
+    return True
+
+
+Guard = Callable[[Context], Verdict]
+
+
+@dataclass(frozen=True, slots=True)
+class PanelAction:
+    """One action of the main screen."""
+
+    id: str  # the binding's id: what a keymap names to rebind it ("task.merge")
+    action: str  # what it runs on the screen: "merge", "show_tab('tab-diff')"
+    keys: str  # default keys, Textual's names, comma-separated
+    label: str  # the key bar's word and the palette's title
+    help: str  # one line for `?` and the palette
+    show: bool = True  # in the key bar
+    key_display: str | None = None
+    task: Action | None = None  # a task action: the state table and the policy decide
+    on: str = "targets"  # task actions act on "targets" (bulk), "cursor" or "selected"
+    when: Guard | None = None  # the rest of the guard (checked first)
+    palette: bool = True  # offered by the command palette
+    hint: str = ""  # its word in the stream's caption, which names the view's keys
+
+    @property
+    def name(self) -> str:
+        """The action's method name without its arguments ("show_tab")."""
+        return self.action.partition("(")[0]
+
+    @property
+    def params(self) -> tuple[object, ...]:
+        args = self.action.partition("(")[2]
+        return (args.rstrip(")").strip("'\""),) if args else ()
+
+    def binding(self) -> Binding:
+        return Binding(self.keys, self.action, self.label, show=self.show,
+                       key_display=self.key_display, id=self.id)
+
+    def verdict(self, ctx: Context) -> Verdict:
+        if self.when is not None:
+            answer = self.when(ctx)
+            if answer is not True:
+                return answer
+        if self.task is None:
+            return True
+        if self.on == "targets":
+            tasks: Sequence[Task] = ctx.targets
+        else:
+            one = ctx.cursor if self.on == "cursor" else ctx.selected
+            tasks = [one] if one is not None else []
+        return task_verdict(self.task, tasks)
+
+
+def _has_worktree(task: Task | None) -> bool:
+    return task is not None and task.worktree is not None
+
+
+ACTIONS: tuple[PanelAction, ...] = (
+    PanelAction("task.new", "new_task", "n", "New",
+                "launch a task (the form; ctrl+s submits)"),
+    PanelAction("app.help", "help", "question_mark", "Help", "this help"),
+    PanelAction("task.merge", "merge", "m", "Merge",
+                "merge into the base branch (conflict preview, message, test gate)",
+                task=Action.MERGE),
+    PanelAction("task.discard", "discard", "d", "Discard",
+                "delete the task's worktree and branch (asks first)", task=Action.DISCARD),
+    PanelAction("task.retry", "retry", "r", "Retry", "run again: fresh, or resume the session",
+                task=Action.RETRY),
+    PanelAction("task.follow_up", "follow_up", "f", "Follow-up",
+                "send a follow-up prompt to a finished task's session",
+                task=Action.FOLLOW_UP, on="cursor", when=lambda c: c.marked == 0),
+    PanelAction("task.kill", "kill", "k", "Kill",
+                "stop a running or queued task (asks first)", task=Action.KILL),
+    PanelAction("task.mark", "toggle_mark", "space", "Mark",
+                "mark / unmark the cursor row and move down; merge, discard, kill and "
+                "retry act on every marked task", when=lambda c: c.cursor is not None),
+    PanelAction("task.mark_all", "mark_all", "ctrl+a", "Mark all",
+                "mark every task shown in the list (a filter narrows it)",
+                when=lambda c: c.unmarked_shown),
+    # escape clears the filter first (while there is one), then the marks; ctrl+\ as in k9s
+    PanelAction("list.clear", "clear_filter", "escape", "Clear filter", "clear the filter",
+                show=False, when=lambda c: c.filtering),
+    PanelAction("task.unmark_all", "unmark_all", "escape,ctrl+backslash", "Unmark all",
+                "unmark every task (escape once more after a filter; ctrl+\\ too)",
+                key_display="esc", when=lambda c: c.marked > 0),
+    PanelAction("task.shell", "shell", "o", "Shell",
+                "open $SHELL in the task's worktree (exit to come back)",
+                task=Action.SHELL, on="cursor", when=lambda c: _has_worktree(c.cursor)),
+    PanelAction("task.edit", "edit", "e", "Edit", "open the highlighted diff file in $EDITOR",
+                task=Action.DIFF, on="selected",
+                when=lambda c: c.diff_file is not None and _has_worktree(c.selected)),
+    PanelAction("list.filter", "filter", "slash", "Filter", "filter the task list"),
+    PanelAction("view.stream", "show_tab('tab-stream')", "1", "Stream", "show the live stream",
+                show=False),
+    PanelAction("view.diff", "show_tab('tab-diff')", "2", "Diff", "show the diff review",
+                show=False),
+    PanelAction("stream.tools_only", "toggle_tools", "t", "Tools only",
+                "stream: tool calls only / everything", show=False,
+                when=lambda c: c.selected is not None, hint="tools/all"),
+    PanelAction("stream.raw", "toggle_raw", "J", "Raw JSON",
+                "stream: raw JSON lines / readable", show=False,
+                when=lambda c: c.selected is not None, hint="raw"),
+    PanelAction("stream.attempt", "choose_attempt", "a", "Attempt",
+                "stream: choose the attempt to show", show=False,
+                when=lambda c: c.selected is not None and c.selected.attempt_count > 0,
+                hint="attempt"),
+    PanelAction("stream.follow", "toggle_follow", "F", "Follow",
+                "stream: follow the end on / off", show=False,
+                when=lambda c: c.selected is not None, hint="follow"),
+    PanelAction("app.quit", "quit", "q", "Quit",
+                "quit (workers keep running; the next start picks them up)", palette=False),
+)
+
+BY_NAME: dict[str, PanelAction] = {a.name if not a.params else a.action: a for a in ACTIONS}
+"""Records by action name ("merge"), or by the whole action where it has arguments."""
+
+
+def find(name: str, params: tuple[object, ...] = ()) -> PanelAction | None:
+    """The record of an action as Textual names it (name and parameters)."""
+    if params:
+        return BY_NAME.get(f"{name}({', '.join(repr(p) for p in params)})")
+    return BY_NAME.get(name)
+
+
+def known_ids() -> list[str]:
+    """Every binding id a keymap can name (the app's ctrl+q too)."""
+    return [a.id for a in ACTIONS] + ["app.ctrl_q"]
+
+
+def unknown_ids(keymap: Mapping[str, str]) -> list[str]:
+    """The ids in a keymap that name no binding (a typo would rebind nothing, silently)."""
+    return sorted(set(keymap) - set(known_ids()))

@@ -1,0 +1,79 @@
+"""The engine and the CLI never load Textual: checked at run time, in a fresh interpreter.
+
+The import-linter contracts (pyproject.toml, `lint-imports` in scripts/test) read the static
+import graph, so they cannot tell an import at the top of a module from one deferred into
+the function that needs it (the panel command imports the panel inside main(), after its
+arguments are read). These tests import the real thing in a subprocess and look at
+`sys.modules`, which is the only way to see that a deferral defers (harlequin keeps the
+same guard for its headless core).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+FORBIDDEN = ("textual", "rich")
+"""Nothing headless renders: the engine, the runner and the CLI commands need neither."""
+
+HEADLESS = [
+    "import fleet_tui.fleet",
+    "import fleet_tui.commands.tasks",
+    "import fleet_tui.runner",
+    "import fleet_tui.cli",
+    "import fleet_tui.commands.panel",  # the panel is imported inside its main()
+    "import fleet_tui.policy, fleet_tui.states, fleet_tui.attemptlog, fleet_tui.errors",
+]
+
+
+def loaded_after(statement: str) -> list[str]:
+    """The forbidden top-level packages in sys.modules after ``statement`` runs in a
+    fresh interpreter."""
+    probe = (f"{statement}\n"
+             "import sys\n"
+             f"print('loaded:' + ','.join(m for m in {FORBIDDEN!r} if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1]  # after whatever the statement printed
+    assert last.startswith("loaded:"), out.stdout
+    return [m for m in last.removeprefix("loaded:").split(",") if m]
+
+
+@pytest.mark.parametrize("statement", HEADLESS)
+def test_headless_imports_do_not_load_the_panel(statement: str) -> None:
+    assert loaded_after(statement) == [], f"{statement!r} loaded Textual or Rich"
+
+
+def test_the_cli_help_of_the_panel_does_not_load_it() -> None:
+    """`fleet-tui --help` reads its arguments before anything of the panel is imported."""
+    statement = ("from fleet_tui.commands import panel\n"
+                 "try:\n"
+                 "    panel.main(['--help'])\n"
+                 "except SystemExit:\n"
+                 "    pass")
+    assert loaded_after(statement) == []
+
+
+def test_the_probe_sees_the_panel_when_it_is_loaded() -> None:
+    """The check above can fail: importing the panel does load Textual."""
+    assert "textual" in loaded_after("import fleet_tui.ui.app")
+
+
+def test_the_panels_usual_start_parses_nothing() -> None:
+    """`fleet-tui` alone reads no arguments with argparse: it and the gettext it imports
+    cost the first frame ~5 ms (the start-up budget is 1.5 times a bare Textual app)."""
+    probe = ("from fleet_tui.commands import panel\n"
+             "options = panel._parse([])\n"
+             "import sys\n"
+             "print('loaded:' + ','.join(m for m in ('argparse', 'gettext') "
+             "if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.strip() == "loaded:"
+    with_args = probe.replace("_parse([])", "_parse(['--no-scheduler'])")
+    out = subprocess.run([sys.executable, "-c", with_args], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert "argparse" in out.stdout  # the check can fail: arguments are parsed by argparse

@@ -1,0 +1,141 @@
+"""The door between panel and engine: readiness is one message (EngineReady), and what needs
+the engine starts when it arrives; keys are records that users can rebind.
+
+No claude here: a real store, a real engine (scheduler off), a real git repository. The
+engine is made in a thread after the first frame, the way `fleet-tui` makes it: the maker
+looks the repository up around the current directory.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_ui_support import wait_until
+from textual.message import Message
+from textual.widgets import TextArea
+
+from fleet_tui import git
+from fleet_tui.config import load_settings
+from fleet_tui.fleet import Fleet
+from fleet_tui.store import TaskSpec
+from fleet_tui.ui.app import FleetApp
+from fleet_tui.ui.messages import EngineReady, TasksLoaded
+from fleet_tui.ui.screens.help import HelpScreen
+from fleet_tui.ui.screens.launch import LaunchScreen
+
+SIZE = (120, 36)
+
+
+def looking_around(delay: float = 0.3) -> Any:
+    """What `fleet-tui` gives the app: a maker that takes a moment (GitPython, the store)
+    and finds the repository around the current directory."""
+
+    def make() -> EngineReady:
+        time.sleep(delay)
+        try:
+            repo: Path | None = git.main_worktree(Path.cwd())
+        except git.GitError:
+            repo = None
+        base = (git.current_branch(repo) or "") if repo is not None else ""
+        return EngineReady(Fleet(load_settings()), repo, base)
+
+    return make
+
+
+def said(app: FleetApp) -> list[str]:
+    return [f"{title}: {message}" for _, title, message in app.toasts]
+
+
+async def test_n_pressed_right_after_start_opens_the_form(
+        git_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the repository was set on the app from the engine's thread and `n` read it
+    when pressed, so a press before the engine was made said "No repository"."""
+    monkeypatch.chdir(git_repo)
+    app = FleetApp(looking_around(), run_scheduler=False, bell=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("n")
+        assert app.fleet is None  # pressed before the engine was there
+        await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen)
+                         and bool(app.screen.query("#base-ref")), what="the form")
+        assert not any("No repository" in s for s in said(app))
+        form = app.screen
+        assert f"New task in {git_repo.name}" in str(form.query_one(".dialog-title").render())
+        assert form.query_one("#base-ref").placeholder == "main"  # type: ignore[attr-defined]
+        form.query_one("#prompt", TextArea).text = "early bird"
+        await pilot.press("ctrl+s")
+        fleet = app.fleet
+        assert fleet is not None
+        await wait_until(pilot, lambda: len(fleet.list_tasks()) == 1, what="the task")
+        assert fleet.list_tasks()[0].repo == git_repo
+
+
+async def test_outside_a_repository_n_says_so_once_the_engine_is_ready(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    outside = tmp_path / "not-a-repo"
+    outside.mkdir()
+    monkeypatch.chdir(outside)
+    app = FleetApp(looking_around(0.1), run_scheduler=False, bell=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("n")
+        await wait_until(pilot, lambda: any("No repository" in s for s in said(app)),
+                         what="the notice")
+        assert app.fleet is not None and not isinstance(app.screen, LaunchScreen)
+
+
+async def test_polling_starts_when_the_engine_is_ready(
+        git_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EngineReady is posted once, by the start-up worker; the task list is read only
+    after it (nothing waits for the engine on a thread)."""
+    monkeypatch.chdir(git_repo)
+    Fleet(load_settings()).submit(TaskSpec(prompt="listed", repo=git_repo))
+    seen: list[Message] = []
+
+    def hook(message: Message) -> None:
+        if isinstance(message, EngineReady | TasksLoaded):
+            seen.append(message)
+
+    app = FleetApp(looking_around(), run_scheduler=False, bell=False, poll_interval=0.1)
+    async with app.run_test(size=SIZE, message_hook=hook) as pilot:
+        await wait_until(pilot, lambda: any(isinstance(m, TasksLoaded) for m in seen),
+                         what="the first list")
+        await pilot.pause(0.3)
+    kinds = [type(m).__name__ for m in seen]
+    assert kinds[0] == "EngineReady" and kinds.count("EngineReady") == 1, kinds
+    ready = seen[0]
+    assert isinstance(ready, EngineReady) and ready.repo == git_repo
+    assert ready.default_base == "main" and app.repo == git_repo
+    loaded = [m for m in seen if isinstance(m, TasksLoaded)]
+    assert len(loaded[0].tasks) == 1
+
+
+async def test_keys_can_be_rebound_by_binding_id(git_repo: Path) -> None:
+    """A keymap names a binding's id; the key, the help and the palette follow it."""
+    fleet = Fleet(load_settings())
+    app = FleetApp(fleet, repo=git_repo, default_base="main", run_scheduler=False,
+                   bell=False, keymap={"task.new": "N"})
+    async with app.run_test(size=SIZE) as pilot:
+        main = app.main
+        await wait_until(pilot, lambda: main.fleet is not None, what="the engine")
+        await pilot.press("n")
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, LaunchScreen)  # n no longer launches
+        await pilot.press("N")
+        await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen), what="the form")
+        await pilot.press("escape")
+        await pilot.press("question_mark")
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        help_screen = app.screen
+        assert isinstance(help_screen, HelpScreen)
+        rows = dict(row for _, section in help_screen.sections for row in section)
+        assert rows["N"].startswith("launch a task") and "n" not in rows
+        titles = [c.title for c in app.get_system_commands(main)]
+        assert "New (N)" in titles
+
+
+def test_a_keymap_naming_no_binding_is_refused(git_repo: Path) -> None:
+    with pytest.raises(ValueError, match=r"no key binding has the id 'task\.nwe'") as info:
+        FleetApp(Fleet(load_settings()), repo=git_repo, keymap={"task.nwe": "N"})
+    assert "task.new" in str(info.value)  # the message lists the ids there are
