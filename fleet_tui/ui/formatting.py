@@ -229,10 +229,8 @@ def describe_error(error: BaseException) -> str:
     """A user-facing message for an engine failure; never a traceback. Errors written for
     the user (fleet-tui's own) are said as they are; anything else names its type."""
     from fleet_tui.errors import FleetTuiError
-    from fleet_tui.fleet import FleetError
-    from fleet_tui.git import GitError
 
-    if isinstance(error, FleetTuiError | FleetError | GitError):
+    if isinstance(error, FleetTuiError):
         return str(error) or type(error).__name__
     text = str(error).strip()
     return f"{type(error).__name__}: {text}" if text else type(error).__name__

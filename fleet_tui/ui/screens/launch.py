@@ -25,6 +25,7 @@ from textual.worker import Worker, WorkerState
 from fleet_tui import durations, paths
 from fleet_tui.config import PERMISSION_MODES
 from fleet_tui.store import MAX_COPIES, TaskSpec
+from fleet_tui.titles import task_title, title_from_prompt
 from fleet_tui.ui.screens.modals import keyed
 
 EFFORTS = ("low", "medium", "high", "max")
@@ -188,8 +189,9 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
     # --- live feedback -------------------------------------------------------------------
     @on(TextArea.Changed, "#prompt")
     def _prompt_changed(self, event: TextArea.Changed) -> None:
-        first = next((ln.strip() for ln in event.text_area.text.splitlines() if ln.strip()), "")
-        self.query_one("#title", Input).placeholder = first[:72] or "the prompt's first line"
+        text = event.text_area.text
+        first = title_from_prompt(text) if text.strip() else ""
+        self.query_one("#title", Input).placeholder = first or "the prompt's first line"
         if first:
             self._error("prompt", "")
 
@@ -276,8 +278,7 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
         self._error("base-ref", "")
         permission = self.query_one("#permission-mode", Select).value
         effort = self.query_one("#effort", Select).value
-        title = self._value("title") or next(
-            (ln.strip() for ln in prompt.splitlines() if ln.strip()), "")[:72]
+        title = task_title(self._value("title"), prompt)
         copies = parse_positive_int(self._value("copies"), maximum=MAX_COPIES) or 1
         spec = TaskSpec(
             prompt=prompt.strip(),
