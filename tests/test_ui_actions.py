@@ -39,9 +39,11 @@ async def _select(pilot: object, app: FleetApp, task_id: str, rig: Rig | None = 
     """Select a task once the panel shows it in the state the store has now."""
     main = app.main
     if rig is not None:
-        state = rig.state(task_id)
+        # the store's state when the check runs: one read before waiting raced the
+        # scheduler (a task queued at the read may be running before the panel's first poll)
         await wait_until(pilot, lambda: task_id in main.tasks  # type: ignore[arg-type]
-                         and main.tasks[task_id].state == state, what=f"{task_id} {state}")
+                         and main.tasks[task_id].state == rig.state(task_id),
+                         what=f"{task_id} shown in its stored state")
     await wait_until(pilot, lambda: task_id in main.query_one(TaskTable).keys,  # type: ignore[arg-type]
                      what=f"{task_id} in the table")
     main.query_one(TaskTable).select_key(task_id)
