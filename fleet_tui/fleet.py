@@ -942,7 +942,11 @@ class Fleet:
         repo = Path(repo).resolve()
         if self.queue_runner_process or not self.store.landing_queue(repo):
             return False
-        if self.queue_running(repo):
+        # one this engine started and that still starts up (it takes the lock only once
+        # Python has loaded it) counts as running
+        self._queue_procs = [p for p in self._queue_procs if p.poll() is None]
+        if any(p.args[-1] == str(paths.queue_dir(repo) / "spec.json")  # type: ignore[index]
+               for p in self._queue_procs) or self.queue_running(repo):
             return False
         self._queue_procs.append(landing.spawn_runner(self, repo))
         return True

@@ -7,10 +7,17 @@ Imported by tests/test_landing*.py and tests/test_ui_landing.py.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fleet_tui import git as fgit
+from fleet_tui import paths
+from fleet_tui.config import load_settings
+from fleet_tui.fleet import Fleet
 from fleet_tui.store import Store, Task, TaskState
 
 STATE_FILES = ("MERGE_HEAD", "ORIG_HEAD", "MERGE_MSG", "MERGE_MODE", "SQUASH_MSG",
@@ -79,3 +86,42 @@ def finished_task(store: Store, repo: Path, task_id: str, *, title: str = "",
                              base_commit=info.base_commit, branch=info.branch,
                              worktree=info.path, state=TaskState.SUCCEEDED, verdict="ok",
                              group_id=group_id, session_id=session_id)
+
+
+# --- the real engine, with the real claude against the scripted endpoint --------------------
+
+KEY = "sk-landing-test-SECRET-7d2c"
+TICK = 0.05
+
+
+def make_fleet(endpoint: Any, claude: str, **overrides: Any) -> Fleet:
+    """An engine whose workers run the real claude against ``endpoint``."""
+    values: dict[str, Any] = {
+        "base_url": endpoint.url, "claude": claude, "sandbox": os.geteuid() == 0,
+        "key_sources": "env", "backoff_base": 0.2, "backoff_cap": 1.0, "kill_grace": 2.0,
+        "max_workers": 4,
+    }
+    values.update(overrides)
+    settings = load_settings(env=os.environ, overrides=values)
+    env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
+    return Fleet(settings, Store(paths.db_path()), env=env)
+
+
+def drive(fleet: Fleet, until: Callable[[], bool], timeout: float = 90.0,
+          what: str = "the tasks") -> None:
+    """Tick until ``until()`` holds (fails after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fleet.tick()
+        if until():
+            return
+        if time.monotonic() > deadline:
+            states = {t.id: (t.state.value, t.land_state, t.message)
+                      for t in fleet.list_tasks()}
+            raise AssertionError(f"timed out waiting for {what}; tasks: {states}")
+        time.sleep(TICK)
+
+
+def settled(fleet: Fleet, *ids: str) -> Callable[[], bool]:
+    done = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED}
+    return lambda: all(fleet.get_task(i).state in done for i in ids)
