@@ -114,6 +114,7 @@ class CopyReport:
     files: list[str] = field(default_factory=list)
     clean: bool | None = None  # merges cleanly into its base now (None: not known)
     merges: str = ""  # "yes", or why not (conflicts, not finished, ...)
+    diff: git.Diff | None = None  # its changes (None: no worktree to read)
 
     @property
     def gate(self) -> str:
@@ -329,7 +330,7 @@ class Fleet:
                 raise StoreError(f"the task database {self.store.path} could not be used: "
                                  f"{exc}") from exc
             self._settle_finished(changes)
-        self._resume_queues()
+        self.resume_queues()
         return changes
 
     def _tick(self) -> list[TaskChange]:
@@ -853,6 +854,7 @@ class Fleet:
             return report
         report.added, report.deleted = diff.added, diff.deleted
         report.files = [f.path for f in diff.files]
+        report.diff = diff
         if task.state not in FINISHED_STATES:
             report.merges = f"not finished ({task.state})"
             return report
@@ -921,7 +923,9 @@ class Fleet:
         """The merge queue, in landing order."""
         return self.store.landing_queue(Path(repo).resolve() if repo is not None else None)
 
-    queue_runner_process = False  # set in the queue runner itself: it never spawns one
+    # start queue runners (`ensure_queue_runner`, `resume_queues`); off in the queue runner
+    # itself (it runs the queue) and where nothing may land on its own (snapshots)
+    spawn_queue_runners = True
     QUEUE_CHECK = 5.0  # seconds between two looks (per process) for a queue with no runner
     _queue_checked = 0.0
 
@@ -940,7 +944,7 @@ class Fleet:
         from fleet_tui import landing
 
         repo = Path(repo).resolve()
-        if self.queue_runner_process or not self.store.landing_queue(repo):
+        if not self.spawn_queue_runners or not self.store.landing_queue(repo):
             return False
         # one this engine started and that still starts up (it takes the lock only once
         # Python has loaded it) counts as running
@@ -951,10 +955,10 @@ class Fleet:
         self._queue_procs.append(landing.spawn_runner(self, repo))
         return True
 
-    def _resume_queues(self) -> None:
+    def resume_queues(self) -> None:
         """Every QUEUE_CHECK seconds: a merge queue with work and no runner (its runner was
         killed, or the machine restarted) gets one again."""
-        if self.queue_runner_process:
+        if not self.spawn_queue_runners:
             return
         self._queue_procs = [p for p in self._queue_procs if p.poll() is None]  # reaped
         now = time.monotonic()

@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot read the queue spec %s: %s", args.spec, exc)
         return 2
     fleet = Fleet(settings, store)
-    fleet.queue_runner_process = True
+    fleet.spawn_queue_runners = False
     queue = LandingQueue(fleet, Path(spec["repo"]))
     if not queue.run():
         log.info("another process runs the merge queue of %s", queue.repo)
