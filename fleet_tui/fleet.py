@@ -480,7 +480,10 @@ class Fleet:
         else:
             if task.worktree is not None:
                 info = git.create_worktree(task.repo, task.id, task.base_commit, reset=True)
-                self.store.update_task(task.id, worktree=info.path, branch=info.branch)
+                # a fresh worktree: an update that stopped on conflicts is gone with it
+                shutil.rmtree(paths.update_dir(task.repo, task.id), ignore_errors=True)
+                self.store.update_task(task.id, worktree=info.path, branch=info.branch,
+                                       conflicts=[])
             self.store.add_attempt(task.id, kind="fresh", prompt=task.prompt,
                                    started_at=None)
         self.store.update_task(task.id, expect_state=FINISHED_STATES, state=TaskState.QUEUED,

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from fleet_tui import git, paths, policy, repolock
 from fleet_tui.config import Settings
 from fleet_tui.errors import FleetTuiError
-from fleet_tui.states import LAND_ACTIVE, LandState
+from fleet_tui.states import FINISHED_STATES, LAND_ACTIVE, LandState
 from fleet_tui.store import Store, Task
 
 if TYPE_CHECKING:
@@ -107,8 +107,9 @@ class LandingQueue:
     def run(self, stop: threading.Event | None = None, *, until_empty: bool = True) -> bool:
         """Work the queue while this process holds its lock: False at once when another
         process runs it. With ``until_empty`` it returns once the queue is empty, else when
-        ``stop`` is set. Between steps it ticks the engine, so the follow-ups it sends the
-        workers run even when no panel is open."""
+        ``stop`` is set. While a task of the queue has a worker running (a fix it sent) it
+        ticks the engine between steps, so that worker runs and is finished even when no
+        panel is open."""
         stop = stop or threading.Event()
         try:
             with repolock.hold(git.queue_lock_file(self.repo), "running the merge queue",
@@ -120,12 +121,16 @@ class LandingQueue:
 
     def _loop(self, stop: threading.Event, until_empty: bool) -> None:
         while not stop.is_set():
-            try:
-                self.fleet.tick()
-            except Exception as exc:  # a scheduling pass that failed: the queue goes on
-                log.warning("scheduling pass failed: %s", exc)
-            if until_empty and not self.store.landing_queue(self.repo):
+            queue = self.store.landing_queue(self.repo)
+            if until_empty and not queue:
                 return
+            if any(t.state not in FINISHED_STATES for t in queue):
+                # a worker of the queue runs (a fix, or a follow-up by hand): a scheduling
+                # pass starts and finishes it even when no panel is open
+                try:
+                    self.fleet.tick()
+                except Exception as exc:  # a pass that failed: the queue goes on
+                    log.warning("scheduling pass failed: %s", exc)
             try:
                 worked = self.step()
             except Exception:  # said in the runner's log; the queue goes on

@@ -249,3 +249,59 @@ def test_one_process_runs_the_queue(repo: Path, claude_bin: str,
     assert fleet.get_task(ids[0]).land_state == LandState.MERGED
     assert _landed_order(repo) == ids
     assert not fleet.queue_running(repo)
+
+
+def test_queue_started_from_a_panel_survives_its_sigkill_and_resumes(
+        repo: Path, claude_bin: str, endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    """The real panel in a pseudo-terminal: mark all, m, y. SIGKILL the panel and the queue
+    runner in the middle of the first gate; a new panel resumes the queue where it was."""
+    from test_reliability import Panel
+
+    gate = f"sleep 2 && {GATE}"
+    fleet = make_fleet(endpoint, claude_bin)
+    ids = _run_tasks(fleet, repo, ["add-d", "add-e", "add-f"])
+    env = dict(os.environ, FLEET_WORKER_BASE_URL=endpoint.url, FLEET_WORKER_CLAUDE=claude_bin,
+               FLEET_WORKER_KEY_SOURCES="env", FLEET_WORKER_TEST_COMMAND=gate,
+               ANTHROPIC_AUTH_TOKEN="sk-landing-panel-SECRET-4a1f", TERM="xterm-256color")
+    screen = tmp_path / "panel1.screen"
+    panel = Panel(env, repo, screen)
+
+    def shows(*words: str) -> None:
+        deadline = time.monotonic() + 60
+        while not all(w.encode() in screen.read_bytes() for w in words):
+            assert panel.alive() and time.monotonic() < deadline, f"no {words} on screen"
+            time.sleep(0.1)
+
+    try:
+        shows(*ids)  # the list is read
+        os.write(panel.fd, b"\x01")  # ctrl+a: mark every task listed
+        shows("3 marked")
+        os.write(panel.fd, b"m")
+        shows("through the merge queue?")
+        os.write(panel.fd, b"y")
+        drive(fleet, lambda: all(fleet.get_task(t).land_state for t in ids), what="queued")
+        order = [t.id for t in sorted((fleet.get_task(t) for t in ids),
+                                      key=lambda t: t.land_order or 0)]
+        drive(fleet, lambda: fleet.get_task(order[0]).land_state == LandState.TESTING,
+              what="the first gate")
+        panel.kill()
+        for pid in _queue_runners(repo):
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        panel.close()
+    deadline = time.monotonic() + 10
+    while _queue_runners(repo) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _queue_runners(repo) == []
+    assert fleet.get_task(order[0]).land_state == LandState.TESTING
+    assert git(repo, "log", "-1", "--format=%s").strip() == "the test gate"  # nothing landed
+    again = Panel(env, repo, tmp_path / "panel2.screen")
+    try:
+        deadline = time.monotonic() + 120
+        while not all(fleet.get_task(t).land_state == LandState.MERGED for t in ids):
+            assert time.monotonic() < deadline, [fleet.get_task(t).land_state for t in ids]
+            assert again.alive()
+            time.sleep(0.2)
+    finally:
+        again.close()
+    assert _landed_order(repo) == order
