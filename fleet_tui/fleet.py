@@ -708,6 +708,9 @@ class Fleet:
         """Keep what an update did on the task: the conflicts (or none), the new base, the
         counts measured from it, and the message."""
         if result.status == "refused":
+            if task.conflicts and git.operation_in_progress(worktree) is None:
+                # an update abandoned in the worktree: no longer mid-merge, not up to date
+                self.store.update_task(task.id, conflicts=[], message=result.message)
             return
         fields_: dict[str, Any] = {"message": result.message,
                                    "conflicts": list(result.conflicts)}

@@ -1814,6 +1814,12 @@ def conclude_update(worktree: Path, record: Path, *, base_branch: str, branch: s
         if op is None:
             _drop_update_record(record)
             head = _out(wt, "rev-parse", "HEAD").strip()
+            if base_tip is not None and not _is_ancestor(wt, base_tip, head):
+                # the merge was aborted (or undone) in the worktree instead of concluded
+                return UpdateResult("refused", (
+                    f"the update of {branch} was abandoned in its worktree (the merge was "
+                    f"aborted or undone there), so it is not up to date with {base_branch}; "
+                    "update it again"), base_tip=base_tip, head=head)
             return UpdateResult("updated", f"{branch} is up to date with {base_branch} "
                                 "(the conflicts were resolved)", base_tip=base_tip, head=head)
         unmerged = unmerged_paths(wt)

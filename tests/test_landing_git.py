@@ -132,6 +132,22 @@ def test_conflict_resolved_by_hand_is_concluded(git_repo: Path) -> None:
     assert [f.path for f in fgit.diff(info.path, base).files] == ["src/app.py"]
 
 
+def test_an_update_abandoned_in_the_worktree_is_not_called_done(git_repo: Path) -> None:
+    """The worker (or the user) ran `git merge --abort` instead of resolving: the branch is
+    not up to date, and the look afterwards says so instead of "updated"."""
+    info = _task(git_repo)
+    (info.path / "src" / "app.py").write_text("def main():\n    return 'task'\n")
+    commit_all(info.path, "task")
+    _main_moves(git_repo, "src/app.py", "def main():\n    return 'main'\n")
+    assert _update(git_repo, info).status == "conflicts"
+    git(info.path, "merge", "--abort")
+    result = fgit.conclude_update(info.path, _record(git_repo), base_branch="main",
+                                  branch=info.branch, conflicted=["src/app.py"])
+    assert result.status == "refused" and "abandoned" in result.message
+    assert not _record(git_repo).exists()
+    assert _update(git_repo, info).status == "conflicts"  # a new update starts over
+
+
 def test_rebase_update_clean_and_conflicted_then_abort(git_repo: Path) -> None:
     info = _task(git_repo)
     (info.path / "task.txt").write_text("task\n")

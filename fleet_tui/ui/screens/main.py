@@ -85,6 +85,8 @@ class MainScreen(Screen[None]):
         ("In dialogs", [
             ("y / n / escape", "confirm, refuse, cancel"),
             ("ctrl+s", "submit the launch form, a follow-up or a merge"),
+            ("e", "merge: edit the commit message (enter: done; y and n are typed there)"),
+            ("w / o / a", "update stopped on conflicts: the worker, a shell, abort"),
             ("f / r", "retry: a fresh run or resume the session"),
             ("ctrl+p", "command palette: every action by name"),
         ]),
