@@ -119,3 +119,18 @@ def test_copy_title() -> None:
     assert copy_title("T", 1, 1) == "T"
     assert copy_title("T", 2, 3) == "T (2/3)"
     assert commit_title(copy_title("T", 2, 3)) == "T"
+
+
+def test_landing_label_in_the_list() -> None:
+    from fleet_tui.ui.formatting import landing_label, pushed_label
+
+    assert landing_label(task()) is None
+    assert landing_label(task(land_state="testing")) == ("⇡testing", "running")
+    assert landing_label(task(land_state="stopped")) == ("⇡stopped", "failed")
+    assert landing_label(task(TaskState.DISCARDED, land_state="stopped")) is None
+    assert landing_label(task(land_state="merged")) is None
+    assert landing_label(task(conflicts=["a"], land_state="fixing")) == ("⚠conflicts",
+                                                                          "failed")
+    pushed = task(pushed="origin fleet/abc123 " + "1a2b3c4d5e6f" * 3)
+    assert landing_label(pushed) == ("↑pushed", "muted")
+    assert pushed_label(pushed) == "origin/fleet/abc123 @ 1a2b3c4d5e"

@@ -251,7 +251,8 @@ def landing_label(task: Task) -> tuple[str, str] | None:
     if task.conflicts:
         return "⚠conflicts", "failed"
     state = task.land_state
-    if state is not None and state in _LAND_STYLES:
+    closed = task.state in ("merged", "discarded")  # history: its queue news is old
+    if state is not None and state in _LAND_STYLES and not closed:
         return f"⇡{state}", _LAND_STYLES[state]
     if task.pushed:
         return "↑pushed", "muted"
