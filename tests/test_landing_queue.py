@@ -268,7 +268,8 @@ def test_queue_started_from_a_panel_survives_its_sigkill_and_resumes(
 
     def shows(*words: str) -> None:
         deadline = time.monotonic() + 60
-        while not all(w.encode() in screen.read_bytes() for w in words):
+        while not all(w.encode() in (screen.read_bytes() if screen.exists() else b"")
+                      for w in words):
             assert panel.alive() and time.monotonic() < deadline, f"no {words} on screen"
             time.sleep(0.1)
 

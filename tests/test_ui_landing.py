@@ -137,6 +137,9 @@ async def test_update_key_conflict_resolved_by_the_worker_then_merged(rig: Rig) 
                          in stream_text(app), what="its work in the stream")
         assert checkout_state(rig.repo) == before  # nothing of this touched main
         await _select(pilot, main, b)
+        await wait_until(pilot, lambda: main.tasks[b].conflicts == []
+                         and main.check_action("merge", ()) is True,
+                         what="the panel to see it resolved")
         await pilot.press("m")
         await wait_until(pilot, lambda: isinstance(app.screen, MergeScreen), what="merge")
         assert not app.screen.query_one("#yes", Button).disabled  # clean now
