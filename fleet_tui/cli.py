@@ -15,13 +15,15 @@ if TYPE_CHECKING:
 
 # subcommand -> module under fleet_tui.commands
 TASK_COMMANDS = ("run", "ls", "show", "logs", "diff", "merge", "discard", "retry",
-                 "follow-up", "kill")
+                 "follow-up", "kill", "update", "queue", "compare", "pick", "push")
 
 USAGE = """\
 usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui run PROMPT [--title T] [--base REF] [--copies N] [--wait] [--json]
        fleet-tui ls [--all-repos] [--json]
        fleet-tui show|logs|diff|merge|discard|retry|follow-up|kill ID ...
+       fleet-tui update ID [--resolve worker|shell|abort] [--wait]
+       fleet-tui queue [ID...] [--wait] [--remove]      fleet-tui compare|pick|push ID
        fleet-tui key set|delete|status
        fleet-tui version
 

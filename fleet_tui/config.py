@@ -20,6 +20,7 @@ from fleet_tui.config_core import (
     KEY_SOURCES,
     MERGE_STRATEGIES,
     PERMISSION_MODES,
+    UPDATE_STRATEGIES,
     ConfigError,
     config_file_location,
     env_name,
@@ -31,8 +32,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 __all__ = ["APP_NAME", "CONFIG_FILE_ENV", "ENV_PREFIX", "FIELD_NAMES", "KEY_SOURCES",
-           "MERGE_STRATEGIES", "PERMISSION_MODES", "ConfigError", "Settings",
-           "config_file_path", "env_name", "load_settings"]
+           "MERGE_STRATEGIES", "PERMISSION_MODES", "UPDATE_STRATEGIES", "ConfigError",
+           "Settings", "config_file_path", "env_name", "load_settings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +68,12 @@ class Settings:
     stall_seconds: float = 300.0
     stall_kill: bool = False
     kill_grace: float = 5.0
-    merge_strategy: str = "merge"
+    merge_strategy: str = "merge"  # merge | squash | ff (fast-forward only)
     test_command: str | None = None
+    # landing many branches
+    update_strategy: str = "merge"  # how `update` brings a branch up to date: merge | rebase
+    queue_fix_attempts: int = 1  # follow-ups the merge queue sends a task before it stops
+    pr_command: str | None = None  # run after `push` (never by default): opens a PR
 
 
 def config_file_path(env: Mapping[str, str] | None = None) -> Path:

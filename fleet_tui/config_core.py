@@ -57,7 +57,8 @@ CONFIG_FILE_ENV = "FLEET_TUI_CONFIG"
 
 PERMISSION_MODES = ("default", "acceptEdits", "plan", "auto", "dontAsk", "bypassPermissions")
 KEY_SOURCES = ("env", "keyring", "zhipu", "glm")
-MERGE_STRATEGIES = ("merge", "squash")
+MERGE_STRATEGIES = ("merge", "squash", "ff")
+UPDATE_STRATEGIES = ("merge", "rebase")
 DEFAULT_CONFIG_DIR = "~/.fleet-worker/cfg"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -112,6 +113,10 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
     "kill_grace": ("float", _POSITIVE, 5.0),
     "merge_strategy": ("str", None, "merge"),
     "test_command": ("optstr", None, None),
+    # landing many branches (issue 12)
+    "update_strategy": ("str", None, "merge"),
+    "queue_fix_attempts": ("int", 0, 1),
+    "pr_command": ("optstr", None, None),
 }
 
 FIELD_NAMES: tuple[str, ...] = tuple(_SPEC)
@@ -179,7 +184,10 @@ def _convert(name: str, raw: object, *, from_text: bool) -> object:
         if name == "base_url" and not text.startswith(("http://", "https://")):
             raise ValueError(f"{text!r} is not an http(s) URL")
         if name == "merge_strategy" and text not in MERGE_STRATEGIES:
-            raise ValueError(f"{text!r} is not a merge strategy; use merge or squash")
+            raise ValueError(f"{text!r} is not a merge strategy; use merge or squash "
+                             "(or ff: fast-forward only)")
+        if name == "update_strategy" and text not in UPDATE_STRATEGIES:
+            raise ValueError(f"{text!r} is not an update strategy; use merge or rebase")
         return text
     if kind == "bool":
         if isinstance(raw, bool):

@@ -39,6 +39,7 @@ import http.server
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import sys
@@ -60,11 +61,13 @@ __all__ = [
     "ScriptError",
     "ScriptedEndpoint",
     "ToolResultRecord",
+    "edit_and_commit_turns",
     "find_cwd",
     "find_script_marker",
     "load_scripts",
     "main",
     "parse_fault",
+    "resolve_conflict_turns",
 ]
 
 DEFAULT_SCRIPT = "default"
@@ -271,6 +274,34 @@ class Script:
         turns = [_normalize_turn(t, f"script {name!r}, turn {i + 1}")
                  for i, t in enumerate(data)]
         return cls(name=name, turns=turns, faults=faults, delay=delay, followup=followup)
+
+
+def edit_and_commit_turns(path: str, content: str, commit: str, *,
+                          done: str | None = None) -> list[Any]:
+    """Turns of a worker that reads a file, writes it anew and commits: `Read`, `Write`
+    (both on `{cwd}/path`), then `Bash` with ``commit`` (the git command that commits), and
+    a final text. For a script's "followup": answers the merge queue's "fix the failing
+    test" follow-up, or (with ``resolve_conflict_turns``) a conflict-resolution one."""
+    target = "{cwd}/" + path
+    return [
+        [{"type": "tool_use", "name": "Read", "input": {"file_path": target}}],
+        [{"type": "tool_use", "name": "Write",
+          "input": {"file_path": target, "content": content}}],
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": commit, "description": f"commit {path}"}}],
+        done or f"Rewrote {path} and committed it.",
+    ]
+
+
+def resolve_conflict_turns(path: str, content: str) -> list[Any]:
+    """Turns of a worker asked to resolve an update's merge conflict in `path`: it reads
+    the conflicted file, writes it resolved (``content``, free of conflict markers), stages
+    it and concludes the merge with `git commit --no-edit`. For a script's "followup" (the
+    follow-up fleet-tui sends with `update --resolve worker` and from the merge queue)."""
+    return edit_and_commit_turns(
+        path, content, f"git add -- {shlex.quote(path)} && git commit --no-edit -q && "
+        "git log -1 --format=%s",
+        done=f"Resolved the conflict in {path} and concluded the merge.")
 
 
 def _load_json(path: Path) -> object:

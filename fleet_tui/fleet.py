@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import random
+import secrets
 import shutil
 import sqlite3
 import subprocess
@@ -38,10 +39,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from fleet_tui import git, launcher, outcome, paths, policy, stream, supervisor, titles
+from fleet_tui import git, launcher, outcome, paths, policy, repolock, stream, supervisor, titles
 from fleet_tui.config import PERMISSION_MODES, Settings
 from fleet_tui.errors import FleetError, FleetRefused, InvalidSpec, TaskNotFound
 from fleet_tui.follower import Follower, attempt_finished
@@ -49,6 +51,7 @@ from fleet_tui.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
     FINISHED_STATES,
+    LAND_ACTIVE,
     PENDING_STATES,
     Action,
     TaskState,
@@ -64,8 +67,8 @@ from fleet_tui.store import (
 )
 from fleet_tui.supervisor import Supervisor, TaskChange
 
-__all__ = ["Fleet", "FleetError", "FleetRefused", "FleetStatus", "InvalidSpec", "TaskChange",
-           "TaskNotFound", "TaskSpec", "check_text", "work_at_stake"]
+__all__ = ["CopyReport", "Fleet", "FleetError", "FleetRefused", "FleetStatus", "InvalidSpec",
+           "TaskChange", "TaskNotFound", "TaskSpec", "check_text", "work_at_stake"]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,24 @@ class FleetStatus:
     cap: int
     cooldown_until: float | None
     total_tokens: int
+
+
+@dataclass
+class CopyReport:
+    """One copy of a task in the compare view (`Fleet.compare`)."""
+
+    task: Task
+    added: int = 0
+    deleted: int = 0
+    files: list[str] = field(default_factory=list)
+    clean: bool | None = None  # merges cleanly into its base now (None: not known)
+    merges: str = ""  # "yes", or why not (conflicts, not finished, ...)
+    diff: git.Diff | None = None  # its changes (None: no worktree to read)
+
+    @property
+    def gate(self) -> str:
+        """The last test gate's result: passed, failed or "-" (never run)."""
+        return self.task.gate or "-"
 
 
 def _plural(n: int, word: str) -> str:
@@ -165,6 +186,7 @@ class Fleet:
         self.last_error: str | None = None
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
+        self._queue_procs: list[subprocess.Popen[bytes]] = []  # merge queue runners started
 
     @property
     def ingested_events(self) -> int:
@@ -275,11 +297,13 @@ class Fleet:
         base_ref = spec.base_ref.strip() if spec.base_ref else None
         base = git.resolve_base(repo, base_ref)
         title = titles.task_title(spec.title, prompt)
+        # copies of one prompt share a group (the compare view and pick find them by it)
+        group_id = f"g{secrets.token_hex(6)}" if copies > 1 else None
         tasks: list[Task] = []
         for i in range(copies):
             tasks.append(self.store.create_task(
-                prompt=spec.prompt, repo=repo, now=self.clock(),
-                title=title if copies == 1 else f"{title} ({i + 1}/{copies})",
+                prompt=spec.prompt, repo=repo, now=self.clock(), group_id=group_id,
+                title=titles.copy_title(title, i + 1, copies),
                 base_ref=base_ref,
                 base_branch=base.branch, base_commit=base.commit,
                 endpoint=self.settings.base_url, model=model,
@@ -301,10 +325,13 @@ class Fleet:
         whole pass."""
         with self._lock:
             try:
-                return self._tick()
+                changes = self._tick()
             except sqlite3.OperationalError as exc:  # locked past the busy timeout, full...
                 raise StoreError(f"the task database {self.store.path} could not be used: "
                                  f"{exc}") from exc
+            self._settle_finished(changes)
+        self.resume_queues()
+        return changes
 
     def _tick(self) -> list[TaskChange]:
         changes: list[TaskChange] = []
@@ -453,7 +480,10 @@ class Fleet:
         else:
             if task.worktree is not None:
                 info = git.create_worktree(task.repo, task.id, task.base_commit, reset=True)
-                self.store.update_task(task.id, worktree=info.path, branch=info.branch)
+                # a fresh worktree: an update that stopped on conflicts is gone with it
+                shutil.rmtree(paths.update_dir(task.repo, task.id), ignore_errors=True)
+                self.store.update_task(task.id, worktree=info.path, branch=info.branch,
+                                       conflicts=[])
             self.store.add_attempt(task.id, kind="fresh", prompt=task.prompt,
                                    started_at=None)
         self.store.update_task(task.id, expect_state=FINISHED_STATES, state=TaskState.QUEUED,
@@ -521,16 +551,25 @@ class Fleet:
         is replaced in the patch, never shown)."""
         task = self.get_task(task_id)
         worktree = self._worktree_of(task)
-        secrets = self._cached_secrets()
-        if secrets is not None:
-            return git.diff(worktree, task.base_commit, secrets=secrets)
+        # measured from where the task stands against its base branch's tip now: what
+        # landed on the base meanwhile (merged in by an update) is not the task's change
+        base = git.fork_point(worktree, task.base_commit, task.base_branch)
+        found = self._cached_secrets()
+        if found is not None:
+            return git.diff(worktree, base, secrets=found)
         # Not resolved lately: look the key up while git diff runs (the panel's first
         # paint of a diff waits for both).
         with ThreadPoolExecutor(1, thread_name_prefix="fleet-key") as pool:
             resolving = pool.submit(self._secrets)
-            result = git.diff(worktree, task.base_commit)
+            result = git.diff(worktree, base)
             git.mark_secrets(worktree, result, resolving.result())
         return result
+
+    def diff_stat(self, task: Task) -> tuple[int, int]:
+        """(added, deleted) lines of a task against where it stands (see diff)."""
+        worktree = self._worktree_of(task)
+        return git.diff_stat(worktree, git.fork_point(worktree, task.base_commit,
+                                                      task.base_branch))
 
     def prepare_secret_scan(self) -> None:
         """Look the key up now (e.g. in the thread that builds the engine), so the first
@@ -552,29 +591,45 @@ class Fleet:
     def merge(self, task_id: str, *, message: str | None = None,
               test_command: str | None = None) -> git.MergeResult:
         """Land a finished task into its base branch (test gate, conflict check), then
-        delete its config dir. A refusal comes back as MergeResult(merged=False)."""
+        delete its config dir. A refusal comes back as MergeResult(merged=False). The
+        default commit message is the task's title without a copy's "(1/3)"."""
         task = self.get_task(task_id)
         self._check(task, Action.MERGE)
-        assert task.base_branch is not None  # policy refuses a task started from a commit
-        if task.worktree is not None and not Path(task.worktree).is_dir():
-            raise FleetRefused(self._missing_worktree(task))
+        return self._merge(task, message=message,
+                           test_command=test_command or self.settings.test_command)
+
+    @staticmethod
+    def _trailers(task: Task) -> dict[str, str]:
         trailers = {"Fleet-Task": task.id}
         if task.session_id:
             trailers["Fleet-Session"] = task.session_id
+        return trailers
+
+    def _merge(self, task: Task, *, message: str | None, test_command: str | None,
+               expect_side: str | None = None) -> git.MergeResult:
+        """The merge itself (no policy check: the merge queue lands its own tasks)."""
+        assert task.base_branch is not None  # policy refuses a task started from a commit
+        if task.worktree is not None and not Path(task.worktree).is_dir():
+            raise FleetRefused(self._missing_worktree(task))
         try:
             result = git.merge(task.repo, task.worktree, task.branch, task.base_branch,
-                               message=message or task.short_title,
-                               trailers=trailers,
-                               test_command=test_command or self.settings.test_command,
+                               message=message or titles.commit_title(task.short_title),
+                               trailers=self._trailers(task),
+                               test_command=test_command,
                                strategy=self.settings.merge_strategy,
-                               secrets=self._secrets(fresh=True))
+                               secrets=self._secrets(fresh=True), expect_side=expect_side)
         except git.GitError as exc:
             # nothing was merged: to the user that is a refusal (exit 4), not a failure
             raise FleetRefused(str(exc)) from None
+        gate = None
+        if result.test_output is not None:
+            gate = "failed" if result.reason == "test" else "passed"
         if result.merged:
             self._remove_config_dir(task.id)
             self.store.update_task(task.id, state=TaskState.MERGED, message=result.message,
-                                   worktree=None)
+                                   worktree=None, gate=gate or task.gate)
+        elif gate:
+            self.store.update_task(task.id, gate=gate)
         return result
 
     def discard(self, task_id: str) -> None:
@@ -594,6 +649,335 @@ class Fleet:
 
     def _remove_config_dir(self, task_id: str) -> None:
         shutil.rmtree(paths.task_config_dir(task_id, self.env), ignore_errors=True)
+
+    # --- landing many branches: update from base, push, copies, the merge queue -----------
+
+    def _update_record(self, task: Task) -> Path:
+        return paths.update_dir(task.repo, task.id)
+
+    def _landing_worktree(self, task: Task) -> Path:
+        if not task.base_branch:
+            raise FleetRefused(f"task {task.id} was started from a commit, not a branch; "
+                               "there is no base branch to update from")
+        try:
+            return self._worktree_of(task)
+        except FleetError as exc:
+            raise FleetRefused(str(exc)) from None
+
+    def update(self, task_id: str) -> git.UpdateResult:
+        """Bring a finished task's branch up to date with its base branch's current tip,
+        in its worktree (merge or rebase per `update_strategy`; the worker's uncommitted
+        work committed first). The main checkout is not touched.
+
+        An update that stopped on conflicts is looked at again: concluded when the worker
+        (or the user, in a shell) resolved and committed it, or the files are free of
+        conflict markers; else still "conflicts" (the files in ``conflicts``, stored on the
+        task, which then cannot merge, queue or push until it is resolved or aborted).
+        "refused": nothing changed (``message`` says why)."""
+        task = self.get_task(task_id)
+        self._check(task, Action.UPDATE)
+        return self._update(task)
+
+    def _update(self, task: Task) -> git.UpdateResult:
+        worktree = self._landing_worktree(task)
+        assert task.base_branch is not None
+        if task.conflicts or git.operation_in_progress(worktree) is not None:
+            return self._settle(task, worktree)
+        try:
+            result = git.update_from_base(
+                task.repo, worktree, task.branch, task.base_branch,
+                record=self._update_record(task), strategy=self.settings.update_strategy,
+                message=titles.commit_title(task.short_title), trailers=self._trailers(task))
+        except git.GitError as exc:
+            raise FleetRefused(str(exc)) from None
+        self._record_update(task, worktree, result)
+        return result
+
+    def _settle(self, task: Task, worktree: Path) -> git.UpdateResult:
+        assert task.base_branch is not None
+        try:
+            result = git.conclude_update(worktree, self._update_record(task),
+                                         base_branch=task.base_branch, branch=task.branch,
+                                         conflicted=task.conflicts)
+        except git.GitError as exc:
+            raise FleetRefused(str(exc)) from None
+        self._record_update(task, worktree, result)
+        return result
+
+    def _record_update(self, task: Task, worktree: Path, result: git.UpdateResult) -> None:
+        """Keep what an update did on the task: the conflicts (or none), the new base, the
+        counts measured from it, and the message."""
+        if result.status == "refused":
+            if task.conflicts and git.operation_in_progress(worktree) is None:
+                # an update abandoned in the worktree: no longer mid-merge, not up to date
+                self.store.update_task(task.id, conflicts=[], message=result.message)
+            return
+        fields_: dict[str, Any] = {"message": result.message,
+                                   "conflicts": list(result.conflicts)}
+        if result.status != "conflicts":
+            fields_["base_commit"] = git.fork_point(worktree, task.base_commit,
+                                                    task.base_branch)
+            with contextlib.suppress(git.GitError):
+                fields_["added_lines"], fields_["deleted_lines"] = git.diff_stat(
+                    worktree, str(fields_["base_commit"]))
+        self.store.update_task(task.id, **fields_)
+
+    def update_prompt(self, task: Task, conflicts: list[str], operation: str | None) -> str:
+        """The follow-up that asks the worker to resolve an update's conflicts."""
+        files = ", ".join(conflicts) or "(see `git status`)"
+        base = task.base_branch or "the base branch"
+        if operation == "rebase":
+            how = ("then stage them (`git add`) and continue the rebase with "
+                   "`git -c core.editor=true rebase --continue` (repeat if a later commit "
+                   "stops on conflicts too)")
+        else:
+            how = ("then stage them (`git add`) and conclude the merge with "
+                   "`git commit --no-edit`")
+        return (f"Bringing your branch up to date with {base} stopped on conflicts in: "
+                f"{files}.\n\n"
+                f"Your worktree is in the middle of that {operation or 'merge'} (`git status` "
+                "shows it). Resolve the conflicts in those files, keeping what both sides "
+                f"meant to do; make sure the tests still pass; {how}. Do not abort it and "
+                "do not start over.")
+
+    def resolve_update(self, task_id: str, how: str) -> Task:
+        """What to do with an update that stopped on conflicts: "worker" sends the worker
+        a follow-up (same session) naming the conflicted files and asking it to resolve
+        them, keep the tests passing and commit; "abort" puts the worktree back exactly as
+        it was before the update. (The third way, a shell, is the caller's: resolve there,
+        then `update` again.)"""
+        task = self.get_task(task_id)
+        if how not in ("worker", "abort"):
+            raise FleetError(f"unknown way to resolve {how!r}: use worker or abort")
+        worktree = self._landing_worktree(task)
+        operation = git.operation_in_progress(worktree)
+        if operation is None and not task.conflicts:
+            raise FleetRefused(f"task {task.id} has no update stopped on conflicts; "
+                               "nothing to resolve")
+        if how == "abort":
+            self._check(task, Action.UPDATE)
+            try:
+                done = git.abort_update(worktree, self._update_record(task))
+            except git.GitError as exc:
+                raise FleetRefused(str(exc)) from None
+            self.store.update_task(task.id, conflicts=[],
+                                   message=f"update from {task.base_branch} aborted: {done}")
+            return self.get_task(task.id)
+        conflicts = task.conflicts or git.unmerged_paths(worktree)
+        return self.follow_up(task.id, self.update_prompt(task, conflicts, operation))
+
+    def _settle_finished(self, changes: list[TaskChange]) -> None:
+        """A worker that was resolving an update's conflicts has finished: conclude the
+        update if it resolved them (and did not commit, or did), else keep the list."""
+        for change in changes:
+            if change.new not in FINISHED_STATES:
+                continue
+            try:
+                task = self.get_task(change.task_id)
+                if task.conflicts and task.worktree is not None \
+                        and Path(task.worktree).is_dir() and task.base_branch:
+                    self._settle(task, Path(task.worktree))
+            except Exception as exc:  # one task's trouble: said, never the whole pass
+                log.warning("looking at the update of task %s: %s", change.task_id, exc)
+
+    def push(self, task_id: str) -> git.PushResult:
+        """Push a finished task's branch (its uncommitted work committed first) to the
+        repository's remote (the base branch's upstream remote, else origin, else the only
+        one) as `fleet/<id>`. Then, if the `pr_command` setting names one, run it (it gets
+        FLEET_TASK_ID, FLEET_REMOTE, FLEET_REMOTE_BRANCH, FLEET_BASE_BRANCH, FLEET_TITLE
+        and FLEET_COMMIT): the hook for opening a pull request; none runs by default."""
+        task = self.get_task(task_id)
+        self._check(task, Action.PUSH)
+        worktree = None if task.worktree is None else self._landing_worktree(task)
+        remote = git.push_remote(task.repo, task.base_branch)
+        if remote is None:
+            raise FleetRefused(f"the repository {task.repo} has no remote to push to (or "
+                               "several and none is origin); add one with `git remote add "
+                               "origin URL`, or set the base branch's upstream")
+        remote_branch = f"fleet/{task.id}"
+        expect = None
+        if task.pushed:
+            parts = task.pushed.split()
+            if len(parts) == 3 and parts[0] == remote:
+                expect = parts[2]
+        try:
+            result = git.push_branch(task.repo, worktree, task.branch, remote_branch,
+                                     remote=remote, base_branch=task.base_branch,
+                                     base_commit=task.base_commit,
+                                     message=titles.commit_title(task.short_title),
+                                     trailers=self._trailers(task),
+                                     secrets=self._secrets(fresh=True), expect_remote=expect)
+        except git.GitError as exc:
+            raise FleetRefused(str(exc)) from None
+        fields_: dict[str, Any] = {"pushed": f"{remote} {remote_branch} {result.commit}",
+                                   "message": result.message}
+        if worktree is not None:
+            with contextlib.suppress(git.GitError, FleetError):
+                fields_["added_lines"], fields_["deleted_lines"] = self.diff_stat(task)
+        self.store.update_task(task.id, **fields_)
+        command = self.settings.pr_command
+        if command:
+            passed, output = git.run_test_command(
+                command, task.repo, 300.0, self._secrets(),
+                {"FLEET_TASK_ID": task.id, "FLEET_REMOTE": remote,
+                 "FLEET_REMOTE_BRANCH": remote_branch,
+                 "FLEET_BASE_BRANCH": task.base_branch or "",
+                 "FLEET_TITLE": titles.commit_title(task.short_title),
+                 "FLEET_COMMIT": result.commit})
+            result.hook_output = output
+            result.hook_passed = passed
+        return result
+
+    # --- best of N: copies of one prompt ---------------------------------------------------
+
+    def copies(self, task_id: str) -> list[Task]:
+        """The copies submitted together with this task (itself included), in copy
+        order; [task] for a task that was not submitted as one of several copies."""
+        task = self.get_task(task_id)
+        if task.group_id:
+            return self.store.group(task.group_id)
+        return [task]
+
+    def compare(self, task_id: str) -> list[CopyReport]:
+        """Each copy of the task's group side by side: its state and verdict, turns and
+        tokens, +/- and the files it touched (from where it stands against its base), the
+        last test gate, and whether it would merge cleanly now (or why not)."""
+        reports = []
+        for task in self.copies(task_id):
+            reports.append(self._report(task))
+        return reports
+
+    def _report(self, task: Task) -> CopyReport:
+        report = CopyReport(task=task, added=task.added_lines, deleted=task.deleted_lines)
+        if task.state in CLOSED_STATES or task.worktree is None \
+                or not Path(task.worktree).is_dir():
+            report.merges = f"no worktree ({task.state})"
+            return report
+        try:
+            diff = self.diff(task.id)
+        except (FleetError, git.GitError) as exc:
+            report.merges = f"cannot read its changes: {exc}"
+            return report
+        report.added, report.deleted = diff.added, diff.deleted
+        report.files = [f.path for f in diff.files]
+        report.diff = diff
+        if task.state not in FINISHED_STATES:
+            report.merges = f"not finished ({task.state})"
+            return report
+        if task.conflicts:
+            report.merges = "mid-update: " + ", ".join(task.conflicts)
+            return report
+        try:
+            preview = self.conflict_preview(task.id)
+        except (FleetError, git.GitError) as exc:
+            report.merges = str(exc)
+            return report
+        report.clean = preview.clean
+        report.merges = "yes" if preview.clean else (
+            "conflicts: " + ", ".join(preview.conflicts) if preview.conflicts
+            else preview.message)
+        return report
+
+    def pick(self, task_id: str) -> tuple[Task, list[str]]:
+        """Keep this copy: its siblings are discarded (those in the merge queue are taken
+        out of it first; running ones are stopped) and it joins the merge queue, which
+        lands it (update, test gate, merge). Returns it and the ids discarded."""
+        task = self.get_task(task_id)
+        self._check(task, Action.PICK)
+        self._check(task, Action.QUEUE)
+        siblings = [t for t in self.copies(task.id)
+                    if t.id != task.id and t.state not in CLOSED_STATES]
+        discarded = []
+        for sibling in siblings:
+            if policy.in_queue(sibling):
+                self.dequeue([sibling.id])
+            self.discard(sibling.id)
+            discarded.append(sibling.id)
+        (queued,) = self.enqueue([task.id])
+        return queued, discarded
+
+    # --- the merge queue -------------------------------------------------------------------
+
+    def enqueue(self, task_ids: list[str]) -> list[Task]:
+        """Put finished tasks at the end of the merge queue, in this order, and make sure a
+        queue runner works on it (a process of its own: the queue goes on when the panel
+        or the CLI is closed). Every task is checked first: one that cannot be queued
+        refuses the whole call with the policy's reason."""
+        tasks = [self.get_task(t) for t in task_ids]
+        for task in tasks:
+            self._check(task, Action.QUEUE)
+            self._landing_worktree(task)
+        self.store.enqueue_landing([t.id for t in tasks], self.clock())
+        for repo in dict.fromkeys(t.repo for t in tasks):
+            self.ensure_queue_runner(repo)
+        return [self.get_task(t.id) for t in tasks]
+
+    def dequeue(self, task_ids: list[str]) -> list[Task]:
+        """Take tasks out of the merge queue (a task back with its worker stays with it;
+        one being landed this moment is left alone by the runner from its next step)."""
+        out = []
+        for task_id in task_ids:
+            task = self.get_task(task_id)
+            if not policy.in_queue(task):
+                raise FleetRefused(f"task {task.id} is not in the merge queue")
+            self.store.set_landing(task.id, LAND_ACTIVE, land_state=None, land_order=None,
+                                   land_note="taken out of the merge queue")
+            out.append(self.get_task(task.id))
+        return out
+
+    def landing_queue(self, repo: Path | None = None) -> list[Task]:
+        """The merge queue, in landing order."""
+        return self.store.landing_queue(Path(repo).resolve() if repo is not None else None)
+
+    # start queue runners (`ensure_queue_runner`, `resume_queues`); off in the queue runner
+    # itself (it runs the queue) and where nothing may land on its own (snapshots)
+    spawn_queue_runners = True
+    QUEUE_CHECK = 5.0  # seconds between two looks (per process) for a queue with no runner
+    _queue_checked = 0.0
+
+    def queue_running(self, repo: Path) -> bool:
+        """Does a process run the merge queue of `repo` now (holds its lock)?"""
+        lock = git.queue_lock_file(Path(repo))
+        try:
+            with repolock.hold(lock, "checking the merge queue runner", timeout=0):
+                return False
+        except repolock.LockTimeout:
+            return True
+
+    def ensure_queue_runner(self, repo: Path) -> bool:
+        """Start a queue runner for `repo` unless one runs or the queue is empty; True
+        when one was started."""
+        from fleet_tui import landing
+
+        repo = Path(repo).resolve()
+        if not self.spawn_queue_runners or not self.store.landing_queue(repo):
+            return False
+        # one this engine started and that still starts up (it takes the lock only once
+        # Python has loaded it) counts as running
+        self._queue_procs = [p for p in self._queue_procs if p.poll() is None]
+        if any(p.args[-1] == str(paths.queue_dir(repo) / "spec.json")  # type: ignore[index]
+               for p in self._queue_procs) or self.queue_running(repo):
+            return False
+        self._queue_procs.append(landing.spawn_runner(self, repo))
+        return True
+
+    def resume_queues(self) -> None:
+        """Every QUEUE_CHECK seconds: a merge queue with work and no runner (its runner was
+        killed, or the machine restarted) gets one again."""
+        if not self.spawn_queue_runners:
+            return
+        self._queue_procs = [p for p in self._queue_procs if p.poll() is None]  # reaped
+        now = time.monotonic()
+        if now - self._queue_checked < self.QUEUE_CHECK:
+            return
+        self._queue_checked = now
+        try:
+            repos = {t.repo for t in self.store.landing_queue()}
+            for repo in repos:
+                self.ensure_queue_runner(repo)
+        except Exception as exc:  # never stops a scheduling pass
+            log.warning("could not look at the merge queue: %s", exc)
+
 
     # --- events -------------------------------------------------------------------------------
 

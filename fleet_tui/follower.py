@@ -294,7 +294,9 @@ class Follower:
             fields_["finished_at"] = now
         if task.worktree is not None and task.base_commit:
             with contextlib.suppress(git.GitError, OSError):
-                added, deleted = git.diff_stat(Path(task.worktree), task.base_commit)
+                worktree = Path(task.worktree)
+                added, deleted = git.diff_stat(worktree, git.fork_point(
+                    worktree, task.base_commit, task.base_branch))
                 fields_["added_lines"], fields_["deleted_lines"] = added, deleted
         applied: list[TaskState] = []
 

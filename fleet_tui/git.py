@@ -16,6 +16,7 @@ checkout run under the lock.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -157,6 +158,10 @@ class MergeResult:
     message: str
     test_output: str | None = None
     conflicts: list[str] = field(default_factory=list)
+    # why not merged, as ConflictPreview.reason, plus "test" (the test command failed),
+    # "changed" (not the commit that was tested), "moved" (the base moved meanwhile) and
+    # "failed" (git merge itself failed); "" when merged
+    reason: str = ""
 
 
 # --- running git ------------------------------------------------------------------------------
@@ -175,16 +180,19 @@ def _first_line(text: str) -> str:
 
 
 def _run(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
-         check: bool = True, what: str | None = None) -> tuple[int, str, str]:
+         check: bool = True, what: str | None = None,
+         timeout: float | None = None) -> tuple[int, str, str]:
     """Run ``git args`` in cwd through GitPython; return (status, stdout, stderr).
 
     With ``check``, a non-zero status raises GitError naming ``what`` and git's own reason.
+    ``timeout``: seconds before git is killed (a push to an unreachable remote).
     """
     gitpython = _gitpython()
     try:
         status, out, err = gitpython.Git(str(cwd)).execute(
             ["git", *args], with_extended_output=True, with_exceptions=False,
-            strip_newline_in_stdout=False, env=dict(env) if env else None)
+            strip_newline_in_stdout=False, env=dict(env) if env else None,
+            kill_after_timeout=timeout)
     except gitpython.GitCommandNotFound:
         raise GitError("git is not installed or not on PATH; install git 2.38 or newer"
                        ) from None
@@ -212,6 +220,12 @@ def _rev(cwd: Path, ref: str) -> str | None:
 def _branch_exists(cwd: Path, branch: str) -> bool:
     status, _, _ = _run(cwd, "show-ref", "--verify", "--quiet", f"refs/heads/{branch}",
                         check=False)
+    return status == 0
+
+
+def _is_ancestor(cwd: Path, ancestor: str, descendant: str) -> bool:
+    """Is ``ancestor`` reachable from ``descendant`` (the same commit counts)?"""
+    status, _, _ = _run(cwd, "merge-base", "--is-ancestor", ancestor, descendant, check=False)
     return status == 0
 
 
@@ -371,6 +385,15 @@ def main_worktree(path: Path | str) -> Path:
 
 _EXCLUDED: set[Path] = set()  # repositories whose exclude file this process has checked
 _EXCLUDED_LOCK = threading.Lock()
+
+
+QUEUE_LOCK_FILE = "fleet-tui-queue.lock"  # held by the process running the merge queue
+
+
+def queue_lock_file(repo: Path) -> Path:
+    """The merge queue's lock of a repository (next to the repository lock): the process
+    that holds it runs the queue; the kernel drops it when that process dies."""
+    return _lock_file(Path(repo)).with_name(QUEUE_LOCK_FILE)
 
 
 def _lock_file(repo: Path) -> Path:
@@ -1129,6 +1152,11 @@ def _merge_plan(repo: Path, worktree: Path | None, branch: str, base_branch: str
     if status == 0:
         return _Refused("nothing", f"{branch} has no changes that {base_branch} lacks; "
                         "nothing to merge (discard the task)", uncommitted=uncommitted)
+    if strategy == "ff" and not _is_ancestor(repo, base_tip, side):
+        return _Refused("behind", (
+            f"{branch} does not contain the tip of {base_branch} ({base_tip[:10]}), so it "
+            f"cannot be fast-forwarded (merge_strategy ff); update it from {base_branch} "
+            "first (fleet-tui update ID, or u in the panel)"), uncommitted=uncommitted)
     tree, conflicts = _merge_tree(repo, base_tip, side)
     if conflicts:
         return _Refused("conflicts", (
@@ -1229,7 +1257,8 @@ def _stop_gate(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _run_test(command: str, cwd: Path, timeout: float,
-              secrets: Sequence[str] = ()) -> tuple[bool, str]:
+              secrets: Sequence[str] = (),
+              extra_env: Mapping[str, str] | None = None) -> tuple[bool, str]:
     """Run the user's test command in a shell in cwd; (passed, combined output tail).
 
     Through fleet_tui.testgate: the command gets a session of its own, its output goes to a
@@ -1240,6 +1269,7 @@ def _run_test(command: str, cwd: Path, timeout: float,
     needles = _needles(secrets)
     env = {k: v for k, v in os.environ.items()
            if k not in _SECRET_ENV and not any(n in v for n in needles)}
+    env.update(extra_env or {})
     boot = _GATE_BOOT.format(root=str(Path(__file__).resolve().parent.parent))
     with tempfile.TemporaryFile(prefix="fleet-test-") as out:
         try:
@@ -1281,7 +1311,8 @@ def _commit_args(message: str, trailers: Mapping[str, str]) -> list[str]:
 
 def _refused_result(refusal: _Refused, test_output: str | None = None) -> MergeResult:
     return MergeResult(False, None, refusal.message, test_output,
-                       refusal.paths if refusal.kind == "conflicts" else [])
+                       refusal.paths if refusal.kind == "conflicts" else [],
+                       reason=refusal.kind)
 
 
 # Files a merge attempt may write into the main checkout's git dir; a failed one leaves
@@ -1403,9 +1434,12 @@ def _land(repo: Path, plan: _Plan, branch: str, base_branch: str, *, title: str,
     if before.head != plan.base_tip:
         return MergeResult(False, None, (
             f"{base_branch} moved to {before.head[:10]} while the merge was being checked; "
-            "nothing was merged, try again"), test_output)
+            "nothing was merged, try again"), test_output, reason="moved")
     head_title = title.splitlines()[0]
-    if strategy == "merge":
+    if strategy == "ff":
+        status, out, err = _run(repo, "merge", "--ff-only", "--no-verify", "--end-of-options",
+                                plan.side, check=False)
+    elif strategy == "merge":
         merge_msg = _with_trailers(f"Merge {branch}: {head_title}", trailers)
         args = ["merge", "--no-ff", "--no-verify", "--no-edit", "-m", merge_msg]
         status, out, err = _run(repo, *args, "--end-of-options", plan.side, check=False)
@@ -1422,7 +1456,7 @@ def _land(repo: Path, plan: _Plan, branch: str, base_branch: str, *, title: str,
                  else f"the main checkout is NOT as it was: {problem}")
         return MergeResult(False, None, (
             f"merging {branch} into {base_branch} failed: {reason}; {where}"), test_output,
-            sorted(set(conflicted.split())))
+            sorted(set(conflicted.split())), reason="failed")
     commit = _out(repo, "rev-parse", "HEAD").strip()
     _remove_worktree(repo, wt, branch)
     _delete_branch(repo, branch)
@@ -1433,7 +1467,7 @@ def _land(repo: Path, plan: _Plan, branch: str, base_branch: str, *, title: str,
 def merge(repo: Path, worktree: Path | None, branch: str, base_branch: str, *, message: str,
           trailers: Mapping[str, str] | None = None, test_command: str | None = None,
           strategy: str = "merge", test_timeout: float = 600.0,
-          secrets: Sequence[str] = ()) -> MergeResult:
+          secrets: Sequence[str] = (), expect_side: str | None = None) -> MergeResult:
     """Land a task: check, test, commit its worktree, merge into ``base_branch``, clean up.
 
     Refuses (merged=False, the reason in ``message``) when git has no identity, when the
@@ -1443,17 +1477,33 @@ def merge(repo: Path, worktree: Path | None, branch: str, base_branch: str, *, m
     command fails, in that order (the test last); in each case the main checkout is left
     exactly as it was. Everything but the test runs under the repository lock, and all is
     checked again after the test. After a merge the worktree goes first, then the branch.
+
+    ``expect_side`` (the merge queue): merge only if the branch's tip is that commit, the
+    worktree has no uncommitted change and the commit contains the base branch's tip, so
+    what lands is exactly what was tested (reasons "changed" and "moved" otherwise).
     """
     repo = Path(repo).resolve()
     trailers = dict(trailers or {})
-    if strategy not in ("merge", "squash"):
-        raise GitError(f"unknown merge strategy {strategy!r}: use merge or squash")
+    if strategy not in ("merge", "squash", "ff"):
+        raise GitError(f"unknown merge strategy {strategy!r}: use merge, squash or ff")
     title = message.strip() or f"fleet task {branch}"
     what = f"merging {branch} into {base_branch}"
 
     def check() -> _Plan | _Refused:
-        return _merge_plan(repo, worktree, branch, base_branch, secrets=secrets,
+        plan = _merge_plan(repo, worktree, branch, base_branch, secrets=secrets,
                            strategy=strategy)
+        if expect_side is None or isinstance(plan, _Refused):
+            return plan
+        if plan.uncommitted or plan.side != expect_side:
+            now = "uncommitted changes" if plan.uncommitted else f"its tip is {plan.side[:10]}"
+            return _Refused("changed", (
+                f"{branch} changed after it was tested ({now}, tested {expect_side[:10]}); "
+                "not merged"))
+        if not _is_ancestor(repo, plan.base_tip, plan.side):
+            return _Refused("moved", (
+                f"{base_branch} moved to {plan.base_tip[:10]} after {branch} was brought up "
+                "to date and tested; not merged"))
+        return plan
 
     def land(plan: _Plan, test_output: str | None) -> MergeResult:
         return _land(repo, plan, branch, base_branch, title=title, trailers=trailers,
@@ -1472,7 +1522,7 @@ def merge(repo: Path, worktree: Path | None, branch: str, base_branch: str, *, m
     passed, test_output = _run_test(test_command, cwd, test_timeout, secrets)
     if not passed:
         return MergeResult(False, None, f"the test command failed in {cwd}; not merged "
-                           "(its output is below)", test_output)
+                           "(its output is below)", test_output, reason="test")
     with _repo_lock(repo, what):
         plan = check()
         if isinstance(plan, _Refused):
@@ -1486,3 +1536,421 @@ def discard(repo: Path, worktree: Path | None, branch: str) -> None:
     with _repo_lock(repo, f"discarding {branch}"):
         _remove_worktree(repo, Path(worktree) if worktree is not None else None, branch)
         _delete_branch(repo, branch)
+
+
+# --- where a task stands, bringing it up to date, pushing it (issue 12) -----------------------
+
+
+def fork_point(worktree: Path, base_commit: str, base_branch: str | None) -> str:
+    """The commit a task's changes are measured from: the merge base of its HEAD and its
+    base branch's current tip. A task that merged (or rebased onto) its base branch since
+    it started is measured from there, so what landed on the base meanwhile never shows as
+    the task's own change. ``base_commit`` when there is no base branch (a task started
+    from a tag or commit) or git cannot tell (the branch is gone)."""
+    if not base_branch:
+        return base_commit
+    status, out, _ = _run(Path(worktree), "merge-base", f"refs/heads/{base_branch}", "HEAD",
+                          check=False)
+    found = out.strip()
+    return found if status == 0 and _SHA_RE.match(found) else base_commit
+
+
+UpdateStatus = Literal["current", "updated", "conflicts", "refused"]
+UPDATE_RECORD = "before.json"
+UPDATE_INDEX = "index"
+_MARKER_RE = re.compile(rb"^(?:<{7}|>{7})(?: |$)", re.MULTILINE)
+
+
+@dataclass
+class UpdateResult:
+    """What bringing a branch up to date with its base did, or found.
+
+    status: "current" (the branch contains the base's tip already), "updated" (merged or
+    rebased cleanly), "conflicts" (the worktree is left mid-merge or mid-rebase with the
+    files in ``conflicts``), "refused" (nothing was changed; ``message`` says why)."""
+
+    status: UpdateStatus
+    message: str
+    conflicts: list[str] = field(default_factory=list)
+    base_tip: str | None = None
+    head: str | None = None
+    committed: str | None = None  # the commit made of the worker's uncommitted work
+    operation: str | None = None  # "merge" or "rebase" while conflicted
+
+
+def operation_in_progress(worktree: Path) -> str | None:
+    """"merge" or "rebase" when the worktree is in the middle of one, else None."""
+    git_dir = _git_dir_of(Path(worktree))
+    if git_dir is None:
+        git_dir = _git_path(Path(worktree), ".")
+    if (git_dir / "MERGE_HEAD").exists():
+        return "merge"
+    if (git_dir / "rebase-merge").is_dir() or (git_dir / "rebase-apply").is_dir():
+        return "rebase"
+    return None
+
+
+def unmerged_paths(worktree: Path) -> list[str]:
+    """Paths with unmerged (conflict) entries in the worktree's index."""
+    out = _out(Path(worktree), "ls-files", "--unmerged", "-z", what="git ls-files")
+    found = {entry.split("\t", 1)[1] for entry in out.split("\0") if "\t" in entry}
+    return sorted(found)
+
+
+def _with_markers(worktree: Path, candidates: Sequence[str]) -> list[str]:
+    """The files among ``candidates`` that still hold conflict markers."""
+    found = []
+    for rel in candidates:
+        try:
+            data = (Path(worktree) / rel).read_bytes()
+        except OSError:
+            continue
+        if _MARKER_RE.search(data):
+            found.append(rel)
+    return found
+
+
+def _commit_uncommitted(worktree: Path, message: str, trailers: Mapping[str, str]
+                        ) -> str | None:
+    """Commit everything the worker left uncommitted (untracked files too, ignored ones
+    not); the new commit, or None when there was nothing."""
+    if not _has_uncommitted(worktree):
+        return None
+    _run(worktree, "add", "-A", "--", ".", what="staging the worker's changes")
+    _run(worktree, *_commit_args(message, trailers), what="committing the worker's changes")
+    return _out(worktree, "rev-parse", "HEAD").strip()
+
+
+def _update_message(op: str, base_branch: str, branch: str, conflicts: Sequence[str]) -> str:
+    what = "merging" if op == "merge" else "rebasing onto"
+    return (f"{what} {base_branch} stopped on conflicts in {_plural(len(conflicts), 'file')}: "
+            f"{_shown(list(conflicts))}; {branch}'s worktree is left mid-{op}: let the worker "
+            "resolve it, resolve it in a shell, or abort the update")
+
+
+def update_from_base(repo: Path, worktree: Path, branch: str, base_branch: str, *,
+                     record: Path, strategy: str = "merge", message: str,
+                     trailers: Mapping[str, str] | None = None) -> UpdateResult:
+    """Bring a task's branch up to date with ``base_branch``'s current tip, in its worktree.
+
+    The worker's uncommitted work is committed first (``message``), then the base is merged
+    in (``strategy`` "merge") or the branch rebased onto it ("rebase"). Clean: "updated".
+    On conflicts the worktree is left mid-merge (or mid-rebase) with the conflicted files
+    listed, and what it was before is kept in the folder ``record`` so that
+    ``abort_update`` puts it back exactly (HEAD, index, files). Refused, changing nothing:
+    a worktree that is mid-merge already, git without an identity, a base branch that does
+    not exist, and files the update would write over that exist ignored in the worktree.
+    The main checkout is never touched (only the repository lock is taken, so that no
+    merge moves the base branch meanwhile)."""
+    repo = Path(repo).resolve()
+    wt = Path(worktree)
+    if strategy not in ("merge", "rebase"):
+        raise GitError(f"unknown update strategy {strategy!r}: use merge or rebase")
+    verify_worktree(wt, branch)
+    op = operation_in_progress(wt)
+    if op is not None:
+        conflicts = unmerged_paths(wt)
+        return UpdateResult("conflicts", _update_message(op, base_branch, branch, conflicts),
+                            conflicts, operation=op)
+    problem = check_identity(wt)
+    if problem:
+        return UpdateResult("refused", problem)
+    with _repo_lock(repo, f"updating {branch} from {base_branch}"):
+        base_tip = _rev(repo, f"refs/heads/{base_branch}")
+        if base_tip is None:
+            return UpdateResult("refused", f"the base branch {base_branch!r} does not exist "
+                                f"in {repo}; nothing to update from")
+        head = _out(wt, "rev-parse", "HEAD").strip()
+        uncommitted = _has_uncommitted(wt)
+        if _is_ancestor(wt, base_tip, head):
+            committed = _commit_uncommitted(wt, message, dict(trailers or {}))
+            note = " (the worker's uncommitted work was committed)" if committed else ""
+            return UpdateResult("current", f"{branch} is up to date with {base_branch} "
+                                f"({base_tip[:10]}) already{note}", base_tip=base_tip,
+                                head=committed or head, committed=committed)
+        # What the update would write, checked before anything changes: a file it adds
+        # that exists ignored in the worktree would be overwritten without a word.
+        side = _snapshot_commit(wt) if uncommitted else head
+        tree, _ = _merge_tree(wt, side, base_tip)
+        blocked = _in_the_way(wt, _tree_changes(wt, side, tree))
+        if blocked:
+            return UpdateResult("refused", (
+                f"bringing {branch} up to date would overwrite "
+                f"{_plural(len(blocked), 'ignored file')} of its worktree {wt}: "
+                f"{_shown(blocked)}; move them away, then update again"), base_tip=base_tip)
+        _save_update_record(wt, record, head=head, base_tip=base_tip, strategy=strategy)
+        committed = _commit_uncommitted(wt, message, dict(trailers or {}))
+        if strategy == "merge":
+            args = ["merge", "--no-verify", "--no-edit", "-m",
+                    f"Merge {base_branch} ({base_tip[:10]}) into {branch}", "--end-of-options",
+                    base_tip]
+        else:
+            args = ["rebase", "--no-verify", "--no-autostash", base_tip]
+        status, out, err = _run(wt, *args, env={"GIT_EDITOR": "true"}, check=False)
+        if status == 0:
+            _drop_update_record(record)
+            new_head = _out(wt, "rev-parse", "HEAD").strip()
+            done = "merged into" if strategy == "merge" else "rebased onto"
+            return UpdateResult("updated", f"{base_branch} ({base_tip[:10]}) {done} {branch}",
+                                base_tip=base_tip, head=new_head, committed=committed)
+        conflicts = unmerged_paths(wt)
+        op = operation_in_progress(wt)
+        if conflicts and op is not None:
+            return UpdateResult("conflicts", _update_message(op, base_branch, branch,
+                                                             conflicts),
+                                conflicts, base_tip=base_tip, committed=committed,
+                                operation=op)
+        reason = _merge_failure(err or out)
+        restored = abort_update(wt, record)
+        return UpdateResult("refused", f"updating {branch} from {base_branch} failed: "
+                            f"{reason}; {restored}", base_tip=base_tip)
+
+
+def _save_update_record(worktree: Path, record: Path, *, head: str, base_tip: str,
+                        strategy: str) -> None:
+    """Keep what abort_update needs to put the worktree back: HEAD, the index's bytes and
+    what `git status` said (the check that it was put back)."""
+    record.mkdir(parents=True, exist_ok=True, mode=paths.PRIVATE_DIR)
+    index = _git_path(worktree, "index")
+    saved = record / UPDATE_INDEX
+    if index.exists():
+        shutil.copyfile(index, saved)
+        paths.make_private(saved, paths.PRIVATE_FILE)
+    else:
+        saved.unlink(missing_ok=True)
+    git_dir = _main_git_dir(worktree)
+    state: dict[str, str | None] = {}
+    for name in _MERGE_STATE_FILES:
+        try:
+            state[name] = (git_dir / name).read_bytes().decode("utf-8", "surrogateescape")
+        except OSError:
+            state[name] = None
+    data = {"head": head, "base_tip": base_tip, "strategy": strategy,
+            "status": _status_all(worktree), "index": index.exists(), "state": state}
+    tmp = record / (UPDATE_RECORD + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                 paths.PRIVATE_FILE)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, record / UPDATE_RECORD)
+
+
+def _read_update_record(record: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads((record / UPDATE_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("head"), str) else None
+
+
+def _drop_update_record(record: Path) -> None:
+    for name in (UPDATE_RECORD, UPDATE_INDEX, UPDATE_RECORD + ".tmp"):
+        with contextlib.suppress(OSError):
+            (record / name).unlink()
+    with contextlib.suppress(OSError):
+        record.rmdir()
+
+
+def abort_update(worktree: Path, record: Path) -> str:
+    """Undo an update that stopped on conflicts: abort the merge (or rebase), take back the
+    commit of the worker's uncommitted work, put the index back byte for byte. Returns what
+    was done ("the worktree was put back as it was (HEAD, index and files checked)");
+    GitError when there is no update to abort or the worktree could not be put back."""
+    wt = Path(worktree)
+    before = _read_update_record(record)
+    op = operation_in_progress(wt)
+    if op is None and before is None:
+        raise GitError(f"the worktree {wt} is not in the middle of an update; nothing to "
+                       "abort")
+    if op == "merge":
+        _run(wt, "merge", "--abort", what="git merge --abort")
+    elif op == "rebase":
+        _run(wt, "rebase", "--abort", what="git rebase --abort")
+    if before is None:
+        return f"the {op} was aborted (no record of the worktree before it: not checked)"
+    head = str(before["head"])
+    _run(wt, "reset", "-q", "--soft", head, what="taking back the commit of the worker's work")
+    index = _git_path(wt, "index")
+    saved = record / UPDATE_INDEX
+    if before.get("index") and saved.exists():
+        tmp = index.with_name("index.fleet-tmp")
+        shutil.copyfile(saved, tmp)
+        os.replace(tmp, index)
+    elif not before.get("index"):
+        index.unlink(missing_ok=True)
+    saved_state = before.get("state")
+    if isinstance(saved_state, dict):  # ORIG_HEAD and the like, as they were
+        _put_back(_main_git_dir(wt), {
+            str(k): (v.encode("utf-8", "surrogateescape") if isinstance(v, str) else None)
+            for k, v in saved_state.items() if k in _MERGE_STATE_FILES})
+    problems = []
+    now_head = _rev(wt, "HEAD")
+    if now_head != head:
+        problems.append(f"HEAD is {now_head[:10] if now_head else 'unreadable'}, not "
+                        f"{head[:10]}")
+    status = _status_all(wt)
+    if status != before.get("status"):
+        changed = sorted(set(status.split("\0")) ^ set(str(before.get("status")).split("\0")))
+        problems.append(f"`git status` shows {_shown([c for c in changed if c], 3)}")
+    if problems:
+        raise GitError(f"the worktree {wt} was not put back exactly: {'; '.join(problems)}; "
+                       f"look at `git status` there (the saved index is in {record})")
+    _drop_update_record(record)
+    return "the worktree was put back as it was (HEAD, index and files checked)"
+
+
+def conclude_update(worktree: Path, record: Path, *, base_branch: str, branch: str,
+                    conflicted: Sequence[str] = ()) -> UpdateResult:
+    """After the worker (or the user in a shell) worked on an update's conflicts: done
+    when the merge or rebase was concluded; when every conflicted file (``conflicted``,
+    and whatever the index still has unmerged) is free of conflict markers it is concluded
+    here (the files staged, the merge committed, the rebase continued: it may stop again on
+    a later commit); else still "conflicts"."""
+    wt = Path(worktree)
+    before = _read_update_record(record)
+    base_tip = str(before["base_tip"]) if before and before.get("base_tip") else None
+    for _ in range(1000):  # a rebase continues commit by commit
+        op = operation_in_progress(wt)
+        if op is None:
+            _drop_update_record(record)
+            head = _out(wt, "rev-parse", "HEAD").strip()
+            if base_tip is not None and not _is_ancestor(wt, base_tip, head):
+                # the merge was aborted (or undone) in the worktree instead of concluded
+                return UpdateResult("refused", (
+                    f"the update of {branch} was abandoned in its worktree (the merge was "
+                    f"aborted or undone there), so it is not up to date with {base_branch}; "
+                    "update it again"), base_tip=base_tip, head=head)
+            return UpdateResult("updated", f"{branch} is up to date with {base_branch} "
+                                "(the conflicts were resolved)", base_tip=base_tip, head=head)
+        unmerged = unmerged_paths(wt)
+        marked = _with_markers(wt, sorted(set(unmerged) | set(conflicted)))
+        if marked:
+            return UpdateResult("conflicts", _update_message(op, base_branch, branch, marked),
+                                marked, base_tip=base_tip, operation=op)
+        _run(wt, "add", "-A", "--", ".", what="staging the resolved files")
+        if op == "merge":
+            status, out, err = _run(wt, "commit", "--no-edit", "--no-verify", "-q",
+                                    check=False)
+        else:
+            status, out, err = _run(wt, "rebase", "--continue", env={"GIT_EDITOR": "true"},
+                                    check=False)
+        if status != 0 and operation_in_progress(wt) == op and not unmerged_paths(wt):
+            raise GitError(f"concluding the {op} in {wt} failed: "
+                           f"{_first_line(err) or _first_line(out)}")
+    raise GitError(f"the rebase in {wt} did not end; look at `git status` there")
+
+
+def update_record_exists(record: Path) -> bool:
+    return (record / UPDATE_RECORD).exists()
+
+
+# --- pushing a task's branch -------------------------------------------------------------------
+
+
+@dataclass
+class PushResult:
+    """A pushed branch: where it went and what it holds."""
+
+    remote: str
+    remote_branch: str  # the branch's name on the remote ("fleet/<id>")
+    commit: str
+    message: str
+    committed: str | None = None  # the commit made of the worker's uncommitted work
+    hook_output: str | None = None  # what the pull-request hook (pr_command) printed
+    hook_passed: bool | None = None
+
+
+def push_remote(repo: Path, base_branch: str | None) -> str | None:
+    """The remote a task's branch goes to: the base branch's upstream remote, else
+    `origin`, else the only remote; None when there is none (or several and no rule)."""
+    repo = Path(repo)
+    if base_branch:
+        status, out, _ = _run(repo, "config", "--get", f"branch.{base_branch}.remote",
+                              check=False)
+        name = out.strip()
+        if status == 0 and name and name != ".":
+            return name
+    remotes = [r for r in _out(repo, "remote").split() if r]
+    if "origin" in remotes:
+        return "origin"
+    return remotes[0] if len(remotes) == 1 else None
+
+
+def push_branch(repo: Path, worktree: Path | None, branch: str, remote_branch: str, *,
+                remote: str, base_branch: str | None, base_commit: str, message: str,
+                trailers: Mapping[str, str] | None = None, secrets: Sequence[str] = (),
+                expect_remote: str | None = None, timeout: float = 300.0) -> PushResult:
+    """Push ``branch`` (its worktree's uncommitted work committed first) to ``remote`` as
+    ``remote_branch``. Refused (GitError, nothing committed or pushed) when the changes or
+    the branch's commits hold one of ``secrets``. ``expect_remote``: the commit the remote
+    branch had at our last push; the push may replace it (a rebased branch) but nothing
+    else (--force-with-lease). Git never prompts (GIT_TERMINAL_PROMPT=0)."""
+    repo = Path(repo).resolve()
+    wt = _worktree_of(repo, worktree, branch)
+    tip = _rev(repo, f"refs/heads/{branch}")
+    if tip is None:
+        raise GitError(f"the task branch {branch} does not exist (discarded or merged?)")
+    side = tip
+    if wt is not None:
+        verify_worktree(wt, branch)
+        if operation_in_progress(wt):
+            raise GitError(f"the worktree {wt} is in the middle of an update from its base; "
+                           "resolve or abort it first")
+        if _has_uncommitted(wt):
+            side = _snapshot_commit(wt)
+    needles = _needles(secrets)
+    if needles:
+        base = _rev(repo, f"refs/heads/{base_branch}") if base_branch else None
+        start = _out(repo, "merge-base", base, side).strip() if base else base_commit
+        changes = _tree_changes(repo, start, _out(repo, "rev-parse",
+                                                  f"{side}^{{tree}}").strip())
+        in_result, in_history = _secret_hits(repo, start, side, changes, needles,
+                                             history=True)
+        if in_result or in_history:
+            where = _shown(in_result or in_history)
+            raise GitError(f"the changes of {branch} contain the API key ({where}); not "
+                           "pushed: remove it from the files and the branch's commits first")
+    committed = None
+    if wt is not None:
+        problem = check_identity(wt)
+        if problem and side != tip:
+            raise GitError(problem)
+        committed = _commit_uncommitted(wt, message, dict(trailers or {}))
+    commit = _out(repo, "rev-parse", f"refs/heads/{branch}").strip()
+    args = ["push", "--porcelain", "--no-verify"]
+    if expect_remote:
+        args.append(f"--force-with-lease=refs/heads/{remote_branch}:{expect_remote}")
+    args += ["--end-of-options", remote, f"{commit}:refs/heads/{remote_branch}"]
+    status, out, err = _run(repo, *args, check=False, timeout=timeout,
+                            env={"GIT_TERMINAL_PROMPT": "0"})
+    if status != 0:
+        reason = _first_line(err) or _first_line(out) or f"exit status {status}"
+        raise GitError(f"pushing {branch} to {remote} failed: {reason}")
+    return PushResult(remote=remote, remote_branch=remote_branch, commit=commit,
+                      message=f"pushed {branch} to {remote} as {remote_branch} "
+                              f"({commit[:10]})", committed=committed)
+
+
+def head_commit(worktree: Path) -> str:
+    """The commit checked out in a worktree."""
+    return _out(Path(worktree), "rev-parse", "HEAD").strip()
+
+
+def landed(repo: Path, commit: str, base_branch: str) -> str | None:
+    """The base branch's tip when ``commit`` has landed in it (it is an ancestor of the
+    tip, or the tip has its very tree: a squash), else None."""
+    tip = _rev(Path(repo), f"refs/heads/{base_branch}")
+    if tip is None:
+        return None
+    if _is_ancestor(Path(repo), commit, tip):
+        return tip
+    tree = _rev(Path(repo), f"{commit}^{{tree}}")
+    return tip if tree is not None and tree == _rev(Path(repo), f"{tip}^{{tree}}") else None
+
+
+def run_test_command(command: str, cwd: Path, timeout: float = 600.0,
+                     secrets: Sequence[str] = (),
+                     extra_env: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """The merge's test gate on its own (the merge queue, the pull-request hook): run
+    ``command`` in a shell in ``cwd``; (passed, the tail of its output)."""
+    return _run_test(command, Path(cwd), timeout, secrets, extra_env)

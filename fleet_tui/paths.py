@@ -126,3 +126,14 @@ def secure_home(env: Mapping[str, str] | None = None) -> None:
 def logs_dir(repo: Path) -> Path:
     """Where the attempt folders of a repository's tasks live (private: prompts, events)."""
     return work_dir(repo) / LOGS_DIR_NAME
+
+
+def update_dir(repo: Path, task_id: str) -> Path:
+    """What an update from base that stopped on conflicts keeps to undo it (the index as it
+    was, HEAD): next to the task's attempt folders, private like them."""
+    return logs_dir(repo) / task_id / "update"
+
+
+def queue_dir(repo: Path) -> Path:
+    """The merge queue runner's folder of a repository: its spec and its log."""
+    return logs_dir(repo) / ".queue"

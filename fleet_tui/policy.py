@@ -18,7 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleet_tui.states import STATES, Action, Phase, TaskState, Verdict
+from fleet_tui.states import (
+    FINISHED_STATES,
+    LAND_ACTIVE,
+    STATES,
+    Action,
+    LandState,
+    Phase,
+    TaskState,
+    Verdict,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,9 +43,10 @@ if TYPE_CHECKING:
         def uniform(self, a: float, b: float) -> float: ...
 
 
-__all__ = ["RUNNER_HEADSTART", "TRANSIENT", "Next", "Watch", "after_attempt",
-           "allowed_actions", "auth_hint", "backoff_delay", "cooldown_until", "model_for",
-           "refusal", "streak", "time_limit", "watchdog", "why_not", "why_not_resume"]
+__all__ = ["RUNNER_HEADSTART", "TRANSIENT", "LandNext", "Next", "Watch", "after_attempt",
+           "after_fix", "allowed_actions", "auth_hint", "backoff_delay", "cooldown_until",
+           "in_queue", "land_failure", "model_for", "next_to_land", "refusal", "streak",
+           "time_limit", "watchdog", "why_not", "why_not_resume"]
 
 # verdicts of the moment (the endpoint's, not the task's): tried again after a wait
 TRANSIENT = frozenset({Verdict.OVERLOAD, Verdict.QUOTA})
@@ -65,14 +75,39 @@ def why_not(task: Task, action: Action) -> str | None:
         if action is Action.KILL:
             return f"it is not running (it is {task.state})"
         return f"it is {task.state}"
-    if action is Action.MERGE and not task.base_branch:
+    if action in _NEEDS_BASE_BRANCH and not task.base_branch:
         return (f"it was started from a commit, not a branch; merge its branch "
                 f"{task.branch or 'fleet/' + task.id} by hand")
+    if task.land_state in _BEING_LANDED and action is Action.FOLLOW_UP:
+        return (f"the merge queue is landing it ({task.land_state}); wait a moment, or take "
+                f"it out of the queue (`fleet-tui queue --remove {task.id}`)")
+    if in_queue(task) and action in _NOT_WHILE_QUEUED:
+        return (f"it is in the merge queue ({task.land_state}); take it out first "
+                f"(`fleet-tui queue --remove {task.id}`)")
+    if task.conflicts and action in _NOT_WHILE_CONFLICTED:
+        shown = ", ".join(task.conflicts[:3]) + (" ..." if len(task.conflicts) > 3 else "")
+        return (f"its update from {task.base_branch or 'its base'} stopped on conflicts "
+                f"({shown}); resolve them (u: the worker or a shell) or abort the update")
     if action is Action.FOLLOW_UP and not task.session_id:
         return "it has no session to continue (its run never started one); retry it instead"
     if action in (Action.SHELL, Action.DIFF) and task.worktree is None:
         return "it has no worktree yet"
     return None
+
+
+_NEEDS_BASE_BRANCH = frozenset({Action.MERGE, Action.UPDATE, Action.QUEUE, Action.PICK})
+# a task in the merge queue: its worktree and branch are the queue's
+_NOT_WHILE_QUEUED = frozenset({Action.MERGE, Action.DISCARD, Action.RETRY, Action.UPDATE,
+                               Action.QUEUE, Action.PICK, Action.PUSH})
+# the queue works in its worktree right now
+_BEING_LANDED = frozenset({LandState.UPDATING, LandState.TESTING, LandState.MERGING})
+# an update stopped mid-merge: nothing lands or leaves before it is resolved or aborted
+_NOT_WHILE_CONFLICTED = frozenset({Action.MERGE, Action.QUEUE, Action.PUSH, Action.PICK})
+
+
+def in_queue(task: Task) -> bool:
+    """The task is in the merge queue (waiting, being landed, or back with its worker)."""
+    return task.land_state in LAND_ACTIVE
 
 
 def why_not_resume(task: Task) -> str | None:
@@ -242,3 +277,56 @@ def watchdog(task: Task, attempt: Attempt, settings: Settings, now: float, *,
     stalled = f"no event for {idle:.0f} s" if task.state == TaskState.RUNNING else None
     stop = ("stall", f"stalled: no event for {idle:.0f} s") if settings.stall_kill else None
     return Watch(stop=stop, stalled=stalled)
+
+
+# --- the merge queue -------------------------------------------------------------------------
+
+
+def next_to_land(queue: Sequence[Task]) -> Task | None:
+    """The task the merge queue lands next: the first in queue order (`land_order`) that
+    is not back with its worker and whose worker is not running (a task someone followed
+    up meanwhile keeps its place and is passed over until it has finished). One that was
+    being landed when its queue runner died comes first: it holds the smallest order."""
+    ready = [t for t in queue if t.land_state in LAND_ACTIVE
+             and t.land_state != LandState.FIXING and t.state in FINISHED_STATES]
+    ready.sort(key=lambda t: (t.land_order if t.land_order is not None else 0.0, t.id))
+    return ready[0] if ready else None
+
+
+@dataclass(frozen=True, slots=True)
+class LandNext:
+    """What the queue does with a task whose update conflicted or whose gate failed."""
+
+    state: LandState  # FIXING (a follow-up goes to its worker) or STOPPED
+    note: str
+
+
+def land_failure(task: Task, settings: Settings, reason: str) -> LandNext:
+    """A conflict or a red gate (`reason` says which, and where): back to the worker as a
+    follow-up while it has had fewer than `queue_fix_attempts` of them (and has a session
+    to follow up), else out of the queue with the reason."""
+    if task.land_fixes < settings.queue_fix_attempts and task.session_id:
+        return LandNext(LandState.FIXING,
+                        f"{reason}; back with its worker "
+                        f"(fix {task.land_fixes + 1} of {settings.queue_fix_attempts})")
+    if not task.session_id:
+        return LandNext(LandState.STOPPED, f"{reason}; stopped: no session to send a fix to")
+    tried = _plural_fix(task.land_fixes)
+    return LandNext(LandState.STOPPED, f"{reason}; stopped after {tried}")
+
+
+def _plural_fix(n: int) -> str:
+    return f"{n} fix attempt{'' if n == 1 else 's'}" if n else "no fix attempt allowed"
+
+
+def after_fix(task: Task) -> LandNext | None:
+    """A task back with its worker (FIXING): None while its follow-up has not ended; then
+    WAITING (it rejoins the end of the queue) when the worker succeeded, else STOPPED."""
+    if task.state not in FINISHED_STATES:
+        return None
+    if task.attempt_count < task.land_attempt:
+        return None  # its follow-up is recorded but not started yet
+    if task.state == TaskState.SUCCEEDED:
+        return LandNext(LandState.WAITING, "fixed by its worker; back in the queue")
+    detail = f": {task.message}" if task.message else ""
+    return LandNext(LandState.STOPPED, f"the worker's fix ended {task.state}{detail}")

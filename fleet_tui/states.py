@@ -47,6 +47,28 @@ class Action(StrEnum):
     FOLLOW_UP = "follow_up"
     SHELL = "shell"
     DIFF = "diff"
+    # landing many branches (issue 12)
+    UPDATE = "update"  # bring the branch up to date with its base branch
+    QUEUE = "queue"  # land through the merge queue
+    PUSH = "push"  # push the branch to the remote instead of merging
+    PICK = "pick"  # land this copy, discard its siblings
+
+
+class LandState(StrEnum):
+    """Where a task is in the merge queue (`Task.land_state`; None: not queued)."""
+
+    WAITING = "waiting"  # its turn has not come (or it rejoined the end after a fix)
+    UPDATING = "updating"  # its branch is brought up to date with the base branch
+    TESTING = "testing"  # the test gate runs in its worktree
+    MERGING = "merging"  # the tested commit lands in the base branch
+    FIXING = "fixing"  # back with its worker (a conflict or a red gate)
+    MERGED = "merged"  # landed
+    STOPPED = "stopped"  # out of the queue, with the reason in land_note
+
+
+# in the queue: its worktree and branch are the queue's (never discarded or reset)
+LAND_ACTIVE = frozenset({LandState.WAITING, LandState.UPDATING, LandState.TESTING,
+                         LandState.MERGING, LandState.FIXING})
 
 
 class Verdict(StrEnum):
@@ -79,7 +101,8 @@ class StateInfo:
 
 
 _FINISHED_ACTIONS = frozenset({Action.MERGE, Action.DISCARD, Action.RETRY, Action.FOLLOW_UP,
-                               Action.SHELL, Action.DIFF})
+                               Action.SHELL, Action.DIFF, Action.UPDATE, Action.QUEUE,
+                               Action.PUSH, Action.PICK})
 _ACTIVE_ACTIONS = frozenset({Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF})
 _PENDING_ACTIONS = frozenset({Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF})
 

@@ -28,7 +28,15 @@ from typing import Any
 
 from fleet_tui import paths
 from fleet_tui.errors import EXIT_NOT_FOUND, EXIT_USAGE, FleetTuiError
-from fleet_tui.states import ACTIVE_STATES, CLOSED_STATES, FINISHED_STATES, TaskState, Verdict
+from fleet_tui.states import (
+    ACTIVE_STATES,
+    CLOSED_STATES,
+    FINISHED_STATES,
+    LAND_ACTIVE,
+    LandState,
+    TaskState,
+    Verdict,
+)
 from fleet_tui.titles import task_title
 
 # TaskState and its phase sets are states.py's (the one table of states), re-exported here
@@ -142,6 +150,17 @@ class Task:
     deleted_lines: int = 0
     claimed_by: str | None = None
     claimed_at: float | None = None
+    # landing (issue 12; migration _V3_LANDING)
+    group_id: str | None = None  # copies submitted together share it (best of N)
+    conflicts: list[str] = field(default_factory=list)  # an update from base stopped here
+    pushed: str | None = None  # "remote branch @ commit" of the last push
+    land_state: str | None = None  # the merge queue: states.LandState
+    land_order: float | None = None  # place in the merge queue (smallest lands first)
+    land_fixes: int = 0  # follow-ups the queue sent the worker to fix a conflict or test
+    land_note: str | None = None  # why stopped, what it waits for
+    land_commit: str | None = None  # the commit the queue tested and is landing
+    land_attempt: int = 0  # the attempt number of the queue's fix follow-up
+    gate: str | None = None  # the last test gate: "passed" | "failed" (None: never run)
     # Not a column: why the stored row could not be read as it is (None: it could). Such a
     # task is shown failed with this as its message, and the engine never runs it.
     row_error: str | None = None
@@ -274,8 +293,27 @@ def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
     return run
 
 
+# landing many branches (issue 12): copies' group, an update's conflicts, the push, the
+# merge queue's state per task (the queue is the tasks with an active land_state, ordered by
+# land_order), the last test gate's result.
+_V3_LANDING = """
+ALTER TABLE tasks ADD COLUMN group_id TEXT;
+ALTER TABLE tasks ADD COLUMN conflicts TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE tasks ADD COLUMN pushed TEXT;
+ALTER TABLE tasks ADD COLUMN land_state TEXT;
+ALTER TABLE tasks ADD COLUMN land_order REAL;
+ALTER TABLE tasks ADD COLUMN land_fixes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN land_note TEXT;
+ALTER TABLE tasks ADD COLUMN land_commit TEXT;
+ALTER TABLE tasks ADD COLUMN land_attempt INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN gate TEXT;
+CREATE INDEX tasks_group ON tasks(group_id);
+CREATE INDEX tasks_land ON tasks(land_state, land_order)
+"""
+
 # Migration i brings a database from user_version i to i + 1. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_script(_V1), _script(_V2)]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_script(_V1), _script(_V2),
+                                                          _script(_V3_LANDING)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error"}
@@ -288,7 +326,7 @@ def _to_db(name: str, value: Any) -> Any:
     """Python value -> SQLite value."""
     if value is None:
         return None
-    if name == "extra_args":
+    if name in ("extra_args", "conflicts"):
         return json.dumps(list(value))
     if isinstance(value, Path):
         return str(value)
@@ -711,6 +749,83 @@ class Store:
                 (TaskState.RUNNING.value, owner, now, now, now, row["id"]))
             fresh = conn.execute("SELECT * FROM tasks WHERE id = ?", (row["id"],)).fetchone()
             return _task_from_row(fresh)
+
+    # --- the merge queue: tasks with an active land_state, in land_order --------------------
+
+    def enqueue_landing(self, task_ids: Iterable[str], now: float | None = None) -> list[str]:
+        """Put tasks at the end of the merge queue, in the order given (one transaction);
+        a task in the queue already keeps its place. Returns the ids that joined."""
+        now = time.time() if now is None else now
+        active = tuple(s.value for s in LAND_ACTIVE)
+        marks = ", ".join("?" for _ in active)
+        joined: list[str] = []
+        with self.transaction() as conn:
+            last = conn.execute(f"SELECT COALESCE(MAX(land_order), 0) FROM tasks WHERE "
+                                f"land_state IN ({marks})", active).fetchone()[0]
+            order = float(last or 0)
+            for task_id in task_ids:
+                if task_id in joined:
+                    continue
+                order += 1
+                changed = conn.execute(
+                    f"UPDATE tasks SET land_state = ?, land_order = ?, land_fixes = 0, "
+                    f"land_note = NULL, land_commit = NULL, land_attempt = 0, updated_at = ? "
+                    f"WHERE id = ? AND (land_state IS NULL OR land_state NOT IN ({marks}))",
+                    (LandState.WAITING.value, order, now, task_id, *active)).rowcount
+                if changed:
+                    joined.append(task_id)
+        return joined
+
+    def landing_queue(self, repo: Path | None = None) -> list[Task]:
+        """The merge queue (of one repository, or all): its tasks in landing order."""
+        active = tuple(s.value for s in LAND_ACTIVE)
+        sql = (f"SELECT * FROM tasks WHERE land_state IN ({', '.join('?' for _ in active)})")
+        args: list[Any] = list(active)
+        if repo is not None:
+            sql += " AND repo = ?"
+            args.append(str(repo))
+        sql += " ORDER BY land_order, id"
+        return [_task_from_row(r) for r in self._connect().execute(sql, args).fetchall()]
+
+    def set_landing(self, task_id: str, expect: Iterable[str] | None = None,
+                    **fields_: Any) -> bool:
+        """Set fields of a task in the merge queue, only while its land_state is one of
+        ``expect`` (None: whatever it is): a task taken out of the queue meanwhile, or
+        moved on by another process, is left alone. Returns whether it changed."""
+        unknown = set(fields_) - set(TASK_COLUMNS)
+        if unknown:
+            raise TypeError(f"cannot update task fields: {', '.join(sorted(unknown))}")
+        fields_.setdefault("updated_at", time.time())
+        with self.transaction() as conn:
+            row = conn.execute("SELECT land_state FROM tasks WHERE id = ?",
+                               (task_id,)).fetchone()
+            if row is None:
+                return False
+            if expect is not None and row["land_state"] not in {str(e) for e in expect}:
+                return False
+            return self.update_task(task_id, **fields_)
+
+    def land_rejoin(self, task_id: str, note: str, now: float | None = None) -> bool:
+        """A task back from its worker joins the end of the merge queue (only while it is
+        still FIXING)."""
+        now = time.time() if now is None else now
+        active = tuple(s.value for s in LAND_ACTIVE)
+        with self.transaction() as conn:
+            last = conn.execute(f"SELECT COALESCE(MAX(land_order), 0) FROM tasks WHERE "
+                                f"land_state IN ({', '.join('?' for _ in active)})",
+                                active).fetchone()[0]
+            return conn.execute(
+                "UPDATE tasks SET land_state = ?, land_order = ?, land_note = ?, "
+                "updated_at = ? WHERE id = ? AND land_state = ?",
+                (LandState.WAITING.value, float(last or 0) + 1, note, now, task_id,
+                 LandState.FIXING.value)).rowcount > 0
+
+    def group(self, group_id: str) -> list[Task]:
+        """The copies submitted together under ``group_id``, oldest first."""
+        rows = self._connect().execute(
+            "SELECT * FROM tasks WHERE group_id = ? ORDER BY created_at, title, id",
+            (group_id,)).fetchall()
+        return [_task_from_row(r) for r in rows]
 
     # --- claims: one starter per task, and no start after a kill ------------------------------
 

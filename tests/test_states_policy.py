@@ -41,17 +41,18 @@ def test_an_unknown_state_has_no_row() -> None:
     assert states.info("running") is states.STATES[TaskState.RUNNING]
 
 
+_LANDING = {Action.UPDATE, Action.QUEUE, Action.PUSH, Action.PICK}  # issue 12
 ALLOWED = {  # state -> actions allowed for a task with a worktree, a branch and a session
     TaskState.QUEUED: {Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF},
     TaskState.WAITING: {Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF},
     TaskState.RUNNING: {Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF},
     TaskState.STALLED: {Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF},
     TaskState.SUCCEEDED: {Action.MERGE, Action.DISCARD, Action.RETRY, Action.FOLLOW_UP,
-                          Action.SHELL, Action.DIFF},
+                          Action.SHELL, Action.DIFF, *_LANDING},
     TaskState.FAILED: {Action.MERGE, Action.DISCARD, Action.RETRY, Action.FOLLOW_UP,
-                       Action.SHELL, Action.DIFF},
+                       Action.SHELL, Action.DIFF, *_LANDING},
     TaskState.KILLED: {Action.MERGE, Action.DISCARD, Action.RETRY, Action.FOLLOW_UP,
-                       Action.SHELL, Action.DIFF},
+                       Action.SHELL, Action.DIFF, *_LANDING},
     TaskState.MERGED: set(),
     TaskState.DISCARDED: set(),
 }

@@ -287,18 +287,19 @@ async def test_bulk_merge_lands_exactly_the_marked_set(fleet: Fleet, git_repo: P
         await wait_until(pilot, lambda: app.main.check_action("merge", ()) is True,
                          what="merge to apply")
         said = await _answer(pilot, app, MergeScreen, "m")
-        assert "Merge 2 tasks?" in said
+        # several marked tasks land through the merge queue (issue 12)
+        assert "Land 2 tasks through the merge queue?" in said
         items = " ".join(str(w.render()) for w in app.screen.query(".merge-item"))
         assert all(t in items for t in chosen) and not any(t in items for t in
                                                            set(ids) - chosen)
         await pilot.press("y")
+        await wait_until(pilot, lambda: any("Queued 2 tasks to land" in f"{t} {m}"
+                                            for _, t, m in app.toasts), what="the count")
         await wait_until(pilot, lambda: all(fleet.get_task(t).state == TaskState.MERGED
                                             for t in chosen), what="the two merged",
                          timeout=60)
         assert all(fleet.get_task(t).state == TaskState.SUCCEEDED
                    for t in set(ids) - chosen)
-        await wait_until(pilot, lambda: any("Merged 2 tasks" in f"{t} {m}"
-                                            for _, t, m in app.toasts), what="the count")
     landed = set(git(git_repo, "ls-tree", "--name-only", "main").split())
     merged_files = {f"file{ids.index(t)}.txt" for t in chosen}
     assert merged_files <= landed

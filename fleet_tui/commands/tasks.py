@@ -1,4 +1,5 @@
-"""fleet-tui run|ls|show|logs|diff|merge|discard|retry|follow-up|kill: the headless engine.
+"""fleet-tui run|ls|show|logs|diff|merge|discard|retry|follow-up|kill|update|queue|compare|
+pick|push: the headless engine.
 
 Every command is a thin layer over `Fleet`. Commands that look at tasks first run one
 scheduling pass, so whatever finished while no fleet-tui process was running is recorded
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,9 +34,12 @@ from fleet_tui.errors import (
 from fleet_tui.fleet import Fleet, TaskSpec, check_text, work_at_stake
 from fleet_tui.states import (
     ACTIVE_STATES,
+    CLOSED_STATES,
     FINISHED_STATES,
+    LAND_ACTIVE,
     PENDING_STATES,
     Action,
+    LandState,
     TaskState,
 )
 from fleet_tui.store import MAX_COPIES, Attempt, StoreError, Task
@@ -442,6 +447,16 @@ def cmd_show(argv: list[str]) -> int:
             ("tokens", f"{task.input_tokens} in / {task.output_tokens} out"),
             ("changes", f"+{task.added_lines} -{task.deleted_lines}"),
             ("last tool", task.last_tool or "-")]
+    if task.conflicts:
+        rows.append(("conflicts", ", ".join(task.conflicts)))
+    if task.land_state:
+        rows.append(("landing", f"{task.land_state}"
+                     + (f": {task.land_note}" if task.land_note else "")))
+    if task.pushed:
+        remote, _, rest = task.pushed.partition(" ")
+        rows.append(("pushed", f"{remote}/{rest.replace(' ', ' @ ')}"))
+    if task.gate:
+        rows.append(("test gate", task.gate))
     for name, value in rows:
         _out(f"{name + ':':<10} {value}")
     _out("prompt:")
@@ -671,10 +686,216 @@ def cmd_kill(argv: list[str]) -> int:
     return EXIT_OK
 
 
+# --- landing many branches (issue 12) ----------------------------------------------------
+
+
+def _print_conflicts(task_id: str, result: git.UpdateResult) -> None:
+    _err(f"fleet-tui update: {result.message}")
+    for path in result.conflicts:
+        _err(f"  conflict: {path}")
+
+
+def _run_shell(worktree: Path, task_id: str) -> None:
+    """$SHELL in the worktree, for the user to resolve the conflicts by hand."""
+    if sys.stdin is None or not sys.stdin.isatty():
+        raise _Usage(f"a shell needs a terminal; resolve the conflicts in {worktree} by hand "
+                     f"(edit, `git add`), then run `fleet-tui update {task_id}` again")
+    shell = os.environ.get("SHELL") or "/bin/sh"
+    _err(f"resolving in {worktree}: edit the conflicted files, `git add` them (a commit is "
+         "optional), then exit the shell")
+    subprocess.call([shell], cwd=worktree)
+
+
+def cmd_update(argv: list[str]) -> int:
+    p = _id_parser("update", "Bring a finished task's branch up to date with its base "
+                   "branch's current tip, in its worktree (merge or rebase per "
+                   "update_strategy; its uncommitted work is committed first). On "
+                   "conflicts the worktree is left mid-merge: choose with --resolve.")
+    p.add_argument("--resolve", choices=("worker", "shell", "abort"),
+                   help="on conflicts: send the worker a follow-up to resolve them, open "
+                   "$SHELL in the worktree, or abort (the worktree back as it was)")
+    p.add_argument("--wait", action="store_true",
+                   help="with --resolve worker: stay until the worker is done")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    task = fleet.get_task(args.id)
+    result = fleet.update(task.id)
+    if result.status == "refused":
+        _err(f"fleet-tui update: not updated: {result.message}")
+        return EXIT_REFUSED
+    if result.status != "conflicts":
+        _out(result.message)
+        return EXIT_OK
+    _print_conflicts(task.id, result)
+    if args.resolve is None:
+        _err(f"choose: fleet-tui update {task.id} --resolve worker|shell|abort")
+        return EXIT_REFUSED
+    if args.resolve == "abort":
+        done = fleet.resolve_update(task.id, "abort")
+        _out(done.message or "aborted")
+        return EXIT_OK
+    if args.resolve == "shell":
+        _run_shell(Path(task.worktree or "."), task.id)
+        result = fleet.update(task.id)
+    else:
+        fleet.resolve_update(task.id, "worker")
+        _out(f"{task.id} queued for a follow-up: resolve the conflicts in "
+             f"{', '.join(result.conflicts)}")
+        if not args.wait:
+            _print_change(_until_started(fleet, fleet.get_task(task.id)))
+            return EXIT_OK
+        (final,) = _schedule_until(fleet, [task.id],
+                                   lambda t: t.state not in RUNNING_OR_PENDING, _print_change)
+        if final.state != TaskState.SUCCEEDED:
+            _err(f"fleet-tui update: the worker's follow-up ended {final.state}")
+            return EXIT_FAILED
+        result = fleet.update(task.id)
+    if result.status == "conflicts":
+        _print_conflicts(task.id, result)
+        return EXIT_REFUSED
+    _out(result.message)
+    return EXIT_OK if result.status != "refused" else EXIT_REFUSED
+
+
+def _land_line(task: Task, position: int | None = None) -> str:
+    where = f"{position:>3}. " if position is not None else ""
+    note = f"  {_one_line(task.land_note, 100)}" if task.land_note else ""
+    return f"{where}{task.id:<6}  {task.land_state or '-':<8}  {_one_line(task.short_title, 50)}" \
+        f"{note}"
+
+
+def cmd_queue(argv: list[str]) -> int:
+    p = _parser("queue", "Land tasks through the merge queue, one at a time and in order: "
+                "each is brought up to date with its base, tested in its worktree "
+                "(test_command) and merged; a conflict or a red test goes back to its worker "
+                "(queue_fix_attempts times), then it stops. Without ID: show the queue.")
+    p.add_argument("ids", nargs="*", metavar="ID", help="tasks to queue, in landing order")
+    p.add_argument("--remove", action="store_true", help="take these tasks out of the queue")
+    p.add_argument("--wait", action="store_true", help="stay until every task given has "
+                   "landed or stopped; exit 4 if one stopped")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    if not args.ids:
+        repo = _repo(args.repo)
+        queue = fleet.landing_queue(repo)
+        if not queue:
+            _out("the merge queue is empty; queue tasks with `fleet-tui queue ID...`")
+        for n, task in enumerate(queue, 1):
+            _out(_land_line(task, n))
+        return EXIT_OK
+    ids = [fleet.get_task(i).id for i in args.ids]
+    if args.remove:
+        for task in fleet.dequeue(ids):
+            _out(f"{task.id} taken out of the merge queue")
+        return EXIT_OK
+    for task in fleet.enqueue(ids):
+        _out(f"{task.id} queued to land ({task.land_state})")
+    if not args.wait:
+        _err("landing in the background; follow with `fleet-tui queue`")
+        return EXIT_OK
+    return _wait_landed(fleet, ids)
+
+
+def _wait_landed(fleet: Fleet, ids: list[str]) -> int:
+    """Schedule (and keep a queue runner going) until every task landed or stopped."""
+    seen: dict[str, tuple[str | None, str | None]] = {}
+
+    def done(task: Task) -> bool:
+        key = (task.land_state, task.land_note)
+        if seen.get(task.id) != key:
+            seen[task.id] = key
+            _err(_land_line(task))
+        return task.land_state not in LAND_ACTIVE
+
+    final = _schedule_until(fleet, ids, done)
+    stopped = [t for t in final if t.land_state != LandState.MERGED]
+    return EXIT_REFUSED if stopped else EXIT_OK
+
+
+def cmd_compare(argv: list[str]) -> int:
+    p = _id_parser("compare", "Compare the copies of a task (launched together with "
+                   "--copies) side by side.")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    reports = fleet.compare(args.id)
+    if args.json:
+        _out(json.dumps([{"id": r.task.id, "state": r.task.state.value,
+                          "verdict": r.task.verdict, "turns": r.task.turns,
+                          "tokens": r.task.input_tokens + r.task.output_tokens,
+                          "added": r.added, "deleted": r.deleted, "files": r.files,
+                          "gate": r.gate, "clean": r.clean, "merges": r.merges}
+                         for r in reports], indent=2))
+        return EXIT_OK
+    if len(reports) == 1:
+        _err(f"task {reports[0].task.id} was not launched as one of several copies; "
+             "nothing to compare it with")
+    _out(f"{'ID':<6}  {'STATE':<9}  {'VERDICT':<9}  {'TURNS':>5}  {'TOKENS':>7}  "
+         f"{'+/-':>9}  {'FILES':>5}  {'GATE':<6}  MERGES CLEANLY")
+    for r in reports:
+        t = r.task
+        _out(f"{t.id:<6}  {t.state.value:<9}  {t.verdict or '-':<9}  {t.turns:>5}  "
+             f"{_tokens(t.input_tokens + t.output_tokens):>7}  "
+             f"{f'+{r.added}/-{r.deleted}':>9}  {len(r.files):>5}  {r.gate:<6}  "
+             f"{_one_line(r.merges, 70)}")
+        if r.files:
+            _out(f"        {_one_line(', '.join(r.files), 110)}")
+    return EXIT_OK
+
+
+def cmd_pick(argv: list[str]) -> int:
+    p = _id_parser("pick", "Keep this copy of a task: discard its sibling copies and land "
+                   "it through the merge queue.")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask")
+    p.add_argument("--wait", action="store_true", help="stay until it has landed or stopped")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    task = fleet.get_task(args.id)
+    _refuse_unless(task, Action.PICK)
+    siblings = [t for t in fleet.copies(task.id) if t.id != task.id
+                and t.state not in CLOSED_STATES]
+    names = ", ".join(t.id for t in siblings) or "none"
+    _confirm(f"land {task.id} ({task.short_title}) and discard its other copies ({names})?",
+             args.yes)
+    queued, discarded = fleet.pick(task.id)
+    for sibling in discarded:
+        _out(f"discarded {sibling}")
+    _out(f"{queued.id} queued to land ({queued.land_state})")
+    if not args.wait:
+        _err("landing in the background; follow with `fleet-tui queue`")
+        return EXIT_OK
+    return _wait_landed(fleet, [queued.id])
+
+
+def cmd_push(argv: list[str]) -> int:
+    p = _id_parser("push", "Push a finished task's branch (its uncommitted work committed "
+                   "first) to the repository's remote as fleet/ID, instead of merging it. "
+                   "The pr_command setting, if set, runs afterwards (to open a pull request).")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    result = fleet.push(args.id)
+    _out(f"{result.remote}/{result.remote_branch}")
+    _err(result.message)
+    if result.hook_output is not None:
+        sys.stdout.write(result.hook_output if result.hook_output.endswith("\n")
+                         else result.hook_output + "\n")
+        if not result.hook_passed:
+            _err("fleet-tui push: the pr_command failed (the branch is pushed)")
+            return EXIT_FAILED
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run, "ls": cmd_ls, "show": cmd_show, "logs": cmd_logs, "diff": cmd_diff,
     "merge": cmd_merge, "discard": cmd_discard, "retry": cmd_retry,
     "follow-up": cmd_follow_up, "kill": cmd_kill,
+    "update": cmd_update, "queue": cmd_queue, "compare": cmd_compare, "pick": cmd_pick,
+    "push": cmd_push,
 }
 
 

@@ -55,6 +55,10 @@ VERBS: dict[Action, str] = {
     Action.FOLLOW_UP: "follow up",
     Action.SHELL: "open a shell in",
     Action.DIFF: "edit the files of",
+    Action.UPDATE: "update",
+    Action.QUEUE: "queue",
+    Action.PUSH: "push",
+    Action.PICK: "pick",
 }
 
 
@@ -128,12 +132,18 @@ def _has_worktree(task: Task | None) -> bool:
     return task is not None and task.worktree is not None
 
 
+def _has_copies(task: Task | None) -> bool:
+    """The task was launched as one of several copies of its prompt (best of N)."""
+    return task is not None and task.group_id is not None
+
+
 ACTIONS: tuple[PanelAction, ...] = (
     PanelAction("task.new", "new_task", "n", "New",
                 "launch a task (the form; ctrl+s submits)"),
     PanelAction("app.help", "help", "question_mark", "Help", "this help"),
     PanelAction("task.merge", "merge", "m", "Merge",
-                "merge into the base branch (conflict preview, message, test gate)",
+                "merge into the base branch (conflict preview, message, test gate); with "
+                "tasks marked: land them one by one through the merge queue",
                 task=Action.MERGE),
     PanelAction("task.discard", "discard", "d", "Discard",
                 "delete the task's worktree and branch (asks first)", task=Action.DISCARD),
@@ -162,6 +172,24 @@ ACTIONS: tuple[PanelAction, ...] = (
     PanelAction("task.edit", "edit", "e", "Edit", "open the highlighted diff file in $EDITOR",
                 task=Action.DIFF, on="selected",
                 when=lambda c: c.diff_file is not None and _has_worktree(c.selected)),
+    # landing many branches (issue 12)
+    PanelAction("task.update", "update", "u", "Update",
+                "bring the branch up to date with its base branch; on conflicts choose: "
+                "the worker resolves them, a shell, or abort", task=Action.UPDATE,
+                on="cursor", when=lambda c: c.marked == 0),
+    PanelAction("task.compare", "compare", "c", "Compare",
+                "compare the copies of this task side by side (best of N), each one's "
+                "diff below; p there picks one", when=lambda c: _has_copies(c.cursor)),
+    PanelAction("task.pick", "pick", "p", "Pick",
+                "keep this copy: land it through the merge queue, discard the other "
+                "copies (asks first)", show=False, task=Action.PICK, on="cursor",
+                when=lambda c: c.marked == 0 and _has_copies(c.cursor)),
+    PanelAction("task.push", "push", "P", "Push",
+                "push the branch to the remote as fleet/<id> instead of merging",
+                show=False, task=Action.PUSH, on="cursor", when=lambda c: c.marked == 0),
+    PanelAction("queue.view", "queue_view", "Q", "Queue",
+                "the merge queue: what lands next, what is tested, what went back to its "
+                "worker, what stopped and why", show=False),
     PanelAction("list.filter", "filter", "slash", "Filter", "filter the task list"),
     PanelAction("view.stream", "show_tab('tab-stream')", "1", "Stream", "show the live stream",
                 show=False),

@@ -19,6 +19,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from fleet_tui import stream
     from fleet_tui.git import Diff
+    from fleet_tui.store import Task
 
 Span = tuple[str, str]
 """(style name, text): the style name is a component class suffix, "" for plain."""
@@ -234,3 +235,35 @@ def describe_error(error: BaseException) -> str:
         return str(error) or type(error).__name__
     text = str(error).strip()
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+# --- landing (issue 12) -------------------------------------------------------------------
+
+# where a task is on its way to the base branch, as the list shows it before its title:
+# (text, style name of the task table)
+_LAND_STYLES = {"waiting": "waiting", "updating": "running", "testing": "running",
+                "merging": "running", "fixing": "stalled", "stopped": "failed"}
+
+
+def landing_label(task: Task) -> tuple[str, str] | None:
+    """The task's landing news for the list: its place in the merge queue ("⇡testing"),
+    an update stopped on conflicts ("⚠conflicts"), or a push ("↑pushed"); None for none."""
+    if task.conflicts:
+        return "⚠conflicts", "failed"
+    state = task.land_state
+    closed = task.state in ("merged", "discarded")  # history: its queue news is old
+    if state is not None and state in _LAND_STYLES and not closed:
+        return f"⇡{state}", _LAND_STYLES[state]
+    if task.pushed:
+        return "↑pushed", "muted"
+    return None
+
+
+def pushed_label(task: Task) -> str | None:
+    """Where a task was pushed ("origin/fleet/abc @ 1a2b3c4d5e"), or None."""
+    if not task.pushed:
+        return None
+    parts = task.pushed.split()
+    if len(parts) != 3:
+        return task.pushed
+    return f"{parts[0]}/{parts[1]} @ {parts[2][:10]}"

@@ -42,7 +42,7 @@ from fleet_tui.states import (
 )
 from fleet_tui.ui.actions import ACTIONS, Context, PanelAction, find
 from fleet_tui.ui.external import run_external
-from fleet_tui.ui.formatting import describe_error
+from fleet_tui.ui.formatting import describe_error, landing_label, pushed_label
 from fleet_tui.ui.messages import (
     ActionDone,
     DiffLoaded,
@@ -62,6 +62,7 @@ from fleet_tui.ui.widgets.task_table import TaskTable, sort_tasks
 if TYPE_CHECKING:
     from fleet_tui.fleet import Fleet, FleetStatus
     from fleet_tui.store import Task
+    from fleet_tui.ui.screens.landing import CopyRow, QueueRow
     from fleet_tui.ui.screens.launch import LaunchRequest
     from fleet_tui.ui.screens.modals import MergeItem
 
@@ -84,6 +85,8 @@ class MainScreen(Screen[None]):
         ("In dialogs", [
             ("y / n / escape", "confirm, refuse, cancel"),
             ("ctrl+s", "submit the launch form, a follow-up or a merge"),
+            ("e", "merge: edit the commit message (enter: done; y and n are typed there)"),
+            ("w / o / a", "update stopped on conflicts: the worker, a shell, abort"),
             ("f / r", "retry: a fresh run or resume the session"),
             ("ctrl+p", "command palette: every action by name"),
         ]),
@@ -247,6 +250,8 @@ class MainScreen(Screen[None]):
             try:
                 tasks = fleet.list_tasks()
                 status = fleet.status(tasks)
+                if not self.run_scheduler:  # the scheduler's passes do it otherwise
+                    fleet.resume_queues()
             except Exception as exc:  # whatever the store raises: said, and polled again
                 self.post_message(PollFailed(poll_problem(fleet, exc)))
                 return
@@ -461,6 +466,16 @@ class MainScreen(Screen[None]):
                 text.append(f"  ·  {task.branch}")
                 if task.base_branch:
                     text.append(f" → {task.base_branch}")
+            landing = landing_label(task)
+            if landing is not None:
+                text.append(f"  ·  {landing[0]}")
+                if task.land_state and task.land_note:
+                    text.append(f": {task.land_note.splitlines()[0]}")
+            pushed = pushed_label(task)
+            if pushed is not None and not (landing and landing[0] == "↑pushed"):
+                text.append(f"  ·  ↑{pushed}")
+            elif pushed is not None:
+                text.append(f" {pushed}")
             if task.message and task.state not in (TaskState.RUNNING, TaskState.QUEUED):
                 text.append(f"  ·  {task.message.splitlines()[0] if task.message else ''}")
             if text.plain != self._title_shown:
@@ -634,15 +649,29 @@ class MainScreen(Screen[None]):
     @work(exclusive=True, exit_on_error=False, group="dialog",
           description="previewing the merge")
     async def _merge_flow(self, fleet: Fleet, task_ids: list[str]) -> None:
-        """The conflict preview (in a thread), the merge dialog, then the merge."""
+        """The conflict preview (in a thread), the merge dialog, then the merge. Several
+        tasks (marked) land through the merge queue, in the list's order."""
         from fleet_tui.ui.screens.modals import MergeScreen
 
         items, test_command = await asyncio.to_thread(merge_items, fleet, task_ids)
         if self.closing:
             return
-        answer = await self.app.push_screen_wait(MergeScreen(items, test_command))
-        if answer is not None:
+        queue = len(task_ids) > 1
+        answer = await self.app.push_screen_wait(MergeScreen(items, test_command,
+                                                             queue=queue))
+        if answer is None:
+            return
+        if queue:
+            self._enqueue(fleet, task_ids)
+        else:
             self._merge(fleet, task_ids, answer.message, test_command)
+
+    @work(thread=True, exit_on_error=False, group="actions", description="queuing to land")
+    def _enqueue(self, fleet: Fleet, task_ids: list[str]) -> None:
+        tasks = fleet.enqueue(task_ids)
+        self.post_message(ActionDone(
+            f"{', '.join(t.id for t in tasks)} land one at a time, in this order (Q shows "
+            "the queue)", title=f"Queued {len(tasks)} tasks to land", task_ids=task_ids))
 
     @work(thread=True, exit_on_error=False, group="actions", description="merging")
     def _merge(self, fleet: Fleet, task_ids: list[str], message: str | None,
@@ -793,6 +822,154 @@ class MainScreen(Screen[None]):
         the diff pane's first mount, after the first frame: handled by name)."""
         self._maybe_refresh_bindings()
 
+    # --- actions: landing (issue 12) ------------------------------------------------------
+    def action_update(self) -> None:
+        task = self.cursor_task
+        if task is not None:
+            self._update_flow(self._engine(), task.id)
+
+    @work(exclusive=True, exit_on_error=False, group="dialog",
+          description="updating from the base branch")
+    async def _update_flow(self, fleet: Fleet, task_id: str) -> None:
+        """Update from base; on conflicts ask: the worker, a shell, or abort."""
+        from fleet_tui.ui.screens.modals import ChoiceScreen, MessageScreen
+
+        result = await asyncio.to_thread(fleet.update, task_id)
+        for _ in range(3):  # a shell may leave it conflicted: ask again, a few times
+            if self.closing:
+                return
+            if result.status == "refused":
+                self.app.push_screen(MessageScreen(f"{task_id} not updated", result.message))
+                self.app.bell()
+                return
+            if result.status != "conflicts":
+                self.notify(result.message, title=f"{task_id} up to date")
+                self._after_landing_action(task_id)
+                return
+            files = "\n".join(f"• {path}" for path in result.conflicts)
+            body = (f"{result.message}\n\nConflicted files:\n{files}\n\n"
+                    "w: a follow-up asks the worker to resolve them, keep the tests passing "
+                    "and commit (its stream shows the work)\no: a shell in the worktree\n"
+                    "a: abort: the worktree goes back exactly as it was")
+            choice = await self.app.push_screen_wait(ChoiceScreen(
+                f"Update of {task_id} stopped on conflicts", body,
+                [("w", "worker", "Worker resolves"), ("o", "shell", "Shell"),
+                 ("a", "abort", "Abort update")]))
+            if choice is None:
+                self.notify("Left mid-merge; u again to choose.", title=task_id,
+                            severity="warning")
+                self._after_landing_action(task_id)
+                return
+            if choice == "worker":
+                await asyncio.to_thread(fleet.resolve_update, task_id, "worker")
+                self.notify(f"Sent to its worker: resolve {', '.join(result.conflicts)}.",
+                            title=f"{task_id} follow-up queued")
+                self.action_show_tab("tab-stream")
+                self._after_landing_action(task_id)
+                return
+            if choice == "abort":
+                task = await asyncio.to_thread(fleet.resolve_update, task_id, "abort")
+                self.notify(task.message or "aborted", title=f"{task_id} update aborted")
+                self._after_landing_action(task_id)
+                return
+            worktree = self.tasks[task_id].worktree if task_id in self.tasks else None
+            if worktree is None:
+                return
+            shell = os.environ.get("SHELL") or "/bin/sh"
+            run_external(self.app, [shell], worktree,
+                         f"resolve the conflicts in {worktree}, `git add` them, then exit")
+            result = await asyncio.to_thread(fleet.update, task_id)
+
+    def _after_landing_action(self, task_id: str) -> None:
+        if task_id == self.selected_id:
+            self.diff.reload()
+            self.stream.reread()
+        self.poll()
+
+    def action_compare(self) -> None:
+        task = self.cursor_task
+        if task is not None:
+            self._compare_flow(self._engine(), task.id)
+
+    @work(exclusive=True, exit_on_error=False, group="dialog",
+          description="comparing the copies")
+    async def _compare_flow(self, fleet: Fleet, task_id: str) -> None:
+        from fleet_tui.ui.screens.landing import CompareScreen
+
+        title, rows = await asyncio.to_thread(compare_rows, fleet, task_id)
+        if self.closing:
+            return
+        answer = await self.app.push_screen_wait(CompareScreen(title, rows, task_id))
+        if answer is None:
+            return
+        what, chosen = answer
+        if what == "select":
+            if self.table.select_key(chosen):
+                self._select(chosen)
+                self.action_show_tab("tab-diff")
+            return
+        await self._pick(fleet, chosen)
+
+    def action_pick(self) -> None:
+        task = self.cursor_task
+        if task is not None:
+            self._pick_flow(self._engine(), task.id)
+
+    @work(exclusive=True, exit_on_error=False, group="dialog", description="picking a copy")
+    async def _pick_flow(self, fleet: Fleet, task_id: str) -> None:
+        await self._pick(fleet, task_id)
+
+    async def _pick(self, fleet: Fleet, task_id: str) -> None:
+        """Ask once, then land the copy through the queue and discard its siblings."""
+        from fleet_tui.ui.screens.modals import ConfirmScreen
+
+        copies = await asyncio.to_thread(fleet.copies, task_id)
+        siblings = [t for t in copies if t.id != task_id and t.state not in CLOSED_STATES]
+        chosen = next((t for t in copies if t.id == task_id), None)
+        if chosen is None or self.closing:
+            return
+        names = "\n".join(f"  {t.id}  {t.short_title}  ({t.state})" for t in siblings)
+        body = (f"Land {chosen.id} ({chosen.short_title}) through the merge queue, and "
+                f"discard its other copies (their worktrees and branches):\n"
+                f"{names or '  (none left)'}")
+        if not await self.app.push_screen_wait(ConfirmScreen(f"Pick {chosen.id}?", body,
+                                                             yes="Pick")):
+            return
+        self._pick_now(fleet, task_id)
+
+    @work(thread=True, exit_on_error=False, group="actions", description="picking a copy")
+    def _pick_now(self, fleet: Fleet, task_id: str) -> None:
+        queued, discarded = fleet.pick(task_id)
+        gone = f"; discarded {', '.join(discarded)}" if discarded else ""
+        self.post_message(ActionDone(f"queued to land ({queued.land_state}){gone}",
+                                     title=f"{task_id} picked", task_ids=[task_id, *discarded]))
+
+    def action_push(self) -> None:
+        task = self.cursor_task
+        if task is not None:
+            self._push(self._engine(), task.id)
+
+    @work(thread=True, exit_on_error=False, group="actions", description="pushing")
+    def _push(self, fleet: Fleet, task_id: str) -> None:
+        result = fleet.push(task_id)
+        details = None
+        text = f"{result.remote}/{result.remote_branch} ({result.commit[:10]})"
+        if result.hook_output is not None:
+            details = f"{result.message}\n\npr_command said:\n{result.hook_output}"
+            if not result.hook_passed:
+                self.post_message(ActionDone(details, title=f"{task_id} pushed; pr_command "
+                                             "failed", severity="error", details=details,
+                                             task_ids=[task_id]))
+                return
+        self.post_message(ActionDone(text, title=f"{task_id} pushed", details=details,
+                                     task_ids=[task_id]))
+
+    def action_queue_view(self) -> None:
+        from fleet_tui.ui.screens.landing import QueueScreen
+
+        fleet = self._engine()
+        self.app.push_screen(QueueScreen(partial(queue_rows, fleet, self.repo)))
+
     # --- actions: outside programs -------------------------------------------------------
     def action_shell(self) -> None:
         task = self.cursor_task
@@ -848,16 +1025,21 @@ def confirm_text(action: Action, targets: list[Task]) -> tuple[str, str, str, st
 def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str | None]:
     """What the merge dialog shows (the conflict preview of each task) and the test
     command that gates the merge. Runs in a thread: git work."""
+    from fleet_tui.titles import commit_title
     from fleet_tui.ui.screens.modals import MergeItem
 
     items = []
     for task_id in task_ids:
         task = fleet.get_task(task_id)
         preview = fleet.conflict_preview(task_id)
+        try:  # counted from where the task stands against its base branch now
+            added, deleted = fleet.diff_stat(task)
+        except Exception:  # a worktree that cannot be read: the stored counts
+            added, deleted = task.added_lines, task.deleted_lines
         items.append(MergeItem(task.id, task.short_title, task.branch,
                                task.base_branch or "the base branch", preview.clean,
-                               list(preview.conflicts), preview.message,
-                               task.added_lines, task.deleted_lines))
+                               list(preview.conflicts), preview.message, added, deleted,
+                               message=commit_title(task.short_title)))
     command = getattr(getattr(fleet, "settings", None), "test_command", None)
     return items, command if isinstance(command, str) and command else None
 
@@ -904,3 +1086,34 @@ def poll_problem(fleet: Fleet, error: BaseException) -> str:
     else:
         cause = f"{text} ({type(error).__name__})" if text else type(error).__name__
     return f"Cannot read the task list{f' from {where}' if where else ''}: {cause}"
+
+
+def compare_rows(fleet: Fleet, task_id: str) -> tuple[str, list[CopyRow]]:
+    """What the compare view shows: the copies' title and one row per copy (with its diff
+    prepared for painting). Runs in a thread: git work."""
+    from fleet_tui.titles import commit_title
+    from fleet_tui.ui.formatting import PreparedDiff
+    from fleet_tui.ui.screens.landing import CopyRow
+
+    reports = fleet.compare(task_id)
+    rows = [CopyRow(r.task.id, r.task.short_title, str(r.task.state), r.task.verdict or "",
+                    r.task.turns, r.task.input_tokens + r.task.output_tokens, r.added,
+                    r.deleted, list(r.files), r.gate, r.merges, r.clean,
+                    PreparedDiff.build(r.diff) if r.diff is not None else None)
+            for r in reports]
+    title = commit_title(reports[0].task.short_title) if reports else task_id
+    return title, rows
+
+
+def queue_rows(fleet: Fleet, repo: Path | None) -> list[QueueRow]:
+    """The merge queue view's rows: the queue in landing order, then the tasks it stopped
+    (they wait for the user). Runs in a thread: the store."""
+    from fleet_tui.states import LandState
+    from fleet_tui.ui.screens.landing import QueueRow
+
+    fleet.resume_queues()  # a queue whose runner was killed gets one again
+    queue = fleet.landing_queue(repo)
+    stopped = [t for t in fleet.list_tasks(repo) if t.land_state == LandState.STOPPED
+               and t.state not in CLOSED_STATES]
+    return [QueueRow(t.id, t.short_title, t.land_state or "", t.land_note or "",
+                     str(t.state), t.land_fixes) for t in [*queue, *stopped]]

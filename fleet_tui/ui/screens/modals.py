@@ -197,6 +197,7 @@ class MergeItem:
     preview_message: str
     added: int
     deleted: int
+    message: str = ""  # the default commit message (the title without a copy's "(1/2)")
 
 
 @dataclass(frozen=True)
@@ -205,27 +206,46 @@ class MergeAnswer:
 
 
 class MergeScreen(ModalScreen[MergeAnswer | None]):
-    """Confirm a merge: the conflict preview, the commit message, the test gate."""
+    """Confirm a merge: the conflict preview, the commit message, the test gate. With
+    ``queue``: several tasks landed through the merge queue, in the order shown.
+
+    The commit message box is one key away (`e`, or `tab`); while it has focus `y` and `n`
+    are typed into it, never answered; `enter` there goes back to the buttons; its text is
+    kept (not selected) so editing changes the default rather than wiping it."""
 
     BINDINGS = [
         Binding("y", "merge", "Merge", id="merge.yes"),
         Binding("ctrl+s", "merge", "Merge", show=False, id="merge.submit", priority=True),
         Binding("n", "cancel", "No", id="merge.no"),
         Binding("escape", "cancel", "Cancel", id="merge.cancel"),
+        Binding("e", "edit_message", "Edit message", id="merge.edit"),
     ]
 
-    def __init__(self, items: list[MergeItem], test_command: str | None) -> None:
+    def __init__(self, items: list[MergeItem], test_command: str | None, *,
+                 queue: bool = False) -> None:
         super().__init__(classes="modal")
         self._items = items
         self._test_command = test_command
+        self._queue = queue
 
     def compose(self) -> ComposeResult:
-        single = len(self._items) == 1
+        single = len(self._items) == 1 and not self._queue
         with Vertical(classes="dialog wide"):
-            title = (f"Merge {self._items[0].branch} into {self._items[0].base_branch}?"
-                     if single else f"Merge {len(self._items)} tasks?")
+            if self._queue:
+                title = (f"Land {len(self._items)} task{'s' if len(self._items) > 1 else ''}"
+                         " through the merge queue?")
+            elif single:
+                title = f"Merge {self._items[0].branch} into {self._items[0].base_branch}?"
+            else:
+                title = f"Merge {len(self._items)} tasks?"
             yield Label(title, classes="dialog-title", markup=False)
             with VerticalScroll(classes="dialog-scroll"):
+                if self._queue:
+                    yield Static(Text(
+                        "One at a time, in this order: each is brought up to date with its "
+                        "base branch, tested in its worktree, then merged. A conflict or a "
+                        "failing test goes back to its worker; the queue goes on. Q shows "
+                        "the queue."), classes="dialog-hint")
                 for item in self._items:
                     yield Static(self._preview(item), classes="merge-item")
                 if self._test_command:
@@ -237,12 +257,21 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
                                       "config.toml): merging without a test gate."),
                                  classes="dialog-hint")
             if single:
-                yield Label("Commit message", classes="field-label")
-                yield Input(value=self._items[0].title, id="merge-message")
+                yield Label(Text.assemble("Commit message  ", ("e", "bold"),
+                                          " to edit, enter when done"),
+                            classes="field-label")
+                item = self._items[0]
+                yield Input(value=item.message or item.title, id="merge-message",
+                            select_on_focus=False)
             with Horizontal(classes="dialog-buttons"):
-                yield Button(keyed("Merge", "y"), id="yes", variant="success",
-                             disabled=not all(i.clean for i in self._items))
+                yield Button(keyed("Queue" if self._queue else "Merge", "y"), id="yes",
+                             variant="success", disabled=not self._can_merge())
                 yield Button(keyed("No", "n"), id="no")
+
+    def _can_merge(self) -> bool:
+        """The queue brings each task up to date itself (conflicts go to its worker);
+        a merge now needs every task to merge cleanly."""
+        return self._queue or all(i.clean for i in self._items)
 
     def _preview(self, item: MergeItem) -> Text:
         text = Text()
@@ -266,14 +295,29 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
         (self.query_one("#no", Button) if button.disabled else button).focus()
 
     def action_merge(self) -> None:
-        if not all(i.clean for i in self._items):
-            self.notify("Resolve the conflicts first (retry or follow up on the task).",
-                        severity="warning")
+        if not self._can_merge():
+            self.notify("It does not merge cleanly now: update it from its base first (u) "
+                        "and resolve the conflicts, or mark it and land it through the "
+                        "merge queue (m with marks).", severity="warning")
             return
         message: str | None = None
-        if len(self._items) == 1:
+        boxes = self.query("#merge-message")
+        if boxes:
             message = self.query_one("#merge-message", Input).value.strip() or None
         self.dismiss(MergeAnswer(message))
+
+    def action_edit_message(self) -> None:
+        """Put the focus in the commit message box, the cursor after its text."""
+        boxes = self.query("#merge-message")
+        if boxes:
+            box = self.query_one("#merge-message", Input)
+            box.focus()
+            box.cursor_position = len(box.value)
+
+    @on(Input.Submitted, "#merge-message")
+    def _message_done(self) -> None:
+        button = self.query_one("#yes", Button)
+        (self.query_one("#no", Button) if button.disabled else button).focus()
 
     def action_cancel(self) -> None:
         self.dismiss(None)

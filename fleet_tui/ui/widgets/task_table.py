@@ -22,7 +22,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from fleet_tui.states import STATES, Phase
-from fleet_tui.ui.formatting import human_duration, human_tokens
+from fleet_tui.ui.formatting import human_duration, human_tokens, landing_label
 from fleet_tui.ui.widgets.line_view import text_style
 
 TYPE_CHECKING = False
@@ -337,6 +337,11 @@ class TaskTable(ScrollView, can_focus=True):
             self._style("muted") if row is not None and row.phase is Phase.CLOSED else "")
         spent = elapsed(task, now)
         tokens = task.input_tokens + task.output_tokens
+        title = Text(no_wrap=True, overflow="ellipsis", style=title_style)
+        landing = landing_label(task)
+        if landing is not None:
+            title.append(f"{landing[0]} ", style=self._style(landing[1]))
+        title.append(task.short_title)
         lines = Text(no_wrap=True)
         if task.added_lines or task.deleted_lines:
             lines.append(f"+{task.added_lines}", style=self._style("add"))
@@ -346,7 +351,7 @@ class TaskTable(ScrollView, can_focus=True):
             Text(row.badge if row is not None else str(task.state), style=state_style,
                  no_wrap=True),
             Text(task.id, no_wrap=True),
-            Text(task.short_title, style=title_style, no_wrap=True, overflow="ellipsis"),
+            title,
             Text(task.model, no_wrap=True, overflow="ellipsis"),
             Text(human_duration(spent) if spent is not None else "", no_wrap=True,
                  justify="right"),
@@ -362,7 +367,7 @@ class TaskTable(ScrollView, can_focus=True):
         spent = elapsed(task, self._now)
         return (task.state, task.short_title, task.model, task.turns, task.input_tokens,
                 task.output_tokens, task.added_lines, task.deleted_lines, task.last_tool,
-                None if spent is None else int(spent), marked)
+                None if spent is None else int(spent), marked, landing_label(task))
 
     def _paint(self, cells: list[tuple[Text, str, int]], row_style: Style,
                *, over: bool = False) -> Strip:

@@ -1,0 +1,177 @@
+"""Snapshots of the landing screens (issue 12) at 80x24 and 160x48, from fixed data: the
+compare view of three copies, the merge queue view, the merge dialog in queue mode and the
+choice an update that stopped on conflicts asks for.
+
+Deterministic by construction: fixed ids, titles and timestamps, an injected clock, no
+scheduler and no queue runner (the engine never lands anything on its own here), worktrees
+whose contents are written by the test. The tasks are store rows as finished workers leave
+them (a stand-in for the worker runs: tests/test_ui_landing.py runs the real claude).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from landing_support import commit_all
+from textual.pilot import Pilot
+
+from fleet_tui import git as fgit
+from fleet_tui.config import load_settings
+from fleet_tui.fleet import Fleet
+from fleet_tui.states import LandState, TaskState
+from fleet_tui.store import Store
+from fleet_tui.ui.app import FleetApp
+from fleet_tui.ui.screens.landing import CompareScreen, QueueScreen
+from fleet_tui.ui.screens.main import MainScreen
+from fleet_tui.ui.screens.modals import ChoiceScreen, MergeScreen
+from fleet_tui.ui.widgets.diff_view import DiffView
+from fleet_tui.ui.widgets.task_table import TaskTable
+
+NOW = 1_800_000_000.0
+SIZES = [(80, 24), (160, 48)]
+COPIES = ("c1aaaa", "c2bbbb", "c3cccc")
+QUEUED = ("q1dddd", "q2eeee", "q3ffff", "q4gggg")
+
+
+def build_fleet(repo: Path, tmp: Path) -> Fleet:
+    """Three finished copies of one prompt (each with its own change), four tasks in the
+    merge queue at each step of it, and one update stopped on conflicts."""
+    store = Store(tmp / "fleet.db")
+    endpoint = load_settings().base_url
+    contents = ("return a + b\n", "return sum((a, b))\n", "return b + a  # commutes\n")
+    for n, (task_id, body) in enumerate(zip(COPIES, contents, strict=True)):
+        info = fgit.create_worktree(repo, task_id, "main")
+        (info.path / "src" / "add.py").write_text(f"def add(a, b):\n    {body}")
+        if n == 2:
+            (info.path / "tests.txt").write_text("add(1, 2) == 3\n")
+        store.create_task(task_id=task_id, prompt="Write add()", now=NOW - 600 + n,
+                          title=f"Write add() ({n + 1}/3)", repo=repo, base_branch="main",
+                          base_commit=info.base_commit, branch=info.branch,
+                          worktree=info.path, state=TaskState.SUCCEEDED, verdict="ok",
+                          started_at=NOW - 590, finished_at=NOW - 500 + 10 * n,
+                          turns=3 + n, input_tokens=20_000 + 1000 * n, output_tokens=700,
+                          added_lines=2 + (n == 2), deleted_lines=0, group_id="gfixed01",
+                          endpoint=endpoint, gate="passed" if n == 1 else None)
+    states = [(LandState.MERGING, "merging 1a2b3c4d5e into main"),
+              (LandState.TESTING, "testing 6f7a8b9c0d: pytest -q"),
+              (LandState.FIXING, "the test gate failed on 2c3d4e5f6a; back with its worker "
+                                 "(fix 1 of 1)"),
+              (LandState.WAITING, None)]
+    for n, (task_id, (land, note)) in enumerate(zip(QUEUED, states, strict=True)):
+        store.create_task(task_id=task_id, prompt=f"Queued task {n + 1}", now=NOW - 400 + n,
+                          title=f"Queued task {n + 1}", repo=repo, base_branch="main",
+                          base_commit="0" * 40, state=TaskState.RUNNING if land ==
+                          LandState.FIXING else TaskState.SUCCEEDED, verdict="ok",
+                          started_at=NOW - 300, finished_at=NOW - 200, turns=2,
+                          endpoint=endpoint, land_state=land, land_order=float(n + 1),
+                          land_note=note, land_fixes=1 if land == LandState.FIXING else 0)
+    store.create_task(task_id="s9stop", prompt="Stopped one", now=NOW - 100,
+                      title="Rename the config keys", repo=repo, base_branch="main",
+                      base_commit="0" * 40, state=TaskState.SUCCEEDED, verdict="ok",
+                      endpoint=endpoint, land_state=LandState.STOPPED,
+                      land_note="updating from main conflicted in config.py; stopped after "
+                                "1 fix attempt")
+    fleet = Fleet(load_settings(), store, clock=lambda: NOW)
+    fleet.spawn_queue_runners = False  # nothing lands on its own in a snapshot
+    return fleet
+
+
+@pytest.fixture
+def landing_app(git_repo: Path, tmp_path: Path) -> FleetApp:
+    fleet = build_fleet(git_repo, tmp_path)
+    return FleetApp(fleet, repo=git_repo, default_base="main", clock=lambda: NOW,
+                    run_scheduler=False, bell=False, poll_interval=0.1, diff_interval=60)
+
+
+async def _settle(pilot: Pilot[Any], predicate: Any, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "the screen did not settle"
+        await pilot.pause(0.05)
+    await pilot.pause(0.3)
+
+
+async def _listed(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    assert isinstance(app, FleetApp)
+    await _settle(pilot, lambda: any(len(t.keys) == 8 for t in app.main.query(TaskTable)))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_compare_view(snap_compare: Any, landing_app: FleetApp, size: tuple[int, int]) -> None:
+    """Three copies side by side, the second highlighted with its diff below."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await _listed(pilot)
+        landing_app.main.query_one(TaskTable).select_key(COPIES[0])
+        await _settle(pilot, lambda: landing_app.main.selected_id == COPIES[0])
+        await pilot.press("c")
+        await _settle(pilot, lambda: isinstance(landing_app.screen, CompareScreen))
+        await pilot.press("down")
+        view = landing_app.screen.query_one(DiffView)
+        await _settle(pilot, lambda: view.prepared is not None and
+                      view.prepared.diff.files[0].patch.count("sum((a, b))") == 1)
+
+    assert snap_compare(landing_app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_queue_view(snap_compare: Any, landing_app: FleetApp, size: tuple[int, int]) -> None:
+    """The queue in landing order at each step, then the task it stopped."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await _listed(pilot)
+        await pilot.press("Q")
+        await _settle(pilot, lambda: isinstance(landing_app.screen, QueueScreen)
+                      and len(landing_app.screen.rows) == 5)
+
+    assert snap_compare(landing_app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_queue_merge_dialog(snap_compare: Any, landing_app: FleetApp,
+                            size: tuple[int, int]) -> None:
+    """m with the three copies marked: land them through the merge queue."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await _listed(pilot)
+        main = landing_app.main
+        for task_id in COPIES:
+            main.query_one(TaskTable).select_key(task_id)
+            await _settle(pilot, lambda t=task_id: main.cursor_task is not None
+                          and main.cursor_task.id == t, timeout=5)
+            await pilot.press("space")
+        await _settle(pilot, lambda: main.marked == set(COPIES))
+        await pilot.press("m")
+        await _settle(pilot, lambda: isinstance(landing_app.screen, MergeScreen))
+
+    assert snap_compare(landing_app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_update_conflict_choice(snap_compare: Any, landing_app: FleetApp, git_repo: Path,
+                                size: tuple[int, int]) -> None:
+    """u on a copy whose update from main conflicts: worker, shell or abort."""
+    (git_repo / "src" / "add.py").write_text("def add(a, b):\n    return int(a) + int(b)\n")
+    commit_all(git_repo, "main's own add()")
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await _listed(pilot)
+        main = landing_app.main
+        main.query_one(TaskTable).select_key(COPIES[2])
+        await _settle(pilot, lambda: main.cursor_task is not None
+                      and main.cursor_task.id == COPIES[2])
+        await pilot.press("u")
+        await _settle(pilot, lambda: isinstance(landing_app.screen, ChoiceScreen))
+
+    assert snap_compare(landing_app, terminal_size=size, run_before=run_before)
+
+
+def test_the_snapshot_fleet_lands_nothing_on_its_own(git_repo: Path, tmp_path: Path) -> None:
+    fleet = build_fleet(git_repo, tmp_path)
+    assert fleet.ensure_queue_runner(git_repo) is False
+    assert [t.id for t in fleet.landing_queue(git_repo)] == list(QUEUED)
+    assert isinstance(MainScreen, type)
