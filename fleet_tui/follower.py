@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet_tui import git, outcome, policy, stream
+from fleet_tui import git, outcome, policy, providers, stream
 from fleet_tui.attemptlog import AttemptLog
 from fleet_tui.config import Settings
 from fleet_tui.states import ACTIVE_STATES, TaskState, Verdict
@@ -48,6 +48,11 @@ class _Follow:
     offset: int = 0
     result: stream.Result | None = None
     stored: tuple[Any, ...] = ()
+    # what the events said beside the result (outcome.with_hints): the last wait the CLI
+    # made before a retry (the endpoint's retry-after, when it sent one) and a rejected
+    # rate_limit_event's reset
+    retry_after: float | None = None
+    rate_limit: tuple[float, str] | None = None
 
 
 class TaskDataError(Exception):
@@ -172,6 +177,13 @@ class Follower:
                 fol.summary.update(ev, at=now)
                 if isinstance(ev, stream.Result):
                     fol.result = ev
+                elif isinstance(ev, stream.ApiRetry):
+                    delay = ev.retry_delay_ms
+                    fol.retry_after = delay / 1000 if delay and delay > 0 else None
+                elif isinstance(ev, stream.RateLimit):
+                    fol.rate_limit = providers.rate_limit_signal(ev.data) or fol.rate_limit
+                elif isinstance(ev, stream.AssistantEvent) and not ev.synthetic:
+                    fol.retry_after = None  # an answer came after that retry
         return bool(events)
 
     def _store_summary(self, task: Task, attempt: Attempt, now: float,
@@ -245,7 +257,9 @@ class Follower:
         self.read_new(attempt, now, final=True)
         fol = self._follows[attempt.id]
         with _about(f"could not classify the run in {attempt.dir}"):
-            ending = self._judge(attempt, fol)
+            ending = outcome.with_hints(self._judge(attempt, fol),
+                                        retry_after=fol.retry_after,
+                                        rate_limit=fol.rate_limit)
         s = fol.summary
         self.store.update_attempt(
             attempt.id, finished_at=now, exit_code=ending.exit_code, signal=ending.signal,
@@ -284,11 +298,14 @@ class Follower:
     def apply_outcome(self, task: Task, attempt: Attempt, verdict: str, message: str,
                       now: float, changes: list[TaskChange]) -> None:
         """Move the task on as policy.after_attempt says (once, and only if it is still on
-        this attempt: another engine may have finished it and started the next one)."""
+        this attempt: another engine may have finished it and started the next one), and
+        its endpoint with it (a park, a hold, a lowered cap), in the same transaction."""
         attempts = self.store.list_attempts(task.id)
+        endpoint = self.store.get_endpoint(task.endpoint)
+        active = self.store.count_tasks(ACTIVE_STATES, endpoint=task.endpoint)
         nxt = policy.after_attempt(task, attempts, verdict, message, self.settings, now,
-                                   self.rng)
-        fields_: dict[str, Any] = {"state": nxt.state, "verdict": verdict,
+                                   self.rng, endpoint=endpoint, active=max(1, active))
+        fields_: dict[str, Any] = {"state": nxt.state, "verdict": nxt.verdict or verdict,
                                    "message": nxt.message, "not_before": nxt.not_before}
         if nxt.finished:
             fields_["finished_at"] = now
@@ -297,11 +314,19 @@ class Follower:
                 added, deleted = git.diff_stat(Path(task.worktree), task.base_commit)
                 fields_["added_lines"], fields_["deleted_lines"] = added, deleted
         applied: list[TaskState] = []
+        effect = nxt.effect
 
         def change(current: Task) -> dict[str, Any] | None:
             if current.state not in ACTIVE_STATES or current.attempt_count != attempt.n:
                 return None
             applied.append(current.state)
+            # inside the task's transaction: the endpoint changes with the task, once
+            if nxt.verdict is not None:
+                self.store.update_attempt(attempt.id, verdict=nxt.verdict)
+            if effect is not None:
+                self.store.change_endpoint(
+                    task.endpoint,
+                    lambda state: policy.apply_effect(state, effect, self.settings, now), now)
             return fields_
 
         self.store.modify_task(task.id, change)
