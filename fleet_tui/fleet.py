@@ -105,6 +105,8 @@ class EndpointStatus:
     park_reason: str | None = None
     held: str | None = None
     held_task: str | None = None
+    held_reason: str | None = None  # short: "account in arrears, code 1113"
+    cap_reason: str | None = None  # why the cap is lowered
     note: str | None = None  # policy.endpoint_note: the whole sentence
     event: str | None = None  # the latest event (park, hold, cap) and when it began:
     event_at: float | None = None  # the panel notifies once per event
@@ -256,7 +258,9 @@ class Fleet:
                 endpoint=state.endpoint, cap=policy.effective_cap(state, self.settings),
                 max_workers=self.settings.max_workers, parked_until=state.parked_until,
                 park_reason=state.park_reason, held=state.held, held_task=state.held_task,
-                note=note, event=state.event, event_at=state.event_at))
+                held_reason=policy.held_reason(state.held), cap_reason=state.cap_reason,
+                note=note, event=state.event,
+                event_at=state.event_at))
         return out
 
     def cooldown_until(self, endpoint: str | None = None) -> float | None:
@@ -456,6 +460,16 @@ class Fleet:
                 self.store.note_queued(endpoint, note, prefixes)
             except sqlite3.Error as exc:
                 log.warning("could not note why the tasks of %s wait: %s", endpoint, exc)
+
+    def why_waiting(self, endpoint: str | None = None) -> str | None:
+        """Why no task starts on an endpoint now and will not until a time or the user
+        (held, or parked until a reset), or None: the CLI stops waiting for a start then."""
+        ep = endpoint or self.settings.base_url
+        state = self.store.get_endpoint(ep)
+        gate = policy.gate(state, self.settings, self.clock(), parked=1,
+                           settings_now=policy.settings_key(self.settings))
+        return None if gate.cap is not None or gate.why is None \
+            or gate.why.startswith("resuming") else gate.why
 
     def endpoint_note(self, endpoint: str | None = None) -> str | None:
         """What to know of an endpoint's limits now (held, parked, resuming, its cap
