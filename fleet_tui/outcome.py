@@ -231,8 +231,8 @@ def _api_message(status: int, text: str) -> tuple[Verdict, str]:
                              "model name and the prompt size")
 
 
-# what each kind of provider error is, as a verdict
-_KIND_VERDICT = {
+# what each kind of provider error is, as a verdict (fleet-doctor names it too)
+KIND_VERDICT: dict[providers.Kind, Verdict] = {
     providers.Kind.WINDOW: Verdict.WINDOW, providers.Kind.RATE: Verdict.QUOTA,
     providers.Kind.CONCURRENCY: Verdict.CONCURRENCY, providers.Kind.ACCOUNT: Verdict.ACCOUNT,
     providers.Kind.AUTH: Verdict.AUTH, providers.Kind.MODEL_OVERLOAD: Verdict.MODEL_OVERLOAD,
@@ -244,7 +244,7 @@ def _provider_message(status: int, signal: providers.Signal) -> tuple[Verdict, s
     """A provider's refusal in its own words, what it is (code and meaning) and, for one
     the user must act on, what to do. The words are kept whole: the reset time of a
     window is read back from them (policy), by any engine, after a restart too."""
-    verdict = _KIND_VERDICT[signal.kind]
+    verdict = KIND_VERDICT[signal.kind]
     said = f"{signal.code.provider} ({status}): {_clip(signal.sentence, 240)} " \
            f"({signal.describe()})"
     if verdict is Verdict.AUTH:

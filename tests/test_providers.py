@@ -205,3 +205,30 @@ def test_clock_text() -> None:
     assert providers.clock_text(at("2026-12-05 07:14:00"), NOW, UTC) == "Dec 05 07:14"
     assert providers.clock_text(at("2026-12-01 07:14:00"), NOW,
                                 timezone(timedelta(hours=8))) == "15:14"
+
+
+def test_a_rejected_rate_limit_event_makes_a_429_a_window_that_parks() -> None:
+    """Anthropic's usage limits: the CLI prints a rate_limit_event (status rejected, the
+    reset in epoch seconds) before the 429 (only for a claude.ai login, which a scripted
+    endpoint cannot give: this chain is checked here, piece by piece)."""
+    from fleet_tui import outcome
+
+    reset = NOW + 2 * HOUR
+    hint = providers.rate_limit_signal({"status": "rejected", "resetsAt": int(reset),
+                                        "rateLimitType": "five_hour"})
+    ending = outcome.Ending(outcome.Verdict.QUOTA, "the endpoint's rate limit or quota was "
+                            "hit (429): API Error: Request rejected (429) · limited")
+    judged = outcome.with_hints(ending, rate_limit=hint)
+    assert judged.verdict == outcome.Verdict.WINDOW
+    assert judged.message.startswith(f"{providers.USAGE_LIMIT} (5-hour window): ")
+    signal = providers.identify(judged.message)
+    assert signal is not None and signal.kind is Kind.WINDOW
+    assert signal.describe() == "5-hour window, usage limit"
+    reading = providers.read_reset(signal.reset, signal.window, NOW)
+    assert reading.at == reset
+    # a retry-after is kept in the message, for policy to read back
+    waited = outcome.with_hints(ending, retry_after=12.0)
+    assert waited.verdict == outcome.Verdict.QUOTA
+    assert providers.retry_after(waited.message) == 12.0
+    ok = outcome.Ending(outcome.Verdict.OK, "finished")
+    assert outcome.with_hints(ok, retry_after=3.0, rate_limit=hint) is ok
