@@ -42,9 +42,9 @@ __all__ = ["AUTO_RESUME_PROMPT", "COUNTED", "NOTE_PREFIXES", "RUNNER_HEADSTART",
            "TRANSIENT", "UNCOUNTED", "Effect", "Gate", "Next", "Watch", "after_attempt",
            "allowed_actions", "apply_effect", "auth_hint", "automatic_attempt",
            "backoff_delay", "cooldown_until", "effective_cap", "endpoint_note", "gate",
-           "model_for", "park_text", "queued_note", "refusal", "session_progress",
-           "settings_key", "streak",
-           "time_limit", "watchdog", "why_not", "why_not_resume"]
+           "held_reason", "model_for", "park_text", "queued_note", "refusal",
+           "session_progress", "settings_key", "streak", "time_limit", "watchdog",
+           "why_not", "why_not_resume"]
 
 # verdicts of the moment (the endpoint's, not the task's): tried again after a wait
 TRANSIENT = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.WINDOW, Verdict.CONCURRENCY,
@@ -357,6 +357,16 @@ def endpoint_note(state: EndpointState | None, settings: Settings, now: float,
         parts.append(f"cap {cap}/{settings.max_workers}"
                      + (f" ({state.cap_reason})" if state.cap_reason else ""))
     return "; ".join(parts) or None
+
+
+def held_reason(held: str | None) -> str | None:
+    """A hold's reason in a few words ("account in arrears, code 1113"), for one line."""
+    if held is None:
+        return None
+    signal = providers.identify(held)
+    if signal is not None:
+        return signal.describe()
+    return held if len(held) <= 60 else held[:59] + "…"
 
 
 def queued_note(why: str | None) -> str | None:
