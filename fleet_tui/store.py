@@ -808,7 +808,7 @@ class Store:
             updates = change(state)
             if updates:
                 self._write_endpoint(conn, endpoint, updates, now)
-                for name, value in updates.items():
+                for name, value in {**updates, "updated_at": now}.items():
                     setattr(state, name, value)
             return state
 

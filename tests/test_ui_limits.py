@@ -42,15 +42,10 @@ async def test_a_hold_a_park_and_a_lowered_cap_are_shown_and_said_once(
     ids = submit(fleet, git_repo, 3)
     endpoint = fleet.settings.base_url
     app = make_app(fleet, git_repo)
-    said: list[tuple[str, str]] = []
     async with app.run_test(size=SIZE) as pilot:
-        real_notify = app.notify
+        def said() -> list[tuple[str, str]]:
+            return [(title, message) for _, title, message in app.toasts]
 
-        def notify(message: str, **kwargs: Any) -> None:
-            said.append((kwargs.get("title", ""), message))
-            real_notify(message, **kwargs)
-
-        app.notify = notify  # type: ignore[method-assign]
         await listed(pilot, app, ids)
         assert "held" not in status_text(app) and "cap 4" in status_text(app)
 
@@ -62,8 +57,8 @@ async def test_a_hold_a_park_and_a_lowered_cap_are_shown_and_said_once(
         await wait_until(pilot, lambda: "held: account in arrears, code 1113"
                          in status_text(app), what="the hold in the status line")
         await pilot.pause(0.5)  # more polls: nothing is said twice
-        assert [title for title, _ in said] == ["Endpoint held"]  # not "failed" as well
-        assert said[0][1] == (f"task {ids[0]} failed: {ARREARS}\n2 tasks held until you "
+        assert [title for title, _ in said()] == ["Endpoint held"]  # not "failed" as well
+        assert said()[0][1] == (f"task {ids[0]} failed: {ARREARS}\n2 tasks held until you "
                               f"retry {ids[0]} or change the settings.")
 
         # lifted; then the endpoint parks for a usage window and its cap is lowered
@@ -79,10 +74,10 @@ async def test_a_hold_a_park_and_a_lowered_cap_are_shown_and_said_once(
         await wait_until(pilot, lambda: "cap 2/4" in status_text(app),
                          what="the effective cap")
         await pilot.pause(0.5)
-        assert [title for title, _ in said] == ["Endpoint held", "Endpoint parked",
-                                                "Endpoint concurrency limit"]
-        assert said[1][1] == (f"parked until {clock} (5-hour window, code 1308), resumes "
+        assert [title for title, _ in said()] == ["Endpoint held", "Endpoint parked",
+                                                  "Endpoint concurrency limit"]
+        assert said()[1][1] == (f"parked until {clock} (5-hour window, code 1308), resumes "
                               "then; 2 tasks wait for it.")
-        assert said[2][1] == ("cap 2/4 (too many requests at once, code 1302): fewer "
+        assert said()[2][1] == ("cap 2/4 (too many requests at once, code 1302): fewer "
                               "workers at once until the endpoint takes more.")
         assert "cap 2/4" in status_text(app)
