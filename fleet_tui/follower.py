@@ -53,6 +53,7 @@ class _Follow:
     # rate_limit_event's reset
     retry_after: float | None = None
     rate_limit: tuple[float, str] | None = None
+    retrying_429: bool = False  # the CLI is retrying a 429 (no answer since)
 
 
 class TaskDataError(Exception):
@@ -150,6 +151,7 @@ class Follower:
             self.finish(task, attempt, changes)
             return
         self._watchdogs(task, attempt, now, changes)
+        self._endpoint_watch(task, attempt, now)
 
     def read_new(self, attempt: Attempt, now: float, *, final: bool = False) -> bool:
         """Fold new complete lines of the events into the attempt's summary: one chunk of
@@ -180,10 +182,12 @@ class Follower:
                 elif isinstance(ev, stream.ApiRetry):
                     delay = ev.retry_delay_ms
                     fol.retry_after = delay / 1000 if delay and delay > 0 else None
+                    fol.retrying_429 = ev.error_status == 429
                 elif isinstance(ev, stream.RateLimit):
                     fol.rate_limit = providers.rate_limit_signal(ev.data) or fol.rate_limit
                 elif isinstance(ev, stream.AssistantEvent) and not ev.synthetic:
                     fol.retry_after = None  # an answer came after that retry
+                    fol.retrying_429 = False
         return bool(events)
 
     def _store_summary(self, task: Task, attempt: Attempt, now: float,
@@ -247,6 +251,19 @@ class Follower:
                                       watch.stalled))
         if watch.stop is not None:
             self.supervisor.request_stop(attempt, *watch.stop)
+
+    def _endpoint_watch(self, task: Task, attempt: Attempt, now: float) -> None:
+        """Stop an attempt that retries a 429 while its endpoint is parked for a window or
+        held for its account (another task met it): each of the CLI's own retries would be
+        one more request into a closed window. Its verdict is that refusal (stop reason
+        endpoint), so it is parked or failed like the task that met it."""
+        fol = self._follows.get(attempt.id)
+        if fol is None or not fol.retrying_429 or attempt.dir is None:
+            return
+        words = policy.stop_for_endpoint(self.store.get_endpoint(task.endpoint), now)
+        if words is not None and not AttemptLog(attempt.dir).stop_request():
+            log.info("task %s: stopped, its endpoint refuses what it retries", task.id)
+            self.supervisor.request_stop(attempt, "endpoint", words)
 
     # --- finishing ------------------------------------------------------------------------
 

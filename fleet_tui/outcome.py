@@ -339,6 +339,8 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
     no claude) is an auth failure or a crash; else `classify` judges the run."""
     killed = stop_reason in ("kill", "error")
     timed_out = stop_reason in ("timeout", "stall")
+    if stop_reason == "endpoint":
+        return _stopped_for_the_endpoint(exit_record, stop_message, result, stderr_tail)
     if exit_record is None:
         if exit_problem is None:
             why = no_record
@@ -372,6 +374,21 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
                    killed=killed, timed_out=timed_out)
     message = stop_message if timed_out and stop_message else out.message
     return Ending(out.verdict, message, exit_code, sig)
+
+
+def _stopped_for_the_endpoint(exit_record: dict[str, Any] | None, stop_message: str | None,
+                              result: dict[str, Any] | None, stderr_tail: str) -> Ending:
+    """A run the engine stopped while it retried what its endpoint refuses (a closed
+    window, an account on hold): the endpoint's refusal, in the provider's words, is its
+    verdict, unless the run finished first."""
+    record = exit_record or {}
+    exit_code, sig = _as_int(record.get("exit_code")), _as_int(record.get("signal"))
+    out = classify(exit_code=exit_code, signal=sig, result=result, stderr_tail=stderr_tail)
+    if out.verdict is Verdict.OK or not stop_message:
+        return Ending(out.verdict, out.message, exit_code, sig)
+    signal = providers.identify(stop_message)
+    verdict = KIND_VERDICT[signal.kind] if signal is not None else Verdict.CRASHED
+    return Ending(verdict, stop_message, exit_code, sig)
 
 
 # --------------------------------------------------------------------------- classify

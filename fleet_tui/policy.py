@@ -43,7 +43,8 @@ __all__ = ["AUTO_RESUME_PROMPT", "COUNTED", "NOTE_PREFIXES", "RUNNER_HEADSTART",
            "allowed_actions", "apply_effect", "auth_hint", "automatic_attempt",
            "backoff_delay", "cooldown_until", "effective_cap", "endpoint_note", "gate",
            "held_reason", "model_for", "park_text", "queued_note", "refusal",
-           "session_progress", "settings_key", "streak", "time_limit", "watchdog",
+           "session_progress", "settings_key", "stop_for_endpoint", "streak", "time_limit",
+           "watchdog",
            "why_not", "why_not_resume"]
 
 # verdicts of the moment (the endpoint's, not the task's): tried again after a wait
@@ -238,6 +239,7 @@ class Effect:
     kind: str  # "park" | "hold" | "cap" | "ok"
     until: float | None = None  # park: no request before this
     reason: str = ""  # park: "5-hour window, code 1308"; hold: the provider's sentence
+    message: str = ""  # park: the refusal in the provider's words (it names the reset)
     cap: int | None = None  # cap: the new effective cap
     task: str | None = None  # hold: the task that met it
     settings: str | None = None  # hold: settings_key() when it was met
@@ -252,7 +254,7 @@ def apply_effect(state: EndpointState, effect: Effect, settings: Settings,
         parked = state.parked_until is not None and state.parked_until > now
         until = max(effect.until, state.parked_until or 0.0) if parked else effect.until
         out: dict[str, Any] = {"parked_until": until, "park_reason": effect.reason,
-                               "next_start": None}
+                               "park_message": effect.message or None, "next_start": None}
         if not parked:
             out.update(event="park", event_at=now)
         return out
@@ -326,7 +328,8 @@ def gate(state: EndpointState | None, settings: Settings, now: float, parked: in
             return Gate(None, why=park_text(state.parked_until, state.park_reason, now, tz),
                         fields=fields or None)
         if parked == 0:  # every parked session has resumed: the park is over
-            fields.update(parked_until=None, park_reason=None, next_start=None)
+            fields.update(parked_until=None, park_reason=None, park_message=None,
+                          next_start=None)
         elif state.next_start is not None and now < state.next_start:
             return Gate(None, why="resuming the parked sessions one at a time",
                         fields=fields or None)
@@ -334,6 +337,20 @@ def gate(state: EndpointState | None, settings: Settings, now: float, parked: in
             return Gate(cap, fields=fields or None,
                         on_claim={"next_start": now + settings.resume_stagger})
     return Gate(cap, fields=fields or None)
+
+
+def stop_for_endpoint(state: EndpointState | None, now: float) -> str | None:
+    """The words to stop a running attempt with, when it retries a 429 its endpoint is
+    parked or held for (the CLI retries a 429 by itself, up to CLAUDE_CODE_MAX_RETRIES
+    times, before the engine hears of it: each retry is a request into a closed window),
+    or None to let it run."""
+    if state is None:
+        return None
+    if state.held is not None:
+        return state.held
+    if state.parked_until is not None and state.parked_until > now and state.park_message:
+        return state.park_message
+    return None
 
 
 def endpoint_note(state: EndpointState | None, settings: Settings, now: float,
@@ -450,7 +467,7 @@ def after_attempt(task: Task, attempts: Sequence[Attempt], verdict: str, message
             resumes = " in its session" if session_progress(task, attempts) else ""
             return Next(TaskState.WAITING,
                         park_text(until, what, now, tz) + resumes, until,
-                        effect=Effect("park", until=until, reason=what))
+                        effect=Effect("park", until=until, reason=what, message=message))
         message = f"{message}; its reset time could not be used ({reading.why})"
         verdict = override = Verdict.QUOTA
         verdicts[-1] = verdict

@@ -196,6 +196,7 @@ class EndpointState:
     endpoint: str
     parked_until: float | None = None  # no request before this (the window's reset + jitter)
     park_reason: str | None = None  # "5-hour window, code 1308"
+    park_message: str | None = None  # the refusal, in the provider's words (its reset)
     next_start: float | None = None  # after a park: the earliest next start (staggered)
     held: str | None = None  # why no task may start until the user acts (None: not held)
     held_task: str | None = None  # the task that met it
@@ -305,6 +306,7 @@ CREATE TABLE endpoints (
     endpoint TEXT PRIMARY KEY,
     parked_until REAL,
     park_reason TEXT,
+    park_message TEXT,
     next_start REAL,
     held TEXT,
     held_task TEXT,

@@ -19,11 +19,13 @@ at once; the CLI's own retries are tested elsewhere.
 from __future__ import annotations
 
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from test_fleet import KEY, drive, make_fleet, settled
 
+from fleet_tui import policy
 from fleet_tui.endpoint import RecordedRequest, ScriptedEndpoint
 from fleet_tui.fleet import Fleet, TaskSpec
 from fleet_tui.store import Task, TaskState
@@ -226,3 +228,38 @@ def test_a_429_waits_at_least_its_retry_after(git_repo: Path, claude_bin: str) -
     assert [r.status for r in requests] == [429, 429, 200]
     assert requests[1].time - requests[0].time >= 2.0 - 0.05  # the CLI waited
     assert requests[2].time - requests[1].time >= 2.0 - 0.05  # and so did the engine
+
+
+def test_a_task_that_retries_into_a_parked_window_is_stopped_and_parked(
+        git_repo: Path, claude_bin: str) -> None:
+    """The CLI retries a 429 by itself before the engine hears of it. Once the endpoint is
+    parked (another task met the window and named its reset), a task that retries a 429
+    is stopped at its first retry and parked too, instead of sending its remaining
+    retries into the closed window (here the CLI would retry 8 times)."""
+    reset = float(int(time.time()) + 12)
+    window = {"kind": "window", "after_ok": 1, "until": reset}
+    with ScriptedEndpoint({"default": QUICK}, faults=[window]) as ep:
+        fleet = make_fleet(ep, claude_bin, park_jitter=0.5)
+        fleet.env["CLAUDE_CODE_MAX_RETRIES"] = "8"
+        (task,) = fleet.submit(TaskSpec(prompt="write one.txt and two.txt", repo=git_repo))
+        drive(fleet, lambda: len(ep.message_requests()) >= 1)
+        # another task met the window meanwhile: the endpoint is parked, as the follower
+        # parks it (the refusal's words name the reset, in Beijing time)
+        beijing = datetime.fromtimestamp(reset, timezone(timedelta(hours=8)))
+        words = ("z.ai (429): Usage limit reached for 5 hour. Your limit will reset at "
+                 f"{beijing:%Y-%m-%d %H:%M:%S} (5-hour window, code 1308)")
+        now = time.time()
+        park = policy.Effect("park", until=reset + 0.5, reason="5-hour window, code 1308",
+                             message=words)
+        fleet.store.change_endpoint(ep.url, lambda state: policy.apply_effect(
+            state, park, fleet.settings, now), now)
+        (done,) = wait_tasks(fleet, [task])
+        requests = ep.message_requests()
+    assert done.state == TaskState.SUCCEEDED, done.message
+    refused = [r for r in requests if r.status == 429]
+    assert 1 <= len(refused) <= 2  # its first refusal (and a retry already on its way)
+    assert all(r.time < reset for r in refused)
+    assert all(r.time >= reset for r in requests[len(refused) + 1:])  # then nothing until
+    attempts = fleet.attempts(task.id)
+    assert [(a.kind, a.verdict) for a in attempts] == [("fresh", "window"), ("resume", "ok")]
+    assert attempts[0].message == words

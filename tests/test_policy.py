@@ -417,7 +417,7 @@ def test_a_window_parks_the_task_until_its_reset_and_is_not_counted(
     assert nxt.message == ("parked until 14:46 (5-hour window, code 1308), resumes then in "
                            "its session")
     assert nxt.effect == policy.Effect("park", until=NOW + 3610,
-                                       reason="5-hour window, code 1308")
+                                       reason="5-hour window, code 1308", message=WINDOW_1308)
 
 
 @pytest.mark.parametrize(("reset", "why"), [
@@ -558,7 +558,8 @@ KEY_NOW = policy.settings_key(SETTINGS)
      {"next_start": NOW + 10.0}),
     # none left parked: the park is over
     (state(parked_until=NOW - 5, next_start=NOW + 3), 0, 4, None,
-     {"parked_until": None, "park_reason": None, "next_start": None}, None),
+     {"parked_until": None, "park_reason": None, "park_message": None, "next_start": None},
+     None),
 ])
 def test_gate(endpoint: EndpointState | None, parked: int, cap: int | None, why: str | None,
               fields: dict[str, Any] | None, on_claim: dict[str, Any] | None) -> None:
@@ -572,14 +573,15 @@ def test_gate(endpoint: EndpointState | None, parked: int, cap: int | None, why:
 
 @pytest.mark.parametrize(("before", "effect", "fields"), [
     # a park: a new event; a second task's park keeps the later reset, same event
-    (state(), policy.Effect("park", until=NOW + 60, reason="w"),
-     {"parked_until": NOW + 60, "park_reason": "w", "next_start": None, "event": "park",
-      "event_at": NOW}),
+    (state(), policy.Effect("park", until=NOW + 60, reason="w", message="m"),
+     {"parked_until": NOW + 60, "park_reason": "w", "park_message": "m", "next_start": None,
+      "event": "park", "event_at": NOW}),
     (state(parked_until=NOW + 90), policy.Effect("park", until=NOW + 60, reason="w"),
-     {"parked_until": NOW + 90, "park_reason": "w", "next_start": None}),
+     {"parked_until": NOW + 90, "park_reason": "w", "park_message": None,
+      "next_start": None}),
     (state(parked_until=NOW - 90), policy.Effect("park", until=NOW + 60, reason="w"),
-     {"parked_until": NOW + 60, "park_reason": "w", "next_start": None, "event": "park",
-      "event_at": NOW}),
+     {"parked_until": NOW + 60, "park_reason": "w", "park_message": None,
+      "next_start": None, "event": "park", "event_at": NOW}),
     # a hold: one event, however many tasks meet it
     (state(), policy.Effect("hold", reason="r", task="t1", settings="k"),
      {"held": "r", "held_task": "t1", "held_settings": "k", "event": "hold",
@@ -613,3 +615,31 @@ def test_endpoint_note() -> None:
     assert note == ("held: z.ai: in arrears (met by task t1: `fleet-tui retry t1` once "
                     "fixed, or change the settings); parked until 13:47 (5-hour window), "
                     "resumes then; cap 2/4 (too many at once, code 1302)")
+
+
+def test_a_run_retrying_into_a_closed_endpoint_is_stopped_with_its_words() -> None:
+    assert policy.stop_for_endpoint(None, NOW) is None
+    assert policy.stop_for_endpoint(state(), NOW) is None
+    assert policy.stop_for_endpoint(state(held=ARREARS), NOW) == ARREARS
+    assert policy.stop_for_endpoint(state(parked_until=NOW + 9, park_message=WINDOW_1308),
+                                    NOW) == WINDOW_1308
+    assert policy.stop_for_endpoint(state(parked_until=NOW - 1, park_message=WINDOW_1308),
+                                    NOW) is None  # the window has reset
+    assert policy.stop_for_endpoint(state(parked_until=NOW + 9), NOW) is None
+
+
+@pytest.mark.parametrize(("words", "code", "result", "verdict"), [
+    (WINDOW_1308, 143, None, Verdict.WINDOW),  # stopped before any result
+    (WINDOW_1308, 1, RESULT_529, Verdict.WINDOW),
+    (ARREARS, 1, RESULT_529, Verdict.ACCOUNT),
+    (WINDOW_1308, 0, RESULT_OK, Verdict.OK),  # it finished before the stop took
+    ("no provider words", 1, RESULT_529, Verdict.CRASHED),
+])
+def test_judge_a_run_stopped_for_its_endpoint(words: str, code: int,
+                                              result: dict[str, Any] | None,
+                                              verdict: Verdict) -> None:
+    ending = judge(exit_record={"exit_code": code, "signal": None}, stop_reason="endpoint",
+                   stop_message=words, result=result)
+    assert ending.verdict == verdict
+    if verdict is not Verdict.OK:
+        assert ending.message == words
