@@ -66,9 +66,9 @@ from fleet_tui.store import (
 )
 from fleet_tui.supervisor import Supervisor, TaskChange
 
-__all__ = ["EndpointStatus", "Fleet", "FleetError", "FleetRefused", "FleetStatus", "InvalidSpec",
-           "TaskChange",
-           "TaskNotFound", "TaskSpec", "check_text", "work_at_stake"]
+__all__ = ["EndpointStatus", "Fleet", "FleetError", "FleetRefused", "FleetStatus",
+           "InvalidSpec", "TaskChange", "TaskNotFound", "TaskSpec", "check_text",
+           "work_at_stake"]
 
 log = logging.getLogger(__name__)
 
@@ -259,8 +259,7 @@ class Fleet:
                 max_workers=self.settings.max_workers, parked_until=state.parked_until,
                 park_reason=state.park_reason, held=state.held, held_task=state.held_task,
                 held_reason=policy.held_reason(state.held), cap_reason=state.cap_reason,
-                note=note, event=state.event,
-                event_at=state.event_at))
+                note=note, event=state.event, event_at=state.event_at))
         return out
 
     def cooldown_until(self, endpoint: str | None = None) -> float | None:

@@ -7,7 +7,8 @@ Anthropic's API does (429 with retry-after, 529).
   (the endpoint sees the earlier turns) and finish, the work before the limit kept;
 - an account error (1113) with three tasks queued: one request, one failure with the
   provider's sentence and what to do, the other two held, no retries; a retry lifts it;
-- an overload mid-task: the retry resumes the session;
+- an overload mid-task: the retry resumes the session; z.ai's 1312 moves to the small
+  model at once; a window whose reset cannot be read is a counted cooldown, said so;
 - too many at once (1302) with a cap of 3: the effective cap is lowered, nothing is
   charged an attempt, every task finishes;
 - a 429 with retry-after: the cooldown is at least what the endpoint asked for.
@@ -263,3 +264,42 @@ def test_a_task_that_retries_into_a_parked_window_is_stopped_and_parked(
     attempts = fleet.attempts(task.id)
     assert [(a.kind, a.verdict) for a in attempts] == [("fresh", "window"), ("resume", "ok")]
     assert attempts[0].message == words
+
+
+def test_a_window_with_no_usable_reset_falls_back_to_the_cooldown_and_says_so(
+        git_repo: Path, claude_bin: str) -> None:
+    garbled = {"kind": "zai", "code": "1308", "times": 1,
+               "message": "Usage limit reached for 5 hour. Your limit will reset at soon"}
+    with ScriptedEndpoint({"default": ["fine"]}, faults=[garbled]) as ep:
+        fleet = make_fleet(ep, claude_bin, max_workers=1, quota_cooldown=0.5)
+        (task,) = fleet.submit(TaskSpec(prompt="hello", repo=git_repo))
+        said: list[str] = []
+
+        def watch() -> None:
+            t = fleet.get_task(task.id)
+            if t.state == TaskState.WAITING and t.message:
+                said.append(t.message)
+
+        drive(fleet, settled(fleet, task.id), each=watch)
+        requests = ep.message_requests()
+    assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+    assert said and "its reset time could not be used ('soon' is not a time)" in said[0]
+    assert "waits 0.5 s (quota cooldown)" in said[0]
+    assert [a.verdict for a in fleet.attempts(task.id)] == ["quota", "ok"]  # counted
+    assert requests[1].time - requests[0].time >= 0.5
+
+
+def test_a_model_overload_moves_to_the_small_model_at_once(git_repo: Path,
+                                                          claude_bin: str) -> None:
+    busy = {"kind": "zai", "code": "1312", "times": 1}
+    with ScriptedEndpoint({"default": ["fine"]}, faults=[busy]) as ep:
+        fleet = make_fleet(ep, claude_bin, model="big-model", small_model="small-model",
+                           fallback_after=3)
+        (task,) = fleet.submit(TaskSpec(prompt="hello", repo=git_repo))
+        (done,) = wait_tasks(fleet, [task])
+        requests = ep.message_requests()
+    assert done.state == TaskState.SUCCEEDED, done.message
+    assert [(a.verdict, a.model) for a in fleet.attempts(task.id)] == [
+        ("model_overload", "big-model"), ("ok", "small-model")]
+    assert [(r.status, r.model) for r in requests] == [(429, "big-model"),
+                                                       (200, "small-model")]
