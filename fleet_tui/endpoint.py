@@ -201,6 +201,12 @@ def parse_fault(raw: object, where: str = "fault") -> Fault:
         raise ScriptError(f"{where}: expected a fault, got {raw!r}")
     if isinstance(raw, int):
         return Fault(kind="error", status=raw)
+    if isinstance(raw, str) and raw.strip().startswith("{"):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise ScriptError(f"{where}: cannot read fault {raw!r} as JSON: {exc}") from None
+        return parse_fault(raw, where)
     if isinstance(raw, str):
         m = re.fullmatch(r"\s*(\d{3}|hang|drop)\s*(?:[x*]\s*(\d+|inf))?\s*", raw)
         if not m:
@@ -1228,7 +1234,9 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
                         help="pause between SSE events, for a human-speed demo")
     parser.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                        help="global fault: 529, 529x2, 429x3, 401, hang, drop (repeatable)")
+                        help="global fault: 529, 529x2, 429x3, 401, hang, drop, or a JSON "
+                             "object such as '{\"kind\": \"window\", \"seconds\": 60}' "
+                             "(repeatable)")
     parser.add_argument("--port-file", type=Path, default=None, metavar="FILE",
                         help="once listening, write the URL to FILE (atomically; removed "
                              "again on exit), for a parent that started it detached")

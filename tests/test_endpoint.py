@@ -574,6 +574,7 @@ def test_provider_faults_parse_with_their_defaults() -> None:
     assert (busy.code, busy.limit) == ("1302", 2)
     assert parse_fault({"kind": "zai", "code": 1113, "status": 402}).code == "1113"
     assert parse_fault({"status": 529, "after_ok": 3}).after_ok == 3
+    assert parse_fault('{"kind": "window", "seconds": 5, "after_ok": 2}') == window  # --fault
     for bad, said in [({"kind": "zai"}, "4-digit"), ({"kind": "zai", "code": "9999"},
                                                       "no message known"),
                       ({"kind": "window", "code": "1308"}, "seconds"),

@@ -14,7 +14,8 @@ Anthropic's API does (429 with retry-after, 529).
 - a 429 with retry-after: the cooldown is at least what the endpoint asked for.
 
 CLAUDE_CODE_MAX_RETRIES=0 in the workers (make_fleet), so that each refusal ends the run
-at once; the CLI's own retries are tested elsewhere.
+at once, except where the CLI's own retries are the point: a worker that retries a 429
+into a window the endpoint is parked for is stopped and parked with it.
 """
 
 from __future__ import annotations
