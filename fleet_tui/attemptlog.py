@@ -37,12 +37,15 @@ EVENTS_FILE = "events.jsonl"  # claude's stdout, byte for byte
 STDERR_FILE = "stderr.log"  # claude's stderr
 EXIT_FILE = "exit.json"  # how it ended (atomic)
 RUNNER_LOG = "runner.log"  # the runner's own output
-KILL_FILE = "kill.json"  # why it was stopped (kill, timeout, stall, error), before the signal
+KILL_FILE = "kill.json"  # why it was stopped (kill, timeout, stall, error, endpoint), before
+# the signal
 LOCK_FILE = ".lock"  # flock'ed by the attempt's runner (and its starter) while it lives
 RESERVE_FILE = ".exit.reserve"  # room for the exit record, written while the disk had room
 
 STDERR_TAIL = 4000  # bytes of stderr a verdict looks at
-STOP_REASONS = ("kill", "timeout", "stall", "error")  # why a stop was asked (KILL_FILE)
+# why a stop was asked (KILL_FILE); "endpoint": its endpoint refuses what it retries (a
+# window the endpoint is parked for, an account it is held for), with the provider's words
+STOP_REASONS = ("kill", "timeout", "stall", "error", "endpoint")
 # what a new attempt's start clears from its folder (a retried start may find them)
 _PER_RUN = (EXIT_FILE, RUNNER_FILE, KILL_FILE, LAUNCH_FILE, RESERVE_FILE)
 LOCK_WAIT = 1.0  # a lock held this long by someone else is a live runner, not a passing check

@@ -64,6 +64,9 @@ class Settings:
     backoff_cap: float = 300.0
     fallback_after: int = 2
     quota_cooldown: float = 60.0
+    park_jitter: float = 30.0  # a parked endpoint waits 50-100 % of this past the reset
+    resume_stagger: float = 10.0  # parked sessions resume this far apart
+    cap_hold: float = 300.0  # a lowered cap steps back up after a success this much later
     timeout: float = 3600.0
     stall_seconds: float = 300.0
     stall_kill: bool = False

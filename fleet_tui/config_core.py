@@ -107,6 +107,11 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
     "backoff_cap": ("float", _POSITIVE, 300.0),
     "fallback_after": ("int", 1, 2),
     "quota_cooldown": ("float", _POSITIVE, 60.0),
+    # the endpoint's limits: a park's jitter past the reset, the stagger of the sessions
+    # that resume after it, how long a lowered cap holds before each step back up
+    "park_jitter": ("float", 0, 30.0),
+    "resume_stagger": ("float", 0, 10.0),
+    "cap_hold": ("float", 0, 300.0),
     "timeout": ("float", 0, 3600.0),
     "stall_seconds": ("float", _POSITIVE, 300.0),
     "stall_kill": ("bool", None, False),

@@ -14,7 +14,12 @@ look there first, then in the messages (system reminders), and leave `.` when ne
 says it.
 
 Faults (HTTP errors for the first N requests, a hang, a connection dropped mid-stream) and
-a per-event delay make the failure paths and a human-speed demo reproducible. Every request
+a per-event delay make the failure paths and a human-speed demo reproducible. Provider
+modes answer as z.ai does (HTTP 429 and `{"error": {"code": "1308", "message": ...}}`):
+`zai` (one business code), `window` (a usage window that closes after N successful
+answers and opens again at a given time, its reset time written without a zone, in
+Beijing time by default) and `concurrency` (code 1302 while more than N answers are in
+flight); any fault can start only after N successful answers (`after_ok`). Every request
 is recorded (never a credential: only whether one came, its kind, and its sha256), and
 every CONNECT is refused and recorded, so a second instance can stand as `HTTPS_PROXY` and
 prove that nothing tries to leave the machine.
@@ -37,6 +42,7 @@ import contextlib
 import hashlib
 import http.server
 import json
+import math
 import os
 import re
 import shlex
@@ -48,6 +54,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Literal, cast
@@ -157,9 +164,17 @@ class Fault:
     `times` None means every matching request; `turn` limits it to one turn.
     `should_retry` sets the `x-should-retry` header (default: like the real API, true
     for 408/409/429/5xx, false otherwise).
+
+    Provider modes, answered with z.ai's body `{"error": {"code", "message"}}` and HTTP
+    `status` (default 429), no x-should-retry (z.ai sends none): "zai" (business `code`,
+    its message the docs' words unless `message` is given), "window" (code 1308 unless
+    told: closed from the moment it has `after_ok` answers behind it, until `until` or
+    for `seconds`; its message names the reset time as z.ai does, without a zone, in
+    UTC`zone`; `{reset}` in a `message` is that time) and "concurrency" (code 1302 while
+    `limit` answers are in flight already). Their `times` default to every request.
     """
 
-    kind: Literal["error", "hang", "drop"]
+    kind: Literal["error", "hang", "drop", "zai", "window", "concurrency"]
     status: int = 0
     times: int | None = 1
     retry_after: float | None = None
@@ -167,6 +182,13 @@ class Fault:
     after_events: int | None = None
     turn: int | None = None
     should_retry: bool | None = None
+    # provider modes (z.ai's body); a fault of any kind may wait for `after_ok` answers
+    code: str | None = None  # zai, window, concurrency: the business code
+    after_ok: int | None = None  # applies only once this many requests were answered 200
+    seconds: float | None = None  # window: how long it stays closed once it closes
+    until: float | None = None  # window: when it opens again (epoch seconds)
+    zone: float = 8.0  # window: the UTC offset (hours) its reset time is written in
+    limit: int | None = None  # concurrency: answers in flight allowed at once
 
 
 def parse_fault(raw: object, where: str = "fault") -> Fault:
@@ -182,6 +204,12 @@ def parse_fault(raw: object, where: str = "fault") -> Fault:
         raise ScriptError(f"{where}: expected a fault, got {raw!r}")
     if isinstance(raw, int):
         return Fault(kind="error", status=raw)
+    if isinstance(raw, str) and raw.strip().startswith("{"):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise ScriptError(f"{where}: cannot read fault {raw!r} as JSON: {exc}") from None
+        return parse_fault(raw, where)
     if isinstance(raw, str):
         m = re.fullmatch(r"\s*(\d{3}|hang|drop)\s*(?:[x*]\s*(\d+|inf))?\s*", raw)
         if not m:
@@ -195,13 +223,16 @@ def parse_fault(raw: object, where: str = "fault") -> Fault:
     if not isinstance(raw, dict):
         raise ScriptError(f"{where}: a fault is an object, a status code or a string")
     known = {"kind", "status", "times", "retry_after", "message", "after_events", "turn",
-             "should_retry"}
+             "should_retry", "code", "after_ok", "seconds", "until", "zone", "limit"}
     unknown = set(raw) - known
     if unknown:
         raise ScriptError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
     kind = raw.get("kind", "error" if "status" in raw else None)
+    if kind in PROVIDER_KINDS:
+        return _parse_provider_fault(raw, kind, where)
     if kind not in ("error", "hang", "drop"):
-        raise ScriptError(f"{where}: \"kind\" must be error, hang or drop (got {kind!r})")
+        raise ScriptError(f"{where}: \"kind\" must be error, hang, drop, zai, window or "
+                          f"concurrency (got {kind!r})")
     status = raw.get("status", 0)
     if kind == "error" and (not isinstance(status, int) or not 400 <= status <= 599):
         raise ScriptError(f"{where}: an error fault needs an HTTP \"status\" 400-599")
@@ -221,10 +252,84 @@ def parse_fault(raw: object, where: str = "fault") -> Fault:
     message = raw.get("message")
     if message is not None and not isinstance(message, str):
         raise ScriptError(f"{where}: \"message\" must be a string")
+    after_ok = raw.get("after_ok")
+    if after_ok is not None and (isinstance(after_ok, bool) or not isinstance(after_ok, int)
+                                 or after_ok < 0):
+        raise ScriptError(f"{where}: \"after_ok\" must be a whole number >= 0")
     return Fault(kind=kind, status=status, times=times,
                  retry_after=None if retry_after is None else float(retry_after),
                  message=message, after_events=raw.get("after_events"), turn=raw.get("turn"),
-                 should_retry=should_retry)
+                 should_retry=should_retry, after_ok=after_ok)
+
+
+PROVIDER_KINDS = ("zai", "window", "concurrency")
+# z.ai's messages for the codes the provider modes play (docs.z.ai, "API error codes";
+# 1310-1313 as clients have recorded them); {reset} is a window's reset time
+ZAI_MESSAGES: dict[str, str] = {
+    "1002": "Authorization Token is invalid, please ensure that the Authorization Token is "
+            "correctly provided.",
+    "1113": "Your account is in arrears, please recharge and try again",
+    "1302": "High concurrency usage of this API, please reduce concurrency or contact "
+            "customer service to increase limits",
+    "1303": "High frequency usage of this API, please reduce frequency or contact customer "
+            "service to increase limits",
+    "1308": "Usage limit reached for 5 hour. Your limit will reset at {reset}",
+    "1309": "Your GLM Coding Plan package has expired and is temporarily unavailable. You "
+            "can resume using it after renewing the subscription on the official website. "
+            "https://z.ai/subscribe",
+    "1310": "Weekly/Monthly Limit Exhausted. Your limit will reset at {reset}",
+    "1311": "The current subscription plan does not yet include access to this model",
+    "1312": "The model is currently experiencing high traffic. Please try again later or "
+            "switch to another model.",
+    "1313": "Your account's current usage pattern does not comply with the Fair Use "
+            "Policy, and its request frequency has been restricted.",
+}
+
+
+def _parse_provider_fault(raw: Mapping[str, Any], kind: str, where: str) -> Fault:
+    """A zai, window or concurrency fault from its object (see Fault)."""
+    default_code = {"zai": None, "window": "1308", "concurrency": "1302"}[kind]
+    code = raw.get("code", default_code)
+    if isinstance(code, int) and not isinstance(code, bool):
+        code = str(code)
+    if not isinstance(code, str) or not re.fullmatch(r"\d{4}", code):
+        raise ScriptError(f"{where}: a {kind} fault needs a 4-digit business \"code\" "
+                          "(e.g. \"1308\")")
+    message = raw.get("message")
+    if message is None and code not in ZAI_MESSAGES:
+        raise ScriptError(f"{where}: no message known for code {code}; give \"message\"")
+    if message is not None and not isinstance(message, str):
+        raise ScriptError(f"{where}: \"message\" must be a string")
+    status = raw.get("status", 429)
+    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+        raise ScriptError(f"{where}: \"status\" must be an HTTP error status 400-599")
+    times = raw.get("times")
+    if times is not None and (isinstance(times, bool) or not isinstance(times, int)
+                              or times < 0):
+        raise ScriptError(f"{where}: \"times\" must be a count >= 0 or null (always)")
+    numbers: dict[str, float | None] = {}
+    for key in ("seconds", "until", "zone"):
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, int | float)):
+            raise ScriptError(f"{where}: \"{key}\" must be a number")
+        numbers[key] = None if value is None else float(value)
+    for key in ("after_ok", "limit", "turn"):
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            raise ScriptError(f"{where}: \"{key}\" must be a whole number >= 0")
+    if kind == "window" and numbers["seconds"] is None and numbers["until"] is None:
+        raise ScriptError(f"{where}: a window fault needs \"seconds\" or \"until\" (when "
+                          "it opens again)")
+    if kind == "concurrency" and raw.get("limit") is None:
+        raise ScriptError(f"{where}: a concurrency fault needs \"limit\" (answers in "
+                          "flight allowed at once)")
+    return Fault(kind=cast(Literal["zai", "window", "concurrency"], kind), status=status,
+                 times=times, message=message, code=code, after_ok=raw.get("after_ok"),
+                 seconds=numbers["seconds"], until=numbers["until"],
+                 zone=8.0 if numbers["zone"] is None else numbers["zone"],
+                 limit=raw.get("limit"), turn=raw.get("turn"))
 
 
 @dataclass
@@ -238,6 +343,10 @@ class Script:
     # Played after the script's own turns, when the session is resumed with a new prompt
     # (a follow-up). `{prompt}` in them is that prompt's first line.
     followup: list[Turn] = field(default_factory=list)
+    # Count only the turns this endpoint answered: CLI 2.1.197 puts a filler answer of its
+    # own ("No response requested.") into a session it resumes after an interrupted turn,
+    # which would otherwise count as one (2.1.332 does not).
+    real_turns: bool = False
 
     @classmethod
     def from_data(cls, name: str, data: object) -> Script:
@@ -247,11 +356,17 @@ class Script:
         faults: list[Fault] = []
         delay: float | None = None
         followup: list[Turn] = []
+        real_turns = False
         if isinstance(data, dict):
-            unknown = set(data) - {"turns", "faults", "delay", "description", "followup"}
+            unknown = set(data) - {"turns", "faults", "delay", "description", "followup",
+                                   "real_turns"}
             if unknown:
                 raise ScriptError(f"script {name!r}: unknown key(s) {sorted(unknown)}; "
-                                  "known: turns, faults, delay, followup, description")
+                                  "known: turns, faults, delay, followup, real_turns, "
+                                  "description")
+            real_turns = data.get("real_turns", False)
+            if not isinstance(real_turns, bool):
+                raise ScriptError(f"script {name!r}: \"real_turns\" must be true or false")
             raw_followup = data.get("followup", [])
             if not isinstance(raw_followup, list):
                 raise ScriptError(f"script {name!r}: \"followup\" must be a list of turns")
@@ -273,7 +388,8 @@ class Script:
                               "(or an object with \"turns\")")
         turns = [_normalize_turn(t, f"script {name!r}, turn {i + 1}")
                  for i, t in enumerate(data)]
-        return cls(name=name, turns=turns, faults=faults, delay=delay, followup=followup)
+        return cls(name=name, turns=turns, faults=faults, delay=delay, followup=followup,
+                   real_turns=real_turns)
 
 
 def edit_and_commit_turns(path: str, content: str, commit: str, *,
@@ -442,6 +558,16 @@ def _latest_prompt(body: Mapping[str, Any]) -> str:
 def _count_turn(body: Mapping[str, Any]) -> int:
     return sum(1 for m in body.get("messages") or []
                if isinstance(m, dict) and m.get("role") == "assistant")
+
+
+CLI_FILLER = "No response requested."  # CLI 2.1.197's own answer in a resumed session
+
+
+def _count_real_turns(body: Mapping[str, Any]) -> int:
+    """Assistant messages, the CLI's filler answers left out (Script.real_turns)."""
+    return sum(1 for m in body.get("messages") or []
+               if isinstance(m, dict) and m.get("role") == "assistant"
+               and "\n".join(_texts(m.get("content"))).strip() != CLI_FILLER)
 
 
 def _new_tool_results(body: Mapping[str, Any]) -> tuple[ToolResultRecord, ...]:
@@ -650,6 +776,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         cwd = find_cwd(body)
         marker = find_script_marker(body)
         script, problem = ep._pick_script(marker)
+        if script is not None and script.real_turns:
+            turn = _count_real_turns(body)
         base = RecordedRequest(
             method="POST", path=self.path, status=0, model=model, turn=turn,
             script=script.name if script else marker, stream=stream, cwd=cwd,
@@ -663,6 +791,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         fault_name = None
         if fault is not None:
             fault_name = (f"error:{fault.status}" if fault.kind == "error" else fault.kind)
+        if fault is not None and fault.kind in PROVIDER_KINDS:
+            code = fault.code or "1308"
+            ep._record(replace(base, status=fault.status, fault=f"{fault.kind}:{code}"))
+            self._send_json(fault.status, {"error": {
+                "code": code, "message": ep._provider_message(fault, code)}})
+            return
         if fault is not None and fault.kind == "error":
             ep._record(replace(base, status=fault.status, fault=fault_name))
             extra: dict[str, str] = {}
@@ -687,6 +821,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         input_tokens = max(1, len(raw) // 4)
         output_tokens = max(1, len(json.dumps(blocks)) // 4)
         delay = script.delay if script.delay is not None else ep.event_delay
+        ep._answering(+1)
+        try:
+            self._answer(stream, model, message_id, blocks, stop_reason, input_tokens,
+                         output_tokens, delay, fault)
+        finally:
+            ep._answering(-1)
+
+    def _answer(self, stream: bool, model: str | None, message_id: str,
+                blocks: list[Block], stop_reason: str, input_tokens: int,
+                output_tokens: int, delay: float, fault: Fault | None) -> None:
+        ep = self._endpoint()
         if stream:
             self._stream(model or "scripted", message_id, blocks, stop_reason,
                          input_tokens, output_tokens, delay, fault)
@@ -867,6 +1012,9 @@ class ScriptedEndpoint:
         self._probes: list[tuple[str, str]] = []
         self._sockets: set[socket.socket] = set()
         self._quiet_since = time.monotonic()  # when the last connection closed
+        self._ok = 0  # message requests answered 200 (a fault's after_ok counts these)
+        self._in_flight = 0  # answers being sent now (a concurrency fault counts these)
+        self._closed_at: dict[int, float] = {}  # window faults: when each one closed
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         for fault in self._global_faults:
@@ -1010,6 +1158,12 @@ class ScriptedEndpoint:
             for fault in [*self._global_faults, *script.faults]:
                 if fault.turn is not None and fault.turn != turn:
                     continue
+                if fault.after_ok is not None and self._ok < fault.after_ok:
+                    continue
+                if fault.kind == "window" and not self._window_closed(fault):
+                    continue
+                if fault.kind == "concurrency" and self._in_flight < (fault.limit or 0):
+                    continue
                 left = self._remaining.get(id(fault), fault.times)
                 if left is None:
                     return fault
@@ -1021,7 +1175,51 @@ class ScriptedEndpoint:
     def _record(self, request: RecordedRequest) -> None:
         with self._changed:
             self._requests.append(request)
+            if request.status == 200 and request.method == "POST":
+                self._ok += 1
             self._changed.notify_all()
+
+    def _window_closed(self, fault: Fault) -> bool:
+        """A window fault is closed from the request that first finds its `after_ok`
+        answers behind it, until `until` (or for `seconds`). Called with the lock held."""
+        now = time.time()
+        closed = self._closed_at.setdefault(id(fault), now)
+        return now < self._window_end(fault, closed)
+
+    @staticmethod
+    def _window_end(fault: Fault, closed: float) -> float:
+        """When the window opens again: `until`, else `seconds` after it closed, on a whole
+        second (the reset time is written to the second)."""
+        end = fault.until if fault.until is not None else closed + (fault.seconds or 0.0)
+        return float(math.ceil(end))
+
+    def window_reset(self, fault_index: int = 0) -> float | None:
+        """When the `fault_index`-th global window fault opens again (None: not closed
+        yet), for tests that wait for it."""
+        with self._lock:
+            windows = [f for f in self._global_faults if f.kind == "window"]
+            if fault_index >= len(windows) or id(windows[fault_index]) not in self._closed_at:
+                return None
+            fault = windows[fault_index]
+            return self._window_end(fault, self._closed_at[id(fault)])
+
+    def _provider_message(self, fault: Fault, code: str) -> str:
+        """The message of a provider fault: its own, or z.ai's words for the code, with a
+        window's reset time written as z.ai writes it (no zone, in UTC`zone`)."""
+        text = fault.message if fault.message is not None else ZAI_MESSAGES.get(code, "")
+        if "{reset}" not in text:
+            return text
+        with self._lock:
+            closed = self._closed_at.get(id(fault), time.time())
+        end = self._window_end(fault, closed) if fault.kind == "window" \
+            else time.time() + 5 * 3600
+        zone = timezone(timedelta(hours=fault.zone))
+        return text.replace("{reset}", datetime.fromtimestamp(end, zone).strftime(
+            "%Y-%m-%d %H:%M:%S"))
+
+    def _answering(self, delta: int) -> None:
+        with self._lock:
+            self._in_flight += delta
 
     def _record_connect(self, target: str) -> None:
         with self._lock:
@@ -1067,7 +1265,9 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
                         help="pause between SSE events, for a human-speed demo")
     parser.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                        help="global fault: 529, 529x2, 429x3, 401, hang, drop (repeatable)")
+                        help="global fault: 529, 529x2, 429x3, 401, hang, drop, or a JSON "
+                             "object such as '{\"kind\": \"window\", \"seconds\": 60}' "
+                             "(repeatable)")
     parser.add_argument("--port-file", type=Path, default=None, metavar="FILE",
                         help="once listening, write the URL to FILE (atomically; removed "
                              "again on exit), for a parent that started it detached")

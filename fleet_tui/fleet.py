@@ -60,6 +60,7 @@ from fleet_tui.store import (
     MAX_COPIES,
     AmbiguousTaskError,
     Attempt,
+    EndpointState,
     Store,
     StoreError,
     Task,
@@ -67,8 +68,9 @@ from fleet_tui.store import (
 )
 from fleet_tui.supervisor import Supervisor, TaskChange
 
-__all__ = ["CopyReport", "Fleet", "FleetError", "FleetRefused", "FleetStatus", "InvalidSpec",
-           "TaskChange", "TaskNotFound", "TaskSpec", "check_text", "work_at_stake"]
+__all__ = ["CopyReport", "EndpointStatus", "Fleet", "FleetError", "FleetRefused", "FleetStatus",
+           "InvalidSpec", "TaskChange", "TaskNotFound", "TaskSpec", "check_text",
+           "work_at_stake"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,24 @@ def check_text(what: str, text: str) -> None:
 
 
 @dataclass
+class EndpointStatus:
+    """One endpoint's limits as the panel's status line shows them."""
+
+    endpoint: str
+    cap: int  # the effective cap
+    max_workers: int  # the configured one
+    parked_until: float | None = None
+    park_reason: str | None = None
+    held: str | None = None
+    held_task: str | None = None
+    held_reason: str | None = None  # short: "account in arrears, code 1113"
+    cap_reason: str | None = None  # why the cap is lowered
+    note: str | None = None  # policy.endpoint_note: the whole sentence
+    event: str | None = None  # the latest event (park, hold, cap) and when it began:
+    event_at: float | None = None  # the panel notifies once per event
+
+
+@dataclass
 class FleetStatus:
     running: int
     queued: int
@@ -102,6 +122,7 @@ class FleetStatus:
     cap: int
     cooldown_until: float | None
     total_tokens: int
+    endpoints: list[EndpointStatus] = field(default_factory=list)
 
 
 @dataclass
@@ -243,7 +264,24 @@ class Fleet:
             queued=sum(1 for t in tasks if t.state == TaskState.QUEUED),
             waiting=sum(1 for t in tasks if t.state == TaskState.WAITING),
             cap=self.settings.max_workers, cooldown_until=until,
-            total_tokens=sum(t.input_tokens + t.output_tokens for t in tasks))
+            total_tokens=sum(t.input_tokens + t.output_tokens for t in tasks),
+            endpoints=self.endpoint_status(now))
+
+    def endpoint_status(self, now: float | None = None) -> list[EndpointStatus]:
+        """The limits of every endpoint that has some (parked, held, a lowered cap)."""
+        now = self.clock() if now is None else now
+        out: list[EndpointStatus] = []
+        for state in self.store.list_endpoints():
+            note = policy.endpoint_note(state, self.settings, now)
+            if note is None and state.event is None:
+                continue
+            out.append(EndpointStatus(
+                endpoint=state.endpoint, cap=policy.effective_cap(state, self.settings),
+                max_workers=self.settings.max_workers, parked_until=state.parked_until,
+                park_reason=state.park_reason, held=state.held, held_task=state.held_task,
+                held_reason=policy.held_reason(state.held), cap_reason=state.cap_reason,
+                note=note, event=state.event, event_at=state.event_at))
+        return out
 
     def cooldown_until(self, endpoint: str | None = None) -> float | None:
         """When the endpoint's 429 cooldown ends (None: no cooldown)."""
@@ -371,16 +409,23 @@ class Fleet:
 
     def _start_ready(self, changes: list[TaskChange]) -> None:
         ready = self.store.list_tasks(states=PENDING_STATES)
-        endpoints = sorted({t.endpoint for t in ready})
+        # endpoints with work to start, and those whose limits may end (a park over)
+        limited = {e.endpoint for e in self.store.list_endpoints()
+                   if e.parked_until is not None or e.held is not None}
+        endpoints = sorted({t.endpoint for t in ready} | limited)
+        key = policy.settings_key(self.settings)
         claimed: list[tuple[Task, TaskState]] = []
         for endpoint in endpoints:
             # the cooldown comes from finished attempts, which only a tick moves on; its
             # tasks (waiting, verdict quota) are among `ready`, so no second read
             if policy.cooldown_until(endpoint, ready, self.clock()) is not None:
                 continue
+            closed: list[str | None] = [None]
+            decide = self._decider(key, closed)
             while True:
-                task = self.store.claim_next(endpoint, self.settings.max_workers,
-                                             self.clock(), owner=self.owner)
+                # the endpoint's limits (a park, a hold, a lowered cap) are read and obeyed
+                # in the claim's own transaction: no engine starts a task into a window
+                task = self.store.claim_gated(endpoint, self.clock(), self.owner, decide)
                 if task is None:
                     break
                 old = TaskState.WAITING if task.verdict in policy.TRANSIENT \
@@ -392,6 +437,7 @@ class Fleet:
                         log.exception("could not mark task %s", task.id)
                     continue
                 claimed.append((task, old))
+            self._note_queued(endpoint, policy.queued_note(closed[0]), ready)
         if len(claimed) <= 1:
             for task, old in claimed:
                 self.supervisor.start(task, old, changes)
@@ -416,6 +462,45 @@ class Fleet:
                                             self.clock())
                 except sqlite3.Error as exc:
                     log.warning("could not refresh the claims: %s", exc)
+
+    def _decider(self, key: str, closed: list[str | None]) -> Callable[
+            [EndpointState | None, int],
+            tuple[int | None, dict[str, Any] | None, dict[str, Any] | None]]:
+        """store.claim_gated's `decide`: policy.gate, keeping why it is closed in
+        `closed[0]`."""
+        def decide(state: EndpointState | None, parked: int
+                   ) -> tuple[int | None, dict[str, Any] | None, dict[str, Any] | None]:
+            gate = policy.gate(state, self.settings, self.clock(), parked, settings_now=key)
+            closed[0] = gate.why
+            return gate.as_tuple()
+        return decide
+
+    def _note_queued(self, endpoint: str, note: str | None, ready: list[Task]) -> None:
+        """Tell the endpoint's queued tasks why they do not start (a park, a hold), or
+        take that back; written only when one of them (as just read) says otherwise."""
+        prefixes = policy.NOTE_PREFIXES
+        if any(t.endpoint == endpoint and t.state == TaskState.QUEUED and t.message != note
+               and (t.message is None or t.message.startswith(prefixes)) for t in ready):
+            try:
+                self.store.note_queued(endpoint, note, prefixes)
+            except sqlite3.Error as exc:
+                log.warning("could not note why the tasks of %s wait: %s", endpoint, exc)
+
+    def why_waiting(self, endpoint: str | None = None) -> str | None:
+        """Why no task starts on an endpoint now and will not until a time or the user
+        (held, or parked until a reset), or None: the CLI stops waiting for a start then."""
+        ep = endpoint or self.settings.base_url
+        state = self.store.get_endpoint(ep)
+        gate = policy.gate(state, self.settings, self.clock(), parked=1,
+                           settings_now=policy.settings_key(self.settings))
+        return None if gate.cap is not None or gate.why is None \
+            or gate.why.startswith("resuming") else gate.why
+
+    def endpoint_note(self, endpoint: str | None = None) -> str | None:
+        """What to know of an endpoint's limits now (held, parked, resuming, its cap
+        lowered), or None (`fleet-tui ls` and `show` print it)."""
+        ep = endpoint or self.settings.base_url
+        return policy.endpoint_note(self.store.get_endpoint(ep), self.settings, self.clock())
 
     # --- user actions ---------------------------------------------------------------------
 
@@ -474,6 +559,11 @@ class Fleet:
         """Queue a new attempt: fresh (worktree reset to the base) or resume the session."""
         task = self.get_task(task_id)
         self._check(task, Action.RETRY, policy.why_not_resume(task) if resume else None)
+        # the user acted on the endpoint's stop (recharged, renewed, a new key): lift it
+        self.store.change_endpoint(
+            task.endpoint, lambda state: {"held": None, "held_task": None,
+                                          "held_settings": None} if state.held else None,
+            self.clock())
         if resume:
             self.store.add_attempt(task.id, kind="resume", prompt=RESUME_PROMPT,
                                    started_at=None)

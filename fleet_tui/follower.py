@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet_tui import git, outcome, policy, stream
+from fleet_tui import git, outcome, policy, providers, stream
 from fleet_tui.attemptlog import AttemptLog
 from fleet_tui.config import Settings
 from fleet_tui.states import ACTIVE_STATES, TaskState, Verdict
@@ -48,6 +48,12 @@ class _Follow:
     offset: int = 0
     result: stream.Result | None = None
     stored: tuple[Any, ...] = ()
+    # what the events said beside the result (outcome.with_hints): the last wait the CLI
+    # made before a retry (the endpoint's retry-after, when it sent one) and a rejected
+    # rate_limit_event's reset
+    retry_after: float | None = None
+    rate_limit: tuple[float, str] | None = None
+    retrying_429: bool = False  # the CLI is retrying a 429 (no answer since)
 
 
 class TaskDataError(Exception):
@@ -145,6 +151,7 @@ class Follower:
             self.finish(task, attempt, changes)
             return
         self._watchdogs(task, attempt, now, changes)
+        self._endpoint_watch(task, attempt, now)
 
     def read_new(self, attempt: Attempt, now: float, *, final: bool = False) -> bool:
         """Fold new complete lines of the events into the attempt's summary: one chunk of
@@ -172,6 +179,15 @@ class Follower:
                 fol.summary.update(ev, at=now)
                 if isinstance(ev, stream.Result):
                     fol.result = ev
+                elif isinstance(ev, stream.ApiRetry):
+                    delay = ev.retry_delay_ms
+                    fol.retry_after = delay / 1000 if delay and delay > 0 else None
+                    fol.retrying_429 = ev.error_status == 429
+                elif isinstance(ev, stream.RateLimit):
+                    fol.rate_limit = providers.rate_limit_signal(ev.data) or fol.rate_limit
+                elif isinstance(ev, stream.AssistantEvent) and not ev.synthetic:
+                    fol.retry_after = None  # an answer came after that retry
+                    fol.retrying_429 = False
         return bool(events)
 
     def _store_summary(self, task: Task, attempt: Attempt, now: float,
@@ -236,6 +252,19 @@ class Follower:
         if watch.stop is not None:
             self.supervisor.request_stop(attempt, *watch.stop)
 
+    def _endpoint_watch(self, task: Task, attempt: Attempt, now: float) -> None:
+        """Stop an attempt that retries a 429 while its endpoint is parked for a window or
+        held for its account (another task met it): each of the CLI's own retries would be
+        one more request into a closed window. Its verdict is that refusal (stop reason
+        endpoint), so it is parked or failed like the task that met it."""
+        fol = self._follows.get(attempt.id)
+        if fol is None or not fol.retrying_429 or attempt.dir is None:
+            return
+        words = policy.stop_for_endpoint(self.store.get_endpoint(task.endpoint), now)
+        if words is not None and not AttemptLog(attempt.dir).stop_request():
+            log.info("task %s: stopped, its endpoint refuses what it retries", task.id)
+            self.supervisor.request_stop(attempt, "endpoint", words)
+
     # --- finishing ------------------------------------------------------------------------
 
     def finish(self, task: Task, attempt: Attempt, changes: list[TaskChange]) -> None:
@@ -245,7 +274,9 @@ class Follower:
         self.read_new(attempt, now, final=True)
         fol = self._follows[attempt.id]
         with _about(f"could not classify the run in {attempt.dir}"):
-            ending = self._judge(attempt, fol)
+            ending = outcome.with_hints(self._judge(attempt, fol),
+                                        retry_after=fol.retry_after,
+                                        rate_limit=fol.rate_limit)
         s = fol.summary
         self.store.update_attempt(
             attempt.id, finished_at=now, exit_code=ending.exit_code, signal=ending.signal,
@@ -284,11 +315,14 @@ class Follower:
     def apply_outcome(self, task: Task, attempt: Attempt, verdict: str, message: str,
                       now: float, changes: list[TaskChange]) -> None:
         """Move the task on as policy.after_attempt says (once, and only if it is still on
-        this attempt: another engine may have finished it and started the next one)."""
+        this attempt: another engine may have finished it and started the next one), and
+        its endpoint with it (a park, a hold, a lowered cap), in the same transaction."""
         attempts = self.store.list_attempts(task.id)
+        endpoint = self.store.get_endpoint(task.endpoint)
+        active = self.store.count_tasks(ACTIVE_STATES, endpoint=task.endpoint)
         nxt = policy.after_attempt(task, attempts, verdict, message, self.settings, now,
-                                   self.rng)
-        fields_: dict[str, Any] = {"state": nxt.state, "verdict": verdict,
+                                   self.rng, endpoint=endpoint, active=max(1, active))
+        fields_: dict[str, Any] = {"state": nxt.state, "verdict": nxt.verdict or verdict,
                                    "message": nxt.message, "not_before": nxt.not_before}
         if nxt.finished:
             fields_["finished_at"] = now
@@ -299,11 +333,19 @@ class Follower:
                     worktree, task.base_commit, task.base_branch))
                 fields_["added_lines"], fields_["deleted_lines"] = added, deleted
         applied: list[TaskState] = []
+        effect = nxt.effect
 
         def change(current: Task) -> dict[str, Any] | None:
             if current.state not in ACTIVE_STATES or current.attempt_count != attempt.n:
                 return None
             applied.append(current.state)
+            # inside the task's transaction: the endpoint changes with the task, once
+            if nxt.verdict is not None:
+                self.store.update_attempt(attempt.id, verdict=nxt.verdict)
+            if effect is not None:
+                self.store.change_endpoint(
+                    task.endpoint,
+                    lambda state: policy.apply_effect(state, effect, self.settings, now), now)
             return fields_
 
         self.store.modify_task(task.id, change)

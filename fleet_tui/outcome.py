@@ -18,8 +18,10 @@ import math
 import re
 import signal as _signal
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+from fleet_tui import providers
 from fleet_tui.errors import EXIT_MISSING
 from fleet_tui.states import Verdict as Verdict  # re-exported: outcome.Verdict
 from fleet_tui.stream import (
@@ -205,9 +207,13 @@ def _refused_message(line: str) -> str:
 
 
 def _api_message(status: int, text: str) -> tuple[Verdict, str]:
+    signal = providers.identify(text, status)
+    if signal is not None and (signal.code.provider != "anthropic"
+                               or signal.kind is providers.Kind.WINDOW):
+        return _provider_message(status, signal)
     detail = f": {_clip(text)}" if text else ""
     if status in (401, 403):
-        return Verdict.AUTH, f"the endpoint rejected the key ({status}): {_AUTH_HINT}"
+        return Verdict.AUTH, f"{providers.REJECTED_KEY} ({status}): {_AUTH_HINT}"
     if status == 429:
         return Verdict.QUOTA, (f"the endpoint's rate limit or quota was hit (429){detail}; "
                                "wait for the quota window or lower max_workers")
@@ -223,6 +229,49 @@ def _api_message(status: int, text: str) -> tuple[Verdict, str]:
                                  "FLEET_WORKER_BASE_URL and FLEET_WORKER_MODEL")
     return Verdict.REFUSED, (f"the endpoint refused the request ({status}){detail}; check the "
                              "model name and the prompt size")
+
+
+# what each kind of provider error is, as a verdict (fleet-doctor names it too)
+KIND_VERDICT: dict[providers.Kind, Verdict] = {
+    providers.Kind.WINDOW: Verdict.WINDOW, providers.Kind.RATE: Verdict.QUOTA,
+    providers.Kind.CONCURRENCY: Verdict.CONCURRENCY, providers.Kind.ACCOUNT: Verdict.ACCOUNT,
+    providers.Kind.AUTH: Verdict.AUTH, providers.Kind.MODEL_OVERLOAD: Verdict.MODEL_OVERLOAD,
+    providers.Kind.OVERLOAD: Verdict.OVERLOAD, providers.Kind.TASK: Verdict.REFUSED,
+}
+
+
+def _provider_message(status: int, signal: providers.Signal) -> tuple[Verdict, str]:
+    """A provider's refusal in its own words, what it is (code and meaning) and, for one
+    the user must act on, what to do. The words are kept whole: the reset time of a
+    window is read back from them (policy), by any engine, after a restart too."""
+    verdict = KIND_VERDICT[signal.kind]
+    said = f"{signal.code.provider} ({status}): {_clip(signal.sentence, 240)} " \
+           f"({signal.describe()})"
+    if verdict is Verdict.AUTH:
+        return verdict, f"{providers.REJECTED_KEY}: {said} — {signal.code.advice}"
+    if verdict in (Verdict.ACCOUNT, Verdict.REFUSED):
+        return verdict, f"{said} — {signal.code.advice}"
+    return verdict, said
+
+
+def with_hints(ending: Ending, *, retry_after: float | None = None,
+               rate_limit: tuple[float, str] | None = None) -> Ending:
+    """An attempt's ending with what its events said beside the result: the wait the
+    endpoint asked for (`retry-after`, as the CLI's last api_retry line shows it) and a
+    rejected `rate_limit_event` (Anthropic's usage limits, with their reset time: a 429
+    with one is a closed window, not a rate limit)."""
+    verdict, message = ending.verdict, ending.message
+    if rate_limit is not None and verdict in (Verdict.QUOTA, Verdict.CONCURRENCY):
+        at, what = rate_limit
+        stamp = datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+        verdict = Verdict.WINDOW
+        message = (f"{providers.USAGE_LIMIT} ({what}): {message}; it resets at {stamp}")
+    elif retry_after is not None and retry_after > 0 and verdict in (
+            Verdict.QUOTA, Verdict.OVERLOAD, Verdict.CONCURRENCY, Verdict.MODEL_OVERLOAD):
+        message = f"{message}; {providers.retry_after_text(retry_after)}"
+    if (verdict, message) == (ending.verdict, ending.message):
+        return ending
+    return Ending(verdict, message, ending.exit_code, ending.signal)
 
 
 # --------------------------------------------------------------------------- the engine's own
@@ -290,6 +339,8 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
     no claude) is an auth failure or a crash; else `classify` judges the run."""
     killed = stop_reason in ("kill", "error")
     timed_out = stop_reason in ("timeout", "stall")
+    if stop_reason == "endpoint":
+        return _stopped_for_the_endpoint(exit_record, stop_message, result, stderr_tail)
     if exit_record is None:
         if exit_problem is None:
             why = no_record
@@ -323,6 +374,21 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
                    killed=killed, timed_out=timed_out)
     message = stop_message if timed_out and stop_message else out.message
     return Ending(out.verdict, message, exit_code, sig)
+
+
+def _stopped_for_the_endpoint(exit_record: dict[str, Any] | None, stop_message: str | None,
+                              result: dict[str, Any] | None, stderr_tail: str) -> Ending:
+    """A run the engine stopped while it retried what its endpoint refuses (a closed
+    window, an account on hold): the endpoint's refusal, in the provider's words, is its
+    verdict, unless the run finished first."""
+    record = exit_record or {}
+    exit_code, sig = _as_int(record.get("exit_code")), _as_int(record.get("signal"))
+    out = classify(exit_code=exit_code, signal=sig, result=result, stderr_tail=stderr_tail)
+    if out.verdict is Verdict.OK or not stop_message:
+        return Ending(out.verdict, out.message, exit_code, sig)
+    signal = providers.identify(stop_message)
+    verdict = KIND_VERDICT[signal.kind] if signal is not None else Verdict.CRASHED
+    return Ending(verdict, stop_message, exit_code, sig)
 
 
 # --------------------------------------------------------------------------- classify

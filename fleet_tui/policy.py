@@ -16,8 +16,11 @@ store, no outcome, no stream parser.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from typing import Any
 
+from fleet_tui import providers
 from fleet_tui.states import (
     FINISHED_STATES,
     LAND_ACTIVE,
@@ -32,10 +35,11 @@ from fleet_tui.states import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
+    from datetime import tzinfo
     from typing import Protocol
 
     from fleet_tui.config import Settings
-    from fleet_tui.store import Attempt, Task
+    from fleet_tui.store import Attempt, EndpointState, Task
 
     class Random(Protocol):
         """What policy asks of a random source (random.Random has it)."""
@@ -43,13 +47,30 @@ if TYPE_CHECKING:
         def uniform(self, a: float, b: float) -> float: ...
 
 
-__all__ = ["RUNNER_HEADSTART", "TRANSIENT", "LandNext", "Next", "Watch", "after_attempt",
-           "after_fix", "allowed_actions", "auth_hint", "backoff_delay", "cooldown_until",
-           "in_queue", "land_failure", "model_for", "next_to_land", "refusal", "streak",
-           "time_limit", "watchdog", "why_not", "why_not_resume"]
+__all__ = ["AUTO_RESUME_PROMPT", "COUNTED", "NOTE_PREFIXES", "RUNNER_HEADSTART", "STOPS",
+           "TRANSIENT", "UNCOUNTED", "Effect", "Gate", "LandNext", "Next", "Watch",
+           "after_attempt", "after_fix", "allowed_actions", "apply_effect", "auth_hint",
+           "automatic_attempt", "backoff_delay", "cooldown_until", "effective_cap",
+           "endpoint_note", "gate", "held_reason", "in_queue", "land_failure", "model_for",
+           "next_to_land", "park_text", "queued_note", "refusal", "session_progress",
+           "settings_key", "stop_for_endpoint", "streak", "time_limit", "watchdog", "why_not",
+           "why_not_resume"]
 
 # verdicts of the moment (the endpoint's, not the task's): tried again after a wait
-TRANSIENT = frozenset({Verdict.OVERLOAD, Verdict.QUOTA})
+TRANSIENT = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.WINDOW, Verdict.CONCURRENCY,
+                       Verdict.MODEL_OVERLOAD})
+# the ones whose attempts count toward max_attempts; a window the endpoint named the reset
+# of, and a requeue for fewer workers at once, do not (and do not break a streak either)
+COUNTED = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.MODEL_OVERLOAD})
+UNCOUNTED = frozenset({Verdict.WINDOW, Verdict.CONCURRENCY})
+OVERLOADS = frozenset({Verdict.OVERLOAD, Verdict.MODEL_OVERLOAD})
+# verdicts that stop the whole endpoint until the user acts (the account, the key)
+STOPS = frozenset({Verdict.ACCOUNT, Verdict.AUTH})
+# what a session interrupted by the endpoint is told when it is resumed automatically
+AUTO_RESUME_PROMPT = ("Your previous turn was cut off by an API error. Continue the task "
+                      "where you left off, then summarise what you did.")
+# how the queued tasks of a parked or held endpoint are told why they do not start
+NOTE_PREFIXES = ("waits: ", "held: ")
 # the runner enforces the timeout and the kill grace itself; the engine's backstop waits
 # this much longer, so that it acts only for a runner that did not
 RUNNER_HEADSTART = 1.0
@@ -136,15 +157,21 @@ def refusal(task: Task, action: Action, why: str | None = None) -> str | None:
 # --- the next attempt ------------------------------------------------------------------------
 
 
-def streak(attempts: Sequence[Attempt], verdicts: Iterable[str]) -> int:
+def streak(attempts: Sequence[Attempt], verdicts: Iterable[str],
+           skip: Iterable[str] = ()) -> int:
     """How many of the latest finished attempts in a row ended with one of `verdicts`
-    (an attempt that has no verdict yet, the one about to run, is skipped)."""
-    wanted = frozenset(verdicts)
+    (an attempt that has no verdict yet, the one about to run, is skipped, and so is one
+    whose verdict is in `skip`: it neither counts nor breaks the streak)."""
+    return _streak([a.verdict for a in attempts], frozenset(verdicts), frozenset(skip))
+
+
+def _streak(verdicts: Sequence[str | None], wanted: frozenset[str],
+            skip: frozenset[str] = frozenset()) -> int:
     count = 0
-    for attempt in reversed(attempts):
-        if attempt.verdict is None:
+    for verdict in reversed(verdicts):
+        if verdict is None or verdict in skip:
             continue
-        if attempt.verdict not in wanted:
+        if verdict not in wanted:
             break
         count += 1
     return count
@@ -152,8 +179,11 @@ def streak(attempts: Sequence[Attempt], verdicts: Iterable[str]) -> int:
 
 def model_for(task: Task, attempts: Sequence[Attempt], settings: Settings) -> str:
     """The model of the next attempt: the task's tier (main, small or a model name), or
-    the small model once `fallback_after` attempts in a row were overloaded."""
-    if streak(attempts, (Verdict.OVERLOAD,)) >= settings.fallback_after:
+    the small model once `fallback_after` attempts in a row were overloaded, or at once
+    after the provider said this model is overloaded (z.ai's 1312: "try another model")."""
+    last = next((a.verdict for a in reversed(attempts) if a.verdict is not None), None)
+    if last == Verdict.MODEL_OVERLOAD or \
+            streak(attempts, OVERLOADS, UNCOUNTED) >= settings.fallback_after:
         return settings.small_model
     tier = task.model or "main"
     if tier == "main":
@@ -191,14 +221,229 @@ def auth_hint(message: str, endpoint: str) -> str:
             "ANTHROPIC_AUTH_TOKEN")
 
 
+# --- resume, don't restart -------------------------------------------------------------------
+
+
+def session_progress(task: Task, attempts: Sequence[Attempt]) -> bool:
+    """The task's session has work in it worth keeping: an attempt in that session called
+    a tool, got past its first turn, or finished (a run cut off at its very first request
+    has nothing to resume: the CLI counts that request as one turn)."""
+    if not task.session_id:
+        return False
+    return any(a.session_id == task.session_id
+               and (a.last_tool is not None or a.turns >= 2 or a.verdict == Verdict.OK)
+               for a in attempts)
+
+
+def automatic_attempt(task: Task, attempts: Sequence[Attempt]) -> tuple[str, str]:
+    """(kind, prompt) of the attempt the engine starts by itself after one the endpoint cut
+    off (overload, quota, a window, fewer at once): "resume" with a short continuation in
+    the same session, worktree and config dir when the session made progress; else
+    "fresh" with the task's prompt."""
+    last = next((a.verdict for a in reversed(attempts) if a.verdict is not None), None)
+    if last in TRANSIENT and session_progress(task, attempts):
+        return "resume", AUTO_RESUME_PROMPT
+    return "fresh", task.prompt
+
+
+# --- the endpoint's limits -------------------------------------------------------------------
+
+
+def settings_key(settings: Settings) -> str:
+    """A fingerprint of the settings an account or key problem was met with (never the key
+    itself): a hold is lifted when the settings it was met with change."""
+    parts = (settings.base_url, settings.model, settings.small_model,
+             ",".join(settings.key_sources), settings.keyring_service, settings.keyring_key)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def effective_cap(state: EndpointState | None, settings: Settings) -> int:
+    """How many tasks may run on the endpoint now: the configured cap, or the lower one a
+    concurrency limit left."""
+    if state is not None and state.cap is not None:
+        return max(1, min(settings.max_workers, state.cap))
+    return settings.max_workers
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """What a finished attempt does to its endpoint: park it until a window resets,
+    hold it for an account problem, lower its cap, or (a success) let the cap creep up."""
+
+    kind: str  # "park" | "hold" | "cap" | "ok"
+    until: float | None = None  # park: no request before this
+    reason: str = ""  # park: "5-hour window, code 1308"; hold: the provider's sentence
+    message: str = ""  # park: the refusal in the provider's words (it names the reset)
+    cap: int | None = None  # cap: the new effective cap
+    task: str | None = None  # hold: the task that met it
+    settings: str | None = None  # hold: settings_key() when it was met
+
+
+def apply_effect(state: EndpointState, effect: Effect, settings: Settings,
+                 now: float) -> dict[str, Any] | None:
+    """The endpoint fields `effect` sets on `state` (as the store has it now, inside its
+    transaction: two tasks that meet the same window at once park it once, the later
+    reset winning), or None for no change."""
+    if effect.kind == "park" and effect.until is not None:
+        parked = state.parked_until is not None and state.parked_until > now
+        until = max(effect.until, state.parked_until or 0.0) if parked else effect.until
+        out: dict[str, Any] = {"parked_until": until, "park_reason": effect.reason,
+                               "park_message": effect.message or None, "next_start": None}
+        if not parked:
+            out.update(event="park", event_at=now)
+        return out
+    if effect.kind == "hold":
+        out = {"held": effect.reason, "held_task": effect.task,
+               "held_settings": effect.settings}
+        if state.held is None:
+            out.update(event="hold", event_at=now)
+        return out
+    if effect.kind == "cap" and effect.cap is not None:
+        current = effective_cap(state, settings)
+        if effect.cap >= current:
+            return None
+        return {"cap": effect.cap, "cap_reason": effect.reason, "cap_changed_at": now,
+                "event": "cap", "event_at": now}
+    if effect.kind == "ok" and state.cap is not None:
+        if state.cap_changed_at is not None and now - state.cap_changed_at < settings.cap_hold:
+            return None
+        raised = state.cap + 1
+        if raised >= settings.max_workers:
+            return {"cap": None, "cap_reason": None, "cap_changed_at": now}
+        return {"cap": raised, "cap_changed_at": now}
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """Whether the scheduler may start a task on an endpoint now: under `cap` (None: start
+    nothing, for `why`), with the endpoint fields to set now (`fields`: a park that is
+    over, a hold lifted by new settings) and once a task is claimed (`on_claim`: the next
+    step of the staggered resume after a park)."""
+
+    cap: int | None
+    why: str | None = None
+    fields: dict[str, Any] | None = None
+    on_claim: dict[str, Any] | None = None
+
+    def as_tuple(self) -> tuple[int | None, dict[str, Any] | None, dict[str, Any] | None]:
+        """What store.claim_gated's `decide` returns."""
+        return self.cap, self.fields, self.on_claim
+
+
+def park_text(until: float, reason: str | None, now: float,
+              tz: tzinfo | None = None) -> str:
+    """"parked until 14:05 (5-hour window, code 1308), resumes then"."""
+    what = f" ({reason})" if reason else ""
+    return f"parked until {providers.clock_text(until, now, tz)}{what}, resumes then"
+
+
+def gate(state: EndpointState | None, settings: Settings, now: float, parked: int, *,
+         settings_now: str | None = None, tz: tzinfo | None = None) -> Gate:
+    """The endpoint's gate for the scheduling pass. `parked`: how many of its tasks wait
+    with verdict window; `settings_now`: settings_key() of the engine asking.
+
+    Held (an account or key problem): closed until the user retries a task or the
+    settings change. Parked: closed until the window's reset (plus its jitter); then the
+    parked sessions resume one at a time, `resume_stagger` apart, and once none is left
+    the park is over. Otherwise open, under the effective cap."""
+    cap = effective_cap(state, settings)
+    if state is None:
+        return Gate(cap)
+    fields: dict[str, Any] = {}
+    if state.held is not None:
+        if settings_now is not None and state.held_settings is not None \
+                and state.held_settings != settings_now:
+            fields.update(held=None, held_task=None, held_settings=None)
+        else:
+            return Gate(None, why=f"held: {state.held}")
+    if state.parked_until is not None:
+        if now < state.parked_until:
+            return Gate(None, why=park_text(state.parked_until, state.park_reason, now, tz),
+                        fields=fields or None)
+        if parked == 0:  # every parked session has resumed: the park is over
+            fields.update(parked_until=None, park_reason=None, park_message=None,
+                          next_start=None)
+        elif state.next_start is not None and now < state.next_start:
+            return Gate(None, why="resuming the parked sessions one at a time",
+                        fields=fields or None)
+        else:
+            return Gate(cap, fields=fields or None,
+                        on_claim={"next_start": now + settings.resume_stagger})
+    return Gate(cap, fields=fields or None)
+
+
+def stop_for_endpoint(state: EndpointState | None, now: float) -> str | None:
+    """The words to stop a running attempt with, when it retries a 429 its endpoint is
+    parked or held for (the CLI retries a 429 by itself, up to CLAUDE_CODE_MAX_RETRIES
+    times, before the engine hears of it: each retry is a request into a closed window),
+    or None to let it run."""
+    if state is None:
+        return None
+    if state.held is not None:
+        return state.held
+    if state.parked_until is not None and state.parked_until > now and state.park_message:
+        return state.park_message
+    return None
+
+
+def endpoint_note(state: EndpointState | None, settings: Settings, now: float,
+                  tz: tzinfo | None = None) -> str | None:
+    """What a person should know of an endpoint now (the status line, `fleet-tui ls` and
+    `show`), or None: held, parked, resuming, its cap lowered."""
+    if state is None:
+        return None
+    parts: list[str] = []
+    if state.held is not None:
+        who = f" (met by task {state.held_task}: `fleet-tui retry {state.held_task}` once " \
+              "fixed, or change the settings)" if state.held_task else ""
+        parts.append(f"held: {state.held}{who}")
+    if state.parked_until is not None:
+        if now < state.parked_until:
+            parts.append(park_text(state.parked_until, state.park_reason, now, tz))
+        else:
+            parts.append("resuming the parked sessions one at a time")
+    cap = effective_cap(state, settings)
+    if cap < settings.max_workers:
+        parts.append(f"cap {cap}/{settings.max_workers}"
+                     + (f" ({state.cap_reason})" if state.cap_reason else ""))
+    return "; ".join(parts) or None
+
+
+def held_reason(held: str | None) -> str | None:
+    """A hold's reason in a few words ("account in arrears, code 1113"), for one line."""
+    if held is None:
+        return None
+    signal = providers.identify(held)
+    if signal is not None:
+        return signal.describe()
+    return held if len(held) <= 60 else held[:59] + "…"
+
+
+def queued_note(why: str | None) -> str | None:
+    """The message the queued tasks of a closed endpoint carry (`why`: the gate's)."""
+    if why is None:
+        return None
+    if why.startswith(NOTE_PREFIXES[1]):
+        return why
+    return f"{NOTE_PREFIXES[0]}the endpoint is {why}"
+
+
+# --- what a finished attempt leads to --------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class Next:
-    """What a finished attempt leads to: the task's new state and message, and for a
-    waiting task when it may start again."""
+    """What a finished attempt leads to: the task's new state and message, for a waiting
+    task when it may start again, the verdict it is recorded with when policy reads it
+    otherwise (a window whose reset cannot be read is a quota cooldown), and what it does
+    to the endpoint."""
 
     state: TaskState
     message: str
     not_before: float | None = None
+    verdict: str | None = None
+    effect: Effect | None = None
 
     @property
     def finished(self) -> bool:
@@ -206,37 +451,106 @@ class Next:
         return self.state != TaskState.WAITING
 
 
-def after_attempt(task: Task, attempts: Sequence[Attempt], verdict: str, message: str,
-                  settings: Settings, now: float, rng: Random) -> Next:
-    """The task's next state once the attempt it is on ended with `verdict`. `attempts`:
-    all of the task's attempts, the one that just ended included (with its verdict).
+def _quota_wait(quotas: int, settings: Settings) -> float:
+    """The quota cooldown after the `quotas`-th in a row: `quota_cooldown`, doubling, at
+    most the larger of it and `backoff_cap`."""
+    exponent = min(max(0, quotas - 1), 64)
+    return float(min(max(settings.quota_cooldown, settings.backoff_cap),
+                     settings.quota_cooldown * 2 ** exponent))
 
-    ok: succeeded. killed: killed. overload or quota, fewer than `max_attempts` in a row:
-    waiting (overload: jittered exponential backoff, the small model after
-    `fallback_after`; quota: every task of the endpoint waits `quota_cooldown`); more: failed,
-    "gave up". auth: failed, with the fix (`auth_hint`). Anything else: failed."""
+
+def after_attempt(task: Task, attempts: Sequence[Attempt], verdict: str, message: str,
+                  settings: Settings, now: float, rng: Random, *,
+                  endpoint: EndpointState | None = None, active: int = 1,
+                  tz: tzinfo | None = None) -> Next:
+    """The task's next state once the attempt it is on ended with `verdict`. `attempts`:
+    all of the task's attempts, the one that just ended included (with its verdict);
+    `endpoint`: its endpoint's state; `active`: how many of the endpoint's tasks were
+    running (this one included).
+
+    ok: succeeded (and a lowered cap may creep up). killed: killed. window: waiting until
+    the reset the provider named (plus jitter), every task of the endpoint with it, not
+    counted as an attempt; a reset that cannot be read is a quota cooldown, said so.
+    concurrency (and a rate limit while several ran): the cap is lowered and the task
+    waits a moment, not counted; at a cap of 1 it is a quota cooldown. overload, model
+    overload and quota, fewer than `max_attempts` counted in a row: waiting (overload:
+    jittered exponential backoff, the small model after `fallback_after` or at once for a
+    model overload; quota: every task of the endpoint waits the cooldown, doubling); more:
+    failed, "gave up". account, and a key the endpoint refused: failed with what to do,
+    and the endpoint is held. Anything else: failed. Where the endpoint asked for a wait
+    (retry-after), no wait is shorter."""
+    verdicts: list[str | None] = [a.verdict for a in attempts]
+    if verdicts:
+        verdicts[-1] = verdict
+    signal = providers.identify(message)
+    asked = providers.retry_after(message) or 0.0
     if verdict == Verdict.OK:
-        return Next(TaskState.SUCCEEDED, message)
+        return Next(TaskState.SUCCEEDED, message, effect=Effect("ok"))
     if verdict == Verdict.KILLED:
         return Next(TaskState.KILLED, message)
-    if verdict in TRANSIENT:
-        in_a_row = streak(attempts, TRANSIENT)
+    override: str | None = None
+    if verdict == Verdict.WINDOW:
+        if signal is not None:
+            reading = providers.read_reset(signal.reset, signal.window, now,
+                                           zones=signal.code.zones, local=tz)
+        else:
+            reading = providers.Reading(None, why="it names no reset time")
+        if reading.at is not None and signal is not None:
+            until = max(reading.at, now) + settings.park_jitter * rng.uniform(0.5, 1.0)
+            what = signal.describe()
+            resumes = " in its session" if session_progress(task, attempts) else ""
+            return Next(TaskState.WAITING,
+                        park_text(until, what, now, tz) + resumes, until,
+                        effect=Effect("park", until=until, reason=what, message=message))
+        message = f"{message}; its reset time could not be used ({reading.why})"
+        verdict = override = Verdict.QUOTA
+        verdicts[-1] = verdict
+    if verdict == Verdict.QUOTA and active > 1 and signal is not None \
+            and signal.kind is providers.Kind.RATE:
+        verdict = override = Verdict.CONCURRENCY  # a rate limit while several ran
+        verdicts[-1] = verdict
+    if verdict == Verdict.CONCURRENCY:
+        cap = effective_cap(endpoint, settings)
+        if cap > 1:
+            lower = max(1, min(cap, active) - 1)
+            delay = max(asked, backoff_delay(1, settings, rng))
+            reason = signal.describe() if signal is not None else "too many at once"
+            return Next(TaskState.WAITING,
+                        f"{message} — fewer at once on {task.endpoint}: cap {lower}/"
+                        f"{settings.max_workers}; retried in {delay:.1f} s, not counted "
+                        "as an attempt", now + delay, verdict=override,
+                        effect=Effect("cap", cap=lower, reason=reason))
+        verdict = override = Verdict.QUOTA  # one at a time already: a quota cooldown
+        verdicts[-1] = verdict
+    if verdict in COUNTED:
+        in_a_row = _streak(verdicts, COUNTED, UNCOUNTED)
         if in_a_row >= settings.max_attempts:
-            return Next(TaskState.FAILED, f"{message} — gave up after {in_a_row} attempts")
-        if verdict == Verdict.OVERLOAD:
-            overloads = streak(attempts, (Verdict.OVERLOAD,))
-            delay = backoff_delay(overloads, settings, rng)
-            small = settings.small_model if overloads >= settings.fallback_after else None
+            return Next(TaskState.FAILED, f"{message} — gave up after {in_a_row} attempts",
+                        verdict=override)
+        resumes = " (resumes its session)" if session_progress(task, attempts) else ""
+        if verdict in OVERLOADS:
+            overloads = _streak(verdicts, OVERLOADS, UNCOUNTED)
+            delay = max(asked, backoff_delay(overloads, settings, rng))
+            small = settings.small_model if (overloads >= settings.fallback_after
+                                             or verdict == Verdict.MODEL_OVERLOAD) else None
             return Next(TaskState.WAITING,
                         f"{message} — retry {in_a_row + 1}/{settings.max_attempts} in "
-                        f"{delay:.1f} s" + (f" on the small model {small}" if small else ""),
-                        now + delay)
+                        f"{delay:.1f} s" + (f" on the small model {small}" if small else "")
+                        + resumes, now + delay, verdict=override)
+        quotas = _streak(verdicts, frozenset({Verdict.QUOTA}), UNCOUNTED)
+        wait = max(asked, _quota_wait(quotas, settings))
         return Next(TaskState.WAITING,
-                    f"{message} — every task on {task.endpoint} waits "
-                    f"{settings.quota_cooldown:g} s (quota cooldown), then retries",
-                    now + settings.quota_cooldown)
-    if verdict == Verdict.AUTH:
-        return Next(TaskState.FAILED, auth_hint(message, task.endpoint))
+                    f"{message} — every task on {task.endpoint} waits {wait:g} s (quota "
+                    f"cooldown{f' {quotas} in a row' if quotas > 1 else ''}), then retries"
+                    + resumes, now + wait, verdict=override)
+    if verdict in STOPS:
+        said_by_endpoint = signal is not None and signal.kind in (providers.Kind.ACCOUNT,
+                                                                   providers.Kind.AUTH)
+        text = auth_hint(message, task.endpoint) if verdict == Verdict.AUTH else message
+        if verdict == Verdict.ACCOUNT or said_by_endpoint:
+            return Next(TaskState.FAILED, text, effect=Effect(
+                "hold", reason=message, task=task.id, settings=settings_key(settings)))
+        return Next(TaskState.FAILED, text)
     return Next(TaskState.FAILED, message)
 
 

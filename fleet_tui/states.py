@@ -80,6 +80,11 @@ class Verdict(StrEnum):
     AUTH = "auth"
     OVERLOAD = "overload"
     QUOTA = "quota"
+    # the provider's limits (providers.py reads them; policy decides what they lead to)
+    WINDOW = "window"  # a usage window closed: the endpoint is parked until it resets
+    CONCURRENCY = "concurrency"  # too many requests at once: fewer workers on the endpoint
+    ACCOUNT = "account"  # the account, plan or model cannot be used: the endpoint stops
+    MODEL_OVERLOAD = "model_overload"  # this model is overloaded: the small model next
     TIMEOUT = "timeout"
     MAX_TURNS = "max_turns"
     EMPTY = "empty"

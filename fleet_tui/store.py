@@ -51,6 +51,7 @@ __all__ = [
     "TASK_COLUMNS",
     "AmbiguousTaskError",
     "Attempt",
+    "EndpointState",
     "Store",
     "StoreError",
     "Task",
@@ -205,6 +206,29 @@ class Attempt:
     row_error: str | None = None  # not a column: see Task.row_error
 
 
+@dataclass
+class EndpointState:
+    """What the fleet knows of one endpoint's limits, shared by every fleet-tui process
+    (policy decides it; the scheduler obeys it): a usage window it is parked for, an
+    account problem it is held for, an effective cap lowered below the configured one."""
+
+    endpoint: str
+    parked_until: float | None = None  # no request before this (the window's reset + jitter)
+    park_reason: str | None = None  # "5-hour window, code 1308"
+    park_message: str | None = None  # the refusal, in the provider's words (its reset)
+    next_start: float | None = None  # after a park: the earliest next start (staggered)
+    held: str | None = None  # why no task may start until the user acts (None: not held)
+    held_task: str | None = None  # the task that met it
+    held_settings: str | None = None  # fingerprint of the settings it was met with
+    cap: int | None = None  # the effective cap (None: the configured one)
+    cap_reason: str | None = None
+    cap_changed_at: float | None = None
+    event: str | None = None  # the latest event: park, hold, cap (the panel says it once)
+    event_at: float | None = None
+    updated_at: float = 0.0
+    row_error: str | None = None  # not a column: see Task.row_error
+
+
 # --- schema ---------------------------------------------------------------------------------
 
 _V1 = """
@@ -312,8 +336,29 @@ CREATE INDEX tasks_land ON tasks(land_state, land_order)
 """
 
 # Migration i brings a database from user_version i to i + 1. Append, never edit.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_script(_V1), _script(_V2),
-                                                          _script(_V3_LANDING)]
+# v4: each endpoint's limits (a usage window's park, an account problem's hold, a lowered
+# cap), so that every fleet-tui process honours them and they survive a restart.
+_V4_ENDPOINTS = """
+CREATE TABLE endpoints (
+    endpoint TEXT PRIMARY KEY,
+    parked_until REAL,
+    park_reason TEXT,
+    park_message TEXT,
+    next_start REAL,
+    held TEXT,
+    held_task TEXT,
+    held_settings TEXT,
+    cap INTEGER,
+    cap_reason TEXT,
+    cap_changed_at REAL,
+    event TEXT,
+    event_at REAL,
+    updated_at REAL NOT NULL DEFAULT 0
+);
+"""
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error"}
@@ -372,6 +417,8 @@ def _column_kinds(cls: type) -> list[tuple[str, tuple[type, ...], str, Any]]:
 
 _TASK_KINDS = _column_kinds(Task)
 _ATTEMPT_KINDS = _column_kinds(Attempt)
+_ENDPOINT_KINDS = _column_kinds(EndpointState)
+ENDPOINT_COLUMNS = tuple(f.name for f in fields(EndpointState) if f.name not in _NOT_COLUMNS)
 _STATE_BY_VALUE = {s.value: s for s in TaskState}
 
 
@@ -436,6 +483,17 @@ def _attempt_from_row(row: sqlite3.Row) -> Attempt:
         attempt.row_error = (f"the store row of attempt {attempt.n} of task "
                              f"{attempt.task_id} is unreadable: {bad[0][1]}{more}")
     return attempt
+
+
+def _endpoint_from_row(row: sqlite3.Row) -> EndpointState:
+    data, bad = _decode(row, _ENDPOINT_KINDS)
+    state = EndpointState(**data)
+    if bad:
+        # a damaged row must not stop the fleet: its limits are dropped, and said
+        state = EndpointState(endpoint=state.endpoint, updated_at=state.updated_at)
+        state.row_error = (f"the store row of endpoint {state.endpoint} is unreadable: "
+                           f"{bad[0][1]}; its limits were ignored")
+    return state
 
 
 def _states_tuple(states: TaskState | Iterable[TaskState] | str | None) -> tuple[str, ...]:
@@ -826,6 +884,96 @@ class Store:
             "SELECT * FROM tasks WHERE group_id = ? ORDER BY created_at, title, id",
             (group_id,)).fetchall()
         return [_task_from_row(r) for r in rows]
+
+    # --- endpoints: their limits (a park, a hold, a lowered cap) --------------------------------
+    # What the limits are is policy's decision; the store keeps them, so that every process
+    # sharing the database honours them, and applies them inside its transactions.
+
+    def get_endpoint(self, endpoint: str) -> EndpointState | None:
+        row = self._connect().execute("SELECT * FROM endpoints WHERE endpoint = ?",
+                                      (endpoint,)).fetchone()
+        return _endpoint_from_row(row) if row is not None else None
+
+    def list_endpoints(self) -> list[EndpointState]:
+        rows = self._connect().execute("SELECT * FROM endpoints ORDER BY endpoint").fetchall()
+        return [_endpoint_from_row(r) for r in rows]
+
+    def _write_endpoint(self, conn: sqlite3.Connection, endpoint: str,
+                        updates: dict[str, Any], now: float) -> None:
+        unknown = set(updates) - set(ENDPOINT_COLUMNS) | ({"endpoint"} & set(updates))
+        if unknown:
+            raise TypeError(f"cannot update endpoint fields: {', '.join(sorted(unknown))}")
+        updates = {**updates, "updated_at": now}
+        conn.execute("INSERT OR IGNORE INTO endpoints (endpoint, updated_at) VALUES (?, ?)",
+                     (endpoint, now))
+        sets = ", ".join(f"{name} = ?" for name in updates)
+        conn.execute(f"UPDATE endpoints SET {sets} WHERE endpoint = ?",
+                     [*(_to_db(n, v) for n, v in updates.items()), endpoint])
+
+    def change_endpoint(self, endpoint: str,
+                        change: Callable[[EndpointState], dict[str, Any] | None],
+                        now: float | None = None) -> EndpointState:
+        """Read-modify-write of one endpoint's limits in one IMMEDIATE transaction:
+        ``change(state)`` (a row with no limits when there is none yet) returns the fields
+        to set, or None. Returns the state as it is afterwards."""
+        now = time.time() if now is None else now
+        with self.transaction() as conn:
+            row = conn.execute("SELECT * FROM endpoints WHERE endpoint = ?",
+                               (endpoint,)).fetchone()
+            state = _endpoint_from_row(row) if row is not None else EndpointState(endpoint)
+            updates = change(state)
+            if updates:
+                self._write_endpoint(conn, endpoint, updates, now)
+                for name, value in {**updates, "updated_at": now}.items():
+                    setattr(state, name, value)
+            return state
+
+    def claim_gated(self, endpoint: str, now: float, owner: str | None,
+                    decide: Callable[[EndpointState | None, int],
+                                     tuple[int | None, dict[str, Any] | None,
+                                           dict[str, Any] | None]]) -> Task | None:
+        """`claim_next` under the endpoint's limits, in one IMMEDIATE transaction, so that
+        two engines cannot both start a task into a closed window or past a ramp's step.
+
+        ``decide(state, parked)`` (``parked``: how many of the endpoint's tasks wait with
+        verdict window) returns (cap, fields, fields_on_claim): the cap to claim under (None:
+        start nothing now), endpoint fields to set now (a park that is over, a hold lifted),
+        and fields to set once a task is claimed (the ramp's next start)."""
+        with self.transaction() as conn:
+            row = conn.execute("SELECT * FROM endpoints WHERE endpoint = ?",
+                               (endpoint,)).fetchone()
+            state = _endpoint_from_row(row) if row is not None else None
+            parked = 0
+            if state is not None and state.parked_until is not None:
+                parked = int(conn.execute(
+                    "SELECT COUNT(*) FROM tasks WHERE endpoint = ? AND state = ? AND "
+                    "verdict = ?", (endpoint, TaskState.WAITING.value,
+                                    Verdict.WINDOW.value)).fetchone()[0])
+            cap, fields_now, on_claim = decide(state, parked)
+            if fields_now:
+                self._write_endpoint(conn, endpoint, fields_now, now)
+            if cap is None:
+                return None
+            task = self.claim_next(endpoint, cap, now, owner=owner)
+            if task is not None and on_claim:
+                self._write_endpoint(conn, endpoint, on_claim, now)
+            return task
+
+    def note_queued(self, endpoint: str, note: str | None, prefixes: tuple[str, ...]) -> int:
+        """Set the message of the endpoint's queued tasks to ``note`` (None: clear it), on
+        tasks with no message or one starting with one of ``prefixes`` (a note written
+        before): why they do not start (a park, a hold). Returns how many changed."""
+        if not prefixes:
+            return 0
+        ours = " OR ".join("substr(message, 1, ?) = ?" for _ in prefixes)
+        args: list[Any] = [note, time.time(), endpoint, TaskState.QUEUED.value, note]
+        for prefix in prefixes:
+            args += [len(prefix), prefix]
+        with self.transaction() as conn:
+            return conn.execute(
+                f"UPDATE tasks SET message = ?, updated_at = ? WHERE endpoint = ? AND "
+                f"state = ? AND message IS NOT ? AND (message IS NULL OR {ours})",
+                args).rowcount
 
     # --- claims: one starter per task, and no start after a kill ------------------------------
 

@@ -224,8 +224,11 @@ class Supervisor:
 
         model = policy.model_for(task, attempts, self.settings)
         if pending is None:
-            attempt = self.store.add_attempt(task.id, kind="fresh", prompt=task.prompt,
-                                             now=now, model=model)
+            # the engine's own retry after the endpoint cut a run off resumes its session
+            # when it made progress (policy.automatic_attempt); else a fresh start
+            kind, prompt = policy.automatic_attempt(task, attempts)
+            attempt = self.store.add_attempt(task.id, kind=kind, prompt=prompt, now=now,
+                                             model=model)
         else:
             attempt = pending
             attempt.model = model

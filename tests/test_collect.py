@@ -23,7 +23,7 @@ OK_CASES = {"nonroot_custom_script", "nonroot_stream", "root_529_then_ok", "root
 FAILED_CASES = {"root_401": "auth", "root_apikey_401": "auth", "root_429": "quota",
                 "root_500": "overload", "root_529_default": "overload",
                 "root_529_retries0_json": "overload", "root_529_retries2": "overload",
-                "root_timeout": "timeout"}
+                "root_timeout": "timeout", "zai_1308_window": "window"}
 
 
 def _cmd(name: str) -> list[str]:
@@ -110,7 +110,9 @@ def test_json_output() -> None:
     assert run.returncode == 10
     data = json.loads(run.stdout)
     assert set(data) == {"verdict", "message", "is_error", "api_error_status", "num_turns",
-                         "session_id", "usage"}
+                         "session_id", "usage", "provider"}
+    assert data["provider"] == {"name": "anthropic", "code": "429", "what": "rate limit",
+                                "reset": None}
     raw = last_result("root_429")
     assert (data["verdict"], data["is_error"], data["api_error_status"], data["num_turns"],
             data["session_id"], data["usage"]) == (
@@ -118,6 +120,20 @@ def test_json_output() -> None:
     ok = collect("--json", str(stdout_file("root_json")))
     assert ok.returncode == 0 and json.loads(ok.stdout)["verdict"] == "ok"
     assert ok.stderr == "OK\n"
+
+
+def test_a_providers_refusal_is_named() -> None:
+    """z.ai's 5-hour window, as the real CLI printed it (the business code is not in the
+    output: its words name it); the reset time is given as written."""
+    run = collect(str(stdout_file("zai_1308_window")))
+    assert run.returncode == 10
+    assert run.stderr == ("FAILED (window): z.ai (429): Usage limit reached for 5 hour. Your "
+                          "limit will reset at 2026-12-01 00:14:10 (5-hour window, code "
+                          "1308)\n")
+    data = json.loads(collect("--json", str(stdout_file("zai_1308_window"))).stdout)
+    assert data["verdict"] == "window"
+    assert data["provider"] == {"name": "z.ai", "code": "1308", "what": "5-hour window",
+                                "reset": "2026-12-01 00:14:10"}
 
 
 def test_usage_missing_and_malformed(tmp_path: Path) -> None:

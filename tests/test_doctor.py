@@ -6,6 +6,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -221,6 +222,34 @@ def test_live_probe_maps_http_status_to_exit_code(
     assert request.path == "/v1/messages" and request.auth_kind == "bearer"
     assert request.auth_sha256 == hashlib.sha256(key.encode()).hexdigest()
     assert request.prompt == "ping" and request.model == "GLM-5.2"
+    assert key not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("fault", "code", "said"), [
+    # z.ai's 5-hour window: its reset, written in Beijing time, read back and given
+    ({"kind": "window", "seconds": 2 * 3600 + 900}, 8,
+     r"HTTP 429: verdict window: z\.ai code 1308 \(5-hour window\): Usage limit reached "
+     r"for 5 hour\. Your limit will reset at [0-9-]+ [0-9:]+; it resets at \d\d:\d\d local "
+     r"time, in 2 h 1\d min \(read as UTC\+8, the provider's zone\)"),
+    ({"kind": "zai", "code": "1113"}, 11,
+     r"HTTP 429: verdict account: z\.ai code 1113 \(account in arrears\): Your account is "
+     r"in arrears, please recharge and try again — recharge the account"),
+    ({"kind": "zai", "code": "1302"}, 8,
+     r"verdict concurrency: z\.ai code 1302 \(too many requests at once\)"),
+    ({"kind": "zai", "code": "1312"}, 9,
+     r"verdict model_overload: z\.ai code 1312 \(model overloaded\)"),
+    ({"kind": "zai", "code": "1002", "status": 401}, 6,
+     r"HTTP 401: verdict auth: z\.ai code 1002 \(invalid key\)"),
+])
+def test_live_probe_names_a_providers_refusal(
+        setup: Path, key: str, endpoint: ScriptedEndpoint, monkeypatch: pytest.MonkeyPatch,
+        fault: dict[str, Any], code: int, said: str) -> None:
+    monkeypatch.setenv("FLEET_WORKER_BASE_URL", endpoint.url)
+    endpoint.set_faults([fault])
+    result = run_doctor("--live", "--json", cwd=setup)
+    assert result.returncode == code, result.stdout
+    row = by_check(as_json(result))["live"]
+    assert row["status"] == "fail" and re.search(said, row["detail"]), row["detail"]
     assert key not in result.stdout + result.stderr
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -560,3 +561,85 @@ def test_cli_bad_input_is_a_message_not_a_traceback(tmp_path: Path,
     assert proc.returncode == 2
     assert out == ""
     assert err.startswith("endpoint: ") and "Traceback" not in err
+
+
+# --- provider modes: answering as z.ai does ----------------------------------------------------
+
+
+def test_provider_faults_parse_with_their_defaults() -> None:
+    window = parse_fault({"kind": "window", "seconds": 5, "after_ok": 2})
+    assert (window.kind, window.code, window.status, window.times, window.zone) == (
+        "window", "1308", 429, None, 8.0)
+    busy = parse_fault({"kind": "concurrency", "limit": 2})
+    assert (busy.code, busy.limit) == ("1302", 2)
+    assert parse_fault({"kind": "zai", "code": 1113, "status": 402}).code == "1113"
+    assert parse_fault({"status": 529, "after_ok": 3}).after_ok == 3
+    assert parse_fault('{"kind": "window", "seconds": 5, "after_ok": 2}') == window  # --fault
+    for bad, said in [({"kind": "zai"}, "4-digit"), ({"kind": "zai", "code": "9999"},
+                                                      "no message known"),
+                      ({"kind": "window", "code": "1308"}, "seconds"),
+                      ({"kind": "concurrency"}, "limit"),
+                      ({"kind": "zai", "code": "1113", "status": 200}, "400-599"),
+                      ({"status": 429, "after_ok": -1}, "after_ok")]:
+        with pytest.raises(ScriptError, match=said):
+            parse_fault(bad)
+
+
+def test_a_zai_fault_answers_with_zais_body() -> None:
+    with ScriptedEndpoint(["fine"], faults=[{"kind": "zai", "code": "1113", "times": 1}]) as ep:
+        refused = post(ep.url, request_body())
+        served = post(ep.url, request_body())
+    assert refused.status == 429
+    assert refused.json == {"error": {"code": "1113", "message": "Your account is in "
+                                      "arrears, please recharge and try again"}}
+    assert "x-should-retry" not in refused.headers  # z.ai sends none
+    assert served.status == 200
+    assert [r.fault for r in ep.requests] == ["zai:1113", None]
+
+
+def test_a_window_closes_after_n_answers_and_names_its_reset_in_beijing_time() -> None:
+    with ScriptedEndpoint(["fine"], faults=[{"kind": "window", "after_ok": 1,
+                                             "seconds": 1.5}]) as ep:
+        assert ep.window_reset() is None
+        assert post(ep.url, request_body()).status == 200  # the one answer before it
+        closed = post(ep.url, request_body())
+        reset = ep.window_reset()
+        again = post(ep.url, request_body())
+        assert reset is not None and reset == int(reset)  # written to the second
+        time.sleep(max(0.0, reset - time.time()) + 0.05)
+        reopened = post(ep.url, request_body())
+    assert closed.status == again.status == 429 and reopened.status == 200
+    message = closed.json["error"]["message"]
+    beijing = datetime.fromtimestamp(reset, timezone(timedelta(hours=8)))
+    assert message == ("Usage limit reached for 5 hour. Your limit will reset at "
+                       f"{beijing:%Y-%m-%d %H:%M:%S}")
+    assert closed.json["error"]["code"] == "1308"
+
+
+def test_too_many_answers_in_flight_get_1302() -> None:
+    slow = {"default": {"delay": 0.1, "turns": ["a slow answer " * 10]}}
+    with ScriptedEndpoint(slow, faults=[{"kind": "concurrency", "limit": 1}]) as ep:
+        first: dict[str, Any] = {}
+        worker = threading.Thread(target=lambda: first.update(reply=post(ep.url,
+                                                                         request_body())))
+        worker.start()
+        ep.wait_for(1)  # the first is being answered
+        second = post(ep.url, request_body())
+        worker.join(timeout=30)
+        third = post(ep.url, request_body())  # alone again
+    assert first["reply"].status == 200 and third.status == 200
+    assert second.status == 429 and second.json["error"]["code"] == "1302"
+
+
+def test_real_turns_leave_the_clis_filler_answer_out() -> None:
+    """CLI 2.1.197 resumes an interrupted session with a filler answer of its own."""
+    scripts = {"plain": ["zero", "one", "two"],
+               "real": {"real_turns": True, "turns": ["zero", "one", "two"]}}
+    with ScriptedEndpoint(scripts) as ep:
+        for name in scripts:
+            body = request_body(turns_done=1, prompt=f"[script:{name}] go")
+            body["messages"] += [{"role": "assistant", "content": [
+                {"type": "text", "text": "No response requested."}]},
+                {"role": "user", "content": "Continue where you left off."}]
+            post(ep.url, body)
+    assert [(r.script, r.turn) for r in ep.requests] == [("plain", 2), ("real", 1)]

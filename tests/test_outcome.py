@@ -39,6 +39,7 @@ EXPECTED = {
     "root_permdefault": Verdict.OK,
     "root_sandbox_stream": Verdict.OK,
     "root_timeout": Verdict.TIMEOUT,
+    "zai_1308_window": Verdict.WINDOW,  # z.ai's 5-hour window (429, code 1308)
 }
 
 

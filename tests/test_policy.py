@@ -14,21 +14,34 @@ the real claude. Their counterparts here:
 - test_dead_runner_without_exit_record_is_marked_crashed: judge_attempt, no_exit_record
 - test_retry_refused_while_running_and_no_key_leak: refusal (retry, merge while running)
 - test_resume_and_follow_up_continue_the_session: why_not_resume, why_not (follow-up)
+
+and tests/test_limits.py (the endpoint's limits):
+
+- test_a_window_parks_the_endpoint_until_its_reset_and_the_sessions_resume:
+  after_attempt (window), apply_effect (park), gate (parked, the staggered resume),
+  automatic_attempt (resume)
+- test_an_account_error_fails_one_task_and_holds_the_rest_once: after_attempt (account),
+  apply_effect (hold), gate (held, lifted), queued_note, endpoint_note
+- test_an_overload_mid_task_resumes_the_session: automatic_attempt, session_progress
+- test_too_many_at_once_lowers_the_cap_and_charges_nothing: after_attempt (concurrency),
+  apply_effect (cap), effective_cap
+- test_a_429_waits_at_least_its_retry_after: after_attempt (retry-after)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fleet_tui import outcome, policy
+from fleet_tui import outcome, policy, providers
 from fleet_tui.config import Settings
 from fleet_tui.states import Action, TaskState, Verdict
-from fleet_tui.store import Attempt, Task
+from fleet_tui.store import Attempt, EndpointState, Task
 
 NOW = 1_000_000.0
 SETTINGS = Settings(model="big", small_model="small", max_attempts=4, backoff_base=5.0,
@@ -56,9 +69,9 @@ def task(state: TaskState = TaskState.RUNNING, **fields: Any) -> Task:
     return Task(state=state, **base)
 
 
-def runs(*verdicts: str | None) -> list[Attempt]:
+def runs(*verdicts: str | None, **fields: Any) -> list[Attempt]:
     """Attempts 1..n of the task with these verdicts (None: not finished yet)."""
-    return [Attempt(id=n, task_id="abc123", n=n, verdict=v)
+    return [Attempt(id=n, task_id="abc123", n=n, verdict=v, **fields)
             for n, v in enumerate(verdicts, start=1)]
 
 
@@ -362,3 +375,271 @@ def test_the_engines_own_messages() -> None:
     assert outcome.engine_gave_up("bad file") == ("the engine could not go on with this "
                                                   "task: bad file")
     assert outcome.KILLED_BEFORE_START == "killed before it started"
+
+
+# --- the endpoint's limits (tests/test_limits.py end to end) -----------------------------------
+
+UTC0 = UTC
+WINDOW_1308 = ("z.ai (429): Usage limit reached for 5 hour. Your limit will reset at "
+               "1970-01-12 22:46:40 (5-hour window, code 1308)")  # NOW + 1 h, Beijing time
+ARREARS = ("z.ai (429): Your account is in arrears, please recharge and try again "
+           "(account in arrears, code 1113) — recharge the account")
+CONCURRENT = ("z.ai (429): High concurrency usage of this API (too many requests at once, "
+              "code 1302)")
+RATE_429 = ("the endpoint's rate limit or quota was hit (429): API Error: Request rejected "
+            "(429) · Number of request tokens has exceeded your per-minute rate limit")
+
+
+def after(verdicts: tuple[str, ...], message: str, *, endpoint: EndpointState | None = None,
+          active: int = 1, progress: bool = False, **changes: Any) -> policy.Next:
+    fields: dict[str, Any] = {"session_id": "s-1", "last_tool": "Bash echo"} if progress \
+        else {}
+    return policy.after_attempt(task(), runs(*verdicts, **fields), verdicts[-1], message,
+                                settings(park_jitter=10.0, **changes), NOW, Draw(1.0),
+                                endpoint=endpoint, active=active, tz=UTC0)
+
+
+def test_the_reset_of_a_window_is_beijing_time() -> None:
+    # the fixture's reset: NOW + 1 h read in UTC+8 (as UTC it would be 9 h away)
+    assert NOW == 1_000_000.0
+    reading = providers.read_reset(
+        "1970-01-12 22:46:40", 5 * 3600, NOW, zones=(8.0,), local=UTC0)
+    assert reading.at == NOW + 3600
+
+
+@pytest.mark.parametrize("before", [(), ("window",) * 9, ("overload",) * 3,
+                                    ("concurrency", "window") * 4])
+def test_a_window_parks_the_task_until_its_reset_and_is_not_counted(
+        before: tuple[str, ...]) -> None:
+    nxt = after((*before, "window"), WINDOW_1308, progress=True)
+    assert nxt.state == TaskState.WAITING and nxt.verdict is None
+    assert nxt.not_before == NOW + 3600 + 10.0  # the reset, plus the jitter (Draw(1.0))
+    assert nxt.message == ("parked until 14:46 (5-hour window, code 1308), resumes then in "
+                           "its session")
+    assert nxt.effect == policy.Effect("park", until=NOW + 3610,
+                                       reason="5-hour window, code 1308", message=WINDOW_1308)
+
+
+@pytest.mark.parametrize(("reset", "why"), [
+    ("1970-01-20 00:00:00", "outside the 5-hour window"),
+    ("1970-01-01 00:00:00", "has passed already"),
+    ("soon", "is not a time"),
+])
+def test_a_window_whose_reset_cannot_be_used_is_a_counted_cooldown(reset: str,
+                                                                  why: str) -> None:
+    message = WINDOW_1308.replace("1970-01-12 22:46:40", reset)
+    nxt = after(("window",), message)
+    assert nxt.state == TaskState.WAITING and nxt.verdict == Verdict.QUOTA
+    assert why in nxt.message and "its reset time could not be used" in nxt.message
+    assert "waits 60 s (quota cooldown)" in nxt.message and nxt.effect is None
+    gave_up = after(("quota",) * 3 + ("window",), message)
+    assert gave_up.state == TaskState.FAILED and "gave up after 4" in gave_up.message
+
+
+@pytest.mark.parametrize(("verdicts", "wait", "label"), [
+    (("quota",), 60.0, "(quota cooldown)"),
+    (("quota", "quota"), 120.0, "(quota cooldown 2 in a row)"),
+    (("quota", "window", "quota", "quota"), 240.0, "(quota cooldown 3 in a row)"),
+    (("quota",) * 3 + ("quota",), None, "gave up after 4"),
+])
+def test_the_quota_cooldown_backs_off(verdicts: tuple[str, ...], wait: float | None,
+                                      label: str) -> None:
+    nxt = after(verdicts, RATE_429)
+    assert label in nxt.message
+    assert nxt.not_before == (None if wait is None else NOW + wait)
+
+
+def test_no_wait_is_shorter_than_the_endpoints_retry_after() -> None:
+    asked = f"{RATE_429}; the endpoint asked to wait 90 s (retry-after)"
+    assert after(("quota",), asked).not_before == NOW + 90.0
+    busy = "the endpoint is overloaded (529); the endpoint asked to wait 30 s (retry-after)"
+    assert after(("overload",), busy).not_before == NOW + 30.0
+    assert after(("overload",), "the endpoint is overloaded (529)").not_before == NOW + 5.0
+
+
+@pytest.mark.parametrize(("verdict", "message", "active", "cap", "lowered"), [
+    ("concurrency", CONCURRENT, 3, None, 2),  # 3 ran under a cap of 4: now 2
+    ("concurrency", CONCURRENT, 4, None, 3),
+    ("concurrency", CONCURRENT, 2, 2, 1),
+    ("quota", RATE_429, 3, None, 2),  # a plain rate limit while several ran
+])
+def test_too_many_at_once_lowers_the_cap_and_is_not_counted(
+        verdict: str, message: str, active: int, cap: int | None, lowered: int) -> None:
+    state = EndpointState(EP, cap=cap)
+    nxt = after(("overload",) * 3 + (verdict,), message, endpoint=state, active=active)
+    assert nxt.state == TaskState.WAITING  # not "gave up": three counted and this one not
+    assert nxt.verdict == (None if verdict == "concurrency" else Verdict.CONCURRENCY)
+    assert nxt.effect is not None and nxt.effect.kind == "cap" and nxt.effect.cap == lowered
+    assert f"cap {lowered}/4" in nxt.message and "not counted as an attempt" in nxt.message
+    assert nxt.not_before == NOW + 5.0
+
+
+def test_too_many_at_once_at_a_cap_of_one_is_a_counted_cooldown() -> None:
+    nxt = after(("concurrency",), CONCURRENT, endpoint=EndpointState(EP, cap=1), active=1)
+    assert nxt.verdict == Verdict.QUOTA and nxt.effect is None
+    assert "(quota cooldown)" in nxt.message
+    alone = after(("quota",), RATE_429, active=1)  # a rate limit with one running
+    assert alone.verdict is None and "(quota cooldown)" in alone.message
+
+
+@pytest.mark.parametrize(("verdict", "message", "held"), [
+    ("account", ARREARS, True),
+    ("auth", "the endpoint rejected the key (401): check FLEET_WORKER_BASE_URL", True),
+    ("auth", "the endpoint rejected the key: z.ai (401): Authorization Token is invalid "
+             "(invalid key, code 1002) — check the API key", True),
+    # the launcher found no key: nothing reached the endpoint, nothing to hold
+    ("auth", "no API key found in ANTHROPIC_AUTH_TOKEN or the keyring", False),
+])
+def test_an_account_or_key_error_fails_the_task_and_holds_the_endpoint(
+        verdict: str, message: str, held: bool) -> None:
+    nxt = after((verdict,), message)
+    assert nxt.state == TaskState.FAILED and nxt.not_before is None
+    assert nxt.message.startswith(message)
+    if held:
+        assert nxt.effect == policy.Effect("hold", reason=message, task="abc123",
+                                           settings=policy.settings_key(SETTINGS))
+    else:
+        assert nxt.effect is None
+
+
+def test_a_model_overload_moves_to_the_small_model_at_once() -> None:
+    model_busy = ("z.ai (429): The model is currently experiencing high traffic "
+                  "(model overloaded, code 1312)")
+    nxt = after(("model_overload",), model_busy)
+    assert nxt.state == TaskState.WAITING and "on the small model small" in nxt.message
+    assert policy.model_for(task(), runs("model_overload"), SETTINGS) == "small"
+    # a window between overloads neither counts nor breaks their streak
+    assert policy.model_for(task(), runs("overload", "window"), SETTINGS) == "big"
+    assert policy.model_for(task(), runs("overload", "window", "overload"), SETTINGS) \
+        == "small"
+    assert policy.streak(runs("overload", "window", "overload"), policy.COUNTED,
+                         policy.UNCOUNTED) == 2
+
+
+@pytest.mark.parametrize(("fields", "verdicts", "kind"), [
+    ({"session_id": "s-1", "last_tool": "Bash x"}, ("overload",), "resume"),
+    ({"session_id": "s-1", "turns": 2}, ("window",), "resume"),
+    ({"session_id": "s-1", "turns": 1}, ("quota",), "fresh"),  # cut off at its first request
+    ({"session_id": "s-0", "last_tool": "Bash x"}, ("overload",), "fresh"),  # another session
+    ({"session_id": "s-1", "last_tool": "Bash x"}, ("crashed",), "fresh"),  # not the endpoint
+    ({}, ("overload",), "fresh"),
+])
+def test_an_automatic_retry_resumes_a_session_with_progress(
+        fields: dict[str, Any], verdicts: tuple[str, ...], kind: str) -> None:
+    got_kind, prompt = policy.automatic_attempt(task(), runs(*verdicts, **fields))
+    assert got_kind == kind
+    assert prompt == (policy.AUTO_RESUME_PROMPT if kind == "resume" else "p")
+
+
+def state(**fields: Any) -> EndpointState:
+    return EndpointState(EP, **fields)
+
+
+KEY_NOW = policy.settings_key(SETTINGS)
+
+
+@pytest.mark.parametrize(("endpoint", "parked", "cap", "why", "fields", "on_claim"), [
+    (None, 0, 4, None, None, None),
+    (state(), 0, 4, None, None, None),
+    (state(cap=2), 0, 2, None, None, None),
+    (state(cap=9), 0, 4, None, None, None),  # never above the configured cap
+    (state(held="z.ai: in arrears", held_settings=KEY_NOW), 0, None, "held: z.ai: in arrears",
+     None, None),
+    # held with other settings (a new model, base URL, key source): lifted
+    (state(held="z.ai: in arrears", held_settings="older"), 0, 4, None,
+     {"held": None, "held_task": None, "held_settings": None}, None),
+    (state(parked_until=NOW + 60, park_reason="5-hour window, code 1308"), 2, None,
+     "parked until 13:47 (5-hour window, code 1308), resumes then", None, None),
+    # the reset has passed: parked sessions resume one at a time
+    (state(parked_until=NOW - 1), 2, 4, None, None, {"next_start": NOW + 10.0}),
+    (state(parked_until=NOW - 5, next_start=NOW + 3), 1, None,
+     "resuming the parked sessions one at a time", None, None),
+    (state(parked_until=NOW - 5, next_start=NOW - 1), 1, 4, None, None,
+     {"next_start": NOW + 10.0}),
+    # none left parked: the park is over
+    (state(parked_until=NOW - 5, next_start=NOW + 3), 0, 4, None,
+     {"parked_until": None, "park_reason": None, "park_message": None, "next_start": None},
+     None),
+])
+def test_gate(endpoint: EndpointState | None, parked: int, cap: int | None, why: str | None,
+              fields: dict[str, Any] | None, on_claim: dict[str, Any] | None) -> None:
+    got = policy.gate(endpoint, SETTINGS, NOW, parked, settings_now=KEY_NOW, tz=UTC0)
+    assert (got.cap, got.why, got.fields, got.on_claim) == (cap, why, fields, on_claim)
+    note = policy.queued_note(got.why)
+    assert (note is None) == (why is None)
+    if note is not None:
+        assert note.startswith(policy.NOTE_PREFIXES)
+
+
+@pytest.mark.parametrize(("before", "effect", "fields"), [
+    # a park: a new event; a second task's park keeps the later reset, same event
+    (state(), policy.Effect("park", until=NOW + 60, reason="w", message="m"),
+     {"parked_until": NOW + 60, "park_reason": "w", "park_message": "m", "next_start": None,
+      "event": "park", "event_at": NOW}),
+    (state(parked_until=NOW + 90), policy.Effect("park", until=NOW + 60, reason="w"),
+     {"parked_until": NOW + 90, "park_reason": "w", "park_message": None,
+      "next_start": None}),
+    (state(parked_until=NOW - 90), policy.Effect("park", until=NOW + 60, reason="w"),
+     {"parked_until": NOW + 60, "park_reason": "w", "park_message": None,
+      "next_start": None, "event": "park", "event_at": NOW}),
+    # a hold: one event, however many tasks meet it
+    (state(), policy.Effect("hold", reason="r", task="t1", settings="k"),
+     {"held": "r", "held_task": "t1", "held_settings": "k", "event": "hold",
+      "event_at": NOW}),
+    (state(held="r"), policy.Effect("hold", reason="r", task="t2", settings="k"),
+     {"held": "r", "held_task": "t2", "held_settings": "k"}),
+    # a cap: only ever lower
+    (state(), policy.Effect("cap", cap=2, reason="c"),
+     {"cap": 2, "cap_reason": "c", "cap_changed_at": NOW, "event": "cap", "event_at": NOW}),
+    (state(cap=2), policy.Effect("cap", cap=3, reason="c"), None),
+    # a success: the cap creeps up once cap_hold has passed since it last changed
+    (state(cap=2, cap_changed_at=NOW - 301), policy.Effect("ok"),
+     {"cap": 3, "cap_changed_at": NOW}),
+    (state(cap=3, cap_changed_at=NOW - 301), policy.Effect("ok"),
+     {"cap": None, "cap_reason": None, "cap_changed_at": NOW}),
+    (state(cap=2, cap_changed_at=NOW - 10), policy.Effect("ok"), None),
+    (state(), policy.Effect("ok"), None),
+])
+def test_apply_effect(before: EndpointState, effect: policy.Effect,
+                      fields: dict[str, Any] | None) -> None:
+    assert policy.apply_effect(before, effect, SETTINGS, NOW) == fields
+
+
+def test_endpoint_note() -> None:
+    assert policy.endpoint_note(None, SETTINGS, NOW) is None
+    assert policy.endpoint_note(state(), SETTINGS, NOW) is None
+    note = policy.endpoint_note(state(held="z.ai: in arrears", held_task="t1", cap=2,
+                                      cap_reason="too many at once, code 1302",
+                                      parked_until=NOW + 60, park_reason="5-hour window"),
+                                SETTINGS, NOW, tz=UTC0)
+    assert note == ("held: z.ai: in arrears (met by task t1: `fleet-tui retry t1` once "
+                    "fixed, or change the settings); parked until 13:47 (5-hour window), "
+                    "resumes then; cap 2/4 (too many at once, code 1302)")
+
+
+def test_a_run_retrying_into_a_closed_endpoint_is_stopped_with_its_words() -> None:
+    assert policy.stop_for_endpoint(None, NOW) is None
+    assert policy.stop_for_endpoint(state(), NOW) is None
+    assert policy.stop_for_endpoint(state(held=ARREARS), NOW) == ARREARS
+    assert policy.stop_for_endpoint(state(parked_until=NOW + 9, park_message=WINDOW_1308),
+                                    NOW) == WINDOW_1308
+    assert policy.stop_for_endpoint(state(parked_until=NOW - 1, park_message=WINDOW_1308),
+                                    NOW) is None  # the window has reset
+    assert policy.stop_for_endpoint(state(parked_until=NOW + 9), NOW) is None
+
+
+@pytest.mark.parametrize(("words", "code", "result", "verdict"), [
+    (WINDOW_1308, 143, None, Verdict.WINDOW),  # stopped before any result
+    (WINDOW_1308, 1, RESULT_529, Verdict.WINDOW),
+    (ARREARS, 1, RESULT_529, Verdict.ACCOUNT),
+    (WINDOW_1308, 0, RESULT_OK, Verdict.OK),  # it finished before the stop took
+    ("no provider words", 1, RESULT_529, Verdict.CRASHED),
+])
+def test_judge_a_run_stopped_for_its_endpoint(words: str, code: int,
+                                              result: dict[str, Any] | None,
+                                              verdict: Verdict) -> None:
+    ending = judge(exit_record={"exit_code": code, "signal": None}, stop_reason="endpoint",
+                   stop_message=words, result=result)
+    assert ending.verdict == verdict
+    if verdict is not Verdict.OK:
+        assert ending.message == words

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from fleet_tui.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
     AmbiguousTaskError,
+    EndpointState,
     Store,
     StoreError,
     TaskState,
@@ -99,6 +101,26 @@ def test_migration_from_older_version(tmp_path: Path) -> None:
         assert s.update_task("old001", claimed_by="engine-1")
     with Store(db) as s:  # reopening does not migrate twice
         assert s.get_task("old001").claimed_by == "engine-1"
+
+
+def test_migration_adds_the_endpoints_table(tmp_path: Path) -> None:
+    """A database of the version before (2): its tasks stay, the endpoints' limits start
+    empty."""
+    db = tmp_path / "v2.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    MIGRATIONS[0](conn)
+    MIGRATIONS[1](conn)
+    conn.execute("PRAGMA user_version = 2")
+    conn.execute("INSERT INTO tasks (id, prompt, repo, state, created_at, updated_at) "
+                 "VALUES ('old002', 'fix it', '/r', 'queued', 1.5, 2.5)")
+    conn.close()
+    with Store(db) as s:
+        assert s.schema_version() == SCHEMA_VERSION
+        assert s.get_task("old002").state is TaskState.QUEUED
+        assert s.list_endpoints() == [] and s.get_endpoint("https://x") is None
+        state = s.change_endpoint("https://x", lambda st: {"cap": 2}, now=5.0)
+        assert (state.endpoint, state.cap, state.updated_at) == ("https://x", 2, 5.0)
+        assert s.get_endpoint("https://x") == state
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
@@ -427,3 +449,86 @@ def test_store_file_never_holds_the_key(git_repo: Path, claude_bin: str,
     assert sent == {hashlib.sha256(key.encode()).hexdigest()}  # the key went through
     assert len(blobs) > 10_000  # the store (and its WAL) really holds data
     assert key.encode() not in blobs, "the key is in the store's files"
+
+
+# --- the endpoints' limits ----------------------------------------------------------------------
+
+
+def test_two_processes_parking_one_endpoint_keep_the_later_reset(tmp_path: Path) -> None:
+    """The read-modify-write of an endpoint's state is one transaction: processes that
+    park it at the same moment (each task meeting the window) leave the latest reset."""
+    db = tmp_path / "fleet.db"
+    Store(db).close()
+    script = """
+        import sys
+        from fleet_tui import policy
+        from fleet_tui.config import Settings
+        from fleet_tui.store import Store
+        db, start = sys.argv[1], int(sys.argv[2])
+        store = Store(db)
+        for i in range(start, start + 60, 2):
+            effect = policy.Effect("park", until=1000.0 + i, reason=f"reset {i}")
+            store.change_endpoint("https://ep", lambda st: policy.apply_effect(
+                st, effect, Settings(), 10.0), now=10.0)
+        print("ok")
+    """
+    run_workers(script, [[str(db), "0"], [str(db), "1"]], tmp_path / "go")
+    with Store(db) as s:
+        state = s.get_endpoint("https://ep")
+    assert state is not None and state.parked_until == 1059.0
+    assert state.event == "park" and state.event_at == 10.0
+
+
+def test_claim_gated_obeys_the_park_and_staggers_the_resume(store: Store) -> None:
+    from fleet_tui import policy
+    from fleet_tui.config import Settings
+
+    e = "https://ep"
+    settings = Settings(max_workers=4, resume_stagger=5.0)
+    parked = [store.create_task(prompt=f"p{i}", repo=REPO, endpoint=e, now=float(i),
+                                state=TaskState.WAITING, verdict="window", not_before=100.0)
+              for i in range(2)]
+    queued = store.create_task(prompt="q", repo=REPO, endpoint=e, now=5.0)
+    store.change_endpoint(e, lambda st: {"parked_until": 100.0, "park_reason": "w"})
+
+    def claim(now: float) -> str | None:
+        def decide(state: EndpointState | None, n: int) -> Any:
+            return policy.gate(state, settings, now, n).as_tuple()
+        task = store.claim_gated(e, now, "engine", decide)
+        return task.id if task is not None else None
+
+    assert claim(50.0) is None  # parked: nothing
+    assert claim(100.0) == parked[0].id  # the reset: one
+    assert claim(101.0) is None  # the next one resume_stagger later
+    assert claim(105.0) == parked[1].id
+    state = store.get_endpoint(e)
+    assert state is not None and state.parked_until == 100.0 and state.next_start == 110.0
+    assert claim(106.0) == queued.id  # none parked any more: the park is over
+    state = store.get_endpoint(e)
+    assert state is not None and (state.parked_until, state.next_start) == (None, None)
+
+
+def test_note_queued_writes_only_its_own_notes(store: Store) -> None:
+    e = "https://ep"
+    plain = store.create_task(prompt="a", repo=REPO, endpoint=e)
+    requeued = store.create_task(prompt="b", repo=REPO, endpoint=e, message="requeued: x")
+    other = store.create_task(prompt="c", repo=REPO, endpoint="https://other")
+    failed = store.create_task(prompt="d", repo=REPO, endpoint=e, state=TaskState.FAILED)
+    prefixes = ("waits: ", "held: ")
+    assert store.note_queued(e, "held: in arrears", prefixes) == 1
+    assert store.get_task(plain.id).message == "held: in arrears"
+    assert store.get_task(requeued.id).message == "requeued: x"  # not ours to replace
+    assert store.get_task(other.id).message is None
+    assert store.get_task(failed.id).message is None
+    assert store.note_queued(e, "held: in arrears", prefixes) == 0  # no write when said
+    assert store.note_queued(e, None, prefixes) == 1
+    assert store.get_task(plain.id).message is None
+
+
+def test_a_damaged_endpoint_row_is_ignored_and_said(store: Store) -> None:
+    store.change_endpoint("https://ep", lambda st: {"cap": 2, "held": "in arrears"})
+    with store.transaction() as conn:
+        conn.execute("UPDATE endpoints SET cap = 'two' WHERE endpoint = 'https://ep'")
+    state = store.get_endpoint("https://ep")
+    assert state is not None and state.cap is None and state.held is None
+    assert state.row_error is not None and "column cap holds 'two'" in state.row_error

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -207,8 +208,20 @@ def test_failed_task_exit_1_and_merge_gates(env: dict[str, str], git_repo: Path)
     assert failed.returncode == 1
     assert "auth" in cli(env, git_repo, "show", ls(env, git_repo)[0]["id"]).stdout
 
-    ok = cli(env, git_repo, "run", "write a.txt", "--wait", "--json")
-    tid = json.loads(ok.stdout)[0]["id"]
+    # the endpoint refused the key: it is held, so the next task waits for the user
+    # instead of meeting the same refusal (--wait does not wait for what only they can do)
+    held = cli(env, git_repo, "run", "write a.txt", "--wait", "--json")
+    assert held.returncode == 1
+    assert "not started: held: the endpoint rejected the key (401)" in held.stderr
+    (queued,) = json.loads(held.stdout)
+    assert queued["state"] == "queued"
+    assert queued["message"].startswith("held: the endpoint rejected the key")
+    # new settings (here another small model) lift the hold: the queued task runs
+    changed = dict(env, FLEET_WORKER_SMALL_MODEL="another-small-model")
+    tid = queued["id"]
+    assert wait_state(changed, git_repo, tid, {"succeeded", "failed"})["state"] \
+        == "succeeded"
+    env = changed
     tests_fail = cli(env, git_repo, "merge", tid, "--yes", "--test", "echo nope; exit 1")
     assert tests_fail.returncode == 4 and "test command failed" in tests_fail.stderr
     assert "nope" in tests_fail.stdout
@@ -229,6 +242,33 @@ def test_failed_task_exit_1_and_merge_gates(env: dict[str, str], git_repo: Path)
     retried = cli(env, git_repo, "retry", tid, "--yes")
     assert retried.returncode == 0, retried.stderr
     assert wait_state(env, git_repo, tid, {"succeeded", "failed"})["state"] == "succeeded"
+
+
+def test_a_parked_endpoint_is_said_by_run_ls_and_show(env: dict[str, str],
+                                                     git_repo: Path) -> None:
+    with ScriptedEndpoint(SCRIPTS, faults=[{"kind": "window", "seconds": 60}]) as ep:
+        env = dict(env, FLEET_WORKER_BASE_URL=ep.url, FLEET_WORKER_PARK_JITTER="0.5")
+        first = cli(env, git_repo, "run", "write a.txt", "--json")
+        assert first.returncode == 0, first.stderr
+        tid = json.loads(first.stdout)[0]["id"]
+        parked = wait_state(env, git_repo, tid, {"waiting", "failed"})
+        said = r"parked until \d\d:\d\d \(5-hour window, code 1308\), resumes then"
+        assert parked["verdict"] == "window" and re.match(said, parked["message"])
+        table = cli(env, git_repo, "ls").stdout
+        assert re.search(f"^endpoint {re.escape(ep.url)}: {said}$", table, re.M), table
+        show = cli(env, git_repo, "show", tid).stdout
+        assert re.search(f"^message: +{said}", show, re.M), show
+        assert re.search(f"^endpoint: +{said}", show, re.M), show
+        # a new task is not sent into the closed window: run says so and returns
+        second = cli(env, git_repo, "run", "write a.txt", "--json")
+        assert second.returncode == 0, second.stderr
+        assert re.search(f"not started: the endpoint is {said}", second.stderr)
+        (queued,) = json.loads(second.stdout)
+        assert queued["state"] == "queued"
+        assert re.match(f"waits: the endpoint is {said}", queued["message"])
+        assert len(ep.message_requests()) == 1  # the one that met the window
+        for task_id in (tid, queued["id"]):
+            assert cli(env, git_repo, "kill", task_id).returncode == 0
 
 
 def _sleepers(where: Path) -> list[int]:

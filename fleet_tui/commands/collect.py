@@ -12,7 +12,8 @@ import json
 import sys
 from typing import Any, TextIO
 
-from fleet_tui.outcome import classify, find_result
+from fleet_tui import providers
+from fleet_tui.outcome import Outcome, classify, find_result
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -28,7 +29,8 @@ stdin, and pass it only when the run really succeeded.
 
   -q, --quiet   do not print OK on stderr
   --json        print {verdict, message, is_error, api_error_status, num_turns, session_id,
-                usage} instead of the result text
+                usage, provider} instead of the result text (provider: the refusal the
+                endpoint gave, {name, code, what, reset}, or null)
   -h, --help    show this help
 
 exit: 0 ok (the result text on stdout), 10 the run failed (the reason on stderr),
@@ -90,6 +92,18 @@ def _read(source: str) -> bytes | int:
     return EXIT_MISSING
 
 
+def _provider(outcome: Outcome) -> dict[str, Any] | None:
+    """The provider's refusal a failed run met, named by the one table (providers.py):
+    its code, what it is and, for a usage window, the reset time as written."""
+    if outcome.ok or outcome.api_error_status is None:
+        return None
+    signal = providers.identify(outcome.result_text, outcome.api_error_status)
+    if signal is None:
+        return None
+    return {"name": signal.code.provider, "code": signal.code.code,
+            "what": signal.label or signal.code.what, "reset": signal.reset}
+
+
 def main(argv: list[str]) -> int:
     parsed = _parse(argv)
     if isinstance(parsed, int):
@@ -115,7 +129,7 @@ def main(argv: list[str]) -> int:
             "verdict": str(outcome.verdict), "message": outcome.message,
             "is_error": outcome.is_error, "api_error_status": outcome.api_error_status,
             "num_turns": outcome.num_turns, "session_id": outcome.session_id,
-            "usage": outcome.usage,
+            "usage": outcome.usage, "provider": _provider(outcome),
         }
         _write(sys.stdout, json.dumps(payload, ensure_ascii=False) + "\n")
     elif outcome.ok:

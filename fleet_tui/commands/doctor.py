@@ -45,6 +45,7 @@ EXIT_UNAVAILABLE = 7
 EXIT_QUOTA = 8
 EXIT_OVERLOADED = 9
 EXIT_DRIFT = 10
+EXIT_ACCOUNT = 11
 
 EPILOG = f"""\
 checks: settings (config.toml and FLEET_WORKER_*), claude found and its version, a key
@@ -66,6 +67,12 @@ exit codes (the first failing check decides; warnings never fail):
   {EXIT_QUOTA}   --live: quota or rate limit (HTTP 429)
   {EXIT_OVERLOADED}   --live: endpoint overloaded (HTTP 529)
   {EXIT_DRIFT}  --live: HTTP 404: the base URL or API path has drifted
+  {EXIT_ACCOUNT}  --live: the account cannot be used (z.ai: in arrears, plan expired, model
+      not in the plan, fair-use restriction)
+
+--live names a provider's refusal by its verdict (window, quota, concurrency, account,
+auth, model_overload), its code and its words; for a closed usage window it says when the
+window resets (the time read in the zone that puts it inside the window).
 
 fleet-doctor {__version__}; tested with Claude Code {CLAUDE_CODE_VERSION}.
 """
@@ -347,6 +354,10 @@ def _live_check(settings: Settings, secret: str, timeout: float) -> Check:
     summary = _error_summary(reply)
     if status == 200:
         return Check("live", OK, f"{how}: HTTP 200, the endpoint accepted the key")
+    named = _provider_check(status, reply.decode("utf-8", "replace"))
+    if named is not None:
+        detail, code = named
+        return Check("live", FAIL, _redact(f"{how}: HTTP {status}: {detail}", secret), code)
     verdicts = {401: ("the endpoint rejected the key", EXIT_AUTH),
                 403: ("the endpoint refused the key", EXIT_AUTH),
                 404: ("not found: FLEET_WORKER_BASE_URL or the API path has drifted",
@@ -356,6 +367,41 @@ def _live_check(settings: Settings, secret: str, timeout: float) -> Check:
     text, code = verdicts.get(status, ("endpoint unavailable", EXIT_UNAVAILABLE))
     detail = f"{how}: HTTP {status}: {text}" + (f" ({summary})" if summary else "")
     return Check("live", FAIL, _redact(detail, secret), code)
+
+
+def _provider_check(status: int, reply: str) -> tuple[str, int] | None:
+    """A provider's refusal named as the engine names it (providers.py, the one table):
+    its verdict, its code and words, and for a closed window when it resets; None for a
+    refusal the table does not name (the status alone says it then)."""
+    import time
+
+    from fleet_tui import outcome, providers
+
+    signal = providers.identify(reply, status)
+    if signal is None or (signal.code.provider == "anthropic"
+                          and signal.kind is not providers.Kind.WINDOW):
+        return None
+    verdict = outcome.KIND_VERDICT[signal.kind]
+    detail = (f"verdict {verdict}: {signal.code.provider} {signal.code.name} "
+              f"({signal.label or signal.code.what}): {signal.sentence[:200]}")
+    if signal.kind is providers.Kind.WINDOW:
+        now = time.time()
+        reading = providers.read_reset(signal.reset, signal.window, now,
+                                       zones=signal.code.zones)
+        if reading.at is not None:
+            left = max(0, int(reading.at - now))
+            detail += (f"; it resets at {providers.clock_text(reading.at, now)} local time, "
+                       f"in {left // 3600} h {left % 3600 // 60:02d} min (read as "
+                       f"{reading.zone})")
+        else:
+            detail += f"; its reset time could not be used ({reading.why})"
+    elif signal.code.advice:
+        detail += f" — {signal.code.advice}"
+    codes = {providers.Kind.WINDOW: EXIT_QUOTA, providers.Kind.RATE: EXIT_QUOTA,
+             providers.Kind.CONCURRENCY: EXIT_QUOTA, providers.Kind.ACCOUNT: EXIT_ACCOUNT,
+             providers.Kind.AUTH: EXIT_AUTH, providers.Kind.MODEL_OVERLOAD: EXIT_OVERLOADED,
+             providers.Kind.OVERLOAD: EXIT_OVERLOADED}
+    return detail, codes.get(signal.kind, EXIT_UNAVAILABLE)
 
 
 def _error_summary(reply: bytes) -> str:

@@ -381,14 +381,30 @@ def cmd_run(argv: list[str]) -> int:
         for t in tasks:
             _out(f"{t.id}  {t.branch}  {t.title}")
     on_change = None if args.json else _print_change
+    held: list[str] = []
+
+    def stuck(t: Task) -> bool:
+        """The task waits for the user (its endpoint is held), or, without --wait, for a
+        window to reset: no use waiting here."""
+        why = fleet.why_waiting(t.endpoint) if t.state == TaskState.QUEUED else None
+        if why is not None and (why.startswith("held: ") or not args.wait):
+            if why not in held:
+                held.append(why)
+            return True
+        return False
+
     if args.wait:
-        final = _schedule_until(fleet, ids, lambda t: t.state not in RUNNING_OR_PENDING,
-                                on_change)
+        final = _schedule_until(fleet, ids, lambda t: t.state not in RUNNING_OR_PENDING
+                                or stuck(t), on_change)
     else:
-        final = _schedule_until(fleet, ids, lambda t: t.state != TaskState.QUEUED, on_change)
-        if not args.json:
-            _err("running in the background; follow with `fleet-tui ls` / "
-                 "`fleet-tui logs ID --follow`")
+        final = _schedule_until(fleet, ids, lambda t: t.state != TaskState.QUEUED
+                                or stuck(t), on_change)
+    for why in held:
+        _err(f"not started: the endpoint is {why}" if not why.startswith("held: ")
+             else f"not started: {why}")
+    if not args.wait and not args.json:
+        _err("running in the background; follow with `fleet-tui ls` / "
+             "`fleet-tui logs ID --follow`")
     if args.json:
         _out(json.dumps([task_json(t) for t in final], indent=2))
     if args.wait:
@@ -414,15 +430,20 @@ def cmd_ls(argv: list[str]) -> int:
         _out("no tasks" + ("" if repo is None else f" in {repo}")
              + "; start one with `fleet-tui run PROMPT`")
         return EXIT_OK
-    header = f"{'ID':<6}  {'STATE':<9}  {'VERDICT':<9}  {'+/-':>9}  {'TURNS':>5}  " \
+    header = f"{'ID':<6}  {'STATE':<9}  {'VERDICT':<11}  {'+/-':>9}  {'TURNS':>5}  " \
              f"{'TOKENS':>7}  {'AGE':>4}  TITLE"
     _out(header)
     for t in tasks:
         diff = f"+{t.added_lines}/-{t.deleted_lines}"
         where = f"  [{t.repo}]" if repo is None else ""
-        _out(f"{t.id:<6}  {t.state.value:<9}  {t.verdict or '-':<9}  {diff:>9}  {t.turns:>5}  "
+        _out(f"{t.id:<6}  {t.state.value:<9}  {t.verdict or '-':<11}  {diff:>9}  {t.turns:>5}  "
              f"{_tokens(t.input_tokens + t.output_tokens):>7}  {_age(t.created_at):>4}  "
              f"{_one_line(t.short_title, 60)}{where}")
+    # the endpoints' limits (a park, a hold, a lowered cap), below the table
+    for endpoint in sorted({t.endpoint for t in tasks}):
+        note = fleet.endpoint_note(endpoint)
+        if note is not None:
+            _out(f"endpoint {endpoint}: {note}")
     return EXIT_OK
 
 
@@ -434,11 +455,13 @@ def cmd_show(argv: list[str]) -> int:
     _catch_up(fleet)
     task = fleet.get_task(args.id)
     attempts = fleet.attempts(task.id)
+    limits = fleet.endpoint_note(task.endpoint)
     if args.json:
-        _out(json.dumps(task_json(task, attempts), indent=2))
+        _out(json.dumps({**task_json(task, attempts), "endpoint_limits": limits}, indent=2))
         return EXIT_OK
     rows = [("id", task.id), ("title", task.short_title), ("state", task.state.value),
             ("verdict", task.verdict or "-"), ("message", task.message or "-"),
+            *([("endpoint", limits)] if limits else []),
             ("repo", str(task.repo)), ("branch", task.branch),
             ("base", f"{task.base_branch or task.base_ref or '-'} @ {task.base_commit[:10]}"),
             ("worktree", str(task.worktree) if task.worktree else "-"),
@@ -613,8 +636,21 @@ def cmd_discard(argv: list[str]) -> int:
 
 
 def _until_started(fleet: Fleet, task: Task) -> Task:
+    """Schedule until the task started, or waits for a reason that a wait here would not
+    end (a retry after the endpoint refused, a park, a hold)."""
+    why: list[str] = []
+
+    def blocked(t: Task) -> bool:
+        found = fleet.why_waiting(t.endpoint) if t.state in PENDING_STATES else None
+        if found is not None:
+            why.append(found)
+        return found is not None
+
     (final,) = _schedule_until(fleet, [task.id], lambda t: t.state not in PENDING_STATES
-                               or t.verdict in policy.TRANSIENT)
+                               or t.verdict in policy.TRANSIENT or blocked(t))
+    if why and final.state in PENDING_STATES:
+        _err(f"{final.id} not started: " + (why[-1] if why[-1].startswith("held: ")
+                                            else f"the endpoint is {why[-1]}"))
     return final
 
 

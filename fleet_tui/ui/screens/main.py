@@ -32,6 +32,8 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input, Label
 from textual.worker import Worker
 
+from fleet_tui import policy
+from fleet_tui.policy import STOPS
 from fleet_tui.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
@@ -123,6 +125,8 @@ class MainScreen(Screen[None]):
         self._notice_shown: str | None = None
         self._seen_states: dict[str, TaskState] | None = None
         self._cooldown_seen: float | None = None
+        # each endpoint's latest event (park, hold, cap) as last notified: one toast each
+        self._endpoint_events: dict[str, tuple[str | None, float | None]] | None = None
         self._bindings_signature: object = None
         self._title_shown = ""
         self._keep_row: int | None = None
@@ -294,12 +298,15 @@ class MainScreen(Screen[None]):
     def _alert_transitions(self, tasks: list[Task], status: FleetStatus) -> None:
         """Toast and bell when a task finishes, fails or stalls, or a cooldown starts."""
         states = {t.id: t.state for t in tasks}
+        held = {e.endpoint for e in status.endpoints if e.held is not None}
         if self._seen_states is not None:
             for task in tasks:
                 old = self._seen_states.get(task.id)
                 row = STATES.get(task.state)
                 if old == task.state or row is None or row.alert is None:
                     continue
+                if task.endpoint in held and task.verdict in STOPS:
+                    continue  # the endpoint's hold says it, once for all its tasks
                 word, severity = row.alert
                 detail = f"\n{task.message}" if task.message else ""
                 self.notify(f"{task.short_title}{detail}", title=f"{task.id} {word}",
@@ -316,6 +323,42 @@ class MainScreen(Screen[None]):
         self._cooldown_seen = status.cooldown_until if (
             status.cooldown_until is not None and status.cooldown_until > self.now()) else None
         self._seen_states = states
+        self._alert_endpoints(tasks, status)
+
+    def _alert_endpoints(self, tasks: list[Task], status: FleetStatus) -> None:
+        """One toast per endpoint event (a park, a hold, a lowered cap), however many tasks
+        it concerns; what is already so when the panel opens is shown, not announced."""
+        events = {e.endpoint: (e.event, e.event_at) for e in status.endpoints}
+        seen = self._endpoint_events
+        self._endpoint_events = events
+        if seen is None:
+            return
+        for ep in status.endpoints:
+            if ep.event is None or seen.get(ep.endpoint) == (ep.event, ep.event_at):
+                continue
+            waiting = sum(1 for t in tasks if t.endpoint == ep.endpoint
+                          and t.state in (TaskState.QUEUED, TaskState.WAITING))
+            tasks_word = f"{waiting} task{'' if waiting == 1 else 's'}"
+            if ep.event == "hold" and ep.held is not None:
+                met = f"task {ep.held_task} failed: " if ep.held_task else ""
+                self.notify(f"{met}{ep.held}\n{tasks_word} held until you retry "
+                            f"{ep.held_task or 'it'} or change the settings.",
+                            title="Endpoint held", severity="error", timeout=15,
+                            markup=False)
+            elif ep.event == "park" and ep.parked_until is not None \
+                    and ep.parked_until > self.now():
+                park = policy.park_text(ep.parked_until, ep.park_reason, self.now())
+                self.notify(f"{park}; {tasks_word} wait for it.",
+                            title="Endpoint parked", severity="warning", timeout=10,
+                            markup=False)
+            elif ep.event == "cap" and ep.cap < ep.max_workers:
+                why = f" ({ep.cap_reason})" if ep.cap_reason else ""
+                self.notify(f"cap {ep.cap}/{ep.max_workers}{why}: fewer workers at once "
+                            "until the endpoint takes more.", title="Endpoint concurrency limit",
+                            severity="warning", timeout=8, markup=False)
+            else:
+                continue
+            self.app.bell()
 
     def _visible_tasks(self) -> list[Task]:
         tasks = sort_tasks(self.tasks.values())

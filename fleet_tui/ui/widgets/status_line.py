@@ -1,10 +1,13 @@
-"""The header line: running / queued / cap, an endpoint cooldown counting down, tokens."""
+"""The header line: running / queued / cap (effective/configured when a concurrency limit
+lowered it), an endpoint cooldown counting down, a park until a usage window resets or a
+hold for an account problem, tokens."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.widgets import Static
 
+from fleet_tui import policy
 from fleet_tui.ui.formatting import human_duration, human_tokens
 
 TYPE_CHECKING = False
@@ -16,7 +19,7 @@ class StatusLine(Static):
     """One line; its parts are styled from component classes (theme colours)."""
 
     COMPONENT_CLASSES = {"status--name", "status--running", "status--cooldown",
-                         "status--muted", "status--marked"}
+                         "status--muted", "status--marked", "status--held"}
     DEFAULT_CSS = """
     StatusLine {
         height: 1;
@@ -29,6 +32,8 @@ class StatusLine(Static):
                                 text-style: bold; }
         & > .status--muted { color: $text-muted; }
         & > .status--marked { color: $accent; text-style: bold; }
+        & > .status--held { color: $text-error; background: $error-muted;
+                            text-style: bold; }
     }
     """
 
@@ -51,11 +56,14 @@ class StatusLine(Static):
             text.append(f" · {status.queued} queued")
             if status.waiting:
                 text.append(f" · {status.waiting} waiting")
-            text.append(f" · cap {status.cap}")
+            lowered = min((e.cap for e in status.endpoints), default=status.cap)
+            text.append(f" · cap {lowered}/{status.cap}" if lowered < status.cap
+                        else f" · cap {status.cap}")
             if status.cooldown_until is not None and status.cooldown_until > now:
                 text.append("  ")
                 text.append(f" cooldown {human_duration(status.cooldown_until - now)} ",
                             style=self.get_component_rich_style("status--cooldown"))
+            self._limits(text, status, now)
         if self.marked:  # before the tokens: at 80 columns the end of the line is cut
             text.append(f"   ● {self.marked} marked",
                         style=self.get_component_rich_style("status--marked"))
@@ -71,3 +79,20 @@ class StatusLine(Static):
         if text.plain != self._shown:
             self._shown = text.plain
             self.update(text)
+
+    def _limits(self, text: Text, status: FleetStatus, now: float) -> None:
+        """An endpoint held (an account or key problem), or parked until a window's reset,
+        or resuming its parked sessions: said where the counts are (before the tokens)."""
+        for ep in status.endpoints:
+            if ep.held is not None:
+                text.append("  ")
+                text.append(f" held: {ep.held_reason or ep.held} ",
+                            style=self.get_component_rich_style("status--held"))
+            elif ep.parked_until is not None and ep.parked_until > now:
+                text.append("  ")
+                text.append(f" {policy.park_text(ep.parked_until, ep.park_reason, now)} ",
+                            style=self.get_component_rich_style("status--cooldown"))
+            elif ep.parked_until is not None:
+                text.append("  ")
+                text.append(" resuming parked sessions ",
+                            style=self.get_component_rich_style("status--cooldown"))
