@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import pty
 import select
@@ -57,7 +56,15 @@ def populate_store(db: Path, repo: Path, tasks: int, attempts_per_task: int) -> 
     """Fill a real fleet-tui database (created and migrated by Store) with finished tasks
     and their attempts, in one transaction (the Store API commits per row, which would
     make the setup slower than the benchmark)."""
-    from fleet_tui.store import ATTEMPT_COLUMNS, TASK_COLUMNS, Attempt, Store, Task, TaskState
+    from fleet_tui.store import (
+        ATTEMPT_COLUMNS,
+        TASK_COLUMNS,
+        Attempt,
+        Store,
+        Task,
+        TaskState,
+        to_db,
+    )
 
     Store(db).close()  # schema, migrations, WAL
     states = [TaskState.MERGED, TaskState.MERGED, TaskState.DISCARDED, TaskState.SUCCEEDED,
@@ -82,17 +89,7 @@ def populate_store(db: Path, repo: Path, tasks: int, attempts_per_task: int) -> 
                     input_tokens=12000 + i, output_tokens=3400 + i,
                     last_tool=f"Bash pytest -q tests/test_mod_{i}.py",
                     added_lines=i % 300, deleted_lines=i % 70)
-        values = []
-        for name in task_cols:
-            value = getattr(task, name)
-            if name == "extra_args":
-                value = json.dumps(value)
-            elif isinstance(value, Path):
-                value = str(value)
-            elif isinstance(value, TaskState):
-                value = value.value
-            values.append(value)
-        task_rows.append(values)
+        task_rows.append([to_db(name, getattr(task, name)) for name in task_cols])
         for n in range(1, attempts_per_task + 1):
             adir = repo / ".fleet-work" / ".logs" / tid / str(n)
             att = Attempt(id=0, task_id=tid, n=n, kind="fresh" if n == 1 else "resume",
@@ -103,8 +100,7 @@ def populate_store(db: Path, repo: Path, tasks: int, attempts_per_task: int) -> 
                           verdict="ok", message="done", turns=3, input_tokens=3000,
                           output_tokens=800, session_id=f"session-{i}",
                           last_tool="Edit src/app.py", events_offset=4096)
-            att_rows.append([str(v) if isinstance(v, Path) else v
-                             for v in (getattr(att, c) for c in att_cols)])
+            att_rows.append([to_db(c, getattr(att, c)) for c in att_cols])
     conn = sqlite3.connect(db)
     with conn:
         conn.executemany(f"INSERT INTO tasks ({', '.join(task_cols)}) VALUES "

@@ -59,6 +59,7 @@ __all__ = [
     "TaskState",
     "UnknownTaskError",
     "new_task_id",
+    "to_db",
 ]
 
 
@@ -367,8 +368,9 @@ ATTEMPT_COLUMNS = tuple(f.name for f in fields(Attempt) if f.name not in _NOT_CO
 _ATTEMPT_PATH_FIELDS = {"dir", "events_path", "stderr_path", "exit_path", "config_dir"}
 
 
-def _to_db(name: str, value: Any) -> Any:
-    """Python value -> SQLite value."""
+def to_db(name: str, value: Any) -> Any:
+    """A field's Python value -> the value its column holds (the one encoding: the store and
+    anything that fills a database in bulk, such as the start-up benchmark)."""
     if value is None:
         return None
     if name in ("extra_args", "conflicts"):
@@ -647,7 +649,7 @@ class Store:
             if not task.branch:
                 task.branch = f"fleet/{tid}"
             task.state = TaskState(task.state)
-            values = [_to_db(name, getattr(task, name)) for name in TASK_COLUMNS]
+            values = [to_db(name, getattr(task, name)) for name in TASK_COLUMNS]
             try:
                 with self.transaction() as conn:
                     conn.execute(
@@ -727,7 +729,7 @@ class Store:
         if "state" in fields_:
             fields_["state"] = TaskState(fields_["state"])
         sets = ", ".join(f"{name} = ?" for name in fields_)
-        args = [_to_db(name, value) for name, value in fields_.items()]
+        args = [to_db(name, value) for name, value in fields_.items()]
         sql = f"UPDATE tasks SET {sets} WHERE id = ?"
         args.append(task_id)
         if expect_state is not None:
@@ -908,7 +910,7 @@ class Store:
                      (endpoint, now))
         sets = ", ".join(f"{name} = ?" for name in updates)
         conn.execute(f"UPDATE endpoints SET {sets} WHERE endpoint = ?",
-                     [*(_to_db(n, v) for n, v in updates.items()), endpoint])
+                     [*(to_db(n, v) for n, v in updates.items()), endpoint])
 
     def change_endpoint(self, endpoint: str,
                         change: Callable[[EndpointState], dict[str, Any] | None],
@@ -1056,7 +1058,7 @@ class Store:
                 cur = conn.execute(
                     f"INSERT INTO attempts ({', '.join(columns)}) "
                     f"VALUES ({', '.join('?' for _ in columns)})",
-                    [_to_db(c, getattr(attempt, c)) for c in columns])
+                    [to_db(c, getattr(attempt, c)) for c in columns])
             except sqlite3.IntegrityError:
                 raise UnknownTaskError(f"no task {task_id!r}") from None
             attempt.id = int(cur.lastrowid or 0)
@@ -1095,7 +1097,7 @@ class Store:
         if not fields_:
             return False
         sets = ", ".join(f"{name} = ?" for name in fields_)
-        args = [_to_db(n, v) for n, v in fields_.items()]
+        args = [to_db(n, v) for n, v in fields_.items()]
         with self.transaction() as conn:
             return conn.execute(f"UPDATE attempts SET {sets} WHERE id = ?",
                                 [*args, attempt_id]).rowcount > 0

@@ -55,7 +55,9 @@ def main() -> int:
         supervisor_mod.START_GRACE = float(config["start_grace"])
     die_at = config.get("die_at")
     if die_at == "after-claim":
-        real_claim = Store.claim_next
+        # the engine claims through claim_gated (claim_next inside the endpoint's limits, in
+        # one transaction): die once that transaction has committed a claim
+        real_claim = Store.claim_gated
 
         def claim_then_die(self: Store, *args: Any, **kwargs: Any) -> Any:
             task = real_claim(self, *args, **kwargs)
@@ -63,7 +65,7 @@ def main() -> int:
                 _die()
             return task
 
-        Store.claim_next = claim_then_die  # type: ignore[method-assign]
+        Store.claim_gated = claim_then_die  # type: ignore[method-assign]
     elif die_at == "after-worktree":
         from fleet_tui import git as fleet_git
 
