@@ -15,13 +15,14 @@ if TYPE_CHECKING:
 
 # subcommand -> module under fleet_tui.commands
 TASK_COMMANDS = ("run", "ls", "show", "logs", "diff", "merge", "discard", "retry",
-                 "follow-up", "kill")
+                 "follow-up", "kill", "say")
 
 USAGE = """\
 usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui run PROMPT [--title T] [--base REF] [--copies N] [--wait] [--json]
        fleet-tui ls [--all-repos] [--json]
        fleet-tui show|logs|diff|merge|discard|retry|follow-up|kill ID ...
+       fleet-tui say ID TEXT                    a message to a running worker
        fleet-tui key set|delete|status
        fleet-tui version
 

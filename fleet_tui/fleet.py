@@ -472,6 +472,41 @@ class Fleet:
                                verdict=None, message=None, finished_at=None, not_before=None)
         return self.get_task(task.id)
 
+    def say(self, task_id: str, text: str, *, wait: float = 3.0) -> bool:
+        """Send a message to a running worker: it joins the turn claude is in, or starts
+        the next one (the stream shows it as the user's turn when claude takes it in).
+        True once the worker's runner has taken it (within `wait` seconds; False: it is
+        waiting in the attempt folder and will be). FleetError when the task does not run,
+        or its worker takes no message any more (it finished its turn and is stopping:
+        a follow-up is the way then)."""
+        from fleet_tui.attemptlog import AttemptLog, InputClosed
+
+        task = self.get_task(task_id)
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidSpec("the message is empty; say what the worker should do")
+        check_text("message", text)
+        self._check(task, Action.SAY)
+        attempt = self.store.latest_attempt(task.id)
+        if attempt is None or attempt.dir is None or attempt.finished_at is not None:
+            raise FleetError(f"cannot send a message to task {task.id}: its worker is "
+                             "starting; try again in a moment")
+        log = AttemptLog(attempt.dir)
+        try:
+            message_id = log.send_input(text, by=self.owner)
+        except InputClosed as exc:
+            if not log.has_run() or not (log.runner_record() or {}).get("claude_pid"):
+                why = f"{exc} yet (it is starting); try again in a moment"
+            else:
+                why = (f"{exc}: it has finished its work and is stopping; send a follow-up "
+                       f"once it has finished (`fleet-tui follow-up {task.id} TEXT`)")
+            raise FleetError(f"cannot send a message to task {task.id}: {why}") from None
+        deadline = time.monotonic() + max(0.0, wait)
+        while log.input_waiting(message_id):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     # The key, as resolved for the diff's and the merge's scan: (when, values); see _secrets.
     _secret_cache: tuple[float, tuple[str, ...]] | None = None
     SECRET_TTL = 30.0

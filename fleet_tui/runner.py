@@ -8,6 +8,13 @@ in the worktree with the prompt on its stdin (an argv is limited to 128 KiB a st
 copies its stdout byte for byte to `events.jsonl`, its stderr to `stderr.log`, and finally
 writes `exit.json` atomically.
 
+Steering: claude reads stream-json user messages on its stdin (`--input-format
+stream-json`), the prompt first. The runner holds that stdin open and feeds it what senders
+leave in the attempt folder's input channel (`AttemptLog.send_input`), so a message reaches
+a worker whatever process sends it, and whether or not the panel that started it lives. It
+closes the channel and claude's stdin at the end of a turn (a result line) when no message
+waits, and at once on a stop; see "claude's stdin and the input channel" below.
+
 One runner per attempt, known before it runs: the attempt folder's `.lock` is flock'ed for
 the runner's whole life. The engine takes that lock before it spawns the runner and hands
 it over (`--lock-fd`), so from before the spawn until the runner is gone the lock says "a
@@ -44,7 +51,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from fleet_tui import procs
-from fleet_tui.attemptlog import AttemptLog, write_json_atomic
+from fleet_tui.attemptlog import INPUT_LOCK_WAIT, AttemptLog, InputClosed, write_json_atomic
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
@@ -57,6 +64,8 @@ TOKEN_ENV = "FLEET_ATTEMPT_TOKEN"  # inherited by everything claude starts
 # How long leftover descendants get between SIGTERM and SIGKILL once claude has exited.
 LEFTOVER_GRACE = 1.0
 RESERVE_SIZE = 8192
+INPUT_RECHECK = 1.0  # seconds between looks at the inbox when no wake-up byte came
+RESULT_LINE_CAP = 16 * 1024 * 1024  # a longer stdout line is never taken for a result line
 EX_LOCKED = 75  # another runner holds this attempt: nothing was done (EX_TEMPFAIL)
 EX_NO_RECORD = 74  # not even the exit record could be written (EX_IOERR)
 
@@ -92,16 +101,43 @@ class RunSpec:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+# claude reads user messages as stream-json lines on its stdin for as long as it is open, and
+# echoes each one on its stdout when it takes it in (checked with 2.1.197 and 2.1.332): the
+# first prompt and every steering message go that way, and the stream shows them in place.
+INPUT_ARGS = ("--input-format", "stream-json", "--replay-user-messages")
+
+
 def claude_args(spec: RunSpec) -> list[str]:
     """The arguments the runner adds to the launcher's `claude -p` command line (the prompt
-    itself goes to claude's stdin)."""
-    args = ["--output-format", "stream-json", "--verbose"]
+    itself goes to claude's stdin, as the first stream-json user message)."""
+    args = ["--output-format", "stream-json", "--verbose", *INPUT_ARGS]
     if spec.max_turns:
         args += ["--max-turns", str(int(spec.max_turns))]
     if spec.resume:
         args += ["--resume", spec.resume]
     args += list(spec.args)
     return args
+
+
+def user_message(text: str) -> bytes:
+    """One stream-json user message for claude's stdin."""
+    line = json.dumps({"type": "user", "message": {"role": "user", "content": text}})
+    return (line + "\n").encode("utf-8", "replace")
+
+
+def is_result_line(line: bytes) -> bool:
+    """A stdout line is the main agent's `result` line (one per turn; key order is not
+    relied on: 2.1.332 writes `type` late). A cheap look first, JSON only to confirm."""
+    if b'"result"' not in line or len(line) > RESULT_LINE_CAP:
+        return False
+    if b'"type":"result"' not in line and b'"type": "result"' not in line:
+        return False
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("type") == "result" \
+        and not data.get("parent_tool_use_id")
 
 
 def _strerror(exc: OSError) -> str:
@@ -130,6 +166,17 @@ class Runner:
         self.kill_grace = 5.0
         self.timeout: float | None = None
         self.user_umask = 0o022
+        # claude's stdin: what is still to be written, and when it is to be closed
+        self.stdin_fd: int | None = None
+        self.pending = bytearray()
+        self.stdin_ending = False  # close it once `pending` is written
+        # the input channel (messages from senders): the wake-up fd while it is open
+        self.wake_fd: int | None = None
+        self.input_closed = False
+        self.input_checked = 0.0
+        self.results = 0  # result lines seen (one per turn)
+        self._line = bytearray()  # the stdout line being written, for the result check
+        self._line_over = False  # ... too long to be a result line
 
     # --- signals ---------------------------------------------------------------------------
 
@@ -351,25 +398,6 @@ class Runner:
             raise _LaunchFailure(str(exc), int(getattr(exc, "exit_code", 1) or 1)) from None
         return list(plan.argv), dict(plan.env)
 
-    def _prompt_fd(self, prompt: str) -> int:
-        """claude's stdin: the prompt in a memory file (no argv limit, nothing on disk)."""
-        data = prompt.encode("utf-8", "replace")
-        try:
-            fd = os.memfd_create("fleet-prompt", os.MFD_CLOEXEC)
-        except (AttributeError, OSError):
-            path = self.dir / f".prompt.{self.pid}"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            os.unlink(path)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.lseek(fd, 0, os.SEEK_SET)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
     def _run_claude(self, spec: RunSpec, argv: Sequence[str], env: Mapping[str, str]) -> int:
         parent = self.pid
         user_umask = self.user_umask
@@ -389,50 +417,207 @@ class Runner:
             return self._end(2, exit_code=2, error=f"the worktree {spec.cwd} does not exist")
         procs.preload_libc()
         try:
-            stdin_fd = self._prompt_fd(spec.prompt)
+            stdin_r, stdin_w = os.pipe()
             err_fh = open(stderr_path, "ab")  # noqa: SIM115 (closed below)
             out_fh = open(events, "ab", buffering=0)  # noqa: SIM115
         except OSError as exc:
             return self._end(EX_NO_RECORD, exit_code=None,
                              error=f"could not prepare the run in {self.dir}: {_strerror(exc)}")
+        self._open_input()
         with err_fh, out_fh:
             try:
                 self.child = subprocess.Popen(
-                    list(argv), cwd=spec.cwd, env=dict(env), stdin=stdin_fd,
+                    list(argv), cwd=spec.cwd, env=dict(env), stdin=stdin_r,
                     stdout=subprocess.PIPE, stderr=err_fh, preexec_fn=preexec,
                     close_fds=True)
             except OSError as exc:
+                os.close(stdin_w)
+                self._close_input()
                 return self._end(127, exit_code=127,
                                  error=f"cannot start {argv[0]}: {exc.strerror or exc}")
             finally:
-                os.close(stdin_fd)
+                os.close(stdin_r)
+            os.set_blocking(stdin_w, False)
+            self.stdin_fd = stdin_w
+            # the prompt is the first user message (no argv limit: a pipe takes any length)
+            self.pending += user_message(spec.prompt)
             self.child_start = procs.start_time(self.child.pid)
             self._write_runner_record()
             if self.received is not None:
                 self._forward(self.received)
             self._copy_output(out_fh)
+        self._close_input()
+        self._close_stdin()
         returncode = self._wait_child()
         self._clean_leftovers(spec.token)
         if returncode < 0:
             return self._end(128 - returncode, exit_code=None, sig=-returncode)
         return self._end(returncode, exit_code=returncode)
 
+    # --- claude's stdin and the input channel ----------------------------------------------
+    # When claude's stdin closes: at a result line (the end of a turn) with no message
+    # waiting in the inbox, the runner closes the channel (a later sender is told the
+    # worker finished) and ends claude's stdin once what it holds is written; claude
+    # answers everything it read before the end of its input, then exits (checked with
+    # 2.1.197 and 2.1.332: a message written right after a result still gets its turn).
+    # With messages waiting, they are given to claude and start the next turn, whose own
+    # result closes it. A stop (kill, timeout, SIGTERM, a full disk) and claude's exit
+    # close both at once, whatever is waiting.
+
+    def _open_input(self) -> None:
+        try:
+            self.wake_fd = self.log.open_input()
+        except OSError as exc:  # no FIFO on this file system: the run goes on, unsteerable
+            self._log(f"could not open the input channel in {self.dir}: {_strerror(exc)}; "
+                      "the worker takes no messages")
+            self.input_closed = True
+        self.input_checked = time.monotonic()
+
+    def _take_input(self, *, close: bool = False, close_if_empty: bool = False,
+                    look: bool = False) -> bool:
+        """Give claude what waits in the inbox; close the channel as asked. True when it
+        is closed now. `look`: a periodic look, skipped while a sender holds the lock."""
+        if self.input_closed:
+            return True
+        self.input_checked = time.monotonic()
+        try:
+            texts, closed = self.log.take_input(close=close, close_if_empty=close_if_empty,
+                                                wait=0.0 if look else INPUT_LOCK_WAIT)
+        except (OSError, InputClosed) as exc:
+            if look and isinstance(exc, InputClosed):
+                return False  # the lock was busy: a sender is at it, and wakes us next
+            self._log(f"could not read the input channel in {self.dir}: {exc}")
+            texts, closed = [], close or close_if_empty
+            if closed:
+                with contextlib.suppress(OSError):
+                    self.log.input_fifo.unlink()
+        if self.stdin_fd is not None and not self.stdin_ending:
+            for text in texts:
+                self.pending += user_message(text)
+        if closed:
+            self._input_done()
+        return closed
+
+    def _close_input(self) -> None:
+        """Close the channel (what waits is given to claude while its stdin is open)."""
+        if not self.input_closed:
+            self._take_input(close=True)
+        self._input_done()
+
+    def _input_done(self) -> None:
+        self.input_closed = True
+        if self.wake_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.wake_fd)
+            self.wake_fd = None
+
+    def _drain_wake(self) -> None:
+        assert self.wake_fd is not None
+        with contextlib.suppress(OSError):
+            while os.read(self.wake_fd, 4096):
+                pass
+
+    def _end_stdin(self) -> None:
+        """Close claude's stdin once what it holds is written."""
+        self.stdin_ending = True
+        if not self.pending:
+            self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        self.pending.clear()
+        self.stdin_ending = True
+        if self.stdin_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.stdin_fd)
+            self.stdin_fd = None
+
+    def _flush_stdin(self) -> None:
+        if self.stdin_fd is None:
+            self.pending.clear()
+            return
+        try:
+            while self.pending:
+                written = os.write(self.stdin_fd, self.pending[:65536])
+                del self.pending[:written]
+        except BlockingIOError:
+            return  # the pipe is full: claude reads on, select says when
+        except OSError:  # claude is gone (EPIPE) or closed its stdin
+            self._close_stdin()
+            return
+        if self.stdin_ending:
+            self._close_stdin()
+
+    def _scan(self, chunk: bytes) -> None:
+        """Find the result lines in claude's stdout (whole lines, across chunks)."""
+        start = 0
+        while True:
+            newline = chunk.find(b"\n", start)
+            if newline < 0:
+                piece = chunk[start:]
+                if not self._line_over:
+                    if len(self._line) + len(piece) > RESULT_LINE_CAP:
+                        self._line.clear()
+                        self._line_over = True
+                    else:
+                        self._line += piece
+                return
+            if self._line or self._line_over:
+                line = b"" if self._line_over else bytes(self._line) + chunk[start:newline]
+                self._line.clear()
+                self._line_over = False
+            else:
+                line = chunk[start:newline]
+            if is_result_line(line):
+                self._at_result()
+            start = newline + 1
+
+    def _at_result(self) -> None:
+        self.results += 1
+        if self.stdin_ending:
+            return
+        if self._take_input(close_if_empty=True):
+            self._end_stdin()
+
+    def _stop_input(self) -> None:
+        """A stop was asked (kill, timeout, signal, full disk): take no more messages and
+        end claude's stdin now."""
+        if not self.input_closed:
+            self._take_input(close=True)
+        if self.stdin_fd is not None:
+            self._close_stdin()
+
     def _copy_output(self, out_fh: Any) -> None:
         """Copy claude's stdout to events.jsonl as it comes (unbuffered: each chunk lands on
-        disk at once). Stops at EOF, or shortly after claude exited even if an orphan still
-        holds the pipe open. When events.jsonl cannot be written (a full disk), the run is
-        stopped: it would go on unrecorded."""
+        disk at once), feed its stdin (the prompt, then the messages senders leave) and
+        watch for the end of a turn. Stops at EOF, or shortly after claude exited even if an
+        orphan still holds the pipe open. When events.jsonl cannot be written (a full disk),
+        the run is stopped: it would go on unrecorded."""
         assert self.child is not None and self.child.stdout is not None
         fd = self.child.stdout.fileno()
         os.set_blocking(fd, False)
         exited_at: float | None = None
         while True:
             self._watch()
+            if self.term_at is not None or self.received is not None:
+                self._stop_input()
+            readers = [fd] if self.wake_fd is None else [fd, self.wake_fd]
+            writers = [self.stdin_fd] if self.stdin_fd is not None and self.pending else []
             try:
-                ready, _, _ = select.select([fd], [], [], 0.2)
+                ready, writable, _ = select.select(readers, writers, [], 0.2)
             except InterruptedError:  # pragma: no cover (PEP 475 retries)
                 continue
-            if ready:
+            if writable:
+                self._flush_stdin()
+            if self.wake_fd is not None and self.wake_fd in ready:
+                self._drain_wake()
+                self._take_input()
+            elif not self.input_closed and \
+                    time.monotonic() - self.input_checked > INPUT_RECHECK:
+                self._take_input(look=True)
+            if self.pending and self.stdin_fd is not None and not writable:
+                self._flush_stdin()
+            out_ready = fd in ready
+            if out_ready:
                 try:
                     chunk = os.read(fd, 65536)
                 except BlockingIOError:
@@ -441,11 +626,13 @@ class Runner:
                     break
                 if chunk:
                     self._save(out_fh, chunk)
+                    self._scan(chunk)
                     continue
             if self.child.poll() is not None:
                 if exited_at is None:
                     exited_at = time.monotonic()
-                elif not ready and time.monotonic() - exited_at > 0.5:
+                    self._stop_input()
+                elif not out_ready and time.monotonic() - exited_at > 0.5:
                     break
         self.child.stdout.close()
 

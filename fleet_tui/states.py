@@ -47,6 +47,7 @@ class Action(StrEnum):
     FOLLOW_UP = "follow_up"
     SHELL = "shell"
     DIFF = "diff"
+    SAY = "say"  # a message to the running worker (its next user turn)
 
 
 class Verdict(StrEnum):
@@ -80,7 +81,8 @@ class StateInfo:
 
 _FINISHED_ACTIONS = frozenset({Action.MERGE, Action.DISCARD, Action.RETRY, Action.FOLLOW_UP,
                                Action.SHELL, Action.DIFF})
-_ACTIVE_ACTIONS = frozenset({Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF})
+_ACTIVE_ACTIONS = frozenset({Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF,
+                             Action.SAY})
 _PENDING_ACTIONS = frozenset({Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF})
 
 STATES: dict[TaskState, StateInfo] = {info.state: info for info in (

@@ -140,6 +140,15 @@ class ToolResult(Event):
 
 
 @dataclass(slots=True, kw_only=True)
+class UserMessage(Event):
+    """A user message claude took in, as it echoes it (`--replay-user-messages`): the
+    prompt, or a message sent to the running worker (`fleet-tui say`)."""
+
+    kind: ClassVar[str] = "user_message"
+    text: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
 class ApiRetry(Event):
     """One retry the CLI makes by itself after an API error."""
 
@@ -272,6 +281,7 @@ class _Assistant(msgspec.Struct, tag="assistant", tag_field="type"):
 class _User(msgspec.Struct, tag="user", tag_field="type"):
     message: _Message
     parent_tool_use_id: str | None = None
+    isReplay: Any = None  # the wire name: claude echoes a user message it took in
 
 
 class _Result(msgspec.Struct, tag="result", tag_field="type"):
@@ -805,6 +815,11 @@ class StreamDecoder:
     def _user(self, obj: _User, line_no: int, out: list[Event]) -> None:
         content = obj.message.content
         cwd = self.cwd
+        if obj.isReplay is True and obj.parent_tool_use_id is None:
+            text = content if isinstance(content, str) else "\n".join(
+                b.text for b in content or () if b.type == "text" and b.text)
+            out.append(UserMessage(line_no=line_no, text=text))
+            return
         if not isinstance(content, list):
             return  # a prompt (e.g. a sub-agent's): nothing new to show
         for block in content:

@@ -1,4 +1,5 @@
-"""fleet-tui run|ls|show|logs|diff|merge|discard|retry|follow-up|kill: the headless engine.
+"""fleet-tui run|ls|show|logs|diff|merge|discard|retry|follow-up|kill|say|archive: the
+headless engine.
 
 Every command is a thin layer over `Fleet`. Commands that look at tasks first run one
 scheduling pass, so whatever finished while no fleet-tui process was running is recorded
@@ -142,6 +143,8 @@ def format_event(ev: stream.Event) -> str | None:
     line: str | None
     if isinstance(ev, stream.Init):
         line = f"init     session {ev.session_id} model {ev.model} in {ev.cwd}"
+    elif isinstance(ev, stream.UserMessage):
+        line = f"you      {_one_line(ev.text)}"
     elif isinstance(ev, stream.ToolUse):
         line = f"tool     {ev.summary or ev.name}"
     elif isinstance(ev, stream.ToolResult):
@@ -658,6 +661,26 @@ def cmd_follow_up(argv: list[str]) -> int:
     return EXIT_OK
 
 
+def cmd_say(argv: list[str]) -> int:
+    p = _id_parser("say", "Send a message to a running worker: it joins the turn the "
+                   "worker is in, or starts its next one, in the same session. (A finished "
+                   "task takes a follow-up instead.)")
+    p.add_argument("text", metavar="TEXT", help="the message (`-`: stdin)")
+    args = p.parse_args(argv)
+    text = _decode(_read_stdin(), "stdin", "say") if args.text == "-" else args.text
+    if not text.strip():
+        raise _Usage("the message is empty; say what the worker should do")
+    check_text("message", text)
+    fleet = _fleet()
+    _catch_up(fleet)
+    task = fleet.get_task(args.id)
+    _refuse_unless(task, Action.SAY)
+    taken = fleet.say(task.id, text)
+    _out(f"{task.id}: message " + ("taken by the worker" if taken else
+                                   "left for the worker (it takes it in a moment)"))
+    return EXIT_OK
+
+
 def cmd_kill(argv: list[str]) -> int:
     p = _id_parser("kill", "Stop a task now (its whole process tree), or drop it from the "
                    "queue.")
@@ -674,7 +697,7 @@ def cmd_kill(argv: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run, "ls": cmd_ls, "show": cmd_show, "logs": cmd_logs, "diff": cmd_diff,
     "merge": cmd_merge, "discard": cmd_discard, "retry": cmd_retry,
-    "follow-up": cmd_follow_up, "kill": cmd_kill,
+    "follow-up": cmd_follow_up, "kill": cmd_kill, "say": cmd_say,
 }
 
 
