@@ -573,6 +573,46 @@ class AttemptLog:
             events += decoder.finish()
         return events, end
 
+    def tool_call(self, tool_use_id: str) -> tuple[stream.ToolUse | None,
+                                                    stream.ToolResult | None]:
+        """A tool call and its result, whole (input, full output, a Bash step's exit
+        status), found by the call's id wherever it is in events.jsonl (the file is
+        searched for the id, only the lines that hold it are decoded)."""
+        import mmap
+
+        from fleet_tui import stream
+
+        use: stream.ToolUse | None = None
+        result: stream.ToolResult | None = None
+        needle = json.dumps(tool_use_id).encode()
+        if not tool_use_id or len(needle) < 4:
+            return None, None
+        try:
+            with open(self.events, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size == 0:
+                    return None, None
+                with mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) as data:
+                    at = data.find(needle)
+                    while at >= 0 and (use is None or result is None):
+                        start = data.rfind(b"\n", 0, at) + 1
+                        end = data.find(b"\n", at)
+                        end = size if end < 0 else end
+                        for event in stream.StreamDecoder().feed(data[start:end] + b"\n"):
+                            if isinstance(event, stream.ToolUse) and event.id == tool_use_id:
+                                use = event
+                            elif isinstance(event, stream.ToolResult) \
+                                    and event.tool_use_id == tool_use_id:
+                                result = event
+                        at = data.find(needle, end)
+        except (OSError, ValueError):
+            return use, result
+        if use is not None and result is not None:
+            result.tool_name = use.name
+            if use.name == "Bash":
+                result.exit_code = stream.bash_exit_code(result.content, result.is_error)
+        return use, result
+
     def tail_start(self, tail: int, *, end: int | None = None) -> int:
         """Where to start reading to get the last `tail` bytes before `end` (default: the
         end of the file) as whole lines: the first line start in that window, or the start

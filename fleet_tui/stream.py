@@ -130,13 +130,17 @@ class ToolUse(AssistantEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ToolResult(Event):
-    """A tool's result, paired with its call by id (`tool_name` is None if never seen)."""
+    """A tool's result, paired with its call by id (`tool_name` is None if never seen).
+    `content` is the whole result as text (what the tool printed, or its error);
+    `exit_code` is a Bash step's exit status (None for other tools, or when unknown)."""
 
     kind: ClassVar[str] = "tool_result"
     tool_use_id: str = ""
     tool_name: str | None = None
     is_error: bool = False
     first_line: str = ""
+    content: str = ""
+    exit_code: int | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -413,6 +417,45 @@ def summarize_tool(name: str, input: Any, cwd: str | None = None) -> str:
         return label
     detail = _relative(one_line(detail, SUMMARY_MAX * 2), cwd)
     return one_line(f"{label} {detail}", SUMMARY_MAX)
+
+
+_EXIT_CODE_PREFIX = "Exit code "
+
+
+def result_text(content: Any) -> str:
+    """A tool result's whole content as text: a string as it is, a block list's texts one
+    after the other (an image as `[image]`), anything else as JSON."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for block in content:
+            if isinstance(block, dict):
+                if block.get("type") == "text" and isinstance(block.get("text"), str):
+                    parts.append(block["text"])
+                elif block.get("type") == "image":
+                    parts.append("[image]")
+            elif isinstance(block, str):
+                parts.append(block)
+        return "\n".join(parts)
+    if content is None:
+        return ""
+    if isinstance(content, (int, float)):
+        return str(content)
+    return _bounded_json(content, 1 << 24)
+
+
+def bash_exit_code(text: str, is_error: bool) -> int | None:
+    """A Bash step's exit status from its result: 0 when it succeeded, N from the
+    "Exit code N" first line claude writes for a failure (2.1.197 and 2.1.332), None when
+    it does not say (a step that was refused or interrupted)."""
+    if not is_error:
+        return 0
+    if text.startswith(_EXIT_CODE_PREFIX):
+        number = text[len(_EXIT_CODE_PREFIX):].split("\n", 1)[0].strip()
+        if number.isdigit() and len(number) < 10:
+            return int(number)
+    return None
 
 
 def _first_line(content: Any) -> str:
@@ -826,11 +869,15 @@ class StreamDecoder:
             if block.type != "tool_result":
                 continue
             tool_id = block.tool_use_id or ""
+            name = self._tool_names.pop(tool_id, None)
+            is_error = block.is_error is True
+            text = result_text(block.content)
             out.append(ToolResult(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
-                                  tool_use_id=tool_id,
-                                  tool_name=self._tool_names.pop(tool_id, None),
-                                  is_error=block.is_error is True,
-                                  first_line=_relative(_first_line(block.content), cwd)))
+                                  tool_use_id=tool_id, tool_name=name, is_error=is_error,
+                                  first_line=_relative(_first_line(block.content), cwd),
+                                  content=text,
+                                  exit_code=bash_exit_code(text, is_error)
+                                  if name == "Bash" else None))
 
     def _system(self, obj: _System, line: bytes, data: Any, line_no: int,
                 out: list[Event]) -> None:

@@ -149,7 +149,9 @@ def format_event(ev: stream.Event) -> str | None:
         line = f"tool     {ev.summary or ev.name}"
     elif isinstance(ev, stream.ToolResult):
         mark = "error" if ev.is_error else "ok"
-        line = f"  {mark:<6} {ev.tool_name or ''} {_one_line(ev.first_line)}".rstrip()
+        more = ev.content.count("\n") if ev.content else 0
+        tail = f"  (+{more} lines: --full)" if more else ""
+        line = f"  {mark:<6} {ev.tool_name or ''} {_one_line(ev.first_line)}{tail}".rstrip()
     elif isinstance(ev, stream.Text):
         line = f"text     {_one_line(ev.text)}" if ev.text.strip() else None
     elif isinstance(ev, stream.Thinking):
@@ -169,6 +171,54 @@ def format_event(ev: stream.Event) -> str | None:
     else:
         line = None
     return prefix + line if line is not None else None
+
+
+FULL_INDENT = " " * 9
+
+
+def _indented(text: str, prefix: str = FULL_INDENT) -> list[str]:
+    return [prefix + line for line in text.splitlines()] or [prefix.rstrip()]
+
+
+def tool_input_text(name: str, data: Any) -> str:
+    """A tool call's whole input for people: a Bash command as it is, anything else as
+    indented JSON."""
+    if name == "Bash" and isinstance(data, dict) and isinstance(data.get("command"), str):
+        rest = {k: v for k, v in data.items() if k != "command"}
+        extra = ("\n" + json.dumps(rest, indent=2, ensure_ascii=False)) if rest else ""
+        return f"$ {data['command']}{extra}"
+    try:
+        return json.dumps(data, indent=2, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(data)
+
+
+def result_status(ev: stream.ToolResult) -> str:
+    """"ok", "error", or with a Bash step's exit status ("exit 0", "error, exit 3")."""
+    if ev.exit_code is None:
+        return "error" if ev.is_error else "ok"
+    return f"error, exit {ev.exit_code}" if ev.is_error else f"exit {ev.exit_code}"
+
+
+def format_event_full(ev: stream.Event) -> list[str]:
+    """An event with everything it holds (`logs --full`): a tool call's whole input, a
+    tool's whole output and exit status, whole messages; [] for events not worth a line."""
+    line = format_event(ev)
+    if line is None:
+        return []
+    prefix = "  ↳ " if getattr(ev, "parent_tool_use_id", None) else ""
+    pad = prefix + FULL_INDENT
+    if isinstance(ev, stream.ToolUse):
+        return [line, *_indented(tool_input_text(ev.name, ev.input), pad)]
+    if isinstance(ev, stream.ToolResult):
+        head = f"{prefix}  {result_status(ev)} {ev.tool_name or ''}".rstrip()
+        return [head, *_indented(ev.content or "(no output)", pad)]
+    if isinstance(ev, stream.Text | stream.Thinking | stream.UserMessage):
+        word = line[len(prefix):].split(" ", 1)[0]
+        return [f"{prefix}{word}", *_indented(ev.text, pad)]
+    if isinstance(ev, stream.Result) and ev.result and "\n" in ev.result:
+        return [line.split(":", 1)[0] + ":", *_indented(ev.result, pad)]
+    return [line]
 
 
 # --- setup ------------------------------------------------------------------------------------
@@ -484,6 +534,9 @@ def cmd_logs(argv: list[str]) -> int:
     p = _id_parser("logs", "Print an attempt's events, one line each (or the raw JSONL).")
     p.add_argument("--follow", action="store_true", help="keep printing until it finishes")
     p.add_argument("--raw", action="store_true", help="the raw stream-json lines")
+    p.add_argument("--full", action="store_true",
+                   help="everything: each tool call's whole input, each tool's whole output "
+                        "and a Bash step's exit status, whole messages")
     p.add_argument("--attempt", type=int, metavar="N", help="attempt number (default: last)")
     args = p.parse_args(argv)
     fleet = _fleet()
@@ -507,8 +560,8 @@ def cmd_logs(argv: list[str]) -> int:
         else:
             events, offset = fleet.read_events(attempt, offset)
             for ev in events:
-                line = format_event(ev)
-                if line is not None:
+                for line in (format_event_full(ev) if args.full
+                             else [text for text in [format_event(ev)] if text is not None]):
                     _out(line)
         if not args.follow or done:
             break

@@ -55,6 +55,7 @@ VERBS: dict[Action, str] = {
     Action.FOLLOW_UP: "follow up",
     Action.SHELL: "open a shell in",
     Action.DIFF: "edit the files of",
+    Action.SAY: "send a message to",
 }
 
 
@@ -180,6 +181,11 @@ ACTIONS: tuple[PanelAction, ...] = (
     PanelAction("stream.follow", "toggle_follow", "F", "Follow",
                 "stream: follow the end on / off", show=False,
                 when=lambda c: c.selected is not None, hint="follow"),
+    # issue 13: steering, whole tool output, search, a long list
+    PanelAction("task.say", "say", "s", "Say",
+                "send a message to a running worker: it joins the worker's turn, or starts "
+                "its next one (a finished task takes a follow-up)",
+                task=Action.SAY, on="cursor", when=lambda c: c.marked == 0),
     PanelAction("app.quit", "quit", "q", "Quit",
                 "quit (workers keep running; the next start picks them up)", palette=False),
 )

@@ -58,14 +58,17 @@ DEFAULT_ICON = "•"
 TOOL_KINDS = frozenset({"tool", "result", "retry", "error", "done"})
 
 MAX_TEXT_LINES = 400  # one assistant message never floods the view
+MAX_USER_LINES = 20  # a long prompt shows its start (the whole is in `fleet-tui show`)
 
 
 @dataclass(slots=True)
 class StreamRow:
-    """One displayed line of a stream and the kind the filter looks at."""
+    """One displayed line of a stream and the kind the filter looks at; `ref` is the id
+    of the tool call the row belongs to (its call or its result), for expanding it."""
 
     kind: str
     row: Row
+    ref: str | None = None
 
 
 @dataclass
@@ -108,24 +111,36 @@ class StreamFormatter:
         depth = self._depth(event)
         pad = ("", "  " * depth) if depth else None
 
-        def add(kind: str, *spans: tuple[str, str]) -> None:
+        def add(kind: str, *spans: tuple[str, str], ref: str | None = None) -> None:
             row: Row = ((pad, *spans) if pad else tuple(spans))
-            out.append(StreamRow(kind, row))
+            out.append(StreamRow(kind, row, ref))
 
-        if isinstance(event, stream.ToolUse):
+        if isinstance(event, stream.UserMessage):
+            lines = event.text.splitlines() or [""]
+            for i, line in enumerate(lines[:MAX_USER_LINES]):
+                add("user", ("user", "» you: " if i == 0 else "       "),
+                    ("user", clean(line)))
+            if len(lines) > MAX_USER_LINES:
+                add("user", ("dim", f"       … {len(lines) - MAX_USER_LINES} more lines"))
+        elif isinstance(event, stream.ToolUse):
             if event.name in ("Task", "Agent"):
                 self.depth_of[event.id] = depth
             icon = TOOL_ICONS.get(event.name, DEFAULT_ICON)
             summary = clean(self._relative(event.summary or event.name))
             name, _, rest = summary.partition(" ")
             add("tool", ("icon", f"{icon} "), ("tool", name),
-                ("", f" {rest}" if rest else ""))
+                ("", f" {rest}" if rest else ""), ref=event.id or None)
         elif isinstance(event, stream.ToolResult):
             first = clean(self._relative(event.first_line or ""))
+            ref = event.tool_use_id or None
+            more = _more_lines(event.content)
+            hint = ("dim", f"  (+{more} lines: x)") if more else ("", "")
             if event.is_error:
-                add("result", ("error", "  └ ✗ "), ("error", first or "(error)"))
+                add("result", ("error", "  └ ✗ "), ("error", first or "(error)"), hint,
+                    ref=ref)
             else:
-                add("result", ("dim", "  └ "), ("dim", first or "(no output)"))
+                add("result", ("dim", "  └ "), ("dim", first or "(no output)"), hint,
+                    ref=ref)
         elif isinstance(event, stream.Text) and (event.synthetic or event.error):
             first = (event.text.strip().splitlines() or [event.error or "API error"])[0]
             add("error", ("error", "✗ API error: "), ("error", clean(first)))
@@ -170,6 +185,13 @@ class StreamFormatter:
         elif isinstance(event, stream.Malformed):
             add("error", ("error", "✗ unreadable line: "), ("dim", clean(event.raw[:200])))
         # Status, Partial and Unknown lines carry nothing a reader needs; raw mode shows them.
+
+
+def _more_lines(text: str) -> int:
+    """How many non-blank lines a tool result has beyond the first one shown."""
+    if "\n" not in text:
+        return 0
+    return max(0, sum(1 for line in text[:1 << 20].splitlines() if line.strip()) - 1)
 
 
 def raw_rows(lines: list[str]) -> list[StreamRow]:

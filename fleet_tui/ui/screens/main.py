@@ -754,6 +754,31 @@ class MainScreen(Screen[None]):
         fleet.follow_up(task_id, prompt)
         self.post_message(ActionDone("follow-up queued", title=task_id, task_ids=[task_id]))
 
+    def action_say(self) -> None:
+        task = self.cursor_task
+        if task is not None:
+            self._say_flow(self._engine(), task)
+
+    @work(exclusive=True, exit_on_error=False, group="dialog", description="asking first")
+    async def _say_flow(self, fleet: Fleet, task: Task) -> None:
+        from fleet_tui.ui.screens.modals import PromptScreen
+
+        text = await self.app.push_screen_wait(PromptScreen(
+            f"Message to {task.id}: {task.short_title}",
+            "The running worker gets it as your next message: it joins the turn the "
+            "worker is in, or starts its next one. The stream shows it when the worker "
+            "takes it in."))
+        if text:
+            self._say(fleet, task.id, text)
+
+    @work(thread=True, exit_on_error=False, group="actions",
+          description="sending the message")
+    def _say(self, fleet: Fleet, task_id: str, text: str) -> None:
+        taken = fleet.say(task_id, text)
+        self.app.call_from_thread(
+            self.notify, "taken by the worker" if taken else
+            "waiting for the worker to take it in", title=f"{task_id}: message sent")
+
     @work(thread=True, exit_on_error=False, group="actions", description="engine call")
     def _engine_each(self, fleet: Fleet, method: str, task_ids: list[str], word: str) -> None:
         call: Callable[[str], Any] = getattr(fleet, method)

@@ -25,7 +25,7 @@ class StreamView(LineView):
 
     COMPONENT_CLASSES = {
         "stream--icon", "stream--tool", "stream--dim", "stream--error", "stream--warn",
-        "stream--ok", "stream--say",
+        "stream--ok", "stream--say", "stream--user",
     }
     STYLE_PREFIX = "stream--"
     DEFAULT_CSS = """
@@ -37,6 +37,7 @@ class StreamView(LineView):
         & > .stream--warn { color: $text-warning; background: $warning-muted; }
         & > .stream--ok { color: $text-success; text-style: bold; }
         & > .stream--say { color: $secondary; }
+        & > .stream--user { color: $text-accent; text-style: bold; }
     }
     """
 
