@@ -458,6 +458,28 @@ def bash_exit_code(text: str, is_error: bool) -> int | None:
     return None
 
 
+def tool_input_text(name: str, data: Any) -> str:
+    """A tool call's whole input for people: a Bash command as it is, anything else as
+    indented JSON."""
+    if name == "Bash" and isinstance(data, dict) and isinstance(data.get("command"), str):
+        rest = {k: v for k, v in data.items() if k != "command"}
+        extra = ""
+        if rest:
+            extra = "\n" + json.dumps(rest, indent=2, ensure_ascii=False, default=str)
+        return f"$ {data['command']}{extra}"
+    try:
+        return json.dumps(data, indent=2, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return one_line(repr(data), 4000)
+
+
+def result_status(ev: ToolResult) -> str:
+    """"ok", "error", or with a Bash step's exit status ("exit 0", "error, exit 3")."""
+    if ev.exit_code is None:
+        return "error" if ev.is_error else "ok"
+    return f"error, exit {ev.exit_code}" if ev.is_error else f"exit {ev.exit_code}"
+
+
 def _first_line(content: Any) -> str:
     """The first non-blank line of a tool result's content (a string or a block list)."""
     text = ""

@@ -150,7 +150,7 @@ def format_event(ev: stream.Event) -> str | None:
     elif isinstance(ev, stream.ToolResult):
         mark = "error" if ev.is_error else "ok"
         more = ev.content.count("\n") if ev.content else 0
-        tail = f"  (+{more} lines: --full)" if more else ""
+        tail = f"  (+{more} line{'s' if more != 1 else ''}: --full)" if more else ""
         line = f"  {mark:<6} {ev.tool_name or ''} {_one_line(ev.first_line)}{tail}".rstrip()
     elif isinstance(ev, stream.Text):
         line = f"text     {_one_line(ev.text)}" if ev.text.strip() else None
@@ -180,26 +180,6 @@ def _indented(text: str, prefix: str = FULL_INDENT) -> list[str]:
     return [prefix + line for line in text.splitlines()] or [prefix.rstrip()]
 
 
-def tool_input_text(name: str, data: Any) -> str:
-    """A tool call's whole input for people: a Bash command as it is, anything else as
-    indented JSON."""
-    if name == "Bash" and isinstance(data, dict) and isinstance(data.get("command"), str):
-        rest = {k: v for k, v in data.items() if k != "command"}
-        extra = ("\n" + json.dumps(rest, indent=2, ensure_ascii=False)) if rest else ""
-        return f"$ {data['command']}{extra}"
-    try:
-        return json.dumps(data, indent=2, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return repr(data)
-
-
-def result_status(ev: stream.ToolResult) -> str:
-    """"ok", "error", or with a Bash step's exit status ("exit 0", "error, exit 3")."""
-    if ev.exit_code is None:
-        return "error" if ev.is_error else "ok"
-    return f"error, exit {ev.exit_code}" if ev.is_error else f"exit {ev.exit_code}"
-
-
 def format_event_full(ev: stream.Event) -> list[str]:
     """An event with everything it holds (`logs --full`): a tool call's whole input, a
     tool's whole output and exit status, whole messages; [] for events not worth a line."""
@@ -209,9 +189,9 @@ def format_event_full(ev: stream.Event) -> list[str]:
     prefix = "  ↳ " if getattr(ev, "parent_tool_use_id", None) else ""
     pad = prefix + FULL_INDENT
     if isinstance(ev, stream.ToolUse):
-        return [line, *_indented(tool_input_text(ev.name, ev.input), pad)]
+        return [line, *_indented(stream.tool_input_text(ev.name, ev.input), pad)]
     if isinstance(ev, stream.ToolResult):
-        head = f"{prefix}  {result_status(ev)} {ev.tool_name or ''}".rstrip()
+        head = f"{prefix}  {stream.result_status(ev)} {ev.tool_name or ''}".rstrip()
         return [head, *_indented(ev.content or "(no output)", pad)]
     if isinstance(ev, stream.Text | stream.Thinking | stream.UserMessage):
         word = line[len(prefix):].split(" ", 1)[0]

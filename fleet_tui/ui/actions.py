@@ -186,6 +186,14 @@ ACTIONS: tuple[PanelAction, ...] = (
                 "send a message to a running worker: it joins the worker's turn, or starts "
                 "its next one (a finished task takes a follow-up)",
                 task=Action.SAY, on="cursor", when=lambda c: c.marked == 0),
+    PanelAction("stream.expand", "expand", "x", "Expand",
+                "stream: the whole tool call of the selected line (input, output, exit "
+                "status); enter too, in the stream", show=False,
+                when=lambda c: c.selected is not None, hint="expand"),
+    PanelAction("view.search", "search", "ctrl+f", "Search",
+                "search the stream or the diff (/ inside them); n / N: next / previous "
+                "match, escape: end", show=False,
+                when=lambda c: c.selected is not None, hint="search"),
     PanelAction("app.quit", "quit", "q", "Quit",
                 "quit (workers keep running; the next start picks them up)", palette=False),
 )

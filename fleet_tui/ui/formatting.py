@@ -134,7 +134,8 @@ class StreamFormatter:
             first = clean(self._relative(event.first_line or ""))
             ref = event.tool_use_id or None
             more = _more_lines(event.content)
-            hint = ("dim", f"  (+{more} lines: x)") if more else ("", "")
+            hint = ("dim", f"  (+{more} line{'s' if more != 1 else ''}: x)") if more \
+                else ("", "")
             if event.is_error:
                 add("result", ("error", "  └ ✗ "), ("error", first or "(error)"), hint,
                     ref=ref)
@@ -192,6 +193,52 @@ def _more_lines(text: str) -> int:
     if "\n" not in text:
         return 0
     return max(0, sum(1 for line in text[:1 << 20].splitlines() if line.strip()) - 1)
+
+
+MAX_DETAIL_LINES = 200_000  # a tool's output beyond this is in `fleet-tui logs --full`
+
+
+@dataclass(frozen=True)
+class ToolCallDetail:
+    """What the detail view shows of one tool call: a title, its status and its rows
+    (style name, text): the whole input, then the whole output."""
+
+    title: str
+    status: str
+    rows: list[tuple[str, str]]
+
+
+def tool_call_detail(use: stream.ToolUse | None, result: stream.ToolResult | None,
+                     cwd: str | None = None) -> ToolCallDetail:
+    """The detail view of a tool call (plain Python: built in a thread)."""
+    from fleet_tui import stream as stream_mod
+
+    name = use.name if use is not None else (result.tool_name if result else None) or "tool"
+    summary = use.summary if use is not None and use.summary else name
+    if cwd:
+        summary = summary.replace(cwd.rstrip("/") + "/", "")
+    rows: list[tuple[str, str]] = [("head", "── input ──")]
+    if use is None:
+        rows.append(("dim", "(the call is not in the events file)"))
+    else:
+        rows += [("", clean(line)) for line in
+                 stream_mod.tool_input_text(use.name, use.input).splitlines()[:MAX_DETAIL_LINES]]
+    rows.append(("", ""))
+    rows.append(("head", "── output ──"))
+    if result is None:
+        status = "running (no result yet)"
+        rows.append(("dim", "(no result yet: the tool is still running)"))
+    else:
+        status = stream_mod.result_status(result)
+        lines = result.content.splitlines() or ["(no output)"]
+        style = "error" if result.is_error else ""
+        rows += [(style, clean(line)) for line in lines[:MAX_DETAIL_LINES]]
+        if len(lines) > MAX_DETAIL_LINES:
+            rows.append(("dim", f"… {len(lines) - MAX_DETAIL_LINES} more lines "
+                                "(fleet-tui logs ID --full)"))
+        count = len(result.content.splitlines())
+        status += f" · {count} line{'s' if count != 1 else ''} of output"
+    return ToolCallDetail(clean(f"{summary}"), status, rows)
 
 
 def raw_rows(lines: list[str]) -> list[StreamRow]:

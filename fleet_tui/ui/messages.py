@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the engine is imported once the first frame is up, not for 
 
     from fleet_tui.fleet import Fleet, FleetStatus
     from fleet_tui.store import Attempt, Task
-    from fleet_tui.ui.formatting import PreparedDiff, StreamRow
+    from fleet_tui.ui.formatting import PreparedDiff, StreamRow, ToolCallDetail
 
 
 @dataclass
@@ -82,6 +82,16 @@ class StreamOlder(Message):
     rows: list[StreamRow]
     older: int
     everything: bool = False
+
+
+@dataclass
+class ToolCallLoaded(Message):
+    """A tool call and its result, whole, read and laid out for the detail view (the
+    stream pane posts it, the screen shows it); ``task_id`` and ``ref`` say which."""
+
+    task_id: str
+    ref: str
+    detail: ToolCallDetail
 
 
 @dataclass

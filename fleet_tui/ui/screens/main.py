@@ -50,6 +50,7 @@ from fleet_tui.ui.messages import (
     PollFailed,
     TasksLoaded,
     TasksSubmitted,
+    ToolCallLoaded,
     report_failure,
 )
 from fleet_tui.ui.screens.help import HelpScreen, HelpSection
@@ -79,6 +80,9 @@ class MainScreen(Screen[None]):
             ("↑ ↓ / pgup pgdn", "move in the task list, scroll the stream or the diff"),
             ("tab / shift+tab", "move focus: task list, tabs, file list, diff"),
             ("home / end", "stream: jump to the start / the end (end resumes following)"),
+            ("enter / x", "stream: the whole tool call of the cursor's line"),
+            ("/ (in a view)", "search the stream, the diff or a tool call; n / N: next / "
+                              "previous match; escape: end the search"),
             ("enter", "filter: apply and go back to the list"),
         ]),
         ("In dialogs", [
@@ -557,6 +561,17 @@ class MainScreen(Screen[None]):
     def action_toggle_follow(self) -> None:
         self.stream.follow = not self.stream.follow
 
+    def action_expand(self) -> None:
+        if self.active_tab != "tab-stream":
+            self.action_show_tab("tab-stream")
+        self.stream.expand_tool_call()
+
+    def action_search(self) -> None:
+        if self.active_tab == "tab-diff":
+            self.diff.open_search()
+        else:
+            self.stream.open_search()
+
     def action_choose_attempt(self) -> None:
         task = self.selected
         if task is not None:
@@ -808,6 +823,15 @@ class MainScreen(Screen[None]):
                         severity=message.severity)  # type: ignore[arg-type]
         self.stream.reread()
         self.poll()
+
+    def on_tool_call_loaded(self, message: ToolCallLoaded) -> None:
+        """The stream pane read a whole tool call (x / enter on its line): show it."""
+        from fleet_tui.ui.screens.modals import ToolCallScreen
+
+        if self.closing:
+            return
+        detail = message.detail
+        self.app.push_screen(ToolCallScreen(detail.title, detail.status, detail.rows))
 
     def on_diff_loaded(self, message: DiffLoaded) -> None:
         """The diff pane showed a diff: `e` may apply now."""
