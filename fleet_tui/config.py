@@ -69,6 +69,7 @@ class Settings:
     kill_grace: float = 5.0
     merge_strategy: str = "merge"
     test_command: str | None = None
+    archive_after_days: float = 14.0  # closed tasks older than this leave the list (0: never)
 
 
 def config_file_path(env: Mapping[str, str] | None = None) -> Path:

@@ -112,9 +112,15 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
     "kill_grace": ("float", _POSITIVE, 5.0),
     "merge_strategy": ("str", None, "merge"),
     "test_command": ("optstr", None, None),
+    # the list (issue 13): merged and discarded tasks older than this are archived (their
+    # logs kept); 0: never
+    "archive_after_days": ("days", 0, 14.0),
 }
 
 FIELD_NAMES: tuple[str, ...] = tuple(_SPEC)
+# config.toml tables that are not settings of their own: [repos."<path>"] (per-repository
+# overrides of .fleet-tui.toml, see repo_settings)
+TABLES = frozenset({"repos"})
 
 
 def env_name(field: str) -> str:
@@ -153,6 +159,8 @@ def _describe_kind(kind: str, minimum: float | None) -> str:
         return "a whole number" + (" >= 1" if minimum == 1 else f" >= {minimum:g}")
     if kind == "float":
         return "a number of seconds" + (" > 0" if minimum == _POSITIVE else " >= 0")
+    if kind == "days":
+        return "a number of days >= 0 (0: never)"
     if kind == "bool":
         return "true or false (1/0, yes/no, on/off)"
     if kind == "sources":
@@ -279,6 +287,8 @@ def _from_file(path: str) -> dict[str, object]:
     for key, raw in data.items():
         line = _line_of_key(text, key)
         where = f"{path}, line {line}" if line else str(path)
+        if key in TABLES:
+            continue  # read by their own readers (repo_settings: [repos."<path>"])
         if key not in _SPEC:
             import difflib
 

@@ -42,9 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet_tui import git, launcher, outcome, paths, policy, stream, supervisor, titles
-from fleet_tui.config import PERMISSION_MODES, Settings
+from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings
 from fleet_tui.errors import FleetError, FleetRefused, InvalidSpec, TaskNotFound
 from fleet_tui.follower import Follower, attempt_finished
+from fleet_tui.repo_settings import RepoSettingsCache
 from fleet_tui.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
@@ -155,8 +156,11 @@ class Fleet:
         self.clock = clock
         self.python = python or sys.executable
         self.rng = rng or random.Random()
+        # each repository's .fleet-tui.toml and the user's [repos."<path>"] overrides,
+        # read again when they change
+        self.repo_settings = RepoSettingsCache(self.env)
         self.supervisor = Supervisor(settings, self.store, env=self.env, clock=clock,
-                                     python=self.python)
+                                     python=self.python, repo_settings=self.repo_settings)
         self.follower = Follower(settings, self.store, self.supervisor, clock=clock,
                                  rng=self.rng)
         # who claims tasks (see Supervisor.owner)
@@ -195,8 +199,50 @@ class Fleet:
 
     # --- queries ------------------------------------------------------------------------------
 
-    def list_tasks(self, repo: Path | None = None) -> list[Task]:
-        return self.store.list_tasks(Path(repo).resolve() if repo is not None else None)
+    def list_tasks(self, repo: Path | None = None, *, archived: bool | None = False
+                   ) -> list[Task]:
+        """Tasks, newest first (of one repository); archived ones only when asked."""
+        return self.store.list_tasks(Path(repo).resolve() if repo is not None else None,
+                                     archived=archived)
+
+    def recent_repos(self, limit: int = 10) -> list[Path]:
+        """Repositories by their newest task (what the panel offers for a new task)."""
+        return self.store.recent_repos(limit)
+
+    def archive(self, task_ids: list[str]) -> list[str]:
+        """Archive merged or discarded tasks: out of the lists (`ls --archived` shows
+        them), their rows and attempt logs kept. FleetError naming a task that is not
+        closed (its worktree and branch still hold work)."""
+        tasks = [self.get_task(t) for t in task_ids]
+        for task in tasks:
+            if task.state not in CLOSED_STATES:
+                raise FleetError(f"cannot archive task {task.id}: it is {task.state}; only "
+                                 "merged or discarded tasks are archived (merge or discard "
+                                 "it first)")
+        return self.store.archive_tasks([t.id for t in tasks], self.clock())
+
+    def unarchive(self, task_ids: list[str]) -> list[str]:
+        return self.store.unarchive_tasks([self.get_task(t).id for t in task_ids])
+
+    def archive_closed(self, older_than_days: float) -> list[str]:
+        """Archive every merged or discarded task last changed more than
+        `older_than_days` ago (0: every one); the ids archived."""
+        now = self.clock()
+        return self.store.archive_tasks([], now, closed_before=now - older_than_days * 86400)
+
+    AUTO_ARCHIVE_EVERY = 600.0  # seconds between two auto-archive passes of one engine
+    _auto_archived_at = 0.0
+
+    def _auto_archive(self) -> None:
+        """The archive_after_days setting, applied by the scheduling pass now and then."""
+        days = self.settings.archive_after_days
+        now = self.clock()
+        if days <= 0 or now - self._auto_archived_at < self.AUTO_ARCHIVE_EVERY:
+            return
+        self._auto_archived_at = now
+        archived = self.archive_closed(days)
+        if archived:
+            log.info("archived %d closed task(s) older than %g days", len(archived), days)
 
     def get_task(self, task_id: str) -> Task:
         try:
@@ -326,6 +372,7 @@ class Fleet:
                 self.follower.on_task_error(task, attempt, exc, changes)
         self.follower.forget_all_but(live)
         self._start_ready(changes)
+        self._auto_archive()
         return changes
 
     def run(self, stop: threading.Event, interval: float = 0.25) -> None:
@@ -584,10 +631,22 @@ class Fleet:
                                     worktree=worktree, secrets=self._secrets(),
                                     strategy=self.settings.merge_strategy)
 
+    def test_command_for(self, task_id: str) -> str | None:
+        """The merge's test gate for a task: its repository's test_command
+        (.fleet-tui.toml, or config.toml's [repos."<path>"]), else the test_command
+        setting; None when there is none. Read afresh: an edit counts at once."""
+        task = self.get_task(task_id)
+        try:
+            own = self.repo_settings.get(Path(task.repo)).test_command
+        except ConfigError:
+            own = None  # said by settings_problems(); the global one applies
+        return own or self.settings.test_command
+
     def merge(self, task_id: str, *, message: str | None = None,
               test_command: str | None = None) -> git.MergeResult:
         """Land a finished task into its base branch (test gate, conflict check), then
-        delete its config dir. A refusal comes back as MergeResult(merged=False)."""
+        delete its config dir. A refusal comes back as MergeResult(merged=False).
+        `test_command` (None: `test_command_for` the task) runs in the worktree first."""
         task = self.get_task(task_id)
         self._check(task, Action.MERGE)
         assert task.base_branch is not None  # policy refuses a task started from a commit
@@ -600,7 +659,7 @@ class Fleet:
             result = git.merge(task.repo, task.worktree, task.branch, task.base_branch,
                                message=message or task.short_title,
                                trailers=trailers,
-                               test_command=test_command or self.settings.test_command,
+                               test_command=test_command or self.test_command_for(task.id),
                                strategy=self.settings.merge_strategy,
                                secrets=self._secrets(fresh=True))
         except git.GitError as exc:

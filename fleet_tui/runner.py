@@ -66,6 +66,8 @@ LEFTOVER_GRACE = 1.0
 RESERVE_SIZE = 8192
 INPUT_RECHECK = 1.0  # seconds between looks at the inbox when no wake-up byte came
 RESULT_LINE_CAP = 16 * 1024 * 1024  # a longer stdout line is never taken for a result line
+SETUP_TAIL = 64 * 1024  # characters of the setup's output in the stream (setup.log: all)
+SETUP_READ = 4 * SETUP_TAIL  # bytes of setup.log read back for it
 EX_LOCKED = 75  # another runner holds this attempt: nothing was done (EX_TEMPFAIL)
 EX_NO_RECORD = 74  # not even the exit record could be written (EX_IOERR)
 
@@ -88,6 +90,11 @@ class RunSpec:
     token: str = ""  # FLEET_ATTEMPT_TOKEN for claude and all it starts ("" = none)
     timeout: float | None = None  # wall-clock seconds (None or 0: none)
     kill_grace: float = 5.0  # SIGTERM, then SIGKILL this much later
+    # issue 13: a ready worktree (see prepare.py); run once per new worktree
+    repo: str = ""  # the main checkout, where included files come from
+    include: list[str] = field(default_factory=list)  # gitignore patterns of files to copy
+    setup: str | None = None  # run in the worktree before claude starts (/bin/sh -c)
+    env: dict[str, str] = field(default_factory=dict)  # FLEET_TASK_ID, FLEET_PORT
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -177,6 +184,7 @@ class Runner:
         self.results = 0  # result lines seen (one per turn)
         self._line = bytearray()  # the stdout line being written, for the result check
         self._line_over = False  # ... too long to be a result line
+        self.setup_proc: subprocess.Popen[bytes] | None = None  # the setup command, running
 
     # --- signals ---------------------------------------------------------------------------
 
@@ -188,8 +196,9 @@ class Runner:
         self._forward(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
     def _forward(self, sig: int) -> None:
-        """Pass sig to claude's whole group and to every descendant of the runner."""
-        groups = [self.child.pid] if self.child is not None else []
+        """Pass sig to claude's whole group (or the setup command's) and to every
+        descendant of the runner."""
+        groups = [p.pid for p in (self.child, self.setup_proc) if p is not None]
         procs.signal_tree(self.pid, sig, groups=groups)
 
     def install_signals(self) -> None:
@@ -342,6 +351,8 @@ class Runner:
 
     def _end(self, returncode: int, *, exit_code: int | None, sig: int | None = None,
              error: str | None = None) -> int:
+        if self.wake_fd is not None:  # whatever ended the run, no message is taken now
+            self._close_input()
         if error is None:
             error = self.write_error
         if not self._write_exit(exit_code=exit_code, sig=sig, error=error):
@@ -368,35 +379,188 @@ class Runner:
         if self.write_error is not None:
             return self._end(EX_NO_RECORD, exit_code=None)
         try:
-            argv, env = self._plan(spec)
+            plan = self._plan(spec)
         except _LaunchFailure as exc:
             return self._end(exc.exit_code, exit_code=exc.exit_code, error=exc.message)
         if self.received is not None:  # killed before claude even started
             return self._end(128 + self.received, exit_code=None, sig=self.received,
                              error="killed before start")
+        argv, env = list(plan.argv), dict(plan.env)
+        env.update({k: v for k, v in (spec.env or {}).items()
+                    if isinstance(k, str) and isinstance(v, str)})
         if spec.token:
             env[TOKEN_ENV] = spec.token
+        # messages sent while the worktree is made ready wait in the inbox
+        self._open_input()
+        if (spec.include or spec.setup) and Path(spec.cwd).is_dir():
+            from fleet_tui import prepare
+
+            if not prepare.is_set_up(spec.cwd):
+                handoff = plan.key_handoff
+                secret = handoff.value if handoff is not None else \
+                    plan.env.get("ANTHROPIC_AUTH_TOKEN", "")
+                failed = self._prepare(spec, env, [secret] if secret else [])
+                if failed is not None:
+                    self._close_input()
+                    self._clean_leftovers(spec.token)
+                    return failed
+        try:
+            # The key's one-shot pipe (setting key_helper), started right before claude:
+            # its writer is our child, so _clean_leftovers stops it (and it removes the
+            # pipe) if claude never reads it.
+            plan.start_key_handoff()
+        except Exception as exc:  # LaunchError: the pipe or its writer could not be made
+            self._close_input()
+            code = int(getattr(exc, "exit_code", 1) or 1)
+            return self._end(code, exit_code=code, error=str(exc))
         return self._run_claude(spec, argv, env)
 
-    def _plan(self, spec: RunSpec) -> tuple[list[str], dict[str, str]]:
+    def _plan(self, spec: RunSpec) -> Any:
         from fleet_tui.config_core import ConfigError, load_launch_settings
         from fleet_tui.launcher import LaunchError, plan_launch
 
         try:
             settings = load_launch_settings(env=self.env, config_file=os.devnull,
                                             overrides=spec.settings)
-            plan = plan_launch(settings, claude_args(spec), prompt=None,
+            return plan_launch(settings, claude_args(spec), prompt=None,
                                config_dir=Path(spec.config_dir), base_env=self.env,
                                model=spec.model, permission_mode=spec.permission_mode,
                                cwd=Path(spec.cwd), key_handoff=True)
-            # The key's one-shot pipe (setting key_helper): its writer is our child, so
-            # _clean_leftovers stops it (and it removes the pipe) if claude never reads it.
-            plan.start_key_handoff()
         except ConfigError as exc:
             raise _LaunchFailure(str(exc), 2) from None
         except LaunchError as exc:
             raise _LaunchFailure(str(exc), int(getattr(exc, "exit_code", 1) or 1)) from None
-        return list(plan.argv), dict(plan.env)
+
+    # --- the ready worktree: included files and the setup command --------------------------
+
+    def _setup_line(self, record: dict[str, Any]) -> None:
+        """One `system/fleet_setup` line in events.jsonl (before claude writes there)."""
+        line = json.dumps({"type": "system", "subtype": "fleet_setup", **record},
+                          sort_keys=True) + "\n"
+        try:
+            with open(self.log.events, "ab") as fh:
+                fh.write(line.encode("utf-8", "replace"))
+        except OSError as exc:
+            self._log(f"could not write the setup step to {self.log.events}: "
+                      f"{_strerror(exc)}")
+
+    def _prepare(self, spec: RunSpec, env: Mapping[str, str], secrets: list[str]
+                 ) -> int | None:
+        """Copy the included files and run the setup command in a new worktree; None when
+        it is ready, else the runner's exit status (the exit record says what failed:
+        the attempt fails before claude starts, so before any token is spent)."""
+        from fleet_tui import prepare
+
+        started = time.monotonic()
+        self._setup_line({"phase": "start", "command": spec.setup,
+                          "include": list(spec.include)})
+        copied: list[str] = []
+        skipped: list[str] = []
+        problem: str | None = None
+        if spec.include:
+            try:
+                files = prepare.included_files(spec.repo or spec.cwd, spec.include)
+                copied, missed = prepare.copy_included(spec.repo or spec.cwd, spec.cwd,
+                                                       files, secrets)
+                skipped = [f"{path}: {why}" for path, why in missed]
+            except (OSError, subprocess.SubprocessError) as exc:
+                problem = f"could not copy the included files: {exc}"
+        code: int | None = 0
+        output = ""
+        if problem is None and spec.setup:
+            code, output = self._run_setup(spec, env, secrets)
+        seconds = round(time.monotonic() - started, 3)
+        tail = output[-SETUP_TAIL:]
+        self._setup_line({"phase": "end", "command": spec.setup, "exit_code": code,
+                          "output": tail, "truncated": len(output) > len(tail),
+                          "copied": copied, "skipped": skipped, "seconds": seconds,
+                          "error": problem})
+        if self.received is not None or self.term_at is not None:
+            sig = self.received
+            return self._end(128 + sig if sig else 1, exit_code=code if code else None,
+                             sig=sig, error=None)
+        if problem is not None:
+            return self._end(1, exit_code=1, error=f"setup: {problem}")
+        if code != 0:
+            lines = [line for line in output.splitlines() if line.strip()]
+            last = f": {lines[-1].strip()[:300]}" if lines else ""
+            status = f"exit {code}" if code is not None and code >= 0 else \
+                f"killed by signal {-(code or 0)}"
+            return self._end(1, exit_code=code if code and code > 0 else 1, error=(
+                f"the setup command `{spec.setup}` failed ({status}){last} (its whole "
+                "output is in the stream; claude did not start)"))
+        try:
+            prepare.mark_set_up(spec.cwd, {"at": time.time(), "attempt": spec.attempt,
+                                           "setup": spec.setup, "copied": copied})
+        except OSError as exc:
+            self._log(f"could not mark {spec.cwd} as set up: {_strerror(exc)}")
+        return None
+
+    def _run_setup(self, spec: RunSpec, env: Mapping[str, str], secrets: list[str]
+                   ) -> tuple[int | None, str]:
+        """Run the setup command (its own process group, the worker's environment
+        without any credential, our wall-clock timeout and signals); (exit status, its
+        output with the key redacted). A negative status is the signal that ended it."""
+        from fleet_tui import prepare
+
+        user_umask = self.user_umask
+        parent = self.pid
+
+        def preexec() -> None:
+            os.setpgid(0, 0)
+            os.umask(user_umask)
+            procs.set_parent_death_signal(signal.SIGKILL)
+            if os.getppid() != parent:
+                os._exit(1)
+
+        clean_env = {k: v for k, v in env.items()
+                     if k not in ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
+                     and not any(s and s in v for s in secrets)}
+        try:
+            out = open(self.log.setup_log, "wb")  # noqa: SIM115 (closed below)
+        except OSError as exc:
+            return 1, f"could not write {self.log.setup_log}: {_strerror(exc)}"
+        with out:
+            try:
+                self.setup_proc = subprocess.Popen(
+                    ["/bin/sh", "-c", spec.setup or ""], cwd=spec.cwd, env=clean_env,
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    preexec_fn=preexec, close_fds=True)
+            except OSError as exc:
+                return 127, f"cannot run the setup command: {_strerror(exc)}"
+            if self.received is not None:
+                self._forward(self.received)
+            while True:
+                try:
+                    code: int | None = self.setup_proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    self._watch()
+        self.setup_proc = None
+        self._redact_file(self.log.setup_log, secrets)
+        try:
+            with open(self.log.setup_log, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                fh.seek(max(0, size - SETUP_READ))
+                text = fh.read().decode("utf-8", "replace")
+        except OSError:
+            text = ""
+        return code, prepare.redact(text, secrets)
+
+    def _redact_file(self, path: Path, secrets: list[str]) -> None:
+        """The key never stays in a file of ours: a setup that printed it (it was not in
+        its environment, but a file it read may hold it) has it replaced."""
+        needles = [s.encode("utf-8") for s in secrets if s]
+        try:
+            data = path.read_bytes()
+            if any(n in data for n in needles):
+                for needle in needles:
+                    data = data.replace(needle, b"REDACTED")
+                write_bytes = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+                with open(write_bytes, "wb") as fh:
+                    fh.write(data)
+        except OSError as exc:
+            self._log(f"could not check {path} for the key: {_strerror(exc)}")
 
     def _run_claude(self, spec: RunSpec, argv: Sequence[str], env: Mapping[str, str]) -> int:
         parent = self.pid
@@ -423,7 +587,8 @@ class Runner:
         except OSError as exc:
             return self._end(EX_NO_RECORD, exit_code=None,
                              error=f"could not prepare the run in {self.dir}: {_strerror(exc)}")
-        self._open_input()
+        if self.wake_fd is None and not self.input_closed:
+            self._open_input()
         with err_fh, out_fh:
             try:
                 self.child = subprocess.Popen(

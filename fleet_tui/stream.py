@@ -153,6 +153,23 @@ class UserMessage(Event):
 
 
 @dataclass(slots=True, kw_only=True)
+class Setup(Event):
+    """The repository's setup step, which the runner runs in a new worktree before claude
+    starts (fleet-tui writes these lines, `system/fleet_setup`): `phase` "start" (the
+    command, the include patterns) or "end" (its exit code, the end of its output, the
+    files copied in and those skipped, with why)."""
+
+    kind: ClassVar[str] = "setup"
+    phase: str = ""
+    command: str | None = None
+    exit_code: int | None = None
+    output: str = ""
+    copied: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    seconds: float | None = None
+
+
+@dataclass(slots=True, kw_only=True)
 class ApiRetry(Event):
     """One retry the CLI makes by itself after an API error."""
 
@@ -274,6 +291,14 @@ class _System(msgspec.Struct, tag="system", tag_field="type"):
     error_status: Any = None
     error: Any = None
     status: Any = None
+    # fleet_setup (fleet-tui's own setup step)
+    phase: Any = None
+    command: Any = None
+    exit_code: Any = None
+    output: Any = None
+    copied: Any = None
+    skipped: Any = None
+    seconds: Any = None
 
 
 class _Assistant(msgspec.Struct, tag="assistant", tag_field="type"):
@@ -926,6 +951,15 @@ class StreamDecoder:
         elif subtype == "status":
             out.append(Status(line_no=line_no, parent_tool_use_id=parent,
                               status=_as_str(obj.status)))
+        elif subtype == "fleet_setup":
+            copied = obj.copied if isinstance(obj.copied, list) else []
+            skipped = obj.skipped if isinstance(obj.skipped, list) else []
+            out.append(Setup(line_no=line_no, phase=_as_str(obj.phase) or "",
+                             command=_as_str(obj.command), exit_code=_as_int(obj.exit_code),
+                             output=_as_str(obj.output) or "",
+                             copied=[c for c in copied if isinstance(c, str)],
+                             skipped=[c for c in skipped if isinstance(c, str)],
+                             seconds=_as_float(obj.seconds)))
         else:
             if data is None:
                 try:

@@ -657,7 +657,8 @@ class MainScreen(Screen[None]):
             return
         answer = await self.app.push_screen_wait(MergeScreen(items, test_command))
         if answer is not None:
-            self._merge(fleet, task_ids, answer.message, test_command)
+            # each task's own test gate (tasks of several repositories may differ)
+            self._merge(fleet, task_ids, answer.message, None)
 
     @work(thread=True, exit_on_error=False, group="actions", description="merging")
     def _merge(self, fleet: Fleet, task_ids: list[str], message: str | None,
@@ -907,7 +908,8 @@ def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str
                                task.base_branch or "the base branch", preview.clean,
                                list(preview.conflicts), preview.message,
                                task.added_lines, task.deleted_lines))
-    command = getattr(getattr(fleet, "settings", None), "test_command", None)
+    # the repository's own test gate (.fleet-tui.toml), else the setting; read afresh
+    command = fleet.test_command_for(task_ids[0]) if task_ids else None
     return items, command if isinstance(command, str) and command else None
 
 
