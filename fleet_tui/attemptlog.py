@@ -613,6 +613,32 @@ class AttemptLog:
                 result.exit_code = stream.bash_exit_code(result.content, result.is_error)
         return use, result
 
+    def setup_steps(self) -> list[stream.Setup]:
+        """The setup step's lines (start, end) of events.jsonl, found by their subtype."""
+        import mmap
+
+        from fleet_tui import stream
+
+        needle = b'"fleet_setup"'
+        found: list[stream.Setup] = []
+        try:
+            with open(self.events, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size == 0:
+                    return []
+                with mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) as data:
+                    at = data.find(needle)
+                    while at >= 0:
+                        start = data.rfind(b"\n", 0, at) + 1
+                        end = data.find(b"\n", at)
+                        end = size if end < 0 else end
+                        found += [e for e in stream.StreamDecoder().feed(data[start:end] + b"\n")
+                                  if isinstance(e, stream.Setup)]
+                        at = data.find(needle, end)
+        except (OSError, ValueError):
+            pass
+        return found
+
     def tail_start(self, tail: int, *, end: int | None = None) -> int:
         """Where to start reading to get the last `tail` bytes before `end` (default: the
         end of the file) as whole lines: the first line start in that window, or the start

@@ -94,3 +94,14 @@ def test_fleet_tui_logs_full_with_the_real_claude(git_repo: Path, claude_bin: st
     assert all(f"         line {i}" in full.stdout for i in range(1, 6))
     assert "you\n         print five lines\n" in full.stdout  # the prompt, as claude took it
     assert "you      print five lines" in short.stdout
+
+
+def test_the_setup_step_in_logs() -> None:
+    data = (b'{"type":"system","subtype":"fleet_setup","phase":"start","command":"npm ci"}\n'
+            b'{"type":"system","subtype":"fleet_setup","phase":"end","command":"npm ci",'
+            b'"exit_code":7,"output":"fetching\\nno network\\n","copied":[".env"],'
+            b'"skipped":[],"seconds":2.5}\n')
+    events = stream.decode_all(data)
+    assert [format_event(e) for e in events] == [
+        "setup    $ npm ci", "  error  setup exit 7 in 2.5s; copied .env"]
+    assert format_event_full(events[1])[1:] == ["         fetching", "         no network"]

@@ -165,3 +165,43 @@ async def test_search_in_the_diff(app: FleetApp) -> None:
         assert bar.display
         await pilot.press("enter", "n")
         assert diff.search_status == "2/2"
+
+
+async def test_the_setup_step_reads_as_a_step_and_x_shows_its_whole_output(
+        app: FleetApp) -> None:
+    """The lines the runner writes before claude starts (a failing setup here) read as one
+    step in the stream; x on it shows the whole setup.log."""
+    fleet = app._fleet_given
+    assert fleet is not None
+    attempt = fleet.attempts("b4sh01")[-1]
+    folder = Path(attempt.dir or "")
+    output = "".join(f"fetching package {i}\n" for i in range(30)) + "no network\n"
+    (folder / "setup.log").write_text(output)
+    lines = [
+        {"type": "system", "subtype": "fleet_setup", "phase": "start",
+         "command": "npm ci", "include": [".env"]},
+        {"type": "system", "subtype": "fleet_setup", "phase": "end", "command": "npm ci",
+         "exit_code": 7, "output": output[-200:], "copied": [".env"],
+         "skipped": ["key.env: it holds the API key"], "seconds": 2.5},
+    ]
+    import json
+
+    (folder / "events.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    async with app.run_test(size=SIZE) as pilot:
+        view = _view(app)
+        await wait_until(pilot, lambda: len(view.plain_lines()) == 2, what="the setup step")
+        start, end = view.plain_lines()
+        assert start == "⚙ setup npm ci"
+        assert end.startswith("  └ ✗ setup failed (exit 7): no network · copied .env · "
+                              "skipped key.env: it holds the API key")
+        view.move_cursor(1)
+        await pilot.press("x")
+        await wait_until(pilot, lambda: isinstance(app.screen, ToolCallScreen),
+                         what="the setup detail")
+        screen = app.screen
+        assert isinstance(screen, ToolCallScreen)
+        shown = screen.lines
+        assert shown[:2] == ["── setup ──", "$ npm ci"]
+        assert "copied  .env" in shown and "skipped key.env: it holds the API key" in shown
+        assert shown[-31:] == output.splitlines()  # the whole output, not the stream's tail
+        assert str(screen.query_one("#toolcall-status").render()) == "exit 7 · 2.5 s"

@@ -145,6 +145,14 @@ def format_event(ev: stream.Event) -> str | None:
         line = f"init     session {ev.session_id} model {ev.model} in {ev.cwd}"
     elif isinstance(ev, stream.UserMessage):
         line = f"you      {_one_line(ev.text)}"
+    elif isinstance(ev, stream.Setup) and ev.phase == "start":
+        line = f"setup    $ {ev.command}" if ev.command else "setup    (included files)"
+    elif isinstance(ev, stream.Setup):
+        mark = "ok" if ev.exit_code == 0 else "error"
+        took = f" in {ev.seconds:.1f}s" if ev.seconds is not None else ""
+        files = f"; copied {', '.join(ev.copied)}" if ev.copied else ""
+        files += f"; skipped {'; '.join(ev.skipped)}" if ev.skipped else ""
+        line = f"  {mark:<6} setup exit {ev.exit_code}{took}{files}"
     elif isinstance(ev, stream.ToolUse):
         line = f"tool     {ev.summary or ev.name}"
     elif isinstance(ev, stream.ToolResult):
@@ -193,6 +201,8 @@ def format_event_full(ev: stream.Event) -> list[str]:
     if isinstance(ev, stream.ToolResult):
         head = f"{prefix}  {stream.result_status(ev)} {ev.tool_name or ''}".rstrip()
         return [head, *_indented(ev.content or "(no output)", pad)]
+    if isinstance(ev, stream.Setup) and ev.phase == "end":
+        return [line, *_indented(ev.output or "(no output)", pad)]
     if isinstance(ev, stream.Text | stream.Thinking | stream.UserMessage):
         word = line[len(prefix):].split(" ", 1)[0]
         return [f"{prefix}{word}", *_indented(ev.text, pad)]

@@ -30,7 +30,14 @@ from textual.worker import Worker, get_current_worker
 
 from fleet_tui.attemptlog import AttemptLog
 from fleet_tui.states import PENDING_STATES
-from fleet_tui.ui.formatting import StreamFormatter, StreamRow, raw_rows, tool_call_detail
+from fleet_tui.ui.formatting import (
+    SETUP_REF,
+    StreamFormatter,
+    StreamRow,
+    raw_rows,
+    setup_detail,
+    tool_call_detail,
+)
 from fleet_tui.ui.messages import StreamBatch, StreamOlder, ToolCallLoaded, report_failure
 from fleet_tui.ui.widgets.line_view import LineView, SearchBar
 from fleet_tui.ui.widgets.stream_view import MAX_ROWS, StreamView
@@ -184,7 +191,16 @@ class StreamPane(Vertical):
         shows them: ToolCallLoaded)."""
         if attempt.dir is None:
             return
-        use, result = AttemptLog(attempt.dir).tool_call(ref)
+        log = AttemptLog(attempt.dir)
+        if ref == SETUP_REF:
+            try:
+                text = log.setup_log.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                text = ""
+            self.post_message(ToolCallLoaded(task_id, ref, setup_detail(log.setup_steps(),
+                                                                        text)))
+            return
+        use, result = log.tool_call(ref)
         self.post_message(ToolCallLoaded(task_id, ref, tool_call_detail(use, result, cwd)))
 
     # --- reading --------------------------------------------------------------------------
