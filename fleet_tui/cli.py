@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 # subcommand -> module under fleet_tui.commands
 TASK_COMMANDS = ("run", "ls", "show", "logs", "diff", "merge", "discard", "retry",
-                 "follow-up", "kill", "say")
+                 "follow-up", "kill", "say", "archive")
 
 USAGE = """\
 usage: fleet-tui [--demo] [--repo PATH]        open the control panel
@@ -23,6 +23,7 @@ usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui ls [--all-repos] [--json]
        fleet-tui show|logs|diff|merge|discard|retry|follow-up|kill ID ...
        fleet-tui say ID TEXT                    a message to a running worker
+       fleet-tui archive [ID ...] [--older-than DAYS]   merged/discarded out of the list
        fleet-tui key set|delete|status
        fleet-tui version
 

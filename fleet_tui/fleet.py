@@ -224,11 +224,13 @@ class Fleet:
     def unarchive(self, task_ids: list[str]) -> list[str]:
         return self.store.unarchive_tasks([self.get_task(t).id for t in task_ids])
 
-    def archive_closed(self, older_than_days: float) -> list[str]:
-        """Archive every merged or discarded task last changed more than
+    def archive_closed(self, older_than_days: float, repo: Path | None = None) -> list[str]:
+        """Archive every merged or discarded task (of `repo`) last changed more than
         `older_than_days` ago (0: every one); the ids archived."""
         now = self.clock()
-        return self.store.archive_tasks([], now, closed_before=now - older_than_days * 86400)
+        return self.store.archive_tasks(
+            [], now, closed_before=now - older_than_days * 86400,
+            repo=Path(repo).resolve() if repo is not None else None)
 
     AUTO_ARCHIVE_EVERY = 600.0  # seconds between two auto-archive passes of one engine
     _auto_archived_at = 0.0

@@ -640,17 +640,22 @@ class Store:
         return [Path(r[0]) for r in rows if isinstance(r[0], str) and r[0]]
 
     def archive_tasks(self, task_ids: Iterable[str], now: float, *,
-                      closed_before: float | None = None) -> list[str]:
+                      closed_before: float | None = None,
+                      repo: Path | None = None) -> list[str]:
         """Archive closed tasks (merged, discarded): out of the lists, their rows and logs
-        kept. `task_ids`, or with `closed_before`, every closed task last changed before
-        then. The ids archived (a task not closed, or archived already, is left)."""
+        kept. `task_ids`, or with `closed_before`, every closed task (of `repo`) last
+        changed before then. The ids archived (a task not closed, or archived already, is
+        left)."""
         closed = tuple(s.value for s in CLOSED_STATES)
         marks = ", ".join("?" for _ in closed)
         with self.transaction() as conn:
             if closed_before is not None:
+                where = "" if repo is None else " AND repo = ?"
                 rows = conn.execute(
                     f"SELECT id FROM tasks WHERE archived_at IS NULL AND state IN ({marks}) "
-                    "AND updated_at < ?", (*closed, closed_before)).fetchall()
+                    f"AND updated_at < ?{where}",
+                    (*closed, closed_before, *(() if repo is None else (str(repo),)))
+                ).fetchall()
             else:
                 ids = list(task_ids)
                 rows = conn.execute(

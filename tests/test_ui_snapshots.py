@@ -124,7 +124,8 @@ async def _main_ready(pilot: Pilot[Any]) -> None:
     assert isinstance(app, FleetApp)
     main = app.main
     # the screen's nested widgets may still be mounting when the pilot starts
-    await _settle(pilot, lambda: any(len(t.keys) == 7 for t in main.query(TaskTable))
+    # seven tasks, the merged one hidden until H
+    await _settle(pilot, lambda: any(len(t.keys) == 6 for t in main.query(TaskTable))
                   and main.query_one(StreamView).row_count() >= 4)
 
 

@@ -437,6 +437,8 @@ def cmd_run(argv: list[str]) -> int:
 def cmd_ls(argv: list[str]) -> int:
     p = _parser("ls", "List tasks of this repository (newest first).")
     p.add_argument("--all-repos", action="store_true", help="tasks of every repository")
+    p.add_argument("--archived", action="store_true",
+                   help="the archived tasks instead (`fleet-tui archive`)")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     args = p.parse_args(argv)
     repo: Path | None = None
@@ -444,7 +446,7 @@ def cmd_ls(argv: list[str]) -> int:
         repo = _repo(args.repo)
     fleet = _fleet()
     _catch_up(fleet)
-    tasks = fleet.list_tasks(repo)
+    tasks = fleet.list_tasks(repo, archived=args.archived)
     if args.json:
         _out(json.dumps([task_json(t) for t in tasks], indent=2))
         return EXIT_OK
@@ -485,6 +487,9 @@ def cmd_show(argv: list[str]) -> int:
             ("tokens", f"{task.input_tokens} in / {task.output_tokens} out"),
             ("changes", f"+{task.added_lines} -{task.deleted_lines}"),
             ("last tool", task.last_tool or "-")]
+    if task.archived_at is not None:
+        rows.append(("archived", f"yes (`fleet-tui archive --undo {task.id}` brings it "
+                                 "back)"))
     for name, value in rows:
         _out(f"{name + ':':<10} {value}")
     _out("prompt:")
@@ -724,6 +729,49 @@ def cmd_say(argv: list[str]) -> int:
     return EXIT_OK
 
 
+def cmd_archive(argv: list[str]) -> int:
+    p = _parser("archive", "Archive merged and discarded tasks: they leave `ls` and the "
+                "panel's list; their rows and attempt logs are kept (`ls --archived`, "
+                "`show ID`, `logs ID`). The archive_after_days setting does it by itself.")
+    p.add_argument("ids", nargs="*", metavar="ID", help="tasks to archive (default: every "
+                   "closed task of this repository older than --older-than)")
+    p.add_argument("--older-than", type=_days, default=0.0, metavar="DAYS",
+                   help="only tasks closed more than DAYS days ago (default 0: all)")
+    p.add_argument("--all-repos", action="store_true", help="every repository's tasks")
+    p.add_argument("--undo", action="store_true", help="bring the IDs back to the lists")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    if args.undo:
+        if not args.ids:
+            raise _Usage("--undo needs the ids of the tasks to bring back "
+                         "(`fleet-tui ls --archived`)")
+        back = fleet.unarchive(args.ids)
+        _out(f"brought back {len(back)} task{'' if len(back) == 1 else 's'}"
+             + (f": {', '.join(back)}" if back else ""))
+        return EXIT_OK
+    if args.ids:
+        done = fleet.archive(args.ids)
+    else:
+        repo = None if args.all_repos else _repo(args.repo)
+        done = fleet.archive_closed(args.older_than, repo)
+    where = "" if args.ids or args.all_repos else f" in {_repo(args.repo)}"
+    _out(f"archived {len(done)} task{'' if len(done) == 1 else 's'}{where}"
+         + (f": {', '.join(done)}" if done and len(done) <= 20 else "")
+         + ("; their logs are kept (`fleet-tui ls --archived`)" if done else ""))
+    return EXIT_OK
+
+
+def _days(text: str) -> float:
+    try:
+        value = float(text.strip().removesuffix("d"))
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days (0 or more)")
+    return value
+
+
 def cmd_kill(argv: list[str]) -> int:
     p = _id_parser("kill", "Stop a task now (its whole process tree), or drop it from the "
                    "queue.")
@@ -740,7 +788,7 @@ def cmd_kill(argv: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run, "ls": cmd_ls, "show": cmd_show, "logs": cmd_logs, "diff": cmd_diff,
     "merge": cmd_merge, "discard": cmd_discard, "retry": cmd_retry,
-    "follow-up": cmd_follow_up, "kill": cmd_kill, "say": cmd_say,
+    "follow-up": cmd_follow_up, "kill": cmd_kill, "say": cmd_say, "archive": cmd_archive,
 }
 
 

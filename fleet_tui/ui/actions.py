@@ -194,6 +194,11 @@ ACTIONS: tuple[PanelAction, ...] = (
                 "search the stream or the diff (/ inside them); n / N: next / previous "
                 "match, escape: end", show=False,
                 when=lambda c: c.selected is not None, hint="search"),
+    PanelAction("list.closed", "toggle_closed", "H", "Closed",
+                "show / hide the merged and discarded tasks (hidden at first)", show=False),
+    PanelAction("list.sort", "cycle_sort", "S", "Sort",
+                "the next order of the list: needs you first, newest, repository, state",
+                show=False),
     PanelAction("app.quit", "quit", "q", "Quit",
                 "quit (workers keep running; the next start picks them up)", palette=False),
 )

@@ -58,7 +58,7 @@ from fleet_tui.ui.widgets.bars import KeyBar, TabBar
 from fleet_tui.ui.widgets.diff_pane import DiffPane
 from fleet_tui.ui.widgets.status_line import StatusLine
 from fleet_tui.ui.widgets.stream_pane import StreamPane
-from fleet_tui.ui.widgets.task_table import TaskTable, sort_tasks
+from fleet_tui.ui.widgets.task_table import SORTS, TaskTable, sort_tasks
 
 if TYPE_CHECKING:
     from fleet_tui.fleet import Fleet, FleetStatus
@@ -115,6 +115,9 @@ class MainScreen(Screen[None]):
         self.tasks: dict[str, Task] = {}
         self.marked: set[str] = set()
         self.filter_text = ""
+        self.show_closed = False  # merged and discarded tasks are listed (H)
+        self.sort_mode = "attention"  # one of SORTS (S cycles)
+        self.closed_hidden = 0  # how many closed tasks the list leaves out now
         self.selected_id: str | None = None
         self.status: FleetStatus | None = None
         self.poll_error: str | None = None  # why the task list could not be read, if so
@@ -232,8 +235,12 @@ class MainScreen(Screen[None]):
 
     def _show_status(self) -> None:
         status = self.query_one(StatusLine)
-        status.repo_name = self.repo.name if self.repo else ""
+        status.repo_name = self.repo.name if self.repo else "all repositories"
         status.marked = len(self.marked)
+        notes = [] if self.sort_mode == "attention" else [SORTS[self.sort_mode]]
+        if self.closed_hidden:
+            notes.append(f"{self.closed_hidden} closed hidden (H)")
+        status.view_note = " · ".join(notes)
         status.show(self.status, self.now())
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -272,6 +279,9 @@ class MainScreen(Screen[None]):
             text = self.poll_error
         elif not self.tasks:
             text = "No tasks yet: press n to launch one."
+        elif not self.table.row_count and self.closed_hidden and not self.filter_text:
+            text = (f"No open tasks: H shows the {self.closed_hidden} merged or discarded "
+                    "ones; n launches a new one.")
         else:
             text = ""
         if text != self._notice_shown:
@@ -317,12 +327,19 @@ class MainScreen(Screen[None]):
         self._seen_states = states
 
     def _visible_tasks(self) -> list[Task]:
-        tasks = sort_tasks(self.tasks.values())
+        tasks = sort_tasks(self.tasks.values(), self.sort_mode)
+        if not self.show_closed:
+            shown = [t for t in tasks if t.state not in CLOSED_STATES]
+            self.closed_hidden = len(tasks) - len(shown)
+            tasks = shown
+        else:
+            self.closed_hidden = 0
         needle = self.filter_text.lower().strip()
         if not needle:
             return tasks
         return [t for t in tasks if needle in " ".join(
-            (t.id, t.short_title, str(t.state), t.model, t.last_tool or "")).lower()]
+            (t.id, t.short_title, str(t.state), t.model, t.last_tool or "",
+             t.repo.name)).lower()]
 
     def _render_tasks(self) -> None:
         table = self.table
@@ -531,6 +548,22 @@ class MainScreen(Screen[None]):
         self.table.focus()
         self._render_tasks()
 
+    def action_toggle_closed(self) -> None:
+        """Show or hide the merged and discarded tasks (hidden at first)."""
+        self.show_closed = not self.show_closed
+        self._render_tasks()
+        self.notify("Merged and discarded tasks are listed (H hides them)." if self.show_closed
+                    else "Merged and discarded tasks are hidden (H shows them).",
+                    title="Closed tasks", timeout=3)
+
+    def action_cycle_sort(self) -> None:
+        """The next order of the list: needs you first, newest, repository, state."""
+        modes = list(SORTS)
+        self.sort_mode = modes[(modes.index(self.sort_mode) + 1) % len(modes)]
+        self._render_tasks()
+        self.notify(f"Sorted {SORTS[self.sort_mode]} (S: the next order).",
+                    title="Sort", timeout=3)
+
     @property
     def active_tab(self) -> str:
         """The view shown below the list: "tab-stream" or "tab-diff"."""
@@ -605,16 +638,35 @@ class MainScreen(Screen[None]):
 
         await self._ready.wait()
         repo = self.repo
+        base = self.default_base
         if repo is None:
-            self.notify("Open fleet-tui inside a git repository, or pass --repo PATH.",
-                        title="No repository", severity="error")
-            return
+            # opened outside a repository: which one (the recent ones are offered)
+            chosen = await self._choose_repository(self._engine())
+            if chosen is None:
+                return
+            repo, base = chosen
         if self.closing:
             return
-        request = await self.app.push_screen_wait(
-            LaunchScreen(repo, default_base=self.default_base))
+        request = await self.app.push_screen_wait(LaunchScreen(repo, default_base=base))
         if request is not None:
             self._submit(self._engine(), request)
+
+    async def _choose_repository(self, fleet: Fleet) -> tuple[Path, str] | None:
+        """Ask which repository a new task starts in (the panel was opened outside one):
+        the recent ones from the task list, or a path typed. (repository, its branch)."""
+        from fleet_tui.ui.screens.modals import RepoScreen
+
+        recent = await asyncio.to_thread(fleet.recent_repos)
+        while not self.closing:
+            answer = await self.app.push_screen_wait(RepoScreen(
+                [str(r) for r in recent if Path(r).is_dir()]))
+            if answer is None:
+                return None
+            try:
+                return await asyncio.to_thread(_repository_at, answer)
+            except Exception as exc:  # GitError: not a repository; said, and asked again
+                self.notify(describe_error(exc), title="Not a repository", severity="error")
+        return None
 
     @work(thread=True, exit_on_error=False, group="actions", description="launching")
     def _submit(self, fleet: Fleet, request: LaunchRequest) -> None:
@@ -868,6 +920,15 @@ class MainScreen(Screen[None]):
 
     async def action_quit(self) -> None:
         await self.app.action_quit()
+
+
+def _repository_at(text: str) -> tuple[Path, str]:
+    """The main checkout of the repository at (or around) a path, and its branch; GitError
+    when there is none."""
+    from fleet_tui import git
+
+    repo = git.main_worktree(Path(os.path.expanduser(text.strip())))
+    return repo, git.current_branch(repo) or ""
 
 
 def _parse(action: str) -> tuple[str, tuple[object, ...]]:

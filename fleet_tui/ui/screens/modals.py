@@ -367,3 +367,45 @@ class ToolCallScreen(ModalScreen[None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+
+class RepoScreen(ModalScreen[str | None]):
+    """Which repository a new task starts in (the panel was opened outside one): the
+    recent ones, or a path typed."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="repo.cancel")]
+
+    def __init__(self, recent: list[str]) -> None:
+        super().__init__(classes="modal")
+        self._recent = recent
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide", id="repo-dialog"):
+            yield Label("Which repository?", classes="dialog-title", markup=False)
+            yield Static(Text("The panel was opened outside a git repository. Choose a "
+                              "recent one (enter), or type the path of another."),
+                         classes="dialog-hint")
+            if self._recent:
+                yield OptionList(*[Option(Text(path), id=path) for path in self._recent],
+                                 id="repo-recent")
+            yield Input(placeholder="a path: ~/src/shop", id="repo-path")
+            yield Label(Text("enter: choose · tab: the list / the path · escape: cancel"),
+                        classes="dialog-hint")
+
+    def on_mount(self) -> None:
+        if self._recent:
+            self.query_one(OptionList).focus()
+        else:
+            self.query_one(Input).focus()
+
+    @on(OptionList.OptionSelected)
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    @on(Input.Submitted, "#repo-path")
+    def _typed(self, event: Input.Submitted) -> None:
+        if event.value.strip():
+            self.dismiss(event.value.strip())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
