@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
@@ -65,8 +65,9 @@ from fleet_tui.store import (
 )
 from fleet_tui.supervisor import Supervisor, TaskChange
 
-__all__ = ["Fleet", "FleetError", "FleetRefused", "FleetStatus", "InvalidSpec", "TaskChange",
-           "TaskNotFound", "TaskSpec", "check_text", "work_at_stake"]
+__all__ = ["Fleet", "FleetError", "FleetRefused", "FleetStatus", "InvalidSpec",
+           "SettingsNotice", "TaskChange", "TaskNotFound", "TaskSpec", "check_text",
+           "work_at_stake"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,24 @@ def check_text(what: str, text: str) -> None:
             f"character U+{code:04X}"
         raise InvalidSpec(f"the {what} is not valid UTF-8 text ({bad} at character "
                           f"{exc.start + 1}); convert it to UTF-8") from None
+
+
+@dataclass(frozen=True)
+class SettingsNotice:
+    """What `Fleet.check_settings` found: settings reloaded, or an edit that is not used
+    (the previous settings stay); said once per change of the file."""
+
+    severity: str  # "information" | "error"
+    title: str
+    message: str
+
+
+def _file_stamp(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 @dataclass
@@ -169,6 +188,68 @@ class Fleet:
         self.last_error: str | None = None
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
+
+    # --- settings that change while the panel runs ----------------------------------------
+
+    _settings_file: str | None = None
+    _settings_loader: Callable[[], Settings] | None = None
+    _settings_stamp: tuple[int, int] | None = None
+
+    def watch_settings(self, config_file: str | os.PathLike[str] | None = None,
+                       loader: Callable[[], Settings] | None = None) -> None:
+        """Reload the settings whenever config.toml changes (`check_settings`): `loader`
+        makes them again (default: load_settings with this engine's environment). Only a
+        caller whose settings come from that file alone asks for this (the panel)."""
+        from fleet_tui.config import config_file_path, load_settings
+
+        self._settings_file = os.fspath(config_file or config_file_path(self.env))
+        self._settings_loader = loader or (lambda: load_settings(env=self.env))
+        self._settings_stamp = _file_stamp(self._settings_file)
+
+    def apply_settings(self, settings: Settings) -> None:
+        """Use new settings from now on (the scheduler's next pass, the next launch)."""
+        self.settings = settings
+        self.supervisor.settings = settings
+        self.follower.settings = settings
+
+    def check_settings(self, repos: Iterable[Path] = ()) -> list[SettingsNotice]:
+        """Read again what changed since the last look: config.toml (when watched) and
+        the `.fleet-tui.toml` (and `.worktreeinclude`) of `repos`. A file that no longer
+        reads is reported and its previous settings stay in use; each change is said
+        once. Cheap when nothing changed (a stat per file)."""
+        notices: list[SettingsNotice] = []
+        config_changed = False
+        if self._settings_file is not None and self._settings_loader is not None:
+            stamp = _file_stamp(self._settings_file)
+            if stamp != self._settings_stamp:
+                config_changed = True
+                self._settings_stamp = stamp
+                try:
+                    settings = self._settings_loader()
+                except ConfigError as exc:
+                    notices.append(SettingsNotice(
+                        "error", "Settings not reloaded",
+                        f"{exc}. The previous settings stay in use until the file reads."))
+                else:
+                    if settings != self.settings:
+                        self.apply_settings(settings)
+                        notices.append(SettingsNotice(
+                            "information", "Settings reloaded",
+                            f"{self._settings_file} changed; the new settings are in use."))
+        for repo in sorted(set(repos)):
+            outcome_, problem = self.repo_settings.check(Path(repo))
+            if outcome_ == "reloaded" and not config_changed:  # (config.toml said so)
+                notices.append(SettingsNotice(
+                    "information", "Repository settings reloaded",
+                    f"{Path(repo) / '.fleet-tui.toml'} changed; the new settings are in "
+                    "use."))
+            elif problem is not None:
+                notices.append(SettingsNotice(
+                    "error", "Repository settings not reloaded",
+                    f"{problem}. " + ("The previous settings stay in use until the file "
+                                      "reads." if outcome_ == "bad" else
+                                      "Its tasks cannot start until the file reads.")))
+        return notices
 
     @property
     def ingested_events(self) -> int:

@@ -154,6 +154,7 @@ class RepoSettingsCache:
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[tuple[object, ...], RepoSettings]] = {}
         self._problems: dict[str, str] = {}
+        self._seen: dict[str, tuple[object, ...]] = {}  # the stamps `check` last looked at
 
     def _stamps(self, repo: Path) -> tuple[object, ...]:
         return (_stamp(str(repo / REPO_FILE)), _stamp(str(repo / WORKTREE_INCLUDE)),
@@ -180,6 +181,26 @@ class RepoSettingsCache:
             self._problems.pop(key, None)
             self._cache[key] = (stamps, settings)
             return settings
+
+    def check(self, repo: Path) -> tuple[str, str | None]:
+        """Read the repository's settings again if a file of them changed: ("same", None),
+        ("reloaded", None), ("bad", why: the last good ones stay in use), ("none", why:
+        they never read well)."""
+        key = str(repo)
+        stamps = self._stamps(repo)
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen == stamps:
+                return "same", None
+            self._seen[key] = stamps
+        try:
+            self.get(repo)
+        except ConfigError as exc:
+            return "none", str(exc)
+        problem = self.problems().get(key)
+        if problem is not None:
+            return "bad", problem
+        return ("reloaded" if seen is not None else "same"), None
 
     def problems(self) -> dict[str, str]:
         """Repository -> why its settings file does not read (its last good settings are

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the engine is imported once the first frame is up, not for 
     from textual.message_pump import MessagePump
     from textual.worker import Worker
 
-    from fleet_tui.fleet import Fleet, FleetStatus
+    from fleet_tui.fleet import Fleet, FleetStatus, SettingsNotice
     from fleet_tui.store import Attempt, Task
     from fleet_tui.ui.formatting import PreparedDiff, StreamRow, ToolCallDetail
 
@@ -61,6 +61,13 @@ class PollFailed(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, PollFailed)
+
+
+@dataclass
+class SettingsChecked(Message):
+    """The poll found settings files changed: what was reloaded, or an edit not used."""
+
+    notices: list[SettingsNotice]
 
 
 @dataclass

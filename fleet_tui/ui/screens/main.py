@@ -48,6 +48,7 @@ from fleet_tui.ui.messages import (
     DiffLoaded,
     EngineReady,
     PollFailed,
+    SettingsChecked,
     TasksLoaded,
     TasksSubmitted,
     ToolCallLoaded,
@@ -262,8 +263,22 @@ class MainScreen(Screen[None]):
                 self.post_message(PollFailed(poll_problem(fleet, exc)))
                 return
             self.post_message(TasksLoaded(tasks, status, time.monotonic()))
+            # settings edited while the panel runs: config.toml, the repositories' files
+            repos = {t.repo for t in tasks} | ({self.repo} if self.repo else set())
+            notices = fleet.check_settings(repos)
+            if notices:
+                self.post_message(SettingsChecked(notices))
         finally:
             self._poll_lock.release()
+
+    def on_settings_checked(self, message: SettingsChecked) -> None:
+        """Settings reloaded (said briefly), or an edit that is not used (said until read:
+        the previous settings stay)."""
+        for notice in message.notices:
+            error = notice.severity == "error"
+            self.notify(notice.message, title=notice.title,
+                        severity="error" if error else "information",
+                        timeout=15 if error else 5)
 
     def on_poll_failed(self, message: PollFailed) -> None:
         """The list cannot be read: say why where the list is, keep what was read last
