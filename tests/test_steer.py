@@ -36,7 +36,7 @@ SCRIPTS: dict[str, Any] = {
     ],
     # the last answer comes slowly (see the endpoint's delay): a result at a known moment
     "slow_end": {"turns": ["the answer, slowly"], "delay": 0.3,
-                 "followup": ["the next turn: {prompt}"]},
+                 "followup": ["the next turn, slowly: {prompt}", "and then: {prompt}"]},
 }
 
 
@@ -178,13 +178,23 @@ def test_a_message_arriving_as_the_turn_ends_gets_its_own_turn(
                           {"text": "one more thing", "at": time.time(), "by": "test"})
     finally:
         os.close(fd)
+    # the channel stayed open for the turn the message started: the worker still takes
+    # messages while it answers (a rule that closed the channel once the message was
+    # given to claude would refuse this one)
+    deadline = time.monotonic() + 30
+    while not any(m["text"] == "one more thing" for m in log.input_messages()):
+        assert time.monotonic() < deadline, "the late message was not taken"
+        time.sleep(0.02)
+    assert fleet.say(task.id, "and a last one") is True
     drive(fleet, settled(fleet, task.id))
     done = fleet.get_task(task.id)
     assert done.state == TaskState.SUCCEEDED, done.message
     events, _ = fleet.read_events(fleet.attempts(task.id)[-1])
     results = [e for e in events if isinstance(e, stream.Result)]
-    assert len(results) == 2 and results[-1].result == "the next turn: one more thing"
+    assert len(results) >= 2 and results[1].result == \
+        "the next turn, slowly: one more thing"
     assert {e.session_id for e in results} == {done.session_id}
-    assert [e.text for e in events if isinstance(e, stream.UserMessage)][-1] == \
-        "one more thing"
+    said = [e.text for e in events if isinstance(e, stream.UserMessage)]
+    assert said[1:] == ["one more thing", "and a last one"]
+    assert any(_carried(r, "and a last one") for r in endpoint.message_requests("slow_end"))
     assert not log.input_open()
