@@ -190,10 +190,11 @@ class MainScreen(Screen[None]):
         yield KeyBar(id="keys")
 
     async def mount_hidden(self) -> None:
-        """Mount what the first frame does not show: the filter box (hidden until `/`) and
-        the diff view (behind the stream tab). Their CSS and composing cost the first frame
-        tens of milliseconds. They are mounted 50 ms after it (FleetApp.on_ready) or before
-        the first task list is shown, whichever comes first."""
+        """Mount what the first frame does not show: the filter box (hidden until `/`), the
+        stream's search bar and the diff view (behind the stream tab). Their CSS and
+        composing cost the first frame tens of milliseconds. They are mounted 50 ms after
+        it (FleetApp.on_ready) or before the first task list is shown, whichever comes
+        first."""
         if self._hidden_started:
             await self._hidden_done.wait()
             return
@@ -204,6 +205,7 @@ class MainScreen(Screen[None]):
             box.display = False
             await self.query_one("#list-pane").mount(box, before=0)
             self._filter = box
+            await self.stream.mount_search()
             await self.diff.mount_view()
             if not self.closing:
                 self._maybe_refresh_bindings()

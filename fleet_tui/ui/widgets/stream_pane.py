@@ -100,7 +100,7 @@ class StreamPane(Vertical):
     def compose(self) -> ComposeResult:
         yield self._label
         yield self._view.data_bind(StreamPane.tools_only, StreamPane.follow)
-        yield self._search
+        # the search bar is mounted when first asked for: an Input costs the first frame
 
     @property
     def view(self) -> StreamView:
@@ -146,8 +146,17 @@ class StreamPane(Vertical):
         self.follow = self._view.follow  # the view turned it off (scrolled up) or on (end)
 
     # --- search and the whole tool call -----------------------------------------------------
+    async def mount_search(self) -> None:
+        """Mount the search bar (after the first frame: an Input costs it)."""
+        if self._search.parent is None:
+            await self.mount(self._search)
+
     def open_search(self) -> None:
         """Show the search bar and type in it (`/` in the view, ctrl+f anywhere)."""
+        if self._search.parent is None:
+            self.mount(self._search)
+            self.call_after_refresh(self._search.open)
+            return
         self._search.open()
 
     @on(LineView.SearchAsked)
@@ -158,7 +167,8 @@ class StreamPane(Vertical):
     @on(LineView.SearchMoved)
     def _search_moved(self, event: LineView.SearchMoved) -> None:
         event.stop()
-        self._search.sync()
+        if self._search.parent is not None:
+            self._search.sync()
 
     def expand_tool_call(self) -> None:
         """Show the whole tool call of the cursor's line (x / enter)."""
