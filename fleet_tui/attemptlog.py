@@ -20,12 +20,13 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import time
 from pathlib import Path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner imports this module: typing would cost each one ~5 ms
-    from collections.abc import Mapping
+    from collections.abc import Iterator, Mapping
     from typing import Any
 
     from fleet_tui import stream
@@ -41,6 +42,13 @@ KILL_FILE = "kill.json"  # why it was stopped (kill, timeout, stall, error, endp
 # the signal
 LOCK_FILE = ".lock"  # flock'ed by the attempt's runner (and its starter) while it lives
 RESERVE_FILE = ".exit.reserve"  # room for the exit record, written while the disk had room
+
+# The steering channel (messages for a running worker; see "The input channel" below)
+INPUT_DIR = "input"  # messages waiting for the runner, one file each
+INPUT_FIFO = "input.fifo"  # exists while the runner takes messages; a byte wakes it up
+INPUT_LOCK = ".input.lock"  # senders and the runner's open/close take turns on it
+INPUT_LOG = "input.jsonl"  # every message the runner gave claude, and when
+SETUP_LOG = "setup.log"  # the output of the repository's setup command (new worktrees)
 
 STDERR_TAIL = 4000  # bytes of stderr a verdict looks at
 # why a stop was asked (KILL_FILE); "endpoint": its endpoint refuses what it retries (a
@@ -142,6 +150,57 @@ def lock_held(attempt_dir: Path) -> bool | None:
     finally:
         os.close(fd)  # releases the lock if this look took it
     return False
+
+
+# --- the input channel ------------------------------------------------------------------------
+# A running worker takes more user messages (claude reads stream-json on its stdin, which the
+# runner holds open). The channel lives in the attempt folder, so it outlives any panel and
+# any number of fleet-tui processes can send: a sender leaves one file per message in
+# `input/` and writes a byte to `input.fifo` to wake the runner, which feeds the message to
+# claude. `input.fifo` exists exactly while the runner takes messages; the runner itself
+# holds it open for reading, so a sender that finds no reader (ENXIO) knows the runner is
+# gone. Senders and the runner's "take and maybe close" take turns on `.input.lock`: a
+# message accepted while the channel was open is always taken before it closes.
+
+INPUT_LOCK_WAIT = 5.0  # a sender waits this long for the runner's (microsecond) turn
+
+
+class InputClosed(Exception):
+    """The attempt's runner takes no message now; the text says why (one phrase)."""
+
+
+@contextlib.contextmanager
+def _input_lock(folder: Path, wait: float = INPUT_LOCK_WAIT) -> Iterator[None]:
+    fd = os.open(folder / INPUT_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise InputClosed(f"its input channel is busy ({folder / INPUT_LOCK} "
+                                      "stayed locked)") from None
+                time.sleep(0.002)
+            except OSError as exc:
+                if exc.errno in _NO_LOCKS:
+                    break  # no flock on this file system: go on unguarded
+                raise
+        yield
+    finally:
+        os.close(fd)
+
+
+def _append_line(path: Path, data: Mapping[str, Any]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        blob = (json.dumps(dict(data), sort_keys=True) + "\n").encode("utf-8", "replace")
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 # --- the one partial-line rule ----------------------------------------------------------------
@@ -348,6 +407,124 @@ class AttemptLog:
     def lock_held(self) -> bool | None:
         return lock_held(self.dir)
 
+    # the input channel (see "The input channel" above)
+    @property
+    def input_fifo(self) -> Path:
+        return self.dir / INPUT_FIFO
+
+    @property
+    def input_dir(self) -> Path:
+        return self.dir / INPUT_DIR
+
+    @property
+    def input_log(self) -> Path:
+        return self.dir / INPUT_LOG
+
+    @property
+    def setup_log(self) -> Path:
+        return self.dir / SETUP_LOG
+
+    def input_open(self) -> bool:
+        """The runner takes messages now (its wake-up pipe exists)."""
+        try:
+            return stat.S_ISFIFO(os.lstat(self.dir / INPUT_FIFO).st_mode)
+        except OSError:
+            return False
+
+    def open_input(self) -> int:
+        """The runner opens the channel: `input/` and the wake-up pipe, held open for
+        reading and writing (so it never reads an end of file); the fd to select on."""
+        with _input_lock(self.dir):
+            os.makedirs(self.dir / INPUT_DIR, mode=0o700, exist_ok=True)
+            fifo = self.dir / INPUT_FIFO
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(fifo)  # a dead runner's: nobody reads it
+            os.mkfifo(fifo, 0o600)
+            return os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def take_input(self, *, close: bool = False, close_if_empty: bool = False,
+                   wait: float = INPUT_LOCK_WAIT) -> tuple[list[str], bool]:
+        """The runner takes every waiting message (oldest first; each is logged in
+        input.jsonl and its file removed) and, with `close`, closes the channel, or with
+        `close_if_empty`, closes it when there was none. (messages, whether it is closed
+        now). One turn of the lock: a sender either got its message in before, or finds
+        the channel closed. InputClosed when the lock stayed busy for `wait` seconds."""
+        with _input_lock(self.dir, wait):
+            messages = self._take_waiting()
+            if close or (close_if_empty and not messages):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.dir / INPUT_FIFO)
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.dir / INPUT_DIR)  # only when empty
+                return messages, True
+            return messages, not self.input_open()
+
+    def _take_waiting(self) -> list[str]:
+        folder = self.dir / INPUT_DIR
+        try:
+            names = sorted(n for n in os.listdir(folder)
+                           if n.endswith(".json") and not n.startswith("."))
+        except FileNotFoundError:
+            return []
+        texts: list[str] = []
+        for name in names:
+            data = read_json(folder / name)
+            text = data.get("text") if data else None
+            if isinstance(text, str) and text:
+                texts.append(text)
+                _append_line(self.dir / INPUT_LOG, {"id": name.removesuffix(".json"),
+                                                    "at": time.time(), "text": text,
+                                                    "by": data.get("by") if data else None})
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(folder / name)
+        return texts
+
+    def send_input(self, text: str, *, by: str = "") -> str:
+        """Leave a message for the running worker and wake its runner; the message's id
+        (`input_waiting(id)` says whether the runner has taken it yet). InputClosed when the
+        runner takes no message: none runs yet, or its run is over (or being stopped)."""
+        with _input_lock(self.dir):
+            if not self.input_open():
+                raise InputClosed("its worker is not taking messages")
+            try:
+                wake = os.open(self.dir / INPUT_FIFO, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as exc:  # ENXIO: nobody reads it, the runner is gone
+                raise InputClosed("its worker is gone") from exc
+            try:
+                name = f"{time.time_ns():020d}-{os.urandom(4).hex()}"
+                write_json_atomic(self.dir / INPUT_DIR / f"{name}.json",
+                                  {"text": text, "at": time.time(), "by": by}, sync=False)
+            except BaseException:
+                os.close(wake)
+                raise
+        try:
+            os.write(wake, b"\n")
+        except OSError:  # a full pipe has its wake-up already
+            pass
+        finally:
+            os.close(wake)
+        return name
+
+    def input_waiting(self, message_id: str) -> bool:
+        """The message is still waiting for the runner (not taken yet)."""
+        return (self.dir / INPUT_DIR / f"{message_id}.json").exists()
+
+    def input_messages(self) -> list[dict[str, Any]]:
+        """What the runner gave claude, in order (input.jsonl; unreadable lines skipped)."""
+        try:
+            raw = (self.dir / INPUT_LOG).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+        out: list[dict[str, Any]] = []
+        for line in raw.splitlines():
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(item, dict):
+                out.append(item)
+        return out
+
     # events.jsonl
     def size(self) -> int:
         try:
@@ -398,6 +575,72 @@ class AttemptLog:
         if data and not data.endswith(b"\n"):
             events += decoder.finish()
         return events, end
+
+    def tool_call(self, tool_use_id: str) -> tuple[stream.ToolUse | None,
+                                                    stream.ToolResult | None]:
+        """A tool call and its result, whole (input, full output, a Bash step's exit
+        status), found by the call's id wherever it is in events.jsonl (the file is
+        searched for the id, only the lines that hold it are decoded)."""
+        import mmap
+
+        from fleet_tui import stream
+
+        use: stream.ToolUse | None = None
+        result: stream.ToolResult | None = None
+        needle = json.dumps(tool_use_id).encode()
+        if not tool_use_id or len(needle) < 4:
+            return None, None
+        try:
+            with open(self.events, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size == 0:
+                    return None, None
+                with mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) as data:
+                    at = data.find(needle)
+                    while at >= 0 and (use is None or result is None):
+                        start = data.rfind(b"\n", 0, at) + 1
+                        end = data.find(b"\n", at)
+                        end = size if end < 0 else end
+                        for event in stream.StreamDecoder().feed(data[start:end] + b"\n"):
+                            if isinstance(event, stream.ToolUse) and event.id == tool_use_id:
+                                use = event
+                            elif isinstance(event, stream.ToolResult) \
+                                    and event.tool_use_id == tool_use_id:
+                                result = event
+                        at = data.find(needle, end)
+        except (OSError, ValueError):
+            return use, result
+        if use is not None and result is not None:
+            result.tool_name = use.name
+            if use.name == "Bash":
+                result.exit_code = stream.bash_exit_code(result.content, result.is_error)
+        return use, result
+
+    def setup_steps(self) -> list[stream.Setup]:
+        """The setup step's lines (start, end) of events.jsonl, found by their subtype."""
+        import mmap
+
+        from fleet_tui import stream
+
+        needle = b'"fleet_setup"'
+        found: list[stream.Setup] = []
+        try:
+            with open(self.events, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size == 0:
+                    return []
+                with mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) as data:
+                    at = data.find(needle)
+                    while at >= 0:
+                        start = data.rfind(b"\n", 0, at) + 1
+                        end = data.find(b"\n", at)
+                        end = size if end < 0 else end
+                        found += [e for e in stream.StreamDecoder().feed(data[start:end] + b"\n")
+                                  if isinstance(e, stream.Setup)]
+                        at = data.find(needle, end)
+        except (OSError, ValueError):
+            pass
+        return found
 
     def tail_start(self, tail: int, *, end: int | None = None) -> int:
         """Where to start reading to get the last `tail` bytes before `end` (default: the

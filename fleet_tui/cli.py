@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 # subcommand -> module under fleet_tui.commands
 TASK_COMMANDS = ("run", "ls", "show", "logs", "diff", "merge", "discard", "retry",
-                 "follow-up", "kill", "update", "queue", "compare", "pick", "push")
+                  "follow-up", "kill", "say", "archive", "update", "queue", "compare", "pick",
+                  "push")
 
 USAGE = """\
 usage: fleet-tui [--demo] [--repo PATH]        open the control panel
@@ -24,6 +25,8 @@ usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui show|logs|diff|merge|discard|retry|follow-up|kill ID ...
        fleet-tui update ID [--resolve worker|shell|abort] [--wait]
        fleet-tui queue [ID...] [--wait] [--remove]      fleet-tui compare|pick|push ID
+       fleet-tui say ID TEXT                    a message to a running worker
+       fleet-tui archive [ID ...] [--older-than DAYS]   merged/discarded out of the list
        fleet-tui key set|delete|status
        fleet-tui version
 

@@ -77,6 +77,7 @@ class Settings:
     update_strategy: str = "merge"  # how `update` brings a branch up to date: merge | rebase
     queue_fix_attempts: int = 1  # follow-ups the merge queue sends a task before it stops
     pr_command: str | None = None  # run after `push` (never by default): opens a PR
+    archive_after_days: float = 14.0  # closed tasks older than this leave the list (0: never)
 
 
 def config_file_path(env: Mapping[str, str] | None = None) -> Path:

@@ -122,9 +122,15 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
     "update_strategy": ("str", None, "merge"),
     "queue_fix_attempts": ("int", 0, 1),
     "pr_command": ("optstr", None, None),
+    # the list (issue 13): merged and discarded tasks older than this are archived (their
+    # logs kept); 0: never
+    "archive_after_days": ("days", 0, 14.0),
 }
 
 FIELD_NAMES: tuple[str, ...] = tuple(_SPEC)
+# config.toml tables that are not settings of their own: [repos."<path>"] (per-repository
+# overrides of .fleet-tui.toml, see repo_settings)
+TABLES = frozenset({"repos"})
 
 
 def env_name(field: str) -> str:
@@ -163,6 +169,8 @@ def _describe_kind(kind: str, minimum: float | None) -> str:
         return "a whole number" + (" >= 1" if minimum == 1 else f" >= {minimum:g}")
     if kind == "float":
         return "a number of seconds" + (" > 0" if minimum == _POSITIVE else " >= 0")
+    if kind == "days":
+        return "a number of days >= 0 (0: never)"
     if kind == "bool":
         return "true or false (1/0, yes/no, on/off)"
     if kind == "sources":
@@ -292,6 +300,8 @@ def _from_file(path: str) -> dict[str, object]:
     for key, raw in data.items():
         line = _line_of_key(text, key)
         where = f"{path}, line {line}" if line else str(path)
+        if key in TABLES:
+            continue  # read by their own readers (repo_settings: [repos."<path>"])
         if key not in _SPEC:
             import difflib
 

@@ -487,6 +487,10 @@ class RecordedRequest:
     proxied: bool = False
     tool_use_ids: tuple[str, ...] = ()
     time: float = 0.0
+    # every user and system text of the conversation, in order (the CLI's system reminders
+    # and tool results left out): the prompt, and each message sent to the running worker
+    # (in a user message, or, sent during a turn, in the system note the CLI relays it in)
+    conversation_texts: tuple[str, ...] = ()
 
 
 def _texts(content: object) -> Iterator[str]:
@@ -553,6 +557,26 @@ def _latest_prompt(body: Mapping[str, Any]) -> str:
         if text:
             return text.splitlines()[0]
     return ""
+
+
+def conversation_texts(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """Every user and system text of a request's conversation, in order, without the CLI's
+    system reminders and without tool results: a message sent to a running worker shows
+    here (CLI 2.1.197 relays one sent during a turn in a `system` message: "The user sent a
+    new message while you were working: ...")."""
+    found: list[str] = []
+    for msg in body.get("messages") or []:
+        if not isinstance(msg, dict) or msg.get("role") not in ("user", "system"):
+            continue
+        content = msg.get("content")
+        blocks = content if isinstance(content, list) else [content]
+        for block in blocks:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                continue
+            for text in _texts([block] if isinstance(block, dict) else block):
+                if text.strip() and not text.lstrip().startswith("<system-reminder>"):
+                    found.append(text.strip())
+    return tuple(found)
 
 
 def _count_turn(body: Mapping[str, Any]) -> int:
@@ -782,7 +806,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             method="POST", path=self.path, status=0, model=model, turn=turn,
             script=script.name if script else marker, stream=stream, cwd=cwd,
             prompt=_prompt_of(body), tool_results=_new_tool_results(body),
-            has_auth=kind is not None, auth_kind=kind, auth_sha256=digest, time=time.time())
+            has_auth=kind is not None, auth_kind=kind, auth_sha256=digest, time=time.time(),
+            conversation_texts=conversation_texts(body))
         if script is None:
             ep._record(replace(base, status=400))
             self._send_error_json(400, problem)

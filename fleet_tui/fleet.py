@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
@@ -44,9 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from fleet_tui import git, launcher, outcome, paths, policy, repolock, stream, supervisor, titles
-from fleet_tui.config import PERMISSION_MODES, Settings
+from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings
 from fleet_tui.errors import FleetError, FleetRefused, InvalidSpec, TaskNotFound
 from fleet_tui.follower import Follower, attempt_finished
+from fleet_tui.repo_settings import RepoSettingsCache
 from fleet_tui.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
@@ -69,7 +70,7 @@ from fleet_tui.store import (
 from fleet_tui.supervisor import Supervisor, TaskChange
 
 __all__ = ["CopyReport", "EndpointStatus", "Fleet", "FleetError", "FleetRefused", "FleetStatus",
-           "InvalidSpec", "TaskChange", "TaskNotFound", "TaskSpec", "check_text",
+           "InvalidSpec", "SettingsNotice", "TaskChange", "TaskNotFound", "TaskSpec", "check_text",
            "work_at_stake"]
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,24 @@ def check_text(what: str, text: str) -> None:
             f"character U+{code:04X}"
         raise InvalidSpec(f"the {what} is not valid UTF-8 text ({bad} at character "
                           f"{exc.start + 1}); convert it to UTF-8") from None
+
+
+@dataclass(frozen=True)
+class SettingsNotice:
+    """What `Fleet.check_settings` found: settings reloaded, or an edit that is not used
+    (the previous settings stay); said once per change of the file."""
+
+    severity: str  # "information" | "error"
+    title: str
+    message: str
+
+
+def _file_stamp(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 @dataclass
@@ -197,8 +216,11 @@ class Fleet:
         self.clock = clock
         self.python = python or sys.executable
         self.rng = rng or random.Random()
+        # each repository's .fleet-tui.toml and the user's [repos."<path>"] overrides,
+        # read again when they change
+        self.repo_settings = RepoSettingsCache(self.env)
         self.supervisor = Supervisor(settings, self.store, env=self.env, clock=clock,
-                                     python=self.python)
+                                     python=self.python, repo_settings=self.repo_settings)
         self.follower = Follower(settings, self.store, self.supervisor, clock=clock,
                                  rng=self.rng)
         # who claims tasks (see Supervisor.owner)
@@ -208,6 +230,68 @@ class Fleet:
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
         self._queue_procs: list[subprocess.Popen[bytes]] = []  # merge queue runners started
+
+    # --- settings that change while the panel runs ----------------------------------------
+
+    _settings_file: str | None = None
+    _settings_loader: Callable[[], Settings] | None = None
+    _settings_stamp: tuple[int, int] | None = None
+
+    def watch_settings(self, config_file: str | os.PathLike[str] | None = None,
+                       loader: Callable[[], Settings] | None = None) -> None:
+        """Reload the settings whenever config.toml changes (`check_settings`): `loader`
+        makes them again (default: load_settings with this engine's environment). Only a
+        caller whose settings come from that file alone asks for this (the panel)."""
+        from fleet_tui.config import config_file_path, load_settings
+
+        self._settings_file = os.fspath(config_file or config_file_path(self.env))
+        self._settings_loader = loader or (lambda: load_settings(env=self.env))
+        self._settings_stamp = _file_stamp(self._settings_file)
+
+    def apply_settings(self, settings: Settings) -> None:
+        """Use new settings from now on (the scheduler's next pass, the next launch)."""
+        self.settings = settings
+        self.supervisor.settings = settings
+        self.follower.settings = settings
+
+    def check_settings(self, repos: Iterable[Path] = ()) -> list[SettingsNotice]:
+        """Read again what changed since the last look: config.toml (when watched) and
+        the `.fleet-tui.toml` (and `.worktreeinclude`) of `repos`. A file that no longer
+        reads is reported and its previous settings stay in use; each change is said
+        once. Cheap when nothing changed (a stat per file)."""
+        notices: list[SettingsNotice] = []
+        config_changed = False
+        if self._settings_file is not None and self._settings_loader is not None:
+            stamp = _file_stamp(self._settings_file)
+            if stamp != self._settings_stamp:
+                config_changed = True
+                self._settings_stamp = stamp
+                try:
+                    settings = self._settings_loader()
+                except ConfigError as exc:
+                    notices.append(SettingsNotice(
+                        "error", "Settings not reloaded",
+                        f"{exc}. The previous settings stay in use until the file reads."))
+                else:
+                    if settings != self.settings:
+                        self.apply_settings(settings)
+                        notices.append(SettingsNotice(
+                            "information", "Settings reloaded",
+                            f"{self._settings_file} changed; the new settings are in use."))
+        for repo in sorted(set(repos)):
+            outcome_, problem = self.repo_settings.check(Path(repo))
+            if outcome_ == "reloaded" and not config_changed:  # (config.toml said so)
+                notices.append(SettingsNotice(
+                    "information", "Repository settings reloaded",
+                    f"{Path(repo) / '.fleet-tui.toml'} changed; the new settings are in "
+                    "use."))
+            elif problem is not None:
+                notices.append(SettingsNotice(
+                    "error", "Repository settings not reloaded",
+                    f"{problem}. " + ("The previous settings stay in use until the file "
+                                      "reads." if outcome_ == "bad" else
+                                      "Its tasks cannot start until the file reads.")))
+        return notices
 
     @property
     def ingested_events(self) -> int:
@@ -238,8 +322,52 @@ class Fleet:
 
     # --- queries ------------------------------------------------------------------------------
 
-    def list_tasks(self, repo: Path | None = None) -> list[Task]:
-        return self.store.list_tasks(Path(repo).resolve() if repo is not None else None)
+    def list_tasks(self, repo: Path | None = None, *, archived: bool | None = False
+                   ) -> list[Task]:
+        """Tasks, newest first (of one repository); archived ones only when asked."""
+        return self.store.list_tasks(Path(repo).resolve() if repo is not None else None,
+                                     archived=archived)
+
+    def recent_repos(self, limit: int = 10) -> list[Path]:
+        """Repositories by their newest task (what the panel offers for a new task)."""
+        return self.store.recent_repos(limit)
+
+    def archive(self, task_ids: list[str]) -> list[str]:
+        """Archive merged or discarded tasks: out of the lists (`ls --archived` shows
+        them), their rows and attempt logs kept. FleetError naming a task that is not
+        closed (its worktree and branch still hold work)."""
+        tasks = [self.get_task(t) for t in task_ids]
+        for task in tasks:
+            if task.state not in CLOSED_STATES:
+                raise FleetError(f"cannot archive task {task.id}: it is {task.state}; only "
+                                 "merged or discarded tasks are archived (merge or discard "
+                                 "it first)")
+        return self.store.archive_tasks([t.id for t in tasks], self.clock())
+
+    def unarchive(self, task_ids: list[str]) -> list[str]:
+        return self.store.unarchive_tasks([self.get_task(t).id for t in task_ids])
+
+    def archive_closed(self, older_than_days: float, repo: Path | None = None) -> list[str]:
+        """Archive every merged or discarded task (of `repo`) last changed more than
+        `older_than_days` ago (0: every one); the ids archived."""
+        now = self.clock()
+        return self.store.archive_tasks(
+            [], now, closed_before=now - older_than_days * 86400,
+            repo=Path(repo).resolve() if repo is not None else None)
+
+    AUTO_ARCHIVE_EVERY = 600.0  # seconds between two auto-archive passes of one engine
+    _auto_archived_at = 0.0
+
+    def _auto_archive(self) -> None:
+        """The archive_after_days setting, applied by the scheduling pass now and then."""
+        days = self.settings.archive_after_days
+        now = self.clock()
+        if days <= 0 or now - self._auto_archived_at < self.AUTO_ARCHIVE_EVERY:
+            return
+        self._auto_archived_at = now
+        archived = self.archive_closed(days)
+        if archived:
+            log.info("archived %d closed task(s) older than %g days", len(archived), days)
 
     def get_task(self, task_id: str) -> Task:
         try:
@@ -391,6 +519,7 @@ class Fleet:
                 self.follower.on_task_error(task, attempt, exc, changes)
         self.follower.forget_all_but(live)
         self._start_ready(changes)
+        self._auto_archive()
         return changes
 
     def run(self, stop: threading.Event, interval: float = 0.25) -> None:
@@ -592,6 +721,41 @@ class Fleet:
                                verdict=None, message=None, finished_at=None, not_before=None)
         return self.get_task(task.id)
 
+    def say(self, task_id: str, text: str, *, wait: float = 3.0) -> bool:
+        """Send a message to a running worker: it joins the turn claude is in, or starts
+        the next one (the stream shows it as the user's turn when claude takes it in).
+        True once the worker's runner has taken it (within `wait` seconds; False: it is
+        waiting in the attempt folder and will be). FleetError when the task does not run,
+        or its worker takes no message any more (it finished its turn and is stopping:
+        a follow-up is the way then)."""
+        from fleet_tui.attemptlog import AttemptLog, InputClosed
+
+        task = self.get_task(task_id)
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidSpec("the message is empty; say what the worker should do")
+        check_text("message", text)
+        self._check(task, Action.SAY)
+        attempt = self.store.latest_attempt(task.id)
+        if attempt is None or attempt.dir is None or attempt.finished_at is not None:
+            raise FleetError(f"cannot send a message to task {task.id}: its worker is "
+                             "starting; try again in a moment")
+        log = AttemptLog(attempt.dir)
+        try:
+            message_id = log.send_input(text, by=self.owner)
+        except InputClosed as exc:
+            if not log.has_run() or not (log.runner_record() or {}).get("claude_pid"):
+                why = f"{exc} yet (it is starting); try again in a moment"
+            else:
+                why = (f"{exc}: it has finished its work and is stopping; send a follow-up "
+                       f"once it has finished (`fleet-tui follow-up {task.id} TEXT`)")
+            raise FleetError(f"cannot send a message to task {task.id}: {why}") from None
+        deadline = time.monotonic() + max(0.0, wait)
+        while log.input_waiting(message_id):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     # The key, as resolved for the diff's and the merge's scan: (when, values); see _secrets.
     _secret_cache: tuple[float, tuple[str, ...]] | None = None
     SECRET_TTL = 30.0
@@ -678,15 +842,27 @@ class Fleet:
                                     worktree=worktree, secrets=self._secrets(),
                                     strategy=self.settings.merge_strategy)
 
+    def test_command_for(self, task_id: str) -> str | None:
+        """The merge's test gate for a task: its repository's test_command
+        (.fleet-tui.toml, or config.toml's [repos."<path>"]), else the test_command
+        setting; None when there is none. Read afresh: an edit counts at once."""
+        task = self.get_task(task_id)
+        try:
+            own = self.repo_settings.get(Path(task.repo)).test_command
+        except ConfigError:
+            own = None  # said by settings_problems(); the global one applies
+        return own or self.settings.test_command
+
     def merge(self, task_id: str, *, message: str | None = None,
               test_command: str | None = None) -> git.MergeResult:
         """Land a finished task into its base branch (test gate, conflict check), then
         delete its config dir. A refusal comes back as MergeResult(merged=False). The
-        default commit message is the task's title without a copy's "(1/3)"."""
+        default commit message is the task's title without a copy's "(1/3)";
+        `test_command` (None: `test_command_for` the task) runs in the worktree first."""
         task = self.get_task(task_id)
         self._check(task, Action.MERGE)
         return self._merge(task, message=message,
-                           test_command=test_command or self.settings.test_command)
+                           test_command=test_command or self.test_command_for(task.id))
 
     @staticmethod
     def _trailers(task: Task) -> dict[str, str]:

@@ -199,7 +199,7 @@ class LandingQueue:
             return
         worktree = Path(task.worktree or "")
         commit = git.head_commit(worktree)
-        command = self.settings.test_command
+        command = self.fleet.test_command_for(task.id)
         if command:
             if not self._set(task, LandState.TESTING, f"testing {commit[:10]}: {command}"):
                 return

@@ -75,7 +75,7 @@ NOTE_PREFIXES = ("waits: ", "held: ")
 # this much longer, so that it acts only for a runner that did not
 RUNNER_HEADSTART = 1.0
 BACKOFF_JITTER = (0.5, 1.0)  # the backoff is multiplied by a uniform draw from this range
-_VERBS = {Action.FOLLOW_UP: "follow up"}
+_VERBS = {Action.FOLLOW_UP: "follow up", Action.SAY: "send a message to"}
 
 
 # --- what a task allows ----------------------------------------------------------------------
@@ -90,6 +90,11 @@ def why_not(task: Task, action: Action) -> str | None:
     if info.phase is Phase.CLOSED:
         return f"it was {task.state} already"
     if action not in info.actions:
+        if action is Action.SAY:
+            if info.phase is Phase.FINISHED:
+                return (f"its worker has finished (it is {task.state}); send a follow-up "
+                        f"instead (`fleet-tui follow-up {task.id} TEXT`)")
+            return f"its worker has not started yet (it is {task.state})"
         if action in (Action.MERGE, Action.RETRY, Action.FOLLOW_UP):
             return (f"it is {task.state}; wait for it to finish or kill it "
                     f"(`fleet-tui kill {task.id}`) first")

@@ -52,6 +52,7 @@ class Action(StrEnum):
     QUEUE = "queue"  # land through the merge queue
     PUSH = "push"  # push the branch to the remote instead of merging
     PICK = "pick"  # land this copy, discard its siblings
+    SAY = "say"  # a message to the running worker (its next user turn)
 
 
 class LandState(StrEnum):
@@ -108,7 +109,8 @@ class StateInfo:
 _FINISHED_ACTIONS = frozenset({Action.MERGE, Action.DISCARD, Action.RETRY, Action.FOLLOW_UP,
                                Action.SHELL, Action.DIFF, Action.UPDATE, Action.QUEUE,
                                Action.PUSH, Action.PICK})
-_ACTIVE_ACTIONS = frozenset({Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF})
+_ACTIVE_ACTIONS = frozenset({Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF,
+                             Action.SAY})
 _PENDING_ACTIONS = frozenset({Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF})
 
 STATES: dict[TaskState, StateInfo] = {info.state: info for info in (

@@ -163,6 +163,7 @@ class Task:
     land_commit: str | None = None  # the commit the queue tested and is landing
     land_attempt: int = 0  # the attempt number of the queue's fix follow-up
     gate: str | None = None  # the last test gate: "passed" | "failed" (None: never run)
+    archived_at: float | None = None  # archived: out of the lists, logs kept (v5)
     # Not a column: why the stored row could not be read as it is (None: it could). Such a
     # task is shown failed with this as its message, and the engine never runs it.
     row_error: str | None = None
@@ -204,6 +205,7 @@ class Attempt:
     last_tool: str | None = None
     last_event_at: float | None = None
     events_offset: int = 0
+    port: int | None = None  # the attempt's FLEET_PORT (v5)
     row_error: str | None = None  # not a column: see Task.row_error
 
 
@@ -310,6 +312,14 @@ ALTER TABLE tasks ADD COLUMN claimed_at REAL;
 """
 
 
+# v5 (issue 13): archived tasks (kept with their logs, out of the lists) and each attempt's
+# FLEET_PORT (unique among the attempts that run: the store hands it out).
+_V5_READY = """
+ALTER TABLE tasks ADD COLUMN archived_at REAL;
+ALTER TABLE attempts ADD COLUMN port INTEGER
+"""
+
+
 def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
     def run(conn: sqlite3.Connection) -> None:
         for statement in sql.split(";"):
@@ -359,7 +369,8 @@ CREATE TABLE endpoints (
 """
 
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
-    _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS)]
+    _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS),
+    _script(_V5_READY)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error"}
@@ -690,10 +701,14 @@ class Store:
 
     def list_tasks(self, repo: Path | None = None,
                    states: TaskState | Iterable[TaskState] | None = None,
-                   limit: int | None = None, *, endpoint: str | None = None) -> list[Task]:
-        """Tasks, newest first, optionally of one repository / in some states."""
+                   limit: int | None = None, *, endpoint: str | None = None,
+                   archived: bool | None = False) -> list[Task]:
+        """Tasks, newest first, optionally of one repository / in some states. Archived
+        tasks are left out (`archived=True`: only them; None: every task)."""
         where: list[str] = []
         args: list[Any] = []
+        if archived is not None:
+            where.append("archived_at IS NOT NULL" if archived else "archived_at IS NULL")
         if repo is not None:
             where.append("repo = ?")
             args.append(str(repo))
@@ -714,6 +729,51 @@ class Store:
             sql += " LIMIT ?"
             args.append(int(limit))
         return [_task_from_row(r) for r in self._connect().execute(sql, args).fetchall()]
+
+    def recent_repos(self, limit: int = 10) -> list[Path]:
+        """Repositories by their newest task, newest first (the panel offers them)."""
+        rows = self._connect().execute(
+            "SELECT repo, MAX(created_at) AS newest FROM tasks GROUP BY repo "
+            "ORDER BY newest DESC LIMIT ?", (int(limit),)).fetchall()
+        return [Path(r[0]) for r in rows if isinstance(r[0], str) and r[0]]
+
+    def archive_tasks(self, task_ids: Iterable[str], now: float, *,
+                      closed_before: float | None = None,
+                      repo: Path | None = None) -> list[str]:
+        """Archive closed tasks (merged, discarded): out of the lists, their rows and logs
+        kept. `task_ids`, or with `closed_before`, every closed task (of `repo`) last
+        changed before then. The ids archived (a task not closed, or archived already, is
+        left)."""
+        closed = tuple(s.value for s in CLOSED_STATES)
+        marks = ", ".join("?" for _ in closed)
+        with self.transaction() as conn:
+            if closed_before is not None:
+                where = "" if repo is None else " AND repo = ?"
+                rows = conn.execute(
+                    f"SELECT id FROM tasks WHERE archived_at IS NULL AND state IN ({marks}) "
+                    f"AND updated_at < ?{where}",
+                    (*closed, closed_before, *(() if repo is None else (str(repo),)))
+                ).fetchall()
+            else:
+                ids = list(task_ids)
+                rows = conn.execute(
+                    f"SELECT id FROM tasks WHERE archived_at IS NULL AND state IN ({marks}) "
+                    f"AND id IN ({', '.join('?' for _ in ids)})", (*closed, *ids)
+                ).fetchall() if ids else []
+            done = [str(r[0]) for r in rows]
+            for tid in done:
+                conn.execute("UPDATE tasks SET archived_at = ? WHERE id = ?", (now, tid))
+        return done
+
+    def unarchive_tasks(self, task_ids: Iterable[str]) -> list[str]:
+        """Bring archived tasks back to the lists; the ids brought back."""
+        done: list[str] = []
+        with self.transaction() as conn:
+            for tid in task_ids:
+                if conn.execute("UPDATE tasks SET archived_at = NULL WHERE id = ? AND "
+                                "archived_at IS NOT NULL", (tid,)).rowcount:
+                    done.append(tid)
+        return done
 
     def update_task(self, task_id: str,
                     expect_state: TaskState | Iterable[TaskState] | None = None,
@@ -1083,6 +1143,21 @@ class Store:
             "SELECT * FROM attempts WHERE task_id = ? ORDER BY n DESC LIMIT 1",
             (task_id,)).fetchone()
         return _attempt_from_row(row) if row is not None else None
+
+    def assign_port(self, attempt_id: int, pick: Callable[[], int], tries: int = 64) -> int:
+        """Give an attempt a port that no other unfinished attempt holds (its FLEET_PORT),
+        in one transaction, so two engines never hand out the same one. `pick` proposes a
+        port (one free on this machine now); StoreError when none of `tries` is free."""
+        with self.transaction() as conn:
+            taken = {int(r[0]) for r in conn.execute(
+                "SELECT port FROM attempts WHERE finished_at IS NULL AND port IS NOT NULL "
+                "AND id != ?", (attempt_id,)).fetchall() if isinstance(r[0], int)}
+            for _ in range(tries):
+                port = pick()
+                if port not in taken:
+                    conn.execute("UPDATE attempts SET port = ? WHERE id = ?", (port, attempt_id))
+                    return port
+        raise StoreError(f"no free port for attempt {attempt_id} after {tries} tries")
 
     def unfinished_attempts(self) -> list[Attempt]:
         """Attempts with no finish time: what a starting engine must re-adopt or close."""

@@ -130,13 +130,43 @@ class ToolUse(AssistantEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ToolResult(Event):
-    """A tool's result, paired with its call by id (`tool_name` is None if never seen)."""
+    """A tool's result, paired with its call by id (`tool_name` is None if never seen).
+    `content` is the whole result as text (what the tool printed, or its error);
+    `exit_code` is a Bash step's exit status (None for other tools, or when unknown)."""
 
     kind: ClassVar[str] = "tool_result"
     tool_use_id: str = ""
     tool_name: str | None = None
     is_error: bool = False
     first_line: str = ""
+    content: str = ""
+    exit_code: int | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class UserMessage(Event):
+    """A user message claude took in, as it echoes it (`--replay-user-messages`): the
+    prompt, or a message sent to the running worker (`fleet-tui say`)."""
+
+    kind: ClassVar[str] = "user_message"
+    text: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class Setup(Event):
+    """The repository's setup step, which the runner runs in a new worktree before claude
+    starts (fleet-tui writes these lines, `system/fleet_setup`): `phase` "start" (the
+    command, the include patterns) or "end" (its exit code, the end of its output, the
+    files copied in and those skipped, with why)."""
+
+    kind: ClassVar[str] = "setup"
+    phase: str = ""
+    command: str | None = None
+    exit_code: int | None = None
+    output: str = ""
+    copied: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    seconds: float | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -261,6 +291,14 @@ class _System(msgspec.Struct, tag="system", tag_field="type"):
     error_status: Any = None
     error: Any = None
     status: Any = None
+    # fleet_setup (fleet-tui's own setup step)
+    phase: Any = None
+    command: Any = None
+    exit_code: Any = None
+    output: Any = None
+    copied: Any = None
+    skipped: Any = None
+    seconds: Any = None
 
 
 class _Assistant(msgspec.Struct, tag="assistant", tag_field="type"):
@@ -272,6 +310,7 @@ class _Assistant(msgspec.Struct, tag="assistant", tag_field="type"):
 class _User(msgspec.Struct, tag="user", tag_field="type"):
     message: _Message
     parent_tool_use_id: str | None = None
+    isReplay: Any = None  # the wire name: claude echoes a user message it took in
 
 
 class _Result(msgspec.Struct, tag="result", tag_field="type"):
@@ -403,6 +442,67 @@ def summarize_tool(name: str, input: Any, cwd: str | None = None) -> str:
         return label
     detail = _relative(one_line(detail, SUMMARY_MAX * 2), cwd)
     return one_line(f"{label} {detail}", SUMMARY_MAX)
+
+
+_EXIT_CODE_PREFIX = "Exit code "
+
+
+def result_text(content: Any) -> str:
+    """A tool result's whole content as text: a string as it is, a block list's texts one
+    after the other (an image as `[image]`), anything else as JSON."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for block in content:
+            if isinstance(block, dict):
+                if block.get("type") == "text" and isinstance(block.get("text"), str):
+                    parts.append(block["text"])
+                elif block.get("type") == "image":
+                    parts.append("[image]")
+            elif isinstance(block, str):
+                parts.append(block)
+        return "\n".join(parts)
+    if content is None:
+        return ""
+    if isinstance(content, (int, float)):
+        return str(content)
+    return _bounded_json(content, 1 << 24)
+
+
+def bash_exit_code(text: str, is_error: bool) -> int | None:
+    """A Bash step's exit status from its result: 0 when it succeeded, N from the
+    "Exit code N" first line claude writes for a failure (2.1.197 and 2.1.332), None when
+    it does not say (a step that was refused or interrupted)."""
+    if not is_error:
+        return 0
+    if text.startswith(_EXIT_CODE_PREFIX):
+        number = text[len(_EXIT_CODE_PREFIX):].split("\n", 1)[0].strip()
+        if number.isdigit() and len(number) < 10:
+            return int(number)
+    return None
+
+
+def tool_input_text(name: str, data: Any) -> str:
+    """A tool call's whole input for people: a Bash command as it is, anything else as
+    indented JSON."""
+    if name == "Bash" and isinstance(data, dict) and isinstance(data.get("command"), str):
+        rest = {k: v for k, v in data.items() if k != "command"}
+        extra = ""
+        if rest:
+            extra = "\n" + json.dumps(rest, indent=2, ensure_ascii=False, default=str)
+        return f"$ {data['command']}{extra}"
+    try:
+        return json.dumps(data, indent=2, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return one_line(repr(data), 4000)
+
+
+def result_status(ev: ToolResult) -> str:
+    """"ok", "error", or with a Bash step's exit status ("exit 0", "error, exit 3")."""
+    if ev.exit_code is None:
+        return "error" if ev.is_error else "ok"
+    return f"error, exit {ev.exit_code}" if ev.is_error else f"exit {ev.exit_code}"
 
 
 def _first_line(content: Any) -> str:
@@ -805,17 +905,26 @@ class StreamDecoder:
     def _user(self, obj: _User, line_no: int, out: list[Event]) -> None:
         content = obj.message.content
         cwd = self.cwd
+        if obj.isReplay is True and obj.parent_tool_use_id is None:
+            text = content if isinstance(content, str) else "\n".join(
+                b.text for b in content or () if b.type == "text" and b.text)
+            out.append(UserMessage(line_no=line_no, text=text))
+            return
         if not isinstance(content, list):
             return  # a prompt (e.g. a sub-agent's): nothing new to show
         for block in content:
             if block.type != "tool_result":
                 continue
             tool_id = block.tool_use_id or ""
+            name = self._tool_names.pop(tool_id, None)
+            is_error = block.is_error is True
+            text = result_text(block.content)
             out.append(ToolResult(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
-                                  tool_use_id=tool_id,
-                                  tool_name=self._tool_names.pop(tool_id, None),
-                                  is_error=block.is_error is True,
-                                  first_line=_relative(_first_line(block.content), cwd)))
+                                  tool_use_id=tool_id, tool_name=name, is_error=is_error,
+                                  first_line=_relative(_first_line(block.content), cwd),
+                                  content=text,
+                                  exit_code=bash_exit_code(text, is_error)
+                                  if name == "Bash" else None))
 
     def _system(self, obj: _System, line: bytes, data: Any, line_no: int,
                 out: list[Event]) -> None:
@@ -842,6 +951,15 @@ class StreamDecoder:
         elif subtype == "status":
             out.append(Status(line_no=line_no, parent_tool_use_id=parent,
                               status=_as_str(obj.status)))
+        elif subtype == "fleet_setup":
+            copied = obj.copied if isinstance(obj.copied, list) else []
+            skipped = obj.skipped if isinstance(obj.skipped, list) else []
+            out.append(Setup(line_no=line_no, phase=_as_str(obj.phase) or "",
+                             command=_as_str(obj.command), exit_code=_as_int(obj.exit_code),
+                             output=_as_str(obj.output) or "",
+                             copied=[c for c in copied if isinstance(c, str)],
+                             skipped=[c for c in skipped if isinstance(c, str)],
+                             seconds=_as_float(obj.seconds)))
         else:
             if data is None:
                 try:

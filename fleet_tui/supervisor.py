@@ -31,8 +31,9 @@ from typing import Any
 
 from fleet_tui import git, outcome, paths, policy, procs
 from fleet_tui.attemptlog import AttemptLog
-from fleet_tui.config import Settings
+from fleet_tui.config import ConfigError, Settings
 from fleet_tui.errors import FleetError, FleetTuiError
+from fleet_tui.repo_settings import RepoSettingsCache
 from fleet_tui.runner import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
 from fleet_tui.states import ACTIVE_STATES, TaskState, Verdict
 from fleet_tui.store import Attempt, Store, Task
@@ -82,6 +83,13 @@ def parse_owner(owner: str | None) -> tuple[str, int, str | None] | None:
     return parts[0], int(parts[1]), parts[2] if len(parts) == 4 else None
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now (the system's pick, on 127.0.0.1)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _package_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
@@ -91,9 +99,12 @@ class Supervisor:
     the engine starts several attempts at once in its start threads)."""
 
     def __init__(self, settings: Settings, store: Store, *, env: Mapping[str, str],
-                 clock: Any, python: str) -> None:
+                 clock: Any, python: str, repo_settings: RepoSettingsCache | None = None
+                 ) -> None:
         self.settings = settings
         self.store = store
+        # each repository's .fleet-tui.toml (setup, include): read when an attempt starts
+        self.repo_settings = repo_settings or RepoSettingsCache(env)
         self.env = env
         self.clock = clock
         self.python = python
@@ -235,6 +246,12 @@ class Supervisor:
         adir = paths.attempt_dir(task.repo, task.id, attempt.n)
         for folder in (paths.logs_dir(task.repo), adir.parent, adir):
             paths.private_dir(folder)
+        try:
+            ready = self.repo_settings.get(Path(task.repo))
+        except ConfigError as exc:  # never read well: the task cannot start as asked
+            raise FleetError(f"the repository's settings do not read: {exc}") from None
+        # FLEET_PORT: free on this machine now, and held by no other running attempt
+        port = self.store.assign_port(attempt.id, free_port)
         folder_log = AttemptLog(adir)
         lock_fd = folder_log.acquire_lock()
         if lock_fd is None:  # a runner of this attempt lives: following adopts it
@@ -249,7 +266,10 @@ class Supervisor:
                            settings=self._settings_overrides(task), task_id=task.id,
                            attempt=attempt.n, token=secrets.token_hex(16),
                            timeout=policy.time_limit(task, self.settings),
-                           kill_grace=self.settings.kill_grace)
+                           kill_grace=self.settings.kill_grace,
+                           repo=str(task.repo), include=list(ready.include),
+                           setup=ready.setup,
+                           env={"FLEET_TASK_ID": task.id, "FLEET_PORT": str(port)})
             folder_log.write_spec(asdict(spec))
             paths.private_file(folder_log.events)
             paths.private_file(folder_log.runner_log)
@@ -443,4 +463,4 @@ class Supervisor:
 
 
 __all__ = ["CHILD_POLL", "START_GRACE", "NotStarted", "Supervisor", "TaskChange", "describe",
-           "parse_owner"]
+           "free_port", "parse_owner"]

@@ -3,8 +3,8 @@
 
 Runs the same setup as `fleet-tui --demo` (scratch repository, scripted endpoint, the
 real claude binary), opens FleetApp with Textual's Pilot at 160x48, and saves
-screenshots/*.svg while the workers run, of the diff review, the merge confirmation and
-the launch form; then converts them to PNG with rsvg-convert (apt-get install
+screenshots/*.svg while the workers run, of the diff review, a whole tool output (with a
+search), the merge confirmation and the launch form; then converts them to PNG with rsvg-convert (apt-get install
 librsvg2-bin fonts-dejavu-core).
 
     .venv/bin/python scripts/screenshots.py [--out screenshots] [--size 160x48]
@@ -117,6 +117,24 @@ async def shoot(out: Path, size: tuple[int, int]) -> list[Path]:
                          and bool(diff.prepared.diff.files), "the diff")
             await pilot.pause(0.3)
             save("diff-review")
+
+            # the whole output of the test run (its first line is a row of dashes: the
+            # stream shows that; x shows everything, and / finds the verdict)
+            await pilot.press("1")
+            view = main.query_one(StreamView)
+            await _until(pilot, lambda: any(line.startswith("$ Bash python3 -m unittest")
+                                            for line in view.plain_lines()), "the test run")
+            view.move_cursor(next(i for i, line in enumerate(view.plain_lines())
+                                  if line.startswith("$ Bash python3 -m unittest")))
+            await pilot.press("x")
+            await _until(pilot, lambda: not isinstance(app.screen, MainScreen),
+                         "the tool call")
+            await pilot.press("slash", "O", "K", "enter")
+            await pilot.pause(0.3)
+            save("tool-output")
+            await pilot.press("escape", "escape")
+            await _until(pilot, lambda: isinstance(app.screen, MainScreen), "the main screen")
+            await pilot.press("2")
 
             await pilot.press("m")
             await _until(pilot, lambda: not isinstance(app.screen, MainScreen),

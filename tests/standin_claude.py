@@ -116,7 +116,9 @@ def _stream_main(spec: str) -> int:
     _run_key_helper(sys.argv[1:])
     if not os.isatty(0):
         with contextlib.suppress(OSError):
-            sys.stdin.buffer.read()
+            # the prompt: its first line (the runner keeps stdin open, as claude reads
+            # stream-json input, until the result line)
+            sys.stdin.buffer.readline()
     token = os.environ.get("FLEET_ATTEMPT_TOKEN", "")
     folder = os.environ.get("FLEET_STANDIN_CAPTURE")
     capture = None

@@ -103,6 +103,7 @@ def test_claude_args_stream_json_max_turns_resume() -> None:
     spec = RunSpec(cwd="/w", prompt="p", config_dir="/c", max_turns=3, resume="sid-1",
                    args=["--allowedTools", "Read"])
     assert claude_args(spec) == ["--output-format", "stream-json", "--verbose",
+                                 "--input-format", "stream-json", "--replay-user-messages",
                                  "--max-turns", "3", "--resume", "sid-1",
                                  "--allowedTools", "Read"]
     assert RunSpec.from_json(spec.to_json()) == spec

@@ -45,8 +45,8 @@ _LANDING = {Action.UPDATE, Action.QUEUE, Action.PUSH, Action.PICK}  # issue 12
 ALLOWED = {  # state -> actions allowed for a task with a worktree, a branch and a session
     TaskState.QUEUED: {Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF},
     TaskState.WAITING: {Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF},
-    TaskState.RUNNING: {Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF},
-    TaskState.STALLED: {Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF},
+    TaskState.RUNNING: {Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF, Action.SAY},
+    TaskState.STALLED: {Action.KILL, Action.DISCARD, Action.SHELL, Action.DIFF, Action.SAY},
     TaskState.SUCCEEDED: {Action.MERGE, Action.DISCARD, Action.RETRY, Action.FOLLOW_UP,
                           Action.SHELL, Action.DIFF, *_LANDING},
     TaskState.FAILED: {Action.MERGE, Action.DISCARD, Action.RETRY, Action.FOLLOW_UP,
@@ -76,6 +76,14 @@ def test_task_facts_refine_what_a_state_allows(fields: dict[str, object], action
                                                 reason: str) -> None:
     why = policy.why_not(task(TaskState.SUCCEEDED, **fields), action)
     assert why is not None and reason in why
+
+
+def test_a_message_to_a_finished_worker_points_to_follow_up() -> None:
+    why = policy.refusal(task(TaskState.SUCCEEDED), Action.SAY)
+    assert why is not None and why.startswith("cannot send a message to task")
+    assert "follow-up" in why
+    queued = policy.why_not(task(TaskState.QUEUED), Action.SAY)
+    assert queued is not None and "not started" in queued
 
 
 def test_a_tampered_state_allows_nothing() -> None:

@@ -72,16 +72,20 @@ async def test_n_pressed_right_after_start_opens_the_form(
         assert fleet.list_tasks()[0].repo == git_repo
 
 
-async def test_outside_a_repository_n_says_so_once_the_engine_is_ready(
+async def test_outside_a_repository_n_asks_which_one_once_the_engine_is_ready(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13: `n` pressed before the engine is ready waits for it, then asks which
+    repository (it used to say "No repository" and stop there)."""
+    from fleet_tui.ui.screens.modals import RepoScreen
+
     outside = tmp_path / "not-a-repo"
     outside.mkdir()
     monkeypatch.chdir(outside)
     app = FleetApp(looking_around(0.1), run_scheduler=False, bell=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("n")
-        await wait_until(pilot, lambda: any("No repository" in s for s in said(app)),
-                         what="the notice")
+        await wait_until(pilot, lambda: isinstance(app.screen, RepoScreen),
+                         what="the question")
         assert app.fleet is not None and not isinstance(app.screen, LaunchScreen)
 
 

@@ -57,7 +57,8 @@ def test_tail_start_is_a_line_start_within_the_tail(tmp_path: Path) -> None:
 
 def _many_tasks(tmp_path: Path, repo: Path, count: int) -> Fleet:
     store = Store(tmp_path / "fleet.db")
-    states = [TaskState.MERGED, TaskState.SUCCEEDED, TaskState.FAILED, TaskState.DISCARDED]
+    # tasks the list shows (merged and discarded ones are hidden until H)
+    states = [TaskState.KILLED, TaskState.SUCCEEDED, TaskState.FAILED, TaskState.SUCCEEDED]
     for i in range(count):
         store.create_task(task_id=f"t{i:05d}", prompt=f"task {i}", repo=repo,
                           title=f"task number {i:04d}", state=states[i % len(states)],
@@ -153,7 +154,7 @@ async def test_engine_is_made_after_the_first_frame(git_repo: Path, tmp_path: Pa
     app._display = record  # type: ignore[method-assign]
     async with app.run_test(size=(120, 40)) as pilot:
         table = app.main.query_one(TaskTable)
-        await _until(pilot, lambda: table.row_count == 7, "the list")
+        await _until(pilot, lambda: table.row_count == 6, "the list")  # the merged one hidden
         assert len(made) == 1 and app.fleet is not None
     (_, returned, saw), frame = made[0], first_frame[0]
     assert saw, "no frame was painted while the engine was being made"

@@ -124,7 +124,8 @@ async def _main_ready(pilot: Pilot[Any]) -> None:
     assert isinstance(app, FleetApp)
     main = app.main
     # the screen's nested widgets may still be mounting when the pilot starts
-    await _settle(pilot, lambda: any(len(t.keys) == 7 for t in main.query(TaskTable))
+    # seven tasks, the merged one hidden until H
+    await _settle(pilot, lambda: any(len(t.keys) == 6 for t in main.query(TaskTable))
                   and main.query_one(StreamView).row_count() >= 4)
 
 
@@ -210,6 +211,46 @@ def test_help_screen(snap_compare: Any, snapshot_app: FleetApp, size: tuple[int,
         await _main_ready(pilot)
         await pilot.press("question_mark")
         await _settle(pilot, lambda: not isinstance(snapshot_app.screen, MainScreen))
+
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_tool_call_detail(snap_compare: Any, snapshot_app: FleetApp,
+                          size: tuple[int, int]) -> None:
+    """x on a tool call's line: its whole input and output, the status line, the hint."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await _main_ready(pilot)
+        main = snapshot_app.main
+        main.query_one(TaskTable).select_key("s4n7ud")
+        view = main.query_one(StreamView)
+        await _settle(pilot, lambda: main.selected_id == "s4n7ud"
+                      and any(line.startswith("$ Bash ls") for line in view.plain_lines()))
+        view.move_cursor(next(i for i, line in enumerate(view.plain_lines())
+                              if line.startswith("$ Bash ls")))
+        await pilot.press("x")
+        await _settle(pilot, lambda: type(snapshot_app.screen).__name__ == "ToolCallScreen")
+
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_stream_search(snap_compare: Any, snapshot_app: FleetApp,
+                       size: tuple[int, int]) -> None:
+    """ctrl+f in the stream: the search bar with its count, the matches highlighted, the
+    cursor on the current one."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await _main_ready(pilot)
+        main = snapshot_app.main
+        main.query_one(TaskTable).select_key("s4n7ud")
+        view = main.query_one(StreamView)
+        await _settle(pilot, lambda: main.selected_id == "s4n7ud"
+                      and any("hello" in line for line in view.plain_lines()))
+        await pilot.press("ctrl+f", *"hello", "enter")
+        await _settle(pilot, lambda: view.search_status.startswith("1/"))
+        _no_blink(snapshot_app)
 
     assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
 

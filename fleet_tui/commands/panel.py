@@ -115,6 +115,9 @@ def main(argv: list[str]) -> int:
                     where = None  # the panel still lists tasks; `n` says what to do
             base = (git.current_branch(where) or "") if where is not None else ""
             fleet = Fleet(settings)
+            # config.toml edited while the panel runs: read again (a bad edit is said and
+            # the settings in use stay)
+            fleet.watch_settings()
             if demo is not None:
                 from fleet_tui.demo import submit_demo_tasks
 

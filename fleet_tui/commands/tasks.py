@@ -1,5 +1,5 @@
-"""fleet-tui run|ls|show|logs|diff|merge|discard|retry|follow-up|kill|update|queue|compare|
-pick|push: the headless engine.
+"""fleet-tui run|ls|show|logs|diff|merge|discard|retry|follow-up|kill|say|archive|update|
+queue|compare|pick|push: the headless engine.
 
 Every command is a thin layer over `Fleet`. Commands that look at tasks first run one
 scheduling pass, so whatever finished while no fleet-tui process was running is recorded
@@ -147,11 +147,23 @@ def format_event(ev: stream.Event) -> str | None:
     line: str | None
     if isinstance(ev, stream.Init):
         line = f"init     session {ev.session_id} model {ev.model} in {ev.cwd}"
+    elif isinstance(ev, stream.UserMessage):
+        line = f"you      {_one_line(ev.text)}"
+    elif isinstance(ev, stream.Setup) and ev.phase == "start":
+        line = f"setup    $ {ev.command}" if ev.command else "setup    (included files)"
+    elif isinstance(ev, stream.Setup):
+        mark = "ok" if ev.exit_code == 0 else "error"
+        took = f" in {ev.seconds:.1f}s" if ev.seconds is not None else ""
+        files = f"; copied {', '.join(ev.copied)}" if ev.copied else ""
+        files += f"; skipped {'; '.join(ev.skipped)}" if ev.skipped else ""
+        line = f"  {mark:<6} setup exit {ev.exit_code}{took}{files}"
     elif isinstance(ev, stream.ToolUse):
         line = f"tool     {ev.summary or ev.name}"
     elif isinstance(ev, stream.ToolResult):
         mark = "error" if ev.is_error else "ok"
-        line = f"  {mark:<6} {ev.tool_name or ''} {_one_line(ev.first_line)}".rstrip()
+        more = ev.content.count("\n") if ev.content else 0
+        tail = f"  (+{more} line{'s' if more != 1 else ''}: --full)" if more else ""
+        line = f"  {mark:<6} {ev.tool_name or ''} {_one_line(ev.first_line)}{tail}".rstrip()
     elif isinstance(ev, stream.Text):
         line = f"text     {_one_line(ev.text)}" if ev.text.strip() else None
     elif isinstance(ev, stream.Thinking):
@@ -171,6 +183,36 @@ def format_event(ev: stream.Event) -> str | None:
     else:
         line = None
     return prefix + line if line is not None else None
+
+
+FULL_INDENT = " " * 9
+
+
+def _indented(text: str, prefix: str = FULL_INDENT) -> list[str]:
+    return [prefix + line for line in text.splitlines()] or [prefix.rstrip()]
+
+
+def format_event_full(ev: stream.Event) -> list[str]:
+    """An event with everything it holds (`logs --full`): a tool call's whole input, a
+    tool's whole output and exit status, whole messages; [] for events not worth a line."""
+    line = format_event(ev)
+    if line is None:
+        return []
+    prefix = "  ↳ " if getattr(ev, "parent_tool_use_id", None) else ""
+    pad = prefix + FULL_INDENT
+    if isinstance(ev, stream.ToolUse):
+        return [line, *_indented(stream.tool_input_text(ev.name, ev.input), pad)]
+    if isinstance(ev, stream.ToolResult):
+        head = f"{prefix}  {stream.result_status(ev)} {ev.tool_name or ''}".rstrip()
+        return [head, *_indented(ev.content or "(no output)", pad)]
+    if isinstance(ev, stream.Setup) and ev.phase == "end":
+        return [line, *_indented(ev.output or "(no output)", pad)]
+    if isinstance(ev, stream.Text | stream.Thinking | stream.UserMessage):
+        word = line[len(prefix):].split(" ", 1)[0]
+        return [f"{prefix}{word}", *_indented(ev.text, pad)]
+    if isinstance(ev, stream.Result) and ev.result and "\n" in ev.result:
+        return [line.split(":", 1)[0] + ":", *_indented(ev.result, pad)]
+    return [line]
 
 
 # --- setup ------------------------------------------------------------------------------------
@@ -415,6 +457,8 @@ def cmd_run(argv: list[str]) -> int:
 def cmd_ls(argv: list[str]) -> int:
     p = _parser("ls", "List tasks of this repository (newest first).")
     p.add_argument("--all-repos", action="store_true", help="tasks of every repository")
+    p.add_argument("--archived", action="store_true",
+                   help="the archived tasks instead (`fleet-tui archive`)")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     args = p.parse_args(argv)
     repo: Path | None = None
@@ -422,7 +466,7 @@ def cmd_ls(argv: list[str]) -> int:
         repo = _repo(args.repo)
     fleet = _fleet()
     _catch_up(fleet)
-    tasks = fleet.list_tasks(repo)
+    tasks = fleet.list_tasks(repo, archived=args.archived)
     if args.json:
         _out(json.dumps([task_json(t) for t in tasks], indent=2))
         return EXIT_OK
@@ -480,6 +524,9 @@ def cmd_show(argv: list[str]) -> int:
         rows.append(("pushed", f"{remote}/{rest.replace(' ', ' @ ')}"))
     if task.gate:
         rows.append(("test gate", task.gate))
+    if task.archived_at is not None:
+        rows.append(("archived", f"yes (`fleet-tui archive --undo {task.id}` brings it "
+                                 "back)"))
     for name, value in rows:
         _out(f"{name + ':':<10} {value}")
     _out("prompt:")
@@ -519,6 +566,9 @@ def cmd_logs(argv: list[str]) -> int:
     p = _id_parser("logs", "Print an attempt's events, one line each (or the raw JSONL).")
     p.add_argument("--follow", action="store_true", help="keep printing until it finishes")
     p.add_argument("--raw", action="store_true", help="the raw stream-json lines")
+    p.add_argument("--full", action="store_true",
+                   help="everything: each tool call's whole input, each tool's whole output "
+                        "and a Bash step's exit status, whole messages")
     p.add_argument("--attempt", type=int, metavar="N", help="attempt number (default: last)")
     args = p.parse_args(argv)
     fleet = _fleet()
@@ -542,8 +592,8 @@ def cmd_logs(argv: list[str]) -> int:
         else:
             events, offset = fleet.read_events(attempt, offset)
             for ev in events:
-                line = format_event(ev)
-                if line is not None:
+                for line in (format_event_full(ev) if args.full
+                             else [text for text in [format_event(ev)] if text is not None]):
                     _out(line)
         if not args.follow or done:
             break
@@ -707,6 +757,69 @@ def cmd_follow_up(argv: list[str]) -> int:
     _out(f"{task.id} queued for a follow-up")
     _print_change(_until_started(fleet, task))
     return EXIT_OK
+
+
+def cmd_say(argv: list[str]) -> int:
+    p = _id_parser("say", "Send a message to a running worker: it joins the turn the "
+                   "worker is in, or starts its next one, in the same session. (A finished "
+                   "task takes a follow-up instead.)")
+    p.add_argument("text", metavar="TEXT", help="the message (`-`: stdin)")
+    args = p.parse_args(argv)
+    text = _decode(_read_stdin(), "stdin", "say") if args.text == "-" else args.text
+    if not text.strip():
+        raise _Usage("the message is empty; say what the worker should do")
+    check_text("message", text)
+    fleet = _fleet()
+    _catch_up(fleet)
+    task = fleet.get_task(args.id)
+    _refuse_unless(task, Action.SAY)
+    taken = fleet.say(task.id, text)
+    _out(f"{task.id}: message " + ("taken by the worker" if taken else
+                                   "left for the worker (it takes it in a moment)"))
+    return EXIT_OK
+
+
+def cmd_archive(argv: list[str]) -> int:
+    p = _parser("archive", "Archive merged and discarded tasks: they leave `ls` and the "
+                "panel's list; their rows and attempt logs are kept (`ls --archived`, "
+                "`show ID`, `logs ID`). The archive_after_days setting does it by itself.")
+    p.add_argument("ids", nargs="*", metavar="ID", help="tasks to archive (default: every "
+                   "closed task of this repository older than --older-than)")
+    p.add_argument("--older-than", type=_days, default=0.0, metavar="DAYS",
+                   help="only tasks closed more than DAYS days ago (default 0: all)")
+    p.add_argument("--all-repos", action="store_true", help="every repository's tasks")
+    p.add_argument("--undo", action="store_true", help="bring the IDs back to the lists")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    _catch_up(fleet)
+    if args.undo:
+        if not args.ids:
+            raise _Usage("--undo needs the ids of the tasks to bring back "
+                         "(`fleet-tui ls --archived`)")
+        back = fleet.unarchive(args.ids)
+        _out(f"brought back {len(back)} task{'' if len(back) == 1 else 's'}"
+             + (f": {', '.join(back)}" if back else ""))
+        return EXIT_OK
+    if args.ids:
+        done = fleet.archive(args.ids)
+    else:
+        repo = None if args.all_repos else _repo(args.repo)
+        done = fleet.archive_closed(args.older_than, repo)
+    where = "" if args.ids or args.all_repos else f" in {_repo(args.repo)}"
+    _out(f"archived {len(done)} task{'' if len(done) == 1 else 's'}{where}"
+         + (f": {', '.join(done)}" if done and len(done) <= 20 else "")
+         + ("; their logs are kept (`fleet-tui ls --archived`)" if done else ""))
+    return EXIT_OK
+
+
+def _days(text: str) -> float:
+    try:
+        value = float(text.strip().removesuffix("d"))
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days (0 or more)")
+    return value
 
 
 def cmd_kill(argv: list[str]) -> int:
@@ -929,7 +1042,7 @@ def cmd_push(argv: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run, "ls": cmd_ls, "show": cmd_show, "logs": cmd_logs, "diff": cmd_diff,
     "merge": cmd_merge, "discard": cmd_discard, "retry": cmd_retry,
-    "follow-up": cmd_follow_up, "kill": cmd_kill,
+    "follow-up": cmd_follow_up, "kill": cmd_kill, "say": cmd_say, "archive": cmd_archive,
     "update": cmd_update, "queue": cmd_queue, "compare": cmd_compare, "pick": cmd_pick,
     "push": cmd_push,
 }

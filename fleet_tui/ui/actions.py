@@ -59,6 +59,7 @@ VERBS: dict[Action, str] = {
     Action.QUEUE: "queue",
     Action.PUSH: "push",
     Action.PICK: "pick",
+    Action.SAY: "send a message to",
 }
 
 
@@ -208,6 +209,24 @@ ACTIONS: tuple[PanelAction, ...] = (
     PanelAction("stream.follow", "toggle_follow", "F", "Follow",
                 "stream: follow the end on / off", show=False,
                 when=lambda c: c.selected is not None, hint="follow"),
+    # issue 13: steering, whole tool output, search, a long list
+    PanelAction("task.say", "say", "s", "Say",
+                "send a message to a running worker: it joins the worker's turn, or starts "
+                "its next one (a finished task takes a follow-up)",
+                task=Action.SAY, on="cursor", when=lambda c: c.marked == 0),
+    PanelAction("stream.expand", "expand", "x", "Expand",
+                "stream: the whole tool call of the selected line (input, output, exit "
+                "status); enter too, in the stream", show=False,
+                when=lambda c: c.selected is not None, hint="expand"),
+    PanelAction("view.search", "search", "ctrl+f", "Search",
+                "search the stream or the diff (/ inside them); n / N: next / previous "
+                "match, escape: end", show=False,
+                when=lambda c: c.selected is not None, hint="search"),
+    PanelAction("list.closed", "toggle_closed", "H", "Closed",
+                "show / hide the merged and discarded tasks (hidden at first)", show=False),
+    PanelAction("list.sort", "cycle_sort", "S", "Sort",
+                "the next order of the list: needs you first, newest, repository, state",
+                show=False),
     PanelAction("app.quit", "quit", "q", "Quit",
                 "quit (workers keep running; the next start picks them up)", palette=False),
 )

@@ -11,6 +11,7 @@ in `fleet_tui.states`, the one table of states.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rich.cells import cell_len
@@ -59,14 +60,18 @@ DEFAULT_ICON = "•"
 TOOL_KINDS = frozenset({"tool", "result", "retry", "error", "done"})
 
 MAX_TEXT_LINES = 400  # one assistant message never floods the view
+MAX_USER_LINES = 20  # a long prompt shows its start (the whole is in `fleet-tui show`)
+SETUP_REF = "fleet-setup"  # the `ref` of the setup step's rows (x shows it whole)
 
 
 @dataclass(slots=True)
 class StreamRow:
-    """One displayed line of a stream and the kind the filter looks at."""
+    """One displayed line of a stream and the kind the filter looks at; `ref` is the id
+    of the tool call the row belongs to (its call or its result), for expanding it."""
 
     kind: str
     row: Row
+    ref: str | None = None
 
 
 @dataclass
@@ -99,6 +104,9 @@ class StreamFormatter:
             return 0
         return self.depth_of.get(parent, 0) + 1
 
+    def _setup(self, event: stream.Setup, add: Callable[..., None]) -> None:
+        _setup_row(event, add)
+
     def rows(self, events: list[stream.Event]) -> list[StreamRow]:
         out: list[StreamRow] = []
         for event in events:
@@ -109,24 +117,39 @@ class StreamFormatter:
         depth = self._depth(event)
         pad = ("", "  " * depth) if depth else None
 
-        def add(kind: str, *spans: tuple[str, str]) -> None:
+        def add(kind: str, *spans: tuple[str, str], ref: str | None = None) -> None:
             row: Row = ((pad, *spans) if pad else tuple(spans))
-            out.append(StreamRow(kind, row))
+            out.append(StreamRow(kind, row, ref))
 
-        if isinstance(event, stream.ToolUse):
+        if isinstance(event, stream.Setup):
+            self._setup(event, add)
+        elif isinstance(event, stream.UserMessage):
+            lines = event.text.splitlines() or [""]
+            for i, line in enumerate(lines[:MAX_USER_LINES]):
+                add("user", ("user", "» you: " if i == 0 else "       "),
+                    ("user", clean(line)))
+            if len(lines) > MAX_USER_LINES:
+                add("user", ("dim", f"       … {len(lines) - MAX_USER_LINES} more lines"))
+        elif isinstance(event, stream.ToolUse):
             if event.name in ("Task", "Agent"):
                 self.depth_of[event.id] = depth
             icon = TOOL_ICONS.get(event.name, DEFAULT_ICON)
             summary = clean(self._relative(event.summary or event.name))
             name, _, rest = summary.partition(" ")
             add("tool", ("icon", f"{icon} "), ("tool", name),
-                ("", f" {rest}" if rest else ""))
+                ("", f" {rest}" if rest else ""), ref=event.id or None)
         elif isinstance(event, stream.ToolResult):
             first = clean(self._relative(event.first_line or ""))
+            ref = event.tool_use_id or None
+            more = _more_lines(event.content)
+            hint = ("dim", f"  (+{more} line{'s' if more != 1 else ''}: x)") if more \
+                else ("", "")
             if event.is_error:
-                add("result", ("error", "  └ ✗ "), ("error", first or "(error)"))
+                add("result", ("error", "  └ ✗ "), ("error", first or "(error)"), hint,
+                    ref=ref)
             else:
-                add("result", ("dim", "  └ "), ("dim", first or "(no output)"))
+                add("result", ("dim", "  └ "), ("dim", first or "(no output)"), hint,
+                    ref=ref)
         elif isinstance(event, stream.Text) and (event.synthetic or event.error):
             first = (event.text.strip().splitlines() or [event.error or "API error"])[0]
             add("error", ("error", "✗ API error: "), ("error", clean(first)))
@@ -171,6 +194,111 @@ class StreamFormatter:
         elif isinstance(event, stream.Malformed):
             add("error", ("error", "✗ unreadable line: "), ("dim", clean(event.raw[:200])))
         # Status, Partial and Unknown lines carry nothing a reader needs; raw mode shows them.
+
+
+def _setup_row(event: stream.Setup, add: Callable[..., None]) -> None:
+    """The setup step: its command, then how it ended (the included files said too)."""
+    if event.phase == "start":
+        what = f" {event.command}" if event.command else " (copying the included files)"
+        add("tool", ("icon", "⚙ "), ("tool", "setup"), ("", clean(what)), ref=SETUP_REF)
+        return
+    files = f" · copied {', '.join(event.copied)}" if event.copied else ""
+    if event.skipped:
+        files += f" · skipped {'; '.join(event.skipped)}"
+    took = f" in {event.seconds:.1f} s" if event.seconds is not None else ""
+    more = _more_lines(event.output)
+    hint = ("dim", f"  (+{more} line{'s' if more != 1 else ''}: x)") if more else ("", "")
+    if event.exit_code == 0:
+        add("result", ("dim", "  └ "), ("ok", "✔ ready"), ("dim", clean(took + files)), hint,
+            ref=SETUP_REF)
+    else:
+        lines = [line for line in event.output.splitlines() if line.strip()]
+        last = f": {lines[-1].strip()}" if lines else ""
+        code = f"exit {event.exit_code}" if event.exit_code is not None else "did not run"
+        add("error", ("error", "  └ ✗ "), ("error", clean(f"setup failed ({code}){last}")),
+            ("dim", clean(files)), hint, ref=SETUP_REF)
+
+
+def _more_lines(text: str) -> int:
+    """How many non-blank lines a tool result has beyond the first one shown."""
+    if "\n" not in text:
+        return 0
+    return max(0, sum(1 for line in text[:1 << 20].splitlines() if line.strip()) - 1)
+
+
+MAX_DETAIL_LINES = 200_000  # a tool's output beyond this is in `fleet-tui logs --full`
+
+
+@dataclass(frozen=True)
+class ToolCallDetail:
+    """What the detail view shows of one tool call: a title, its status and its rows
+    (style name, text): the whole input, then the whole output."""
+
+    title: str
+    status: str
+    rows: list[tuple[str, str]]
+
+
+def tool_call_detail(use: stream.ToolUse | None, result: stream.ToolResult | None,
+                     cwd: str | None = None) -> ToolCallDetail:
+    """The detail view of a tool call (plain Python: built in a thread)."""
+    from fleet_tui import stream as stream_mod
+
+    name = use.name if use is not None else (result.tool_name if result else None) or "tool"
+    summary = use.summary if use is not None and use.summary else name
+    if cwd:
+        summary = summary.replace(cwd.rstrip("/") + "/", "")
+    rows: list[tuple[str, str]] = [("head", "── input ──")]
+    if use is None:
+        rows.append(("dim", "(the call is not in the events file)"))
+    else:
+        rows += [("", clean(line)) for line in
+                 stream_mod.tool_input_text(use.name, use.input).splitlines()[:MAX_DETAIL_LINES]]
+    rows.append(("", ""))
+    rows.append(("head", "── output ──"))
+    if result is None:
+        status = "running (no result yet)"
+        rows.append(("dim", "(no result yet: the tool is still running)"))
+    else:
+        status = stream_mod.result_status(result)
+        lines = result.content.splitlines() or ["(no output)"]
+        style = "error" if result.is_error else ""
+        rows += [(style, clean(line)) for line in lines[:MAX_DETAIL_LINES]]
+        if len(lines) > MAX_DETAIL_LINES:
+            rows.append(("dim", f"… {len(lines) - MAX_DETAIL_LINES} more lines "
+                                "(fleet-tui logs ID --full)"))
+        count = len(result.content.splitlines())
+        status += f" · {count} line{'s' if count != 1 else ''} of output"
+    return ToolCallDetail(clean(f"{summary}"), status, rows)
+
+
+def setup_detail(steps: list[stream.Setup], log_text: str) -> ToolCallDetail:
+    """The detail view of the setup step: the command and the include patterns, then its
+    whole output (setup.log) and what was copied or skipped."""
+    start = next((e for e in steps if e.phase == "start"), None)
+    end = next((e for e in reversed(steps) if e.phase == "end"), None)
+    first = start or end
+    command = first.command if first is not None else None
+    rows: list[tuple[str, str]] = [("head", "── setup ──")]
+    rows.append(("", clean(f"$ {command}" if command else "(no setup command)")))
+    if end is not None and (end.copied or end.skipped):
+        rows.append(("", ""))
+        rows.append(("head", "── included files ──"))
+        rows += [("", clean(f"copied  {path}")) for path in end.copied]
+        rows += [("error", clean(f"skipped {why}")) for why in end.skipped]
+    rows.append(("", ""))
+    rows.append(("head", "── output ──"))
+    text = log_text or (end.output if end is not None else "")
+    failed = end is not None and end.exit_code != 0
+    rows += [("error" if failed else "", clean(line))
+             for line in (text.splitlines() or ["(no output)"])[:MAX_DETAIL_LINES]]
+    if end is None:
+        status = "running"
+    else:
+        status = f"exit {end.exit_code}" if end.exit_code is not None else "did not run"
+        if end.seconds is not None:
+            status += f" · {end.seconds:.1f} s"
+    return ToolCallDetail("setup" + (f" {clean(command)}" if command else ""), status, rows)
 
 
 def raw_rows(lines: list[str]) -> list[StreamRow]:

@@ -16,9 +16,9 @@ if TYPE_CHECKING:  # the engine is imported once the first frame is up, not for 
     from textual.message_pump import MessagePump
     from textual.worker import Worker
 
-    from fleet_tui.fleet import Fleet, FleetStatus
+    from fleet_tui.fleet import Fleet, FleetStatus, SettingsNotice
     from fleet_tui.store import Attempt, Task
-    from fleet_tui.ui.formatting import PreparedDiff, StreamRow
+    from fleet_tui.ui.formatting import PreparedDiff, StreamRow, ToolCallDetail
 
 
 @dataclass
@@ -64,6 +64,13 @@ class PollFailed(Message):
 
 
 @dataclass
+class SettingsChecked(Message):
+    """The poll found settings files changed: what was reloaded, or an edit not used."""
+
+    notices: list[SettingsNotice]
+
+
+@dataclass
 class StreamBatch(Message):
     """Rows of the selected attempt, in order; ``generation`` drops stale batches."""
 
@@ -82,6 +89,16 @@ class StreamOlder(Message):
     rows: list[StreamRow]
     older: int
     everything: bool = False
+
+
+@dataclass
+class ToolCallLoaded(Message):
+    """A tool call and its result, whole, read and laid out for the detail view (the
+    stream pane posts it, the screen shows it); ``task_id`` and ``ref`` say which."""
+
+    task_id: str
+    ref: str
+    detail: ToolCallDetail
 
 
 @dataclass

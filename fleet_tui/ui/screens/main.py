@@ -50,8 +50,10 @@ from fleet_tui.ui.messages import (
     DiffLoaded,
     EngineReady,
     PollFailed,
+    SettingsChecked,
     TasksLoaded,
     TasksSubmitted,
+    ToolCallLoaded,
     report_failure,
 )
 from fleet_tui.ui.screens.help import HelpScreen, HelpSection
@@ -59,7 +61,7 @@ from fleet_tui.ui.widgets.bars import KeyBar, TabBar
 from fleet_tui.ui.widgets.diff_pane import DiffPane
 from fleet_tui.ui.widgets.status_line import StatusLine
 from fleet_tui.ui.widgets.stream_pane import StreamPane
-from fleet_tui.ui.widgets.task_table import TaskTable, sort_tasks
+from fleet_tui.ui.widgets.task_table import SORTS, TaskTable, sort_tasks
 
 if TYPE_CHECKING:
     from fleet_tui.fleet import Fleet, FleetStatus
@@ -82,6 +84,9 @@ class MainScreen(Screen[None]):
             ("↑ ↓ / pgup pgdn", "move in the task list, scroll the stream or the diff"),
             ("tab / shift+tab", "move focus: task list, tabs, file list, diff"),
             ("home / end", "stream: jump to the start / the end (end resumes following)"),
+            ("enter / x", "stream: the whole tool call of the cursor's line"),
+            ("/ (in a view)", "search the stream, the diff or a tool call; n / N: next / "
+                              "previous match; escape: end the search"),
             ("enter", "filter: apply and go back to the list"),
         ]),
         ("In dialogs", [
@@ -116,6 +121,9 @@ class MainScreen(Screen[None]):
         self.tasks: dict[str, Task] = {}
         self.marked: set[str] = set()
         self.filter_text = ""
+        self.show_closed = False  # merged and discarded tasks are listed (H)
+        self.sort_mode = "attention"  # one of SORTS (S cycles)
+        self.closed_hidden = 0  # how many closed tasks the list leaves out now
         self.selected_id: str | None = None
         self.status: FleetStatus | None = None
         self.poll_error: str | None = None  # why the task list could not be read, if so
@@ -189,10 +197,11 @@ class MainScreen(Screen[None]):
         yield KeyBar(id="keys")
 
     async def mount_hidden(self) -> None:
-        """Mount what the first frame does not show: the filter box (hidden until `/`) and
-        the diff view (behind the stream tab). Their CSS and composing cost the first frame
-        tens of milliseconds. They are mounted 50 ms after it (FleetApp.on_ready) or before
-        the first task list is shown, whichever comes first."""
+        """Mount what the first frame does not show: the filter box (hidden until `/`), the
+        stream's search bar and the diff view (behind the stream tab). Their CSS and
+        composing cost the first frame tens of milliseconds. They are mounted 50 ms after
+        it (FleetApp.on_ready) or before the first task list is shown, whichever comes
+        first."""
         if self._hidden_started:
             await self._hidden_done.wait()
             return
@@ -203,6 +212,7 @@ class MainScreen(Screen[None]):
             box.display = False
             await self.query_one("#list-pane").mount(box, before=0)
             self._filter = box
+            await self.stream.mount_search()
             await self.diff.mount_view()
             if not self.closing:
                 self._maybe_refresh_bindings()
@@ -235,8 +245,12 @@ class MainScreen(Screen[None]):
 
     def _show_status(self) -> None:
         status = self.query_one(StatusLine)
-        status.repo_name = self.repo.name if self.repo else ""
+        status.repo_name = self.repo.name if self.repo else "all repositories"
         status.marked = len(self.marked)
+        notes = [] if self.sort_mode == "attention" else [SORTS[self.sort_mode]]
+        if self.closed_hidden:
+            notes.append(f"{self.closed_hidden} closed hidden (H)")
+        status.view_note = " · ".join(notes)
         status.show(self.status, self.now())
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -260,8 +274,22 @@ class MainScreen(Screen[None]):
                 self.post_message(PollFailed(poll_problem(fleet, exc)))
                 return
             self.post_message(TasksLoaded(tasks, status, time.monotonic()))
+            # settings edited while the panel runs: config.toml, the repositories' files
+            repos = {t.repo for t in tasks} | ({self.repo} if self.repo else set())
+            notices = fleet.check_settings(repos)
+            if notices:
+                self.post_message(SettingsChecked(notices))
         finally:
             self._poll_lock.release()
+
+    def on_settings_checked(self, message: SettingsChecked) -> None:
+        """Settings reloaded (said briefly), or an edit that is not used (said until read:
+        the previous settings stay)."""
+        for notice in message.notices:
+            error = notice.severity == "error"
+            self.notify(notice.message, title=notice.title,
+                        severity="error" if error else "information",
+                        timeout=15 if error else 5)
 
     def on_poll_failed(self, message: PollFailed) -> None:
         """The list cannot be read: say why where the list is, keep what was read last
@@ -277,6 +305,9 @@ class MainScreen(Screen[None]):
             text = self.poll_error
         elif not self.tasks:
             text = "No tasks yet: press n to launch one."
+        elif not self.table.row_count and self.closed_hidden and not self.filter_text:
+            text = (f"No open tasks: H shows the {self.closed_hidden} merged or discarded "
+                    "ones; n launches a new one.")
         else:
             text = ""
         if text != self._notice_shown:
@@ -361,12 +392,19 @@ class MainScreen(Screen[None]):
             self.app.bell()
 
     def _visible_tasks(self) -> list[Task]:
-        tasks = sort_tasks(self.tasks.values())
+        tasks = sort_tasks(self.tasks.values(), self.sort_mode)
+        if not self.show_closed:
+            shown = [t for t in tasks if t.state not in CLOSED_STATES]
+            self.closed_hidden = len(tasks) - len(shown)
+            tasks = shown
+        else:
+            self.closed_hidden = 0
         needle = self.filter_text.lower().strip()
         if not needle:
             return tasks
         return [t for t in tasks if needle in " ".join(
-            (t.id, t.short_title, str(t.state), t.model, t.last_tool or "")).lower()]
+            (t.id, t.short_title, str(t.state), t.model, t.last_tool or "",
+             t.repo.name)).lower()]
 
     def _render_tasks(self) -> None:
         table = self.table
@@ -585,6 +623,22 @@ class MainScreen(Screen[None]):
         self.table.focus()
         self._render_tasks()
 
+    def action_toggle_closed(self) -> None:
+        """Show or hide the merged and discarded tasks (hidden at first)."""
+        self.show_closed = not self.show_closed
+        self._render_tasks()
+        self.notify("Merged and discarded tasks are listed (H hides them)." if self.show_closed
+                    else "Merged and discarded tasks are hidden (H shows them).",
+                    title="Closed tasks", timeout=3)
+
+    def action_cycle_sort(self) -> None:
+        """The next order of the list: needs you first, newest, repository, state."""
+        modes = list(SORTS)
+        self.sort_mode = modes[(modes.index(self.sort_mode) + 1) % len(modes)]
+        self._render_tasks()
+        self.notify(f"Sorted {SORTS[self.sort_mode]} (S: the next order).",
+                    title="Sort", timeout=3)
+
     @property
     def active_tab(self) -> str:
         """The view shown below the list: "tab-stream" or "tab-diff"."""
@@ -614,6 +668,17 @@ class MainScreen(Screen[None]):
 
     def action_toggle_follow(self) -> None:
         self.stream.follow = not self.stream.follow
+
+    def action_expand(self) -> None:
+        if self.active_tab != "tab-stream":
+            self.action_show_tab("tab-stream")
+        self.stream.expand_tool_call()
+
+    def action_search(self) -> None:
+        if self.active_tab == "tab-diff":
+            self.diff.open_search()
+        else:
+            self.stream.open_search()
 
     def action_choose_attempt(self) -> None:
         task = self.selected
@@ -648,16 +713,35 @@ class MainScreen(Screen[None]):
 
         await self._ready.wait()
         repo = self.repo
+        base = self.default_base
         if repo is None:
-            self.notify("Open fleet-tui inside a git repository, or pass --repo PATH.",
-                        title="No repository", severity="error")
-            return
+            # opened outside a repository: which one (the recent ones are offered)
+            chosen = await self._choose_repository(self._engine())
+            if chosen is None:
+                return
+            repo, base = chosen
         if self.closing:
             return
-        request = await self.app.push_screen_wait(
-            LaunchScreen(repo, default_base=self.default_base))
+        request = await self.app.push_screen_wait(LaunchScreen(repo, default_base=base))
         if request is not None:
             self._submit(self._engine(), request)
+
+    async def _choose_repository(self, fleet: Fleet) -> tuple[Path, str] | None:
+        """Ask which repository a new task starts in (the panel was opened outside one):
+        the recent ones from the task list, or a path typed. (repository, its branch)."""
+        from fleet_tui.ui.screens.modals import RepoScreen
+
+        recent = await asyncio.to_thread(fleet.recent_repos)
+        while not self.closing:
+            answer = await self.app.push_screen_wait(RepoScreen(
+                [str(r) for r in recent if Path(r).is_dir()]))
+            if answer is None:
+                return None
+            try:
+                return await asyncio.to_thread(_repository_at, answer)
+            except Exception as exc:  # GitError: not a repository; said, and asked again
+                self.notify(describe_error(exc), title="Not a repository", severity="error")
+        return None
 
     @work(thread=True, exit_on_error=False, group="actions", description="launching")
     def _submit(self, fleet: Fleet, request: LaunchRequest) -> None:
@@ -707,7 +791,8 @@ class MainScreen(Screen[None]):
         if queue:
             self._enqueue(fleet, task_ids)
         else:
-            self._merge(fleet, task_ids, answer.message, test_command)
+            # each task's own test gate (tasks of several repositories may differ)
+            self._merge(fleet, task_ids, answer.message, None)
 
     @work(thread=True, exit_on_error=False, group="actions", description="queuing to land")
     def _enqueue(self, fleet: Fleet, task_ids: list[str]) -> None:
@@ -826,6 +911,31 @@ class MainScreen(Screen[None]):
         fleet.follow_up(task_id, prompt)
         self.post_message(ActionDone("follow-up queued", title=task_id, task_ids=[task_id]))
 
+    def action_say(self) -> None:
+        task = self.cursor_task
+        if task is not None:
+            self._say_flow(self._engine(), task)
+
+    @work(exclusive=True, exit_on_error=False, group="dialog", description="asking first")
+    async def _say_flow(self, fleet: Fleet, task: Task) -> None:
+        from fleet_tui.ui.screens.modals import PromptScreen
+
+        text = await self.app.push_screen_wait(PromptScreen(
+            f"Message to {task.id}: {task.short_title}",
+            "The running worker gets it as your next message: it joins the turn the "
+            "worker is in, or starts its next one. The stream shows it when the worker "
+            "takes it in."))
+        if text:
+            self._say(fleet, task.id, text)
+
+    @work(thread=True, exit_on_error=False, group="actions",
+          description="sending the message")
+    def _say(self, fleet: Fleet, task_id: str, text: str) -> None:
+        taken = fleet.say(task_id, text)
+        self.app.call_from_thread(
+            self.notify, "taken by the worker" if taken else
+            "waiting for the worker to take it in", title=f"{task_id}: message sent")
+
     @work(thread=True, exit_on_error=False, group="actions", description="engine call")
     def _engine_each(self, fleet: Fleet, method: str, task_ids: list[str], word: str) -> None:
         call: Callable[[str], Any] = getattr(fleet, method)
@@ -855,6 +965,15 @@ class MainScreen(Screen[None]):
                         severity=message.severity)  # type: ignore[arg-type]
         self.stream.reread()
         self.poll()
+
+    def on_tool_call_loaded(self, message: ToolCallLoaded) -> None:
+        """The stream pane read a whole tool call (x / enter on its line): show it."""
+        from fleet_tui.ui.screens.modals import ToolCallScreen
+
+        if self.closing:
+            return
+        detail = message.detail
+        self.app.push_screen(ToolCallScreen(detail.title, detail.status, detail.rows))
 
     def on_diff_loaded(self, message: DiffLoaded) -> None:
         """The diff pane showed a diff: `e` may apply now."""
@@ -1040,6 +1159,15 @@ class MainScreen(Screen[None]):
         await self.app.action_quit()
 
 
+def _repository_at(text: str) -> tuple[Path, str]:
+    """The main checkout of the repository at (or around) a path, and its branch; GitError
+    when there is none."""
+    from fleet_tui import git
+
+    repo = git.main_worktree(Path(os.path.expanduser(text.strip())))
+    return repo, git.current_branch(repo) or ""
+
+
 def _parse(action: str) -> tuple[str, tuple[object, ...]]:
     name, _, args = action.partition("(")
     return name, ((args.rstrip(")").strip("'\""),) if args else ())
@@ -1083,7 +1211,8 @@ def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str
                                task.base_branch or "the base branch", preview.clean,
                                list(preview.conflicts), preview.message, added, deleted,
                                message=commit_title(task.short_title)))
-    command = getattr(getattr(fleet, "settings", None), "test_command", None)
+    # the repository's own test gate (.fleet-tui.toml), else the setting; read afresh
+    command = fleet.test_command_for(task_ids[0]) if task_ids else None
     return items, command if isinstance(command, str) and command else None
 
 

@@ -1,4 +1,5 @@
-"""Small modals: confirm, choice, follow-up prompt, error, merge review, attempt picker.
+"""Small modals: confirm, choice, follow-up prompt, error, merge review, attempt picker,
+and the whole tool call (its input and output, scrollable and searchable).
 
 Every modal answers to the keyboard alone: `y` / `n` / `escape` where it asks a question,
 `ctrl+s` where it takes text. Text from agents or git is shown as plain Text, never markup.
@@ -16,6 +17,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
+
+from fleet_tui.ui.widgets.line_view import LineView, SearchBar, TextLines
 
 
 def keyed(label: str, key: str) -> Text:
@@ -358,6 +361,95 @@ class AttemptScreen(ModalScreen[int | None]):
     @on(OptionList.OptionSelected)
     def _chosen(self, event: OptionList.OptionSelected) -> None:
         self.dismiss(int(event.option.id or "0"))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ToolCallScreen(ModalScreen[None]):
+    """One tool call whole: its input, its output and (Bash) its exit status, in a
+    scrolling view that searches like the stream (`/`, `n` / `N`)."""
+
+    BINDINGS = [
+        Binding("escape", "close", "Close", id="toolcall.close"),
+        Binding("q", "close", "Close", show=False, id="toolcall.q"),
+    ]
+
+    def __init__(self, title: str, status: str, rows: list[tuple[str, str]]) -> None:
+        super().__init__(classes="modal")
+        self._title = title
+        self._status = status
+        self._rows = rows
+
+    def compose(self) -> ComposeResult:
+        view = TextLines(self._rows, id="toolcall-lines")
+        with Vertical(classes="dialog wide", id="toolcall-dialog"):
+            yield Label(self._title, classes="dialog-title", markup=False)
+            yield Label(self._status, id="toolcall-status", markup=False)
+            yield view
+            yield SearchBar(view, id="toolcall-search")
+            yield Label(Text("↑ ↓ pgup pgdn: scroll · /: search · escape: close"),
+                        classes="dialog-hint")
+
+    def on_mount(self) -> None:
+        self.query_one(TextLines).focus()
+
+    @property
+    def lines(self) -> list[str]:
+        """The rows as plain text (tests)."""
+        return self.query_one(TextLines).plain_lines()
+
+    @on(LineView.SearchAsked)
+    def _search_asked(self, event: LineView.SearchAsked) -> None:
+        event.stop()
+        self.query_one(SearchBar).open()
+
+    @on(LineView.SearchMoved)
+    def _search_moved(self, event: LineView.SearchMoved) -> None:
+        event.stop()
+        self.query_one(SearchBar).sync()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class RepoScreen(ModalScreen[str | None]):
+    """Which repository a new task starts in (the panel was opened outside one): the
+    recent ones, or a path typed."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="repo.cancel")]
+
+    def __init__(self, recent: list[str]) -> None:
+        super().__init__(classes="modal")
+        self._recent = recent
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide", id="repo-dialog"):
+            yield Label("Which repository?", classes="dialog-title", markup=False)
+            yield Static(Text("The panel was opened outside a git repository. Choose a "
+                              "recent one (enter), or type the path of another."),
+                         classes="dialog-hint")
+            if self._recent:
+                yield OptionList(*[Option(Text(path), id=path) for path in self._recent],
+                                 id="repo-recent")
+            yield Input(placeholder="a path: ~/src/shop", id="repo-path")
+            yield Label(Text("enter: choose · tab: the list / the path · escape: cancel"),
+                        classes="dialog-hint")
+
+    def on_mount(self) -> None:
+        if self._recent:
+            self.query_one(OptionList).focus()
+        else:
+            self.query_one(Input).focus()
+
+    @on(OptionList.OptionSelected)
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    @on(Input.Submitted, "#repo-path")
+    def _typed(self, event: Input.Submitted) -> None:
+        if event.value.strip():
+            self.dismiss(event.value.strip())
 
     def action_cancel(self) -> None:
         self.dismiss(None)

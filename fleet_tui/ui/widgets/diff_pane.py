@@ -18,13 +18,14 @@ selected (``show``) and whether the diff tab is the one on screen (``set_shown``
 
 from __future__ import annotations
 
-from textual import work
+from textual import on, work
 from textual.containers import Vertical
 from textual.worker import Worker, WorkerState
 
 from fleet_tui.states import ACTIVE_STATES, CLOSED_STATES, TaskState
 from fleet_tui.ui.formatting import PreparedDiff
 from fleet_tui.ui.messages import DiffLoaded, report_failure
+from fleet_tui.ui.widgets.line_view import LineView, SearchBar
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class DiffPane(Vertical):
         self._when_shown: str | None = None  # a diff asked for while the tab was hidden
         self._pending_text = NOTHING_SELECTED  # said once the view is mounted
         self._pending_loaded: DiffLoaded | None = None
+        self._search: SearchBar | None = None
 
     @property
     def view(self) -> DiffView | None:
@@ -72,17 +74,36 @@ class DiffPane(Vertical):
 
     async def mount_view(self) -> None:
         """Mount the diff view (after the first frame) and show what came before it."""
-        from fleet_tui.ui.widgets.diff_view import DiffView
+        from fleet_tui.ui.widgets.diff_view import DiffLines, DiffView
 
         view = DiffView(id="diff")
         await self.mount(view)
         if not view.composed:
             return  # the panel is closing: it never got its children
+        self._search = SearchBar(view.query_one(DiffLines), id="diff-search")
+        await self.mount(self._search)
         self._view = view
         view.show_message(self._pending_text)
         loaded, self._pending_loaded = self._pending_loaded, None
         if loaded is not None and self.selected is not None and loaded.task_id == self.selected.id:
             self._show_loaded(view, loaded)
+
+    # --- search -------------------------------------------------------------------------------
+    def open_search(self) -> None:
+        """Search the patch shown (`/` in it, ctrl+f anywhere)."""
+        if self._search is not None:
+            self._search.open()
+
+    @on(LineView.SearchAsked)
+    def _search_asked(self, event: LineView.SearchAsked) -> None:
+        event.stop()
+        self.open_search()
+
+    @on(LineView.SearchMoved)
+    def _search_moved(self, event: LineView.SearchMoved) -> None:
+        event.stop()
+        if self._search is not None:
+            self._search.sync()
 
     # --- what the screen says ----------------------------------------------------------------
     def show(self, task: Task | None, *, new: bool = False) -> None:

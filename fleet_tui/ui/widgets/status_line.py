@@ -43,6 +43,7 @@ class StatusLine(Static):
         self.status: FleetStatus | None = None
         self.scheduler = True
         self.marked = 0  # how many tasks are marked (the bulk actions act on them)
+        self.view_note = ""  # how the list is shown: its order, the closed tasks it hides
         self._shown: str | None = None
 
     def show(self, status: FleetStatus | None, now: float) -> None:
@@ -72,6 +73,9 @@ class StatusLine(Static):
                         style=self.get_component_rich_style("status--muted"))
         if self.repo_name:
             text.append(f"   {self.repo_name}", style=self.get_component_rich_style(
+                "status--muted"))
+        if self.view_note:
+            text.append(f"   {self.view_note}", style=self.get_component_rich_style(
                 "status--muted"))
         if not self.scheduler:
             text.append("   (not starting tasks)",

@@ -30,9 +30,16 @@ from textual.worker import Worker, get_current_worker
 
 from fleet_tui.attemptlog import AttemptLog
 from fleet_tui.states import PENDING_STATES
-from fleet_tui.ui.formatting import StreamFormatter, StreamRow, raw_rows
-from fleet_tui.ui.messages import StreamBatch, StreamOlder, report_failure
-from fleet_tui.ui.widgets.line_view import LineView
+from fleet_tui.ui.formatting import (
+    SETUP_REF,
+    StreamFormatter,
+    StreamRow,
+    raw_rows,
+    setup_detail,
+    tool_call_detail,
+)
+from fleet_tui.ui.messages import StreamBatch, StreamOlder, ToolCallLoaded, report_failure
+from fleet_tui.ui.widgets.line_view import LineView, SearchBar
 from fleet_tui.ui.widgets.stream_view import MAX_ROWS, StreamView
 
 TYPE_CHECKING = False
@@ -44,7 +51,7 @@ READ_CHUNK = 4 * 1024 * 1024  # bytes of events per batch; bigger backlogs take 
 TAIL_BYTES = 128 * 1024  # a newly selected attempt shows its last events first ...
 OLDER_CHUNK = 1024 * 1024  # ... and reads older ones, a chunk at a time, on scrolling up
 STREAM_SETTLE = 0.08  # seconds a selection must stay before its events file is read
-DEFAULT_HINTS = "t: tools/all  J: raw  a: attempt  F: follow"
+DEFAULT_HINTS = "t: tools/all  J: raw  a: attempt  F: follow  x: expand  ctrl+f: search"
 
 
 def worker_sleep(worker: Any, seconds: float) -> None:
@@ -88,10 +95,12 @@ class StreamPane(Vertical):
         self._older_loading = False
         self._label = Label("", id="stream-caption", markup=False)
         self._view = StreamView(id="stream")
+        self._search = SearchBar(self._view, id="stream-search")
 
     def compose(self) -> ComposeResult:
         yield self._label
         yield self._view.data_bind(StreamPane.tools_only, StreamPane.follow)
+        # the search bar is mounted when first asked for: an Input costs the first frame
 
     @property
     def view(self) -> StreamView:
@@ -135,6 +144,74 @@ class StreamPane(Vertical):
     @on(LineView.FollowChanged)
     def _view_follow_changed(self) -> None:
         self.follow = self._view.follow  # the view turned it off (scrolled up) or on (end)
+
+    # --- search and the whole tool call -----------------------------------------------------
+    async def mount_search(self) -> None:
+        """Mount the search bar (after the first frame: an Input costs it)."""
+        if self._search.parent is None:
+            await self.mount(self._search)
+
+    def open_search(self) -> None:
+        """Show the search bar and type in it (`/` in the view, ctrl+f anywhere)."""
+        if self._search.parent is None:
+            self.mount(self._search)
+            self.call_after_refresh(self._search.open)
+            return
+        self._search.open()
+
+    @on(LineView.SearchAsked)
+    def _search_asked(self, event: LineView.SearchAsked) -> None:
+        event.stop()
+        self.open_search()
+
+    @on(LineView.SearchMoved)
+    def _search_moved(self, event: LineView.SearchMoved) -> None:
+        event.stop()
+        if self._search.parent is not None:
+            self._search.sync()
+
+    def expand_tool_call(self) -> None:
+        """Show the whole tool call of the cursor's line (x / enter)."""
+        self._expand(self._view.ref_at())
+
+    @on(StreamView.ExpandAsked)
+    def _expand_asked(self, event: StreamView.ExpandAsked) -> None:
+        event.stop()
+        self._expand(event.ref)
+
+    def _expand(self, ref: str | None) -> None:
+        attempt, task = self.attempt, self.selected
+        if task is None or attempt is None:
+            return
+        if ref is None or self.raw:
+            self.notify("Move the stream's cursor (↑ ↓) to a tool call or its result, then "
+                        "press x or enter." if not self.raw else
+                        "Raw JSON lines show everything already; J goes back to readable "
+                        "rows, where x shows a whole tool call.",
+                        title="No tool call on this line", severity="warning")
+            return
+        self._load_tool_call(task.id, attempt, ref,
+                             str(task.worktree) if task.worktree else None)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="stream-detail",
+          description="reading the tool call")
+    def _load_tool_call(self, task_id: str, attempt: Attempt, ref: str,
+                        cwd: str | None) -> None:
+        """Find the call and its result in the events file and lay them out (the screen
+        shows them: ToolCallLoaded)."""
+        if attempt.dir is None:
+            return
+        log = AttemptLog(attempt.dir)
+        if ref == SETUP_REF:
+            try:
+                text = log.setup_log.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                text = ""
+            self.post_message(ToolCallLoaded(task_id, ref, setup_detail(log.setup_steps(),
+                                                                        text)))
+            return
+        use, result = log.tool_call(ref)
+        self.post_message(ToolCallLoaded(task_id, ref, tool_call_detail(use, result, cwd)))
 
     # --- reading --------------------------------------------------------------------------
     def _restart(self) -> None:

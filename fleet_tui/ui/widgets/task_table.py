@@ -9,6 +9,7 @@ nothing needs measuring; a row's cells are built when it is painted, and cached.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import ClassVar
 
 from rich.segment import Segment
@@ -21,7 +22,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from fleet_tui.states import STATES, Phase
+from fleet_tui.states import STATES, Phase, TaskState
 from fleet_tui.ui.formatting import human_duration, human_tokens, landing_label
 from fleet_tui.ui.widgets.line_view import text_style
 
@@ -33,6 +34,7 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("mark", " ", 1),
     ("state", "state", 11),
     ("id", "id", 6),
+    ("repo", "repo", 14),  # only while tasks of more than one repository are listed
     ("title", "title", None),
     ("model", "model", 10),
     ("elapsed", "time", 7),
@@ -46,14 +48,51 @@ NARROW_WIDTH = 110
 NARROW_HIDDEN = frozenset({"model", "turns", "tool"})
 
 
-def sort_tasks(tasks: Iterable[Task]) -> list[Task]:
-    """Attention first (stalled, failed, done, killed), then running, waiting, queued,
-    then history; newest first within a group."""
-    def key(task: Task) -> tuple[int, float, str]:
-        row = STATES.get(task.state)
-        return (row.order if row is not None else len(STATES), -task.created_at, task.id)
+SORTS: dict[str, str] = {  # the list's orders (S cycles them), and how they are named
+    "attention": "needs you first",
+    "newest": "newest first",
+    "repository": "by repository",
+    "state": "by state",
+}
+# the "state" order: a task's life, from the queue to the history
+LIFECYCLE = (TaskState.RUNNING, TaskState.STALLED, TaskState.QUEUED, TaskState.WAITING,
+             TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED, TaskState.MERGED,
+             TaskState.DISCARDED)
 
-    return sorted(tasks, key=key)
+
+def sort_tasks(tasks: Iterable[Task], mode: str = "attention") -> list[Task]:
+    """The list in one of SORTS' orders; newest first within a group. "attention":
+    what needs you (stalled, failed, done, killed), then running, waiting, queued, then
+    history; "newest": by creation; "repository": by repository, then as "attention";
+    "state": by LIFECYCLE."""
+    def order(task: Task) -> int:
+        row = STATES.get(task.state)
+        return row.order if row is not None else len(STATES)
+
+    if mode == "newest":
+        return sorted(tasks, key=lambda t: (-t.created_at, t.id))
+    if mode == "repository":
+        return sorted(tasks, key=lambda t: (t.repo.name, str(t.repo), order(t),
+                                            -t.created_at, t.id))
+    if mode == "state":
+        rank = {state: i for i, state in enumerate(LIFECYCLE)}
+        return sorted(tasks, key=lambda t: (rank.get(t.state, len(rank)), -t.created_at,
+                                            t.id))
+    return sorted(tasks, key=lambda t: (order(t), -t.created_at, t.id))
+
+
+def repo_names(repos: Iterable[Path]) -> dict[Path, str]:
+    """A short name for each repository: its folder's name, with its parent's where two
+    share one ("work/shop", "old/shop")."""
+    unique = sorted(set(repos))
+    names = {repo: repo.name or str(repo) for repo in unique}
+    taken: dict[str, int] = {}
+    for name in names.values():
+        taken[name] = taken.get(name, 0) + 1
+    for repo, name in names.items():
+        if taken[name] > 1:
+            names[repo] = f"{repo.parent.name}/{name}"
+    return names
 
 
 def elapsed(task: Task, now: float) -> float | None:
@@ -150,6 +189,7 @@ class TaskTable(ScrollView, can_focus=True):
         self._strips: dict[tuple[str, bool], tuple[object, Strip]] = {}
         self._header: tuple[object, Strip] | None = None
         self._base: Style | None = None
+        self._repo_names: dict[Path, str] = {}  # shown while more than one is listed
 
     # --- what callers use ----------------------------------------------------------------
     @property
@@ -178,10 +218,20 @@ class TaskTable(ScrollView, can_focus=True):
         cells = self._row(self._tasks[task_id], task_id in self._marked, self._now)
         return [cells[i] for i in keep]
 
+    @property
+    def shows_repo(self) -> bool:
+        """The repository column is shown (tasks of several repositories are listed)."""
+        return len(self._repo_names) > 1
+
     def show(self, tasks: list[Task], marked: set[str], now: float) -> None:
         """Show ``tasks`` (already sorted). The cursor stays on its task when it is still
-        listed, else on the same row; only the rows on screen are painted."""
+        listed, else on the same row; only the rows on screen are painted. With tasks of
+        more than one repository, a repository column tells them apart."""
         selected = self.selected_key
+        repos = {t.repo for t in tasks}
+        if repos != set(self._repo_names):
+            self._repo_names = repo_names(repos)
+            self._header = None
         self._order = [t.id for t in tasks]
         self._tasks = {t.id: t for t in tasks}
         self._marked = set(marked)
@@ -302,9 +352,10 @@ class TaskTable(ScrollView, can_focus=True):
         return style
 
     def _columns(self) -> list[tuple[str, str, int | None]]:
+        hidden = set() if self.shows_repo else {"repo"}
         if self.size.width and self.size.width < NARROW_WIDTH:
-            return [c for c in COLUMNS if c[0] not in NARROW_HIDDEN]
-        return list(COLUMNS)
+            hidden |= NARROW_HIDDEN
+        return [c for c in COLUMNS if c[0] not in hidden]
 
     def _widths(self) -> tuple[int, int]:
         columns = self._columns()
@@ -351,6 +402,8 @@ class TaskTable(ScrollView, can_focus=True):
             Text(row.badge if row is not None else str(task.state), style=state_style,
                  no_wrap=True),
             Text(task.id, no_wrap=True),
+            Text(self._repo_names.get(task.repo, task.repo.name), no_wrap=True,
+                 overflow="ellipsis", style=self._style("muted")),
             title,
             Text(task.model, no_wrap=True, overflow="ellipsis"),
             Text(human_duration(spent) if spent is not None else "", no_wrap=True,
@@ -367,7 +420,8 @@ class TaskTable(ScrollView, can_focus=True):
         spent = elapsed(task, self._now)
         return (task.state, task.short_title, task.model, task.turns, task.input_tokens,
                 task.output_tokens, task.added_lines, task.deleted_lines, task.last_tool,
-                None if spent is None else int(spent), marked, landing_label(task))
+                None if spent is None else int(spent), marked, landing_label(task),
+                self.shows_repo, self._repo_names.get(task.repo))
 
     def _paint(self, cells: list[tuple[Text, str, int]], row_style: Style,
                *, over: bool = False) -> Strip:

@@ -1,0 +1,209 @@
+"""Per-repository settings: `.fleet-tui.toml` at a repository's root, `.worktreeinclude`.
+
+A repository says how a new worktree of it is made ready, in a file committed with it:
+
+    # .fleet-tui.toml
+    setup = "npm ci"                     # run in each new worktree before claude starts
+    include = [".env", "config/*.local"] # ignored files copied from the main checkout
+    test_command = "npm test"            # the merge's test gate
+
+`.worktreeinclude` (one gitignore pattern a line, as Claude Code, Conductor and others read
+it) adds to `include`. The user's config.toml overrides any of the three per repository:
+
+    [repos."/home/me/src/shop"]
+    setup = "npm ci --prefer-offline"
+
+Precedence: `.fleet-tui.toml` < config.toml's `[repos."<path>"]`; for the test gate, the
+merge's own `--test` > the repository's `test_command` > config.toml's top-level
+`test_command`. Only files git ignores are copied (a tracked file is in the worktree
+already; an untracked one git does not ignore would become part of the task's changes),
+never a file that holds the API key.
+
+`RepoSettingsCache` reads both files again when they change (their size and mtime), so the
+panel never needs a restart; a file that no longer reads keeps its last good settings and
+says why (`problems`). No Textual, no GitPython: the engine imports this.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet_tui.config_core import ConfigError, _line_of_key, _read_toml, config_file_location
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+REPO_FILE = ".fleet-tui.toml"
+WORKTREE_INCLUDE = ".worktreeinclude"
+KEYS = ("setup", "include", "test_command")
+USER_TABLE = "repos"  # config.toml: [repos."<repository path>"]
+
+
+@dataclass(frozen=True, slots=True)
+class RepoSettings:
+    """How a repository's new worktrees are made ready, and its test gate."""
+
+    setup: str | None = None
+    include: tuple[str, ...] = ()  # gitignore patterns (settings, then .worktreeinclude)
+    test_command: str | None = None
+
+    @property
+    def prepares(self) -> bool:
+        """A new worktree has something to do before claude starts."""
+        return bool(self.setup or self.include)
+
+
+def _where(path: str, text: str, key: str) -> str:
+    line = _line_of_key(text, key)
+    return f"{path}, line {line}" if line else path
+
+
+def _values(table: object, path: str, text: str, where: str) -> dict[str, object]:
+    """The three keys of one table, checked; ConfigError naming the file and line."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table of setup, include, test_command",
+                          path=path)
+    values: dict[str, object] = {}
+    for key, raw in table.items():
+        at = _where(path, text, key)
+        if key not in KEYS:
+            raise ConfigError(f"{at}: unknown setting {key!r} for a repository; use "
+                              + ", ".join(KEYS), path=path, key=key)
+        if key == "include":
+            items = [raw] if isinstance(raw, str) else raw
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise ConfigError(f"{at}: include: expected a list of paths or patterns "
+                                  "(strings)", path=path, key=key)
+            values[key] = tuple(i.strip() for i in items if i.strip())
+        else:
+            if not isinstance(raw, str):
+                raise ConfigError(f"{at}: {key}: expected a command (a string)", path=path,
+                                  key=key)
+            values[key] = raw.strip() or None
+    return values
+
+
+def read_repo_file(repo: Path) -> dict[str, object]:
+    """The settings of `<repo>/.fleet-tui.toml` ({} when there is none)."""
+    path = str(repo / REPO_FILE)
+    data, text = _read_toml(path)
+    return _values(data, path, text, path) if data else {}
+
+
+def read_user_override(repo: Path, config_file: str) -> dict[str, object]:
+    """The `[repos."<repo>"]` table of the user's config.toml ({} when there is none)."""
+    data, text = _read_toml(config_file)
+    repos = data.get(USER_TABLE)
+    if repos is None:
+        return {}
+    if not isinstance(repos, dict):
+        raise ConfigError(f"{_where(config_file, text, USER_TABLE)}: {USER_TABLE} must be "
+                          f'tables: [{USER_TABLE}."/path/to/repository"]', path=config_file)
+    wanted = {str(repo), str(repo.resolve())}
+    for name, table in repos.items():
+        if str(Path(os.path.expanduser(name))) in wanted or \
+                str(Path(os.path.expanduser(name)).resolve()) in wanted:
+            return _values(table, config_file, text, f"{config_file}: [{USER_TABLE}.{name!r}]")
+    return {}
+
+
+def worktree_include(repo: Path) -> tuple[str, ...]:
+    """The patterns of `<repo>/.worktreeinclude` (blank lines and # comments skipped)."""
+    try:
+        text = (repo / WORKTREE_INCLUDE).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ()
+    return tuple(line.strip() for line in text.splitlines()
+                 if line.strip() and not line.lstrip().startswith("#"))
+
+
+def load_repo_settings(repo: Path, config_file: str) -> RepoSettings:
+    """A repository's settings: its `.fleet-tui.toml`, then the user's override, with
+    `.worktreeinclude` added to `include`. ConfigError (file and line) when one is bad."""
+    values = read_repo_file(repo)
+    values.update(read_user_override(repo, config_file))
+    given = values.get("include")
+    include: tuple[str, ...] = given if isinstance(given, tuple) else ()
+    include += tuple(p for p in worktree_include(repo) if p not in include)
+    setup = values.get("setup")
+    test = values.get("test_command")
+    return RepoSettings(setup=setup if isinstance(setup, str) else None, include=include,
+                        test_command=test if isinstance(test, str) else None)
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+class RepoSettingsCache:
+    """Each repository's settings, read again when one of their files changed; a file
+    that no longer reads keeps the last good settings (and `problems` says why). Shared by
+    the engine's threads."""
+
+    def __init__(self, env: Mapping[str, str] | None = None,
+                 config_file: str | None = None) -> None:
+        self.config_file = config_file or config_file_location(env)
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[tuple[object, ...], RepoSettings]] = {}
+        self._problems: dict[str, str] = {}
+        self._seen: dict[str, tuple[object, ...]] = {}  # the stamps `check` last looked at
+
+    def _stamps(self, repo: Path) -> tuple[object, ...]:
+        return (_stamp(str(repo / REPO_FILE)), _stamp(str(repo / WORKTREE_INCLUDE)),
+                _stamp(self.config_file))
+
+    def get(self, repo: Path) -> RepoSettings:
+        """The repository's settings. ConfigError only when they never read well."""
+        key = str(repo)
+        stamps = self._stamps(repo)
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None and cached[0] == stamps:
+                return cached[1]
+            try:
+                settings = load_repo_settings(repo, self.config_file)
+            except ConfigError as exc:
+                self._problems[key] = str(exc)
+                if cached is None:
+                    raise
+                # keep the last good ones, and do not read the bad file again until it
+                # changes
+                self._cache[key] = (stamps, cached[1])
+                return cached[1]
+            self._problems.pop(key, None)
+            self._cache[key] = (stamps, settings)
+            return settings
+
+    def check(self, repo: Path) -> tuple[str, str | None]:
+        """Read the repository's settings again if a file of them changed: ("same", None),
+        ("reloaded", None), ("bad", why: the last good ones stay in use), ("none", why:
+        they never read well)."""
+        key = str(repo)
+        stamps = self._stamps(repo)
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen == stamps:
+                return "same", None
+            self._seen[key] = stamps
+        try:
+            self.get(repo)
+        except ConfigError as exc:
+            return "none", str(exc)
+        problem = self.problems().get(key)
+        if problem is not None:
+            return "bad", problem
+        return ("reloaded" if seen is not None else "same"), None
+
+    def problems(self) -> dict[str, str]:
+        """Repository -> why its settings file does not read (its last good settings are
+        in use)."""
+        with self._lock:
+            return dict(self._problems)
