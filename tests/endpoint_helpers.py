@@ -117,3 +117,22 @@ def assemble(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
             if blocks[idx]["type"] == "tool_use":
                 blocks[idx]["input"] = json.loads(partial[idx] or "{}")
     return [blocks[i] for i in sorted(blocks)]
+
+
+def cli_env(url: str, claude: str, key: str | None, **extra: str) -> dict[str, str]:
+    """The environment a test gives `fleet-tui` (a subprocess of this checkout) to run real
+    workers against the scripted endpoint at `url`: the key from the environment only (None:
+    no key there), no CLI retries, a fast engine tick. `extra` adds or overrides."""
+    import os
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_AUTH_TOKEN"}
+    env.update(FLEET_WORKER_BASE_URL=url, FLEET_WORKER_CLAUDE=claude,
+               FLEET_WORKER_KEY_SOURCES="env", CLAUDE_CODE_MAX_RETRIES="0",
+               FLEET_TUI_TICK="0.05",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    if key is not None:
+        env["ANTHROPIC_AUTH_TOKEN"] = key
+    env.update(extra)
+    return env

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from proc_helpers import working_in
 
 from fleet_tui import paths, procs, stream
 from fleet_tui.attemptlog import (
@@ -120,18 +121,7 @@ def sleepers(where: Path) -> list[int]:
 
 def in_folder(folder: Path) -> list[int]:
     """Live processes whose working directory is inside folder (read from /proc)."""
-    root = str(folder.resolve())
-    found = []
-    for st in procs.all_stats():
-        if st.state == "Z" or st.pid == os.getpid():
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{st.pid}/cwd")
-        except OSError:
-            continue
-        if cwd == root or cwd.startswith(root + os.sep):
-            found.append(st.pid)
-    return found
+    return working_in(folder)
 
 
 @pytest.fixture

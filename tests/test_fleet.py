@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from proc_helpers import commands_in
 
 from fleet_tui import paths, procs, stream
 from fleet_tui.attemptlog import EVENTS_FILE, read_json
@@ -102,19 +103,7 @@ def sleepers(where: Path) -> list[int]:
     """The sleeps of the sleepy script that work under `where` (the test's repository, whose
     worktrees are in it): another test run's sleeps on the machine are neither counted
     nor killed."""
-    root = str(where)
-    found = []
-    for st in procs.all_stats():
-        if st.state == "Z" or " ".join(procs.cmdline(st.pid)) not in ("sleep 326",
-                                                                         "sleep 327"):
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{st.pid}/cwd")
-        except OSError:
-            continue
-        if cwd == root or cwd.startswith(root + os.sep):
-            found.append(st.pid)
-    return found
+    return commands_in(where, "sleep 326", "sleep 327")
 
 
 def snapshot(repo: Path) -> dict[str, str]:

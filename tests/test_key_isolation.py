@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from endpoint_helpers import cli_env
 
 from fleet_tui import launcher
 from fleet_tui.endpoint import ScriptedEndpoint
@@ -67,12 +68,7 @@ def base_env(endpoint: ScriptedEndpoint, claude: str, key: str) -> dict[str, str
     stored = subprocess.run([sys.executable, "-m", "fleet_tui.cli", "key", "set"], input=key,
                             capture_output=True, text=True, timeout=60)
     assert stored.returncode == 0, stored.stderr
-    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_AUTH_TOKEN"}
-    env.update(FLEET_WORKER_BASE_URL=endpoint.url, FLEET_WORKER_CLAUDE=claude,
-               FLEET_WORKER_KEY_SOURCES="keyring", CLAUDE_CODE_MAX_RETRIES="0",
-               FLEET_TUI_TICK="0.05",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    return env
+    return cli_env(endpoint.url, claude, None, FLEET_WORKER_KEY_SOURCES="keyring")
 
 
 def fleet_tui(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

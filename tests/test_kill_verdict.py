@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from endpoint_helpers import cli_env
 
 from fleet_tui import paths, procs, stream
 from fleet_tui.attemptlog import EVENTS_FILE, EXIT_FILE, read_json
@@ -193,10 +194,7 @@ def test_run_wait_with_timeout_exits_1(cli_version: tuple[str, str], git_repo: P
                                        endpoint: ScriptedEndpoint) -> None:
     """`fleet-tui run --timeout N --wait` on a step longer than N: exit 1 (a task failed)."""
     which, claude = cli_version
-    env = dict(os.environ, FLEET_WORKER_BASE_URL=endpoint.url, FLEET_WORKER_CLAUDE=claude,
-               ANTHROPIC_AUTH_TOKEN=KEY, FLEET_WORKER_KEY_SOURCES="env",
-               CLAUDE_CODE_MAX_RETRIES="0", FLEET_TUI_TICK="0.05",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = cli_env(endpoint.url, claude, KEY)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         out = subprocess.run([sys.executable, "-m", "fleet_tui.cli", *args], cwd=git_repo,

@@ -5,7 +5,6 @@ before and after every refused or aborted command."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from endpoint_helpers import cli_env
 from landing_support import checkout_state, commit_all, git
 
 from fleet_tui.endpoint import ScriptedEndpoint, resolve_conflict_turns
@@ -50,10 +50,7 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
 
 @pytest.fixture
 def env(endpoint: ScriptedEndpoint, claude_bin: str) -> dict[str, str]:
-    return dict(os.environ, FLEET_WORKER_BASE_URL=endpoint.url, FLEET_WORKER_CLAUDE=claude_bin,
-                ANTHROPIC_AUTH_TOKEN=KEY, FLEET_WORKER_KEY_SOURCES="env",
-                CLAUDE_CODE_MAX_RETRIES="0", FLEET_TUI_TICK="0.05",
-                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return cli_env(endpoint.url, claude_bin, KEY)
 
 
 def cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120

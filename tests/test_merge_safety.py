@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from proc_helpers import working_in
 from soak_report import knob, record
 from test_git import commit_all, git, snapshot
 
@@ -38,18 +39,7 @@ KEY = "sk-merge-safety-SECRET-5c1e9a"
 def running(where: Path, *argvs: list[str]) -> list[int]:
     """Live processes whose argv is one of argvs and that work under `where` (the test's
     folder): another test run's processes on the machine are neither counted nor killed."""
-    root = str(where)
-    found = []
-    for st in procs.all_stats():
-        if st.state == "Z" or procs.cmdline(st.pid) not in argvs:
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{st.pid}/cwd")
-        except OSError:
-            continue
-        if cwd == root or cwd.startswith(root + os.sep):
-            found.append(st.pid)
-    return found
+    return working_in(where, lambda argv: argv in argvs)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from proc_helpers import commands_in
 
 from fleet_tui import procs
 from fleet_tui.attemptlog import (
@@ -70,18 +71,7 @@ def _sleepers(where: Path, *names: str) -> list[int]:
     """The sleeps this test's claude started: their command line is one of names and they
     work under `where` (the test's tmp_path). Another test run on the machine runs the same
     sleeps; those are neither counted nor killed."""
-    root = str(where)
-    found = []
-    for st in procs.all_stats():
-        if st.state == "Z" or " ".join(procs.cmdline(st.pid)) not in names:
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{st.pid}/cwd")
-        except OSError:
-            continue
-        if cwd == root or cwd.startswith(root + os.sep):
-            found.append(st.pid)
-    return found
+    return commands_in(where, *names)
 
 
 def _wait(pred, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from endpoint_helpers import cli_env
+from proc_helpers import commands_in
 
 from fleet_tui import procs
 from fleet_tui.endpoint import ScriptedEndpoint
@@ -49,10 +51,7 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
 
 @pytest.fixture
 def env(endpoint: ScriptedEndpoint, claude_bin: str) -> dict[str, str]:
-    return dict(os.environ, FLEET_WORKER_BASE_URL=endpoint.url, FLEET_WORKER_CLAUDE=claude_bin,
-                ANTHROPIC_AUTH_TOKEN=KEY, FLEET_WORKER_KEY_SOURCES="env",
-                CLAUDE_CODE_MAX_RETRIES="0", FLEET_TUI_TICK="0.05",
-                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return cli_env(endpoint.url, claude_bin, KEY)
 
 
 def cli(env: dict[str, str], cwd: Path, *args: str, stdin: str | None = None,
@@ -274,19 +273,7 @@ def test_a_parked_endpoint_is_said_by_run_ls_and_show(env: dict[str, str],
 def _sleepers(where: Path) -> list[int]:
     """The sleepy script's sleeps that work under `where` (the test's repository): another
     test run's sleeps on the machine are neither counted nor killed."""
-    root = str(where)
-    found = []
-    for st in procs.all_stats():
-        if st.state == "Z" or " ".join(procs.cmdline(st.pid)) not in ("sleep 336",
-                                                                         "sleep 337"):
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{st.pid}/cwd")
-        except OSError:
-            continue
-        if cwd == root or cwd.startswith(root + os.sep):
-            found.append(st.pid)
-    return found
+    return commands_in(where, "sleep 336", "sleep 337")
 
 
 def test_kill_from_the_cli(env: dict[str, str], git_repo: Path) -> None:

@@ -6,10 +6,11 @@ with the real claude."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from endpoint_helpers import cli_env
 
 from fleet_tui import stream
 from fleet_tui.attemptlog import AttemptLog
@@ -75,10 +76,7 @@ def test_fleet_tui_logs_full_with_the_real_claude(git_repo: Path, claude_bin: st
                 "input": {"command": "for i in 1 2 3 4 5; do echo line $i; done; exit 4",
                           "description": "five lines"}}], "done"]
     with ScriptedEndpoint({"default": script}) as ep:
-        env = dict(os.environ, FLEET_WORKER_BASE_URL=ep.url, FLEET_WORKER_CLAUDE=claude_bin,
-                   ANTHROPIC_AUTH_TOKEN="sk-logs-full", FLEET_WORKER_KEY_SOURCES="env",
-                   CLAUDE_CODE_MAX_RETRIES="0", FLEET_TUI_TICK="0.05",
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        env = cli_env(ep.url, claude_bin, "sk-logs-full")
         cli = [sys.executable, "-m", "fleet_tui.cli"]
         run = subprocess.run([*cli, "run", "--wait", "--json", "print five lines"], env=env,
                              cwd=git_repo, capture_output=True, text=True, timeout=120)
