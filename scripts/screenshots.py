@@ -4,8 +4,8 @@
 Runs the same setup as `fleet-tui --demo` (scratch repository, scripted endpoint, the
 real claude binary), opens FleetApp with Textual's Pilot at 160x48, and saves
 screenshots/*.svg while the workers run, of the diff review, a whole tool output (with a
-search), the merge confirmation and the launch form; then converts them to PNG with rsvg-convert (apt-get install
-librsvg2-bin fonts-dejavu-core).
+search), the merge confirmation and the launch form; then converts them to PNG with
+rsvg-convert (apt-get install librsvg2-bin fonts-dejavu-core).
 
     .venv/bin/python scripts/screenshots.py [--out screenshots] [--size 160x48]
 """

@@ -18,6 +18,7 @@ BIN = Path(sys.executable).parent
 TIMEOUT = 30
 
 OK_CASES = {"nonroot_custom_script", "nonroot_stream", "root_529_then_ok", "root_apikey_ok",
+            "root_bash_output",
             "root_json", "root_noflags", "root_only_nonessential", "root_permdefault",
             "root_sandbox_stream"}
 FAILED_CASES = {"root_401": "auth", "root_apikey_401": "auth", "root_429": "quota",

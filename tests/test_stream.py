@@ -85,6 +85,11 @@ EXPECTED: dict[str, tuple[list[str], int, int, bool]] = {
     "root_529_then_ok": (["Write hello.txt", "Bash ls"], 2, 0, False),
     "root_apikey_401": ([], 0, 0, True),
     "root_apikey_ok": (["Write hello.txt", "Bash ls"], 0, 0, False),
+    # a failing Bash step (exit 3, stderr) and a 41-line one: the whole output kept
+    "root_bash_output": (["Bash printf 'collecting...\\n'; printf 'tests/test_app.py::test_main "
+                          "FAILED\\n'; printf 'E assert 2 == 1\\n' >&2; exit 3",
+                          "Bash printf '%s' \"$(cat <<'X' tests/test_parser.py::test_case_00 "
+                          "PASSED tests/test_parser.py::test_case_01 PASSED tests…"], 0, 1, False),
     "root_json": ([], 0, 0, False),
     "root_noflags": (["Write hello.txt", "Bash ls"], 0, 0, False),
     "root_only_nonessential": (["Write hello.txt", "Bash ls"], 0, 0, False),
