@@ -55,6 +55,7 @@ from fleet_tui.states import (
     LAND_ACTIVE,
     PENDING_STATES,
     Action,
+    StopReason,
     TaskState,
 )
 from fleet_tui.store import (
@@ -669,7 +670,7 @@ class Fleet:
                 raise FleetError(f"task {task.id} is starting; try again in a moment")
             time.sleep(0.02)
             attempt = self.store.latest_attempt(task.id)
-        self.supervisor.stop_now(attempt, "kill", outcome.KILLED_BY_USER)
+        self.supervisor.stop_now(attempt, StopReason.KILL, outcome.KILLED_BY_USER)
         with self._lock:
             task = self.get_task(task.id)
             if task.state in ACTIVE_STATES:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from textual.binding import Binding
 
 from fleet_tui.policy import why_not
-from fleet_tui.states import STATES, Action
+from fleet_tui.states import STATES, VERBS, Action
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -47,20 +47,6 @@ class Context:
     filtering: bool  # a filter is typed or its box is open
 
 
-VERBS: dict[Action, str] = {
-    Action.MERGE: "merge",
-    Action.DISCARD: "discard",
-    Action.RETRY: "retry",
-    Action.KILL: "kill",
-    Action.FOLLOW_UP: "follow up",
-    Action.SHELL: "open a shell in",
-    Action.DIFF: "edit the files of",
-    Action.UPDATE: "update",
-    Action.QUEUE: "queue",
-    Action.PUSH: "push",
-    Action.PICK: "pick",
-    Action.SAY: "send a message to",
-}
 
 
 def task_verdict(action: Action, tasks: Sequence[Task]) -> Verdict:
