@@ -26,6 +26,7 @@ from typing import Any
 from fleet_tui import git, outcome, policy, providers, stream
 from fleet_tui.attemptlog import AttemptLog
 from fleet_tui.config import Settings
+from fleet_tui.errors import EXIT_FAILED, FleetTuiError
 from fleet_tui.states import ACTIVE_STATES, PENDING_STATES, StopReason, TaskState, Verdict
 from fleet_tui.store import Attempt, Store, Task
 from fleet_tui.supervisor import Supervisor, TaskChange, describe
@@ -56,8 +57,12 @@ class _Follow:
     retrying_429: bool = False  # the CLI is retrying a 429 (no answer since)
 
 
-class TaskDataError(Exception):
-    """One task's files or rows could not be used; the message names the file."""
+class TaskDataError(FleetTuiError):
+    """One task's files or rows could not be used; the message names the file. The task is
+    marked failed for it (exit 1, as for a failed task)."""
+
+    exit_code = EXIT_FAILED
+    title = "Task data"
 
 
 def describe_error(exc: BaseException) -> str:
