@@ -30,8 +30,8 @@ ALLOWED_STATE_COLLECTIONS = {
     # the list's filter cycles through every state in the order of a task's life: an order,
     # not a set (states.py's `order` is the sort order of the list, a different one)
     ("ui/widgets/task_table.py", "LIFECYCLE"),
-    # the title shows a task's message unless it is running (its progress is on screen) or
-    # queued (its note is the endpoint's, shown in the header): not a phase
+    # the detail title leaves out the message of a running or a queued task: a choice of
+    # what that one line shows, not a phase (running is active, queued pending)
     ("ui/screens/main.py", "title message"),
 }
 # SQL text that may name a state: the schema's default (a migration's text is fixed)
