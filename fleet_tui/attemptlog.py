@@ -24,6 +24,8 @@ import stat
 import time
 from pathlib import Path
 
+from fleet_tui.states import StopReason
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner imports this module: typing would cost each one ~5 ms
     from collections.abc import Iterator, Mapping
@@ -51,9 +53,6 @@ INPUT_LOG = "input.jsonl"  # every message the runner gave claude, and when
 SETUP_LOG = "setup.log"  # the output of the repository's setup command (new worktrees)
 
 STDERR_TAIL = 4000  # bytes of stderr a verdict looks at
-# why a stop was asked (KILL_FILE); "endpoint": its endpoint refuses what it retries (a
-# window the endpoint is parked for, an account it is held for), with the provider's words
-STOP_REASONS = ("kill", "timeout", "stall", "error", "endpoint")
 # what a new attempt's start clears from its folder (a retried start may find them)
 _PER_RUN = (EXIT_FILE, RUNNER_FILE, KILL_FILE, LAUNCH_FILE, RESERVE_FILE)
 LOCK_WAIT = 1.0  # a lock held this long by someone else is a live runner, not a passing check
@@ -323,15 +322,19 @@ class AttemptLog:
 
     def stop_request(self) -> dict[str, Any]:
         """Why a stop was asked ({} when none was, or the record is unusable): `reason`
-        (one of STOP_REASONS), `message` (str or None), `at`, `by`."""
+        (a StopReason), `message` (str or None), `at`, `by`."""
         rec = read_json(self.dir / KILL_FILE)
-        if not rec or rec.get("reason") not in STOP_REASONS:
+        if not rec:
+            return {}
+        try:
+            rec["reason"] = StopReason(str(rec.get("reason")))
+        except ValueError:  # none, or not a reason (a tampered or foreign file)
             return {}
         if not isinstance(rec.get("message"), (str, type(None))):
             rec["message"] = None
         return rec
 
-    def request_stop(self, reason: str, message: str, *, at: float, by: str) -> bool:
+    def request_stop(self, reason: StopReason, message: str, *, at: float, by: str) -> bool:
         """Record why the run is being stopped (before the signal, so whoever finishes the
         attempt classifies it right), unless a usable request is there already: the first
         reason stands. True when this call wrote it."""

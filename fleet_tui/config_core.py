@@ -81,8 +81,9 @@ class ConfigError(FleetTuiError):
 
 
 # Every setting, in the order of the Settings fields: name -> (kind, minimum, default).
-# Kinds: str, path, bool, int, float, sources, optstr. A minimum of 0 allows zero (timeout:
-# 0 means none); 1 / 1e-9 mean "positive".
+# Kinds: str, path, bool, int, seconds, days, sources, optstr. A minimum of 0 allows zero
+# (timeout: 0 means none); 1 / 1e-9 mean "positive". Seconds are durations.py's: a number
+# of seconds or a duration (`"15m"`), at most 7 days, as `--timeout` and the launch form.
 _POSITIVE = 1e-9
 _SPEC: dict[str, tuple[str, float | None, object]] = {
     # launcher (names and defaults of the original fleet-worker)
@@ -103,19 +104,19 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
     # engine
     "max_workers": ("int", 1, 4),
     "max_attempts": ("int", 1, 4),
-    "backoff_base": ("float", _POSITIVE, 5.0),
-    "backoff_cap": ("float", _POSITIVE, 300.0),
+    "backoff_base": ("seconds", _POSITIVE, 5.0),
+    "backoff_cap": ("seconds", _POSITIVE, 300.0),
     "fallback_after": ("int", 1, 2),
-    "quota_cooldown": ("float", _POSITIVE, 60.0),
+    "quota_cooldown": ("seconds", _POSITIVE, 60.0),
     # the endpoint's limits: a park's jitter past the reset, the stagger of the sessions
     # that resume after it, how long a lowered cap holds before each step back up
-    "park_jitter": ("float", 0, 30.0),
-    "resume_stagger": ("float", 0, 10.0),
-    "cap_hold": ("float", 0, 300.0),
-    "timeout": ("float", 0, 3600.0),
-    "stall_seconds": ("float", _POSITIVE, 300.0),
+    "park_jitter": ("seconds", 0, 30.0),
+    "resume_stagger": ("seconds", 0, 10.0),
+    "cap_hold": ("seconds", 0, 300.0),
+    "timeout": ("seconds", 0, 3600.0),
+    "stall_seconds": ("seconds", _POSITIVE, 300.0),
     "stall_kill": ("bool", None, False),
-    "kill_grace": ("float", _POSITIVE, 5.0),
+    "kill_grace": ("seconds", _POSITIVE, 5.0),
     "merge_strategy": ("str", None, "merge"),
     "test_command": ("optstr", None, None),
     # landing many branches (issue 12)
@@ -167,8 +168,10 @@ def config_file_location(env: Mapping[str, str] | None = None) -> str:
 def _describe_kind(kind: str, minimum: float | None) -> str:
     if kind == "int":
         return "a whole number" + (" >= 1" if minimum == 1 else f" >= {minimum:g}")
-    if kind == "float":
-        return "a number of seconds" + (" > 0" if minimum == _POSITIVE else " >= 0")
+    if kind == "seconds":
+        return ("a number of seconds or a duration such as \"90s\", \"15m\" or \"1h30m\""
+                + (", more than 0" if minimum == _POSITIVE else ", 0 or more")
+                + ", at most 7 days")
     if kind == "days":
         return "a number of days >= 0 (0: never)"
     if kind == "bool":
@@ -226,6 +229,13 @@ def _convert(name: str, raw: object, *, from_text: bool) -> object:
         if bad:
             raise ValueError(f"unknown key source {bad[0]!r}; use " + ", ".join(KEY_SOURCES))
         return tuple(dict.fromkeys(items))  # keep order, drop repeats
+    if kind == "seconds":  # durations.py's rule, as --timeout and the launch form
+        from fleet_tui import durations
+
+        try:
+            return durations.parse_seconds(raw, allow_zero=minimum != _POSITIVE)
+        except ValueError as exc:
+            raise ValueError(f"expected {exc}, got {raw!r}") from None
     # numbers
     value: float
     if isinstance(raw, bool):

@@ -60,6 +60,8 @@ from types import FrameType, TracebackType
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
+from fleet_tui.errors import EXIT_USAGE, FleetTuiError
+
 __all__ = [
     "DEFAULT_SCRIPT",
     "Fault",
@@ -106,8 +108,12 @@ ERROR_MESSAGES: dict[int, str] = {
 }
 
 
-class ScriptError(ValueError):
-    """A script or fault description is malformed; the message says where and how."""
+class ScriptError(FleetTuiError, ValueError):
+    """A script or fault description is malformed; the message says where and how. A usage
+    error (exit 2); still a ValueError for the callers that read a value with it."""
+
+    exit_code = EXIT_USAGE
+    title = "Bad script"
 
 
 # --------------------------------------------------------------------------- scripts
@@ -1324,9 +1330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         endpoint = ScriptedEndpoint(args.script, event_delay=max(0.0, args.delay),
                                     port=args.port, faults=args.fault)
-    except ScriptError as exc:
+    except FleetTuiError as exc:  # a malformed script or fault: its message and code
         print(f"endpoint: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     done = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

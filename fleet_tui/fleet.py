@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import random
 import secrets
@@ -45,6 +44,7 @@ from typing import Any
 
 from fleet_tui import git, launcher, outcome, paths, policy, repolock, stream, supervisor, titles
 from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings
+from fleet_tui.durations import check_seconds
 from fleet_tui.errors import FleetError, FleetRefused, InvalidSpec, TaskNotFound
 from fleet_tui.follower import Follower, attempt_finished
 from fleet_tui.repo_settings import RepoSettingsCache
@@ -55,6 +55,7 @@ from fleet_tui.states import (
     LAND_ACTIVE,
     PENDING_STATES,
     Action,
+    StopReason,
     TaskState,
 )
 from fleet_tui.store import (
@@ -443,11 +444,12 @@ class Fleet:
         if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int)
                                   or turns < 1):
             raise InvalidSpec(f"max turns must be a whole number of at least 1 (got {turns!r})")
-        limit = spec.timeout
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float)
-                                  or not math.isfinite(limit) or limit < 0):
-            raise InvalidSpec(f"the timeout must be a number of seconds, 0 (none) or more "
-                              f"(got {limit!r})")
+        if spec.timeout is not None:  # durations.py's rule, as --timeout and the form
+            try:
+                check_seconds(spec.timeout)
+            except ValueError as exc:
+                raise InvalidSpec(f"the timeout must be {exc}; 0 for none "
+                                  f"(got {spec.timeout!r})") from None
         if spec.permission_mode is not None and spec.permission_mode not in PERMISSION_MODES:
             raise InvalidSpec(f"unknown permission mode {spec.permission_mode!r}; use one of "
                               + ", ".join(PERMISSION_MODES))
@@ -669,7 +671,7 @@ class Fleet:
                 raise FleetError(f"task {task.id} is starting; try again in a moment")
             time.sleep(0.02)
             attempt = self.store.latest_attempt(task.id)
-        self.supervisor.stop_now(attempt, "kill", outcome.KILLED_BY_USER)
+        self.supervisor.stop_now(attempt, StopReason.KILL, outcome.KILLED_BY_USER)
         with self._lock:
             task = self.get_task(task.id)
             if task.state in ACTIVE_STATES:

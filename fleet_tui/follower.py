@@ -26,7 +26,8 @@ from typing import Any
 from fleet_tui import git, outcome, policy, providers, stream
 from fleet_tui.attemptlog import AttemptLog
 from fleet_tui.config import Settings
-from fleet_tui.states import ACTIVE_STATES, TaskState, Verdict
+from fleet_tui.errors import EXIT_FAILED, FleetTuiError
+from fleet_tui.states import ACTIVE_STATES, PENDING_STATES, StopReason, TaskState, Verdict
 from fleet_tui.store import Attempt, Store, Task
 from fleet_tui.supervisor import Supervisor, TaskChange, describe
 
@@ -56,8 +57,12 @@ class _Follow:
     retrying_429: bool = False  # the CLI is retrying a 429 (no answer since)
 
 
-class TaskDataError(Exception):
-    """One task's files or rows could not be used; the message names the file."""
+class TaskDataError(FleetTuiError):
+    """One task's files or rows could not be used; the message names the file. The task is
+    marked failed for it (exit 1, as for a failed task)."""
+
+    exit_code = EXIT_FAILED
+    title = "Task data"
 
 
 def describe_error(exc: BaseException) -> str:
@@ -263,7 +268,7 @@ class Follower:
         words = policy.stop_for_endpoint(self.store.get_endpoint(task.endpoint), now)
         if words is not None and not AttemptLog(attempt.dir).stop_request():
             log.info("task %s: stopped, its endpoint refuses what it retries", task.id)
-            self.supervisor.request_stop(attempt, "endpoint", words)
+            self.supervisor.request_stop(attempt, StopReason.ENDPOINT, words)
 
     # --- finishing ------------------------------------------------------------------------
 
@@ -376,7 +381,7 @@ class Follower:
             try:
                 if self.supervisor.runner_state(attempt) == "alive":
                     # marked only once it is gone, so that no retry runs beside it
-                    self.supervisor.stop_now(attempt, "error", message)
+                    self.supervisor.stop_now(attempt, StopReason.ERROR, message)
             except Exception:
                 log.exception("could not stop the runner of task %s", task.id)
         now = self.clock()
@@ -384,8 +389,7 @@ class Follower:
             self.store.update_attempt(attempt.id, finished_at=now, verdict=Verdict.CRASHED,
                                       message=message)
             self._follows.pop(attempt.id, None)
-        if self.store.update_task(task.id, expect_state=ACTIVE_STATES | {TaskState.QUEUED,
-                                                                         TaskState.WAITING},
+        if self.store.update_task(task.id, expect_state=ACTIVE_STATES | PENDING_STATES,
                                   state=TaskState.FAILED, verdict=Verdict.CRASHED,
                                   message=message, finished_at=now, not_before=None):
             changes.append(TaskChange(task.id, task.state, TaskState.FAILED, message))

@@ -23,6 +23,7 @@ from typing import Any
 
 from fleet_tui import providers
 from fleet_tui.errors import EXIT_MISSING
+from fleet_tui.states import StopReason
 from fleet_tui.states import Verdict as Verdict  # re-exported: outcome.Verdict
 from fleet_tui.stream import (
     MAX_INT,
@@ -326,20 +327,20 @@ class Ending:
 
 
 def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | None,
-                  exit_path: str, stop_reason: str | None, stop_message: str | None,
+                  exit_path: str, stop_reason: StopReason | None, stop_message: str | None,
                   result: dict[str, Any] | None, stderr_tail: str,
                   no_record: str = "") -> Ending:
     """The verdict of an attempt whose runner is gone, from everything it left: the exit
     record (None: missing, or unreadable for `exit_problem`), why a stop was asked
-    (`stop_reason`, one of attemptlog.STOP_REASONS, and its message), the events' result and the
+    (`stop_reason` and its message), the events' result and the
     stderr tail. `no_record`: why there is no exit record (see `no_exit_record`).
 
     A stop asked by the user or the engine decides the verdict (killed, crashed, timeout)
     whatever claude printed after it; a launcher's refusal recorded by the runner (no key,
     no claude) is an auth failure or a crash; else `classify` judges the run."""
-    killed = stop_reason in ("kill", "error")
-    timed_out = stop_reason in ("timeout", "stall")
-    if stop_reason == "endpoint":
+    killed = stop_reason in (StopReason.KILL, StopReason.ERROR)
+    timed_out = stop_reason in (StopReason.TIMEOUT, StopReason.STALL)
+    if stop_reason == StopReason.ENDPOINT:
         return _stopped_for_the_endpoint(exit_record, stop_message, result, stderr_tail)
     if exit_record is None:
         if exit_problem is None:
@@ -348,7 +349,7 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
             why = (f"the exit record {exit_path} is unreadable ({exit_problem}); the verdict "
                    "comes from the events' result")
         if killed:
-            return Ending(Verdict.KILLED if stop_reason == "kill" else Verdict.CRASHED,
+            return Ending(Verdict.KILLED if stop_reason == StopReason.KILL else Verdict.CRASHED,
                           stop_message or "killed")
         if timed_out:
             return Ending(Verdict.TIMEOUT, stop_message or "timed out")
@@ -368,7 +369,7 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
         verdict = (Verdict.AUTH if exit_code == EXIT_MISSING and "key" in str(error).lower()
                    else Verdict.CRASHED)
         return Ending(verdict, str(error), exit_code, sig)
-    if stop_reason == "error":
+    if stop_reason == StopReason.ERROR:
         return Ending(Verdict.CRASHED, stop_message or STOPPED_BY_ENGINE, exit_code, sig)
     out = classify(exit_code=exit_code, signal=sig, result=result, stderr_tail=stderr_tail,
                    killed=killed, timed_out=timed_out)

@@ -25,9 +25,11 @@ from fleet_tui.states import (
     FINISHED_STATES,
     LAND_ACTIVE,
     STATES,
+    VERBS,
     Action,
     LandState,
     Phase,
+    StopReason,
     TaskState,
     Verdict,
 )
@@ -75,7 +77,6 @@ NOTE_PREFIXES = ("waits: ", "held: ")
 # this much longer, so that it acts only for a runner that did not
 RUNNER_HEADSTART = 1.0
 BACKOFF_JITTER = (0.5, 1.0)  # the backoff is multiplied by a uniform draw from this range
-_VERBS = {Action.FOLLOW_UP: "follow up", Action.SAY: "send a message to"}
 
 
 # --- what a task allows ----------------------------------------------------------------------
@@ -156,7 +157,7 @@ def refusal(task: Task, action: Action, why: str | None = None) -> str | None:
     why = why if why is not None else why_not(task, action)
     if why is None:
         return None
-    return f"cannot {_VERBS.get(action, action.value)} task {task.id}: {why}"
+    return f"cannot {VERBS[action]} task {task.id}: {why}"
 
 
 # --- the next attempt ------------------------------------------------------------------------
@@ -573,7 +574,7 @@ class Watch:
     """What the watchdogs ask for on one pass over a running attempt (all may be unset)."""
 
     hard_kill: bool = False  # a stop was asked kill_grace (+ headstart) ago: SIGKILL now
-    stop: tuple[str, str] | None = None  # (reason, message): ask the runner to stop
+    stop: tuple[StopReason, str] | None = None  # (reason, message): ask the runner to stop
     stalled: str | None = None  # mark the task stalled, with this message
 
 
@@ -588,13 +589,14 @@ def watchdog(task: Task, attempt: Attempt, settings: Settings, now: float, *,
     started = attempt.started_at or now
     limit = time_limit(task, settings)
     if limit is not None and now - started > limit + RUNNER_HEADSTART:
-        return Watch(stop=("timeout", f"timed out after {limit:g} s (wall clock)"))
+        return Watch(stop=(StopReason.TIMEOUT, f"timed out after {limit:g} s (wall clock)"))
     last = max(attempt.last_event_at or started, last_activity or 0.0)
     idle = now - last
     if idle <= settings.stall_seconds:
         return Watch()
     stalled = f"no event for {idle:.0f} s" if task.state == TaskState.RUNNING else None
-    stop = ("stall", f"stalled: no event for {idle:.0f} s") if settings.stall_kill else None
+    stop = ((StopReason.STALL, f"stalled: no event for {idle:.0f} s") if settings.stall_kill
+            else None)
     return Watch(stop=stop, stalled=stalled)
 
 

@@ -10,6 +10,10 @@ puts it in the repository's common git dir), shared by every process and thread.
 - Re-entrant within a thread (a merge removes the task's worktree under the same lock);
   threads of one process queue on a per-file mutex, processes on the flock.
 - The kernel drops a flock when its process dies, so a crashed holder never blocks anyone.
+- Fair between processes: a waiter first takes a turnstile (a second flock, on the lock
+  file's name + ".turn") and holds it while it waits for the lock, so a holder that
+  releases the lock and asks for it again queues behind the waiter instead of taking it
+  back at once (which starved a waiter for as long as the holder looped).
 - While held, the file names the holder (pid and what it does), so a waiter that gives up
   after `timeout` seconds can say who it waited for.
 """
@@ -30,6 +34,7 @@ __all__ = ["LockTimeout", "hold"]
 
 POLL = 0.01  # first wait between two tries of a busy lock; doubles up to POLL_MAX
 POLL_MAX = 0.05
+TURNSTILE = ".turn"  # beside the lock file: waiters queue on it (see _take_file)
 
 
 class LockTimeout(FleetTuiError):
@@ -91,29 +96,46 @@ def _open(path: str) -> int:
                           f"{exc.strerror or exc}") from None
 
 
-def _take_file(path: str, what: str, deadline: float, started: float) -> int:
-    fd = _open(path)
+def _flock(fd: int, path: str, what: str, deadline: float, started: float) -> None:
+    """Take the flock on ``fd`` by polling (a blocking flock could not give up at the
+    deadline); LockTimeout naming the lock's holder once the deadline has passed."""
     delay = POLL
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        now = time.monotonic()
+        if now >= deadline:
+            raise LockTimeout(_busy_message(path, what, now - started, _holder(None, path)))
+        time.sleep(min(delay, max(0.0, deadline - now)))
+        delay = min(delay * 2, POLL_MAX)
+
+
+def _take_file(path: str, what: str, deadline: float, started: float) -> int:
+    """The flock on ``path``, taken through its turnstile ``path + TURNSTILE``: a process
+    first takes the turnstile, then waits for the lock holding it, and lets it go once the
+    lock is its own. A holder that releases the lock and asks again at once must take the
+    turnstile too, which the waiter holds, so the waiter gets the lock next (without it, the
+    holder took the lock back within microseconds, before a polling waiter looked again).
+    Both are flocks: a process that dies holding either releases it."""
+    turn = _open(path + TURNSTILE)
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                pass
-            now = time.monotonic()
-            if now >= deadline:
-                raise LockTimeout(_busy_message(path, what, now - started, _holder(fd, path)))
-            time.sleep(min(delay, max(0.0, deadline - now)))
-            delay = min(delay * 2, POLL_MAX)
-        note = f"{os.getpid()} {time.time():.3f} {' '.join(what.split())}\n".encode()
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, note, 0)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+        _flock(turn, path, what, deadline, started)
+        fd = _open(path)
+        try:
+            _flock(fd, path, what, deadline, started)
+            note = f"{os.getpid()} {time.time():.3f} {' '.join(what.split())}\n".encode()
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, note, 0)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+    finally:
+        os.close(turn)  # the next waiter may queue for the lock now
 
 
 @contextlib.contextmanager

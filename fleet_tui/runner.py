@@ -52,6 +52,7 @@ from pathlib import Path
 
 from fleet_tui import procs
 from fleet_tui.attemptlog import INPUT_LOCK_WAIT, AttemptLog, InputClosed, write_json_atomic
+from fleet_tui.states import StopReason
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
@@ -216,13 +217,14 @@ class Runner:
         now = time.monotonic()
         if self.term_at is None:
             if self.timeout and now - self.started_mono >= self.timeout:
-                self._record_kill("timeout", f"timed out after {self.timeout:g} s (wall clock)")
+                self._record_kill(StopReason.TIMEOUT,
+                                  f"timed out after {self.timeout:g} s (wall clock)")
                 self._terminate()
         elif not self.killed_hard and now - self.term_at >= self.kill_grace:
             self.killed_hard = True
             self._forward(signal.SIGKILL)
 
-    def _record_kill(self, reason: str, message: str) -> None:
+    def _record_kill(self, reason: StopReason, message: str) -> None:
         """The stop request, unless one is there already (the engine's reason comes first)."""
         try:
             self.log.request_stop(reason, message, at=time.time(), by=f"runner {self.pid}")

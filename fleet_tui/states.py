@@ -55,6 +55,36 @@ class Action(StrEnum):
     SAY = "say"  # a message to the running worker (its next user turn)
 
 
+# the words of each action in a sentence ("cannot <verb> task X: ...", the panel's "Cannot
+# <verb> X: ..."): policy's refusals and the panel's dimmed keys say the same thing
+VERBS: dict[Action, str] = {
+    Action.MERGE: "merge",
+    Action.DISCARD: "discard",
+    Action.RETRY: "retry",
+    Action.KILL: "kill",
+    Action.FOLLOW_UP: "follow up",
+    Action.SHELL: "open a shell in",
+    Action.DIFF: "edit the files of",
+    Action.UPDATE: "update",
+    Action.QUEUE: "queue",
+    Action.PUSH: "push",
+    Action.PICK: "pick",
+    Action.SAY: "send a message to",
+}
+assert set(VERBS) == set(Action), "every Action needs its words in VERBS"
+
+
+class StopReason(StrEnum):
+    """Why a stop of a running attempt was asked (the attempt's stop file says it; the
+    runner, the supervisor and the follower write it, outcome reads it into a verdict)."""
+
+    KILL = "kill"  # the user stopped it
+    TIMEOUT = "timeout"  # its wall-clock limit passed
+    STALL = "stall"  # no event for stall_seconds, with stall_kill
+    ERROR = "error"  # the engine gave up on the task (its data could not be used)
+    ENDPOINT = "endpoint"  # its endpoint refuses what it retries (parked window, held account)
+
+
 class LandState(StrEnum):
     """Where a task is in the merge queue (`Task.land_state`; None: not queued)."""
 

@@ -33,6 +33,7 @@ from fleet_tui.states import (
     CLOSED_STATES,
     FINISHED_STATES,
     LAND_ACTIVE,
+    PENDING_STATES,
     LandState,
     TaskState,
     Verdict,
@@ -845,12 +846,14 @@ class Store:
                    owner: str | None = None) -> Task | None:
         """Atomically move the oldest ready task of ``endpoint`` to running, under ``cap``.
 
-        Ready: queued, or waiting with ``not_before <= now``. Returns None when the endpoint
-        already has ``cap`` running/stalled tasks or nothing is ready. One IMMEDIATE
+        Ready: pending (queued, or waiting) with no ``not_before`` or one that has come.
+        Returns None when the endpoint already has ``cap`` active (running/stalled) tasks or
+        nothing is ready. The states are the phases of states.py's table. One IMMEDIATE
         transaction, so the cap holds across every process sharing the database.
         """
         now = time.time() if now is None else now
-        active = tuple(s.value for s in ACTIVE_STATES)
+        active = sorted(s.value for s in ACTIVE_STATES)
+        pending = sorted(s.value for s in PENDING_STATES)
         with self.transaction() as conn:
             running = conn.execute(
                 f"SELECT COUNT(*) FROM tasks WHERE endpoint = ? AND state IN "
@@ -858,9 +861,10 @@ class Store:
             if running >= cap:
                 return None
             row = conn.execute(
-                "SELECT * FROM tasks WHERE endpoint = ? AND (state = ? OR (state = ? AND "
-                "(not_before IS NULL OR not_before <= ?))) ORDER BY created_at, id LIMIT 1",
-                (endpoint, TaskState.QUEUED.value, TaskState.WAITING.value, now)).fetchone()
+                f"SELECT * FROM tasks WHERE endpoint = ? AND state IN "
+                f"({', '.join('?' for _ in pending)}) AND "
+                f"(not_before IS NULL OR not_before <= ?) ORDER BY created_at, id LIMIT 1",
+                (endpoint, *pending, now)).fetchone()
             if row is None:
                 return None
             conn.execute(

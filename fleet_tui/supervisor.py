@@ -35,7 +35,7 @@ from fleet_tui.config import ConfigError, Settings
 from fleet_tui.errors import FleetError, FleetTuiError
 from fleet_tui.repo_settings import RepoSettingsCache
 from fleet_tui.runner import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
-from fleet_tui.states import ACTIVE_STATES, TaskState, Verdict
+from fleet_tui.states import ACTIVE_STATES, StopReason, TaskState, Verdict
 from fleet_tui.store import Attempt, Store, Task
 from fleet_tui.stream import one_line
 
@@ -408,7 +408,7 @@ class Supervisor:
 
     # --- stopping -------------------------------------------------------------------------
 
-    def request_stop(self, attempt: Attempt, reason: str, message: str) -> None:
+    def request_stop(self, attempt: Attempt, reason: StopReason, message: str) -> None:
         """Record why (so any engine that finishes the attempt classifies it right), then
         SIGTERM the runner, which passes it to claude's group and every descendant and
         sends SIGKILL after the kill grace by itself."""
@@ -416,7 +416,7 @@ class Supervisor:
         AttemptLog(attempt.dir).request_stop(reason, message, at=self.clock(), by=self.owner)
         self.signal(attempt, signal.SIGTERM)
 
-    def stop_now(self, attempt: Attempt, reason: str, message: str) -> None:
+    def stop_now(self, attempt: Attempt, reason: StopReason, message: str) -> None:
         """Ask the runner to stop and wait for it to be gone: SIGKILL to the whole tree
         once the kill grace (and the runner's head start) has passed."""
         self.request_stop(attempt, reason, message)

@@ -368,3 +368,25 @@ def test_tool_env_with_a_working_bubblewrap(setup: Path, key: str,
         assert result.returncode == 2 and "cannot make a sandbox" in row["detail"]
     else:
         assert result.returncode == 0 and "own pid namespace" in row["detail"]
+
+
+@pytest.mark.parametrize(("make", "expected"), [
+    (lambda d: subprocess.run(["git", "init", "-q", "--bare", str(d)], check=True),
+     "is a bare repository"),
+    (lambda d: subprocess.run(["git", "init", "-q", str(d)], check=True), "has no commit yet"),
+])
+def test_the_repository_is_found_as_the_engine_finds_it(
+        setup: Path, key: str, tmp_path: Path, make: Any, expected: str) -> None:
+    """fleet-doctor finds the repository with git.find_repo, as fleet-tui does, so it says
+    what fleet-tui would refuse (a raw `git rev-parse --show-toplevel` called a bare
+    repository "not a git repository" and passed a repository without a commit)."""
+    where = tmp_path / "not-set-up"
+    make(where)
+    row = by_check(as_json(run_doctor("--json", cwd=where)))["fleet_work_ignored"]
+    assert row["status"] == "skip" and expected in row["detail"], row
+
+
+def test_doctor_runs_no_git_plumbing_of_its_own() -> None:
+    """Finding the repository is git.py's (one rule for what a usable repository is)."""
+    source = Path(doctor.__file__).read_text(encoding="utf-8")
+    assert '"rev-parse"' not in source and "find_repo" in source

@@ -87,7 +87,8 @@ def test_numbers_for_humans() -> None:
 def test_form_parsers_and_memory(tmp_path: Path) -> None:
     assert parse_duration("") is None and parse_duration("90") == 90
     assert parse_duration("15m") == 900 and parse_duration("2h") == 7200
-    for bad in ("soon", "-3", "0"):
+    assert parse_duration("0") == 0  # no limit, as --timeout 0 and config's timeout = 0
+    for bad in ("soon", "-3", "8d", "200h"):
         try:
             parse_duration(bad)
         except ValueError:

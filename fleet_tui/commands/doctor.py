@@ -263,15 +263,16 @@ def _git_checks(env: Mapping[str, str], cwd: Path) -> list[Check]:
     try:
         version = subprocess.run([git, "--version"], capture_output=True, text=True,
                                  timeout=10, env=run_env).stdout.strip()
-        top = subprocess.run([git, "rev-parse", "--show-toplevel"], capture_output=True,
-                             text=True, timeout=10, cwd=cwd, env=run_env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [Check("git", WARN, f"git did not run: {exc}")]
     checks = [Check("git", OK, f"{version} at {git}")]
-    if top.returncode != 0:
-        checks.append(Check("fleet_work_ignored", SKIP, f"{cwd} is not in a git repository"))
+    from fleet_tui import git as fleet_git  # the repository the engine would use, as it finds it
+
+    try:
+        repo = fleet_git.find_repo(cwd)
+    except fleet_git.GitError as exc:
+        checks.append(Check("fleet_work_ignored", SKIP, str(exc)))
         return checks
-    repo = Path(top.stdout.strip())
     try:
         ignored = subprocess.run([git, "check-ignore", "-q", ".fleet-work/"],
                                  capture_output=True, text=True, timeout=10, cwd=repo,

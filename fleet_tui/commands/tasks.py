@@ -399,7 +399,7 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--max-turns", type=_whole(1), metavar="N",
                    help="stop after N agent turns (at least 1)")
     p.add_argument("--timeout", type=_duration, metavar="T",
-                   help="wall-clock limit: seconds, or 90s, 15m, 1h30m (0: none)")
+                   help="wall-clock limit: seconds, or 90s, 15m, 1h30m; at most 7 days (0: none)")
     p.add_argument("--wait", action="store_true",
                    help="stay until every task finished; exit 1 unless all succeeded")
     p.add_argument("--json", action="store_true", help="print the tasks as JSON")

@@ -18,13 +18,13 @@ be done now (a follow-up for a task whose run never started a session).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from textual.binding import Binding
 
 from fleet_tui.policy import why_not
-from fleet_tui.states import STATES, Action
+from fleet_tui.states import STATES, VERBS, Action
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -47,20 +47,6 @@ class Context:
     filtering: bool  # a filter is typed or its box is open
 
 
-VERBS: dict[Action, str] = {
-    Action.MERGE: "merge",
-    Action.DISCARD: "discard",
-    Action.RETRY: "retry",
-    Action.KILL: "kill",
-    Action.FOLLOW_UP: "follow up",
-    Action.SHELL: "open a shell in",
-    Action.DIFF: "edit the files of",
-    Action.UPDATE: "update",
-    Action.QUEUE: "queue",
-    Action.PUSH: "push",
-    Action.PICK: "pick",
-    Action.SAY: "send a message to",
-}
 
 
 def task_verdict(action: Action, tasks: Sequence[Task]) -> Verdict:
@@ -242,11 +228,13 @@ def find(name: str, params: tuple[object, ...] = ()) -> PanelAction | None:
     return BY_NAME.get(name)
 
 
-def known_ids() -> list[str]:
-    """Every binding id a keymap can name (the app's ctrl+q too)."""
-    return [a.id for a in ACTIONS] + ["app.ctrl_q"]
+def known_ids(app_bindings: Iterable[object] = ()) -> list[str]:
+    """Every binding id a keymap can name: the panel's actions and the ids of the app's own
+    bindings (`app_bindings`: the app's BINDINGS, e.g. ctrl+q's "app.ctrl_q")."""
+    extra = [b.id for b in app_bindings if isinstance(b, Binding) and b.id]
+    return [a.id for a in ACTIONS] + extra
 
 
-def unknown_ids(keymap: Mapping[str, str]) -> list[str]:
+def unknown_ids(keymap: Mapping[str, str], app_bindings: Iterable[object] = ()) -> list[str]:
     """The ids in a keymap that name no binding (a typo would rebind nothing, silently)."""
-    return sorted(set(keymap) - set(known_ids()))
+    return sorted(set(keymap) - set(known_ids(app_bindings)))

@@ -92,10 +92,10 @@ class FleetApp(App[None]):
         self._last_error_at = 0.0
         self._main: MainScreen | None = None
         if self.keymap:
-            unknown = unknown_ids(self.keymap)
+            unknown = unknown_ids(self.keymap, self.BINDINGS)
             if unknown:  # a typo would rebind nothing, silently
                 raise ValueError(f"no key binding has the id {', '.join(map(repr, unknown))}"
-                                 f"; the ids are {', '.join(known_ids())}")
+                                 f"; the ids are {', '.join(known_ids(self.BINDINGS))}")
             self.set_keymap(self.keymap)
 
     def get_default_screen(self) -> MainScreen:

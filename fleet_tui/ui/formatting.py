@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from rich.cells import cell_len
 
+from fleet_tui.states import CLOSED_STATES
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from fleet_tui import stream
@@ -379,7 +381,7 @@ def landing_label(task: Task) -> tuple[str, str] | None:
     if task.conflicts:
         return "⚠conflicts", "failed"
     state = task.land_state
-    closed = task.state in ("merged", "discarded")  # history: its queue news is old
+    closed = task.state in CLOSED_STATES  # history: its queue news is old
     if state is not None and state in _LAND_STYLES and not closed:
         return f"⇡{state}", _LAND_STYLES[state]
     if task.pushed:

@@ -81,9 +81,10 @@ class LaunchRequest:
 
 
 def parse_duration(text: str) -> float | None:
-    """'90', '90s', '15m', '1h30m' -> seconds (durations.parse_duration, as the CLI's
-    --timeout); '' -> None; ValueError otherwise."""
-    return durations.parse_duration(text, allow_zero=False) if text.strip() else None
+    """'90', '90s', '15m', '1h30m' -> seconds, '0' -> no limit (durations.parse_duration,
+    as the CLI's --timeout and config.toml); '' -> None (the setting); ValueError
+    otherwise."""
+    return durations.parse_duration(text) if text.strip() else None
 
 
 def parse_positive_int(text: str, *, maximum: int | None = None) -> int | None:

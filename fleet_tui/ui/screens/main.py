@@ -368,7 +368,7 @@ class MainScreen(Screen[None]):
             if ep.event is None or seen.get(ep.endpoint) == (ep.event, ep.event_at):
                 continue
             waiting = sum(1 for t in tasks if t.endpoint == ep.endpoint
-                          and t.state in (TaskState.QUEUED, TaskState.WAITING))
+                          and t.state in PENDING_STATES)
             tasks_word = f"{waiting} task{'' if waiting == 1 else 's'}"
             if ep.event == "hold" and ep.held is not None:
                 met = f"task {ep.held_task} failed: " if ep.held_task else ""
