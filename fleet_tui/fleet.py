@@ -688,6 +688,8 @@ class Fleet:
         """Queue a new attempt: fresh (worktree reset to the base) or resume the session."""
         task = self.get_task(task_id)
         self._check(task, Action.RETRY, policy.why_not_resume(task) if resume else None)
+        if resume:
+            self._check_branch_left(task)
         # the user acted on the endpoint's stop (recharged, renewed, a new key): lift it
         self.store.change_endpoint(
             task.endpoint, lambda state: {"held": None, "held_task": None,
@@ -716,10 +718,21 @@ class Fleet:
         if not prompt or not prompt.strip():
             raise FleetError("the follow-up prompt is empty; say what the worker should do")
         self._check(task, Action.FOLLOW_UP)
+        self._check_branch_left(task)
         self.store.add_attempt(task.id, kind="followup", prompt=prompt, started_at=None)
         self.store.update_task(task.id, expect_state=FINISHED_STATES, state=TaskState.QUEUED,
                                verdict=None, message=None, finished_at=None, not_before=None)
         return self.get_task(task.id)
+
+    @staticmethod
+    def _check_branch_left(task: Task) -> None:
+        """A resume or a follow-up continues the work on the task's branch: when its
+        worktree folder was deleted by hand the branch is checked out again at the start
+        (supervisor.launch); with the branch gone too there is nothing to continue."""
+        if task.worktree is None or Path(task.worktree).is_dir():
+            return
+        if not git.branch_exists(Path(task.repo), task.branch or f"fleet/{task.id}"):
+            raise FleetRefused(str(git.BranchGone(task.id, Path(task.worktree))))
 
     def say(self, task_id: str, text: str, *, wait: float = 3.0) -> bool:
         """Send a message to a running worker: it joins the turn claude is in, or starts
@@ -762,8 +775,13 @@ class Fleet:
 
     @staticmethod
     def _missing_worktree(task: Task) -> str:
+        branch = task.branch or f"fleet/{task.id}"
+        kept = (f"its branch {branch} still holds the commits (a follow-up or "
+                "`retry --resume` checks it out again), ") \
+            if task.session_id and git.branch_exists(Path(task.repo), branch) else ""
         return (f"the worktree of task {task.id} ({task.worktree}) is missing: it was "
-                "deleted outside fleet-tui; discard the task, or retry it to start fresh")
+                f"deleted outside fleet-tui; {kept}discard the task, or retry it to start "
+                "fresh")
 
     def _worktree_of(self, task: Task) -> Path:
         if task.state in CLOSED_STATES:
@@ -834,6 +852,8 @@ class Fleet:
         """What merge() would do now, short of the test command: clean, or why not
         (identity, main checkout, nothing to merge, conflicts, files in the way, the key)."""
         task = self.get_task(task_id)
+        if task.worktree is not None and not Path(task.worktree).is_dir():
+            raise FleetRefused(self._missing_worktree(task))  # as the merge itself does
         worktree = self._worktree_of(task)
         if not task.base_branch:
             raise FleetError(f"task {task.id} was started from a commit, not a branch; "

@@ -35,12 +35,14 @@ from fleet_tui import paths, procs, repolock
 from fleet_tui.errors import FleetTuiError
 
 __all__ = [
+    "BranchGone",
     "ConflictPreview",
     "Diff",
     "FileDiff",
     "GitError",
     "MergeResult",
     "WorktreeInfo",
+    "branch_exists",
     "check_identity",
     "conflict_preview",
     "create_worktree",
@@ -53,6 +55,7 @@ __all__ = [
     "main_worktree",
     "mark_secrets",
     "merge",
+    "reattach_worktree",
     "verify_worktree",
 ]
 
@@ -632,6 +635,63 @@ def create_worktree(repo: Path, task_id: str, base_ref: str | None = None, *,
         verify_worktree(path, branch)
     return WorktreeInfo(path=path, branch=branch, base_commit=base_commit,
                         base_branch=base_branch)
+
+
+def reattach_worktree(repo: Path, task_id: str) -> WorktreeInfo:
+    """Check the task's own branch ``fleet/<id>`` out again at ``.fleet-work/<id>``, as it
+    is: the way back for a resumed attempt or a follow-up whose worktree folder was
+    deleted by hand (the worker's commits live on the branch; nothing is reset).
+
+    ``WorktreeInfo.base_commit`` is the branch's tip (the task keeps its own base). A
+    worktree already there on that branch is returned as it is. BranchGone when the
+    branch is gone too (only a fresh start is left); GitError when something else stands
+    at the path."""
+    if not _TASK_ID_RE.match(task_id):
+        raise GitError(f"bad task id {task_id!r}: use lowercase letters and digits")
+    repo = Path(repo).resolve()
+    _ensure_excluded_once(repo)
+    path = paths.worktree_path(repo, task_id)
+    branch = f"fleet/{task_id}"
+    with _repo_lock(repo, f"re-attaching the worktree of {branch}"):
+        tip = _rev(repo, f"refs/heads/{branch}")
+        if tip is None:
+            raise BranchGone(task_id, path)
+        if path.exists() or path.is_symlink():
+            if path.is_dir() and _verified_by_files(path, branch):
+                return WorktreeInfo(path=path, branch=branch, base_commit=tip,
+                                    base_branch=None)
+            raise GitError(f"{path} is in the way of task {task_id}'s worktree on {branch}; "
+                           "move it away, then try again")
+        # the deleted folder's registration (not pruned yet) still holds the branch
+        _run(repo, "worktree", "prune", check=False)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise GitError(f"cannot create {path.parent}: {exc.strerror or exc}; move away "
+                           f"whatever is at {paths.work_dir(repo)}") from None
+        status, _, err = _run(repo, "worktree", "add", str(path), branch, check=False)
+        if status != 0:
+            raise GitError(f"could not check {branch} out again at {path}: "
+                           f"{_first_line(err)}")
+        verify_worktree(path, branch)
+    return WorktreeInfo(path=path, branch=branch, base_commit=tip, base_branch=None)
+
+
+class BranchGone(GitError):
+    """A task's branch ``fleet/<id>`` no longer exists (deleted outside fleet-tui): there
+    is nothing to continue; a fresh retry starts again from the base."""
+
+    def __init__(self, task_id: str, path: Path) -> None:
+        super().__init__(f"the worktree of task {task_id} ({path}) and its branch "
+                         f"fleet/{task_id} were deleted outside fleet-tui, so there is no "
+                         f"work to continue; retry it fresh (`fleet-tui retry {task_id}`) "
+                         "to start again from its base")
+        self.task_id = task_id
+
+
+def branch_exists(repo: Path, branch: str) -> bool:
+    """Does ``refs/heads/<branch>`` exist in ``repo``?"""
+    return _branch_exists_fast(Path(repo), branch)
 
 
 def _verified_by_files(path: Path, branch: str | None) -> bool:

@@ -214,15 +214,27 @@ class Supervisor:
                                          "to stop")
                 raise NotStarted(f"the runner of attempt {earlier.n} still lives")
         worktree = task.worktree
+        # the engine's own retry after the endpoint cut a run off resumes its session
+        # when it made progress (policy.automatic_attempt); else a fresh start
+        kind, prompt = policy.automatic_attempt(task, attempts)
+        if pending is not None:  # the user's: a retry, a resume or a follow-up
+            kind = pending.kind
         if worktree is None or not Path(worktree).is_dir():
-            # A retry may find what a failed start left behind, and so may a task claimed
-            # before by an engine that died while making its worktree (no runner ran: that
-            # needs the attempt folder, recorded later): then start clean.
-            claimed_before = (task.started_at is not None and task.claimed_at is not None
-                              and task.started_at < task.claimed_at)
-            info = git.create_worktree(task.repo, task.id, task.base_commit or task.base_ref,
-                                       reset=worktree is not None or bool(attempts)
-                                       or claimed_before)
+            if kind in ("resume", "followup") and task.session_id:
+                # its folder deleted by hand: the session continues the work on the branch,
+                # so the branch is checked out again as it is (BranchGone when it is gone)
+                info = git.reattach_worktree(task.repo, task.id)
+            else:
+                # A retry may find what a failed start left behind, and so may a task
+                # claimed before by an engine that died while making its worktree (no
+                # runner ran: that needs the attempt folder, recorded later): then start
+                # clean.
+                claimed_before = (task.started_at is not None and task.claimed_at is not None
+                                  and task.started_at < task.claimed_at)
+                info = git.create_worktree(task.repo, task.id,
+                                           task.base_commit or task.base_ref,
+                                           reset=worktree is not None or bool(attempts)
+                                           or claimed_before)
             worktree = info.path
             self.store.update_task(task.id, worktree=info.path, branch=info.branch,
                                    base_commit=task.base_commit or info.base_commit,
@@ -235,9 +247,6 @@ class Supervisor:
 
         model = policy.model_for(task, attempts, self.settings)
         if pending is None:
-            # the engine's own retry after the endpoint cut a run off resumes its session
-            # when it made progress (policy.automatic_attempt); else a fresh start
-            kind, prompt = policy.automatic_attempt(task, attempts)
             attempt = self.store.add_attempt(task.id, kind=kind, prompt=prompt, now=now,
                                              model=model)
         else:
