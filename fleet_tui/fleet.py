@@ -43,7 +43,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet_tui import git, launcher, outcome, paths, policy, repolock, stream, supervisor, titles
+from fleet_tui import (
+    git,
+    launcher,
+    outcome,
+    paths,
+    policy,
+    redaction,
+    repolock,
+    stream,
+    supervisor,
+    titles,
+)
 from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings
 from fleet_tui.errors import FleetError, FleetRefused, InvalidSpec, TaskNotFound
 from fleet_tui.follower import Follower, attempt_finished
@@ -507,6 +518,9 @@ class Fleet:
             self._secure_logs()
         now = self.clock()
         active = self.store.list_tasks(states=ACTIVE_STATES)
+        if active:
+            # the key known before a worker's words are read and stored (redaction)
+            self._secrets()
         live: set[int] = set()
         for task in active:
             attempt: Attempt | None = None
@@ -816,6 +830,8 @@ class Fleet:
         except (LaunchError, OSError):
             found = ()
         self._secret_cache = (now, found)
+        # hidden from now on wherever this process writes or shows what a worker said
+        redaction.remember(found)
         return found
 
     def diff(self, task_id: str) -> git.Diff:
@@ -1277,7 +1293,9 @@ class Fleet:
         """Parsed events of the attempt from `offset` (a byte offset at a line start) and
         the offset to continue from, at most about `max_bytes` (a longer line is read
         whole). Works the same for running and finished attempts; a last line without
-        newline is only returned once the attempt has finished (attemptlog's rule)."""
+        newline is only returned once the attempt has finished (attemptlog's rule). The
+        API key, where the worker said it, reads as redaction.MARK."""
+        self._secrets()
         return self.follower.read_events(attempt, offset, max_bytes)
 
     async def follow_events(self, attempt: Attempt, offset: int = 0, *,
