@@ -34,6 +34,18 @@ SCRIPTS: dict[str, Any] = {
           "input": {"file_path": f"{{cwd}}/{KEY}.txt", "content": "harmless\n"}}],
         f"The key is {KEY}, and I wrote {KEY}.txt",
     ],
+    # every ancestor's environment, as a determined worker would read it
+    "ancestors": [
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": 'p=$$; while [ "$p" -gt 1 ]; do '
+                               'echo "$p $(tr "\\0" " " < /proc/$p/cmdline 2>/dev/null | '
+                               'cut -c1-80)" >> ancestors.txt; '
+                               'tr "\\0" "\\n" < /proc/$p/environ 2>/dev/null '
+                               '| grep -a "^ANTHROPIC_AUTH_TOKEN=" >> found.txt; '
+                               'p=$(cut -d" " -f4 /proc/$p/stat); done; true',
+                    "description": "read the ancestors' environments"}}],
+        "done",
+    ],
 }
 
 
@@ -109,3 +121,26 @@ def test_the_key_a_worker_prints_writes_and_names_goes_nowhere(
     assert fgit.REDACTED in outputs["logs --full"].stdout
     assert fgit.REDACTED in outputs["logs --raw"].stdout
     assert (attempt.dir / "events.jsonl").read_bytes() == events_bytes  # left as it was
+
+
+@pytest.mark.real_claude
+def test_the_runner_does_not_carry_the_key_in_its_environment(
+        git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
+    """With key_helper (the default) claude gets the key through a one-shot pipe; the
+    runner, its parent, gets it from the engine through an inherited pipe too, not its
+    environment, so no ancestor below the engine shows it in /proc/PID/environ. (The engine
+    here has no key in its own environment; a user who exports the key gives it to the
+    engine's process and their shell, which fleet-tui cannot take back.)"""
+    fleet = make_fleet(endpoint, claude_bin)
+    assert fleet.settings.key_helper
+    assert "ANTHROPIC_AUTH_TOKEN" not in os.environ and fleet.env["ANTHROPIC_AUTH_TOKEN"] == KEY
+    (task,) = fleet.submit(TaskSpec(prompt="[script:ancestors] go", repo=git_repo))
+    drive(fleet, settled(fleet, task.id))
+    done = fleet.get_task(task.id)
+    assert done.state == TaskState.SUCCEEDED, done.message
+    assert done.worktree is not None
+    chain = (done.worktree / "ancestors.txt").read_text()
+    assert "fleet_tui.runner" in chain and "claude" in chain  # the walk went past both
+    found = done.worktree / "found.txt"
+    assert not found.exists() or found.read_text() == "", found.read_text()
+    assert endpoint.requests and all(r.has_auth for r in endpoint.requests)
