@@ -69,3 +69,59 @@ def test_the_one_helper() -> None:
         assert redaction.redact(f"x {KEY}-longer") == f"x {redaction.MARK}"
     finally:
         redaction.forget_all()
+
+
+def test_the_store_and_the_attempt_folder_readers_hide_a_known_key(tmp_path: Path) -> None:
+    """The boundaries without a worker: what the store writes of a worker's words, and
+    what the attempt folder's readers give the CLI, the panel and the follower."""
+    import json
+
+    from fleet_tui.attemptlog import AttemptLog
+    from fleet_tui.store import Store, TaskState
+
+    events = tmp_path / "attempt"
+    events.mkdir()
+    use = {"type": "assistant", "message": {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "Bash",
+         "input": {"command": f"echo {KEY}"}}]}}
+    result = {"type": "user", "message": {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": KEY}]}}
+    data = (json.dumps(use) + "\n" + json.dumps(result) + "\n").encode()
+    (events / "events.jsonl").write_bytes(data)
+    (events / "stderr.log").write_text(f"Invalid API key {KEY}\n")
+    log = AttemptLog(events)
+    redaction.forget_all()
+    try:
+        assert KEY.encode() in log.read_bytes(finished=True)[0]  # not known: nothing to hide
+        redaction.remember([KEY])
+        raw, end = log.read_bytes(finished=True)
+        assert KEY.encode() not in raw and redaction.MARK.encode() in raw
+        assert end == len(data)  # offsets are the file's
+        lines, end, _ = log.read_lines(finished=True)
+        assert end == len(data) and all(KEY not in line for line in lines)
+        decoded, _ = log.read_events(finished=True)
+        assert decoded and KEY not in repr(decoded)
+        call, output = log.tool_call("toolu_1")
+        assert call is not None and output is not None
+        assert KEY not in repr(call) + repr(output) and redaction.MARK in output.content
+        assert log.stderr_tail() == f"Invalid API key {redaction.MARK}\n"
+        assert (events / "events.jsonl").read_bytes() == data  # claude's bytes, kept
+
+        db = tmp_path / "fleet.db"
+        with Store(db) as store:
+            task = store.create_task(prompt=f"use {KEY}", repo=tmp_path, title="t",
+                                     message=f"said {KEY}", state=TaskState.RUNNING)
+            assert store.get_task(task.id).message == f"said {redaction.MARK}"
+            store.update_task(task.id, last_tool=f"Bash echo {KEY}", land_note=KEY)
+            attempt = store.add_attempt(task.id, prompt="p", message=KEY)
+            store.update_attempt(attempt.id, last_tool=f"Write {KEY}.txt")
+            assert store.requeue_claim(task.id, None, None, 1.0, KEY)
+            read = store.get_task(task.id)
+            assert read.message == redaction.MARK
+            assert read.last_tool == f"Bash echo {redaction.MARK}"
+            assert store.get_attempt(attempt.id).last_tool == f"Write {redaction.MARK}.txt"
+            assert read.prompt == f"use {KEY}"  # the user's own words are kept as given
+        stored = b"".join(p.read_bytes() for p in tmp_path.glob("fleet.db*"))
+        assert stored.count(KEY.encode()) == stored.count(f"use {KEY}".encode())
+    finally:
+        redaction.forget_all()
