@@ -103,6 +103,10 @@ def test_the_key_a_worker_prints_writes_and_names_goes_nowhere(
                FLEET_WORKER_BASE_URL=endpoint.url,
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
+    origin = git_repo.parent / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
+    subprocess.run(["git", "remote", "add", "origin", str(origin)], cwd=git_repo, check=True)
+
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "fleet_tui.cli", *args], cwd=git_repo,
                               env=env, capture_output=True, text=True, timeout=90,
@@ -113,11 +117,16 @@ def test_the_key_a_worker_prints_writes_and_names_goes_nowhere(
         "logs --raw": ("logs", task.id, "--raw"),
         "show": ("show", task.id), "diff": ("diff", task.id),
         "diff --stat": ("diff", task.id, "--stat"), "merge": ("merge", task.id, "--yes"),
+        "update": ("update", task.id), "push": ("push", task.id),
+        "show --json": ("show", task.id, "--json"), "ls --json": ("ls", "--json"),
     }.items()}
     for name, out in outputs.items():
         assert "Traceback" not in out.stderr, (name, out.stderr)
         assert KEY not in out.stdout + out.stderr, (name, out.stdout, out.stderr)
     assert outputs["merge"].returncode == 4
+    assert outputs["update"].returncode == 0  # it committed the worker's work: named hidden
+    assert outputs["push"].returncode == 4
+    assert f"contain the API key ({fgit.REDACTED}.txt); not pushed" in outputs["push"].stderr
     assert fgit.REDACTED in outputs["logs --full"].stdout
     assert fgit.REDACTED in outputs["logs --raw"].stdout
     assert (attempt.dir / "events.jsonl").read_bytes() == events_bytes  # left as it was
