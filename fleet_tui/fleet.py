@@ -25,6 +25,7 @@ is spawned, and the runner holds that lock until it is gone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -41,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from fleet_tui import (
     git,
@@ -56,7 +57,7 @@ from fleet_tui import (
     titles,
 )
 from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings
-from fleet_tui.errors import FleetError, FleetRefused, InvalidSpec, TaskNotFound
+from fleet_tui.errors import FleetError, FleetRefused, FleetTuiError, InvalidSpec, TaskNotFound
 from fleet_tui.follower import Follower, attempt_finished
 from fleet_tui.repo_settings import RepoSettingsCache
 from fleet_tui.states import (
@@ -142,6 +143,25 @@ class EndpointStatus:
     note: str | None = None  # policy.endpoint_note: the whole sentence
     event: str | None = None  # the latest event (park, hold, cap) and when it began:
     event_at: float | None = None  # the panel notifies once per event
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _hides_key(action: Callable[_P, _R]) -> Callable[_P, _R]:
+    """An action whose error may quote git or a worker (a file's name, git's own words):
+    the key the engine knows is hidden in the message it raises (redaction)."""
+    @functools.wraps(action)
+    def hiding(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return action(*args, **kwargs)
+        except FleetTuiError as exc:
+            hidden = redaction.redact(exc.message)
+            if hidden != exc.message:
+                exc.args = (hidden, *exc.args[1:])
+            raise
+    return hiding
 
 
 @dataclass
@@ -698,6 +718,7 @@ class Fleet:
             why = f"it is not running (it is {task.state})"
         self._check(task, Action.KILL, why)
 
+    @_hides_key
     def retry(self, task_id: str, *, resume: bool = False) -> Task:
         """Queue a new attempt: fresh (worktree reset to the base) or resume the session."""
         task = self.get_task(task_id)
@@ -726,6 +747,7 @@ class Fleet:
                                **({} if resume else {"session_id": None}))
         return self.get_task(task.id)
 
+    @_hides_key
     def follow_up(self, task_id: str, prompt: str) -> Task:
         """Queue a follow-up in the same session and worktree (`--resume` + new prompt)."""
         task = self.get_task(task_id)
@@ -834,6 +856,7 @@ class Fleet:
         redaction.remember(found)
         return found
 
+    @_hides_key
     def diff(self, task_id: str) -> git.Diff:
         """The task's changes; ``secret_paths`` names files that hold the API key (the key
         is replaced in the patch, never shown)."""
@@ -853,6 +876,7 @@ class Fleet:
             git.mark_secrets(worktree, result, resolving.result())
         return result
 
+    @_hides_key
     def diff_stat(self, task: Task) -> tuple[int, int]:
         """(added, deleted) lines of a task against where it stands (see diff)."""
         worktree = self._worktree_of(task)
@@ -864,6 +888,7 @@ class Fleet:
         diff or merge preview need not wait for a keyring lookup."""
         self._secrets()
 
+    @_hides_key
     def conflict_preview(self, task_id: str) -> git.ConflictPreview:
         """What merge() would do now, short of the test command: clean, or why not
         (identity, main checkout, nothing to merge, conflicts, files in the way, the key)."""
@@ -889,6 +914,7 @@ class Fleet:
             own = None  # said by settings_problems(); the global one applies
         return own or self.settings.test_command
 
+    @_hides_key
     def merge(self, task_id: str, *, message: str | None = None,
               test_command: str | None = None) -> git.MergeResult:
         """Land a finished task into its base branch (test gate, conflict check), then
@@ -934,6 +960,7 @@ class Fleet:
             self.store.update_task(task.id, gate=gate)
         return result
 
+    @_hides_key
     def discard(self, task_id: str) -> None:
         """Throw a task's work away: worktree, branch and config dir. A task that runs or
         waits to run is killed first."""
@@ -966,6 +993,7 @@ class Fleet:
         except FleetError as exc:
             raise FleetRefused(str(exc)) from None
 
+    @_hides_key
     def update(self, task_id: str) -> git.UpdateResult:
         """Bring a finished task's branch up to date with its base branch's current tip,
         in its worktree (merge or rebase per `update_strategy`; the worker's uncommitted
@@ -1042,6 +1070,7 @@ class Fleet:
                 f"meant to do; make sure the tests still pass; {how}. Do not abort it and "
                 "do not start over.")
 
+    @_hides_key
     def resolve_update(self, task_id: str, how: str) -> Task:
         """What to do with an update that stopped on conflicts: "worker" sends the worker
         a follow-up (same session) naming the conflicted files and asking it to resolve
@@ -1082,6 +1111,7 @@ class Fleet:
             except Exception as exc:  # one task's trouble: said, never the whole pass
                 log.warning("looking at the update of task %s: %s", change.task_id, exc)
 
+    @_hides_key
     def push(self, task_id: str) -> git.PushResult:
         """Push a finished task's branch (its uncommitted work committed first) to the
         repository's remote (the base branch's upstream remote, else origin, else the only
@@ -1140,6 +1170,7 @@ class Fleet:
             return self.store.group(task.group_id)
         return [task]
 
+    @_hides_key
     def compare(self, task_id: str) -> list[CopyReport]:
         """Each copy of the task's group side by side: its state and verdict, turns and
         tokens, +/- and the files it touched (from where it stands against its base), the
@@ -1180,6 +1211,7 @@ class Fleet:
             else preview.message)
         return report
 
+    @_hides_key
     def pick(self, task_id: str) -> tuple[Task, list[str]]:
         """Keep this copy: its siblings are discarded (those in the merge queue are taken
         out of it first; running ones are stopped) and it joins the merge queue, which

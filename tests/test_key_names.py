@@ -125,3 +125,33 @@ def test_the_store_and_the_attempt_folder_readers_hide_a_known_key(tmp_path: Pat
         assert stored.count(KEY.encode()) == stored.count(f"use {KEY}".encode())
     finally:
         redaction.forget_all()
+
+
+def test_an_engine_error_that_quotes_the_key_hides_it(git_repo: Path) -> None:
+    """git's own words quote what they were given: here a base commit hand-edited into
+    the key (a worker's file name would do the same) in the error of a real git call."""
+    import os
+    import time
+
+    import pytest
+
+    from fleet_tui.config import load_settings
+    from fleet_tui.fleet import Fleet
+    from fleet_tui.store import Store, TaskState
+
+    fleet = Fleet(load_settings(env=os.environ, overrides={"key_sources": "env"}),
+                  Store(git_repo.parent / "fleet.db"),
+                  env=dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY))
+    info = fgit.create_worktree(git_repo, "n3")
+    now = time.time()
+    fleet.store.create_task(prompt="p", repo=git_repo, task_id="n3", title="p",
+                            state=TaskState.SUCCEEDED, worktree=info.path,
+                            branch=info.branch, base_commit=KEY, base_branch=None,
+                            started_at=now, finished_at=now, now=now)
+    try:
+        with pytest.raises(fgit.GitError) as caught:
+            fleet.diff("n3")
+        assert str(caught.value) == (f"unknown base commit '{redaction.MARK}' in "
+                                     f"{info.path}")
+    finally:
+        redaction.forget_all()
