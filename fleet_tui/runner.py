@@ -50,7 +50,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from fleet_tui import procs
+from fleet_tui import procs, redaction
 from fleet_tui.attemptlog import INPUT_LOCK_WAIT, AttemptLog, InputClosed, write_json_atomic
 
 TYPE_CHECKING = False
@@ -550,12 +550,11 @@ class Runner:
     def _redact_file(self, path: Path, secrets: list[str]) -> None:
         """The key never stays in a file of ours: a setup that printed it (it was not in
         its environment, but a file it read may hold it) has it replaced."""
-        needles = [s.encode("utf-8") for s in secrets if s]
         try:
             data = path.read_bytes()
-            if any(n in data for n in needles):
-                for needle in needles:
-                    data = data.replace(needle, b"REDACTED")
+            hidden = redaction.redact_bytes(data, secrets)
+            if hidden != data:
+                data = hidden
                 write_bytes = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
                 with open(write_bytes, "wb") as fh:
                     fh.write(data)
