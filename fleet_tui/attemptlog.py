@@ -24,6 +24,7 @@ import stat
 import time
 from pathlib import Path
 
+from fleet_tui import redaction
 from fleet_tui.states import StopReason
 
 TYPE_CHECKING = False
@@ -539,7 +540,14 @@ class AttemptLog:
                    finished: bool) -> tuple[bytes, int]:
         """Whole lines of events.jsonl from `offset` (a line start), at most about
         `max_bytes` (None: to the end), and the offset to go on from. One line longer than
-        `max_bytes` is read whole, so a caller reading chunk by chunk always moves on."""
+        `max_bytes` is read whole, so a caller reading chunk by chunk always moves on.
+        The API key, where the worker said it, reads as redaction.MARK (the file keeps
+        claude's bytes; offsets are the file's)."""
+        data, end = self._read_raw(offset, max_bytes, finished=finished)
+        return redaction.redact_bytes(data), end
+
+    def _read_raw(self, offset: int, max_bytes: int | None, *,
+                  finished: bool) -> tuple[bytes, int]:
         try:
             with open(self.events, "rb") as fh:
                 fh.seek(offset)
@@ -563,9 +571,10 @@ class AttemptLog:
                    finished: bool) -> tuple[list[str], int, bool]:
         """Raw lines (decoded, invalid bytes replaced) from `offset`: (lines, new offset,
         whether more may follow at once)."""
-        data, end = self.read_bytes(offset, max_bytes, finished=finished)
+        data, end = self._read_raw(offset, max_bytes, finished=finished)
         more = max_bytes is not None and len(data) >= max_bytes
-        return data.decode("utf-8", errors="replace").splitlines(), end, more
+        text = data.decode("utf-8", errors="replace")
+        return redaction.redact(text).splitlines(), end, more
 
     def read_events(self, offset: int = 0, max_bytes: int | None = None, *, finished: bool,
                     cwd: str | None = None) -> tuple[list[stream.Event], int]:
@@ -604,7 +613,8 @@ class AttemptLog:
                         start = data.rfind(b"\n", 0, at) + 1
                         end = data.find(b"\n", at)
                         end = size if end < 0 else end
-                        for event in stream.StreamDecoder().feed(data[start:end] + b"\n"):
+                        line = redaction.redact_bytes(data[start:end] + b"\n")
+                        for event in stream.StreamDecoder().feed(line):
                             if isinstance(event, stream.ToolUse) and event.id == tool_use_id:
                                 use = event
                             elif isinstance(event, stream.ToolResult) \
@@ -638,7 +648,8 @@ class AttemptLog:
                         start = data.rfind(b"\n", 0, at) + 1
                         end = data.find(b"\n", at)
                         end = size if end < 0 else end
-                        found += [e for e in stream.StreamDecoder().feed(data[start:end] + b"\n")
+                        line = redaction.redact_bytes(data[start:end] + b"\n")
+                        found += [e for e in stream.StreamDecoder().feed(line)
                                   if isinstance(e, stream.Setup)]
                         at = data.find(needle, end)
         except (OSError, ValueError):
@@ -679,6 +690,6 @@ class AttemptLog:
                 fh.seek(0, os.SEEK_END)
                 end = fh.tell()
                 fh.seek(max(0, end - size))
-                return fh.read().decode("utf-8", "replace")
+                return redaction.redact(fh.read().decode("utf-8", "replace"))
         except OSError:
             return ""

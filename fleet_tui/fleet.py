@@ -25,6 +25,7 @@ is spawned, and the runner holds that lock until it is gone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -40,12 +41,23 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
-from fleet_tui import git, launcher, outcome, paths, policy, repolock, stream, supervisor, titles
+from fleet_tui import (
+    git,
+    launcher,
+    outcome,
+    paths,
+    policy,
+    redaction,
+    repolock,
+    stream,
+    supervisor,
+    titles,
+)
 from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings
 from fleet_tui.durations import check_seconds
-from fleet_tui.errors import FleetError, FleetRefused, InvalidSpec, TaskNotFound
+from fleet_tui.errors import FleetError, FleetRefused, FleetTuiError, InvalidSpec, TaskNotFound
 from fleet_tui.follower import Follower, attempt_finished
 from fleet_tui.repo_settings import RepoSettingsCache
 from fleet_tui.states import (
@@ -132,6 +144,25 @@ class EndpointStatus:
     note: str | None = None  # policy.endpoint_note: the whole sentence
     event: str | None = None  # the latest event (park, hold, cap) and when it began:
     event_at: float | None = None  # the panel notifies once per event
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _hides_key(action: Callable[_P, _R]) -> Callable[_P, _R]:
+    """An action whose error may quote git or a worker (a file's name, git's own words):
+    the key the engine knows is hidden in the message it raises (redaction)."""
+    @functools.wraps(action)
+    def hiding(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return action(*args, **kwargs)
+        except FleetTuiError as exc:
+            hidden = redaction.redact(exc.message)
+            if hidden != exc.message:
+                exc.args = (hidden, *exc.args[1:])
+            raise
+    return hiding
 
 
 @dataclass
@@ -509,6 +540,9 @@ class Fleet:
             self._secure_logs()
         now = self.clock()
         active = self.store.list_tasks(states=ACTIVE_STATES)
+        if active:
+            # the key known before a worker's words are read and stored (redaction)
+            self._secrets()
         live: set[int] = set()
         for task in active:
             attempt: Attempt | None = None
@@ -686,10 +720,13 @@ class Fleet:
             why = f"it is not running (it is {task.state})"
         self._check(task, Action.KILL, why)
 
+    @_hides_key
     def retry(self, task_id: str, *, resume: bool = False) -> Task:
         """Queue a new attempt: fresh (worktree reset to the base) or resume the session."""
         task = self.get_task(task_id)
         self._check(task, Action.RETRY, policy.why_not_resume(task) if resume else None)
+        if resume:
+            self._check_branch_left(task)
         # the user acted on the endpoint's stop (recharged, renewed, a new key): lift it
         self.store.change_endpoint(
             task.endpoint, lambda state: {"held": None, "held_task": None,
@@ -712,16 +749,28 @@ class Fleet:
                                **({} if resume else {"session_id": None}))
         return self.get_task(task.id)
 
+    @_hides_key
     def follow_up(self, task_id: str, prompt: str) -> Task:
         """Queue a follow-up in the same session and worktree (`--resume` + new prompt)."""
         task = self.get_task(task_id)
         if not prompt or not prompt.strip():
             raise FleetError("the follow-up prompt is empty; say what the worker should do")
         self._check(task, Action.FOLLOW_UP)
+        self._check_branch_left(task)
         self.store.add_attempt(task.id, kind="followup", prompt=prompt, started_at=None)
         self.store.update_task(task.id, expect_state=FINISHED_STATES, state=TaskState.QUEUED,
                                verdict=None, message=None, finished_at=None, not_before=None)
         return self.get_task(task.id)
+
+    @staticmethod
+    def _check_branch_left(task: Task) -> None:
+        """A resume or a follow-up continues the work on the task's branch: when its
+        worktree folder was deleted by hand the branch is checked out again at the start
+        (supervisor.launch); with the branch gone too there is nothing to continue."""
+        if task.worktree is None or Path(task.worktree).is_dir():
+            return
+        if not git.branch_exists(Path(task.repo), task.branch or f"fleet/{task.id}"):
+            raise FleetRefused(str(git.BranchGone(task.id, Path(task.worktree))))
 
     def say(self, task_id: str, text: str, *, wait: float = 3.0) -> bool:
         """Send a message to a running worker: it joins the turn claude is in, or starts
@@ -764,8 +813,13 @@ class Fleet:
 
     @staticmethod
     def _missing_worktree(task: Task) -> str:
+        branch = task.branch or f"fleet/{task.id}"
+        kept = (f"its branch {branch} still holds the commits (a follow-up or "
+                "`retry --resume` checks it out again), ") \
+            if task.session_id and git.branch_exists(Path(task.repo), branch) else ""
         return (f"the worktree of task {task.id} ({task.worktree}) is missing: it was "
-                "deleted outside fleet-tui; discard the task, or retry it to start fresh")
+                f"deleted outside fleet-tui; {kept}discard the task, or retry it to start "
+                "fresh")
 
     def _worktree_of(self, task: Task) -> Path:
         if task.state in CLOSED_STATES:
@@ -800,8 +854,11 @@ class Fleet:
         except (LaunchError, OSError):
             found = ()
         self._secret_cache = (now, found)
+        # hidden from now on wherever this process writes or shows what a worker said
+        redaction.remember(found)
         return found
 
+    @_hides_key
     def diff(self, task_id: str) -> git.Diff:
         """The task's changes; ``secret_paths`` names files that hold the API key (the key
         is replaced in the patch, never shown)."""
@@ -821,6 +878,7 @@ class Fleet:
             git.mark_secrets(worktree, result, resolving.result())
         return result
 
+    @_hides_key
     def diff_stat(self, task: Task) -> tuple[int, int]:
         """(added, deleted) lines of a task against where it stands (see diff)."""
         worktree = self._worktree_of(task)
@@ -832,10 +890,13 @@ class Fleet:
         diff or merge preview need not wait for a keyring lookup."""
         self._secrets()
 
+    @_hides_key
     def conflict_preview(self, task_id: str) -> git.ConflictPreview:
         """What merge() would do now, short of the test command: clean, or why not
         (identity, main checkout, nothing to merge, conflicts, files in the way, the key)."""
         task = self.get_task(task_id)
+        if task.worktree is not None and not Path(task.worktree).is_dir():
+            raise FleetRefused(self._missing_worktree(task))  # as the merge itself does
         worktree = self._worktree_of(task)
         if not task.base_branch:
             raise FleetError(f"task {task.id} was started from a commit, not a branch; "
@@ -855,6 +916,7 @@ class Fleet:
             own = None  # said by settings_problems(); the global one applies
         return own or self.settings.test_command
 
+    @_hides_key
     def merge(self, task_id: str, *, message: str | None = None,
               test_command: str | None = None) -> git.MergeResult:
         """Land a finished task into its base branch (test gate, conflict check), then
@@ -900,6 +962,7 @@ class Fleet:
             self.store.update_task(task.id, gate=gate)
         return result
 
+    @_hides_key
     def discard(self, task_id: str) -> None:
         """Throw a task's work away: worktree, branch and config dir. A task that runs or
         waits to run is killed first."""
@@ -932,6 +995,7 @@ class Fleet:
         except FleetError as exc:
             raise FleetRefused(str(exc)) from None
 
+    @_hides_key
     def update(self, task_id: str) -> git.UpdateResult:
         """Bring a finished task's branch up to date with its base branch's current tip,
         in its worktree (merge or rebase per `update_strategy`; the worker's uncommitted
@@ -1008,6 +1072,7 @@ class Fleet:
                 f"meant to do; make sure the tests still pass; {how}. Do not abort it and "
                 "do not start over.")
 
+    @_hides_key
     def resolve_update(self, task_id: str, how: str) -> Task:
         """What to do with an update that stopped on conflicts: "worker" sends the worker
         a follow-up (same session) naming the conflicted files and asking it to resolve
@@ -1048,6 +1113,7 @@ class Fleet:
             except Exception as exc:  # one task's trouble: said, never the whole pass
                 log.warning("looking at the update of task %s: %s", change.task_id, exc)
 
+    @_hides_key
     def push(self, task_id: str) -> git.PushResult:
         """Push a finished task's branch (its uncommitted work committed first) to the
         repository's remote (the base branch's upstream remote, else origin, else the only
@@ -1106,6 +1172,7 @@ class Fleet:
             return self.store.group(task.group_id)
         return [task]
 
+    @_hides_key
     def compare(self, task_id: str) -> list[CopyReport]:
         """Each copy of the task's group side by side: its state and verdict, turns and
         tokens, +/- and the files it touched (from where it stands against its base), the
@@ -1146,6 +1213,7 @@ class Fleet:
             else preview.message)
         return report
 
+    @_hides_key
     def pick(self, task_id: str) -> tuple[Task, list[str]]:
         """Keep this copy: its siblings are discarded (those in the merge queue are taken
         out of it first; running ones are stopped) and it joins the merge queue, which
@@ -1259,7 +1327,9 @@ class Fleet:
         """Parsed events of the attempt from `offset` (a byte offset at a line start) and
         the offset to continue from, at most about `max_bytes` (a longer line is read
         whole). Works the same for running and finished attempts; a last line without
-        newline is only returned once the attempt has finished (attemptlog's rule)."""
+        newline is only returned once the attempt has finished (attemptlog's rule). The
+        API key, where the worker said it, reads as redaction.MARK."""
+        self._secrets()
         return self.follower.read_events(attempt, offset, max_bytes)
 
     async def follow_events(self, attempt: Attempt, offset: int = 0, *,

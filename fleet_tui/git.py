@@ -31,16 +31,18 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Literal, NamedTuple
 
-from fleet_tui import paths, procs, repolock
+from fleet_tui import paths, procs, redaction, repolock
 from fleet_tui.errors import FleetTuiError
 
 __all__ = [
+    "BranchGone",
     "ConflictPreview",
     "Diff",
     "FileDiff",
     "GitError",
     "MergeResult",
     "WorktreeInfo",
+    "branch_exists",
     "check_identity",
     "conflict_preview",
     "create_worktree",
@@ -53,6 +55,7 @@ __all__ = [
     "main_worktree",
     "mark_secrets",
     "merge",
+    "reattach_worktree",
     "verify_worktree",
 ]
 
@@ -66,8 +69,8 @@ _SECRET_ENV = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GL
 _TEST_OUTPUT_LIMIT = 64_000
 LOCK_FILE = "fleet-tui.lock"  # in the common git dir: see repolock
 LOCK_TIMEOUT = 120.0  # seconds a merge, discard or worktree creation waits for another
-SECRET_MIN_LENGTH = 8  # shorter "keys" (a test stand-in) would match everywhere
-REDACTED = "[API key hidden]"
+SECRET_MIN_LENGTH = redaction.MIN_LENGTH  # shorter "keys" would match everywhere
+REDACTED = redaction.MARK
 
 
 class GitError(FleetTuiError):
@@ -634,6 +637,63 @@ def create_worktree(repo: Path, task_id: str, base_ref: str | None = None, *,
                         base_branch=base_branch)
 
 
+def reattach_worktree(repo: Path, task_id: str) -> WorktreeInfo:
+    """Check the task's own branch ``fleet/<id>`` out again at ``.fleet-work/<id>``, as it
+    is: the way back for a resumed attempt or a follow-up whose worktree folder was
+    deleted by hand (the worker's commits live on the branch; nothing is reset).
+
+    ``WorktreeInfo.base_commit`` is the branch's tip (the task keeps its own base). A
+    worktree already there on that branch is returned as it is. BranchGone when the
+    branch is gone too (only a fresh start is left); GitError when something else stands
+    at the path."""
+    if not _TASK_ID_RE.match(task_id):
+        raise GitError(f"bad task id {task_id!r}: use lowercase letters and digits")
+    repo = Path(repo).resolve()
+    _ensure_excluded_once(repo)
+    path = paths.worktree_path(repo, task_id)
+    branch = f"fleet/{task_id}"
+    with _repo_lock(repo, f"re-attaching the worktree of {branch}"):
+        tip = _rev(repo, f"refs/heads/{branch}")
+        if tip is None:
+            raise BranchGone(task_id, path)
+        if path.exists() or path.is_symlink():
+            if path.is_dir() and _verified_by_files(path, branch):
+                return WorktreeInfo(path=path, branch=branch, base_commit=tip,
+                                    base_branch=None)
+            raise GitError(f"{path} is in the way of task {task_id}'s worktree on {branch}; "
+                           "move it away, then try again")
+        # the deleted folder's registration (not pruned yet) still holds the branch
+        _run(repo, "worktree", "prune", check=False)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise GitError(f"cannot create {path.parent}: {exc.strerror or exc}; move away "
+                           f"whatever is at {paths.work_dir(repo)}") from None
+        status, _, err = _run(repo, "worktree", "add", str(path), branch, check=False)
+        if status != 0:
+            raise GitError(f"could not check {branch} out again at {path}: "
+                           f"{_first_line(err)}")
+        verify_worktree(path, branch)
+    return WorktreeInfo(path=path, branch=branch, base_commit=tip, base_branch=None)
+
+
+class BranchGone(GitError):
+    """A task's branch ``fleet/<id>`` no longer exists (deleted outside fleet-tui): there
+    is nothing to continue; a fresh retry starts again from the base."""
+
+    def __init__(self, task_id: str, path: Path) -> None:
+        super().__init__(f"the worktree of task {task_id} ({path}) and its branch "
+                         f"fleet/{task_id} were deleted outside fleet-tui, so there is no "
+                         f"work to continue; retry it fresh (`fleet-tui retry {task_id}`) "
+                         "to start again from its base")
+        self.task_id = task_id
+
+
+def branch_exists(repo: Path, branch: str) -> bool:
+    """Does ``refs/heads/<branch>`` exist in ``repo``?"""
+    return _branch_exists_fast(Path(repo), branch)
+
+
 def _verified_by_files(path: Path, branch: str | None) -> bool:
     """True when git's files show ``path`` is a linked worktree of its own, registered
     (its admin dir points back at it) and, if given, on ``branch``. False: not sure."""
@@ -820,13 +880,11 @@ def mark_secrets(worktree: Path, result: Diff, secrets: Sequence[str]) -> None:
 
 def _needles(secrets: Sequence[str]) -> list[str]:
     """The secrets worth looking for (a very short one would match everywhere)."""
-    return sorted({s for s in secrets if len(s) >= SECRET_MIN_LENGTH}, key=len, reverse=True)
+    return redaction.needles(secrets)
 
 
 def _redact(text: str, needles: Sequence[str]) -> str:
-    for needle in needles:
-        text = text.replace(needle, REDACTED)
-    return text
+    return redaction.redact(text, needles)
 
 
 def _file_holds(path: Path, needles: Sequence[bytes]) -> bool:
@@ -853,7 +911,9 @@ def _mark_secrets(worktree: Path, result: Diff, needles: list[str], aligned: boo
     for f in result.files:
         if f.status == "deleted":
             continue
-        if f.binary or (in_patch and not aligned):
+        if any(n in f.path for n in needles):
+            hits.append(f.path)  # its name holds the key: a merge would publish it
+        elif f.binary or (in_patch and not aligned):
             # no patch text to read (binary), or the patch could not be split per file
             if _file_holds(worktree / f.path, raw):
                 hits.append(f.path)
@@ -864,7 +924,11 @@ def _mark_secrets(worktree: Path, result: Diff, needles: list[str], aligned: boo
         result.patch = _redact(result.patch, needles)
         for f in result.files:
             f.patch = _redact(f.patch, needles)
-    result.secret_paths = hits
+            # a file named after the key is named with it hidden (the patch names it too)
+            f.path = _redact(f.path, needles)
+            if f.old_path is not None:
+                f.old_path = _redact(f.old_path, needles)
+    result.secret_paths = [_redact(p, needles) for p in hits]
 
 
 def _status_summary(worktree: Path) -> tuple[bool, bool]:
@@ -1091,11 +1155,30 @@ def _secret_hits(repo: Path, base_tip: str, side: str, changes: list[tuple[str, 
             if oid and oid not in final:
                 earlier[oid] = name
     hits = _objects_holding(repo, [*final, *earlier], [n.encode() for n in needles])
-    in_result = sorted({p for oid in hits if oid in final for p in final[oid]})
-    in_history = sorted({earlier[oid] or (f"the message of commit {oid[:10]}"
-                                         if kind == "commit" else "a folder listing")
+    named = {p for _, p, _ in changes if any(n in p for n in needles)}
+    in_result = sorted({p for oid in hits if oid in final for p in final[oid]} | named)
+    in_history = sorted({_history_hit(repo, oid, kind, earlier[oid], needles)
                          for oid, kind in hits.items() if oid in earlier})
-    return in_result, in_history
+    return ([_redact(p, needles) for p in in_result],
+            [_redact(p, needles) for p in in_history])
+
+
+def _history_hit(repo: Path, oid: str, kind: str, name: str,
+                 needles: Sequence[str]) -> str:
+    """What an object of the branch's history that holds the key is, in words: a file's
+    content (its path), a commit's message, or the name of a file or folder in a folder
+    (a tree object holds its entries' names, not their content)."""
+    if kind == "commit":
+        return f"the message of commit {oid[:10]}"
+    if kind != "tree":
+        return name or f"object {oid[:10]}"
+    entries = _out(repo, "ls-tree", "-z", "--name-only", oid, what="git ls-tree").split("\0")
+    found = [e for e in entries if e and any(n in e for n in needles)]
+    where = f"folder {name}" if name else "the top folder"
+    if not found:
+        return f"the listing of {where}"
+    shown = ", ".join(f"{name}/{e}" if name else e for e in found[:3])
+    return f"the name {shown} in {where}"
 
 
 def _shown(paths: Sequence[str], limit: int = 5) -> str:
@@ -1115,6 +1198,19 @@ def _worktree_of(repo: Path, worktree: Path | None, branch: str) -> Path | None:
 
 def _merge_plan(repo: Path, worktree: Path | None, branch: str, base_branch: str, *,
                 secrets: Sequence[str], strategy: str) -> _Plan | _Refused:
+    """_checked_plan, with the key hidden in a refusal's message and paths (a file named
+    after the key shows up in conflicts and in-the-way lists as much as in the scan)."""
+    plan = _checked_plan(repo, worktree, branch, base_branch, secrets=secrets,
+                         strategy=strategy)
+    needles = _needles(secrets)
+    if isinstance(plan, _Refused) and needles:
+        plan.message = _redact(plan.message, needles)
+        plan.paths = [_redact(p, needles) for p in plan.paths]
+    return plan
+
+
+def _checked_plan(repo: Path, worktree: Path | None, branch: str, base_branch: str, *,
+                  secrets: Sequence[str], strategy: str) -> _Plan | _Refused:
     """Everything that decides whether a merge may happen, cheapest first; changes nothing.
 
     The conflict preview and merge() both use it, so the preview refuses what the merge

@@ -90,6 +90,12 @@ def why_not(task: Task, action: Action) -> str | None:
         return f"its state {task.state!r} is unknown"
     if info.phase is Phase.CLOSED:
         return f"it was {task.state} already"
+    if task.row_error is not None and action not in _SAFE_WHEN_DAMAGED:
+        # a bad column reads as its default: nothing may act on its worktree, branch or
+        # session as if the row were sound; discarding it is the way out (and stopping its
+        # worker, which a discard does first)
+        return (f"its store row is damaged ({_row_damage(task.row_error)}); discard it "
+                f"(`fleet-tui discard {task.id}`), or correct the row in the store")
     if action not in info.actions:
         if action is Action.SAY:
             if info.phase is Phase.FINISHED:
@@ -120,6 +126,16 @@ def why_not(task: Task, action: Action) -> str | None:
     if action in (Action.SHELL, Action.DIFF) and task.worktree is None:
         return "it has no worktree yet"
     return None
+
+
+_SAFE_WHEN_DAMAGED = frozenset({Action.DISCARD, Action.KILL})
+
+
+def _row_damage(row_error: str) -> str:
+    """The damage a row_error names ("column turns holds 'abc'"), without its preamble
+    and its advice (why_not gives its own)."""
+    text = row_error.partition(" is unreadable: ")[2] or row_error
+    return text.partition("; discard the task")[0]
 
 
 _NEEDS_BASE_BRANCH = frozenset({Action.MERGE, Action.UPDATE, Action.QUEUE, Action.PICK})

@@ -22,6 +22,8 @@ import shutil
 import subprocess
 import tempfile
 
+from fleet_tui import redaction
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -139,8 +141,6 @@ def copy_included(repo: str, worktree: str, files: Sequence[str], secrets: Seque
 
 
 def redact(text: str, secrets: Sequence[str]) -> str:
-    """`text` with every secret replaced (the setup's output never shows the key)."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "REDACTED")
-    return text
+    """`text` with every secret replaced (the setup's output never shows the key): the
+    one rule, redaction.redact."""
+    return redaction.redact(text, secrets)

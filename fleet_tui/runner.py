@@ -50,7 +50,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from fleet_tui import procs
+from fleet_tui import procs, redaction
 from fleet_tui.attemptlog import INPUT_LOCK_WAIT, AttemptLog, InputClosed, write_json_atomic
 from fleet_tui.states import StopReason
 
@@ -552,12 +552,11 @@ class Runner:
     def _redact_file(self, path: Path, secrets: list[str]) -> None:
         """The key never stays in a file of ours: a setup that printed it (it was not in
         its environment, but a file it read may hold it) has it replaced."""
-        needles = [s.encode("utf-8") for s in secrets if s]
         try:
             data = path.read_bytes()
-            if any(n in data for n in needles):
-                for needle in needles:
-                    data = data.replace(needle, b"REDACTED")
+            hidden = redaction.redact_bytes(data, secrets)
+            if hidden != data:
+                data = hidden
                 write_bytes = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
                 with open(write_bytes, "wb") as fh:
                     fh.write(data)
@@ -857,14 +856,29 @@ class _LaunchFailure(Exception):
         self.exit_code = exit_code
 
 
-USAGE = "usage: python -m fleet_tui.runner [--lock-fd N] ATTEMPT_DIR\n"
+USAGE = "usage: python -m fleet_tui.runner [--lock-fd N] [--env-fd N] ATTEMPT_DIR\n"
+
+
+def _read_handover(fd: int) -> dict[str, str]:
+    """The variables the engine handed over through a pipe (the key's variables: kept out
+    of this process's environment, which its worker could read in /proc/PID/environ)."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    data = json.loads(b"".join(chunks) or b"{}")
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    lock_fd: int | None = None
-    if len(args) == 3 and args[0] == "--lock-fd" and args[1].isdigit():
-        lock_fd = int(args[1])
+    fds: dict[str, int] = {}
+    while len(args) >= 3 and args[0] in ("--lock-fd", "--env-fd") and args[1].isdigit():
+        fds[args[0]] = int(args[1])
         args = args[2:]
     if len(args) != 1 or args[0] in ("-h", "--help"):
         sys.stderr.write(USAGE)
@@ -873,7 +887,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not attempt_dir.is_dir():
         sys.stderr.write(f"fleet_tui.runner: {attempt_dir} is not a directory\n")
         return 2
-    runner = Runner(attempt_dir, lock_fd=lock_fd)
+    env = dict(os.environ)
+    if "--env-fd" in fds:
+        try:
+            env.update(_read_handover(fds["--env-fd"]))
+        except (OSError, ValueError) as exc:  # the run goes on: the launcher says "no key"
+            sys.stderr.write(f"fleet_tui.runner: cannot read the handed-over environment: "
+                             f"{exc}\n")
+    runner = Runner(attempt_dir, env, lock_fd=fds.get("--lock-fd"))
     try:
         return runner.run()
     except Exception as exc:  # the exit record must exist whatever happens

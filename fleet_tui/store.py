@@ -26,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from fleet_tui import paths
+from fleet_tui import paths, redaction
 from fleet_tui.errors import EXIT_NOT_FOUND, EXIT_USAGE, FleetTuiError
 from fleet_tui.states import (
     ACTIVE_STATES,
@@ -394,6 +394,20 @@ def to_db(name: str, value: Any) -> Any:
     return value
 
 
+# Columns that hold what a worker, its stderr or the provider said (a result text, a tool
+# summary, an error): the API key is hidden in them on every write (redaction.redact, with
+# the keys this process knows). The prompt and the title are the user's own words.
+_WORKER_TEXT = frozenset({"message", "last_tool", "land_note", "park_message", "park_reason",
+                          "held", "cap_reason"})
+
+
+def _to_store(name: str, value: Any) -> Any:
+    """to_db, with the key hidden in the columns that hold a worker's words."""
+    if name in _WORKER_TEXT and isinstance(value, str) and value:
+        return redaction.redact(value)
+    return to_db(name, value)
+
+
 # --- decoding rows, totally ------------------------------------------------------------------
 # A row is whatever SQLite holds, and SQLite keeps any value in any column: a hand-edited or
 # damaged row must not stop a listing. Each column is checked against its field's type; a
@@ -661,7 +675,7 @@ class Store:
             if not task.branch:
                 task.branch = f"fleet/{tid}"
             task.state = TaskState(task.state)
-            values = [to_db(name, getattr(task, name)) for name in TASK_COLUMNS]
+            values = [_to_store(name, getattr(task, name)) for name in TASK_COLUMNS]
             try:
                 with self.transaction() as conn:
                     conn.execute(
@@ -790,7 +804,7 @@ class Store:
         if "state" in fields_:
             fields_["state"] = TaskState(fields_["state"])
         sets = ", ".join(f"{name} = ?" for name in fields_)
-        args = [to_db(name, value) for name, value in fields_.items()]
+        args = [_to_store(name, value) for name, value in fields_.items()]
         sql = f"UPDATE tasks SET {sets} WHERE id = ?"
         args.append(task_id)
         if expect_state is not None:
@@ -974,7 +988,7 @@ class Store:
                      (endpoint, now))
         sets = ", ".join(f"{name} = ?" for name in updates)
         conn.execute(f"UPDATE endpoints SET {sets} WHERE endpoint = ?",
-                     [*(to_db(n, v) for n, v in updates.items()), endpoint])
+                     [*(_to_store(n, v) for n, v in updates.items()), endpoint])
 
     def change_endpoint(self, endpoint: str,
                         change: Callable[[EndpointState], dict[str, Any] | None],
@@ -1032,6 +1046,7 @@ class Store:
         if not prefixes:
             return 0
         ours = " OR ".join("substr(message, 1, ?) = ?" for _ in prefixes)
+        note = _to_store("message", note)
         args: list[Any] = [note, time.time(), endpoint, TaskState.QUEUED.value, note]
         for prefix in prefixes:
             args += [len(prefix), prefix]
@@ -1066,8 +1081,8 @@ class Store:
                 f"UPDATE tasks SET state = ?, message = ?, claimed_by = NULL, claimed_at = NULL,"
                 f" updated_at = ? WHERE id = ? AND claimed_by IS ? AND claimed_at IS ? AND "
                 f"state IN ({', '.join('?' for _ in active)})",
-                (TaskState.QUEUED.value, message, now, task_id, claimed_by, claimed_at,
-                 *active)).rowcount > 0
+                (TaskState.QUEUED.value, _to_store("message", message), now, task_id,
+                 claimed_by, claimed_at, *active)).rowcount > 0
 
     def record_launch(self, task_id: str, attempt_id: int, owner: str,
                       attempt_fields: dict[str, Any], task_fields: dict[str, Any]) -> bool:
@@ -1089,6 +1104,7 @@ class Store:
         recorded): its starter, at record_launch, then finds it killed and spawns nothing.
         False: a runner was (being) launched; stop that one instead."""
         active = tuple(s.value for s in ACTIVE_STATES)
+        message = _to_store("message", message)
         with self.transaction() as conn:
             changed = conn.execute(
                 f"UPDATE tasks SET state = ?, verdict = ?, message = ?, finished_at = ?,"
@@ -1122,7 +1138,7 @@ class Store:
                 cur = conn.execute(
                     f"INSERT INTO attempts ({', '.join(columns)}) "
                     f"VALUES ({', '.join('?' for _ in columns)})",
-                    [to_db(c, getattr(attempt, c)) for c in columns])
+                    [_to_store(c, getattr(attempt, c)) for c in columns])
             except sqlite3.IntegrityError:
                 raise UnknownTaskError(f"no task {task_id!r}") from None
             attempt.id = int(cur.lastrowid or 0)
@@ -1176,7 +1192,7 @@ class Store:
         if not fields_:
             return False
         sets = ", ".join(f"{name} = ?" for name in fields_)
-        args = [to_db(n, v) for n, v in fields_.items()]
+        args = [_to_store(n, v) for n, v in fields_.items()]
         with self.transaction() as conn:
             return conn.execute(f"UPDATE attempts SET {sets} WHERE id = ?",
                                 [*args, attempt_id]).rowcount > 0

@@ -15,6 +15,7 @@ What to run (the model, the time limit) is policy's; what the folder holds is at
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import secrets
@@ -94,6 +95,35 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
 
+# The variables the launcher may take the key from (its env sources). The runner gets them
+# through an inherited pipe, not its environment: /proc/PID/environ of the runner, the
+# parent of claude, is readable by every process of the worker (a Bash step walking up).
+KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ZHIPU_API_KEY", "GLM_API_KEY")
+_HANDOVER_LIMIT = 60_000  # below a pipe's buffer: written before the runner starts
+
+
+def _hand_over(values: dict[str, str]) -> int | None:
+    """A pipe's read end holding `values` as JSON (its write end closed), for the runner to
+    inherit; None when there is nothing to hand over."""
+    if not values:
+        return None
+    data = json.dumps(values).encode()
+    if len(data) > _HANDOVER_LIMIT:
+        raise FleetError("the key variables of the environment are too long to hand to "
+                         "the runner; check ANTHROPIC_AUTH_TOKEN, ZHIPU_API_KEY, GLM_API_KEY")
+    read_end, write_end = os.pipe()
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write_end, view):]
+    except OSError:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    return read_end
+
+
 class Supervisor:
     """Spawns, signals and reaps the runners of one engine (thread-safe for its callers:
     the engine starts several attempts at once in its start threads)."""
@@ -153,6 +183,8 @@ class Supervisor:
         }
 
     def _runner_env(self) -> dict[str, str]:
+        """The runner's environment: the engine's, with the package on PYTHONPATH (launch
+        takes the KEY_VARIABLES out and hands them over through a pipe, `--env-fd`)."""
         env = dict(self.env)
         root = _package_root()
         parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -214,15 +246,27 @@ class Supervisor:
                                          "to stop")
                 raise NotStarted(f"the runner of attempt {earlier.n} still lives")
         worktree = task.worktree
+        # the engine's own retry after the endpoint cut a run off resumes its session
+        # when it made progress (policy.automatic_attempt); else a fresh start
+        kind, prompt = policy.automatic_attempt(task, attempts)
+        if pending is not None:  # the user's: a retry, a resume or a follow-up
+            kind = pending.kind
         if worktree is None or not Path(worktree).is_dir():
-            # A retry may find what a failed start left behind, and so may a task claimed
-            # before by an engine that died while making its worktree (no runner ran: that
-            # needs the attempt folder, recorded later): then start clean.
-            claimed_before = (task.started_at is not None and task.claimed_at is not None
-                              and task.started_at < task.claimed_at)
-            info = git.create_worktree(task.repo, task.id, task.base_commit or task.base_ref,
-                                       reset=worktree is not None or bool(attempts)
-                                       or claimed_before)
+            if kind in ("resume", "followup") and task.session_id:
+                # its folder deleted by hand: the session continues the work on the branch,
+                # so the branch is checked out again as it is (BranchGone when it is gone)
+                info = git.reattach_worktree(task.repo, task.id)
+            else:
+                # A retry may find what a failed start left behind, and so may a task
+                # claimed before by an engine that died while making its worktree (no
+                # runner ran: that needs the attempt folder, recorded later): then start
+                # clean.
+                claimed_before = (task.started_at is not None and task.claimed_at is not None
+                                  and task.started_at < task.claimed_at)
+                info = git.create_worktree(task.repo, task.id,
+                                           task.base_commit or task.base_ref,
+                                           reset=worktree is not None or bool(attempts)
+                                           or claimed_before)
             worktree = info.path
             self.store.update_task(task.id, worktree=info.path, branch=info.branch,
                                    base_commit=task.base_commit or info.base_commit,
@@ -235,9 +279,6 @@ class Supervisor:
 
         model = policy.model_for(task, attempts, self.settings)
         if pending is None:
-            # the engine's own retry after the endpoint cut a run off resumes its session
-            # when it made progress (policy.automatic_attempt); else a fresh start
-            kind, prompt = policy.automatic_attempt(task, attempts)
             attempt = self.store.add_attempt(task.id, kind=kind, prompt=prompt, now=now,
                                              model=model)
         else:
@@ -256,6 +297,7 @@ class Supervisor:
         lock_fd = folder_log.acquire_lock()
         if lock_fd is None:  # a runner of this attempt lives: following adopts it
             raise NotStarted(f"a runner holds {folder_log.lock_path} already")
+        key_fd: int | None = None
         try:
             folder_log.clear_run_records()
             resume = task.session_id if attempt.kind in ("resume", "followup") else None
@@ -289,15 +331,22 @@ class Supervisor:
                                               verdict=current.verdict or Verdict.KILLED,
                                               message=current.message)
                 raise NotStarted("it was killed, or taken over, before its runner started")
+            env = self._runner_env()
+            key_fd = _hand_over({name: env.pop(name) for name in KEY_VARIABLES
+                                 if name in env})
+            handover = ["--env-fd", str(key_fd)] if key_fd is not None else []
             with open(os.devnull, "rb") as devnull, \
                     open(folder_log.runner_log, "ab") as runner_log:
                 proc = subprocess.Popen(
                     [self.python, "-m", "fleet_tui.runner", "--lock-fd", str(lock_fd),
-                     str(adir)], cwd=str(adir), env=self._runner_env(), stdin=devnull,
+                     *handover, str(adir)], cwd=str(adir), env=env, stdin=devnull,
                     stdout=runner_log, stderr=runner_log, start_new_session=True,
-                    close_fds=True, pass_fds=(lock_fd,))
+                    close_fds=True,
+                    pass_fds=(lock_fd,) if key_fd is None else (lock_fd, key_fd))
         finally:
             os.close(lock_fd)  # the runner holds it now (or nobody, if the spawn failed)
+            if key_fd is not None:
+                os.close(key_fd)
         self.children[proc.pid] = proc
         # The runner runs whatever happens below; if this bookkeeping fails, following
         # adopts the runner from its own record (runner.json).

@@ -74,7 +74,12 @@ def test_the_key_copied_by_a_worker_is_marked_and_never_merged(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
     settings = load_settings(env=os.environ, overrides={
         "base_url": endpoint.url, "claude": claude_bin, "sandbox": os.geteuid() == 0,
-        "key_sources": "env"})
+        "key_sources": "env",
+        # a worker that has the key: with key_helper on, neither claude's environment nor
+        # its runner's holds it any more (the runner gets it through --env-fd), and the
+        # engine here has none in its own; key_helper off puts it in claude's environment,
+        # as in the finding
+        "key_helper": False})
     env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
     fleet = Fleet(settings, Store(paths.db_path()), env=env)
     (task,) = fleet.submit(TaskSpec(prompt="[script:leak] copy it", repo=git_repo))

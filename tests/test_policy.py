@@ -643,3 +643,40 @@ def test_judge_a_run_stopped_for_its_endpoint(words: str, code: int,
     assert ending.verdict == verdict
     if verdict is not Verdict.OK:
         assert ending.message == words
+
+
+# --- a task whose store row is damaged (row_error) ------------------------------------------
+
+ROW_ERROR = ("the store row of task abc123 is unreadable: column turns holds 'abc'; discard "
+             "the task, or correct the row")
+
+
+@pytest.mark.parametrize("state", [TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED,
+                                   TaskState.RUNNING, TaskState.QUEUED, TaskState.WAITING])
+def test_a_damaged_row_allows_only_discard(state: TaskState) -> None:
+    """Its columns cannot be trusted (a bad one reads as its default): nothing may act on
+    its worktree, branch or session; discarding it (with the user's confirmation) is the
+    way out, and the reason says so and how to correct the row instead. A worker that
+    still runs may be stopped (a discard stops it first)."""
+    bad = task(state, row_error=ROW_ERROR)
+    allowed = policy.allowed_actions(bad)
+    running = state in (TaskState.RUNNING, TaskState.QUEUED, TaskState.WAITING)
+    assert [a for a, why in allowed.items() if why is None] == (
+        [Action.DISCARD, Action.KILL] if running else [Action.DISCARD])
+    for action, why in allowed.items():
+        if action is Action.KILL and not running:
+            assert why is not None and "not running" in why
+        elif action not in (Action.DISCARD, Action.KILL):
+            assert why is not None and "store row" in why and "damaged" in why, action
+            assert "fleet-tui discard abc123" in why and "correct the row" in why
+    refused = policy.refusal(bad, Action.RETRY)
+    assert refused is not None and refused.startswith("cannot retry task abc123: its store row")
+    assert policy.why_not_resume(bad) == policy.why_not(bad, Action.RETRY)
+    # the same task with its row intact offers more
+    assert sum(why is None for why in policy.allowed_actions(task(state)).values()) > 1
+
+
+def test_a_damaged_row_of_a_closed_task_allows_nothing() -> None:
+    bad = task(TaskState.MERGED, row_error=ROW_ERROR)
+    assert all(why == "it was merged already"
+               for why in policy.allowed_actions(bad).values())

@@ -115,6 +115,9 @@ def main(argv: list[str]) -> int:
                     where = None  # the panel still lists tasks; `n` says what to do
             base = (git.current_branch(where) or "") if where is not None else ""
             fleet = Fleet(settings)
+            # the key known before the stream pane reads a worker's words (they are shown
+            # with it hidden: redaction), and the first diff need not wait for a lookup
+            fleet.prepare_secret_scan()
             # config.toml edited while the panel runs: read again (a bad edit is said and
             # the settings in use stay)
             fleet.watch_settings()

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fleet_tui import git, policy, stream
+from fleet_tui import git, policy, redaction, stream
 from fleet_tui.attemptlog import AttemptLog
 from fleet_tui.config import PERMISSION_MODES, Settings, load_settings
 from fleet_tui.durations import parse_duration
@@ -95,12 +95,12 @@ def _id_parser(name: str, description: str) -> _Parser:
 
 
 def _out(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
+    sys.stdout.write(redaction.redact(text) + "\n")
     sys.stdout.flush()
 
 
 def _err(text: str) -> None:
-    sys.stderr.write(text.rstrip("\n") + "\n")
+    sys.stderr.write(redaction.redact(text).rstrip("\n") + "\n")
     sys.stderr.flush()
 
 
@@ -496,6 +496,7 @@ def cmd_show(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     fleet = _fleet()
+    fleet.prepare_secret_scan()  # what the worker said is printed with the key hidden
     _catch_up(fleet)
     task = fleet.get_task(args.id)
     attempts = fleet.attempts(task.id)
@@ -572,6 +573,7 @@ def cmd_logs(argv: list[str]) -> int:
     p.add_argument("--attempt", type=int, metavar="N", help="attempt number (default: last)")
     args = p.parse_args(argv)
     fleet = _fleet()
+    fleet.prepare_secret_scan()  # what the worker said is printed with the key hidden
     _catch_up(fleet)
     task = fleet.get_task(args.id)
     try:
