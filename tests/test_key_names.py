@@ -155,3 +155,19 @@ def test_an_engine_error_that_quotes_the_key_hides_it(git_repo: Path) -> None:
                                      f"{info.path}")
     finally:
         redaction.forget_all()
+
+
+def test_the_panel_never_shows_the_key_in_an_error() -> None:
+    """describe_error (every failure toast of the panel) hides a known key, in fleet-tui's
+    own errors and in any other exception that quotes it."""
+    from fleet_tui.errors import FleetRefused
+    from fleet_tui.ui.formatting import describe_error
+
+    key = "sk-panel-error-SECRET-77ab"
+    redaction.remember([key])
+    try:
+        for error in (FleetRefused(f"cannot use {key}"), OSError(f"open {key}/x failed")):
+            said = describe_error(error)
+            assert key not in said and redaction.MARK in said
+    finally:
+        redaction.forget_all()

@@ -357,13 +357,15 @@ def human_duration(seconds: float) -> str:
 
 
 def describe_error(error: BaseException) -> str:
-    """A user-facing message for an engine failure; never a traceback. Errors written for
-    the user (fleet-tui's own) are said as they are; anything else names its type."""
+    """A user-facing message for an engine failure; never a traceback, never the key.
+    Errors written for the user (fleet-tui's own) are said as they are; anything else names
+    its type."""
     from fleet_tui.errors import FleetTuiError
+    from fleet_tui.redaction import redact
 
     if isinstance(error, FleetTuiError):
-        return str(error) or type(error).__name__
-    text = str(error).strip()
+        return redact(str(error)) or type(error).__name__
+    text = redact(str(error).strip())
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
