@@ -786,20 +786,31 @@ class MainScreen(Screen[None]):
         queue = len(task_ids) > 1
         answer = await self.app.push_screen_wait(MergeScreen(items, test_command,
                                                              queue=queue))
-        if answer is None:
+        if answer is None or not answer.task_ids:
             return
+        chosen = list(answer.task_ids)
         if queue:
-            self._enqueue(fleet, task_ids)
+            left_out = [(i.task_id, i.problem) for i in items if not i.landable]
+            self._enqueue(fleet, chosen, left_out)
         else:
             # each task's own test gate (tasks of several repositories may differ)
-            self._merge(fleet, task_ids, answer.message, None)
+            self._merge(fleet, chosen, answer.message, None)
 
     @work(thread=True, exit_on_error=False, group="actions", description="queuing to land")
-    def _enqueue(self, fleet: Fleet, task_ids: list[str]) -> None:
+    def _enqueue(self, fleet: Fleet, task_ids: list[str],
+                 left_out: list[tuple[str, str]] | None = None) -> None:
+        """Queue ``task_ids``; ``left_out``: (task, why) of the marked tasks the dialog
+        showed as unable to land, named in the toast (they stay marked)."""
         tasks = fleet.enqueue(task_ids)
-        self.post_message(ActionDone(
-            f"{', '.join(t.id for t in tasks)} land one at a time, in this order (Q shows "
-            "the queue)", title=f"Queued {len(tasks)} tasks to land", task_ids=task_ids))
+        text = (f"{', '.join(t.id for t in tasks)} land one at a time, in this order (Q "
+                "shows the queue)")
+        title = f"Queued {len(tasks)} tasks to land"
+        if left_out:
+            text += "\nLeft out (still marked): " + "; ".join(
+                f"{task_id}: {why}" for task_id, why in left_out)
+            title = f"Queued {len(tasks)} of {len(tasks) + len(left_out)} tasks to land"
+        self.post_message(ActionDone(text, title=title, task_ids=task_ids,
+                                     severity="warning" if left_out else "information"))
 
     @work(thread=True, exit_on_error=False, group="actions", description="merging")
     def _merge(self, fleet: Fleet, task_ids: list[str], message: str | None,
@@ -1201,8 +1212,19 @@ def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str
 
     items = []
     for task_id in task_ids:
-        task = fleet.get_task(task_id)
-        preview = fleet.conflict_preview(task_id)
+        task: Task | None = None
+        try:
+            task = fleet.get_task(task_id)
+            preview = fleet.conflict_preview(task_id)
+        except Exception as exc:  # this task's row says why; the others go on
+            problem = describe_error(exc)
+            if task is None:
+                items.append(MergeItem.unlandable(task_id, "", "", "", problem))
+            else:
+                items.append(MergeItem.unlandable(task.id, task.short_title, task.branch,
+                                                  task.base_branch or "the base branch",
+                                                  problem))
+            continue
         try:  # counted from where the task stands against its base branch now
             added, deleted = fleet.diff_stat(task)
         except Exception:  # a worktree that cannot be read: the stored counts
@@ -1212,7 +1234,9 @@ def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str
                                list(preview.conflicts), preview.message, added, deleted,
                                message=commit_title(task.short_title)))
     # the repository's own test gate (.fleet-tui.toml), else the setting; read afresh
-    command = fleet.test_command_for(task_ids[0]) if task_ids else None
+    # (for the first task that can land: a damaged row has no repository to ask)
+    landable = [i.task_id for i in items if i.landable]
+    command = fleet.test_command_for(landable[0]) if landable else None
     return items, command if isinstance(command, str) and command else None
 
 

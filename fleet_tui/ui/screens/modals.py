@@ -201,11 +201,24 @@ class MergeItem:
     added: int
     deleted: int
     message: str = ""  # the default commit message (the title without a copy's "(1/2)")
+    problem: str = ""  # why this task cannot land now (its preview failed); "" when it can
+
+    @property
+    def landable(self) -> bool:
+        return not self.problem
+
+    @classmethod
+    def unlandable(cls, task_id: str, title: str, branch: str, base_branch: str,
+                   problem: str) -> MergeItem:
+        """The row of a task whose preview failed: it says why, and nothing merges it."""
+        return cls(task_id, title, branch, base_branch, False, [], "", 0, 0,
+                   message=title, problem=problem)
 
 
 @dataclass(frozen=True)
 class MergeAnswer:
     message: str | None
+    task_ids: tuple[str, ...] = ()  # what to land: the tasks shown that can, in order
 
 
 class MergeScreen(ModalScreen[MergeAnswer | None]):
@@ -231,10 +244,20 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
         self._test_command = test_command
         self._queue = queue
 
+    @property
+    def landable(self) -> list[MergeItem]:
+        """The tasks the answer acts on: those whose preview did not fail."""
+        return [i for i in self._items if i.landable]
+
     def compose(self) -> ComposeResult:
         single = len(self._items) == 1 and not self._queue
+        total, can = len(self._items), len(self.landable)
         with Vertical(classes="dialog wide"):
-            if self._queue:
+            if self._queue and not can:
+                title = f"None of the {total} marked tasks can land"
+            elif self._queue and can < total:
+                title = f"Land {can} of {total} marked tasks through the merge queue?"
+            elif self._queue:
                 title = (f"Land {len(self._items)} task{'s' if len(self._items) > 1 else ''}"
                          " through the merge queue?")
             elif single:
@@ -250,7 +273,8 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
                         "failing test goes back to its worker; the queue goes on. Q shows "
                         "the queue."), classes="dialog-hint")
                 for item in self._items:
-                    yield Static(self._preview(item), classes="merge-item")
+                    yield Static(self._preview(item), classes="merge-item",
+                                 id=f"merge-item-{item.task_id}")
                 if self._test_command:
                     yield Static(Text.assemble(("Test gate: ", "bold"), self._test_command,
                                                " runs in the worktree first; a failure "
@@ -259,7 +283,7 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
                     yield Static(Text("No test command configured (test_command in "
                                       "config.toml): merging without a test gate."),
                                  classes="dialog-hint")
-            if single:
+            if single and can:
                 yield Label(Text.assemble("Commit message  ", ("e", "bold"),
                                           " to edit, enter when done"),
                             classes="field-label")
@@ -273,13 +297,21 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
 
     def _can_merge(self) -> bool:
         """The queue brings each task up to date itself (conflicts go to its worker);
-        a merge now needs every task to merge cleanly."""
-        return self._queue or all(i.clean for i in self._items)
+        a merge now needs every task to merge cleanly. A task whose preview failed is left
+        out of the queue (its row says why); a queue of none is nothing to answer."""
+        if self._queue:
+            return bool(self.landable)
+        return all(i.clean for i in self._items)
 
     def _preview(self, item: MergeItem) -> Text:
         text = Text()
         text.append(f"{item.task_id} ", style="bold")
         text.append(item.title)
+        if item.problem:
+            text.append("\n")
+            text.append("✗ cannot land:", style="bold reverse")
+            text.append(f" {item.problem}")
+            return text
         text.append(f"   +{item.added} -{item.deleted}\n")
         if item.clean:
             text.append("✔ merges cleanly", style="bold")
@@ -298,6 +330,13 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
         (self.query_one("#no", Button) if button.disabled else button).focus()
 
     def action_merge(self) -> None:
+        if self._queue and not self.landable:
+            self.notify("None of these tasks can land now: each row says why.",
+                        severity="warning")
+            return
+        if len(self._items) == 1 and not self.landable:
+            self.notify(f"It cannot land now: {self._items[0].problem}", severity="warning")
+            return
         if not self._can_merge():
             self.notify("It does not merge cleanly now: update it from its base first (u) "
                         "and resolve the conflicts, or mark it and land it through the "
@@ -307,7 +346,7 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
         boxes = self.query("#merge-message")
         if boxes:
             message = self.query_one("#merge-message", Input).value.strip() or None
-        self.dismiss(MergeAnswer(message))
+        self.dismiss(MergeAnswer(message, tuple(i.task_id for i in self.landable)))
 
     def action_edit_message(self) -> None:
         """Put the focus in the commit message box, the cursor after its text."""
