@@ -32,8 +32,6 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input, Label
 from textual.worker import Worker
 
-from fleet_tui import policy
-from fleet_tui.policy import STOPS
 from fleet_tui.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
@@ -328,6 +326,8 @@ class MainScreen(Screen[None]):
 
     def _alert_transitions(self, tasks: list[Task], status: FleetStatus) -> None:
         """Toast and bell when a task finishes, fails or stalls, or a cooldown starts."""
+        from fleet_tui.policy import STOPS  # in sys.modules: the engine imported it
+
         states = {t.id: t.state for t in tasks}
         held = {e.endpoint for e in status.endpoints if e.held is not None}
         if self._seen_states is not None:
@@ -378,7 +378,9 @@ class MainScreen(Screen[None]):
                             markup=False)
             elif ep.event == "park" and ep.parked_until is not None \
                     and ep.parked_until > self.now():
-                park = policy.park_text(ep.parked_until, ep.park_reason, self.now())
+                from fleet_tui.policy import park_text
+
+                park = park_text(ep.parked_until, ep.park_reason, self.now())
                 self.notify(f"{park}; {tasks_word} wait for it.",
                             title="Endpoint parked", severity="warning", timeout=10,
                             markup=False)

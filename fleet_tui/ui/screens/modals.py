@@ -18,6 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
+from fleet_tui.ui.screens import DIALOG_CSS
 from fleet_tui.ui.widgets.line_view import LineView, SearchBar, TextLines
 
 
@@ -28,6 +29,8 @@ def keyed(label: str, key: str) -> Text:
 
 class ConfirmScreen(ModalScreen[bool]):
     """A yes/no question about a destructive action."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("y", "answer(True)", "Yes", id="confirm.yes"),
@@ -66,6 +69,8 @@ class ConfirmScreen(ModalScreen[bool]):
 
 class ChoiceScreen(ModalScreen[str | None]):
     """Pick one of a few answers by its key (retry: fresh or resume)."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [Binding("escape", "dismiss_none", "Cancel", id="choice.cancel")]
 
@@ -109,6 +114,8 @@ class ChoiceScreen(ModalScreen[str | None]):
 
 class PromptScreen(ModalScreen[str | None]):
     """A multi-line prompt (the follow-up to a finished task)."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("ctrl+s", "submit", "Send", id="prompt.submit", priority=True),
@@ -155,6 +162,8 @@ class PromptScreen(ModalScreen[str | None]):
 
 class MessageScreen(ModalScreen[None]):
     """An error or a long result (test output) the user should read before going on."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("escape", "close", "Close", id="message.close"),
@@ -228,6 +237,8 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
     The commit message box is one key away (`e`, or `tab`); while it has focus `y` and `n`
     are typed into it, never answered; `enter` there goes back to the buttons; its text is
     kept (not selected) so editing changes the default rather than wiping it."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("y", "merge", "Merge", id="merge.yes"),
@@ -376,6 +387,8 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
 class AttemptScreen(ModalScreen[int | None]):
     """Choose which attempt of a task the stream shows."""
 
+    CSS_PATH = DIALOG_CSS
+
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="attempt.cancel")]
 
     def __init__(self, title: str, attempts: list[tuple[int, str]], current: int) -> None:
@@ -408,6 +421,8 @@ class AttemptScreen(ModalScreen[int | None]):
 class ToolCallScreen(ModalScreen[None]):
     """One tool call whole: its input, its output and (Bash) its exit status, in a
     scrolling view that searches like the stream (`/`, `n` / `N`)."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("escape", "close", "Close", id="toolcall.close"),
@@ -455,6 +470,8 @@ class ToolCallScreen(ModalScreen[None]):
 class RepoScreen(ModalScreen[str | None]):
     """Which repository a new task starts in (the panel was opened outside one): the
     recent ones, or a path typed."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="repo.cancel")]
 
