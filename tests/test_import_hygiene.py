@@ -81,10 +81,11 @@ def test_the_panels_usual_start_parses_nothing() -> None:
 
 
 FIRST_FRAME_SPARED = ("fleet_tui.policy", "fleet_tui.providers", "fleet_tui.attemptlog",
-                      "hashlib", "json")
+                      "hashlib", "json", "fleet_tui.ui.screens.help")
 """What the panel's first frame does without: the policy and the provider tables (the key
 bar and the status line need them only once there are tasks), the attempt log (the stream
-reads one only for a selected task); the engine, made after the frame, loads them all."""
+reads one only for a selected task); the engine, made after the frame, loads them all. The
+help screen is imported when `?` opens it."""
 
 FIRST_FRAME = """\
 import asyncio, sys, threading
@@ -124,4 +125,5 @@ def test_the_panels_first_frame_loads_no_engine_module() -> None:
     start-up budget), and the engine, made in a thread after it, loads them anyway."""
     assert first_frame_loads() == ""
     # the probe sees them when they are loaded
-    assert first_frame_loads("import fleet_tui.fleet") == ",".join(FIRST_FRAME_SPARED)
+    assert first_frame_loads("import fleet_tui.fleet, fleet_tui.ui.screens.help") == ",".join(
+        FIRST_FRAME_SPARED)

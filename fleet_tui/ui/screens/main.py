@@ -54,7 +54,6 @@ from fleet_tui.ui.messages import (
     ToolCallLoaded,
     report_failure,
 )
-from fleet_tui.ui.screens.help import HelpScreen, HelpSection
 from fleet_tui.ui.widgets.bars import KeyBar, TabBar
 from fleet_tui.ui.widgets.diff_pane import DiffPane
 from fleet_tui.ui.widgets.status_line import StatusLine
@@ -64,6 +63,7 @@ from fleet_tui.ui.widgets.task_table import SORTS, TaskTable, sort_tasks
 if TYPE_CHECKING:
     from fleet_tui.fleet import Fleet, FleetStatus
     from fleet_tui.store import Task
+    from fleet_tui.ui.screens.help import HelpSection
     from fleet_tui.ui.screens.landing import CopyRow, QueueRow
     from fleet_tui.ui.screens.launch import LaunchRequest
     from fleet_tui.ui.screens.modals import MergeItem
@@ -659,6 +659,8 @@ class MainScreen(Screen[None]):
         self.diff.set_shown(tab == "tab-diff")
 
     def action_help(self) -> None:
+        from fleet_tui.ui.screens.help import HelpScreen
+
         self.app.push_screen(HelpScreen(self.help_sections()))
 
     # --- actions: stream -----------------------------------------------------------------
