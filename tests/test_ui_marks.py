@@ -378,3 +378,31 @@ async def test_merge_dialog_of_tasks_that_none_can_land_offers_no_merge(
         await pilot.press("escape")
         assert all(fleet.get_task(t).state == TaskState.SUCCEEDED for t in ids)
         assert app.errors == []
+
+
+async def test_merge_dialog_of_one_task_that_cannot_land_says_why(
+        fleet: Fleet, git_repo: Path) -> None:
+    """The selected task's worktree was deleted by hand: the dialog opens (before: an
+    error toast "Failed: previewing the merge"), its row says why, and nothing merges."""
+    task_id = submit(fleet, git_repo, 1)[0]
+    _finished_with_change(fleet, git_repo, task_id, "file0.txt")
+    worktree = fleet.get_task(task_id).worktree
+    assert worktree is not None
+    shutil.rmtree(worktree)
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=SIZE) as pilot:
+        await listed(pilot, app, [task_id])
+        await wait_until(pilot, lambda: app.main.check_action("merge", ()) is True,
+                         what="merge to apply")
+        said = await _answer(pilot, app, MergeScreen, "m")
+        assert f"Merge fleet/{task_id}" in said
+        row = str(app.screen.query_one(f"#merge-item-{task_id}").render())
+        assert "✗ cannot land:" in row and "is missing" in row
+        assert app.screen.query_one("#yes", Button).disabled
+        assert not app.screen.query("#merge-message")  # no commit for it to name
+        await pilot.press("y")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, MergeScreen)
+        await pilot.press("escape")
+        assert fleet.get_task(task_id).state == TaskState.SUCCEEDED
+        assert app.errors == []
