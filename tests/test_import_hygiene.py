@@ -77,3 +77,53 @@ def test_the_panels_usual_start_parses_nothing() -> None:
     out = subprocess.run([sys.executable, "-c", with_args], capture_output=True, text=True,
                          timeout=60, check=True)
     assert "argparse" in out.stdout  # the check can fail: arguments are parsed by argparse
+
+
+
+FIRST_FRAME_SPARED = ("fleet_tui.policy", "fleet_tui.providers", "fleet_tui.attemptlog",
+                      "hashlib", "json", "fleet_tui.ui.screens.help")
+"""What the panel's first frame does without: the policy and the provider tables (the key
+bar and the status line need them only once there are tasks), the attempt log (the stream
+reads one only for a selected task); the engine, made after the frame, loads them all. The
+help screen is imported when `?` opens it."""
+
+FIRST_FRAME = """\
+import asyncio, sys, threading
+from fleet_tui.ui.app import FleetApp
+from fleet_tui.ui.screens.main import MainScreen
+
+release = threading.Event()
+
+def engine():  # stands in for the engine maker: imports nothing, waits, gives up
+    release.wait(30)
+    raise RuntimeError("no engine in this probe")
+
+async def main():
+    app = FleetApp(engine, run_scheduler=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)  # the first frame, then the hidden parts mounted
+        assert isinstance(app.screen, MainScreen) and app.screen._hidden_done.is_set()
+        print("loaded:" + ",".join(m for m in SPARED if m in sys.modules))
+        release.set()
+
+asyncio.run(main())
+"""
+
+
+def first_frame_loads(before: str = "") -> str:
+    probe = f"{before}\nSPARED = {FIRST_FRAME_SPARED!r}\n" + FIRST_FRAME
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60, check=False)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("loaded:")]
+    assert lines, out.stdout + out.stderr
+    return lines[-1].removeprefix("loaded:")
+
+
+def test_the_panels_first_frame_loads_no_engine_module() -> None:
+    """The main screen's first frame (task table, key bar, status line; then the hidden
+    parts) is drawn without the engine's modules: they cost it milliseconds (issue 10's
+    start-up budget), and the engine, made in a thread after it, loads them anyway."""
+    assert first_frame_loads() == ""
+    # the probe sees them when they are loaded
+    assert first_frame_loads("import fleet_tui.fleet, fleet_tui.ui.screens.help") == ",".join(
+        FIRST_FRAME_SPARED)

@@ -143,3 +143,64 @@ def test_a_keymap_naming_no_binding_is_refused(git_repo: Path) -> None:
     with pytest.raises(ValueError, match=r"no key binding has the id 'task\.nwe'") as info:
         FleetApp(Fleet(load_settings()), repo=git_repo, keymap={"task.nwe": "N"})
     assert "task.new" in str(info.value)  # the message lists the ids there are
+
+
+@pytest.fixture
+def gc_restored() -> Any:
+    """Whatever a test does to the garbage collector is undone after it."""
+    import gc
+
+    was = gc.isenabled()
+    yield
+    gc.unfreeze()
+    if was:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+async def test_the_collector_paused_for_the_start_up_resumes_after_the_first_frame(
+        git_repo: Path, monkeypatch: pytest.MonkeyPatch, gc_restored: None) -> None:
+    """`fleet-tui` pauses the cyclic garbage collector until the first frame (it ran ~116
+    times over the start-up's live objects); the app freezes those and resumes it once the
+    frame is out. An app not told so leaves the collector alone."""
+    import gc
+
+    monkeypatch.chdir(git_repo)
+    gc.disable()
+    app = FleetApp(looking_around(0.0), run_scheduler=False, bell=False, resume_gc=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, gc.isenabled, what="the collector resumed")
+        assert gc.get_freeze_count() > 1000  # the start-up's objects: not walked again
+        await wait_until(pilot, lambda: app.main.poll_error is None and app.fleet is not None,
+                         what="the engine")
+    gc.unfreeze()
+    gc.disable()
+    plain = FleetApp(looking_around(0.0), run_scheduler=False, bell=False)
+    async with plain.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: plain.fleet is not None, what="the engine")
+        await pilot.pause(0.1)
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_the_panel_command_pauses_the_collector_for_the_app(tmp_path: Path) -> None:
+    """`fleet-tui` (the panel command) runs the app with the collector paused and tells it
+    to resume it; after the app the collector is on again. FleetApp.run is replaced by a
+    stand-in that records what it was given (the real run is the tests above)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import gc\n"
+        "from fleet_tui.ui import app as appmod\n"
+        "seen = {}\n"
+        "def run(self, *a, **k):\n"
+        "    seen.update(paused=not gc.isenabled(), resume=self._resume_gc)\n"
+        "appmod.FleetApp.run = run\n"
+        "from fleet_tui.commands import panel\n"
+        "code = panel.main([])\n"
+        "print('seen', seen['paused'], seen['resume'], 'after', gc.isenabled(), code)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path, check=False)
+    assert out.stdout.strip().splitlines()[-1:] == ["seen True True after True 0"], (
+        out.stdout + out.stderr)

@@ -7,6 +7,7 @@ No claude here: the scheduler is off, so submitted tasks stay queued and every a
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from test_ui_support import wait_until
 from textual import events
 from textual.command import CommandPalette
 from textual.pilot import Pilot
-from textual.widgets import Input
+from textual.widgets import Button, Input
 
 from fleet_tui.config import load_settings
 from fleet_tui.fleet import Fleet
@@ -304,3 +305,104 @@ async def test_bulk_merge_lands_exactly_the_marked_set(fleet: Fleet, git_repo: P
     merged_files = {f"file{ids.index(t)}.txt" for t in chosen}
     assert merged_files <= landed
     assert not ({f"file{i}.txt" for i in range(4)} - merged_files) & landed
+
+
+async def test_bulk_merge_leaves_out_a_task_that_cannot_land_and_queues_the_others(
+        fleet: Fleet, git_repo: Path) -> None:
+    """One marked task's preview fails (its worktree deleted by hand): before, the merge
+    dialog failed for every marked task (one error toast, nothing landed). Its row says
+    why it cannot land, the others are queued, and the toast names the one left out."""
+    ids = submit(fleet, git_repo, 3)
+    for i, task_id in enumerate(ids):
+        _finished_with_change(fleet, git_repo, task_id, f"file{i}.txt")
+    broken = ids[1]
+    worktree = fleet.get_task(broken).worktree
+    assert worktree is not None
+    shutil.rmtree(worktree)  # by hand, outside fleet-tui
+    landable = set(ids) - {broken}
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=SIZE) as pilot:
+        await listed(pilot, app, ids)
+        await pilot.press("ctrl+a")
+        assert app.main.marked == set(ids)
+        await wait_until(pilot, lambda: app.main.check_action("merge", ()) is True,
+                         what="merge to apply")
+        said = await _answer(pilot, app, MergeScreen, "m")
+        assert "Land 2 of 3 marked tasks through the merge queue?" in said
+        items = {w.id: str(w.render()) for w in app.screen.query(".merge-item")}
+        assert set(items) == {f"merge-item-{t}" for t in ids}
+        row = items[f"merge-item-{broken}"]
+        assert "✗ cannot land:" in row and "is missing" in row and "deleted outside" in row
+        assert all("✗" not in items[f"merge-item-{t}"] for t in landable)
+        button = app.screen.query_one("#yes", Button)
+        assert not button.disabled
+        await pilot.press("y")
+        await wait_until(pilot, lambda: any("Queued 2 of 3 tasks to land" in t
+                                            for _, t, _m in app.toasts), what="the toast")
+        toast = next(m for _, t, m in app.toasts if "Queued 2 of 3" in t)
+        assert f"Left out (still marked): {broken}: " in toast and "is missing" in toast
+        assert app.main.marked == {broken}
+        await wait_until(pilot, lambda: all(fleet.get_task(t).state == TaskState.MERGED
+                                            for t in landable), what="the two merged",
+                         timeout=60)
+        assert fleet.get_task(broken).state == TaskState.SUCCEEDED
+        assert app.errors == []
+    landed = set(git(git_repo, "ls-tree", "--name-only", "main").split())
+    assert {"file0.txt", "file2.txt"} <= landed and "file1.txt" not in landed
+
+
+async def test_merge_dialog_of_tasks_that_none_can_land_offers_no_merge(
+        fleet: Fleet, git_repo: Path) -> None:
+    """Every marked task fails its preview: each row says why, and the dialog's button is
+    off (y says why instead of queuing nothing)."""
+    ids = submit(fleet, git_repo, 2)
+    for i, task_id in enumerate(ids):
+        _finished_with_change(fleet, git_repo, task_id, f"file{i}.txt")
+        worktree = fleet.get_task(task_id).worktree
+        assert worktree is not None
+        shutil.rmtree(worktree)
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=SIZE) as pilot:
+        await listed(pilot, app, ids)
+        await pilot.press("ctrl+a")
+        await wait_until(pilot, lambda: app.main.check_action("merge", ()) is True,
+                         what="merge to apply")
+        said = await _answer(pilot, app, MergeScreen, "m")
+        assert "None of the 2 marked tasks can land" in said
+        items = [str(w.render()) for w in app.screen.query(".merge-item")]
+        assert len(items) == 2 and all("✗ cannot land:" in r for r in items)
+        assert app.screen.query_one("#yes", Button).disabled
+        await pilot.press("y")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, MergeScreen)  # still open: nothing to queue
+        await pilot.press("escape")
+        assert all(fleet.get_task(t).state == TaskState.SUCCEEDED for t in ids)
+        assert app.errors == []
+
+
+async def test_merge_dialog_of_one_task_that_cannot_land_says_why(
+        fleet: Fleet, git_repo: Path) -> None:
+    """The selected task's worktree was deleted by hand: the dialog opens (before: an
+    error toast "Failed: previewing the merge"), its row says why, and nothing merges."""
+    task_id = submit(fleet, git_repo, 1)[0]
+    _finished_with_change(fleet, git_repo, task_id, "file0.txt")
+    worktree = fleet.get_task(task_id).worktree
+    assert worktree is not None
+    shutil.rmtree(worktree)
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=SIZE) as pilot:
+        await listed(pilot, app, [task_id])
+        await wait_until(pilot, lambda: app.main.check_action("merge", ()) is True,
+                         what="merge to apply")
+        said = await _answer(pilot, app, MergeScreen, "m")
+        assert f"Merge fleet/{task_id}" in said
+        row = str(app.screen.query_one(f"#merge-item-{task_id}").render())
+        assert "✗ cannot land:" in row and "is missing" in row
+        assert app.screen.query_one("#yes", Button).disabled
+        assert not app.screen.query("#merge-message")  # no commit for it to name
+        await pilot.press("y")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, MergeScreen)
+        await pilot.press("escape")
+        assert fleet.get_task(task_id).state == TaskState.SUCCEEDED
+        assert app.errors == []

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 from textual.binding import Binding
 
-from fleet_tui.policy import why_not
 from fleet_tui.states import STATES, VERBS, Action
 
 TYPE_CHECKING = False
@@ -55,6 +54,10 @@ def task_verdict(action: Action, tasks: Sequence[Task]) -> Verdict:
     do it now, else True."""
     if not tasks:
         return False
+    # here, not at the top: the first frame has no task, and the policy (with the provider
+    # tables it reads) costs it milliseconds; the engine, made after it, imports it anyway
+    from fleet_tui.policy import why_not
+
     for task in tasks:
         row = STATES.get(task.state)
         if row is None or action not in row.actions:

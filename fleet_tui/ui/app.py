@@ -14,6 +14,7 @@ and nothing asks the app for it later.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -49,7 +50,10 @@ class FleetApp(App[None]):
     ``fleet`` is the engine, or a function that makes it (``EngineMaker``): then it is
     made in a thread once the first frame is up (importing the engine and GitPython takes
     longer than Textual's own start). ``keymap`` rebinds keys by binding id
-    (``{"task.new": "N"}``; ids in ui/actions.py).
+    (``{"task.new": "N"}``; ids in ui/actions.py). ``resume_gc``: the caller paused the
+    cyclic garbage collector for the start-up (``gc.disable()``, as the panel command does);
+    once the first frame is out, what the start-up made is frozen (never walked again: it
+    lives as long as the panel) and the collector resumes.
     """
 
     CSS_PATH = "app.tcss"
@@ -64,7 +68,7 @@ class FleetApp(App[None]):
                  poll_interval: float = 0.5, diff_interval: float = 2.0,
                  stream_interval: float = 0.1, bell: bool = True,
                  scheduler_interval: float = 0.25,
-                 keymap: Mapping[str, str] | None = None) -> None:
+                 keymap: Mapping[str, str] | None = None, resume_gc: bool = False) -> None:
         super().__init__()
         self.fleet: Fleet | None = None  # the engine, once EngineReady arrived
         self._fleet_given: Fleet | None = None
@@ -82,6 +86,7 @@ class FleetApp(App[None]):
         self.stream_interval = stream_interval
         self.scheduler_interval = scheduler_interval
         self.keymap = dict(keymap or {})
+        self._resume_gc = resume_gc
         self.bell_enabled = bell
         self.bells = 0
         self.errors: list[str] = []
@@ -118,9 +123,18 @@ class FleetApp(App[None]):
         out, so neither delays it (a thread importing the engine and GitPython while the
         first frame is laid out and painted would take the GIL from it half the time)."""
         main = self.main
+        if self._resume_gc:
+            self.call_after_refresh(self._gc_resume)
         main.set_timer(HIDDEN_DELAY, main.mount_hidden)
         if self._make_fleet is not None:
             self.call_after_refresh(self._start_engine)
+
+    def _gc_resume(self) -> None:
+        """The first frame is out: freeze what the start-up made (a first collection would
+        walk all of it at once) and let the collector run again."""
+        self._resume_gc = False
+        gc.freeze()
+        gc.enable()
 
     def on_mount(self) -> None:
         if self._fleet_given is not None:

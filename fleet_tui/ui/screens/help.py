@@ -11,11 +11,15 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from fleet_tui.ui.screens import DIALOG_CSS
+
 HelpSection = tuple[str, list[tuple[str, str]]]
 
 
 class HelpScreen(ModalScreen[None]):
     """A scrollable list of keys; any of escape, q or ? closes it."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("escape,q,question_mark", "close", "Close", id="help.close"),

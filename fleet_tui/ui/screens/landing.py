@@ -30,6 +30,7 @@ from textual.worker import Worker
 
 from fleet_tui.ui.formatting import PreparedDiff, human_tokens
 from fleet_tui.ui.messages import report_failure
+from fleet_tui.ui.screens import DIALOG_CSS
 from fleet_tui.ui.widgets.diff_view import DiffView
 
 __all__ = ["CompareScreen", "CopyRow", "QueueRow", "QueueScreen"]
@@ -56,6 +57,8 @@ class CopyRow:
 
 class CompareScreen(ModalScreen[tuple[str, str] | None]):
     """The copies of a task side by side; answers ("pick", id), ("select", id) or None."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("p", "pick", "Pick this copy", id="compare.pick"),
@@ -152,6 +155,8 @@ class QueueRow:
 
 class QueueScreen(ModalScreen[None]):
     """The merge queue, refreshed while it is open."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [Binding("escape,q,Q", "close", "Close", id="queue.close")]
     INTERVAL = 0.5

@@ -26,6 +26,7 @@ from fleet_tui import durations, paths
 from fleet_tui.config import PERMISSION_MODES
 from fleet_tui.store import MAX_COPIES, TaskSpec
 from fleet_tui.titles import task_title, title_from_prompt
+from fleet_tui.ui.screens import DIALOG_CSS
 from fleet_tui.ui.screens.modals import keyed
 
 EFFORTS = ("low", "medium", "high", "max")
@@ -113,6 +114,8 @@ def check_base_ref(repo: Path, ref: str) -> str | None:
 
 class LaunchScreen(ModalScreen[LaunchRequest | None]):
     """New task: ctrl+s submits, escape cancels; every field says what is wrong with it."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("ctrl+s", "submit", "Launch", id="launch.submit", priority=True),

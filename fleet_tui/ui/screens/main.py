@@ -32,8 +32,6 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input, Label
 from textual.worker import Worker
 
-from fleet_tui import policy
-from fleet_tui.policy import STOPS
 from fleet_tui.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
@@ -56,7 +54,6 @@ from fleet_tui.ui.messages import (
     ToolCallLoaded,
     report_failure,
 )
-from fleet_tui.ui.screens.help import HelpScreen, HelpSection
 from fleet_tui.ui.widgets.bars import KeyBar, TabBar
 from fleet_tui.ui.widgets.diff_pane import DiffPane
 from fleet_tui.ui.widgets.status_line import StatusLine
@@ -66,6 +63,7 @@ from fleet_tui.ui.widgets.task_table import SORTS, TaskTable, sort_tasks
 if TYPE_CHECKING:
     from fleet_tui.fleet import Fleet, FleetStatus
     from fleet_tui.store import Task
+    from fleet_tui.ui.screens.help import HelpSection
     from fleet_tui.ui.screens.landing import CopyRow, QueueRow
     from fleet_tui.ui.screens.launch import LaunchRequest
     from fleet_tui.ui.screens.modals import MergeItem
@@ -328,6 +326,8 @@ class MainScreen(Screen[None]):
 
     def _alert_transitions(self, tasks: list[Task], status: FleetStatus) -> None:
         """Toast and bell when a task finishes, fails or stalls, or a cooldown starts."""
+        from fleet_tui.policy import STOPS  # in sys.modules: the engine imported it
+
         states = {t.id: t.state for t in tasks}
         held = {e.endpoint for e in status.endpoints if e.held is not None}
         if self._seen_states is not None:
@@ -378,7 +378,9 @@ class MainScreen(Screen[None]):
                             markup=False)
             elif ep.event == "park" and ep.parked_until is not None \
                     and ep.parked_until > self.now():
-                park = policy.park_text(ep.parked_until, ep.park_reason, self.now())
+                from fleet_tui.policy import park_text
+
+                park = park_text(ep.parked_until, ep.park_reason, self.now())
                 self.notify(f"{park}; {tasks_word} wait for it.",
                             title="Endpoint parked", severity="warning", timeout=10,
                             markup=False)
@@ -657,6 +659,8 @@ class MainScreen(Screen[None]):
         self.diff.set_shown(tab == "tab-diff")
 
     def action_help(self) -> None:
+        from fleet_tui.ui.screens.help import HelpScreen
+
         self.app.push_screen(HelpScreen(self.help_sections()))
 
     # --- actions: stream -----------------------------------------------------------------
@@ -786,20 +790,31 @@ class MainScreen(Screen[None]):
         queue = len(task_ids) > 1
         answer = await self.app.push_screen_wait(MergeScreen(items, test_command,
                                                              queue=queue))
-        if answer is None:
+        if answer is None or not answer.task_ids:
             return
+        chosen = list(answer.task_ids)
         if queue:
-            self._enqueue(fleet, task_ids)
+            left_out = [(i.task_id, i.problem) for i in items if not i.landable]
+            self._enqueue(fleet, chosen, left_out)
         else:
             # each task's own test gate (tasks of several repositories may differ)
-            self._merge(fleet, task_ids, answer.message, None)
+            self._merge(fleet, chosen, answer.message, None)
 
     @work(thread=True, exit_on_error=False, group="actions", description="queuing to land")
-    def _enqueue(self, fleet: Fleet, task_ids: list[str]) -> None:
+    def _enqueue(self, fleet: Fleet, task_ids: list[str],
+                 left_out: list[tuple[str, str]] | None = None) -> None:
+        """Queue ``task_ids``; ``left_out``: (task, why) of the marked tasks the dialog
+        showed as unable to land, named in the toast (they stay marked)."""
         tasks = fleet.enqueue(task_ids)
-        self.post_message(ActionDone(
-            f"{', '.join(t.id for t in tasks)} land one at a time, in this order (Q shows "
-            "the queue)", title=f"Queued {len(tasks)} tasks to land", task_ids=task_ids))
+        text = (f"{', '.join(t.id for t in tasks)} land one at a time, in this order (Q "
+                "shows the queue)")
+        title = f"Queued {len(tasks)} tasks to land"
+        if left_out:
+            text += "\nLeft out (still marked): " + "; ".join(
+                f"{task_id}: {why}" for task_id, why in left_out)
+            title = f"Queued {len(tasks)} of {len(tasks) + len(left_out)} tasks to land"
+        self.post_message(ActionDone(text, title=title, task_ids=task_ids,
+                                     severity="warning" if left_out else "information"))
 
     @work(thread=True, exit_on_error=False, group="actions", description="merging")
     def _merge(self, fleet: Fleet, task_ids: list[str], message: str | None,
@@ -1201,8 +1216,19 @@ def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str
 
     items = []
     for task_id in task_ids:
-        task = fleet.get_task(task_id)
-        preview = fleet.conflict_preview(task_id)
+        task: Task | None = None
+        try:
+            task = fleet.get_task(task_id)
+            preview = fleet.conflict_preview(task_id)
+        except Exception as exc:  # this task's row says why; the others go on
+            problem = describe_error(exc)
+            if task is None:
+                items.append(MergeItem.unlandable(task_id, "", "", "", problem))
+            else:
+                items.append(MergeItem.unlandable(task.id, task.short_title, task.branch,
+                                                  task.base_branch or "the base branch",
+                                                  problem))
+            continue
         try:  # counted from where the task stands against its base branch now
             added, deleted = fleet.diff_stat(task)
         except Exception:  # a worktree that cannot be read: the stored counts
@@ -1212,7 +1238,9 @@ def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str
                                list(preview.conflicts), preview.message, added, deleted,
                                message=commit_title(task.short_title)))
     # the repository's own test gate (.fleet-tui.toml), else the setting; read afresh
-    command = fleet.test_command_for(task_ids[0]) if task_ids else None
+    # (for the first task that can land: a damaged row has no repository to ask)
+    landable = [i.task_id for i in items if i.landable]
+    command = fleet.test_command_for(landable[0]) if landable else None
     return items, command if isinstance(command, str) and command else None
 
 

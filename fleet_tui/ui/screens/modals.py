@@ -18,6 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
+from fleet_tui.ui.screens import DIALOG_CSS
 from fleet_tui.ui.widgets.line_view import LineView, SearchBar, TextLines
 
 
@@ -28,6 +29,8 @@ def keyed(label: str, key: str) -> Text:
 
 class ConfirmScreen(ModalScreen[bool]):
     """A yes/no question about a destructive action."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("y", "answer(True)", "Yes", id="confirm.yes"),
@@ -66,6 +69,8 @@ class ConfirmScreen(ModalScreen[bool]):
 
 class ChoiceScreen(ModalScreen[str | None]):
     """Pick one of a few answers by its key (retry: fresh or resume)."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [Binding("escape", "dismiss_none", "Cancel", id="choice.cancel")]
 
@@ -109,6 +114,8 @@ class ChoiceScreen(ModalScreen[str | None]):
 
 class PromptScreen(ModalScreen[str | None]):
     """A multi-line prompt (the follow-up to a finished task)."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("ctrl+s", "submit", "Send", id="prompt.submit", priority=True),
@@ -156,6 +163,8 @@ class PromptScreen(ModalScreen[str | None]):
 class MessageScreen(ModalScreen[None]):
     """An error or a long result (test output) the user should read before going on."""
 
+    CSS_PATH = DIALOG_CSS
+
     BINDINGS = [
         Binding("escape", "close", "Close", id="message.close"),
         Binding("enter", "close", "Close", show=False, id="message.enter"),
@@ -201,11 +210,24 @@ class MergeItem:
     added: int
     deleted: int
     message: str = ""  # the default commit message (the title without a copy's "(1/2)")
+    problem: str = ""  # why this task cannot land now (its preview failed); "" when it can
+
+    @property
+    def landable(self) -> bool:
+        return not self.problem
+
+    @classmethod
+    def unlandable(cls, task_id: str, title: str, branch: str, base_branch: str,
+                   problem: str) -> MergeItem:
+        """The row of a task whose preview failed: it says why, and nothing merges it."""
+        return cls(task_id, title, branch, base_branch, False, [], "", 0, 0,
+                   message=title, problem=problem)
 
 
 @dataclass(frozen=True)
 class MergeAnswer:
     message: str | None
+    task_ids: tuple[str, ...] = ()  # what to land: the tasks shown that can, in order
 
 
 class MergeScreen(ModalScreen[MergeAnswer | None]):
@@ -215,6 +237,8 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
     The commit message box is one key away (`e`, or `tab`); while it has focus `y` and `n`
     are typed into it, never answered; `enter` there goes back to the buttons; its text is
     kept (not selected) so editing changes the default rather than wiping it."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("y", "merge", "Merge", id="merge.yes"),
@@ -231,10 +255,20 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
         self._test_command = test_command
         self._queue = queue
 
+    @property
+    def landable(self) -> list[MergeItem]:
+        """The tasks the answer acts on: those whose preview did not fail."""
+        return [i for i in self._items if i.landable]
+
     def compose(self) -> ComposeResult:
         single = len(self._items) == 1 and not self._queue
+        total, can = len(self._items), len(self.landable)
         with Vertical(classes="dialog wide"):
-            if self._queue:
+            if self._queue and not can:
+                title = f"None of the {total} marked tasks can land"
+            elif self._queue and can < total:
+                title = f"Land {can} of {total} marked tasks through the merge queue?"
+            elif self._queue:
                 title = (f"Land {len(self._items)} task{'s' if len(self._items) > 1 else ''}"
                          " through the merge queue?")
             elif single:
@@ -250,7 +284,8 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
                         "failing test goes back to its worker; the queue goes on. Q shows "
                         "the queue."), classes="dialog-hint")
                 for item in self._items:
-                    yield Static(self._preview(item), classes="merge-item")
+                    yield Static(self._preview(item), classes="merge-item",
+                                 id=f"merge-item-{item.task_id}")
                 if self._test_command:
                     yield Static(Text.assemble(("Test gate: ", "bold"), self._test_command,
                                                " runs in the worktree first; a failure "
@@ -259,7 +294,7 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
                     yield Static(Text("No test command configured (test_command in "
                                       "config.toml): merging without a test gate."),
                                  classes="dialog-hint")
-            if single:
+            if single and can:
                 yield Label(Text.assemble("Commit message  ", ("e", "bold"),
                                           " to edit, enter when done"),
                             classes="field-label")
@@ -273,13 +308,21 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
 
     def _can_merge(self) -> bool:
         """The queue brings each task up to date itself (conflicts go to its worker);
-        a merge now needs every task to merge cleanly."""
-        return self._queue or all(i.clean for i in self._items)
+        a merge now needs every task to merge cleanly. A task whose preview failed is left
+        out of the queue (its row says why); a queue of none is nothing to answer."""
+        if self._queue:
+            return bool(self.landable)
+        return all(i.clean for i in self._items)
 
     def _preview(self, item: MergeItem) -> Text:
         text = Text()
         text.append(f"{item.task_id} ", style="bold")
         text.append(item.title)
+        if item.problem:
+            text.append("\n")
+            text.append("✗ cannot land:", style="bold reverse")
+            text.append(f" {item.problem}")
+            return text
         text.append(f"   +{item.added} -{item.deleted}\n")
         if item.clean:
             text.append("✔ merges cleanly", style="bold")
@@ -298,6 +341,13 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
         (self.query_one("#no", Button) if button.disabled else button).focus()
 
     def action_merge(self) -> None:
+        if self._queue and not self.landable:
+            self.notify("None of these tasks can land now: each row says why.",
+                        severity="warning")
+            return
+        if len(self._items) == 1 and not self.landable:
+            self.notify(f"It cannot land now: {self._items[0].problem}", severity="warning")
+            return
         if not self._can_merge():
             self.notify("It does not merge cleanly now: update it from its base first (u) "
                         "and resolve the conflicts, or mark it and land it through the "
@@ -307,7 +357,7 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
         boxes = self.query("#merge-message")
         if boxes:
             message = self.query_one("#merge-message", Input).value.strip() or None
-        self.dismiss(MergeAnswer(message))
+        self.dismiss(MergeAnswer(message, tuple(i.task_id for i in self.landable)))
 
     def action_edit_message(self) -> None:
         """Put the focus in the commit message box, the cursor after its text."""
@@ -336,6 +386,8 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
 
 class AttemptScreen(ModalScreen[int | None]):
     """Choose which attempt of a task the stream shows."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="attempt.cancel")]
 
@@ -369,6 +421,8 @@ class AttemptScreen(ModalScreen[int | None]):
 class ToolCallScreen(ModalScreen[None]):
     """One tool call whole: its input, its output and (Bash) its exit status, in a
     scrolling view that searches like the stream (`/`, `n` / `N`)."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("escape", "close", "Close", id="toolcall.close"),
@@ -416,6 +470,8 @@ class ToolCallScreen(ModalScreen[None]):
 class RepoScreen(ModalScreen[str | None]):
     """Which repository a new task starts in (the panel was opened outside one): the
     recent ones, or a path typed."""
+
+    CSS_PATH = DIALOG_CSS
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="repo.cancel")]
 

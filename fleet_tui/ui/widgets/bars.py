@@ -56,19 +56,23 @@ class KeyBar(Widget):
         self._text = Text()
         self._palette: Binding | None = None
         self._palette_at = -1  # where the palette key starts (-1: not shown)
+        self._stale = True  # the bindings changed since the text was built
 
     def on_mount(self) -> None:
         self.screen.bindings_updated_signal.subscribe(self, self._bindings_changed)
-        self._rebuild()
 
     def on_unmount(self) -> None:
         self.screen.bindings_updated_signal.unsubscribe(self)
 
     def _bindings_changed(self, screen: Screen[object]) -> None:
+        """Built again when next painted: the bindings change several times before the
+        first frame (mount, focus), and a rebuild asks every binding's check_action."""
         if self.is_attached and screen is self.screen:
-            self._rebuild()
+            self._stale = True
+            self.refresh()
 
     def _rebuild(self) -> None:
+        self._stale = False
         key_style = self.get_component_rich_style("keybar--key")
         desc_style = self.get_component_rich_style("keybar--description")
         active = self.screen.active_bindings
@@ -91,9 +95,10 @@ class KeyBar(Widget):
         self._palette = palette
         self._text = text
         self._spans = spans
-        self.refresh()
 
     def render(self) -> Text:
+        if self._stale:
+            self._rebuild()
         width = self.size.width
         text = self._text.copy()
         palette = self._palette

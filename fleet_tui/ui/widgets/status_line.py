@@ -7,7 +7,6 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from fleet_tui import policy
 from fleet_tui.ui.formatting import human_duration, human_tokens
 
 TYPE_CHECKING = False
@@ -94,9 +93,16 @@ class StatusLine(Static):
                             style=self.get_component_rich_style("status--held"))
             elif ep.parked_until is not None and ep.parked_until > now:
                 text.append("  ")
-                text.append(f" {policy.park_text(ep.parked_until, ep.park_reason, now)} ",
+                text.append(f" {_park_text(ep.parked_until, ep.park_reason, now)} ",
                             style=self.get_component_rich_style("status--cooldown"))
             elif ep.parked_until is not None:
                 text.append("  ")
                 text.append(" resuming parked sessions ",
                             style=self.get_component_rich_style("status--cooldown"))
+
+
+def _park_text(until: float, reason: str | None, now: float) -> str:
+    """policy.park_text, imported when first needed (the first frame has no endpoint)."""
+    from fleet_tui.policy import park_text
+
+    return park_text(until, reason, now)

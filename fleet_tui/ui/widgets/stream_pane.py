@@ -28,7 +28,6 @@ from textual.reactive import reactive
 from textual.widgets import Label
 from textual.worker import Worker, get_current_worker
 
-from fleet_tui.attemptlog import AttemptLog
 from fleet_tui.states import PENDING_STATES
 from fleet_tui.ui.formatting import (
     SETUP_REF,
@@ -44,6 +43,7 @@ from fleet_tui.ui.widgets.stream_view import MAX_ROWS, StreamView
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from fleet_tui.attemptlog import AttemptLog
     from fleet_tui.fleet import Fleet
     from fleet_tui.store import Attempt, Task
 
@@ -201,6 +201,8 @@ class StreamPane(Vertical):
         shows them: ToolCallLoaded)."""
         if attempt.dir is None:
             return
+        from fleet_tui.attemptlog import AttemptLog  # loaded by the engine already
+
         log = AttemptLog(attempt.dir)
         if ref == SETUP_REF:
             try:
@@ -241,6 +243,8 @@ class StreamPane(Vertical):
         worker_sleep(worker, STREAM_SETTLE)  # a key held down has moved on: read nothing
         if worker.is_cancelled:
             return
+        from fleet_tui.attemptlog import AttemptLog  # loaded by the engine already
+
         task = fleet.get_task(task_id)
         cwd = str(task.worktree) if task.worktree else None
         formatter = StreamFormatter(cwd=cwd)
@@ -308,6 +312,8 @@ class StreamPane(Vertical):
         if attempt.dir is None:  # (never announced with older bytes; said for the record)
             self.post_message(StreamOlder(generation, [], 0, everything))
             return
+        from fleet_tui.attemptlog import AttemptLog  # loaded by the engine already
+
         log = AttemptLog(attempt.dir)
         start = 0 if everything else log.tail_start(OLDER_CHUNK, end=end)
         formatter = StreamFormatter(cwd=cwd)
