@@ -8,7 +8,8 @@ same interpreter. The time is taken from just before the spawn to the moment the
 receives the frame: for the bare app its label; for fleet-tui the first frame of the main
 screen (the task table's header "last tool") and, separately, the first
 frame that shows stored task titles (the list is read in a thread after the first frame).
-Budget: first frame at most 1.5 times the bare app (median of the per-pair ratios).
+Budget: first frame at most 1.4 times the bare app (median of the per-pair ratios; issue 10
+lowered it from 1.5 so that the features after the restructure have room).
 
 Also, from the same store: `Store.list_tasks()` of all 1,000 tasks, as the panel's first
 read does. Budget: 500 ms (kept from tests/test_store.py, which now checks the behaviour).
@@ -239,7 +240,7 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
             ratio.append(f[0] / b)
     figures = [
         Figure("startup.ratio", "fleet-tui first frame ÷ bare Textual app", "×", ratio,
-               budget=1.5, per="pair", note=f"{tasks:,} tasks in {REPOSITORIES} "
+               budget=1.4, per="pair", note=f"{tasks:,} tasks in {REPOSITORIES} "
                f"repositories, {tasks * per_task:,} attempts"),
         Figure("startup.first_frame", "fleet-tui: spawn → first frame", "ms", first),
         Figure("startup.listed", "fleet-tui: spawn → task titles on screen", "ms", listed,
