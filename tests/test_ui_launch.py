@@ -129,3 +129,43 @@ async def test_with_remembered_values_the_form_still_fits_80x24(fleet: Fleet,
         assert "model small, max turns 5, timeout 30m" in str(carried.render())
         assert _on_screen(app, form.query_one("#copies", Input))
         assert _on_screen(app, form.query_one("#launch", Button))
+
+
+def _burst(app: FleetApp, text: str, then: str) -> None:
+    """Keys as a terminal delivers a paste or fast typing followed by a key: all posted to
+    the app at once (the driver does the same with one read), none handled yet."""
+    from textual import events
+
+    for char in text:
+        app.post_message(events.Key(char, char))
+    app.post_message(events.Key(then, None))
+
+
+async def test_ctrl_s_right_after_typing_submits_everything_typed(fleet: Fleet,
+                                                                 git_repo: Path) -> None:
+    """ctrl+s arriving in the same read as the text before it (seen in tmux: the say
+    dialog's ctrl+s was lost, the minimal TextArea app read an empty text) submits the
+    whole text: the form reads it once the text box has handled the keys before."""
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_form(pilot, app)
+        _burst(app, "write the changelog", "ctrl+s")
+        await wait_until(pilot, lambda: len(fleet.list_tasks()) == 1, what="the task")
+        assert fleet.list_tasks()[0].prompt == "write the changelog"
+
+
+async def test_a_prompt_dialog_sends_everything_typed_before_ctrl_s(fleet: Fleet,
+                                                                   git_repo: Path) -> None:
+    """The follow-up and say dialogs: the same burst sends the whole message."""
+    from fleet_tui.ui.screens.modals import PromptScreen
+
+    app = make_app(fleet, git_repo)
+    got: list[str | None] = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.push_screen(PromptScreen("Message to x"), got.append)
+        await wait_until(pilot, lambda: isinstance(app.screen, PromptScreen)
+                         and any(box.has_focus for box in app.screen.query(TextArea)),
+                         what="the dialog")
+        _burst(app, "use the helper instead", "ctrl+s")
+        await wait_until(pilot, lambda: bool(got), what="the answer")
+        assert got == ["use the helper instead"]

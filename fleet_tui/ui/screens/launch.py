@@ -27,7 +27,7 @@ from fleet_tui.config import PERMISSION_MODES
 from fleet_tui.store import MAX_COPIES, TaskSpec
 from fleet_tui.titles import task_title, title_from_prompt
 from fleet_tui.ui.screens import DIALOG_CSS
-from fleet_tui.ui.screens.modals import keyed
+from fleet_tui.ui.screens.modals import after_typed_keys, keyed
 
 EFFORTS = ("low", "medium", "high", "max")
 FORM_FILE = "launch-form.json"
@@ -247,6 +247,9 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
 
     # --- submit --------------------------------------------------------------------------
     def action_submit(self) -> None:
+        after_typed_keys(self, self._submit)
+
+    def _submit(self) -> None:
         if self._submitting:
             return
         prompt = self.query_one("#prompt", TextArea).text

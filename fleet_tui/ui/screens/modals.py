@@ -7,19 +7,31 @@ Every modal answers to the keyboard alone: `y` / `n` / `escape` where it asks a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
 from fleet_tui.ui.screens import DIALOG_CSS
 from fleet_tui.ui.widgets.line_view import LineView, SearchBar, TextLines
+
+
+def after_typed_keys(screen: Screen[Any], callback: Callable[[], object]) -> None:
+    """Run `callback` once the focused widget has handled the keys that came before the one
+    being handled. A submit key (ctrl+s, a priority binding) is handled by the screen as
+    soon as it arrives, while the keys typed or pasted just before it, in the same read,
+    may still wait in the text box's own queue: read right away, the text would miss
+    them (the message sent empty, or cut short). The callback joins that queue instead."""
+    focused = screen.focused
+    (focused if focused is not None else screen).call_later(callback)
 
 
 def keyed(label: str, key: str) -> Text:
@@ -142,6 +154,9 @@ class PromptScreen(ModalScreen[str | None]):
         self.query_one(TextArea).focus()
 
     def action_submit(self) -> None:
+        after_typed_keys(self, self._submit)
+
+    def _submit(self) -> None:
         text = self.query_one(TextArea).text.strip()
         if not text:
             self.query_one("#prompt-error", Label).update("Write a prompt first.")
@@ -341,6 +356,9 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
         (self.query_one("#no", Button) if button.disabled else button).focus()
 
     def action_merge(self) -> None:
+        after_typed_keys(self, self._merge_now)  # the message box may still hold keys
+
+    def _merge_now(self) -> None:
         if self._queue and not self.landable:
             self.notify("None of these tasks can land now: each row says why.",
                         severity="warning")
