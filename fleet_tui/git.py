@@ -1257,7 +1257,9 @@ def _checked_plan(repo: Path, worktree: Path | None, branch: str, base_branch: s
     if conflicts:
         return _Refused("conflicts", (
             f"{branch} conflicts with {base_branch} in {_plural(len(conflicts), 'file')}: "
-            f"{_shown(conflicts)}; rebase or fix it in the worktree, or discard the task"),
+            f"{_shown(conflicts)}; update it from {base_branch} and let its worker resolve "
+            "them (fleet-tui update ID --resolve worker, or u in the panel), or discard "
+            "the task"),
             conflicts, uncommitted)
     if tree == _out(repo, "rev-parse", f"{base_tip}^{{tree}}").strip():
         return _Refused("nothing", f"the changes of {branch} are already in {base_branch}; "

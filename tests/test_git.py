@@ -372,6 +372,9 @@ def test_conflict_preview_clean_and_conflicting(git_repo: Path) -> None:
     assert not conflict.clean
     assert conflict.conflicts == ["src/app.py"]
     assert "src/app.py" in conflict.message
+    # the way out it names is the one there is: update from main, the worker resolves
+    assert "update ID --resolve worker" in conflict.message and "u in the panel" in \
+        conflict.message
     # Nothing changed: not the main checkout, not the worktree, not any branch.
     assert snapshot(git_repo) == before
     assert (git_repo / ".git" / "index").read_bytes() == index_bytes
