@@ -142,11 +142,25 @@ def _say(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
-# What every demo script plays when the user sends a follow-up (`f`): a look at the
-# worktree, then an answer that quotes the follow-up's first line.
+# When an update from main stopped on conflicts (`u`, then "let the worker resolve it"),
+# the demo's worker keeps its own side of each conflicted file and concludes the merge;
+# otherwise it only looks at the worktree. (A scripted stand-in for a model's judgement:
+# the demo's two greeting tasks change the same line, so landing the second shows it.)
+_RESOLVE_OR_LOOK = (
+    'conflicted=$(git diff --name-only --diff-filter=U); '
+    'if [ -n "$conflicted" ]; then '
+    'git checkout --ours -- $conflicted && git add -- $conflicted && '
+    'git commit --no-edit -q && echo "kept this task\'s side of: $conflicted"; '
+    'else git status --short; fi'
+)
+
+# What every demo script plays when the user sends a follow-up (`f`, or the update's "let
+# the worker resolve it"): a look at the worktree (resolving an update's conflicts), then
+# an answer that quotes the follow-up's first line.
 FOLLOWUP_TURNS: list[Any] = [
     [_say("Following up on: {prompt}"),
-     _tool("Bash", command="git status --short", description="look at the worktree")],
+     _tool("Bash", command=_RESOLVE_OR_LOOK,
+           description="resolve the update's conflicts, or look at the worktree")],
     "Follow-up done: {prompt}",
 ]
 

@@ -184,3 +184,32 @@ def test_diff_and_counts_measure_from_where_the_task_stands(
         fleet.update(other.id)
     assert paths.update_dir(git_repo, task_id).exists() is False
     assert subprocess.run(["git", "diff", "--quiet"], cwd=git_repo).returncode == 0
+
+
+def test_the_demos_two_greetings_land_through_the_workers_resolution(
+        tmp_path: Path, claude_bin: str) -> None:
+    """The demo shows the landing workflow: its two greeting tasks change the same line;
+    the first lands, the second's merge names the way out (update, the worker resolves),
+    and after `update` + the worker's follow-up it lands too, with its own greeting."""
+    from fleet_tui import demo
+
+    repo = demo.create_project(tmp_path / "inventory")
+    prompts = dict(demo.DEMO_TASKS)
+    with ScriptedEndpoint(demo.demo_scripts()) as endpoint:
+        fleet = make_fleet(endpoint, claude_bin)
+        ids = [fleet.submit(TaskSpec(prompt=prompts[title], title=title, repo=repo))[0].id
+               for title in ("Make the greeting casual", "Make the greeting formal")]
+        drive(fleet, settled(fleet, *ids), what="the greeting tasks")
+        casual, formal = ids
+        assert fleet.merge(casual).merged
+        refused = fleet.merge(formal)
+        assert not refused.merged and "--resolve worker" in refused.message
+
+        assert fleet.update(formal).status == "conflicts"
+        fleet.resolve_update(formal, "worker")
+        drive(fleet, settled(fleet, formal), what="the demo worker's resolution")
+        task = fleet.get_task(formal)
+        assert task.state == TaskState.SUCCEEDED and task.conflicts == [], task.message
+        assert fleet.merge(formal).merged
+    assert "Good day, and welcome to our shop." in (repo / "greeting.py").read_text()
+    assert git(repo, "status", "--porcelain") == ""
