@@ -169,3 +169,24 @@ async def test_a_prompt_dialog_sends_everything_typed_before_ctrl_s(fleet: Fleet
         _burst(app, "use the helper instead", "ctrl+s")
         await wait_until(pilot, lambda: bool(got), what="the answer")
         assert got == ["use the helper instead"]
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+async def test_a_choice_of_four_buttons_shows_them_all(fleet: Fleet, git_repo: Path,
+                                                       size: tuple[int, int]) -> None:
+    """The update's conflict choice (three answers and Cancel): every button lies whole
+    inside the dialog (the 64-column dialog cut Cancel off)."""
+    from fleet_tui.ui.screens.modals import ChoiceScreen
+
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=size) as pilot:
+        app.push_screen(ChoiceScreen("Update stopped", "body", [
+            ("w", "worker", "Worker resolves"), ("o", "shell", "Shell"),
+            ("a", "abort", "Abort update")]))
+        await wait_until(pilot, lambda: isinstance(app.screen, ChoiceScreen)
+                         and len(app.screen.query(Button)) == 4, what="the dialog")
+        await pilot.pause()
+        dialog = app.screen.query_one(".dialog").content_region
+        for button in app.screen.query(Button):
+            assert dialog.contains_region(button.region), (str(button.label), dialog,
+                                                           button.region)

@@ -93,8 +93,17 @@ class ChoiceScreen(ModalScreen[str | None]):
         self._body = body
         self._choices = choices
 
+    def _buttons_width(self) -> int:
+        """Columns the button row takes: each label with its key, the button's own padding
+        and border (2 + 2) and the margin before it (1)."""
+        labels = [keyed(label, key) for key, _, label in self._choices]
+        labels.append(keyed("Cancel", "esc"))
+        return sum(max(text.cell_len + 4, 10) + 1 for text in labels)
+
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog"):
+        # the plain dialog (64 columns, 60 inside) cuts off a row of four buttons
+        wide = self._buttons_width() > 60
+        with Vertical(classes="dialog wide" if wide else "dialog"):
             yield Label(self._title, classes="dialog-title", markup=False)
             yield Static(Text(self._body), classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
