@@ -100,3 +100,36 @@ async def test_the_tab_bar_and_the_key_bar_answer_the_mouse(rig: Rig) -> None:
         assert "^p" in text and "palette" in text and "Quit" in text
         await pilot.click(KeyBar, offset=(text.index("Help"), 0))
         await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+
+
+async def test_a_message_to_a_worker_that_finished_meanwhile_goes_as_a_follow_up(
+        rig: Rig) -> None:
+    """`s` on a running worker opens the message dialog; the worker ends its turn while
+    the message is written: the text is not lost, it goes to the same session as a
+    follow-up (before: "cannot send a message ... send a follow-up instead")."""
+    from fleet_tui.ui.screens.modals import PromptScreen
+
+    task_id = rig.submit("[script:pause] take a moment")
+    app = rig.app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        # the panel's own copy of the task says it runs (the key applies to what it shows)
+        await wait_until(pilot, lambda: app.main.cursor_task is not None
+                         and app.main.cursor_task.state == TaskState.RUNNING,
+                         what="the worker to run")
+        await pilot.press("s")
+        await wait_until(pilot, lambda: isinstance(app.screen, PromptScreen),
+                         what="the message dialog")
+        await wait_until(pilot, lambda: rig.state(task_id) == TaskState.SUCCEEDED,
+                         what="the worker to finish")
+        await pilot.press(*"also say goodbye")
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: len(rig.fleet.attempts(task_id)) == 2,
+                         what="the follow-up")
+        attempt = rig.fleet.attempts(task_id)[-1]
+        assert attempt.kind == "followup" and attempt.prompt == "also say goodbye"
+        # the same session: a follow-up resumes the task's session
+        assert rig.fleet.get_task(task_id).session_id == \
+            rig.fleet.attempts(task_id)[0].session_id is not None
+        await wait_until(pilot, lambda: any("sent as a follow-up" in t for t in toasts(app)),
+                         what="the toast")
+    assert app.errors == []

@@ -54,6 +54,11 @@ QUICK_SCRIPTS: dict[str, Any] = {
         [_tool("Bash", command="sleep 60", description="take a long time")],
         "never reached",
     ],
+    # runs long enough to open a dialog on it, then ends by itself
+    "pause": [
+        [_tool("Bash", command="sleep 4", description="take a moment")],
+        "Paused.",
+    ],
     "denied": {"faults": [{"status": 401, "times": None}],
                "turns": ["unreachable"]},
 }

@@ -71,6 +71,10 @@ if TYPE_CHECKING:
 PaletteCommand = tuple[str, str, Callable[[], object]]
 """(title, help, callback) of one command palette entry."""
 
+SAY_SETTLE = 15.0
+"""Seconds a message to a worker that ended its turn meanwhile waits for the task to be
+recorded finished, to go as a follow-up instead (the scheduler records it within a tick)."""
+
 
 class MainScreen(Screen[None]):
     """Task list, status line, stream | diff tabs, key bar."""
@@ -938,15 +942,34 @@ class MainScreen(Screen[None]):
         text = await self.app.push_screen_wait(PromptScreen(
             f"Message to {task.id}: {task.short_title}",
             "The running worker gets it as your next message: it joins the turn the "
-            "worker is in, or starts its next one. The stream shows it when the worker "
-            "takes it in."))
+            "worker is in, or starts its next one (a follow-up, if the worker has "
+            "finished by then). The stream shows it when the worker takes it in."))
         if text:
             self._say(fleet, task.id, text)
 
     @work(thread=True, exit_on_error=False, group="actions",
           description="sending the message")
     def _say(self, fleet: Fleet, task_id: str, text: str) -> None:
-        taken = fleet.say(task_id, text)
+        from fleet_tui.fleet import FleetError
+        from fleet_tui.policy import why_not
+
+        try:
+            taken = fleet.say(task_id, text)
+        except FleetError:
+            # The worker ended its turn while the message was written: its session takes
+            # the text as a follow-up, once this panel's scheduler has recorded the end.
+            deadline = time.monotonic() + SAY_SETTLE
+            while True:
+                task = fleet.get_task(task_id)
+                if why_not(task, Action.FOLLOW_UP) is None:
+                    fleet.follow_up(task_id, text)
+                    self.app.call_from_thread(
+                        self.notify, "its worker had finished: sent as a follow-up to the "
+                        "same session", title=f"{task_id}: message sent")
+                    return
+                if task.state not in ACTIVE_STATES or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
         self.app.call_from_thread(
             self.notify, "taken by the worker" if taken else
             "waiting for the worker to take it in", title=f"{task_id}: message sent")
