@@ -88,6 +88,8 @@ __all__ = ["CopyReport", "EndpointStatus", "Fleet", "FleetError", "FleetRefused"
 
 log = logging.getLogger(__name__)
 
+# a task's columns that name its place in git: a damaged one leaves git alone (discard)
+_GIT_COLUMNS = frozenset({"repo", "worktree", "branch"})
 RESUME_PROMPT = "Continue the task where you left off, then summarise what you did."
 START_THREADS = 4  # worktrees made and runners spawned at once (git and fork wait on I/O)
 
@@ -963,20 +965,32 @@ class Fleet:
         return result
 
     @_hides_key
-    def discard(self, task_id: str) -> None:
+    def discard(self, task_id: str) -> str:
         """Throw a task's work away: worktree, branch and config dir. A task that runs or
-        waits to run is killed first."""
+        waits to run is killed first. Returns what was done, as one sentence."""
         task = self.get_task(task_id)
         self._check(task, Action.DISCARD)
         if task.state in ACTIVE_STATES or task.state in PENDING_STATES:
             with contextlib.suppress(FleetError):
                 self.kill(task.id)
             task = self.get_task(task.id)
-        git.discard(task.repo, task.worktree, task.branch)
+        message = f"discarded {task.id}; branch {task.branch} deleted"
+        untrusted = sorted(set(task.row_damaged) & _GIT_COLUMNS)
+        if untrusted:
+            # the row does not say which repository, worktree or branch is the task's (a
+            # damaged column reads as its default, e.g. the current folder): git is left
+            # alone, the row is closed
+            message = (f"discarded {task.id} from the list only: its stored "
+                       f"{' and '.join(untrusted)} "
+                       "could not be read, so no worktree or branch was removed; remove "
+                       f"them by hand (`git worktree list`, branch fleet/{task.id})")
+        else:
+            git.discard(task.repo, task.worktree, task.branch)
         self._remove_config_dir(task.id)
         self.store.update_task(task.id, state=TaskState.DISCARDED, worktree=None,
-                               message="discarded", finished_at=task.finished_at
-                               or self.clock())
+                               message="discarded" if not untrusted else message,
+                               finished_at=task.finished_at or self.clock())
+        return message
 
     def _remove_config_dir(self, task_id: str) -> None:
         shutil.rmtree(paths.task_config_dir(task_id, self.env), ignore_errors=True)

@@ -168,6 +168,8 @@ class Task:
     # Not a column: why the stored row could not be read as it is (None: it could). Such a
     # task is shown failed with this as its message, and the engine never runs it.
     row_error: str | None = None
+    # Not a column: the columns that could not be read (their fields hold defaults).
+    row_damaged: tuple[str, ...] = ()
 
     @property
     def short_title(self) -> str:
@@ -374,7 +376,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _script(_V5_READY)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
-_NOT_COLUMNS = {"row_error"}
+_NOT_COLUMNS = {"row_error", "row_damaged"}
 TASK_COLUMNS = tuple(f.name for f in fields(Task) if f.name not in _NOT_COLUMNS)
 ATTEMPT_COLUMNS = tuple(f.name for f in fields(Attempt) if f.name not in _NOT_COLUMNS)
 _ATTEMPT_PATH_FIELDS = {"dir", "events_path", "stderr_path", "exit_path", "config_dir"}
@@ -468,9 +470,12 @@ def _decode(row: sqlite3.Row, kinds: list[tuple[str, tuple[type, ...], str, Any]
         ok = type(value) in types
         if ok and conv:
             if conv == "path":
-                ok = bool(value)
+                # fleet-tui stores absolute paths only: a relative one would be read
+                # against whatever folder the reader runs in (another repository)
+                ok = os.path.isabs(value)
                 value = Path(value)
             elif conv == "path?":
+                ok = not value or os.path.isabs(value)
                 value = Path(value) if value else None
             elif conv == "state":
                 ok = value in _STATE_BY_VALUE
@@ -496,6 +501,7 @@ def _task_from_row(row: sqlite3.Row) -> Task:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         task.row_error = (f"the store row of task {task.id} is unreadable: {bad[0][1]}{more}"
                           "; discard the task, or correct the row")
+        task.row_damaged = tuple(name for name, _ in bad)
         task.message = task.row_error
         task.verdict = Verdict.CRASHED
         if any(name == "state" for name, _ in bad):

@@ -68,3 +68,38 @@ def test_a_damaged_row_is_refused_before_its_worktree_is_touched(git_repo: Path,
     fleet.discard("d1")  # the way out it names
     assert fleet.get_task("d1").state == TaskState.DISCARDED
     assert not info.path.exists() and not fgit.branch_exists(git_repo, "fleet/d1")
+
+
+@pytest.mark.parametrize("value", ["''", "'42'", "'relative/repo'"])
+def test_discard_of_a_row_whose_repository_is_unreadable_touches_no_git(
+        git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """A damaged repo column read as the current folder: discarding the task from inside
+    another repository deleted that repository's fleet/<id> branch and said "discarded"
+    (review finding). Now the row is closed and no repository is touched; the message
+    says what to remove by hand."""
+    db = git_repo.parent / "fleet.db"
+    fleet = Fleet(load_settings(env=os.environ, overrides={"key_sources": "env"}), Store(db),
+                  env=dict(os.environ))
+    info = fgit.create_worktree(git_repo, "d2")
+    now = time.time()
+    fleet.store.create_task(prompt="work", repo=git_repo, task_id="d2", title="work",
+                            state=TaskState.SUCCEEDED, worktree=info.path,
+                            branch=info.branch, base_commit=info.base_commit,
+                            base_branch="main", started_at=now, finished_at=now, now=now)
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute(f"UPDATE tasks SET repo = {value} WHERE id = 'd2'")
+    conn.close()
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q", "-b", "main")
+    git(other, "commit", "-q", "--allow-empty", "-m", "other's own")
+    git(other, "branch", "fleet/d2")  # a branch of the same name, not the task's
+    monkeypatch.chdir(other)
+    task = fleet.get_task("d2")
+    assert task.row_error is not None and "repo" in task.row_damaged
+    said = fleet.discard("d2")
+    assert fleet.get_task("d2").state == TaskState.DISCARDED
+    assert "no worktree or branch was removed" in said and "fleet/d2" in said
+    assert fgit.branch_exists(other, "fleet/d2")  # the other repository is untouched
+    assert info.path.exists() and fgit.branch_exists(git_repo, "fleet/d2")

@@ -682,8 +682,7 @@ def cmd_discard(argv: list[str]) -> int:
     running = " (it is stopped first)" if task.state not in FINISHED_STATES else ""
     _confirm(f"discard {task.id} ({task.short_title}) +{task.added_lines}/"
              f"-{task.deleted_lines}{running} for good?", args.yes)
-    fleet.discard(task.id)
-    _out(f"discarded {task.id}; branch {task.branch} deleted")
+    _out(fleet.discard(task.id))
     return EXIT_OK
 
 
