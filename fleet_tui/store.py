@@ -490,6 +490,10 @@ def _decode(row: sqlite3.Row, kinds: list[tuple[str, tuple[type, ...], str, Any]
         if not ok:
             bad.append((name, f"column {name} holds {_shown(row[name])}"))
             value = default() if callable(default) else default
+        elif name in _WORKER_TEXT and type(value) is str and value:
+            # a row written before the key was hidden on write, or by a process that did
+            # not know the key: hidden on the way out too (the panel shows what it reads)
+            value = redaction.redact(value)
         data[name] = value
     return data, bad
 

@@ -171,3 +171,34 @@ def test_the_panel_never_shows_the_key_in_an_error() -> None:
             assert key not in said and redaction.MARK in said
     finally:
         redaction.forget_all()
+
+
+def test_a_row_written_before_the_key_was_hidden_is_read_hidden(tmp_path: Path) -> None:
+    """A row stored by an older fleet-tui (or a process that did not know the key) still
+    holds the key: what the store reads, which the panel shows, has it hidden (review
+    finding: the panel showed `worker said sk-...` from such a row)."""
+    import sqlite3
+
+    from fleet_tui.store import Store, TaskState
+
+    db = tmp_path / "fleet.db"
+    redaction.forget_all()
+    try:
+        with Store(db) as store:
+            task = store.create_task(prompt="p", repo=tmp_path, title="t",
+                                     state=TaskState.FAILED)
+        conn = sqlite3.connect(db)
+        with conn:
+            conn.execute("UPDATE tasks SET message = ?, last_tool = ? WHERE id = ?",
+                         (f"worker said {KEY}", f"Bash echo {KEY}", task.id))
+        conn.close()
+        redaction.remember([KEY])
+        with Store(db) as store:
+            read = store.get_task(task.id)
+            listed = {t.id: t for t in store.list_tasks()}[task.id]
+        for shown in (read, listed):
+            assert shown.message == f"worker said {redaction.MARK}"
+            assert shown.last_tool == f"Bash echo {redaction.MARK}"
+            assert shown.row_error is None
+    finally:
+        redaction.forget_all()
