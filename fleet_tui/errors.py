@@ -67,6 +67,11 @@ class FleetRefused(FleetError):
     title = "Refused"
 
 
+class WorkerFinished(FleetError):
+    """A message for a worker that has finished its work (or is stopping after its last
+    turn): it takes no more messages; a follow-up to the same session is the way."""
+
+
 class InvalidSpec(FleetError):
     """A task cannot be queued as given (empty prompt, a NUL byte, text that is not UTF-8,
     a number out of range, a setup claude would refuse); the message says what to change.

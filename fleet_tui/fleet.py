@@ -57,7 +57,14 @@ from fleet_tui import (
 )
 from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings
 from fleet_tui.durations import check_seconds
-from fleet_tui.errors import FleetError, FleetRefused, FleetTuiError, InvalidSpec, TaskNotFound
+from fleet_tui.errors import (
+    FleetError,
+    FleetRefused,
+    FleetTuiError,
+    InvalidSpec,
+    TaskNotFound,
+    WorkerFinished,
+)
 from fleet_tui.follower import Follower, attempt_finished
 from fleet_tui.repo_settings import RepoSettingsCache
 from fleet_tui.states import (
@@ -787,6 +794,9 @@ class Fleet:
         if not isinstance(text, str) or not text.strip():
             raise InvalidSpec("the message is empty; say what the worker should do")
         check_text("message", text)
+        if task.state in FINISHED_STATES:
+            raise WorkerFinished(policy.refusal(task, Action.SAY) or
+                                 f"cannot send a message to task {task.id}: it has finished")
         self._check(task, Action.SAY)
         attempt = self.store.latest_attempt(task.id)
         if attempt is None or attempt.dir is None or attempt.finished_at is not None:
@@ -799,8 +809,10 @@ class Fleet:
             if not log.has_run() or not (log.runner_record() or {}).get("claude_pid"):
                 why = f"{exc} yet (it is starting); try again in a moment"
             else:
-                why = (f"{exc}: it has finished its work and is stopping; send a follow-up "
-                       f"once it has finished (`fleet-tui follow-up {task.id} TEXT`)")
+                raise WorkerFinished(
+                    f"cannot send a message to task {task.id}: {exc}: it has finished its "
+                    "work and is stopping; send a follow-up once it has finished "
+                    f"(`fleet-tui follow-up {task.id} TEXT`)") from None
             raise FleetError(f"cannot send a message to task {task.id}: {why}") from None
         deadline = time.monotonic() + max(0.0, wait)
         while log.input_waiting(message_id):

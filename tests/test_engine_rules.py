@@ -242,3 +242,23 @@ def test_following_stores_line_ends_only_and_reads_the_folder_not_the_columns(
         fh.write(INIT[20:])  # the line is complete now
     fleet.tick()
     assert fleet.store.get_attempt(attempt.id).events_offset == len(INIT) * 4
+
+
+@pytest.mark.parametrize("state", [TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED])
+def test_a_message_to_a_finished_worker_is_said_as_such(state: TaskState,
+                                                          git_repo: Path) -> None:
+    """`say` to a finished task raises WorkerFinished (the panel sends such a message as a
+    follow-up instead); any other refusal is not one (review finding: the panel turned
+    every refusal, a NUL byte or "starting" too, into a wait for a follow-up)."""
+    from fleet_tui.errors import WorkerFinished
+
+    fleet = engine()
+    done = stored(fleet, git_repo, state)
+    with pytest.raises(WorkerFinished) as caught:
+        fleet.say(done, "and then?")
+    assert str(caught.value) == policy.refusal(fleet.get_task(done), Action.SAY)
+    running = stored(fleet, git_repo, TaskState.RUNNING)
+    for text in ("with a \x00 in it", "go on"):  # bad text; a worker without an attempt
+        with pytest.raises(FleetError) as other:
+            fleet.say(running, text)
+        assert not isinstance(other.value, WorkerFinished), str(other.value)

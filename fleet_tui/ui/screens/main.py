@@ -950,12 +950,12 @@ class MainScreen(Screen[None]):
     @work(thread=True, exit_on_error=False, group="actions",
           description="sending the message")
     def _say(self, fleet: Fleet, task_id: str, text: str) -> None:
-        from fleet_tui.fleet import FleetError
+        from fleet_tui.errors import WorkerFinished
         from fleet_tui.policy import why_not
 
         try:
             taken = fleet.say(task_id, text)
-        except FleetError:
+        except WorkerFinished:
             # The worker ended its turn while the message was written: its session takes
             # the text as a follow-up, once this panel's scheduler has recorded the end.
             deadline = time.monotonic() + SAY_SETTLE
