@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import signal
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -33,6 +34,9 @@ from fleet_tui.supervisor import Supervisor, TaskChange, describe
 
 log = logging.getLogger("fleet_tui.fleet")
 
+# how far before the engine's noted start a runner's own start time may be (clocks read
+# a moment apart) and still be taken
+LAUNCH_SLACK = 1.0
 READ_CHUNK = 1 << 20  # bytes of one attempt's events folded in per pass (GIL hold)
 
 # errors of the moment (the machine, not the task's data): tried again on the next pass
@@ -133,7 +137,8 @@ class Follower:
         if attempt is not None and attempt.finished_at is not None:
             # the attempt was closed but the task not moved on (a crash in between)
             self.apply_outcome(task, attempt, attempt.verdict or Verdict.CRASHED,
-                               attempt.message or "", now, changes)
+                               attempt.message or "", now, changes,
+                               ended=min(attempt.finished_at, now))
             return
         if attempt is None or attempt.dir is None:
             # claimed, not launched: being started, or by an engine that died doing it
@@ -283,15 +288,38 @@ class Follower:
                                         retry_after=fol.retry_after,
                                         rate_limit=fol.rate_limit)
         s = fol.summary
+        started, ended = self._runner_times(attempt, now)
         self.store.update_attempt(
-            attempt.id, finished_at=now, exit_code=ending.exit_code, signal=ending.signal,
+            attempt.id, started_at=started, finished_at=ended, exit_code=ending.exit_code,
+            signal=ending.signal,
             verdict=ending.verdict, message=ending.message, turns=s.turns,
             input_tokens=s.input_tokens, output_tokens=s.output_tokens,
             session_id=s.session_id or attempt.session_id, last_tool=s.last_tool,
             events_offset=fol.offset)
         self._store_summary(task, attempt, now, False)
         self._follows.pop(attempt.id, None)
-        self.apply_outcome(task, attempt, ending.verdict, ending.message, now, changes)
+        self.apply_outcome(task, attempt, ending.verdict, ending.message, now, changes,
+                           ended=ended)
+
+    @staticmethod
+    def _runner_times(attempt: Attempt, now: float) -> tuple[float | None, float]:
+        """When the attempt's run started and ended, by its runner's own exit record (the
+        runner notes both): an attempt that ended while no fleet-tui process looked is
+        recorded when one looks next, and its run time must not count that wait. `now`
+        (and the start the engine noted) where the record is missing or out of bounds."""
+        assert attempt.dir is not None
+        record, _problem = AttemptLog(attempt.dir).exit_record()
+        started = attempt.started_at
+        if record is None:
+            return started, now
+        low = started - LAUNCH_SLACK if started is not None else 0.0
+        ran_from = _as_float(record.get("started_at"), -1.0)
+        ran_to = _as_float(record.get("finished_at"), -1.0)
+        if not low <= ran_to <= now or not math.isfinite(ran_to):
+            return started, now
+        if low <= ran_from <= ran_to:
+            started = ran_from
+        return started, ran_to
 
     def _judge(self, attempt: Attempt, fol: _Follow) -> outcome.Ending:
         assert attempt.dir is not None
@@ -318,7 +346,8 @@ class Follower:
             stderr_tail=folder.stderr_tail(), no_record=no_record)
 
     def apply_outcome(self, task: Task, attempt: Attempt, verdict: str, message: str,
-                      now: float, changes: list[TaskChange]) -> None:
+                      now: float, changes: list[TaskChange], *,
+                      ended: float | None = None) -> None:
         """Move the task on as policy.after_attempt says (once, and only if it is still on
         this attempt: another engine may have finished it and started the next one), and
         its endpoint with it (a park, a hold, a lowered cap), in the same transaction."""
@@ -330,7 +359,7 @@ class Follower:
         fields_: dict[str, Any] = {"state": nxt.state, "verdict": nxt.verdict or verdict,
                                    "message": nxt.message, "not_before": nxt.not_before}
         if nxt.finished:
-            fields_["finished_at"] = now
+            fields_["finished_at"] = ended if ended is not None else now
         if task.worktree is not None and task.base_commit:
             with contextlib.suppress(git.GitError, OSError):
                 worktree = Path(task.worktree)

@@ -602,9 +602,19 @@ def cmd_logs(argv: list[str]) -> int:
         time.sleep(TICK)
         _catch_up(fleet)
     if args.follow:
-        final = fleet.get_task(task.id)
+        final = _recorded_end(fleet, task, attempt)
         _err(f"{final.id} {final.state}" + (f": {final.message}" if final.message else ""))
     return EXIT_OK
+
+
+def _recorded_end(fleet: Fleet, task: Task, attempt: Attempt) -> Task:
+    """The task once the end of `attempt` is in the store: the loop leaves on the runner's
+    exit record, which the store learns of at the next scheduling pass (this process's, or
+    another's): a task read before that still says running."""
+    (final,) = _schedule_until(
+        fleet, [task.id], lambda t: fleet.store.get_attempt(attempt.id).finished_at is not None
+        or t.attempt_count != attempt.n or t.state not in RUNNING_OR_PENDING)
+    return final
 
 
 def _print_raw(attempt: Attempt, offset: int, done: bool) -> int:

@@ -1,0 +1,158 @@
+"""Issue 17, "What it shows must be true": run times from the runner's own records, a run
+that changed nothing says so, `logs --follow` ends on the recorded state, exit codes as the
+README's table has them, messages that say what happened. Real claude against the scripted
+endpoint, real git, real SQLite, the CLI as a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from endpoint_helpers import cli_env
+
+from fleet_tui import paths
+from fleet_tui.attemptlog import AttemptLog
+from fleet_tui.config import load_settings
+from fleet_tui.demo import demo_scripts
+from fleet_tui.endpoint import ScriptedEndpoint
+from fleet_tui.fleet import Fleet
+from fleet_tui.store import Store
+
+pytestmark = pytest.mark.real_claude
+
+KEY = "sk-edges-test-SECRET-5d1c"
+
+
+def _scripts(tmp_path: Path) -> dict[str, Any]:
+    go = tmp_path / "go"
+    return {
+        **demo_scripts(),
+        "default": [
+            [{"type": "tool_use", "name": "Bash",
+              "input": {"command": "echo worker > a.txt", "description": "write a.txt"}}],
+            "wrote a.txt",
+        ],
+        "chat": ["first answer", "second answer"],
+        # waits for the test's word (a file) before it ends its turn
+        "gated": [
+            [{"type": "tool_use", "name": "Bash",
+              "input": {"command": f"while [ ! -e {go} ]; do sleep 0.05; done; echo go",
+                        "description": "wait for the test"}}],
+            "done waiting",
+        ],
+    }
+
+
+@pytest.fixture
+def endpoint(tmp_path: Path) -> Iterator[ScriptedEndpoint]:
+    with ScriptedEndpoint(_scripts(tmp_path)) as ep:
+        yield ep
+
+
+@pytest.fixture
+def env(endpoint: ScriptedEndpoint, claude_bin: str) -> dict[str, str]:
+    return cli_env(endpoint.url, claude_bin, KEY)
+
+
+def cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120
+        ) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([sys.executable, "-m", "fleet_tui.cli", *args], cwd=cwd, env=env,
+                         input="", capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out
+
+
+def started(env: dict[str, str], repo: Path, prompt: str) -> str:
+    out = cli(env, repo, "run", prompt)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()[0]
+
+
+def attempt_dir(task_id: str) -> Path:
+    attempt = Store(paths.db_path()).latest_attempt(task_id)
+    assert attempt is not None and attempt.dir is not None
+    return Path(attempt.dir)
+
+
+def wait_for(what: str, check: Any, timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def in_process_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    for name in ("FLEET_WORKER_BASE_URL", "FLEET_WORKER_CLAUDE", "FLEET_WORKER_KEY_SOURCES",
+                 "CLAUDE_CODE_MAX_RETRIES", "ANTHROPIC_AUTH_TOKEN"):
+        monkeypatch.setenv(name, env[name])
+
+
+# --- finding 3: run times ---------------------------------------------------------------------
+
+
+def test_a_run_that_ended_while_nobody_looked_keeps_the_runners_own_times(
+        env: dict[str, str], git_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner ends while no engine runs; an engine looks ten minutes later (its clock
+    says so: the follower records the end 600 s after the runner's own end time). `show`'s
+    attempt time and the list's time are the runner's, not the wait's."""
+    tid = started(env, git_repo, "[script:chat] hello")  # `run` returns once started
+    folder = AttemptLog(attempt_dir(tid))
+    record = wait_for("the runner's exit record", lambda: folder.exit_record()[0])
+    ran = record["finished_at"] - record["started_at"]
+    assert Store(paths.db_path()).get_task(tid).state.value == "running"  # nobody looked
+
+    in_process_env(monkeypatch, env)
+    later = Fleet(load_settings(), Store(paths.db_path()), clock=lambda: time.time() + 600)
+    later.tick()
+    task = later.get_task(tid)
+    assert task.state.value == "succeeded", task.message
+
+    show = cli(env, git_repo, "show", tid)
+    line = next(x for x in show.stdout.splitlines() if x.strip().startswith("#1 "))
+    assert f" {ran:.1f}s " in line + " ", (line, ran)
+    from fleet_tui.ui.widgets.task_table import elapsed
+
+    listed = elapsed(task, time.time() + 600)
+    assert listed is not None and abs(listed - ran) < 5.0, (listed, ran)
+    assert task.finished_at == pytest.approx(record["finished_at"])
+
+
+# --- finding 6: logs --follow ends on the recorded state --------------------------------------
+
+
+def test_logs_follow_prints_the_recorded_end_when_the_run_ends_right_after_a_pass(
+        env: dict[str, str], git_repo: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The runner writes its exit record right after `logs --follow`'s scheduling pass
+    (the test lets the worker end there, and waits for the record): the loop sees the record
+    and leaves; the state it prints is the recorded end, never "running"."""
+    from fleet_tui.commands import tasks
+
+    tid = started(env, git_repo, "[script:gated] wait for the word")
+    folder = AttemptLog(attempt_dir(tid))
+    in_process_env(monkeypatch, env)
+    real_tick = Fleet.tick
+    released: list[bool] = []
+
+    def tick(self: Fleet) -> Any:
+        changes = real_tick(self)
+        if not released:
+            released.append(True)
+            (tmp_path / "go").write_text("")
+            wait_for("the runner's exit record", lambda: folder.exited)
+        return changes
+
+    monkeypatch.setattr(Fleet, "tick", tick)
+    assert tasks.main(["logs", tid, "--follow"]) == 0
+    out = capsys.readouterr()
+    assert released
+    assert out.out.splitlines()[-1] == "result   ok (success, 2 turns): done waiting"
+    assert out.err.splitlines()[-1].startswith(f"{tid} succeeded: "), out.err
