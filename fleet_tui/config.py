@@ -25,6 +25,7 @@ from fleet_tui.config_core import (
     config_file_location,
     env_name,
     merged_values,
+    setting_sources,
 )
 
 TYPE_CHECKING = False
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["APP_NAME", "CONFIG_FILE_ENV", "ENV_PREFIX", "FIELD_NAMES", "KEY_SOURCES",
            "MERGE_STRATEGIES", "PERMISSION_MODES", "UPDATE_STRATEGIES", "ConfigError",
-           "Settings", "config_file_path", "env_name", "load_settings"]
+           "Settings", "config_file_path", "env_name", "load_settings", "setting_sources"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -379,6 +379,19 @@ def merged_values(*, env: Mapping[str, str] | None = None,
     return merged
 
 
+def setting_sources(*, env: Mapping[str, str] | None = None,
+                    config_file: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """Where each setting's value comes from: its FLEET_WORKER_* variable's name, the config
+    file's path, or "default" (what `fleet-doctor` reports). Raises ConfigError as
+    merged_values does."""
+    env = os.environ if env is None else env
+    path = config_file_location(env) if config_file is None else os.fspath(config_file)
+    sources = dict.fromkeys(_SPEC, "default")
+    sources.update(dict.fromkeys(_from_file(path), path))
+    sources.update({name: env_name(name) for name in _from_env(env)})
+    return sources
+
+
 class LaunchSettings:
     """The settings as fleet-worker holds them: the same names and values as
     `config.Settings`, in a plain slotted object (no dataclasses import, `config_dir` a

@@ -4,18 +4,33 @@ Each error carries the message a person can act on and the exit code the CLI end
 the CLI and the panel turn any of them into output the same way instead of listing classes
 by hand. Cheap to import (no imports at all): fleet-worker and every runner load it.
 
-Exit codes (README): 0 ok, 1 a task failed, 2 usage or setup, 3 no such task, 4 refused to
-keep your work safe, 5 claude or the key is missing, 6 no usable keyring.
+Exit codes: the one table below, OUTCOMES (the README's "Exit codes" sentence says the same
+words; a test holds the two together and runs every command's refusals against it).
 """
 
 from __future__ import annotations
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
-EXIT_REFUSED = 4
-EXIT_MISSING = 5
-EXIT_KEYRING = 6
+# What ended a command -> the code it exits with. A refusal that the task's state or the
+# user's work calls for (a merged task killed, a discarded one queued, a message to a
+# finished worker, a dirty checkout) is "refused"; asking for something that is not there
+# (no such task, a task that is not in the merge queue taken out of it) is "not found".
+OUTCOMES: dict[str, int] = {
+    "ok": 0,
+    "a task failed": 1,
+    "usage or setup": 2,
+    "no such task": 3,
+    "refused to keep your work safe": 4,
+    "claude or the key is missing": 5,
+    "no usable keyring": 6,
+}
+
+EXIT_OK = OUTCOMES["ok"]
+EXIT_FAILED = OUTCOMES["a task failed"]
+EXIT_USAGE = OUTCOMES["usage or setup"]
+EXIT_NOT_FOUND = OUTCOMES["no such task"]
+EXIT_REFUSED = OUTCOMES["refused to keep your work safe"]
+EXIT_MISSING = OUTCOMES["claude or the key is missing"]
+EXIT_KEYRING = OUTCOMES["no usable keyring"]
 
 
 class FleetTuiError(Exception):
@@ -69,7 +84,18 @@ class FleetRefused(FleetError):
 
 class WorkerFinished(FleetError):
     """A message for a worker that has finished its work (or is stopping after its last
-    turn): it takes no more messages; a follow-up to the same session is the way."""
+    turn): it takes no more messages; a follow-up to the same session is the way. A
+    refusal: exit 4."""
+
+    exit_code = EXIT_REFUSED
+    title = "Refused"
+
+
+class NotInQueue(FleetError):
+    """A task taken out of the merge queue that is not in it: nothing was at stake, the
+    thing asked for is not there (exit 3)."""
+
+    exit_code = EXIT_NOT_FOUND
 
 
 class InvalidSpec(FleetError):

@@ -62,6 +62,7 @@ from fleet_tui.errors import (
     FleetRefused,
     FleetTuiError,
     InvalidSpec,
+    NotInQueue,
     TaskNotFound,
     WorkerFinished,
 )
@@ -380,7 +381,7 @@ class Fleet:
         tasks = [self.get_task(t) for t in task_ids]
         for task in tasks:
             if task.state not in CLOSED_STATES:
-                raise FleetError(f"cannot archive task {task.id}: it is {task.state}; only "
+                raise FleetRefused(f"cannot archive task {task.id}: it is {task.state}; only "
                                  "merged or discarded tasks are archived (merge or discard "
                                  "it first)")
         return self.store.archive_tasks([t.id for t in tasks], self.clock())
@@ -683,7 +684,7 @@ class Fleet:
         """Refuse `action` as the panel would (policy.why_not), with the same reason."""
         refused = policy.refusal(task, action, why)
         if refused is not None:
-            raise FleetError(refused)
+            raise FleetRefused(refused)
 
     def kill(self, task_id: str) -> None:
         """Stop a task now: SIGTERM to the worker's whole tree, SIGKILL after the grace.
@@ -837,11 +838,11 @@ class Fleet:
 
     def _worktree_of(self, task: Task) -> Path:
         if task.state in CLOSED_STATES:
-            raise FleetError(f"task {task.id} was {task.state}; its worktree is gone")
+            raise FleetRefused(f"task {task.id} was {task.state}; its worktree is gone")
         if task.worktree is None:
-            raise FleetError(f"task {task.id} has no worktree yet (it is {task.state})")
+            raise FleetRefused(f"task {task.id} has no worktree yet (it is {task.state})")
         if not Path(task.worktree).is_dir():
-            raise FleetError(self._missing_worktree(task))
+            raise FleetRefused(self._missing_worktree(task))
         return Path(task.worktree)
 
     def _cached_secrets(self) -> tuple[str, ...] | None:
@@ -913,8 +914,8 @@ class Fleet:
             raise FleetRefused(self._missing_worktree(task))  # as the merge itself does
         worktree = self._worktree_of(task)
         if not task.base_branch:
-            raise FleetError(f"task {task.id} was started from a commit, not a branch; "
-                             "merge its branch by hand")
+            raise FleetRefused(f"task {task.id} was started from a commit, not a branch; "
+                               "merge its branch by hand")
         return git.conflict_preview(task.repo, task.branch, task.base_branch,
                                     worktree=worktree, secrets=self._secrets(),
                                     strategy=self.settings.merge_strategy)
@@ -1281,7 +1282,7 @@ class Fleet:
         for task_id in task_ids:
             task = self.get_task(task_id)
             if not policy.in_queue(task):
-                raise FleetRefused(f"task {task.id} is not in the merge queue")
+                raise NotInQueue(f"task {task.id} is not in the merge queue")
             self.store.set_landing(task.id, LAND_ACTIVE, land_state=None, land_order=None,
                                    land_note="taken out of the merge queue")
             out.append(self.get_task(task.id))

@@ -2022,11 +2022,33 @@ def push_branch(repo: Path, worktree: Path | None, branch: str, remote_branch: s
     status, out, err = _run(repo, *args, check=False, timeout=timeout,
                             env={"GIT_TERMINAL_PROMPT": "0"})
     if status != 0:
+        rejected = _push_rejected(out)
+        if rejected is not None:
+            raise GitError(
+                f"not pushed: {remote}'s branch {remote_branch} has commits that are not this "
+                f"task's ({rejected}: someone else pushed to it, or the task's branch was "
+                f"reset since its last push). Look at them (`git fetch {remote} "
+                f"{remote_branch}`, `git log FETCH_HEAD`); then delete that branch "
+                f"(`git push {remote} --delete {remote_branch}`) and push again, or bring "
+                "its commits into the task by hand")
         reason = _first_line(err) or _first_line(out) or f"exit status {status}"
         raise GitError(f"pushing {branch} to {remote} failed: {reason}")
     return PushResult(remote=remote, remote_branch=remote_branch, commit=commit,
                       message=f"pushed {branch} to {remote} as {remote_branch} "
                               f"({commit[:10]})", committed=committed)
+
+
+def _push_rejected(porcelain: str) -> str | None:
+    """Why `git push --porcelain` refused our ref because the remote's has other commits
+    (non-fast-forward, fetch first, a stale lease), or None for any other failure."""
+    for line in porcelain.splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 3 and fields[0] == "!":
+            summary = fields[2].strip()
+            if any(word in summary for word in ("non-fast-forward", "fetch first",
+                                                "stale info")):
+                return summary
+    return None
 
 
 def head_commit(worktree: Path) -> str:

@@ -101,6 +101,15 @@ def why_not(task: Task, action: Action) -> str | None:
             if info.phase is Phase.FINISHED:
                 return (f"its worker has finished (it is {task.state}); send a follow-up "
                         f"instead (`fleet-tui follow-up {task.id} TEXT`)")
+            if task.state == TaskState.WAITING and task.attempt_count > 0:
+                # an attempt ran and ended; the task waits to go on (a window's reset, a
+                # backoff): no worker reads messages now
+                why = (task.message or "").strip() or f"verdict {task.verdict or '-'}"
+                waits = ("for its endpoint's usage window to reset"
+                         if task.verdict == Verdict.WINDOW else "to be tried again")
+                return (f"its worker is not running: attempt {task.attempt_count} ended and "
+                        f"the task waits {waits} ({why}); send the message once it runs "
+                        "again")
             return f"its worker has not started yet (it is {task.state})"
         if action in (Action.MERGE, Action.RETRY, Action.FOLLOW_UP):
             return (f"it is {task.state}; wait for it to finish or kill it "
@@ -315,11 +324,12 @@ def apply_effect(state: EndpointState, effect: Effect, settings: Settings,
             out.update(event="park", event_at=now)
         return out
     if effect.kind == "hold":
-        out = {"held": effect.reason, "held_task": effect.task,
-               "held_settings": effect.settings}
-        if state.held is None:
-            out.update(event="hold", event_at=now)
-        return out
+        if state.held is not None:
+            # held already: the task named is the first that met it (the others that ran
+            # beside it met the same stop)
+            return None
+        return {"held": effect.reason, "held_task": effect.task,
+                "held_settings": effect.settings, "event": "hold", "event_at": now}
     if effect.kind == "cap" and effect.cap is not None:
         current = effective_cap(state, settings)
         if effect.cap >= current:

@@ -222,7 +222,7 @@ def test_fleet_tui_archive(repos: list[Path], tmp_path: Path) -> None:
         return {t["id"] for t in data}
 
     refused = cli("archive", "arc002")
-    assert refused.returncode == 1
+    assert refused.returncode == 4  # refused: the task's state does not allow it
     assert "cannot archive task arc002: it is succeeded" in refused.stderr
     done = cli("archive")  # this repository's closed tasks
     assert done.returncode == 0 and done.stdout.startswith("archived 2 tasks in ")

@@ -139,7 +139,7 @@ def test_fleet_tui_say_from_the_command_line(git_repo: Path, claude_bin: str,
     # a finished task: one clear line pointing to follow-up, no traceback
     again = subprocess.run([*cli, "say", task.id, "more"], env=env, cwd=git_repo,
                            capture_output=True, text=True, timeout=60)
-    assert again.returncode == 1
+    assert again.returncode == 4  # refused (README: exit codes)
     assert again.stderr.startswith("fleet-tui say: cannot send a message to task")
     assert "follow-up" in again.stderr and "Traceback" not in again.stderr
     empty = subprocess.run([*cli, "say", task.id, "  "], env=env, cwd=git_repo,

@@ -126,7 +126,7 @@ def test_run_wait_ls_show_logs_diff_merge(env: dict[str, str], git_repo: Path) -
     assert (git_repo / "a.txt").read_text() == "worker\n"
     assert ls(env, git_repo)[0]["state"] == "merged"
     again = cli(env, git_repo, "merge", tid, "--yes")
-    assert again.returncode == 1 and "merged already" in again.stderr
+    assert again.returncode == 4 and "merged already" in again.stderr
     # the key never reaches what fleet-tui prints or stores
     for text in (out.stdout, table.stdout, show.stdout, logs.stdout, raw.stdout):
         assert KEY not in text
@@ -288,7 +288,7 @@ def test_kill_from_the_cli(env: dict[str, str], git_repo: Path) -> None:
         assert killed.returncode == 0, killed.stderr
         assert ls(env, git_repo)[0]["state"] == "killed"
         assert _sleepers(git_repo) == []
-        assert cli(env, git_repo, "kill", tid).returncode == 1
+        assert cli(env, git_repo, "kill", tid).returncode == 4
     finally:
         for pid in _sleepers(git_repo):
             procs.signal_pid(pid, signal.SIGKILL)

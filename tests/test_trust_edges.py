@@ -23,8 +23,6 @@ from fleet_tui.endpoint import ScriptedEndpoint
 from fleet_tui.fleet import Fleet
 from fleet_tui.store import Store
 
-pytestmark = pytest.mark.real_claude
-
 KEY = "sk-edges-test-SECRET-5d1c"
 
 
@@ -156,3 +154,88 @@ def test_logs_follow_prints_the_recorded_end_when_the_run_ends_right_after_a_pas
     assert released
     assert out.out.splitlines()[-1] == "result   ok (success, 2 turns): done waiting"
     assert out.err.splitlines()[-1].startswith(f"{tid} succeeded: "), out.err
+
+
+# --- finding 7: one table of exit codes, as the README has it --------------------------------
+
+
+def readme_exit_codes() -> dict[int, str]:
+    """The README's "Exit codes: 0 ok, 1 a task failed, ..." sentence as {code: words}."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = text.index("Exit codes: 0 ok")
+    sentence = " ".join(text[start:text.index(".\n", start)].split())
+    sentence = re.sub(r"\([^()]*\)", "", sentence.removeprefix("Exit codes: "))
+    out: dict[int, str] = {}
+    for part in sentence.split(","):
+        code, _, words = part.strip().partition(" ")
+        out[int(code)] = words.strip()
+    return out
+
+
+def test_the_readme_says_what_the_one_table_of_exit_codes_says() -> None:
+    from fleet_tui.errors import OUTCOMES
+
+    readme = readme_exit_codes()
+    assert readme and len(readme) >= 6
+    for code, words in readme.items():
+        assert OUTCOMES.get(words) == code, (code, words, OUTCOMES)
+
+
+def test_every_commands_refusals_exit_with_the_code_the_readme_gives(
+        env: dict[str, str], endpoint: ScriptedEndpoint, git_repo: Path,
+        tmp_path: Path) -> None:
+    from fleet_tui.errors import OUTCOMES
+
+    readme = readme_exit_codes()
+
+    def expect(outcome: str, *args: str, says: str | None = None) -> None:
+        out = cli(env, git_repo, *args)
+        code = OUTCOMES[outcome]
+        assert readme[code] == outcome
+        assert out.returncode == code, (args, out.returncode, out.stderr)
+        assert out.stderr.startswith(f"fleet-tui {args[0]}: "), (args, out.stderr)
+        if says is not None:
+            assert says in out.stderr, (args, out.stderr)
+
+    run = cli(env, git_repo, "run", "[script:chat] hi", "--copies", "3", "--wait")
+    assert run.returncode == 0, run.stderr
+    merged, discarded, finished = (line.split()[0] for line in run.stdout.splitlines())
+    # make the first one land: it needs a change
+    (Path(Store(paths.db_path()).get_task(merged).worktree or "") / "m.txt").write_text("m\n")
+    assert cli(env, git_repo, "merge", merged, "--yes").returncode == 0
+    assert cli(env, git_repo, "discard", discarded, "--yes").returncode == 0
+
+    refused = "refused to keep your work safe"
+    for args in (("kill", merged), ("say", merged, "more"), ("merge", merged, "--yes"),
+                 ("discard", merged, "--yes"), ("retry", merged, "--yes"),
+                 ("follow-up", merged, "more"), ("diff", merged), ("update", merged),
+                 ("queue", discarded), ("merge", discarded, "--yes"),
+                 ("pick", discarded, "--yes"), ("push", discarded),
+                 ("say", finished, "more"), ("kill", finished),
+                 ("archive", finished)):
+        expect(refused, *args, says="task ")
+    expect("no such task", "queue", "--remove", finished, says="not in the merge queue")
+    for command in ("show", "kill", "say", "merge", "queue", "push", "pick", "logs"):
+        extra = ("text",) if command == "say" else ()
+        expect("no such task", command, "zzzzzz", *extra)
+
+    # a task started from a detached HEAD cannot be merged by fleet-tui
+    subprocess.run(["git", "checkout", "-q", "--detach"], cwd=git_repo, check=True)
+    detached = cli(env, git_repo, "run", "[script:chat] hi", "--wait")
+    assert detached.returncode == 0, detached.stderr
+    expect(refused, "merge", detached.stdout.split()[0], "--yes",
+           says="started from a commit, not a branch")
+    subprocess.run(["git", "checkout", "-q", "main"], cwd=git_repo, check=True)
+
+    # a task parked by a usage window (attempt 1 ran): it takes no message, and says why
+    endpoint.set_faults([{"kind": "window", "seconds": 600}])
+    parked = started(env, git_repo, "[script:chat] hi")
+    wait_for("the park", lambda: Store(paths.db_path()).get_task(parked).state.value
+             == "waiting" or cli(env, git_repo, "ls").returncode != 0)
+    expect(refused, "say", parked, "more",
+           says="attempt 1 ended and the task waits for its endpoint's usage window")
+    out = cli(env, git_repo, "say", parked, "more")
+    assert "has not started yet" not in out.stderr
+    assert cli(env, git_repo, "kill", parked).returncode == 0

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet_tui import CLAUDE_CODE_VERSION, __version__
-from fleet_tui.config import ConfigError, Settings, config_file_path, load_settings
+from fleet_tui.config import (
+    ConfigError,
+    Settings,
+    config_file_path,
+    load_settings,
+    setting_sources,
+)
 from fleet_tui.launcher import (
     ROOT_MESSAGE,
     SCRUB_PROGRAMS,
@@ -108,10 +114,19 @@ def _settings_check(ctx: Context) -> Check:
         ctx.settings = load_settings(env=ctx.env)
     except ConfigError as exc:
         return Check("settings", FAIL, str(exc), EXIT_CONFIG)
-    where = f"{path}" if path.exists() else f"defaults ({path} absent)"
+    sources = setting_sources(env=ctx.env)
+    where = f"{path}" if path.exists() else f"no config file ({path} absent)"
     s = ctx.settings
-    return Check("settings", OK, f"{where}; base_url {s.base_url}, model {s.model}, "
-                 f"small_model {s.small_model}, permission_mode {s.permission_mode}")
+
+    def shown(name: str, value: str) -> str:
+        source = sources.get(name, "default")
+        origin = "default" if source == "default" else \
+            "config.toml" if source == str(path) else source
+        return f"{name} {value} ({origin})"
+
+    return Check("settings", OK, f"{where}; " + ", ".join(
+        shown(name, getattr(s, name))
+        for name in ("base_url", "model", "small_model", "permission_mode")))
 
 
 def _claude_check(ctx: Context, settings: Settings, timeout: float) -> Check:

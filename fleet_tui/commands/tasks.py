@@ -27,7 +27,6 @@ from fleet_tui.errors import (
     EXIT_MISSING,
     EXIT_REFUSED,
     EXIT_USAGE,
-    FleetError,
     FleetRefused,
     FleetTuiError,
 )
@@ -54,9 +53,11 @@ exit codes:
   2  usage or setup error (bad option, empty or unusable prompt, not a git repository,
      no --yes without a TTY, root without FLEET_WORKER_SANDBOX=1, scrub_tool_env
      without bubblewrap)
-  3  no such task
+  3  no such task (or, for queue --remove, not in the merge queue)
   4  refused to keep your work safe (dirty checkout, conflict, failing test command, a
-     fresh retry that would throw changes away without --yes)
+     fresh retry that would throw changes away without --yes, an action the task's
+     state does not allow: killing a merged task, queueing a discarded one, a message
+     to a worker that is not running)
   5  claude or the API key is missing
 """
 
@@ -174,7 +175,8 @@ def format_event(ev: stream.Event) -> str | None:
                 f"{ev.error or ''}{delay}")
     elif isinstance(ev, stream.Result):
         status = "error" if ev.is_error else "ok"
-        line = (f"result   {status} ({ev.subtype}, {ev.num_turns} turns): "
+        turns = "turns unknown" if ev.num_turns is None else f"{ev.num_turns} turns"
+        line = (f"result   {status} ({ev.subtype}, {turns}): "
                 f"{_one_line(ev.result) or '(no text)'}")
     elif isinstance(ev, stream.RateLimit):
         line = f"limit    rate limit {ev.status or ''} {ev.rate_limit_type or ''}".rstrip()
@@ -245,7 +247,7 @@ def _refuse_unless(task: Task, action: Action) -> None:
     """Refuse what the task's state does not allow, with the reason the panel shows."""
     refused = policy.refusal(task, action)
     if refused is not None:
-        raise FleetError(refused)
+        raise FleetRefused(refused)
 
 
 def _confirm(question: str, yes: bool) -> None:
@@ -911,6 +913,12 @@ def cmd_update(argv: list[str]) -> int:
             _err(f"fleet-tui update: the worker's follow-up ended {final.state}")
             return EXIT_FAILED
         result = fleet.update(task.id)
+        if result.status == "current":  # the worker's resolution concluded the update
+            _out(f"the worker resolved the conflicts; {task.id} is now up to date with "
+                 f"{task.base_branch or 'its base'}"
+                 + (f" ({result.base_tip[:10]})" if result.base_tip else "")
+                 + ("; its resolution was committed" if result.committed else ""))
+            return EXIT_OK
     if result.status == "conflicts":
         _print_conflicts(task.id, result)
         return EXIT_REFUSED
