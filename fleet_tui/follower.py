@@ -288,6 +288,7 @@ class Follower:
                                         retry_after=fol.retry_after,
                                         rate_limit=fol.rate_limit)
         s = fol.summary
+        ending = outcome.with_tool_calls(ending, s.tool_calls, s.tool_errors)
         started, ended = self._runner_times(attempt, now)
         self.store.update_attempt(
             attempt.id, started_at=started, finished_at=ended, exit_code=ending.exit_code,

@@ -255,6 +255,25 @@ def _provider_message(status: int, signal: providers.Signal) -> tuple[Verdict, s
     return verdict, said
 
 
+def with_tool_calls(ending: Ending, tool_calls: int, tool_errors: int) -> Ending:
+    """A success whose every tool call failed (the files it read were not there, each
+    edit and command errored) is flagged in its message: the worker's own words say it
+    did the work. The verdict stays ok: claude ended its turn as it should."""
+    note = tools_note(tool_calls, tool_errors)
+    if ending.verdict is not Verdict.OK or note is None:
+        return ending
+    return Ending(ending.verdict, f"{ending.message} [{note}]", ending.exit_code,
+                  ending.signal)
+
+
+def tools_note(tool_calls: int, tool_errors: int) -> str | None:
+    """"all 3 tool calls failed" when the run called tools and each one failed, else None."""
+    if tool_calls <= 0 or tool_errors < tool_calls:
+        return None
+    return ("its only tool call failed" if tool_calls == 1
+            else f"all {tool_calls} tool calls failed")
+
+
 def with_hints(ending: Ending, *, retry_after: float | None = None,
                rate_limit: tuple[float, str] | None = None) -> Ending:
     """An attempt's ending with what its events said beside the result: the wait the

@@ -49,14 +49,14 @@ if TYPE_CHECKING:
         def uniform(self, a: float, b: float) -> float: ...
 
 
-__all__ = ["AUTO_RESUME_PROMPT", "COUNTED", "NOTE_PREFIXES", "RUNNER_HEADSTART", "STOPS",
-           "TRANSIENT", "UNCOUNTED", "Effect", "Gate", "LandNext", "Next", "Watch",
+__all__ = ["AUTO_RESUME_PROMPT", "COUNTED", "NOTE_PREFIXES", "NO_CHANGE", "RUNNER_HEADSTART",
+           "STOPS", "TRANSIENT", "UNCOUNTED", "Effect", "Gate", "LandNext", "Next", "Watch",
            "after_attempt", "after_fix", "allowed_actions", "apply_effect", "auth_hint",
            "automatic_attempt", "backoff_delay", "cooldown_until", "effective_cap",
            "endpoint_note", "gate", "held_reason", "in_queue", "land_failure", "model_for",
-           "next_to_land", "park_text", "queued_note", "refusal", "session_progress",
-           "settings_key", "stop_for_endpoint", "streak", "time_limit", "watchdog", "why_not",
-           "why_not_resume"]
+           "next_to_land", "no_change", "park_text", "queued_note", "refusal",
+           "session_progress", "settings_key", "state_text", "stop_for_endpoint", "streak",
+           "time_limit", "verdict_text", "watchdog", "why_not", "why_not_resume"]
 
 # verdicts of the moment (the endpoint's, not the task's): tried again after a wait
 TRANSIENT = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.WINDOW, Verdict.CONCURRENCY,
@@ -155,6 +155,28 @@ _NOT_WHILE_QUEUED = frozenset({Action.MERGE, Action.DISCARD, Action.RETRY, Actio
 _BEING_LANDED = frozenset({LandState.UPDATING, LandState.TESTING, LandState.MERGING})
 # an update stopped mid-merge: nothing lands or leaves before it is resolved or aborted
 _NOT_WHILE_CONFLICTED = frozenset({Action.MERGE, Action.QUEUE, Action.PUSH, Action.PICK})
+
+
+def no_change(task: Task) -> bool:
+    """The task succeeded without changing anything (+0/-0 against its base): what every
+    place that shows its verdict says beside it (the worker's words may say otherwise)."""
+    return task.state == TaskState.SUCCEEDED and not task.added_lines \
+        and not task.deleted_lines
+
+
+NO_CHANGE = "no change"
+
+
+def state_text(task: Task) -> str:
+    """The task's state as the CLI and the panel's notifications show it: "succeeded" or
+    "succeeded, no change"."""
+    return f"{task.state}, {NO_CHANGE}" if no_change(task) else str(task.state)
+
+
+def verdict_text(task: Task) -> str:
+    """The task's verdict for a list: "ok", "ok, no change", "-" before it has one."""
+    verdict = task.verdict or "-"
+    return f"{verdict}, {NO_CHANGE}" if no_change(task) else verdict
 
 
 def in_queue(task: Task) -> bool:

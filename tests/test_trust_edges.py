@@ -5,6 +5,8 @@ endpoint, real git, real SQLite, the CLI as a subprocess."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -239,3 +241,113 @@ def test_every_commands_refusals_exit_with_the_code_the_readme_gives(
     out = cli(env, git_repo, "say", parked, "more")
     assert "has not started yet" not in out.stderr
     assert cli(env, git_repo, "kill", parked).returncode == 0
+
+
+# --- finding 5: a success that changed nothing says so ----------------------------------------
+
+
+def test_a_run_whose_tool_calls_all_failed_and_changed_nothing_says_so_everywhere(
+        env: dict[str, str], git_repo: Path) -> None:
+    """No greeting.py here: the demo's greet-casual worker's Read, Edit and Bash all fail,
+    and it still says "The greeting is more casual now."."""
+    from fleet_tui.ui.formatting import change_label
+
+    run = cli(env, git_repo, "run", "[script:greet-casual] make it casual", "--copies", "2",
+              "--wait")
+    ids = [line.split()[0] for line in run.stdout.splitlines()]
+    assert len(ids) == 2
+    assert run.returncode == 0, run.stderr  # succeeded: claude ended its turn as it should
+    for tid in ids:
+        assert f"{tid} succeeded, no change: " in run.stderr, run.stderr
+    assert "[all 3 tool calls failed]" in run.stderr
+    assert f"2 of 2 succeeded without changing anything (+0/-0): {', '.join(ids)}" \
+        in run.stderr
+
+    table = cli(env, git_repo, "ls").stdout
+    for tid in ids:
+        row = next(line for line in table.splitlines() if line.startswith(tid))
+        assert "ok, no change" in row, row
+    show = cli(env, git_repo, "show", ids[0]).stdout
+    assert "state:     succeeded, no change" in show
+    assert "changes:   +0 -0 (no change)" in show
+    assert "The greeting is more casual now. [all 3 tool calls failed]" in show
+    task = Store(paths.db_path()).get_task(ids[0])
+    assert change_label(task) == "no change"  # the panel's list and its notification
+
+    # a run that changed something carries no such mark
+    done = cli(env, git_repo, "run", "write a.txt", "--wait")
+    assert done.returncode == 0, done.stderr
+    tid = done.stdout.split()[0]
+    assert f"{tid} succeeded: " in done.stderr and "no change" not in done.stderr
+    assert "tool call" not in done.stderr
+    assert change_label(Store(paths.db_path()).get_task(tid)) is None
+
+
+# --- finding 8: messages that say what happened -------------------------------------------
+
+
+def test_a_push_onto_a_remote_branch_with_someone_elses_commit_says_so(
+        env: dict[str, str], git_repo: Path) -> None:
+    remote = git_repo.parent / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
+    subprocess.run(["git", "remote", "add", "origin", str(remote)], cwd=git_repo, check=True)
+    run = cli(env, git_repo, "run", "write a.txt", "--wait")
+    assert run.returncode == 0, run.stderr
+    tid = run.stdout.split()[0]
+    # someone else's commit on the remote's fleet/ID
+    other = git_repo.parent / "other"
+    subprocess.run(["git", "clone", "-q", str(git_repo), str(other)], check=True)
+    (other / "theirs.txt").write_text("theirs\n")
+    subprocess.run(["git", "add", "-A"], cwd=other, check=True)
+    subprocess.run(["git", "-c", "user.name=Someone Else", "-c",
+                    "user.email=else@example.invalid", "commit", "-q", "-m", "theirs"],
+                   cwd=other, check=True)
+    subprocess.run(["git", "push", "-q", str(remote), f"HEAD:refs/heads/fleet/{tid}"],
+                   cwd=other, check=True, capture_output=True)
+    out = cli(env, git_repo, "push", tid)
+    assert out.returncode == 4, out.stderr
+    assert "failed to push some refs" not in out.stderr
+    assert f"origin's branch fleet/{tid} has commits that are not this task's" in out.stderr
+    assert f"git push origin --delete fleet/{tid}" in out.stderr
+
+
+def test_doctor_says_where_each_setting_came_from(tmp_path: Path) -> None:
+    env = dict(os.environ, FLEET_WORKER_BASE_URL="http://127.0.0.1:9/anthropic")
+    out = subprocess.run([sys.executable, "-c", "import sys; from fleet_tui.cli import "
+                          "doctor_main; sys.exit(doctor_main())", "--json"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    assert "Traceback" not in out.stderr, out.stderr
+    checks = {row["check"]: row for row in json.loads(out.stdout)["data"]}
+    detail = checks["settings"]["detail"]
+    assert "settings defaults" not in detail and "defaults (" not in detail
+    assert "no config file (" in detail
+    assert "base_url http://127.0.0.1:9/anthropic (FLEET_WORKER_BASE_URL)" in detail
+    assert "model GLM-5.2 (default)" in detail
+
+
+def test_logs_shows_a_result_whose_turn_count_is_no_number_sanely() -> None:
+    from fleet_tui import stream
+    from fleet_tui.commands.tasks import format_event
+
+    line = json.dumps({"type": "result", "subtype": "success", "is_error": False,
+                       "num_turns": 1e308, "result": "done", "session_id": "s"})
+    (event,) = stream.StreamDecoder().feed((line + "\n").encode())
+    shown = format_event(event)
+    assert shown == "result   ok (success, turns unknown): done"
+
+
+def test_a_hold_names_the_first_task_that_met_it() -> None:
+    from fleet_tui.config import load_settings as settings_from
+    from fleet_tui.policy import Effect, apply_effect
+    from fleet_tui.store import EndpointState
+
+    settings = settings_from(env={})
+    state = EndpointState(endpoint="e")
+    first = apply_effect(state, Effect("hold", reason="arrears 1113", task="first"),
+                         settings, 1.0)
+    assert first is not None and first["held_task"] == "first"
+    held = EndpointState(endpoint="e", held="arrears 1113", held_task="first")
+    for later in ("second", "third"):
+        assert apply_effect(held, Effect("hold", reason="arrears 1113", task=later),
+                            settings, 2.0) is None

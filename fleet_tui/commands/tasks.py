@@ -294,7 +294,7 @@ def _schedule_until(fleet: Fleet, ids: Sequence[str], done: Callable[[Task], boo
 
 def _print_change(task: Task) -> None:
     msg = f": {_one_line(task.message, 140)}" if task.message else ""
-    _err(f"{task.id} {task.state}{msg}")
+    _err(f"{task.id} {policy.state_text(task)}{msg}")
 
 
 # --- checked option values and prompt text (a bad one is one clear usage line) --------------
@@ -452,6 +452,11 @@ def cmd_run(argv: list[str]) -> int:
     if args.json:
         _out(json.dumps([task_json(t) for t in final], indent=2))
     if args.wait:
+        unchanged = [t.id for t in final if policy.no_change(t)]
+        if unchanged and not args.json:
+            _err(f"{len(unchanged)} of {len(final)} succeeded without changing anything "
+                 f"(+0/-0): {', '.join(unchanged)}; nothing to merge (`fleet-tui logs ID` "
+                 "shows what the worker did)")
         return EXIT_OK if all(t.state == TaskState.SUCCEEDED for t in final) else EXIT_FAILED
     return EXIT_OK
 
@@ -476,13 +481,14 @@ def cmd_ls(argv: list[str]) -> int:
         _out("no tasks" + ("" if repo is None else f" in {repo}")
              + "; start one with `fleet-tui run PROMPT`")
         return EXIT_OK
-    header = f"{'ID':<6}  {'STATE':<9}  {'VERDICT':<11}  {'+/-':>9}  {'TURNS':>5}  " \
+    header = f"{'ID':<6}  {'STATE':<9}  {'VERDICT':<15}  {'+/-':>9}  {'TURNS':>5}  " \
              f"{'TOKENS':>7}  {'AGE':>4}  TITLE"
     _out(header)
     for t in tasks:
         diff = f"+{t.added_lines}/-{t.deleted_lines}"
         where = f"  [{t.repo}]" if repo is None else ""
-        _out(f"{t.id:<6}  {t.state.value:<9}  {t.verdict or '-':<11}  {diff:>9}  {t.turns:>5}  "
+        _out(f"{t.id:<6}  {t.state.value:<9}  {policy.verdict_text(t):<15}  {diff:>9}  "
+             f"{t.turns:>5}  "
              f"{_tokens(t.input_tokens + t.output_tokens):>7}  {_age(t.created_at):>4}  "
              f"{_one_line(t.short_title, 60)}{where}")
     # the endpoints' limits (a park, a hold, a lowered cap), below the table
@@ -506,7 +512,7 @@ def cmd_show(argv: list[str]) -> int:
     if args.json:
         _out(json.dumps({**task_json(task, attempts), "endpoint_limits": limits}, indent=2))
         return EXIT_OK
-    rows = [("id", task.id), ("title", task.short_title), ("state", task.state.value),
+    rows = [("id", task.id), ("title", task.short_title), ("state", policy.state_text(task)),
             ("verdict", task.verdict or "-"), ("message", task.message or "-"),
             *([("endpoint", limits)] if limits else []),
             ("repo", str(task.repo)), ("branch", task.branch),
@@ -515,7 +521,8 @@ def cmd_show(argv: list[str]) -> int:
             ("model", task.model), ("session", task.session_id or "-"),
             ("turns", str(task.turns)),
             ("tokens", f"{task.input_tokens} in / {task.output_tokens} out"),
-            ("changes", f"+{task.added_lines} -{task.deleted_lines}"),
+            ("changes", f"+{task.added_lines} -{task.deleted_lines}"
+                        + (f" ({policy.NO_CHANGE})" if policy.no_change(task) else "")),
             ("last tool", task.last_tool or "-")]
     if task.conflicts:
         rows.append(("conflicts", ", ".join(task.conflicts)))

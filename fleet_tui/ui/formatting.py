@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from rich.cells import cell_len
 
+from fleet_tui import policy
 from fleet_tui.states import CLOSED_STATES
 
 TYPE_CHECKING = False
@@ -375,6 +376,12 @@ def describe_error(error: BaseException) -> str:
 # (text, style name of the task table)
 _LAND_STYLES = {"waiting": "waiting", "updating": "running", "testing": "running",
                 "merging": "running", "fixing": "stalled", "stopped": "failed"}
+
+
+def change_label(task: Task) -> str | None:
+    """"no change" for a task that succeeded without changing anything (policy.no_change:
+    the rule the CLI shows too), for the list's +/- column and the finish notification."""
+    return policy.NO_CHANGE if policy.no_change(task) else None
 
 
 def landing_label(task: Task) -> tuple[str, str] | None:

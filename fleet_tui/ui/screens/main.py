@@ -42,7 +42,12 @@ from fleet_tui.states import (
 )
 from fleet_tui.ui.actions import ACTIONS, Context, PanelAction, find
 from fleet_tui.ui.external import run_external
-from fleet_tui.ui.formatting import describe_error, landing_label, pushed_label
+from fleet_tui.ui.formatting import (
+    change_label,
+    describe_error,
+    landing_label,
+    pushed_label,
+)
 from fleet_tui.ui.messages import (
     ActionDone,
     DiffLoaded,
@@ -343,6 +348,9 @@ class MainScreen(Screen[None]):
                 if task.endpoint in held and task.verdict in STOPS:
                     continue  # the endpoint's hold says it, once for all its tasks
                 word, severity = row.alert
+                unchanged = change_label(task)
+                if unchanged is not None:
+                    word = f"{word}, {unchanged}"
                 detail = f"\n{task.message}" if task.message else ""
                 self.notify(f"{task.short_title}{detail}", title=f"{task.id} {word}",
                             severity=severity,  # type: ignore[arg-type]

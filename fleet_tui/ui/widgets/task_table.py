@@ -23,7 +23,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from fleet_tui.states import STATES, Phase, TaskState
-from fleet_tui.ui.formatting import human_duration, human_tokens, landing_label
+from fleet_tui.ui.formatting import change_label, human_duration, human_tokens, landing_label
 from fleet_tui.ui.widgets.line_view import text_style
 
 TYPE_CHECKING = False
@@ -397,6 +397,8 @@ class TaskTable(ScrollView, can_focus=True):
         if task.added_lines or task.deleted_lines:
             lines.append(f"+{task.added_lines}", style=self._style("add"))
             lines.append(f" -{task.deleted_lines}", style=self._style("del"))
+        elif (unchanged := change_label(task)) is not None:
+            lines.append(unchanged, style=self._style("muted"))
         return (
             Text("●" if marked else " ", style=self._style("mark")),
             Text(row.badge if row is not None else str(task.state), style=state_style,
