@@ -34,8 +34,8 @@ from fleet_tui.supervisor import Supervisor, TaskChange, describe
 
 log = logging.getLogger("fleet_tui.fleet")
 
-# how far before the engine's noted start a runner's own start time may be (clocks read
-# a moment apart) and still be taken
+# how far before the engine's noted start a runner's end time may be and still be taken
+# (the clocks are read a moment apart)
 LAUNCH_SLACK = 1.0
 READ_CHUNK = 1 << 20  # bytes of one attempt's events folded in per pass (GIL hold)
 
@@ -289,10 +289,9 @@ class Follower:
                                         rate_limit=fol.rate_limit)
         s = fol.summary
         ending = outcome.with_tool_calls(ending, s.tool_calls, s.tool_errors)
-        started, ended = self._runner_times(attempt, now)
+        ended = self._runner_end(attempt, now)
         self.store.update_attempt(
-            attempt.id, started_at=started, finished_at=ended, exit_code=ending.exit_code,
-            signal=ending.signal,
+            attempt.id, finished_at=ended, exit_code=ending.exit_code, signal=ending.signal,
             verdict=ending.verdict, message=ending.message, turns=s.turns,
             input_tokens=s.input_tokens, output_tokens=s.output_tokens,
             session_id=s.session_id or attempt.session_id, last_tool=s.last_tool,
@@ -303,24 +302,16 @@ class Follower:
                            ended=ended)
 
     @staticmethod
-    def _runner_times(attempt: Attempt, now: float) -> tuple[float | None, float]:
-        """When the attempt's run started and ended, by its runner's own exit record (the
-        runner notes both): an attempt that ended while no fleet-tui process looked is
-        recorded when one looks next, and its run time must not count that wait. `now`
-        (and the start the engine noted) where the record is missing or out of bounds."""
+    def _runner_end(attempt: Attempt, now: float) -> float:
+        """When the attempt's run ended, by its runner's own exit record: an attempt that
+        ended while no fleet-tui process looked is recorded when one looks next, and its run
+        time must not count that wait. `now` where the record is missing or its time is out
+        of bounds (before the attempt started, or in the future)."""
         assert attempt.dir is not None
         record, _problem = AttemptLog(attempt.dir).exit_record()
-        started = attempt.started_at
-        if record is None:
-            return started, now
-        low = started - LAUNCH_SLACK if started is not None else 0.0
-        ran_from = _as_float(record.get("started_at"), -1.0)
-        ran_to = _as_float(record.get("finished_at"), -1.0)
-        if not low <= ran_to <= now or not math.isfinite(ran_to):
-            return started, now
-        if low <= ran_from <= ran_to:
-            started = ran_from
-        return started, ran_to
+        ended = _as_float(record.get("finished_at"), now) if record is not None else now
+        low = (attempt.started_at or 0.0) - LAUNCH_SLACK
+        return ended if math.isfinite(ended) and low <= ended <= now else now
 
     def _judge(self, attempt: Attempt, fol: _Follow) -> outcome.Ending:
         assert attempt.dir is not None

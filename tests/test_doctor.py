@@ -149,7 +149,7 @@ def test_non_root_with_bypass_needs_no_opt_in(key: str) -> None:
         result = user.run(_doctor_cmd("--json"), cwd=repo, timeout=TIMEOUT)
     assert result.returncode == 0, result.stdout + result.stderr
     checks = by_check(as_json(result))
-    assert checks["settings"]["detail"].endswith("permission_mode bypassPermissions")
+    assert checks["settings"]["detail"].endswith("permission_mode bypassPermissions (default)")
     assert checks["root"]["status"] == "ok"
     assert checks["root"]["detail"] == "not running as root"
 

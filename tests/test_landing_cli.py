@@ -96,6 +96,9 @@ def test_update_conflict_then_the_worker_resolves_it_and_it_merges(
     out = cli(env, git_repo, "update", second, "--resolve", "worker", "--wait")
     assert out.returncode == 0, out.stderr
     assert "queued for a follow-up" in out.stdout and "up to date" in out.stdout
+    # it says the worker resolved it, not that the branch was up to date "already"
+    assert f"the worker resolved the conflicts; {second} is now up to date with main" \
+        in out.stdout and "already" not in out.stdout, out.stdout
     task = show(env, git_repo, second)
     assert task["conflicts"] == [] and task["state"] == "succeeded"
     assert [a["kind"] for a in task["attempts"]] == ["fresh", "followup"]
@@ -120,7 +123,7 @@ def test_update_abort_and_refusals_leave_main_as_it_was(env: dict[str, str],
     for args, code, words in (
             (["update", "zzzzzz"], 3, "no task"),
             (["push", second], 4, "no remote"),
-            (["queue", "--remove", second], 4, "not in the merge queue"),
+            (["queue", "--remove", second], 3, "not in the merge queue"),
             (["compare", "zzzzzz"], 3, "no task")):
         out = cli(env, git_repo, *args)
         assert out.returncode == code and words in out.stderr, (args, out.stderr)

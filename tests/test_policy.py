@@ -586,8 +586,10 @@ def test_gate(endpoint: EndpointState | None, parked: int, cap: int | None, why:
     (state(), policy.Effect("hold", reason="r", task="t1", settings="k"),
      {"held": "r", "held_task": "t1", "held_settings": "k", "event": "hold",
       "event_at": NOW}),
-    (state(held="r"), policy.Effect("hold", reason="r", task="t2", settings="k"),
-     {"held": "r", "held_task": "t2", "held_settings": "k"}),
+    # ... and it names the first task that met it (issue 17: not the last of those that
+    # ran beside it)
+    (state(held="r", held_task="t1"), policy.Effect("hold", reason="r", task="t2",
+                                                    settings="k"), None),
     # a cap: only ever lower
     (state(), policy.Effect("cap", cap=2, reason="c"),
      {"cap": 2, "cap_reason": "c", "cap_changed_at": NOW, "event": "cap", "event_at": NOW}),
