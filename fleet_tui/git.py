@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1633,6 +1634,43 @@ def _stop_leftovers(token: object) -> None:
         procs.wait_gone(left, 10.0)
 
 
+def _git_running_in(repo: Path) -> bool:
+    """Does a git process (not this one's) work in `repo` now?"""
+    for st in procs.all_stats():
+        if st.state in ("Z", "X", "x") or st.pid == os.getpid():
+            continue
+        argv = procs.cmdline(st.pid)
+        if not argv or Path(argv[0]).name != "git":
+            continue
+        with contextlib.suppress(OSError):
+            if Path(os.readlink(f"/proc/{st.pid}/cwd")) == repo:
+                return True
+    return False
+
+
+def _stale_locks(repo: Path, git_dir: Path, intent: Mapping[str, object]) -> list[str]:
+    """git's lock files in the main checkout's git dir that the killed merge's git left
+    (made since its intent record, with no git running there now) are removed; the
+    names of lock files that may be another program's are returned."""
+    base_branch = str(intent.get("base_branch") or "")
+    candidates = [git_dir / "index.lock", git_dir / "HEAD.lock", git_dir / "ORIG_HEAD.lock",
+                  git_dir / "AUTO_MERGE.lock"]
+    if base_branch:
+        candidates.append(_common_dir(git_dir) / "refs" / "heads" / f"{base_branch}.lock")
+    present = [c for c in candidates if c.exists()]
+    if not present:
+        return []
+    since = intent.get("at")
+    ours = isinstance(since, (int, float)) and not _git_running_in(repo) and all(
+        c.stat().st_mtime >= float(since) - 1.0 for c in present)
+    if not ours:
+        return [c.name for c in present]
+    for lock in present:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+    return []
+
+
 def _blob(repo: Path, tree: str, path: str) -> str | None:
     status, out, _ = _run(repo, "rev-parse", "-q", "--verify", f"{tree}:{path}", check=False)
     return out.strip() if status == 0 else None
@@ -1670,10 +1708,29 @@ def _not_ours(repo: Path, intent: Mapping[str, object], changed: Sequence[str]) 
             foreign.append(entry[3:])
     index = _index_blobs(repo, list(changed))
     for path in changed:
-        allowed = {_blob(repo, base, path), _blob(repo, tree, path)}
-        if index.get(path) not in allowed or _work_blob(repo, path) not in allowed:
+        was, merged = _blob(repo, base, path), _blob(repo, tree, path)
+        work_ok = _work_blob(repo, path) in (was, merged) \
+            or _half_written(repo, path, merged)
+        if index.get(path) not in (was, merged) or not work_ok:
             foreign.append(path)
     return sorted(set(foreign))
+
+
+def _half_written(repo: Path, path: str, merged: str | None) -> bool:
+    """A file git was writing when it was killed: gone (git removes a file before it
+    writes the new one), or a start of what the merge writes there."""
+    full = repo / path
+    if not full.exists() and not full.is_symlink():
+        return True
+    if merged is None or full.is_symlink() or not full.is_file():
+        return False
+    try:
+        have = full.read_bytes()
+    except OSError:
+        return False
+    proc = subprocess.run(["git", "cat-file", "blob", merged], cwd=repo,
+                          capture_output=True, check=False)
+    return proc.returncode == 0 and proc.stdout.startswith(have)
 
 
 def _saved_index(repo: Path) -> Path:
@@ -1730,11 +1787,12 @@ def recover_merge(repo: Path) -> str | None:
         _drop_intent(repo)  # written by nothing fleet-tui knows: the usual checks decide
         return None
     git_dir = _main_git_dir(repo)
-    if (git_dir / "index.lock").exists():
+    locks = _stale_locks(repo, git_dir, intent)
+    if locks:
         raise MergeLeftHalfDone(
-            f"a merge of {branch} by fleet-tui was stopped midway and git's index.lock is "
-            f"still in {git_dir}; if no git command runs in {repo}, remove that file and "
-            "merge again")
+            f"a merge of {branch} by fleet-tui was stopped midway and git's lock files "
+            f"are still there ({_shown(locks)}, in {git_dir}); if no git command runs in "
+            f"{repo}, remove them and merge again")
     merge_head = (git_dir / "MERGE_HEAD").read_text().strip() \
         if (git_dir / "MERGE_HEAD").exists() else None
     head = _rev(repo, "HEAD")
@@ -1819,6 +1877,7 @@ def _land(repo: Path, plan: _Plan, branch: str, base_branch: str, *, title: str,
         "branch": branch, "base_branch": base_branch, "side": plan.side,
         "base_tip": plan.base_tip, "tree": plan.tree, "strategy": strategy,
         "status": before.status, "pid": os.getpid(), "token": secrets_mod.token_hex(8),
+        "at": time.time(),
         "worktree": str(wt) if wt is not None else None,
         "files": {k: (v.decode("utf-8", "replace") if v is not None else None)
                   for k, v in before.files.items()}}
