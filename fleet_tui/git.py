@@ -717,7 +717,31 @@ def _verified_by_files(path: Path, branch: str | None) -> bool:
         return False
     if os.path.realpath(back) != os.path.realpath(path / ".git"):
         return False
-    return branch is None or head == f"ref: refs/heads/{branch}"
+    return branch is None or head == f"ref: refs/heads/{branch}" \
+        or _rebasing_branch(git_dir) == branch
+
+
+def _rebasing_branch(git_dir: Path) -> str | None:
+    """The branch a rebase in progress in this git dir works on (HEAD is detached until
+    it ends: the branch is named in rebase-merge/head-name), else None."""
+    for folder in ("rebase-merge", "rebase-apply"):
+        try:
+            name = (git_dir / folder / "head-name").read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        return name.removeprefix("refs/heads/") if name.startswith("refs/heads/") else None
+    return None
+
+
+def on_branch(path: Path, branch: str) -> bool:
+    """Is the worktree on ``branch``, or in the middle of a rebase of it (a worker may be
+    resolving its conflicts: `git rebase --continue` puts the branch back)?"""
+    if current_branch(path) == branch:
+        return True
+    git_dir = _git_dir_of(Path(path))
+    if git_dir is None:
+        git_dir = _git_path(Path(path), ".")
+    return _rebasing_branch(git_dir) == branch
 
 
 def verify_worktree(path: Path, branch: str | None = None) -> None:
@@ -736,7 +760,7 @@ def verify_worktree(path: Path, branch: str | None = None) -> None:
     if status != 0 or Path(out.strip()).resolve() != path.resolve():
         raise GitError(f"{path} is not a git worktree of its own (its checkout is "
                        f"{out.strip() or 'none'}); retry the task to recreate it")
-    if branch is not None and current_branch(path) != branch:
+    if branch is not None and not on_branch(path, branch):
         raise GitError(f"the worktree {path} is not on branch {branch}; retry the task "
                        "to recreate it")
 
