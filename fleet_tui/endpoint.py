@@ -77,6 +77,7 @@ __all__ = [
     "main",
     "parse_fault",
     "resolve_conflict_turns",
+    "resolve_rebase_turns",
 ]
 
 DEFAULT_SCRIPT = "default"
@@ -424,6 +425,17 @@ def resolve_conflict_turns(path: str, content: str) -> list[Any]:
         path, content, f"git add -- {shlex.quote(path)} && git commit --no-edit -q && "
         "git log -1 --format=%s",
         done=f"Resolved the conflict in {path} and concluded the merge.")
+
+
+def resolve_rebase_turns(path: str, content: str) -> list[Any]:
+    """Turns of a worker asked to resolve a rebase that stopped on a conflict in `path`
+    (update_strategy = "rebase"): it reads the file, writes it resolved, stages it and
+    continues the rebase (`git rebase --continue`, the editor kept shut), as the
+    follow-up asks."""
+    return edit_and_commit_turns(
+        path, content, f"git add -- {shlex.quote(path)} && "
+        "git -c core.editor=true rebase --continue && git log -1 --format=%s",
+        done=f"Resolved the conflict in {path} and continued the rebase.")
 
 
 def _load_json(path: Path) -> object:

@@ -955,6 +955,9 @@ class Fleet:
         """The merge itself (no policy check: the merge queue lands its own tasks)."""
         assert task.base_branch is not None  # policy refuses a task started from a commit
         if task.worktree is not None and not Path(task.worktree).is_dir():
+            found = self.found_landed(task)
+            if found is not None:
+                return found
             raise FleetRefused(self._missing_worktree(task))
         try:
             result = git.merge(task.repo, task.worktree, task.branch, task.base_branch,
@@ -966,6 +969,10 @@ class Fleet:
         except git.GitError as exc:
             # nothing was merged: to the user that is a refusal (exit 4), not a failure
             raise FleetRefused(str(exc)) from None
+        if result.reason in ("gone", "nothing"):
+            found = self.found_landed(task)
+            if found is not None:
+                return found
         gate = None
         if result.test_output is not None:
             gate = "failed" if result.reason == "test" else "passed"
@@ -976,6 +983,24 @@ class Fleet:
         elif gate:
             self.store.update_task(task.id, gate=gate)
         return result
+
+    def found_landed(self, task: Task) -> git.MergeResult | None:
+        """A task whose merge is on its base branch already (a merge that was stopped
+        midway and concluded by the next one, or by the user; its `Fleet-Task` trailer
+        says so) is merged: its worktree, branch and config dir go, as after any merge."""
+        if not task.base_branch:
+            return None
+        commit = git.landed_task(Path(task.repo), task.base_branch, task.id)
+        if commit is None:
+            return None
+        with contextlib.suppress(git.GitError):
+            git.discard(task.repo, task.worktree, task.branch)
+        self._remove_config_dir(task.id)
+        message = (f"merged {task.branch} into {task.base_branch} as {commit[:10]} (found "
+                   f"on {task.base_branch}: that merge was concluded after it was stopped)")
+        self.store.update_task(task.id, state=TaskState.MERGED, message=message,
+                               worktree=None)
+        return git.MergeResult(True, commit, message, None)
 
     @_hides_key
     def discard(self, task_id: str) -> str:

@@ -179,6 +179,11 @@ class LandingQueue:
         if task.land_state == LandState.MERGING and task.land_commit \
                 and self._landed_already(task, task.land_commit):
             return
+        found = self.fleet.found_landed(task)  # its merge concluded after it was stopped
+        if found is not None:
+            self._retests.pop(task.id, None)
+            self._set(task, LandState.MERGED, found.message)
+            return
         base = task.base_branch or "its base"
         if not self._set(task, LandState.UPDATING, f"bringing it up to date with {base}"):
             return

@@ -416,8 +416,10 @@ def test_a_rollback_never_resets_a_head_another_program_moved(
 
     lost = (128, "", "fatal: update_ref failed for ref 'HEAD': cannot lock ref 'HEAD': "
                      "is at 1234 but expected 5678\n")
-    monkeypatch.setattr(fgit, "_run", _failing_merge_run(fgit._run, other_program_commits,
-                                                         lost))
+    stand_in = _failing_merge_run(fgit._run, other_program_commits, lost)
+    monkeypatch.setattr(fgit, "_run", stand_in)
+    # the merge itself runs through _run_merging (issue 17: a group that dies with us)
+    monkeypatch.setattr(fgit, "_run_merging", lambda repo, intent, *args: stand_in(repo, *args))
     result = fgit.merge(git_repo, info.path, info.branch, "main", message="x")
     assert not result.merged
     assert "restored" not in result.message and "NOT as it was" in result.message
