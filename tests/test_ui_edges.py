@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 from test_ui_support import wait_until
-from textual.widgets import Label
+from textual.geometry import Region
+from textual.widgets import Input, Label, TextArea
 
 from fleet_tui.config import load_settings
 from fleet_tui.fleet import Fleet
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.landing import QueueScreen
+from fleet_tui.ui.screens.launch import LaunchScreen
 
 EMPTY_QUEUE = "The merge queue is empty: mark tasks and press m."
 
@@ -93,3 +95,94 @@ async def test_a_queue_that_cannot_be_read_is_said_in_the_view_and_read_again(
         os.replace(backup, db)
         fleet.store.close()
         await wait_until(pilot, lambda: queue_note(screen) == EMPTY_QUEUE, what="read again")
+
+
+# --- finding 12: the launch form keeps a draft ---------------------------------------------
+
+async def _open_form(pilot: object, app: FleetApp) -> LaunchScreen:
+    await pilot.press("n")  # type: ignore[attr-defined]
+    await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen)  # type: ignore[arg-type]
+                     and bool(app.screen.query("#copies")), what="the form")
+    screen = app.screen
+    assert isinstance(screen, LaunchScreen)
+    await pilot.pause()  # type: ignore[attr-defined]
+    return screen
+
+
+async def test_escape_in_the_launch_form_keeps_a_draft_that_n_restores_and_ctrl_l_clears(
+        fleet: Fleet, git_repo: Path) -> None:
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _ready(pilot, app)
+        form = await _open_form(pilot, app)
+        form.query_one("#prompt", TextArea).insert("fix the flaky")
+        await pilot.press(*" test")  # typed, as a user does
+        form.query_one("#timeout", Input).value = "20m"
+        await pilot.pause()
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.screen is app.main, what="the form closed")
+        assert fleet.list_tasks() == []  # closing launches nothing
+
+        form = await _open_form(pilot, app)
+        assert form.query_one("#prompt", TextArea).text == "fix the flaky test"
+        assert form.query_one("#timeout", Input).value == "20m"
+        note = form.query_one("#draft-note", Label)
+        assert note.display and "ctrl+l clears" in str(note.render())
+        await pilot.press(*" now")  # the cursor is at the end of the draft
+        assert form.query_one("#prompt", TextArea).text == "fix the flaky test now"
+
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert form.query_one("#prompt", TextArea).text == ""
+        assert form.query_one("#timeout", Input).value == ""
+        assert form.query_one("#copies", Input).value == "1"
+        assert not note.display
+        await pilot.press("escape")  # a cleared form closed keeps no draft
+        await wait_until(pilot, lambda: app.screen is app.main, what="the form closed")
+        form = await _open_form(pilot, app)
+        assert form.query_one("#prompt", TextArea).text == ""
+        assert not form.query_one("#draft-note").display  # and says no draft
+
+        # launched: the draft is gone, the next form is fresh
+        form.query_one("#prompt", TextArea).insert("write the docs")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.screen is app.main, what="the form closed")
+        form = await _open_form(pilot, app)
+        assert form.query_one("#prompt", TextArea).text == "write the docs"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: len(fleet.list_tasks()) == 1, what="the launch")
+        await wait_until(pilot, lambda: app.screen is app.main, what="the form closed")
+        form = await _open_form(pilot, app)
+        assert form.query_one("#prompt", TextArea).text == ""
+    assert app.errors == []
+
+
+# --- finding 8 (its last sentence): form errors wrap and show whole ------------------------
+
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)])
+async def test_a_form_error_wraps_and_shows_whole(fleet: Fleet, git_repo: Path,
+                                                  size: tuple[int, int]) -> None:
+    from fleet_tui import durations
+
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=size) as pilot:
+        await _ready(pilot, app)
+        form = await _open_form(pilot, app)
+        form.query_one("#timeout", Input).value = "abc"
+        await wait_until(pilot, lambda: form.query_one("#timeout-error").display,
+                         what="the timeout's error")
+        error = form.query_one("#timeout-error", Label)
+        form.query_one("#launch-fields").scroll_to_widget(error, animate=False)
+        await pilot.pause()
+        with pytest.raises(ValueError) as raised:
+            durations.parse_duration("abc")
+        expected = f"Expected {raised.value}."
+        assert str(error.render()) == expected
+        cell = error.parent
+        assert cell is not None
+        # the label lies inside its column: nothing of it is cut off at the right ...
+        assert error.region.right <= cell.region.right, (error.region, cell.region)
+        # ... and its lines, as painted, hold the whole sentence
+        painted = " ".join(strip.text.strip() for strip in error.render_lines(
+            Region(0, 0, error.size.width, error.size.height)))
+        assert " ".join(painted.split()) == expected

@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from fleet_tui.store import Task
     from fleet_tui.ui.screens.help import HelpSection
     from fleet_tui.ui.screens.landing import CopyRow, QueueRow
-    from fleet_tui.ui.screens.launch import LaunchRequest
+    from fleet_tui.ui.screens.launch import FormDraft, LaunchRequest
     from fleet_tui.ui.screens.modals import MergeItem
 
 PaletteCommand = tuple[str, str, Callable[[], object]]
@@ -122,6 +122,7 @@ class MainScreen(Screen[None]):
         self.closing = False  # the app is quitting: keys typed on the way out do nothing
         self.tasks: dict[str, Task] = {}
         self.marked: set[str] = set()
+        self.launch_drafts: dict[Path, FormDraft] = {}  # a closed launch form's text, by repo
         self.filter_text = ""
         self.show_closed = False  # merged and discarded tasks are listed (H)
         self.sort_mode = "attention"  # one of SORTS (S cycles)
@@ -730,7 +731,12 @@ class MainScreen(Screen[None]):
             repo, base = chosen
         if self.closing:
             return
-        request = await self.app.push_screen_wait(LaunchScreen(repo, default_base=base))
+        form = LaunchScreen(repo, default_base=base, draft=self.launch_drafts.get(repo))
+        request = await self.app.push_screen_wait(form)
+        if form.draft is not None and request is None:
+            self.launch_drafts[repo] = form.draft  # closed with something typed: kept
+        else:
+            self.launch_drafts.pop(repo, None)
         if request is not None:
             self._submit(self._engine(), request)
 
