@@ -13,15 +13,19 @@ import os
 from pathlib import Path
 
 import pytest
-from test_ui_support import wait_until
+from test_ui_support import Rig, rig, wait_until
 from textual.geometry import Region
 from textual.widgets import Input, Label, TextArea
 
 from fleet_tui.config import load_settings
 from fleet_tui.fleet import Fleet
+from fleet_tui.store import TaskState
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.landing import QueueScreen
 from fleet_tui.ui.screens.launch import LaunchScreen
+from fleet_tui.ui.widgets.bars import KeyBar
+
+__all__ = ["rig"]  # the real-claude rig, for the test that needs a running worker
 
 EMPTY_QUEUE = "The merge queue is empty: mark tasks and press m."
 
@@ -186,3 +190,142 @@ async def test_a_form_error_wraps_and_shows_whole(fleet: Fleet, git_repo: Path,
         painted = " ".join(strip.text.strip() for strip in error.render_lines(
             Region(0, 0, error.size.width, error.size.height)))
         assert " ".join(painted.split()) == expected
+
+
+# --- finding 12: the key bar, the stream's caption and "» you:" lines at 80x24 -----------
+
+LONG_PROMPT = ("[script:slow] Please rework the greeting so that it reads warmly, keeps the "
+               "shop's name, and mention in the docstring why the old greeting was changed "
+               "end")
+
+
+def bar_entries(bar: KeyBar) -> list[str]:
+    """The key bar's entries as shown ("n New", "? Help +3"), the palette key left out."""
+    left = bar.render().plain.split("▏")[0]
+    return [" ".join(part.split()) for part in left.split("  ") if part.strip()]
+
+
+async def test_at_80x24_the_key_bar_keeps_whole_keys_and_help_holds_the_rest(
+        rig: Rig) -> None:
+    task_id = rig.submit(LONG_PROMPT)
+    app = rig.app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        main = app.main
+        await wait_until(pilot, lambda: task_id in main.tasks
+                         and main.tasks[task_id].state == TaskState.RUNNING
+                         and main.cursor_task is not None, timeout=60, what="the worker")
+        await wait_until(pilot, lambda: main.check_action("say", ()) is True,
+                         what="s applies")
+        bar = main.query_one(KeyBar)
+        await pilot.pause()
+        plain = bar.render().plain
+        assert "…" not in plain  # nothing cut in a word ("o Shel…" before)
+        entries = bar_entries(bar)
+        words = {e.split(" ", 1)[1] for e in entries}
+        assert {"New", "Say", "Kill", "Quit"} <= words | {w.split(" +")[0] for w in words}
+        # every key that applies and is not shown is counted on the help key
+        applies = [b for _, b, enabled, _ in main.active_bindings.values()
+                   if b.show and enabled is not False and b.key != "ctrl+p"]
+        labels = {b.description for b in applies}
+        shown = {w.split(" +")[0] for w in words}
+        assert shown <= labels
+        help_entry = next(e for e in entries if e.startswith("? Help"))
+        hidden = len({b.action for b in applies}) - len(shown)
+        assert hidden > 0  # 80 columns do not hold them all ...
+        assert help_entry == f"? Help +{hidden}"  # ... and help says how many it holds
+
+        # the stream's caption: each key whole, the rest behind ?
+        caption = main.stream.caption
+        assert caption.endswith("?: more")
+        hints = caption.split("   ")[-1].split("  ")
+        for hint in hints[:-1]:
+            assert hint in main.stream.hints.split("  ")  # "a:" alone was cut before
+        assert len(caption) <= main.stream.size.width
+        rig.fleet.kill(task_id)
+    assert app.errors == []
+
+
+async def test_what_the_user_said_wraps_in_the_stream_and_needs_no_horizontal_scrollbar(
+        rig: Rig) -> None:
+    """The prompt and steering messages ("» you:") wrap in words at the stream's width.
+    Cut, the row was wider than the view: a horizontal scrollbar came, whose thumb's end
+    (a partial block, ▉ ▌) was the stray glyph above the key bar after a say."""
+    task_id = rig.submit(LONG_PROMPT)
+    app = rig.app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        main = app.main
+        await wait_until(pilot, lambda: main.selected_id == task_id, what="the task")
+        view = main.stream.view
+        await wait_until(pilot, lambda: any(line.startswith("» you: ")
+                                            for line in view.plain_lines()),
+                         what="the prompt in the stream")
+        lines = view.plain_lines()
+        start = next(n for n, line in enumerate(lines) if line.startswith("» you: "))
+        said = [lines[start]]
+        for line in lines[start + 1:]:
+            if not line.startswith("       "):
+                break
+            said.append(line)
+        assert len(said) > 1
+        width = view.size.width
+        assert all(len(line) <= width for line in said), (width, said)
+        assert " ".join(" ".join(said)[len("» you: "):].split()) == LONG_PROMPT
+        assert view.virtual_size.width <= width  # no row wider than the view ...
+        # ... so no horizontal scrollbar, whose thumb end was the stray block glyph
+        assert not view.show_horizontal_scrollbar
+        rig.fleet.kill(task_id)
+    assert app.errors == []
+
+
+# --- finding 12: which pane has the keys; the list keys from the diff tab -----------------
+
+async def test_after_2_the_arrows_move_the_task_list_and_the_pane_with_the_keys_is_said(
+        fleet: Fleet, git_repo: Path) -> None:
+    from fleet_tui.store import TaskSpec
+    from fleet_tui.ui.widgets.bars import TabBar
+    from fleet_tui.ui.widgets.stream_view import StreamView
+
+    ids = [fleet.submit(TaskSpec(prompt=f"task {i}", repo=git_repo))[0].id for i in range(3)]
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=(120, 36)) as pilot:
+        main = app.main
+        table = main.table
+        await wait_until(pilot, lambda: set(ids) <= set(table.keys), what="the tasks")
+        first, second, third = table.keys[:3]
+        await wait_until(pilot, lambda: main.selected_id == first, what="the first task")
+        await pilot.click(StreamView)  # reading the stream: its view takes the keys
+        await pilot.pause()
+        assert app.focused is main.stream.view
+        await pilot.press("2")  # the diff
+        await wait_until(pilot, lambda: main.active_tab == "tab-diff", what="the diff tab")
+        await pilot.press("down")  # moves the task list (before: the diff's file list)
+        await wait_until(pilot, lambda: main.selected_id == second, timeout=5,
+                         what="the list to move from the diff tab")
+        assert main.cursor_task is not None and main.cursor_task.id == second
+        title = str(main.query_one("#detail-title", Label).render())
+        assert title.startswith(second)  # the task the keys act on is the one shown
+        assert app.focused is table
+
+        bar = main.query_one(TabBar)
+        assert main.keys_pane == "list" and bar.note == "keys: task list"
+        # a click on a tab chooses the view, and the keys stay on the list
+        plain = bar.render().plain
+        await pilot.click(TabBar, offset=(plain.index("Stream"), 0))
+        await wait_until(pilot, lambda: main.active_tab == "tab-stream", what="the stream")
+        assert app.focused is table
+        await pilot.press("down")
+        await wait_until(pilot, lambda: main.selected_id == third, what="the list moved")
+
+        # tab moves the keys into the views, and the header says where they are
+        await pilot.press("tab")
+        await pilot.pause()
+        assert main.keys_pane == "tabs" and "esc: task list" in bar.note
+        await pilot.press("tab")
+        await pilot.pause()
+        assert main.keys_pane == "stream" and bar.note.startswith("keys: stream")
+        assert main.query_one("#detail-pane").has_focus_within
+        await pilot.press("escape")  # back to the list
+        await pilot.pause()
+        assert app.focused is table and bar.note == "keys: task list"
+        assert not main.query_one("#detail-pane").has_focus_within
+    assert app.errors == []
