@@ -44,6 +44,7 @@ class Context:
     unmarked_shown: bool  # the list shows a task that is not marked
     diff_file: str | None  # the file highlighted in the diff's file list
     filtering: bool  # a filter is typed or its box is open
+    in_view: bool = False  # the keys are in the stream, the diff or the tabs, not the list
 
 
 
@@ -150,7 +151,11 @@ ACTIONS: tuple[PanelAction, ...] = (
     PanelAction("task.mark_all", "mark_all", "ctrl+a", "Mark all",
                 "mark every task shown in the list (a filter narrows it)",
                 when=lambda c: c.unmarked_shown),
-    # escape clears the filter first (while there is one), then the marks; ctrl+\ as in k9s
+    # escape in the stream, the diff or the tabs gives the keys back to the task list; on the
+    # list it clears the filter first (while there is one), then the marks; ctrl+\ as in k9s
+    PanelAction("view.list", "focus_list", "escape", "Task list",
+                "back to the task list (from the stream, the diff or the tabs)", show=False,
+                when=lambda c: c.in_view, palette=False),
     PanelAction("list.clear", "clear_filter", "escape", "Clear filter", "clear the filter",
                 show=False, when=lambda c: c.filtering),
     PanelAction("task.unmark_all", "unmark_all", "escape,ctrl+backslash", "Unmark all",
@@ -219,6 +224,14 @@ ACTIONS: tuple[PanelAction, ...] = (
     PanelAction("app.quit", "quit", "q", "Quit",
                 "quit (workers keep running; the next start picks them up)", palette=False),
 )
+
+KEY_BAR_ORDER: tuple[str, ...] = (
+    "task.new", "app.help", "task.say", "task.merge", "task.follow_up", "task.retry",
+    "task.kill", "task.discard", "task.update", "task.shell", "task.edit", "task.compare",
+    "task.mark", "task.mark_all", "task.unmark_all", "list.filter", "app.quit")
+"""The key bar's order, the most important first: a narrow terminal drops keys from the
+end (they stay behind `?`); help and quit always stay (KEY_BAR_PINNED)."""
+KEY_BAR_PINNED: tuple[str, ...] = ("app.help", "app.quit")
 
 BY_NAME: dict[str, PanelAction] = {a.name if not a.params else a.action: a for a in ACTIONS}
 """Records by action name ("merge"), or by the whole action where it has arguments."""

@@ -167,6 +167,8 @@ class QueueScreen(ModalScreen[None]):
         self._load_rows = load
         self.rows: list[QueueRow] = []
         self.loaded_at = 0.0
+        self.problem: str | None = None  # why the last read failed (None: it did not)
+        self._answered = False  # "Reading the queue…" until the first read answers
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="queue-dialog"):
@@ -192,27 +194,50 @@ class QueueScreen(ModalScreen[None]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="queue-view",
           description="reading the merge queue")
     def _read(self) -> None:
-        rows = self._load_rows()
+        try:
+            rows = self._load_rows()
+        except Exception as exc:  # the store, git: said in the view, read again next tick
+            from fleet_tui.ui.formatting import describe_error
+
+            self.app.call_from_thread(self._failed, describe_error(exc))
+            return
         self.app.call_from_thread(self._show, rows)
+
+    def _say(self, text: str, *, error: bool = False) -> None:
+        label = self.query_one("#queue-empty", Label)
+        label.update(text)
+        label.set_class(error, "-error")
+        label.display = bool(text)
+
+    def _failed(self, problem: str) -> None:
+        """A read failed: say why (rows read before stay, said to be the last read); the
+        next tick reads again."""
+        self.loaded_at = time.monotonic()
+        self._answered = True
+        self.problem = problem
+        kept = " (the rows above are from the last read)" if self.rows else ""
+        self._say(f"Cannot read the merge queue: {problem}{kept}; trying again.", error=True)
 
     def _show(self, rows: list[QueueRow]) -> None:
         self.loaded_at = time.monotonic()
-        if rows == self.rows and self.query_one("#queue", DataTable).row_count == len(rows):
-            return
-        self.rows = rows
+        first, self._answered = not self._answered, True
+        recovered, self.problem = self.problem is not None, None
         table = self.query_one("#queue", DataTable)
-        row = table.cursor_row
-        table.clear()
-        for n, item in enumerate(rows, 1):
-            table.add_row(Text(str(n)), Text(item.task_id), Text(item.land_state),
-                          Text(str(item.fixes)), Text(item.note, overflow="ellipsis"),
-                          Text(item.state), Text(item.title, overflow="ellipsis"),
-                          key=item.task_id)
-        if rows:
-            table.move_cursor(row=min(row, len(rows) - 1))
-        empty = self.query_one("#queue-empty", Label)
-        empty.update("" if rows else "The merge queue is empty: mark tasks and press m.")
-        empty.display = not rows
+        if rows == self.rows and table.row_count == len(rows) and not (first or recovered):
+            return
+        if rows != self.rows or table.row_count != len(rows):
+            self.rows = rows
+            row = table.cursor_row
+            table.clear()
+            for n, item in enumerate(rows, 1):
+                table.add_row(Text(str(n)), Text(item.task_id), Text(item.land_state),
+                              Text(str(item.fixes)), Text(item.note, overflow="ellipsis"),
+                              Text(item.state), Text(item.title, overflow="ellipsis"),
+                              key=item.task_id)
+            if rows:
+                table.move_cursor(row=min(row, len(rows) - 1))
+        # said from the first read on: an empty queue is empty at once, not "reading"
+        self._say("" if rows else "The merge queue is empty: mark tasks and press m.")
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         report_failure(self, event)

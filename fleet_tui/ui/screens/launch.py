@@ -6,6 +6,12 @@ and limits many times; a line at the top of the form names every remembered valu
 not the default, so nothing is carried over unseen. Copies always starts at 1: a count
 carried over silently started twice the workers the user meant (issue 9, finding 7), and
 the Launch button says how many it starts.
+
+Closing the form (escape, Close) keeps what was typed as a draft: the next `n` in the same
+repository opens the form as it was left, says so, and `ctrl+l` clears it. A draft is
+what lazygit does with a commit message abandoned half-way: nothing typed is lost to a
+stray escape, and no question stands between the user and closing the form. It lives as
+long as the panel (a prompt is not written to disk by the form).
 """
 
 from __future__ import annotations
@@ -76,6 +82,21 @@ class FormValues:
 
 
 @dataclass(frozen=True)
+class FormDraft:
+    """What a closed form held, as typed: the next form in the repository starts from it."""
+
+    prompt: str
+    title: str
+    copies: str
+    base_ref: str
+    model: str
+    permission_mode: str
+    effort: str
+    max_turns: str
+    timeout: str
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     spec: TaskSpec
     copies: int
@@ -113,17 +134,20 @@ def check_base_ref(repo: Path, ref: str) -> str | None:
 
 
 class LaunchScreen(ModalScreen[LaunchRequest | None]):
-    """New task: ctrl+s submits, escape cancels; every field says what is wrong with it."""
+    """New task: ctrl+s submits, escape closes (keeping a draft), ctrl+l clears; every field
+    says what is wrong with it."""
 
     CSS_PATH = DIALOG_CSS
 
     BINDINGS = [
         Binding("ctrl+s", "submit", "Launch", id="launch.submit", priority=True),
-        Binding("escape", "cancel", "Cancel", id="launch.cancel"),
+        Binding("ctrl+l", "clear", "Clear", id="launch.clear", priority=True),
+        Binding("escape", "cancel", "Close", id="launch.cancel"),
     ]
 
     def __init__(self, repo: Path, *, default_base: str = "", default_model: str = "",
-                 form_file: Path | None = None) -> None:
+                 form_file: Path | None = None, draft: FormDraft | None = None) -> None:
+        """``draft``: what the last form closed in this repository held (it opens so)."""
         super().__init__(classes="modal")
         self._repo = repo
         self._default_base = default_base
@@ -131,6 +155,10 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
         self._form_file = form_file
         self._values = FormValues.load(form_file)
         self._submitting = False
+        self._restored = draft
+        self._fresh: FormDraft | None = None  # the fields of a fresh form (on mount)
+        self.draft: FormDraft | None = None
+        """Once closed without launching: what it held, if anything was typed (else None)."""
 
     def compose(self) -> ComposeResult:
         v = self._values
@@ -139,8 +167,12 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
             yield Label(f"New task in {self._repo.name}", classes="dialog-title", markup=False)
             notice = Label("Kept from your last launch: " + ", ".join(carried) + ".",
                            id="carried", classes="dialog-hint", markup=False)
-            notice.display = bool(carried)
+            notice.display = bool(carried) and self._restored is None
             yield notice
+            draft = Label("Your draft, as you left it (ctrl+l clears the form).",
+                          id="draft-note", classes="dialog-hint", markup=False)
+            draft.display = self._restored is not None
+            yield draft
             with VerticalScroll(id="launch-fields"):
                 yield Label("Prompt", classes="field-label")
                 yield TextArea(id="prompt", soft_wrap=True, show_line_numbers=False,
@@ -184,11 +216,64 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
                         yield Label("", id="timeout-error", classes="field-error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button(keyed("Launch", "ctrl+s"), id="launch", variant="primary")
-                yield Button(keyed("Cancel", "esc"), id="cancel")
+                yield Button(keyed("Clear", "ctrl+l"), id="clear")
+                yield Button(keyed("Close", "esc"), id="cancel")
 
     def on_mount(self) -> None:
+        self._fresh = self._typed()
+        if self._restored is not None:
+            self._fill(self._restored)
         for prompt in self.query("#prompt").results(TextArea):
             prompt.focus()
+            prompt.move_cursor(prompt.document.end)
+
+    # --- the draft -----------------------------------------------------------------------
+    def _typed(self) -> FormDraft:
+        """Every field as it stands."""
+        def chosen(widget_id: str) -> str:
+            value = self.query_one(f"#{widget_id}", Select).value
+            return value if isinstance(value, str) else ""
+
+        return FormDraft(
+            prompt=self.query_one("#prompt", TextArea).text,
+            title=self.query_one("#title", Input).value,
+            copies=self.query_one("#copies", Input).value,
+            base_ref=self.query_one("#base-ref", Input).value,
+            model=self.query_one("#model", Input).value,
+            permission_mode=chosen("permission-mode"), effort=chosen("effort"),
+            max_turns=self.query_one("#max-turns", Input).value,
+            timeout=self.query_one("#timeout", Input).value)
+
+    def _fill(self, draft: FormDraft) -> None:
+        self.query_one("#prompt", TextArea).text = draft.prompt
+        for widget_id, value in (("title", draft.title), ("copies", draft.copies),
+                                 ("base-ref", draft.base_ref), ("model", draft.model),
+                                 ("max-turns", draft.max_turns), ("timeout", draft.timeout)):
+            self.query_one(f"#{widget_id}", Input).value = value
+        for widget_id, value, allowed in (
+                ("permission-mode", draft.permission_mode, PERMISSION_MODES),
+                ("effort", draft.effort, EFFORTS)):
+            select: Select[str] = self.query_one(f"#{widget_id}", Select)
+            if value in allowed:
+                select.value = value
+            else:
+                select.clear()
+
+    def action_clear(self) -> None:
+        """A fresh form: the prompt and title empty, one copy, the remembered options."""
+        v = self._values
+        if self._fresh is not None:
+            self._fill(self._fresh)
+        self._restored = None
+        self.query_one("#draft-note", Label).display = False
+        self.query_one("#carried", Label).display = bool(v.carried())
+        for field in ("prompt", "copies", "base-ref", "model", "max-turns", "timeout"):
+            self._error(field, "")
+        self.query_one("#prompt", TextArea).focus()
+
+    @on(Button.Pressed, "#clear")
+    def _clear_pressed(self) -> None:
+        self.action_clear()
 
     # --- live feedback -------------------------------------------------------------------
     @on(TextArea.Changed, "#prompt")
@@ -306,6 +391,9 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
         self.dismiss(LaunchRequest(spec, copies))
 
     def action_cancel(self) -> None:
+        """Close; what was typed stays as a draft (none when the form is as a fresh one)."""
+        typed = self._typed()
+        self.draft = None if typed == self._fresh else typed
         self.dismiss(None)
 
     @on(Button.Pressed, "#launch")
@@ -314,4 +402,4 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
 
     @on(Button.Pressed, "#cancel")
     def _cancel_pressed(self) -> None:
-        self.dismiss(None)
+        self.action_cancel()

@@ -40,7 +40,14 @@ from fleet_tui.states import (
     Action,
     TaskState,
 )
-from fleet_tui.ui.actions import ACTIONS, Context, PanelAction, find
+from fleet_tui.ui.actions import (
+    ACTIONS,
+    KEY_BAR_ORDER,
+    KEY_BAR_PINNED,
+    Context,
+    PanelAction,
+    find,
+)
 from fleet_tui.ui.external import run_external
 from fleet_tui.ui.formatting import (
     change_label,
@@ -70,7 +77,7 @@ if TYPE_CHECKING:
     from fleet_tui.store import Task
     from fleet_tui.ui.screens.help import HelpSection
     from fleet_tui.ui.screens.landing import CopyRow, QueueRow
-    from fleet_tui.ui.screens.launch import LaunchRequest
+    from fleet_tui.ui.screens.launch import FormDraft, LaunchRequest
     from fleet_tui.ui.screens.modals import MergeItem
 
 PaletteCommand = tuple[str, str, Callable[[], object]]
@@ -127,6 +134,7 @@ class MainScreen(Screen[None]):
         self.closing = False  # the app is quitting: keys typed on the way out do nothing
         self.tasks: dict[str, Task] = {}
         self.marked: set[str] = set()
+        self.launch_drafts: dict[Path, FormDraft] = {}  # a closed launch form's text, by repo
         self.filter_text = ""
         self.show_closed = False  # merged and discarded tasks are listed (H)
         self.sort_mode = "attention"  # one of SORTS (S cycles)
@@ -201,7 +209,7 @@ class MainScreen(Screen[None]):
             with ContentSwitcher(id="views", initial="tab-stream"):
                 yield self.stream
                 yield self.diff  # its DiffView: see mount_hidden
-        yield KeyBar(id="keys")
+        yield KeyBar(order=KEY_BAR_ORDER, pinned=KEY_BAR_PINNED, more="app.help", id="keys")
 
     async def mount_hidden(self) -> None:
         """Mount what the first frame does not show: the filter box (hidden until `/`), the
@@ -453,7 +461,8 @@ class MainScreen(Screen[None]):
         return Context(targets=self.targets(), cursor=self.cursor_task, selected=self.selected,
                        marked=len(self.marked), unmarked_shown=unmarked_shown,
                        diff_file=self.diff.selected_path,
-                       filtering=bool(self.filter_text) or (box is not None and box.display))
+                       filtering=bool(self.filter_text) or (box is not None and box.display),
+                       in_view=self.keys_pane not in ("list", "filter", ""))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """True: the key applies; None: it applies to the selection but cannot be done now
@@ -659,7 +668,10 @@ class MainScreen(Screen[None]):
         return self.query_one(ContentSwitcher).current or "tab-stream"
 
     def action_show_tab(self, tab: str) -> None:
+        """`1` / `2`: the view below changes, the keys stay on (or come back to) the task
+        list, so ↑ ↓ move the tasks and the task keys act on the row the list highlights."""
         self.query_one(TabBar).active = tab
+        self.table.focus()
         self._switch_to(tab)
 
     @on(TabBar.Changed)
@@ -667,8 +679,66 @@ class MainScreen(Screen[None]):
         self._switch_to(event.tab)
 
     def _switch_to(self, tab: str) -> None:
-        self.query_one(ContentSwitcher).current = tab
+        # A focused widget that is hidden hands the focus to the next one Textual finds
+        # (the diff's file list): ↑ ↓ then moved nothing the user could see. It goes back to
+        # the list instead.
+        focused = self.focused
+        switcher = self.query_one(ContentSwitcher)
+        if focused is not None and switcher.current and tab != switcher.current and any(
+                node.id == switcher.current for node in focused.ancestors_with_self):
+            self.table.focus()
+        switcher.current = tab
         self.diff.set_shown(tab == "tab-diff")
+
+    def action_focus_list(self) -> None:
+        self.table.focus()
+
+    # --- which pane has the keys -------------------------------------------------------------
+    PANE_NOTES: dict[str, str] = {
+        "list": "keys: task list",
+        "stream": "keys: stream (↑↓ lines, x expand) · esc: task list",
+        "diff-files": "keys: diff files (↑↓) · esc: task list",
+        "diff": "keys: diff (↑↓ scroll) · esc: task list",
+        "tabs": "keys: tabs (←→) · esc: task list",
+        "filter": "keys: filter · enter: task list",
+    }
+
+    @property
+    def keys_pane(self) -> str:
+        """Where the keys go now: "list", "filter", "tabs", "stream", "diff-files", "diff",
+        or "" (nothing of the main screen has the focus)."""
+        focused = self.focused
+        if focused is None:
+            return ""
+        if focused is self.table:
+            return "list"
+        if focused is self._filter:
+            return "filter"
+        for node in focused.ancestors_with_self:
+            if isinstance(node, TabBar):
+                return "tabs"
+            if node.id == "diff-files":
+                return "diff-files"
+            if node is self.diff:
+                return "diff"
+            if node is self.stream:
+                return "stream"
+        return ""
+
+    def on_descendant_focus(self) -> None:
+        self._show_keys_pane()
+
+    def on_descendant_blur(self) -> None:
+        self.call_after_refresh(self._show_keys_pane)
+
+    def _show_keys_pane(self) -> None:
+        """Say over the views which pane has the keys (the list's cursor dims when it has
+        them not, and the detail pane's top edge lights up when one of its views has)."""
+        pane = self.keys_pane
+        bars = self.query(TabBar)
+        if bars:
+            bars.first().note = self.PANE_NOTES.get(pane, "")
+        self._maybe_refresh_bindings()
 
     def action_help(self) -> None:
         from fleet_tui.ui.screens.help import HelpScreen
@@ -738,7 +808,12 @@ class MainScreen(Screen[None]):
             repo, base = chosen
         if self.closing:
             return
-        request = await self.app.push_screen_wait(LaunchScreen(repo, default_base=base))
+        form = LaunchScreen(repo, default_base=base, draft=self.launch_drafts.get(repo))
+        request = await self.app.push_screen_wait(form)
+        if form.draft is not None and request is None:
+            self.launch_drafts[repo] = form.draft  # closed with something typed: kept
+        else:
+            self.launch_drafts.pop(repo, None)
         if request is not None:
             self._submit(self._engine(), request)
 

@@ -26,7 +26,12 @@ class KeyBar(Widget):
     """The key bar: the keys that apply now and what they do (dimmed when check_action
     answers None: it applies to the selection but cannot be done now), the command palette
     key at the right. Redrawn when the screen's bindings change; a click presses the key,
-    or on a dimmed one asks the screen to say why not (``Refused``)."""
+    or on a dimmed one asks the screen to say why not (``Refused``).
+
+    The keys go in ``order`` (binding ids, the most important first; the others after, in
+    the screen's order). What does not fit the width is left out whole, never cut in a
+    word: the ``pinned`` keys always stay (help, quit), and the help key then says how many
+    it holds besides ("? Help +3")."""
 
     ALLOW_SELECT = False
     COMPONENT_CLASSES = {"keybar--key", "keybar--description"}
@@ -50,9 +55,17 @@ class KeyBar(Widget):
             super().__init__()
             self.binding = binding
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, *, order: tuple[str, ...] = (), pinned: tuple[str, ...] = (),
+                 more: str | None = None, id: str | None = None) -> None:
+        """``order``: binding ids, most important first; ``pinned``: ids always shown;
+        ``more``: the id of the key that shows the rest (the help), which counts them."""
         super().__init__(id=id)
+        self._order = {binding_id: n for n, binding_id in enumerate(order)}
+        self._pinned = frozenset(pinned)
+        self._more = more
+        self._entries: list[tuple[Binding, bool]] = []  # what applies, in bar order
         self._spans: list[tuple[int, int, Binding, bool]] = []  # (start, end, binding, on)
+        self._laid_out: tuple[int, int] | None = None  # (width, entries) of _text
         self._text = Text()
         self._palette: Binding | None = None
         self._palette_at = -1  # where the palette key starts (-1: not shown)
@@ -72,37 +85,71 @@ class KeyBar(Widget):
             self.refresh()
 
     def _rebuild(self) -> None:
+        """What applies now, in bar order (laid out for a width when painted)."""
         self._stale = False
-        key_style = self.get_component_rich_style("keybar--key")
-        desc_style = self.get_component_rich_style("keybar--description")
+        self._laid_out = None
         active = self.screen.active_bindings
         palette: Binding | None = None
         if self.app.ENABLE_COMMAND_PALETTE:
             found = active.get(self.app.COMMAND_PALETTE_BINDING)
             palette = found.binding if found is not None else None
-        text = Text(no_wrap=True, overflow="ellipsis", end="")
-        spans: list[tuple[int, int, Binding, bool]] = []
+        entries: list[tuple[Binding, bool]] = []
         seen: set[str] = set()
         for _node, binding, enabled, _tooltip in active.values():
             if not binding.show or binding.action in seen or binding is palette:
                 continue
             seen.add(binding.action)
-            start = len(text)
-            dim = Style() if enabled else Style(dim=True)  # check_action said None
-            text.append(f" {self.app.get_key_display(binding)} ", key_style + dim)
-            text.append(f"{binding.description} ", desc_style + dim)
-            spans.append((start, len(text), binding, enabled))
+            entries.append((binding, enabled))
+        last = len(self._order)
+        entries.sort(key=lambda e: self._order.get(e[0].id or "", last))  # stable
         self._palette = palette
-        self._text = text
+        self._entries = entries
+
+    def _entry_text(self, binding: Binding, enabled: bool, extra: str = "") -> Text:
+        dim = Style() if enabled else Style(dim=True)  # check_action said None
+        return Text.assemble(
+            (f" {self.app.get_key_display(binding)} ",
+             self.get_component_rich_style("keybar--key") + dim),
+            (f"{binding.description}{extra} ",
+             self.get_component_rich_style("keybar--description") + dim))
+
+    def _lay_out(self, room: int) -> None:
+        """The entries that fit in ``room`` cells, whole: the pinned ones first, then the
+        others by importance until one does not fit; shown in bar order."""
+        entries = self._entries
+        texts = [self._entry_text(b, on) for b, on in entries]
+        used = sum(t.cell_len for (b, _), t in zip(entries, texts, strict=True)
+                   if b.id in self._pinned)
+        keep = {n for n, (b, _) in enumerate(entries) if b.id in self._pinned}
+        more_at = next((n for n, (b, _) in enumerate(entries) if b.id == self._more), None)
+        for n, text in enumerate(texts):
+            if n in keep:
+                continue
+            left = len(entries) - len(keep) - 1  # the others, were this one kept
+            extra = len(f" +{left}") if more_at is not None and left else 0
+            if used + text.cell_len + extra > room:
+                break
+            keep.add(n)
+            used += text.cell_len
+        hidden = len(entries) - len(keep)
+        out = Text(no_wrap=True, overflow="ellipsis", end="")
+        spans: list[tuple[int, int, Binding, bool]] = []
+        for n, (binding, enabled) in enumerate(entries):
+            if n not in keep:
+                continue
+            start = len(out)
+            out.append_text(self._entry_text(binding, enabled, f" +{hidden}")
+                            if n == more_at and hidden else texts[n])
+            spans.append((start, len(out), binding, enabled))
+        self._text = out
         self._spans = spans
 
     def render(self) -> Text:
         if self._stale:
             self._rebuild()
         width = self.size.width
-        text = self._text.copy()
         palette = self._palette
-        self._palette_at = -1
+        tail = Text()
         if palette is not None:
             tail = Text.assemble(
                 ("▏", "dim"),
@@ -110,11 +157,16 @@ class KeyBar(Widget):
                  self.get_component_rich_style("keybar--key")),
                 (f"{palette.description} ", self.get_component_rich_style(
                     "keybar--description")))
-            room = width - tail.cell_len
-            if room > 0:
-                text.truncate(room, overflow="ellipsis", pad=True)
-                text.append_text(tail)
-                self._palette_at = room
+        room = max(0, width - tail.cell_len)
+        if self._laid_out != (room, len(self._entries)):
+            self._lay_out(room)
+            self._laid_out = (room, len(self._entries))
+        text = self._text.copy()
+        self._palette_at = -1
+        if palette is not None and room > 0:
+            text.truncate(room, overflow="ellipsis", pad=True)
+            text.append_text(tail)
+            self._palette_at = room
         return text
 
     def on_click(self, event: events.Click) -> None:
@@ -135,26 +187,31 @@ class KeyBar(Widget):
 
 class TabBar(Widget, can_focus=True):
     """Tab titles on one line; the active one is underlined and bold. Left/right (when
-    focused) and a click choose a tab; the screen shows it (``Changed``)."""
+    focused) and a click choose a tab; the screen shows it (``Changed``). A click leaves
+    the focus where it was (on the task list): choosing what to look at does not move the
+    keys. ``note``, at the right, says where the keys are (whole, or not at all)."""
 
     ALLOW_SELECT = False
+    FOCUS_ON_CLICK = False
     BINDINGS = [
         Binding("left", "move(-1)", "Previous tab", show=False),
         Binding("right", "move(1)", "Next tab", show=False),
     ]
-    COMPONENT_CLASSES = {"tabbar--active", "tabbar--inactive"}
+    COMPONENT_CLASSES = {"tabbar--active", "tabbar--inactive", "tabbar--note"}
     DEFAULT_CSS = """
     TabBar {
         height: 1;
         background: $surface;
         & > .tabbar--active { color: $foreground; text-style: bold underline; }
         & > .tabbar--inactive { color: $text-muted; }
+        & > .tabbar--note { color: $text-muted; }
         &:focus > .tabbar--active { color: $block-cursor-foreground;
                                     background: $block-cursor-background; }
     }
     """
 
     active: reactive[str] = reactive("", init=False)
+    note: reactive[str] = reactive("", init=False)
 
     class Changed(Message):
         """A tab was chosen on the bar."""
@@ -182,9 +239,16 @@ class TabBar(Widget, can_focus=True):
             text.append(f" {title} ", on if tab_id == self.active else off)
             spans.append((start, len(text), tab_id))
         self._spans = spans
+        room = self.size.width - text.cell_len - 1
+        if self.note and len(self.note) + 2 <= room:
+            text.append(" " * (room - len(self.note)))
+            text.append(self.note, self.get_component_rich_style("tabbar--note"))
         return text
 
     def watch_active(self) -> None:
+        self.refresh()
+
+    def watch_note(self) -> None:
         self.refresh()
 
     def _choose(self, tab: str) -> None:

@@ -25,7 +25,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
-from textual.widgets import Label
+from textual.widget import Widget
 from textual.worker import Worker, get_current_worker
 
 from fleet_tui.states import PENDING_STATES
@@ -67,6 +67,40 @@ def _finished(attempt: Attempt, log: AttemptLog) -> bool:
     return attempt.finished_at is not None or log.exited
 
 
+class CaptionLine(Widget):
+    """One line: what is shown (the head), then the view's keys, each whole while it fits;
+    the keys that do not fit are left to `?` (help), never cut in a word."""
+
+    DEFAULT_CSS = "CaptionLine { height: 1; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._head = Text()
+        self._hints: list[str] = []
+
+    def show(self, head: Text, hints: list[str]) -> None:
+        self._head, self._hints = head, hints
+        self.refresh()
+
+    def render(self) -> Text:
+        width = self.size.width
+        text = self._head.copy()
+        text.no_wrap, text.overflow = True, "ellipsis"
+        shown = [f"   {self._hints[0]}"] if self._hints else []
+        shown += [f"  {hint}" for hint in self._hints[1:]]
+        more = "  ?: more"
+        used = text.cell_len
+        for n, part in enumerate(shown):
+            rest = more if n < len(shown) - 1 else ""
+            if width and used + len(part) + len(rest) > width:
+                if used + len(more) <= width:
+                    text.append(more)
+                break
+            text.append(part)
+            used += len(part)
+        return text
+
+
 class StreamPane(Vertical):
     """The caption line and the stream view of the selected task."""
 
@@ -93,7 +127,7 @@ class StreamPane(Vertical):
         self._generation = 0
         self._older = 0  # bytes of the attempt's events before what the view holds
         self._older_loading = False
-        self._label = Label("", id="stream-caption", markup=False)
+        self._label = CaptionLine(id="stream-caption")
         self._view = StreamView(id="stream")
         self._search = SearchBar(self._view, id="stream-search")
 
@@ -392,7 +426,7 @@ class StreamPane(Vertical):
     def _caption(self) -> None:
         attempt = self.attempt
         task = self.selected
-        text = Text(no_wrap=True, overflow="ellipsis")
+        text = Text()
         if task is None:
             text.append("No task selected.")
         elif attempt is None:
@@ -406,8 +440,7 @@ class StreamPane(Vertical):
         text.append("following" if self.follow else "paused (end: follow)")
         text.append(" · JSON lines" if self.raw else (
             " · tool calls only" if self.tools_only else " · everything"))
-        text.append(f"   {self.hints}")
-        self._label.update(text)
+        self._label.show(text, [h for h in self.hints.split("  ") if h.strip()])
 
     @property
     def caption(self) -> str:
