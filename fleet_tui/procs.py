@@ -127,6 +127,8 @@ def same_start(a: str, b: str) -> bool:
     ticks since boot, from /proc and older versions; seconds since the epoch, portable)."""
     if a == b:
         return True
+    if a.isdigit() and b.isdigit():
+        return False  # two tick counts from /proc: exact, to the tick
     x, y = _epoch(a), _epoch(b)
     return x is not None and y is not None and abs(x - y) <= START_SLACK
 
