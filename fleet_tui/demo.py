@@ -381,14 +381,12 @@ class DemoEndpoint:
 
 def _is_endpoint_process(pid: int, folder: Path) -> bool:
     """``pid`` is alive and is the endpoint serving from ``folder`` (not a reused pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if stat.rpartition(")")[2].split()[0] == "Z":
-        return False  # exited, not yet reaped by its parent
-    return b"fleet_tui.endpoint" in cmdline and str(folder / "url").encode() in cmdline
+    from fleet_tui import procs
+
+    if not procs.is_alive(pid):
+        return False  # gone, or exited and not yet reaped by its parent
+    argv = procs.cmdline(pid)
+    return "fleet_tui.endpoint" in argv and str(folder / "url") in argv
 
 
 def _scripts_key(scripts: Mapping[str, Any], event_delay: float) -> str:

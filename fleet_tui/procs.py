@@ -1,25 +1,50 @@
-"""Process helpers on Linux /proc: identity, descendants, group kill, prctl.
+"""Process helpers: identity, descendants, group kill, environments, prctl.
 
-Why here and not psutil: the package keeps its dependencies small, and the engine needs only
+The one module that knows how processes are read on this system; nothing else in the
+package reads /proc or calls prctl (tests/test_procs.py scans the source). The engine needs
 a handful of facts: is this pid still the process we started (pid + start time, so a reused
 pid is never mistaken for ours), which processes descend from it (claude's Bash tool may put
-a `sleep` in its own process group), and how to signal all of them.
+a `sleep` in its own process group), which carry an attempt's token, and how to signal them.
+
+Two ways to read them, one behaviour:
+- Linux: /proc directly (cheap: the follower's liveness poll reads one small file), plus the
+  Linux extras PR_SET_CHILD_SUBREAPER and PR_SET_PDEATHSIG.
+- portable (macOS, or Linux with FLEET_TUI_PORTABLE_PROCS=1, which is how the suite runs
+  this path on Linux): psutil, without the extras. What they do is then done otherwise:
+  processes that leave claude's tree or outlive their runner are found by the attempt's
+  token in their environment (the runner's and the engine's sweeps).
+
+Start times: on Linux, /proc's clock ticks since boot ("123456", what older versions stored
+as `pid_start`); on the portable path, seconds since the epoch ("1764625031.42").
+`same_start` compares the two forms, so a runner recorded by either is still recognised.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterable
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy knows it)
 if TYPE_CHECKING:
     import ctypes
+    from types import ModuleType
 
 # Every runner (one per task attempt) imports this module, so it stays cheap to import:
 # no ctypes until prctl is needed, no dataclasses, no pathlib.
 PROC = "/proc"
+
+PORTABLE_ENV = "FLEET_TUI_PORTABLE_PROCS"
+"""Set to 1 to read processes through psutil on Linux too, without the Linux extras."""
+PORTABLE = sys.platform != "linux" or os.environ.get(PORTABLE_ENV, "") not in ("", "0")
+"""True: processes are read through psutil and the Linux extras are off (see above)."""
+
+START_SLACK = 1.0
+"""Seconds two start times may differ and still name one process: an epoch start time is
+derived from the boot time, which the kernel reports to the second and may move by one. A
+pid reused within one second of the first process's start is not a real case."""
 
 # prctl(2) options (linux/prctl.h)
 PR_SET_PDEATHSIG = 1
@@ -57,6 +82,8 @@ class ProcStat:
 
 def read_stat(pid: int) -> ProcStat | None:
     """Parse /proc/PID/stat; None when the process does not exist (or vanished meanwhile)."""
+    if PORTABLE:
+        return _ps_stat(pid)
     try:
         with open(f"{PROC}/{pid}/stat", encoding="utf-8", errors="replace") as fh:
             raw = fh.read()
@@ -92,11 +119,60 @@ def is_alive(pid: int | None, start: str | None = None) -> bool:
     st = read_stat(pid)
     if st is None or st.state in ("Z", "X", "x"):
         return False
-    return start is None or st.start == start
+    return start is None or st.start == start or same_start(start, st.start)
+
+
+def same_start(a: str, b: str) -> bool:
+    """Whether two recorded start times name one process start, in either form (clock
+    ticks since boot, from /proc and older versions; seconds since the epoch, portable)."""
+    if a == b:
+        return True
+    if a.isdigit() and b.isdigit():
+        return False  # two tick counts from /proc: exact, to the tick
+    x, y = _epoch(a), _epoch(b)
+    return x is not None and y is not None and abs(x - y) <= START_SLACK
+
+
+def _epoch(start: str) -> float | None:
+    """A start time as seconds since the epoch; None when it is neither form."""
+    text = str(start).strip()
+    try:
+        if text.isdigit():  # clock ticks since boot
+            boot = _boot_time()
+            return None if boot is None else boot + int(text) / _clock_ticks()
+        return float(text)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _clock_ticks() -> int:
+    try:
+        return int(os.sysconf("SC_CLK_TCK")) or 100
+    except (ValueError, OSError, AttributeError):
+        return 100
+
+
+def _boot_time() -> float | None:
+    """When the system booted (seconds since the epoch)."""
+    if PORTABLE:
+        try:
+            return float(_psutil().boot_time())
+        except Exception:  # psutil raises its own kinds too
+            return None
+    try:
+        with open(f"{PROC}/stat", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"btime"):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def all_stats() -> list[ProcStat]:
     """Every process currently visible in /proc."""
+    if PORTABLE:
+        return _ps_all_stats()
     out: list[ProcStat] = []
     try:
         entries = os.listdir(PROC)
@@ -139,6 +215,11 @@ def group_members(pgid: int) -> list[int]:
 
 def cmdline(pid: int) -> list[str]:
     """argv of pid ([] when gone or a kernel thread)."""
+    if PORTABLE:
+        try:
+            return [str(a) for a in _psutil().Process(pid).cmdline()]
+        except Exception:  # gone, not ours, or a kernel process
+            return []
     try:
         with open(f"{PROC}/{pid}/cmdline", "rb") as fh:
             raw = fh.read()
@@ -204,6 +285,17 @@ def with_env(name: str, value: str, *, stats: Iterable[ProcStat] | None = None) 
     needle = f"\0{name}={value}\0".encode()
     own = os.getpid()
     found: list[int] = []
+    if PORTABLE:
+        ps = _psutil()
+        for st in all_stats() if stats is None else stats:
+            if st.pid == own or st.state in ("Z", "X", "x"):
+                continue
+            try:
+                if ps.Process(st.pid).environ().get(name) == value:
+                    found.append(st.pid)
+            except Exception:  # gone, or another user's
+                continue
+        return found
     for st in all_stats() if stats is None else stats:
         if st.pid == own or st.state in ("Z", "X", "x"):
             continue
@@ -277,10 +369,13 @@ def _libc() -> ctypes.CDLL | None:
 
 def preload_libc() -> None:
     """Load libc now, so a preexec function after fork does not have to (no dlopen there)."""
-    _libc()
+    if not PORTABLE:
+        _libc()
 
 
 def _prctl(option: int, arg: int) -> bool:
+    if PORTABLE:  # a Linux extra: what it does is done otherwise (see the module's doc)
+        return False
     libc = _libc()
     if libc is None:
         return False
@@ -309,3 +404,63 @@ def signal_name(sig: int | None) -> str | None:
         return signal.Signals(sig).name
     except ValueError:
         return str(sig)
+
+
+# --- the portable path: psutil ------------------------------------------------------------
+
+_PS_STATE = {"running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "T",
+             "tracing-stop": "t", "zombie": "Z", "dead": "X", "idle": "I", "waking": "S",
+             "parked": "S", "locked": "S", "waiting": "S"}
+
+
+def _psutil() -> ModuleType:
+    import psutil
+
+    return psutil
+
+
+def _start_text(created: float) -> str:
+    return f"{created:.2f}"
+
+
+def _pgid_sid(pid: int) -> tuple[int, int]:
+    try:
+        pgid = os.getpgid(pid)
+    except OSError:
+        pgid = -1
+    try:
+        sid = os.getsid(pid)
+    except OSError:
+        sid = -1
+    return pgid, sid
+
+
+def _ps_stat(pid: int) -> ProcStat | None:
+    if pid <= 0:
+        return None
+    ps = _psutil()
+    try:
+        proc = ps.Process(pid)
+        with proc.oneshot():
+            state = _PS_STATE.get(proc.status(), "S")
+            ppid = proc.ppid()
+            created = proc.create_time()
+    except Exception:  # gone (NoSuchProcess), not ours (AccessDenied), a zombie's fields
+        return None
+    pgid, sid = _pgid_sid(pid)
+    return ProcStat(pid=pid, state=state, ppid=ppid, pgid=pgid, sid=sid,
+                    start=_start_text(created))
+
+
+def _ps_all_stats() -> list[ProcStat]:
+    ps = _psutil()
+    out: list[ProcStat] = []
+    for proc in ps.process_iter(["ppid", "status", "create_time"]):
+        info = proc.info
+        if info.get("ppid") is None or info.get("create_time") is None:
+            continue  # vanished or unreadable meanwhile
+        pgid, sid = _pgid_sid(proc.pid)
+        out.append(ProcStat(pid=proc.pid, state=_PS_STATE.get(str(info.get("status")), "S"),
+                            ppid=int(info["ppid"]), pgid=pgid, sid=sid,
+                            start=_start_text(float(info["create_time"]))))
+    return out

@@ -22,14 +22,16 @@ runner lives here"; a runner that finds the lock held by another refuses to star
 runner writes `runner.json` (its pid and /proc start time) before anything else, so an
 engine that died mid-start is replaced by one that adopts the runner from its record.
 
-Process hygiene: claude gets its own process group and dies with the runner
-(PR_SET_PDEATHSIG); the runner is a child subreaper, so processes that claude's Bash tool
-orphans (e.g. a `sleep` in its own group) are reparented here and killed too; every process
-claude starts inherits FLEET_ATTEMPT_TOKEN, by which the engine finds what is left when the
-runner itself was killed. SIGTERM, SIGINT and SIGHUP are passed to claude's group and every
-descendant, and SIGKILL follows after the kill grace. The runner enforces the wall-clock
-timeout itself (records `kill.json` with reason timeout, then stops claude's tree): a run
-ends on time with no engine watching.
+Process hygiene: claude gets its own process group and, on Linux, dies with the runner
+(the parent-death signal); there the runner is also a child subreaper, so processes that
+claude's Bash tool orphans (e.g. a `sleep` in its own group) are reparented here and killed
+too. Every process claude starts inherits FLEET_ATTEMPT_TOKEN: the runner's own sweep by it
+catches what left claude's tree (everywhere, and the only way off Linux), and the engine's
+finds what is left when the runner itself was killed (claude included, off Linux).
+SIGTERM, SIGINT and SIGHUP are passed to claude's group and every descendant, and SIGKILL
+follows after the kill grace. The runner enforces the wall-clock timeout itself (records
+`kill.json` with reason timeout, then stops claude's tree): a run ends on time with no
+engine watching.
 
 Files: the runner's own are private (umask 077); claude keeps the user's umask, since it
 writes the user's worktree. A full disk does not lose the ending: a small reserve file is

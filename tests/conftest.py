@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -19,6 +20,7 @@ from claude_marks import pytest_collection_modifyitems, pytest_runtest_setup
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
+_PORTABLE_RUN = os.environ.get("FLEET_TUI_PORTABLE_PROCS", "") not in ("", "0")
 _SCRUB_PREFIXES = ("ANTHROPIC_", "FLEET_WORKER_", "FLEET_TUI_", "CLAUDE_")
 _SCRUB_NAMES = ("ZHIPU_API_KEY", "GLM_API_KEY", "IS_SANDBOX", "HTTPS_PROXY", "HTTP_PROXY",
                 "https_proxy", "http_proxy", "ALL_PROXY", "all_proxy")
@@ -72,6 +74,8 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory,
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("FLEET_TUI_HOME", str(base / "fleet-home"))
+    if _PORTABLE_RUN:  # `FLEET_TUI_PORTABLE_PROCS=1 pytest`: the children read processes so too
+        monkeypatch.setenv("FLEET_TUI_PORTABLE_PROCS", "1")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
@@ -91,6 +95,22 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.setenv("GIT_COMMITTER_EMAIL", "fleet@example.invalid")
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     yield home
+
+
+@pytest.fixture(params=["linux", "portable"] if sys.platform == "linux" else ["portable"])
+def procs_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test over both ways fleet_tui.procs reads processes: Linux's /proc with its
+    extras (subreaper, parent-death signal), and the portable path on psutil without them
+    (macOS's), in this process and in every engine and runner it starts."""
+    from fleet_tui import procs
+
+    portable = request.param == "portable"
+    monkeypatch.setattr(procs, "PORTABLE", portable)
+    if portable:
+        monkeypatch.setenv("FLEET_TUI_PORTABLE_PROCS", "1")
+    else:
+        monkeypatch.delenv("FLEET_TUI_PORTABLE_PROCS", raising=False)
+    return str(request.param)
 
 
 @pytest.fixture

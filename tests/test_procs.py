@@ -14,7 +14,18 @@ import pytest
 
 from fleet_tui import procs
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+# Every test runs over both paths: Linux's /proc with its extras, and the portable one.
+pytestmark = pytest.mark.usefixtures("procs_mode")
+
+
+def _other_start(start: str) -> str:
+    """A start time 10 s away from `start`, in its form: a reused pid looks like this."""
+    return str(int(start) + 1000) if start.isdigit() else f"{float(start) + 10:.2f}"
+
+
+def _linux_extras(procs_mode: str) -> None:
+    if procs_mode != "linux":
+        pytest.skip("a Linux extra: off on the portable path (see test_the_portable_path_...)")
 
 
 def _wait_for(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
@@ -36,6 +47,75 @@ def test_own_stat_matches_os() -> None:
     assert procs.is_alive(os.getpid(), st.start)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="start times of older versions: Linux's")
+def test_a_start_time_recorded_in_either_form_names_the_same_process() -> None:
+    """Older versions (and the Linux path) record /proc's clock ticks since boot; the
+    portable path records seconds since the epoch. A runner recorded in one form is adopted
+    by an engine reading the other, and a reused pid is still told apart in both."""
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        procs.PORTABLE = False
+        ticks = procs.start_time(proc.pid)
+        procs.PORTABLE = True
+        epoch = procs.start_time(proc.pid)
+        assert ticks is not None and ticks.isdigit()
+        assert epoch is not None and "." in epoch
+        for mode in (False, True):
+            procs.PORTABLE = mode
+            assert procs.is_alive(proc.pid, ticks), mode  # an older runner's record
+            assert procs.is_alive(proc.pid, epoch), mode
+            assert not procs.is_alive(proc.pid, _other_start(ticks)), mode
+            assert not procs.is_alive(proc.pid, _other_start(epoch)), mode
+            assert not procs.is_alive(proc.pid, "garbage"), mode
+        assert not procs.same_start(ticks, str(int(ticks) + 1))  # ticks to the tick
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_portable_path_has_no_linux_extras(procs_mode: str) -> None:
+    """Off Linux there is no subreaper and no parent-death signal: the calls say so (False)
+    and do nothing, and the runner's and the engine's sweeps by token take their place."""
+    if procs_mode != "portable":
+        pytest.skip("the Linux path has them")
+    assert procs.set_child_subreaper() is False
+    assert procs.set_parent_death_signal(signal.SIGKILL) is False
+    procs.preload_libc()
+    assert procs._LIBC == []  # not even libc was loaded for them
+
+
+SOURCE = Path(procs.__file__).resolve().parent
+
+
+def test_nothing_outside_procs_reads_proc_or_calls_prctl() -> None:
+    """The one portable layer: no other module of the package opens /proc or calls prctl
+    (a mention in prose is fine; code that builds a /proc path or calls prctl is not)."""
+    import re
+
+    code = re.compile(r"""["'f]/proc/|\bprctl\s*\(|PR_SET_|ctypes""")
+    offenders = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        if path.name == "procs.py" and path.parent == SOURCE:
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            stripped = line.strip()
+            if stripped.startswith("#"):
+                continue
+            if code.search(line):
+                offenders.append(f"{path.relative_to(SOURCE)}:{n}: {stripped}")
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_the_source_scan_can_fail(tmp_path: Path) -> None:
+    """The scan above sees what it is meant to see."""
+    import re
+
+    code = re.compile(r"""["'f]/proc/|\bprctl\s*\(|PR_SET_|ctypes""")
+    assert code.search('Path(f"/proc/{pid}/cmdline")')
+    assert code.search("libc.prctl(1, 2)")
+    assert not code.search("reads /proc for the start time")
+
+
 def test_comm_with_spaces_and_parens(tmp_path: Path) -> None:
     odd = tmp_path / "we ird) (x"
     shutil.copy("/bin/sleep", odd)
@@ -55,7 +135,7 @@ def test_is_alive_checks_start_time_and_zombies() -> None:
     start = procs.start_time(proc.pid)
     assert start is not None
     assert procs.is_alive(proc.pid, start)
-    assert not procs.is_alive(proc.pid, str(int(start) + 1))  # a reused pid looks like this
+    assert not procs.is_alive(proc.pid, _other_start(start))  # a reused pid looks like this
     proc.kill()
     assert _wait_for(lambda: not procs.is_alive(proc.pid))  # a zombie counts as gone
     proc.wait()
@@ -127,7 +207,8 @@ procs.reap_children()
 """
 
 
-def test_child_subreaper_adopts_orphans() -> None:
+def test_child_subreaper_adopts_orphans(procs_mode: str) -> None:
+    _linux_extras(procs_mode)
     root = str(Path(procs.__file__).resolve().parent.parent)
     out = subprocess.run([sys.executable, "-c", _SUBREAPER, root], capture_output=True,
                          text=True, timeout=20)
@@ -147,7 +228,8 @@ signal.pause()
 """
 
 
-def test_parent_death_signal_kills_the_child() -> None:
+def test_parent_death_signal_kills_the_child(procs_mode: str) -> None:
+    _linux_extras(procs_mode)
     root = str(Path(procs.__file__).resolve().parent.parent)
     parent = subprocess.Popen([sys.executable, "-c", _DEATHSIG, root], stdout=subprocess.PIPE,
                               text=True)

@@ -142,7 +142,8 @@ def no_runner_left(tmp_path: Path) -> Iterator[None]:
                                     "after-runner-spawn"])
 def test_an_engine_killed_while_starting_a_task_never_runs_it_twice(
         die_at: str, git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_runner_left: None) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_runner_left: None,
+        procs_mode: str) -> None:
     fleet = make_fleet(endpoint, claude_bin)
     (task,) = fleet.submit(TaskSpec(prompt="work once", repo=git_repo))
     child = engine_process(tmp_path, endpoint, claude_bin, die_at=die_at)
@@ -155,9 +156,20 @@ def test_an_engine_killed_while_starting_a_task_never_runs_it_twice(
     assert_ran_once(fleet, endpoint, task.id)
 
 
+@pytest.mark.parametrize(("first_mode", "second_mode"), [
+    ("linux", "linux"), ("portable", "portable"),
+    # an engine recording /proc start times (as older versions did) beside one on the
+    # portable path: the second must still see the first alive, by its owner's start time
+    ("linux", "portable")] if sys.platform == "linux" else [("portable", "portable")])
 def test_a_second_engine_beside_a_slow_start_never_runs_a_task_twice(
+        first_mode: str, second_mode: str,
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch, no_runner_left: None) -> None:
+    monkeypatch.setattr(procs, "PORTABLE", second_mode == "portable")
+    if first_mode == "portable":
+        monkeypatch.setenv(procs.PORTABLE_ENV, "1")
+    else:
+        monkeypatch.delenv(procs.PORTABLE_ENV, raising=False)
     # a slow checkout: git runs this hook for every `git worktree add`
     hook = git_repo / ".git" / "hooks" / "post-checkout"
     hook.write_text("#!/bin/sh\nsleep 1\n")

@@ -23,11 +23,12 @@ from fleet_tui.attemptlog import (
     RUNNER_FILE,
     SPEC_FILE,
     STDERR_FILE,
+    AttemptLog,
     read_json,
     write_json_atomic,
 )
 from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.runner import RunSpec, claude_args
+from fleet_tui.runner import TOKEN_ENV, RunSpec, claude_args
 
 KEY = "sk-runner-test-SECRET-7f3a9c"
 ROOT = str(Path(__file__).resolve().parent.parent)
@@ -136,7 +137,7 @@ def test_successful_run_writes_events_stderr_and_exit_record(
 
 
 def test_sigterm_reaches_claude_and_its_bash_children(
-        tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
+        tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint, procs_mode: str) -> None:
     proc, adir = _start(tmp_path, claude_bin, endpoint.url, "[script:sleepy] wait")
     try:
         assert _wait(lambda: len(_sleepers(tmp_path, "sleep 316", "sleep 317")) == 2), \
@@ -162,7 +163,10 @@ def test_sigterm_reaches_claude_and_its_bash_children(
 
 
 def test_claude_dies_with_a_killed_runner(
-        tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
+        tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint, procs_mode: str) -> None:
+    """On Linux the parent-death signal takes claude with its runner. Off Linux claude lives
+    on, carrying the attempt's token, and the sweep by it (the engine's stop_leftovers) is
+    what stops it; tests/test_engine_faults.py runs that sweep through the engine."""
     proc, adir = _start(tmp_path, claude_bin, endpoint.url, "[script:sleepy] wait")
     try:
         assert _wait(lambda: len(_sleepers(tmp_path, "sleep 316")) == 1)
@@ -170,7 +174,14 @@ def test_claude_dies_with_a_killed_runner(
         assert runner is not None
         proc.kill()  # SIGKILL: no chance to forward anything
         proc.wait(timeout=10)
-        assert procs.wait_gone([runner["claude_pid"]], 10)  # PR_SET_PDEATHSIG
+        if procs_mode == "portable":
+            token = AttemptLog(adir).spec_token()
+            assert token
+            assert procs.is_alive(runner["claude_pid"])  # nothing took it with the runner
+            found = procs.with_env(TOKEN_ENV, token)
+            assert runner["claude_pid"] in found
+            procs.stop(found, 2.0)
+        assert procs.wait_gone([runner["claude_pid"]], 10)  # PR_SET_PDEATHSIG, or the sweep
         assert not (adir / EXIT_FILE).exists()
     finally:
         for pid in _sleepers(tmp_path, "sleep 316", "sleep 317"):
@@ -215,7 +226,7 @@ def test_usage_errors(tmp_path: Path) -> None:
 
 
 def test_a_second_runner_on_the_same_attempt_refuses(
-        tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
+        tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint, procs_mode: str) -> None:
     """The attempt's lock is held for the runner's whole life: a second runner started on
     the same folder (an engine that thought the first one dead) does nothing at all."""
     first, adir = _start(tmp_path, claude_bin, endpoint.url, "[script:sleepy] wait")
@@ -260,7 +271,7 @@ def test_claude_gets_the_prompt_on_stdin_the_token_and_the_users_umask(
     assert list(adir.glob(".*.tmp")) == [] and not (adir / ".exit.reserve").exists()
 
 
-def test_token_reaches_the_bash_tool(tmp_path: Path, claude_bin: str) -> None:
+def test_token_reaches_the_bash_tool(tmp_path: Path, claude_bin: str, procs_mode: str) -> None:
     script = [[{"type": "tool_use", "name": "Bash",
                 "input": {"command": "echo \"$FLEET_ATTEMPT_TOKEN\" > token.txt",
                           "description": "token"}}], "done"]
