@@ -135,7 +135,7 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
 
     figures = [
         Figure("parser.ratio", "stream.py ÷ json.loads (lines/s)", "×", ratio, budget=1.0,
-               better="higher",
+               better="higher", per="pair", baseline="parser.json",
                note="the typed parse may not cost more than the stdlib's decoding alone"),
         Figure("parser.stream", "stream.py StreamDecoder", "lines/s", stream_rate,
                better="higher", note=f"{events / n:.2f} typed events per line"),
