@@ -107,3 +107,43 @@ class WidgetApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield self.widget
+
+
+async def bare_log(lines: list[str], steps: int, size: tuple[int, int] = (160, 50)
+                   ) -> tuple[float, list[float]]:
+    """A bare render of the same rows, the baseline of a view's paint and scrolling: a bare
+    app with Textual's own `Log` widget. (seconds from `write_lines` of every line to the
+    first frame that holds them all, [seconds from each `pagedown` to the frame that shows
+    the new position])."""
+    from textual.widgets import Log
+
+    log = Log(auto_scroll=False)
+    app = WidgetApp(log)
+    steps_s: list[float] = []
+    async with app.run_test(size=size) as pilot:
+        probe = FrameProbe(app, lambda: (log.line_count, log.scroll_y)).install()
+        await pilot.pause()
+        t0 = time.perf_counter()
+        log.write_lines(lines)
+        frame = await probe.wait_frame(t0, lambda seen: seen[0] >= len(lines))
+        paint = frame.at - t0
+        log.focus()
+        await pilot.pause()
+        for _ in range(steps):
+            before = log.scroll_y
+            if log.is_vertical_scroll_end:
+                log.scroll_to(y=0, animate=False, immediate=True)
+                await pilot.pause()
+                before = log.scroll_y
+            t1 = send_key(app, "pagedown")
+            frame = await probe.wait_frame(t1, lambda seen, b=before: seen[1] != b)
+            steps_s.append(frame.at - t1)
+    return paint, steps_s
+
+
+def bare_log_in_thread(lines: list[str], steps: int) -> tuple[float, list[float]]:
+    """`bare_log` on an event loop of its own (call it with asyncio.to_thread from inside
+    another app, which then waits idle)."""
+    import contextvars
+
+    return contextvars.Context().run(asyncio.run, bare_log(lines, steps))

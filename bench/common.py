@@ -64,6 +64,11 @@ class Figure:
     per: str = "run"  # what one sample is: "run", "press", "step", "pair"
     note: str = ""
     stat: str = "median"  # "median" | "p99": what the budget is compared with
+    # A budget is a ratio (unit "×") to a baseline the same run measured on the same
+    # machine: `baseline` is the key of that baseline's figure in the same result. A figure
+    # that has no honest baseline has no budget; `no_baseline` says why (shown in its row).
+    baseline: str = ""
+    no_baseline: str = ""
 
     @property
     def measured(self) -> bool:
@@ -140,7 +145,8 @@ class Figure:
                 "q1": num(self.q1), "q3": num(self.q3), "n": len(self.samples),
                 "per": self.per, "budget": self.budget, "better": self.better,
                 "passed": self.passed, "measured": self.measured,
-                "samples": self.samples, "note": self.note}
+                "samples": self.samples, "note": self.note, "baseline": self.baseline or None,
+                "no_baseline": self.no_baseline or None}
 
 
 @dataclass
@@ -162,6 +168,19 @@ class BenchResult:
         budgets = [f for f in self.figures if f.budget is not None]
         if not budgets:
             raise ValueError(f"benchmark {self.name} has no figure with a budget")
+        keys = {f.key: f for f in self.figures}
+        for fig in budgets:  # the rule of bench/README.md: budgets that travel
+            if fig.unit != "×" or fig.baseline not in keys or fig.baseline == fig.key:
+                raise ValueError(
+                    f"figure {fig.key!r}: a budget must be a ratio (unit ×) to a baseline "
+                    "figure of the same result, measured in the same run (set `baseline`)")
+            if keys[fig.baseline].budget is not None:
+                raise ValueError(f"figure {fig.key!r}: its baseline {fig.baseline!r} is "
+                                 "a figure with a budget")
+
+    def baseline_of(self, fig: Figure) -> Figure | None:
+        return next((f for f in self.figures if fig.baseline and f.key == fig.baseline),
+                    None)
 
 
 def ms(seconds: float) -> float:
@@ -564,8 +583,17 @@ def _plural(word: str) -> str:
     return word + ("es" if word.endswith("s") else "s")
 
 
+def _baseline_text(res: BenchResult, fig: Figure) -> str:
+    base = res.baseline_of(fig)
+    if base is None:
+        return "—"
+    return f"{base.title}: {_fmt(base.median, base.unit)} {base.unit}"
+
+
 def _verdict(fig: Figure, busy: str | None = None, judged_busy: bool = False) -> str:
     if fig.passed is None:
+        if fig.no_baseline:
+            return f"(context; no budget: {fig.no_baseline})"
         return "(context)"
     if not fig.measured:
         return "**FAIL** (no measurement)"
@@ -574,6 +602,17 @@ def _verdict(fig: Figure, busy: str | None = None, judged_busy: bool = False) ->
     text = "**pass**" if fig.passed else "**FAIL**"
     return text + (" (judged on a busy machine)" if judged_busy else "")
 
+
+RULE = ("**The rule: budgets that travel.** Every budget is a ratio (×) to a baseline that "
+        "the same run measures on the same machine — the bare thing doing the same work "
+        "(bare `json.loads`, a bare Textual app, bare git, a bare Python start), measured "
+        "in pairs, interleaved with the subject, so load and the machine's speed hit both "
+        "alike; the baseline's figure is shown beside each budget. A figure with no honest "
+        "baseline gets no budget: it is context, and its row says why. Each budget is set "
+        "from runs on a quiet machine, with headroom, and must give the same verdict on a "
+        "machine twice as slow. The load is recorded before and after each benchmark; a "
+        "benchmark measured while the machine was too busy is not judged. New benchmarks "
+        "(the gateway, remote hosts, ...) follow the same rule; see bench/README.md.")
 
 _RESULT_WORDS = {EXIT_MET: "every budget met", EXIT_MISSED: "FAILED (a budget missed)",
                  EXIT_CRASHED: "FAILED (a benchmark crashed)",
@@ -593,7 +632,7 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
               "", "## Machine", ""]
     for key, value in machine.items():
         lines.append(f"- {key}: {value}")
-    lines += ["", "## Summary", "",
+    lines += ["", RULE, "", "## Summary", "",
               "| benchmark | figure | median | p99 | spread (min–max) | IQR | n | budget "
               "| result |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -607,9 +646,10 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
                 f"| {_fmt(fig.p99, u) if fig.per != 'run' else '—'} "
                 f"| {_fmt(fig.minimum, u)}–{_fmt(fig.maximum, u)} "
                 f"| {_fmt(fig.q1, u)}–{_fmt(fig.q3, u)} | {len(fig.samples)} {_plural(fig.per)} "
-                f"| {_budget_text(fig)} | {_verdict(fig, busy, judged_busy)} |")
+                f"| {_budget_text(fig)} | {_baseline_text(res, fig)} "
+                f"| {_verdict(fig, busy, judged_busy)} |")
     for crash in crashed:
-        lines.append(f"| {crash.title} | — | — | — | — | — | — | — "
+        lines.append(f"| {crash.title} | — | — | — | — | — | — | — | — "
                      f"| **CRASHED** ({crash.error}) |")
     lines.append("")
     lines += verdict.summary
@@ -624,6 +664,10 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
         lines.append("")
         for fig in res.figures:
             note = f" — {fig.note}" if fig.note else ""
+            base = res.baseline_of(fig)
+            if base is not None:
+                note += f" (baseline: {base.title}, median {_fmt(base.median, base.unit)} "\
+                        f"{base.unit})"
             if not fig.measured:
                 lines.append(f"- **{fig.title}**: no measurement (0 {_plural(fig.per)}); "
                              f"budget {_budget_text(fig)} → {_verdict(fig)}{note}")
