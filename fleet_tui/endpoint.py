@@ -45,6 +45,7 @@ import json
 import math
 import os
 import re
+import selectors
 import shlex
 import signal
 import socket
@@ -1030,6 +1031,18 @@ class _Server(http.server.ThreadingHTTPServer):
 # ------------------------------------------------------------------------- endpoint
 
 
+PACE_ENV = "FLEET_ENDPOINT_PACE"
+
+
+def _pace(raw: str | None) -> float:
+    """FLEET_ENDPOINT_PACE as a factor >= 0 (unset or unreadable: 1, the scripts' pace)."""
+    try:
+        value = float(raw) if raw else 1.0
+    except ValueError:
+        return 1.0
+    return value if math.isfinite(value) and value >= 0 else 1.0
+
+
 class ScriptedEndpoint:
     """The scripted endpoint; use as a (sync or async) context manager.
 
@@ -1043,6 +1056,10 @@ class ScriptedEndpoint:
         self.scripts: dict[str, Script] = (
             {} if scripts is None else _coerce_scripts(scripts))
         self.event_delay = float(event_delay)
+        # FLEET_ENDPOINT_PACE scales every per-event delay (the demo's pacing); tests of the
+        # demo's scripts set 0. The events stay the same (chunking follows the unscaled
+        # delay); only the waits between them shrink.
+        self.pace = _pace(os.environ.get(PACE_ENV))
         self.host = host
         self._port = port
         self._lock = threading.Lock()
@@ -1060,6 +1077,7 @@ class ScriptedEndpoint:
         self._closed_at: dict[int, float] = {}  # window faults: when each one closed
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None
         for fault in self._global_faults:
             self._remaining[id(fault)] = fault.times
         for script in self.scripts.values():
@@ -1074,11 +1092,24 @@ class ScriptedEndpoint:
         self._stop.clear()
         self._server = _Server((self.host, self._port), self)
         self._port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.1},
+        self._wake = wake = socket.socketpair()
+        self._thread = threading.Thread(target=self._serve, args=(self._server, wake[0]),
                                         name=f"scripted-endpoint:{self._port}", daemon=True)
         self._thread.start()
         return self
+
+    def _serve(self, server: _Server, wake: socket.socket) -> None:
+        """serve_forever without its poll: stop() wakes the select at once (a 100 ms poll
+        was the time of every stop, hundreds of times in the suite)."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(server, selectors.EVENT_READ)
+            selector.register(wake, selectors.EVENT_READ)
+            while not self._stop.is_set():
+                for key, _ in selector.select():
+                    if key.fileobj is server and not self._stop.is_set():
+                        # what serve_forever calls: accept one, hand it to a thread
+                        server._handle_request_noblock()  # type: ignore[attr-defined]
+                server.service_actions()
 
     def stop(self) -> None:
         """Stop serving, release hanging handlers, close open connections."""
@@ -1086,15 +1117,20 @@ class ScriptedEndpoint:
         if server is None:
             return
         self._stop.set()
-        server.shutdown()
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            with contextlib.suppress(OSError):
+                wake[1].send(b"x")
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         server.server_close()
+        for end in wake or ():
+            end.close()
         with self._lock:
             sockets = list(self._sockets)
         for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
     def __enter__(self) -> ScriptedEndpoint:
         return self.start()
@@ -1290,7 +1326,7 @@ class ScriptedEndpoint:
         self._stop.wait()
 
     def _sleep(self, seconds: float) -> None:
-        if self._stop.wait(seconds):
+        if self._stop.wait(seconds * self.pace):
             raise _Dropped
 
 

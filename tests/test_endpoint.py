@@ -352,6 +352,44 @@ def test_event_delay_slows_the_stream() -> None:
     assert elapsed >= 0.05 * (len(reply.events) - 1) * 0.9
 
 
+def test_pace_zero_sends_the_same_events_without_the_waits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLEET_ENDPOINT_PACE scales a script's pacing (tests of the demo's scripts set 0):
+    the same events, chunked as at human speed, without the waits between them."""
+    text = "This sentence is long enough to be streamed in several small pieces."
+    script = {"demo": {"turns": [text], "delay": 0.5}}
+    monkeypatch.setenv("FLEET_ENDPOINT_PACE", "0")
+    with ScriptedEndpoint(script) as ep:
+        started = time.monotonic()
+        fast = post(ep.url, request_body())
+        elapsed = time.monotonic() - started
+    assert elapsed < 0.5 * (len(fast.events) - 1) / 2  # the waits would be 0.5 s each
+    monkeypatch.setenv("FLEET_ENDPOINT_PACE", "0.02")
+    with ScriptedEndpoint(script) as ep:
+        started = time.monotonic()
+        paced = post(ep.url, request_body())
+        elapsed = time.monotonic() - started
+    assert elapsed >= 0.01 * (len(paced.events) - 1) * 0.9
+    assert [n for n, _ in paced.events] == [n for n, _ in fast.events]
+    assert len([n for n, _ in fast.events if n == "content_block_delta"]) >= 3
+    for bad in ("fast", "-1", "nan"):  # unreadable: the scripts' own pace
+        monkeypatch.setenv("FLEET_ENDPOINT_PACE", bad)
+        assert ScriptedEndpoint(script).pace == 1.0
+
+
+def test_stop_does_not_wait_for_a_poll() -> None:
+    """stop() wakes the serving loop at once: the suite starts and stops hundreds of
+    endpoints, and a 100 ms poll made each stop wait 50 ms on average (40 of them 2 s)."""
+    started = time.monotonic()
+    for _ in range(40):
+        with ScriptedEndpoint(["hi"]) as ep:
+            url = ep.url
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.0, f"40 starts and stops took {elapsed:.2f} s"
+    with pytest.raises(OSError):  # and it is really closed
+        post(url, request_body(), timeout=2)
+
+
 def test_script_delay_chunks_text_for_a_human_speed_demo() -> None:
     text = "This sentence is long enough to be streamed in several small pieces."
     with ScriptedEndpoint({"demo": {"turns": [text], "delay": 0.001}}) as ep:

@@ -88,7 +88,7 @@ reads one only for a selected task); the engine, made after the frame, loads the
 help screen is imported when `?` opens it."""
 
 FIRST_FRAME = """\
-import asyncio, sys, threading
+import asyncio, sys, threading, time
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.main import MainScreen
 
@@ -101,8 +101,12 @@ def engine():  # stands in for the engine maker: imports nothing, waits, gives u
 async def main():
     app = FleetApp(engine, run_scheduler=False)
     async with app.run_test(size=(160, 50)) as pilot:
-        await pilot.pause(0.3)  # the first frame, then the hidden parts mounted
-        assert isinstance(app.screen, MainScreen) and app.screen._hidden_done.is_set()
+        # the first frame, then the hidden parts mounted: waited for, with a deadline (a
+        # fixed pause failed under load)
+        deadline = time.monotonic() + 30
+        while not (isinstance(app.screen, MainScreen) and app.screen._hidden_done.is_set()):
+            assert time.monotonic() < deadline, "the hidden parts never mounted"
+            await pilot.pause(0.05)
         print("loaded:" + ",".join(m for m in SPARED if m in sys.modules))
         release.set()
 

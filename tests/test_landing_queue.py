@@ -190,14 +190,18 @@ def _queue_runners(repo: Path) -> list[int]:
 
 
 def test_queue_resumes_where_it_was_after_its_runner_is_killed(
-        repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
-    gate = f"sleep 1.5 && {GATE}"
+        repo: Path, claude_bin: str, endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    # The first gate leaves a record and holds (sleep 600) until its runner's death stops
+    # it; the later ones pass at once. (A `sleep 1.5` gate could pass before a poll saw
+    # the task testing, under load.)
+    started = tmp_path / "gates-started"
+    gate = f"echo gate >> {started}; [ $(wc -l < {started}) -gt 1 ] || sleep 600; {GATE}"
     fleet = make_fleet(endpoint, claude_bin, test_command=gate)
     fleet.QUEUE_CHECK = 0.2
     ids = _run_tasks(fleet, repo, ["add-d", "add-e", "add-f"])
     fleet.enqueue(ids)
-    drive(fleet, lambda: fleet.get_task(ids[0]).land_state == LandState.TESTING,
-          what="the first task's gate")
+    drive(fleet, started.exists, what="the first task's gate")
+    assert fleet.get_task(ids[0]).land_state == LandState.TESTING
     (runner,) = _queue_runners(repo)
     os.kill(runner, signal.SIGKILL)
     deadline = time.monotonic() + 10
@@ -210,7 +214,7 @@ def test_queue_resumes_where_it_was_after_its_runner_is_killed(
           timeout=120, what="the resumed queue")
     assert _landed_order(repo) == ids  # in order, each once
     assert runner not in _queue_runners(repo)
-    assert not any(procs.cmdline(st.pid)[:2] == ["sleep", "1.5"] for st in procs.all_stats()
+    assert not any(procs.cmdline(st.pid)[:2] == ["sleep", "600"] for st in procs.all_stats()
                    if st.state != "Z" and str(repo) in _cwd(st.pid))
 
 
@@ -257,8 +261,14 @@ def test_queue_started_from_a_panel_survives_its_sigkill_and_resumes(
     runner in the middle of the first gate; a new panel resumes the queue where it was."""
     from test_reliability import Panel
 
-    gate = f"sleep 2 && {GATE}"
-    fleet = make_fleet(endpoint, claude_bin)
+    # The gate leaves a record when it starts and holds until the test releases it: the
+    # kill lands in the first gate however slow the machine (a fixed `sleep 2` gate could
+    # pass before a poll saw it testing). The test's engine has the same gate: its passes
+    # may start the runner before the panel does (with no gate, it landed everything).
+    started, release = tmp_path / "gates-started", tmp_path / "gates-released"
+    gate = (f"echo gate >> {started}; while [ ! -e {release} ]; do sleep 0.05; done; "
+            f"{GATE}")
+    fleet = make_fleet(endpoint, claude_bin, test_command=gate)
     ids = _run_tasks(fleet, repo, ["add-d", "add-e", "add-f"])
     env = dict(os.environ, FLEET_WORKER_BASE_URL=endpoint.url, FLEET_WORKER_CLAUDE=claude_bin,
                FLEET_WORKER_KEY_SOURCES="env", FLEET_WORKER_TEST_COMMAND=gate,
@@ -283,8 +293,8 @@ def test_queue_started_from_a_panel_survives_its_sigkill_and_resumes(
         drive(fleet, lambda: all(fleet.get_task(t).land_state for t in ids), what="queued")
         order = [t.id for t in sorted((fleet.get_task(t) for t in ids),
                                       key=lambda t: t.land_order or 0)]
-        drive(fleet, lambda: fleet.get_task(order[0]).land_state == LandState.TESTING,
-              what="the first gate")
+        drive(fleet, started.exists, what="the first gate")
+        assert fleet.get_task(order[0]).land_state == LandState.TESTING
         panel.kill()
         for pid in _queue_runners(repo):
             os.kill(pid, signal.SIGKILL)
@@ -296,6 +306,8 @@ def test_queue_started_from_a_panel_survives_its_sigkill_and_resumes(
     assert _queue_runners(repo) == []
     assert fleet.get_task(order[0]).land_state == LandState.TESTING
     assert git(repo, "log", "-1", "--format=%s").strip() == "the test gate"  # nothing landed
+    assert started.read_text() == "gate\n"  # one gate ran, the first
+    release.touch()  # the gates from now on pass
     again = Panel(env, repo, tmp_path / "panel2.screen")
     try:
         deadline = time.monotonic() + 120

@@ -187,7 +187,7 @@ def test_diff_and_counts_measure_from_where_the_task_stands(
 
 
 def test_the_demos_two_greetings_land_through_the_workers_resolution(
-        tmp_path: Path, claude_bin: str) -> None:
+        tmp_path: Path, claude_bin: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The demo shows the landing workflow: its two greeting tasks change the same line;
     the first lands, the second's merge names the way out (update, the worker resolves),
     and after `update` + the worker's follow-up it lands too, with its own greeting."""
@@ -195,6 +195,7 @@ def test_the_demos_two_greetings_land_through_the_workers_resolution(
 
     repo = demo.create_project(tmp_path / "inventory")
     prompts = dict(demo.DEMO_TASKS)
+    monkeypatch.setenv("FLEET_ENDPOINT_PACE", "0")  # the demo's scripts, without its pacing
     with ScriptedEndpoint(demo.demo_scripts()) as endpoint:
         fleet = make_fleet(endpoint, claude_bin)
         ids = [fleet.submit(TaskSpec(prompt=prompts[title], title=title, repo=repo))[0].id

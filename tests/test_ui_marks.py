@@ -76,16 +76,15 @@ async def test_three_quick_presses_mark_three_rows(fleet: Fleet, git_repo: Path)
         table = await listed(pilot, app, ids)
         rows = table.keys
         press_at_once(app, "space", "space", "space")
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: table.cursor_row == 3, what="three presses handled")
         assert app.main.marked == set(rows[:3])
-        assert table.cursor_row == 3
         cells = mark_cells(table)
         assert [cells[k] for k in rows] == ["●", "●", "●", " ", " "]
         # a fourth press lands on the fourth row, then one back up and again unmarks it
         press_at_once(app, "space", "up", "space")
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: table.cursor_row == 4 and len(app.main.marked) == 3,
+                         what="the three presses handled")
         assert app.main.marked == set(rows[:3])
-        assert table.cursor_row == 4
 
 
 def _grow_events(path: Path, stop: threading.Event) -> None:
@@ -135,9 +134,9 @@ async def test_every_press_counts_while_a_big_stream_is_drawn(
             app.call_later(lambda: time.sleep(0.2))
             press_at_once(app, "space", "space")
             await pilot.pause(0.05)
-        await pilot.pause(0.5)
+        await wait_until(pilot, lambda: table.cursor_row == start + 6,
+                         what="the six presses handled")
         assert app.main.marked == set(rows[start:start + 6])
-        assert table.cursor_row == start + 6
 
 
 async def test_mark_all_and_unmark_all(fleet: Fleet, git_repo: Path) -> None:
@@ -183,16 +182,27 @@ async def test_mark_all_and_unmark_all(fleet: Fleet, git_repo: Path) -> None:
                          what="the palette")
         palette = app.screen
         palette.query_one(Input).value = "mark all"
-        await pilot.pause(0.5)
-        shown = " ".join(str(o.prompt) for o in palette.query_one(
-            "CommandList").options)  # type: ignore[attr-defined]
-        assert "Unmark all" in shown
+
+        def shown() -> str:
+            return " ".join(str(o.prompt) for o in palette.query_one(
+                "CommandList").options)  # type: ignore[attr-defined]
+
+        await wait_until(pilot, lambda: "Unmark all" in shown(), what="the palette's match")
 
 
 async def _answer(pilot: Pilot[Any], app: FleetApp, screen: type, key: str) -> str:
     """Press ``key`` and return the title and body of the dialog it opens."""
     await pilot.press(key)
-    await wait_until(pilot, lambda: isinstance(app.screen, screen), what=screen.__name__)
+
+    def composed() -> bool:
+        # the screen is current before its children are mounted (under load a query then
+        # finds the title but not yet the merge items): wait for the whole dialog
+        if not isinstance(app.screen, screen) or not app.screen.query(".dialog-title"):
+            return False
+        return screen is not MergeScreen or (bool(app.screen.query(".merge-item"))
+                                             and bool(app.screen.query("#yes")))
+
+    await wait_until(pilot, composed, what=f"{screen.__name__} composed")
     return " ".join(str(w.render()) for w in app.screen.query(".dialog-title, .dialog-body"))
 
 
@@ -205,7 +215,7 @@ async def test_bulk_kill_retry_discard_act_on_exactly_the_marked_set(
         rows = table.keys
         # rows 0, 2 and 3: space, down, space, space
         press_at_once(app, "space", "down", "space", "space")
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: table.cursor_row == 4, what="the presses handled")
         chosen = {rows[0], rows[2], rows[3]}
         others = set(ids) - chosen
         assert app.main.marked == chosen
@@ -282,7 +292,7 @@ async def test_bulk_merge_lands_exactly_the_marked_set(fleet: Fleet, git_repo: P
         table = await listed(pilot, app, ids)
         rows = table.keys
         press_at_once(app, "down", "space", "space")
-        await pilot.pause(0.3)
+        await wait_until(pilot, lambda: table.cursor_row == 3, what="the presses handled")
         chosen = {rows[1], rows[2]}
         assert app.main.marked == chosen
         await wait_until(pilot, lambda: app.main.check_action("merge", ()) is True,
@@ -373,7 +383,8 @@ async def test_merge_dialog_of_tasks_that_none_can_land_offers_no_merge(
         assert len(items) == 2 and all("✗ cannot land:" in r for r in items)
         assert app.screen.query_one("#yes", Button).disabled
         await pilot.press("y")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: any("None of these tasks can land now" in m
+                                            for _, _t, m in app.toasts), what="y's answer")
         assert isinstance(app.screen, MergeScreen)  # still open: nothing to queue
         await pilot.press("escape")
         assert all(fleet.get_task(t).state == TaskState.SUCCEEDED for t in ids)
@@ -401,7 +412,8 @@ async def test_merge_dialog_of_one_task_that_cannot_land_says_why(
         assert app.screen.query_one("#yes", Button).disabled
         assert not app.screen.query("#merge-message")  # no commit for it to name
         await pilot.press("y")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: any("It cannot land now" in m
+                                            for _, _t, m in app.toasts), what="y's answer")
         assert isinstance(app.screen, MergeScreen)
         await pilot.press("escape")
         assert fleet.get_task(task_id).state == TaskState.SUCCEEDED
