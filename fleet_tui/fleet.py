@@ -911,14 +911,29 @@ class Fleet:
         (identity, main checkout, nothing to merge, conflicts, files in the way, the key)."""
         task = self.get_task(task_id)
         if task.worktree is not None and not Path(task.worktree).is_dir():
+            self._refuse_if_landed(task)
             raise FleetRefused(self._missing_worktree(task))  # as the merge itself does
         worktree = self._worktree_of(task)
         if not task.base_branch:
             raise FleetRefused(f"task {task.id} was started from a commit, not a branch; "
                                "merge its branch by hand")
-        return git.conflict_preview(task.repo, task.branch, task.base_branch,
-                                    worktree=worktree, secrets=self._secrets(),
-                                    strategy=self.settings.merge_strategy)
+        try:
+            preview = git.conflict_preview(task.repo, task.branch, task.base_branch,
+                                           worktree=worktree, secrets=self._secrets(),
+                                           strategy=self.settings.merge_strategy)
+        except git.GitError:
+            self._refuse_if_landed(task)
+            raise
+        if preview.reason in ("nothing", "gone"):
+            self._refuse_if_landed(task)
+        return preview
+
+    def _refuse_if_landed(self, task: Task) -> None:
+        """A task whose merge is on its base branch (a merge stopped midway and concluded
+        after): recorded as merged, and said so."""
+        found = self.found_landed(task)
+        if found is not None:
+            raise FleetRefused(f"task {task.id} is merged already: {found.message}")
 
     def test_command_for(self, task_id: str) -> str | None:
         """The merge's test gate for a task: its repository's test_command

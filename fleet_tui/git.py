@@ -761,8 +761,9 @@ def verify_worktree(path: Path, branch: str | None = None) -> None:
         raise GitError(f"{path} is not a git worktree of its own (its checkout is "
                        f"{out.strip() or 'none'}); retry the task to recreate it")
     if branch is not None and not on_branch(path, branch):
-        raise GitError(f"the worktree {path} is not on branch {branch}; retry the task "
-                       "to recreate it")
+        raise GitError(f"the worktree {path} is not on branch {branch}; check it out there "
+                       f"again (`git -C {path} switch {branch}`), then retry with --resume "
+                       "(a fresh retry would start over from the base)")
 
 
 # --- diffs ------------------------------------------------------------------------------------
@@ -1265,8 +1266,8 @@ def _checked_plan(repo: Path, worktree: Path | None, branch: str, base_branch: s
             f"switch to it (`git switch {base_branch}`) and merge again"))
     if merge_intent_file(repo).exists():
         return _Refused("checkout", (
-            f"a merge into the main checkout {repo} was stopped midway; the next merge "
-            "puts main back as it was before it first (or finishes it if it had landed)"))
+            f"another merge into the main checkout {repo} is under way; merge again once "
+            "it has finished"))
     in_progress = _main_operation(repo)
     if in_progress:
         return _Refused("checkout", (
@@ -1342,6 +1343,18 @@ def conflict_preview(repo: Path, branch: str, base_branch: str, *,
     without the test command; touches no working tree and takes no lock.
     """
     repo = Path(repo)
+    if merge_intent_file(repo).exists():
+        # a merge that was stopped midway is put right first (the merge would do it);
+        # one that runs now holds the lock, and the checks below say so
+        try:
+            with repolock.hold(_lock_file(repo), "putting right a merge stopped midway",
+                               timeout=0):
+                recover_merge(repo)
+        except repolock.LockTimeout:
+            pass
+        except MergeLeftHalfDone as exc:
+            return ConflictPreview(clean=False, conflicts=[], message=str(exc),
+                                   reason="checkout")
     plan = _merge_plan(repo, worktree, branch, base_branch, secrets=secrets,
                        strategy=strategy)
     if isinstance(plan, _Refused):

@@ -15,8 +15,10 @@ the queue lock, `git.queue_lock_file`; the kernel drops it when the process dies
 fleet-tui engine that finds a queue with work and no runner starts one
 (`Fleet.ensure_queue_runner`). A runner killed mid-step is resumed by the next one at that
 task: every step can be done again (the update finds the branch current, the gate runs
-again, a merge that happened is found by its commit). The queue never removes the worktree
-or the branch of a task still in it: only a merge does, of the task it merged.
+again, a merge that happened is found by its commit, and a merge killed midway is put
+right by the next one from its intent record: `git.recover_merge`). The queue never
+removes the worktree or the branch of a task still in it: only a merge does, of the task
+it merged.
 
 The runner is a detached process, like an attempt's runner: `python -m fleet_tui.landing
 SPEC` (the spec names the repository, the store and the settings; no secret), so the queue

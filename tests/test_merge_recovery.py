@@ -189,6 +189,42 @@ def _merge_in_a_process(task_id: str, cwd: Path) -> subprocess.Popen[bytes]:
                             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def _cli(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    """The real `fleet-tui` CLI."""
+    env = dict(os.environ, FLEET_WORKER_BASE_URL="http://127.0.0.1:9",
+               FLEET_WORKER_KEY_SOURCES="env")
+    return subprocess.Popen([sys.executable, "-m", "fleet_tui.cli", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_fleet_tui_merge_killed_in_the_hook_then_fleet_tui_merge_again(
+        git_repo: Path, tmp_path: Path) -> None:
+    """The CLI end to end: `fleet-tui merge ID --yes` SIGKILLed inside the hook; the next
+    `fleet-tui merge ID --yes` (its preview first, then the merge) puts main right and
+    lands the task."""
+    marker = tmp_path / "hook-started"
+    fleet = a_fleet()
+    k4, _ = two_tasks(fleet, git_repo)
+    install_hook(git_repo, marker)
+    before = git(git_repo, "rev-parse", "HEAD").strip()
+    tested = git(git_repo, "rev-parse", "fleet/k4").strip()
+    proc = _cli("merge", k4, "--yes", cwd=git_repo)
+    try:
+        wait_for("the merge's hook", lambda: marker.exists() or proc.poll() is not None)
+        assert proc.poll() is None, proc.communicate()
+        assert (git_repo / ".git" / "MERGE_HEAD").exists()
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        stop_hook(marker)
+    again = _cli("merge", k4, "--yes", cwd=git_repo)
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, (out, err)
+    assert "merged fleet/k4 into main" in out
+    assert main_is_whole(git_repo, before, tested) == "merged"
+    assert fleet.get_task(k4).state == TaskState.MERGED
+
+
 def _kill_in_hook(git_repo: Path, marker: Path, task_id: str) -> None:
     proc = _merge_in_a_process(task_id, git_repo)
     try:
