@@ -213,7 +213,7 @@ async def test_at_80x24_the_key_bar_keeps_whole_keys_and_help_holds_the_rest(
         main = app.main
         await wait_until(pilot, lambda: task_id in main.tasks
                          and main.tasks[task_id].state == TaskState.RUNNING
-                         and main.cursor_task is not None, timeout=60, what="the worker")
+                         and main.cursor_task is not None, timeout=90, what="the worker")
         await wait_until(pilot, lambda: main.check_action("say", ()) is True,
                          what="s applies")
         bar = main.query_one(KeyBar)
@@ -258,7 +258,7 @@ async def test_what_the_user_said_wraps_in_the_stream_and_needs_no_horizontal_sc
         view = main.stream.view
         await wait_until(pilot, lambda: any(line.startswith("» you: ")
                                             for line in view.plain_lines()),
-                         what="the prompt in the stream")
+                         timeout=90, what="the prompt in the stream")
         lines = view.plain_lines()
         start = next(n for n, line in enumerate(lines) if line.startswith("» you: "))
         said = [lines[start]]
