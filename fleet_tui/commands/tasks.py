@@ -612,7 +612,8 @@ def cmd_logs(argv: list[str]) -> int:
         _catch_up(fleet)
     if args.follow:
         final = _recorded_end(fleet, task, attempt)
-        _err(f"{final.id} {final.state}" + (f": {final.message}" if final.message else ""))
+        _err(f"{final.id} {policy.state_text(final)}"
+             + (f": {final.message}" if final.message else ""))
     return EXIT_OK
 
 
