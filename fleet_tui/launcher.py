@@ -15,6 +15,7 @@ caller reads `LaunchPlan.config_dir` or `.cwd`. Paths are handled as strings ins
 from __future__ import annotations
 
 import os
+import sys
 
 from fleet_tui.config_core import PERMISSION_MODES
 from fleet_tui.errors import FleetTuiError
@@ -479,6 +480,27 @@ def scrub_missing_message(missing: Sequence[str]) -> str:
             "(FLEET_WORKER_SCRUB_TOOL_ENV=0).")
 
 
+SYSTEM = sys.platform
+"""The system this runs on (sys.platform); tests set it to see another system's answers."""
+
+
+def system_name(system: str | None = None) -> str:
+    """Linux, macOS, or what sys.platform says."""
+    system = SYSTEM if system is None else system
+    return {"linux": "Linux", "darwin": "macOS"}.get(system, system)
+
+
+def scrub_platform_message(system: str | None = None) -> str:
+    """'' where scrub_tool_env can work (Linux), else why not and what to do instead."""
+    system = SYSTEM if system is None else system
+    if system.startswith("linux"):
+        return ""
+    return (f"scrub_tool_env is Linux-only and this is {system_name(system)}: claude runs each "
+            "tool in its own pid namespace through bubblewrap, which needs Linux namespaces. "
+            "Turn it off (FLEET_WORKER_SCRUB_TOOL_ENV=0); key_helper (FLEET_WORKER_KEY_HELPER=1) "
+            "keeps the key out of the tools' environment on every system.")
+
+
 def bwrap_problem(env: Mapping[str, str] | None = None, timeout: float = 10.0) -> str:
     """'' when bubblewrap (on env's PATH) can make a pid namespace here, else why not, in
     one line (e.g. a container that allows no user namespaces)."""
@@ -526,6 +548,9 @@ def check_setup(settings: Settings, env: Mapping[str, str] | None = None, *,
     if bypass and current_euid() == 0 and not settings.sandbox:
         raise UsageError(ROOT_MESSAGE)
     if settings.scrub_tool_env:
+        unsupported = scrub_platform_message()
+        if unsupported:
+            raise UsageError(unsupported)
         missing = missing_scrub_programs(env)
         if missing:
             raise UsageError(scrub_missing_message(missing))

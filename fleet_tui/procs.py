@@ -116,6 +116,11 @@ def is_alive(pid: int | None, start: str | None = None) -> bool:
     """True when pid runs (not a zombie) and, if given, its start time still matches."""
     if not pid or pid <= 0:
         return False
+    if PORTABLE:
+        current = _ps_alive_start(pid)
+        if current is None:
+            return False
+        return start is None or current == start or same_start(start, current)
     st = read_stat(pid)
     if st is None or st.state in ("Z", "X", "x"):
         return False
@@ -450,6 +455,18 @@ def _ps_stat(pid: int) -> ProcStat | None:
     pgid, sid = _pgid_sid(pid)
     return ProcStat(pid=pid, state=state, ppid=ppid, pgid=pgid, sid=sid,
                     start=_start_text(created))
+
+
+def _ps_alive_start(pid: int) -> str | None:
+    """The start time of pid when it runs (not a zombie), else None: the liveness poll's
+    question, answered with the fewest reads (no process group or session)."""
+    try:
+        proc = _psutil().Process(pid)  # reads the start time, psutil's own identity
+        if proc.status() in ("zombie", "dead"):
+            return None
+        return _start_text(proc.create_time())
+    except Exception:  # gone, or not ours to read
+        return None
 
 
 def _ps_all_stats() -> list[ProcStat]:

@@ -3,8 +3,11 @@
 `git.merge` starts this module as a small process of its own (``python -I -c ...``, see
 ``git._run_test``) with stdout and stderr on a file. It
 
-- makes itself a child subreaper, so whatever the command leaves running (`setsid sleep &`,
-  a double-forked daemon) is re-parented to it instead of to init and can still be found;
+- makes itself a child subreaper (Linux), so whatever the command leaves running (`setsid
+  sleep &`, a double-forked daemon) is re-parented to it instead of to init and can still
+  be found; everywhere, the command and all it starts carry FLEET_TESTGATE_TOKEN, by which
+  what left the tree is found too (the only way off Linux, where the gate also watches its
+  parent itself instead of a parent-death signal);
 - runs ``/bin/sh -c COMMAND`` in a session of its own and waits for that shell only: a
   daemon that keeps the output file open cannot hold the merge up;
 - when the shell exits, or when it is told to stop (SIGTERM from the merge's timeout, or
@@ -36,13 +39,26 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise _Stop(signum)
 
 
-def stop_descendants(grace: float = GRACE) -> int:
-    """Signal every descendant of this process until none is left; the number found."""
+TOKEN_ENV = "FLEET_TESTGATE_TOKEN"
+"""Given to the command: what leaves this process's tree (no subreaper off Linux) still
+carries it, and is found by it."""
+
+
+def _ours(me: int, token: str) -> list[int]:
+    pids = procs.descendants(me)
+    if token:
+        pids += [p for p in procs.with_env(TOKEN_ENV, token) if p not in pids]
+    return pids
+
+
+def stop_descendants(grace: float = GRACE, token: str = "") -> int:
+    """Signal every descendant of this process (and every process carrying the token)
+    until none is left; the number found."""
     me = os.getpid()
     found: set[int] = set()
     for round_no in range(20):
         procs.reap_children()
-        pids = procs.descendants(me)
+        pids = _ours(me, token)
         if not pids:
             break
         found.update(pids)
@@ -52,7 +68,7 @@ def stop_descendants(grace: float = GRACE) -> int:
         deadline = time.monotonic() + (grace if round_no == 0 else 0.5)
         while time.monotonic() < deadline:
             procs.reap_children()
-            if not procs.descendants(me):
+            if not _ours(me, token):
                 break
             time.sleep(0.02)
     procs.reap_children()
@@ -68,14 +84,23 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     procs.set_child_subreaper()
-    procs.set_parent_death_signal(signal.SIGTERM)
+    # Off Linux there is no death signal: the wait below watches the parent itself.
+    watch_parent = not procs.set_parent_death_signal(signal.SIGTERM)
+    token = os.urandom(12).hex()
     status = STOPPED
     try:
         if os.getppid() != parent:  # the merge died before the death signal was set
             return STOPPED
         shell = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
-        code = shell.wait()
+                                 start_new_session=True,
+                                 env=dict(os.environ, **{TOKEN_ENV: token}))
+        while True:
+            try:
+                code = shell.wait(timeout=0.2 if watch_parent else None)
+                break
+            except subprocess.TimeoutExpired:
+                if os.getppid() != parent:  # the merge died
+                    raise _Stop(signal.SIGTERM) from None
         status = 128 - code if code < 0 else code
     except _Stop:
         status = STOPPED
@@ -85,5 +110,5 @@ def main(argv: list[str]) -> int:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        stop_descendants()
+        stop_descendants(token=token)
     return status

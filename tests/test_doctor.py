@@ -70,7 +70,8 @@ def test_json_reports_every_check(setup: Path, key: str) -> None:
     report = as_json(result)
     checks = by_check(report)
     assert list(checks) == ["settings", "claude", "key", "config_dir", "root", "tool_env",
-                            "host_login", "git", "fleet_work_ignored", "git_identity"]
+                            "host_login", "platform", "git", "fleet_work_ignored",
+                            "git_identity"]
     assert all(set(row) == {"check", "status", "detail"} for row in report["data"])
     assert all(row["status"] == "ok" for row in report["data"]), report
     assert checks["key"]["detail"] == "found in ZHIPU_API_KEY"
@@ -390,3 +391,26 @@ def test_doctor_runs_no_git_plumbing_of_its_own() -> None:
     """Finding the repository is git.py's (one rule for what a usable repository is)."""
     source = Path(doctor.__file__).read_text(encoding="utf-8")
     assert '"rev-parse"' not in source and "find_repo" in source
+
+
+def test_the_platform_is_reported_with_what_it_allows(setup: Path, key: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """fleet-doctor says which system this is and which process path it takes; on macOS
+    it says scrub_tool_env is Linux-only, and turning it on there fails the check."""
+    from fleet_tui import launcher
+    from fleet_tui.config import load_settings
+
+    linux = by_check(as_json(run_doctor("--json", cwd=setup)))["platform"]
+    assert linux["status"] == "ok" and linux["detail"].startswith("Linux: everything")
+    monkeypatch.setenv("FLEET_TUI_PORTABLE_PROCS", "1")
+    portable = by_check(as_json(run_doctor("--json", cwd=setup)))["platform"]
+    assert "FLEET_TUI_PORTABLE_PROCS=1" in portable["detail"] and "psutil" in portable["detail"]
+    mac = doctor._platform_check(system="darwin", portable=True)
+    assert mac.status == "ok" and "macOS" in mac.detail and "Linux-only" in mac.detail
+    assert doctor._platform_check(system="win32", portable=True).status == "warn"
+    monkeypatch.setattr(launcher, "SYSTEM", "darwin")
+    monkeypatch.setenv("FLEET_WORKER_SCRUB_TOOL_ENV", "1")
+    ctx = doctor.Context(env=dict(os.environ))
+    settings = load_settings(env=ctx.env)
+    row = doctor._tool_env_check(ctx, settings, 5.0)
+    assert row.status == "fail" and "Linux-only" in row.detail

@@ -212,7 +212,7 @@ def test_the_test_runs_once_the_checks_pass(git_repo: Path) -> None:
 
 
 def test_test_gate_does_not_wait_for_a_daemon_and_stops_it(
-        git_repo: Path, no_strays: list[list[str]]) -> None:
+        git_repo: Path, no_strays: list[list[str]], procs_mode: str) -> None:
     no_strays.append(["sleep", "7791"])
     info = fgit.create_worktree(git_repo, "d1")
     (info.path / "feature.txt").write_text("work\n")
@@ -227,7 +227,7 @@ def test_test_gate_does_not_wait_for_a_daemon_and_stops_it(
 
 
 def test_test_gate_timeout_stops_the_command_and_a_double_forked_daemon(
-        git_repo: Path, no_strays: list[list[str]]) -> None:
+        git_repo: Path, no_strays: list[list[str]], procs_mode: str) -> None:
     no_strays.extend([["sleep", "7792"], ["sleep", "7793"]])
     info = fgit.create_worktree(git_repo, "d2")
     (info.path / "feature.txt").write_text("work\n")

@@ -179,3 +179,27 @@ def test_scrub_tool_env_without_bubblewrap_is_refused_before_anything_exists(
     out = fleet_tui(git_repo, "run", "hello", env=dict(env, PATH=str(with_bwrap_only)))
     assert_one_clear_line(out, 2, "cannot make a sandbox", "Operation not permitted")
     assert_nothing_created(git_repo)
+
+
+def test_scrub_tool_env_off_linux_is_refused_with_the_reason_before_anything_exists(
+        git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """macOS has no Linux namespaces for bubblewrap: scrub_tool_env is refused there, saying
+    so and what to do, whatever is on PATH (a stand-in bwrap and socat are)."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("bwrap", "socat"):
+        (tools / name).write_text("#!/bin/sh\nexit 0\n")
+        (tools / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FLEET_WORKER_SCRUB_TOOL_ENV", "1")
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "sk-refusal-mac-1234")
+    monkeypatch.setattr(launcher, "SYSTEM", "darwin")
+    fleet = Fleet(load_settings())
+    with pytest.raises(FleetError, match="scrub_tool_env is Linux-only and this is macOS") as err:
+        fleet.submit(TaskSpec(prompt="hello", repo=git_repo))
+    assert "FLEET_WORKER_SCRUB_TOOL_ENV=0" in str(err.value)
+    assert fleet.list_tasks() == []
+    assert not (git_repo / ".fleet-work").exists()
+    monkeypatch.setattr(launcher, "SYSTEM", "linux")  # the same settings pass on Linux
+    settings = load_settings()
+    assert launcher.check_setup(settings, dict(os.environ)) == settings.permission_mode

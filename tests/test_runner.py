@@ -167,7 +167,8 @@ def test_claude_dies_with_a_killed_runner(
     """On Linux the parent-death signal takes claude with its runner. Off Linux claude lives
     on, carrying the attempt's token, and the sweep by it (the engine's stop_leftovers) is
     what stops it; tests/test_engine_faults.py runs that sweep through the engine."""
-    proc, adir = _start(tmp_path, claude_bin, endpoint.url, "[script:sleepy] wait")
+    proc, adir = _start(tmp_path, claude_bin, endpoint.url, "[script:sleepy] wait",
+                        token="tok-" + os.urandom(6).hex())
     try:
         assert _wait(lambda: len(_sleepers(tmp_path, "sleep 316")) == 1)
         runner = read_json(adir / RUNNER_FILE)

@@ -38,6 +38,8 @@ from fleet_tui.launcher import (
     no_credential_message,
     read_user_settings,
     scrub_missing_message,
+    scrub_platform_message,
+    system_name,
     which,
 )
 
@@ -245,6 +247,9 @@ def _tool_env_check(ctx: Context, settings: Settings, timeout: float) -> Check:
                 "from it carries the key in its environment (/proc/PID/environ), which "
                 "anything running as you can read: `fleet-tui key set` avoids that")
     if settings.scrub_tool_env:
+        unsupported = scrub_platform_message()
+        if unsupported:
+            return Check("tool_env", FAIL, unsupported, EXIT_CONFIG)
         missing = missing_scrub_programs(ctx.env)
         if missing:
             return Check("tool_env", FAIL, scrub_missing_message(missing), EXIT_CONFIG)
@@ -267,6 +272,30 @@ def _tool_env_check(ctx: Context, settings: Settings, timeout: float) -> Check:
                  "(apiKeyHelper), not its environment, so the tools it runs do not inherit "
                  "it; scrub_tool_env would also hide claude's own process from them "
                  f"({extra})" + note)
+
+
+def _platform_check(system: str | None = None, portable: bool | None = None) -> Check:
+    """The system and what it allows (README, "Supported systems")."""
+    from fleet_tui import launcher, procs
+
+    system = launcher.SYSTEM if system is None else system
+    portable = procs.PORTABLE if portable is None else portable
+    name = system_name(system)
+    if system.startswith("linux") and not portable:
+        return Check("platform", OK, "Linux: everything (the controller, local workers, "
+                     "scrub_tool_env); a worker's processes are kept together by the child "
+                     "subreaper and the parent-death signal, and found by its token")
+    if system.startswith("linux"):
+        return Check("platform", OK, f"Linux with {procs.PORTABLE_ENV}=1: processes are read "
+                     "through psutil without the subreaper and the parent-death signal (the "
+                     "macOS path); a worker's leftovers are found by its token")
+    if system == "darwin":
+        return Check("platform", OK, "macOS: the controller and local workers; processes are "
+                     "read through psutil, and a worker's leftovers are found by its token "
+                     "(no subreaper or parent-death signal here); scrub_tool_env (bubblewrap) "
+                     "is Linux-only")
+    return Check("platform", WARN, f"{name} is not supported: fleet-tui runs on Linux and "
+                 "macOS (on Windows, inside WSL)")
 
 
 def _git_checks(env: Mapping[str, str], cwd: Path) -> list[Check]:
@@ -449,6 +478,7 @@ def run_checks(*, env: Mapping[str, str], cwd: Path, live: bool, timeout: float)
         checks.append(_root_check(settings))
         checks.append(_tool_env_check(ctx, settings, timeout))
     checks.append(_login_trap_check(env))
+    checks.append(_platform_check())
     checks.extend(_git_checks(env, cwd))
     checks.append(_git_identity_check(env, cwd))
     if live:
