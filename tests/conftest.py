@@ -113,7 +113,7 @@ def procs_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     return str(request.param)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def claude_bin() -> str:
     """Path of the real, pinned claude binary. Missing: skip locally, fail under CI.
     The only way a test reaches the real binary; asking for it marks the test real_claude."""
@@ -124,7 +124,7 @@ def claude_bin() -> str:
     return _CLAUDE
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def claude_newest_bin() -> str:
     """Path of the newest pinned claude (CLAUDE_CODE_NEWEST_VERSION), for behaviour that
     differs between versions. Missing: skip locally, fail under CI."""
@@ -141,19 +141,37 @@ def git(cwd: Path, *args: str) -> str:
     return out.stdout
 
 
-@pytest.fixture
-def git_repo(tmp_path: Path) -> Path:
-    """A real git repository on branch main with one commit (README.md, src/app.py)."""
-    repo = tmp_path / "repo"
+@pytest.fixture(scope="session")
+def _git_repo_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The git_repo made once per session (per xdist worker); each test gets a copy.
+    Made with no user or system git configuration, as the tests' own environment has."""
+    repo = tmp_path_factory.mktemp("template") / "repo"
     repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "config", "user.name", "Fleet Test")
-    git(repo, "config", "user.email", "fleet@example.invalid")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(repo.parent),
+           "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "Fleet Test",
+           "GIT_AUTHOR_EMAIL": "fleet@example.invalid", "GIT_COMMITTER_NAME": "Fleet Test",
+           "GIT_COMMITTER_EMAIL": "fleet@example.invalid"}
+
+    def run(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, env=env)
+
+    run("init", "-q", "-b", "main")
+    run("config", "user.name", "Fleet Test")
+    run("config", "user.email", "fleet@example.invalid")
     (repo / "README.md").write_text("# demo\n")
     (repo / "src").mkdir()
     (repo / "src" / "app.py").write_text("def main():\n    return 1\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "initial")
+    run("add", "-A")
+    run("commit", "-q", "-m", "initial")
+    return repo
+
+
+@pytest.fixture
+def git_repo(tmp_path: Path, _git_repo_template: Path) -> Path:
+    """A real git repository on branch main with one commit (README.md, src/app.py):
+    a copy of the session's template, so each test has its own."""
+    repo = tmp_path / "repo"
+    shutil.copytree(_git_repo_template, repo, symlinks=True)
     return repo
 
 

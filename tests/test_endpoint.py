@@ -377,6 +377,7 @@ def test_pace_zero_sends_the_same_events_without_the_waits(
         assert ScriptedEndpoint(script).pace == 1.0
 
 
+@pytest.mark.serial  # a time bound: alone, not beside the parallel pass
 def test_stop_does_not_wait_for_a_poll() -> None:
     """stop() wakes the serving loop at once: the suite starts and stops hundreds of
     endpoints, and a 100 ms poll made each stop wait 50 ms on average (40 of them 2 s)."""

@@ -36,7 +36,9 @@ from fleet_tui.endpoint import ScriptedEndpoint
 from fleet_tui.fleet import Fleet, TaskSpec
 from fleet_tui.store import Store, Task, TaskState
 
-pytestmark = pytest.mark.real_claude
+# long_steps() looks for the Bash step's `sleep 300` machine-wide: the module's tests run
+# on one xdist worker, one at a time
+pytestmark = [pytest.mark.real_claude, pytest.mark.xdist_group("kill_verdict")]
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-kill-verdict-SECRET-7c2e"

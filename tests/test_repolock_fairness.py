@@ -17,7 +17,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from fleet_tui import repolock
+
+# rounds of a 20 ms hold against a waiter: other tests' load would change the figures
+pytestmark = pytest.mark.serial
 
 LOOPER = Path(__file__).resolve().parent / "lock_looper.py"
 HOLD = 0.02  # the looper's hold per round (s)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from test_ui_support import Rig, rig, stream_text, toasts, wait_until
+from textual.command import CommandPalette
 from textual.widgets import Input, TextArea
 
 from fleet_tui.store import TaskState
@@ -374,8 +375,15 @@ async def test_command_palette_offers_applicable_actions(rig: Rig) -> None:
         assert "Merge (m)" in titles and "New (n)" in titles
         assert "Kill (k)" not in titles  # a finished task cannot be killed
         await pilot.press("ctrl+p")
+        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette),
+                         what="the palette")
         await pilot.press(*"Discard")
-        await pilot.pause(0.3)
+
+        def offered() -> str:  # the palette's matches, searched in a worker
+            return " ".join(str(o.prompt) for o in app.screen.query_one(
+                "CommandList").options)  # type: ignore[attr-defined]
+
+        await wait_until(pilot, lambda: "Discard" in offered(), what="the palette's match")
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen),
                          what="the discard confirm from the palette")

@@ -92,16 +92,19 @@ async def test_every_field_and_the_launch_button_are_reachable_at_80x24(
     async with app.run_test(size=(80, 24)) as pilot:
         form = await open_form(pilot, app)
         launch = form.query_one("#launch", Button)
-        await pilot.pause(0.1)
         # what the form will start is in sight before any scrolling: copies and Launch
-        assert _on_screen(app, form.query_one("#copies", Input)), "Copies is off-screen"
-        assert _on_screen(app, launch), "Launch is off-screen"
+        # (waited for: the layout may take some frames under load)
+        await wait_until(pilot, lambda: _on_screen(app, form.query_one("#copies", Input)),
+                         timeout=10, what="Copies on screen")
+        await wait_until(pilot, lambda: _on_screen(app, launch), timeout=10,
+                         what="Launch on screen")
         seen: list[str] = []
         for _ in range(20):
             focused = app.focused
             assert focused is not None
-            await pilot.pause(0.05)  # scrolling to the focused widget takes a frame
-            assert _on_screen(app, focused), f"{focused.id} is off-screen at {focused.region}"
+            # scrolling to the focused widget takes a frame or more
+            await wait_until(pilot, lambda f=focused: _on_screen(app, f), timeout=10,
+                             what=f"{focused.id} on screen")
             seen.append(focused.id or "")
             if focused is launch:
                 break
@@ -123,9 +126,9 @@ async def test_with_remembered_values_the_form_still_fits_80x24(fleet: Fleet,
     app = make_app(fleet, git_repo)
     async with app.run_test(size=(80, 24)) as pilot:
         form = await open_form(pilot, app)
-        await pilot.pause(0.1)
         carried = form.query_one("#carried")
-        assert carried.display and _on_screen(app, carried)
+        await wait_until(pilot, lambda: carried.display and _on_screen(app, carried),
+                         timeout=10, what="the carried values on screen")
         assert "model small, max turns 5, timeout 30m" in str(carried.render())
         assert _on_screen(app, form.query_one("#copies", Input))
         assert _on_screen(app, form.query_one("#launch", Button))
