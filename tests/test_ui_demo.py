@@ -149,7 +149,7 @@ def test_endpoint_writes_its_url_and_exits_when_nobody_is_connected(tmp_path: Pa
         proc.wait()
 
 
-def test_a_second_demo_reuses_the_running_endpoint(tmp_path: Path) -> None:
+def test_a_second_demo_reuses_the_running_endpoint(tmp_path: Path, procs_mode: str) -> None:
     environ = {"PATH": os.environ["PATH"]}
     first = demo.start_demo("/bin/true", root=tmp_path / "one", environ=environ)
     try:
