@@ -159,7 +159,8 @@ def test_logs_follow_prints_the_recorded_end_when_the_run_ends_right_after_a_pas
     out = capsys.readouterr()
     assert released
     assert out.out.splitlines()[-1] == "result   ok (success, 2 turns): done waiting"
-    assert out.err.splitlines()[-1].startswith(f"{tid} succeeded: "), out.err
+    # (this worker changes no file: its state says so, as run --wait's does)
+    assert out.err.splitlines()[-1].startswith(f"{tid} succeeded, no change: "), out.err
 
 
 # --- finding 7: one table of exit codes, as the README has it --------------------------------

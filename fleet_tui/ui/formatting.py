@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from rich.cells import cell_len
 
-from fleet_tui import policy
 from fleet_tui.states import CLOSED_STATES
 
 TYPE_CHECKING = False
@@ -381,6 +380,8 @@ _LAND_STYLES = {"waiting": "waiting", "updating": "running", "testing": "running
 def change_label(task: Task) -> str | None:
     """"no change" for a task that succeeded without changing anything (policy.no_change:
     the rule the CLI shows too), for the list's +/- column and the finish notification."""
+    from fleet_tui import policy  # here: the panel's first frame loads no engine module
+
     return policy.NO_CHANGE if policy.no_change(task) else None
 
 
