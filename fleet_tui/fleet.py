@@ -56,6 +56,7 @@ from fleet_tui import (
     titles,
 )
 from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings
+from fleet_tui.config_core import check_length
 from fleet_tui.durations import check_seconds
 from fleet_tui.errors import (
     FleetError,
@@ -476,6 +477,13 @@ class Fleet:
                 check_text(what, text)
         for arg in spec.extra_args:
             check_text("argument", arg)
+        for what, text in (("base ref", spec.base_ref), ("model", spec.model),
+                           ("effort", spec.effort), *(("argument", a) for a in spec.extra_args)):
+            try:  # each reaches claude's argv or environment: refused here, not at launch
+                if isinstance(text, str):
+                    check_length(text)
+            except ValueError as exc:
+                raise InvalidSpec(f"the {what} is {exc}") from None
         if isinstance(copies, bool) or not isinstance(copies, int) or \
                 not 1 <= copies <= MAX_COPIES:
             raise InvalidSpec(f"copies must be a whole number from 1 to {MAX_COPIES} "
@@ -502,6 +510,10 @@ class Fleet:
         if not model:
             raise InvalidSpec("the model is empty; use main, small or a model name")
         repo = git.main_worktree(spec.repo if spec.repo is not None else Path.cwd())
+        try:  # a repository whose settings never read would fail each attempt at its start
+            self.repo_settings.get(repo)
+        except ConfigError as exc:
+            raise InvalidSpec(f"the repository's settings do not read: {exc}") from None
         base_ref = spec.base_ref.strip() if spec.base_ref else None
         base = git.resolve_base(repo, base_ref)
         title = titles.task_title(spec.title, prompt)
