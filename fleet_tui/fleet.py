@@ -651,11 +651,13 @@ class Fleet:
 
     def _decider(self, key: str, closed: list[str | None]) -> Callable[
             [EndpointState | None, int],
-            tuple[int | None, dict[str, Any] | None, dict[str, Any] | None]]:
+            tuple[int | None, dict[str, Any] | None, dict[str, Any] | None,
+                  dict[str, Any] | None, bool]]:
         """store.claim_gated's `decide`: policy.gate, keeping why it is closed in
         `closed[0]`."""
         def decide(state: EndpointState | None, parked: int
-                   ) -> tuple[int | None, dict[str, Any] | None, dict[str, Any] | None]:
+                   ) -> tuple[int | None, dict[str, Any] | None, dict[str, Any] | None,
+                              dict[str, Any] | None, bool]:
             gate = policy.gate(state, self.settings, self.clock(), parked, settings_now=key)
             closed[0] = gate.why
             return gate.as_tuple()
