@@ -143,14 +143,32 @@ def _say(text: str) -> dict[str, Any]:
 
 
 # When an update from main stopped on conflicts (`u`, then "let the worker resolve it"),
-# the demo's worker keeps its own side of each conflicted file and concludes the merge;
-# otherwise it only looks at the worktree. (A scripted stand-in for a model's judgement:
-# the demo's two greeting tasks change the same line, so landing the second shows it.)
+# the demo's worker keeps what both sides meant to do: in each conflicted hunk, two
+# versions of one `NAME = "text"` line become one line with both texts (main's first),
+# anything else keeps main's lines and then the task's; it stages the files and concludes
+# the merge. Otherwise it only looks at the worktree. (A scripted stand-in for a model's
+# judgement: the demo's two greeting tasks change the same line, so landing the second
+# shows it, and main keeps both greetings.)
+_KEEP_BOTH = r"""import re, sys
+HUNK = re.compile(r"<{7} [^\n]*\n(.*?)(?:[|]{7}[^\n]*\n.*?)?={7}\n(.*?)>{7} [^\n]*\n", re.S)
+LINE = re.compile(r'(\s*\w+ = )"(.*)"\n')
+def both(m):
+    ours, theirs = LINE.fullmatch(m.group(1)), LINE.fullmatch(m.group(2))
+    if ours and theirs and ours.group(1) == theirs.group(1):
+        return f'{theirs.group(1)}"{theirs.group(2)} {ours.group(2)}"\n'
+    return m.group(2) + m.group(1)
+for path in sys.argv[1:]:
+    with open(path) as fh:
+        text = fh.read()
+    with open(path, "w") as fh:
+        fh.write(HUNK.sub(both, text))
+"""
 _RESOLVE_OR_LOOK = (
-    'conflicted=$(git diff --name-only --diff-filter=U); '
-    'if [ -n "$conflicted" ]; then '
-    'git checkout --ours -- $conflicted && git add -- $conflicted && '
-    'git commit --no-edit -q && echo "kept this task\'s side of: $conflicted"; '
+    'conflicted=$(git diff --name-only --diff-filter=U)\n'
+    'if [ -n "$conflicted" ]; then\n'
+    "python3 - $conflicted <<'PY'\n" + _KEEP_BOTH + "PY\n"
+    'git add -- $conflicted && git commit --no-edit -q && '
+    'echo "kept both sides of: $conflicted"\n'
     'else git status --short; fi'
 )
 
