@@ -493,6 +493,7 @@ class Demo:
     # what the variables in `env` were before the demo set them (None: unset), and where
     saved: dict[str, str | None] = field(default_factory=dict)
     environ: dict[str, str] | None = None
+    reopened: bool = False  # an earlier demo's project and tasks, not a new one
 
     def stop(self) -> None:
         """Let go of the endpoint (it keeps serving the workers still running, and exits
@@ -510,6 +511,18 @@ def demo_root(env: Mapping[str, str] | None = None) -> Path:
     return paths.home(env) / "demo" / time.strftime("%Y%m%d-%H%M%S")
 
 
+def latest_demo(env: Mapping[str, str] | None = None) -> Path | None:
+    """The newest earlier demo (its project still there), which `--demo` reopens; None
+    when there is none (or `--demo --new` is asked for by the caller)."""
+    parent = paths.home(env) / "demo"
+    try:
+        found = [p for p in parent.iterdir() if p.name != "endpoint"
+                 and (p / "inventory" / ".git").exists() and (p / "home").is_dir()]
+    except OSError:
+        return None
+    return max(found, key=lambda p: p.name) if found else None
+
+
 def start_demo(claude: str, *, root: Path | None = None, event_delay: float = EVENT_DELAY,
                environ: dict[str, str] | None = None,
                idle_exit: float = ENDPOINT_IDLE_EXIT) -> Demo:
@@ -519,7 +532,9 @@ def start_demo(claude: str, *, root: Path | None = None, event_delay: float = EV
     environ = os.environ if environ is None else environ  # type: ignore[assignment]
     assert environ is not None
     root = root or demo_root(environ)
-    repo = create_project(root / "inventory")
+    # a root whose project exists already is an earlier demo, reopened as it was left
+    reopened = (root / "inventory" / ".git").exists()
+    repo = root / "inventory" if reopened else create_project(root / "inventory")
     home = root / "home"
     home.mkdir(parents=True, exist_ok=True)
     endpoint = start_endpoint(root.parent / "endpoint", event_delay=event_delay,
@@ -542,7 +557,7 @@ def start_demo(claude: str, *, root: Path | None = None, event_delay: float = EV
     saved = {name: environ.get(name) for name in updates}
     environ.update(updates)
     return Demo(root=root, repo=repo, home=home, endpoint=endpoint, env=updates, saved=saved,
-                environ=environ)
+                environ=environ, reopened=reopened)
 
 
 def submit_demo_tasks(fleet: Any, repo: Path) -> list[Any]:
