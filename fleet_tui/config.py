@@ -96,5 +96,9 @@ def load_settings(*, env: Mapping[str, str] | None = None,
     passed straight through. Raises ConfigError naming the file and line or the variable.
     """
     values = merged_values(env=env, config_file=config_file, overrides=overrides)
+    from fleet_tui.repo_settings import check_user_tables
+
+    check_user_tables(config_file_location(env) if config_file is None
+                      else os.fspath(config_file))
     values["config_dir"] = Path(str(values["config_dir"]))
     return Settings(**values)  # type: ignore[arg-type]

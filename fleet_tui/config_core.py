@@ -61,6 +61,11 @@ MERGE_STRATEGIES = ("merge", "squash", "ff")
 UPDATE_STRATEGIES = ("merge", "rebase")
 DEFAULT_CONFIG_DIR = "~/.fleet-worker/cfg"
 
+# The longest text a setting may be (a model name, a URL, a command): every such value ends
+# up in claude's argv or environment, where Linux takes at most 128 KiB per string; a
+# setting over this is refused where it is read, not when claude fails to start.
+MAX_SETTING_CHARS = 4096
+
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -165,6 +170,13 @@ def config_file_location(env: Mapping[str, str] | None = None) -> str:
     return str(platformdirs.user_config_path(APP_NAME) / "config.toml")
 
 
+def check_length(text: str) -> None:
+    """ValueError when a setting's text is longer than MAX_SETTING_CHARS."""
+    if len(text) > MAX_SETTING_CHARS:
+        raise ValueError(f"too long ({len(text)} characters, at most {MAX_SETTING_CHARS}): "
+                         f"{text[:40]!r}...")
+
+
 def _describe_kind(kind: str, minimum: float | None) -> str:
     if kind == "int":
         return "a whole number" + (" >= 1" if minimum == 1 else f" >= {minimum:g}")
@@ -194,6 +206,7 @@ def _convert(name: str, raw: object, *, from_text: bool) -> object:
             if kind == "optstr":
                 return None
             raise ValueError(f"expected {expected}")
+        check_length(text)
         if name == "permission_mode" and text not in PERMISSION_MODES:
             raise ValueError(f"{text!r} is not a permission mode; use one of "
                              + ", ".join(PERMISSION_MODES))
@@ -338,7 +351,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, object]:
         try:
             values[name] = _convert(name, raw, from_text=True)
         except ValueError as exc:
-            raise ConfigError(f"{var}={raw!r}: {exc}", key=var) from None
+            shown = repr(raw) if len(raw) <= 80 else f"{raw[:40]!r}... ({len(raw)} characters)"
+            raise ConfigError(f"{var}={shown}: {exc}", key=var) from None
     return values
 
 

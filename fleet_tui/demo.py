@@ -143,14 +143,32 @@ def _say(text: str) -> dict[str, Any]:
 
 
 # When an update from main stopped on conflicts (`u`, then "let the worker resolve it"),
-# the demo's worker keeps its own side of each conflicted file and concludes the merge;
-# otherwise it only looks at the worktree. (A scripted stand-in for a model's judgement:
-# the demo's two greeting tasks change the same line, so landing the second shows it.)
+# the demo's worker keeps what both sides meant to do: in each conflicted hunk, two
+# versions of one `NAME = "text"` line become one line with both texts (main's first),
+# anything else keeps main's lines and then the task's; it stages the files and concludes
+# the merge. Otherwise it only looks at the worktree. (A scripted stand-in for a model's
+# judgement: the demo's two greeting tasks change the same line, so landing the second
+# shows it, and main keeps both greetings.)
+_KEEP_BOTH = r"""import re, sys
+HUNK = re.compile(r"<{7} [^\n]*\n(.*?)(?:[|]{7}[^\n]*\n.*?)?={7}\n(.*?)>{7} [^\n]*\n", re.S)
+LINE = re.compile(r'(\s*\w+ = )"(.*)"\n')
+def both(m):
+    ours, theirs = LINE.fullmatch(m.group(1)), LINE.fullmatch(m.group(2))
+    if ours and theirs and ours.group(1) == theirs.group(1):
+        return f'{theirs.group(1)}"{theirs.group(2)} {ours.group(2)}"\n'
+    return m.group(2) + m.group(1)
+for path in sys.argv[1:]:
+    with open(path) as fh:
+        text = fh.read()
+    with open(path, "w") as fh:
+        fh.write(HUNK.sub(both, text))
+"""
 _RESOLVE_OR_LOOK = (
-    'conflicted=$(git diff --name-only --diff-filter=U); '
-    'if [ -n "$conflicted" ]; then '
-    'git checkout --ours -- $conflicted && git add -- $conflicted && '
-    'git commit --no-edit -q && echo "kept this task\'s side of: $conflicted"; '
+    'conflicted=$(git diff --name-only --diff-filter=U)\n'
+    'if [ -n "$conflicted" ]; then\n'
+    "python3 - $conflicted <<'PY'\n" + _KEEP_BOTH + "PY\n"
+    'git add -- $conflicted && git commit --no-edit -q && '
+    'echo "kept both sides of: $conflicted"\n'
     'else git status --short; fi'
 )
 
@@ -473,6 +491,7 @@ class Demo:
     # what the variables in `env` were before the demo set them (None: unset), and where
     saved: dict[str, str | None] = field(default_factory=dict)
     environ: dict[str, str] | None = None
+    reopened: bool = False  # an earlier demo's project and tasks, not a new one
 
     def stop(self) -> None:
         """Let go of the endpoint (it keeps serving the workers still running, and exits
@@ -490,6 +509,18 @@ def demo_root(env: Mapping[str, str] | None = None) -> Path:
     return paths.home(env) / "demo" / time.strftime("%Y%m%d-%H%M%S")
 
 
+def latest_demo(env: Mapping[str, str] | None = None) -> Path | None:
+    """The newest earlier demo (its project still there), which `--demo` reopens; None
+    when there is none (or `--demo --new` is asked for by the caller)."""
+    parent = paths.home(env) / "demo"
+    try:
+        found = [p for p in parent.iterdir() if p.name != "endpoint"
+                 and (p / "inventory" / ".git").exists() and (p / "home").is_dir()]
+    except OSError:
+        return None
+    return max(found, key=lambda p: p.name) if found else None
+
+
 def start_demo(claude: str, *, root: Path | None = None, event_delay: float = EVENT_DELAY,
                environ: dict[str, str] | None = None,
                idle_exit: float = ENDPOINT_IDLE_EXIT) -> Demo:
@@ -499,7 +530,9 @@ def start_demo(claude: str, *, root: Path | None = None, event_delay: float = EV
     environ = os.environ if environ is None else environ  # type: ignore[assignment]
     assert environ is not None
     root = root or demo_root(environ)
-    repo = create_project(root / "inventory")
+    # a root whose project exists already is an earlier demo, reopened as it was left
+    reopened = (root / "inventory" / ".git").exists()
+    repo = root / "inventory" if reopened else create_project(root / "inventory")
     home = root / "home"
     home.mkdir(parents=True, exist_ok=True)
     endpoint = start_endpoint(root.parent / "endpoint", event_delay=event_delay,
@@ -522,7 +555,7 @@ def start_demo(claude: str, *, root: Path | None = None, event_delay: float = EV
     saved = {name: environ.get(name) for name in updates}
     environ.update(updates)
     return Demo(root=root, repo=repo, home=home, endpoint=endpoint, env=updates, saved=saved,
-                environ=environ)
+                environ=environ, reopened=reopened)
 
 
 def submit_demo_tasks(fleet: Any, repo: Path) -> list[Any]:

@@ -56,6 +56,7 @@ from fleet_tui import (
     titles,
 )
 from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings
+from fleet_tui.config_core import check_length
 from fleet_tui.durations import check_seconds
 from fleet_tui.errors import (
     FleetError,
@@ -477,6 +478,13 @@ class Fleet:
                 check_text(what, text)
         for arg in spec.extra_args:
             check_text("argument", arg)
+        for what, text in (("base ref", spec.base_ref), ("model", spec.model),
+                           ("effort", spec.effort), *(("argument", a) for a in spec.extra_args)):
+            try:  # each reaches claude's argv or environment: refused here, not at launch
+                if isinstance(text, str):
+                    check_length(text)
+            except ValueError as exc:
+                raise InvalidSpec(f"the {what} is {exc}") from None
         if isinstance(copies, bool) or not isinstance(copies, int) or \
                 not 1 <= copies <= MAX_COPIES:
             raise InvalidSpec(f"copies must be a whole number from 1 to {MAX_COPIES} "
@@ -503,6 +511,10 @@ class Fleet:
         if not model:
             raise InvalidSpec("the model is empty; use main, small or a model name")
         repo = git.main_worktree(spec.repo if spec.repo is not None else Path.cwd())
+        try:  # a repository whose settings never read would fail each attempt at its start
+            self.repo_settings.get(repo)
+        except ConfigError as exc:
+            raise InvalidSpec(f"the repository's settings do not read: {exc}") from None
         base_ref = spec.base_ref.strip() if spec.base_ref else None
         base = git.resolve_base(repo, base_ref)
         title = titles.task_title(spec.title, prompt)
@@ -640,11 +652,13 @@ class Fleet:
 
     def _decider(self, key: str, closed: list[str | None]) -> Callable[
             [EndpointState | None, int],
-            tuple[int | None, dict[str, Any] | None, dict[str, Any] | None]]:
+            tuple[int | None, dict[str, Any] | None, dict[str, Any] | None,
+                  dict[str, Any] | None, bool]]:
         """store.claim_gated's `decide`: policy.gate, keeping why it is closed in
         `closed[0]`."""
         def decide(state: EndpointState | None, parked: int
-                   ) -> tuple[int | None, dict[str, Any] | None, dict[str, Any] | None]:
+                   ) -> tuple[int | None, dict[str, Any] | None, dict[str, Any] | None,
+                              dict[str, Any] | None, bool]:
             gate = policy.gate(state, self.settings, self.clock(), parked, settings_now=key)
             closed[0] = gate.why
             return gate.as_tuple()

@@ -379,10 +379,15 @@ class Gate:
     why: str | None = None
     fields: dict[str, Any] | None = None
     on_claim: dict[str, Any] | None = None
+    # after a park: the fields to set when nothing is left to start (the resume is over),
+    # and whether the parked sessions go before the tasks queued meanwhile
+    on_idle: dict[str, Any] | None = None
+    parked_first: bool = False
 
-    def as_tuple(self) -> tuple[int | None, dict[str, Any] | None, dict[str, Any] | None]:
+    def as_tuple(self) -> tuple[int | None, dict[str, Any] | None, dict[str, Any] | None,
+                                dict[str, Any] | None, bool]:
         """What store.claim_gated's `decide` returns."""
-        return self.cap, self.fields, self.on_claim
+        return self.cap, self.fields, self.on_claim, self.on_idle, self.parked_first
 
 
 def park_text(until: float, reason: str | None, now: float,
@@ -398,9 +403,11 @@ def gate(state: EndpointState | None, settings: Settings, now: float, parked: in
     with verdict window; `settings_now`: settings_key() of the engine asking.
 
     Held (an account or key problem): closed until the user retries a task or the
-    settings change. Parked: closed until the window's reset (plus its jitter); then the
-    parked sessions resume one at a time, `resume_stagger` apart, and once none is left
-    the park is over. Otherwise open, under the effective cap."""
+    settings change. Parked: closed until the window's reset (plus its jitter); then one
+    task starts per `resume_stagger`, the parked sessions first and then the tasks queued
+    meanwhile, every engine sharing the store counting the same claims (the endpoint
+    row's `next_start`); the park is over once nothing is left to start. Otherwise open,
+    under the effective cap."""
     cap = effective_cap(state, settings)
     if state is None:
         return Gate(cap)
@@ -415,15 +422,15 @@ def gate(state: EndpointState | None, settings: Settings, now: float, parked: in
         if now < state.parked_until:
             return Gate(None, why=park_text(state.parked_until, state.park_reason, now, tz),
                         fields=fields or None)
-        if parked == 0:  # every parked session has resumed: the park is over
-            fields.update(parked_until=None, park_reason=None, park_message=None,
-                          next_start=None)
-        elif state.next_start is not None and now < state.next_start:
-            return Gate(None, why="resuming the parked sessions one at a time",
+        if state.next_start is not None and now < state.next_start:
+            return Gate(None, why="resuming the parked sessions one at a time" if parked
+                        else "starting the tasks queued during the park one at a time",
                         fields=fields or None)
-        else:
-            return Gate(cap, fields=fields or None,
-                        on_claim={"next_start": now + settings.resume_stagger})
+        over = {"parked_until": None, "park_reason": None, "park_message": None,
+                "next_start": None}
+        return Gate(cap, fields=fields or None,
+                    on_claim={"next_start": now + settings.resume_stagger},
+                    on_idle=over, parked_first=parked > 0)
     return Gate(cap, fields=fields or None)
 
 

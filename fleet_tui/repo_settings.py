@@ -31,7 +31,13 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet_tui.config_core import ConfigError, _line_of_key, _read_toml, config_file_location
+from fleet_tui.config_core import (
+    ConfigError,
+    _line_of_key,
+    _read_toml,
+    check_length,
+    config_file_location,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -84,6 +90,12 @@ def _values(table: object, path: str, text: str, where: str) -> dict[str, object
                 raise ConfigError(f"{at}: {key}: expected a command (a string)", path=path,
                                   key=key)
             values[key] = raw.strip() or None
+        value = values[key]
+        for text in value if isinstance(value, tuple) else (value,):
+            try:
+                check_length(text if isinstance(text, str) else "")
+            except ValueError as exc:
+                raise ConfigError(f"{at}: {key}: {exc}", path=path, key=key) from None
     return values
 
 
@@ -109,6 +121,21 @@ def read_user_override(repo: Path, config_file: str) -> dict[str, object]:
                 str(Path(os.path.expanduser(name)).resolve()) in wanted:
             return _values(table, config_file, text, f"{config_file}: [{USER_TABLE}.{name!r}]")
     return {}
+
+
+def check_user_tables(config_file: str) -> None:
+    """Every `[repos."<path>"]` table of config.toml checked, whichever repository it names
+    (ConfigError with the file, line and key), so a bad one is refused by every command
+    that reads the settings, not when a task of that repository starts."""
+    data, text = _read_toml(config_file)
+    repos = data.get(USER_TABLE)
+    if repos is None:
+        return
+    if not isinstance(repos, dict):
+        raise ConfigError(f"{_where(config_file, text, USER_TABLE)}: {USER_TABLE} must be "
+                          f'tables: [{USER_TABLE}."/path/to/repository"]', path=config_file)
+    for name, table in repos.items():
+        _values(table, config_file, text, f"{config_file}: [{USER_TABLE}.{name!r}]")
 
 
 def worktree_include(repo: Path) -> tuple[str, ...]:

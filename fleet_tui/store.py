@@ -867,13 +867,15 @@ class Store:
         return int(self._connect().execute(sql, args).fetchone()[0])
 
     def claim_next(self, endpoint: str, cap: int, now: float | None = None,
-                   owner: str | None = None) -> Task | None:
+                   owner: str | None = None, parked_first: bool = False) -> Task | None:
         """Atomically move the oldest ready task of ``endpoint`` to running, under ``cap``.
 
         Ready: pending (queued, or waiting) with no ``not_before`` or one that has come.
         Returns None when the endpoint already has ``cap`` active (running/stalled) tasks or
-        nothing is ready. The states are the phases of states.py's table. One IMMEDIATE
-        transaction, so the cap holds across every process sharing the database.
+        nothing is ready. ``parked_first``: the tasks parked by a window (waiting, verdict
+        window) go before the others (the resume after a park). The states are the phases
+        of states.py's table. One IMMEDIATE transaction, so the cap holds across every
+        process sharing the database.
         """
         now = time.time() if now is None else now
         active = sorted(s.value for s in ACTIVE_STATES)
@@ -887,8 +889,12 @@ class Store:
             row = conn.execute(
                 f"SELECT * FROM tasks WHERE endpoint = ? AND state IN "
                 f"({', '.join('?' for _ in pending)}) AND "
-                f"(not_before IS NULL OR not_before <= ?) ORDER BY created_at, id LIMIT 1",
-                (endpoint, *pending, now)).fetchone()
+                f"(not_before IS NULL OR not_before <= ?) ORDER BY "
+                f"{'(state = ? AND verdict = ?) DESC, ' if parked_first else ''}"
+                f"created_at, id LIMIT 1",
+                (endpoint, *pending, now,
+                 *((TaskState.WAITING.value, Verdict.WINDOW.value) if parked_first else ())
+                 )).fetchone()
             if row is None:
                 return None
             conn.execute(
@@ -1021,14 +1027,17 @@ class Store:
     def claim_gated(self, endpoint: str, now: float, owner: str | None,
                     decide: Callable[[EndpointState | None, int],
                                      tuple[int | None, dict[str, Any] | None,
-                                           dict[str, Any] | None]]) -> Task | None:
+                                           dict[str, Any] | None, dict[str, Any] | None,
+                                           bool]]) -> Task | None:
         """`claim_next` under the endpoint's limits, in one IMMEDIATE transaction, so that
         two engines cannot both start a task into a closed window or past a ramp's step.
 
         ``decide(state, parked)`` (``parked``: how many of the endpoint's tasks wait with
-        verdict window) returns (cap, fields, fields_on_claim): the cap to claim under (None:
-        start nothing now), endpoint fields to set now (a park that is over, a hold lifted),
-        and fields to set once a task is claimed (the ramp's next start)."""
+        verdict window) returns (cap, fields, fields_on_claim, fields_on_idle,
+        parked_first): the cap to claim under (None: start nothing now), endpoint fields to
+        set now (a hold lifted), fields to set once a task is claimed (the staggered
+        resume's next start), fields to set when no task is ready at all (the resume after
+        a park is over), and whether parked sessions are claimed before fresh tasks."""
         with self.transaction() as conn:
             row = conn.execute("SELECT * FROM endpoints WHERE endpoint = ?",
                                (endpoint,)).fetchone()
@@ -1039,14 +1048,23 @@ class Store:
                     "SELECT COUNT(*) FROM tasks WHERE endpoint = ? AND state = ? AND "
                     "verdict = ?", (endpoint, TaskState.WAITING.value,
                                     Verdict.WINDOW.value)).fetchone()[0])
-            cap, fields_now, on_claim = decide(state, parked)
+            cap, fields_now, on_claim, on_idle, parked_first = decide(state, parked)
             if fields_now:
                 self._write_endpoint(conn, endpoint, fields_now, now)
             if cap is None:
                 return None
-            task = self.claim_next(endpoint, cap, now, owner=owner)
+            task = self.claim_next(endpoint, cap, now, owner=owner, parked_first=parked_first)
             if task is not None and on_claim:
                 self._write_endpoint(conn, endpoint, on_claim, now)
+            if task is None and on_idle:
+                pending = sorted(s.value for s in PENDING_STATES)
+                ready = conn.execute(
+                    f"SELECT COUNT(*) FROM tasks WHERE endpoint = ? AND state IN "
+                    f"({', '.join('?' for _ in pending)}) AND "
+                    f"(not_before IS NULL OR not_before <= ?)",
+                    (endpoint, *pending, now)).fetchone()[0]
+                if ready == 0:  # nothing held back any more (not merely at the cap)
+                    self._write_endpoint(conn, endpoint, on_idle, now)
             return task
 
     def note_queued(self, endpoint: str, note: str | None, prefixes: tuple[str, ...]) -> int:

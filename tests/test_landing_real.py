@@ -9,6 +9,7 @@ The main checkout is checked byte for byte before and after every refused or abo
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -190,7 +191,7 @@ def test_the_demos_two_greetings_land_through_the_workers_resolution(
         tmp_path: Path, claude_bin: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The demo shows the landing workflow: its two greeting tasks change the same line;
     the first lands, the second's merge names the way out (update, the worker resolves),
-    and after `update` + the worker's follow-up it lands too, with its own greeting."""
+    and after `update` + the worker's follow-up it lands too: main has both greetings."""
     from fleet_tui import demo
 
     repo = demo.create_project(tmp_path / "inventory")
@@ -212,5 +213,13 @@ def test_the_demos_two_greetings_land_through_the_workers_resolution(
         task = fleet.get_task(formal)
         assert task.state == TaskState.SUCCEEDED and task.conflicts == [], task.message
         assert fleet.merge(formal).merged
-    assert "Good day, and welcome to our shop." in (repo / "greeting.py").read_text()
+    # main keeps both changes (issue 17, finding 11: `checkout --ours` lost the first)
+    text = (repo / "greeting.py").read_text()
+    assert "Good day, and welcome to our shop." in text, text
+    assert "Hey there, come on in!" in text, text
+    assert "<<<<<<<" not in text and "=======" not in text and ">>>>>>>" not in text, text
+    greet = "import greeting; print(greeting.greet('Ada'))"
+    greeted = subprocess.run([sys.executable, "-c", greet], cwd=repo, capture_output=True,
+                             text=True, check=True).stdout
+    assert "Hey there, come on in!" in greeted and "welcome to our shop." in greeted, greeted
     assert git(repo, "status", "--porcelain") == ""

@@ -538,6 +538,9 @@ def state(**fields: Any) -> EndpointState:
 KEY_NOW = policy.settings_key(SETTINGS)
 
 
+OVER = {"parked_until": None, "park_reason": None, "park_message": None, "next_start": None}
+
+
 @pytest.mark.parametrize(("endpoint", "parked", "cap", "why", "fields", "on_claim"), [
     (None, 0, 4, None, None, None),
     (state(), 0, 4, None, None, None),
@@ -556,15 +559,21 @@ KEY_NOW = policy.settings_key(SETTINGS)
      "resuming the parked sessions one at a time", None, None),
     (state(parked_until=NOW - 5, next_start=NOW - 1), 1, 4, None, None,
      {"next_start": NOW + 10.0}),
-    # none left parked: the park is over
-    (state(parked_until=NOW - 5, next_start=NOW + 3), 0, 4, None,
-     {"parked_until": None, "park_reason": None, "park_message": None, "next_start": None},
-     None),
+    # none left parked: the tasks queued during the park are staggered the same way
+    (state(parked_until=NOW - 5, next_start=NOW + 3), 0, None,
+     "starting the tasks queued during the park one at a time", None, None),
+    (state(parked_until=NOW - 5, next_start=NOW - 1), 0, 4, None, None,
+     {"next_start": NOW + 10.0}),
 ])
 def test_gate(endpoint: EndpointState | None, parked: int, cap: int | None, why: str | None,
               fields: dict[str, Any] | None, on_claim: dict[str, Any] | None) -> None:
     got = policy.gate(endpoint, SETTINGS, NOW, parked, settings_now=KEY_NOW, tz=UTC0)
     assert (got.cap, got.why, got.fields, got.on_claim) == (cap, why, fields, on_claim)
+    # after the reset (the gate open with a stagger): the park ends once nothing is left
+    # to start, and the parked sessions go first while there are any
+    resuming = on_claim is not None
+    assert got.on_idle == (OVER if resuming else None)
+    assert got.parked_first == (resuming and parked > 0)
     note = policy.queued_note(got.why)
     assert (note is None) == (why is None)
     if note is not None:

@@ -203,3 +203,78 @@ def test_scrub_tool_env_off_linux_is_refused_with_the_reason_before_anything_exi
     monkeypatch.setattr(launcher, "SYSTEM", "linux")  # the same settings pass on Linux
     settings = load_settings()
     assert launcher.check_setup(settings, dict(os.environ)) == settings.permission_mode
+
+
+# --- issue 17, finding 10: refused before anything is created, and what is read is bounded
+
+
+def _runnable_env() -> dict[str, str]:
+    """claude found and a key set: what a run needs to get as far as creating the task."""
+    return dict(os.environ, FLEET_WORKER_CLAUDE=sys.executable,
+                ANTHROPIC_AUTH_TOKEN="sk-refusal-late-246810")
+
+
+def _config(home_config: Path, text: str) -> Path:
+    path = home_config / "fleet-tui" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_a_bad_per_repository_setting_is_refused_before_anything_exists(
+        git_repo: Path, isolated_env: Path) -> None:
+    """`[repos."<path>"] setup = 7` in config.toml: `ls` and `run` both name the file, line
+    and key (exit 2, as any other bad setting); the run stores nothing."""
+    path = _config(isolated_env / ".config", f'[repos."{git_repo}"]\nsetup = 7\n')
+    for argv in (("run", "hello", "--wait"), ("ls",)):
+        out = fleet_tui(git_repo, *argv, env=_runnable_env())
+        assert_one_clear_line(out, 2, str(path), "line 2", "setup", "a command (a string)")
+    # the same in the repository's own .fleet-tui.toml (config.toml fine): run refuses it
+    path.write_text("")
+    (git_repo / ".fleet-tui.toml").write_text('include = 3\n')
+    out = fleet_tui(git_repo, "run", "hello", "--wait", env=_runnable_env())
+    assert_one_clear_line(out, 2, ".fleet-tui.toml", "line 1", "include")
+    (git_repo / ".fleet-tui.toml").unlink()
+    assert_nothing_created(git_repo)
+
+
+@pytest.mark.parametrize("where", ["config", "env", "flag", "repos"])
+def test_a_setting_too_long_for_a_command_line_is_refused_up_front(
+        git_repo: Path, isolated_env: Path, where: str) -> None:
+    """A 200 kB model name would pass every check and fail at launch with "Argument list
+    too long": settings and task fields that reach claude's argv or environment are
+    bounded, and the refusal says by how much."""
+    huge = "m" * BIG
+    env = _runnable_env()
+    argv = ["run", "hello"]
+    if where == "config":
+        _config(isolated_env / ".config", f'model = "{huge}"\n')
+    elif where == "env":  # an exec cannot pass 200 kB in one string itself: 100 kB
+        env["FLEET_WORKER_MODEL"] = huge[:100_000]
+    elif where == "flag":
+        argv += ["--model", huge[:100_000]]
+    else:
+        _config(isolated_env / ".config", f'[repos."{git_repo}"]\nsetup = "{huge}"\n')
+    out = fleet_tui(git_repo, *argv, env=env)
+    assert_one_clear_line(out, 2, "too long", "4096")
+    assert "m" * 200 not in out.stderr  # the value itself is not echoed back whole
+    (isolated_env / ".config" / "fleet-tui" / "config.toml").unlink(missing_ok=True)
+    assert_nothing_created(git_repo)
+
+
+def test_a_prompt_file_is_read_only_up_to_its_limit(git_repo: Path, tmp_path: Path) -> None:
+    """`run --file /dev/zero` read for ever: a prompt over 1 MiB is refused with the figure,
+    after reading at most the limit and one byte (so an endless source ends at once)."""
+    import time
+
+    started = time.monotonic()
+    out = fleet_tui(git_repo, "run", "--file", "/dev/zero", env=_runnable_env())
+    assert time.monotonic() - started < 30
+    assert_one_clear_line(out, 2, "/dev/zero", "over 1 MiB")
+    over = tmp_path / "over.txt"
+    over.write_bytes(b"x" * ((1 << 20) + 1))
+    out = fleet_tui(git_repo, "run", "--file", str(over))
+    assert_one_clear_line(out, 2, str(over), "over 1 MiB")
+    out = fleet_tui(git_repo, "run", "-", stdin=b"y" * ((1 << 20) + 10))
+    assert_one_clear_line(out, 2, "stdin", "over 1 MiB")
+    assert_nothing_created(git_repo)

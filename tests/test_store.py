@@ -503,9 +503,64 @@ def test_claim_gated_obeys_the_park_and_staggers_the_resume(store: Store) -> Non
     assert claim(105.0) == parked[1].id
     state = store.get_endpoint(e)
     assert state is not None and state.parked_until == 100.0 and state.next_start == 110.0
-    assert claim(106.0) == queued.id  # none parked any more: the park is over
+    # none parked any more, but the task queued during the park is held back too
+    assert claim(106.0) is None
+    assert claim(110.0) == queued.id
+    assert claim(111.0) is None
+    state = store.get_endpoint(e)
+    assert state is not None and state.parked_until == 100.0
+    # nothing left to start once the stagger has passed: the park is over
+    assert claim(115.0) is None
     state = store.get_endpoint(e)
     assert state is not None and (state.parked_until, state.next_start) == (None, None)
+
+
+def test_after_a_reset_two_engines_start_one_task_per_stagger_parked_first(
+        tmp_path: Path) -> None:
+    """Issue 17, finding 9: one task parked by a window, three queued while parked; two
+    engines (two Store objects on one database, as two processes) ask for claims at the
+    reset and after it, the fresh ones asking first. The endpoint gets one claim per
+    resume_stagger, the parked session first, whoever asks."""
+    import itertools
+
+    from fleet_tui import policy
+    from fleet_tui.config import Settings
+
+    e = "https://ep"
+    settings = Settings(max_workers=8, resume_stagger=5.0, park_jitter=1.0)
+    db = tmp_path / "two.db"
+    first, second = Store(db), Store(db)
+    parked = first.create_task(prompt="parked", repo=REPO, endpoint=e, now=1.0,
+                               state=TaskState.WAITING, verdict="window", not_before=100.0)
+    first.change_endpoint(e, lambda st: {"parked_until": 100.0, "park_reason": "w"})
+    fresh = [second.create_task(prompt=f"fresh {i}", repo=REPO, endpoint=e, now=0.5 + i / 10)
+             for i in range(3)]  # created_at before the parked one's: age alone would lose
+
+    def claim(store: Store, now: float) -> str | None:
+        def decide(state: EndpointState | None, n: int) -> Any:
+            return policy.gate(state, settings, now, n).as_tuple()
+        task = store.claim_gated(e, now, f"engine-{id(store)}", decide)
+        return task.id if task is not None else None
+
+    claims: list[tuple[float, str]] = []
+    now = 99.0
+    while now < 140.0:  # both engines ask every 10 ms, one after the other
+        for store in (second, first):
+            got = claim(store, now)
+            if got is not None:
+                claims.append((now, got))
+        now = round(now + 0.01, 2)
+    assert [task_id for _, task_id in claims] == [parked.id, *(t.id for t in fresh)]
+    times = [at for at, _ in claims]
+    assert times[0] == 100.0
+    assert all(b - a >= settings.resume_stagger for a, b in itertools.pairwise(times))
+    state = first.get_endpoint(e)
+    assert state is not None and state.parked_until is None  # the resume is over
+    # afterwards the endpoint is open again: a new task starts at once
+    late = first.create_task(prompt="late", repo=REPO, endpoint=e, now=141.0)
+    assert claim(second, 141.0) == late.id
+    first.close()
+    second.close()
 
 
 def test_note_queued_writes_only_its_own_notes(store: Store) -> None:

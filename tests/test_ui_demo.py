@@ -247,3 +247,31 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_a_second_demo_reopens_the_last_one_and_new_starts_afresh(
+        tmp_path: Path, isolated_env: Path) -> None:
+    """Issue 17, finding 11a: `--demo` again reopened nothing (a new project, the earlier
+    tasks not shown). latest_demo finds the last demo; start_demo on it keeps its project
+    as it was (reopened: the panel submits no new tasks); `--demo --new` starts afresh."""
+    environ = dict(os.environ)
+    assert demo.latest_demo(environ) is None
+    first = demo.start_demo("/bin/true", environ=environ)
+    try:
+        first.stop()
+        assert not first.reopened
+        (first.repo / "mine.txt").write_text("left by the user\n")
+        root = demo.latest_demo(environ)
+        assert root == first.root
+        again = demo.start_demo("/bin/true", root=root, environ=environ)
+        again.stop()
+        assert again.reopened and again.repo == first.repo
+        assert (again.repo / "mine.txt").read_text() == "left by the user\n"
+    finally:
+        first.endpoint.stop()
+    out = subprocess.run([sys.executable, "-m", "fleet_tui.cli", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert "--new" in out.stdout and "reopens" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "fleet_tui.cli", "--new"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--new goes with --demo" in bad.stderr

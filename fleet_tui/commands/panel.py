@@ -20,8 +20,9 @@ class Options:
     """What the command line asks for."""
 
     def __init__(self, *, demo: bool = False, repo: Path | None = None,
-                 no_scheduler: bool = False) -> None:
+                 no_scheduler: bool = False, new: bool = False) -> None:
         self.demo = demo
+        self.new = new
         self.repo = repo
         self.no_scheduler = no_scheduler
 
@@ -32,7 +33,10 @@ def _parse(argv: list[str]) -> Options:
         # which it imports) would cost the first frame ~5 ms, 3% of Textual's own start
         return Options()
     args = _parser().parse_args(argv)
-    return Options(demo=args.demo, repo=args.repo, no_scheduler=args.no_scheduler)
+    if args.new and not args.demo:
+        _parser().error("--new goes with --demo (a fresh demo)")
+    return Options(demo=args.demo, repo=args.repo, no_scheduler=args.no_scheduler,
+                   new=args.new)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
                              "process of its own, reused by the next --demo, and it stops "
                              "by itself a minute after nothing uses it (no worker, no "
                              "demo panel)")
+    parser.add_argument("--new", action="store_true",
+                        help="with --demo: start a fresh demo (by default --demo reopens "
+                             "the last one, with its tasks)")
     parser.add_argument("--repo", type=Path, default=None,
                         help="the repository new tasks start in (default: the one around "
                              "the current directory)")
@@ -89,11 +96,15 @@ def _panel(args: Options) -> int:
         if claude is None:
             return 5
         try:
-            demo = demo_mod.start_demo(claude)
+            demo = demo_mod.start_demo(
+                claude, root=None if args.new else demo_mod.latest_demo())
         except (demo_mod.DemoEndpointError, OSError) as exc:
             return _fail(f"--demo: {exc}")
         repo = demo.repo
         endpoint = demo.endpoint
+        if demo.reopened:
+            print(f"fleet-tui demo: reopened the last demo ({demo.root}); "
+                  "`fleet-tui --demo --new` starts a fresh one")
         print(f"fleet-tui demo: project in {demo.repo}, endpoint {endpoint.url} "
               f"({'running already' if endpoint.reused else 'started'}: pid {endpoint.pid}, "
               f"log {endpoint.log})")
@@ -134,7 +145,7 @@ def _panel(args: Options) -> int:
             # config.toml edited while the panel runs: read again (a bad edit is said and
             # the settings in use stay)
             fleet.watch_settings()
-            if demo is not None:
+            if demo is not None and not demo.reopened:
                 from fleet_tui.demo import submit_demo_tasks
 
                 submit_demo_tasks(fleet, demo.repo)
@@ -149,7 +160,8 @@ def _panel(args: Options) -> int:
             print(f"fleet-tui demo: the project stays in {demo.repo} "
                   f"(FLEET_TUI_HOME={demo.home}). Workers still running finish on their "
                   f"own; the endpoint (pid {demo.endpoint.pid}) stops a minute after the "
-                  "last one.")
+                  "last one. `fleet-tui --demo` reopens this demo; `--demo --new` "
+                  "starts another.")
         return 0
     finally:
         if demo is not None:

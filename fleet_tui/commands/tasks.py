@@ -322,14 +322,26 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r}: expected {exc} (0: no limit)") from None
 
 
+PROMPT_LIMIT = 1 << 20  # bytes: a prompt file or stdin over this is refused (1 MiB)
+
+
+def _bounded(data: bytes, source: str) -> bytes:
+    """Refuse what was read past the limit (at most PROMPT_LIMIT + 1 bytes are read)."""
+    if len(data) > PROMPT_LIMIT:
+        raise _Usage(f"the prompt in {source} is over 1 MiB ({PROMPT_LIMIT} bytes); "
+                     "shorten it, or put the material in a file the worker can read")
+    return data
+
+
 def _read_stdin() -> bytes:
     if sys.stdin is None:
         return b""
     buffer = getattr(sys.stdin, "buffer", None)
     if buffer is not None:
-        data: bytes = buffer.read()
-        return data
-    return sys.stdin.read().encode("utf-8", "surrogateescape")
+        data: bytes = buffer.read(PROMPT_LIMIT + 1)
+        return _bounded(data, "stdin")
+    return _bounded(sys.stdin.read(PROMPT_LIMIT + 1).encode("utf-8", "surrogateescape"),
+                    "stdin")
 
 
 def _decode(data: bytes, source: str, command: str) -> str:
@@ -354,7 +366,8 @@ def _read_prompt(args: argparse.Namespace) -> str:
         text = _decode(_read_stdin(), "stdin", "run")
     elif args.file is not None:
         try:
-            data = Path(args.file).read_bytes()
+            with open(args.file, "rb") as fh:
+                data = _bounded(fh.read(PROMPT_LIMIT + 1), str(args.file))
         except OSError as exc:
             raise _Usage(f"cannot read the prompt file {args.file}: "
                          f"{exc.strerror or exc}") from None
