@@ -20,6 +20,11 @@ into a window the endpoint is parked for is stopped and parked with it.
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
+import subprocess
+import sys
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -27,7 +32,7 @@ from typing import Any
 
 from test_fleet import KEY, drive, make_fleet, settled
 
-from fleet_tui import policy
+from fleet_tui import paths, policy
 from fleet_tui.endpoint import RecordedRequest, ScriptedEndpoint
 from fleet_tui.fleet import Fleet, TaskSpec
 from fleet_tui.store import Task, TaskState
@@ -304,3 +309,84 @@ def test_a_model_overload_moves_to_the_small_model_at_once(git_repo: Path,
         ("model_overload", "big-model"), ("ok", "small-model")]
     assert [(r.status, r.model) for r in requests] == [(429, "big-model"),
                                                        (200, "small-model")]
+
+
+# --- after a reset: one start per resume_stagger, the parked sessions first -----------------
+
+STAGGER = 1.5
+ONE_ANSWER: dict[str, Any] = {"real_turns": True, "turns": ["done"]}
+
+
+def _engine_child(tmp_path: Path, ep: ScriptedEndpoint, claude_bin: str,
+                  ids: list[str], **settings: Any) -> subprocess.Popen[bytes]:
+    """tests/engine_child.py: a second real engine process on the test's store."""
+    tests = Path(__file__).resolve().parent
+    config = tmp_path / "engine-child.json"
+    config.write_text(json.dumps({
+        "settings": {"base_url": ep.url, "claude": claude_bin, "sandbox": os.geteuid() == 0,
+                     "key_sources": "env", "kill_grace": 2.0, **settings},
+        "env": dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0"),
+        "db": str(paths.db_path()), "until_settled": ids}))
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*inherited, str(tests.parent),
+                                                       str(tests)]))
+    return subprocess.Popen([sys.executable, str(tests / "engine_child.py"), str(config)],
+                            env=env)
+
+
+def _staggered_after_reset(git_repo: Path, claude_bin: str, tmp_path: Path,
+                           engines: int) -> None:
+    # the window closes after the parked task's first turn, for a few seconds (long enough
+    # for a second engine process to be up before it opens)
+    window = {"kind": "window", "after_ok": 1, "seconds": 4 if engines == 1 else 8}
+    settings: dict[str, Any] = {"max_workers": 4, "park_jitter": 1.0,
+                                "resume_stagger": STAGGER, "max_attempts": 1}
+    with ScriptedEndpoint({"default": WORK, "one": ONE_ANSWER}, faults=[window]) as ep:
+        fleet = make_fleet(ep, claude_bin, **settings)
+        (parked,) = fleet.submit(TaskSpec(prompt="write one.txt and two.txt", repo=git_repo))
+        drive(fleet, lambda: fleet.get_task(parked.id).verdict == "window", timeout=90)
+        fresh = fleet.submit(TaskSpec(prompt="[script:one] answer", repo=git_repo), copies=3)
+        ids = [parked.id, *(t.id for t in fresh)]
+        reset = ep.window_reset()
+        assert reset is not None
+        claims: dict[str, float] = {}
+
+        def note_claims() -> None:  # each task's claim after the reset, as the store has it
+            for t in fleet.list_tasks():
+                if t.claimed_at is not None and t.claimed_at >= reset:
+                    claims[t.id] = min(claims.get(t.id, t.claimed_at), t.claimed_at)
+
+        child = _engine_child(tmp_path, ep, claude_bin, ids, **settings) \
+            if engines == 2 else None
+        try:
+            drive(fleet, settled(fleet, *ids), timeout=150, each=note_claims)
+            if child is not None:
+                assert child.wait(timeout=60) == 0
+        finally:
+            if child is not None and child.poll() is None:
+                child.kill()
+                child.wait()
+        done = [fleet.get_task(i) for i in ids]
+    for t in done:
+        assert t.state == TaskState.SUCCEEDED, t.message
+    assert set(claims) == set(ids)
+    order = sorted(ids, key=lambda i: claims[i])
+    assert order[0] == parked.id  # the parked session first
+    times = [claims[i] for i in order]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(gap >= STAGGER - 0.01 for gap in gaps), gaps
+    # and the endpoint heard the parked session's resume before any fresh task
+    firsts = {t.id: min(r.time for r in of_task(ep, t) if r.time >= reset) for t in done}
+    assert min(firsts, key=lambda i: firsts[i]) == parked.id, firsts
+    if engines == 2:  # both engines claimed: the rule held across processes
+        assert len({t.claimed_by for t in done}) == 2, [t.claimed_by for t in done]
+
+
+def test_after_a_reset_one_start_per_stagger_parked_first(
+        git_repo: Path, claude_bin: str, tmp_path: Path) -> None:
+    _staggered_after_reset(git_repo, claude_bin, tmp_path, engines=1)
+
+
+def test_after_a_reset_two_engines_keep_the_stagger_parked_first(
+        git_repo: Path, claude_bin: str, tmp_path: Path) -> None:
+    _staggered_after_reset(git_repo, claude_bin, tmp_path, engines=2)
