@@ -205,7 +205,9 @@ def _demo_scripts() -> dict[str, Any]:
             [_tool("Bash", command="git status --short", description="show the change")],
             "Done: CHANGELOG.md created. Review the diff and merge it when it looks right.",
         ]},
-        "validate": {"delay": 0.25, "turns": [
+        # Paced to run about a minute, so that `s` (say) can reach it while it works, as the
+        # README suggests first (tests scale the pacing with FLEET_ENDPOINT_PACE).
+        "validate": {"delay": 0.6, "turns": [
             [_say("Let me read the inventory module."),
              _tool("Read", file_path="{cwd}/inventory.py")],
             [_tool("Bash", command="grep -n remove_item *.py", description="find callers")],

@@ -229,7 +229,15 @@ async def test_demo_workers_finish_after_the_panel_quits(claude_bin: str,
         for task_id in ids:
             attempt_dir = fleet.attempts(task_id)[-1].dir
             assert attempt_dir is not None
-            _wait((attempt_dir / "exit.json").exists, 120, f"{task_id} to finish")
+            _wait((attempt_dir / "exit.json").exists, 240, f"{task_id} to finish")
+        # the stock task is paced to work for about a minute, long enough to try `s` on it
+        # as the README suggests (its runner's own record: load only makes it longer)
+        stock = ids[[t for t, _ in demo.DEMO_TASKS].index(
+            "Refuse to remove more stock than there is")]
+        stock_dir = fleet.attempts(stock)[-1].dir
+        assert stock_dir is not None
+        record = json.loads((stock_dir / "exit.json").read_text())
+        assert record["finished_at"] - record["started_at"] >= 40, record
         fleet.tick()  # what the next `fleet-tui` or `fleet-tui ls` does: record them
         verdicts = {t: (fleet.get_task(t).state, fleet.get_task(t).verdict) for t in ids}
         assert all(v == (TaskState.SUCCEEDED, "ok") for v in verdicts.values()), verdicts
