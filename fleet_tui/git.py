@@ -1679,9 +1679,8 @@ def _git_running_in(repo: Path) -> bool:
         argv = procs.cmdline(st.pid)
         if not argv or Path(argv[0]).name != "git":
             continue
-        with contextlib.suppress(OSError):
-            if Path(os.readlink(f"/proc/{st.pid}/cwd")) == repo:
-                return True
+        if procs.cwd(st.pid) == repo:
+            return True
     return False
 
 

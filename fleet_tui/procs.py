@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy knows it)
 if TYPE_CHECKING:
@@ -231,6 +232,19 @@ def cmdline(pid: int) -> list[str]:
     except OSError:
         return []
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def cwd(pid: int) -> Path | None:
+    """The working directory of pid (None when gone or not readable)."""
+    if PORTABLE:
+        try:
+            return Path(_psutil().Process(pid).cwd())
+        except Exception:  # gone, not ours, or a kernel process
+            return None
+    try:
+        return Path(os.readlink(f"{PROC}/{pid}/cwd"))
+    except OSError:
+        return None
 
 
 def signal_pid(pid: int, sig: int) -> bool:

@@ -91,9 +91,9 @@ def _values(table: object, path: str, text: str, where: str) -> dict[str, object
                                   key=key)
             values[key] = raw.strip() or None
         value = values[key]
-        for text in value if isinstance(value, tuple) else (value,):
+        for item in value if isinstance(value, tuple) else (value,):
             try:
-                check_length(text if isinstance(text, str) else "")
+                check_length(item if isinstance(item, str) else "")
             except ValueError as exc:
                 raise ConfigError(f"{at}: {key}: {exc}", path=path, key=key) from None
     return values

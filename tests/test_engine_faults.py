@@ -194,14 +194,26 @@ def test_the_runner_enforces_the_timeout_with_no_engine_watching(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
         reap: list[Path], procs_mode: str) -> None:
     fleet = make_fleet(endpoint, claude_bin, kill_grace=1.0)
-    (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo, timeout=3))
-    drive(fleet, lambda: len(sleepers(git_repo)) == 2, timeout=60)
-    attempt = fleet.attempts(task.id)[-1]
-    adir = Path(attempt.dir or "")
-    rec = read_json(adir / RUNNER_FILE)
+    (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo, timeout=12))
+
+    def runner_record() -> dict[str, object] | None:
+        attempts = fleet.attempts(task.id)
+        folder = attempts[-1].dir if attempts else None
+        return read_json(Path(folder) / RUNNER_FILE) if folder else None
+
+    # ticks only until the runner has started: from then on nobody ticks, as after
+    # `run --timeout 12` without --wait and no other command (waiting for the sleeps here,
+    # under load, could outlast the timeout while the engine still ticked)
+    drive(fleet, lambda: runner_record() is not None, timeout=60)
+    rec = runner_record()
     assert rec is not None
-    # from here on nobody ticks: `run --timeout 3` without --wait, and no other command
-    assert procs.wait_gone([rec["runner_pid"]], 3 + 1.0 + 20)
+    adir = Path(fleet.attempts(task.id)[-1].dir or "")
+    runner_pid = int(str(rec["runner_pid"]))
+    deadline = time.monotonic() + 60
+    while len(sleepers(git_repo)) < 2 and procs.is_alive(runner_pid):
+        assert time.monotonic() < deadline, "the worker's sleeps never started"
+        time.sleep(0.05)
+    assert procs.wait_gone([runner_pid], 12 + 1.0 + 30)
     assert sleepers(git_repo) == []
     kill = read_json(adir / KILL_FILE)
     assert kill is not None and kill["reason"] == "timeout", kill
@@ -212,7 +224,7 @@ def test_the_runner_enforces_the_timeout_with_no_engine_watching(
     fleet.tick()
     done = fleet.get_task(task.id)
     assert done.state == TaskState.FAILED and done.verdict == "timeout", done.message
-    assert "timed out after 3 s" in (done.message or "")
+    assert "timed out after 12 s" in (done.message or "")
 
 
 # --- finding 3: a full disk -----------------------------------------------------------------

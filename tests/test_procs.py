@@ -147,13 +147,17 @@ def test_is_alive_checks_start_time_and_zombies() -> None:
 def test_descendants_and_signal_tree_reach_other_groups() -> None:
     # The shell starts one sleep in its own session (like claude's Bash tool may) and one
     # plain; both must be found through the tree and killed.
-    proc = subprocess.Popen(["bash", "-c", "setsid sleep 301 & sleep 302 & wait"],
+    # sleeps of lengths no other run of this test uses at once (xdist runs the two process
+    # modes side by side): the machine-wide check at the end counts only this run's
+    a = 30_000 + (os.getpid() % 5_000) * 2
+    mine = (f"sleep {a}", f"sleep {a + 1}")
+    proc = subprocess.Popen(["bash", "-c", f"setsid {mine[0]} & {mine[1]} & wait"],
                             start_new_session=True)
     kids: list[int] = []
 
     def sleeping() -> bool:  # both forks have exec'd sleep (under load that takes a while)
         kids[:] = procs.descendants(proc.pid)
-        return {" ".join(procs.cmdline(k)) for k in kids} >= {"sleep 301", "sleep 302"}
+        return {" ".join(procs.cmdline(k)) for k in kids} >= set(mine)
 
     try:
         assert _wait_for(sleeping)
@@ -168,7 +172,7 @@ def test_descendants_and_signal_tree_reach_other_groups() -> None:
         proc.kill()
         proc.wait()
     for st in procs.all_stats():
-        assert " ".join(procs.cmdline(st.pid)) not in ("sleep 301", "sleep 302")
+        assert " ".join(procs.cmdline(st.pid)) not in mine
 
 
 def test_group_members_and_signal_group() -> None:

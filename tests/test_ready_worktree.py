@@ -17,6 +17,7 @@ from fleet_tui import paths, prepare, stream
 from fleet_tui.attemptlog import AttemptLog
 from fleet_tui.config import ConfigError
 from fleet_tui.endpoint import ScriptedEndpoint
+from fleet_tui.errors import InvalidSpec
 from fleet_tui.fleet import TaskSpec
 from fleet_tui.repo_settings import (
     RepoSettings,
@@ -240,12 +241,12 @@ def test_a_bad_repo_file_fails_the_start_with_the_file_and_line(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
     commit(git_repo, {".fleet-tui.toml": 'include = ".env"\nsetup = 3\n'})
     fleet = make_fleet(endpoint, claude_bin)
-    (task,) = fleet.submit(TaskSpec(prompt="[script:env] look", repo=git_repo))
-    drive(fleet, settled(fleet, task.id))
-    done = fleet.get_task(task.id)
-    assert done.state == TaskState.FAILED and endpoint.requests == []
-    assert f"{git_repo / '.fleet-tui.toml'}, line 2: setup: expected a command" in (
-        done.message or "")
+    # refused before anything is created (issue 17, finding 10), naming the file and line
+    with pytest.raises(InvalidSpec) as refused:
+        fleet.submit(TaskSpec(prompt="[script:env] look", repo=git_repo))
+    assert f"{git_repo / '.fleet-tui.toml'}, line 2: setup: expected a command" in str(
+        refused.value)
+    assert fleet.list_tasks() == [] and endpoint.requests == []
 
 
 def test_fleet_port_is_unique_across_ten_concurrent_workers(

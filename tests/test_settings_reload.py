@@ -53,12 +53,21 @@ def app(git_repo: Path, tmp_path: Path, config: Path) -> FleetApp:
                     bell=False, poll_interval=0.1, diff_interval=60)
 
 
-async def _gate(pilot: Any, app: FleetApp) -> str:
-    """Open the merge dialog, read what it says of the test gate, close it."""
+async def _gate(pilot: Any, app: FleetApp, expect: str = "Test gate") -> str:
+    """Open the merge dialog, read what it says of the test gate once it says `expect`
+    (or give up at the deadline and return what it says), close it. Under load the dialog's
+    hint can still be settling when the screen is already up."""
     await pilot.press("m")
     await wait_until(pilot, lambda: isinstance(app.screen, MergeScreen), what="the dialog")
-    hints = [str(w.render()) for w in app.screen.query(Static)
-             if "dialog-hint" in w.classes]
+
+    def hints_now() -> list[str]:
+        return [str(w.render()) for w in app.screen.query(Static)
+                if "dialog-hint" in w.classes]
+
+    deadline = time.monotonic() + 20
+    while expect not in " ".join(hints_now()) and time.monotonic() < deadline:
+        await pilot.pause(0.05)
+    hints = hints_now()
     await pilot.press("escape")
     await wait_until(pilot, lambda: not isinstance(app.screen, MergeScreen),
                      what="the dialog to close")
@@ -77,12 +86,12 @@ async def test_an_edited_test_command_reaches_the_merge_dialog(
         app: FleetApp, config: Path, git_repo: Path) -> None:
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_until(pilot, lambda: app.main.cursor_task is not None, what="the list")
-        assert "No test command configured" in await _gate(pilot, app)
+        assert "No test command configured" in await _gate(pilot, app, "No test command configured")
         # config.toml gets a test command: used at once, no restart
         await _edit(config, 'max_workers = 4\ntest_command = "pytest -q"\n')
         await wait_until(pilot, lambda: bool(_said(app, "Settings reloaded")),
                          what="the reload")
-        assert "Test gate: pytest -q" in await _gate(pilot, app)
+        assert "Test gate: pytest -q" in await _gate(pilot, app, "Test gate: pytest -q")
         assert app.fleet is not None and app.fleet.settings.test_command == "pytest -q"
         # a bad edit: said with the file and line, the settings in use stay
         await _edit(config, 'max_workers = 4\ntest_command = ["pytest"]\n')
@@ -91,18 +100,18 @@ async def test_an_edited_test_command_reaches_the_merge_dialog(
         (complaint,) = _said(app, "Settings not reloaded")
         assert complaint.startswith(f"{config}, line 2: test_command: expected")
         assert complaint.endswith("The previous settings stay in use until the file reads.")
-        assert "Test gate: pytest -q" in await _gate(pilot, app)
+        assert "Test gate: pytest -q" in await _gate(pilot, app, "Test gate: pytest -q")
         # the repository's own test gate wins over the user's default
         repo_file = git_repo / ".fleet-tui.toml"
         await _edit(repo_file, 'test_command = "make check"\n')
         await wait_until(pilot, lambda: bool(_said(app, "Repository settings reloaded")),
                          what="the repository's reload")
-        assert "Test gate: make check" in await _gate(pilot, app)
+        assert "Test gate: make check" in await _gate(pilot, app, "Test gate: make check")
         await _edit(repo_file, 'test_command = "make check\n')
         await wait_until(pilot, lambda: bool(_said(app, "Repository settings not reloaded")),
                          what="the repository's complaint")
         assert str(repo_file) in _said(app, "Repository settings not reloaded")[0]
-        assert "Test gate: make check" in await _gate(pilot, app)
+        assert "Test gate: make check" in await _gate(pilot, app, "Test gate: make check")
         # each change is said once, not at every poll
         await pilot.pause(0.5)
         assert len(_said(app, "Settings not reloaded")) == 1
