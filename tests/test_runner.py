@@ -259,7 +259,10 @@ def test_claude_gets_the_prompt_on_stdin_the_token_and_the_users_umask(
     prompt = "write the file, please -- with a leading dash line\n-x"
     old = os.umask(0o022)
     try:
-        proc, adir = _start(tmp_path, claude_bin, endpoint.url, prompt, token="tok-123abc")
+        # a token of this run alone: the runner sweeps by it at its end, and another test
+        # (or this one in the other process mode, on another xdist worker) runs beside it
+        proc, adir = _start(tmp_path, claude_bin, endpoint.url, prompt,
+                            token="tok-" + os.urandom(6).hex())
         assert proc.wait(timeout=60) == 0
     finally:
         os.umask(old)
@@ -277,6 +280,9 @@ def test_token_reaches_the_bash_tool(tmp_path: Path, claude_bin: str, procs_mode
                 "input": {"command": "echo \"$FLEET_ATTEMPT_TOKEN\" > token.txt",
                           "description": "token"}}], "done"]
     with ScriptedEndpoint({"default": script}) as ep:
-        proc, _adir = _start(tmp_path, claude_bin, ep.url, "go", token="tok-456def")
+        # a token of this run alone: the runner sweeps by it at its end, and this test in
+        # the other process mode may run beside it (xdist); a shared one killed its claude
+        token = "tok-" + os.urandom(6).hex()
+        proc, _adir = _start(tmp_path, claude_bin, ep.url, "go", token=token)
         assert proc.wait(timeout=60) == 0
-    assert (tmp_path / "work" / "token.txt").read_text() == "tok-456def\n"
+    assert (tmp_path / "work" / "token.txt").read_text() == token + "\n"
