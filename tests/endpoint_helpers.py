@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -136,3 +139,12 @@ def cli_env(url: str, claude: str, key: str | None, **extra: str) -> dict[str, s
         env["ANTHROPIC_AUTH_TOKEN"] = key
     env.update(extra)
     return env
+
+
+def run_cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120
+            ) -> subprocess.CompletedProcess[str]:
+    """`fleet-tui ARGS` in cwd with env and no input; a traceback fails the test."""
+    out = subprocess.run([sys.executable, "-m", "fleet_tui.cli", *args], cwd=cwd, env=env,
+                         input="", capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out

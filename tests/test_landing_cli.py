@@ -5,14 +5,12 @@ before and after every refused or aborted command."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from endpoint_helpers import cli_env
+from endpoint_helpers import cli_env, run_cli
 from landing_support import checkout_state, commit_all, git
 
 from fleet_tui.endpoint import ScriptedEndpoint, resolve_conflict_turns
@@ -53,12 +51,7 @@ def env(endpoint: ScriptedEndpoint, claude_bin: str) -> dict[str, str]:
     return cli_env(endpoint.url, claude_bin, KEY)
 
 
-def cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120
-        ) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run([sys.executable, "-m", "fleet_tui.cli", *args], cwd=cwd, env=env,
-                         input="", capture_output=True, text=True, timeout=timeout)
-    assert "Traceback" not in out.stderr, out.stderr
-    return out
+cli = run_cli  # fleet-tui ARGS in a folder (tests/endpoint_helpers.py)
 
 
 def run_copies(env: dict[str, str], repo: Path, script: str, copies: int) -> list[str]:

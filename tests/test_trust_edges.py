@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from endpoint_helpers import cli_env
+from endpoint_helpers import cli_env, run_cli
 
 from fleet_tui import paths
 from fleet_tui.attemptlog import AttemptLog
@@ -59,12 +59,7 @@ def env(endpoint: ScriptedEndpoint, claude_bin: str) -> dict[str, str]:
     return cli_env(endpoint.url, claude_bin, KEY)
 
 
-def cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120
-        ) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run([sys.executable, "-m", "fleet_tui.cli", *args], cwd=cwd, env=env,
-                         input="", capture_output=True, text=True, timeout=timeout)
-    assert "Traceback" not in out.stderr, out.stderr
-    return out
+cli = run_cli  # fleet-tui ARGS in a folder (tests/endpoint_helpers.py)
 
 
 def started(env: dict[str, str], repo: Path, prompt: str) -> str:
