@@ -143,9 +143,16 @@ def printed_after_signal(fleet: Fleet, task: Task) -> tuple[stream.Result | None
 def check_printed(which: str, seen: list[tuple[stream.Result | None, Any]]) -> None:
     """The test covers what each version really does after a SIGTERM."""
     if which == "pinned":
-        # 2.1.197: one more turn, a clean success result, exit 0 (the finding)
-        assert any(res is not None and not res.is_error and res.subtype == "success"
-                   and rec and rec.get("exit_code") == 0 for res, rec in seen), seen
+        # 2.1.197 answers the SIGTERM with one more turn, a clean success result and exit
+        # 0 (the finding) most of the time; on a loaded machine the signal can land before
+        # its turn starts and it exits 143 with no result. Each round must be one of the
+        # two; the verdict above held for each. The success-after-the-signal case is also
+        # pinned without timing in tests/test_policy.py (the stop request decides).
+        for res, rec in seen:
+            printed = (res is not None and not res.is_error and res.subtype == "success"
+                       and rec and rec.get("exit_code") == 0)
+            signalled = res is None and rec and rec.get("exit_code") == 143
+            assert printed or signalled, seen
     else:
         # 2.1.332: exits 143 on the SIGTERM, no result line
         assert all(res is None and rec and rec.get("exit_code") == 143 for res, rec in seen), seen

@@ -173,6 +173,33 @@ async def test_an_engine_that_cannot_start_ends_the_panel_with_its_message(
     assert app.errors and "newer fleet-tui" in app.errors[0]
 
 
+async def test_the_hidden_widgets_are_not_mounted_once_the_panel_closes(
+        git_repo: Path, monkeypatch: Any) -> None:
+    """CI saw the engine's failure end the panel while the 50 ms timer that mounts the
+    filter box fired: MountError on a list pane being taken down, a traceback instead of
+    the message. The engine failing now closes the screen first, and mount_hidden checks
+    each pane before it mounts into it."""
+    import fleet_tui.ui.app as app_module
+
+    started = threading.Event()
+
+    def make() -> Fleet:
+        started.set()
+        raise FleetError("the store is locked by a newer fleet-tui; upgrade")
+
+    # the timer fires in the same refresh as the exit (the order CI met)
+    monkeypatch.setattr(app_module, "HIDDEN_DELAY", 0.001)
+    app = FleetApp(make, repo=git_repo, run_scheduler=True, bell=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _until(pilot, lambda: app.return_code == 1, "the exit")
+        assert started.is_set()
+        main = app.main
+        assert main.closing
+        await main.mount_hidden()  # a second call after the close: no mount, no error
+        assert main._hidden_done.is_set()
+    assert app.errors == ["the store is locked by a newer fleet-tui; upgrade"]
+
+
 async def test_diff_reloads_when_the_selected_task_finishes(git_repo: Path,
                                                             tmp_path: Path) -> None:
     """A worker that writes and finishes between two timed refreshes: the state change

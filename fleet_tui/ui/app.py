@@ -149,6 +149,8 @@ class FleetApp(App[None]):
         except Exception as exc:
             problem = describe_error(exc)
             self.errors.append(problem)
+            if self._main is not None:
+                self._main.closing = True  # nothing more is mounted on the way out
             # after the next refresh: exiting while the main screen still mounts fails
             self.call_from_thread(self.call_after_refresh, partial(
                 self.exit, return_code=1, message=f"fleet-tui: {problem}"))

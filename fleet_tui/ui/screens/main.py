@@ -29,6 +29,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import ContentSwitcher, Input, Label
 from textual.worker import Worker
 
@@ -222,17 +223,31 @@ class MainScreen(Screen[None]):
             return
         self._hidden_started = True
         try:
+            # The timer can fire while the app exits (an engine that cannot start ends the
+            # panel at once): a pane being taken down cannot take children. Checked before
+            # each mount, with no await between the check and the mount.
+            pane = self.query_one("#list-pane")
+            if self._going(pane):
+                return
             box = Input(id="filter", placeholder="filter: text in id, title, state, model, "
                         "tool (enter: keep, escape: clear)")
             box.display = False
-            await self.query_one("#list-pane").mount(box, before=0)
+            await pane.mount(box, before=0)
             self._filter = box
+            if self._going(self.stream):
+                return
             await self.stream.mount_search()
+            if self._going(self.diff):
+                return
             await self.diff.mount_view()
             if not self.closing:
                 self._maybe_refresh_bindings()
         finally:
             self._hidden_done.set()
+
+    def _going(self, widget: Widget) -> bool:
+        """The panel is closing, or `widget` is no longer in a live DOM."""
+        return self.closing or not widget.is_attached or widget._closing or widget._pruning
 
     def _filter_box(self) -> Input | None:
         """The filter box, once mounted (kept: a query per key-bar check costs ~0.3 ms)."""
