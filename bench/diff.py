@@ -94,7 +94,7 @@ def _file_text(index: int, lines: int, tag: str) -> str:
 def build_diff_repo(root: Path, files: int = FILES, changed: int = CHANGED_LINES) -> tuple[
         Path, Path, str]:
     """(repo, worktree, base commit): a task worktree with `files` rewritten files."""
-    from fleet_tui import git
+    from fleet_tui.vcs import git
 
     originals = {f"pkg/mod_{i:03d}.py": _file_text(i, FILE_LINES, "original")
                  for i in range(files)}
@@ -113,8 +113,8 @@ def build_diff_repo(root: Path, files: int = FILES, changed: int = CHANGED_LINES
 
 def _store_tasks(benv: BenchEnv, repo: Path, worktree: Path, base: str) -> tuple[str, str]:
     """Two finished tasks: a newer one without changes (first row) and the big diff."""
-    from fleet_tui import git
-    from fleet_tui.store import Store, TaskState
+    from fleet_tui.store.db import Store, TaskState
+    from fleet_tui.vcs import git
 
     store = Store(benv.fleet_home / "fleet.db")
     now = time.time()
@@ -135,7 +135,7 @@ def build_mixed_worktree(root: Path, modified: int = 100, new: int = 50,
                          untracked: int = 50) -> tuple[Path, str]:
     """(worktree, base commit): `modified` files rewritten (50 lines out, 50 in), `new`
     committed new files and `untracked` files of 100 lines."""
-    from fleet_tui import git
+    from fleet_tui.vcs import git
 
     originals = {f"mod{i:03}.txt": "".join(f"orig {i} {j}\n" for j in range(50))
                  for i in range(modified)}
@@ -156,7 +156,7 @@ def build_mixed_worktree(root: Path, modified: int = 100, new: int = 50,
 
 def big_diff(lines: int) -> Any:
     """A one-file `git.Diff` of `lines` added lines (made up; the view does not care)."""
-    from fleet_tui.git import Diff, FileDiff
+    from fleet_tui.vcs.git import Diff, FileDiff
 
     body = [f"+line {i} " + "x" * (i % 70) for i in range(lines)]
     patch = "\n".join(["diff --git a/big.txt b/big.txt", "new file mode 100644",
@@ -192,9 +192,9 @@ def _moved(before: float, seen: tuple[int, float]) -> bool:
 async def _measure_app(benv: BenchEnv, repo: Path, presses: int, scroll_steps: int,
                        patch_lines: list[str], worktree: Path, base: str) -> dict[str, Any]:
     from bench.apphelp import FrameProbe, bare_log_in_thread, send_key, wait_until
-    from fleet_tui.config import load_settings
-    from fleet_tui.fleet import Fleet
-    from fleet_tui.store import Store
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.settings.config import load_settings
+    from fleet_tui.store.db import Store
     from fleet_tui.ui.app import FleetApp
     from fleet_tui.ui.widgets.diff_view import DiffLines
     from fleet_tui.ui.widgets.task_table import TaskTable
@@ -261,8 +261,8 @@ async def _measure_app(benv: BenchEnv, repo: Path, presses: int, scroll_steps: i
 
 
 def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
-    from fleet_tui import git
     from fleet_tui.ui.widgets.diff_view import PreparedDiff
+    from fleet_tui.vcs import git
 
     runs = runs or (2 if smoke else 7)
     files = 10 if smoke else FILES

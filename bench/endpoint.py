@@ -1,4 +1,4 @@
-"""Benchmark 8: the scripted endpoint (fleet_tui/endpoint.py), which the demo and every
+"""Benchmark 8: the scripted endpoint (fleet_tui/demo/endpoint.py), which the demo and every
 real-CLI test run against — its budgets, kept from tests/test_endpoint.py (the tests now
 check the behaviour without a clock).
 
@@ -53,7 +53,7 @@ def post(port: int, prompt: str, timeout: float = 30.0) -> tuple[int, bytes]:
 
 def concurrent_clients(clients: int = CLIENTS, delay: float = EVENT_DELAY) -> float:
     """Seconds for `clients` clients started at once to each get their own whole answer."""
-    from fleet_tui.endpoint import ScriptedEndpoint
+    from fleet_tui.demo.endpoint import ScriptedEndpoint
 
     scripts = {f"w{i}": [f"worker {i} done"] for i in range(clients)}
     answers: dict[int, tuple[int, bytes]] = {}
@@ -77,7 +77,7 @@ def concurrent_clients(clients: int = CLIENTS, delay: float = EVENT_DELAY) -> fl
 
 def hang_until_client_gives_up(client_timeout: float = 0.3) -> float:
     """Seconds from sending a request the endpoint holds to the client's timeout."""
-    from fleet_tui.endpoint import ScriptedEndpoint
+    from fleet_tui.demo.endpoint import ScriptedEndpoint
 
     with ScriptedEndpoint(["late"], faults=["hang"]) as ep:
         t0 = time.perf_counter()
@@ -105,7 +105,7 @@ def bare_silent_socket(client_timeout: float = 0.3) -> float:
 
 def stop_with_a_hung_handler() -> float:
     """Seconds for `stop()` to return while a handler hangs on an open request."""
-    from fleet_tui.endpoint import ScriptedEndpoint
+    from fleet_tui.demo.endpoint import ScriptedEndpoint
 
     ep = ScriptedEndpoint(["late"], faults=["hang"]).start()
     errors: list[BaseException] = []

@@ -55,8 +55,8 @@ def _remove_worktree(repo: Path, path: Path, branch: str) -> None:
 
 def measure_worktrees(repo: Path, runs: int) -> tuple[list[float], list[float]]:
     """(create_worktree ms, bare git worktree add ms), alternating which goes first."""
-    from fleet_tui import git as fgit
-    from fleet_tui import paths
+    from fleet_tui.system import paths
+    from fleet_tui.vcs import git as fgit
 
     base = git(repo, "rev-parse", "HEAD").strip()
     ours: list[float] = []
@@ -105,9 +105,9 @@ def _engine_env(benv: BenchEnv, standin: Path) -> dict[str, str]:
 def measure_engine(benv: BenchEnv, repo: Path, standin: Path, tasks: int, cap: int,
                    interval: float = 0.25) -> tuple[float, float, int]:
     """(wall seconds, engine-process CPU seconds, tasks that succeeded)."""
-    from fleet_tui.config import load_settings
-    from fleet_tui.fleet import Fleet, TaskSpec
-    from fleet_tui.store import FINISHED_STATES, Store, TaskState
+    from fleet_tui.engine.fleet import Fleet, TaskSpec
+    from fleet_tui.settings.config import load_settings
+    from fleet_tui.store.db import FINISHED_STATES, Store, TaskState
 
     env = _engine_env(benv, standin)
     os.environ.update(env)
@@ -196,7 +196,7 @@ def bare_timeout(timeout: float = GATE_TIMEOUT) -> float:
 def measure_test_gate(root: Path, runs: int) -> tuple[list[float], list[float]]:
     """(ms for a merge whose test command outlives its timeout to come back refused, ms for
     the bare timeout of the same command), alternating."""
-    from fleet_tui import git as fgit
+    from fleet_tui.vcs import git as fgit
 
     repo = make_repo(root / "gate", {"src/app.py": "def main():\n    return 1\n"})
     info = fgit.create_worktree(repo, "gate01")
@@ -272,5 +272,5 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
     ]
     notes = [f"repository of {REPO_FILES if not smoke else 20} files; Fleet.run tick "
              "interval 0.25 s (the panel's default); each task's runner is a "
-             "`python -m fleet_tui.runner` process that runs the stand-in"]
+             "`python -m fleet_tui.execution.local.runner` process that runs the stand-in"]
     return BenchResult("engine", "7. Engine", figures, notes)

@@ -39,9 +39,9 @@ def _status_kib(name: str) -> int:
 async def _child(db: Path, repo: Path, total_bytes: int, tasks: int) -> dict[str, Any]:
     from bench.apphelp import wait_until
     from bench.panel import engine_offsets
-    from fleet_tui.config import load_settings
-    from fleet_tui.fleet import Fleet
-    from fleet_tui.store import Store
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.settings.config import load_settings
+    from fleet_tui.store.db import Store
     from fleet_tui.ui.app import FleetApp
     from fleet_tui.ui.widgets.stream_view import StreamView
     from fleet_tui.ui.widgets.task_table import TaskTable

@@ -48,7 +48,7 @@ FLOOD_BUDGET = 3.0
 
 
 def _flood_events(rows: int) -> list[Any]:
-    from fleet_tui import stream
+    from fleet_tui.core import stream
 
     events: list[stream.Event] = []
     for i in range(rows // 2):
@@ -143,9 +143,9 @@ async def _press_loop(app: Any, probe: FrameProbe, table: Any, until: Any, out: 
 
 async def _one_run(workers: int, per_file: int, idle_presses: int) -> dict[str, Any]:
     from bench.apphelp import wait_until
-    from fleet_tui.config import load_settings
-    from fleet_tui.fleet import Fleet
-    from fleet_tui.store import Store
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.settings.config import load_settings
+    from fleet_tui.store.db import Store
     from fleet_tui.ui.app import FleetApp
     from fleet_tui.ui.widgets.stream_view import StreamView
     from fleet_tui.ui.widgets.task_table import TaskTable

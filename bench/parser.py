@@ -85,7 +85,7 @@ def _chunks(blob: bytes, size: int) -> list[bytes]:
 def time_stream(chunks: list[bytes], repeats: int) -> tuple[float, int]:
     """Seconds to decode `chunks` `repeats` times with one StreamDecoder, and the number
     of events it produced."""
-    from fleet_tui.stream import StreamDecoder
+    from fleet_tui.core.stream import StreamDecoder
 
     decoder = StreamDecoder()
     events = 0

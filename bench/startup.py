@@ -63,7 +63,7 @@ def populate_store(db: Path, repos: list[Path], tasks: int, attempts_per_task: i
     and their attempts, in one transaction (the Store API commits per row, which would
     make the setup slower than the benchmark). The tasks take turns among ``repos`` (more
     than one: the list shows its repository column)."""
-    from fleet_tui.store import (
+    from fleet_tui.store.db import (
         ATTEMPT_COLUMNS,
         TASK_COLUMNS,
         Attempt,
@@ -182,7 +182,7 @@ def _bare_list(db: Path, expect: int) -> float:
 def time_list_tasks(db: Path, runs: int, expect: int) -> tuple[list[float], list[float]]:
     """(ms for `Store.list_tasks()` of the whole store, ms for the bare query), alternating
     (a Store or connection per run, opened by a one-row read before the timed one)."""
-    from fleet_tui.store import Store
+    from fleet_tui.store.db import Store
 
     out: list[float] = []
     bare: list[float] = []

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def _claude() -> str | None:
-    from fleet_tui.demo import find_claude_binary
+    from fleet_tui.demo.session import find_claude_binary
 
     local = ROOT / ".claude-cli" / "node_modules" / ".bin" / "claude"
     return os.environ.get("FLEET_TEST_CLAUDE") or find_claude_binary() or (
@@ -64,10 +64,10 @@ async def _until(pilot: Any, predicate: Callable[[], bool], what: str,
 async def shoot(out: Path, size: tuple[int, int]) -> list[Path]:
     from textual.widgets import Input, TextArea
 
-    from fleet_tui.config import load_settings
-    from fleet_tui.demo import start_demo, submit_demo_tasks
-    from fleet_tui.fleet import Fleet
-    from fleet_tui.store import TaskState
+    from fleet_tui.demo.session import start_demo, submit_demo_tasks
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.settings.config import load_settings
+    from fleet_tui.store.db import TaskState
     from fleet_tui.ui.app import FleetApp
     from fleet_tui.ui.screens.main import MainScreen
     from fleet_tui.ui.widgets.diff_view import DiffView

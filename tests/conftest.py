@@ -99,10 +99,10 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory,
 
 @pytest.fixture(params=["linux", "portable"] if sys.platform == "linux" else ["portable"])
 def procs_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test over both ways fleet_tui.procs reads processes: Linux's /proc with its
+    """Run a test over both ways fleet_tui.system.procs reads processes: Linux's /proc with its
     extras (subreaper, parent-death signal), and the portable path on psutil without them
     (macOS's), in this process and in every engine and runner it starts."""
-    from fleet_tui import procs
+    from fleet_tui.system import procs
 
     portable = request.param == "portable"
     monkeypatch.setattr(procs, "PORTABLE", portable)

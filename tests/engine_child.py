@@ -46,10 +46,10 @@ def _report(path: str, fleet: Any) -> None:
 
 def main() -> int:
     config = json.loads(Path(sys.argv[1]).read_text())
-    from fleet_tui import supervisor as supervisor_mod
-    from fleet_tui.config import load_settings
-    from fleet_tui.fleet import Fleet
-    from fleet_tui.store import FINISHED_STATES, Store
+    from fleet_tui.engine import supervisor as supervisor_mod
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.settings.config import load_settings
+    from fleet_tui.store.db import FINISHED_STATES, Store
 
     if config.get("start_grace") is not None:
         supervisor_mod.START_GRACE = float(config["start_grace"])
@@ -67,7 +67,7 @@ def main() -> int:
 
         Store.claim_gated = claim_then_die  # type: ignore[method-assign]
     elif die_at == "after-worktree":
-        from fleet_tui import git as fleet_git
+        from fleet_tui.vcs import git as fleet_git
 
         real_create = fleet_git.create_worktree
 
@@ -91,7 +91,7 @@ def main() -> int:
         class PopenThenDie(real_popen):  # type: ignore[misc, valid-type]
             def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
                 super().__init__(args, *rest, **kwargs)
-                if "fleet_tui.runner" in list(args):
+                if "fleet_tui.execution.local.runner" in list(args):
                     _die()
 
         subprocess.Popen = PopenThenDie  # type: ignore[misc]

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fleet_tui import git as fgit
-from fleet_tui import paths
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.store import Store, Task, TaskState
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store, Task, TaskState
+from fleet_tui.system import paths
+from fleet_tui.vcs import git as fgit
 
 STATE_FILES = ("MERGE_HEAD", "ORIG_HEAD", "MERGE_MSG", "MERGE_MODE", "SQUASH_MSG",
                "AUTO_MERGE", "REBASE_HEAD")

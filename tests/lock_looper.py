@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from fleet_tui import repolock
+from fleet_tui.vcs import repolock
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from fleet_tui import procs
+from fleet_tui.system import procs
 
 
 def working_in(where: Path, argv: Callable[[list[str]], bool] | None = None) -> list[int]:

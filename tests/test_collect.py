@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui.endpoint import ScriptedEndpoint
+from fleet_tui.demo.endpoint import ScriptedEndpoint
 
 SAMPLES = Path(__file__).resolve().parent / "fixtures" / "stream-json"
 CASES = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())

@@ -8,7 +8,7 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-from fleet_tui.config import (
+from fleet_tui.settings.config import (
     FIELD_NAMES,
     ConfigError,
     Settings,
@@ -181,7 +181,7 @@ def test_unreadable_config_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_the_lean_settings_of_fleet_worker_agree_with_settings(tmp_path: Path) -> None:
     """fleet-worker reads its settings through config_core without the dataclass; the
     fields, defaults and merged values must be those of Settings."""
-    from fleet_tui.config_core import _SPEC, load_launch_settings
+    from fleet_tui.settings.config_core import _SPEC, load_launch_settings
 
     fields = dataclasses.fields(Settings)
     assert tuple(f.name for f in fields) == tuple(_SPEC)

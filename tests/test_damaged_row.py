@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui import git as fgit
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet, FleetError
-from fleet_tui.store import Store, TaskState
+from fleet_tui.engine.fleet import Fleet, FleetError
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store, TaskState
+from fleet_tui.vcs import git as fgit
 
 
 def git(cwd: Path, *args: str) -> str:

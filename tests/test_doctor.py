@@ -20,7 +20,7 @@ import pytest
 import standin_claude
 
 from fleet_tui.commands import doctor
-from fleet_tui.endpoint import ScriptedEndpoint
+from fleet_tui.demo.endpoint import ScriptedEndpoint
 
 DOCTOR_SCRIPT = Path(sys.executable).parent / "fleet-doctor"
 TIMEOUT = 60
@@ -397,8 +397,8 @@ def test_the_platform_is_reported_with_what_it_allows(setup: Path, key: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """fleet-doctor says which system this is and which process path it takes; on macOS
     it says scrub_tool_env is Linux-only, and turning it on there fails the check."""
-    from fleet_tui import launcher
-    from fleet_tui.config import load_settings
+    from fleet_tui.execution.local import launcher
+    from fleet_tui.settings.config import load_settings
 
     linux = by_check(as_json(run_doctor("--json", cwd=setup)))["platform"]
     assert linux["status"] == "ok" and linux["detail"].startswith("Linux: everything")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui import durations
 from fleet_tui.commands import tasks
-from fleet_tui.config import ConfigError, load_settings
-from fleet_tui.fleet import Fleet, InvalidSpec, TaskSpec
+from fleet_tui.core import durations
+from fleet_tui.engine.fleet import Fleet, InvalidSpec, TaskSpec
+from fleet_tui.settings.config import ConfigError, load_settings
 from fleet_tui.ui.screens.launch import parse_duration as form_duration
 
 ACCEPTED = [("90", 90.0), ("15m", 900.0), ("1h30m", 5400.0), ("0", 0.0), ("168h", 604800.0),

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from endpoint_helpers import assemble, post, request_body
 
-from fleet_tui.endpoint import (
+from fleet_tui.demo.endpoint import (
     Fault,
     Script,
     ScriptedEndpoint,
@@ -550,7 +550,7 @@ def test_parse_fault_forms() -> None:
 
 
 def _start_cli(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "fleet_tui.endpoint", *args],
+    return subprocess.Popen([sys.executable, "-m", "fleet_tui.demo.endpoint", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=Path(__file__).resolve().parent.parent)
 

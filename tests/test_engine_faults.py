@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 from proc_helpers import working_in
 
-from fleet_tui import paths, procs, stream
-from fleet_tui.attemptlog import (
+from fleet_tui.core import stream
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.execution.local.attemptlog import (
     EVENTS_FILE,
     EXIT_FILE,
     KILL_FILE,
@@ -31,10 +33,10 @@ from fleet_tui.attemptlog import (
     read_json,
     write_json_atomic,
 )
-from fleet_tui.config import load_settings
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.fleet import Fleet, TaskSpec
-from fleet_tui.store import FINISHED_STATES, Store, Task, TaskState
+from fleet_tui.execution.local.runner import RUNNER_MODULE
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import FINISHED_STATES, Store, Task, TaskState
+from fleet_tui.system import paths, procs
 
 KEY = "sk-fleet-faults-SECRET-77ab"
 
@@ -132,7 +134,7 @@ def reap(tmp_path: Path) -> Iterator[list[Path]]:
     for pid in sleepers(tmp_path) + [p for f in folders for p in in_folder(f)]:
         procs.signal_pid(pid, signal.SIGKILL)
     for st in procs.all_stats():
-        if "fleet_tui.runner" in procs.cmdline(st.pid) and st.state != "Z" and any(
+        if "fleet_tui.execution.local.runner" in procs.cmdline(st.pid) and st.state != "Z" and any(
                 str(f) in " ".join(procs.cmdline(st.pid)) for f in folders):
             procs.signal_tree(st.pid, signal.SIGKILL)
 
@@ -308,7 +310,7 @@ def test_a_runner_that_cannot_write_anything_is_explained(
     (adir / EVENTS_FILE).touch()
     fill(small_disk)
     root = str(Path(__file__).resolve().parent.parent)
-    out = subprocess.run([sys.executable, "-m", "fleet_tui.runner", str(adir)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", RUNNER_MODULE, str(adir)], capture_output=True,
                          text=True, env=dict(os.environ, PYTHONPATH=root), timeout=60)
     assert out.returncode != 0
     assert "Traceback" not in out.stderr
@@ -410,7 +412,7 @@ def test_an_exception_for_one_task_marks_it_and_the_others_go_on(
     with open(events, "ab") as fh:  # a line that makes the (stand-in) parser raise
         fh.write(b'{"type": "' + _RaisingDecoder.POISON + b'"}\n')
     (good,) = fleet.submit(TaskSpec(prompt="write a.txt", repo=git_repo))
-    with caplog.at_level(logging.ERROR, logger="fleet_tui.fleet"):
+    with caplog.at_level(logging.ERROR, logger="fleet_tui.engine.fleet"):
         changes = fleet.tick()
     broken = fleet.get_task(bad.id)
     assert broken.state == TaskState.FAILED and broken.verdict == "crashed"
@@ -494,7 +496,7 @@ def test_a_full_database_disk_is_a_store_error_not_a_crash(small_disk: Path,
                                                            git_repo: Path) -> None:
     """The database itself failing is every task's problem, not one task's: the pass fails
     with one StoreError naming the database (the CLI prints it; the panel shows it)."""
-    from fleet_tui.store import StoreError
+    from fleet_tui.store.db import StoreError
 
     store = Store(small_disk / "fleet.db")
     fleet = Fleet(load_settings(overrides={"claude": "/nonexistent/claude"}), store)

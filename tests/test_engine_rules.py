@@ -10,15 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui import durations, errors, git, launcher, paths, policy, procs, repolock, titles
-from fleet_tui.attemptlog import EVENTS_FILE, write_json_atomic
 from fleet_tui.commands import tasks
-from fleet_tui.config import ConfigError, load_settings
-from fleet_tui.demo import DemoEndpointError
-from fleet_tui.errors import FleetTuiError
-from fleet_tui.fleet import Fleet, FleetError, FleetRefused, InvalidSpec, TaskNotFound
-from fleet_tui.states import Action, TaskState
-from fleet_tui.store import AmbiguousTaskError, StoreError, TaskSpec, UnknownTaskError
+from fleet_tui.core import durations, errors, policy, titles
+from fleet_tui.core.errors import FleetTuiError
+from fleet_tui.core.states import Action, TaskState
+from fleet_tui.demo.session import DemoEndpointError
+from fleet_tui.engine.fleet import Fleet, FleetError, FleetRefused, InvalidSpec, TaskNotFound
+from fleet_tui.execution.local import launcher
+from fleet_tui.execution.local.attemptlog import EVENTS_FILE, write_json_atomic
+from fleet_tui.settings.config import ConfigError, load_settings
+from fleet_tui.store.db import AmbiguousTaskError, StoreError, TaskSpec, UnknownTaskError
+from fleet_tui.system import paths, procs
+from fleet_tui.vcs import git, repolock
 
 INIT = b'{"type":"system","subtype":"init","session_id":"s-1","cwd":"/w","tools":[]}\n'
 
@@ -250,7 +253,7 @@ def test_a_message_to_a_finished_worker_is_said_as_such(state: TaskState,
     """`say` to a finished task raises WorkerFinished (the panel sends such a message as a
     follow-up instead); any other refusal is not one (review finding: the panel turned
     every refusal, a NUL byte or "starting" too, into a wait for a follow-up)."""
-    from fleet_tui.errors import WorkerFinished
+    from fleet_tui.core.errors import WorkerFinished
 
     fleet = engine()
     done = stored(fleet, git_repo, state)

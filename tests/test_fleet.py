@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 from proc_helpers import commands_in
 
-from fleet_tui import paths, procs, stream
-from fleet_tui.attemptlog import EVENTS_FILE, read_json
-from fleet_tui.config import load_settings
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.fleet import Fleet, FleetError, TaskSpec
-from fleet_tui.git import GitError
-from fleet_tui.store import ACTIVE_STATES, Store, Task, TaskState
+from fleet_tui.core import stream
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import Fleet, FleetError, TaskSpec
+from fleet_tui.execution.local.attemptlog import EVENTS_FILE, read_json
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import ACTIVE_STATES, Store, Task, TaskState
+from fleet_tui.system import paths, procs
+from fleet_tui.vcs.git import GitError
 
 KEY = "sk-fleet-test-SECRET-41d8"
 TICK = 0.05
@@ -147,7 +148,7 @@ def test_three_tasks_under_a_cap_of_two(git_repo: Path, claude_bin: str,
         # it execs a tool, shows the same argv, but its parent is claude, not a runner)
         live = [st for st in procs.all_stats() if st.state != "Z"
                 and procs.cmdline(st.pid)[:2] == [claude_bin, "-p"]
-                and "fleet_tui.runner" in procs.cmdline(st.ppid)
+                and "fleet_tui.execution.local.runner" in procs.cmdline(st.ppid)
                 and os.path.realpath(f"/proc/{st.pid}/cwd") in worktrees]
         peak["store"] = max(peak["store"], running)
         peak["claude"] = max(peak["claude"], len(live))
@@ -586,7 +587,7 @@ async def test_follow_events_tails_a_running_attempt(git_repo: Path, claude_bin:
 def test_read_events_in_small_chunks_matches_one_read(tmp_path: Path,
                                                       reference_samples: Path) -> None:
     """The panel reads in chunks; lines longer than a chunk must still come through."""
-    from fleet_tui.store import Attempt
+    from fleet_tui.store.db import Attempt
 
     adir = tmp_path / "attempt"
     adir.mkdir()
@@ -615,8 +616,8 @@ def test_a_big_backlog_is_read_in_bounded_chunks_and_counted(
         tmp_path: Path, reference_samples: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Following reads at most READ_CHUNK per attempt per tick (the GIL is not held for a
     whole backlog); finishing reads the rest before it classifies; the counters match."""
-    from fleet_tui import follower
-    from fleet_tui.attemptlog import EXIT_FILE, write_json_atomic
+    from fleet_tui.engine import follower
+    from fleet_tui.execution.local.attemptlog import EXIT_FILE, write_json_atomic
 
     monkeypatch.setattr(follower, "READ_CHUNK", 4096)
     sample = (reference_samples / "nonroot_stream" / "stdout.jsonl").read_bytes()

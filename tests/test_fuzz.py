@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 from soak_report import knob, record
 
-from fleet_tui import stream
 from fleet_tui.commands import collect
-from fleet_tui.outcome import Outcome, Verdict, classify, find_result
+from fleet_tui.core import stream
+from fleet_tui.core.outcome import Outcome, Verdict, classify, find_result
 
 SAMPLES = Path(__file__).resolve().parent / "fixtures" / "stream-json"
 

@@ -1,4 +1,4 @@
-"""fleet_tui.git against real git repositories (the `git_repo` fixture)."""
+"""fleet_tui.vcs.git against real git repositories (the `git_repo` fixture)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui import git as fgit
+from fleet_tui.vcs import git as fgit
 
 
 def git(cwd: Path, *args: str) -> str:

@@ -19,12 +19,13 @@ FORBIDDEN = ("textual", "rich")
 """Nothing headless renders: the engine, the runner and the CLI commands need neither."""
 
 HEADLESS = [
-    "import fleet_tui.fleet",
+    "import fleet_tui.engine.fleet",
     "import fleet_tui.commands.tasks",
-    "import fleet_tui.runner",
+    "import fleet_tui.execution.local.runner",
     "import fleet_tui.cli",
     "import fleet_tui.commands.panel",  # the panel is imported inside its main()
-    "import fleet_tui.policy, fleet_tui.states, fleet_tui.attemptlog, fleet_tui.errors",
+    "import fleet_tui.core.policy, fleet_tui.core.states, fleet_tui.core.errors,"
+    " fleet_tui.execution.local.attemptlog",
 ]
 
 
@@ -80,8 +81,9 @@ def test_the_panels_usual_start_parses_nothing() -> None:
 
 
 
-FIRST_FRAME_SPARED = ("fleet_tui.policy", "fleet_tui.providers", "fleet_tui.attemptlog",
-                      "hashlib", "json", "fleet_tui.ui.screens.help")
+FIRST_FRAME_SPARED = ("fleet_tui.core.policy", "fleet_tui.core.providers",
+                      "fleet_tui.execution.local.attemptlog", "hashlib", "json",
+                      "fleet_tui.ui.screens.help")
 """What the panel's first frame does without: the policy and the provider tables (the key
 bar and the status line need them only once there are tasks), the attempt log (the stream
 reads one only for a selected task); the engine, made after the frame, loads them all. The
@@ -129,5 +131,5 @@ def test_the_panels_first_frame_loads_no_engine_module() -> None:
     start-up budget), and the engine, made in a thread after it, loads them anyway."""
     assert first_frame_loads() == ""
     # the probe sees them when they are loaded
-    assert first_frame_loads("import fleet_tui.fleet, fleet_tui.ui.screens.help") == ",".join(
-        FIRST_FRAME_SPARED)
+    probe = "import fleet_tui.engine.fleet, fleet_tui.ui.screens.help"
+    assert first_frame_loads(probe) == ",".join(FIRST_FRAME_SPARED)

@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 from test_fleet import drive, make_fleet, settled
 
-from fleet_tui import git as fgit
-from fleet_tui import paths, stream
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.fleet import TaskSpec
-from fleet_tui.store import TaskState
+from fleet_tui.core import stream
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import TaskSpec
+from fleet_tui.execution.local.runner import RUNNER_MODULE
+from fleet_tui.store.db import TaskState
+from fleet_tui.system import paths
+from fleet_tui.vcs import git as fgit
 
 KEY = "sk-fleet-test-SECRET-41d8"  # what test_fleet.make_fleet gives workers
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +79,7 @@ def test_the_key_a_worker_prints_writes_and_names_goes_nowhere(
     assert fgit.REDACTED in (attempt.message or "") + (attempt.last_tool or "")
 
     # the panel's stream lines, built from the events as the stream pane reads them
-    from fleet_tui.attemptlog import AttemptLog
+    from fleet_tui.execution.local.attemptlog import AttemptLog
     from fleet_tui.ui import formatting
     events, _ = AttemptLog(attempt.dir).read_events(0, finished=True)
     rows = formatting.StreamFormatter().rows(events)
@@ -149,7 +151,7 @@ def test_the_runner_does_not_carry_the_key_in_its_environment(
     assert done.state == TaskState.SUCCEEDED, done.message
     assert done.worktree is not None
     chain = (done.worktree / "ancestors.txt").read_text()
-    assert "fleet_tui.runner" in chain and "claude" in chain  # the walk went past both
+    assert RUNNER_MODULE in chain and "claude" in chain  # the walk went past both
     found = done.worktree / "found.txt"
     assert not found.exists() or found.read_text() == "", found.read_text()
     assert endpoint.requests and all(r.has_auth for r in endpoint.requests)

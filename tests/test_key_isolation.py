@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from endpoint_helpers import cli_env
 
-from fleet_tui import launcher
-from fleet_tui.endpoint import ScriptedEndpoint
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.execution.local import launcher
 
 pytestmark = pytest.mark.real_claude
 

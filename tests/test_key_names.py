@@ -9,8 +9,8 @@ from pathlib import Path
 
 from test_git import commit_all, git, snapshot
 
-from fleet_tui import git as fgit
-from fleet_tui import redaction
+from fleet_tui.core import redaction
+from fleet_tui.vcs import git as fgit
 
 KEY = "sk-key-names-SECRET-90b1e2"
 
@@ -76,8 +76,8 @@ def test_the_store_and_the_attempt_folder_readers_hide_a_known_key(tmp_path: Pat
     what the attempt folder's readers give the CLI, the panel and the follower."""
     import json
 
-    from fleet_tui.attemptlog import AttemptLog
-    from fleet_tui.store import Store, TaskState
+    from fleet_tui.execution.local.attemptlog import AttemptLog
+    from fleet_tui.store.db import Store, TaskState
 
     events = tmp_path / "attempt"
     events.mkdir()
@@ -135,9 +135,9 @@ def test_an_engine_error_that_quotes_the_key_hides_it(git_repo: Path) -> None:
 
     import pytest
 
-    from fleet_tui.config import load_settings
-    from fleet_tui.fleet import Fleet
-    from fleet_tui.store import Store, TaskState
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.settings.config import load_settings
+    from fleet_tui.store.db import Store, TaskState
 
     fleet = Fleet(load_settings(env=os.environ, overrides={"key_sources": "env"}),
                   Store(git_repo.parent / "fleet.db"),
@@ -160,7 +160,7 @@ def test_an_engine_error_that_quotes_the_key_hides_it(git_repo: Path) -> None:
 def test_the_panel_never_shows_the_key_in_an_error() -> None:
     """describe_error (every failure toast of the panel) hides a known key, in fleet-tui's
     own errors and in any other exception that quotes it."""
-    from fleet_tui.errors import FleetRefused
+    from fleet_tui.core.errors import FleetRefused
     from fleet_tui.ui.formatting import describe_error
 
     key = "sk-panel-error-SECRET-77ab"
@@ -179,7 +179,7 @@ def test_a_row_written_before_the_key_was_hidden_is_read_hidden(tmp_path: Path) 
     finding: the panel showed `worker said sk-...` from such a row)."""
     import sqlite3
 
-    from fleet_tui.store import Store, TaskState
+    from fleet_tui.store.db import Store, TaskState
 
     db = tmp_path / "fleet.db"
     redaction.forget_all()

@@ -29,12 +29,13 @@ from typing import Any
 import pytest
 from endpoint_helpers import cli_env
 
-from fleet_tui import paths, procs, stream
-from fleet_tui.attemptlog import EVENTS_FILE, EXIT_FILE, read_json
-from fleet_tui.config import load_settings
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.fleet import Fleet, TaskSpec
-from fleet_tui.store import Store, Task, TaskState
+from fleet_tui.core import stream
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.execution.local.attemptlog import EVENTS_FILE, EXIT_FILE, read_json
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store, Task, TaskState
+from fleet_tui.system import paths, procs
 
 # long_steps() looks for the Bash step's `sleep 300` machine-wide: the module's tests run
 # on one xdist worker, one at a time

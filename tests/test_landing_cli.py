@@ -13,7 +13,7 @@ import pytest
 from endpoint_helpers import cli_env, run_cli
 from landing_support import checkout_state, commit_all, git
 
-from fleet_tui.endpoint import ScriptedEndpoint, resolve_conflict_turns
+from fleet_tui.demo.endpoint import ScriptedEndpoint, resolve_conflict_turns
 
 pytestmark = pytest.mark.real_claude
 

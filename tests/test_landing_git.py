@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from landing_support import checkout_state, commit_all, git
 
-from fleet_tui import git as fgit
-from fleet_tui import paths
+from fleet_tui.system import paths
+from fleet_tui.vcs import git as fgit
 
 TRAILERS = {"Fleet-Task": "t1"}
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui import policy
-from fleet_tui.config import load_settings
-from fleet_tui.states import Action, LandState, TaskState
-from fleet_tui.store import Task
-from fleet_tui.titles import commit_title, copy_title
+from fleet_tui.core import policy
+from fleet_tui.core.states import Action, LandState, TaskState
+from fleet_tui.core.titles import commit_title, copy_title
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Task
 
 
 def task(state: TaskState = TaskState.SUCCEEDED, **fields: object) -> Task:

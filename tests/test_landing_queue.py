@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 from landing_support import checkout_state, commit_all, drive, git, make_fleet, settled
 
-from fleet_tui import procs
-from fleet_tui.endpoint import ScriptedEndpoint, edit_and_commit_turns, resolve_conflict_turns
-from fleet_tui.fleet import Fleet, TaskSpec
-from fleet_tui.landing import LandingQueue
-from fleet_tui.states import LAND_ACTIVE, LandState, TaskState
+from fleet_tui.core.states import LAND_ACTIVE, LandState, TaskState
+from fleet_tui.demo.endpoint import ScriptedEndpoint, edit_and_commit_turns, resolve_conflict_turns
+from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.engine.landing import LandingQueue
+from fleet_tui.system import procs
 
 GATE = "python3 check.py"
 CHECK = """import pathlib, sys
@@ -186,7 +186,7 @@ def _queue_runners(repo: Path) -> list[int]:
     spec = str(repo / ".fleet-work" / ".logs" / ".queue" / "spec.json")
     return [st.pid for st in procs.all_stats()
             if st.state != "Z" and procs.cmdline(st.pid)[-1:] == [spec]
-            and "fleet_tui.landing" in procs.cmdline(st.pid)]
+            and "fleet_tui.engine.landing" in procs.cmdline(st.pid)]
 
 
 def test_queue_resumes_where_it_was_after_its_runner_is_killed(

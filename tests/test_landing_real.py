@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from landing_support import checkout_state, commit_all, drive, git, make_fleet, settled
 
-from fleet_tui import git as fgit
-from fleet_tui import paths
-from fleet_tui.endpoint import ScriptedEndpoint, resolve_conflict_turns
-from fleet_tui.fleet import FleetError, FleetRefused, TaskSpec
-from fleet_tui.states import LandState, TaskState
+from fleet_tui.core.states import LandState, TaskState
+from fleet_tui.demo.endpoint import ScriptedEndpoint, resolve_conflict_turns
+from fleet_tui.engine.fleet import FleetError, FleetRefused, TaskSpec
+from fleet_tui.system import paths
+from fleet_tui.vcs import git as fgit
 
 RESOLVED = "def main():\n    return 'both copies, resolved'\n"
 
@@ -192,7 +192,7 @@ def test_the_demos_two_greetings_land_through_the_workers_resolution(
     """The demo shows the landing workflow: its two greeting tasks change the same line;
     the first lands, the second's merge names the way out (update, the worker resolves),
     and after `update` + the worker's follow-up it lands too: main has both greetings."""
-    from fleet_tui import demo
+    from fleet_tui.demo import session as demo
 
     repo = demo.create_project(tmp_path / "inventory")
     prompts = dict(demo.DEMO_TASKS)

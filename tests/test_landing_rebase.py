@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from landing_support import checkout_state, commit_all, drive, git, make_fleet, settled
 
-from fleet_tui import git as fgit
-from fleet_tui.endpoint import ScriptedEndpoint, resolve_rebase_turns
-from fleet_tui.fleet import Fleet, TaskSpec
-from fleet_tui.states import LandState, TaskState
+from fleet_tui.core.states import LandState, TaskState
+from fleet_tui.demo.endpoint import ScriptedEndpoint, resolve_rebase_turns
+from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.vcs import git as fgit
 
 RESOLVED = "def main():\n    return 'main and task, both'\n"
 C1_C2 = ("echo c1 > c1.txt && git add c1.txt && git commit -qm c1 && "

@@ -12,9 +12,8 @@ import keyring
 import pytest
 import standin_claude
 
-from fleet_tui import launcher
-from fleet_tui.config import Settings, load_settings
-from fleet_tui.launcher import (
+from fleet_tui.execution.local import launcher
+from fleet_tui.execution.local.launcher import (
     ClaudeNotFoundError,
     ConfigDirError,
     Credential,
@@ -26,6 +25,7 @@ from fleet_tui.launcher import (
     prepare_config_dir,
     resolve_credential,
 )
+from fleet_tui.settings.config import Settings, load_settings
 
 
 @pytest.fixture
@@ -392,7 +392,7 @@ def test_real_claude_receives_the_prompt_after_a_list_flag(tmp_path: Path, claud
     import hashlib
     import subprocess
 
-    from fleet_tui.endpoint import ScriptedEndpoint
+    from fleet_tui.demo.endpoint import ScriptedEndpoint
 
     with ScriptedEndpoint(["done"]) as endpoint:
         settings = load_settings(

@@ -32,10 +32,11 @@ from typing import Any
 
 from test_fleet import KEY, drive, make_fleet, settled
 
-from fleet_tui import paths, policy
-from fleet_tui.endpoint import RecordedRequest, ScriptedEndpoint
-from fleet_tui.fleet import Fleet, TaskSpec
-from fleet_tui.store import Task, TaskState
+from fleet_tui.core import policy
+from fleet_tui.demo.endpoint import RecordedRequest, ScriptedEndpoint
+from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.store.db import Task, TaskState
+from fleet_tui.system import paths
 
 # two tool turns, then an answer; the first one sleeps so that both tasks of a test are past
 # their first turn before either asks for its second

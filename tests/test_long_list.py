@@ -17,9 +17,9 @@ import pytest
 from test_ui_support import wait_until
 from textual.widgets import Input, OptionList
 
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.store import CLOSED_STATES, Store, TaskState
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import CLOSED_STATES, Store, TaskState
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.launch import LaunchScreen
 from fleet_tui.ui.screens.modals import RepoScreen

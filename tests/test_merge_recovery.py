@@ -27,12 +27,12 @@ import pytest
 from landing_support import checkout_state, commit_all, finished_task, git
 from soak_report import knob, record
 
-from fleet_tui import git as fgit
-from fleet_tui import paths, procs
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.states import LandState, TaskState
-from fleet_tui.store import Store
+from fleet_tui.core.states import LandState, TaskState
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store
+from fleet_tui.system import paths, procs
+from fleet_tui.vcs import git as fgit
 
 ROOT = Path(__file__).resolve().parent.parent
 # rounds of the killed-merge check (~2.5 s each on a busy 2-core machine)
@@ -126,7 +126,7 @@ def _queue_runners(repo: Path) -> list[int]:
     spec = str(repo / ".fleet-work" / ".logs" / ".queue" / "spec.json")
     return [st.pid for st in procs.all_stats()
             if st.state != "Z" and procs.cmdline(st.pid)[-1:] == [spec]
-            and "fleet_tui.landing" in procs.cmdline(st.pid)]
+            and "fleet_tui.engine.landing" in procs.cmdline(st.pid)]
 
 
 # --- the queue runner ------------------------------------------------------------------------
@@ -173,10 +173,10 @@ def test_queue_runner_killed_in_the_merge_hook_is_recovered_by_the_next_runner(
 
 _MERGER = """import sys
 sys.path.insert(0, {root!r})
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.store import Store
-from fleet_tui import paths
+from fleet_tui.settings.config import load_settings
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.store.db import Store
+from fleet_tui.system import paths
 import os
 fleet = Fleet(load_settings(env=os.environ, overrides={{"base_url": "http://127.0.0.1:9",
               "key_sources": "env"}}), Store(paths.db_path()))

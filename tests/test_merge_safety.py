@@ -25,11 +25,12 @@ from proc_helpers import working_in
 from soak_report import knob, record
 from test_git import commit_all, git, snapshot
 
-from fleet_tui import git as fgit
-from fleet_tui import procs, repolock
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet, FleetError, FleetRefused
-from fleet_tui.store import Store, Task, TaskState
+from fleet_tui.engine.fleet import Fleet, FleetError, FleetRefused
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store, Task, TaskState
+from fleet_tui.system import procs
+from fleet_tui.vcs import git as fgit
+from fleet_tui.vcs import repolock
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = knob("FLEET_SOAK_MERGE_ROUNDS", 6, 100)
@@ -257,7 +258,7 @@ def test_test_gate_keeps_the_key_out_of_the_environment_by_value(
 RACER = """
 import sys, time
 from pathlib import Path
-from fleet_tui import git as fgit
+from fleet_tui.vcs import git as fgit
 repo, go, action = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 print("ready", flush=True)
 while not go.exists():
@@ -334,7 +335,7 @@ def test_a_merge_waits_for_the_lock_and_gives_up_with_a_clear_message(
     lock = git_repo / ".git" / fgit.LOCK_FILE
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from fleet_tui import repolock\n"
+         "import sys; from fleet_tui.vcs import repolock\n"
          "with repolock.hold(sys.argv[1], 'merging fleet/other into main'):\n"
          "    print('held', flush=True); sys.stdin.readline()", str(lock)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -365,7 +366,7 @@ def test_a_merge_waits_for_the_lock_and_gives_up_with_a_clear_message(
 def test_a_lock_of_a_dead_process_is_free(git_repo: Path) -> None:
     lock = git_repo / ".git" / fgit.LOCK_FILE
     subprocess.run([sys.executable, "-c",
-                    "import os, sys; from fleet_tui import repolock\n"
+                    "import os, sys; from fleet_tui.vcs import repolock\n"
                     "with repolock.hold(sys.argv[1], 'merging'):\n    os._exit(0)", str(lock)],
                    check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
     with repolock.hold(lock, "checking", timeout=0.0):

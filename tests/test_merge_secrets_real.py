@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from fleet_tui import paths
-from fleet_tui.config import load_settings
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.fleet import Fleet, TaskSpec
-from fleet_tui.store import Store, TaskState
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store, TaskState
+from fleet_tui.system import paths
 
 pytestmark = pytest.mark.real_claude
 

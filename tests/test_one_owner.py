@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui import policy
-from fleet_tui.states import STATES, VERBS, Action, Phase, StopReason, TaskState
-from fleet_tui.store import Store, Task
+from fleet_tui.core import policy
+from fleet_tui.core.states import STATES, VERBS, Action, Phase, StopReason, TaskState
+from fleet_tui.store.db import Store, Task
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fleet_tui"
-OWNER = PACKAGE / "states.py"
+OWNER = PACKAGE / "core" / "states.py"
 STATE_NAMES = frozenset(s.value for s in TaskState)
 STOP_NAMES = frozenset(r.value for r in StopReason)
 

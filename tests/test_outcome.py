@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from fleet_tui.attemptlog import STDERR_TAIL
-from fleet_tui.outcome import Outcome, Verdict, classify, find_result
-from fleet_tui.stream import Result, decode_all
+from fleet_tui.core.outcome import Outcome, Verdict, classify, find_result
+from fleet_tui.core.stream import Result, decode_all
+from fleet_tui.execution.local.attemptlog import STDERR_TAIL
 
 SAMPLES = Path(__file__).resolve().parent / "fixtures" / "stream-json"
 CASES = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())
@@ -256,7 +256,7 @@ def test_real_non_root_bypass_is_accepted(claude_bin: str) -> None:
     nobody): with bypassPermissions and no IS_SANDBOX a normal user's claude answers."""
     from nonroot import non_root
 
-    from fleet_tui.endpoint import ScriptedEndpoint
+    from fleet_tui.demo.endpoint import ScriptedEndpoint
 
     with ScriptedEndpoint(["Hello from the endpoint."]) as endpoint, non_root() as user:
         (user.root / "cfg").mkdir()

@@ -38,10 +38,10 @@ from typing import Any
 
 import pytest
 
-from fleet_tui import outcome, policy, providers
-from fleet_tui.config import Settings
-from fleet_tui.states import Action, TaskState, Verdict
-from fleet_tui.store import Attempt, EndpointState, Task
+from fleet_tui.core import outcome, policy, providers
+from fleet_tui.core.states import Action, TaskState, Verdict
+from fleet_tui.settings.config import Settings
+from fleet_tui.store.db import Attempt, EndpointState, Task
 
 NOW = 1_000_000.0
 SETTINGS = Settings(model="big", small_model="small", max_attempts=4, backoff_base=5.0,

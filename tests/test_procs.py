@@ -1,4 +1,4 @@
-"""fleet_tui.procs against real processes: identity, descendants, group kill, prctl."""
+"""fleet_tui.system.procs against real processes: identity, descendants, group kill, prctl."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui import procs
+from fleet_tui.system import procs
 
 # Every test runs over both paths: Linux's /proc with its extras, and the portable one.
 pytestmark = pytest.mark.usefixtures("procs_mode")
@@ -191,7 +191,7 @@ def test_group_members_and_signal_group() -> None:
 _SUBREAPER = r"""
 import os, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from fleet_tui import procs
+from fleet_tui.system import procs
 assert procs.set_child_subreaper()
 # the shell exits at once; its background sleep is orphaned and must come to us
 subprocess.run(["sh", "-c", "sleep 304 &"], check=True)
@@ -223,7 +223,7 @@ def test_child_subreaper_adopts_orphans(procs_mode: str) -> None:
 _DEATHSIG = r"""
 import os, signal, subprocess, sys
 sys.path.insert(0, sys.argv[1])
-from fleet_tui import procs
+from fleet_tui.system import procs
 procs.preload_libc()
 arm = lambda: procs.set_parent_death_signal(signal.SIGKILL)
 child = subprocess.Popen(["sleep", "305"], preexec_fn=arm)

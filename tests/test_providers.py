@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui import providers
-from fleet_tui.providers import HOUR, MONTH, Kind
+from fleet_tui.core import providers
+from fleet_tui.core.providers import HOUR, MONTH, Kind
 
 # the machine's clock in these tables: 2026-12-01 02:00:00 UTC
 NOW = datetime(2026, 12, 1, 2, 0, tzinfo=UTC).timestamp()
@@ -211,7 +211,7 @@ def test_a_rejected_rate_limit_event_makes_a_429_a_window_that_parks() -> None:
     """Anthropic's usage limits: the CLI prints a rate_limit_event (status rejected, the
     reset in epoch seconds) before the 429 (only for a claude.ai login, which a scripted
     endpoint cannot give: this chain is checked here, piece by piece)."""
-    from fleet_tui import outcome
+    from fleet_tui.core import outcome
 
     reset = NOW + 2 * HOUR
     hint = providers.rate_limit_signal({"status": "rejected", "resetsAt": int(reset),

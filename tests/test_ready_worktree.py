@@ -13,19 +13,21 @@ from typing import Any
 import pytest
 from test_fleet import drive, make_fleet, settled
 
-from fleet_tui import paths, prepare, stream
-from fleet_tui.attemptlog import AttemptLog
-from fleet_tui.config import ConfigError
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.errors import InvalidSpec
-from fleet_tui.fleet import TaskSpec
-from fleet_tui.repo_settings import (
+from fleet_tui.core import stream
+from fleet_tui.core.errors import InvalidSpec
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import TaskSpec
+from fleet_tui.execution.local import prepare
+from fleet_tui.execution.local.attemptlog import AttemptLog
+from fleet_tui.settings.config import ConfigError
+from fleet_tui.settings.repo_settings import (
     RepoSettings,
     RepoSettingsCache,
     load_repo_settings,
     worktree_include,
 )
-from fleet_tui.store import TaskState
+from fleet_tui.store.db import TaskState
+from fleet_tui.system import paths
 
 KEY = "sk-fleet-test-SECRET-41d8"  # test_fleet.make_fleet's key
 
@@ -88,7 +90,7 @@ def test_repo_file_user_override_and_worktreeinclude(git_repo: Path, tmp_path: P
                     'setup = ""\n')
     got = load_repo_settings(git_repo, str(user))
     assert (got.setup, got.test_command) == (None, "make check")
-    from fleet_tui.config import load_settings
+    from fleet_tui.settings.config import load_settings
     assert load_settings(config_file=user).max_workers == 3  # the table is not a setting
     assert load_repo_settings(tmp_path, str(user)) == RepoSettings()  # no file: nothing
 
@@ -295,7 +297,7 @@ def test_setup_does_not_outlive_a_kill(git_repo: Path, claude_bin: str,
 
 
 def test_the_store_never_hands_out_a_port_a_running_attempt_holds(tmp_path: Path) -> None:
-    from fleet_tui.store import Store, StoreError
+    from fleet_tui.store.db import Store, StoreError
 
     store = Store(tmp_path / "fleet.db")
     for tid in ("aaa001", "aaa002", "aaa003"):

@@ -25,10 +25,7 @@ from typing import Any
 
 import pytest
 
-from fleet_tui.config import load_settings
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.launcher import LaunchPlan, plan_launch
-from fleet_tui.stream import (
+from fleet_tui.core.stream import (
     ApiRetry,
     Event,
     Init,
@@ -38,6 +35,9 @@ from fleet_tui.stream import (
     ToolResult,
     ToolUse,
 )
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.execution.local.launcher import LaunchPlan, plan_launch
+from fleet_tui.settings.config import load_settings
 
 pytestmark = pytest.mark.real_claude
 
@@ -67,7 +67,7 @@ def decode(stdout: bytes) -> list[Event]:
 
 
 def verdict_of(exit_code: int, events: Sequence[Event], stderr: bytes) -> str:
-    from fleet_tui.outcome import classify
+    from fleet_tui.core.outcome import classify
 
     result = next((e.data for e in reversed(events) if isinstance(e, Result)), None)
     outcome = classify(exit_code=exit_code, result=result,
@@ -541,7 +541,7 @@ def test_endpoint_command_serves_a_script_claude_plays_to_the_end(
         worker: Worker, tmp_path: Path) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"turns": TOOL_LOOP, "delay": 0.001}))
-    server = subprocess.Popen([sys.executable, "-m", "fleet_tui.endpoint", "--script",
+    server = subprocess.Popen([sys.executable, "-m", "fleet_tui.demo.endpoint", "--script",
                                str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
     try:

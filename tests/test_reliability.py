@@ -75,13 +75,13 @@ import pytest
 from soak_report import knob, load_average, record
 from standin_claude import stream_wrapper
 
-from fleet_tui import paths, procs
-from fleet_tui.attemptlog import EVENTS_FILE, RUNNER_FILE, SPEC_FILE, read_json
-from fleet_tui.config import load_settings
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.fleet import Fleet, TaskSpec
-from fleet_tui.runner import TOKEN_ENV, RunSpec
-from fleet_tui.store import Store, TaskState
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.execution.local.attemptlog import EVENTS_FILE, RUNNER_FILE, SPEC_FILE, read_json
+from fleet_tui.execution.local.runner import RUNNER_MODULE, TOKEN_ENV, RunSpec
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store, TaskState
+from fleet_tui.system import paths, procs
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -306,7 +306,7 @@ class Monitor:
                 if KEY in " ".join(argv):
                     self.argv_hits.append(" ".join(argv)[:200])
                 self._read_environ(st.pid, argv)
-            if "fleet_tui.runner" in argv and argv[-1].startswith(self.base):
+            if "fleet_tui.execution.local.runner" in argv and argv[-1].startswith(self.base):
                 runners[st.pid] = (st.ppid, Path(argv[-1]).parent.name)
         per_task = collections.Counter(task for ppid, task in runners.values()
                                        if ppid not in runners)
@@ -368,7 +368,7 @@ def kill_leftovers(tokens: list[str], base: Path) -> None:
             procs.signal_pid(pid, signal.SIGKILL)
     for st in procs.all_stats():
         argv = procs.cmdline(st.pid)
-        if "fleet_tui.runner" in argv and st.state != "Z" and argv[-1].startswith(str(base)):
+        if RUNNER_MODULE in argv and st.state != "Z" and argv[-1].startswith(str(base)):
             procs.signal_tree(st.pid, signal.SIGKILL)
 
 

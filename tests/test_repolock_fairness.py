@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui import repolock
+from fleet_tui.vcs import repolock
 
 # rounds of a 20 ms hold against a waiter: other tests' load would change the figures
 pytestmark = pytest.mark.serial
@@ -84,13 +84,13 @@ def test_a_waiter_that_dies_in_the_queue_blocks_no_one(tmp_path: Path) -> None:
     the next process gets the lock once the holder is done."""
     lock = tmp_path / "repo.lock"
     holder = subprocess.Popen([sys.executable, "-c",
-                               "import sys, time; from fleet_tui import repolock\n"
+                               "import sys, time; from fleet_tui.vcs import repolock\n"
                                "with repolock.hold(sys.argv[1], 'holding'):\n"
                                "    print('held', flush=True); time.sleep(1.0)", str(lock)],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     waiter = subprocess.Popen([sys.executable, "-c",
-                               "import sys; from fleet_tui import repolock\n"
+                               "import sys; from fleet_tui.vcs import repolock\n"
                                "with repolock.hold(sys.argv[1], 'waiting', timeout=60):\n"
                                "    pass", str(lock)])
     assert _turnstile_taken(str(lock) + repolock.TURNSTILE)  # the waiter is in the queue

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui import launcher
 from fleet_tui.commands import tasks
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet, FleetError, TaskSpec
+from fleet_tui.engine.fleet import Fleet, FleetError, TaskSpec
+from fleet_tui.execution.local import launcher
+from fleet_tui.settings.config import load_settings
 
 TUI = Path(sys.executable).parent / "fleet-tui"
 BIG = 200 * 1024  # well over the 128 KiB a single argv string may hold on Linux

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from proc_helpers import commands_in
 
-from fleet_tui import procs
-from fleet_tui.attemptlog import (
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.execution.local.attemptlog import (
     EVENTS_FILE,
     EXIT_FILE,
     RUNNER_FILE,
@@ -27,8 +27,8 @@ from fleet_tui.attemptlog import (
     read_json,
     write_json_atomic,
 )
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.runner import TOKEN_ENV, RunSpec, claude_args
+from fleet_tui.execution.local.runner import RUNNER_MODULE, TOKEN_ENV, RunSpec, claude_args
+from fleet_tui.system import procs
 
 KEY = "sk-runner-test-SECRET-7f3a9c"
 ROOT = str(Path(__file__).resolve().parent.parent)
@@ -63,7 +63,7 @@ def _start(tmp_path: Path, claude: str, url: str, prompt: str, *, key: str | Non
     if key is not None:
         env["ANTHROPIC_AUTH_TOKEN"] = key
     env["FLEET_WORKER_KEY_SOURCES"] = "env"
-    proc = subprocess.Popen([sys.executable, "-m", "fleet_tui.runner", str(adir)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", RUNNER_MODULE, str(adir)], env=env,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     return proc, adir
 
@@ -210,7 +210,7 @@ def test_missing_claude_and_bad_spec(tmp_path: Path, endpoint: ScriptedEndpoint)
 
     (adir / SPEC_FILE).write_text("{not json")
     (adir / EXIT_FILE).unlink()
-    out = subprocess.run([sys.executable, "-m", "fleet_tui.runner", str(adir)],
+    out = subprocess.run([sys.executable, "-m", RUNNER_MODULE, str(adir)],
                          env=dict(os.environ, PYTHONPATH=ROOT), timeout=30)
     assert out.returncode == 2
     exit_rec = read_json(adir / EXIT_FILE)
@@ -220,7 +220,7 @@ def test_missing_claude_and_bad_spec(tmp_path: Path, endpoint: ScriptedEndpoint)
 def test_usage_errors(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=ROOT)
     for args in ([], [str(tmp_path / "nope")]):
-        out = subprocess.run([sys.executable, "-m", "fleet_tui.runner", *args], env=env,
+        out = subprocess.run([sys.executable, "-m", RUNNER_MODULE, *args], env=env,
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 2
         assert "Traceback" not in out.stderr and out.stderr.strip()
@@ -236,7 +236,7 @@ def test_a_second_runner_on_the_same_attempt_refuses(
         before = {p.name: p.read_bytes() for p in adir.iterdir() if p.is_file()}
         env = dict(os.environ, PYTHONPATH=ROOT, ANTHROPIC_AUTH_TOKEN=KEY,
                    FLEET_WORKER_KEY_SOURCES="env")
-        second = subprocess.run([sys.executable, "-m", "fleet_tui.runner", str(adir)],
+        second = subprocess.run([sys.executable, "-m", RUNNER_MODULE, str(adir)],
                                 env=env, capture_output=True, text=True, timeout=30)
         assert second.returncode == 75
         assert "another runner holds" in second.stderr and "Traceback" not in second.stderr

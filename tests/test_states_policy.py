@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui import policy, states
-from fleet_tui.states import Action, TaskState
-from fleet_tui.store import Task
+from fleet_tui.core import policy, states
+from fleet_tui.core.states import Action, TaskState
+from fleet_tui.store.db import Task
 
 
 def task(state: TaskState, **fields: object) -> Task:

@@ -1,4 +1,4 @@
-"""fleet_tui.store on real SQLite files, shared by real processes and threads."""
+"""fleet_tui.store.db on real SQLite files, shared by real processes and threads."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from fleet_tui import paths
-from fleet_tui.store import (
+from fleet_tui.store.db import (
     ACTIVE_STATES,
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -28,6 +27,7 @@ from fleet_tui.store import (
     TaskState,
     UnknownTaskError,
 )
+from fleet_tui.system import paths
 
 REPO = Path("/srv/project")
 
@@ -285,7 +285,7 @@ def test_claim_next_holds_cap_across_processes(tmp_path: Path) -> None:
                for i in range(40)}
     script = """
         import sys, time
-        from fleet_tui.store import Store, TaskState, ACTIVE_STATES
+        from fleet_tui.store.db import Store, TaskState, ACTIVE_STATES
         db, endpoint, owner = sys.argv[1:4]
         store = Store(db)
         claimed, peak = [], 0
@@ -327,7 +327,7 @@ def test_concurrent_processes_lose_no_updates(tmp_path: Path) -> None:
         attempt = s.add_attempt(task.id, prompt="counter")
     script = """
         import sys
-        from fleet_tui.store import Store
+        from fleet_tui.store.db import Store
         db, task_id, attempt_id = sys.argv[1], sys.argv[2], int(sys.argv[3])
         store = Store(db)
         start = time.perf_counter()
@@ -419,10 +419,10 @@ def test_store_file_never_holds_the_key(git_repo: Path, claude_bin: str,
     proof that it really went through the code that writes the store."""
     import hashlib
 
-    from fleet_tui.config import load_settings
-    from fleet_tui.endpoint import ScriptedEndpoint
-    from fleet_tui.fleet import Fleet
-    from fleet_tui.store import FINISHED_STATES, TaskSpec
+    from fleet_tui.demo.endpoint import ScriptedEndpoint
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.settings.config import load_settings
+    from fleet_tui.store.db import FINISHED_STATES, TaskSpec
 
     key = "sk-fleet-" + os.urandom(12).hex()
     db = tmp_path / "fleet.db"
@@ -461,9 +461,9 @@ def test_two_processes_parking_one_endpoint_keep_the_later_reset(tmp_path: Path)
     Store(db).close()
     script = """
         import sys
-        from fleet_tui import policy
-        from fleet_tui.config import Settings
-        from fleet_tui.store import Store
+        from fleet_tui.core import policy
+        from fleet_tui.settings.config import Settings
+        from fleet_tui.store.db import Store
         db, start = sys.argv[1], int(sys.argv[2])
         store = Store(db)
         for i in range(start, start + 60, 2):
@@ -480,8 +480,8 @@ def test_two_processes_parking_one_endpoint_keep_the_later_reset(tmp_path: Path)
 
 
 def test_claim_gated_obeys_the_park_and_staggers_the_resume(store: Store) -> None:
-    from fleet_tui import policy
-    from fleet_tui.config import Settings
+    from fleet_tui.core import policy
+    from fleet_tui.settings.config import Settings
 
     e = "https://ep"
     settings = Settings(max_workers=4, resume_stagger=5.0)
@@ -523,8 +523,8 @@ def test_after_a_reset_two_engines_start_one_task_per_stagger_parked_first(
     resume_stagger, the parked session first, whoever asks."""
     import itertools
 
-    from fleet_tui import policy
-    from fleet_tui.config import Settings
+    from fleet_tui.core import policy
+    from fleet_tui.settings.config import Settings
 
     e = "https://ep"
     settings = Settings(max_workers=8, resume_stagger=5.0, park_jitter=1.0)

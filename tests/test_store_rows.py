@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from fleet_tui import paths
-from fleet_tui.store import Store, TaskState
+from fleet_tui.store.db import Store, TaskState
+from fleet_tui.system import paths
 
 REPO = Path("/srv/project")
 

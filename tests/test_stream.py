@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet_tui import stream
-from fleet_tui.stream import (
+from fleet_tui.core import stream
+from fleet_tui.core.stream import (
     MAX_LINE_BYTES,
     RAW_KEEP_BYTES,
     SUMMARY_MAX,

@@ -18,8 +18,8 @@ import pytest
 from endpoint_helpers import cli_env
 from proc_helpers import commands_in
 
-from fleet_tui import procs
-from fleet_tui.endpoint import ScriptedEndpoint
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.system import procs
 
 pytestmark = pytest.mark.real_claude
 

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from endpoint_helpers import cli_env, run_cli
 
-from fleet_tui import paths
-from fleet_tui.attemptlog import AttemptLog
-from fleet_tui.config import load_settings
-from fleet_tui.demo import demo_scripts
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.fleet import Fleet
-from fleet_tui.store import Store
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.demo.session import demo_scripts
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.execution.local.attemptlog import AttemptLog
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store
+from fleet_tui.system import paths
 
 KEY = "sk-edges-test-SECRET-5d1c"
 
@@ -177,7 +177,7 @@ def readme_exit_codes() -> dict[int, str]:
 
 
 def test_the_readme_says_what_the_one_table_of_exit_codes_says() -> None:
-    from fleet_tui.errors import OUTCOMES
+    from fleet_tui.core.errors import OUTCOMES
 
     readme = readme_exit_codes()
     assert readme and len(readme) >= 6
@@ -188,7 +188,7 @@ def test_the_readme_says_what_the_one_table_of_exit_codes_says() -> None:
 def test_every_commands_refusals_exit_with_the_code_the_readme_gives(
         env: dict[str, str], endpoint: ScriptedEndpoint, git_repo: Path,
         tmp_path: Path) -> None:
-    from fleet_tui.errors import OUTCOMES
+    from fleet_tui.core.errors import OUTCOMES
 
     readme = readme_exit_codes()
 
@@ -327,8 +327,8 @@ def test_doctor_says_where_each_setting_came_from(tmp_path: Path) -> None:
 
 
 def test_logs_shows_a_result_whose_turn_count_is_no_number_sanely() -> None:
-    from fleet_tui import stream
     from fleet_tui.commands.tasks import format_event
+    from fleet_tui.core import stream
 
     line = json.dumps({"type": "result", "subtype": "success", "is_error": False,
                        "num_turns": 1e308, "result": "done", "session_id": "s"})
@@ -338,9 +338,9 @@ def test_logs_shows_a_result_whose_turn_count_is_no_number_sanely() -> None:
 
 
 def test_a_hold_names_the_first_task_that_met_it() -> None:
-    from fleet_tui.config import load_settings as settings_from
-    from fleet_tui.policy import Effect, apply_effect
-    from fleet_tui.store import EndpointState
+    from fleet_tui.core.policy import Effect, apply_effect
+    from fleet_tui.settings.config import load_settings as settings_from
+    from fleet_tui.store.db import EndpointState
 
     settings = settings_from(env={})
     state = EndpointState(endpoint="e")

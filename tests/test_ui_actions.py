@@ -14,7 +14,7 @@ from test_ui_support import Rig, rig, stream_text, toasts, wait_until
 from textual.command import CommandPalette
 from textual.widgets import Input, TextArea
 
-from fleet_tui.store import TaskState
+from fleet_tui.store.db import TaskState
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.help import HelpScreen
 from fleet_tui.ui.screens.main import MainScreen
@@ -111,7 +111,7 @@ async def test_kill_a_running_task(rig: Rig) -> None:
 async def test_discard_a_running_task_stops_its_worker_first(rig: Rig) -> None:
     """The policy offers discard for a running task (the engine stops it first); the
     confirm says so, and after `y` the worker is gone with its worktree."""
-    from fleet_tui import procs
+    from fleet_tui.system import procs
 
     task_id = rig.submit("[script:slow] take your time")
     app = rig.app()

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from endpoint_helpers import assemble, post, request_body
 
-from fleet_tui import CLAUDE_CODE_VERSION, demo
+from fleet_tui import CLAUDE_CODE_VERSION
 from fleet_tui.commands import panel
-from fleet_tui.endpoint import ScriptedEndpoint
+from fleet_tui.demo import session as demo
+from fleet_tui.demo.endpoint import ScriptedEndpoint
 
 
 def test_demo_project_is_a_committed_repo_whose_tests_pass(tmp_path: Path) -> None:
@@ -126,7 +127,7 @@ def test_endpoint_writes_its_url_and_exits_when_nobody_is_connected(tmp_path: Pa
     connected for that long, and an open connection keeps it alive."""
     (tmp_path / "s.json").write_text(json.dumps(["served"]))
     port_file = tmp_path / "url"
-    proc = subprocess.Popen([sys.executable, "-m", "fleet_tui.endpoint", "--script",
+    proc = subprocess.Popen([sys.executable, "-m", "fleet_tui.demo.endpoint", "--script",
                              str(tmp_path / "s.json"), "--port-file", str(port_file),
                              "--idle-exit", "1"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -193,9 +194,9 @@ async def test_demo_workers_finish_after_the_panel_quits(claude_bin: str,
                                                          tmp_path: Path) -> None:
     """The panel quits while the demo's workers run: they go on talking to the endpoint
     process, finish ok, and the endpoint then stops by itself."""
-    from fleet_tui.config import load_settings
-    from fleet_tui.fleet import Fleet
-    from fleet_tui.store import TaskState
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.settings.config import load_settings
+    from fleet_tui.store.db import TaskState
     from fleet_tui.ui.app import FleetApp
 
     started = demo.start_demo(claude_bin, root=tmp_path / "demo", idle_exit=3)

@@ -15,9 +15,9 @@ import pytest
 from test_ui_support import wait_until
 from textual.widgets import Input
 
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.store import Store, TaskState
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store, TaskState
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.launch import LaunchScreen
 from fleet_tui.ui.screens.modals import ToolCallScreen

@@ -17,14 +17,14 @@ from test_ui_support import wait_until
 from textual.message import Message
 from textual.widgets import TextArea
 
-from fleet_tui import git
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.store import TaskSpec
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import TaskSpec
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.messages import EngineReady, TasksLoaded
 from fleet_tui.ui.screens.help import HelpScreen
 from fleet_tui.ui.screens.launch import LaunchScreen
+from fleet_tui.vcs import git
 
 SIZE = (120, 36)
 

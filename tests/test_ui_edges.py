@@ -17,9 +17,9 @@ from test_ui_support import Rig, rig, wait_until
 from textual.geometry import Region
 from textual.widgets import Input, Label, TextArea
 
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.store import TaskState
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import TaskState
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.landing import QueueScreen
 from fleet_tui.ui.screens.launch import LaunchScreen
@@ -166,7 +166,7 @@ async def test_escape_in_the_launch_form_keeps_a_draft_that_n_restores_and_ctrl_
 @pytest.mark.parametrize("size", [(160, 48), (80, 24)])
 async def test_a_form_error_wraps_and_shows_whole(fleet: Fleet, git_repo: Path,
                                                   size: tuple[int, int]) -> None:
-    from fleet_tui import durations
+    from fleet_tui.core import durations
 
     app = make_app(fleet, git_repo)
     async with app.run_test(size=size) as pilot:
@@ -281,7 +281,7 @@ async def test_what_the_user_said_wraps_in_the_stream_and_needs_no_horizontal_sc
 
 async def test_after_2_the_arrows_move_the_task_list_and_the_pane_with_the_keys_is_said(
         fleet: Fleet, git_repo: Path) -> None:
-    from fleet_tui.store import TaskSpec
+    from fleet_tui.store.db import TaskSpec
     from fleet_tui.ui.widgets.bars import TabBar
     from fleet_tui.ui.widgets.stream_view import StreamView
 

@@ -10,7 +10,7 @@ import pytest
 from test_ui_support import TEST_KEY, Rig, rig, stream_text, toasts, wait_until
 from textual.widgets import TextArea
 
-from fleet_tui.store import TaskState
+from fleet_tui.store.db import TaskState
 from fleet_tui.ui.screens.launch import LaunchScreen
 from fleet_tui.ui.screens.modals import MergeScreen
 from fleet_tui.ui.widgets.diff_view import DiffLines, DiffView

@@ -16,11 +16,11 @@ from landing_support import checkout_state, git
 from test_ui_support import TEST_KEY, Rig, stream_text, toasts, wait_until
 from textual.widgets import Button, DataTable, Input
 
-from fleet_tui.config import load_settings
-from fleet_tui.endpoint import ScriptedEndpoint, resolve_conflict_turns
-from fleet_tui.fleet import Fleet
-from fleet_tui.states import LandState, TaskState
-from fleet_tui.store import TaskSpec
+from fleet_tui.core.states import LandState, TaskState
+from fleet_tui.demo.endpoint import ScriptedEndpoint, resolve_conflict_turns
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import TaskSpec
 from fleet_tui.ui.actions import find
 from fleet_tui.ui.screens.landing import CompareScreen, QueueScreen
 from fleet_tui.ui.screens.main import MainScreen

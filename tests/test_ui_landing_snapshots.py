@@ -18,17 +18,17 @@ import pytest
 from landing_support import commit_all
 from textual.pilot import Pilot
 
-from fleet_tui import git as fgit
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.states import LandState, TaskState
-from fleet_tui.store import Store
+from fleet_tui.core.states import LandState, TaskState
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.landing import CompareScreen, QueueScreen
 from fleet_tui.ui.screens.main import MainScreen
 from fleet_tui.ui.screens.modals import ChoiceScreen, MergeScreen
 from fleet_tui.ui.widgets.diff_view import DiffView
 from fleet_tui.ui.widgets.task_table import TaskTable
+from fleet_tui.vcs import git as fgit
 
 NOW = 1_800_000_000.0
 SIZES = [(80, 24), (160, 48)]

@@ -16,8 +16,8 @@ from textual.pilot import Pilot
 from textual.widget import Widget
 from textual.widgets import Button, Input, TextArea
 
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.launch import FormValues, LaunchScreen
 

@@ -15,10 +15,10 @@ from typing import Any
 from test_ui_marks import SIZE, listed, make_app, submit
 from test_ui_support import wait_until
 
-from fleet_tui import policy
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.states import TaskState, Verdict
+from fleet_tui.core import policy
+from fleet_tui.core.states import TaskState, Verdict
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
 from fleet_tui.ui.widgets.status_line import StatusLine
 
 ARREARS = ("z.ai (429): Your account is in arrears, please recharge and try again "

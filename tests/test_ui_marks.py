@@ -22,9 +22,9 @@ from textual.command import CommandPalette
 from textual.pilot import Pilot
 from textual.widgets import Button, Input
 
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.store import TaskSpec, TaskState
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import TaskSpec, TaskState
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.help import HelpScreen
 from fleet_tui.ui.screens.modals import ChoiceScreen, ConfirmScreen, MergeScreen
@@ -273,7 +273,7 @@ async def test_bulk_kill_retry_discard_act_on_exactly_the_marked_set(
 
 def _finished_with_change(fleet: Fleet, repo: Path, task_id: str, name: str) -> None:
     """What a worker leaves behind: a worktree on the task's branch with a new file."""
-    from fleet_tui import git as gitmod
+    from fleet_tui.vcs import git as gitmod
 
     task = fleet.get_task(task_id)
     info = gitmod.create_worktree(repo, task.id, task.base_commit)

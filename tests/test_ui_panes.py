@@ -18,12 +18,12 @@ from test_ui_support import wait_until
 from textual.app import App, ComposeResult
 from textual.widget import Widget
 
-from fleet_tui import git as gitmod
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.store import Task, TaskSpec, TaskState
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Task, TaskSpec, TaskState
 from fleet_tui.ui.widgets.diff_pane import DiffPane
 from fleet_tui.ui.widgets.stream_pane import TAIL_BYTES, StreamPane
+from fleet_tui.vcs import git as gitmod
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stream-json"
 SIZE = (120, 30)

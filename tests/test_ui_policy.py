@@ -1,5 +1,5 @@
 """What the keys offer is what the policy allows, and where the panel says why not it gives
-the policy's reason (the engine and the CLI follow the same rule, fleet_tui/policy.py).
+the policy's reason (the engine and the CLI follow the same rule, fleet_tui/core/policy.py).
 
 No claude here: the scheduler is off; tasks are put in the states they are in after a real
 run by writing the store the way the engine does (a real store, a real git repository).
@@ -15,16 +15,16 @@ import pytest
 from test_ui_support import wait_until
 from textual.pilot import Pilot
 
-from fleet_tui import git as gitmod
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.store import TaskSpec, TaskState
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import TaskSpec, TaskState
 from fleet_tui.ui.actions import find
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.main import MainScreen
 from fleet_tui.ui.screens.modals import ConfirmScreen, PromptScreen
 from fleet_tui.ui.widgets.bars import KeyBar
 from fleet_tui.ui.widgets.task_table import TaskTable
+from fleet_tui.vcs import git as gitmod
 
 SIZE = (120, 36)
 

@@ -11,10 +11,10 @@ from typing import Any
 from test_ui_snapshots import FIXTURES, NOW, build_fleet
 from textual.pilot import Pilot
 
-from fleet_tui.attemptlog import AttemptLog
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet, FleetError
-from fleet_tui.store import Store, TaskState
+from fleet_tui.engine.fleet import Fleet, FleetError
+from fleet_tui.execution.local.attemptlog import AttemptLog
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store, TaskState
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.widgets.stream_pane import TAIL_BYTES
 from fleet_tui.ui.widgets.stream_view import StreamView
@@ -204,8 +204,8 @@ async def test_diff_reloads_when_the_selected_task_finishes(git_repo: Path,
                                                             tmp_path: Path) -> None:
     """A worker that writes and finishes between two timed refreshes: the state change
     alone brings the final diff (the timed refresh is set far away here)."""
-    from fleet_tui import git as fgit
     from fleet_tui.ui.widgets.diff_view import DiffView
+    from fleet_tui.vcs import git as fgit
 
     store = Store(tmp_path / "fleet.db")
     info = fgit.create_worktree(git_repo, "dfin01")
@@ -232,8 +232,8 @@ async def test_diff_reloads_when_the_selected_task_finishes(git_repo: Path,
 async def test_no_git_diff_runs_while_the_diff_tab_is_hidden(git_repo: Path,
                                                              tmp_path: Path) -> None:
     """Selecting a task on the stream tab computes no diff; showing the diff tab does."""
-    from fleet_tui import git as fgit
     from fleet_tui.ui.widgets.diff_view import DiffView
+    from fleet_tui.vcs import git as fgit
 
     store = Store(tmp_path / "fleet.db")
     info = fgit.create_worktree(git_repo, "hid001")

@@ -17,9 +17,9 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input, TextArea
 
-from fleet_tui.config import load_settings
-from fleet_tui.fleet import Fleet
-from fleet_tui.store import Store, TaskState
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store, TaskState
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.main import MainScreen
 from fleet_tui.ui.widgets.diff_view import DiffView

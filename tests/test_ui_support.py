@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from fleet_tui.config import load_settings
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.fleet import Fleet
-from fleet_tui.store import TaskSpec, TaskState
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import Fleet
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import TaskSpec, TaskState
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.main import MainScreen
 from fleet_tui.ui.widgets.stream_view import StreamView

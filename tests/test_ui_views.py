@@ -8,9 +8,8 @@ from typing import Any
 
 from textual.app import App, ComposeResult
 
-from fleet_tui import stream
-from fleet_tui.attemptlog import AttemptLog
-from fleet_tui.git import Diff, FileDiff
+from fleet_tui.core import stream
+from fleet_tui.execution.local.attemptlog import AttemptLog
 from fleet_tui.ui.formatting import (
     PreparedDiff,
     StreamFormatter,
@@ -21,6 +20,7 @@ from fleet_tui.ui.formatting import (
 from fleet_tui.ui.screens.launch import FormValues, parse_duration, parse_positive_int
 from fleet_tui.ui.widgets.diff_view import DiffLines, DiffView
 from fleet_tui.ui.widgets.stream_view import StreamView
+from fleet_tui.vcs.git import Diff, FileDiff
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "stream-json"
 

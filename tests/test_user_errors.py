@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from fleet_tui.commands import tasks
-from fleet_tui.endpoint import ScriptError
-from fleet_tui.errors import EXIT_FAILED, EXIT_USAGE, FleetTuiError
-from fleet_tui.follower import TaskDataError, describe_error
+from fleet_tui.core.errors import EXIT_FAILED, EXIT_USAGE, FleetTuiError
+from fleet_tui.demo.endpoint import ScriptError
+from fleet_tui.engine.follower import TaskDataError, describe_error
 
 
 @pytest.mark.parametrize(("error", "code"), [
@@ -47,7 +47,7 @@ def test_script_error_is_still_a_value_error() -> None:
 def test_a_bad_script_ends_the_endpoint_with_one_line_and_exit_2(tmp_path: Path) -> None:
     script = tmp_path / "bad.json"
     script.write_text('{"turns": [[{"type": "text"}]]}', encoding="utf-8")
-    out = subprocess.run([sys.executable, "-m", "fleet_tui.endpoint", "--script", str(script)],
+    out = subprocess.run([sys.executable, "-m", "fleet_tui.demo.endpoint", "--script", str(script)],
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == EXIT_USAGE, out.stderr
     lines = out.stderr.strip().splitlines()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import standin_claude
 
-from fleet_tui.endpoint import ScriptedEndpoint
+from fleet_tui.demo.endpoint import ScriptedEndpoint
 
 WORKER_SCRIPT = Path(sys.executable).parent / "fleet-worker"
 TIMEOUT = 30

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from test_fleet import drive, make_fleet, run_one, settled
 
-from fleet_tui.endpoint import ScriptedEndpoint
-from fleet_tui.fleet import Fleet, FleetRefused
-from fleet_tui.store import TaskState
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import Fleet, FleetRefused
+from fleet_tui.store.db import TaskState
 
 SCRIPTS = {"chat": ["first answer", "second answer", "third answer"]}
 

@@ -12,8 +12,8 @@ import json
 import sys
 from typing import Any, TextIO
 
-from fleet_tui import providers
-from fleet_tui.outcome import Outcome, classify, find_result
+from fleet_tui.core import providers
+from fleet_tui.core.outcome import Outcome, classify, find_result
 
 EXIT_OK = 0
 EXIT_USAGE = 2

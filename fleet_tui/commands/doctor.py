@@ -18,14 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet_tui import CLAUDE_CODE_VERSION, __version__
-from fleet_tui.config import (
-    ConfigError,
-    Settings,
-    config_file_path,
-    load_settings,
-    setting_sources,
-)
-from fleet_tui.launcher import (
+from fleet_tui.execution.local.launcher import (
     ROOT_MESSAGE,
     SCRUB_PROGRAMS,
     LaunchError,
@@ -41,6 +34,13 @@ from fleet_tui.launcher import (
     scrub_platform_message,
     system_name,
     which,
+)
+from fleet_tui.settings.config import (
+    ConfigError,
+    Settings,
+    config_file_path,
+    load_settings,
+    setting_sources,
 )
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -276,7 +276,8 @@ def _tool_env_check(ctx: Context, settings: Settings, timeout: float) -> Check:
 
 def _platform_check(system: str | None = None, portable: bool | None = None) -> Check:
     """The system and what it allows (README, "Supported systems")."""
-    from fleet_tui import launcher, procs
+    from fleet_tui.execution.local import launcher
+    from fleet_tui.system import procs
 
     system = launcher.SYSTEM if system is None else system
     portable = procs.PORTABLE if portable is None else portable
@@ -310,7 +311,9 @@ def _git_checks(env: Mapping[str, str], cwd: Path) -> list[Check]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [Check("git", WARN, f"git did not run: {exc}")]
     checks = [Check("git", OK, f"{version} at {git}")]
-    from fleet_tui import git as fleet_git  # the repository the engine would use, as it finds it
+    from fleet_tui.vcs import (
+        git as fleet_git,  # the repository the engine would use, as it finds it
+    )
 
     try:
         repo = fleet_git.find_repo(cwd)
@@ -420,7 +423,7 @@ def _provider_check(status: int, reply: str) -> tuple[str, int] | None:
     refusal the table does not name (the status alone says it then)."""
     import time
 
-    from fleet_tui import outcome, providers
+    from fleet_tui.core import outcome, providers
 
     signal = providers.identify(reply, status)
     if signal is None or (signal.code.provider == "anthropic"

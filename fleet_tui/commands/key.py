@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fleet_tui.config import ConfigError, load_settings
-from fleet_tui.launcher import check_sources, keyring_failure_reason
+from fleet_tui.execution.local.launcher import check_sources, keyring_failure_reason
+from fleet_tui.settings.config import ConfigError, load_settings
 
 EXIT_OK = 0
 EXIT_USAGE = 2

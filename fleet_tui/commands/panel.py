@@ -83,14 +83,14 @@ def main(argv: list[str]) -> int:
 def _panel(args: Options) -> int:
     # Textual first: the first frame needs nothing else. The engine (store, GitPython) is
     # made in a thread once the frame is up, and the repository is looked up there too.
-    from fleet_tui.config import ConfigError, load_settings
+    from fleet_tui.settings.config import ConfigError, load_settings
     from fleet_tui.ui.app import FleetApp
     from fleet_tui.ui.messages import EngineReady
 
     demo = None
     repo: Path | None = None
     if args.demo:
-        from fleet_tui import demo as demo_mod
+        from fleet_tui.demo import session as demo_mod
 
         claude = demo_mod.ensure_claude()
         if claude is None:
@@ -110,7 +110,7 @@ def _panel(args: Options) -> int:
               f"log {endpoint.log})")
     elif args.repo is not None:
         # named on the command line: a mistake is reported before the screen is taken
-        from fleet_tui import git
+        from fleet_tui.vcs import git
 
         try:
             repo = git.main_worktree(args.repo)
@@ -128,8 +128,8 @@ def _panel(args: Options) -> int:
             panel with its message. What it returns is the panel's EngineReady: the engine,
             the repository new tasks start in (looked up here unless given) and its
             current branch."""
-            from fleet_tui import git
-            from fleet_tui.fleet import Fleet
+            from fleet_tui.engine.fleet import Fleet
+            from fleet_tui.vcs import git
 
             where = repo
             if look_around:
@@ -146,7 +146,7 @@ def _panel(args: Options) -> int:
             # the settings in use stay)
             fleet.watch_settings()
             if demo is not None and not demo.reopened:
-                from fleet_tui.demo import submit_demo_tasks
+                from fleet_tui.demo.session import submit_demo_tasks
 
                 submit_demo_tasks(fleet, demo.repo)
             return EngineReady(fleet, where, base)

@@ -18,11 +18,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fleet_tui import git, policy, redaction, stream
-from fleet_tui.attemptlog import AttemptLog
-from fleet_tui.config import PERMISSION_MODES, Settings, load_settings
-from fleet_tui.durations import parse_duration
-from fleet_tui.errors import (
+from fleet_tui.core import policy, redaction, stream
+from fleet_tui.core.durations import parse_duration
+from fleet_tui.core.errors import (
     EXIT_FAILED,
     EXIT_MISSING,
     EXIT_REFUSED,
@@ -30,8 +28,7 @@ from fleet_tui.errors import (
     FleetRefused,
     FleetTuiError,
 )
-from fleet_tui.fleet import Fleet, TaskSpec, check_text, work_at_stake
-from fleet_tui.states import (
+from fleet_tui.core.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
     FINISHED_STATES,
@@ -41,7 +38,11 @@ from fleet_tui.states import (
     LandState,
     TaskState,
 )
-from fleet_tui.store import MAX_COPIES, Attempt, StoreError, Task
+from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text, work_at_stake
+from fleet_tui.execution.local.attemptlog import AttemptLog
+from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
+from fleet_tui.store.db import MAX_COPIES, Attempt, StoreError, Task
+from fleet_tui.vcs import git
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
@@ -387,7 +388,7 @@ def _check_launch(settings: Settings, permission_mode: str | None = None) -> Non
     """Fail fast, before anything is queued or created: a setup claude would refuse (root
     with bypassPermissions without FLEET_WORKER_SANDBOX=1, scrub_tool_env without
     bubblewrap: exit 2), then claude or the key missing (exit 5)."""
-    from fleet_tui.launcher import LaunchError, check_launch
+    from fleet_tui.execution.local.launcher import LaunchError, check_launch
 
     try:
         check_launch(settings, permission_mode=permission_mode)

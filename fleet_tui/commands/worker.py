@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import sys
 
-from fleet_tui.config_core import load_launch_settings
-from fleet_tui.errors import FleetTuiError
-from fleet_tui.launcher import LaunchError, plan_launch
+from fleet_tui.core.errors import FleetTuiError
+from fleet_tui.execution.local.launcher import LaunchError, plan_launch
+from fleet_tui.settings.config_core import load_launch_settings
 
 PROG = "fleet-worker"
 

@@ -10,7 +10,7 @@ on the binding and lets users rebind keys by the binding's id (`FleetApp(keymap=
 
 A guard answers with True (the action applies now), False (it does not apply here: the key
 is hidden) or a sentence saying why not (the key is shown dimmed, and the reason is what a
-click on it, or the command palette, tells). Task actions ask `fleet_tui.policy`, the rule
+click on it, or the command palette, tells). Task actions ask `fleet_tui.core.policy`, the rule
 the engine and the CLI follow too: the state table decides whether an action is offered at
 all (a finished task is not killed), the policy says why not where it is offered but cannot
 be done now (a follow-up for a task whose run never started a session).
@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 from textual.binding import Binding
 
-from fleet_tui.states import STATES, VERBS, Action
+from fleet_tui.core.states import STATES, VERBS, Action
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from fleet_tui.store import Task
+    from fleet_tui.store.db import Task
 
 Verdict = bool | str
 """True: applies now; False: does not apply here (hidden); a str: why not (dimmed)."""
@@ -57,7 +57,7 @@ def task_verdict(action: Action, tasks: Sequence[Task]) -> Verdict:
         return False
     # here, not at the top: the first frame has no task, and the policy (with the provider
     # tables it reads) costs it milliseconds; the engine, made after it, imports it anyway
-    from fleet_tui.policy import why_not
+    from fleet_tui.core.policy import why_not
 
     for task in tasks:
         row = STATES.get(task.state)

@@ -35,7 +35,7 @@ from fleet_tui.ui.screens.main import MainScreen
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from fleet_tui.fleet import Fleet
+    from fleet_tui.engine.fleet import Fleet
 
 HIDDEN_DELAY = 0.05  # seconds after the first layout until the hidden widgets are mounted
 

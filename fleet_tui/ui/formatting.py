@@ -5,7 +5,7 @@ heavy part of ingesting a stream or a diff (turning thousands of events or lines
 runs in a thread worker and is unit-tested without a terminal. A row is plain data: spans of
 (style name, text), where the style name is a component class the widget that paints it
 maps to a theme colour. What a task state looks like (badge, order, style) is not here but
-in `fleet_tui.states`, the one table of states.
+in `fleet_tui.core.states`, the one table of states.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 from rich.cells import cell_len
 
-from fleet_tui.states import CLOSED_STATES
+from fleet_tui.core.states import CLOSED_STATES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from fleet_tui import stream
-    from fleet_tui.git import Diff
-    from fleet_tui.store import Task
+    from fleet_tui.core import stream
+    from fleet_tui.store.db import Task
+    from fleet_tui.vcs.git import Diff
 
 Span = tuple[str, str]
 """(style name, text): the style name is a component class suffix, "" for plain."""
@@ -92,7 +92,7 @@ class StreamFormatter:
         # The event classes, imported with the first formatter (in a worker thread) rather
         # than with the panel: the stream decoder costs the first frame ~10 ms to import.
         global stream
-        from fleet_tui import stream
+        from fleet_tui.core import stream
 
     def _relative(self, text: str) -> str:
         """Paths inside the worktree shown relative to it (they are long and all alike)."""
@@ -244,7 +244,7 @@ class ToolCallDetail:
 def tool_call_detail(use: stream.ToolUse | None, result: stream.ToolResult | None,
                      cwd: str | None = None) -> ToolCallDetail:
     """The detail view of a tool call (plain Python: built in a thread)."""
-    from fleet_tui import stream as stream_mod
+    from fleet_tui.core import stream as stream_mod
 
     name = use.name if use is not None else (result.tool_name if result else None) or "tool"
     summary = use.summary if use is not None and use.summary else name
@@ -360,8 +360,8 @@ def describe_error(error: BaseException) -> str:
     """A user-facing message for an engine failure; never a traceback, never the key.
     Errors written for the user (fleet-tui's own) are said as they are; anything else names
     its type."""
-    from fleet_tui.errors import FleetTuiError
-    from fleet_tui.redaction import redact
+    from fleet_tui.core.errors import FleetTuiError
+    from fleet_tui.core.redaction import redact
 
     if isinstance(error, FleetTuiError):
         return redact(str(error)) or type(error).__name__
@@ -380,7 +380,7 @@ _LAND_STYLES = {"waiting": "waiting", "updating": "running", "testing": "running
 def change_label(task: Task) -> str | None:
     """"no change" for a task that succeeded without changing anything (policy.no_change:
     the rule the CLI shows too), for the list's +/- column and the finish notification."""
-    from fleet_tui import policy  # here: the panel's first frame loads no engine module
+    from fleet_tui.core import policy  # here: the panel's first frame loads no engine module
 
     return policy.NO_CHANGE if policy.no_change(task) else None
 

@@ -28,10 +28,11 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, TextArea
 from textual.worker import Worker, WorkerState
 
-from fleet_tui import durations, paths
-from fleet_tui.config import PERMISSION_MODES
-from fleet_tui.store import MAX_COPIES, TaskSpec
-from fleet_tui.titles import task_title, title_from_prompt
+from fleet_tui.core import durations
+from fleet_tui.core.titles import task_title, title_from_prompt
+from fleet_tui.settings.config import PERMISSION_MODES
+from fleet_tui.store.db import MAX_COPIES, TaskSpec
+from fleet_tui.system import paths
 from fleet_tui.ui.screens import DIALOG_CSS
 from fleet_tui.ui.screens.modals import after_typed_keys, keyed
 
@@ -124,7 +125,7 @@ def parse_positive_int(text: str, *, maximum: int | None = None) -> int | None:
 def check_base_ref(repo: Path, ref: str) -> str | None:
     """None when ``ref`` names a commit in ``repo``, else a message saying what is wrong
     (git.resolve_base: the engine's own base resolution)."""
-    from fleet_tui import git  # in the form's check thread: not at the panel's start
+    from fleet_tui.vcs import git  # in the form's check thread: not at the panel's start
 
     try:
         git.resolve_base(repo, ref)

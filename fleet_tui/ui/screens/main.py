@@ -33,7 +33,7 @@ from textual.widget import Widget
 from textual.widgets import ContentSwitcher, Input, Label
 from textual.worker import Worker
 
-from fleet_tui.states import (
+from fleet_tui.core.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
     PENDING_STATES,
@@ -74,8 +74,8 @@ from fleet_tui.ui.widgets.stream_pane import StreamPane
 from fleet_tui.ui.widgets.task_table import SORTS, TaskTable, sort_tasks
 
 if TYPE_CHECKING:
-    from fleet_tui.fleet import Fleet, FleetStatus
-    from fleet_tui.store import Task
+    from fleet_tui.engine.fleet import Fleet, FleetStatus
+    from fleet_tui.store.db import Task
     from fleet_tui.ui.screens.help import HelpSection
     from fleet_tui.ui.screens.landing import CopyRow, QueueRow
     from fleet_tui.ui.screens.launch import FormDraft, LaunchRequest
@@ -358,7 +358,7 @@ class MainScreen(Screen[None]):
 
     def _alert_transitions(self, tasks: list[Task], status: FleetStatus) -> None:
         """Toast and bell when a task finishes, fails or stalls, or a cooldown starts."""
-        from fleet_tui.policy import STOPS  # in sys.modules: the engine imported it
+        from fleet_tui.core.policy import STOPS  # in sys.modules: the engine imported it
 
         states = {t.id: t.state for t in tasks}
         held = {e.endpoint for e in status.endpoints if e.held is not None}
@@ -413,7 +413,7 @@ class MainScreen(Screen[None]):
                             markup=False)
             elif ep.event == "park" and ep.parked_until is not None \
                     and ep.parked_until > self.now():
-                from fleet_tui.policy import park_text
+                from fleet_tui.core.policy import park_text
 
                 park = park_text(ep.parked_until, ep.park_reason, self.now())
                 self.notify(f"{park}; {tasks_word} wait for it.",
@@ -1048,8 +1048,8 @@ class MainScreen(Screen[None]):
     @work(thread=True, exit_on_error=False, group="actions",
           description="sending the message")
     def _say(self, fleet: Fleet, task_id: str, text: str) -> None:
-        from fleet_tui.errors import WorkerFinished
-        from fleet_tui.policy import why_not
+        from fleet_tui.core.errors import WorkerFinished
+        from fleet_tui.core.policy import why_not
 
         try:
             taken = fleet.say(task_id, text)
@@ -1298,7 +1298,7 @@ class MainScreen(Screen[None]):
 def _repository_at(text: str) -> tuple[Path, str]:
     """The main checkout of the repository at (or around) a path, and its branch; GitError
     when there is none."""
-    from fleet_tui import git
+    from fleet_tui.vcs import git
 
     repo = git.main_worktree(Path(os.path.expanduser(text.strip())))
     return repo, git.current_branch(repo) or ""
@@ -1332,7 +1332,7 @@ def confirm_text(action: Action, targets: list[Task]) -> tuple[str, str, str, st
 def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str | None]:
     """What the merge dialog shows (the conflict preview of each task) and the test
     command that gates the merge. Runs in a thread: git work."""
-    from fleet_tui.titles import commit_title
+    from fleet_tui.core.titles import commit_title
     from fleet_tui.ui.screens.modals import MergeItem
 
     items = []
@@ -1397,8 +1397,8 @@ def _each(task_ids: list[str], act: Callable[[str], str | None], word: str, verb
 def poll_problem(fleet: Fleet, error: BaseException) -> str:
     """The start of one sentence for a task list that cannot be read: where from and why
     ("Cannot read the task list from F: file is not a database (DatabaseError)")."""
-    from fleet_tui.fleet import FleetError
-    from fleet_tui.store import StoreError
+    from fleet_tui.engine.fleet import FleetError
+    from fleet_tui.store.db import StoreError
 
     where = getattr(getattr(fleet, "store", None), "path", None)
     text = " ".join(str(error).split()).rstrip(".")
@@ -1412,7 +1412,7 @@ def poll_problem(fleet: Fleet, error: BaseException) -> str:
 def compare_rows(fleet: Fleet, task_id: str) -> tuple[str, list[CopyRow]]:
     """What the compare view shows: the copies' title and one row per copy (with its diff
     prepared for painting). Runs in a thread: git work."""
-    from fleet_tui.titles import commit_title
+    from fleet_tui.core.titles import commit_title
     from fleet_tui.ui.formatting import PreparedDiff
     from fleet_tui.ui.screens.landing import CopyRow
 
@@ -1429,7 +1429,7 @@ def compare_rows(fleet: Fleet, task_id: str) -> tuple[str, list[CopyRow]]:
 def queue_rows(fleet: Fleet, repo: Path | None) -> list[QueueRow]:
     """The merge queue view's rows: the queue in landing order, then the tasks it stopped
     (they wait for the user). Runs in a thread: the store."""
-    from fleet_tui.states import LandState
+    from fleet_tui.core.states import LandState
     from fleet_tui.ui.screens.landing import QueueRow
 
     fleet.resume_queues()  # a queue whose runner was killed gets one again

@@ -22,15 +22,15 @@ from textual import on, work
 from textual.containers import Vertical
 from textual.worker import Worker, WorkerState
 
-from fleet_tui.states import ACTIVE_STATES, CLOSED_STATES, TaskState
+from fleet_tui.core.states import ACTIVE_STATES, CLOSED_STATES, TaskState
 from fleet_tui.ui.formatting import PreparedDiff
 from fleet_tui.ui.messages import DiffLoaded, report_failure
 from fleet_tui.ui.widgets.line_view import LineView, SearchBar
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from fleet_tui.fleet import Fleet
-    from fleet_tui.store import Task
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.store.db import Task
     from fleet_tui.ui.widgets.diff_view import DiffView
 
 NOTHING_SELECTED = "Select a task to see its changes."
@@ -171,8 +171,8 @@ class DiffPane(Vertical):
     @work(thread=True, exclusive=True, exit_on_error=False, group="diff",
           description="computing the diff")
     def _load(self, fleet: Fleet, task_id: str) -> None:
-        from fleet_tui.fleet import FleetError
-        from fleet_tui.git import GitError
+        from fleet_tui.engine.fleet import FleetError
+        from fleet_tui.vcs.git import GitError
 
         try:
             prepared = PreparedDiff.build(fleet.diff(task_id))

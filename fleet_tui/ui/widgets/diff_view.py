@@ -19,7 +19,7 @@ from fleet_tui.ui.widgets.line_view import LineView
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # GitPython is slow to import: the panel's first frame does not wait
-    from fleet_tui.git import Diff
+    from fleet_tui.vcs.git import Diff
 
 STATUS_MARKS = {"added": "A", "modified": "M", "deleted": "D", "untracked": "?",
                 "renamed": "R"}

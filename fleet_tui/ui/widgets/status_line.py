@@ -11,7 +11,7 @@ from fleet_tui.ui.formatting import human_duration, human_tokens
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from fleet_tui.fleet import FleetStatus
+    from fleet_tui.engine.fleet import FleetStatus
 
 
 class StatusLine(Static):
@@ -103,6 +103,6 @@ class StatusLine(Static):
 
 def _park_text(until: float, reason: str | None, now: float) -> str:
     """policy.park_text, imported when first needed (the first frame has no endpoint)."""
-    from fleet_tui.policy import park_text
+    from fleet_tui.core.policy import park_text
 
     return park_text(until, reason, now)

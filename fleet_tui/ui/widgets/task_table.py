@@ -22,13 +22,13 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from fleet_tui.states import STATES, Phase, TaskState
+from fleet_tui.core.states import STATES, Phase, TaskState
 from fleet_tui.ui.formatting import change_label, human_duration, human_tokens, landing_label
 from fleet_tui.ui.widgets.line_view import text_style
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from fleet_tui.store import Task
+    from fleet_tui.store.db import Task
 
 COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("mark", " ", 1),

@@ -1,12 +1,12 @@
 """`fleet-tui --demo`: a real fleet against a scripted local endpoint, no API key needed.
 
 It builds a scratch git repository with a small project, starts the scripted endpoint on
-127.0.0.1 (fleet_tui.endpoint), points the workers at it with a dummy key, submits a few
+127.0.0.1 (fleet_tui.demo.endpoint), points the workers at it with a dummy key, submits a few
 tasks whose scripts do visible work at human speed (edits that make real diffs, a 529
 the CLI retries through, two tasks that change the same lines), and opens the panel.
 The workers are the real `claude` binary; only the model behind the endpoint is scripted.
 
-The endpoint runs as its own detached process (`python -m fleet_tui.endpoint`, in its own
+The endpoint runs as its own detached process (`python -m fleet_tui.demo.endpoint`, in its own
 session, logged in the demo folder's `endpoint/`), so that, as in a real run, workers keep
 running after the panel quits. The next `fleet-tui --demo` reuses it while it is alive.
 It stops by itself once no client has been connected for ENDPOINT_IDLE_EXIT seconds: no
@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet_tui import CLAUDE_CODE_VERSION, paths
-from fleet_tui.errors import FleetTuiError
+from fleet_tui import CLAUDE_CODE_VERSION
+from fleet_tui.core.errors import FleetTuiError
+from fleet_tui.system import paths
 
 DEMO_KEY = "demo-key"  # the scripted endpoint accepts any key; this one is not a secret
 EVENT_DELAY = 0.2  # seconds between SSE events: tool calls arrive at reading speed
@@ -292,7 +293,7 @@ def create_project(repo: Path) -> Path:
 def find_claude_binary(env: Mapping[str, str] | None = None) -> str | None:
     """FLEET_WORKER_CLAUDE, then `claude` on PATH, then the CLI the demo installed: the
     launcher's own lookup, None instead of an error."""
-    from fleet_tui.launcher import ClaudeNotFoundError, find_claude_named
+    from fleet_tui.execution.local.launcher import ClaudeNotFoundError, find_claude_named
 
     env = os.environ if env is None else env
     try:
@@ -401,12 +402,15 @@ class DemoEndpoint:
 
 def _is_endpoint_process(pid: int, folder: Path) -> bool:
     """``pid`` is alive and is the endpoint serving from ``folder`` (not a reused pid)."""
-    from fleet_tui import procs
+    from fleet_tui.system import procs
 
     if not procs.is_alive(pid):
         return False  # gone, or exited and not yet reaped by its parent
     argv = procs.cmdline(pid)
-    return "fleet_tui.endpoint" in argv and str(folder / "url") in argv
+    # the module's name before issue 18 moved it: a demo endpoint an older fleet-tui
+    # started keeps serving its demo after an upgrade
+    names = ("fleet_tui.demo.endpoint", "fleet_tui.endpoint")
+    return any(name in argv for name in names) and str(folder / "url") in argv
 
 
 def _scripts_key(scripts: Mapping[str, Any], event_delay: float) -> str:
@@ -452,7 +456,7 @@ def _spawn_endpoint(folder: Path, scripts: Mapping[str, Any], event_delay: float
                                                  encoding="utf-8")
     url_file = folder / "url"
     url_file.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "fleet_tui.endpoint", "--script", str(script_dir),
+    argv = [sys.executable, "-m", "fleet_tui.demo.endpoint", "--script", str(script_dir),
             "--delay", str(event_delay), "--port-file", str(url_file),
             "--idle-exit", str(idle_exit)]
     env = {name: os.environ[name] for name in _ENDPOINT_ENV if name in os.environ}
@@ -561,7 +565,7 @@ def start_demo(claude: str, *, root: Path | None = None, event_delay: float = EV
 
 
 def submit_demo_tasks(fleet: Any, repo: Path) -> list[Any]:
-    from fleet_tui.store import TaskSpec
+    from fleet_tui.store.db import TaskSpec
 
     tasks = []
     for title, prompt in DEMO_TASKS:

@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import tempfile
 
-from fleet_tui import redaction
+from fleet_tui.core import redaction
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

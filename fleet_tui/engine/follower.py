@@ -24,15 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet_tui import git, outcome, policy, providers, stream
-from fleet_tui.attemptlog import AttemptLog
-from fleet_tui.config import Settings
-from fleet_tui.errors import EXIT_FAILED, FleetTuiError
-from fleet_tui.states import ACTIVE_STATES, PENDING_STATES, StopReason, TaskState, Verdict
-from fleet_tui.store import Attempt, Store, Task
-from fleet_tui.supervisor import Supervisor, TaskChange, describe
+from fleet_tui.core import outcome, policy, providers, stream
+from fleet_tui.core.errors import EXIT_FAILED, FleetTuiError
+from fleet_tui.core.states import ACTIVE_STATES, PENDING_STATES, StopReason, TaskState, Verdict
+from fleet_tui.engine.supervisor import Supervisor, TaskChange, describe
+from fleet_tui.execution.local.attemptlog import AttemptLog
+from fleet_tui.settings.config import Settings
+from fleet_tui.store.db import Attempt, Store, Task
+from fleet_tui.vcs import git
 
-log = logging.getLogger("fleet_tui.fleet")
+log = logging.getLogger("fleet_tui.engine.fleet")
 
 # how far before the engine's noted start a runner's end time may be and still be taken
 # (the clocks are read a moment apart)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from fleet_tui.errors import FleetTuiError
+from fleet_tui.core.errors import FleetTuiError
 
 __all__ = ["LockTimeout", "hold"]
 

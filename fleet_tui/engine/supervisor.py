@@ -30,17 +30,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet_tui import git, outcome, paths, policy, procs
-from fleet_tui.attemptlog import AttemptLog
-from fleet_tui.config import ConfigError, Settings
-from fleet_tui.errors import FleetError, FleetTuiError
-from fleet_tui.repo_settings import RepoSettingsCache
-from fleet_tui.runner import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
-from fleet_tui.states import ACTIVE_STATES, StopReason, TaskState, Verdict
-from fleet_tui.store import Attempt, Store, Task
-from fleet_tui.stream import one_line
+from fleet_tui.core import outcome, policy
+from fleet_tui.core.errors import FleetError, FleetTuiError
+from fleet_tui.core.states import ACTIVE_STATES, StopReason, TaskState, Verdict
+from fleet_tui.core.stream import one_line
+from fleet_tui.execution.local.attemptlog import AttemptLog
+from fleet_tui.execution.local.runner import LEFTOVER_GRACE, RUNNER_MODULE, TOKEN_ENV, RunSpec
+from fleet_tui.settings.config import ConfigError, Settings
+from fleet_tui.settings.repo_settings import RepoSettingsCache
+from fleet_tui.store.db import Attempt, Store, Task
+from fleet_tui.system import paths, procs
+from fleet_tui.vcs import git
 
-log = logging.getLogger("fleet_tui.fleet")
+log = logging.getLogger("fleet_tui.engine.fleet")
 
 START_GRACE = 60.0  # a claim by another host's engine with no heartbeat for this long is dead
 CHILD_POLL = 0.01  # while our runners live, the scheduler checks this often whether one exited
@@ -338,7 +340,7 @@ class Supervisor:
             with open(os.devnull, "rb") as devnull, \
                     open(folder_log.runner_log, "ab") as runner_log:
                 proc = subprocess.Popen(
-                    [self.python, "-m", "fleet_tui.runner", "--lock-fd", str(lock_fd),
+                    [self.python, "-m", RUNNER_MODULE, "--lock-fd", str(lock_fd),
                      *handover, str(adir)], cwd=str(adir), env=env, stdin=devnull,
                     stdout=runner_log, stderr=runner_log, start_new_session=True,
                     close_fds=True,

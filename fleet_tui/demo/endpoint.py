@@ -61,7 +61,7 @@ from types import FrameType, TracebackType
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
-from fleet_tui.errors import EXIT_USAGE, FleetTuiError
+from fleet_tui.core.errors import EXIT_USAGE, FleetTuiError
 
 __all__ = [
     "DEFAULT_SCRIPT",
@@ -1335,7 +1335,7 @@ class ScriptedEndpoint:
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m fleet_tui.endpoint",
+        prog="python -m fleet_tui.demo.endpoint",
         description="Serve a scripted Anthropic-compatible endpoint on 127.0.0.1. Prints "
                     "its URL, then serves until interrupted (Ctrl-C or SIGTERM).")
     parser.add_argument("--script", required=True, metavar="FILE",
@@ -1370,7 +1370,7 @@ def _remove_port_file(path: Path, url: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m fleet_tui.endpoint`."""
+    """Entry point of `python -m fleet_tui.demo.endpoint`."""
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     if not 0 <= args.port <= 65535:
         print(f"endpoint: --port must be 0-65535 (got {args.port})", file=sys.stderr)

@@ -17,15 +17,15 @@ from __future__ import annotations
 import os
 import sys
 
-from fleet_tui.config_core import PERMISSION_MODES
-from fleet_tui.errors import FleetTuiError
+from fleet_tui.core.errors import FleetTuiError
+from fleet_tui.settings.config_core import PERMISSION_MODES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: these imports cost start-up time
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 
-    from fleet_tui.config_core import SettingsLike as Settings
+    from fleet_tui.settings.config_core import SettingsLike as Settings
 
     StrPath = str | os.PathLike[str]
 
@@ -269,7 +269,7 @@ def find_claude_named(name: str, env: Mapping[str, str] | None = None) -> str:
     if found is None and name == "claude":
         # The copy `fleet-tui --demo` installs into fleet-tui's own data folder. Imported
         # here, not at the top: only this fallback pays for platformdirs.
-        from fleet_tui import paths
+        from fleet_tui.system import paths
 
         local = paths.cli_install_dir(env) / "node_modules" / ".bin" / "claude"
         if local.is_file() and os.access(local, os.X_OK):
@@ -687,7 +687,7 @@ def _write_key_once(path: str, secret: bytes, parent: int) -> None:
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.closerange(3, 65536)
-        from fleet_tui import procs
+        from fleet_tui.system import procs
 
         procs.set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != parent:  # the parent went before the death signal was armed

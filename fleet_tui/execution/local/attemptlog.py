@@ -24,15 +24,15 @@ import stat
 import time
 from pathlib import Path
 
-from fleet_tui import redaction
-from fleet_tui.states import StopReason
+from fleet_tui.core import redaction
+from fleet_tui.core.states import StopReason
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner imports this module: typing would cost each one ~5 ms
     from collections.abc import Iterator, Mapping
     from typing import Any
 
-    from fleet_tui import stream
+    from fleet_tui.core import stream
 
 SPEC_FILE = "spec.json"  # what to run (no secret), by the engine
 LAUNCH_FILE = "launch.json"  # the engine's record of the runner it started
@@ -579,7 +579,7 @@ class AttemptLog:
     def read_events(self, offset: int = 0, max_bytes: int | None = None, *, finished: bool,
                     cwd: str | None = None) -> tuple[list[stream.Event], int]:
         """Parsed events from `offset` and the offset to go on from (see read_bytes)."""
-        from fleet_tui import stream
+        from fleet_tui.core import stream
 
         data, end = self.read_bytes(offset, max_bytes, finished=finished)
         decoder = stream.StreamDecoder(cwd)
@@ -595,7 +595,7 @@ class AttemptLog:
         searched for the id, only the lines that hold it are decoded)."""
         import mmap
 
-        from fleet_tui import stream
+        from fleet_tui.core import stream
 
         use: stream.ToolUse | None = None
         result: stream.ToolResult | None = None
@@ -633,7 +633,7 @@ class AttemptLog:
         """The setup step's lines (start, end) of events.jsonl, found by their subtype."""
         import mmap
 
-        from fleet_tui import stream
+        from fleet_tui.core import stream
 
         needle = b'"fleet_setup"'
         found: list[stream.Setup] = []

@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from fleet_tui import providers
-from fleet_tui.errors import EXIT_MISSING
-from fleet_tui.states import StopReason
-from fleet_tui.states import Verdict as Verdict  # re-exported: outcome.Verdict
-from fleet_tui.stream import (
+from fleet_tui.core import providers
+from fleet_tui.core.errors import EXIT_MISSING
+from fleet_tui.core.states import StopReason
+from fleet_tui.core.states import Verdict as Verdict  # re-exported: outcome.Verdict
+from fleet_tui.core.stream import (
     MAX_INT,
     Result,
     has_surrogate_escape,

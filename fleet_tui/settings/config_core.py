@@ -2,7 +2,7 @@
 
 `fleet-worker` runs before every worker, and a Python launcher pays for every module it
 imports (~10 ms for `dataclasses`, ~12 ms for `pathlib` with the `re` it pulls in, ~10 ms
-for `typing`). So this module imports nothing but `os`, `sys` and `fleet_tui.errors` (which
+for `typing`). So this module imports nothing but `os`, `sys` and `fleet_tui.core.errors` (which
 imports nothing) at the top: paths are
 strings here, `tomllib` is imported only when a config file exists, and the result for the
 launcher is a plain slotted `LaunchSettings`. `config.load_settings` builds the frozen
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from fleet_tui.errors import FleetTuiError
+from fleet_tui.core.errors import FleetTuiError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # mypy only: these imports cost start-up time
@@ -243,7 +243,7 @@ def _convert(name: str, raw: object, *, from_text: bool) -> object:
             raise ValueError(f"unknown key source {bad[0]!r}; use " + ", ".join(KEY_SOURCES))
         return tuple(dict.fromkeys(items))  # keep order, drop repeats
     if kind == "seconds":  # durations.py's rule, as --timeout and the launch form
-        from fleet_tui import durations
+        from fleet_tui.core import durations
 
         try:
             return durations.parse_seconds(raw, allow_zero=minimum != _POSITIVE)

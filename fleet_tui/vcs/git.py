@@ -34,8 +34,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Literal, NamedTuple
 
-from fleet_tui import paths, procs, redaction, repolock
-from fleet_tui.errors import FleetTuiError
+from fleet_tui.core import redaction
+from fleet_tui.core.errors import FleetTuiError
+from fleet_tui.system import paths, procs
+from fleet_tui.vcs import repolock
 
 __all__ = [
     "BranchGone",
@@ -74,7 +76,7 @@ _EXCLUDE_LINE = f"/{paths.WORK_DIR_NAME}/"
 # Variables that could carry a credential into a user's test command.
 _SECRET_ENV = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GLM_API_KEY")
 _TEST_OUTPUT_LIMIT = 64_000
-log = logging.getLogger("fleet_tui.git")
+log = logging.getLogger("fleet_tui.vcs.git")
 LOCK_FILE = "fleet-tui.lock"  # in the common git dir: see repolock
 LOCK_TIMEOUT = 120.0  # seconds a merge, discard or worktree creation waits for another
 SECRET_MIN_LENGTH = redaction.MIN_LENGTH  # shorter "keys" would match everywhere
@@ -1398,7 +1400,7 @@ def _dirty_paths(repo: Path) -> list[str]:
 
 
 _GATE_BOOT = ("import sys; sys.path.insert(0, {root!r}); "
-              "from fleet_tui.testgate import main; raise SystemExit(main(sys.argv[1:]))")
+              "from fleet_tui.vcs.testgate import main; raise SystemExit(main(sys.argv[1:]))")
 
 
 def _read_tail(fh: IO[bytes], limit: int) -> str:
@@ -1425,7 +1427,7 @@ def _run_test(command: str, cwd: Path, timeout: float,
               extra_env: Mapping[str, str] | None = None) -> tuple[bool, str]:
     """Run the user's test command in a shell in cwd; (passed, combined output tail).
 
-    Through fleet_tui.testgate: the command gets a session of its own, its output goes to a
+    Through fleet_tui.vcs.testgate: the command gets a session of its own, its output goes to a
     file (a daemon that inherits it cannot hold the merge up), the merge waits for the
     shell only, and whatever the command leaves running is stopped when it exits or times
     out. The key is kept out of its environment.

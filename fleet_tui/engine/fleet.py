@@ -43,22 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from fleet_tui import (
-    git,
-    launcher,
-    outcome,
-    paths,
-    policy,
-    redaction,
-    repolock,
-    stream,
-    supervisor,
-    titles,
-)
-from fleet_tui.config import PERMISSION_MODES, ConfigError, Settings
-from fleet_tui.config_core import check_length
-from fleet_tui.durations import check_seconds
-from fleet_tui.errors import (
+from fleet_tui.core import outcome, policy, redaction, stream, titles
+from fleet_tui.core.durations import check_seconds
+from fleet_tui.core.errors import (
     FleetError,
     FleetRefused,
     FleetTuiError,
@@ -67,9 +54,7 @@ from fleet_tui.errors import (
     TaskNotFound,
     WorkerFinished,
 )
-from fleet_tui.follower import Follower, attempt_finished
-from fleet_tui.repo_settings import RepoSettingsCache
-from fleet_tui.states import (
+from fleet_tui.core.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
     FINISHED_STATES,
@@ -79,7 +64,14 @@ from fleet_tui.states import (
     StopReason,
     TaskState,
 )
-from fleet_tui.store import (
+from fleet_tui.engine import supervisor
+from fleet_tui.engine.follower import Follower, attempt_finished
+from fleet_tui.engine.supervisor import Supervisor, TaskChange
+from fleet_tui.execution.local import launcher
+from fleet_tui.settings.config import PERMISSION_MODES, ConfigError, Settings
+from fleet_tui.settings.config_core import check_length
+from fleet_tui.settings.repo_settings import RepoSettingsCache
+from fleet_tui.store.db import (
     MAX_COPIES,
     AmbiguousTaskError,
     Attempt,
@@ -89,7 +81,8 @@ from fleet_tui.store import (
     Task,
     TaskSpec,
 )
-from fleet_tui.supervisor import Supervisor, TaskChange
+from fleet_tui.system import paths
+from fleet_tui.vcs import git, repolock
 
 __all__ = ["CopyReport", "EndpointStatus", "Fleet", "FleetError", "FleetRefused", "FleetStatus",
            "InvalidSpec", "SettingsNotice", "TaskChange", "TaskNotFound", "TaskSpec", "check_text",
@@ -285,7 +278,7 @@ class Fleet:
         """Reload the settings whenever config.toml changes (`check_settings`): `loader`
         makes them again (default: load_settings with this engine's environment). Only a
         caller whose settings come from that file alone asks for this (the panel)."""
-        from fleet_tui.config import config_file_path, load_settings
+        from fleet_tui.settings.config import config_file_path, load_settings
 
         self._settings_file = os.fspath(config_file or config_file_path(self.env))
         self._settings_loader = loader or (lambda: load_settings(env=self.env))
@@ -803,7 +796,7 @@ class Fleet:
         waiting in the attempt folder and will be). FleetError when the task does not run,
         or its worker takes no message any more (it finished its turn and is stopping:
         a follow-up is the way then)."""
-        from fleet_tui.attemptlog import AttemptLog, InputClosed
+        from fleet_tui.execution.local.attemptlog import AttemptLog, InputClosed
 
         task = self.get_task(task_id)
         if not isinstance(text, str) or not text.strip():
@@ -876,7 +869,7 @@ class Fleet:
         if cached is not None:
             return cached
         now = time.monotonic()
-        from fleet_tui.launcher import LaunchError, resolve_credential
+        from fleet_tui.execution.local.launcher import LaunchError, resolve_credential
 
         try:
             found: tuple[str, ...] = (resolve_credential(self.settings, self.env).value,)
@@ -1364,7 +1357,7 @@ class Fleet:
     def ensure_queue_runner(self, repo: Path) -> bool:
         """Start a queue runner for `repo` unless one runs or the queue is empty; True
         when one was started."""
-        from fleet_tui import landing
+        from fleet_tui.engine import landing
 
         repo = Path(repo).resolve()
         if not self.spawn_queue_runners or not self.store.landing_queue(repo):

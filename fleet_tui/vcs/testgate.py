@@ -25,7 +25,7 @@ import sys
 import time
 from types import FrameType
 
-from fleet_tui import procs
+from fleet_tui.system import procs
 
 GRACE = 1.0  # seconds between SIGTERM and SIGKILL for what the command left behind
 STOPPED = 124

@@ -26,9 +26,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from fleet_tui import paths, redaction
-from fleet_tui.errors import EXIT_NOT_FOUND, EXIT_USAGE, FleetTuiError
-from fleet_tui.states import (
+from fleet_tui.core import redaction
+from fleet_tui.core.errors import EXIT_NOT_FOUND, EXIT_USAGE, FleetTuiError
+from fleet_tui.core.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
     FINISHED_STATES,
@@ -38,7 +38,8 @@ from fleet_tui.states import (
     TaskState,
     Verdict,
 )
-from fleet_tui.titles import task_title
+from fleet_tui.core.titles import task_title
+from fleet_tui.system import paths
 
 # TaskState and its phase sets are states.py's (the one table of states), re-exported here
 # for the code that has always imported them from the store.

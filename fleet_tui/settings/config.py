@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet_tui.config_core import (
+from fleet_tui.settings.config_core import (
     APP_NAME,
     CONFIG_FILE_ENV,
     ENV_PREFIX,
@@ -96,7 +96,7 @@ def load_settings(*, env: Mapping[str, str] | None = None,
     passed straight through. Raises ConfigError naming the file and line or the variable.
     """
     values = merged_values(env=env, config_file=config_file, overrides=overrides)
-    from fleet_tui.repo_settings import check_user_tables
+    from fleet_tui.settings.repo_settings import check_user_tables
 
     check_user_tables(config_file_location(env) if config_file is None
                       else os.fspath(config_file))

@@ -20,7 +20,7 @@ right by the next one from its intent record: `git.recover_merge`). The queue ne
 removes the worktree or the branch of a task still in it: only a merge does, of the task
 it merged.
 
-The runner is a detached process, like an attempt's runner: `python -m fleet_tui.landing
+The runner is a detached process, like an attempt's runner: `python -m fleet_tui.engine.landing
 SPEC` (the spec names the repository, the store and the settings; no secret), so the queue
 goes on when the panel or the CLI that started it is closed.
 """
@@ -39,18 +39,20 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet_tui import git, paths, policy, repolock
-from fleet_tui.config import Settings
-from fleet_tui.errors import FleetTuiError
-from fleet_tui.states import FINISHED_STATES, LAND_ACTIVE, LandState
-from fleet_tui.store import Store, Task
+from fleet_tui.core import policy
+from fleet_tui.core.errors import FleetTuiError
+from fleet_tui.core.states import FINISHED_STATES, LAND_ACTIVE, LandState
+from fleet_tui.settings.config import Settings
+from fleet_tui.store.db import Store, Task
+from fleet_tui.system import paths
+from fleet_tui.vcs import git, repolock
 
 if TYPE_CHECKING:
-    from fleet_tui.fleet import Fleet
+    from fleet_tui.engine.fleet import Fleet
 
 __all__ = ["GATE_TAIL", "LandingQueue", "main", "spawn_runner"]
 
-log = logging.getLogger("fleet_tui.landing")
+log = logging.getLogger("fleet_tui.engine.landing")
 
 SPEC_FILE = "spec.json"
 LOG_FILE = "runner.log"
@@ -85,7 +87,7 @@ def spawn_runner(fleet: Fleet, repo: Path) -> subprocess.Popen[bytes]:
     env = fleet.supervisor._runner_env()
     with open(os.devnull, "rb") as devnull, \
             open(paths.private_file(folder / LOG_FILE), "ab") as out:
-        proc = subprocess.Popen([fleet.python, "-m", "fleet_tui.landing",
+        proc = subprocess.Popen([fleet.python, "-m", "fleet_tui.engine.landing",
                                  str(folder / SPEC_FILE)], cwd=str(folder), env=env,
                                 stdin=devnull, stdout=out, stderr=out,
                                 start_new_session=True, close_fds=True)
@@ -296,11 +298,11 @@ class LandingQueue:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m fleet_tui.landing SPEC`: run a repository's merge queue until it is empty
+    """`python -m fleet_tui.engine.landing SPEC`: run a repository's merge queue until it is empty
     (exit 0), or exit at once when another process runs it (exit 0 as well)."""
-    from fleet_tui.fleet import Fleet
+    from fleet_tui.engine.fleet import Fleet
 
-    parser = argparse.ArgumentParser(prog="fleet_tui.landing")
+    parser = argparse.ArgumentParser(prog="fleet_tui.engine.landing")
     parser.add_argument("spec", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet_tui.config_core import (
+from fleet_tui.settings.config_core import (
     ConfigError,
     _line_of_key,
     _read_toml,

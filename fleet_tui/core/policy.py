@@ -20,8 +20,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from fleet_tui import providers
-from fleet_tui.states import (
+from fleet_tui.core import providers
+from fleet_tui.core.states import (
     FINISHED_STATES,
     LAND_ACTIVE,
     STATES,
@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from datetime import tzinfo
     from typing import Protocol
 
-    from fleet_tui.config import Settings
-    from fleet_tui.store import Attempt, EndpointState, Task
+    from fleet_tui.settings.config import Settings
+    from fleet_tui.store.db import Attempt, EndpointState, Task
 
     class Random(Protocol):
         """What policy asks of a random source (random.Random has it)."""

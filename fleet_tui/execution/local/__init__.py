@@ -1,0 +1,1 @@
+"""The local host: attempts as detached runner processes on this machine."""

@@ -1,0 +1,918 @@
+"""One detached process per attempt:
+`python -m fleet_tui.execution.local.runner [--lock-fd N] ATTEMPT_DIR`.
+
+Why a separate process: the panel (or CLI) that started a worker may close or crash; the
+worker must go on and leave a complete record behind. The runner reads `spec.json` (no
+secrets), asks the launcher for claude's env and argv (so the key is resolved here, from the
+inherited environment or the keyring, and lives only in claude's environment), runs claude
+in the worktree with the prompt on its stdin (an argv is limited to 128 KiB a string),
+copies its stdout byte for byte to `events.jsonl`, its stderr to `stderr.log`, and finally
+writes `exit.json` atomically.
+
+Steering: claude reads stream-json user messages on its stdin (`--input-format
+stream-json`), the prompt first. The runner holds that stdin open and feeds it what senders
+leave in the attempt folder's input channel (`AttemptLog.send_input`), so a message reaches
+a worker whatever process sends it, and whether or not the panel that started it lives. It
+closes the channel and claude's stdin at the end of a turn (a result line) when no message
+waits, and at once on a stop; see "claude's stdin and the input channel" below.
+
+One runner per attempt, known before it runs: the attempt folder's `.lock` is flock'ed for
+the runner's whole life. The engine takes that lock before it spawns the runner and hands
+it over (`--lock-fd`), so from before the spawn until the runner is gone the lock says "a
+runner lives here"; a runner that finds the lock held by another refuses to start. The
+runner writes `runner.json` (its pid and /proc start time) before anything else, so an
+engine that died mid-start is replaced by one that adopts the runner from its record.
+
+Process hygiene: claude gets its own process group and, on Linux, dies with the runner
+(the parent-death signal); there the runner is also a child subreaper, so processes that
+claude's Bash tool orphans (e.g. a `sleep` in its own group) are reparented here and killed
+too. Every process claude starts inherits FLEET_ATTEMPT_TOKEN: the runner's own sweep by it
+catches what left claude's tree (everywhere, and the only way off Linux), and the engine's
+finds what is left when the runner itself was killed (claude included, off Linux).
+SIGTERM, SIGINT and SIGHUP are passed to claude's group and every descendant, and SIGKILL
+follows after the kill grace. The runner enforces the wall-clock timeout itself (records
+`kill.json` with reason timeout, then stops claude's tree): a run ends on time with no
+engine watching.
+
+Files: the runner's own are private (umask 077); claude keeps the user's umask, since it
+writes the user's worktree. A full disk does not lose the ending: a small reserve file is
+written at the start and the exit record goes into it when no new file can be made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from fleet_tui.core import redaction
+from fleet_tui.core.states import StopReason
+from fleet_tui.execution.local.attemptlog import (
+    INPUT_LOCK_WAIT,
+    AttemptLog,
+    InputClosed,
+    write_json_atomic,
+)
+from fleet_tui.system import procs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
+    from collections.abc import Mapping, Sequence
+    from types import FrameType
+    from typing import Any
+
+TOKEN_ENV = "FLEET_ATTEMPT_TOKEN"  # inherited by everything claude starts
+
+# How long leftover descendants get between SIGTERM and SIGKILL once claude has exited.
+LEFTOVER_GRACE = 1.0
+RESERVE_SIZE = 8192
+INPUT_RECHECK = 1.0  # seconds between looks at the inbox when no wake-up byte came
+RESULT_LINE_CAP = 16 * 1024 * 1024  # a longer stdout line is never taken for a result line
+SETUP_TAIL = 64 * 1024  # characters of the setup's output in the stream (setup.log: all)
+SETUP_READ = 4 * SETUP_TAIL  # bytes of setup.log read back for it
+EX_LOCKED = 75  # another runner holds this attempt: nothing was done (EX_TEMPFAIL)
+EX_NO_RECORD = 74  # not even the exit record could be written (EX_IOERR)
+
+
+@dataclass
+class RunSpec:
+    """What the engine asks one runner to do. Never holds a credential."""
+
+    cwd: str
+    prompt: str
+    config_dir: str
+    args: list[str] = field(default_factory=list)  # extra claude arguments
+    model: str | None = None  # overrides the OPUS/SONNET mapping (small-model fallback)
+    permission_mode: str | None = None
+    max_turns: int | None = None
+    resume: str | None = None  # session id for --resume
+    settings: dict[str, Any] = field(default_factory=dict)  # load_settings overrides
+    task_id: str = ""
+    attempt: int = 0
+    token: str = ""  # FLEET_ATTEMPT_TOKEN for claude and all it starts ("" = none)
+    timeout: float | None = None  # wall-clock seconds (None or 0: none)
+    kill_grace: float = 5.0  # SIGTERM, then SIGKILL this much later
+    # issue 13: a ready worktree (see prepare.py); run once per new worktree
+    repo: str = ""  # the main checkout, where included files come from
+    include: list[str] = field(default_factory=list)  # gitignore patterns of files to copy
+    setup: str | None = None  # run in the worktree before claude starts (/bin/sh -c)
+    env: dict[str, str] = field(default_factory=dict)  # FLEET_TASK_ID, FLEET_PORT
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunSpec:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("spec.json must hold a JSON object")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# claude reads user messages as stream-json lines on its stdin for as long as it is open, and
+# echoes each one on its stdout when it takes it in (checked with 2.1.197 and 2.1.332): the
+# first prompt and every steering message go that way, and the stream shows them in place.
+INPUT_ARGS = ("--input-format", "stream-json", "--replay-user-messages")
+
+
+def claude_args(spec: RunSpec) -> list[str]:
+    """The arguments the runner adds to the launcher's `claude -p` command line (the prompt
+    itself goes to claude's stdin, as the first stream-json user message)."""
+    args = ["--output-format", "stream-json", "--verbose", *INPUT_ARGS]
+    if spec.max_turns:
+        args += ["--max-turns", str(int(spec.max_turns))]
+    if spec.resume:
+        args += ["--resume", spec.resume]
+    args += list(spec.args)
+    return args
+
+
+def user_message(text: str) -> bytes:
+    """One stream-json user message for claude's stdin."""
+    line = json.dumps({"type": "user", "message": {"role": "user", "content": text}})
+    return (line + "\n").encode("utf-8", "replace")
+
+
+def is_result_line(line: bytes) -> bool:
+    """A stdout line is the main agent's `result` line (one per turn; key order is not
+    relied on: 2.1.332 writes `type` late). A cheap look first, JSON only to confirm."""
+    if b'"result"' not in line or len(line) > RESULT_LINE_CAP:
+        return False
+    if b'"type":"result"' not in line and b'"type": "result"' not in line:
+        return False
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("type") == "result" \
+        and not data.get("parent_tool_use_id")
+
+
+def _strerror(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+class Runner:
+    """Runs one claude process for one attempt directory."""
+
+    def __init__(self, attempt_dir: Path, env: Mapping[str, str] | None = None, *,
+                 lock_fd: int | None = None) -> None:
+        self.dir = attempt_dir
+        self.log = AttemptLog(attempt_dir)  # every file of the folder, by its owner
+        self.env = dict(os.environ if env is None else env)
+        self.child: subprocess.Popen[bytes] | None = None
+        self.child_start: str | None = None
+        self.received: int | None = None  # the terminating signal we got, if any
+        self.started_at = time.time()
+        self.started_mono = time.monotonic()
+        self.pid = os.getpid()
+        self.lock_fd = lock_fd
+        self.reserve_fd: int | None = None
+        self.write_error: str | None = None  # why our output could not be written
+        self.term_at: float | None = None  # monotonic time SIGTERM went to claude's tree
+        self.killed_hard = False
+        self.kill_grace = 5.0
+        self.timeout: float | None = None
+        self.user_umask = 0o022
+        # claude's stdin: what is still to be written, and when it is to be closed
+        self.stdin_fd: int | None = None
+        self.pending = bytearray()
+        self.stdin_ending = False  # close it once `pending` is written
+        # the input channel (messages from senders): the wake-up fd while it is open
+        self.wake_fd: int | None = None
+        self.input_closed = False
+        self.input_checked = 0.0
+        self.results = 0  # result lines seen (one per turn)
+        self._line = bytearray()  # the stdout line being written, for the result check
+        self._line_over = False  # ... too long to be a result line
+        self.setup_proc: subprocess.Popen[bytes] | None = None  # the setup command, running
+
+    # --- signals ---------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signum
+        if self.term_at is None:
+            self.term_at = time.monotonic()
+        self._forward(signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    def _forward(self, sig: int) -> None:
+        """Pass sig to claude's whole group (or the setup command's) and to every
+        descendant of the runner."""
+        groups = [p.pid for p in (self.child, self.setup_proc) if p is not None]
+        procs.signal_tree(self.pid, sig, groups=groups)
+
+    def install_signals(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+
+    def _terminate(self) -> None:
+        """SIGTERM claude's tree now; `_watch` sends SIGKILL after the kill grace."""
+        if self.term_at is None:
+            self.term_at = time.monotonic()
+        self._forward(signal.SIGTERM)
+
+    def _watch(self) -> None:
+        """The wall-clock timeout and the SIGKILL after the grace, checked while copying."""
+        now = time.monotonic()
+        if self.term_at is None:
+            if self.timeout and now - self.started_mono >= self.timeout:
+                self._record_kill(StopReason.TIMEOUT,
+                                  f"timed out after {self.timeout:g} s (wall clock)")
+                self._terminate()
+        elif not self.killed_hard and now - self.term_at >= self.kill_grace:
+            self.killed_hard = True
+            self._forward(signal.SIGKILL)
+
+    def _record_kill(self, reason: StopReason, message: str) -> None:
+        """The stop request, unless one is there already (the engine's reason comes first)."""
+        try:
+            self.log.request_stop(reason, message, at=time.time(), by=f"runner {self.pid}")
+        except OSError as exc:
+            self._log(f"could not record why the run is stopped in {self.dir}: "
+                      f"{_strerror(exc)}")
+
+    # --- records ---------------------------------------------------------------------------
+
+    def _log(self, line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"fleet_tui.execution.local.runner: {line}\n")
+            sys.stderr.flush()
+
+    def _take_lock(self) -> bool:
+        """Hold the attempt's lock for our whole life; False: another runner holds it."""
+        if self.lock_fd is not None:
+            # handed over by the engine, already locked; check it is this attempt's lock
+            try:
+                mine = os.fstat(self.lock_fd)
+                ref = os.stat(self.log.lock_path)
+                os.set_inheritable(self.lock_fd, False)
+                fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if (mine.st_dev, mine.st_ino) == (ref.st_dev, ref.st_ino):
+                    return True
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                self._log(f"the lock fd {self.lock_fd} is unusable: {_strerror(exc)}")
+            with contextlib.suppress(OSError):
+                os.close(self.lock_fd)
+            self.lock_fd = None
+        fd = self.log.acquire_lock()
+        if fd is None:
+            self._log(f"another runner holds {self.log.lock_path}; not starting a second "
+                      "one on the same attempt")
+            return False
+        self.lock_fd = fd
+        return True
+
+    def _reserve(self) -> None:
+        """Write RESERVE_SIZE bytes now, to be overwritten in place by the exit record when
+        the disk is full at the end (overwriting needs no new space)."""
+        path = self.log.reserve_path
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            self._log(f"could not make {path}: {_strerror(exc)}")
+            return
+        try:
+            os.pwrite(fd, b" " * RESERVE_SIZE, 0)
+            os.fsync(fd)
+        except OSError as exc:
+            self._log(f"could not fill {path}: {_strerror(exc)}")
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            return
+        self.reserve_fd = fd
+
+    def _drop_reserve(self) -> None:
+        if self.reserve_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.reserve_fd)
+            self.reserve_fd = None
+            with contextlib.suppress(OSError):
+                os.unlink(self.log.reserve_path)
+
+    def _write_runner_record(self) -> bool:
+        try:
+            self.log.write_runner_record({
+                "runner_pid": self.pid,
+                "runner_start": procs.start_time(self.pid),
+                "claude_pid": self.child.pid if self.child else None,
+                "claude_start": self.child_start,
+                "started_at": self.started_at,
+            })
+        except OSError as exc:
+            where = self.log.runner_record_path
+            self._log(f"could not write {where}: {_strerror(exc)}")
+            if self.child is None:  # before the run: do not start one nobody can follow
+                self.write_error = f"could not write {where}: {_strerror(exc)}"
+            return False
+        return True
+
+    def _write_exit(self, *, exit_code: int | None, sig: int | None = None,
+                    error: str | None = None) -> bool:
+        record = {
+            "exit_code": exit_code,
+            "signal": sig,
+            "signal_name": procs.signal_name(sig),
+            "received_signal": procs.signal_name(self.received),
+            "error": error,
+            "started_at": self.started_at,
+            "finished_at": time.time(),
+            "runner_pid": self.pid,
+            "claude_pid": self.child.pid if self.child else None,
+        }
+        path = self.log.exit_path
+        try:
+            write_json_atomic(path, record)
+        except OSError as exc:
+            first = exc
+        else:
+            self._drop_reserve()
+            return True
+        # No room for a new file: the reserve written at the start takes the record.
+        if self.reserve_fd is not None:
+            record["record_note"] = (f"written into the reserved space: {path.name} could "
+                                     f"not be written ({_strerror(first)})")
+            blob = (json.dumps(record, sort_keys=True) + "\n").encode()
+            if len(blob) <= RESERVE_SIZE:
+                try:
+                    os.pwrite(self.reserve_fd, blob + b" " * (RESERVE_SIZE - len(blob)), 0)
+                    os.fsync(self.reserve_fd)
+                    os.replace(self.log.reserve_path, path)
+                except OSError as exc:
+                    self._log(f"could not use the reserve for {path}: {_strerror(exc)}")
+                else:
+                    with contextlib.suppress(OSError):
+                        os.close(self.reserve_fd)
+                    self.reserve_fd = None
+                    return True
+        self._log(f"could not write its exit record {path}: {_strerror(first)}")
+        return False
+
+    def _end(self, returncode: int, *, exit_code: int | None, sig: int | None = None,
+             error: str | None = None) -> int:
+        if self.wake_fd is not None:  # whatever ended the run, no message is taken now
+            self._close_input()
+        if error is None:
+            error = self.write_error
+        if not self._write_exit(exit_code=exit_code, sig=sig, error=error):
+            return EX_NO_RECORD
+        return returncode
+
+    # --- the run ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Launch, copy output, clean up, record. Returns the runner's exit status."""
+        self.user_umask = os.umask(0o077)  # our files are private; claude gets it back
+        self.install_signals()
+        procs.set_child_subreaper()
+        if not self._take_lock():
+            return EX_LOCKED
+        self._reserve()
+        self._write_runner_record()  # known before anything runs
+        try:
+            spec = RunSpec.from_json(self.log.read_spec())
+        except (OSError, ValueError, TypeError, RecursionError) as exc:
+            return self._end(2, exit_code=2, error=f"cannot read {self.log.spec_path}: {exc}")
+        self.kill_grace = _number(spec.kill_grace, 5.0)
+        self.timeout = _number(spec.timeout, 0.0) or None
+        if self.write_error is not None:
+            return self._end(EX_NO_RECORD, exit_code=None)
+        try:
+            plan = self._plan(spec)
+        except _LaunchFailure as exc:
+            return self._end(exc.exit_code, exit_code=exc.exit_code, error=exc.message)
+        if self.received is not None:  # killed before claude even started
+            return self._end(128 + self.received, exit_code=None, sig=self.received,
+                             error="killed before start")
+        argv, env = list(plan.argv), dict(plan.env)
+        env.update({k: v for k, v in (spec.env or {}).items()
+                    if isinstance(k, str) and isinstance(v, str)})
+        if spec.token:
+            env[TOKEN_ENV] = spec.token
+        # messages sent while the worktree is made ready wait in the inbox
+        self._open_input()
+        if (spec.include or spec.setup) and Path(spec.cwd).is_dir():
+            from fleet_tui.execution.local import prepare
+
+            if not prepare.is_set_up(spec.cwd):
+                handoff = plan.key_handoff
+                secret = handoff.value if handoff is not None else \
+                    plan.env.get("ANTHROPIC_AUTH_TOKEN", "")
+                failed = self._prepare(spec, env, [secret] if secret else [])
+                if failed is not None:
+                    self._close_input()
+                    self._clean_leftovers(spec.token)
+                    return failed
+        try:
+            # The key's one-shot pipe (setting key_helper), started right before claude:
+            # its writer is our child, so _clean_leftovers stops it (and it removes the
+            # pipe) if claude never reads it.
+            plan.start_key_handoff()
+        except Exception as exc:  # LaunchError: the pipe or its writer could not be made
+            self._close_input()
+            code = int(getattr(exc, "exit_code", 1) or 1)
+            return self._end(code, exit_code=code, error=str(exc))
+        return self._run_claude(spec, argv, env)
+
+    def _plan(self, spec: RunSpec) -> Any:
+        from fleet_tui.execution.local.launcher import LaunchError, plan_launch
+        from fleet_tui.settings.config_core import ConfigError, load_launch_settings
+
+        try:
+            settings = load_launch_settings(env=self.env, config_file=os.devnull,
+                                            overrides=spec.settings)
+            return plan_launch(settings, claude_args(spec), prompt=None,
+                               config_dir=Path(spec.config_dir), base_env=self.env,
+                               model=spec.model, permission_mode=spec.permission_mode,
+                               cwd=Path(spec.cwd), key_handoff=True)
+        except ConfigError as exc:
+            raise _LaunchFailure(str(exc), 2) from None
+        except LaunchError as exc:
+            raise _LaunchFailure(str(exc), int(getattr(exc, "exit_code", 1) or 1)) from None
+
+    # --- the ready worktree: included files and the setup command --------------------------
+
+    def _setup_line(self, record: dict[str, Any]) -> None:
+        """One `system/fleet_setup` line in events.jsonl (before claude writes there)."""
+        line = json.dumps({"type": "system", "subtype": "fleet_setup", **record},
+                          sort_keys=True) + "\n"
+        try:
+            with open(self.log.events, "ab") as fh:
+                fh.write(line.encode("utf-8", "replace"))
+        except OSError as exc:
+            self._log(f"could not write the setup step to {self.log.events}: "
+                      f"{_strerror(exc)}")
+
+    def _prepare(self, spec: RunSpec, env: Mapping[str, str], secrets: list[str]
+                 ) -> int | None:
+        """Copy the included files and run the setup command in a new worktree; None when
+        it is ready, else the runner's exit status (the exit record says what failed:
+        the attempt fails before claude starts, so before any token is spent)."""
+        from fleet_tui.execution.local import prepare
+
+        started = time.monotonic()
+        self._setup_line({"phase": "start", "command": spec.setup,
+                          "include": list(spec.include)})
+        copied: list[str] = []
+        skipped: list[str] = []
+        problem: str | None = None
+        if spec.include:
+            try:
+                files = prepare.included_files(spec.repo or spec.cwd, spec.include)
+                copied, missed = prepare.copy_included(spec.repo or spec.cwd, spec.cwd,
+                                                       files, secrets)
+                skipped = [f"{path}: {why}" for path, why in missed]
+            except (OSError, subprocess.SubprocessError) as exc:
+                problem = f"could not copy the included files: {exc}"
+        code: int | None = 0
+        output = ""
+        if problem is None and spec.setup:
+            code, output = self._run_setup(spec, env, secrets)
+        seconds = round(time.monotonic() - started, 3)
+        tail = output[-SETUP_TAIL:]
+        self._setup_line({"phase": "end", "command": spec.setup, "exit_code": code,
+                          "output": tail, "truncated": len(output) > len(tail),
+                          "copied": copied, "skipped": skipped, "seconds": seconds,
+                          "error": problem})
+        if self.received is not None or self.term_at is not None:
+            sig = self.received
+            return self._end(128 + sig if sig else 1, exit_code=code if code else None,
+                             sig=sig, error=None)
+        if problem is not None:
+            return self._end(1, exit_code=1, error=f"setup: {problem}")
+        if code != 0:
+            lines = [line for line in output.splitlines() if line.strip()]
+            last = f": {lines[-1].strip()[:300]}" if lines else ""
+            status = f"exit {code}" if code is not None and code >= 0 else \
+                f"killed by signal {-(code or 0)}"
+            return self._end(1, exit_code=code if code and code > 0 else 1, error=(
+                f"the setup command `{spec.setup}` failed ({status}){last} (its whole "
+                "output is in the stream; claude did not start)"))
+        try:
+            prepare.mark_set_up(spec.cwd, {"at": time.time(), "attempt": spec.attempt,
+                                           "setup": spec.setup, "copied": copied})
+        except OSError as exc:
+            self._log(f"could not mark {spec.cwd} as set up: {_strerror(exc)}")
+        return None
+
+    def _run_setup(self, spec: RunSpec, env: Mapping[str, str], secrets: list[str]
+                   ) -> tuple[int | None, str]:
+        """Run the setup command (its own process group, the worker's environment
+        without any credential, our wall-clock timeout and signals); (exit status, its
+        output with the key redacted). A negative status is the signal that ended it."""
+        from fleet_tui.execution.local import prepare
+
+        user_umask = self.user_umask
+        parent = self.pid
+
+        def preexec() -> None:
+            os.setpgid(0, 0)
+            os.umask(user_umask)
+            procs.set_parent_death_signal(signal.SIGKILL)
+            if os.getppid() != parent:
+                os._exit(1)
+
+        clean_env = {k: v for k, v in env.items()
+                     if k not in ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
+                     and not any(s and s in v for s in secrets)}
+        try:
+            out = open(self.log.setup_log, "wb")  # noqa: SIM115 (closed below)
+        except OSError as exc:
+            return 1, f"could not write {self.log.setup_log}: {_strerror(exc)}"
+        with out:
+            try:
+                self.setup_proc = subprocess.Popen(
+                    ["/bin/sh", "-c", spec.setup or ""], cwd=spec.cwd, env=clean_env,
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    preexec_fn=preexec, close_fds=True)
+            except OSError as exc:
+                return 127, f"cannot run the setup command: {_strerror(exc)}"
+            if self.received is not None:
+                self._forward(self.received)
+            while True:
+                try:
+                    code: int | None = self.setup_proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    self._watch()
+        self.setup_proc = None
+        self._redact_file(self.log.setup_log, secrets)
+        try:
+            with open(self.log.setup_log, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                fh.seek(max(0, size - SETUP_READ))
+                text = fh.read().decode("utf-8", "replace")
+        except OSError:
+            text = ""
+        return code, prepare.redact(text, secrets)
+
+    def _redact_file(self, path: Path, secrets: list[str]) -> None:
+        """The key never stays in a file of ours: a setup that printed it (it was not in
+        its environment, but a file it read may hold it) has it replaced."""
+        try:
+            data = path.read_bytes()
+            hidden = redaction.redact_bytes(data, secrets)
+            if hidden != data:
+                data = hidden
+                write_bytes = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+                with open(write_bytes, "wb") as fh:
+                    fh.write(data)
+        except OSError as exc:
+            self._log(f"could not check {path} for the key: {_strerror(exc)}")
+
+    def _run_claude(self, spec: RunSpec, argv: Sequence[str], env: Mapping[str, str]) -> int:
+        parent = self.pid
+        user_umask = self.user_umask
+
+        def preexec() -> None:  # runs in the child between fork and exec
+            os.setpgid(0, 0)
+            os.umask(user_umask)
+            procs.set_parent_death_signal(signal.SIGKILL)
+            if os.getppid() != parent:  # the runner died before the death signal was armed
+                os._exit(1)
+
+        events = self.log.events
+        stderr_path = self.log.stderr
+        # The guard against running in the main checkout is the engine's; here only refuse
+        # a missing cwd.
+        if not Path(spec.cwd).is_dir():
+            return self._end(2, exit_code=2, error=f"the worktree {spec.cwd} does not exist")
+        procs.preload_libc()
+        try:
+            stdin_r, stdin_w = os.pipe()
+            err_fh = open(stderr_path, "ab")  # noqa: SIM115 (closed below)
+            out_fh = open(events, "ab", buffering=0)  # noqa: SIM115
+        except OSError as exc:
+            return self._end(EX_NO_RECORD, exit_code=None,
+                             error=f"could not prepare the run in {self.dir}: {_strerror(exc)}")
+        if self.wake_fd is None and not self.input_closed:
+            self._open_input()
+        with err_fh, out_fh:
+            try:
+                self.child = subprocess.Popen(
+                    list(argv), cwd=spec.cwd, env=dict(env), stdin=stdin_r,
+                    stdout=subprocess.PIPE, stderr=err_fh, preexec_fn=preexec,
+                    close_fds=True)
+            except OSError as exc:
+                os.close(stdin_w)
+                self._close_input()
+                return self._end(127, exit_code=127,
+                                 error=f"cannot start {argv[0]}: {exc.strerror or exc}")
+            finally:
+                os.close(stdin_r)
+            os.set_blocking(stdin_w, False)
+            self.stdin_fd = stdin_w
+            # the prompt is the first user message (no argv limit: a pipe takes any length)
+            self.pending += user_message(spec.prompt)
+            self.child_start = procs.start_time(self.child.pid)
+            self._write_runner_record()
+            if self.received is not None:
+                self._forward(self.received)
+            self._copy_output(out_fh)
+        self._close_input()
+        self._close_stdin()
+        returncode = self._wait_child()
+        self._clean_leftovers(spec.token)
+        if returncode < 0:
+            return self._end(128 - returncode, exit_code=None, sig=-returncode)
+        return self._end(returncode, exit_code=returncode)
+
+    # --- claude's stdin and the input channel ----------------------------------------------
+    # When claude's stdin closes: at a result line (the end of a turn) with no message
+    # waiting in the inbox, the runner closes the channel (a later sender is told the
+    # worker finished) and ends claude's stdin once what it holds is written; claude
+    # answers everything it read before the end of its input, then exits (checked with
+    # 2.1.197 and 2.1.332: a message written right after a result still gets its turn).
+    # With messages waiting, they are given to claude and start the next turn, whose own
+    # result closes it. A stop (kill, timeout, SIGTERM, a full disk) and claude's exit
+    # close both at once, whatever is waiting.
+
+    def _open_input(self) -> None:
+        try:
+            self.wake_fd = self.log.open_input()
+        except OSError as exc:  # no FIFO on this file system: the run goes on, unsteerable
+            self._log(f"could not open the input channel in {self.dir}: {_strerror(exc)}; "
+                      "the worker takes no messages")
+            self.input_closed = True
+        self.input_checked = time.monotonic()
+
+    def _take_input(self, *, close: bool = False, close_if_empty: bool = False,
+                    look: bool = False) -> bool:
+        """Give claude what waits in the inbox; close the channel as asked. True when it
+        is closed now. `look`: a periodic look, skipped while a sender holds the lock."""
+        if self.input_closed:
+            return True
+        self.input_checked = time.monotonic()
+        try:
+            texts, closed = self.log.take_input(close=close, close_if_empty=close_if_empty,
+                                                wait=0.0 if look else INPUT_LOCK_WAIT)
+        except (OSError, InputClosed) as exc:
+            if look and isinstance(exc, InputClosed):
+                return False  # the lock was busy: a sender is at it, and wakes us next
+            self._log(f"could not read the input channel in {self.dir}: {exc}")
+            texts, closed = [], close or close_if_empty
+            if closed:
+                with contextlib.suppress(OSError):
+                    self.log.input_fifo.unlink()
+        if self.stdin_fd is not None and not self.stdin_ending:
+            for text in texts:
+                self.pending += user_message(text)
+        if closed:
+            self._input_done()
+        return closed
+
+    def _close_input(self) -> None:
+        """Close the channel (what waits is given to claude while its stdin is open)."""
+        if not self.input_closed:
+            self._take_input(close=True)
+        self._input_done()
+
+    def _input_done(self) -> None:
+        self.input_closed = True
+        if self.wake_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.wake_fd)
+            self.wake_fd = None
+
+    def _drain_wake(self) -> None:
+        assert self.wake_fd is not None
+        with contextlib.suppress(OSError):
+            while os.read(self.wake_fd, 4096):
+                pass
+
+    def _end_stdin(self) -> None:
+        """Close claude's stdin once what it holds is written."""
+        self.stdin_ending = True
+        if not self.pending:
+            self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        self.pending.clear()
+        self.stdin_ending = True
+        if self.stdin_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.stdin_fd)
+            self.stdin_fd = None
+
+    def _flush_stdin(self) -> None:
+        if self.stdin_fd is None:
+            self.pending.clear()
+            return
+        try:
+            while self.pending:
+                written = os.write(self.stdin_fd, self.pending[:65536])
+                del self.pending[:written]
+        except BlockingIOError:
+            return  # the pipe is full: claude reads on, select says when
+        except OSError:  # claude is gone (EPIPE) or closed its stdin
+            self._close_stdin()
+            return
+        if self.stdin_ending:
+            self._close_stdin()
+
+    def _scan(self, chunk: bytes) -> None:
+        """Find the result lines in claude's stdout (whole lines, across chunks)."""
+        start = 0
+        while True:
+            newline = chunk.find(b"\n", start)
+            if newline < 0:
+                piece = chunk[start:]
+                if not self._line_over:
+                    if len(self._line) + len(piece) > RESULT_LINE_CAP:
+                        self._line.clear()
+                        self._line_over = True
+                    else:
+                        self._line += piece
+                return
+            if self._line or self._line_over:
+                line = b"" if self._line_over else bytes(self._line) + chunk[start:newline]
+                self._line.clear()
+                self._line_over = False
+            else:
+                line = chunk[start:newline]
+            if is_result_line(line):
+                self._at_result()
+            start = newline + 1
+
+    def _at_result(self) -> None:
+        self.results += 1
+        if self.stdin_ending:
+            return
+        if self._take_input(close_if_empty=True):
+            self._end_stdin()
+
+    def _stop_input(self) -> None:
+        """A stop was asked (kill, timeout, signal, full disk): take no more messages and
+        end claude's stdin now."""
+        if not self.input_closed:
+            self._take_input(close=True)
+        if self.stdin_fd is not None:
+            self._close_stdin()
+
+    def _copy_output(self, out_fh: Any) -> None:
+        """Copy claude's stdout to events.jsonl as it comes (unbuffered: each chunk lands on
+        disk at once), feed its stdin (the prompt, then the messages senders leave) and
+        watch for the end of a turn. Stops at EOF, or shortly after claude exited even if an
+        orphan still holds the pipe open. When events.jsonl cannot be written (a full disk),
+        the run is stopped: it would go on unrecorded."""
+        assert self.child is not None and self.child.stdout is not None
+        fd = self.child.stdout.fileno()
+        os.set_blocking(fd, False)
+        exited_at: float | None = None
+        while True:
+            self._watch()
+            if self.term_at is not None or self.received is not None:
+                self._stop_input()
+            readers = [fd] if self.wake_fd is None else [fd, self.wake_fd]
+            writers = [self.stdin_fd] if self.stdin_fd is not None and self.pending else []
+            try:
+                ready, writable, _ = select.select(readers, writers, [], 0.2)
+            except InterruptedError:  # pragma: no cover (PEP 475 retries)
+                continue
+            if writable:
+                self._flush_stdin()
+            if self.wake_fd is not None and self.wake_fd in ready:
+                self._drain_wake()
+                self._take_input()
+            elif not self.input_closed and \
+                    time.monotonic() - self.input_checked > INPUT_RECHECK:
+                self._take_input(look=True)
+            if self.pending and self.stdin_fd is not None and not writable:
+                self._flush_stdin()
+            out_ready = fd in ready
+            if out_ready:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    chunk = None
+                if chunk == b"":
+                    break
+                if chunk:
+                    self._save(out_fh, chunk)
+                    self._scan(chunk)
+                    continue
+            if self.child.poll() is not None:
+                if exited_at is None:
+                    exited_at = time.monotonic()
+                    self._stop_input()
+                elif not out_ready and time.monotonic() - exited_at > 0.5:
+                    break
+        self.child.stdout.close()
+
+    def _save(self, out_fh: Any, chunk: bytes) -> None:
+        if self.write_error is not None:
+            return  # the run is being stopped; what it prints now has nowhere to go
+        view = memoryview(chunk)
+        try:
+            while view:
+                view = view[out_fh.write(view):]
+        except OSError as exc:
+            self.write_error = (f"could not write {self.log.events}: "
+                                f"{_strerror(exc)}; the run was stopped")
+            self._log(self.write_error)
+            self._terminate()
+
+    def _wait_child(self) -> int:
+        assert self.child is not None
+        while True:
+            try:
+                return self.child.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                self._watch()
+            except KeyboardInterrupt:  # pragma: no cover (SIGINT has our handler)
+                continue
+
+    def _clean_leftovers(self, token: str = "") -> None:
+        """Kill whatever claude left behind (reparented to us as subreaper, or carrying the
+        attempt's token) and reap it."""
+        groups = [self.child.pid] if self.child is not None else []
+        hit = procs.signal_tree(self.pid, signal.SIGTERM, groups=groups)
+        if token:
+            marked = [p for p in procs.with_env(TOKEN_ENV, token) if p not in hit]
+            hit += [p for p in marked if procs.signal_pid(p, signal.SIGTERM)]
+        if hit and not procs.wait_gone(hit, LEFTOVER_GRACE):
+            procs.signal_tree(self.pid, signal.SIGKILL, groups=groups)
+            for p in hit:
+                if procs.is_alive(p):
+                    procs.signal_pid(p, signal.SIGKILL)
+            procs.wait_gone(hit, LEFTOVER_GRACE)
+        procs.reap_children()
+
+
+def _number(value: Any, default: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    number = float(value)
+    return number if number == number and number >= 0 else default  # NaN, negative: default
+
+
+class _LaunchFailure(Exception):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+# `python -m` this (fleet_tui.runner is the old name, kept for older runners)
+RUNNER_MODULE = "fleet_tui.execution.local.runner"
+USAGE = "usage: python -m fleet_tui.execution.local.runner [--lock-fd N] [--env-fd N] ATTEMPT_DIR\n"
+
+
+def _read_handover(fd: int) -> dict[str, str]:
+    """The variables the engine handed over through a pipe (the key's variables: kept out
+    of this process's environment, which its worker could read in /proc/PID/environ)."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    data = json.loads(b"".join(chunks) or b"{}")
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    fds: dict[str, int] = {}
+    while len(args) >= 3 and args[0] in ("--lock-fd", "--env-fd") and args[1].isdigit():
+        fds[args[0]] = int(args[1])
+        args = args[2:]
+    if len(args) != 1 or args[0] in ("-h", "--help"):
+        sys.stderr.write(USAGE)
+        return 2
+    attempt_dir = Path(args[0])
+    if not attempt_dir.is_dir():
+        sys.stderr.write(f"fleet_tui.execution.local.runner: {attempt_dir} is not a directory\n")
+        return 2
+    env = dict(os.environ)
+    if "--env-fd" in fds:
+        try:
+            env.update(_read_handover(fds["--env-fd"]))
+        except (OSError, ValueError) as exc:  # the run goes on: the launcher says "no key"
+            sys.stderr.write(f"{RUNNER_MODULE}: cannot read the handed-over environment: "
+                             f"{exc}\n")
+    runner = Runner(attempt_dir, env, lock_fd=fds.get("--lock-fd"))
+    try:
+        return runner.run()
+    except Exception as exc:  # the exit record must exist whatever happens
+        if runner.lock_fd is not None and not runner.log.exited:
+            runner._write_exit(exit_code=70, error=f"runner failed: {exc!r}")
+        raise
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The store: one SQLite database of tasks, attempts and the endpoint's state."""

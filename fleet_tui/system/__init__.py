@@ -1,0 +1,1 @@
+"""The operating system: processes (psutil or /proc) and the data and state folders."""
