@@ -106,7 +106,7 @@ async def test_a_thousand_tasks_in_three_repositories(repos: list[Path],
         assert table.row_count == 500
         # a filter still narrows what is shown, by repository name too
         app.main.filter_text = "docs"
-        app.main._render_tasks()
+        app.main.task_list.render()
         assert table.row_count and all(app.main.tasks[k].repo == repos[2]
                                        for k in table.keys)
 

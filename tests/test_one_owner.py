@@ -32,7 +32,7 @@ ALLOWED_STATE_COLLECTIONS = {
     ("ui/widgets/task_table.py", "LIFECYCLE"),
     # the detail title leaves out the message of a running or a queued task: a choice of
     # what that one line shows, not a phase (running is active, queued pending)
-    ("ui/screens/main.py", "title message"),
+    ("ui/controllers/detail.py", "title message"),
 }
 # SQL text that may name a state: the schema's default (a migration's text is fixed)
 ALLOWED_SQL = ("DEFAULT 'queued'",)

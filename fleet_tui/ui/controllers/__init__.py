@@ -1,0 +1,106 @@
+"""The main screen's controllers: one per part of it, the way lazygit has one per view.
+
+``TaskListController`` (task_list.py) owns the list: the tasks as last read, the marks, the
+filter, the sort, the selection and the polling. ``LandingController`` (landing.py) owns the
+engine actions and their dialogs: launch, merge, discard, kill, retry, follow-up, say,
+update, compare, pick, push, the queue view. ``DetailController`` (detail.py) owns what is
+below the list: the detail title, the tabs, the stream and diff panes' keys.
+
+Each is a plain class the screen makes, holding the screen as ``PanelScreen`` (below): what
+the controllers share of it, so they never import the screen above them. Textual still sees
+one screen: its bindings, its ``action_*`` methods and its message handlers, which hand over
+to these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from functools import partial, wraps
+from inspect import iscoroutinefunction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+
+from textual.screen import Screen
+from textual.widgets import Input
+from textual.worker import Worker
+
+if TYPE_CHECKING:
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.ui.controllers.detail import DetailController
+    from fleet_tui.ui.controllers.landing import LandingController
+    from fleet_tui.ui.controllers.task_list import TaskListController
+    from fleet_tui.ui.widgets.diff_pane import DiffPane
+    from fleet_tui.ui.widgets.stream_pane import StreamPane
+    from fleet_tui.ui.widgets.task_table import TaskTable
+
+
+class PanelScreen(Screen[None]):
+    """The main screen as its controllers see it (``MainScreen`` is the one subclass and
+    sets all of these in its ``__init__``)."""
+
+    fleet: Fleet | None
+    repo: Path | None  # where new tasks start (None: opened outside a repository)
+    default_base: str
+    clock: Callable[[], float]
+    run_scheduler: bool
+    closing: bool  # the app is quitting: keys typed on the way out do nothing
+    ready: asyncio.Event  # the engine is here
+    table: TaskTable
+    stream: StreamPane
+    diff: DiffPane
+    filter_box: Input | None  # once mounted (MainScreen.mount_hidden)
+    task_list: TaskListController
+    landing: LandingController
+    detail: DetailController
+
+    def now(self) -> float:
+        return self.clock()
+
+    def engine(self) -> Fleet:
+        """The engine, for a worker started by a key (keys that need it apply only once
+        the list was read, which needs it)."""
+        if self.fleet is None:
+            raise RuntimeError("the engine is not ready yet")
+        return self.fleet
+
+    def refresh_keys(self) -> None:
+        """Refresh the key bar if what applies changed."""
+        raise NotImplementedError
+
+
+class Controller:
+    """One part of the main screen: holds the screen, for its state and Textual's API."""
+
+    def __init__(self, screen: PanelScreen) -> None:
+        self.screen = screen
+
+
+C = TypeVar("C", bound=Controller)
+P = ParamSpec("P")
+
+
+def screen_work(*, group: str, description: str, thread: bool = False,
+                exclusive: bool = False
+                ) -> Callable[[Callable[Concatenate[C, P], Any]],
+                              Callable[Concatenate[C, P], Worker[Any]]]:
+    """Textual's ``@work`` for a controller's method: the worker is the screen's (its
+    group, its ``exclusive`` cancelling, its failures reported by the screen), as when the
+    method was the screen's own. ``exit_on_error`` is off: a failure is one toast."""
+
+    def decorator(method: Callable[Concatenate[C, P], Any]
+                  ) -> Callable[Concatenate[C, P], Worker[Any]]:
+        if not thread and not iscoroutinefunction(method):
+            raise TypeError(f"{method.__name__}: a worker that is not a coroutine needs "
+                            "thread=True")
+
+        @wraps(method)
+        def run(self: C, /, *args: P.args, **kwargs: P.kwargs) -> Worker[Any]:
+            return self.screen.run_worker(
+                partial(method, self, *args, **kwargs), name=method.__name__, group=group,
+                description=description, exclusive=exclusive, exit_on_error=False,
+                thread=thread)
+
+        return run
+
+    return decorator

@@ -1,0 +1,154 @@
+"""Below the list: the selected task's detail title, the Stream | Diff tabs, and the keys
+of the stream and diff panes (the panes do their own reading: widgets/stream_pane.py and
+widgets/diff_pane.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual.widgets import ContentSwitcher, Label
+
+from fleet_tui.core.states import TaskState
+from fleet_tui.ui.controllers import Controller, PanelScreen, screen_work
+from fleet_tui.ui.formatting import landing_label, pushed_label
+from fleet_tui.ui.widgets.bars import TabBar
+
+if TYPE_CHECKING:
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.store.db import Task
+    from fleet_tui.ui.messages import ToolCallLoaded
+
+
+class DetailController(Controller):
+    """Hands the selected task to the panes and switches the view below the list."""
+
+    def __init__(self, screen: PanelScreen) -> None:
+        super().__init__(screen)
+        self.stream = screen.stream
+        self.diff = screen.diff
+        self._title_shown = ""
+
+    def refresh(self, *, new: bool = False) -> None:
+        """Update the detail title; hand the task to the stream and the diff panes
+        (``new``: another task than before)."""
+        task = self.screen.task_list.selected
+        title = self.screen.query_one("#detail-title", Label)
+        if task is None:
+            title.update("")
+            self._title_shown = ""
+        else:
+            text = detail_title(task)
+            if text.plain != self._title_shown:
+                self._title_shown = text.plain
+                title.update(text)
+        if new or task is not None:
+            self.stream.show(task)
+        self.diff.show(task, new=new)
+
+    # --- the tabs --------------------------------------------------------------------------
+    @property
+    def active_tab(self) -> str:
+        """The view shown below the list: "tab-stream" or "tab-diff"."""
+        return self.screen.query_one(ContentSwitcher).current or "tab-stream"
+
+    def show_tab(self, tab: str) -> None:
+        """`1` / `2`: the view below changes, the keys stay on (or come back to) the task
+        list, so ↑ ↓ move the tasks and the task keys act on the row the list highlights."""
+        self.screen.query_one(TabBar).active = tab
+        self.screen.table.focus()
+        self.switch_to(tab)
+
+    def switch_to(self, tab: str) -> None:
+        # A focused widget that is hidden hands the focus to the next one Textual finds
+        # (the diff's file list): ↑ ↓ then moved nothing the user could see. It goes back to
+        # the list instead.
+        focused = self.screen.focused
+        switcher = self.screen.query_one(ContentSwitcher)
+        if focused is not None and switcher.current and tab != switcher.current and any(
+                node.id == switcher.current for node in focused.ancestors_with_self):
+            self.screen.table.focus()
+        switcher.current = tab
+        self.diff.set_shown(tab == "tab-diff")
+
+    # --- the stream's and the diff's keys ----------------------------------------------------
+    def toggle_tools(self) -> None:
+        self.stream.tools_only = not self.stream.tools_only
+
+    def toggle_raw(self) -> None:
+        self.stream.raw = not self.stream.raw
+
+    def toggle_follow(self) -> None:
+        self.stream.follow = not self.stream.follow
+
+    def expand(self) -> None:
+        if self.active_tab != "tab-stream":
+            self.show_tab("tab-stream")
+        self.stream.expand_tool_call()
+
+    def search(self) -> None:
+        if self.active_tab == "tab-diff":
+            self.diff.open_search()
+        else:
+            self.stream.open_search()
+
+    def choose_attempt(self) -> None:
+        task = self.screen.task_list.selected
+        if task is not None:
+            self._choose_attempt(self.screen.engine(), task.id)
+
+    @screen_work(exclusive=True, group="dialog", description="listing attempts")
+    async def _choose_attempt(self, fleet: Fleet, task_id: str) -> None:
+        from fleet_tui.ui.screens.modals import AttemptScreen
+
+        attempts = await asyncio.to_thread(fleet.attempts, task_id)
+        shown = self.stream.attempt
+        current = shown.n if shown is not None else 0
+        items = [(a.n, f"{a.n}. {a.kind:<8} {a.verdict or 'running':<10} "
+                  f"{a.turns} turns  {a.model or ''}") for a in attempts]
+        if self.screen.closing:
+            return
+        n = await self.screen.app.push_screen_wait(AttemptScreen(
+            f"Attempts of {task_id}", items, current))
+        if n is not None:
+            self.stream.choose_attempt(task_id, n, max((i[0] for i in items), default=0))
+
+    def tool_call_loaded(self, message: ToolCallLoaded) -> None:
+        """The stream pane read a whole tool call (x / enter on its line): show it."""
+        from fleet_tui.ui.screens.modals import ToolCallScreen
+
+        if self.screen.closing:
+            return
+        detail = message.detail
+        self.screen.app.push_screen(ToolCallScreen(detail.title, detail.status, detail.rows))
+
+    def reload(self) -> None:
+        """The task's worktree or history changed under the panes: read them again."""
+        self.diff.reload()
+        self.stream.reread()
+
+
+def detail_title(task: Task) -> Text:
+    """The one line over the tabs: id, title, state, branches, landing, push, message."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(f"{task.id} ", style="bold")
+    text.append(task.short_title)
+    text.append(f"  ·  {task.state}")
+    if task.branch:
+        text.append(f"  ·  {task.branch}")
+        if task.base_branch:
+            text.append(f" → {task.base_branch}")
+    landing = landing_label(task)
+    if landing is not None:
+        text.append(f"  ·  {landing[0]}")
+        if task.land_state and task.land_note:
+            text.append(f": {task.land_note.splitlines()[0]}")
+    pushed = pushed_label(task)
+    if pushed is not None and not (landing and landing[0] == "↑pushed"):
+        text.append(f"  ·  ↑{pushed}")
+    elif pushed is not None:
+        text.append(f" {pushed}")
+    if task.message and task.state not in (TaskState.RUNNING, TaskState.QUEUED):
+        text.append(f"  ·  {task.message.splitlines()[0] if task.message else ''}")
+    return text
