@@ -14,6 +14,11 @@ from pathlib import Path
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
+
+    from fleet_tui.demo.session import Demo
+    from fleet_tui.settings.config import Settings
+    from fleet_tui.ui.messages import EngineReady
 
 
 class Options:
@@ -85,29 +90,15 @@ def _panel(args: Options) -> int:
     # made in a thread once the frame is up, and the repository is looked up there too.
     from fleet_tui.settings.config import ConfigError, load_settings
     from fleet_tui.ui.app import FleetApp
-    from fleet_tui.ui.messages import EngineReady
 
     demo = None
     repo: Path | None = None
     if args.demo:
-        from fleet_tui.demo import session as demo_mod
-
-        claude = demo_mod.ensure_claude()
-        if claude is None:
-            return 5
-        try:
-            demo = demo_mod.start_demo(
-                claude, root=None if args.new else demo_mod.latest_demo())
-        except (demo_mod.DemoEndpointError, OSError) as exc:
-            return _fail(f"--demo: {exc}")
+        started = _start_demo(args)
+        if isinstance(started, int):
+            return started
+        demo = started
         repo = demo.repo
-        endpoint = demo.endpoint
-        if demo.reopened:
-            print(f"fleet-tui demo: reopened the last demo ({demo.root}); "
-                  "`fleet-tui --demo --new` starts a fresh one")
-        print(f"fleet-tui demo: project in {demo.repo}, endpoint {endpoint.url} "
-              f"({'running already' if endpoint.reused else 'started'}: pid {endpoint.pid}, "
-              f"log {endpoint.log})")
     elif args.repo is not None:
         # named on the command line: a mistake is reported before the screen is taken
         from fleet_tui.vcs import git
@@ -122,37 +113,8 @@ def _panel(args: Options) -> int:
         except ConfigError as exc:
             return _fail(str(exc), 2)
         look_around = not args.demo and args.repo is None
-
-        def make_engine() -> EngineReady:
-            """Runs in a thread after the first frame; a FleetError or StoreError ends the
-            panel with its message. What it returns is the panel's EngineReady: the engine,
-            the repository new tasks start in (looked up here unless given) and its
-            current branch."""
-            from fleet_tui.engine.fleet import Fleet
-            from fleet_tui.vcs import git
-
-            where = repo
-            if look_around:
-                try:
-                    where = git.main_worktree(Path.cwd())
-                except git.GitError:
-                    where = None  # the panel still lists tasks; `n` says what to do
-            base = (git.current_branch(where) or "") if where is not None else ""
-            fleet = Fleet(settings)
-            # the key known before the stream pane reads a worker's words (they are shown
-            # with it hidden: redaction), and the first diff need not wait for a lookup
-            fleet.prepare_secret_scan()
-            # config.toml edited while the panel runs: read again (a bad edit is said and
-            # the settings in use stay)
-            fleet.watch_settings()
-            if demo is not None and not demo.reopened:
-                from fleet_tui.demo.session import submit_demo_tasks
-
-                submit_demo_tasks(fleet, demo.repo)
-            return EngineReady(fleet, where, base)
-
-        app = FleetApp(make_engine, repo=repo, run_scheduler=not args.no_scheduler,
-                       resume_gc=True)
+        app = FleetApp(_engine_maker(settings, repo, look_around, demo), repo=repo,
+                       run_scheduler=not args.no_scheduler, resume_gc=True)
         app.run()
         if app.return_code:
             return app.return_code
@@ -166,3 +128,64 @@ def _panel(args: Options) -> int:
     finally:
         if demo is not None:
             demo.stop()
+
+
+def _start_demo(args: Options) -> Demo | int:
+    """The demo's project and endpoint, started or reopened (said on the terminal), or the
+    exit code when it cannot start (no claude CLI, an endpoint that does not come up)."""
+    from fleet_tui.demo import session as demo_mod
+
+    claude = demo_mod.ensure_claude()
+    if claude is None:
+        return 5
+    try:
+        demo = demo_mod.start_demo(
+            claude, root=None if args.new else demo_mod.latest_demo())
+    except (demo_mod.DemoEndpointError, OSError) as exc:
+        return _fail(f"--demo: {exc}")
+    endpoint = demo.endpoint
+    if demo.reopened:
+        print(f"fleet-tui demo: reopened the last demo ({demo.root}); "
+              "`fleet-tui --demo --new` starts a fresh one")
+    print(f"fleet-tui demo: project in {demo.repo}, endpoint {endpoint.url} "
+          f"({'running already' if endpoint.reused else 'started'}: pid {endpoint.pid}, "
+          f"log {endpoint.log})")
+    return demo
+
+
+def _engine_maker(settings: Settings, repo: Path | None, look_around: bool,
+                  demo: Demo | None) -> Callable[[], EngineReady]:
+    """The function that makes the panel's engine (``FleetApp`` runs it in a thread after
+    the first frame); ``look_around``: find the repository around the current directory
+    there, else new tasks start in ``repo``."""
+    from fleet_tui.ui.messages import EngineReady
+
+    def make_engine() -> EngineReady:
+        """Runs in a thread after the first frame; a FleetError or StoreError ends the
+        panel with its message. What it returns is the panel's EngineReady: the engine,
+        the repository new tasks start in (looked up here unless given) and its
+        current branch."""
+        from fleet_tui.engine.fleet import Fleet
+        from fleet_tui.vcs import git
+
+        where = repo
+        if look_around:
+            try:
+                where = git.main_worktree(Path.cwd())
+            except git.GitError:
+                where = None  # the panel still lists tasks; `n` says what to do
+        base = (git.current_branch(where) or "") if where is not None else ""
+        fleet = Fleet(settings)
+        # the key known before the stream pane reads a worker's words (they are shown
+        # with it hidden: redaction), and the first diff need not wait for a lookup
+        fleet.prepare_secret_scan()
+        # config.toml edited while the panel runs: read again (a bad edit is said and
+        # the settings in use stay)
+        fleet.watch_settings()
+        if demo is not None and not demo.reopened:
+            from fleet_tui.demo.session import submit_demo_tasks
+
+            submit_demo_tasks(fleet, demo.repo)
+        return EngineReady(fleet, where, base)
+
+    return make_engine
