@@ -135,7 +135,7 @@ def test_retry_with_resume_continues_the_session_on_the_host(git_repo: Path,
     fleet.retry(task.id, resume=True)
     fleet.tick()
     first, second = host.runs_of(task.id)
-    assert second.resume == "s-resume-me" and second.alive
+    assert not first.alive and second.resume == "s-resume-me" and second.alive
     assert [a.kind for a in fleet.attempts(task.id)] == ["fresh", "resume"]
 
 
