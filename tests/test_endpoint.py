@@ -656,8 +656,10 @@ def test_a_window_closes_after_n_answers_and_names_its_reset_in_beijing_time() -
 
 
 def test_too_many_answers_in_flight_get_1302() -> None:
-    slow = {"default": {"delay": 0.1, "turns": ["a slow answer " * 10]}}
-    with ScriptedEndpoint(slow, faults=[{"kind": "concurrency", "limit": 1}]) as ep:
+    slow = {"default": {"delay": 0.01, "turns": ["a slow answer " * 10]}}
+    # hold: the first answer waits until the second has been refused (never by timing)
+    with ScriptedEndpoint(slow, faults=[{"kind": "concurrency", "limit": 1,
+                                         "hold": 60}]) as ep:
         first: dict[str, Any] = {}
         worker = threading.Thread(target=lambda: first.update(reply=post(ep.url,
                                                                          request_body())))
@@ -682,3 +684,15 @@ def test_real_turns_leave_the_clis_filler_answer_out() -> None:
                 {"role": "user", "content": "Continue where you left off."}]
             post(ep.url, body)
     assert [(r.script, r.turn) for r in ep.requests] == [("plain", 2), ("real", 1)]
+
+
+def test_a_concurrency_hold_is_seconds_and_never_waits_past_them() -> None:
+    with pytest.raises(ScriptError, match="hold"):
+        parse_fault({"kind": "concurrency", "limit": 1, "hold": "long"})
+    # nothing to refuse: the lone answer waits out its hold (0.3 s), then comes
+    with ScriptedEndpoint({"default": ["alone"]},
+                          faults=[{"kind": "concurrency", "limit": 1, "hold": 0.3}]) as ep:
+        started = time.monotonic()
+        reply = post(ep.url, request_body())
+        waited = time.monotonic() - started
+    assert reply.status == 200 and waited >= 0.3

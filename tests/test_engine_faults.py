@@ -24,7 +24,7 @@ from proc_helpers import working_in
 from fleet_tui.core import stream
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
-from fleet_tui.execution.local.attemptlog import (
+from fleet_tui.execution.attemptlog import (
     EVENTS_FILE,
     EXIT_FILE,
     KILL_FILE,

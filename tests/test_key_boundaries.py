@@ -79,7 +79,7 @@ def test_the_key_a_worker_prints_writes_and_names_goes_nowhere(
     assert fgit.REDACTED in (attempt.message or "") + (attempt.last_tool or "")
 
     # the panel's stream lines, built from the events as the stream pane reads them
-    from fleet_tui.execution.local.attemptlog import AttemptLog
+    from fleet_tui.execution.attemptlog import AttemptLog
     from fleet_tui.ui import formatting
     events, _ = AttemptLog(attempt.dir).read_events(0, finished=True)
     rows = formatting.StreamFormatter().rows(events)

@@ -190,14 +190,15 @@ def test_an_overload_mid_task_resumes_the_session(git_repo: Path, claude_bin: st
 
 def test_too_many_at_once_lowers_the_cap_and_charges_nothing(
         git_repo: Path, claude_bin: str) -> None:
-    # long answers, so that three workers' first requests are in flight together; the
-    # endpoint takes two at once and answers a third with code 1302
-    slow = {"real_turns": True, "delay": 0.25,
+    # three workers' first requests in flight together: the endpoint takes two at once
+    # and holds their answers until it has answered a third with code 1302 (whenever
+    # that worker's claude gets there, however loaded the machine)
+    slow = {"real_turns": True, "delay": 0.02,
             "turns": ["a long answer, streamed slowly, so that every worker's request is "
                       "still being answered when the next one arrives at the endpoint, "
                       "which then has more of them in flight than it allows"]}
     with ScriptedEndpoint({"default": slow},
-                          faults=[{"kind": "concurrency", "limit": 2}]) as ep:
+                          faults=[{"kind": "concurrency", "limit": 2, "hold": 90}]) as ep:
         fleet = make_fleet(ep, claude_bin, max_workers=3, max_attempts=1,
                            backoff_base=0.2)
         tasks = fleet.submit(TaskSpec(prompt="answer", repo=git_repo), copies=3)

@@ -77,7 +77,7 @@ from standin_claude import stream_wrapper
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
-from fleet_tui.execution.local.attemptlog import EVENTS_FILE, RUNNER_FILE, SPEC_FILE, read_json
+from fleet_tui.execution.attemptlog import EVENTS_FILE, RUNNER_FILE, SPEC_FILE, read_json
 from fleet_tui.execution.local.runner import RUNNER_MODULE, TOKEN_ENV, RunSpec
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, TaskState

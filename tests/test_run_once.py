@@ -21,7 +21,7 @@ import pytest
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine import supervisor as supervisor_mod
 from fleet_tui.engine.fleet import Fleet, TaskSpec
-from fleet_tui.execution.local.attemptlog import EVENTS_FILE
+from fleet_tui.execution.attemptlog import EVENTS_FILE
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import FINISHED_STATES, Store, TaskState
 from fleet_tui.system import paths, procs

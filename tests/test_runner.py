@@ -17,7 +17,7 @@ import pytest
 from proc_helpers import commands_in
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
-from fleet_tui.execution.local.attemptlog import (
+from fleet_tui.execution.attemptlog import (
     EVENTS_FILE,
     EXIT_FILE,
     RUNNER_FILE,

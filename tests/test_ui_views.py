@@ -9,7 +9,7 @@ from typing import Any
 from textual.app import App, ComposeResult
 
 from fleet_tui.core import stream
-from fleet_tui.execution.local.attemptlog import AttemptLog
+from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.ui.formatting import (
     PreparedDiff,
     StreamFormatter,

@@ -39,7 +39,7 @@ from fleet_tui.core.states import (
     TaskState,
 )
 from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text, work_at_stake
-from fleet_tui.execution.local.attemptlog import AttemptLog
+from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
 from fleet_tui.store.db import MAX_COPIES, Attempt, StoreError, Task
 from fleet_tui.vcs import git

@@ -179,7 +179,10 @@ class Fault:
     told: closed from the moment it has `after_ok` answers behind it, until `until` or
     for `seconds`; its message names the reset time as z.ai does, without a zone, in
     UTC`zone`; `{reset}` in a `message` is that time) and "concurrency" (code 1302 while
-    `limit` answers are in flight already). Their `times` default to every request.
+    `limit` answers are in flight already; with `hold` seconds, each answer it lets
+    through waits until it has refused one request, at most that long, so that a test
+    meets it whatever the load: the answers are in flight together). Their `times`
+    default to every request.
     """
 
     kind: Literal["error", "hang", "drop", "zai", "window", "concurrency"]
@@ -197,6 +200,7 @@ class Fault:
     until: float | None = None  # window: when it opens again (epoch seconds)
     zone: float = 8.0  # window: the UTC offset (hours) its reset time is written in
     limit: int | None = None  # concurrency: answers in flight allowed at once
+    hold: float | None = None  # concurrency: answers wait (up to this) until it fired
 
 
 def parse_fault(raw: object, where: str = "fault") -> Fault:
@@ -231,7 +235,8 @@ def parse_fault(raw: object, where: str = "fault") -> Fault:
     if not isinstance(raw, dict):
         raise ScriptError(f"{where}: a fault is an object, a status code or a string")
     known = {"kind", "status", "times", "retry_after", "message", "after_events", "turn",
-             "should_retry", "code", "after_ok", "seconds", "until", "zone", "limit"}
+             "should_retry", "code", "after_ok", "seconds", "until", "zone", "limit",
+             "hold"}
     unknown = set(raw) - known
     if unknown:
         raise ScriptError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -316,7 +321,7 @@ def _parse_provider_fault(raw: Mapping[str, Any], kind: str, where: str) -> Faul
                               or times < 0):
         raise ScriptError(f"{where}: \"times\" must be a count >= 0 or null (always)")
     numbers: dict[str, float | None] = {}
-    for key in ("seconds", "until", "zone"):
+    for key in ("seconds", "until", "zone", "hold"):
         value = raw.get(key)
         if value is not None and (isinstance(value, bool)
                                   or not isinstance(value, int | float)):
@@ -337,7 +342,7 @@ def _parse_provider_fault(raw: Mapping[str, Any], kind: str, where: str) -> Faul
                  times=times, message=message, code=code, after_ok=raw.get("after_ok"),
                  seconds=numbers["seconds"], until=numbers["until"],
                  zone=8.0 if numbers["zone"] is None else numbers["zone"],
-                 limit=raw.get("limit"), turn=raw.get("turn"))
+                 limit=raw.get("limit"), turn=raw.get("turn"), hold=numbers["hold"])
 
 
 @dataclass
@@ -831,7 +836,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             ep._record(replace(base, status=400))
             self._send_error_json(400, problem)
             return
-        fault = ep._take_fault(script, turn)
+        fault, reserved = ep._take_fault(script, turn)
+        try:
+            self._respond(ep, base, script, turn, body, raw, model, stream, cwd, fault)
+        finally:
+            if reserved:
+                ep._answering(-1)
+
+    def _respond(self, ep: ScriptedEndpoint, base: RecordedRequest, script: Script,
+                 turn: int, body: dict[str, Any], raw: bytes, model: str | None,
+                 stream: bool, cwd: str | None, fault: Fault | None) -> None:
         fault_name = None
         if fault is not None:
             fault_name = (f"error:{fault.status}" if fault.kind == "error" else fault.kind)
@@ -865,12 +879,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         input_tokens = max(1, len(raw) // 4)
         output_tokens = max(1, len(json.dumps(blocks)) // 4)
         delay = script.delay if script.delay is not None else ep.event_delay
-        ep._answering(+1)
-        try:
-            self._answer(stream, model, message_id, blocks, stop_reason, input_tokens,
-                         output_tokens, delay, fault)
-        finally:
-            ep._answering(-1)
+        ep._hold_answer(script)
+        self._answer(stream, model, message_id, blocks, stop_reason, input_tokens,
+                     output_tokens, delay, fault)
 
     def _answer(self, stream: bool, model: str | None, message_id: str,
                 blocks: list[Block], stop_reason: str, input_tokens: int,
@@ -1074,6 +1085,7 @@ class ScriptedEndpoint:
         self._quiet_since = time.monotonic()  # when the last connection closed
         self._ok = 0  # message requests answered 200 (a fault's after_ok counts these)
         self._in_flight = 0  # answers being sent now (a concurrency fault counts these)
+        self._fired: set[int] = set()  # faults that have met a request (a hold waits on it)
         self._closed_at: dict[int, float] = {}  # window faults: when each one closed
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -1232,23 +1244,54 @@ class ScriptedEndpoint:
                 return next(iter(self.scripts.values())), ""
             return None, "the scripted endpoint has no scripts loaded"
 
-    def _take_fault(self, script: Script, turn: int) -> Fault | None:
+    def _take_fault(self, script: Script, turn: int) -> tuple[Fault | None, bool]:
+        """The fault this request meets (None: it is answered as scripted), and whether it
+        holds a place among the answers in flight (then the caller gives it back with
+        `_answering(-1)` once the answer is sent). Taken under one lock with the
+        concurrency check, so two requests arriving together never both see a free
+        place that only one of them has."""
         with self._lock:
-            for fault in [*self._global_faults, *script.faults]:
-                if fault.turn is not None and fault.turn != turn:
-                    continue
-                if fault.after_ok is not None and self._ok < fault.after_ok:
-                    continue
-                if fault.kind == "window" and not self._window_closed(fault):
-                    continue
-                if fault.kind == "concurrency" and self._in_flight < (fault.limit or 0):
-                    continue
-                left = self._remaining.get(id(fault), fault.times)
-                if left is None:
-                    return fault
-                if left > 0:
+            fault = self._find_fault(script, turn)
+            answered = fault is None or not (
+                fault.kind in PROVIDER_KINDS or fault.kind == "error"
+                or (fault.kind == "hang" and fault.after_events is None))
+            if answered:
+                self._in_flight += 1
+            return fault, answered
+
+    def _hold_answer(self, script: Script) -> None:
+        """A concurrency fault with `hold`: wait until it has refused a request (each
+        refusal notifies), at most `hold` seconds, or until the endpoint stops."""
+        holds = [f for f in [*self._global_faults, *script.faults]
+                 if f.kind == "concurrency" and f.hold]
+        if not holds:
+            return
+        deadline = time.monotonic() + max(f.hold or 0.0 for f in holds)
+        with self._changed:
+            while not self._stop.is_set() and not all(id(f) in self._fired for f in holds):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._changed.wait(min(left, 0.5))
+
+    def _find_fault(self, script: Script, turn: int) -> Fault | None:
+        """(Under the lock.)"""
+        for fault in [*self._global_faults, *script.faults]:
+            if fault.turn is not None and fault.turn != turn:
+                continue
+            if fault.after_ok is not None and self._ok < fault.after_ok:
+                continue
+            if fault.kind == "window" and not self._window_closed(fault):
+                continue
+            if fault.kind == "concurrency" and self._in_flight < (fault.limit or 0):
+                continue
+            left = self._remaining.get(id(fault), fault.times)
+            if left is None or left > 0:
+                if left is not None:
                     self._remaining[id(fault)] = left - 1
-                    return fault
+                self._fired.add(id(fault))
+                self._changed.notify_all()
+                return fault
         return None
 
     def _record(self, request: RecordedRequest) -> None:

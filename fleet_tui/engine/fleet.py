@@ -67,6 +67,7 @@ from fleet_tui.core.states import (
 from fleet_tui.engine import supervisor
 from fleet_tui.engine.follower import Follower, attempt_finished
 from fleet_tui.engine.supervisor import Supervisor, TaskChange
+from fleet_tui.execution.host import Host
 from fleet_tui.execution.local import launcher
 from fleet_tui.settings.config import PERMISSION_MODES, ConfigError, Settings
 from fleet_tui.settings.config_core import check_length
@@ -245,7 +246,8 @@ class Fleet:
     def __init__(self, settings: Settings, store: Store | None = None, *,
                  env: Mapping[str, str] | None = None,
                  clock: Callable[[], float] = time.time,
-                 python: str | None = None, rng: random.Random | None = None) -> None:
+                 python: str | None = None, rng: random.Random | None = None,
+                 host: Host | None = None) -> None:
         self.settings = settings
         self.env = dict(os.environ if env is None else env)
         self.store = store if store is not None else Store(paths.db_path(self.env))
@@ -256,7 +258,8 @@ class Fleet:
         # read again when they change
         self.repo_settings = RepoSettingsCache(self.env)
         self.supervisor = Supervisor(settings, self.store, env=self.env, clock=clock,
-                                     python=self.python, repo_settings=self.repo_settings)
+                                     python=self.python, repo_settings=self.repo_settings,
+                                     host=host)
         self.follower = Follower(settings, self.store, self.supervisor, clock=clock,
                                  rng=self.rng)
         # who claims tasks (see Supervisor.owner)
@@ -754,7 +757,7 @@ class Fleet:
                                    started_at=None)
         else:
             if task.worktree is not None:
-                info = git.create_worktree(task.repo, task.id, task.base_commit, reset=True)
+                info = self.supervisor.host.make_worktree(task, reattach=False, reset=True)
                 # a fresh worktree: an update that stopped on conflicts is gone with it
                 shutil.rmtree(paths.update_dir(task.repo, task.id), ignore_errors=True)
                 self.store.update_task(task.id, worktree=info.path, branch=info.branch,
@@ -796,7 +799,7 @@ class Fleet:
         waiting in the attempt folder and will be). FleetError when the task does not run,
         or its worker takes no message any more (it finished its turn and is stopping:
         a follow-up is the way then)."""
-        from fleet_tui.execution.local.attemptlog import AttemptLog, InputClosed
+        from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 
         task = self.get_task(task_id)
         if not isinstance(text, str) or not text.strip():

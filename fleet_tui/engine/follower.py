@@ -17,7 +17,6 @@ import contextlib
 import errno
 import logging
 import math
-import signal
 import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from fleet_tui.core import outcome, policy, providers, stream
 from fleet_tui.core.errors import EXIT_FAILED, FleetTuiError
 from fleet_tui.core.states import ACTIVE_STATES, PENDING_STATES, StopReason, TaskState, Verdict
 from fleet_tui.engine.supervisor import Supervisor, TaskChange, describe
-from fleet_tui.execution.local.attemptlog import AttemptLog
+from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.settings.config import Settings
 from fleet_tui.store.db import Attempt, Store, Task
 from fleet_tui.vcs import git
@@ -254,7 +253,7 @@ class Follower:
             stop_asked_at=_as_float(asked.get("at"), now) if asked else None,
             last_activity=fol.summary.last_activity if fol is not None else None)
         if watch.hard_kill:
-            self.supervisor.signal(attempt, signal.SIGKILL)
+            self.supervisor.kill(attempt)
         if watch.stalled is not None and self.store.update_task(
                 task.id, expect_state=TaskState.RUNNING, state=TaskState.STALLED,
                 message=watch.stalled):

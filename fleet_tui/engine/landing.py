@@ -84,7 +84,7 @@ def spawn_runner(fleet: Fleet, repo: Path) -> subprocess.Popen[bytes]:
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(spec, fh)
     os.replace(tmp, folder / SPEC_FILE)
-    env = fleet.supervisor._runner_env()
+    env = fleet.supervisor.runner_env()
     with open(os.devnull, "rb") as devnull, \
             open(paths.private_file(folder / LOG_FILE), "ab") as out:
         proc = subprocess.Popen([fleet.python, "-m", "fleet_tui.engine.landing",

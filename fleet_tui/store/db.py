@@ -210,6 +210,8 @@ class Attempt:
     last_event_at: float | None = None
     events_offset: int = 0
     port: int | None = None  # the attempt's FLEET_PORT (v5)
+    host: str = "local"  # the host it runs on (v6); attempts before v6 ran here
+    placement: str | None = None  # JSON: execution.host.Placement.to_record() (v6)
     row_error: str | None = None  # not a column: see Task.row_error
 
 
@@ -323,6 +325,14 @@ ALTER TABLE tasks ADD COLUMN archived_at REAL;
 ALTER TABLE attempts ADD COLUMN port INTEGER
 """
 
+# v6 (issue 18): where each attempt runs, the host seam's record: the host's name and the
+# placement (worktree, branch, base, config dir, attempt folder) as JSON. The older columns
+# (dir, config_dir, ...) are still written, for older versions sharing the store.
+_V6_HOSTS = """
+ALTER TABLE attempts ADD COLUMN host TEXT NOT NULL DEFAULT 'local';
+ALTER TABLE attempts ADD COLUMN placement TEXT
+"""
+
 
 def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
     def run(conn: sqlite3.Connection) -> None:
@@ -374,7 +384,7 @@ CREATE TABLE endpoints (
 
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS),
-    _script(_V5_READY)]
+    _script(_V5_READY), _script(_V6_HOSTS)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error", "row_damaged"}

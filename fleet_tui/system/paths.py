@@ -137,3 +137,12 @@ def update_dir(repo: Path, task_id: str) -> Path:
 def queue_dir(repo: Path) -> Path:
     """The merge queue runner's folder of a repository: its spec and its log."""
     return logs_dir(repo) / ".queue"
+
+
+def package_root() -> Path:
+    """The folder that holds the fleet_tui package: put on a detached child's PYTHONPATH
+    (the runner, the queue runner, the test gate's boot) so that it imports this very
+    code, installed or not. Found from the package itself, wherever the caller lives."""
+    import fleet_tui
+
+    return Path(fleet_tui.__file__).resolve().parent.parent

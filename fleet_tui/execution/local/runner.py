@@ -50,17 +50,17 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from fleet_tui.core import redaction
 from fleet_tui.core.states import StopReason
-from fleet_tui.execution.local.attemptlog import (
+from fleet_tui.execution.attemptlog import (
     INPUT_LOCK_WAIT,
     AttemptLog,
     InputClosed,
     write_json_atomic,
 )
+from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
 from fleet_tui.system import procs
 
 TYPE_CHECKING = False
@@ -69,10 +69,6 @@ if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 
     from types import FrameType
     from typing import Any
 
-TOKEN_ENV = "FLEET_ATTEMPT_TOKEN"  # inherited by everything claude starts
-
-# How long leftover descendants get between SIGTERM and SIGKILL once claude has exited.
-LEFTOVER_GRACE = 1.0
 RESERVE_SIZE = 8192
 INPUT_RECHECK = 1.0  # seconds between looks at the inbox when no wake-up byte came
 RESULT_LINE_CAP = 16 * 1024 * 1024  # a longer stdout line is never taken for a result line
@@ -80,42 +76,6 @@ SETUP_TAIL = 64 * 1024  # characters of the setup's output in the stream (setup.
 SETUP_READ = 4 * SETUP_TAIL  # bytes of setup.log read back for it
 EX_LOCKED = 75  # another runner holds this attempt: nothing was done (EX_TEMPFAIL)
 EX_NO_RECORD = 74  # not even the exit record could be written (EX_IOERR)
-
-
-@dataclass
-class RunSpec:
-    """What the engine asks one runner to do. Never holds a credential."""
-
-    cwd: str
-    prompt: str
-    config_dir: str
-    args: list[str] = field(default_factory=list)  # extra claude arguments
-    model: str | None = None  # overrides the OPUS/SONNET mapping (small-model fallback)
-    permission_mode: str | None = None
-    max_turns: int | None = None
-    resume: str | None = None  # session id for --resume
-    settings: dict[str, Any] = field(default_factory=dict)  # load_settings overrides
-    task_id: str = ""
-    attempt: int = 0
-    token: str = ""  # FLEET_ATTEMPT_TOKEN for claude and all it starts ("" = none)
-    timeout: float | None = None  # wall-clock seconds (None or 0: none)
-    kill_grace: float = 5.0  # SIGTERM, then SIGKILL this much later
-    # issue 13: a ready worktree (see prepare.py); run once per new worktree
-    repo: str = ""  # the main checkout, where included files come from
-    include: list[str] = field(default_factory=list)  # gitignore patterns of files to copy
-    setup: str | None = None  # run in the worktree before claude starts (/bin/sh -c)
-    env: dict[str, str] = field(default_factory=dict)  # FLEET_TASK_ID, FLEET_PORT
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> RunSpec:
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("spec.json must hold a JSON object")
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 # claude reads user messages as stream-json lines on its stdin for as long as it is open, and

@@ -44,7 +44,7 @@ from fleet_tui.ui.widgets.stream_view import MAX_ROWS, StreamView
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from fleet_tui.engine.fleet import Fleet
-    from fleet_tui.execution.local.attemptlog import AttemptLog
+    from fleet_tui.execution.attemptlog import AttemptLog
     from fleet_tui.store.db import Attempt, Task
 
 READ_CHUNK = 4 * 1024 * 1024  # bytes of events per batch; bigger backlogs take several
@@ -235,7 +235,7 @@ class StreamPane(Vertical):
         shows them: ToolCallLoaded)."""
         if attempt.dir is None:
             return
-        from fleet_tui.execution.local.attemptlog import AttemptLog  # loaded by the engine already
+        from fleet_tui.execution.attemptlog import AttemptLog  # loaded by the engine already
 
         log = AttemptLog(attempt.dir)
         if ref == SETUP_REF:
@@ -277,7 +277,7 @@ class StreamPane(Vertical):
         worker_sleep(worker, STREAM_SETTLE)  # a key held down has moved on: read nothing
         if worker.is_cancelled:
             return
-        from fleet_tui.execution.local.attemptlog import AttemptLog  # loaded by the engine already
+        from fleet_tui.execution.attemptlog import AttemptLog  # loaded by the engine already
 
         task = fleet.get_task(task_id)
         cwd = str(task.worktree) if task.worktree else None
@@ -346,7 +346,7 @@ class StreamPane(Vertical):
         if attempt.dir is None:  # (never announced with older bytes; said for the record)
             self.post_message(StreamOlder(generation, [], 0, everything))
             return
-        from fleet_tui.execution.local.attemptlog import AttemptLog  # loaded by the engine already
+        from fleet_tui.execution.attemptlog import AttemptLog  # loaded by the engine already
 
         log = AttemptLog(attempt.dir)
         start = 0 if everything else log.tail_start(OLDER_CHUNK, end=end)
