@@ -5,6 +5,7 @@ engine, store and git worktree; no claude (the task has finished)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from textual.widgets import Static
 
 from fleet_tui.engine.fleet import Fleet
 from fleet_tui.settings.config import load_settings
+from fleet_tui.settings.watch import SETTLE
 from fleet_tui.store.db import Store, TaskState
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.modals import MergeScreen
@@ -118,23 +120,31 @@ async def test_an_edited_test_command_reaches_the_merge_dialog(
         assert len(_said(app, "Repository settings not reloaded")) == 1
 
 
+def _settled(path: Path, text: str) -> None:
+    """Write `path` as an edit that has rested (settings.watch.SETTLE): its time set back
+    rather than waited for."""
+    path.write_text(text)
+    then = time.time() - SETTLE - 0.1
+    os.utime(path, (then, then))
+
+
 def test_the_engine_uses_reloaded_settings(git_repo: Path, tmp_path: Path,
                                            config: Path) -> None:
     fleet = Fleet(load_settings(), Store(tmp_path / "fleet.db"))
     fleet.watch_settings()
     assert fleet.check_settings([git_repo]) == []  # nothing changed
-    config.write_text("max_workers = 9\nkill_grace = 2\n")
+    _settled(config, "max_workers = 9\nkill_grace = 2\n")
     (notice,) = fleet.check_settings([git_repo])
     assert notice.title == "Settings reloaded"
     assert fleet.settings.max_workers == 9 and fleet.supervisor.settings.kill_grace == 2
     assert fleet.follower.settings is fleet.settings
     assert fleet.check_settings([git_repo]) == []
-    config.write_text("max_workers = 0\n")
+    _settled(config, "max_workers = 0\n")
     (bad,) = fleet.check_settings([git_repo])
     assert bad.severity == "error" and "max_workers" in bad.message
     assert fleet.settings.max_workers == 9
     # a bad edit of a repository's file: the previous (here: none) stay in use
-    (git_repo / ".fleet-tui.toml").write_text("setup = 1\n")
+    _settled(git_repo / ".fleet-tui.toml", "setup = 1\n")
     (repo_bad,) = fleet.check_settings([git_repo])
     assert "previous settings stay" in repo_bad.message
     assert fleet.repo_settings.get(git_repo).setup is None

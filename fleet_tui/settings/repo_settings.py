@@ -38,6 +38,7 @@ from fleet_tui.settings.config_core import (
     check_length,
     config_file_location,
 )
+from fleet_tui.settings.watch import Stamp, file_stamp, settled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -162,14 +163,6 @@ def load_repo_settings(repo: Path, config_file: str) -> RepoSettings:
                         test_command=test if isinstance(test, str) else None)
 
 
-def _stamp(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
-
-
 class RepoSettingsCache:
     """Each repository's settings, read again when one of their files changed; a file
     that no longer reads keeps the last good settings (and `problems` says why). Shared by
@@ -179,13 +172,13 @@ class RepoSettingsCache:
                  config_file: str | None = None) -> None:
         self.config_file = config_file or config_file_location(env)
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[tuple[object, ...], RepoSettings]] = {}
+        self._cache: dict[str, tuple[tuple[Stamp | None, ...], RepoSettings]] = {}
         self._problems: dict[str, str] = {}
-        self._seen: dict[str, tuple[object, ...]] = {}  # the stamps `check` last looked at
+        self._seen: dict[str, tuple[Stamp | None, ...]] = {}  # the stamps `check` last looked at
 
-    def _stamps(self, repo: Path) -> tuple[object, ...]:
-        return (_stamp(str(repo / REPO_FILE)), _stamp(str(repo / WORKTREE_INCLUDE)),
-                _stamp(self.config_file))
+    def _stamps(self, repo: Path) -> tuple[Stamp | None, ...]:
+        return (file_stamp(repo / REPO_FILE), file_stamp(repo / WORKTREE_INCLUDE),
+                file_stamp(self.config_file))
 
     def get(self, repo: Path) -> RepoSettings:
         """The repository's settings. ConfigError only when they never read well."""
@@ -219,6 +212,8 @@ class RepoSettingsCache:
             seen = self._seen.get(key)
             if seen == stamps:
                 return "same", None
+            if seen is not None and not all(settled(s) for s in stamps):
+                return "same", None  # being written: read once it rests (watch.SETTLE)
             self._seen[key] = stamps
         try:
             self.get(repo)
