@@ -60,6 +60,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # before the test modules are imported: their sizes are read from the environment
     if config.getoption("--soak"):
         os.environ["FLEET_SOAK"] = "1"
+    # a pytest-xdist worker that dies is named with the test and phase it was in
+    import xdist_watch
+
+    config.pluginmanager.register(xdist_watch, "fleet-xdist-watch")
 
 
 @pytest.fixture(autouse=True)

@@ -193,7 +193,11 @@ def all_stats() -> list[ProcStat]:
 
 
 def descendants(pid: int, stats: Iterable[ProcStat] | None = None) -> list[int]:
-    """All live descendants of pid (children, grandchildren, ...), parents before children."""
+    """All live descendants of pid (children, grandchildren, ...), parents before children.
+    None for pid 0 or 1 (an unrecorded pid read as 0): pid 1's parent is 0 and everything
+    descends from it."""
+    if pid <= 1:
+        return []
     table = list(all_stats() if stats is None else stats)
     children: dict[int, list[int]] = {}
     for st in table:
@@ -247,8 +251,44 @@ def cwd(pid: int) -> Path | None:
         return None
 
 
-def signal_pid(pid: int, sig: int) -> bool:
-    """Send sig to pid; False when it no longer exists."""
+def ancestors(pid: int | None = None) -> list[int]:
+    """The parent of pid (default: this process), its parent, ... up to pid 1."""
+    found: list[int] = []
+    current = os.getpid() if pid is None else pid
+    while len(found) < 256:
+        st = read_stat(current)
+        if st is None or st.ppid <= 0 or st.ppid in found or st.ppid == current:
+            break
+        found.append(st.ppid)
+        current = st.ppid
+    return found
+
+
+def protected() -> tuple[frozenset[int], frozenset[int]]:
+    """(pids, process groups) this process never signals: itself and its ancestors (the
+    shell it runs in, an engine's or a test runner's controller: pytest-xdist's workers
+    share their controller's group) and their groups. What the engine signals is a runner,
+    claude or what they started, found by pid and start time, descent or a token; none of
+    them can be one of these, unless a recorded pid is wrong (an unrecorded 0, this very
+    process recorded as a runner) or a token or group reached further than meant."""
+    me = os.getpid()
+    pids = {me, *ancestors(me)}
+    groups = {os.getpgrp()}
+    for pid in pids:
+        try:
+            groups.add(os.getpgid(pid))
+        except OSError:
+            continue
+    return frozenset(pids), frozenset(g for g in groups if g > 0)
+
+
+def signal_pid(pid: int, sig: int, *,
+               keep: tuple[frozenset[int], frozenset[int]] | None = None) -> bool:
+    """Send sig to pid; False when it no longer exists, or when it is not one to signal:
+    pid 0 or less (os.kill would reach a whole group, or every process), this process or
+    one of its ancestors (see `protected`; `keep` is that set when the caller has it)."""
+    if pid <= 0 or pid in (keep or protected())[0]:
+        return False
     try:
         os.kill(pid, sig)
     except ProcessLookupError:
@@ -259,8 +299,9 @@ def signal_pid(pid: int, sig: int) -> bool:
 
 
 def signal_group(pgid: int, sig: int) -> bool:
-    """Send sig to a whole process group; False when the group is empty."""
-    if pgid <= 1:
+    """Send sig to a whole process group; False when the group is empty, and for the
+    init group and the groups of this process and its ancestors (see `protected`)."""
+    if pgid <= 1 or pgid in protected()[1]:
         return False
     try:
         os.killpg(pgid, sig)
@@ -280,17 +321,17 @@ def signal_tree(pid: int, sig: int, *, groups: Iterable[int] = ()) -> list[int]:
     """
     targets: list[int] = []
     stats = all_stats()
-    if is_alive(pid):
+    keep = protected()
+    if pid > 1 and is_alive(pid):
         targets.append(pid)
     targets.extend(descendants(pid, stats))
-    wanted = {g for g in groups if g > 1}
+    wanted = {g for g in groups if g > 1 and g not in keep[1]}
     for st in stats:
         if st.pgid in wanted and st.pid not in targets and st.state not in ("Z", "X", "x"):
             targets.append(st.pid)
-    own = os.getpid()
     hit: list[int] = []
     for target in targets:
-        if target != own and signal_pid(target, sig):
+        if signal_pid(target, sig, keep=keep):
             hit.append(target)
     return hit
 
@@ -331,11 +372,12 @@ def with_env(name: str, value: str, *, stats: Iterable[ProcStat] | None = None) 
 def stop(pids: Iterable[int], grace: float) -> list[int]:
     """SIGTERM pids, SIGKILL whichever still lives after grace seconds. Returns the pids
     that were signalled (those that still existed)."""
-    hit = [p for p in pids if p != os.getpid() and signal_pid(p, signal.SIGTERM)]
+    keep = protected()
+    hit = [p for p in pids if signal_pid(p, signal.SIGTERM, keep=keep)]
     if hit and not wait_gone(hit, grace):
         for p in hit:
             if is_alive(p):
-                signal_pid(p, signal.SIGKILL)
+                signal_pid(p, signal.SIGKILL, keep=keep)
         wait_gone(hit, max(grace, 1.0))
     return hit
 
