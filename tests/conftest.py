@@ -180,6 +180,20 @@ def git_repo(tmp_path: Path, _git_repo_template: Path) -> Path:
 
 
 @pytest.fixture
+def stand_in_runner() -> Iterator[int]:
+    """The pid of a live process of the test's own (its own session) to record as an
+    attempt's runner. Never the test process itself: an engine that stops that attempt
+    signals the recorded pid (once that was the xdist worker: "node down")."""
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
 def reference_samples() -> Path:
     """Real outputs of the pinned CLI (stdout, stderr, exit code per case), kept in
     tests/fixtures/stream-json."""

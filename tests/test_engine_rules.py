@@ -4,7 +4,6 @@ store and the real `fleet-tui` commands (in this process); nothing here starts c
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -220,13 +219,13 @@ def test_the_form_and_the_engine_resolve_a_base_the_same_way(git_repo: Path) -> 
 
 
 def test_following_stores_line_ends_only_and_reads_the_folder_not_the_columns(
-        git_repo: Path, tmp_path: Path) -> None:
+        git_repo: Path, tmp_path: Path, stand_in_runner: int) -> None:
     """The follower reads whole lines only (attemptlog's rule): the stored offset never
     points inside a line a running claude is writing. And the attempt's stored
     events_path is not read: the folder is (a row whose column points elsewhere)."""
     fleet = engine()
     now = time.time()
-    me = os.getpid()
+    me = stand_in_runner
     task_id = stored(fleet, git_repo, TaskState.RUNNING, started_at=now, attempt_count=1)
     adir = paths.attempt_dir(git_repo, task_id, 1)
     adir.mkdir(parents=True)

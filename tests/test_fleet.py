@@ -364,8 +364,9 @@ def test_dead_runner_without_exit_record_is_marked_crashed(
         first.store.close()
         del first
         # the machine "lost" the runner: kill its tree the hard way, no exit record
-        procs.signal_tree(attempt.runner_pid or 0, signal.SIGKILL)
-        assert procs.wait_gone([attempt.runner_pid or 0], 5)
+        assert attempt.runner_pid is not None
+        procs.signal_tree(attempt.runner_pid, signal.SIGKILL)
+        assert procs.wait_gone([attempt.runner_pid], 5)
         second = make_fleet(endpoint, claude_bin)
         drive(second, settled(second, task.id))
         done = second.get_task(task.id)
@@ -613,7 +614,8 @@ def test_read_events_in_small_chunks_matches_one_read(tmp_path: Path,
 
 
 def test_a_big_backlog_is_read_in_bounded_chunks_and_counted(
-        tmp_path: Path, reference_samples: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, reference_samples: Path, monkeypatch: pytest.MonkeyPatch,
+        stand_in_runner: int) -> None:
     """Following reads at most READ_CHUNK per attempt per tick (the GIL is not held for a
     whole backlog); finishing reads the rest before it classifies; the counters match."""
     from fleet_tui.engine import follower
@@ -626,7 +628,7 @@ def test_a_big_backlog_is_read_in_bounded_chunks_and_counted(
     store = Store(tmp_path / "db.sqlite")
     fleet = Fleet(load_settings(), store)
     now = time.time()
-    me = os.getpid()
+    me = stand_in_runner
     task = store.create_task(prompt="p", repo=tmp_path, task_id="big001",
                              state=TaskState.RUNNING, base_commit="0" * 40, started_at=now,
                              endpoint=fleet.settings.base_url, attempt_count=1)

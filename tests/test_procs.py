@@ -294,3 +294,19 @@ def test_stop_escalates_to_sigkill() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_nothing_signals_this_process_its_ancestors_their_groups_or_everyone(
+        procs_mode: str) -> None:
+    """An attempt recorded with the wrong runner pid (this very process, an unrecorded 0)
+    once SIGTERMed the xdist worker running the test: the process layer refuses those."""
+    import signal as signals
+
+    me = os.getpid()
+    assert me in procs.protected()[0] and os.getppid() in procs.protected()[0]
+    assert procs.signal_pid(me, signals.SIGTERM) is False
+    assert procs.signal_pid(os.getppid(), signals.SIGTERM) is False
+    assert procs.signal_pid(0, signals.SIGTERM) is False
+    assert procs.signal_pid(-1, signals.SIGTERM) is False
+    assert procs.signal_group(os.getpgrp(), signals.SIGTERM) is False
+    assert procs.descendants(0) == [] and procs.descendants(1) == []
