@@ -29,7 +29,7 @@ _GITPYTHON: ModuleType | None = None
 
 def _gitpython() -> ModuleType:
     """GitPython, imported on first use: it takes ~50 ms to import, and the panel and the
-    task commands import this module before they run any git command (or none at all)."""
+    task commands import fleet_tui.vcs before they run any git command (or none at all)."""
     global _GITPYTHON
     if _GITPYTHON is None:
         import git as gitpython
