@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleet_tui.vcs import git as fgit
+from fleet_tui.vcs import merge as fmerge
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -593,9 +594,9 @@ def test_real_merge_conflict_is_rolled_back(git_repo: Path, monkeypatch: pytest.
     (git_repo / "src" / "app.py").write_text("def main():\n    return 'main'\n")
     commit_all(git_repo, "main moved")
     before = snapshot(git_repo)
-    real = fgit._merge_tree
+    real = fmerge._merge_tree
     # skip the pre-check: report merge-tree's (conflicted) tree as clean
-    monkeypatch.setattr(fgit, "_merge_tree", lambda *a: (real(*a)[0], []))
+    monkeypatch.setattr(fmerge, "_merge_tree", lambda *a: (real(*a)[0], []))
     result = fgit.merge(git_repo, info.path, info.branch, "main", message="x",
                         strategy=strategy)
     assert not result.merged

@@ -30,7 +30,8 @@ from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, Task, TaskState
 from fleet_tui.system import procs
 from fleet_tui.vcs import git as fgit
-from fleet_tui.vcs import repolock
+from fleet_tui.vcs import merge as fmerge
+from fleet_tui.vcs import repolock, repository
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = knob("FLEET_SOAK_MERGE_ROUNDS", 6, 100)
@@ -120,7 +121,7 @@ def test_gits_own_untracked_refusal_names_files_and_leaves_no_orig_head(
     (git_repo / "new.txt").write_text("mine\n")
     (git_repo / "other.txt").write_text("mine too\n")
     before = snapshot(git_repo)
-    monkeypatch.setattr(fgit, "_in_the_way", lambda repo, changes: [])
+    monkeypatch.setattr(fmerge, "_in_the_way", lambda repo, changes: [])
     result = fgit.merge(git_repo, info.path, info.branch, "main", message="x")
     assert not result.merged
     assert "untracked working tree files would be overwritten by merge: new.txt, " \
@@ -141,7 +142,7 @@ def test_a_failed_merge_puts_the_previous_orig_head_back(
     (info.path / "new.txt").write_text("worker\n")
     (git_repo / "new.txt").write_text("mine\n")
     before = snapshot(git_repo)
-    monkeypatch.setattr(fgit, "_in_the_way", lambda repo, changes: [])
+    monkeypatch.setattr(fmerge, "_in_the_way", lambda repo, changes: [])
     result = fgit.merge(git_repo, info.path, info.branch, "main", message="x")
     assert not result.merged and "new.txt" in result.message
     assert (git_repo / ".git" / "ORIG_HEAD").read_text() == orig
@@ -343,7 +344,7 @@ def test_a_merge_waits_for_the_lock_and_gives_up_with_a_clear_message(
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         before = snapshot(git_repo)
-        monkeypatch.setattr(fgit, "LOCK_TIMEOUT", 0.3)
+        monkeypatch.setattr(repository, "LOCK_TIMEOUT", 0.3)
         with pytest.raises(fgit.GitError) as caught:
             fgit.merge(git_repo, info.path, info.branch, "main", message="x")
         text = str(caught.value)
@@ -417,10 +418,10 @@ def test_a_rollback_never_resets_a_head_another_program_moved(
 
     lost = (128, "", "fatal: update_ref failed for ref 'HEAD': cannot lock ref 'HEAD': "
                      "is at 1234 but expected 5678\n")
-    stand_in = _failing_merge_run(fgit._run, other_program_commits, lost)
-    monkeypatch.setattr(fgit, "_run", stand_in)
+    stand_in = _failing_merge_run(fmerge._run, other_program_commits, lost)
+    monkeypatch.setattr(fmerge, "_run", stand_in)
     # the merge itself runs through _run_merging (issue 17: a group that dies with us)
-    monkeypatch.setattr(fgit, "_run_merging", lambda repo, intent, *args: stand_in(repo, *args))
+    monkeypatch.setattr(fmerge, "_run_merging", lambda repo, intent, *args: stand_in(repo, *args))
     result = fgit.merge(git_repo, info.path, info.branch, "main", message="x")
     assert not result.merged
     assert "restored" not in result.message and "NOT as it was" in result.message
@@ -439,16 +440,16 @@ def test_restored_is_said_only_when_verified(git_repo: Path,
     (info.path / "src" / "app.py").write_text("def main():\n    return 'worker'\n")
     (git_repo / "src" / "app.py").write_text("def main():\n    return 'main'\n")
     commit_all(git_repo, "main moved")
-    real_tree = fgit._merge_tree
-    real_run = fgit._run
-    monkeypatch.setattr(fgit, "_merge_tree", lambda *a: (real_tree(*a)[0], []))
+    real_tree = fmerge._merge_tree
+    real_run = fmerge._run
+    monkeypatch.setattr(fmerge, "_merge_tree", lambda *a: (real_tree(*a)[0], []))
 
     def run(cwd: Path, *args: str, **kwargs: Any) -> tuple[int, str, str]:
         if args[:2] in (("merge", "--abort"), ("reset", "--merge")):
             return 0, "", ""
         return real_run(cwd, *args, **kwargs)
 
-    monkeypatch.setattr(fgit, "_run", run)
+    monkeypatch.setattr(fmerge, "_run", run)
     result = fgit.merge(git_repo, info.path, info.branch, "main", message="x")
     assert not result.merged and result.conflicts == ["src/app.py"]
     assert "was restored" not in result.message
@@ -598,7 +599,7 @@ def test_the_engines_merge_discard_and_retry_honour_the_lock(
 
     fleet, task, info = _fleet_with_task(git_repo)
     (info.path / "feature.txt").write_text("work\n")
-    monkeypatch.setattr(fgit, "LOCK_TIMEOUT", 0.3)
+    monkeypatch.setattr(repository, "LOCK_TIMEOUT", 0.3)
     held, release = threading.Event(), threading.Event()
 
     def holder() -> None:

@@ -414,6 +414,25 @@ def _stopped_for_the_endpoint(exit_record: dict[str, Any] | None, stop_message: 
 # --------------------------------------------------------------------------- classify
 
 
+def _result_facts(result: dict[str, Any]) -> dict[str, Any]:
+    """The Outcome's fields that come from the result object, each one checked: the
+    object is read back from disk or from a stream, so any field may be of any type."""
+    raw_text = result.get("result")
+    usage = result.get("usage")
+    subtype = result.get("subtype")
+    session = result.get("session_id")
+    return {
+        "is_error": result.get("is_error") if isinstance(result.get("is_error"), bool)
+        else None,
+        "api_error_status": _as_int(result.get("api_error_status")),
+        "num_turns": _as_int(result.get("num_turns")),
+        "session_id": _clean(session) if isinstance(session, str) else None,
+        "usage": _plain(usage) if isinstance(usage, dict) else {},
+        "result_text": _clean(raw_text) if isinstance(raw_text, str) else None,
+        "subtype": _clean(subtype) if isinstance(subtype, str) else None,
+    }
+
+
 def classify(*, exit_code: int | None, signal: int | None = None,
              result: dict[str, Any] | Result | None = None, stderr_tail: str = "",
              killed: bool = False, timed_out: bool = False,
@@ -448,20 +467,7 @@ def classify(*, exit_code: int | None, signal: int | None = None,
 
     facts: dict[str, Any] = {"exit_code": exit_code, "signal": signal}
     if result is not None:
-        raw_text = result.get("result")
-        usage = result.get("usage")
-        subtype = result.get("subtype")
-        session = result.get("session_id")
-        facts.update(
-            is_error=result.get("is_error") if isinstance(result.get("is_error"), bool)
-            else None,
-            api_error_status=_as_int(result.get("api_error_status")),
-            num_turns=_as_int(result.get("num_turns")),
-            session_id=_clean(session) if isinstance(session, str) else None,
-            usage=_plain(usage) if isinstance(usage, dict) else {},
-            result_text=_clean(raw_text) if isinstance(raw_text, str) else None,
-            subtype=_clean(subtype) if isinstance(subtype, str) else None,
-        )
+        facts.update(_result_facts(result))
 
     def out(verdict: Verdict, message: str) -> Outcome:
         return Outcome(verdict=verdict, message=_clean(message) or str(verdict), **facts)

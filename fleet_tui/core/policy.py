@@ -584,35 +584,52 @@ def after_attempt(task: Task, attempts: Sequence[Attempt], verdict: str, message
         verdict = override = Verdict.QUOTA  # one at a time already: a quota cooldown
         verdicts[-1] = verdict
     if verdict in COUNTED:
-        in_a_row = _streak(verdicts, COUNTED, UNCOUNTED)
-        if in_a_row >= settings.max_attempts:
-            return Next(TaskState.FAILED, f"{message} — gave up after {in_a_row} attempts",
-                        verdict=override)
-        resumes = " (resumes its session)" if session_progress(task, attempts) else ""
-        if verdict in OVERLOADS:
-            overloads = _streak(verdicts, OVERLOADS, UNCOUNTED)
-            delay = max(asked, backoff_delay(overloads, settings, rng))
-            small = settings.small_model if (overloads >= settings.fallback_after
-                                             or verdict == Verdict.MODEL_OVERLOAD) else None
-            return Next(TaskState.WAITING,
-                        f"{message} — retry {in_a_row + 1}/{settings.max_attempts} in "
-                        f"{delay:.1f} s" + (f" on the small model {small}" if small else "")
-                        + resumes, now + delay, verdict=override)
-        quotas = _streak(verdicts, frozenset({Verdict.QUOTA}), UNCOUNTED)
-        wait = max(asked, _quota_wait(quotas, settings))
-        return Next(TaskState.WAITING,
-                    f"{message} — every task on {task.endpoint} waits {wait:g} s (quota "
-                    f"cooldown{f' {quotas} in a row' if quotas > 1 else ''}), then retries"
-                    + resumes, now + wait, verdict=override)
+        return _counted_next(task, attempts, verdicts, verdict, message, settings, now, rng,
+                             asked=asked, override=override)
     if verdict in STOPS:
-        said_by_endpoint = signal is not None and signal.kind in (providers.Kind.ACCOUNT,
-                                                                   providers.Kind.AUTH)
-        text = auth_hint(message, task.endpoint) if verdict == Verdict.AUTH else message
-        if verdict == Verdict.ACCOUNT or said_by_endpoint:
-            return Next(TaskState.FAILED, text, effect=Effect(
-                "hold", reason=message, task=task.id, settings=settings_key(settings)))
-        return Next(TaskState.FAILED, text)
+        return _stopped_next(task, verdict, message, signal, settings)
     return Next(TaskState.FAILED, message)
+
+
+def _counted_next(task: Task, attempts: Sequence[Attempt], verdicts: Sequence[str | None],
+                  verdict: str, message: str, settings: Settings, now: float, rng: Random,
+                  *, asked: float, override: str | None) -> Next:
+    """after_attempt for a verdict that counts as an attempt (overload, model overload,
+    quota): failed after `max_attempts` of them in a row, else waiting (overload: the
+    backoff, maybe on the small model; quota: the endpoint's cooldown, doubling)."""
+    in_a_row = _streak(verdicts, COUNTED, UNCOUNTED)
+    if in_a_row >= settings.max_attempts:
+        return Next(TaskState.FAILED, f"{message} — gave up after {in_a_row} attempts",
+                    verdict=override)
+    resumes = " (resumes its session)" if session_progress(task, attempts) else ""
+    if verdict in OVERLOADS:
+        overloads = _streak(verdicts, OVERLOADS, UNCOUNTED)
+        delay = max(asked, backoff_delay(overloads, settings, rng))
+        small = settings.small_model if (overloads >= settings.fallback_after
+                                         or verdict == Verdict.MODEL_OVERLOAD) else None
+        return Next(TaskState.WAITING,
+                    f"{message} — retry {in_a_row + 1}/{settings.max_attempts} in "
+                    f"{delay:.1f} s" + (f" on the small model {small}" if small else "")
+                    + resumes, now + delay, verdict=override)
+    quotas = _streak(verdicts, frozenset({Verdict.QUOTA}), UNCOUNTED)
+    wait = max(asked, _quota_wait(quotas, settings))
+    return Next(TaskState.WAITING,
+                f"{message} — every task on {task.endpoint} waits {wait:g} s (quota "
+                f"cooldown{f' {quotas} in a row' if quotas > 1 else ''}), then retries"
+                + resumes, now + wait, verdict=override)
+
+
+def _stopped_next(task: Task, verdict: str, message: str, signal: providers.Signal | None,
+                  settings: Settings) -> Next:
+    """after_attempt for a verdict that no retry can mend (account, auth, ...): failed,
+    saying what to do; the endpoint is held when the account or the key is the cause."""
+    said_by_endpoint = signal is not None and signal.kind in (providers.Kind.ACCOUNT,
+                                                               providers.Kind.AUTH)
+    text = auth_hint(message, task.endpoint) if verdict == Verdict.AUTH else message
+    if verdict == Verdict.ACCOUNT or said_by_endpoint:
+        return Next(TaskState.FAILED, text, effect=Effect(
+            "hold", reason=message, task=task.id, settings=settings_key(settings)))
+    return Next(TaskState.FAILED, text)
 
 
 # --- the watchdogs ---------------------------------------------------------------------------

@@ -199,49 +199,11 @@ def _convert(name: str, raw: object, *, from_text: bool) -> object:
     kind, minimum, _ = _SPEC[name]
     expected = _describe_kind(kind, minimum)
     if kind in ("str", "path", "optstr"):
-        if not isinstance(raw, str | os.PathLike):
-            raise ValueError(f"expected {expected}")
-        text = os.fspath(raw).strip()
-        if not text:
-            if kind == "optstr":
-                return None
-            raise ValueError(f"expected {expected}")
-        check_length(text)
-        if name == "permission_mode" and text not in PERMISSION_MODES:
-            raise ValueError(f"{text!r} is not a permission mode; use one of "
-                             + ", ".join(PERMISSION_MODES))
-        if name == "base_url" and not text.startswith(("http://", "https://")):
-            raise ValueError(f"{text!r} is not an http(s) URL")
-        if name == "merge_strategy" and text not in MERGE_STRATEGIES:
-            raise ValueError(f"{text!r} is not a merge strategy; use merge or squash "
-                             "(or ff: fast-forward only)")
-        if name == "update_strategy" and text not in UPDATE_STRATEGIES:
-            raise ValueError(f"{text!r} is not an update strategy; use merge or rebase")
-        return text
+        return _convert_text(name, kind, raw, expected)
     if kind == "bool":
-        if isinstance(raw, bool):
-            return raw
-        if from_text and isinstance(raw, str):
-            low = raw.strip().lower()
-            if low in _TRUE:
-                return True
-            if low in _FALSE or low == "":
-                return False
-        raise ValueError(f"expected {expected}")
+        return _convert_bool(raw, expected, from_text=from_text)
     if kind == "sources":
-        items: list[str]
-        if isinstance(raw, str):
-            items = [part.strip() for part in raw.split(",") if part.strip()]
-        elif isinstance(raw, list | tuple) and all(isinstance(p, str) for p in raw):
-            items = [str(p).strip() for p in raw]
-        else:
-            raise ValueError(f"expected {expected}")
-        if not items:
-            raise ValueError(f"expected {expected} (at least one)")
-        bad = [p for p in items if p not in KEY_SOURCES]
-        if bad:
-            raise ValueError(f"unknown key source {bad[0]!r}; use " + ", ".join(KEY_SOURCES))
-        return tuple(dict.fromkeys(items))  # keep order, drop repeats
+        return _convert_sources(raw, expected)
     if kind == "seconds":  # durations.py's rule, as --timeout and the launch form
         from fleet_tui.core import durations
 
@@ -249,7 +211,71 @@ def _convert(name: str, raw: object, *, from_text: bool) -> object:
             return durations.parse_seconds(raw, allow_zero=minimum != _POSITIVE)
         except ValueError as exc:
             raise ValueError(f"expected {exc}, got {raw!r}") from None
-    # numbers
+    value = _convert_number(kind, raw, expected, from_text=from_text)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"expected {expected}, got {raw!r}")
+    return value
+
+
+def _convert_text(name: str, kind: str, raw: object, expected: str) -> str | None:
+    """A str, path or optstr field (blank: None for optstr), with the fields whose text
+    must be one of a few words or an http(s) URL checked."""
+    if not isinstance(raw, str | os.PathLike):
+        raise ValueError(f"expected {expected}")
+    text = os.fspath(raw).strip()
+    if not text:
+        if kind == "optstr":
+            return None
+        raise ValueError(f"expected {expected}")
+    check_length(text)
+    if name == "permission_mode" and text not in PERMISSION_MODES:
+        raise ValueError(f"{text!r} is not a permission mode; use one of "
+                         + ", ".join(PERMISSION_MODES))
+    if name == "base_url" and not text.startswith(("http://", "https://")):
+        raise ValueError(f"{text!r} is not an http(s) URL")
+    if name == "merge_strategy" and text not in MERGE_STRATEGIES:
+        raise ValueError(f"{text!r} is not a merge strategy; use merge or squash "
+                         "(or ff: fast-forward only)")
+    if name == "update_strategy" and text not in UPDATE_STRATEGIES:
+        raise ValueError(f"{text!r} is not an update strategy; use merge or rebase")
+    return text
+
+
+def _convert_bool(raw: object, expected: str, *, from_text: bool) -> bool:
+    """A bool field: a TOML bool, or from text one of the words of _TRUE / _FALSE (blank
+    is false)."""
+    if isinstance(raw, bool):
+        return raw
+    if from_text and isinstance(raw, str):
+        low = raw.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE or low == "":
+            return False
+    raise ValueError(f"expected {expected}")
+
+
+def _convert_sources(raw: object, expected: str) -> tuple[str, ...]:
+    """The key's sources: comma-separated text or a TOML list, each a known source, in
+    the order given without repeats."""
+    items: list[str]
+    if isinstance(raw, str):
+        items = [part.strip() for part in raw.split(",") if part.strip()]
+    elif isinstance(raw, list | tuple) and all(isinstance(p, str) for p in raw):
+        items = [str(p).strip() for p in raw]
+    else:
+        raise ValueError(f"expected {expected}")
+    if not items:
+        raise ValueError(f"expected {expected} (at least one)")
+    bad = [p for p in items if p not in KEY_SOURCES]
+    if bad:
+        raise ValueError(f"unknown key source {bad[0]!r}; use " + ", ".join(KEY_SOURCES))
+    return tuple(dict.fromkeys(items))  # keep order, drop repeats
+
+
+def _convert_number(kind: str, raw: object, expected: str, *, from_text: bool) -> float:
+    """An int or float field (a bool is neither; a float must be finite); text only from
+    the environment or a flag."""
     value: float
     if isinstance(raw, bool):
         raise ValueError(f"expected {expected}")
@@ -275,8 +301,6 @@ def _convert(name: str, raw: object, *, from_text: bool) -> object:
             raise ValueError(f"expected {expected}")
         if value != value or value in (float("inf"), float("-inf")):
             raise ValueError(f"expected {expected}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"expected {expected}, got {raw!r}")
     return value
 
 

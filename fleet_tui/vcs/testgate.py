@@ -1,7 +1,7 @@
 """The merge's test gate: run the user's test command and leave none of its processes behind.
 
 `git.merge` starts this module as a small process of its own (``python -I -c ...``, see
-``git._run_test``) with stdout and stderr on a file. It
+``testcommand._run_test``) with stdout and stderr on a file. It
 
 - makes itself a child subreaper (Linux), so whatever the command leaves running (`setsid
   sleep &`, a double-forked daemon) is re-parented to it instead of to init and can still

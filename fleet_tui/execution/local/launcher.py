@@ -800,6 +800,44 @@ def child_env(base_env: Mapping[str, str]) -> tuple[dict[str, str], tuple[str, .
     return env, tuple(sorted(removed))
 
 
+def _handoff_for(options: Sequence[str], cfg: str, secret: str,
+                 warnings: list[str]) -> KeyHandoff | None:
+    """The one-shot pipe the key goes through to claude's apiKeyHelper, or None when the
+    caller passes its own --settings (which would replace ours): then the key stays in
+    the environment, and a warning says so."""
+    if "--settings" in options or any(o.startswith("--settings=") for o in options):
+        warnings.append("--settings is given, so the key reaches claude in its "
+                        "environment (ANTHROPIC_AUTH_TOKEN), where its tools can read it")
+        return None
+    return KeyHandoff(os.path.join(
+        cfg, f".key-{os.getpid()}-{os.urandom(6).hex()}.fifo"), secret)
+
+
+def _our_env(settings: Settings, cfg: str, secret: str, main_model: str, *,
+             handoff: bool) -> dict[str, str]:
+    """What the launch sets in claude's environment over the scrubbed one: its config
+    dir, the endpoint and the key (not with a handoff: the helper's refresh time
+    instead), the model mapping, and the switches that keep it quiet and contained."""
+    ours = {
+        "CLAUDE_CONFIG_DIR": cfg,
+        "ANTHROPIC_BASE_URL": settings.base_url,
+        "ANTHROPIC_AUTH_TOKEN": secret,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": main_model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": main_model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": settings.small_model,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+    }
+    if handoff:
+        del ours["ANTHROPIC_AUTH_TOKEN"]
+        ours["CLAUDE_CODE_API_KEY_HELPER_TTL_MS"] = KEY_HELPER_TTL_MS
+    if settings.sandbox:
+        ours["IS_SANDBOX"] = "1"
+    if settings.scrub_tool_env:
+        ours["CLAUDE_CODE_SUBPROCESS_ENV_SCRUB"] = "1"
+    return ours
+
+
 def plan_launch(settings: Settings, args: Sequence[str] = (), *, prompt: str | None = None,
                 config_dir: StrPath | None = None, base_env: Mapping[str, str] | None = None,
                 model: str | None = None, permission_mode: str | None = None,
@@ -845,37 +883,18 @@ def plan_launch(settings: Settings, args: Sequence[str] = (), *, prompt: str | N
             f"add a permissions.allow list to {_settings_path(cfg)}.")
 
     env, removed = child_env(base)
-    main_model = model or settings.model
     handoff: KeyHandoff | None = None
     ours_first: list[str] = []  # our flags, right after -p (before --model ends a list)
     if key_handoff and settings.key_helper:
-        if "--settings" in options or any(o.startswith("--settings=") for o in options):
-            warnings.append("--settings is given, so the key reaches claude in its "
-                            "environment (ANTHROPIC_AUTH_TOKEN), where its tools can read it")
-        else:
-            handoff = KeyHandoff(os.path.join(
-                cfg, f".key-{os.getpid()}-{os.urandom(6).hex()}.fifo"), credential.value)
+        handoff = _handoff_for(options, cfg, credential.value, warnings)
+        if handoff is not None:
             ours_first += ["--settings", '{"apiKeyHelper": '
                            + _json_string(handoff.helper_command(base)) + "}"]
-    ours = {
-        "CLAUDE_CONFIG_DIR": cfg,
-        "ANTHROPIC_BASE_URL": settings.base_url,
-        "ANTHROPIC_AUTH_TOKEN": credential.value,
-        "ANTHROPIC_DEFAULT_OPUS_MODEL": main_model,
-        "ANTHROPIC_DEFAULT_SONNET_MODEL": main_model,
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": settings.small_model,
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_TELEMETRY": "1",
-    }
-    if handoff is not None:
-        del ours["ANTHROPIC_AUTH_TOKEN"]
-        ours["CLAUDE_CODE_API_KEY_HELPER_TTL_MS"] = KEY_HELPER_TTL_MS
-    if settings.sandbox:
-        ours["IS_SANDBOX"] = "1"
-    if settings.scrub_tool_env:
-        ours["CLAUDE_CODE_SUBPROCESS_ENV_SCRUB"] = "1"
-        if not (has_allowlist_flag(rest) or _settings_allowlist(user_settings)):
-            ours_first += ["--allowedTools", *SCRUB_ALLOWED_TOOLS]
+    ours = _our_env(settings, cfg, credential.value, model or settings.model,
+                    handoff=handoff is not None)
+    if settings.scrub_tool_env and not (has_allowlist_flag(rest)
+                                        or _settings_allowlist(user_settings)):
+        ours_first += ["--allowedTools", *SCRUB_ALLOWED_TOOLS]
     env.update(ours)
 
     argv = [claude, "-p", *ours_first, "--model", "sonnet", "--permission-mode", mode, *rest]
