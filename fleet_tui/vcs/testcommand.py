@@ -14,15 +14,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from fleet_tui.system import procs
+from fleet_tui.system import paths, procs
 from fleet_tui.vcs.keyscan import _needles
 
 # Variables that could carry a credential into a user's test command.
 _SECRET_ENV = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GLM_API_KEY")
 _TEST_OUTPUT_LIMIT = 64_000
-# `python -I` leaves PYTHONPATH and the current folder out of sys.path, so the gate is
-# told the folder that holds the fleet_tui package (fleet_tui/vcs/ is two levels down).
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+# `python -I` leaves PYTHONPATH and the current folder out of sys.path: the gate is told
+# the folder that holds the fleet_tui package (paths.package_root).
 _GATE_BOOT = ("import sys; sys.path.insert(0, {root!r}); "
               "from fleet_tui.vcs.testgate import main; raise SystemExit(main(sys.argv[1:]))")
 
@@ -60,7 +59,7 @@ def _run_test(command: str, cwd: Path, timeout: float,
     env = {k: v for k, v in os.environ.items()
            if k not in _SECRET_ENV and not any(n in v for n in needles)}
     env.update(extra_env or {})
-    boot = _GATE_BOOT.format(root=str(_PACKAGE_ROOT))
+    boot = _GATE_BOOT.format(root=str(paths.package_root()))
     with tempfile.TemporaryFile(prefix="fleet-test-") as out:
         try:
             proc = subprocess.Popen(
