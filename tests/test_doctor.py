@@ -400,6 +400,7 @@ def test_the_platform_is_reported_with_what_it_allows(setup: Path, key: str,
     from fleet_tui.execution.local import launcher
     from fleet_tui.settings.config import load_settings
 
+    monkeypatch.delenv("FLEET_TUI_PORTABLE_PROCS", raising=False)  # a portable suite run
     linux = by_check(as_json(run_doctor("--json", cwd=setup)))["platform"]
     assert linux["status"] == "ok" and linux["detail"].startswith("Linux: everything")
     monkeypatch.setenv("FLEET_TUI_PORTABLE_PROCS", "1")
