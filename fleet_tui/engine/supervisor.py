@@ -40,6 +40,7 @@ from fleet_tui.settings.config import ConfigError, Settings
 from fleet_tui.settings.repo_settings import RepoSettingsCache
 from fleet_tui.store.db import Attempt, Store, Task
 from fleet_tui.system import paths, procs
+from fleet_tui.system.spawn import package_env, spawn_detached
 from fleet_tui.vcs import git
 
 log = logging.getLogger("fleet_tui.engine.fleet")
@@ -91,10 +92,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _package_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
 
 
 # The variables the launcher may take the key from (its env sources). The runner gets them
@@ -187,13 +184,7 @@ class Supervisor:
     def _runner_env(self) -> dict[str, str]:
         """The runner's environment: the engine's, with the package on PYTHONPATH (launch
         takes the KEY_VARIABLES out and hands them over through a pipe, `--env-fd`)."""
-        env = dict(self.env)
-        root = _package_root()
-        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if root not in parts:
-            parts.insert(0, root)
-        env["PYTHONPATH"] = os.pathsep.join(parts)
-        return env
+        return package_env(self.env)
 
     def start(self, task: Task, old: TaskState, changes: list[TaskChange]) -> None:
         """Worktree, config dir, spec.json, runner. A failure fails the task, clearly; never
@@ -337,14 +328,10 @@ class Supervisor:
             key_fd = _hand_over({name: env.pop(name) for name in KEY_VARIABLES
                                  if name in env})
             handover = ["--env-fd", str(key_fd)] if key_fd is not None else []
-            with open(os.devnull, "rb") as devnull, \
-                    open(folder_log.runner_log, "ab") as runner_log:
-                proc = subprocess.Popen(
-                    [self.python, "-m", RUNNER_MODULE, "--lock-fd", str(lock_fd),
-                     *handover, str(adir)], cwd=str(adir), env=env, stdin=devnull,
-                    stdout=runner_log, stderr=runner_log, start_new_session=True,
-                    close_fds=True,
-                    pass_fds=(lock_fd,) if key_fd is None else (lock_fd, key_fd))
+            proc = spawn_detached(
+                [self.python, "-m", RUNNER_MODULE, "--lock-fd", str(lock_fd), *handover,
+                 str(adir)], cwd=adir, env=env, log_path=folder_log.runner_log,
+                pass_fds=(lock_fd,) if key_fd is None else (lock_fd, key_fd))
         finally:
             os.close(lock_fd)  # the runner holds it now (or nobody, if the spawn failed)
             if key_fd is not None:
