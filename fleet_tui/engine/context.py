@@ -93,6 +93,7 @@ class Part:
         return self.ctx.supervisor.owner
 
     def get_task(self, task_id: str) -> Task:
+        """The task with this id or unique prefix (TaskNotFound: none, or ambiguous)."""
         try:
             return self.store.get_task(task_id)
         except StoreError as exc:

@@ -101,9 +101,7 @@ class MergeQueue(Part):
     # start queue runners (`ensure_queue_runner`, `resume_queues`); off in the queue runner
     # itself (it runs the queue) and where nothing may land on its own (snapshots)
     spawn_queue_runners = True
-
     QUEUE_CHECK = 5.0  # seconds between two looks (per process) for a queue with no runner
-
     _queue_checked = 0.0
 
     def queue_running(self, repo: Path) -> bool:

@@ -37,9 +37,7 @@ class SettingsWatch(Part):
     """Watching config.toml and the repositories' settings."""
 
     _settings_file: str | None = None
-
     _settings_loader: Callable[[], Settings] | None = None
-
     _settings_stamp: tuple[int, int] | None = None
 
     def watch_settings(self, config_file: str | os.PathLike[str] | None = None,

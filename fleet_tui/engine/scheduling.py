@@ -205,7 +205,6 @@ class Scheduler(Part):
                     paths.make_private(Path(folder, name), paths.PRIVATE_FILE)
 
     AUTO_ARCHIVE_EVERY = 600.0  # seconds between two auto-archive passes of one engine
-
     _auto_archived_at = 0.0
 
     def _auto_archive(self) -> None:

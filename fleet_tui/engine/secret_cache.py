@@ -17,10 +17,10 @@ class SecretCache(Part):
 
     # The key, as resolved for the diff's and the merge's scan: (when, values); see get.
     _secret_cache: tuple[float, tuple[str, ...]] | None = None
-
     SECRET_TTL = 30.0
 
     def cached(self) -> tuple[str, ...] | None:
+        """The key as resolved less than SECRET_TTL seconds ago; None: look it up (`get`)."""
         cached = self._secret_cache
         if cached is not None and time.monotonic() - cached[0] < self.SECRET_TTL:
             return cached[1]
