@@ -667,6 +667,7 @@ def test_too_many_answers_in_flight_get_1302() -> None:
         ep.wait_for(1)  # the first is being answered
         second = post(ep.url, request_body())
         worker.join(timeout=30)
+        assert ep.wait_answered()  # the first's handler has let go of its place
         third = post(ep.url, request_body())  # alone again
     assert first["reply"].status == 200 and third.status == 200
     assert second.status == 429 and second.json["error"]["code"] == "1302"

@@ -186,7 +186,7 @@ def _queue_runners(repo: Path) -> list[int]:
     spec = str(repo / ".fleet-work" / ".logs" / ".queue" / "spec.json")
     return [st.pid for st in procs.all_stats()
             if st.state != "Z" and procs.cmdline(st.pid)[-1:] == [spec]
-            and "fleet_tui.engine.landing" in procs.cmdline(st.pid)]
+            and "fleet_tui.engine.queue_runner" in procs.cmdline(st.pid)]
 
 
 def test_queue_resumes_where_it_was_after_its_runner_is_killed(
@@ -197,7 +197,7 @@ def test_queue_resumes_where_it_was_after_its_runner_is_killed(
     started = tmp_path / "gates-started"
     gate = f"echo gate >> {started}; [ $(wc -l < {started}) -gt 1 ] || sleep 600; {GATE}"
     fleet = make_fleet(endpoint, claude_bin, test_command=gate)
-    fleet.QUEUE_CHECK = 0.2
+    fleet.queue.QUEUE_CHECK = 0.2
     ids = _run_tasks(fleet, repo, ["add-d", "add-e", "add-f"])
     fleet.enqueue(ids)
     drive(fleet, started.exists, what="the first task's gate")

@@ -110,7 +110,7 @@ def test_rebase_resume_of_a_task_mid_rebase_runs_in_its_worktree(
 def test_the_merge_queue_under_rebase_sends_the_conflict_back_and_lands_it(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
     fleet = make_fleet(endpoint, claude_bin, update_strategy="rebase")
-    fleet.QUEUE_CHECK = 0.2
+    fleet.queue.QUEUE_CHECK = 0.2
     task_id = _task(fleet, git_repo)
     session = fleet.get_task(task_id).session_id
     assert session

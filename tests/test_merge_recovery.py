@@ -126,7 +126,7 @@ def _queue_runners(repo: Path) -> list[int]:
     spec = str(repo / ".fleet-work" / ".logs" / ".queue" / "spec.json")
     return [st.pid for st in procs.all_stats()
             if st.state != "Z" and procs.cmdline(st.pid)[-1:] == [spec]
-            and "fleet_tui.engine.landing" in procs.cmdline(st.pid)]
+            and "fleet_tui.engine.queue_runner" in procs.cmdline(st.pid)]
 
 
 # --- the queue runner ------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def test_queue_runner_killed_in_the_merge_hook_is_recovered_by_the_next_runner(
         git_repo: Path, tmp_path: Path) -> None:
     marker = tmp_path / "hook-started"
     fleet = a_fleet()
-    fleet.QUEUE_CHECK = 0.2
+    fleet.queue.QUEUE_CHECK = 0.2
     ids = two_tasks(fleet, git_repo)
     install_hook(git_repo, marker)
     before = git(git_repo, "rev-parse", "HEAD").strip()

@@ -8,7 +8,7 @@ redacted at the boundary that writes or prints: the store (`Store` writes free t
 stderr tail, which the CLI's `logs`, the panel's stream and the follower's summary read),
 the diff and the merge's key scan (`git`), and the CLI's error line.
 
-The key is known to a process once the engine resolved it (`Fleet._secrets` calls
+The key is known to a process once the engine resolved it (`SecretCache.get` calls
 `remember`): the readers and the store use what is known and never look a key up
 themselves (no keyring call inside a store transaction or a panel read). Keys shorter than
 `MIN_LENGTH` are not looked for: a short stand-in would match everywhere.

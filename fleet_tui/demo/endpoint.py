@@ -1340,8 +1340,21 @@ class ScriptedEndpoint:
             "%Y-%m-%d %H:%M:%S"))
 
     def _answering(self, delta: int) -> None:
-        with self._lock:
+        with self._changed:
             self._in_flight += delta
+            self._changed.notify_all()
+
+    def wait_answered(self, timeout: float = 10.0) -> bool:
+        """Wait until no answer is being sent (a client may have read an answer's last
+        bytes before its handler has let go of its place in flight); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
 
     def _record_connect(self, target: str) -> None:
         with self._lock:

@@ -20,42 +20,40 @@ right by the next one from its intent record: `git.recover_merge`). The queue ne
 removes the worktree or the branch of a task still in it: only a merge does, of the task
 it merged.
 
-The runner is a detached process, like an attempt's runner: `python -m fleet_tui.engine.landing
-SPEC` (the spec names the repository, the store and the settings; no secret), so the queue
-goes on when the panel or the CLI that started it is closed.
+The runner is a detached process, like an attempt's runner: `python -m
+fleet_tui.engine.queue_runner SPEC` (the spec names the repository, the store and the
+settings; no secret), so the queue goes on when the panel or the CLI that started it is
+closed. `LandingQueue` works over an `Engine` (the Protocol below: a `Fleet`'s public
+methods and its parts'), so this module imports nothing of the front.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import logging
-import os
-import subprocess
-import sys
 import threading
-from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet_tui.core import policy
 from fleet_tui.core.errors import FleetTuiError
 from fleet_tui.core.states import FINISHED_STATES, LAND_ACTIVE, LandState
 from fleet_tui.settings.config import Settings
 from fleet_tui.store.db import Store, Task
-from fleet_tui.system import paths
 from fleet_tui.vcs import git, repolock
 
 if TYPE_CHECKING:
-    from fleet_tui.engine.fleet import Fleet
+    from collections.abc import Callable
 
-__all__ = ["GATE_TAIL", "LandingQueue", "main", "spawn_runner"]
+    from fleet_tui.engine.actions import Actions
+    from fleet_tui.engine.branches import Branches
+    from fleet_tui.engine.secret_cache import SecretCache
+    from fleet_tui.engine.supervisor import TaskChange
+
+__all__ = ["GATE_TAIL", "Engine", "LandingQueue"]
 
 log = logging.getLogger("fleet_tui.engine.landing")
 
-SPEC_FILE = "spec.json"
-LOG_FILE = "runner.log"
 GATE_TAIL = 4000  # characters of a failing gate's output sent to the worker
 PAUSE = 5.0  # seconds the queue waits when the main checkout refuses every merge
 IDLE = 0.5  # seconds between two looks at a queue that has nothing to do now
@@ -65,39 +63,35 @@ MAX_RETESTS = 5  # the base moved under a tested task this often in a row: stop 
 _PAUSING = frozenset({"checkout", "identity"})
 
 
-def _settings_data(settings: Settings) -> dict[str, Any]:
-    data = asdict(settings)
-    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-            for k, v in data.items()}
+class Engine(Protocol):
+    """What the merge queue needs of an engine (a `Fleet`: its front and its parts)."""
 
-
-def spawn_runner(fleet: Fleet, repo: Path) -> subprocess.Popen[bytes]:
-    """Start a detached queue runner for `repo` (it exits at once if another one holds the
-    queue lock). Its spec holds the repository, the store's path and the engine's settings
-    (no secret: the key is resolved from the environment, as the attempt runners do)."""
-    folder = paths.private_dir(paths.queue_dir(repo))
-    spec = {"repo": str(repo), "db": str(fleet.store.path),
-            "settings": _settings_data(fleet.settings)}
-    tmp = folder / (SPEC_FILE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                 paths.PRIVATE_FILE)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(spec, fh)
-    os.replace(tmp, folder / SPEC_FILE)
-    env = fleet.supervisor.runner_env()
-    with open(os.devnull, "rb") as devnull, \
-            open(paths.private_file(folder / LOG_FILE), "ab") as out:
-        proc = subprocess.Popen([fleet.python, "-m", "fleet_tui.engine.landing",
-                                 str(folder / SPEC_FILE)], cwd=str(folder), env=env,
-                                stdin=devnull, stdout=out, stderr=out,
-                                start_new_session=True, close_fds=True)
-    return proc
+    @property
+    def store(self) -> Store: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def branches(self) -> Branches: ...
+    @property
+    def actions(self) -> Actions: ...
+    @property
+    def secrets(self) -> SecretCache: ...
+    def tick(self) -> list[TaskChange]: ...
+    def get_task(self, task_id: str) -> Task: ...
+    def found_landed(self, task: Task) -> git.MergeResult | None: ...
+    def test_command_for(self, task_id: str) -> str | None: ...
+    def update_prompt(self, task: Task, conflicts: list[str], operation: str | None
+                      ) -> str: ...
+    def follow_up(self, task_id: str, prompt: str) -> Task: ...
+    def resolve_update(self, task_id: str, how: str) -> Task: ...
 
 
 class LandingQueue:
     """The merge queue of one repository, worked by whoever holds its lock."""
 
-    def __init__(self, fleet: Fleet, repo: Path, *, interval: float = IDLE) -> None:
+    def __init__(self, fleet: Engine, repo: Path, *, interval: float = IDLE) -> None:
         self.fleet = fleet
         self.store = fleet.store
         self.settings = fleet.settings
@@ -192,7 +186,7 @@ class LandingQueue:
         if not self._set(task, LandState.UPDATING, f"bringing it up to date with {base}"):
             return
         try:
-            updated = self.fleet._update(task)
+            updated = self.fleet.branches.update_from_base(task)
         except FleetTuiError as exc:
             self._set(task, LandState.STOPPED, f"could not update it: {exc}")
             return
@@ -213,7 +207,7 @@ class LandingQueue:
             if not self._set(task, LandState.TESTING, f"testing {commit[:10]}: {command}"):
                 return
             passed, output = git.run_test_command(command, worktree,
-                                                  secrets=self.fleet._secrets(fresh=True))
+                                                  secrets=self.fleet.secrets.get(fresh=True))
             self.store.update_task(task.id, gate="passed" if passed else "failed")
             if not passed:
                 tail = output[-GATE_TAIL:]
@@ -225,8 +219,8 @@ class LandingQueue:
             return
         task = self.fleet.get_task(task.id)
         try:
-            result = self.fleet._merge(task, message=None, test_command=None,
-                                       expect_side=commit)
+            result = self.fleet.branches.merge_task(task, message=None, test_command=None,
+                                                   expect_side=commit)
         except FleetTuiError as exc:
             self._set(task, LandState.STOPPED, f"not merged: {exc}")
             return
@@ -259,7 +253,7 @@ class LandingQueue:
             return False
         with contextlib.suppress(git.GitError):
             git.discard(self.repo, task.worktree, task.branch)
-        self.fleet._remove_config_dir(task.id)
+        self.fleet.actions.remove_config_dir(task.id)
         self.store.update_task(task.id, state="merged", worktree=None,
                                message=f"merged {task.branch} into {task.base_branch} as "
                                        f"{where[:10]} (found after a restart)")
@@ -295,36 +289,3 @@ class LandingQueue:
                 f"The test command `{command}` ended with this output:\n\n{output.strip()}"
                 "\n\nFix the code so that the test command passes, then commit your changes "
                 "(the queue tests the committed branch again and lands it).")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m fleet_tui.engine.landing SPEC`: run a repository's merge queue until it is empty
-    (exit 0), or exit at once when another process runs it (exit 0 as well)."""
-    from fleet_tui.engine.fleet import Fleet
-
-    parser = argparse.ArgumentParser(prog="fleet_tui.engine.landing")
-    parser.add_argument("spec", type=Path)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s queue[{os.getpid()}] %(levelname)s %(message)s")
-    try:
-        spec = json.loads(args.spec.read_text(encoding="utf-8"))
-        settings = Settings(**{**spec["settings"],
-                               "config_dir": Path(spec["settings"]["config_dir"]),
-                               "key_sources": tuple(spec["settings"]["key_sources"])})
-        store = Store(Path(spec["db"]))
-    except (OSError, ValueError, KeyError, TypeError, FleetTuiError) as exc:
-        log.error("cannot read the queue spec %s: %s", args.spec, exc)
-        return 2
-    fleet = Fleet(settings, store)
-    fleet.spawn_queue_runners = False
-    queue = LandingQueue(fleet, Path(spec["repo"]))
-    if not queue.run():
-        log.info("another process runs the merge queue of %s", queue.repo)
-        return 0
-    log.info("the merge queue of %s is empty", queue.repo)
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - the detached runner
-    raise SystemExit(main())

@@ -30,6 +30,7 @@ from fleet_tui.execution.host import NotStarted, Placement, RunnerState
 from fleet_tui.execution.local.runner import RUNNER_MODULE
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
 from fleet_tui.system import paths, procs
+from fleet_tui.system.spawn import package_env, spawn_detached
 from fleet_tui.vcs import git
 
 if TYPE_CHECKING:
@@ -259,22 +260,13 @@ class LocalHost:
     def runner_env(self) -> dict[str, str]:
         """The engine's environment with the package on PYTHONPATH (the key variables are
         taken out at the spawn and handed over through a pipe, `--env-fd`)."""
-        env = dict(self.env)
-        root = str(paths.package_root())
-        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if root not in parts:
-            parts.insert(0, root)
-        env["PYTHONPATH"] = os.pathsep.join(parts)
-        return env
+        return package_env(self.env)
 
     def spawn(self, argv: list[str], *, cwd: Path, env: dict[str, str], log_path: Path,
               pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
-        """A detached child (a session of its own, stdin from /dev/null, its output
-        appended to `log_path`), kept to be reaped."""
-        with open(os.devnull, "rb") as devnull, open(log_path, "ab") as out:
-            proc = subprocess.Popen(argv, cwd=str(cwd), env=env, stdin=devnull, stdout=out,
-                                    stderr=out, start_new_session=True, close_fds=True,
-                                    pass_fds=pass_fds)
+        """A detached child (system.spawn: a session of its own, stdin from /dev/null, its
+        output appended to `log_path`), kept to be reaped."""
+        proc = spawn_detached(argv, cwd=cwd, env=env, log_path=log_path, pass_fds=pass_fds)
         with self._lock:
             self.children[proc.pid] = proc
         return proc

@@ -1,0 +1,161 @@
+"""What the engine tells without changing anything: task lists, a task and its attempts,
+counts and the endpoints' limits (the panel's status line), and an attempt's events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleet_tui.core import policy, stream
+from fleet_tui.core.states import ACTIVE_STATES, TaskState
+from fleet_tui.engine.context import Context, Part
+from fleet_tui.engine.follower import attempt_finished
+from fleet_tui.engine.secret_cache import SecretCache
+from fleet_tui.store.db import Attempt, Task
+
+__all__ = ["EndpointStatus", "FleetStatus", "Queries"]
+
+
+@dataclass
+class EndpointStatus:
+    """One endpoint's limits as the panel's status line shows them."""
+
+    endpoint: str
+    cap: int  # the effective cap
+    max_workers: int  # the configured one
+    parked_until: float | None = None
+    park_reason: str | None = None
+    held: str | None = None
+    held_task: str | None = None
+    held_reason: str | None = None  # short: "account in arrears, code 1113"
+    cap_reason: str | None = None  # why the cap is lowered
+    note: str | None = None  # policy.endpoint_note: the whole sentence
+    event: str | None = None  # the latest event (park, hold, cap) and when it began:
+    event_at: float | None = None  # the panel notifies once per event
+
+
+@dataclass
+class FleetStatus:
+    running: int
+    queued: int
+    waiting: int
+    cap: int
+    cooldown_until: float | None
+    total_tokens: int
+    endpoints: list[EndpointStatus] = field(default_factory=list)
+
+
+class Queries(Part):
+    """Reads of the store and of attempt folders (the key known first: redaction)."""
+
+    def __init__(self, ctx: Context, secrets: SecretCache) -> None:
+        super().__init__(ctx)
+        self.secrets = secrets
+
+
+    @property
+    def ingested_events(self) -> int:
+        """Events folded in from events files so far (for the panel and benchmarks)."""
+        return self.follower.ingested_events
+
+    @property
+    def ingested_bytes(self) -> int:
+        """Bytes of events files folded in so far."""
+        return self.follower.ingested_bytes
+
+    def list_tasks(self, repo: Path | None = None, *, archived: bool | None = False
+                   ) -> list[Task]:
+        """Tasks, newest first (of one repository); archived ones only when asked."""
+        return self.store.list_tasks(Path(repo).resolve() if repo is not None else None,
+                                     archived=archived)
+
+    def recent_repos(self, limit: int = 10) -> list[Path]:
+        """Repositories by their newest task (what the panel offers for a new task)."""
+        return self.store.recent_repos(limit)
+
+    def attempts(self, task_id: str) -> list[Attempt]:
+        return self.store.list_attempts(self.get_task(task_id).id)
+
+    def status(self, tasks: list[Task] | None = None) -> FleetStatus:
+        """Counts, tokens and the cooldown over every task. ``tasks``: a full task list the
+        caller has just read (the panel polls it anyway), so the store is not read twice."""
+        if tasks is None:
+            tasks = self.store.list_tasks()
+        now = self.clock()
+        cooldowns = [policy.cooldown_until(ep, tasks, now) for ep in {t.endpoint for t in tasks}]
+        until = max((c for c in cooldowns if c is not None), default=None)
+        return FleetStatus(
+            running=sum(1 for t in tasks if t.state in ACTIVE_STATES),
+            queued=sum(1 for t in tasks if t.state == TaskState.QUEUED),
+            waiting=sum(1 for t in tasks if t.state == TaskState.WAITING),
+            cap=self.settings.max_workers, cooldown_until=until,
+            total_tokens=sum(t.input_tokens + t.output_tokens for t in tasks),
+            endpoints=self.endpoint_status(now))
+
+    def endpoint_status(self, now: float | None = None) -> list[EndpointStatus]:
+        """The limits of every endpoint that has some (parked, held, a lowered cap)."""
+        now = self.clock() if now is None else now
+        out: list[EndpointStatus] = []
+        for state in self.store.list_endpoints():
+            note = policy.endpoint_note(state, self.settings, now)
+            if note is None and state.event is None:
+                continue
+            out.append(EndpointStatus(
+                endpoint=state.endpoint, cap=policy.effective_cap(state, self.settings),
+                max_workers=self.settings.max_workers, parked_until=state.parked_until,
+                park_reason=state.park_reason, held=state.held, held_task=state.held_task,
+                held_reason=policy.held_reason(state.held), cap_reason=state.cap_reason,
+                note=note, event=state.event, event_at=state.event_at))
+        return out
+
+    def cooldown_until(self, endpoint: str | None = None) -> float | None:
+        """When the endpoint's 429 cooldown ends (None: no cooldown)."""
+        ep = endpoint or self.settings.base_url
+        return policy.cooldown_until(ep, self.store.list_tasks(endpoint=ep), self.clock())
+
+    def why_waiting(self, endpoint: str | None = None) -> str | None:
+        """Why no task starts on an endpoint now and will not until a time or the user
+        (held, or parked until a reset), or None: the CLI stops waiting for a start then."""
+        ep = endpoint or self.settings.base_url
+        state = self.store.get_endpoint(ep)
+        gate = policy.gate(state, self.settings, self.clock(), parked=1,
+                           settings_now=policy.settings_key(self.settings))
+        return None if gate.cap is not None or gate.why is None \
+            or gate.why.startswith("resuming") else gate.why
+
+    def endpoint_note(self, endpoint: str | None = None) -> str | None:
+        """What to know of an endpoint's limits now (held, parked, resuming, its cap
+        lowered), or None (`fleet-tui ls` and `show` print it)."""
+        ep = endpoint or self.settings.base_url
+        return policy.endpoint_note(self.store.get_endpoint(ep), self.settings, self.clock())
+
+    @staticmethod
+    def attempt_finished(attempt: Attempt) -> bool:
+        """The attempt has ended (closed in the store, or its exit record is written)."""
+        return attempt_finished(attempt)
+
+    def read_events(self, attempt: Attempt, offset: int = 0, max_bytes: int | None = None
+                    ) -> tuple[list[stream.Event], int]:
+        """Parsed events of the attempt from `offset` (a byte offset at a line start) and
+        the offset to continue from, at most about `max_bytes` (a longer line is read
+        whole). Works the same for running and finished attempts; a last line without
+        newline is only returned once the attempt has finished (attemptlog's rule). The
+        API key, where the worker said it, reads as redaction.MARK."""
+        self.secrets.get()
+        return self.follower.read_events(attempt, offset, max_bytes)
+
+    async def follow_events(self, attempt: Attempt, offset: int = 0, *,
+                            poll: float = 0.2) -> AsyncIterator[stream.Event]:
+        """Yield events as they are written, until the attempt has finished."""
+        import asyncio  # here: the CLI never pays for it
+
+        while True:
+            fresh = self.store.get_attempt(attempt.id)
+            done = self.attempt_finished(fresh)
+            events, offset = await asyncio.to_thread(self.read_events, fresh, offset)
+            for ev in events:
+                yield ev
+            if done and not events:
+                return
+            await asyncio.sleep(poll)

@@ -1,0 +1,219 @@
+"""The scheduling pass: follow and finish every running attempt (whoever started it), then
+claim what the per-endpoint cap and the endpoint's limits allow and start it (several at
+once in the start threads, their claims kept fresh meanwhile), and now and then the chores
+of a pass (attempt folders made private, closed tasks archived, merge queues without a
+runner). `run` is the loop of a panel's or a CLI's scheduler thread."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
+from pathlib import Path
+from typing import Any
+
+from fleet_tui.core import policy
+from fleet_tui.core.states import ACTIVE_STATES, PENDING_STATES, TaskState
+from fleet_tui.engine import supervisor
+from fleet_tui.engine.actions import Actions
+from fleet_tui.engine.branches import Branches
+from fleet_tui.engine.context import Context, Part, log
+from fleet_tui.engine.merge_queue import MergeQueue
+from fleet_tui.engine.secret_cache import SecretCache
+from fleet_tui.engine.supervisor import TaskChange
+from fleet_tui.store.db import Attempt, EndpointState, StoreError, Task
+from fleet_tui.system import paths
+
+__all__ = ["START_THREADS", "Scheduler"]
+
+START_THREADS = 4  # worktrees made and runners spawned at once (git and fork wait on I/O)
+
+
+class Scheduler(Part):
+    """The pass (`tick`) and its loop (`run`)."""
+
+    def __init__(self, ctx: Context, secrets: SecretCache, actions: Actions,
+                 branches: Branches, queue: MergeQueue) -> None:
+        super().__init__(ctx)
+        self.secrets = secrets
+        self.actions = actions
+        self.branches = branches
+        self.queue = queue
+        self._secured = False
+        self.last_error: str | None = None  # the last pass's failure (run); the panel shows it
+        self._pool: ThreadPoolExecutor | None = None
+
+
+    def tick(self) -> list[TaskChange]:
+        """One pass: follow and finish running attempts (whoever started them), then start
+        what the cap allows. Safe to call from several processes at once.
+
+        One task's trouble stays that task's: an exception while following, finishing or
+        starting it marks that task failed (verdict crashed) with a one-line reason naming
+        the cause and the file, is logged, and every other task goes on. Only a problem of
+        the database itself (locked for longer than the busy timeout, disk full) fails the
+        whole pass."""
+        with self.ctx.lock:
+            try:
+                changes = self._tick()
+            except sqlite3.OperationalError as exc:  # locked past the busy timeout, full...
+                raise StoreError(f"the task database {self.store.path} could not be used: "
+                                 f"{exc}") from exc
+            self.branches.settle_finished(changes)
+        self.queue.resume_queues()
+        return changes
+
+    def _tick(self) -> list[TaskChange]:
+        changes: list[TaskChange] = []
+        self.supervisor.reap()
+        if not self._secured:
+            self._secured = True
+            self._secure_logs()
+        now = self.clock()
+        active = self.store.list_tasks(states=ACTIVE_STATES)
+        if active:
+            # the key known before a worker's words are read and stored (redaction)
+            self.secrets.get()
+        live: set[int] = set()
+        for task in active:
+            attempt: Attempt | None = None
+            try:
+                attempt = self.store.latest_attempt(task.id)
+                if attempt is not None:
+                    live.add(attempt.id)
+                self.follower.follow(task, attempt, now, changes)
+            except Exception as exc:
+                self.follower.on_task_error(task, attempt, exc, changes)
+        self.follower.forget_all_but(live)
+        self._start_ready(changes)
+        self._auto_archive()
+        return changes
+
+    def run(self, stop: threading.Event, interval: float = 0.25) -> None:
+        """Tick until `stop` is set (meant for a thread of the panel or the CLI).
+
+        Between ticks it waits `interval`, but a runner this engine started that exits
+        ends the wait at once: its slot is refilled without waiting for the next tick."""
+        while not stop.is_set():
+            try:
+                self.tick()
+                self.last_error = None
+            except Exception as exc:  # keep scheduling; the panel shows last_error
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("fleet tick failed")
+            self.supervisor.wait(stop, interval)
+
+    def _start_ready(self, changes: list[TaskChange]) -> None:
+        ready = self.store.list_tasks(states=PENDING_STATES)
+        # endpoints with work to start, and those whose limits may end (a park over)
+        limited = {e.endpoint for e in self.store.list_endpoints()
+                   if e.parked_until is not None or e.held is not None}
+        endpoints = sorted({t.endpoint for t in ready} | limited)
+        key = policy.settings_key(self.settings)
+        claimed: list[tuple[Task, TaskState]] = []
+        for endpoint in endpoints:
+            # the cooldown comes from finished attempts, which only a tick moves on; its
+            # tasks (waiting, verdict quota) are among `ready`, so no second read
+            if policy.cooldown_until(endpoint, ready, self.clock()) is not None:
+                continue
+            closed: list[str | None] = [None]
+            decide = self._decider(key, closed)
+            while True:
+                # the endpoint's limits (a park, a hold, a lowered cap) are read and obeyed
+                # in the claim's own transaction: no engine starts a task into a window
+                task = self.store.claim_gated(endpoint, self.clock(), self.owner, decide)
+                if task is None:
+                    break
+                old = TaskState.WAITING if task.verdict in policy.TRANSIENT \
+                    else TaskState.QUEUED
+                if task.row_error is not None:  # never run what cannot be read as it is
+                    try:
+                        self.follower.mark_broken(task, None, task.row_error, changes)
+                    except Exception:
+                        log.exception("could not mark task %s", task.id)
+                    continue
+                claimed.append((task, old))
+            self._note_queued(endpoint, policy.queued_note(closed[0]), ready)
+        if len(claimed) <= 1:
+            for task, old in claimed:
+                self.supervisor.start(task, old, changes)
+            return
+        # Several at once (the cap just opened, or a batch was queued): their worktrees and
+        # runners are made in parallel; the tick returns once every one has started or
+        # failed. Meanwhile the claims not yet started are kept fresh (claimed_at), the
+        # heartbeat by which an engine on another host tells a slow start from a dead one.
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=START_THREADS,
+                                            thread_name_prefix="fleet-start")
+        pending = {self._pool.submit(self.supervisor.start, task, old, changes): task
+                   for task, old in claimed}
+        while pending:
+            done, _ = futures_wait(pending, timeout=max(0.05, supervisor.START_GRACE / 4))
+            for future in done:
+                del pending[future]
+                future.result()
+            if pending:
+                try:
+                    self.store.touch_claims([t.id for t in pending.values()], self.owner,
+                                            self.clock())
+                except sqlite3.Error as exc:
+                    log.warning("could not refresh the claims: %s", exc)
+
+    def _decider(self, key: str, closed: list[str | None]) -> Callable[
+            [EndpointState | None, int],
+            tuple[int | None, dict[str, Any] | None, dict[str, Any] | None,
+                  dict[str, Any] | None, bool]]:
+        """store.claim_gated's `decide`: policy.gate, keeping why it is closed in
+        `closed[0]`."""
+        def decide(state: EndpointState | None, parked: int
+                   ) -> tuple[int | None, dict[str, Any] | None, dict[str, Any] | None,
+                              dict[str, Any] | None, bool]:
+            gate = policy.gate(state, self.settings, self.clock(), parked, settings_now=key)
+            closed[0] = gate.why
+            return gate.as_tuple()
+        return decide
+
+    def _note_queued(self, endpoint: str, note: str | None, ready: list[Task]) -> None:
+        """Tell the endpoint's queued tasks why they do not start (a park, a hold), or
+        take that back; written only when one of them (as just read) says otherwise."""
+        prefixes = policy.NOTE_PREFIXES
+        if any(t.endpoint == endpoint and t.state == TaskState.QUEUED and t.message != note
+               and (t.message is None or t.message.startswith(prefixes)) for t in ready):
+            try:
+                self.store.note_queued(endpoint, note, prefixes)
+            except sqlite3.Error as exc:
+                log.warning("could not note why the tasks of %s wait: %s", endpoint, exc)
+
+    def _secure_logs(self) -> None:
+        """Make each repository's attempt folders private (0700 `.fleet-work/.logs`); in an
+        install from before this was done, also every folder and file under it."""
+        try:
+            repos = self.store.repos()
+        except sqlite3.Error:
+            return
+        for repo in repos:
+            logs = paths.logs_dir(repo)
+            if not paths.make_private(logs, paths.PRIVATE_DIR):
+                continue
+            for folder, dirs, files in os.walk(logs):
+                for name in dirs:
+                    paths.make_private(Path(folder, name), paths.PRIVATE_DIR)
+                for name in files:
+                    paths.make_private(Path(folder, name), paths.PRIVATE_FILE)
+
+    AUTO_ARCHIVE_EVERY = 600.0  # seconds between two auto-archive passes of one engine
+    _auto_archived_at = 0.0
+
+    def _auto_archive(self) -> None:
+        """The archive_after_days setting, applied by the scheduling pass now and then."""
+        days = self.settings.archive_after_days
+        now = self.clock()
+        if days <= 0 or now - self._auto_archived_at < self.AUTO_ARCHIVE_EVERY:
+            return
+        self._auto_archived_at = now
+        archived = self.actions.archive_closed(days)
+        if archived:
+            log.info("archived %d closed task(s) older than %g days", len(archived), days)

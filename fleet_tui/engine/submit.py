@@ -1,0 +1,113 @@
+"""A new task: its spec validated (everything that would only fail at launch is refused
+before anything is stored), then stored queued, as one task or as copies of one prompt."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from fleet_tui.core import titles
+from fleet_tui.core.durations import check_seconds
+from fleet_tui.core.errors import InvalidSpec
+from fleet_tui.engine.context import Part
+from fleet_tui.execution.local import launcher
+from fleet_tui.settings.config import PERMISSION_MODES, ConfigError
+from fleet_tui.settings.config_core import check_length
+from fleet_tui.store.db import MAX_COPIES, Task, TaskSpec
+from fleet_tui.vcs import git
+
+__all__ = ["Submissions", "check_text"]
+
+
+def check_text(what: str, text: str) -> None:
+    """Refuse text claude cannot be given: a NUL byte (no process argument or environment
+    can hold one) or text that is not valid UTF-8 (bytes that did not decode arrive as
+    surrogate escapes, e.g. from argv). InvalidSpec names the first bad spot."""
+    nul = text.find("\0")
+    if nul >= 0:
+        raise InvalidSpec(f"the {what} contains a NUL byte (at character {nul + 1}), which "
+                          "cannot be passed to claude; remove it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        bad = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else \
+            f"character U+{code:04X}"
+        raise InvalidSpec(f"the {what} is not valid UTF-8 text ({bad} at character "
+                          f"{exc.start + 1}); convert it to UTF-8") from None
+
+
+class Submissions(Part):
+    """Submitting tasks (`submit`)."""
+
+    def submit(self, spec: TaskSpec, copies: int = 1) -> list[Task]:
+        """Validate a task spec and store `copies` queued tasks (they start in `tick`).
+
+        Everything that would only fail at launch is refused here, before anything is
+        stored (InvalidSpec): text claude cannot take (`check_text`), numbers out of range,
+        and a setup claude refuses (root with bypassPermissions without the sandbox
+        opt-in; scrub_tool_env without bubblewrap). Prompts of any length are accepted."""
+        prompt = spec.prompt.strip() if isinstance(spec.prompt, str) else ""
+        if not prompt:
+            raise InvalidSpec("the prompt is empty; say what the worker should do")
+        check_text("prompt", spec.prompt)
+        for what, text in (("title", spec.title), ("base ref", spec.base_ref),
+                           ("model", spec.model), ("effort", spec.effort)):
+            if isinstance(text, str):
+                check_text(what, text)
+        for arg in spec.extra_args:
+            check_text("argument", arg)
+        for what, text in (("base ref", spec.base_ref), ("model", spec.model),
+                           ("effort", spec.effort), *(("argument", a) for a in spec.extra_args)):
+            try:  # each reaches claude's argv or environment: refused here, not at launch
+                if isinstance(text, str):
+                    check_length(text)
+            except ValueError as exc:
+                raise InvalidSpec(f"the {what} is {exc}") from None
+        if isinstance(copies, bool) or not isinstance(copies, int) or \
+                not 1 <= copies <= MAX_COPIES:
+            raise InvalidSpec(f"copies must be a whole number from 1 to {MAX_COPIES} "
+                              f"(got {copies!r})")
+        turns = spec.max_turns
+        if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int)
+                                  or turns < 1):
+            raise InvalidSpec(f"max turns must be a whole number of at least 1 (got {turns!r})")
+        if spec.timeout is not None:  # durations.py's rule, as --timeout and the form
+            try:
+                check_seconds(spec.timeout)
+            except ValueError as exc:
+                raise InvalidSpec(f"the timeout must be {exc}; 0 for none "
+                                  f"(got {spec.timeout!r})") from None
+        if spec.permission_mode is not None and spec.permission_mode not in PERMISSION_MODES:
+            raise InvalidSpec(f"unknown permission mode {spec.permission_mode!r}; use one of "
+                              + ", ".join(PERMISSION_MODES))
+        try:
+            launcher.check_setup(self.settings, self.env, args=spec.extra_args,
+                                 permission_mode=spec.permission_mode)
+        except launcher.LaunchError as exc:
+            raise InvalidSpec(str(exc)) from None
+        model = (spec.model or "main").strip()
+        if not model:
+            raise InvalidSpec("the model is empty; use main, small or a model name")
+        repo = git.main_worktree(spec.repo if spec.repo is not None else Path.cwd())
+        try:  # a repository whose settings never read would fail each attempt at its start
+            self.repo_settings.get(repo)
+        except ConfigError as exc:
+            raise InvalidSpec(f"the repository's settings do not read: {exc}") from None
+        base_ref = spec.base_ref.strip() if spec.base_ref else None
+        base = git.resolve_base(repo, base_ref)
+        title = titles.task_title(spec.title, prompt)
+        # copies of one prompt share a group (the compare view and pick find them by it)
+        group_id = f"g{secrets.token_hex(6)}" if copies > 1 else None
+        tasks: list[Task] = []
+        for i in range(copies):
+            tasks.append(self.store.create_task(
+                prompt=spec.prompt, repo=repo, now=self.clock(), group_id=group_id,
+                title=titles.copy_title(title, i + 1, copies),
+                base_ref=base_ref,
+                base_branch=base.branch, base_commit=base.commit,
+                endpoint=self.settings.base_url, model=model,
+                permission_mode=spec.permission_mode, effort=spec.effort,
+                max_turns=spec.max_turns, timeout=spec.timeout,
+                extra_args=list(spec.extra_args)))
+        return tasks
