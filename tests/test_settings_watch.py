@@ -10,6 +10,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from fleet_tui.settings.repo_settings import REPO_FILE, RepoSettingsCache
 from fleet_tui.settings.watch import SETTLE, file_stamp, settled
 
@@ -44,3 +46,27 @@ def test_a_repository_file_being_written_is_read_once_it_rests(tmp_path: Path) -
     _age(path, SETTLE + 0.1)
     assert cache.check(repo) == ("reloaded", None)
     assert cache.get(repo).test_command == "make test"
+
+
+def test_config_being_written_is_not_applied_half_way(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.settings.config import load_settings
+    from fleet_tui.store.db import Store
+
+    config = tmp_path / "config.toml"
+    config.write_text('max_workers = 3\ntest_command = "make check"\n')
+    _age(config, 10)
+    monkeypatch.setenv("FLEET_TUI_CONFIG", str(config))
+    fleet = Fleet(load_settings(), Store(tmp_path / "fleet.db"))
+    fleet.watch_settings()
+    config.write_text("")  # the writer truncated it and has not written yet
+    assert fleet.check_settings() == []
+    assert fleet.settings.max_workers == 3 and fleet.settings.test_command == "make check"
+    config.write_text('max_workers = 5\ntest_command = "make test"\n')
+    assert fleet.check_settings() == []  # still resting
+    _age(config, SETTLE + 0.1)
+    (notice,) = fleet.check_settings()
+    assert notice.title == "Settings reloaded"
+    assert fleet.settings.max_workers == 5 and fleet.settings.test_command == "make test"
+    assert fleet.check_settings() == []  # said once

@@ -39,7 +39,6 @@ from fleet_tui.core.states import (
     TaskState,
 )
 from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text, work_at_stake
-from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
 from fleet_tui.store.db import MAX_COPIES, Attempt, StoreError, Task
 from fleet_tui.vcs import git
@@ -613,7 +612,7 @@ def cmd_logs(argv: list[str]) -> int:
         attempt = fleet.store.get_attempt(attempt.id)
         done = fleet.attempt_finished(attempt)
         if args.raw:
-            offset = _print_raw(attempt, offset, done)
+            offset = _print_raw(fleet, attempt, offset, done)
         else:
             events, offset = fleet.read_events(attempt, offset)
             for ev in events:
@@ -641,10 +640,11 @@ def _recorded_end(fleet: Fleet, task: Task, attempt: Attempt) -> Task:
     return final
 
 
-def _print_raw(attempt: Attempt, offset: int, done: bool) -> int:
-    if attempt.dir is None:
+def _print_raw(fleet: Fleet, attempt: Attempt, offset: int, done: bool) -> int:
+    log = fleet.attempt_log(attempt)
+    if log is None:
         return offset
-    data, offset = AttemptLog(attempt.dir).read_bytes(offset, finished=done)
+    data, offset = log.read_bytes(offset, finished=done)
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset

@@ -54,6 +54,7 @@ from fleet_tui.engine.scheduling import Scheduler
 from fleet_tui.engine.secret_cache import SecretCache
 from fleet_tui.engine.submit import Submissions, check_text
 from fleet_tui.engine.supervisor import Supervisor, TaskChange
+from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Host
 from fleet_tui.settings.config import Settings
 from fleet_tui.settings.repo_settings import RepoSettingsCache
@@ -198,6 +199,10 @@ class Fleet:
     @_says(Queries.attempt_finished)
     def attempt_finished(attempt: Attempt) -> bool:
         return attempt_finished(attempt)
+
+    @_says(Queries.attempt_log)
+    def attempt_log(self, attempt: Attempt) -> AttemptLog | None:
+        return self.queries.attempt_log(attempt)
 
     @_says(Queries.read_events)
     def read_events(self, attempt: Attempt, offset: int = 0, max_bytes: int | None = None

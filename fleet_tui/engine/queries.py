@@ -12,6 +12,7 @@ from fleet_tui.core.states import ACTIVE_STATES, TaskState
 from fleet_tui.engine.context import Context, Part
 from fleet_tui.engine.follower import attempt_finished
 from fleet_tui.engine.secret_cache import SecretCache
+from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.store.db import Attempt, Task
 
 __all__ = ["EndpointStatus", "FleetStatus", "Queries"]
@@ -53,6 +54,14 @@ class Queries(Part):
         super().__init__(ctx)
         self.secrets = secrets
 
+    def attempt_log(self, attempt: Attempt) -> AttemptLog | None:
+        """The attempt's folder as its host left it on this machine (the one format every
+        host leaves: a remote host mirrors into it), for the panel's and the CLI's reads;
+        None for an attempt that was never placed. The key is known first (redaction)."""
+        if attempt.dir is None:
+            return None
+        self.secrets.get()
+        return self.supervisor.run(attempt).log
 
     @property
     def ingested_events(self) -> int:

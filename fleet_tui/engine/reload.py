@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fleet_tui.engine.context import Part
 from fleet_tui.settings.config import ConfigError, Settings
+from fleet_tui.settings.watch import Stamp, file_stamp, settled
 
 __all__ = ["SettingsNotice", "SettingsWatch"]
 
@@ -25,20 +26,12 @@ class SettingsNotice:
     message: str
 
 
-def _file_stamp(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
-
-
 class SettingsWatch(Part):
     """Watching config.toml and the repositories' settings."""
 
     _settings_file: str | None = None
     _settings_loader: Callable[[], Settings] | None = None
-    _settings_stamp: tuple[int, int] | None = None
+    _settings_stamp: Stamp | None = None
 
     def watch_settings(self, config_file: str | os.PathLike[str] | None = None,
                        loader: Callable[[], Settings] | None = None) -> None:
@@ -49,7 +42,7 @@ class SettingsWatch(Part):
 
         self._settings_file = os.fspath(config_file or config_file_path(self.env))
         self._settings_loader = loader or (lambda: load_settings(env=self.env))
-        self._settings_stamp = _file_stamp(self._settings_file)
+        self._settings_stamp = file_stamp(self._settings_file)
 
     def apply_settings(self, settings: Settings) -> None:
         """Use new settings from now on (the scheduler's next pass, the next launch)."""
@@ -65,8 +58,10 @@ class SettingsWatch(Part):
         notices: list[SettingsNotice] = []
         config_changed = False
         if self._settings_file is not None and self._settings_loader is not None:
-            stamp = _file_stamp(self._settings_file)
-            if stamp != self._settings_stamp:
+            stamp = file_stamp(self._settings_file)
+            # an edit is read once it rests (watch.SETTLE): a look between a writer's
+            # truncate and its write would apply the empty file
+            if stamp != self._settings_stamp and settled(stamp):
                 config_changed = True
                 self._settings_stamp = stamp
                 try:

@@ -8,9 +8,8 @@ from pathlib import Path
 
 from fleet_tui.core import titles
 from fleet_tui.core.durations import check_seconds
-from fleet_tui.core.errors import InvalidSpec
+from fleet_tui.core.errors import FleetTuiError, InvalidSpec
 from fleet_tui.engine.context import Part
-from fleet_tui.execution.local import launcher
 from fleet_tui.settings.config import PERMISSION_MODES, ConfigError
 from fleet_tui.settings.config_core import check_length
 from fleet_tui.store.db import MAX_COPIES, Task, TaskSpec
@@ -81,10 +80,10 @@ class Submissions(Part):
         if spec.permission_mode is not None and spec.permission_mode not in PERMISSION_MODES:
             raise InvalidSpec(f"unknown permission mode {spec.permission_mode!r}; use one of "
                               + ", ".join(PERMISSION_MODES))
-        try:
-            launcher.check_setup(self.settings, self.env, args=spec.extra_args,
-                                 permission_mode=spec.permission_mode)
-        except launcher.LaunchError as exc:
+        try:  # what the host's claude would refuse (root, bubblewrap: the local host's)
+            self.supervisor.host.check_setup(self.settings, self.env, args=spec.extra_args,
+                                             permission_mode=spec.permission_mode)
+        except FleetTuiError as exc:
             raise InvalidSpec(str(exc)) from None
         model = (spec.model or "main").strip()
         if not model:

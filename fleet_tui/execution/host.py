@@ -31,10 +31,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     import threading
+    from collections.abc import Mapping, Sequence
 
     from fleet_tui.core.states import StopReason
     from fleet_tui.execution.attemptlog import AttemptLog
     from fleet_tui.execution.spec import RunSpec
+    from fleet_tui.settings.config import Settings
     from fleet_tui.store.db import Attempt, Task
     from fleet_tui.vcs.git import WorktreeInfo
 
@@ -114,6 +116,12 @@ class Host(Protocol):
 
     def free_port(self) -> int:
         """A TCP port nothing listens on now, on the host (for FLEET_PORT)."""
+
+    def check_setup(self, settings: Settings, env: Mapping[str, str], *,
+                    args: Sequence[str] = (), permission_mode: str | None = None) -> None:
+        """Refuse (a FleetTuiError with its exit code) a setup the host's claude would
+        refuse or could not keep (the local host: root with bypassPermissions without the
+        sandbox opt-in, scrub_tool_env without bubblewrap), before anything is created."""
 
     def make_worktree(self, task: Task, *, reattach: bool, reset: bool) -> WorktreeInfo:
         """The task's worktree at its base commit on the branch `fleet/<id>` (checked out

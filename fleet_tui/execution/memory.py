@@ -25,8 +25,11 @@ from fleet_tui.execution.host import Host, NotStarted, Placement, RunnerState
 from fleet_tui.vcs.git import WorktreeInfo
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from fleet_tui.core.states import StopReason
     from fleet_tui.execution.spec import RunSpec
+    from fleet_tui.settings.config import Settings
     from fleet_tui.store.db import Attempt, Task
 
 PID_BASE = 1 << 22  # above /proc/sys/kernel/pid_max's ceiling: never a real process
@@ -176,6 +179,10 @@ class MemoryHost:
     def free_port(self) -> int:
         self._ports += 1
         return self._ports
+
+    def check_setup(self, settings: Settings, env: Mapping[str, str], *,
+                    args: Sequence[str] = (), permission_mode: str | None = None) -> None:
+        """Nothing to refuse: no claude runs here."""
 
     def make_worktree(self, task: Task, *, reattach: bool, reset: bool) -> WorktreeInfo:
         path = self.root / "work" / task.id

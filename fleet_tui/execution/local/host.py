@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from fleet_tui.core.errors import FleetError
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import NotStarted, Placement, RunnerState
+from fleet_tui.execution.local import launcher
 from fleet_tui.execution.local.runner import RUNNER_MODULE
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
 from fleet_tui.system import paths, procs
@@ -34,9 +35,10 @@ from fleet_tui.system.spawn import package_env, spawn_detached
 from fleet_tui.vcs import git
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from fleet_tui.core.states import StopReason
+    from fleet_tui.settings.config import Settings
     from fleet_tui.store.db import Attempt, Task
 
 log = logging.getLogger("fleet_tui.engine.fleet")
@@ -218,6 +220,10 @@ class LocalHost:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
             return int(sock.getsockname()[1])
+
+    def check_setup(self, settings: Settings, env: Mapping[str, str], *,
+                    args: Sequence[str] = (), permission_mode: str | None = None) -> None:
+        launcher.check_setup(settings, env, args=args, permission_mode=permission_mode)
 
     def make_worktree(self, task: Task, *, reattach: bool, reset: bool) -> git.WorktreeInfo:
         if reattach:

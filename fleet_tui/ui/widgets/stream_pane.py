@@ -4,9 +4,10 @@ The pane owns the whole "follow a stream" state machine, so the main screen only
 which task is selected (``show``) and which attempt to prefer (``choose_attempt``):
 
 - A thread worker reads the end of the attempt's events file (the last ``TAIL_BYTES``,
-  through ``AttemptLog``, the one owner of the attempt folder), formats it off the event loop
-  and posts batches; it keeps following while the attempt runs, and moves to a new attempt
-  when the task gets one. A selection must settle (``STREAM_SETTLE``) before it reads.
+  through the engine's ``Fleet.attempt_log``: the folder its host left), formats it off
+  the event loop and posts batches; it keeps following while the attempt runs, and moves
+  to a new attempt when the task gets one. A selection must settle (``STREAM_SETTLE``)
+  before it reads.
 - Older history is read a chunk at a time when the view scrolls to its top (``home``: all
   of it), by a second worker.
 - Every restart bumps a generation; batches of an older generation are dropped.
@@ -233,11 +234,9 @@ class StreamPane(Vertical):
                         cwd: str | None) -> None:
         """Find the call and its result in the events file and lay them out (the screen
         shows them: ToolCallLoaded)."""
-        if attempt.dir is None:
+        log = self.fleet.attempt_log(attempt) if self.fleet is not None else None
+        if log is None:
             return
-        from fleet_tui.execution.attemptlog import AttemptLog  # loaded by the engine already
-
-        log = AttemptLog(attempt.dir)
         if ref == SETUP_REF:
             try:
                 text = log.setup_log.read_text(encoding="utf-8", errors="replace")
@@ -277,8 +276,6 @@ class StreamPane(Vertical):
         worker_sleep(worker, STREAM_SETTLE)  # a key held down has moved on: read nothing
         if worker.is_cancelled:
             return
-        from fleet_tui.execution.attemptlog import AttemptLog  # loaded by the engine already
-
         task = fleet.get_task(task_id)
         cwd = str(task.worktree) if task.worktree else None
         formatter = StreamFormatter(cwd=cwd)
@@ -304,7 +301,7 @@ class StreamPane(Vertical):
                     # a new attempt, or its folder is recorded now (an attempt is in the
                     # store a moment before its folder: the starter records it when it
                     # has the folder's lock)
-                    log = AttemptLog(current.dir) if current.dir is not None else None
+                    log = fleet.attempt_log(current)
                     offset = log.tail_start(TAIL_BYTES) if log is not None else 0
                     formatter = StreamFormatter(cwd=cwd)
                     # said with the tail's rows, so the view knows what it holds at once
@@ -343,12 +340,10 @@ class StreamPane(Vertical):
                     raw: bool, cwd: str | None) -> None:
         """Rows of the attempt's events from before ``end`` (a line start): the previous
         chunk, or everything (``home``), posted as one StreamOlder."""
-        if attempt.dir is None:  # (never announced with older bytes; said for the record)
+        log = self.fleet.attempt_log(attempt) if self.fleet is not None else None
+        if log is None:  # (never announced with older bytes; said for the record)
             self.post_message(StreamOlder(generation, [], 0, everything))
             return
-        from fleet_tui.execution.attemptlog import AttemptLog  # loaded by the engine already
-
-        log = AttemptLog(attempt.dir)
         start = 0 if everything else log.tail_start(OLDER_CHUNK, end=end)
         formatter = StreamFormatter(cwd=cwd)
         rows: list[StreamRow] = []
