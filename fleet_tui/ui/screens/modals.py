@@ -7,7 +7,7 @@ Every modal answers to the keyboard alone: `y` / `n` / `escape` where it asks a 
 Each names the widget that starts with the focus in ``AUTO_FOCUS``: the screen sets it as
 it composes, before any key reaches it. A `focus()` in ``on_mount`` lands a moment later
 (it goes through the app's queue), and until then Textual's default had focused the first
-focusable widget: the confirm's Yes, where an `enter` typed just after `d` discarded.
+focusable widget: the confirm's Yes, where an `enter` typed just after `d` would discard.
 """
 
 from __future__ import annotations
