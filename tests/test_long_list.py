@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_ui_support import wait_until
+from test_ui_support import wait_for_screen, wait_until
 from textual.widgets import Input, OptionList
 
 from fleet_tui.engine.fleet import Fleet
@@ -146,7 +146,7 @@ async def test_outside_a_repository_n_asks_which_one(repos: list[Path],
         await wait_until(pilot, lambda: app.main.table.row_count == 2, what="the list")
         assert "all repositories" in str(app.main.query_one(StatusLine).render())
         await pilot.press("n")
-        await wait_until(pilot, lambda: isinstance(app.screen, RepoScreen), what="the ask")
+        await wait_for_screen(pilot, RepoScreen, what="the ask")
         options = app.screen.query_one(OptionList)
         # the recent ones, newest first
         assert [options.get_option_at_index(i).id for i in range(options.option_count)] \
@@ -156,10 +156,9 @@ async def test_outside_a_repository_n_asks_which_one(repos: list[Path],
         await pilot.press(*str(tmp_path), "enter")
         await wait_until(pilot, lambda: any(title == "Not a repository"
                                             for _, title, _ in app.toasts), what="a toast")
-        await wait_until(pilot, lambda: isinstance(app.screen, RepoScreen), what="again")
+        await wait_for_screen(pilot, RepoScreen, what="again")
         await pilot.press("down", "enter")  # the second recent one
-        await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen),
-                         what="the launch form")
+        await wait_for_screen(pilot, LaunchScreen, what="the launch form")
         assert app.screen._repo == repos[1]
 
 

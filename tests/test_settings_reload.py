@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_ui_support import wait_until
+from test_ui_support import wait_for_screen, wait_until
 from textual.widgets import Static
 
 from fleet_tui.engine.fleet import Fleet
@@ -60,7 +60,7 @@ async def _gate(pilot: Any, app: FleetApp, expect: str = "Test gate") -> str:
     (or give up at the deadline and return what it says), close it. Under load the dialog's
     hint can still be settling when the screen is already up."""
     await pilot.press("m")
-    await wait_until(pilot, lambda: isinstance(app.screen, MergeScreen), what="the dialog")
+    await wait_for_screen(pilot, MergeScreen, what="the dialog")
 
     def hints_now() -> list[str]:
         return [str(w.render()) for w in app.screen.query(Static)

@@ -10,13 +10,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from test_ui_support import Rig, rig, stream_text, toasts, wait_until
+from test_ui_support import Rig, rig, stream_text, toasts, wait_for_screen, wait_until
 from textual.command import CommandPalette
 from textual.widgets import Input, TextArea
 
 from fleet_tui.store.db import TaskState
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.help import HelpScreen
+from fleet_tui.ui.screens.launch import LaunchScreen
 from fleet_tui.ui.screens.main import MainScreen
 from fleet_tui.ui.screens.modals import (
     AttemptScreen,
@@ -67,12 +68,12 @@ async def test_discard_asks_and_removes_worktree_and_branch(rig: Rig) -> None:
         await wait_until(pilot, lambda: app.main.check_action("discard", ()) is True,
                          what="discard to apply")
         await pilot.press("d")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        await wait_for_screen(pilot, ConfirmScreen, what="confirm")
         await pilot.press("n")  # no: nothing happens
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: app.screen is app.main, what="the confirm closed")
         assert rig.state(task_id) == TaskState.SUCCEEDED
         await pilot.press("d")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        await wait_for_screen(pilot, ConfirmScreen, what="confirm")
         await pilot.press("y")
         await wait_until(pilot, lambda: rig.state(task_id) == TaskState.DISCARDED,
                          what="the discard")
@@ -97,12 +98,12 @@ async def test_kill_a_running_task(rig: Rig) -> None:
         assert app.main.check_action("kill", ()) is True
         assert app.main.check_action("merge", ()) is False  # not while it runs
         await pilot.press("k")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        await wait_for_screen(pilot, ConfirmScreen, what="confirm")
         await pilot.press("escape")  # escape answers no
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: app.screen is app.main, what="the confirm closed")
         assert rig.state(task_id) in (TaskState.RUNNING, TaskState.STALLED)
         await pilot.press("k")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        await wait_for_screen(pilot, ConfirmScreen, what="confirm")
         await pilot.press("y")
         await wait_until(pilot, lambda: rig.state(task_id) == TaskState.KILLED,
                          what="the kill", timeout=30)
@@ -124,7 +125,7 @@ async def test_discard_a_running_task_stops_its_worker_first(rig: Rig) -> None:
         assert runner and procs.is_alive(runner) and worktree is not None
         assert app.main.check_action("discard", ()) is True
         await pilot.press("d")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        await wait_for_screen(pilot, ConfirmScreen, what="confirm")
         body = str(app.screen.query_one(".dialog-body").render())
         assert "still running or queued: it is stopped first" in body
         await pilot.press("y")
@@ -141,7 +142,7 @@ async def test_retry_fresh_then_resume_and_choose_attempt(rig: Rig) -> None:
         await wait_until(pilot, lambda: _finished(rig, task_id), what="the first attempt")
         await _select(pilot, app, task_id, rig)
         await pilot.press("r")
-        await wait_until(pilot, lambda: isinstance(app.screen, ChoiceScreen), what="choice")
+        await wait_for_screen(pilot, ChoiceScreen, what="choice")
         await pilot.press("f")
         await wait_until(pilot, lambda: len(rig.fleet.attempts(task_id)) == 2,
                          what="a second attempt")
@@ -149,7 +150,7 @@ async def test_retry_fresh_then_resume_and_choose_attempt(rig: Rig) -> None:
         await wait_until(pilot, lambda: app.main.tasks[task_id].attempt_count == 2
                          and app.main.check_action("retry", ()) is True, what="the list")
         await pilot.press("r")
-        await wait_until(pilot, lambda: isinstance(app.screen, ChoiceScreen), what="choice")
+        await wait_for_screen(pilot, ChoiceScreen, what="choice")
         await pilot.press("r")
         await wait_until(pilot, lambda: len(rig.fleet.attempts(task_id)) == 3,
                          what="a resumed attempt")
@@ -161,8 +162,7 @@ async def test_retry_fresh_then_resume_and_choose_attempt(rig: Rig) -> None:
         await wait_until(pilot, lambda: "attempt 3/3" in str(
             app.main.query_one("#stream-caption").render()), what="the third attempt")
         await pilot.press("a")
-        await wait_until(pilot, lambda: isinstance(app.screen, AttemptScreen),
-                         what="the attempt list")
+        await wait_for_screen(pilot, AttemptScreen, what="the attempt list")
         await pilot.press("home", "enter")
         await wait_until(pilot, lambda: "attempt 1/3" in str(
             app.main.query_one("#stream-caption").render()), what="attempt 1 shown")
@@ -179,10 +179,11 @@ async def test_follow_up_continues_the_session(rig: Rig) -> None:
         await wait_until(pilot, lambda: app.main.check_action("follow_up", ()) is True,
                          what="follow-up to apply")
         await pilot.press("f")
-        await wait_until(pilot, lambda: isinstance(app.screen, PromptScreen), what="prompt")
-        await pilot.press("ctrl+s")  # empty: refused inline
-        assert isinstance(app.screen, PromptScreen)
-        assert "Write a prompt" in str(app.screen.query_one("#prompt-error").render())
+        prompt = await wait_for_screen(pilot, PromptScreen, what="prompt")
+        await pilot.press("ctrl+s")  # empty: refused inline (once the keys before it are in)
+        await wait_until(pilot, lambda: "Write a prompt" in str(
+            prompt.query_one("#prompt-error").render()), what="the refusal")
+        assert app.screen is prompt
         await pilot.press(*"once more")
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: len(rig.fleet.attempts(task_id)) == 2,
@@ -211,7 +212,7 @@ async def test_marked_tasks_are_discarded_together(rig: Rig) -> None:
         assert app.main.marked == {ids[0], ids[1]}
         assert "●" in str(app.main.query_one(TaskTable).get_row(ids[0])[0])
         await pilot.press("d")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        await wait_for_screen(pilot, ConfirmScreen, what="confirm")
         body = str(app.screen.query_one(".dialog-body").render())
         assert ids[0] in body and ids[1] in body and ids[2] not in body
         await pilot.press("y")
@@ -229,16 +230,17 @@ async def test_conflicting_merge_shows_preview_and_refuses(rig: Rig) -> None:
         await wait_until(pilot, lambda: _finished(rig, a, b), what="both tasks", timeout=60)
         await _select(pilot, app, a, rig)
         await pilot.press("m")
-        await wait_until(pilot, lambda: isinstance(app.screen, MergeScreen), what="merge A")
+        await wait_for_screen(pilot, MergeScreen, what="merge A")
         await pilot.press("y")
         await wait_until(pilot, lambda: rig.state(a) == TaskState.MERGED, what="A merged")
         await _select(pilot, app, b, rig)
         await pilot.press("m")
-        await wait_until(pilot, lambda: isinstance(app.screen, MergeScreen), what="merge B")
+        await wait_for_screen(pilot, MergeScreen, what="merge B")
         text = " ".join(str(w.render()) for w in app.screen.query(".merge-item"))
         assert "conflicts" in text and "shared.txt" in text
         await pilot.press("y")  # refused: the modal stays, a warning says why
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: any("does not merge cleanly" in t for t in toasts(app)),
+                         what="the refusal")
         assert isinstance(app.screen, MergeScreen)
         await pilot.press("n")
         await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="closed")
@@ -282,9 +284,7 @@ async def test_filter_help_tabs_and_stream_toggles(rig: Rig) -> None:
         await wait_until(pilot, lambda: diff.prepared is not None, what="the diff")
         await pilot.press("1")
         await pilot.press("question_mark")
-        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
-        help_screen = app.screen
-        assert isinstance(help_screen, HelpScreen)
+        help_screen = await wait_for_screen(pilot, HelpScreen, what="help")
         keys = {key for _, rows in help_screen.sections for key, _ in rows}
         for binding in MainScreen.BINDINGS:  # every key of the main screen is listed
             assert app.get_key_display(binding) in keys, binding  # type: ignore[arg-type]
@@ -375,8 +375,7 @@ async def test_command_palette_offers_applicable_actions(rig: Rig) -> None:
         assert "Merge (m)" in titles and "New (n)" in titles
         assert "Kill (k)" not in titles  # a finished task cannot be killed
         await pilot.press("ctrl+p")
-        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette),
-                         what="the palette")
+        await wait_for_screen(pilot, CommandPalette, what="the palette")
         await pilot.press(*"Discard")
 
         def offered() -> str:  # the palette's matches, searched in a worker
@@ -385,8 +384,7 @@ async def test_command_palette_offers_applicable_actions(rig: Rig) -> None:
 
         await wait_until(pilot, lambda: "Discard" in offered(), what="the palette's match")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen),
-                         what="the discard confirm from the palette")
+        await wait_for_screen(pilot, ConfirmScreen, what="the discard confirm from the palette")
         await pilot.press("n")
 
 
@@ -394,26 +392,31 @@ async def test_launch_form_validates_inline(rig: Rig) -> None:
     app = rig.app(run_scheduler=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("n")
-        screen = app.screen
-        await pilot.press("ctrl+s")
-        assert "prompt is empty" in str(screen.query_one("#prompt-error").render())
+        screen = await wait_for_screen(pilot, LaunchScreen, what="the form")
+        await pilot.press("ctrl+s")  # the check runs once the keys before it are in
+
+        def error(field: str) -> str:
+            return str(screen.query_one(f"#{field}-error").render())
+
+        await wait_until(pilot, lambda: "prompt is empty" in error("prompt"),
+                         what="the empty prompt refused")
         screen.query_one("#prompt", TextArea).text = "Do the thing"
         screen.query_one("#max-turns", Input).value = "ten"
         screen.query_one("#timeout", Input).value = "soon"
         screen.query_one("#copies", Input).value = "0"
         await pilot.pause()
         await pilot.press("ctrl+s")
-        await pilot.pause()
-        assert "whole number" in str(screen.query_one("#max-turns-error").render())
-        assert "seconds" in str(screen.query_one("#timeout-error").render())
-        assert "between 1 and" in str(screen.query_one("#copies-error").render())
+        await wait_until(pilot, lambda: "whole number" in error("max-turns"),
+                         what="the fields checked")
+        assert "seconds" in error("timeout")
+        assert "between 1 and" in error("copies")
         screen.query_one("#max-turns", Input).value = "5"
         screen.query_one("#timeout", Input).value = "15m"
         screen.query_one("#copies", Input).value = "2"
         screen.query_one("#base-ref", Input).value = "no-such-branch"
         await pilot.press("ctrl+s")
-        await wait_until(pilot, lambda: "unknown ref" in str(
-            screen.query_one("#base-ref-error").render()), what="the base ref check")
+        await wait_until(pilot, lambda: "unknown ref" in error("base-ref"),
+                         what="the base ref check")
         assert app.screen is screen and rig.fleet.list_tasks() == []
         screen.query_one("#base-ref", Input).value = "main"
         await pilot.press("ctrl+s")
@@ -424,7 +427,8 @@ async def test_launch_form_validates_inline(rig: Rig) -> None:
         # The form remembers the options for next time.
         await pilot.press("n")
         await wait_until(pilot, lambda: app.screen is not screen
-                         and app.screen.query("#max-turns"), what="the form again")
+                         and isinstance(app.screen, LaunchScreen) and app.screen.is_mounted,
+                         what="the form again")
         assert app.screen.query_one("#max-turns", Input).value == "5"
         assert app.screen.query_one("#base-ref", Input).value == "main"
         assert app.screen.query_one("#prompt", TextArea).text == ""

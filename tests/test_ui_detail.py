@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_ui_support import wait_until
+from test_ui_support import wait_for_screen, wait_until
 from textual.widgets import Input
 
 from fleet_tui.engine.fleet import Fleet
@@ -76,10 +76,7 @@ async def test_enter_on_a_result_shows_the_whole_output_and_the_exit_status(
         view.focus()
         view.move_cursor(_row(view, "(+40 lines: x)"))
         await pilot.press("enter")
-        await wait_until(pilot, lambda: isinstance(app.screen, ToolCallScreen),
-                         what="the tool call")
-        screen = app.screen
-        assert isinstance(screen, ToolCallScreen)
+        screen = await wait_for_screen(pilot, ToolCallScreen, what="the tool call")
         lines = screen.lines
         assert lines[0] == "── input ──" and lines[1].startswith("$ printf '%s'")
         output = lines[lines.index("── output ──") + 1:]
@@ -112,10 +109,7 @@ async def test_x_on_a_failed_step_and_on_a_line_without_a_call(app: FleetApp) ->
         view.move_cursor(_row(view, "Exit code 3"))
         app.main.table.focus()
         await pilot.press("x")
-        await wait_until(pilot, lambda: isinstance(app.screen, ToolCallScreen),
-                         what="the failed step")
-        screen = app.screen
-        assert isinstance(screen, ToolCallScreen)
+        screen = await wait_for_screen(pilot, ToolCallScreen, what="the failed step")
         assert str(screen.query_one("#toolcall-status").render()) == \
             "error, exit 3 · 4 lines of output"
         assert screen.lines[-1] == "E   assert 2 == 1"
@@ -145,8 +139,7 @@ async def test_search_in_the_stream_then_n_is_new_again(app: FleetApp) -> None:
         assert view.search_status == "" and not bar.display and view.has_focus
         # with no search, n is the panel's "new task" again
         await pilot.press("n")
-        await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen),
-                         what="the launch form")
+        await wait_for_screen(pilot, LaunchScreen, what="the launch form")
 
 
 async def test_search_in_the_diff(app: FleetApp) -> None:
@@ -196,10 +189,7 @@ async def test_the_setup_step_reads_as_a_step_and_x_shows_its_whole_output(
                               "skipped key.env: it holds the API key")
         view.move_cursor(1)
         await pilot.press("x")
-        await wait_until(pilot, lambda: isinstance(app.screen, ToolCallScreen),
-                         what="the setup detail")
-        screen = app.screen
-        assert isinstance(screen, ToolCallScreen)
+        screen = await wait_for_screen(pilot, ToolCallScreen, what="the setup detail")
         shown = screen.lines
         assert shown[:2] == ["── setup ──", "$ npm ci"]
         assert "copied  .env" in shown and "skipped key.env: it holds the API key" in shown

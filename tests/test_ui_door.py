@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_ui_support import wait_until
+from test_ui_support import wait_for_screen, wait_until
 from textual.message import Message
 from textual.widgets import TextArea
 
@@ -84,8 +84,7 @@ async def test_outside_a_repository_n_asks_which_one_once_the_engine_is_ready(
     app = FleetApp(looking_around(0.1), run_scheduler=False, bell=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("n")
-        await wait_until(pilot, lambda: isinstance(app.screen, RepoScreen),
-                         what="the question")
+        await wait_for_screen(pilot, RepoScreen, what="the question")
         assert app.fleet is not None and not isinstance(app.screen, LaunchScreen)
 
 
@@ -127,12 +126,10 @@ async def test_keys_can_be_rebound_by_binding_id(git_repo: Path) -> None:
         await pilot.pause(0.2)
         assert not isinstance(app.screen, LaunchScreen)  # n no longer launches
         await pilot.press("N")
-        await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen), what="the form")
+        await wait_for_screen(pilot, LaunchScreen, what="the form")
         await pilot.press("escape")
         await pilot.press("question_mark")
-        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
-        help_screen = app.screen
-        assert isinstance(help_screen, HelpScreen)
+        help_screen = await wait_for_screen(pilot, HelpScreen, what="help")
         rows = dict(row for _, section in help_screen.sections for row in section)
         assert rows["N"].startswith("launch a task") and "n" not in rows
         titles = [c.title for c in app.get_system_commands(main)]

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_ui_support import Rig, rig, wait_until
+from test_ui_support import Rig, rig, wait_for_screen, wait_until
 from textual.geometry import Region
 from textual.widgets import Input, Label, TextArea
 
@@ -61,9 +61,7 @@ async def test_q_on_an_empty_queue_says_at_once_that_it_is_empty(fleet: Fleet,
     async with app.run_test(size=(120, 36)) as pilot:
         await _ready(pilot, app)
         await pilot.press("Q")
-        await wait_until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the view")
-        screen = app.screen
-        assert isinstance(screen, QueueScreen)
+        screen = await wait_for_screen(pilot, QueueScreen, what="the view")
         await wait_until(pilot, lambda: screen.loaded_at > 0, what="the first read")
         await pilot.pause()
         assert queue_note(screen) == EMPTY_QUEUE  # not "Reading the queue…" for ever
@@ -89,9 +87,7 @@ async def test_a_queue_that_cannot_be_read_is_said_in_the_view_and_read_again(
         os.replace(garbage, db)
         fleet.store.close()  # as test_ui_store_errors: threads reopen the file they read
         await pilot.press("Q")
-        await wait_until(pilot, lambda: isinstance(app.screen, QueueScreen), what="the view")
-        screen = app.screen
-        assert isinstance(screen, QueueScreen)
+        screen = await wait_for_screen(pilot, QueueScreen, what="the view")
         await wait_until(pilot, lambda: queue_note(screen).startswith(
             "Cannot read the merge queue"), what="the error said in the view")
         assert "not a database" in queue_note(screen) and "Reading" not in queue_note(screen)

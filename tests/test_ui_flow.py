@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from test_ui_support import TEST_KEY, Rig, rig, stream_text, toasts, wait_until
+from test_ui_support import TEST_KEY, Rig, rig, stream_text, toasts, wait_for_screen, wait_until
 from textual.widgets import TextArea
 
 from fleet_tui.store.db import TaskState
@@ -26,7 +26,7 @@ async def test_launch_watch_review_merge(rig: Rig) -> None:
     async with app.run_test(size=(160, 48)) as pilot:
         main = app.main
         await pilot.press("n")
-        await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen), what="the form")
+        await wait_for_screen(pilot, LaunchScreen, what="the form")
         assert isinstance(app.focused, TextArea)
         await pilot.press(*"Say hello in a file", "enter", *"second line")
         await pilot.press("ctrl+s")
@@ -63,8 +63,7 @@ async def test_launch_watch_review_merge(rig: Rig) -> None:
 
         # Merge: the confirm modal with the preview, then y.
         await pilot.press("m")
-        await wait_until(pilot, lambda: isinstance(app.screen, MergeScreen),
-                         what="the merge modal")
+        await wait_for_screen(pilot, MergeScreen, what="the merge modal")
         await pilot.press("y")
         await wait_until(pilot, lambda: rig.state(task_id) == TaskState.MERGED,
                          what="the merge")
@@ -99,7 +98,7 @@ async def test_the_tab_bar_and_the_key_bar_answer_the_mouse(rig: Rig) -> None:
         text = keys.render().plain
         assert "^p" in text and "palette" in text and "Quit" in text
         await pilot.click(KeyBar, offset=(text.index("Help"), 0))
-        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+        await wait_for_screen(pilot, HelpScreen, what="help")
 
 
 async def test_a_message_to_a_worker_that_finished_meanwhile_goes_as_a_follow_up(
@@ -117,8 +116,7 @@ async def test_a_message_to_a_worker_that_finished_meanwhile_goes_as_a_follow_up
                          and app.main.cursor_task.state == TaskState.RUNNING,
                          what="the worker to run")
         await pilot.press("s")
-        await wait_until(pilot, lambda: isinstance(app.screen, PromptScreen),
-                         what="the message dialog")
+        await wait_for_screen(pilot, PromptScreen, what="the message dialog")
         await wait_until(pilot, lambda: rig.state(task_id) == TaskState.SUCCEEDED,
                          what="the worker to finish")
         await pilot.press(*"also say goodbye")

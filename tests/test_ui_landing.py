@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from landing_support import checkout_state, git
-from test_ui_support import TEST_KEY, Rig, stream_text, toasts, wait_until
+from test_ui_support import TEST_KEY, Rig, stream_text, toasts, wait_for_screen, wait_until
 from textual.widgets import Button, DataTable, Input
 
 from fleet_tui.core.states import LandState, TaskState
@@ -92,18 +92,20 @@ async def test_merge_dialog_message_box_keeps_its_text_and_y_n_type_into_it(rig:
         await _all_done(pilot, rig, [first])
         await _select(pilot, main, first)
         await pilot.press("m")
-        await wait_until(pilot, lambda: isinstance(app.screen, MergeScreen), what="merge")
-        box = app.screen.query_one("#merge-message", Input)
+        dialog = await wait_for_screen(pilot, MergeScreen, what="merge")
+        box = dialog.query_one("#merge-message", Input)
         assert box.value == "Add a file"  # the copy's "(1/2)" is not in the message
         assert isinstance(app.focused, Button)
         await pilot.press("e")  # one key to the message box
-        assert app.focused is box and box.cursor_position == len("Add a file")
+        await wait_until(pilot, lambda: app.focused is box, what="the message box focused")
+        assert box.cursor_position == len("Add a file")
         await pilot.press(*" - yes, now")  # y and n are typed, never answered
-        await pilot.pause(0.2)
-        assert isinstance(app.screen, MergeScreen)
-        assert box.value == "Add a file - yes, now"  # the default kept, not wiped
+        # the default kept, not wiped
+        await wait_until(pilot, lambda: box.value == "Add a file - yes, now", what="the typing")
+        assert app.screen is dialog
         await pilot.press("enter")  # done editing: back to the buttons
-        assert isinstance(app.focused, Button) and app.focused.id == "yes"
+        await wait_until(pilot, lambda: isinstance(app.focused, Button), what="the buttons")
+        assert app.focused is dialog.query_one("#yes")
         await pilot.press("y")
         await wait_until(pilot, lambda: rig.state(first) == TaskState.MERGED, what="merge")
     subject = git(rig.repo, "log", "-1", "--format=%B", "main^2")
@@ -122,8 +124,7 @@ async def test_update_key_conflict_resolved_by_the_worker_then_merged(rig: Rig) 
         before = checkout_state(rig.repo)
         await _select(pilot, main, b)
         await pilot.press("u")
-        await wait_until(pilot, lambda: isinstance(app.screen, ChoiceScreen),
-                         what="the conflict choice")
+        await wait_for_screen(pilot, ChoiceScreen, what="the conflict choice")
         body = "\n".join(str(w.render()) for w in app.screen.query(".dialog-body"))
         assert "shared.txt" in body and "abort" in body
         await pilot.press("w")
@@ -141,8 +142,8 @@ async def test_update_key_conflict_resolved_by_the_worker_then_merged(rig: Rig) 
                          and main.check_action("merge", ()) is True,
                          what="the panel to see it resolved")
         await pilot.press("m")
-        await wait_until(pilot, lambda: isinstance(app.screen, MergeScreen), what="merge")
-        assert not app.screen.query_one("#yes", Button).disabled  # clean now
+        dialog = await wait_for_screen(pilot, MergeScreen, what="merge")
+        assert not dialog.query_one("#yes", Button).disabled  # clean now
         await pilot.press("y")
         await wait_until(pilot, lambda: rig.state(b) == TaskState.MERGED, what="the merge")
     assert (rig.repo / "shared.txt").read_text() == RESOLVED
@@ -161,7 +162,7 @@ async def test_update_key_abort_puts_everything_back(rig: Rig) -> None:
         before, wt_before = checkout_state(rig.repo), checkout_state(worktree)
         await _select(pilot, main, b)
         await pilot.press("u")
-        await wait_until(pilot, lambda: isinstance(app.screen, ChoiceScreen), what="choice")
+        await wait_for_screen(pilot, ChoiceScreen, what="choice")
         await pilot.press("a")
         await wait_until(pilot, lambda: any(f"{b} update aborted" in t for t in toasts(app)),
                          what="the abort")
@@ -170,12 +171,11 @@ async def test_update_key_abort_puts_everything_back(rig: Rig) -> None:
         assert rig.fleet.get_task(b).conflicts == []
         # the shell choice cannot hand over the terminal here: said, nothing changed
         await pilot.press("u")
-        await wait_until(pilot, lambda: isinstance(app.screen, ChoiceScreen), what="choice")
+        await wait_for_screen(pilot, ChoiceScreen, what="choice")
         await pilot.press("o")
         await wait_until(pilot, lambda: any("cannot hand over" in t for t in toasts(app)),
                          what="the shell's refusal")
-        await wait_until(pilot, lambda: isinstance(app.screen, ChoiceScreen),
-                         what="asked again")
+        await wait_for_screen(pilot, ChoiceScreen, what="asked again")
         await pilot.press("escape")
         await wait_until(pilot, lambda: any("Left mid-merge" in t for t in toasts(app)),
                          what="left as it is")
@@ -206,7 +206,7 @@ async def test_marked_tasks_land_through_the_queue_and_q_shows_it(
         await wait_until(pilot, lambda: main.marked == set(ids), what="the marks")
         order = [t for t in main.table.keys if t in ids]
         await pilot.press("m")
-        await wait_until(pilot, lambda: isinstance(app.screen, MergeScreen), what="dialog")
+        await wait_for_screen(pilot, MergeScreen, what="dialog")
         title = str(app.screen.query_one(".dialog-title").render())
         assert "Land 3 tasks through the merge queue" in title
         assert not app.screen.query("#merge-message")  # the queue writes its own
@@ -218,9 +218,7 @@ async def test_marked_tasks_land_through_the_queue_and_q_shows_it(
         row = "".join(c.plain for c in main.query_one(TaskTable).get_row(testing.id))
         assert "⇡testing" in row
         await pilot.press("Q")
-        await wait_until(pilot, lambda: isinstance(app.screen, QueueScreen), what="Q")
-        queue_screen = app.screen
-        assert isinstance(queue_screen, QueueScreen)
+        queue_screen = await wait_for_screen(pilot, QueueScreen, what="Q")
         await wait_until(pilot, lambda: len(queue_screen.rows) >= 2, what="queue rows")
         shown = [r.task_id for r in queue_screen.rows]
         assert shown == [t for t in order if t in shown]  # in landing order
@@ -243,9 +241,7 @@ async def test_compare_view_shows_each_copys_diff_and_picks_one(rig: Rig) -> Non
         await _all_done(pilot, rig, ids)
         await _select(pilot, main, ids[0])
         await pilot.press("c")
-        await wait_until(pilot, lambda: isinstance(app.screen, CompareScreen), what="compare")
-        screen = app.screen
-        assert isinstance(screen, CompareScreen)
+        screen = await wait_for_screen(pilot, CompareScreen, what="compare")
         assert [r.task_id for r in screen.rows] == ids
         assert all(r.files == [f"own-{r.task_id}.txt"] and r.clean for r in screen.rows)
         view = screen.query_one(DiffView)
@@ -257,7 +253,7 @@ async def test_compare_view_shows_each_copys_diff_and_picks_one(rig: Rig) -> Non
             f.path for f in view.prepared.diff.files] == [f"own-{ids[1]}.txt"],
             what="the second copy's diff")
         await pilot.press("p")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="ask")
+        await wait_for_screen(pilot, ConfirmScreen, what="ask")
         body = str(app.screen.query_one(".dialog-body").render())
         assert ids[0] in body and ids[2] in body
         await pilot.press("y")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import FIXTURES, git
-from test_ui_support import wait_until
+from test_ui_support import wait_for_screen, wait_until
 from textual import events
 from textual.command import CommandPalette
 from textual.pilot import Pilot
@@ -169,18 +169,14 @@ async def test_mark_all_and_unmark_all(fleet: Fleet, git_repo: Path) -> None:
         assert main.marked == set()
         # help and the command palette name both
         await pilot.press("question_mark")
-        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
-        help_screen = app.screen
-        assert isinstance(help_screen, HelpScreen)
+        help_screen = await wait_for_screen(pilot, HelpScreen, what="help")
         rows = dict(row for _, section in help_screen.sections for row in section)
         assert rows["^a"].startswith("mark every task shown")
         assert rows["esc"].startswith("unmark every task")
         await pilot.press("escape")
         await pilot.press("ctrl+a")
         await pilot.press("ctrl+p")
-        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette),
-                         what="the palette")
-        palette = app.screen
+        palette = await wait_for_screen(pilot, CommandPalette, what="the palette")
         palette.query_one(Input).value = "mark all"
 
         def shown() -> str:
@@ -193,17 +189,8 @@ async def test_mark_all_and_unmark_all(fleet: Fleet, git_repo: Path) -> None:
 async def _answer(pilot: Pilot[Any], app: FleetApp, screen: type, key: str) -> str:
     """Press ``key`` and return the title and body of the dialog it opens."""
     await pilot.press(key)
-
-    def composed() -> bool:
-        # the screen is current before its children are mounted (under load a query then
-        # finds the title but not yet the merge items): wait for the whole dialog
-        if not isinstance(app.screen, screen) or not app.screen.query(".dialog-title"):
-            return False
-        return screen is not MergeScreen or (bool(app.screen.query(".merge-item"))
-                                             and bool(app.screen.query("#yes")))
-
-    await wait_until(pilot, composed, what=f"{screen.__name__} composed")
-    return " ".join(str(w.render()) for w in app.screen.query(".dialog-title, .dialog-body"))
+    dialog = await wait_for_screen(pilot, screen, what=f"{screen.__name__} composed")
+    return " ".join(str(w.render()) for w in dialog.query(".dialog-title, .dialog-body"))
 
 
 async def test_bulk_kill_retry_discard_act_on_exactly_the_marked_set(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_ui_support import wait_until
+from test_ui_support import wait_for_screen, wait_until
 from textual.pilot import Pilot
 
 from fleet_tui.engine.fleet import Fleet
@@ -96,7 +96,7 @@ async def test_follow_up_without_a_session_is_dimmed_with_the_reason(
         main = await selected(pilot, app, with_session, TaskState.SUCCEEDED)
         assert main.check_action("follow_up", ()) is True
         await pilot.press("f")
-        await wait_until(pilot, lambda: isinstance(app.screen, PromptScreen), what="prompt")
+        await wait_for_screen(pilot, PromptScreen, what="prompt")
 
 
 async def test_merge_of_a_task_started_from_a_commit_says_why_not(
@@ -131,7 +131,7 @@ async def test_discard_is_offered_for_a_running_task_and_says_it_stops_it(
         assert main.check_action("discard", ()) is True
         assert main.check_action("kill", ()) is True
         await pilot.press("d")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        await wait_for_screen(pilot, ConfirmScreen, what="confirm")
         body = str(app.screen.query_one(".dialog-body").render())
         assert f"{task.id} is still running or queued: it is stopped first." in body
         await pilot.press("y")
@@ -141,6 +141,6 @@ async def test_discard_is_offered_for_a_running_task_and_says_it_stops_it(
         # a finished task's confirm says nothing about stopping
         main = await selected(pilot, app, done, TaskState.SUCCEEDED)
         await pilot.press("d")
-        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        await wait_for_screen(pilot, ConfirmScreen, what="confirm")
         assert "stopped first" not in str(app.screen.query_one(".dialog-body").render())
         await pilot.press("n")

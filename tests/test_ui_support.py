@@ -11,10 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from textual.pilot import Pilot
+from textual.screen import Screen
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet
@@ -108,6 +109,22 @@ async def wait_until(pilot: Pilot[Any], predicate: Callable[[], bool], *,
             return
         await pilot.pause(0.05)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+ScreenT = TypeVar("ScreenT", bound=Screen[Any])
+
+
+async def wait_for_screen(pilot: Pilot[Any], kind: type[ScreenT], *, timeout: float = 30.0,
+                          what: str = "") -> ScreenT:
+    """Let the app run until its top screen is a ``kind`` that has composed and mounted;
+    that screen. A pushed screen is ``app.screen`` at once, before its compose ran: a query
+    of one of its widgets then finds none (NoMatches), and its focus is not set yet."""
+    app = pilot.app
+    await wait_until(pilot, lambda: isinstance(app.screen, kind) and app.screen.is_mounted,
+                     timeout=timeout, what=what or f"the {kind.__name__}")
+    screen = app.screen
+    assert isinstance(screen, kind)
+    return screen
 
 
 def main_screen(app: FleetApp) -> MainScreen:

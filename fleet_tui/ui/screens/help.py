@@ -20,6 +20,7 @@ class HelpScreen(ModalScreen[None]):
     """A scrollable list of keys; any of escape, q or ? closes it."""
 
     CSS_PATH = DIALOG_CSS
+    AUTO_FOCUS = "#help-scroll"
 
     BINDINGS = [
         Binding("escape,q,question_mark", "close", "Close", id="help.close"),
@@ -42,9 +43,6 @@ class HelpScreen(ModalScreen[None]):
                         table.add_row(Text(key), Text(description))
                     yield Static(table, classes="help-keys")
             yield Label("escape / q / ? close", classes="dialog-hint")
-
-    def on_mount(self) -> None:
-        self.query_one(VerticalScroll).focus()
 
     def action_close(self) -> None:
         self.dismiss(None)

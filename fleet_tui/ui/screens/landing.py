@@ -59,6 +59,7 @@ class CompareScreen(ModalScreen[tuple[str, str] | None]):
     """The copies of a task side by side; answers ("pick", id), ("select", id) or None."""
 
     CSS_PATH = DIALOG_CSS
+    AUTO_FOCUS = "#copies"  # set as it composes: ↑ ↓ pressed at once move along the copies
 
     BINDINGS = [
         Binding("p", "pick", "Pick this copy", id="compare.pick"),
@@ -95,7 +96,6 @@ class CompareScreen(ModalScreen[tuple[str, str] | None]):
                 Text(row.gate), Text(f"+{row.added} -{row.deleted}"),
                 Text(str(len(row.files))), Text(row.state), Text(row.verdict or "-"),
                 Text(str(row.turns)), Text(human_tokens(row.tokens)), key=row.task_id)
-        table.focus()
         index = next((i for i, r in enumerate(self.rows) if r.task_id == self._current), 0)
         table.move_cursor(row=index)
         self._show(index)
@@ -157,6 +157,7 @@ class QueueScreen(ModalScreen[None]):
     """The merge queue, refreshed while it is open."""
 
     CSS_PATH = DIALOG_CSS
+    AUTO_FOCUS = "#queue"
 
     BINDINGS = [Binding("escape,q,Q", "close", "Close", id="queue.close")]
     INTERVAL = 0.5
@@ -184,7 +185,6 @@ class QueueScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         self.query_one("#queue", DataTable).add_columns("#", "id", "landing", "fixes",
                                                          "news", "task", "title")
-        self.query_one("#queue", DataTable).focus()
         self._refresh()
         self.set_interval(self.INTERVAL, self._refresh)
 

@@ -139,6 +139,9 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
     says what is wrong with it."""
 
     CSS_PATH = DIALOG_CSS
+    # The prompt takes the focus in on_mount, at once (below): not the first focusable
+    # widget (the scrolling fields) meanwhile, where a prompt typed right after `n` went.
+    AUTO_FOCUS = ""
 
     BINDINGS = [
         Binding("ctrl+s", "submit", "Launch", id="launch.submit", priority=True),
@@ -225,7 +228,9 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
         if self._restored is not None:
             self._fill(self._restored)
         for prompt in self.query("#prompt").results(TextArea):
-            prompt.focus()
+            # set_focus, not focus() (that one waits for the app's queue); no scroll: a
+            # focus set before the form is laid out scrolled it on a small terminal
+            self.set_focus(prompt, scroll_visible=False)
             prompt.move_cursor(prompt.document.end)
 
     # --- the draft -----------------------------------------------------------------------

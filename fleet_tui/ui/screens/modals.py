@@ -3,6 +3,11 @@ and the whole tool call (its input and output, scrollable and searchable).
 
 Every modal answers to the keyboard alone: `y` / `n` / `escape` where it asks a question,
 `ctrl+s` where it takes text. Text from agents or git is shown as plain Text, never markup.
+
+Each names the widget that starts with the focus in ``AUTO_FOCUS``: the screen sets it as
+it composes, before any key reaches it. A `focus()` in ``on_mount`` lands a moment later
+(it goes through the app's queue), and until then Textual's default had focused the first
+focusable widget: the confirm's Yes, where an `enter` typed just after `d` would discard.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class ConfirmScreen(ModalScreen[bool]):
     """A yes/no question about a destructive action."""
 
     CSS_PATH = DIALOG_CSS
+    AUTO_FOCUS = "#no"
 
     BINDINGS = [
         Binding("y", "answer(True)", "Yes", id="confirm.yes"),
@@ -68,9 +74,6 @@ class ConfirmScreen(ModalScreen[bool]):
                              variant="error" if self._danger else "primary")
                 yield Button(keyed("No", "n"), id="no")
 
-    def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
-
     def action_answer(self, answer: bool) -> None:
         self.dismiss(answer)
 
@@ -83,6 +86,7 @@ class ChoiceScreen(ModalScreen[str | None]):
     """Pick one of a few answers by its key (retry: fresh or resume)."""
 
     CSS_PATH = DIALOG_CSS
+    AUTO_FOCUS = "Button"  # the first answer
 
     BINDINGS = [Binding("escape", "dismiss_none", "Cancel", id="choice.cancel")]
 
@@ -112,9 +116,6 @@ class ChoiceScreen(ModalScreen[str | None]):
                                  variant="primary" if i == 0 else "default")
                 yield Button(keyed("Cancel", "esc"), id="choice-cancel")
 
-    def on_mount(self) -> None:
-        self.query(Button).first().focus()
-
     def on_key(self, event: object) -> None:
         key = getattr(event, "key", None)
         for choice_key, value, _ in self._choices:
@@ -137,6 +138,7 @@ class PromptScreen(ModalScreen[str | None]):
     """A multi-line prompt (the follow-up to a finished task)."""
 
     CSS_PATH = DIALOG_CSS
+    AUTO_FOCUS = "#prompt-text"
 
     BINDINGS = [
         Binding("ctrl+s", "submit", "Send", id="prompt.submit", priority=True),
@@ -158,9 +160,6 @@ class PromptScreen(ModalScreen[str | None]):
             with Horizontal(classes="dialog-buttons"):
                 yield Button(keyed("Send", "ctrl+s"), id="send", variant="primary")
                 yield Button(keyed("Cancel", "esc"), id="cancel")
-
-    def on_mount(self) -> None:
-        self.query_one(TextArea).focus()
 
     def action_submit(self) -> None:
         after_typed_keys(self, self._submit)
@@ -188,6 +187,7 @@ class MessageScreen(ModalScreen[None]):
     """An error or a long result (test output) the user should read before going on."""
 
     CSS_PATH = DIALOG_CSS
+    AUTO_FOCUS = "#ok"
 
     BINDINGS = [
         Binding("escape", "close", "Close", id="message.close"),
@@ -208,9 +208,6 @@ class MessageScreen(ModalScreen[None]):
                 yield Static(Text(self._body), classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
                 yield Button(keyed("OK", "enter"), id="ok", variant="primary")
-
-    def on_mount(self) -> None:
-        self.query_one("#ok", Button).focus()
 
     def action_close(self) -> None:
         self.dismiss(None)
@@ -263,6 +260,9 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
     kept (not selected) so editing changes the default rather than wiping it."""
 
     CSS_PATH = DIALOG_CSS
+    # a button, not the message box, so y / n answer at once: Merge, or No when it is
+    # disabled (a disabled button cannot take the focus)
+    AUTO_FOCUS = "#yes, #no"
 
     BINDINGS = [
         Binding("y", "merge", "Merge", id="merge.yes"),
@@ -359,11 +359,6 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
                 text.append(f"\n{item.preview_message}")
         return text
 
-    def on_mount(self) -> None:
-        # Focus a button, not the message box, so y / n answer at once.
-        button = self.query_one("#yes", Button)
-        (self.query_one("#no", Button) if button.disabled else button).focus()
-
     def action_merge(self) -> None:
         after_typed_keys(self, self._merge_now)  # the message box may still hold keys
 
@@ -415,6 +410,7 @@ class AttemptScreen(ModalScreen[int | None]):
     """Choose which attempt of a task the stream shows."""
 
     CSS_PATH = DIALOG_CSS
+    AUTO_FOCUS = "#attempts"
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="attempt.cancel")]
 
@@ -432,7 +428,6 @@ class AttemptScreen(ModalScreen[int | None]):
 
     def on_mount(self) -> None:
         options = self.query_one(OptionList)
-        options.focus()
         for index, (n, _) in enumerate(self._attempts):
             if n == self._current:
                 options.highlighted = index
@@ -450,6 +445,7 @@ class ToolCallScreen(ModalScreen[None]):
     scrolling view that searches like the stream (`/`, `n` / `N`)."""
 
     CSS_PATH = DIALOG_CSS
+    AUTO_FOCUS = "#toolcall-lines"
 
     BINDINGS = [
         Binding("escape", "close", "Close", id="toolcall.close"),
@@ -471,9 +467,6 @@ class ToolCallScreen(ModalScreen[None]):
             yield SearchBar(view, id="toolcall-search")
             yield Label(Text("↑ ↓ pgup pgdn: scroll · /: search · escape: close"),
                         classes="dialog-hint")
-
-    def on_mount(self) -> None:
-        self.query_one(TextLines).focus()
 
     @property
     def lines(self) -> list[str]:
@@ -499,6 +492,7 @@ class RepoScreen(ModalScreen[str | None]):
     recent ones, or a path typed."""
 
     CSS_PATH = DIALOG_CSS
+    AUTO_FOCUS = "#repo-recent, #repo-path"  # the list when there is one
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="repo.cancel")]
 
@@ -518,12 +512,6 @@ class RepoScreen(ModalScreen[str | None]):
             yield Input(placeholder="a path: ~/src/shop", id="repo-path")
             yield Label(Text("enter: choose · tab: the list / the path · escape: cancel"),
                         classes="dialog-hint")
-
-    def on_mount(self) -> None:
-        if self._recent:
-            self.query_one(OptionList).focus()
-        else:
-            self.query_one(Input).focus()
 
     @on(OptionList.OptionSelected)
     def _chosen(self, event: OptionList.OptionSelected) -> None:
