@@ -287,6 +287,7 @@ def test_claim_next_holds_cap_across_processes(tmp_path: Path) -> None:
         import sys, time
         from fleet_tui.store.db import Store, TaskState, ACTIVE_STATES
         db, endpoint, owner = sys.argv[1:4]
+        other = {"a": "b", "b": "a"}[owner]
         store = Store(db)
         claimed, peak = [], 0
         deadline = time.monotonic() + 60
@@ -300,6 +301,11 @@ def test_claim_next_holds_cap_across_processes(tmp_path: Path) -> None:
             with store.transaction():  # latest committed state
                 peak = max(peak, store.count_tasks(ACTIVE_STATES, endpoint))
             claimed.append(task.id)
+            # holding its first claim until the other process has one too: both take part
+            # however the machine schedules them (else one may claim all 40 alone)
+            while len(claimed) == 1 and time.monotonic() < deadline and not any(
+                    t.claimed_by == other for t in store.list_tasks()):
+                time.sleep(0.002)
             time.sleep(0.002)
             assert store.update_task(task.id, expect_state=TaskState.RUNNING,
                                      state=TaskState.SUCCEEDED)
