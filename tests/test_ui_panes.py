@@ -266,7 +266,7 @@ async def test_diff_pane_computes_nothing_while_hidden_and_one_diff_at_a_time(
         await wait_until(pilot, lambda: files_shown(pane) == ["a.txt"], what="a's diff")
         # a key held down over the list: b, then c while b's diff runs
         pane.show(b, new=True)
-        await pilot.pause(0.05)
+        await wait_until(pilot, lambda: spy.calls[-1:] == [b.id], what="b's diff to start")
         pane.show(c, new=True)
         await wait_until(pilot, lambda: files_shown(pane) == ["c.txt"], what="c's diff")
         await pilot.pause(0.4)
