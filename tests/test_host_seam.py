@@ -198,3 +198,42 @@ def test_both_hosts_keep_to_the_seam() -> None:
                    and name != "name"}
         assert not missing, (type(host).__name__, missing)
         assert isinstance(host.name, str)
+
+
+def test_a_merge_asks_the_host_for_the_commits_and_a_closed_task_frees_its_placement(
+        git_repo: Path, tmp_path: Path) -> None:
+    """collect before the merge (a remote host brings the commits to the main repository
+    then), release once the task is closed (the config dir on the host)."""
+    from fleet_tui.core.errors import FleetRefused
+
+    fleet, host = make(tmp_path)
+    (task,) = fleet.submit(TaskSpec(prompt="work", repo=git_repo))
+    fleet.tick()
+    one_run(host, task.id).finish()
+    fleet.tick()
+    done = fleet.get_task(task.id)
+    try:  # the memory host's worktree is no git checkout: nothing can merge
+        result = fleet.branches.merge_task(done, message=None, test_command=None)
+    except FleetRefused:
+        pass
+    else:
+        assert not result.merged, result
+    assert host.collected == [task.id]
+    config = host.root / "config" / task.id
+    assert config.is_dir()
+    fleet.actions.remove_config_dir(task.id)
+    assert host.released == [task.id] and not config.exists()
+
+
+def test_the_local_host_collects_in_place_and_releases_the_config_dir(
+        git_repo: Path, tmp_path: Path) -> None:
+    from fleet_tui.store.db import Task
+
+    host = LocalHost(env=dict(os.environ), python="python3")
+    config = paths.private_dir(paths.task_config_dir("rel001", dict(os.environ)))
+    (config / "settings.json").write_text("{}")
+    task = Task(id="rel001", prompt="p", repo=git_repo, branch="fleet/rel001")
+    assert host.collect(task) == "fleet/rel001"
+    host.release("rel001")
+    assert not config.exists()
+    host.release("rel001")  # twice: nothing left, no error

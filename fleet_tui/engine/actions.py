@@ -211,7 +211,8 @@ class Actions(Part):
         return message
 
     def remove_config_dir(self, task_id: str) -> None:
-        shutil.rmtree(paths.task_config_dir(task_id, self.env), ignore_errors=True)
+        """A closed task's placements freed on its host (the local host: its config dir)."""
+        self.supervisor.host.release(task_id)
 
     def archive(self, task_ids: list[str]) -> list[str]:
         """Archive merged or discarded tasks: out of the lists (`ls --archived` shows

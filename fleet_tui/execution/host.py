@@ -9,6 +9,8 @@ a running attempt goes through these two objects:
   its spec written: nothing runs yet) so that the engine can record the placement in the
   store before anything runs, starts the runner detached, and attaches to an attempt it (or
   another engine, or an older version) started.
+  `collect` brings the task's commits to a branch of the main repository (before a merge)
+  and `release` frees what the task holds on the host once it is closed.
 - `Run`: one attempt on its host: whether its runner lives, who it is, the stop request,
   signals, the sweep of what it left behind (by the attempt's token), waiting for it to be
   gone, a message to the worker, and the attempt folder (`log`) its bytes are read from.
@@ -141,6 +143,15 @@ class Host(Protocol):
 
     def attach(self, attempt: Attempt) -> Run:
         """The attempt's run, whoever started it."""
+
+    def collect(self, task: Task) -> str:
+        """The branch of the main repository that holds the task's commits, brought there
+        if they were made elsewhere (before a merge, an update or a push)."""
+
+    def release(self, task_id: str) -> None:
+        """Free what the task's placements hold on the host once the task is closed
+        (merged or discarded): its config dir (the worktree goes with git's merge or
+        discard)."""
 
     def reap(self) -> None:
         """Collect the exit status of runners this host started that have ended."""

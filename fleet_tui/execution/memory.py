@@ -154,6 +154,8 @@ class MemoryHost:
         self.staged: set[Path] = set()
         self.ended = threading.Event()
         self.started: list[MemoryRun] = []
+        self.collected: list[str] = []  # tasks whose commits were asked for (collect)
+        self.released: list[str] = []  # tasks whose placements were freed (release)
         self._next_pid = PID_BASE
         self._ports = 20_000
 
@@ -233,6 +235,16 @@ class MemoryHost:
             return _Never(AttemptLog(attempt.dir))
         run.attempt = attempt
         return run
+
+    def collect(self, task: Task) -> str:
+        self.collected.append(task.id)
+        return task.branch
+
+    def release(self, task_id: str) -> None:
+        import shutil
+
+        shutil.rmtree(self.root / "config" / task_id, ignore_errors=True)
+        self.released.append(task_id)
 
     def reap(self) -> None:
         pass

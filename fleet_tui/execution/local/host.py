@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -279,6 +280,14 @@ class LocalHost:
 
     def attach(self, attempt: Attempt) -> LocalRun:
         return LocalRun(self, attempt)
+
+    def collect(self, task: Task) -> str:
+        """Nothing to bring: the worktree is the main repository's, its commits are on the
+        task's branch already."""
+        return task.branch
+
+    def release(self, task_id: str) -> None:
+        shutil.rmtree(paths.task_config_dir(task_id, self.env), ignore_errors=True)
 
     def poll_child(self, pid: int | None) -> None:
         with self._lock:
