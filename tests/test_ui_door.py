@@ -8,6 +8,7 @@ looks the repository up around the current directory.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,16 @@ from fleet_tui.vcs import git
 SIZE = (120, 36)
 
 
-def looking_around(delay: float = 0.3) -> Any:
+def looking_around(delay: float = 0.3, gate: threading.Event | None = None) -> Any:
     """What `fleet-tui` gives the app: a maker that takes a moment (GitPython, the store)
-    and finds the repository around the current directory."""
+    and finds the repository around the current directory. With `gate`, the moment lasts
+    until the test sets it (at most 30 s): a press is then surely before the engine."""
 
     def make() -> EngineReady:
-        time.sleep(delay)
+        if gate is not None:
+            gate.wait(30)
+        else:
+            time.sleep(delay)
         try:
             repo: Path | None = git.main_worktree(Path.cwd())
         except git.GitError:
@@ -54,10 +59,12 @@ async def test_n_pressed_right_after_start_opens_the_form(
     """Before: the repository was set on the app from the engine's thread and `n` read it
     when pressed, so a press before the engine was made said "No repository"."""
     monkeypatch.chdir(git_repo)
-    app = FleetApp(looking_around(), run_scheduler=False, bell=False)
+    gate = threading.Event()
+    app = FleetApp(looking_around(gate=gate), run_scheduler=False, bell=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("n")
         assert app.fleet is None  # pressed before the engine was there
+        gate.set()  # (under load a fixed 0.3 s was over before the press was handled)
         await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen)
                          and bool(app.screen.query("#base-ref")), what="the form")
         assert not any("No repository" in s for s in said(app))
