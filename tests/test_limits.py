@@ -339,8 +339,9 @@ def _engine_child(tmp_path: Path, ep: ScriptedEndpoint, claude_bin: str,
 def _staggered_after_reset(git_repo: Path, claude_bin: str, tmp_path: Path,
                            engines: int) -> None:
     # the window closes after the parked task's first turn, for a few seconds (long enough
-    # for a second engine process to be up before it opens)
-    window = {"kind": "window", "after_ok": 1, "seconds": 4 if engines == 1 else 8}
+    # for a second engine process to be up before it opens: 8 s were not, once, beside two
+    # CPU hogs, and the first engine claimed all four)
+    window = {"kind": "window", "after_ok": 1, "seconds": 4 if engines == 1 else 20}
     settings: dict[str, Any] = {"max_workers": 4, "park_jitter": 1.0,
                                 "resume_stagger": STAGGER, "max_attempts": 1}
     with ScriptedEndpoint({"default": WORK, "one": ONE_ANSWER}, faults=[window]) as ep:
