@@ -14,13 +14,14 @@ Pids are above the kernel's largest (2**22), so that nothing is ever signalled b
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet_tui.core.errors import FleetError
-from fleet_tui.execution.attemptlog import AttemptLog, write_json_atomic
+from fleet_tui.execution.attemptlog import AttemptLog, InputClosed, write_json_atomic
 from fleet_tui.execution.host import Host, NotStarted, Placement, RunnerState
 from fleet_tui.vcs.git import WorktreeInfo
 
@@ -78,8 +79,6 @@ class MemoryRun:
 
     def send_input(self, text: str, *, by: str = "") -> str:
         if not self.alive:
-            from fleet_tui.execution.attemptlog import InputClosed
-
             raise InputClosed("the run has ended")
         self.inbox.append(text)
         return f"m{len(self.inbox)}"
@@ -241,8 +240,6 @@ class MemoryHost:
         return task.branch
 
     def release(self, task_id: str) -> None:
-        import shutil
-
         shutil.rmtree(self.root / "config" / task_id, ignore_errors=True)
         self.released.append(task_id)
 
@@ -284,8 +281,6 @@ class _Never:
         return True
 
     def send_input(self, text: str, *, by: str = "") -> str:
-        from fleet_tui.execution.attemptlog import InputClosed
-
         raise InputClosed("no run")
 
 
