@@ -26,6 +26,7 @@ from pathlib import Path
 
 from fleet_tui.core import redaction
 from fleet_tui.core.states import StopReason
+from fleet_tui.system import files
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner imports this module: typing would cost each one ~5 ms
@@ -64,23 +65,10 @@ _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any], *, sync: bool = True) -> None:
-    """Write JSON (0600) to a temporary file and rename it, so readers never see half a
-    record. On failure (a full disk) the temporary file is removed and the error raised.
+    """A record of the attempt folder written whole (system.files: 0600, indented, sorted
+    keys; a temporary file of this writer's own renamed over `path`, removed on failure).
     `sync`: fsync before the rename (a record that must survive a power cut)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with open(fd, "w", encoding="utf-8") as fh:
-            json.dump(dict(data), fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            if sync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    files.write_json_atomic(path, data, sync=sync, indent=2, sort_keys=True)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

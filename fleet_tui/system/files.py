@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # loaded by every runner (through attemptlog): typing costs each ~5 ms
+    from collections.abc import Mapping
+    from pathlib import Path
+    from typing import Any
 
 __all__ = ["write_json_atomic"]
 
