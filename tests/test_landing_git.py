@@ -132,6 +132,29 @@ def test_conflict_resolved_by_hand_is_concluded(git_repo: Path) -> None:
     assert [f.path for f in fgit.diff(info.path, base).files] == ["src/app.py"]
 
 
+def test_a_merge_committed_with_its_conflict_markers_in_is_not_resolved(
+        git_repo: Path) -> None:
+    """The worker staged the conflicted file as it was and committed the merge (a
+    resolution script that failed, a careless `git add -A`): the markers would land on
+    main. The look afterwards keeps the conflicts, and abort still puts it back."""
+    info = _task(git_repo)
+    (info.path / "src" / "app.py").write_text("def main():\n    return 'task'\n")
+    commit_all(info.path, "task")
+    _main_moves(git_repo, "src/app.py", "def main():\n    return 'main'\n")
+    worktree_before = checkout_state(info.path)
+    assert _update(git_repo, info).status == "conflicts"
+    git(info.path, "add", "-A")
+    git(info.path, "commit", "--no-edit", "-q")
+    assert fgit.operation_in_progress(info.path) is None
+    still = fgit.conclude_update(info.path, _record(git_repo), base_branch="main",
+                                 branch=info.branch, conflicted=["src/app.py"])
+    assert still.status == "conflicts" and still.conflicts == ["src/app.py"], still.message
+    assert "conflict markers still in 1 file: src/app.py" in still.message
+    done = fgit.abort_update(info.path, _record(git_repo))
+    assert "put back as it was" in done
+    assert checkout_state(info.path) == worktree_before
+
+
 def test_an_update_abandoned_in_the_worktree_is_not_called_done(git_repo: Path) -> None:
     """The worker (or the user) ran `git merge --abort` instead of resolving: the branch is
     not up to date, and the look afterwards says so instead of "updated"."""

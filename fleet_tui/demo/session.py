@@ -158,16 +158,21 @@ def both(m):
     if ours and theirs and ours.group(1) == theirs.group(1):
         return f'{theirs.group(1)}"{theirs.group(2)} {ours.group(2)}"\n'
     return m.group(2) + m.group(1)
+left = []
 for path in sys.argv[1:]:
     with open(path) as fh:
-        text = fh.read()
+        text = HUNK.sub(both, fh.read())
     with open(path, "w") as fh:
-        fh.write(HUNK.sub(both, text))
+        fh.write(text)
+    if re.search(r"^(<{7}|>{7})( |$)", text, re.M):
+        left.append(path)
+if left:
+    sys.exit("conflict markers are still in: " + " ".join(left))
 """
 _RESOLVE_OR_LOOK = (
     'conflicted=$(git diff --name-only --diff-filter=U)\n'
     'if [ -n "$conflicted" ]; then\n'
-    "python3 - $conflicted <<'PY'\n" + _KEEP_BOTH + "PY\n"
+    "python3 - $conflicted <<'PY' &&\n" + _KEEP_BOTH + "PY\n"
     'git add -- $conflicted && git commit --no-edit -q && '
     'echo "kept both sides of: $conflicted"\n'
     'else git status --short; fi'

@@ -329,6 +329,12 @@ class Branches(Part):
         """The follow-up that asks the worker to resolve an update's conflicts."""
         files = ", ".join(conflicts) or "(see `git status`)"
         base = task.base_branch or "the base branch"
+        if operation is None and conflicts:
+            return (f"Bringing your branch up to date with {base} was concluded, but these "
+                    f"files still hold conflict markers: {files}.\n\n"
+                    "Resolve what is between the markers in those files, keeping what both "
+                    "sides meant to do; make sure the tests still pass; then commit them "
+                    "(`git add` and `git commit`).")
         if operation == "rebase":
             how = ("then stage them (`git add`) and continue the rebase with "
                    "`git -c core.editor=true rebase --continue` (repeat if a later commit "

@@ -148,6 +148,7 @@ def update_from_base(repo: Path, worktree: Path, branch: str, base_branch: str, 
                 f"{_shown(blocked)}; move them away, then update again"), base_tip=base_tip)
         _save_update_record(wt, record, head=head, base_tip=base_tip, strategy=strategy)
         committed = _commit_uncommitted(wt, message, dict(trailers or {}))
+        _note_work(record, committed or head)
         if strategy == "merge":
             args = ["merge", "--no-verify", "--no-edit", "-m",
                     f"Merge {base_branch} ({base_tip[:10]}) into {branch}", "--end-of-options",
@@ -203,6 +204,22 @@ def _save_update_record(worktree: Path, record: Path, *, head: str, base_tip: st
     os.replace(tmp, record / UPDATE_RECORD)
 
 
+def _note_work(record: Path, work: str) -> None:
+    """Add to the record the commit that holds the worker's work as it was before the
+    update (its uncommitted work committed): what abort goes back to when the worker
+    concluded the merge or rebase itself."""
+    data = _read_update_record(record)
+    if data is None:
+        return
+    data["work"] = work
+    tmp = record / (UPDATE_RECORD + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                 paths.PRIVATE_FILE)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, record / UPDATE_RECORD)
+
+
 def _read_update_record(record: Path) -> dict[str, object] | None:
     try:
         data = json.loads((record / UPDATE_RECORD).read_text(encoding="utf-8"))
@@ -237,6 +254,16 @@ def abort_update(worktree: Path, record: Path) -> str:
     if before is None:
         return f"the {op} was aborted (no record of the worktree before it: not checked)"
     head = str(before["head"])
+    work = before.get("work")
+    if op is None and isinstance(work, str) and _rev(wt, "HEAD") != work:
+        # the worker concluded the update itself: back to its work as it was (refused,
+        # keeping everything, when files changed since would be overwritten)
+        code, out, err = _run(wt, "reset", "-q", "--keep", work, check=False)
+        if code != 0:
+            raise GitError(f"the update in {wt} was concluded there and cannot be taken "
+                           f"back without losing changes made since: "
+                           f"{_first_line(err) or _first_line(out)}; commit or stash them "
+                           "in the worktree, then abort again")
     _run(wt, "reset", "-q", "--soft", head, what="taking back the commit of the worker's work")
     index = _git_path(wt, "index")
     saved = record / UPDATE_INDEX
@@ -280,8 +307,17 @@ def conclude_update(worktree: Path, record: Path, *, base_branch: str, branch: s
     for _ in range(1000):  # a rebase continues commit by commit
         op = operation_in_progress(wt)
         if op is None:
-            _drop_update_record(record)
             head = _out(wt, "rev-parse", "HEAD").strip()
+            marked = _with_markers(wt, conflicted)
+            if marked and base_tip is not None and _is_ancestor(wt, base_tip, head):
+                # concluded, but with the markers in: not resolved (the record is kept, so
+                # that the update can still be aborted back to before it)
+                return UpdateResult("conflicts", (
+                    f"the {_update_noun(before)} of {branch} was concluded with conflict "
+                    f"markers still in {_plural(len(marked), 'file')}: {_shown(marked)}; "
+                    "resolve them and commit (or let the worker), or abort the update"),
+                    marked, base_tip=base_tip, head=head)
+            _drop_update_record(record)
             if base_tip is not None and not _is_ancestor(wt, base_tip, head):
                 # the merge was aborted (or undone) in the worktree instead of concluded
                 return UpdateResult("refused", (
@@ -306,6 +342,10 @@ def conclude_update(worktree: Path, record: Path, *, base_branch: str, branch: s
             raise GitError(f"concluding the {op} in {wt} failed: "
                            f"{_first_line(err) or _first_line(out)}")
     raise GitError(f"the rebase in {wt} did not end; look at `git status` there")
+
+
+def _update_noun(before: Mapping[str, object] | None) -> str:
+    return "rebase" if before and before.get("strategy") == "rebase" else "merge"
 
 
 def update_record_exists(record: Path) -> bool:
