@@ -382,9 +382,40 @@ CREATE TABLE endpoints (
 );
 """
 
+# v7 (issue 19): the gateway's records. A token per attempt (only its SHA-256 is kept: the
+# store never holds a token a worker could use), valid until revoked; the meter, a row per
+# request the gateway passed on (its usage, and its cost from the price table when known).
+_V7_GATEWAY = """
+CREATE TABLE gateway_tokens (
+    token_hash TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    attempt_id INTEGER,
+    endpoint TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    revoked_at REAL
+);
+CREATE INDEX gateway_tokens_attempt ON gateway_tokens(attempt_id);
+CREATE TABLE usage (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    task_id TEXT,
+    attempt_id INTEGER,
+    endpoint TEXT NOT NULL,
+    model TEXT NOT NULL DEFAULT '',
+    status INTEGER,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    cost REAL
+);
+CREATE INDEX usage_task ON usage(task_id);
+CREATE INDEX usage_at ON usage(at)
+"""
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS),
-    _script(_V5_READY), _script(_V6_HOSTS)]
+    _script(_V5_READY), _script(_V6_HOSTS), _script(_V7_GATEWAY)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error", "row_damaged"}
