@@ -49,8 +49,10 @@ BENCHMARKS: dict[str, str] = {
     "launch": "6. Launcher",
     "engine": "7. Engine",
     "endpoint": "8. Scripted endpoint",
+    "serve": "9. The panel in a browser",
 }
-ORDER = ["parser", "launch", "diff", "engine", "endpoint", "startup", "panel", "memory"]
+ORDER = ["parser", "launch", "diff", "engine", "endpoint", "startup", "panel", "memory",
+         "serve"]
 HERE = Path(__file__).resolve().parent
 
 

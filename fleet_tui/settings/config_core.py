@@ -142,8 +142,8 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
 
 FIELD_NAMES: tuple[str, ...] = tuple(_SPEC)
 # config.toml tables that are not settings of their own: [repos."<path>"] (per-repository
-# overrides of .fleet-tui.toml, see repo_settings)
-TABLES = frozenset({"repos", "endpoints", "prices"})
+# overrides of .fleet-tui.toml, see repo_settings), [serve] (`fleet-tui serve`, settings/serve.py)
+TABLES = frozenset({"repos", "endpoints", "prices", "serve"})
 
 
 def env_name(field: str) -> str:
