@@ -16,12 +16,12 @@ both are counted as its spend.
 
 from __future__ import annotations
 
-import re
 import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from fleet_tui.core import prices
+from fleet_tui.core.policy import BUDGET_HOLD
 from fleet_tui.settings.config_core import ConfigError
 from fleet_tui.store.meter import Meter
 
@@ -33,15 +33,11 @@ if TYPE_CHECKING:
     from fleet_tui.store.db import Store
 
 __all__ = ["BUDGET_HOLD", "DEFAULT_NAME", "budget_refusal", "day_start", "endpoint_keys",
-           "endpoint_refusal", "endpoint_settings", "is_budget_hold", "next_day",
+           "endpoint_refusal", "endpoint_settings", "next_day",
            "price_for_request", "request_cost", "spent_today", "task_budget", "task_refusal",
            "usd"]
 
 DEFAULT_NAME = "default"
-BUDGET_HOLD = "budget:"
-"""The held_settings of an endpoint held for its day's budget (policy's gate leaves such a
-hold alone: the scheduler lifts it when the budget allows again)."""
-_FIGURE = re.compile(r"spent (\$[\d.,]+) of its (\$[\d.,]+) budget today")
 
 
 def usd(amount: float) -> str:
@@ -49,16 +45,6 @@ def usd(amount: float) -> str:
     if 0 < abs(amount) < 0.01:
         return f"${amount:.4f}"
     return f"${amount:,.2f}"
-
-
-def is_budget_hold(held_settings: str | None) -> bool:
-    return held_settings is not None and held_settings.startswith(BUDGET_HOLD)
-
-
-def budget_figure(held: str | None) -> str | None:
-    """A budget hold's figure in a few words ("budget met: $5.02 of $5.00 today")."""
-    found = _FIGURE.search(held or "")
-    return f"budget met: {found[1]} of {found[2]} today" if found else None
 
 
 # --- the endpoint's settings and names --------------------------------------------------
