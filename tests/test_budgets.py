@@ -292,3 +292,25 @@ def test_a_task_over_its_budget_is_not_started_again(git_repo: Path,
     assert host.started == []
     assert done.state == TaskState.KILLED
     assert done.message is not None and "spent $0.14 of its $0.10 budget" in done.message
+
+
+# --- policy's part: a budget hold is the scheduler's to lift ---------------------------------
+
+
+def test_policy_keeps_a_budget_hold_closed_whatever_the_settings() -> None:
+    from fleet_tui.store.db import EndpointState
+
+    settings = load_settings(env={}, config_file="/nonexistent/config.toml")
+    held = ("the endpoint default spent $5.02 of its $5.00 budget today; its tasks start "
+            "again at midnight (local time), or when budget_per_day (config.toml) is raised")
+    state = EndpointState("default", held=held, held_settings=f"{policy.BUDGET_HOLD}0")
+    gate = policy.gate(state, settings, time.time(), 0, settings_now="another-key")
+    assert gate.cap is None and gate.why == f"held: {held}" and gate.fields is None
+    assert policy.stop_for_endpoint(state, time.time()) is None  # runs go on
+    assert policy.held_reason(held) == "budget met: $5.02 of $5.00 today"
+    assert policy.endpoint_note(state, settings, time.time()) == f"held: {held}"
+    # an account hold is still lifted by new settings
+    account = EndpointState("default", held="arrears", held_settings="old-key")
+    assert policy.gate(account, settings, time.time(), 0,
+                       settings_now="new-key").fields == {
+        "held": None, "held_task": None, "held_settings": None}
