@@ -28,6 +28,7 @@ usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui queue [ID...] [--wait] [--remove]      fleet-tui compare|pick|push ID
        fleet-tui say ID TEXT                    a message to a running worker
        fleet-tui archive [ID ...] [--older-than DAYS]   merged/discarded out of the list
+       fleet-tui cost [--since 7d] [--by task|endpoint|day] [--json]   spend, budgets
        fleet-tui key set|delete|status
        fleet-tui serve [--bind ADDR] [--port P] [--public]   the panel in a browser
        fleet-tui version
@@ -57,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run("key", args[1:])
     if args and args[0] == "serve":
         return _run("serve", args[1:])
+    if args and args[0] == "cost":
+        return _run("cost", args[1:])
     if args and args[0] in TASK_COMMANDS:
         return _run("tasks", args)
     if args and not args[0].startswith("-"):

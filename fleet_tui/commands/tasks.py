@@ -40,7 +40,10 @@ from fleet_tui.core.states import (
 )
 from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text, work_at_stake
 from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
+from fleet_tui.store import budgets
+from fleet_tui.store.costs import as_json
 from fleet_tui.store.db import MAX_COPIES, Attempt, StoreError, Task
+from fleet_tui.store.meter import Totals
 from fleet_tui.vcs import git
 
 EXIT_OK = 0
@@ -105,8 +108,11 @@ def _err(text: str) -> None:
     sys.stderr.flush()
 
 
-def task_json(task: Task, attempts: list[Attempt] | None = None) -> dict[str, Any]:
-    """A task as plain JSON (what `ls --json` and `run --json` print)."""
+def task_json(task: Task, attempts: list[Attempt] | None = None,
+              cost: Totals | None = None) -> dict[str, Any]:
+    """A task as plain JSON (what `ls --json` and `run --json` print): with `cost`, the
+    meter's figures too (`cost` in USD, `requests`, `unpriced` requests whose model has no
+    price, `tokens` by kind)."""
     data: dict[str, Any] = {}
     for name, value in vars(task).items():
         if isinstance(value, Path):
@@ -118,7 +124,16 @@ def task_json(task: Task, attempts: list[Attempt] | None = None) -> dict[str, An
         data["attempts"] = [
             {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
             for a in attempts]
+    if cost is not None:
+        data.update(as_json(cost))
     return data
+
+
+def _cost(totals: Totals | None) -> str:
+    """A task's cost as the list shows it ($0.42, * when some requests are unpriced)."""
+    if totals is None or not totals.requests:
+        return "-"
+    return budgets.usd(totals.cost) + ("*" if totals.unpriced else "")
 
 
 def _age(ts: float | None) -> str:
@@ -487,23 +502,31 @@ def cmd_ls(argv: list[str]) -> int:
     fleet = _fleet()
     _catch_up(fleet)
     tasks = fleet.list_tasks(repo, archived=args.archived)
+    costs = fleet.costs([t.id for t in tasks])
     if args.json:
-        _out(json.dumps([task_json(t) for t in tasks], indent=2))
+        _out(json.dumps([task_json(t, cost=costs.get(t.id, Totals())) for t in tasks],
+                        indent=2))
         return EXIT_OK
     if not tasks:
         _out("no tasks" + ("" if repo is None else f" in {repo}")
              + "; start one with `fleet-tui run PROMPT`")
         return EXIT_OK
+    metered = any(c.requests for c in costs.values())  # the cost column: once there is one
     header = f"{'ID':<6}  {'STATE':<9}  {'VERDICT':<15}  {'+/-':>9}  {'TURNS':>5}  " \
-             f"{'TOKENS':>7}  {'AGE':>4}  TITLE"
+             f"{'TOKENS':>7}  " + (f"{'COST':>9}  " if metered else "") + \
+             f"{'AGE':>4}  TITLE"
     _out(header)
     for t in tasks:
         diff = f"+{t.added_lines}/-{t.deleted_lines}"
         where = f"  [{t.repo}]" if repo is None else ""
+        cost = f"{_cost(costs.get(t.id)):>9}  " if metered else ""
         _out(f"{t.id:<6}  {t.state.value:<9}  {policy.verdict_text(t):<15}  {diff:>9}  "
              f"{t.turns:>5}  "
-             f"{_tokens(t.input_tokens + t.output_tokens):>7}  {_age(t.created_at):>4}  "
-             f"{_one_line(t.short_title, 60)}{where}")
+             f"{_tokens(t.input_tokens + t.output_tokens):>7}  {cost}"
+             f"{_age(t.created_at):>4}  {_one_line(t.short_title, 60)}{where}")
+    if any(c.unpriced for c in costs.values()):
+        _out("* some requests of a model with no price are not in the cost "
+             "(`fleet-tui cost` names them)")
     # the endpoints' limits (a park, a hold, a lowered cap), below the table
     for endpoint in sorted({t.endpoint for t in tasks}):
         note = fleet.endpoint_note(endpoint)
@@ -522,8 +545,10 @@ def cmd_show(argv: list[str]) -> int:
     task = fleet.get_task(args.id)
     attempts = fleet.attempts(task.id)
     limits = fleet.endpoint_note(task.endpoint)
+    metered = fleet.costs([task.id]).get(task.id, Totals())
     if args.json:
-        _out(json.dumps({**task_json(task, attempts), "endpoint_limits": limits}, indent=2))
+        _out(json.dumps({**task_json(task, attempts, metered), "endpoint_limits": limits},
+                        indent=2))
         return EXIT_OK
     rows = [("id", task.id), ("title", task.short_title), ("state", policy.state_text(task)),
             ("verdict", task.verdict or "-"), ("message", task.message or "-"),
@@ -534,6 +559,7 @@ def cmd_show(argv: list[str]) -> int:
             ("model", task.model), ("session", task.session_id or "-"),
             ("turns", str(task.turns)),
             ("tokens", f"{task.input_tokens} in / {task.output_tokens} out"),
+            *([("cost", _cost_line(fleet, task, metered))] if metered.requests else []),
             ("changes", f"+{task.added_lines} -{task.deleted_lines}"
                         + (f" ({policy.NO_CHANGE})" if policy.no_change(task) else "")),
             ("last tool", task.last_tool or "-")]
@@ -565,6 +591,22 @@ def cmd_show(argv: list[str]) -> int:
         if a.dir is not None:
             _out(f"     log: {a.dir}")
     return EXIT_OK
+
+
+def _cost_line(fleet: Fleet, task: Task, metered: Totals) -> str:
+    """`show`'s cost: the figure, the requests and tokens it is of, the budget left."""
+    line = (f"{budgets.usd(metered.cost)} ({metered.requests} requests: "
+            f"{metered.input_tokens} in / {metered.output_tokens} out / "
+            f"{metered.cache_read_tokens} cache read / {metered.cache_write_tokens} cache "
+            "write")
+    if metered.unpriced:
+        line += f"; {metered.unpriced} of a model with no price, not counted"
+    line += ")"
+    budget = budgets.task_budget(fleet.settings, task.endpoint)
+    if budget:
+        line += f"; {budgets.usd(max(0.0, budget - metered.cost))} of its " \
+                f"{budgets.usd(budget)} budget left"
+    return line
 
 
 def _attempt(fleet: Fleet, task: Task, number: int | None) -> Attempt:
@@ -1012,10 +1054,14 @@ def cmd_compare(argv: list[str]) -> int:
     fleet = _fleet()
     _catch_up(fleet)
     reports = fleet.compare(args.id)
+    costs = fleet.costs([r.task.id for r in reports])
     if args.json:
         _out(json.dumps([{"id": r.task.id, "state": r.task.state.value,
                           "verdict": r.task.verdict, "turns": r.task.turns,
                           "tokens": r.task.input_tokens + r.task.output_tokens,
+                          "cost": round(costs[r.task.id].cost, 6)
+                          if r.task.id in costs else 0.0,
+                          "unpriced": costs[r.task.id].unpriced if r.task.id in costs else 0,
                           "added": r.added, "deleted": r.deleted, "files": r.files,
                           "gate": r.gate, "clean": r.clean, "merges": r.merges}
                          for r in reports], indent=2))
@@ -1024,11 +1070,11 @@ def cmd_compare(argv: list[str]) -> int:
         _err(f"task {reports[0].task.id} was not launched as one of several copies; "
              "nothing to compare it with")
     _out(f"{'ID':<6}  {'STATE':<9}  {'VERDICT':<9}  {'TURNS':>5}  {'TOKENS':>7}  "
-         f"{'+/-':>9}  {'FILES':>5}  {'GATE':<6}  MERGES CLEANLY")
+         f"{'COST':>9}  {'+/-':>9}  {'FILES':>5}  {'GATE':<6}  MERGES CLEANLY")
     for r in reports:
         t = r.task
         _out(f"{t.id:<6}  {t.state.value:<9}  {t.verdict or '-':<9}  {t.turns:>5}  "
-             f"{_tokens(t.input_tokens + t.output_tokens):>7}  "
+             f"{_tokens(t.input_tokens + t.output_tokens):>7}  {_cost(costs.get(t.id)):>9}  "
              f"{f'+{r.added}/-{r.deleted}':>9}  {len(r.files):>5}  {r.gate:<6}  "
              f"{_one_line(r.merges, 70)}")
         if r.files:

@@ -361,6 +361,10 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
     timed_out = stop_reason in (StopReason.TIMEOUT, StopReason.STALL)
     if stop_reason == StopReason.ENDPOINT:
         return _stopped_for_the_endpoint(exit_record, stop_message, result, stderr_tail)
+    if stop_reason == StopReason.BUDGET:  # the budget's figure is the whole story
+        record = exit_record or {}
+        return Ending(Verdict.KILLED, stop_message or "stopped: the task spent its budget",
+                      _as_int(record.get("exit_code")), _as_int(record.get("signal")))
     if exit_record is None:
         if exit_problem is None:
             why = no_record

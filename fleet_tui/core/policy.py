@@ -49,12 +49,12 @@ if TYPE_CHECKING:
         def uniform(self, a: float, b: float) -> float: ...
 
 
-__all__ = ["AUTO_RESUME_PROMPT", "COUNTED", "NOTE_PREFIXES", "NO_CHANGE", "RUNNER_HEADSTART",
-           "STOPS", "TRANSIENT", "UNCOUNTED", "Effect", "Gate", "LandNext", "Next", "Watch",
-           "after_attempt", "after_fix", "allowed_actions", "apply_effect", "auth_hint",
-           "automatic_attempt", "backoff_delay", "cooldown_until", "effective_cap",
-           "endpoint_note", "gate", "held_reason", "in_queue", "land_failure", "model_for",
-           "next_to_land", "no_change", "park_text", "queued_note", "refusal",
+__all__ = ["AUTO_RESUME_PROMPT", "BUDGET_HOLD", "COUNTED", "NOTE_PREFIXES", "NO_CHANGE",
+           "RUNNER_HEADSTART", "STOPS", "TRANSIENT", "UNCOUNTED", "Effect", "Gate", "LandNext",
+           "Next", "Watch", "after_attempt", "after_fix", "allowed_actions", "apply_effect",
+           "auth_hint", "automatic_attempt", "backoff_delay", "budget_held", "cooldown_until",
+           "effective_cap", "endpoint_note", "gate", "held_reason", "in_queue", "land_failure",
+           "model_for", "next_to_land", "no_change", "park_text", "queued_note", "refusal",
            "session_progress", "settings_key", "state_text", "stop_for_endpoint", "streak",
            "time_limit", "verdict_text", "watchdog", "why_not", "why_not_resume"]
 
@@ -73,6 +73,10 @@ AUTO_RESUME_PROMPT = ("Your previous turn was cut off by an API error. Continue 
                       "where you left off, then summarise what you did.")
 # how the queued tasks of a parked or held endpoint are told why they do not start
 NOTE_PREFIXES = ("waits: ", "held: ")
+# the held_settings of an endpoint held for its day's budget (issue 19): no settings'
+# fingerprint lifts it; the scheduler does, at the next local day or with a higher budget
+BUDGET_HOLD = "budget:"
+_BUDGET_FIGURE = "spent $"
 # the runner enforces the timeout and the kill grace itself; the engine's backstop waits
 # this much longer, so that it acts only for a runner that did not
 RUNNER_HEADSTART = 1.0
@@ -403,15 +407,18 @@ def gate(state: EndpointState | None, settings: Settings, now: float, parked: in
     with verdict window; `settings_now`: settings_key() of the engine asking.
 
     Held (an account or key problem): closed until the user retries a task or the
-    settings change. Parked: closed until the window's reset (plus its jitter); then one
-    task starts per `resume_stagger`, the parked sessions first and then the tasks queued
-    meanwhile, every engine sharing the store counting the same claims (the endpoint
-    row's `next_start`); the park is over once nothing is left to start. Otherwise open,
-    under the effective cap."""
+    settings change; held for the day's budget: closed until the scheduler lifts it (the
+    next local day, a higher budget). Parked: closed until the window's reset (plus its
+    jitter); then one task starts per `resume_stagger`, the parked sessions first and then
+    the tasks queued meanwhile, every engine sharing the store counting the same claims
+    (the endpoint row's `next_start`); the park is over once nothing is left to start.
+    Otherwise open, under the effective cap."""
     cap = effective_cap(state, settings)
     if state is None:
         return Gate(cap)
     fields: dict[str, Any] = {}
+    if state.held is not None and budget_held(state):
+        return Gate(None, why=f"held: {state.held}")
     if state.held is not None:
         if settings_now is not None and state.held_settings is not None \
                 and state.held_settings != settings_now:
@@ -441,7 +448,7 @@ def stop_for_endpoint(state: EndpointState | None, now: float) -> str | None:
     or None to let it run."""
     if state is None:
         return None
-    if state.held is not None:
+    if state.held is not None and not budget_held(state):  # a budget lets runs finish
         return state.held
     if state.parked_until is not None and state.parked_until > now and state.park_message:
         return state.park_message
@@ -471,10 +478,19 @@ def endpoint_note(state: EndpointState | None, settings: Settings, now: float,
     return "; ".join(parts) or None
 
 
+def budget_held(state: EndpointState) -> bool:
+    """Is the endpoint held for its day's budget (not for an account or key problem)?"""
+    return state.held_settings is not None and state.held_settings.startswith(BUDGET_HOLD)
+
+
 def held_reason(held: str | None) -> str | None:
-    """A hold's reason in a few words ("account in arrears, code 1113"), for one line."""
+    """A hold's reason in a few words ("account in arrears, code 1113", "budget met: $5.02
+    of $5.00 today"), for one line."""
     if held is None:
         return None
+    if _BUDGET_FIGURE in held and " budget today" in held:
+        spent, _, rest = held.partition(_BUDGET_FIGURE)[2].partition(" of its ")
+        return f"budget met: ${spent} of {rest.partition(' budget')[0]} today"
     signal = providers.identify(held)
     if signal is not None:
         return signal.describe()

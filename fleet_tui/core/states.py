@@ -83,6 +83,7 @@ class StopReason(StrEnum):
     STALL = "stall"  # no event for stall_seconds, with stall_kill
     ERROR = "error"  # the engine gave up on the task (its data could not be used)
     ENDPOINT = "endpoint"  # its endpoint refuses what it retries (parked window, held account)
+    BUDGET = "budget"  # the task spent its budget_per_task (killed, the figure its message)
 
 
 class LandState(StrEnum):

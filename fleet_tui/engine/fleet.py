@@ -59,6 +59,7 @@ from fleet_tui.execution.host import Host
 from fleet_tui.settings.config import Settings
 from fleet_tui.settings.repo_settings import RepoSettingsCache
 from fleet_tui.store.db import Attempt, Store, Task, TaskSpec
+from fleet_tui.store.meter import Totals
 from fleet_tui.system import paths
 from fleet_tui.vcs import git
 
@@ -178,6 +179,10 @@ class Fleet:
     @_says(Queries.status)
     def status(self, tasks: list[Task] | None = None) -> FleetStatus:
         return self.queries.status(tasks)
+
+    @_says(Queries.costs)
+    def costs(self, task_ids: list[str]) -> dict[str, Totals]:
+        return self.queries.costs(task_ids)
 
     @_says(Queries.endpoint_status)
     def endpoint_status(self, now: float | None = None) -> list[EndpointStatus]:

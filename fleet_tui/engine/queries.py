@@ -3,9 +3,11 @@ counts and the endpoints' limits (the panel's status line), and an attempt's eve
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fleet_tui.core import policy, stream
 from fleet_tui.core.states import ACTIVE_STATES, TaskState
@@ -13,7 +15,10 @@ from fleet_tui.engine.context import Context, Part
 from fleet_tui.engine.follower import attempt_finished
 from fleet_tui.engine.secret_cache import SecretCache
 from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.store import budgets
+from fleet_tui.store.costs import Ledger
 from fleet_tui.store.db import Attempt, Task
+from fleet_tui.store.meter import Totals
 
 __all__ = ["EndpointStatus", "FleetStatus", "Queries"]
 
@@ -34,6 +39,7 @@ class EndpointStatus:
     note: str | None = None  # policy.endpoint_note: the whole sentence
     event: str | None = None  # the latest event (park, hold, cap) and when it began:
     event_at: float | None = None  # the panel notifies once per event
+    budget: bool = False  # held for its day's budget (lifts by itself at midnight)
 
 
 @dataclass
@@ -45,6 +51,10 @@ class FleetStatus:
     cooldown_until: float | None
     total_tokens: int
     endpoints: list[EndpointStatus] = field(default_factory=list)
+    # the meter (issue 19): the listed tasks' totals (those with metered requests), and
+    # each endpoint's spend since the local day began (those that spent some), by name
+    costs: dict[str, Totals] = field(default_factory=dict)
+    spent_today: dict[str, float] = field(default_factory=dict)
 
 
 class Queries(Part):
@@ -53,6 +63,8 @@ class Queries(Part):
     def __init__(self, ctx: Context, secrets: SecretCache) -> None:
         super().__init__(ctx)
         self.secrets = secrets
+        self._ledger: Ledger | None = None
+        self._ledger_lock = threading.Lock()
 
     def attempt_log(self, attempt: Attempt) -> AttemptLog | None:
         """The attempt's folder as its host left it on this machine (the one format every
@@ -100,7 +112,29 @@ class Queries(Part):
             waiting=sum(1 for t in tasks if t.state == TaskState.WAITING),
             cap=self.settings.max_workers, cooldown_until=until,
             total_tokens=sum(t.input_tokens + t.output_tokens for t in tasks),
-            endpoints=self.endpoint_status(now))
+            endpoints=self.endpoint_status(now), **self._metered(tasks, now))
+
+    def _metered(self, tasks: list[Task], now: float) -> dict[str, Any]:
+        """The listed tasks' costs and today's spend per endpoint, from the ledger (one
+        query a refresh: the rows recorded since the last one)."""
+        with self._ledger_lock:
+            if self._ledger is None or self._ledger.store is not self.store:
+                self._ledger = Ledger(self.store)
+            ledger = self._ledger
+            ledger.refresh(now)
+            costs = {t.id: ledger.tasks[t.id] for t in tasks if t.id in ledger.tasks}
+            today: dict[str, float] = {}
+            for endpoint, spent in ledger.today.items():
+                found = budgets.endpoint_settings(self.settings, endpoint)
+                name = found.name if found is not None else endpoint
+                today[name] = today.get(name, 0.0) + spent
+        return {"costs": costs, "spent_today": {k: v for k, v in today.items() if v > 0}}
+
+    def costs(self, task_ids: list[str]) -> dict[str, Totals]:
+        """The meter summed for these tasks (those with metered requests)."""
+        from fleet_tui.store.costs import totals
+
+        return totals(self.store, by="task", task_ids=task_ids)
 
     def endpoint_status(self, now: float | None = None) -> list[EndpointStatus]:
         """The limits of every endpoint that has some (parked, held, a lowered cap)."""
@@ -115,7 +149,8 @@ class Queries(Part):
                 max_workers=self.settings.max_workers, parked_until=state.parked_until,
                 park_reason=state.park_reason, held=state.held, held_task=state.held_task,
                 held_reason=policy.held_reason(state.held), cap_reason=state.cap_reason,
-                note=note, event=state.event, event_at=state.event_at))
+                note=note, event=state.event, event_at=state.event_at,
+                budget=policy.budget_held(state)))
         return out
 
     def cooldown_until(self, endpoint: str | None = None) -> float | None:

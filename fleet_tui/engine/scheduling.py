@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_tui.core import policy
-from fleet_tui.core.states import ACTIVE_STATES, PENDING_STATES, TaskState
+from fleet_tui.core.states import ACTIVE_STATES, PENDING_STATES, StopReason, TaskState
 from fleet_tui.engine import supervisor
 from fleet_tui.engine.actions import Actions
 from fleet_tui.engine.branches import Branches
@@ -24,6 +24,8 @@ from fleet_tui.engine.context import Context, Part, log
 from fleet_tui.engine.merge_queue import MergeQueue
 from fleet_tui.engine.secret_cache import SecretCache
 from fleet_tui.engine.supervisor import TaskChange
+from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.store import budgets
 from fleet_tui.store.db import Attempt, EndpointState, StoreError, Task
 from fleet_tui.system import paths
 
@@ -85,6 +87,7 @@ class Scheduler(Part):
                 if attempt is not None:
                     live.add(attempt.id)
                 self.follower.follow(task, attempt, now, changes)
+                self._stop_over_budget(task, attempt)
             except Exception as exc:
                 self.follower.on_task_error(task, attempt, exc, changes)
         self.follower.forget_all_but(live)
@@ -109,12 +112,15 @@ class Scheduler(Part):
     def _start_ready(self, changes: list[TaskChange]) -> None:
         ready = self.store.list_tasks(states=PENDING_STATES)
         # endpoints with work to start, and those whose limits may end (a park over)
-        limited = {e.endpoint for e in self.store.list_endpoints()
+        states = self.store.list_endpoints()
+        limited = {e.endpoint for e in states
                    if e.parked_until is not None or e.held is not None}
         endpoints = sorted({t.endpoint for t in ready} | limited)
         key = policy.settings_key(self.settings)
         claimed: list[tuple[Task, TaskState]] = []
+        held = {e.endpoint for e in states if policy.budget_held(e)}
         for endpoint in endpoints:
+            self._budget_hold(endpoint, endpoint in held)
             # the cooldown comes from finished attempts, which only a tick moves on; its
             # tasks (waiting, verdict quota) are among `ready`, so no second read
             if policy.cooldown_until(endpoint, ready, self.clock()) is not None:
@@ -134,6 +140,11 @@ class Scheduler(Part):
                         self.follower.mark_broken(task, None, task.row_error, changes)
                     except Exception:
                         log.exception("could not mark task %s", task.id)
+                    continue
+                spent = budgets.task_refusal(self.store, self.settings, task.id, endpoint)
+                if spent is not None and self.store.kill_unlaunched(task.id, self.clock(),
+                                                                    spent):
+                    changes.append(TaskChange(task.id, old, TaskState.KILLED, spent))
                     continue
                 claimed.append((task, old))
             self._note_queued(endpoint, policy.queued_note(closed[0]), ready)
@@ -161,6 +172,47 @@ class Scheduler(Part):
                                             self.clock())
                 except sqlite3.Error as exc:
                     log.warning("could not refresh the claims: %s", exc)
+
+    def _budget_hold(self, endpoint: str, held: bool) -> None:
+        """Hold the endpoint once its spend since the local day began has met its
+        budget_per_day, with the figure (the event said once: the panel's one
+        notification; the figure kept up to date); lift the hold when the budget allows
+        again (the next day, a higher budget in config.toml). Running tasks go on."""
+        now = self.clock()
+        try:
+            refusal = budgets.endpoint_refusal(self.store, self.settings, endpoint, now)
+            if refusal is None and not held:
+                return
+
+            def change(state: EndpointState) -> dict[str, Any] | None:
+                if refusal is None:
+                    return ({"held": None, "held_task": None, "held_settings": None}
+                            if policy.budget_held(state) else None)
+                if state.held is None:
+                    log.info("endpoint %s held: %s", endpoint, refusal)
+                    return {"held": refusal, "held_task": None,
+                            "held_settings": f"{policy.BUDGET_HOLD}{budgets.day_start(now)}",
+                            "event": "hold", "event_at": now}
+                if policy.budget_held(state) and state.held != refusal:
+                    return {"held": refusal}  # the figure grew: no new event
+                return None
+
+            self.store.change_endpoint(endpoint, change, now)
+        except sqlite3.Error as exc:
+            log.warning("could not check the budget of %s: %s", endpoint, exc)
+
+    def _stop_over_budget(self, task: Task, attempt: Attempt | None) -> None:
+        """Stop a running attempt whose task has met its budget_per_task (killed, the
+        figure its message); the gateway refuses its next request meanwhile."""
+        if attempt is None or attempt.dir is None or attempt.finished_at is not None \
+                or task.state not in ACTIVE_STATES:
+            return
+        refusal = budgets.task_refusal(self.store, self.settings, task.id, task.endpoint)
+        if refusal is None:
+            return
+        if not AttemptLog(attempt.dir).stop_request():
+            log.info("task %s: %s", task.id, refusal)
+            self.supervisor.request_stop(attempt, StopReason.BUDGET, refusal)
 
     def _decider(self, key: str, closed: list[str | None]) -> Callable[
             [EndpointState | None, int],

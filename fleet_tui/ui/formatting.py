@@ -345,6 +345,18 @@ def human_tokens(count: int) -> str:
     return f"{count / 1_000_000:.1f}M"
 
 
+def human_cost(amount: float, unpriced: int = 0) -> str:
+    """USD as the list and the status line show it: $0.42, <$0.01, $1.2k; a * when some
+    requests had no price (their cost is not in the figure)."""
+    if 0 < amount < 0.01:
+        text = "<$0.01"
+    elif amount < 1000:
+        text = f"${amount:.2f}"
+    else:
+        text = f"${amount / 1000:.1f}k"
+    return text + ("*" if unpriced else "")
+
+
 def human_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     if seconds < 60:

@@ -214,7 +214,11 @@ class TaskListController(Controller):
             waiting = sum(1 for t in tasks if t.endpoint == ep.endpoint
                           and t.state in PENDING_STATES)
             tasks_word = f"{waiting} task{'' if waiting == 1 else 's'}"
-            if ep.event == "hold" and ep.held is not None:
+            if ep.event == "hold" and ep.held is not None and ep.budget:
+                screen.notify(f"{ep.held}\n{tasks_word} held; running tasks go on.",
+                              title="Endpoint budget met", severity="warning", timeout=15,
+                              markup=False)
+            elif ep.event == "hold" and ep.held is not None:
                 met = f"task {ep.held_task} failed: " if ep.held_task else ""
                 screen.notify(f"{met}{ep.held}\n{tasks_word} held until you retry "
                               f"{ep.held_task or 'it'} or change the settings.",
@@ -257,7 +261,8 @@ class TaskListController(Controller):
     def render(self) -> None:
         table = self.table
         visible = self.visible_tasks()
-        table.show(visible, self.marked, self.screen.now())
+        table.show(visible, self.marked, self.screen.now(),
+                   self.status.costs if self.status is not None else None)
         if self._keep_row is not None and self.selected is not None \
                 and self.selected.state in CLOSED_STATES and visible:
             row = min(self._keep_row, len(visible) - 1)

@@ -1,13 +1,14 @@
 """The header line: running / queued / cap (effective/configured when a concurrency limit
 lowered it), an endpoint cooldown counting down, a park until a usage window resets or a
-hold for an account problem, tokens."""
+hold for an account problem or a day's budget, tokens, and what each endpoint spent today
+(the gateway's meter; only when it spent some)."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.widgets import Static
 
-from fleet_tui.ui.formatting import human_duration, human_tokens
+from fleet_tui.ui.formatting import human_cost, human_duration, human_tokens
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -70,6 +71,11 @@ class StatusLine(Static):
         if status is not None:
             text.append(f"   Σ {human_tokens(status.total_tokens)} tokens",
                         style=self.get_component_rich_style("status--muted"))
+            if status.spent_today:
+                spent = " · ".join(f"{name} {human_cost(amount)}" for name, amount
+                                   in sorted(status.spent_today.items()))
+                text.append(f"   today {spent}",
+                            style=self.get_component_rich_style("status--muted"))
         if self.repo_name:
             text.append(f"   {self.repo_name}", style=self.get_component_rich_style(
                 "status--muted"))

@@ -23,12 +23,19 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from fleet_tui.core.states import STATES, Phase, TaskState
-from fleet_tui.ui.formatting import change_label, human_duration, human_tokens, landing_label
+from fleet_tui.ui.formatting import (
+    change_label,
+    human_cost,
+    human_duration,
+    human_tokens,
+    landing_label,
+)
 from fleet_tui.ui.widgets.line_view import text_style
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from fleet_tui.store.db import Task
+    from fleet_tui.store.meter import Totals
 
 COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("mark", " ", 1),
@@ -40,6 +47,7 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("elapsed", "time", 7),
     ("turns", "turns", 5),
     ("tokens", "tokens", 6),
+    ("cost", "cost", 8),  # only while a listed task has metered requests (the gateway's)
     ("lines", "+/-", 11),
     ("tool", "last tool", None),
 )
@@ -102,7 +110,7 @@ def elapsed(task: Task, now: float) -> float | None:
     return max(0.0, end - task.started_at)
 
 
-RIGHT_ALIGNED = frozenset({"elapsed", "turns", "tokens"})
+RIGHT_ALIGNED = frozenset({"elapsed", "turns", "tokens", "cost"})
 CELL_PAD = 1  # blank cells each side of a column, as DataTable draws them
 
 
@@ -190,6 +198,7 @@ class TaskTable(ScrollView, can_focus=True):
         self._header: tuple[object, Strip] | None = None
         self._base: Style | None = None
         self._repo_names: dict[Path, str] = {}  # shown while more than one is listed
+        self._costs: dict[str, Totals] = {}  # the listed tasks' metered totals
 
     # --- what callers use ----------------------------------------------------------------
     @property
@@ -219,19 +228,31 @@ class TaskTable(ScrollView, can_focus=True):
         return [cells[i] for i in keep]
 
     @property
+    def shows_cost(self) -> bool:
+        """The cost column is shown (a listed task has metered requests)."""
+        return any(t.requests for t in self._costs.values())
+
+    @property
     def shows_repo(self) -> bool:
         """The repository column is shown (tasks of several repositories are listed)."""
         return len(self._repo_names) > 1
 
-    def show(self, tasks: list[Task], marked: set[str], now: float) -> None:
+    def show(self, tasks: list[Task], marked: set[str], now: float,
+             costs: dict[str, Totals] | None = None) -> None:
         """Show ``tasks`` (already sorted). The cursor stays on its task when it is still
         listed, else on the same row; only the rows on screen are painted. With tasks of
-        more than one repository, a repository column tells them apart."""
+        more than one repository, a repository column tells them apart; with `costs` (the
+        meter's totals per task) of any listed task, a cost column."""
         selected = self.selected_key
         repos = {t.repo for t in tasks}
         if repos != set(self._repo_names):
             self._repo_names = repo_names(repos)
             self._header = None
+        listed = {t.id for t in tasks}
+        costs = {k: v for k, v in (costs or {}).items() if k in listed}
+        if bool(costs) != bool(self._costs):
+            self._header = None
+        self._costs = costs
         self._order = [t.id for t in tasks]
         self._tasks = {t.id: t for t in tasks}
         self._marked = set(marked)
@@ -353,6 +374,8 @@ class TaskTable(ScrollView, can_focus=True):
 
     def _columns(self) -> list[tuple[str, str, int | None]]:
         hidden = set() if self.shows_repo else {"repo"}
+        if not self.shows_cost:
+            hidden.add("cost")
         if self.size.width and self.size.width < NARROW_WIDTH:
             hidden |= NARROW_HIDDEN
         return [c for c in COLUMNS if c[0] not in hidden]
@@ -388,6 +411,7 @@ class TaskTable(ScrollView, can_focus=True):
             self._style("muted") if row is not None and row.phase is Phase.CLOSED else "")
         spent = elapsed(task, now)
         tokens = task.input_tokens + task.output_tokens
+        cost = self._costs.get(task.id)
         title = Text(no_wrap=True, overflow="ellipsis", style=title_style)
         landing = landing_label(task)
         if landing is not None:
@@ -412,6 +436,8 @@ class TaskTable(ScrollView, can_focus=True):
                  justify="right"),
             Text(str(task.turns) if task.turns else "", justify="right"),
             Text(human_tokens(tokens) if tokens else "", justify="right"),
+            Text(human_cost(cost.cost, cost.unpriced) if cost is not None else "",
+                 no_wrap=True, justify="right"),
             lines,
             Text(task.last_tool or "", no_wrap=True, overflow="ellipsis",
                  style=self._style("muted")),
@@ -423,7 +449,14 @@ class TaskTable(ScrollView, can_focus=True):
         return (task.state, task.short_title, task.model, task.turns, task.input_tokens,
                 task.output_tokens, task.added_lines, task.deleted_lines, task.last_tool,
                 None if spent is None else int(spent), marked, landing_label(task),
-                self.shows_repo, self._repo_names.get(task.repo))
+                self.shows_repo, self._repo_names.get(task.repo),
+                self._cost_key(task.id))
+
+    def _cost_key(self, task_id: str) -> object:
+        """What a row's cost cell depends on (and whether the column is shown at all)."""
+        cost = self._costs.get(task_id)
+        return (self.shows_cost, None if cost is None else (round(cost.cost, 4),
+                                                            cost.unpriced))
 
     def _paint(self, cells: list[tuple[Text, str, int]], row_style: Style,
                *, over: bool = False) -> Strip:
