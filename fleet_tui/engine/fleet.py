@@ -104,6 +104,8 @@ class Fleet:
         self.ctx = ctx = Context(settings, self.env, self.store, clock, self.python, self.rng,
                                  self.repo_settings, self.supervisor, self.follower)
         self.secrets = SecretCache(ctx)
+        # the gateway holds the key the engine resolves (issue 19)
+        self.supervisor.gateway.keys = lambda: self.secrets.get(fresh=True)
         self.queries = Queries(ctx, self.secrets)
         self.actions = Actions(ctx)
         self.submissions = Submissions(ctx)

@@ -79,6 +79,9 @@ class Settings:
     queue_fix_attempts: int = 1  # follow-ups the merge queue sends a task before it stops
     pr_command: str | None = None  # run after `push` (never by default): opens a PR
     archive_after_days: float = 14.0  # closed tasks older than this leave the list (0: never)
+    # the gateway (issue 19)
+    gateway: bool = True  # workers reach the endpoint through the local gateway (its keys)
+    max_requests: int = 0  # requests in flight on the endpoint at once (0: max_workers)
 
 
 def config_file_path(env: Mapping[str, str] | None = None) -> Path:

@@ -131,6 +131,10 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
     # the list (issue 13): merged and discarded tasks older than this are archived (their
     # logs kept); 0: never
     "archive_after_days": ("days", 0, 14.0),
+    # the gateway (issue 19): workers go through it (false: straight to the endpoint, as
+    # before); at most max_requests requests in flight on the endpoint (0: max_workers)
+    "gateway": ("bool", None, True),
+    "max_requests": ("int", 0, 0),
 }
 
 FIELD_NAMES: tuple[str, ...] = tuple(_SPEC)
