@@ -29,6 +29,7 @@ usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui say ID TEXT                    a message to a running worker
        fleet-tui archive [ID ...] [--older-than DAYS]   merged/discarded out of the list
        fleet-tui key set|delete|status
+       fleet-tui gateway status|stop          the local gateway the workers go through
        fleet-tui version
 
 Run `fleet-tui COMMAND --help` for the options of one command.
@@ -54,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args and args[0] == "key":
         return _run("key", args[1:])
+    if args and args[0] == "gateway":
+        return _run("gateway", args[1:])
     if args and args[0] in TASK_COMMANDS:
         return _run("tasks", args)
     if args and not args[0].startswith("-"):

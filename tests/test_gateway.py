@@ -289,3 +289,23 @@ def test_a_second_start_finds_the_running_gateway(rig: Rig) -> None:
     again = start_gateway(rig.ep, rig.store)
     assert again == rig.info
     assert control.read_info() == rig.info
+
+
+def test_gateway_status_says_what_it_serves(rig: Rig, capsys: pytest.CaptureFixture[str]
+                                            ) -> None:
+    from fleet_tui.cli import main
+
+    token = rig.meter.mint("t1", 7, "default")
+    assert rig.post(token).status == 200
+    wait_until(lambda: (control.read_status() or {}).get("endpoints", {})
+               .get("default", {}).get("served") == 1)
+    assert main(["gateway", "status"]) == 0
+    out = capsys.readouterr().out
+    assert f"pid {rig.info.pid}, {rig.info.url}, up " in out
+    assert "default: 0/2 in flight, 0 waiting, 1 served, 0 gated, 0 refused" in out
+    assert main(["gateway", "status", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["running"] and data["endpoints"]["default"]["served"] == 1
+    assert main(["gateway", "stop"]) == 0
+    assert main(["gateway", "status"]) == 1
+    assert "the gateway is not running" in capsys.readouterr().out
