@@ -49,8 +49,10 @@ BENCHMARKS: dict[str, str] = {
     "launch": "6. Launcher",
     "engine": "7. Engine",
     "endpoint": "8. Scripted endpoint",
+    "gateway": "9. Gateway",
 }
-ORDER = ["parser", "launch", "diff", "engine", "endpoint", "startup", "panel", "memory"]
+ORDER = ["parser", "launch", "diff", "engine", "endpoint", "gateway", "startup", "panel",
+         "memory"]
 HERE = Path(__file__).resolve().parent
 
 

@@ -152,3 +152,36 @@ def test_a_parked_endpoint_gets_no_request_while_workers_ask(git_repo: Path,
         assert "code 1308" in (done.message or "") and words in (done.message or ""), \
             done.message
         assert done.message.startswith("z.ai (429): ")
+
+
+def test_a_worker_finds_the_key_in_no_process_of_the_machine(git_repo: Path,
+                                                             claude_bin: str) -> None:
+    # a key of this test only (test_fleet's KEY may be in a direct worker of another test)
+    key = f"sk-gateway-scan-{os.getpid()}-{time.monotonic_ns()}"
+    half = len(key) // 2
+    # the pattern is put together in a file, so no command line of the worker holds the key
+    scan = {"real_turns": True, "turns": [
+        [{"type": "tool_use", "name": "Bash", "input": {
+            "command": f"printf '%s%s' '{key[:half]}' '{key[half:]}' > ../pattern; "
+                       "grep -l -a -F -f ../pattern /proc/[0-9]*/environ /proc/[0-9]*/cmdline "
+                       "2>/dev/null > ../found.txt; ls /proc | grep -c '^[0-9]' > ../seen.txt;"
+                       " true",
+            "description": "look for the key in every process"}}],
+        "done"]}
+    with ScriptedEndpoint({"default": scan}) as ep:
+        fleet = gateway_fleet(ep, claude_bin)
+        fleet.env["ANTHROPIC_AUTH_TOKEN"] = key
+        try:
+            (task,) = fleet.submit(TaskSpec(prompt="look", repo=git_repo))
+            drive(fleet, settled(fleet, task.id), timeout=120)
+            done = fleet.get_task(task.id)
+            assert done.state == TaskState.SUCCEEDED, done.message
+            info = control.read_info(fleet.env)
+            assert info is not None  # the gateway, holding the key, ran meanwhile
+            assert {r.auth_sha256 for r in ep.message_requests()} \
+                == {hashlib.sha256(key.encode()).hexdigest()}
+        finally:
+            control.stop(fleet.env)
+    assert done.worktree is not None
+    assert int((done.worktree.parent / "seen.txt").read_text()) > 3  # it could look
+    assert (done.worktree.parent / "found.txt").read_text() == ""
