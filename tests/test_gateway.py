@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from endpoint_helpers import request_body
@@ -309,3 +310,45 @@ def test_gateway_status_says_what_it_serves(rig: Rig, capsys: pytest.CaptureFixt
     assert main(["gateway", "stop"]) == 0
     assert main(["gateway", "status"]) == 1
     assert "the gateway is not running" in capsys.readouterr().out
+
+
+def test_which_attempts_go_through_the_gateway(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from fleet_tui.engine.gateway_link import GatewayLink
+    from fleet_tui.settings.config import load_settings
+
+    store = Store(paths.db_path())
+    link = GatewayLink(store, env=os.environ, python=sys.executable, keys=lambda: (KEY,))
+    on = load_settings(env=os.environ, overrides={"gateway": True,
+                                                  "base_url": "http://127.0.0.1:9"})
+    off = load_settings(env=os.environ, overrides={"gateway": False,
+                                                   "base_url": "http://127.0.0.1:9"})
+    task: Any = SimpleNamespace(id="t1", endpoint="http://127.0.0.1:9")
+    assert link.endpoint_of(on, task, "local") == "default"
+    assert link.endpoint_of(off, task, "local") is None  # direct, as before
+    assert link.endpoint_of(on, task, "memory") is None  # runs nothing here
+    other: Any = SimpleNamespace(id="t2", endpoint="http://elsewhere.invalid")
+    assert link.endpoint_of(on, other, "local") is None  # no endpoint of the settings
+    keyless = GatewayLink(store, env=os.environ, python=sys.executable, keys=lambda: ())
+    overrides: dict[str, Any] = {"base_url": "http://127.0.0.1:9", "key_sources": ["env"]}
+    env = {"ANTHROPIC_AUTH_TOKEN": KEY}
+    attempt: Any = SimpleNamespace(id=3, task_id="t1")
+    # no key: direct, so the launcher says where it looked
+    assert keyless.through(on, task, attempt, "local", overrides, env) is None
+    assert env == {"ANTHROPIC_AUTH_TOKEN": KEY}
+    env = {"ANTHROPIC_AUTH_TOKEN": KEY, "ZHIPU_API_KEY": KEY, "PATH": "/bin"}
+    try:
+        token = link.through(on, task, attempt, "local", overrides, env)
+        info = control.read_info()
+        assert token is not None and info is not None
+        assert env == {"ANTHROPIC_AUTH_TOKEN": token, "PATH": "/bin"}
+        assert overrides == {"base_url": f"{info.url}/e/default", "key_sources": ["env"]}
+        found = Meter(store).check(token)
+        assert found is not None and (found.task_id, found.attempt_id, found.endpoint) \
+            == ("t1", 3, "default") and found.valid
+        link.revoke(attempt)
+        found = Meter(store).check(token)
+        assert found is not None and not found.valid
+    finally:
+        control.stop()

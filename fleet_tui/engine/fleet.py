@@ -105,7 +105,7 @@ class Fleet:
                                  self.repo_settings, self.supervisor, self.follower)
         self.secrets = SecretCache(ctx)
         # the gateway holds the key the engine resolves (issue 19)
-        self.supervisor.gateway.keys = lambda: self.secrets.get(fresh=True)
+        self.supervisor.gateway.keys = self.secrets.get
         self.queries = Queries(ctx, self.secrets)
         self.actions = Actions(ctx)
         self.submissions = Submissions(ctx)

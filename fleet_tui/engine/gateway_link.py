@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fleet_tui.core.errors import FleetError
 from fleet_tui.gateway import control
 from fleet_tui.gateway.routes import name_for, routes_of
 from fleet_tui.settings.config import Settings
@@ -56,11 +57,14 @@ class GatewayLink:
         return name_for(settings, task.endpoint)
 
     def _ensure(self, settings: Settings) -> control.GatewayInfo:
-        found = control.read_info(self.env)
+        found = control.read_info(self.env, Path(self.store.path))
         if found is not None:
             return found
         assert self.keys is not None
         key = self.keys()
+        if not key:  # a gateway without the key would only get 401s for its workers
+            raise FleetError("the gateway cannot start: no API key was found (see "
+                             "`fleet-tui key status`)")
         routes = routes_of(settings)
         # today one key, the one every endpoint of the settings is resolved to
         keys = {name: key[0] for name in routes} if key else {}

@@ -1,6 +1,8 @@
 """Finding the gateway, and starting it when none runs (the engine's side of it).
 
-One gateway per fleet-tui home (its store): its folder is `<home>/gateway`. It lives while
+One gateway per store: its folder is beside it, `<home>/gateway` for the default store
+(`gateway-<name>` for a store file of another name), so that it checks the tokens of the
+store whose engines minted them. It lives while
 it holds `gateway.lock`; `gateway.json` says its pid and port. `ensure` starts one when
 none lives, as the merge queue's runner is started (system.spawn: a session of its own, no
 inherited descriptor but the one named), handing it the endpoints and their keys through
@@ -47,8 +49,11 @@ class GatewayInfo:
         return f"http://127.0.0.1:{self.port}"
 
 
-def folder(env: Mapping[str, str] | None = None) -> Path:
-    return paths.home(env) / "gateway"
+def folder(env: Mapping[str, str] | None = None, db: Path | None = None) -> Path:
+    """The gateway's folder for the store `db` (default: the home's fleet.db)."""
+    store = Path(db) if db is not None else paths.db_path(env)
+    default = store.name == paths.db_path(env).name
+    return store.parent / ("gateway" if default else f"gateway-{store.stem}")
 
 
 def url_for(info: GatewayInfo, endpoint: str) -> str:
@@ -89,9 +94,10 @@ def _info(where: Path) -> GatewayInfo | None:
         return None
 
 
-def read_info(env: Mapping[str, str] | None = None) -> GatewayInfo | None:
-    """The gateway that runs now, or None."""
-    where = folder(env)
+def read_info(env: Mapping[str, str] | None = None, db: Path | None = None
+              ) -> GatewayInfo | None:
+    """The gateway of the store `db` that runs now, or None."""
+    where = folder(env, db)
     if not _alive(where):
         return None
     info = _info(where)
@@ -100,11 +106,12 @@ def read_info(env: Mapping[str, str] | None = None) -> GatewayInfo | None:
     return info
 
 
-def read_status(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+def read_status(env: Mapping[str, str] | None = None, db: Path | None = None
+                ) -> dict[str, Any] | None:
     """What the running gateway last wrote of its endpoints (status.json), or None."""
-    if read_info(env) is None:
+    if read_info(env, db) is None:
         return None
-    return _read_json(folder(env) / STATUS_FILE)
+    return _read_json(folder(env, db) / STATUS_FILE)
 
 
 @contextlib.contextmanager
@@ -162,12 +169,12 @@ def ensure(routes: Sequence[Route], keys: Mapping[str, str], *, db: Path, python
            env: Mapping[str, str], timeout: float = START_TIMEOUT) -> GatewayInfo:
     """The running gateway; one is started (and waited for) when none runs. Raises
     FleetError, saying where its log is, when it does not come up in `timeout` s."""
-    where = paths.private_dir(folder(env))
-    found = read_info(env)
+    where = paths.private_dir(folder(env, db))
+    found = read_info(env, db)
     if found is not None:
         return found
     with _start_lock(where, timeout):
-        found = read_info(env)
+        found = read_info(env, db)
         if found is not None:
             return found
         before = _info(where)  # the gateway before this one: its port, if free again
@@ -190,7 +197,7 @@ def ensure(routes: Sequence[Route], keys: Mapping[str, str], *, db: Path, python
             code = proc.poll()
             if code is not None:
                 # exit 0: another gateway took the lock first (started by hand?)
-                found = read_info(env)
+                found = read_info(env, db)
                 if code == 0 and found is not None:
                     return found
                 raise FleetError(f"the gateway did not start (exit {code}); its log "
@@ -201,15 +208,16 @@ def ensure(routes: Sequence[Route], keys: Mapping[str, str], *, db: Path, python
             time.sleep(0.01)
 
 
-def stop(env: Mapping[str, str] | None = None, timeout: float = 5.0) -> bool:
+def stop(env: Mapping[str, str] | None = None, timeout: float = 5.0, *,
+         db: Path | None = None) -> bool:
     """Stop the running gateway (SIGTERM, then its end awaited); False when none ran."""
     import signal
 
-    info = read_info(env)
+    info = read_info(env, db)
     if info is None:
         return False
     procs.signal_pid(info.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _alive(folder(env)) and time.monotonic() < deadline:
+    while _alive(folder(env, db)) and time.monotonic() < deadline:
         time.sleep(0.02)
     return True
