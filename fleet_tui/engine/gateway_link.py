@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,13 +29,24 @@ from fleet_tui.settings.config import Settings
 from fleet_tui.store.db import Attempt, Store, Task
 from fleet_tui.store.meter import Meter
 
-__all__ = ["KEY_VARIABLES", "GatewayLink"]
+__all__ = ["KEY_VARIABLES", "GatewayLink", "weak_keys"]
 
 log = logging.getLogger("fleet_tui.engine.fleet")
 
 # where a runner may find a key: none of them reaches a worker of the gateway but the token
 KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GLM_API_KEY")
 KEEP_ALIVE_EVERY = 0.5  # seconds between two looks at the gateway while attempts use it
+
+
+def weak_keys(get: Callable[[], tuple[str, ...]]) -> Callable[[], tuple[str, ...]]:
+    """`get` (a bound method) without holding its object: () once it is gone."""
+    ref = weakref.WeakMethod(get)  # type: ignore[arg-type]
+
+    def keys() -> tuple[str, ...]:
+        method = ref()
+        return method() if method is not None else ()
+
+    return keys
 
 
 class GatewayLink:
