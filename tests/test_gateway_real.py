@@ -82,7 +82,7 @@ def test_eight_workers_share_two_slots_without_a_1302(git_repo: Path, claude_bin
 
 def test_a_sigkilled_gateway_costs_a_retry_not_the_task(git_repo: Path,
                                                         claude_bin: str) -> None:
-    slow = {"real_turns": True, "delay": 0.2,
+    slow = {"real_turns": True, "delay": 0.5,
             "turns": ["an answer streamed slowly enough for the gateway to die in the "
                       "middle of it, and the worker to ask again once it is back"]}
     with ScriptedEndpoint({"default": slow}) as ep:
@@ -90,11 +90,8 @@ def test_a_sigkilled_gateway_costs_a_retry_not_the_task(git_repo: Path,
         try:
             (task,) = fleet.submit(TaskSpec(prompt="answer", repo=git_repo))
 
-            def streaming() -> bool:
-                status = control.read_status(fleet.env) or {}
-                return bool(status.get("endpoints", {}).get("default", {}).get("in_flight"))
-
-            drive(fleet, streaming, timeout=60)
+            # the first request has reached the endpoint: its answer streams for seconds
+            drive(fleet, lambda: bool(ep.message_requests()), timeout=60)
             first = control.read_info(fleet.env)
             assert first is not None
             os.kill(first.pid, signal.SIGKILL)
