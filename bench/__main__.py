@@ -49,10 +49,11 @@ BENCHMARKS: dict[str, str] = {
     "launch": "6. Launcher",
     "engine": "7. Engine",
     "endpoint": "8. Scripted endpoint",
-    "gateway": "9. Gateway",
+    "serve": "9. The panel in a browser",
+    "gateway": "10. Gateway",
 }
 ORDER = ["parser", "launch", "diff", "engine", "endpoint", "gateway", "startup", "panel",
-         "memory"]
+         "memory", "serve"]
 HERE = Path(__file__).resolve().parent
 
 

@@ -1,4 +1,4 @@
-"""Benchmark 9: the local gateway (issue 19) between a client and the scripted endpoint.
+"""Benchmark 10: the local gateway (issue 19) between a client and the scripted endpoint.
 
 - Time to first byte: a streamed request sent straight to the scripted endpoint, and the
   same request through the gateway (a token checked in the store, the gate read, a slot
@@ -168,4 +168,4 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
         Figure("gateway.cpu_per_stream", "gateway's CPU time per stream", "ms", cpu,
                note=f"{streams} streams at once, each answer paced 50 ms an event"),
     ]
-    return BenchResult("gateway", "9. Gateway", figures)
+    return BenchResult("gateway", "10. Gateway", figures)

@@ -182,7 +182,10 @@ def test_a_killed_runner_leaves_no_process_behind(
     assert "stopped" in (done.message or ""), done.message
     assert procs.wait_gone([rec["claude_pid"]], 10)
     assert sleepers(git_repo) == []
-    assert in_folder(worktree) == []
+    # what is still in the folder is on its way out (a leftover SIGKILLed a moment ago, a
+    # git of the engine's own): gone within the deadline, unlike an escaped daemon
+    assert wait_for(lambda: in_folder(worktree) == [], 15), \
+        [(p, procs.cmdline(p)) for p in in_folder(worktree)]
     size = (worktree / "ticks.txt").stat().st_size
     time.sleep(0.6)
     assert (worktree / "ticks.txt").stat().st_size == size  # nobody writes there any more

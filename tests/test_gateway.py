@@ -352,3 +352,27 @@ def test_which_attempts_go_through_the_gateway(tmp_path: Path) -> None:
         assert found is not None and not found.valid
     finally:
         control.stop()
+
+
+def test_named_endpoints_are_routes(tmp_path: Path) -> None:
+    from fleet_tui.engine.gateway_link import GatewayLink
+    from fleet_tui.gateway.routes import UNLIMITED, name_for, routes_of
+    from fleet_tui.settings.config import load_settings
+
+    config = tmp_path / "config.toml"
+    config.write_text('base_url = "http://127.0.0.1:9"\n\n[endpoints.zai]\n'
+                      'base_url = "http://127.0.0.1:10/api"\nmax_requests = 2\n'
+                      'key_env = "ZAI_TEST_KEY"\n\n[endpoints.team]\n'
+                      'base_url = "http://127.0.0.1:11"\nkey_keyring = "team"\n')
+    settings = load_settings(env=os.environ, config_file=config)
+    routes = routes_of(settings)
+    assert {n: (r.base_url, r.max_requests) for n, r in routes.items()} == {
+        "default": ("http://127.0.0.1:9", UNLIMITED), "zai": ("http://127.0.0.1:10/api", 2),
+        "team": ("http://127.0.0.1:11", UNLIMITED)}
+    assert name_for(settings, "http://127.0.0.1:10/api") == "zai"  # a task's base_url
+    assert name_for(settings, "zai") == "zai" and name_for(settings, "") == "default"
+    assert name_for(settings, "http://nowhere.invalid") is None
+    link = GatewayLink(Store(paths.db_path()), env={"ZAI_TEST_KEY": "sk-zai "},
+                       python=sys.executable)
+    # its own variable's key, the usual one, none yet for a keyring entry of its own
+    assert link._keys(settings, KEY) == {"default": KEY, "zai": "sk-zai"}

@@ -65,7 +65,8 @@ def _status(as_json: bool) -> int:
     if not endpoints:
         print("  no endpoint yet")
     for name, ep in sorted(endpoints.items()):
-        line = (f"  {name}: {ep.get('in_flight', 0)}/{ep.get('max_requests', '?')} in flight, "
+        cap = ep.get("max_requests")
+        line = (f"  {name}: {ep.get('in_flight', 0)}{f'/{cap}' if cap else ''} in flight, "
                 f"{ep.get('waiting', 0)} waiting, {ep.get('served', 0)} served, "
                 f"{ep.get('gated', 0)} gated, {ep.get('refused', 0)} refused")
         if ep.get("failed"):

@@ -25,8 +25,9 @@ class Options:
     """What the command line asks for."""
 
     def __init__(self, *, demo: bool = False, repo: Path | None = None,
-                 no_scheduler: bool = False, new: bool = False) -> None:
+                 no_scheduler: bool = False, new: bool = False, served: bool = False) -> None:
         self.demo = demo
+        self.served = served
         self.new = new
         self.repo = repo
         self.no_scheduler = no_scheduler
@@ -41,7 +42,7 @@ def _parse(argv: list[str]) -> Options:
     if args.new and not args.demo:
         _parser().error("--new goes with --demo (a fresh demo)")
     return Options(demo=args.demo, repo=args.repo, no_scheduler=args.no_scheduler,
-                   new=args.new)
+                   new=args.new, served=args.served)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
                              "the current directory)")
     parser.add_argument("--no-scheduler", action="store_true",
                         help="only watch: do not start queued tasks from this panel")
+    # `fleet-tui serve` starts each browser session's panel with it: the panel is in a
+    # browser, and what would open on this machine's terminal (a shell, $EDITOR) is off
+    parser.add_argument("--served", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -114,7 +118,8 @@ def _panel(args: Options) -> int:
             return _fail(str(exc), 2)
         look_around = not args.demo and args.repo is None
         app = FleetApp(_engine_maker(settings, repo, look_around, demo), repo=repo,
-                       run_scheduler=not args.no_scheduler, resume_gc=True)
+                       run_scheduler=not args.no_scheduler, resume_gc=True,
+                       served=args.served)
         app.run()
         if app.return_code:
             return app.return_code

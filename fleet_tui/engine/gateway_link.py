@@ -78,10 +78,22 @@ class GatewayLink:
             raise FleetError("the gateway cannot start: no API key was found (see "
                              "`fleet-tui key status`)")
         routes = routes_of(settings)
-        # today one key, the one every endpoint of the settings is resolved to
-        keys = {name: key[0] for name in routes} if key else {}
-        return control.ensure(list(routes.values()), keys, db=Path(self.store.path),
-                              python=self.python, env=self.env)
+        return control.ensure(list(routes.values()), self._keys(settings, key[0]),
+                              db=Path(self.store.path), python=self.python, env=self.env)
+
+    def _keys(self, settings: Settings, usual: str) -> dict[str, str]:
+        """Each endpoint's key: its own variable's (key_env), or the usual one. An endpoint
+        with a keyring entry of its own gets none here (not resolved by the engine yet):
+        the gateway refuses its requests, saying so."""
+        keys: dict[str, str] = {}
+        for endpoint in settings.endpoints or (settings.endpoint(),):
+            if endpoint.key_env is not None:
+                value = (self.env.get(endpoint.key_env) or "").strip()
+                if value:
+                    keys[endpoint.name] = value
+            elif endpoint.key_keyring is None:
+                keys[endpoint.name] = usual
+        return keys
 
     def through(self, settings: Settings, task: Task, attempt: Attempt, host_name: str,
                 overrides: dict[str, Any], env: dict[str, str]) -> str | None:

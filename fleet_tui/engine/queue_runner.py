@@ -19,6 +19,7 @@ from pathlib import Path
 from fleet_tui.core.errors import FleetTuiError
 from fleet_tui.engine.fleet import Fleet
 from fleet_tui.engine.landing import LandingQueue, log
+from fleet_tui.settings import endpoints
 from fleet_tui.settings.config import Settings
 from fleet_tui.store.db import Store
 
@@ -37,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.loads(args.spec.read_text(encoding="utf-8"))
         settings = Settings(**{**spec["settings"],
                                "config_dir": Path(spec["settings"]["config_dir"]),
-                               "key_sources": tuple(spec["settings"]["key_sources"])})
+                               "key_sources": tuple(spec["settings"]["key_sources"]),
+                               "endpoints": endpoints.from_data(
+                                   spec["settings"].get("endpoints"))})
         store = Store(Path(spec["db"]))
     except (OSError, ValueError, KeyError, TypeError, FleetTuiError) as exc:
         log.error("cannot read the queue spec %s: %s", args.spec, exc)

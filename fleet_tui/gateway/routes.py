@@ -1,7 +1,7 @@
 """The endpoints the gateway forwards to, as the settings name them.
 
-`_endpoint(settings, name)` is the one lookup: today only "default" (the top-level
-`base_url`); named endpoints (settings/endpoints.py) replace its body with their table.
+`_endpoint(settings, name)` is the one lookup, over the settings' named endpoints
+(settings/endpoints.py; "default" is the top-level settings).
 A route never holds a key: the key travels beside it, only into the gateway's stdin."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT", "Route", "_endpoint", "name_for", "routes_of"]
+__all__ = ["DEFAULT", "UNLIMITED", "Route", "_endpoint", "name_for", "routes_of"]
 
 DEFAULT = "default"
 
@@ -34,31 +34,46 @@ class Route:
                    str(data["store_key"]))
 
 
-def _max_requests(settings: Any) -> int:
-    """The top-level `max_requests`; unset, as many as the workers (no line forms)."""
-    value = getattr(settings, "max_requests", 0) or 0
-    return int(value) if value > 0 else max(1, int(settings.max_workers))
+UNLIMITED = 1_000_000  # max_requests unset: no line forms
+
+
+def _route(endpoint: Any) -> Route:
+    # the engine keys a task's endpoint (and its row in `endpoints`) by its base_url today
+    return Route(str(endpoint.name), str(endpoint.base_url),
+                 int(endpoint.max_requests or UNLIMITED), str(endpoint.base_url))
+
+
+def _endpoints(settings: Any) -> tuple[Any, ...]:
+    from fleet_tui.settings import endpoints
+
+    return tuple(settings.endpoints) or (endpoints.default_endpoint(settings),)
 
 
 def _endpoint(settings: Any, name: str) -> Route | None:
-    """The endpoint called `name` in these settings, or None."""
-    if name != DEFAULT:
+    """The endpoint called `name` in these settings (settings/endpoints.py), or None."""
+    from fleet_tui.settings.config_core import ConfigError
+
+    try:
+        return _route(settings.endpoint(name))
+    except ConfigError:
         return None
-    # the engine keys a task's endpoint (and its row in `endpoints`) by its base_url today
-    return Route(DEFAULT, str(settings.base_url), _max_requests(settings),
-                 str(settings.base_url))
 
 
 def routes_of(settings: Any) -> dict[str, Route]:
     """Every endpoint of the settings, by name."""
-    found = _endpoint(settings, DEFAULT)
-    return {} if found is None else {found.name: found}
+    return {str(e.name): _route(e) for e in _endpoints(settings)}
 
 
 def name_for(settings: Any, task_endpoint: str) -> str | None:
-    """The name of the endpoint a task runs on (its `endpoint` column, the base_url it was
-    submitted with), or None when no endpoint of the settings is it (then it runs direct)."""
-    for route in routes_of(settings).values():
-        if task_endpoint in ("", route.store_key, route.name):
+    """The name of the endpoint a task runs on (its `endpoint` column: the base_url it was
+    submitted with, or an endpoint's name), or None when no endpoint of the settings is it
+    (then it runs direct)."""
+    routes = routes_of(settings)
+    if task_endpoint in routes:
+        return task_endpoint
+    if task_endpoint == "":
+        return DEFAULT if DEFAULT in routes else None
+    for route in routes.values():
+        if task_endpoint == route.store_key:
             return route.name
     return None

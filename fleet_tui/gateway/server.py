@@ -44,7 +44,7 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
-from fleet_tui.gateway.routes import Route
+from fleet_tui.gateway.routes import UNLIMITED, Route
 from fleet_tui.gateway.slots import Slots
 from fleet_tui.gateway.usage import UsageReader
 from fleet_tui.store.db import EndpointState, Store
@@ -254,7 +254,12 @@ class Gateway:
         if request.query_string:
             url += "?" + request.query_string
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _UP_DROP]
-        key = self._keys.get(route.name, "")
+        key = self._keys.get(route.name)
+        if not key:
+            counters.failed += 1
+            return _error(503, "api_error", f"the fleet-tui gateway holds no key for endpoint "
+                          f"{route.name!r} (its key_env or key_keyring gave none when it "
+                          "started; `fleet-tui gateway stop` once it is set)")
         headers += [("x-api-key", key), ("Authorization", f"Bearer {key}")]
         streamed = b'"stream"' in body[:4096] or b'"stream": true' in body
         reader = UsageReader(streamed=streamed)
@@ -318,7 +323,8 @@ class Gateway:
                 task = waiter.rsplit("#", 1)[0]
                 waiting_tasks[task] = waiting_tasks.get(task, 0) + 1
             endpoints[name] = {
-                "max_requests": slots.size, "in_flight": slots.in_flight,
+                "max_requests": None if slots.size >= UNLIMITED else slots.size,
+                "in_flight": slots.in_flight,
                 "waiting": len(c.waiting_since), "waiting_tasks": waiting_tasks,
                 "longest_wait": round(now - min(c.waiting_since.values()), 3)
                 if c.waiting_since else 0.0,

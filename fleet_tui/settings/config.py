@@ -8,6 +8,7 @@ module adds the frozen `Settings` dataclass the engine, panel and commands use.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ from fleet_tui.settings.config_core import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+
+    from fleet_tui.settings.endpoints import Endpoint
 
 __all__ = ["APP_NAME", "CONFIG_FILE_ENV", "ENV_PREFIX", "FIELD_NAMES", "KEY_SOURCES",
            "MERGE_STRATEGIES", "PERMISSION_MODES", "UPDATE_STRATEGIES", "ConfigError",
@@ -80,8 +83,19 @@ class Settings:
     pr_command: str | None = None  # run after `push` (never by default): opens a PR
     archive_after_days: float = 14.0  # closed tasks older than this leave the list (0: never)
     # the gateway (issue 19)
-    gateway: bool = True  # workers reach the endpoint through the local gateway (its keys)
-    max_requests: int = 0  # requests in flight on the endpoint at once (0: max_workers)
+    gateway: bool = True  # workers go through the local gateway (false: straight out)
+    max_requests: int = 0  # the default endpoint's requests in flight (0: any number)
+    budget_per_day: float = 0.0  # USD a day on the default endpoint (0: no budget)
+    budget_per_task: float = 0.0  # USD a task (0: no budget)
+    # not a setting of its own: the default endpoint (the fields above), then each
+    # [endpoints.NAME] of config.toml (settings/endpoints.py)
+    endpoints: tuple[Endpoint, ...] = ()
+
+    def endpoint(self, name: str | None = None) -> Endpoint:
+        """The named endpoint (None: "default"); ConfigError naming the known ones."""
+        from fleet_tui.settings import endpoints
+
+        return endpoints.find(self.endpoints or (endpoints.default_endpoint(self),), name)
 
 
 def config_file_path(env: Mapping[str, str] | None = None) -> Path:
@@ -104,4 +118,9 @@ def load_settings(*, env: Mapping[str, str] | None = None,
     check_user_tables(config_file_location(env) if config_file is None
                       else os.fspath(config_file))
     values["config_dir"] = Path(str(values["config_dir"]))
-    return Settings(**values)  # type: ignore[arg-type]
+    settings = Settings(**values)  # type: ignore[arg-type]
+    from fleet_tui.settings.endpoints import read_endpoints
+
+    named = read_endpoints(config_file_location(env) if config_file is None
+                           else os.fspath(config_file), settings)
+    return dataclasses.replace(settings, endpoints=named)

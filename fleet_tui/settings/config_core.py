@@ -131,16 +131,19 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
     # the list (issue 13): merged and discarded tasks older than this are archived (their
     # logs kept); 0: never
     "archive_after_days": ("days", 0, 14.0),
-    # the gateway (issue 19): workers go through it (false: straight to the endpoint, as
-    # before); at most max_requests requests in flight on the endpoint (0: max_workers)
+    # the gateway (issue 19): workers go through it (false: straight to the endpoint);
+    # the default endpoint's requests in flight through it (0: any number), its budgets
+    # in USD (0: none)
     "gateway": ("bool", None, True),
     "max_requests": ("int", 0, 0),
+    "budget_per_day": ("usd", 0, 0.0),
+    "budget_per_task": ("usd", 0, 0.0),
 }
 
 FIELD_NAMES: tuple[str, ...] = tuple(_SPEC)
 # config.toml tables that are not settings of their own: [repos."<path>"] (per-repository
-# overrides of .fleet-tui.toml, see repo_settings)
-TABLES = frozenset({"repos"})
+# overrides of .fleet-tui.toml, see repo_settings), [serve] (`fleet-tui serve`, settings/serve.py)
+TABLES = frozenset({"repos", "endpoints", "prices", "serve"})
 
 
 def env_name(field: str) -> str:
@@ -194,6 +197,8 @@ def _describe_kind(kind: str, minimum: float | None) -> str:
         return "true or false (1/0, yes/no, on/off)"
     if kind == "sources":
         return "a comma-separated list of " + ", ".join(KEY_SOURCES)
+    if kind == "usd":
+        return "an amount in USD >= 0 (0: none)"
     return "a non-empty string"
 
 

@@ -45,6 +45,15 @@ class Context:
     diff_file: str | None  # the file highlighted in the diff's file list
     filtering: bool  # a filter is typed or its box is open
     in_view: bool = False  # the keys are in the stream, the diff or the tabs, not the list
+    served: bool = False  # the panel is in a browser (`fleet-tui serve`)
+
+
+IN_BROWSER_SHELL = ("The panel is in a browser: a shell would open on the machine that "
+                    "serves it, not here. Open one there (ssh), or run `fleet-tui` in its "
+                    "terminal.")
+IN_BROWSER_EDITOR = ("The panel is in a browser: $EDITOR would open on the machine that "
+                     "serves it, not here. The diff shows the file's changes; edit it there "
+                     "(ssh), or send the worker a follow-up.")
 
 
 
@@ -89,6 +98,7 @@ class PanelAction:
     when: Guard | None = None  # the rest of the guard (checked first)
     palette: bool = True  # offered by the command palette
     hint: str = ""  # its word in the stream's caption, which names the view's keys
+    terminal_only: str = ""  # why not in a browser: it hands this machine's terminal over
 
     @property
     def name(self) -> str:
@@ -105,6 +115,12 @@ class PanelAction:
                        key_display=self.key_display, id=self.id)
 
     def verdict(self, ctx: Context) -> Verdict:
+        answer = self._verdict(ctx)
+        if answer is True and ctx.served and self.terminal_only:
+            return self.terminal_only  # it would apply: dimmed, with the reason
+        return answer
+
+    def _verdict(self, ctx: Context) -> Verdict:
         if self.when is not None:
             answer = self.when(ctx)
             if answer is not True:
@@ -163,10 +179,12 @@ ACTIONS: tuple[PanelAction, ...] = (
                 key_display="esc", when=lambda c: c.marked > 0),
     PanelAction("task.shell", "shell", "o", "Shell",
                 "open $SHELL in the task's worktree (exit to come back)",
-                task=Action.SHELL, on="cursor", when=lambda c: _has_worktree(c.cursor)),
+                task=Action.SHELL, on="cursor", when=lambda c: _has_worktree(c.cursor),
+                terminal_only=IN_BROWSER_SHELL),
     PanelAction("task.edit", "edit", "e", "Edit", "open the highlighted diff file in $EDITOR",
                 task=Action.DIFF, on="selected",
-                when=lambda c: c.diff_file is not None and _has_worktree(c.selected)),
+                when=lambda c: c.diff_file is not None and _has_worktree(c.selected),
+                terminal_only=IN_BROWSER_EDITOR),
     # landing many branches (issue 12)
     PanelAction("task.update", "update", "u", "Update",
                 "bring the branch up to date with its base branch; on conflicts choose: "

@@ -53,7 +53,8 @@ class FleetApp(App[None]):
     (``{"task.new": "N"}``; ids in ui/actions.py). ``resume_gc``: the caller paused the
     cyclic garbage collector for the start-up (``gc.disable()``, as the panel command does);
     once the first frame is out, what the start-up made is frozen (never walked again: it
-    lives as long as the panel) and the collector resumes.
+    lives as long as the panel) and the collector resumes. ``served``: the panel is in a
+    browser (`fleet-tui serve`): what would open on this machine's terminal is off.
     """
 
     CSS_PATH = "app.tcss"
@@ -68,8 +69,10 @@ class FleetApp(App[None]):
                  poll_interval: float = 0.5, diff_interval: float = 2.0,
                  stream_interval: float = 0.1, bell: bool = True,
                  scheduler_interval: float = 0.25,
-                 keymap: Mapping[str, str] | None = None, resume_gc: bool = False) -> None:
+                 keymap: Mapping[str, str] | None = None, resume_gc: bool = False,
+                 served: bool = False) -> None:
         super().__init__()
+        self.served = served
         self.fleet: Fleet | None = None  # the engine, once EngineReady arrived
         self._fleet_given: Fleet | None = None
         self._make_fleet: EngineMaker | None = None
@@ -108,7 +111,7 @@ class FleetApp(App[None]):
         self._main = MainScreen(
             repo=self.repo, clock=self.clock, run_scheduler=self.run_scheduler,
             poll_interval=self.poll_interval, diff_interval=self.diff_interval,
-            stream_interval=self.stream_interval, keymap=self.keymap)
+            stream_interval=self.stream_interval, keymap=self.keymap, served=self.served)
         return self._main
 
     @property

@@ -44,6 +44,7 @@ class PanelScreen(Screen[None]):
     default_base: str
     clock: Callable[[], float]
     run_scheduler: bool
+    served: bool  # in a browser (`fleet-tui serve`): nothing opens on this machine's terminal
     closing: bool  # the app is quitting: keys typed on the way out do nothing
     ready: asyncio.Event  # the engine is here
     table: TaskTable

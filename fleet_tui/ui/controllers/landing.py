@@ -346,14 +346,19 @@ class LandingController(Controller):
                 self._after_landing_action(task_id)
                 return
             files = "\n".join(f"• {path}" for path in result.conflicts)
+            # in a browser a shell would open on the server: not offered, and said
+            shell_line = ("(no shell here: the panel is in a browser)" if screen.served
+                          else "o: a shell in the worktree")
             body = (f"{result.message}\n\nConflicted files:\n{files}\n\n"
                     "w: a follow-up asks the worker to resolve them, keep the tests passing "
-                    "and commit (its stream shows the work)\no: a shell in the worktree\n"
+                    f"and commit (its stream shows the work)\n{shell_line}\n"
                     "a: abort: the worktree goes back exactly as it was")
+            choices = [("w", "worker", "Worker resolves"), ("o", "shell", "Shell"),
+                       ("a", "abort", "Abort update")]
+            if screen.served:
+                choices = [c for c in choices if c[1] != "shell"]
             choice = await screen.app.push_screen_wait(ChoiceScreen(
-                f"Update of {task_id} stopped on conflicts", body,
-                [("w", "worker", "Worker resolves"), ("o", "shell", "Shell"),
-                 ("a", "abort", "Abort update")]))
+                f"Update of {task_id} stopped on conflicts", body, choices))
             if choice is None:
                 screen.notify("Left mid-merge; u again to choose.", title=task_id,
                               severity="warning")

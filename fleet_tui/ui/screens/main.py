@@ -34,6 +34,8 @@ from textual.worker import Worker
 
 from fleet_tui.ui.actions import (
     ACTIONS,
+    IN_BROWSER_EDITOR,
+    IN_BROWSER_SHELL,
     KEY_BAR_ORDER,
     KEY_BAR_PINNED,
     Context,
@@ -99,14 +101,16 @@ class MainScreen(PanelScreen):
     def __init__(self, *, repo: Path | None = None, clock: Callable[[], float] = time.time,
                  run_scheduler: bool = True, poll_interval: float = 0.5,
                  diff_interval: float = 2.0, stream_interval: float = 0.1,
-                 keymap: Mapping[str, str] | None = None) -> None:
+                 keymap: Mapping[str, str] | None = None, served: bool = False) -> None:
         """``repo``: where new tasks start, when known before the engine is made (the
         engine's EngineReady says it otherwise); ``clock``: what "now" is for durations
         and cooldowns; ``run_scheduler``: whether this panel starts queued tasks (said in
         the header); the intervals: how often the list, a running task's diff and a
         running attempt's events are read; ``keymap``: binding id -> keys, as given to the
-        app (help and palette name the keys it sets)."""
+        app (help and palette name the keys it sets); ``served``: the panel is in a browser
+        (`fleet-tui serve`), where a shell or an editor would open on the server."""
         super().__init__(id="main")
+        self.served = served
         self.fleet = None
         self.repo = repo
         self.default_base = ""
@@ -315,7 +319,8 @@ class MainScreen(PanelScreen):
                        unmarked_shown=unmarked_shown, diff_file=self.diff.selected_path,
                        filtering=bool(self.task_list.filter_text)
                        or (box is not None and box.display),
-                       in_view=self.keys_pane not in ("list", "filter", ""))
+                       in_view=self.keys_pane not in ("list", "filter", ""),
+                       served=self.served)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """True: the key applies; None: it applies to the selection but cannot be done now
@@ -525,6 +530,9 @@ class MainScreen(PanelScreen):
 
     # --- actions: outside programs -------------------------------------------------------
     def action_shell(self) -> None:
+        if self.served:  # its guard dims the key; a keymap or the palette may still ask
+            self.explain(IN_BROWSER_SHELL)
+            return
         task = self.task_list.cursor_task
         if task is None or task.worktree is None:
             return
@@ -533,6 +541,9 @@ class MainScreen(PanelScreen):
                      f"shell in {task.worktree} (exit to come back)")
 
     def action_edit(self) -> None:
+        if self.served:
+            self.explain(IN_BROWSER_EDITOR)
+            return
         task = self.task_list.selected
         path = self.diff.selected_path
         if task is None or task.worktree is None or path is None:

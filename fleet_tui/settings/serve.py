@@ -1,0 +1,65 @@
+"""The `[serve]` table of config.toml: what `fleet-tui serve` is told beyond its flags.
+
+    [serve]
+    token = "a long random string"   # the link's secret; absent: a new one each start
+    port = 8421                      # absent: 8421; --port wins
+
+A token kept in config.toml lets a bookmark on the phone survive a restart of the server;
+without one, every start makes a new token and the old links stop working. The table is
+read here and only by `fleet-tui serve`: the token never enters `Settings`, which the
+engine and the panel carry everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleet_tui.settings.config_core import ConfigError, _line_of_key, _read_toml
+
+TABLE = "serve"
+DEFAULT_PORT = 8421
+MIN_TOKEN = 16  # characters: a guessable token is no gate
+KEYS = ("token", "port")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSettings:
+    token: str | None = None
+    port: int = DEFAULT_PORT
+
+    def __repr__(self) -> str:  # the token stays out of any log or traceback
+        return f"ServeSettings(token={'set' if self.token else None}, port={self.port})"
+
+
+def read_serve_settings(config_file: str) -> ServeSettings:
+    """The `[serve]` table of ``config_file`` (absent: the defaults); ConfigError naming
+    the file, the line and what is accepted when a value cannot be used (never the value
+    of the token itself)."""
+    data, text = _read_toml(config_file)
+    table = data.get(TABLE)
+    if table is None:
+        return ServeSettings()
+
+    def where(key: str) -> str:
+        line = _line_of_key(text, key)
+        return f"{config_file}, line {line}" if line else config_file
+
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where(TABLE)}: [serve] must be a table: [serve] token = \"...\"",
+                          path=config_file, key=TABLE)
+    unknown = sorted(set(table) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"{where(unknown[0])}: [serve]: unknown key {unknown[0]!r}; "
+                          f"known: {', '.join(KEYS)}", path=config_file, key=unknown[0])
+    token = table.get("token")
+    if token is not None and (not isinstance(token, str) or len(token) < MIN_TOKEN
+                              or not token.isprintable() or " " in token):
+        raise ConfigError(f"{where('token')}: [serve] token: expected a string of at least "
+                          f"{MIN_TOKEN} printable characters without spaces (e.g. the output "
+                          "of `python -c 'import secrets; print(secrets.token_urlsafe())'`)",
+                          path=config_file, key="token")
+    port = table.get("port", DEFAULT_PORT)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError(f"{where('port')}: [serve] port: expected a whole number from 1 "
+                          f"to 65535, got {port!r}", path=config_file, key="port")
+    return ServeSettings(token=token, port=port)
