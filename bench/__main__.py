@@ -50,9 +50,10 @@ BENCHMARKS: dict[str, str] = {
     "engine": "7. Engine",
     "endpoint": "8. Scripted endpoint",
     "serve": "9. The panel in a browser",
+    "gateway": "10. Gateway",
 }
-ORDER = ["parser", "launch", "diff", "engine", "endpoint", "startup", "panel", "memory",
-         "serve"]
+ORDER = ["parser", "launch", "diff", "engine", "endpoint", "gateway", "startup", "panel",
+         "memory", "serve"]
 HERE = Path(__file__).resolve().parent
 
 

@@ -30,6 +30,7 @@ usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui archive [ID ...] [--older-than DAYS]   merged/discarded out of the list
        fleet-tui cost [--since 7d] [--by task|endpoint|day] [--json]   spend, budgets
        fleet-tui key set|delete|status
+       fleet-tui gateway status|stop          the local gateway the workers go through
        fleet-tui serve [--bind ADDR] [--port P] [--public]   the panel in a browser
        fleet-tui version
 
@@ -56,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args and args[0] == "key":
         return _run("key", args[1:])
+    if args and args[0] == "gateway":
+        return _run("gateway", args[1:])
     if args and args[0] == "serve":
         return _run("serve", args[1:])
     if args and args[0] == "cost":

@@ -44,10 +44,13 @@ RUNS = 2
 # (key presses during a drain: as many as fit, at least one per run).
 FIXED = {"diff.scroll": 3 * RUNS, "diff.bare_scroll": 3 * RUNS, "engine.worktree_ratio": 3,
          "engine.worktree": 3, "engine.worktree_bare": 3, "panel.key_idle": 4 * RUNS,
-         "panel.key_loaded": None, "serve.key_frame": None, "serve.bare": None}
+         "panel.key_loaded": None, "serve.key_frame": None, "serve.bare": None,
+         "gateway.ttfb_ratio": None, "gateway.ttfb_through": None,
+         "gateway.ttfb_direct": None, "gateway.ttfb_added": None}
 # Differences of two timings: these may be zero or negative; every other figure is a
 # duration, a rate, a size or a ratio, and must be above zero.
-SIGNED = {"launcher.added", "launcher.over_floor", "engine.overhead", "memory.delta"}
+SIGNED = {"launcher.added", "launcher.over_floor", "engine.overhead", "memory.delta",
+          "gateway.ttfb_added"}
 
 QUIET = LoadReading(before=0.1, after=0.2, others=0.02)
 

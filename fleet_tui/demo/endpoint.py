@@ -697,6 +697,9 @@ class _Dropped(Exception):
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as the providers' servers: the headers and the first event go out at
+    # once (with Nagle, a kept-alive client's delayed ACK held the first event ~40 ms)
+    disable_nagle_algorithm = True
     server_version = "fleet-tui-scripted-endpoint"
     sys_version = ""
     server: _Server

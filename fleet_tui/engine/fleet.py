@@ -47,6 +47,7 @@ from fleet_tui.engine.actions import Actions
 from fleet_tui.engine.branches import Branches, CopyReport, work_at_stake
 from fleet_tui.engine.context import Context
 from fleet_tui.engine.follower import Follower, attempt_finished
+from fleet_tui.engine.gateway_link import weak_keys
 from fleet_tui.engine.merge_queue import MergeQueue
 from fleet_tui.engine.queries import EndpointStatus, FleetStatus, Queries
 from fleet_tui.engine.reload import SettingsNotice, SettingsWatch
@@ -105,6 +106,10 @@ class Fleet:
         self.ctx = ctx = Context(settings, self.env, self.store, clock, self.python, self.rng,
                                  self.repo_settings, self.supervisor, self.follower)
         self.secrets = SecretCache(ctx)
+        # the gateway holds the key the engine resolves (issue 19); held weakly, so that the
+        # supervisor does not keep the engine's parts alive (an engine dropped is gone at
+        # once: its claims count as abandoned)
+        self.supervisor.gateway.keys = weak_keys(self.secrets.get)
         self.queries = Queries(ctx, self.secrets)
         self.actions = Actions(ctx)
         self.submissions = Submissions(ctx)

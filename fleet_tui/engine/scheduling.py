@@ -91,6 +91,7 @@ class Scheduler(Part):
             except Exception as exc:
                 self.follower.on_task_error(task, attempt, exc, changes)
         self.follower.forget_all_but(live)
+        self.supervisor.gateway.keep_alive(self.settings, bool(active))
         self._start_ready(changes)
         self._auto_archive()
         return changes

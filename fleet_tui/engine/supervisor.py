@@ -32,6 +32,7 @@ from fleet_tui.core import outcome, policy
 from fleet_tui.core.errors import FleetError, FleetTuiError
 from fleet_tui.core.states import ACTIVE_STATES, StopReason, TaskState, Verdict
 from fleet_tui.core.stream import one_line
+from fleet_tui.engine.gateway_link import GatewayLink
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Host, NotStarted, Placement, Run, RunnerState
 from fleet_tui.execution.hosts import default_host
@@ -94,6 +95,8 @@ class Supervisor:
         self.clock = clock
         self.python = python
         self.host: Host = host if host is not None else default_host(env=env, python=python)
+        # the gateway's tokens (issue 19); the engine's front gives it the key's source
+        self.gateway = GatewayLink(store, env=env, python=python)
         # who claims tasks: host, pid and its start time (so a claim's starter can be proven
         # gone), and this object (several engines may live in one process)
         self.owner = (f"{_HOST}:{os.getpid()}:{procs.start_time(os.getpid()) or 0}:"
@@ -198,11 +201,34 @@ class Supervisor:
         # FLEET_PORT: free on the host now, and held by no other running attempt
         port = self.store.assign_port(attempt.id, self.host.free_port)
         resume = task.session_id if attempt.kind in ("resume", "followup") else None
+        overrides = self._settings_overrides(task)
+        runner_env = self.host.runner_env()
+        token = self._through_gateway(task, attempt, overrides, runner_env)
+        try:
+            return self._stage_and_spawn(task, attempt, placement, worktree, model, port,
+                                         resume, ready, overrides, runner_env, now)
+        except BaseException:
+            if token is not None:  # only this one: a live runner of the attempt keeps its own
+                self.gateway.revoke_token(token)
+            raise
+
+    def _through_gateway(self, task: Task, attempt: Attempt, overrides: dict[str, Any],
+                         runner_env: dict[str, str]) -> str | None:
+        """With the `gateway` setting on: the attempt's base URL is the gateway's, its key
+        a token of its own (both changed in place; the token returned); off: nothing
+        changes (direct, None)."""
+        return self.gateway.through(self.settings, task, attempt, self.host.name, overrides,
+                                    runner_env)
+
+    def _stage_and_spawn(self, task: Task, attempt: Attempt, placement: Placement,
+                         worktree: Path, model: str | None, port: int, resume: str | None,
+                         ready: Any, overrides: dict[str, Any], runner_env: dict[str, str],
+                         now: float) -> Attempt:
         spec = RunSpec(cwd=str(worktree), prompt=attempt.prompt or task.prompt,
                        config_dir=str(placement.config_dir), args=list(task.extra_args),
                        model=model, permission_mode=task.permission_mode,
                        max_turns=task.max_turns, resume=resume,
-                       settings=self._settings_overrides(task), task_id=task.id,
+                       settings=overrides, task_id=task.id,
                        attempt=attempt.n, token=secrets.token_hex(16),
                        timeout=policy.time_limit(task, self.settings),
                        kill_grace=self.settings.kill_grace,
@@ -211,7 +237,7 @@ class Supervisor:
         staged = self.host.stage(placement, spec)
         try:
             self._record_launch(task, attempt, placement, model, now)
-            pid = staged.spawn(self.host.runner_env())
+            pid = staged.spawn(runner_env)
         except BaseException:
             staged.abandon()
             raise
@@ -368,11 +394,13 @@ class Supervisor:
         if not run.wait_gone(self.settings.kill_grace + policy.RUNNER_HEADSTART):
             run.kill()
             run.wait_gone(5.0)
+        self.gateway.revoke(attempt)
 
     def kill(self, attempt: Attempt) -> None:
         """End the attempt's runner and everything it started, now (the engine's backstop
         after the kill grace)."""
         self.run(attempt).kill()
+        self.gateway.revoke(attempt)
 
     def stop_leftovers(self, attempt: Attempt) -> int:
         """Stop every process the attempt started that outlived its runner (a Bash step's

@@ -134,7 +134,7 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
     # the gateway (issue 19): workers go through it (false: straight to the endpoint);
     # the default endpoint's requests in flight through it (0: any number), its budgets
     # in USD (0: none)
-    "gateway": ("bool", None, False),
+    "gateway": ("bool", None, True),
     "max_requests": ("int", 0, 0),
     "budget_per_day": ("usd", 0, 0.0),
     "budget_per_task": ("usd", 0, 0.0),

@@ -141,6 +141,12 @@ class Meter:
                     "AND revoked_at IS NULL", (when, token_hash(token))).rowcount
         return count
 
+    def any_valid(self) -> bool:
+        """Is a token not revoked (a worker may be using the gateway)?"""
+        return self.store._connect().execute(
+            "SELECT 1 FROM gateway_tokens WHERE revoked_at IS NULL LIMIT 1").fetchone() \
+            is not None
+
     # --- the meter ------------------------------------------------------------------------
 
     def record(self, usage: Usage) -> None:

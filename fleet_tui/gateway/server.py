@@ -1,0 +1,434 @@
+"""The gateway process: `python -m fleet_tui.gateway.server --keys-fd N --db DB --folder DIR`.
+
+Detached (control.ensure starts it; any engine starts it again when it died). It reads its
+endpoints and their keys once from an inherited pipe (never argv, never its environment:
+a worker's Bash step can read /proc/PID/environ of a process of its user), binds
+127.0.0.1 (the port of the gateway before it when it can: workers keep their base URL
+across a restart), and serves `/e/<endpoint>/<rest>`:
+
+- the worker's token (`x-api-key` or `Authorization: Bearer`, as claude's apiKeyHelper
+  sends both) is checked against the store on every request: unknown, revoked, or minted
+  for another endpoint is a 401 with `x-should-retry: false`, and nothing goes upstream;
+- while the endpoint is parked or held (the store's `endpoints` row) the gateway answers
+  by itself, 429 in the provider's words the engine kept (`park_message`), so the verdict
+  reads as it did direct; `x-should-retry: false` keeps the CLI from retrying into it;
+- otherwise the request waits for one of the endpoint's slots (`slots.Slots`), goes
+  upstream with the real key in the headers claude would send it (`x-api-key` and
+  `Authorization: Bearer`), and the answer comes back as the provider sent it: status,
+  headers (hop-by-hop ones aside), bytes (compressed ones too: nothing is decoded);
+- each request's usage is read as it passes (`usage.UsageReader`) and stored in the meter.
+
+It never logs a key, a token, a header or a body. Its records (folder): `gateway.lock`
+(held while it lives), `gateway.json` (pid, port, start), `status.json` (per endpoint: in
+flight, waiting and by which tasks, served, gated, refused), `gateway.log`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+
+from fleet_tui.gateway.routes import UNLIMITED, Route
+from fleet_tui.gateway.slots import Slots
+from fleet_tui.gateway.usage import UsageReader
+from fleet_tui.store.db import EndpointState, Store
+from fleet_tui.store.meter import Meter, TokenInfo, Usage
+from fleet_tui.system import paths, procs
+from fleet_tui.system.files import write_json_atomic
+
+__all__ = ["INFO_FILE", "LOCK_FILE", "LOG_FILE", "SERVER_MODULE", "STATUS_FILE", "Gateway",
+           "main"]
+
+SERVER_MODULE = "fleet_tui.gateway.server"
+LOCK_FILE = "gateway.lock"
+INFO_FILE = "gateway.json"
+STATUS_FILE = "status.json"
+LOG_FILE = "gateway.log"
+STATUS_EVERY = 0.2  # seconds between two writes of status.json (when something changed)
+
+log = logging.getLogger("fleet_tui.gateway")
+
+# never passed on, either way (RFC 9110 7.6.1), and what the gateway sets itself
+_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                  "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"})
+_UP_DROP = _HOP | {"host", "content-length", "authorization", "x-api-key"}
+_DOWN_DROP = _HOP | {"content-length"}
+_CODE = re.compile(r"\bcode (\d{3,5})\b")
+
+
+@dataclass
+class Counters:
+    served: int = 0  # answered by the provider
+    gated: int = 0  # answered by the gateway: the endpoint parked or held
+    refused: int = 0  # no token, a revoked one, one of another endpoint
+    failed: int = 0  # the provider could not be reached, or the stream broke
+    last_gated: str | None = None
+    waiting_since: dict[str, float] = field(default_factory=dict)
+
+
+def _error(status: int, kind: str, message: str, *, retry: bool = False,
+           code: str | None = None) -> web.Response:
+    """An answer of the gateway's own: Anthropic's error shape (z.ai's `code` beside it
+    when the refusal was a z.ai code), `x-should-retry` saying whether the CLI retries."""
+    error: dict[str, Any] = {"type": kind, "message": message}
+    if code is not None:
+        error["code"] = code
+    return web.Response(status=status, content_type="application/json",
+                        text=json.dumps({"type": "error", "error": error}),
+                        headers={"x-should-retry": "true" if retry else "false",
+                                 "x-fleet-gateway": "answered"})
+
+
+def token_of(request: web.Request) -> str | None:
+    key = request.headers.get("x-api-key", "").strip()
+    if key:
+        return key
+    auth = request.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return None
+
+
+def gate_answer(state: EndpointState | None, now: float) -> web.Response | None:
+    """The gateway's own answer while the endpoint is held or parked, else None."""
+    if state is None:
+        return None
+    if state.held is not None:
+        return _error(403, "permission_error", f"held: {state.held}")
+    if state.parked_until is not None and state.parked_until > now:
+        found = _CODE.search(state.park_reason or "")
+        until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.parked_until))
+        message = state.park_message or (
+            f"the endpoint is parked until {until}"
+            + (f" ({state.park_reason})" if state.park_reason else ""))
+        return _error(429, "rate_limit_error", message, code=found.group(1) if found else None)
+    return None
+
+
+class Gateway:
+    """One gateway's state: its routes and keys, slots, counters and the store."""
+
+    def __init__(self, store: Store, routes: dict[str, Route], keys: dict[str, str],
+                 folder: Path, *, clock: Any = time.time) -> None:
+        self.store = store
+        self.meter = Meter(store)
+        self.routes = routes
+        self._keys = keys
+        self.folder = folder
+        self.clock = clock
+        self.slots = {name: Slots(r.max_requests) for name, r in routes.items()}
+        self.counters = {name: Counters() for name in routes}
+        self.started = time.time()
+        self.port = 0
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-store")
+        self._session: ClientSession | None = None
+        self._changed = True
+
+    # --- the store, off the event loop ------------------------------------------------------
+
+    async def _in_pool(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _look(self, token: str, route: Route) -> tuple[TokenInfo | None, EndpointState | None]:
+        """The token's owner and the endpoint's gate: two reads by primary key, on the event
+        loop (in WAL mode a reader never waits for a writer; a hop to a thread cost more
+        than the reads)."""
+        return self.meter.check(token), self.store.get_endpoint(route.store_key)
+
+    # --- serving ----------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/e/{endpoint}", self.handle)
+        app.router.add_route("*", "/e/{endpoint}/{rest:.*}", self.handle)
+        app.router.add_route("*", "/{rest:.*}", self.unrouted)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _app: web.Application) -> None:
+        self._session = ClientSession(
+            connector=TCPConnector(limit=0), auto_decompress=False,
+            timeout=ClientTimeout(total=None, sock_connect=30),
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
+
+    async def _stop(self, _app: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+        self._pool.shutdown(wait=False)
+
+    async def unrouted(self, request: web.Request) -> web.Response:
+        return _error(404, "not_found_error",
+                      "the fleet-tui gateway serves /e/<endpoint>/...; known endpoints: "
+                      + (", ".join(sorted(self.routes)) or "none"))
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["endpoint"]
+        route = self.routes.get(name)
+        if route is None:
+            return _error(404, "not_found_error",
+                          f"the fleet-tui gateway has no endpoint {name!r} (known: "
+                          + (", ".join(sorted(self.routes)) or "none") + ")")
+        counters = self.counters[name]
+        if request.method == "HEAD":  # claude's reachability probe: nothing goes upstream
+            return web.Response(status=200)
+        token = token_of(request)
+        if token is None:
+            counters.refused += 1
+            self._changed = True
+            return _error(401, "authentication_error",
+                          "no gateway token: a worker of fleet-tui sends its attempt's token "
+                          "(x-api-key or Authorization: Bearer)")
+        info, state = self._look(token, route)
+        refusal = self._refusal(info, name)
+        if refusal is not None:
+            counters.refused += 1
+            self._changed = True
+            return _error(401, "authentication_error", refusal)
+        assert info is not None
+        gated = gate_answer(state, self.clock())
+        if gated is not None:
+            return self._gated(counters, gated)
+        body = await request.read()
+        slots = self.slots[name]
+        waiter = f"{info.task_id}#{id(request):x}"
+        waits = slots.in_flight >= slots.size or slots.waiting > 0
+        if waits:
+            counters.waiting_since[waiter] = time.time()
+            self._changed = True
+        try:
+            async with slots.take(info.task_id):
+                if waits:
+                    counters.waiting_since.pop(waiter, None)
+                    self._changed = True
+                    # revoked, parked or held while it waited: still nothing goes upstream
+                    info, state = self._look(token, route)
+                    refusal = self._refusal(info, name)
+                    if refusal is not None:
+                        counters.refused += 1
+                        return _error(401, "authentication_error", refusal)
+                    assert info is not None
+                    gated = gate_answer(state, self.clock())
+                    if gated is not None:
+                        return self._gated(counters, gated)
+                return await self._forward(request, route, info, body, counters)
+        finally:
+            counters.waiting_since.pop(waiter, None)
+
+    def _refusal(self, info: TokenInfo | None, name: str) -> str | None:
+        if info is None:
+            return "unknown gateway token: it was not minted by this fleet-tui"
+        if not info.valid:
+            return "this gateway token was revoked: its attempt has ended"
+        if info.endpoint != name:
+            return f"this gateway token is for endpoint {info.endpoint!r}, not {name!r}"
+        return None
+
+    def _gated(self, counters: Counters, answer: web.Response) -> web.Response:
+        counters.gated += 1
+        counters.last_gated = time.strftime("%Y-%m-%d %H:%M:%S")
+        self._changed = True
+        return answer
+
+    async def _forward(self, request: web.Request, route: Route, info: TokenInfo, body: bytes,
+                       counters: Counters) -> web.StreamResponse:
+        assert self._session is not None
+        rest = request.match_info.get("rest", "")
+        url = route.base_url.rstrip("/") + ("/" + rest if rest else "")
+        if request.query_string:
+            url += "?" + request.query_string
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _UP_DROP]
+        key = self._keys.get(route.name)
+        if not key:
+            counters.failed += 1
+            return _error(503, "api_error", f"the fleet-tui gateway holds no key for endpoint "
+                          f"{route.name!r} (its key_env or key_keyring gave none when it "
+                          "started; `fleet-tui gateway stop` once it is set)")
+        headers += [("x-api-key", key), ("Authorization", f"Bearer {key}")]
+        streamed = b'"stream"' in body[:4096] or b'"stream": true' in body
+        reader = UsageReader(streamed=streamed)
+        status: int | None = None
+        try:
+            upstream = await self._session.request(request.method, url, headers=headers,
+                                                   data=body, allow_redirects=False)
+        except (ClientError, OSError, TimeoutError) as exc:
+            counters.failed += 1
+            log.warning("endpoint %s unreachable: %s", route.name, type(exc).__name__)
+            return _error(502, "api_error", f"the fleet-tui gateway could not reach endpoint "
+                          f"{route.name!r} ({type(exc).__name__})", retry=True)
+        try:
+            status = upstream.status
+            reader.streamed = "text/event-stream" in upstream.headers.get("content-type", "")
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for k, v in upstream.headers.items():
+                if k.lower() not in _DOWN_DROP:
+                    response.headers.add(k, v)
+            if upstream.content_length is not None \
+                    and "chunked" not in upstream.headers.get("transfer-encoding", ""):
+                response.content_length = upstream.content_length
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                reader.feed(chunk)
+                await response.write(chunk)
+            await response.write_eof()
+            counters.served += 1
+            return response
+        except (ClientError, OSError, asyncio.CancelledError) as exc:
+            counters.failed += 1
+            if not isinstance(exc, asyncio.CancelledError):
+                log.info("endpoint %s: a stream ended early (%s)", route.name,
+                         type(exc).__name__)
+            raise
+        finally:
+            upstream.release()
+            reader.finish()
+            self._changed = True
+            usage = Usage(at=self.clock(), task_id=info.task_id, attempt_id=info.attempt_id,
+                          endpoint=route.name, model=reader.model, status=status,
+                          **reader.counts)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._in_pool(self._record, usage))
+
+    def _record(self, usage: Usage) -> None:
+        try:
+            self.meter.record(usage)
+        except Exception as exc:  # the answer went through: a lost row is logged
+            log.error("could not store a meter row: %s", type(exc).__name__)
+
+    # --- its records ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = time.time()
+        endpoints: dict[str, Any] = {}
+        for name, slots in self.slots.items():
+            c = self.counters[name]
+            waiting_tasks: dict[str, int] = {}
+            for waiter in c.waiting_since:
+                task = waiter.rsplit("#", 1)[0]
+                waiting_tasks[task] = waiting_tasks.get(task, 0) + 1
+            endpoints[name] = {
+                "max_requests": None if slots.size >= UNLIMITED else slots.size,
+                "in_flight": slots.in_flight,
+                "waiting": len(c.waiting_since), "waiting_tasks": waiting_tasks,
+                "longest_wait": round(now - min(c.waiting_since.values()), 3)
+                if c.waiting_since else 0.0,
+                "served": c.served, "gated": c.gated, "refused": c.refused,
+                "failed": c.failed, "last_gated": c.last_gated}
+        return {"pid": os.getpid(), "port": self.port, "started_at": self.started,
+                "written_at": now, "endpoints": endpoints}
+
+    async def keep_status(self) -> None:
+        while True:
+            if self._changed:
+                self._changed = False
+                try:
+                    write_json_atomic(self.folder / STATUS_FILE, self.status(), sync=False)
+                except OSError as exc:
+                    log.warning("could not write %s: %s", STATUS_FILE, exc.strerror)
+            await asyncio.sleep(STATUS_EVERY)
+
+
+def _read_handover(fd: int) -> dict[str, Any]:
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    data = json.loads(b"".join(chunks) or b"{}")
+    if not isinstance(data, dict):
+        raise ValueError("the handover is not a JSON object")
+    return data
+
+
+def _bind(port: int) -> socket.socket:
+    """127.0.0.1:port (the previous gateway's, so running workers find us again), else
+    any free port."""
+    for want in ([port] if port else []) + [0]:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", want))
+        except OSError:
+            sock.close()
+            continue
+        sock.listen(512)
+        sock.setblocking(False)
+        return sock
+    raise OSError("no port to bind on 127.0.0.1")
+
+
+async def _serve(gateway: Gateway, sock: socket.socket) -> None:
+    runner = web.AppRunner(gateway.app(), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.SockSite(runner, sock)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    status_task = asyncio.create_task(gateway.keep_status())
+    try:
+        await stop.wait()
+    finally:
+        status_task.cancel()
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=SERVER_MODULE)
+    parser.add_argument("--keys-fd", type=int, required=True)
+    parser.add_argument("--db", type=Path, required=True)
+    parser.add_argument("--folder", type=Path, required=True)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s gateway[{os.getpid()}] %(levelname)s %(message)s")
+    try:
+        handover = _read_handover(args.keys_fd)
+        routes = {r["name"]: Route.from_record(r) for r in handover.get("routes", [])}
+        keys = {str(k): str(v) for k, v in dict(handover.get("keys", {})).items()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.error("cannot read the endpoints handed over: %s", type(exc).__name__)
+        return 2
+    folder = paths.private_dir(args.folder)
+    lock_fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, paths.PRIVATE_FILE)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        log.info("another gateway runs for %s", folder)
+        return 0
+    gateway = Gateway(Store(args.db), routes, keys, folder)
+    try:
+        sock = _bind(args.port)
+    except OSError as exc:
+        log.error("cannot listen: %s", exc)
+        return 1
+    gateway.port = int(sock.getsockname()[1])
+    write_json_atomic(folder / INFO_FILE, {
+        "pid": os.getpid(), "start": procs.start_time(os.getpid()), "port": gateway.port,
+        "started_at": gateway.started, "endpoints": sorted(routes)}, sync=False)
+    log.info("listening on 127.0.0.1:%d for %s", gateway.port, ", ".join(sorted(routes)))
+    asyncio.run(_serve(gateway, sock))
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the detached gateway
+    raise SystemExit(main())

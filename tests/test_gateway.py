@@ -1,0 +1,378 @@
+"""The local gateway (issue 19), against the scripted endpoint through a real gateway process.
+
+- what a client gets through it is what the endpoint sent: SSE bytes (ids aside: the
+  endpoint makes new ones per answer), status, headers and error bodies;
+- the meter holds what the endpoint served, attributed to the token's attempt;
+- refusals of its own (no token, an unknown or revoked one, another endpoint's, an unknown
+  endpoint) are clear, say `x-should-retry: false`, and reach nothing upstream;
+- a parked or held endpoint is answered by the gateway in the provider's words: 0 requests
+  reach the endpoint;
+- request slots: at most max_requests in flight, the rest wait, fair across tasks;
+- the key and the tokens are in none of its files, its argv or its environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import http.client
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from endpoint_helpers import request_body
+
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.gateway import control
+from fleet_tui.gateway.routes import Route
+from fleet_tui.gateway.slots import Slots
+from fleet_tui.store.db import Store
+from fleet_tui.store.meter import Meter
+from fleet_tui.system import paths
+
+KEY = "sk-gateway-test-REAL-KEY-5e1f"
+SCRIPT = [[{"type": "text", "text": "hello through the gateway"}]]
+_IDS = re.compile(rb"\b(msg|toolu|req)_[0-9a-f]{24}\b")
+
+
+@dataclass
+class Raw:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def raw_post(url: str, path: str, body: bytes, headers: dict[str, str]) -> Raw:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port.split("/")[0]), timeout=30)
+    try:
+        conn.request("POST", path, body=body, headers={
+            "content-type": "application/json", "anthropic-version": "2023-06-01", **headers})
+        resp = conn.getresponse()
+        return Raw(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()
+
+
+@dataclass
+class Rig:
+    ep: ScriptedEndpoint
+    store: Store
+    meter: Meter
+    info: control.GatewayInfo
+
+    def post(self, token: str | None, *, endpoint: str = "default",
+             body: bytes | None = None) -> Raw:
+        data = body if body is not None else json.dumps(request_body()).encode()
+        return raw_post(self.info.url, f"/e/{endpoint}/v1/messages?beta=true", data,
+                        {"x-api-key": token} if token else {})
+
+
+def start_gateway(ep: ScriptedEndpoint, store: Store, max_requests: int = 2
+                  ) -> control.GatewayInfo:
+    return control.ensure([Route("default", ep.url, max_requests, ep.url)], {"default": KEY},
+                          db=store.path, python=sys.executable, env=os.environ)
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    with ScriptedEndpoint({"default": SCRIPT}) as ep:
+        store = Store(paths.db_path())
+        info = start_gateway(ep, store)
+        try:
+            yield Rig(ep, store, Meter(store), info)
+        finally:
+            control.stop()
+
+
+def normal(body: bytes) -> bytes:
+    return _IDS.sub(rb"\1_ID", body)
+
+
+def wait_until(check: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_stream_through_the_gateway_is_the_endpoints(rig: Rig) -> None:
+    token = rig.meter.mint("t1", 7, "default")
+    body = json.dumps(request_body()).encode()
+    direct = raw_post(rig.ep.url, "/v1/messages?beta=true", body, {"x-api-key": KEY})
+    through = rig.post(token, body=body)
+    assert direct.status == through.status == 200
+    assert through.headers["content-type"] == direct.headers["content-type"]
+    assert through.headers["content-type"].startswith("text/event-stream")
+    assert b"event: message_start" in through.body
+    assert normal(through.body) == normal(direct.body)
+    # upstream it carried the real key, as claude's apiKeyHelper sends it: both headers
+    (_, sent) = rig.ep.message_requests()
+    assert sent.auth_kind == "bearer+x-api-key"
+    assert sent.auth_sha256 == hashlib.sha256(KEY.encode()).hexdigest()
+    assert sent.path == "/v1/messages?beta=true"  # the query kept
+
+
+def test_error_answers_keep_their_status_headers_and_body(rig: Rig) -> None:
+    token = rig.meter.mint("t1", 7, "default")
+    body = json.dumps(request_body()).encode()
+    for fault in ({"status": 529, "times": 1},
+                  {"kind": "zai", "code": "1113", "times": 1},
+                  {"status": 429, "retry_after": 3, "times": 1}):
+        rig.ep.set_faults([fault])
+        direct = raw_post(rig.ep.url, "/v1/messages?beta=true", body, {"x-api-key": KEY})
+        rig.ep.set_faults([fault])
+        through = rig.post(token, body=body)
+        assert (through.status, normal(through.body)) == (direct.status, normal(direct.body))
+        for name in ("content-type", "retry-after", "x-should-retry", "server"):
+            assert through.headers.get(name) == direct.headers.get(name) or (
+                name == "server" and through.headers[name] == direct.headers[name].strip())
+
+
+def test_the_meter_holds_what_the_endpoint_served(rig: Rig) -> None:
+    token = rig.meter.mint("t1", 7, "default")
+    answers = [rig.post(token) for _ in range(3)]
+    served = []
+    for answer in answers:
+        start = delta = None
+        for line in answer.body.split(b"\n"):
+            if line.startswith(b"data:"):
+                event = json.loads(line[5:])
+                if event["type"] == "message_start":
+                    start = event["message"]
+                elif event["type"] == "message_delta":
+                    delta = event["usage"]
+        assert start is not None and delta is not None
+        served.append((start["model"], start["usage"]["input_tokens"],
+                       delta["output_tokens"]))
+    wait_until(lambda: len(rig.meter.rows()) == 3)
+    rows = rig.meter.rows()
+    assert [(r.model, r.input_tokens, r.output_tokens) for r in rows] == served
+    assert all(r.input_tokens > 0 and r.output_tokens > 0 for r in rows)
+    assert {(r.task_id, r.attempt_id, r.endpoint, r.status) for r in rows} \
+        == {("t1", 7, "default", 200)}
+    assert rig.meter.by_task()["t1"].requests == 3
+
+
+def test_refusals_are_clear_final_and_reach_nothing_upstream(rig: Rig) -> None:
+    token = rig.meter.mint("t1", 7, "default")
+    assert rig.post(token).status == 200
+    rig.meter.revoke(attempt_ids=[7])
+    other = rig.meter.mint("t2", 8, "elsewhere")
+    cases = {
+        "revoked": (rig.post(token), 401, "revoked: its attempt has ended"),
+        "none": (rig.post(None), 401, "no gateway token"),
+        "unknown": (rig.post("fleet-gw-not-one-of-ours"), 401, "not minted"),
+        "a raw key": (rig.post(KEY), 401, "not minted"),
+        "another endpoint's": (rig.post(other), 401, "for endpoint 'elsewhere'"),
+        "no such endpoint": (rig.post(token, endpoint="nope"), 404,
+                             "no endpoint 'nope' (known: default)"),
+    }
+    for what, (answer, status, words) in cases.items():
+        assert answer.status == status, what
+        assert answer.headers["x-should-retry"] == "false", what
+        error = json.loads(answer.body)["error"]
+        assert words in error["message"], (what, error)
+        assert KEY not in error["message"]
+    assert len(rig.ep.message_requests()) == 1  # only the first, valid, request
+
+
+def set_endpoint(rig: Rig, **fields: object) -> None:
+    rig.store.change_endpoint(rig.ep.url, lambda _state: dict(fields))
+
+
+def test_a_parked_or_held_endpoint_is_answered_by_the_gateway(rig: Rig) -> None:
+    token = rig.meter.mint("t1", 7, "default")
+    words = "Usage limit reached for 5 hour. Your limit will reset at 2026-12-01 00:14:10"
+    set_endpoint(rig, parked_until=time.time() + 600,
+                              park_reason="5-hour window, code 1308", park_message=words)
+    for _ in range(5):
+        answer = rig.post(token)
+        assert answer.status == 429
+        assert answer.headers["x-should-retry"] == "false"
+        error = json.loads(answer.body)["error"]
+        assert (error["message"], error["code"]) == (words, "1308")
+    set_endpoint(rig, parked_until=None, park_reason=None,
+                              park_message=None, held="the endpoint rejected the key")
+    held = rig.post(token)
+    assert held.status == 403 and "the endpoint rejected the key" in held.body.decode()
+    assert rig.ep.message_requests() == []  # 0 requests reached the endpoint
+    set_endpoint(rig, held=None)
+    assert rig.post(token).status == 200  # open again: it goes through
+    wait_until(lambda: (control.read_status() or {}).get("endpoints", {})
+               .get("default", {}).get("served") == 1)
+    status = control.read_status()
+    assert status is not None
+    assert status["endpoints"]["default"]["gated"] == 6
+
+
+def test_request_slots_hold_the_line_and_share_it_across_tasks() -> None:
+    async def scenario() -> list[str]:
+        slots = Slots(2)
+        order: list[str] = []
+        release = asyncio.Event()
+        peak = 0
+
+        async def request(task: str, n: int) -> None:
+            nonlocal peak
+            async with slots.take(task):
+                peak = max(peak, slots.in_flight)
+                order.append(f"{task}{n}")
+                await release.wait()
+
+        jobs = [asyncio.create_task(request("a", i)) for i in range(4)]
+        await asyncio.sleep(0)
+        jobs += [asyncio.create_task(request("b", i)) for i in range(2)]
+        await asyncio.sleep(0.01)
+        assert slots.in_flight == 2 and slots.waiting == 4
+        assert slots.waiting_by_task() == {"a": 2, "b": 2}
+        release.set()
+        await asyncio.gather(*jobs)
+        assert peak == 2 and slots.in_flight == 0 and slots.waiting == 0
+        return order
+
+    # a's first two hold the slots; then b and a take turns, whoever queued first
+    assert asyncio.run(scenario()) == ["a0", "a1", "a2", "b0", "a3", "b1"]
+
+
+def test_a_cancelled_waiter_leaves_the_line() -> None:
+    async def scenario() -> None:
+        slots = Slots(1)
+        hold = asyncio.Event()
+
+        async def holder() -> None:
+            async with slots.take("a"):
+                await hold.wait()
+
+        first = asyncio.create_task(holder())
+        await asyncio.sleep(0)
+        waiter = asyncio.create_task(holder())
+        await asyncio.sleep(0)
+        assert slots.waiting == 1
+        waiter.cancel()
+        await asyncio.sleep(0)
+        assert slots.waiting == 0
+        hold.set()
+        await first
+        assert slots.in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_the_key_and_tokens_are_in_no_file_argv_or_environment_of_the_gateway(
+        rig: Rig) -> None:
+    token = rig.meter.mint("t1", 7, "default")
+    assert rig.post(token).status == 200
+    rig.post("fleet-gw-not-one-of-ours")
+    wait_until(lambda: (control.folder() / "status.json").exists())
+    pid = rig.info.pid
+    secrets = (KEY.encode(), token.encode())
+    proc = Path(f"/proc/{pid}")
+    if proc.is_dir():
+        for what in ("cmdline", "environ"):
+            data = (proc / what).read_bytes()
+            assert not any(s in data for s in secrets), what
+    for path in control.folder().iterdir():
+        data = path.read_bytes()
+        assert not any(s in data for s in secrets), path
+    db = b"".join(p.read_bytes() for p in paths.db_path().parent.glob("fleet.db*"))
+    assert not any(s in db for s in secrets)
+
+
+def test_a_second_start_finds_the_running_gateway(rig: Rig) -> None:
+    again = start_gateway(rig.ep, rig.store)
+    assert again == rig.info
+    assert control.read_info() == rig.info
+
+
+def test_gateway_status_says_what_it_serves(rig: Rig, capsys: pytest.CaptureFixture[str]
+                                            ) -> None:
+    from fleet_tui.cli import main
+
+    token = rig.meter.mint("t1", 7, "default")
+    assert rig.post(token).status == 200
+    wait_until(lambda: (control.read_status() or {}).get("endpoints", {})
+               .get("default", {}).get("served") == 1)
+    assert main(["gateway", "status"]) == 0
+    out = capsys.readouterr().out
+    assert f"pid {rig.info.pid}, {rig.info.url}, up " in out
+    assert "default: 0/2 in flight, 0 waiting, 1 served, 0 gated, 0 refused" in out
+    assert main(["gateway", "status", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["running"] and data["endpoints"]["default"]["served"] == 1
+    assert main(["gateway", "stop"]) == 0
+    assert main(["gateway", "status"]) == 1
+    assert "the gateway is not running" in capsys.readouterr().out
+
+
+def test_which_attempts_go_through_the_gateway(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from fleet_tui.engine.gateway_link import GatewayLink
+    from fleet_tui.settings.config import load_settings
+
+    store = Store(paths.db_path())
+    link = GatewayLink(store, env=os.environ, python=sys.executable, keys=lambda: (KEY,))
+    on = load_settings(env=os.environ, overrides={"gateway": True,
+                                                  "base_url": "http://127.0.0.1:9"})
+    off = load_settings(env=os.environ, overrides={"gateway": False,
+                                                   "base_url": "http://127.0.0.1:9"})
+    task: Any = SimpleNamespace(id="t1", endpoint="http://127.0.0.1:9")
+    assert link.endpoint_of(on, task, "local") == "default"
+    assert link.endpoint_of(off, task, "local") is None  # direct, as before
+    assert link.endpoint_of(on, task, "memory") is None  # runs nothing here
+    other: Any = SimpleNamespace(id="t2", endpoint="http://elsewhere.invalid")
+    assert link.endpoint_of(on, other, "local") is None  # no endpoint of the settings
+    keyless = GatewayLink(store, env=os.environ, python=sys.executable, keys=lambda: ())
+    overrides: dict[str, Any] = {"base_url": "http://127.0.0.1:9", "key_sources": ["env"]}
+    env = {"ANTHROPIC_AUTH_TOKEN": KEY}
+    attempt: Any = SimpleNamespace(id=3, task_id="t1")
+    # no key: direct, so the launcher says where it looked
+    assert keyless.through(on, task, attempt, "local", overrides, env) is None
+    assert env == {"ANTHROPIC_AUTH_TOKEN": KEY}
+    env = {"ANTHROPIC_AUTH_TOKEN": KEY, "ZHIPU_API_KEY": KEY, "PATH": "/bin"}
+    try:
+        token = link.through(on, task, attempt, "local", overrides, env)
+        info = control.read_info()
+        assert token is not None and info is not None
+        assert env == {"ANTHROPIC_AUTH_TOKEN": token, "PATH": "/bin"}
+        assert overrides == {"base_url": f"{info.url}/e/default", "key_sources": ["env"]}
+        found = Meter(store).check(token)
+        assert found is not None and (found.task_id, found.attempt_id, found.endpoint) \
+            == ("t1", 3, "default") and found.valid
+        link.revoke(attempt)
+        found = Meter(store).check(token)
+        assert found is not None and not found.valid
+    finally:
+        control.stop()
+
+
+def test_named_endpoints_are_routes(tmp_path: Path) -> None:
+    from fleet_tui.engine.gateway_link import GatewayLink
+    from fleet_tui.gateway.routes import UNLIMITED, name_for, routes_of
+    from fleet_tui.settings.config import load_settings
+
+    config = tmp_path / "config.toml"
+    config.write_text('base_url = "http://127.0.0.1:9"\n\n[endpoints.zai]\n'
+                      'base_url = "http://127.0.0.1:10/api"\nmax_requests = 2\n'
+                      'key_env = "ZAI_TEST_KEY"\n\n[endpoints.team]\n'
+                      'base_url = "http://127.0.0.1:11"\nkey_keyring = "team"\n')
+    settings = load_settings(env=os.environ, config_file=config)
+    routes = routes_of(settings)
+    assert {n: (r.base_url, r.max_requests) for n, r in routes.items()} == {
+        "default": ("http://127.0.0.1:9", UNLIMITED), "zai": ("http://127.0.0.1:10/api", 2),
+        "team": ("http://127.0.0.1:11", UNLIMITED)}
+    assert name_for(settings, "http://127.0.0.1:10/api") == "zai"  # a task's base_url
+    assert name_for(settings, "zai") == "zai" and name_for(settings, "") == "default"
+    assert name_for(settings, "http://nowhere.invalid") is None
+    link = GatewayLink(Store(paths.db_path()), env={"ZAI_TEST_KEY": "sk-zai "},
+                       python=sys.executable)
+    # its own variable's key, the usual one, none yet for a keyring entry of its own
+    assert link._keys(settings, KEY) == {"default": KEY, "zai": "sk-zai"}

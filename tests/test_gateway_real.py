@@ -1,0 +1,184 @@
+"""The real claude through the gateway (issue 19), started by the engine as every worker's
+default: 8 workers share 2 request slots without a 1302; the gateway SIGKILLed mid-stream
+costs a retry, not the task; the tokens end with their attempts; the key stays out of the
+worker's reach and out of the gateway's files."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from test_fleet import KEY, drive, make_fleet, settled
+
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.gateway import control
+from fleet_tui.store.db import TaskState
+from fleet_tui.store.meter import TOKEN_PREFIX, Meter
+
+SLOW = {"real_turns": True, "delay": 0.02,
+        "turns": ["a long answer, streamed slowly, so that the workers' requests are in "
+                  "flight together and more of them want the endpoint than it allows"]}
+
+
+def gateway_fleet(ep: ScriptedEndpoint, claude: str, **overrides: Any) -> Fleet:
+    # the CLI's own retries stay on (a stream cut by the gateway's death is retried)
+    fleet = make_fleet(ep, claude, gateway=True, **overrides)
+    fleet.env.pop("CLAUDE_CODE_MAX_RETRIES", None)
+    fleet.supervisor.env = fleet.env
+    fleet.supervisor.gateway.env = fleet.env
+    return fleet
+
+
+def test_eight_workers_share_two_slots_without_a_1302(git_repo: Path, claude_bin: str) -> None:
+    with ScriptedEndpoint({"default": SLOW},
+                          faults=[{"kind": "concurrency", "limit": 2}]) as ep:
+        fleet = gateway_fleet(ep, claude_bin, max_workers=8, max_requests=2, max_attempts=1)
+        try:
+            tasks = fleet.submit(TaskSpec(prompt="answer", repo=git_repo), copies=8)
+            peak = 0
+
+            def watch() -> None:
+                nonlocal peak
+                status = control.read_status() or {}
+                flight = status.get("endpoints", {}).get("default", {}).get("in_flight", 0)
+                peak = max(peak, flight)
+
+            drive(fleet, settled(fleet, *[t.id for t in tasks]), timeout=150, each=watch)
+            done = [fleet.get_task(t.id) for t in tasks]
+            assert all(t.state == TaskState.SUCCEEDED for t in done), \
+                [(t.state, t.message) for t in done]
+            served = ep.message_requests()
+            assert [r for r in served if r.status != 200] == []  # 0 refusals (1302)
+            assert peak == 2
+            # upstream: the real key, never a token
+            assert {r.auth_sha256 for r in served} == {hashlib.sha256(KEY.encode()).hexdigest()}
+            meter = Meter(fleet.store)
+            rows = meter.rows()
+            assert len(rows) == len(served)
+            assert sorted({r.task_id for r in rows}) == sorted(t.id for t in tasks)
+            assert all(r.input_tokens > 0 and r.output_tokens > 0 for r in rows)
+            # every attempt's token ended with it
+            conn = fleet.store._connect()
+            left = conn.execute("SELECT COUNT(*) FROM gateway_tokens WHERE revoked_at IS NULL"
+                                ).fetchone()[0]
+            assert left == 0
+            # the worker never held the key: its runner got the token
+            for task in done:
+                (attempt,) = fleet.attempts(task.id)
+                assert attempt.dir is not None
+                runner_log = (Path(attempt.dir) / "runner.log").read_bytes()
+                assert KEY.encode() not in runner_log
+            for path in control.folder().iterdir():
+                data = path.read_bytes()
+                assert KEY.encode() not in data and TOKEN_PREFIX.encode() not in data, path
+        finally:
+            control.stop(fleet.env)
+
+
+def test_a_sigkilled_gateway_costs_a_retry_not_the_task(git_repo: Path,
+                                                        claude_bin: str) -> None:
+    slow = {"real_turns": True, "delay": 0.5,
+            "turns": ["an answer streamed slowly enough for the gateway to die in the "
+                      "middle of it, and the worker to ask again once it is back"]}
+    with ScriptedEndpoint({"default": slow}) as ep:
+        fleet = gateway_fleet(ep, claude_bin, max_attempts=1)
+        try:
+            (task,) = fleet.submit(TaskSpec(prompt="answer", repo=git_repo))
+
+            # the first request has reached the endpoint: its answer streams for seconds
+            drive(fleet, lambda: bool(ep.message_requests()), timeout=60)
+            first = control.read_info(fleet.env)
+            assert first is not None
+            os.kill(first.pid, signal.SIGKILL)
+            drive(fleet, settled(fleet, task.id), timeout=150)
+            done = fleet.get_task(task.id)
+            assert done.state == TaskState.SUCCEEDED, done.message
+            assert len(fleet.attempts(task.id)) == 1  # the CLI's retry, not the engine's
+            again = control.read_info(fleet.env)
+            assert again is not None and again.pid != first.pid
+            assert again.port == first.port  # the workers' base URL still reaches it
+            assert len(ep.message_requests()) >= 2
+        finally:
+            control.stop(fleet.env)
+
+
+def test_a_parked_endpoint_gets_no_request_while_workers_ask(git_repo: Path,
+                                                            claude_bin: str) -> None:
+    quick = {"real_turns": True, "turns": ["done"]}
+    with ScriptedEndpoint({"default": quick}) as ep:
+        fleet = gateway_fleet(ep, claude_bin, max_attempts=1)
+        words = "Usage limit reached for 5 hour. Your limit will reset at 2026-12-01 00:14:10"
+        park = {"parked_until": time.time() + 3600, "park_reason": "5-hour window, code 1308",
+                "park_message": words}
+        through = fleet.supervisor.gateway.through
+
+        def parked_at_launch(*args: Any) -> str | None:
+            # the endpoint is parked right after the attempt got its token, before its
+            # runner starts: every request its worker makes meets the closed window
+            token = through(*args)
+            fleet.store.change_endpoint(ep.url, lambda _s: park)
+            return token
+
+        fleet.supervisor.gateway.through = parked_at_launch  # type: ignore[method-assign]
+        try:
+            (task,) = fleet.submit(TaskSpec(prompt="answer", repo=git_repo))
+            drive(fleet, lambda: bool(fleet.attempts(task.id))
+                  and fleet.attempts(task.id)[-1].finished_at is not None, timeout=120)
+
+            def gated_count() -> int:
+                status = control.read_status(fleet.env) or {}
+                return int(status.get("endpoints", {}).get("default", {}).get("gated", 0))
+
+            deadline = time.monotonic() + 10  # status.json is written every 0.2 s
+            while gated_count() == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            gated = gated_count()
+        finally:
+            control.stop(fleet.env)
+        # nothing reached the endpoint (the first request came after the park), and the
+        # task ends as a 1308 direct would have
+        assert ep.message_requests() == []
+        assert gated == 1  # x-should-retry false: the CLI did not retry into the window
+        done = fleet.get_task(task.id)
+        # read as the provider's own 1308 is read direct: the window, its code, its words
+        assert "code 1308" in (done.message or "") and words in (done.message or ""), \
+            done.message
+        assert done.message.startswith("z.ai (429): ")
+
+
+def test_a_worker_finds_the_key_in_no_process_of_the_machine(git_repo: Path,
+                                                             claude_bin: str) -> None:
+    # a key of this test only (test_fleet's KEY may be in a direct worker of another test)
+    key = f"sk-gateway-scan-{os.getpid()}-{time.monotonic_ns()}"
+    half = len(key) // 2
+    # the pattern is put together in a file, so no command line of the worker holds the key
+    scan = {"real_turns": True, "turns": [
+        [{"type": "tool_use", "name": "Bash", "input": {
+            "command": f"printf '%s%s' '{key[:half]}' '{key[half:]}' > ../pattern; "
+                       "grep -l -a -F -f ../pattern /proc/[0-9]*/environ /proc/[0-9]*/cmdline "
+                       "2>/dev/null > ../found.txt; ls /proc | grep -c '^[0-9]' > ../seen.txt;"
+                       " true",
+            "description": "look for the key in every process"}}],
+        "done"]}
+    with ScriptedEndpoint({"default": scan}) as ep:
+        fleet = gateway_fleet(ep, claude_bin)
+        fleet.env["ANTHROPIC_AUTH_TOKEN"] = key
+        try:
+            (task,) = fleet.submit(TaskSpec(prompt="look", repo=git_repo))
+            drive(fleet, settled(fleet, task.id), timeout=120)
+            done = fleet.get_task(task.id)
+            assert done.state == TaskState.SUCCEEDED, done.message
+            info = control.read_info(fleet.env)
+            assert info is not None  # the gateway, holding the key, ran meanwhile
+            assert {r.auth_sha256 for r in ep.message_requests()} \
+                == {hashlib.sha256(key.encode()).hexdigest()}
+        finally:
+            control.stop(fleet.env)
+    assert done.worktree is not None
+    assert int((done.worktree.parent / "seen.txt").read_text()) > 3  # it could look
+    assert (done.worktree.parent / "found.txt").read_text() == ""
