@@ -161,6 +161,36 @@ def test_the_meter_holds_what_the_endpoint_served(rig: Rig) -> None:
     assert rig.meter.by_task()["t1"].requests == 3
 
 
+def test_requests_are_priced_and_a_task_over_its_budget_sends_no_more(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway prices each request from the settings' table (here an override that makes
+    a token cost a dollar) and, once a task's spend meets budget_per_task, answers its next
+    request itself: nothing more reaches the endpoint."""
+    config = tmp_path / "config.toml"
+    config.write_text('budget_per_task = 5.0\n[prices."fake-model-1"]\n'
+                      'input = 1000000.0\noutput = 1000000.0\n', encoding="utf-8")
+    monkeypatch.setenv("FLEET_TUI_CONFIG", str(config))
+    with ScriptedEndpoint({"default": SCRIPT}) as ep:
+        store = Store(paths.db_path())
+        info = start_gateway(ep, store)
+        try:
+            rig = Rig(ep, store, Meter(store), info)
+            token = rig.meter.mint("t1", 7, "default")
+            assert rig.post(token).status == 200
+            wait_until(lambda: len(rig.meter.rows()) == 1)
+            (row,) = rig.meter.rows()
+            assert row.cost == float(row.input_tokens + row.output_tokens) > 5.0
+            refused = rig.post(token)
+            assert refused.status == 403 and refused.headers["x-should-retry"] == "false"
+            assert b"budget" in refused.body and b"t1" in refused.body, refused.body
+            assert len(ep.message_requests()) == 1
+            other = rig.meter.mint("t2", 8, "default")  # another task still goes through
+            assert rig.post(other).status == 200
+            assert len(ep.message_requests()) == 2
+        finally:
+            control.stop()
+
+
 def test_refusals_are_clear_final_and_reach_nothing_upstream(rig: Rig) -> None:
     token = rig.meter.mint("t1", 7, "default")
     assert rig.post(token).status == 200

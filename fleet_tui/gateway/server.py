@@ -47,6 +47,8 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from fleet_tui.gateway.routes import UNLIMITED, Route
 from fleet_tui.gateway.slots import Slots
 from fleet_tui.gateway.usage import UsageReader
+from fleet_tui.settings.config import ConfigError, Settings, load_settings
+from fleet_tui.store import budgets
 from fleet_tui.store.db import EndpointState, Store
 from fleet_tui.store.meter import Meter, TokenInfo, Usage
 from fleet_tui.system import paths, procs
@@ -125,8 +127,10 @@ class Gateway:
     """One gateway's state: its routes and keys, slots, counters and the store."""
 
     def __init__(self, store: Store, routes: dict[str, Route], keys: dict[str, str],
-                 folder: Path, *, clock: Any = time.time) -> None:
+                 folder: Path, *, clock: Any = time.time,
+                 settings: Settings | None = None) -> None:
         self.store = store
+        self.settings = settings  # budgets and prices (None: neither is applied)
         self.meter = Meter(store)
         self.routes = routes
         self._keys = keys
@@ -205,6 +209,9 @@ class Gateway:
         gated = gate_answer(state, self.clock())
         if gated is not None:
             return self._gated(counters, gated)
+        over = self._over_budget(info, name)
+        if over is not None:
+            return self._gated(counters, _error(403, "permission_error", over))
         body = await request.read()
         slots = self.slots[name]
         waiter = f"{info.task_id}#{id(request):x}"
@@ -230,6 +237,27 @@ class Gateway:
                 return await self._forward(request, route, info, body, counters)
         finally:
             counters.waiting_since.pop(waiter, None)
+
+    def _over_budget(self, info: TokenInfo, name: str) -> str | None:
+        """The task's or the endpoint's budget met: nothing more goes upstream for it (the
+        engine stops the task, or holds the endpoint, on its own next look)."""
+        if self.settings is None:
+            return None
+        try:
+            return budgets.budget_refusal(self.store, self.settings, info.task_id, name,
+                                          self.clock())
+        except Exception as exc:  # a budget that cannot be read never stops the work
+            log.warning("could not check the budgets of %s: %s", name, type(exc).__name__)
+            return None
+
+    def _cost(self, endpoint: str, model: str, counts: dict[str, int]) -> float | None:
+        if self.settings is None or not model:
+            return None
+        try:
+            return budgets.request_cost(self.settings, endpoint, model, **counts)
+        except Exception as exc:
+            log.warning("could not price a request of %s: %s", endpoint, type(exc).__name__)
+            return None
 
     def _refusal(self, info: TokenInfo | None, name: str) -> str | None:
         if info is None:
@@ -301,6 +329,7 @@ class Gateway:
             self._changed = True
             usage = Usage(at=self.clock(), task_id=info.task_id, attempt_id=info.attempt_id,
                           endpoint=route.name, model=reader.model, status=status,
+                          cost=self._cost(route.name, reader.model, reader.counts),
                           **reader.counts)
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._in_pool(self._record, usage))
@@ -390,6 +419,17 @@ async def _serve(gateway: Gateway, sock: socket.socket) -> None:
         status_task.cancel()
         await runner.cleanup()
 
+def _settings() -> Settings | None:
+    """The settings the budgets and prices come from, as the engine reads them (config.toml
+    and FLEET_WORKER_*); None, and said in the log, when they cannot be read."""
+    try:
+        return load_settings()
+    except (ConfigError, OSError) as exc:
+        log.warning("settings unreadable, no budgets or prices applied: %s",
+                    type(exc).__name__)
+        return None
+
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=SERVER_MODULE)
@@ -414,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         log.info("another gateway runs for %s", folder)
         return 0
-    gateway = Gateway(Store(args.db), routes, keys, folder)
+    gateway = Gateway(Store(args.db), routes, keys, folder, settings=_settings())
     try:
         sock = _bind(args.port)
     except OSError as exc:
@@ -432,3 +472,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover - the detached gateway
     raise SystemExit(main())
+
