@@ -631,7 +631,7 @@ def test_a_big_backlog_is_read_in_bounded_chunks_and_counted(
     me = stand_in_runner
     task = store.create_task(prompt="p", repo=tmp_path, task_id="big001",
                              state=TaskState.RUNNING, base_commit="0" * 40, started_at=now,
-                             endpoint=fleet.settings.base_url, attempt_count=1)
+                             endpoint="default", attempt_count=1)
     adir = tmp_path / "attempt"
     adir.mkdir()
     (adir / EVENTS_FILE).write_bytes(data)

@@ -277,3 +277,82 @@ def from_data(data: object) -> tuple[Endpoint, ...]:
             prices = {str(m): Price(**p) for m, p in dict(item.get("prices") or {}).items()}
             out.append(Endpoint(**{**item, "prices": prices}))
     return tuple(out)
+
+
+# --- a task's endpoint, and what its runner is given (issue 19) ------------------------------
+
+# The variables a runner may take the key from (the launcher's env sources). A named
+# endpoint with a key of its own gets none of the engine's: its key, and only its key.
+KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ZHIPU_API_KEY", "GLM_API_KEY")
+HANDED_KEY = "ANTHROPIC_AUTH_TOKEN"  # how a key_env endpoint's key reaches its runner
+
+
+def lookup(endpoints: tuple[Endpoint, ...], name: str | None) -> Endpoint:
+    """A stored task's endpoint: the one of that name, else the default. A task row holds
+    its endpoint's name; an older row holds a base URL (the store's migration reads those
+    as "default"), and a name config.toml no longer has runs on the default, as the
+    settings say now, rather than nowhere."""
+    for endpoint in endpoints:
+        if endpoint.name == name:
+            return endpoint
+    return endpoints[0]
+
+
+def name_of(endpoints: tuple[Endpoint, ...], value: str | None) -> str:
+    """The name an endpoint is known by in the store, from a name or a base URL (the
+    default's first, then in file order); anything else: the default."""
+    if not value:
+        return DEFAULT
+    for endpoint in endpoints:
+        if endpoint.name == value:
+            return value
+    wanted = value.rstrip("/")
+    for endpoint in endpoints:
+        if endpoint.base_url.rstrip("/") == wanted:
+            return endpoint.name
+    return DEFAULT
+
+
+def key_overrides(endpoint: Endpoint) -> dict[str, object]:
+    """The launcher's key settings for the endpoint's runner: a key_env endpoint reads
+    only the variable it is handed (HANDED_KEY), a key_keyring one only its entry;
+    neither: nothing (the usual sources)."""
+    if endpoint.key_env is not None:
+        return {"key_sources": ["env"]}
+    if endpoint.key_keyring is not None:
+        return {"key_sources": ["keyring"], "keyring_key": endpoint.key_keyring}
+    return {}
+
+
+def key_env_names(endpoints: tuple[Endpoint, ...]) -> set[str]:
+    """The variables named endpoints take their keys from (never in a runner's
+    environment: a worker's Bash step can read it)."""
+    return {e.key_env for e in endpoints if e.key_env is not None}
+
+
+class MissingKey(ConfigError):
+    """A key_env endpoint whose variable the engine's environment does not hold."""
+
+
+def runner_env(endpoint: Endpoint, endpoints: tuple[Endpoint, ...],
+               env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a runner of `endpoint` starts with, from the engine's: no endpoint's
+    key_env variable; for an endpoint with a key of its own, none of the engine's key
+    variables either, and a key_env endpoint's key as HANDED_KEY (the host hands the key
+    variables over through a pipe, never the runner's environment). MissingKey when a
+    key_env endpoint's variable is not set."""
+    out = {k: v for k, v in env.items() if k not in key_env_names(endpoints)}
+    if not endpoint.own_key:
+        return out
+    for name in KEY_VARIABLES:
+        out.pop(name, None)
+    if endpoint.key_env is not None:
+        value = (env.get(endpoint.key_env) or "").strip()
+        if not value:
+            raise MissingKey(f"the endpoint {endpoint.name!r} takes its key from "
+                             f"${endpoint.key_env}, which is "
+                             f"{'empty' if endpoint.key_env in env else 'not set'} in the "
+                             "engine's environment; export it where fleet-tui runs",
+                             key="key_env")
+        out[HANDED_KEY] = value
+    return out
