@@ -137,7 +137,7 @@ class Supervisor:
         key_env endpoint whose variable is unset: the start fails, saying which."""
         try:
             return endpoints.runner_env(self.settings.endpoint_of(task.endpoint),
-                                        self.settings.endpoints, env)
+                                        self.settings.endpoints, env, keys_from=self.env)
         except endpoints.MissingKey as exc:
             raise FleetError(str(exc)) from None
 

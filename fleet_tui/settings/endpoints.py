@@ -335,23 +335,26 @@ class MissingKey(ConfigError):
 
 
 def runner_env(endpoint: Endpoint, endpoints: tuple[Endpoint, ...],
-               env: Mapping[str, str]) -> dict[str, str]:
-    """The environment a runner of `endpoint` starts with, from the engine's: no endpoint's
-    key_env variable; for an endpoint with a key of its own, none of the engine's key
-    variables either, and a key_env endpoint's key as HANDED_KEY (the host hands the key
-    variables over through a pipe, never the runner's environment). MissingKey when a
-    key_env endpoint's variable is not set."""
+               env: Mapping[str, str], keys_from: Mapping[str, str] | None = None
+               ) -> dict[str, str]:
+    """The environment a runner of `endpoint` starts with, from `env` (the host's for its
+    runners): no endpoint's key_env variable; for an endpoint with a key of its own, none
+    of the key variables either, and a key_env endpoint's key, read from `keys_from` (the
+    engine's environment; default `env`), as HANDED_KEY (the host hands the key variables
+    over through a pipe, never the runner's environment). MissingKey when a key_env
+    endpoint's variable is not set."""
     out = {k: v for k, v in env.items() if k not in key_env_names(endpoints)}
     if not endpoint.own_key:
         return out
     for name in KEY_VARIABLES:
         out.pop(name, None)
     if endpoint.key_env is not None:
-        value = (env.get(endpoint.key_env) or "").strip()
+        source = env if keys_from is None else keys_from
+        value = (source.get(endpoint.key_env) or "").strip()
         if not value:
             raise MissingKey(f"the endpoint {endpoint.name!r} takes its key from "
                              f"${endpoint.key_env}, which is "
-                             f"{'empty' if endpoint.key_env in env else 'not set'} in the "
+                             f"{'empty' if endpoint.key_env in source else 'not set'} in the "
                              "engine's environment; export it where fleet-tui runs",
                              key="key_env")
         out[HANDED_KEY] = value
