@@ -295,7 +295,7 @@ def test_key_set_for_an_endpoint(tmp_path: Path) -> None:
                               input=given, env=env, capture_output=True, text=True,
                               timeout=60)
 
-    stored = key("--endpoint", "other", "set", given=OTHER_KEY + "\n")
+    stored = key("set", "--endpoint", "other", given=OTHER_KEY + "\n")
     assert stored.returncode == 0, stored.stderr
     assert "fleet-worker/other-key" in stored.stdout and OTHER_KEY not in stored.stdout
     assert keyring.get_password("fleet-worker", "other-key") == OTHER_KEY
@@ -400,3 +400,75 @@ def test_two_endpoints_each_with_its_own_key_from_one_fleet(
                 data = path.read_bytes()
                 assert ZAI_KEY.encode() not in data, path
                 assert OTHER_KEY.encode() not in data, path
+
+
+# --- the panel ------------------------------------------------------------------------------
+
+
+def panel(fleet: Fleet, repo: Path) -> Any:
+    from fleet_tui.ui.app import FleetApp
+
+    return FleetApp(fleet, repo=repo, default_base="main", run_scheduler=False, bell=False,
+                    poll_interval=0.1, diff_interval=60)
+
+
+async def test_the_task_list_has_an_endpoint_column_only_with_more_than_one(
+        git_repo: Path, tmp_path: Path) -> None:
+    from test_ui_support import wait_until
+
+    from fleet_tui.ui.widgets.task_table import TaskTable
+
+    fleet, _host = make(tmp_path)
+    first = fleet.store.create_task(prompt="x", title="on the default", repo=git_repo,
+                                    endpoint="default", state=TaskState.SUCCEEDED)
+    app = panel(fleet, git_repo)
+    async with app.run_test(size=(160, 30)) as pilot:
+        table = app.main.query_one(TaskTable)
+        await wait_until(pilot, lambda: table.row_count == 1, what="the list")
+        assert not table.shows_endpoint
+        assert "default" not in [str(cell) for cell in table.get_row(first.id)]
+        second = fleet.store.create_task(prompt="y", title="on zai", repo=git_repo,
+                                         endpoint="zai", state=TaskState.SUCCEEDED)
+        await wait_until(pilot, lambda: table.row_count == 2, what="the second task")
+        assert table.shows_endpoint
+        assert "zai" in [str(cell) for cell in table.get_row(second.id)]
+        assert "default" in [str(cell) for cell in table.get_row(first.id)]
+        header = "".join(s.text for s in table.render_line(0))
+        assert "endpoint" in header
+
+
+async def test_the_launch_form_asks_which_endpoint_when_there_are_several(
+        git_repo: Path, tmp_path: Path) -> None:
+    from test_ui_support import wait_until
+    from textual.widgets import Select, TextArea
+
+    from fleet_tui.ui.screens.launch import LaunchScreen
+
+    async def open_form(pilot: Any, app: Any) -> LaunchScreen:
+        await pilot.press("n")
+        await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen)
+                         and bool(app.screen.query("#copies")), what="the form")
+        assert isinstance(app.screen, LaunchScreen)
+        return app.screen
+
+    single = Fleet(load_settings())
+    app = panel(single, git_repo)
+    async with app.run_test(size=(120, 40)) as pilot:
+        form = await open_form(pilot, app)
+        assert not form.query("#endpoint")  # one endpoint: nothing to choose
+
+    fleet, _host = make(tmp_path)
+    app = panel(fleet, git_repo)
+    async with app.run_test(size=(120, 40)) as pilot:
+        form = await open_form(pilot, app)
+        chosen: Select[str] = form.query_one("#endpoint", Select)
+        assert chosen.value == "default"
+        chosen.value = "zai"
+        form.query_one("#prompt", TextArea).text = "on zai"
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: len(fleet.list_tasks()) == 1, what="the task")
+        assert fleet.list_tasks()[0].endpoint == "zai"
+        form = await open_form(pilot, app)  # remembered, and said so
+        assert form.query_one("#endpoint", Select).value == "zai"
+        assert "endpoint zai" in str(form.query_one("#carried").render())

@@ -62,9 +62,14 @@ def _parser() -> argparse.ArgumentParser:
                         help="the key of the endpoint NAME of config.toml (its key_keyring "
                         "entry; default: the top-level settings' key)")
     sub = parser.add_subparsers(dest="action", metavar="set|delete|status")
-    sub.add_parser("set", help="store the key (prompted without echo, or read from stdin)")
-    sub.add_parser("delete", help="remove the stored key")
-    sub.add_parser("status", help="say which source the key would come from (never the key)")
+    for name, what in (("set", "store the key (prompted without echo, or read from stdin)"),
+                       ("delete", "remove the stored key"),
+                       ("status", "say which source the key would come from (never the "
+                                  "key)")):
+        action = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
+        # `key set --endpoint NAME` as well as `key --endpoint NAME set`
+        action.add_argument("--endpoint", metavar="NAME", default=argparse.SUPPRESS,
+                            help="the key of the endpoint NAME of config.toml")
     return parser
 
 
