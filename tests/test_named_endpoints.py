@@ -472,3 +472,15 @@ async def test_the_launch_form_asks_which_endpoint_when_there_are_several(
         form = await open_form(pilot, app)  # remembered, and said so
         assert form.query_one("#endpoint", Select).value == "zai"
         assert "endpoint zai" in str(form.query_one("#carried").render())
+
+
+def test_a_task_whose_endpoint_left_config_toml_is_not_sent_elsewhere(
+        git_repo: Path, tmp_path: Path) -> None:
+    fleet, host = make(tmp_path)
+    (gone,) = submit(fleet, git_repo, "zai")
+    fleet.apply_settings(load_settings(env=os.environ, overrides={"key_sources": "env"},
+                                       config_file=os.devnull))
+    fleet.tick()
+    task = fleet.get_task(gone)
+    assert task.state == TaskState.FAILED and not host.runs_of(gone)
+    assert "its endpoint 'zai' is not in config.toml any more" in (task.message or "")

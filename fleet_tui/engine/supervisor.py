@@ -183,6 +183,9 @@ class Supervisor:
         on its host (lock taken, spec written) and recorded in the store (only while the
         task is still ours and not killed) before the host starts its runner."""
         now = self.clock()
+        gone = endpoints.missing(self.settings.endpoints, task.endpoint)
+        if gone is not None:  # never sent to another provider than the one it was given
+            raise FleetError(gone)
         attempts = self.store.list_attempts(task.id)
         if attempts and attempts[-1].row_error is not None:
             raise FleetError(attempts[-1].row_error)

@@ -101,10 +101,11 @@ class Settings:
         """A stored task's endpoint: that name's, else the default (endpoints.lookup)."""
         from fleet_tui.settings import endpoints
 
-        if not self.endpoints or name == endpoints.DEFAULT:
-            return endpoints.default_endpoint(self)
-        found = endpoints.lookup(self.endpoints, name)
-        return endpoints.default_endpoint(self) if found.name == endpoints.DEFAULT else found
+        found = endpoints.lookup(self.endpoints, name) if self.endpoints else None
+        if found is None or found.name == endpoints.DEFAULT:
+            # from these settings as they are now (a replace() of them may have changed one)
+            return endpoints.default_endpoint(self, found.prices if found else None)
+        return found
 
     def for_endpoint(self, name: str | None) -> Settings:
         """These settings as a task on that endpoint sees them (its base URL, models,
@@ -116,12 +117,15 @@ class Settings:
 
         if endpoint.name == endpoints.DEFAULT:
             return self
-        keys = endpoints.key_overrides(endpoint)
+        sources, entry = self.key_sources, self.keyring_key  # neither: the usual sources
+        if endpoint.key_env is not None:
+            sources = ("env",)  # the runner is handed its key as that variable
+        elif endpoint.key_keyring is not None:
+            sources, entry = ("keyring",), endpoint.key_keyring
         return dataclasses.replace(
             self, base_url=endpoint.base_url, model=endpoint.model,
             small_model=endpoint.small_model, max_workers=endpoint.max_workers,
-            key_sources=tuple(keys.get("key_sources", self.key_sources)),  # type: ignore[arg-type]
-            keyring_key=str(keys.get("keyring_key", self.keyring_key)))
+            key_sources=sources, keyring_key=entry)
 
     @property
     def endpoint_names(self) -> tuple[str, ...]:

@@ -288,14 +288,26 @@ HANDED_KEY = "ANTHROPIC_AUTH_TOKEN"  # how a key_env endpoint's key reaches its 
 
 
 def lookup(endpoints: tuple[Endpoint, ...], name: str | None) -> Endpoint:
-    """A stored task's endpoint: the one of that name, else the default. A task row holds
-    its endpoint's name; an older row holds a base URL (the store's migration reads those
-    as "default"), and a name config.toml no longer has runs on the default, as the
-    settings say now, rather than nowhere."""
+    """A stored task's endpoint, for its settings (cap, models): the one `name_of` names,
+    else the default. A task row holds its endpoint's name (the store's migration read the
+    base URLs of older rows as "default"); the supervisor refuses to start a task whose
+    name config.toml no longer has (`missing`), so this fallback only sets its limits."""
+    wanted = name_of(endpoints, name)
     for endpoint in endpoints:
-        if endpoint.name == name:
+        if endpoint.name == wanted:
             return endpoint
     return endpoints[0]
+
+
+def missing(endpoints: tuple[Endpoint, ...], name: str | None) -> str | None:
+    """Why a task on endpoint `name` cannot start (its name is gone from config.toml), or
+    None. A base URL (a row from before names, or a test's) is not a name: it reads as
+    `name_of` says."""
+    if not name or name == DEFAULT or "://" in name or any(e.name == name for e in endpoints):
+        return None
+    known = ", ".join(e.name for e in endpoints) or DEFAULT
+    return (f"its endpoint {name!r} is not in config.toml any more (the endpoints are: "
+            f"{known}); add [{TABLE}.{name}] back and retry it, or run it again on another")
 
 
 def name_of(endpoints: tuple[Endpoint, ...], value: str | None) -> str:
@@ -311,17 +323,6 @@ def name_of(endpoints: tuple[Endpoint, ...], value: str | None) -> str:
         if endpoint.base_url.rstrip("/") == wanted:
             return endpoint.name
     return DEFAULT
-
-
-def key_overrides(endpoint: Endpoint) -> dict[str, object]:
-    """The launcher's key settings for the endpoint's runner: a key_env endpoint reads
-    only the variable it is handed (HANDED_KEY), a key_keyring one only its entry;
-    neither: nothing (the usual sources)."""
-    if endpoint.key_env is not None:
-        return {"key_sources": ["env"]}
-    if endpoint.key_keyring is not None:
-        return {"key_sources": ["keyring"], "keyring_key": endpoint.key_keyring}
-    return {}
 
 
 def key_env_names(endpoints: tuple[Endpoint, ...]) -> set[str]:
