@@ -435,6 +435,18 @@ async def test_the_task_list_has_an_endpoint_column_only_with_more_than_one(
         assert "default" in [str(cell) for cell in table.get_row(first.id)]
         header = "".join(s.text for s in table.render_line(0))
         assert "endpoint" in header
+        # a named endpoint's hold says whose it is, in the status line and its toast
+        from fleet_tui.ui.widgets.status_line import StatusLine
+
+        now = time.time()
+        hold = policy.Effect("hold", reason="account in arrears, code 1113", task=second.id,
+                             settings=policy.settings_key(fleet.settings.for_endpoint("zai")))
+        fleet.store.change_endpoint(
+            "zai", lambda state: policy.apply_effect(state, hold, fleet.settings, now), now)
+        await wait_until(pilot, lambda: "zai held: account in arrears" in
+                         str(app.main.query_one(StatusLine).render()), what="the hold")
+        await wait_until(pilot, lambda: any(title == "Endpoint zai held"
+                                            for _, title, _ in app.toasts), what="the toast")
 
 
 async def test_the_launch_form_asks_which_endpoint_when_there_are_several(
