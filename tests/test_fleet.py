@@ -142,7 +142,7 @@ def test_three_tasks_under_a_cap_of_two(git_repo: Path, claude_bin: str,
     peak = {"store": 0, "claude": 0}
 
     def sample() -> None:
-        running = fleet.store.count_tasks(ACTIVE_STATES, endpoint=endpoint.url)
+        running = fleet.store.count_tasks(ACTIVE_STATES, endpoint="default")  # its name
         worktrees = {str(paths.worktree_path(git_repo, t.id)) for t in tasks}
         # claude processes started by a runner in the worktrees (a fork of claude, before
         # it execs a tool, shows the same argv, but its parent is claude, not a runner)
