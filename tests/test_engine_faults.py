@@ -326,7 +326,7 @@ def test_a_runner_that_cannot_write_anything_is_explained(
     now = time.time()
     task = store.create_task(prompt="p", repo=repo, task_id="full01", state=TaskState.RUNNING,
                              base_commit="0" * 40, started_at=now, attempt_count=1,
-                             endpoint=fleet.settings.base_url)
+                             endpoint="default")
     store.add_attempt(task.id, prompt="p", now=now, runner_pid=2 ** 22 + 7, dir=adir,
                       started_at=now)
     fleet.tick()
@@ -504,7 +504,7 @@ def test_a_full_database_disk_is_a_store_error_not_a_crash(small_disk: Path,
     store = Store(small_disk / "fleet.db")
     fleet = Fleet(load_settings(overrides={"claude": "/nonexistent/claude"}), store)
     for i in range(3):
-        store.create_task(prompt=f"p{i}", repo=git_repo, endpoint=fleet.settings.base_url)
+        store.create_task(prompt=f"p{i}", repo=git_repo, endpoint="default")
     fill(small_disk)
     with pytest.raises(StoreError, match=r"the task database .*fleet\.db could not be used: "
                                          r"database or disk is full"):

@@ -99,7 +99,7 @@ def stored(fleet: Fleet, repo: Path, state: TaskState, **fields: object) -> str:
     """A task row as the engine leaves it in `state` (no worktree: nothing runs here)."""
     values: dict[str, object] = {"title": "work", "base_commit": "0" * 40,
                                  "base_branch": "main", "session_id": "s-1",
-                                 "endpoint": fleet.settings.base_url}
+                                 "endpoint": "default"}
     values.update(fields)
     task = fleet.store.create_task(prompt="work", repo=repo, state=state, now=time.time(),
                                    **values)

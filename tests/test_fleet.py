@@ -142,7 +142,7 @@ def test_three_tasks_under_a_cap_of_two(git_repo: Path, claude_bin: str,
     peak = {"store": 0, "claude": 0}
 
     def sample() -> None:
-        running = fleet.store.count_tasks(ACTIVE_STATES, endpoint=endpoint.url)
+        running = fleet.store.count_tasks(ACTIVE_STATES, endpoint="default")  # its name
         worktrees = {str(paths.worktree_path(git_repo, t.id)) for t in tasks}
         # claude processes started by a runner in the worktrees (a fork of claude, before
         # it execs a tool, shows the same argv, but its parent is claude, not a runner)
@@ -631,7 +631,7 @@ def test_a_big_backlog_is_read_in_bounded_chunks_and_counted(
     me = stand_in_runner
     task = store.create_task(prompt="p", repo=tmp_path, task_id="big001",
                              state=TaskState.RUNNING, base_commit="0" * 40, started_at=now,
-                             endpoint=fleet.settings.base_url, attempt_count=1)
+                             endpoint="default", attempt_count=1)
     adir = tmp_path / "attempt"
     adir.mkdir()
     (adir / EVENTS_FILE).write_bytes(data)

@@ -260,7 +260,7 @@ def test_a_task_that_retries_into_a_parked_window_is_stopped_and_parked(
         now = time.time()
         park = policy.Effect("park", until=reset + 0.5, reason="5-hour window, code 1308",
                              message=words)
-        fleet.store.change_endpoint(ep.url, lambda state: policy.apply_effect(
+        fleet.store.change_endpoint("default", lambda state: policy.apply_effect(
             state, park, fleet.settings, now), now)
         (done,) = wait_tasks(fleet, [task])
         requests = ep.message_requests()

@@ -52,7 +52,7 @@ def fill(store: Store, repos: list[Path], count: int = 1000) -> None:
         state = STATES[i % len(STATES)]
         store.create_task(task_id=f"t{i:05d}", prompt=f"task {i}", repo=repos[i % 3],
                           title=f"task number {i:04d}", state=state, base_branch="main",
-                          base_commit="0" * 40, endpoint=load_settings().base_url,
+                          base_commit="0" * 40, endpoint="default",
                           now=NOW - 100_000 + i * 60, started_at=NOW - 100_000 + i * 60,
                           finished_at=None if state == TaskState.QUEUED else NOW - 50_000)
     store.update_task("t00999", state=TaskState.RUNNING)  # the newest task runs

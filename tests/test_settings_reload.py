@@ -48,7 +48,7 @@ def app(git_repo: Path, tmp_path: Path, config: Path) -> FleetApp:
     store.create_task(task_id="mrg001", prompt="add new.txt", repo=git_repo,
                       title="Add new.txt", state=TaskState.SUCCEEDED, base_branch="main",
                       base_commit=head, worktree=worktree, branch="fleet/mrg001",
-                      endpoint=load_settings().base_url, finished_at=time.time())
+                      endpoint="default", finished_at=time.time())
     fleet = Fleet(load_settings(), store)
     fleet.watch_settings()
     return FleetApp(fleet, repo=git_repo, default_base="main", run_scheduler=False,

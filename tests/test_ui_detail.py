@@ -44,7 +44,7 @@ def app(git_repo: Path, tmp_path: Path) -> FleetApp:
                       now=now - 60, title="Fix the failing test", state=TaskState.SUCCEEDED,
                       base_branch="main", base_commit=head, worktree=worktree,
                       started_at=now - 50, finished_at=now - 10, verdict="ok",
-                      endpoint=load_settings().base_url)
+                      endpoint="default")
     folder = tmp_path / "logs" / "1"
     folder.mkdir(parents=True)
     (folder / "events.jsonl").write_bytes((FIXTURE / "stdout.jsonl").read_bytes())

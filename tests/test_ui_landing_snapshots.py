@@ -40,7 +40,7 @@ def build_fleet(repo: Path, tmp: Path) -> Fleet:
     """Three finished copies of one prompt (each with its own change), four tasks in the
     merge queue at each step of it, and one update stopped on conflicts."""
     store = Store(tmp / "fleet.db")
-    endpoint = load_settings().base_url
+    endpoint = "default"  # the store names a task's endpoint (issue 19)
     contents = ("return a + b\n", "return sum((a, b))\n", "return b + a  # commutes\n")
     for n, (task_id, body) in enumerate(zip(COPIES, contents, strict=True)):
         info = fgit.create_worktree(repo, task_id, "main")

@@ -63,7 +63,7 @@ def _many_tasks(tmp_path: Path, repo: Path, count: int) -> Fleet:
         store.create_task(task_id=f"t{i:05d}", prompt=f"task {i}", repo=repo,
                           title=f"task number {i:04d}", state=states[i % len(states)],
                           base_branch="main", base_commit="0" * 40, model="main",
-                          endpoint=load_settings().base_url, now=NOW - 10_000 + i,
+                          endpoint="default", now=NOW - 10_000 + i,
                           started_at=NOW - 10_000 + i, finished_at=NOW - 9_000 + i)
     return Fleet(load_settings(), store, clock=lambda: NOW)
 
@@ -212,7 +212,7 @@ async def test_diff_reloads_when_the_selected_task_finishes(git_repo: Path,
     store.create_task(task_id="dfin01", prompt="write it", repo=git_repo, title="write it",
                       state=TaskState.RUNNING, base_branch="main",
                       base_commit=info.base_commit, branch=info.branch, worktree=info.path,
-                      model="main", endpoint=load_settings().base_url, now=NOW,
+                      model="main", endpoint="default", now=NOW,
                       started_at=NOW)
     fleet = Fleet(load_settings(), store, clock=lambda: NOW)
     app = FleetApp(fleet, repo=git_repo, clock=lambda: NOW, run_scheduler=False, bell=False,
@@ -241,7 +241,7 @@ async def test_no_git_diff_runs_while_the_diff_tab_is_hidden(git_repo: Path,
     store.create_task(task_id="hid001", prompt="p", repo=git_repo, title="p",
                       state=TaskState.SUCCEEDED, base_branch="main",
                       base_commit=info.base_commit, branch=info.branch, worktree=info.path,
-                      model="main", endpoint=load_settings().base_url, now=NOW,
+                      model="main", endpoint="default", now=NOW,
                       started_at=NOW, finished_at=NOW)
     fleet = Fleet(load_settings(), store, clock=lambda: NOW)
     calls: list[str] = []

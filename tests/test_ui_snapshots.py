@@ -53,7 +53,7 @@ def build_fleet(repo: Path, tmp: Path) -> Fleet:
     store = Store(tmp / "fleet.db")
     logs = tmp / "logs"
     common = dict(repo=repo, base_branch="main", base_commit="0" * 40, model="main",
-                  endpoint=load_settings().base_url)
+                  endpoint="default")
     store.create_task(task_id="k3v9qa", prompt="Refactor the parser", now=NOW - 900,
                       title="Refactor the parser into modules", state=TaskState.STALLED,
                       started_at=NOW - 700, turns=9, input_tokens=88_000, output_tokens=4_100,

@@ -26,6 +26,7 @@ from fleet_tui.execution.local.launcher import (
     bwrap_problem,
     check_sources,
     current_euid,
+    endpoint_credential,
     find_claude,
     missing_scrub_programs,
     no_credential_message,
@@ -166,6 +167,25 @@ def _key_check(ctx: Context, settings: Settings) -> Check:
     ctx.secret = found.value
     ctx.secret_sources = tuple(c.label for c in checks if c.found and c.kind != "keyring")
     return Check("key", OK, f"found in {found.source}")
+
+
+def _endpoint_checks(ctx: Context, settings: Settings) -> list[Check]:
+    """One line per named endpoint of config.toml (issue 19): its URL and models, and
+    whether its key resolves (where from, never the key). A named endpoint without a key
+    warns: its tasks would fail to start, the default's still run."""
+    out: list[Check] = []
+    for endpoint in settings.endpoints[1:]:
+        what = (f"{endpoint.base_url}, model {endpoint.model} (small {endpoint.small_model}), "
+                f"max_workers {endpoint.max_workers}")
+        try:
+            found = endpoint_credential(settings, endpoint, ctx.env)
+        except LaunchError as exc:
+            out.append(Check(f"endpoint {endpoint.name}", WARN,
+                             f"{what}; {' '.join(str(exc).split())}"))
+            continue
+        out.append(Check(f"endpoint {endpoint.name}", OK, f"{what}; key found in "
+                         f"{found.source}"))
+    return out
 
 
 def _config_dir_check(settings: Settings) -> Check:
@@ -477,6 +497,7 @@ def run_checks(*, env: Mapping[str, str], cwd: Path, live: bool, timeout: float)
     else:
         checks.append(_claude_check(ctx, settings, timeout))
         checks.append(_key_check(ctx, settings))
+        checks.extend(_endpoint_checks(ctx, settings))
         checks.append(_config_dir_check(settings))
         checks.append(_root_check(settings))
         checks.append(_tool_env_check(ctx, settings, timeout))

@@ -10,8 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fleet_tui.execution.local.launcher import check_sources, keyring_failure_reason
-from fleet_tui.settings.config import ConfigError, load_settings
+from fleet_tui.execution.local.launcher import (
+    check_sources,
+    endpoint_sources,
+    keyring_failure_reason,
+)
+from fleet_tui.settings.config import ConfigError, Settings, load_settings
+from fleet_tui.settings.endpoints import DEFAULT, Endpoint
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -22,6 +27,12 @@ USAGE_EPILOG = """\
 Where the key comes from (first found wins; FLEET_WORKER_KEY_SOURCES narrows it):
   ANTHROPIC_AUTH_TOKEN, the OS keyring entry FLEET_WORKER_KEYRING_SERVICE /
   FLEET_WORKER_KEYRING_KEY (fleet-worker / api-key), ZHIPU_API_KEY, GLM_API_KEY.
+
+A named endpoint of config.toml (--endpoint NAME) has its own key when its table says
+where: `key_keyring = "ENTRY"` (set/delete/status use the keyring entry
+FLEET_WORKER_KEYRING_SERVICE / ENTRY) or `key_env = "VARIABLE"` (export it; status says
+whether it is set). An endpoint with neither uses the sources above, so `set --endpoint`
+refuses it and says what to add to its table.
 
 exit codes: 0 ok; 2 usage; 5 (status) no key found; 6 no usable OS keyring backend.
 """
@@ -47,10 +58,18 @@ def _parser() -> argparse.ArgumentParser:
                         " or fleet-worker)")
     parser.add_argument("--name", help="keyring entry name (default: FLEET_WORKER_KEYRING_KEY"
                         " or api-key)")
+    parser.add_argument("--endpoint", metavar="NAME",
+                        help="the key of the endpoint NAME of config.toml (its key_keyring "
+                        "entry; default: the top-level settings' key)")
     sub = parser.add_subparsers(dest="action", metavar="set|delete|status")
-    sub.add_parser("set", help="store the key (prompted without echo, or read from stdin)")
-    sub.add_parser("delete", help="remove the stored key")
-    sub.add_parser("status", help="say which source the key would come from (never the key)")
+    for name, what in (("set", "store the key (prompted without echo, or read from stdin)"),
+                       ("delete", "remove the stored key"),
+                       ("status", "say which source the key would come from (never the "
+                                  "key)")):
+        action = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
+        # `key set --endpoint NAME` as well as `key --endpoint NAME set`
+        action.add_argument("--endpoint", metavar="NAME", default=argparse.SUPPRESS,
+                            help="the key of the endpoint NAME of config.toml")
     return parser
 
 
@@ -150,6 +169,38 @@ def _status(settings_env: dict[str, str], overrides: dict[str, object]) -> int:
     return EXIT_OK
 
 
+def _endpoint_status(settings: Settings, endpoint: Endpoint, env: dict[str, str]) -> int:
+    """`status --endpoint NAME` for an endpoint with a key of its own."""
+    found, checks = endpoint_sources(settings, endpoint, env)
+    for check in checks:
+        print(f"{'->' if found is not None else '  '} {check.label}: {check.reason}")
+    if found is None:
+        how = (f"`export {endpoint.key_env}=...` where fleet-tui runs" if endpoint.key_env
+               else f"`fleet-tui key set --endpoint {endpoint.name}`")
+        print(f"no key found for the endpoint {endpoint.name!r}. Set it with {how}.")
+        return EXIT_NO_KEY
+    print(f"the key of the endpoint {endpoint.name!r} would come from {found.source}.")
+    return EXIT_OK
+
+
+def _entry_of(action: str, settings: Settings, endpoint: Endpoint) -> str | None:
+    """The keyring entry `set`/`delete` use for a named endpoint (None: said why not)."""
+    if endpoint.key_keyring is not None:
+        return endpoint.key_keyring
+    if endpoint.key_env is not None:
+        sys.stderr.write(f"fleet-tui key {action}: the endpoint {endpoint.name!r} takes its "
+                         f"key from the environment variable {endpoint.key_env} (key_env), "
+                         f"not the keyring: `export {endpoint.key_env}=...` where fleet-tui "
+                         "runs, or replace key_env by key_keyring in its table.\n")
+    else:
+        sys.stderr.write(f"fleet-tui key {action}: the endpoint {endpoint.name!r} has no key "
+                         "of its own (it uses the usual sources); to keep one in the keyring "
+                         f"add to its table in config.toml:\n  [endpoints.{endpoint.name}]\n"
+                         f"  key_keyring = \"{endpoint.name}\"\nthen run `fleet-tui key set "
+                         f"--endpoint {endpoint.name}` again.\n")
+    return None
+
+
 def _env_token_wins(sources: tuple[str, ...], env: dict[str, str]) -> bool:
     """True when an exported ANTHROPIC_AUTH_TOKEN would be used before the keyring."""
     if "env" not in sources or not env.get("ANTHROPIC_AUTH_TOKEN", "").strip():
@@ -170,13 +221,28 @@ def main(argv: list[str]) -> int:
         return EXIT_USAGE
     env = dict(os.environ)
     overrides: dict[str, object] = {"keyring_service": args.service, "keyring_key": args.name}
-    if args.action == "status":
+    if args.action == "status" and args.endpoint is None:
         return _status(env, overrides)
     try:
         settings = load_settings(env=env, overrides=overrides)
+        endpoint = settings.endpoint(args.endpoint)
     except ConfigError as exc:
         sys.stderr.write(f"fleet-tui key {args.action}: {exc}\n")
         return EXIT_USAGE
+    if endpoint.name != DEFAULT:
+        if args.action == "status":
+            if not endpoint.own_key:
+                print(f"the endpoint {endpoint.name!r} uses the usual sources:")
+                return _status(env, overrides)
+            return _endpoint_status(settings, endpoint, env)
+        entry = _entry_of(args.action, settings, endpoint)
+        if entry is None:
+            return EXIT_USAGE
+        if args.action == "set":
+            return _set(settings.keyring_service, entry, False)
+        return _delete(settings.keyring_service, entry)
+    if args.action == "status":
+        return _status(env, overrides)
     if args.action == "set":
         return _set(settings.keyring_service, settings.keyring_key,
                     _env_token_wins(settings.key_sources, env))

@@ -398,14 +398,18 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return text
 
 
-def _check_launch(settings: Settings, permission_mode: str | None = None) -> None:
-    """Fail fast, before anything is queued or created: a setup claude would refuse (root
-    with bypassPermissions without FLEET_WORKER_SANDBOX=1, scrub_tool_env without
-    bubblewrap: exit 2), then claude or the key missing (exit 5)."""
+def _check_launch(settings: Settings, permission_mode: str | None = None,
+                  endpoint: str | None = None) -> None:
+    """Fail fast, before anything is queued or created: an endpoint config.toml does not
+    define (exit 2, with the names it does), a setup claude would refuse (root with
+    bypassPermissions without FLEET_WORKER_SANDBOX=1, scrub_tool_env without bubblewrap:
+    exit 2), then claude or the endpoint's key missing (exit 5)."""
     from fleet_tui.execution.local.launcher import LaunchError, check_launch
 
+    chosen = settings.endpoint(endpoint)
     try:
-        check_launch(settings, permission_mode=permission_mode)
+        check_launch(settings.for_endpoint(chosen.name), permission_mode=permission_mode,
+                     endpoint=chosen if chosen.own_key else None)
     except LaunchError as exc:
         if exc.exit_code not in (EXIT_USAGE, EXIT_MISSING):  # whatever else stops claude
             exc.exit_code = EXIT_MISSING
@@ -430,21 +434,25 @@ def cmd_run(argv: list[str]) -> int:
                    help="stop after N agent turns (at least 1)")
     p.add_argument("--timeout", type=_duration, metavar="T",
                    help="wall-clock limit: seconds, or 90s, 15m, 1h30m; at most 7 days (0: none)")
+    p.add_argument("--endpoint", metavar="NAME",
+                   help="run on the endpoint NAME of config.toml ([endpoints.NAME]; "
+                        "default: the top-level settings, the endpoint 'default')")
     p.add_argument("--wait", action="store_true",
                    help="stay until every task finished; exit 1 unless all succeeded")
     p.add_argument("--json", action="store_true", help="print the tasks as JSON")
     args = p.parse_args(argv)
     prompt = _read_prompt(args)
     for what, value in (("title", args.title), ("base ref", args.base),
-                        ("model", args.model)):
+                        ("model", args.model), ("endpoint", args.endpoint)):
         if value is not None:
             check_text(what, value)
     repo = _repo(args.repo)
     settings = _settings()
-    _check_launch(settings, args.permission_mode)
+    _check_launch(settings, args.permission_mode, args.endpoint)
     fleet = _fleet(settings)
     tasks = fleet.submit(TaskSpec(prompt=prompt, title=args.title or "", repo=repo,
                                   base_ref=args.base, model=args.model,
+                                  endpoint=args.endpoint,
                                   permission_mode=args.permission_mode,
                                   max_turns=args.max_turns, timeout=args.timeout),
                          copies=args.copies)
@@ -512,18 +520,23 @@ def cmd_ls(argv: list[str]) -> int:
              + "; start one with `fleet-tui run PROMPT`")
         return EXIT_OK
     metered = any(c.requests for c in costs.values())  # the cost column: once there is one
+    # the endpoint's column only when the list holds more than one (issue 19)
+    width = max(len(t.endpoint) for t in tasks) if len({t.endpoint for t in tasks}) > 1 \
+        else 0
+    width = max(width, len("ENDPOINT")) if width else 0
     header = f"{'ID':<6}  {'STATE':<9}  {'VERDICT':<15}  {'+/-':>9}  {'TURNS':>5}  " \
              f"{'TOKENS':>7}  " + (f"{'COST':>9}  " if metered else "") + \
-             f"{'AGE':>4}  TITLE"
+             f"{'AGE':>4}  " + (f"{'ENDPOINT':<{width}}  " if width else "") + "TITLE"
     _out(header)
     for t in tasks:
         diff = f"+{t.added_lines}/-{t.deleted_lines}"
         where = f"  [{t.repo}]" if repo is None else ""
         cost = f"{_cost(costs.get(t.id)):>9}  " if metered else ""
+        column = f"{t.endpoint:<{width}}  " if width else ""
         _out(f"{t.id:<6}  {t.state.value:<9}  {policy.verdict_text(t):<15}  {diff:>9}  "
              f"{t.turns:>5}  "
              f"{_tokens(t.input_tokens + t.output_tokens):>7}  {cost}"
-             f"{_age(t.created_at):>4}  {_one_line(t.short_title, 60)}{where}")
+             f"{_age(t.created_at):>4}  {column}{_one_line(t.short_title, 60)}{where}")
     if any(c.unpriced for c in costs.values()):
         _out("* some requests of a model with no price are not in the cost "
              "(`fleet-tui cost` names them)")
@@ -552,7 +565,7 @@ def cmd_show(argv: list[str]) -> int:
         return EXIT_OK
     rows = [("id", task.id), ("title", task.short_title), ("state", policy.state_text(task)),
             ("verdict", task.verdict or "-"), ("message", task.message or "-"),
-            *([("endpoint", limits)] if limits else []),
+            ("endpoint", task.endpoint + (f": {limits}" if limits else "")),
             ("repo", str(task.repo)), ("branch", task.branch),
             ("base", f"{task.base_branch or task.base_ref or '-'} @ {task.base_commit[:10]}"),
             ("worktree", str(task.worktree) if task.worktree else "-"),

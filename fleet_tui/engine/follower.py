@@ -347,7 +347,9 @@ class Follower:
         attempts = self.store.list_attempts(task.id)
         endpoint = self.store.get_endpoint(task.endpoint)
         active = self.store.count_tasks(ACTIVE_STATES, endpoint=task.endpoint)
-        nxt = policy.after_attempt(task, attempts, verdict, message, self.settings, now,
+        # the endpoint's own settings: its cap (a lowered one), its small model
+        settings = self.settings.for_endpoint(task.endpoint)
+        nxt = policy.after_attempt(task, attempts, verdict, message, settings, now,
                                    self.rng, endpoint=endpoint, active=max(1, active))
         fields_: dict[str, Any] = {"state": nxt.state, "verdict": nxt.verdict or verdict,
                                    "message": nxt.message, "not_before": nxt.not_before}
@@ -372,7 +374,7 @@ class Follower:
             if effect is not None:
                 self.store.change_endpoint(
                     task.endpoint,
-                    lambda state: policy.apply_effect(state, effect, self.settings, now), now)
+                    lambda state: policy.apply_effect(state, effect, settings, now), now)
             return fields_
 
         self.store.modify_task(task.id, change)

@@ -15,6 +15,7 @@ from fleet_tui.engine.context import Context, Part
 from fleet_tui.engine.follower import attempt_finished
 from fleet_tui.engine.secret_cache import SecretCache
 from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.settings import endpoints
 from fleet_tui.store import budgets
 from fleet_tui.store.costs import Ledger
 from fleet_tui.store.db import Attempt, Task
@@ -110,7 +111,10 @@ class Queries(Part):
             running=sum(1 for t in tasks if t.state in ACTIVE_STATES),
             queued=sum(1 for t in tasks if t.state == TaskState.QUEUED),
             waiting=sum(1 for t in tasks if t.state == TaskState.WAITING),
-            cap=self.settings.max_workers, cooldown_until=until,
+            # every endpoint has a cap of its own: their sum is the fleet's (one endpoint:
+            # the top-level max_workers)
+            cap=sum(self.settings.for_endpoint(n).max_workers
+                    for n in self.settings.endpoint_names), cooldown_until=until,
             total_tokens=sum(t.input_tokens + t.output_tokens for t in tasks),
             endpoints=self.endpoint_status(now), **self._metered(tasks, now))
 
@@ -141,38 +145,47 @@ class Queries(Part):
         now = self.clock() if now is None else now
         out: list[EndpointStatus] = []
         for state in self.store.list_endpoints():
-            note = policy.endpoint_note(state, self.settings, now)
+            settings = self.settings.for_endpoint(state.endpoint)
+            note = policy.endpoint_note(state, settings, now)
             if note is None and state.event is None:
                 continue
             out.append(EndpointStatus(
-                endpoint=state.endpoint, cap=policy.effective_cap(state, self.settings),
-                max_workers=self.settings.max_workers, parked_until=state.parked_until,
+                endpoint=state.endpoint, cap=policy.effective_cap(state, settings),
+                max_workers=settings.max_workers, parked_until=state.parked_until,
                 park_reason=state.park_reason, held=state.held, held_task=state.held_task,
                 held_reason=policy.held_reason(state.held), cap_reason=state.cap_reason,
                 note=note, event=state.event, event_at=state.event_at,
                 budget=policy.budget_held(state)))
         return out
 
+    def _endpoint(self, endpoint: str | None) -> str:
+        """The store's name of an endpoint: a task's (a name), a name or a base URL given
+        (endpoints.name_of), None: the default."""
+        return endpoints.name_of(self.settings.endpoints, endpoint) \
+            if endpoint is None or "://" in endpoint else endpoint
+
     def cooldown_until(self, endpoint: str | None = None) -> float | None:
         """When the endpoint's 429 cooldown ends (None: no cooldown)."""
-        ep = endpoint or self.settings.base_url
+        ep = self._endpoint(endpoint)
         return policy.cooldown_until(ep, self.store.list_tasks(endpoint=ep), self.clock())
 
     def why_waiting(self, endpoint: str | None = None) -> str | None:
         """Why no task starts on an endpoint now and will not until a time or the user
         (held, or parked until a reset), or None: the CLI stops waiting for a start then."""
-        ep = endpoint or self.settings.base_url
+        ep = self._endpoint(endpoint)
         state = self.store.get_endpoint(ep)
-        gate = policy.gate(state, self.settings, self.clock(), parked=1,
-                           settings_now=policy.settings_key(self.settings))
+        settings = self.settings.for_endpoint(ep)
+        gate = policy.gate(state, settings, self.clock(), parked=1,
+                           settings_now=policy.settings_key(settings))
         return None if gate.cap is not None or gate.why is None \
             or gate.why.startswith("resuming") else gate.why
 
     def endpoint_note(self, endpoint: str | None = None) -> str | None:
         """What to know of an endpoint's limits now (held, parked, resuming, its cap
         lowered), or None (`fleet-tui ls` and `show` print it)."""
-        ep = endpoint or self.settings.base_url
-        return policy.endpoint_note(self.store.get_endpoint(ep), self.settings, self.clock())
+        ep = self._endpoint(endpoint)
+        return policy.endpoint_note(self.store.get_endpoint(ep),
+                                    self.settings.for_endpoint(ep), self.clock())
 
     @staticmethod
     def attempt_finished(attempt: Attempt) -> bool:

@@ -25,6 +25,7 @@ from fleet_tui.engine.merge_queue import MergeQueue
 from fleet_tui.engine.secret_cache import SecretCache
 from fleet_tui.engine.supervisor import TaskChange
 from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.settings.config import Settings
 from fleet_tui.store import budgets
 from fleet_tui.store.db import Attempt, EndpointState, StoreError, Task
 from fleet_tui.system import paths
@@ -117,7 +118,6 @@ class Scheduler(Part):
         limited = {e.endpoint for e in states
                    if e.parked_until is not None or e.held is not None}
         endpoints = sorted({t.endpoint for t in ready} | limited)
-        key = policy.settings_key(self.settings)
         claimed: list[tuple[Task, TaskState]] = []
         held = {e.endpoint for e in states if policy.budget_held(e)}
         for endpoint in endpoints:
@@ -127,7 +127,8 @@ class Scheduler(Part):
             if policy.cooldown_until(endpoint, ready, self.clock()) is not None:
                 continue
             closed: list[str | None] = [None]
-            decide = self._decider(key, closed)
+            # each endpoint under its own settings: its worker cap, its key's fingerprint
+            decide = self._decider(self.settings.for_endpoint(endpoint), closed)
             while True:
                 # the endpoint's limits (a park, a hold, a lowered cap) are read and obeyed
                 # in the claim's own transaction: no engine starts a task into a window
@@ -215,16 +216,18 @@ class Scheduler(Part):
             log.info("task %s: %s", task.id, refusal)
             self.supervisor.request_stop(attempt, StopReason.BUDGET, refusal)
 
-    def _decider(self, key: str, closed: list[str | None]) -> Callable[
+    def _decider(self, settings: Settings, closed: list[str | None]) -> Callable[
             [EndpointState | None, int],
             tuple[int | None, dict[str, Any] | None, dict[str, Any] | None,
                   dict[str, Any] | None, bool]]:
         """store.claim_gated's `decide`: policy.gate, keeping why it is closed in
-        `closed[0]`."""
+        `closed[0]`. `settings`: the endpoint's (Settings.for_endpoint)."""
+        key = policy.settings_key(settings)
+
         def decide(state: EndpointState | None, parked: int
                    ) -> tuple[int | None, dict[str, Any] | None, dict[str, Any] | None,
                               dict[str, Any] | None, bool]:
-            gate = policy.gate(state, self.settings, self.clock(), parked, settings_now=key)
+            gate = policy.gate(state, settings, self.clock(), parked, settings_now=key)
             closed[0] = gate.why
             return gate.as_tuple()
         return decide

@@ -13,7 +13,8 @@ __all__ = ["SecretCache"]
 
 
 class SecretCache(Part):
-    """The key, resolved as the workers resolve it and remembered for SECRET_TTL seconds."""
+    """The keys (every endpoint's), resolved as the workers resolve them and remembered
+    for SECRET_TTL seconds."""
 
     # The key, as resolved for the diff's and the merge's scan: (when, values); see get.
     _secret_cache: tuple[float, tuple[str, ...]] | None = None
@@ -37,12 +38,18 @@ class SecretCache(Part):
         if cached is not None:
             return cached
         now = time.monotonic()
-        from fleet_tui.execution.local.launcher import LaunchError, resolve_credential
+        from fleet_tui.execution.local.launcher import LaunchError, endpoint_credential
 
-        try:
-            found: tuple[str, ...] = (resolve_credential(self.settings, self.env).value,)
-        except (LaunchError, OSError):
-            found = ()
+        keys: list[str] = []
+        # every endpoint's key (issue 19): a worker on one may have read another's
+        for endpoint in self.settings.endpoints or (self.settings.endpoint(),):
+            try:
+                value = endpoint_credential(self.settings, endpoint, self.env).value
+            except (LaunchError, OSError):
+                continue
+            if value not in keys:
+                keys.append(value)
+        found = tuple(keys)
         self._secret_cache = (now, found)
         # hidden from now on wherever this process writes or shows what a worker said
         redaction.remember(found)

@@ -80,8 +80,15 @@ class Submissions(Part):
         if spec.permission_mode is not None and spec.permission_mode not in PERMISSION_MODES:
             raise InvalidSpec(f"unknown permission mode {spec.permission_mode!r}; use one of "
                               + ", ".join(PERMISSION_MODES))
+        if spec.endpoint is not None:
+            check_text("endpoint", spec.endpoint)
+        try:  # a name config.toml does not define: refused with the names it does
+            endpoint = self.settings.endpoint(spec.endpoint).name
+        except ConfigError as exc:
+            raise InvalidSpec(str(exc)) from None
         try:  # what the host's claude would refuse (root, bubblewrap: the local host's)
-            self.supervisor.host.check_setup(self.settings, self.env, args=spec.extra_args,
+            self.supervisor.host.check_setup(self.settings.for_endpoint(endpoint), self.env,
+                                             args=spec.extra_args,
                                              permission_mode=spec.permission_mode)
         except FleetTuiError as exc:
             raise InvalidSpec(str(exc)) from None
@@ -105,7 +112,7 @@ class Submissions(Part):
                 title=titles.copy_title(title, i + 1, copies),
                 base_ref=base_ref,
                 base_branch=base.branch, base_commit=base.commit,
-                endpoint=self.settings.base_url, model=model,
+                endpoint=endpoint, model=model,
                 permission_mode=spec.permission_mode, effort=spec.effort,
                 max_turns=spec.max_turns, timeout=spec.timeout,
                 extra_args=list(spec.extra_args)))

@@ -37,6 +37,7 @@ from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Host, NotStarted, Placement, Run, RunnerState
 from fleet_tui.execution.hosts import default_host
 from fleet_tui.execution.spec import RunSpec
+from fleet_tui.settings import endpoints
 from fleet_tui.settings.config import ConfigError, Settings
 from fleet_tui.settings.repo_settings import RepoSettingsCache
 from fleet_tui.store.db import Attempt, Store, Task
@@ -120,15 +121,28 @@ class Supervisor:
     # --- starting -------------------------------------------------------------------------
 
     def _settings_overrides(self, task: Task) -> dict[str, Any]:
-        s = self.settings
+        """The launcher's settings for the task's runner (spec.json: never a key): its
+        endpoint's base URL, models and key settings (Settings.for_endpoint)."""
+        s = self.settings.for_endpoint(task.endpoint)
         return {
-            "base_url": task.endpoint or s.base_url, "model": s.model,
+            "base_url": s.base_url, "model": s.model,
             "small_model": s.small_model, "permission_mode": s.permission_mode,
             "effort": task.effort or s.effort, "keyring_service": s.keyring_service,
             "keyring_key": s.keyring_key, "claude": s.claude, "sandbox": s.sandbox,
             "key_sources": list(s.key_sources), "config_dir": str(s.config_dir),
             "key_helper": s.key_helper, "scrub_tool_env": s.scrub_tool_env,
         }
+
+    def _endpoint_env(self, task: Task, env: dict[str, str]) -> dict[str, str]:
+        """The runner's environment for the task's endpoint (endpoints.runner_env): no
+        endpoint's key_env variable, and for an endpoint with a key of its own only that
+        key among the key variables (the host hands those over through a pipe). A
+        key_env endpoint whose variable is unset: the start fails, saying which."""
+        try:
+            return endpoints.runner_env(self.settings.endpoint_of(task.endpoint),
+                                        self.settings.endpoints, env, keys_from=self.env)
+        except endpoints.MissingKey as exc:
+            raise FleetError(str(exc)) from None
 
     def runner_env(self) -> dict[str, str]:
         """The environment a detached process of this engine starts with (the runner, the
@@ -172,6 +186,9 @@ class Supervisor:
         on its host (lock taken, spec written) and recorded in the store (only while the
         task is still ours and not killed) before the host starts its runner."""
         now = self.clock()
+        gone = endpoints.missing(self.settings.endpoints, task.endpoint)
+        if gone is not None:  # never sent to another provider than the one it was given
+            raise FleetError(gone)
         attempts = self.store.list_attempts(task.id)
         if attempts and attempts[-1].row_error is not None:
             raise FleetError(attempts[-1].row_error)
@@ -186,7 +203,7 @@ class Supervisor:
         worktree = self._worktree(task, attempts, kind)
         # never run in the main checkout, whatever happened to the worktree
         self.host.check_worktree(task, worktree)
-        model = policy.model_for(task, attempts, self.settings)
+        model = policy.model_for(task, attempts, self.settings.for_endpoint(task.endpoint))
         if pending is None:
             attempt = self.store.add_attempt(task.id, kind=kind, prompt=prompt, now=now,
                                              model=model)
@@ -234,6 +251,7 @@ class Supervisor:
                        kill_grace=self.settings.kill_grace,
                        repo=str(task.repo), include=list(ready.include), setup=ready.setup,
                        env={"FLEET_TASK_ID": task.id, "FLEET_PORT": str(port)})
+        runner_env = self._endpoint_env(task, self.host.runner_env())
         staged = self.host.stage(placement, spec)
         try:
             self._record_launch(task, attempt, placement, model, now)

@@ -97,6 +97,41 @@ class Settings:
 
         return endpoints.find(self.endpoints or (endpoints.default_endpoint(self),), name)
 
+    def endpoint_of(self, name: str | None) -> Endpoint:
+        """A stored task's endpoint: that name's, else the default (endpoints.lookup)."""
+        from fleet_tui.settings import endpoints
+
+        found = endpoints.lookup(self.endpoints, name) if self.endpoints else None
+        if found is None or found.name == endpoints.DEFAULT:
+            # from these settings as they are now (a replace() of them may have changed one)
+            return endpoints.default_endpoint(self, found.prices if found else None)
+        return found
+
+    def for_endpoint(self, name: str | None) -> Settings:
+        """These settings as a task on that endpoint sees them (its base URL, models,
+        worker cap and key settings), so the rules written for the settings (policy's
+        gate, cap, model choice) apply per endpoint. The default (and a name that is not
+        an endpoint's, endpoint_of) is these settings themselves."""
+        endpoint = self.endpoint_of(name)
+        from fleet_tui.settings import endpoints
+
+        if endpoint.name == endpoints.DEFAULT:
+            return self
+        sources, entry = self.key_sources, self.keyring_key  # neither: the usual sources
+        if endpoint.key_env is not None:
+            sources = ("env",)  # the runner is handed its key as that variable
+        elif endpoint.key_keyring is not None:
+            sources, entry = ("keyring",), endpoint.key_keyring
+        return dataclasses.replace(
+            self, base_url=endpoint.base_url, model=endpoint.model,
+            small_model=endpoint.small_model, max_workers=endpoint.max_workers,
+            key_sources=sources, keyring_key=entry)
+
+    @property
+    def endpoint_names(self) -> tuple[str, ...]:
+        """The configured endpoints' names, the default first."""
+        return tuple(e.name for e in self.endpoints) or ("default",)
+
 
 def config_file_path(env: Mapping[str, str] | None = None) -> Path:
     """Where config.toml lives: `FLEET_TUI_CONFIG`, else the platform's user config dir."""

@@ -277,3 +277,86 @@ def from_data(data: object) -> tuple[Endpoint, ...]:
             prices = {str(m): Price(**p) for m, p in dict(item.get("prices") or {}).items()}
             out.append(Endpoint(**{**item, "prices": prices}))
     return tuple(out)
+
+
+# --- a task's endpoint, and what its runner is given (issue 19) ------------------------------
+
+# The variables a runner may take the key from (the launcher's env sources). A named
+# endpoint with a key of its own gets none of the engine's: its key, and only its key.
+KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ZHIPU_API_KEY", "GLM_API_KEY")
+HANDED_KEY = "ANTHROPIC_AUTH_TOKEN"  # how a key_env endpoint's key reaches its runner
+
+
+def lookup(endpoints: tuple[Endpoint, ...], name: str | None) -> Endpoint:
+    """A stored task's endpoint, for its settings (cap, models): the one `name_of` names,
+    else the default. A task row holds its endpoint's name (the store's migration read the
+    base URLs of older rows as "default"); the supervisor refuses to start a task whose
+    name config.toml no longer has (`missing`), so this fallback only sets its limits."""
+    wanted = name_of(endpoints, name)
+    for endpoint in endpoints:
+        if endpoint.name == wanted:
+            return endpoint
+    return endpoints[0]
+
+
+def missing(endpoints: tuple[Endpoint, ...], name: str | None) -> str | None:
+    """Why a task on endpoint `name` cannot start (its name is gone from config.toml), or
+    None. A base URL (a row from before names, or a test's) is not a name: it reads as
+    `name_of` says."""
+    if not name or name == DEFAULT or "://" in name or any(e.name == name for e in endpoints):
+        return None
+    known = ", ".join(e.name for e in endpoints) or DEFAULT
+    return (f"its endpoint {name!r} is not in config.toml any more (the endpoints are: "
+            f"{known}); add [{TABLE}.{name}] back and retry it, or run it again on another")
+
+
+def name_of(endpoints: tuple[Endpoint, ...], value: str | None) -> str:
+    """The name an endpoint is known by in the store, from a name or a base URL (the
+    default's first, then in file order); anything else: the default."""
+    if not value:
+        return DEFAULT
+    for endpoint in endpoints:
+        if endpoint.name == value:
+            return value
+    wanted = value.rstrip("/")
+    for endpoint in endpoints:
+        if endpoint.base_url.rstrip("/") == wanted:
+            return endpoint.name
+    return DEFAULT
+
+
+def key_env_names(endpoints: tuple[Endpoint, ...]) -> set[str]:
+    """The variables named endpoints take their keys from (never in a runner's
+    environment: a worker's Bash step can read it)."""
+    return {e.key_env for e in endpoints if e.key_env is not None}
+
+
+class MissingKey(ConfigError):
+    """A key_env endpoint whose variable the engine's environment does not hold."""
+
+
+def runner_env(endpoint: Endpoint, endpoints: tuple[Endpoint, ...],
+               env: Mapping[str, str], keys_from: Mapping[str, str] | None = None
+               ) -> dict[str, str]:
+    """The environment a runner of `endpoint` starts with, from `env` (the host's for its
+    runners): no endpoint's key_env variable; for an endpoint with a key of its own, none
+    of the key variables either, and a key_env endpoint's key, read from `keys_from` (the
+    engine's environment; default `env`), as HANDED_KEY (the host hands the key variables
+    over through a pipe, never the runner's environment). MissingKey when a key_env
+    endpoint's variable is not set."""
+    out = {k: v for k, v in env.items() if k not in key_env_names(endpoints)}
+    if not endpoint.own_key:
+        return out
+    for name in KEY_VARIABLES:
+        out.pop(name, None)
+    if endpoint.key_env is not None:
+        source = env if keys_from is None else keys_from
+        value = (source.get(endpoint.key_env) or "").strip()
+        if not value:
+            raise MissingKey(f"the endpoint {endpoint.name!r} takes its key from "
+                             f"${endpoint.key_env}, which is "
+                             f"{'empty' if endpoint.key_env in source else 'not set'} in the "
+                             "engine's environment; export it where fleet-tui runs",
+                             key="key_env")
+        out[HANDED_KEY] = value
+    return out

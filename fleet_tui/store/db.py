@@ -113,6 +113,7 @@ class TaskSpec:
     max_turns: int | None = None
     timeout: float | None = None
     extra_args: list[str] = field(default_factory=list)
+    endpoint: str | None = None  # a named endpoint of config.toml (None: "default")
 
 
 @dataclass
@@ -128,7 +129,7 @@ class Task:
     base_commit: str = ""
     branch: str = ""
     worktree: Path | None = None
-    endpoint: str = ""
+    endpoint: str = ""  # its endpoint's name in config.toml (v8; before: the base URL)
     model: str = "main"
     permission_mode: str | None = None
     effort: str | None = None
@@ -413,9 +414,23 @@ CREATE INDEX usage_task ON usage(task_id);
 CREATE INDEX usage_at ON usage(at)
 """
 
+# v8 (issue 19): a task's endpoint is its name in config.toml ("default": the top-level
+# settings), no longer its base URL. Every row from before named the base URL the settings
+# had then, the default endpoint's: it reads "default", and so does the endpoint's state
+# (of several URL rows the latest kept, beside none already named "default").
+_V8_ENDPOINT_NAMES = """
+UPDATE tasks SET endpoint = 'default' WHERE endpoint = '' OR instr(endpoint, '://') > 0;
+DELETE FROM endpoints WHERE instr(endpoint, '://') > 0 AND (
+    EXISTS (SELECT 1 FROM endpoints WHERE endpoint = 'default')
+    OR rowid <> (SELECT rowid FROM endpoints WHERE instr(endpoint, '://') > 0
+                 ORDER BY updated_at DESC, rowid DESC LIMIT 1));
+UPDATE endpoints SET endpoint = 'default' WHERE instr(endpoint, '://') > 0
+"""
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS),
-    _script(_V5_READY), _script(_V6_HOSTS), _script(_V7_GATEWAY)]
+    _script(_V5_READY), _script(_V6_HOSTS), _script(_V7_GATEWAY),
+    _script(_V8_ENDPOINT_NAMES)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error", "row_damaged"}

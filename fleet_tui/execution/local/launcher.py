@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # mypy only: these imports cost start-up time
     from pathlib import Path
 
     from fleet_tui.settings.config_core import SettingsLike as Settings
+    from fleet_tui.settings.endpoints import Endpoint
 
     StrPath = str | os.PathLike[str]
 
@@ -235,6 +236,46 @@ def resolve_credential(settings: Settings, env: Mapping[str, str] | None = None)
     if credential is None:
         raise NoCredentialError(no_credential_message(settings, checks, env))
     return credential
+
+
+def endpoint_sources(settings: Settings, endpoint: Endpoint,
+                     env: Mapping[str, str] | None = None, *, stop_at_first: bool = True
+                     ) -> tuple[Credential | None, list[SourceCheck]]:
+    """`check_sources` for a named endpoint (issue 19): a key_env endpoint looks only at
+    its variable, a key_keyring one only at its entry under keyring_service; neither: the
+    usual sources. Never the value in what it reports."""
+    env = os.environ if env is None else env
+    if endpoint.key_env is not None:
+        raw = env.get(endpoint.key_env)
+        value = _clean(raw)
+        reason = "set" if value else ("empty" if raw is not None else "not set")
+        label = f"${endpoint.key_env}"
+        return (Credential(source=label, value=value, kind="env") if value else None,
+                [SourceCheck("env", label, bool(value), reason)])
+    if endpoint.key_keyring is not None:
+        label = f"keyring {settings.keyring_service}/{endpoint.key_keyring}"
+        found, reason = read_keyring(settings.keyring_service, endpoint.key_keyring)
+        value = _clean(found)
+        return (Credential(source=label, value=value, kind="keyring") if value else None,
+                [SourceCheck("keyring", label, bool(value), reason)])
+    return check_sources(settings, env, stop_at_first=stop_at_first)
+
+
+def endpoint_credential(settings: Settings, endpoint: Endpoint,
+                        env: Mapping[str, str] | None = None) -> Credential:
+    """The key a runner of `endpoint` gets (NoCredentialError: where it looked, why
+    nothing was there, how to set it)."""
+    env = os.environ if env is None else env
+    if not endpoint.own_key:
+        return resolve_credential(settings, env)
+    credential, checks = endpoint_sources(settings, endpoint, env)
+    if credential is not None:
+        return credential
+    (check,) = checks
+    how = (f"export {endpoint.key_env}=... where fleet-tui runs" if endpoint.key_env
+           else f"fleet-tui key set --endpoint {endpoint.name}")
+    raise NoCredentialError(f"no API key for the endpoint {endpoint.name!r}: {check.label}: "
+                            f"{check.reason}. Set it: {how}")
 
 
 def which(name: str, search_path: str) -> str | None:
@@ -561,13 +602,16 @@ def check_setup(settings: Settings, env: Mapping[str, str] | None = None, *,
 
 
 def check_launch(settings: Settings, env: Mapping[str, str] | None = None, *,
-                 args: Sequence[str] = (), permission_mode: str | None = None
-                 ) -> Credential:
+                 args: Sequence[str] = (), permission_mode: str | None = None,
+                 endpoint: Endpoint | None = None) -> Credential:
     """Everything that would stop `plan_launch`, without its side effects (nothing is
     written): `check_setup`, then claude (ClaudeNotFoundError) and a key
-    (NoCredentialError). For commands that queue work to be launched later."""
+    (NoCredentialError; `endpoint`: that endpoint's key). For commands that queue work to
+    be launched later."""
     check_setup(settings, env, args=args, permission_mode=permission_mode)
     find_claude(settings, env)
+    if endpoint is not None:
+        return endpoint_credential(settings, endpoint, env)
     return resolve_credential(settings, env)
 
 

@@ -211,6 +211,7 @@ class TaskListController(Controller):
         for ep in status.endpoints:
             if ep.event is None or seen.get(ep.endpoint) == (ep.event, ep.event_at):
                 continue
+            whose = "" if ep.endpoint == "default" else f"{ep.endpoint} "
             waiting = sum(1 for t in tasks if t.endpoint == ep.endpoint
                           and t.state in PENDING_STATES)
             tasks_word = f"{waiting} task{'' if waiting == 1 else 's'}"
@@ -222,7 +223,7 @@ class TaskListController(Controller):
                 met = f"task {ep.held_task} failed: " if ep.held_task else ""
                 screen.notify(f"{met}{ep.held}\n{tasks_word} held until you retry "
                               f"{ep.held_task or 'it'} or change the settings.",
-                              title="Endpoint held", severity="error", timeout=15,
+                              title=f"Endpoint {whose}held", severity="error", timeout=15,
                               markup=False)
             elif ep.event == "park" and ep.parked_until is not None \
                     and ep.parked_until > screen.now():
@@ -230,13 +231,13 @@ class TaskListController(Controller):
 
                 park = park_text(ep.parked_until, ep.park_reason, screen.now())
                 screen.notify(f"{park}; {tasks_word} wait for it.",
-                              title="Endpoint parked", severity="warning", timeout=10,
+                              title=f"Endpoint {whose}parked", severity="warning", timeout=10,
                               markup=False)
             elif ep.event == "cap" and ep.cap < ep.max_workers:
                 why = f" ({ep.cap_reason})" if ep.cap_reason else ""
                 screen.notify(f"cap {ep.cap}/{ep.max_workers}{why}: fewer workers at once "
                               "until the endpoint takes more.",
-                              title="Endpoint concurrency limit", severity="warning",
+                              title=f"Endpoint {whose}concurrency limit", severity="warning",
                               timeout=8, markup=False)
             else:
                 continue

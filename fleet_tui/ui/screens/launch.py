@@ -17,7 +17,8 @@ long as the panel (a prompt is not written to disk by the form).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from textual import on, work
@@ -31,6 +32,7 @@ from textual.worker import Worker, WorkerState
 from fleet_tui.core import durations
 from fleet_tui.core.titles import task_title, title_from_prompt
 from fleet_tui.settings.config import PERMISSION_MODES
+from fleet_tui.settings.endpoints import DEFAULT as DEFAULT_ENDPOINT
 from fleet_tui.store.db import MAX_COPIES, TaskSpec
 from fleet_tui.system import paths
 from fleet_tui.ui.screens import DIALOG_CSS
@@ -51,13 +53,15 @@ class FormValues:
     effort: str = ""
     max_turns: str = ""
     timeout: str = ""
+    endpoint: str = ""  # a named endpoint of config.toml ("": the default)
 
     def carried(self) -> list[str]:
         """The remembered values that differ from a fresh form's, as "name value"."""
         fresh = FormValues()
         names = (("base_ref", "base ref"), ("model", "model"),
                  ("permission_mode", "permission mode"), ("effort", "effort"),
-                 ("max_turns", "max turns"), ("timeout", "timeout"))
+                 ("max_turns", "max turns"), ("timeout", "timeout"),
+                 ("endpoint", "endpoint"))
         return [f"{label} {getattr(self, name)}" for name, label in names
                 if getattr(self, name) != getattr(fresh, name)]
 
@@ -95,6 +99,7 @@ class FormDraft:
     effort: str
     max_turns: str
     timeout: str
+    endpoint: str = ""
 
 
 @dataclass(frozen=True)
@@ -150,14 +155,21 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
     ]
 
     def __init__(self, repo: Path, *, default_base: str = "", default_model: str = "",
-                 form_file: Path | None = None, draft: FormDraft | None = None) -> None:
-        """``draft``: what the last form closed in this repository held (it opens so)."""
+                 form_file: Path | None = None, draft: FormDraft | None = None,
+                 endpoints: Sequence[str] = ()) -> None:
+        """``draft``: what the last form closed in this repository held (it opens so).
+        ``endpoints``: the configured endpoints' names, the default first; the form asks
+        which one only when there are several."""
         super().__init__(classes="modal")
         self._repo = repo
         self._default_base = default_base
         self._default_model = default_model
         self._form_file = form_file
-        self._values = FormValues.load(form_file)
+        self._endpoints = tuple(endpoints) or (DEFAULT_ENDPOINT,)
+        values = FormValues.load(form_file)
+        if values.endpoint not in self._endpoints[1:]:  # gone from config.toml, or default
+            values = replace(values, endpoint="")
+        self._values = values
         self._submitting = False
         self._restored = draft
         self._fresh: FormDraft | None = None  # the fields of a fresh form (on mount)
@@ -218,6 +230,12 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
                         yield Label("Timeout", classes="field-label")
                         yield Input(v.timeout, id="timeout", placeholder="settings (e.g. 30m)")
                         yield Label("", id="timeout-error", classes="field-error")
+                    if len(self._endpoints) > 1:  # one endpoint: nothing to choose
+                        with Vertical():
+                            yield Label("Endpoint", classes="field-label")
+                            yield Select([(e, e) for e in self._endpoints], id="endpoint",
+                                         allow_blank=False,
+                                         value=v.endpoint or self._endpoints[0])
             with Horizontal(classes="dialog-buttons"):
                 yield Button(keyed("Launch", "ctrl+s"), id="launch", variant="primary")
                 yield Button(keyed("Clear", "ctrl+l"), id="clear")
@@ -248,7 +266,15 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
             model=self.query_one("#model", Input).value,
             permission_mode=chosen("permission-mode"), effort=chosen("effort"),
             max_turns=self.query_one("#max-turns", Input).value,
-            timeout=self.query_one("#timeout", Input).value)
+            timeout=self.query_one("#timeout", Input).value,
+            endpoint=self._endpoint())
+
+    def _endpoint(self) -> str:
+        """The endpoint chosen ("" when the form has no such field: the default)."""
+        for select in self.query("#endpoint").results(Select):
+            value = select.value
+            return value if isinstance(value, str) and value != self._endpoints[0] else ""
+        return ""
 
     def _fill(self, draft: FormDraft) -> None:
         self.query_one("#prompt", TextArea).text = draft.prompt
@@ -264,6 +290,9 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
                 select.value = value
             else:
                 select.clear()
+        for chosen in self.query("#endpoint").results(Select):
+            chosen.value = draft.endpoint if draft.endpoint in self._endpoints \
+                else self._endpoints[0]
 
     def action_clear(self) -> None:
         """A fresh form: the prompt and title empty, one copy, the remembered options."""
@@ -388,11 +417,12 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
             effort=effort if isinstance(effort, str) else None,
             max_turns=parse_positive_int(self._value("max-turns")),
             timeout=parse_duration(self._value("timeout")),
+            endpoint=self._endpoint() or None,
         )
         FormValues(
             base_ref=base_ref, model=spec.model, permission_mode=spec.permission_mode or "",
             effort=spec.effort or "", max_turns=self._value("max-turns"),
-            timeout=self._value("timeout"),
+            timeout=self._value("timeout"), endpoint=spec.endpoint or "",
         ).save(self._form_file)
         self.dismiss(LaunchRequest(spec, copies))
 

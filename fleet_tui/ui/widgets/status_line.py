@@ -57,7 +57,8 @@ class StatusLine(Static):
             text.append(f" · {status.queued} queued")
             if status.waiting:
                 text.append(f" · {status.waiting} waiting")
-            lowered = min((e.cap for e in status.endpoints), default=status.cap)
+            # the fleet's cap is every endpoint's; a lowered one takes its share off
+            lowered = status.cap - sum(max(0, e.max_workers - e.cap) for e in status.endpoints)
             text.append(f" · cap {lowered}/{status.cap}" if lowered < status.cap
                         else f" · cap {status.cap}")
             if status.cooldown_until is not None and status.cooldown_until > now:
@@ -93,17 +94,19 @@ class StatusLine(Static):
         """An endpoint held (an account or key problem), or parked until a window's reset,
         or resuming its parked sessions: said where the counts are (before the tokens)."""
         for ep in status.endpoints:
+            # a named endpoint's limits say whose they are (the default's as before)
+            whose = "" if ep.endpoint == "default" else f"{ep.endpoint} "
             if ep.held is not None:
                 text.append("  ")
-                text.append(f" held: {ep.held_reason or ep.held} ",
+                text.append(f" {whose}held: {ep.held_reason or ep.held} ",
                             style=self.get_component_rich_style("status--held"))
             elif ep.parked_until is not None and ep.parked_until > now:
                 text.append("  ")
-                text.append(f" {_park_text(ep.parked_until, ep.park_reason, now)} ",
+                text.append(f" {whose}{_park_text(ep.parked_until, ep.park_reason, now)} ",
                             style=self.get_component_rich_style("status--cooldown"))
             elif ep.parked_until is not None:
                 text.append("  ")
-                text.append(" resuming parked sessions ",
+                text.append(f" {whose}resuming parked sessions ",
                             style=self.get_component_rich_style("status--cooldown"))
 
 

@@ -42,6 +42,7 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("state", "state", 11),
     ("id", "id", 6),
     ("repo", "repo", 14),  # only while tasks of more than one repository are listed
+    ("endpoint", "endpoint", 10),  # only while tasks of more than one endpoint are listed
     ("title", "title", None),
     ("model", "model", 10),
     ("elapsed", "time", 7),
@@ -199,6 +200,7 @@ class TaskTable(ScrollView, can_focus=True):
         self._base: Style | None = None
         self._repo_names: dict[Path, str] = {}  # shown while more than one is listed
         self._costs: dict[str, Totals] = {}  # the listed tasks' metered totals
+        self._endpoints: set[str] = set()  # likewise, the tasks' endpoints (issue 19)
 
     # --- what callers use ----------------------------------------------------------------
     @property
@@ -237,12 +239,18 @@ class TaskTable(ScrollView, can_focus=True):
         """The repository column is shown (tasks of several repositories are listed)."""
         return len(self._repo_names) > 1
 
+    @property
+    def shows_endpoint(self) -> bool:
+        """The endpoint column is shown (tasks of several endpoints are listed)."""
+        return len(self._endpoints) > 1
+
     def show(self, tasks: list[Task], marked: set[str], now: float,
              costs: dict[str, Totals] | None = None) -> None:
         """Show ``tasks`` (already sorted). The cursor stays on its task when it is still
         listed, else on the same row; only the rows on screen are painted. With tasks of
-        more than one repository, a repository column tells them apart; with `costs` (the
-        meter's totals per task) of any listed task, a cost column."""
+        more than one repository, a repository column tells them apart (likewise an
+        endpoint column for tasks of more than one endpoint); with `costs` (the meter's
+        totals per task) of any listed task, a cost column."""
         selected = self.selected_key
         repos = {t.repo for t in tasks}
         if repos != set(self._repo_names):
@@ -253,6 +261,10 @@ class TaskTable(ScrollView, can_focus=True):
         if bool(costs) != bool(self._costs):
             self._header = None
         self._costs = costs
+        endpoints = {t.endpoint for t in tasks}
+        if endpoints != self._endpoints:
+            self._endpoints = endpoints
+            self._header = None
         self._order = [t.id for t in tasks]
         self._tasks = {t.id: t for t in tasks}
         self._marked = set(marked)
@@ -376,6 +388,8 @@ class TaskTable(ScrollView, can_focus=True):
         hidden = set() if self.shows_repo else {"repo"}
         if not self.shows_cost:
             hidden.add("cost")
+        if not self.shows_endpoint:
+            hidden.add("endpoint")
         if self.size.width and self.size.width < NARROW_WIDTH:
             hidden |= NARROW_HIDDEN
         return [c for c in COLUMNS if c[0] not in hidden]
@@ -430,6 +444,8 @@ class TaskTable(ScrollView, can_focus=True):
             Text(task.id, no_wrap=True),
             Text(self._repo_names.get(task.repo, task.repo.name), no_wrap=True,
                  overflow="ellipsis", style=self._style("muted")),
+            Text(task.endpoint, no_wrap=True, overflow="ellipsis",
+                 style=self._style("muted")),
             title,
             Text(task.model, no_wrap=True, overflow="ellipsis"),
             Text(human_duration(spent) if spent is not None else "", no_wrap=True,
@@ -449,8 +465,8 @@ class TaskTable(ScrollView, can_focus=True):
         return (task.state, task.short_title, task.model, task.turns, task.input_tokens,
                 task.output_tokens, task.added_lines, task.deleted_lines, task.last_tool,
                 None if spent is None else int(spent), marked, landing_label(task),
-                self.shows_repo, self._repo_names.get(task.repo),
-                self._cost_key(task.id))
+                self.shows_repo, self._repo_names.get(task.repo), self.shows_endpoint,
+                task.endpoint, self._cost_key(task.id))
 
     def _cost_key(self, task_id: str) -> object:
         """What a row's cost cell depends on (and whether the column is shown at all)."""
