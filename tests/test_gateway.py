@@ -77,7 +77,7 @@ class Rig:
 
 def start_gateway(ep: ScriptedEndpoint, store: Store, max_requests: int = 2
                   ) -> control.GatewayInfo:
-    return control.ensure([Route("default", ep.url, max_requests, ep.url)], {"default": KEY},
+    return control.ensure([Route("default", ep.url, max_requests, "default")], {"default": KEY},
                           db=store.path, python=sys.executable, env=os.environ)
 
 
@@ -215,7 +215,7 @@ def test_refusals_are_clear_final_and_reach_nothing_upstream(rig: Rig) -> None:
 
 
 def set_endpoint(rig: Rig, **fields: object) -> None:
-    rig.store.change_endpoint(rig.ep.url, lambda _state: dict(fields))
+    rig.store.change_endpoint("default", lambda _state: dict(fields))
 
 
 def test_a_parked_or_held_endpoint_is_answered_by_the_gateway(rig: Rig) -> None:

@@ -121,7 +121,7 @@ def test_a_parked_endpoint_gets_no_request_while_workers_ask(git_repo: Path,
             # the endpoint is parked right after the attempt got its token, before its
             # runner starts: every request its worker makes meets the closed window
             token = through(*args)
-            fleet.store.change_endpoint(ep.url, lambda _s: park)
+            fleet.store.change_endpoint("default", lambda _s: park)
             return token
 
         fleet.supervisor.gateway.through = parked_at_launch  # type: ignore[method-assign]

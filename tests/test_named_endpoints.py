@@ -353,53 +353,74 @@ def sha(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+@pytest.mark.parametrize("route", ["direct", "gateway"])
 def test_two_endpoints_each_with_its_own_key_from_one_fleet(
-        claude_bin: str, git_repo: Path, tmp_path: Path) -> None:
+        claude_bin: str, git_repo: Path, tmp_path: Path, route: str) -> None:
+    """Issue 19's done-when: one z.ai key (key_env) and another provider's (its keyring
+    entry) from one fleet, straight to each endpoint and through the gateway, which then
+    holds both keys and sends each request on with its own endpoint's."""
     with ScriptedEndpoint(SCRIPT) as zai_ep, ScriptedEndpoint(SCRIPT) as other_ep:
         env = cli_env("http://127.0.0.1:9", claude_bin, DEFAULT_KEY, ZAI_TEST_KEY=ZAI_KEY,
                       FLEET_TUI_CONFIG=str(config(tmp_path, zai_ep.url, other_ep.url,
-                                                  zai_workers=2)))
-        stored = subprocess.run([sys.executable, "-m", "fleet_tui.cli", "key", "--endpoint",
-                                 "other", "set"], input=OTHER_KEY, env=env,
-                                capture_output=True, text=True, timeout=60)
-        assert stored.returncode == 0, stored.stderr
-        tasks = {}
-        for name in ("zai", "other"):
-            out = run_cli(env, git_repo, "run", f"look on {name}", "--endpoint", name,
-                          "--wait", "--json", timeout=240)
-            assert out.returncode == 0, out.stderr + out.stdout
-            (task,) = json.loads(out.stdout)
-            assert task["state"] == "succeeded" and task["endpoint"] == name, task
-            tasks[name] = task
-        for ep, name, key, model in ((zai_ep, "zai", ZAI_KEY, "zai-main"),
-                                     (other_ep, "other", OTHER_KEY, "other-main")):
-            messages = ep.message_requests()
-            assert len(messages) == 2, messages  # the tool turn and the answer
-            assert all(r.auth_sha256 == sha(key) for r in messages), name
-            assert all(r.model == model for r in messages), name
-            assert all(r.cwd == tasks[name]["worktree"] for r in messages)
-        # the list says which endpoint each task ran on
-        listed = run_cli(env, git_repo, "ls")
-        assert "ENDPOINT" in listed.stdout.splitlines()[0]
-        shown = run_cli(env, git_repo, "show", tasks["zai"]["id"])
-        assert any(line.split() == ["endpoint:", "zai"] for line in shown.stdout.splitlines())
-        # the key_env endpoint's key: in no argv the worker could see (the runner's, claude's),
-        # not in the worker's environment, no spec, attempt file, config dir or store (the
-        # variable given is in the engine's own environment: the user's choice of source)
-        worktrees = Path(tasks["zai"]["worktree"]).parent
-        for task in tasks.values():
-            seen = (worktrees / f"argv-{task['id']}.txt").read_text(errors="replace")
-            assert "fleet_tui" in seen and "claude" in seen  # it did see them
-            tool_env = (worktrees / f"tool-env-{task['id']}.txt").read_text()
-            for secret in (ZAI_KEY, OTHER_KEY, DEFAULT_KEY):
-                assert secret not in seen and secret not in tool_env
-            assert "ZAI_TEST_KEY" not in tool_env
-        home = Path(env["FLEET_TUI_HOME"])
-        for path in [*home.rglob("*"), *git_repo.joinpath(".fleet-work").rglob("*")]:
-            if path.is_file() and not path.is_symlink():
-                data = path.read_bytes()
-                assert ZAI_KEY.encode() not in data, path
-                assert OTHER_KEY.encode() not in data, path
+                                                  zai_workers=2)),
+                      FLEET_WORKER_GATEWAY="1" if route == "gateway" else "0")
+        try:
+            _two_endpoints(env, git_repo, zai_ep, other_ep, route)
+        finally:
+            if route == "gateway":
+                run_cli(env, git_repo, "gateway", "stop")
+
+
+def _two_endpoints(env: dict[str, str], git_repo: Path, zai_ep: ScriptedEndpoint,
+                   other_ep: ScriptedEndpoint, route: str) -> None:
+    stored = subprocess.run([sys.executable, "-m", "fleet_tui.cli", "key", "--endpoint",
+                             "other", "set"], input=OTHER_KEY, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert stored.returncode == 0, stored.stderr
+    tasks = {}
+    for name in ("zai", "other"):
+        out = run_cli(env, git_repo, "run", f"look on {name}", "--endpoint", name,
+                      "--wait", "--json", timeout=240)
+        assert out.returncode == 0, out.stderr + out.stdout
+        (task,) = json.loads(out.stdout)
+        assert task["state"] == "succeeded" and task["endpoint"] == name, task
+        tasks[name] = task
+    for ep, name, key, model in ((zai_ep, "zai", ZAI_KEY, "zai-main"),
+                                 (other_ep, "other", OTHER_KEY, "other-main")):
+        messages = ep.message_requests()
+        assert len(messages) == 2, messages  # the tool turn and the answer
+        assert all(r.auth_sha256 == sha(key) for r in messages), name
+        assert all(r.model == model for r in messages), name
+        assert all(r.cwd == tasks[name]["worktree"] for r in messages)
+    # the list says which endpoint each task ran on
+    listed = run_cli(env, git_repo, "ls")
+    assert "ENDPOINT" in listed.stdout.splitlines()[0]
+    if route == "gateway":  # both went through it, each request on its own endpoint
+        status = run_cli(env, git_repo, "gateway", "status", "--json")
+        assert status.returncode == 0, status.stderr
+        served = json.loads(status.stdout)["endpoints"]
+        assert served["zai"]["served"] == 2 and served["other"]["served"] == 2, served
+        assert all(r.auth_sha256 not in (sha(DEFAULT_KEY),)
+                   for r in zai_ep.message_requests() + other_ep.message_requests())
+    shown = run_cli(env, git_repo, "show", tasks["zai"]["id"])
+    assert any(line.split() == ["endpoint:", "zai"] for line in shown.stdout.splitlines())
+    # the key_env endpoint's key: in no argv the worker could see (the runner's, claude's),
+    # not in the worker's environment, no spec, attempt file, config dir or store (the
+    # variable given is in the engine's own environment: the user's choice of source)
+    worktrees = Path(tasks["zai"]["worktree"]).parent
+    for task in tasks.values():
+        seen = (worktrees / f"argv-{task['id']}.txt").read_text(errors="replace")
+        assert "fleet_tui" in seen and "claude" in seen  # it did see them
+        tool_env = (worktrees / f"tool-env-{task['id']}.txt").read_text()
+        for secret in (ZAI_KEY, OTHER_KEY, DEFAULT_KEY):
+            assert secret not in seen and secret not in tool_env
+        assert "ZAI_TEST_KEY" not in tool_env
+    home = Path(env["FLEET_TUI_HOME"])
+    for path in [*home.rglob("*"), *git_repo.joinpath(".fleet-work").rglob("*")]:
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            assert ZAI_KEY.encode() not in data, path
+            assert OTHER_KEY.encode() not in data, path
 
 
 # --- the panel ------------------------------------------------------------------------------

@@ -109,7 +109,7 @@ class Fleet:
         # the gateway holds the key the engine resolves (issue 19); held weakly, so that the
         # supervisor does not keep the engine's parts alive (an engine dropped is gone at
         # once: its claims count as abandoned)
-        self.supervisor.gateway.keys = weak_keys(self.secrets.get)
+        self.supervisor.gateway.keys = weak_keys(self.secrets.by_endpoint)
         self.queries = Queries(ctx, self.secrets)
         self.actions = Actions(ctx)
         self.submissions = Submissions(ctx)

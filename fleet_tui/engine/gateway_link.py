@@ -38,13 +38,13 @@ KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "
 KEEP_ALIVE_EVERY = 0.5  # seconds between two looks at the gateway while attempts use it
 
 
-def weak_keys(get: Callable[[], tuple[str, ...]]) -> Callable[[], tuple[str, ...]]:
-    """`get` (a bound method) without holding its object: () once it is gone."""
+def weak_keys(get: Callable[[], dict[str, str]]) -> Callable[[], dict[str, str]]:
+    """`get` (a bound method) without holding its object: no keys once it is gone."""
     ref = weakref.WeakMethod(get)  # type: ignore[arg-type]
 
-    def keys() -> tuple[str, ...]:
+    def keys() -> dict[str, str]:
         method = ref()
-        return method() if method is not None else ()
+        return method() if method is not None else {}
 
     return keys
 
@@ -53,12 +53,12 @@ class GatewayLink:
     """Tokens for attempts and the gateway they go through, for one engine."""
 
     def __init__(self, store: Store, *, env: Mapping[str, str], python: str,
-                 keys: Callable[[], tuple[str, ...]] | None = None) -> None:
+                 keys: Callable[[], dict[str, str]] | None = None) -> None:
         self.store = store
         self.meter = Meter(store)
         self.env = env
         self.python = python
-        # the provider's key as the engine resolves it (Fleet gives its SecretCache.get)
+        # each endpoint's key as the engine resolves it (Fleet gives SecretCache.by_endpoint)
         self.keys = keys
         self._checked = 0.0
 
@@ -73,27 +73,15 @@ class GatewayLink:
         if found is not None:
             return found
         assert self.keys is not None
-        key = self.keys()
-        if not key:  # a gateway without the key would only get 401s for its workers
+        keys = self.keys()
+        if not keys:  # a gateway without a key would only get 401s for its workers
             raise FleetError("the gateway cannot start: no API key was found (see "
                              "`fleet-tui key status`)")
         routes = routes_of(settings)
-        return control.ensure(list(routes.values()), self._keys(settings, key[0]),
-                              db=Path(self.store.path), python=self.python, env=self.env)
-
-    def _keys(self, settings: Settings, usual: str) -> dict[str, str]:
-        """Each endpoint's key: its own variable's (key_env), or the usual one. An endpoint
-        with a keyring entry of its own gets none here (not resolved by the engine yet):
-        the gateway refuses its requests, saying so."""
-        keys: dict[str, str] = {}
-        for endpoint in settings.endpoints or (settings.endpoint(),):
-            if endpoint.key_env is not None:
-                value = (self.env.get(endpoint.key_env) or "").strip()
-                if value:
-                    keys[endpoint.name] = value
-            elif endpoint.key_keyring is None:
-                keys[endpoint.name] = usual
-        return keys
+        # each endpoint's key as its workers would resolve it (key_env, its keyring entry,
+        # or the usual sources); one with none is refused by the gateway, saying so
+        return control.ensure(list(routes.values()), keys, db=Path(self.store.path),
+                              python=self.python, env=self.env)
 
     def through(self, settings: Settings, task: Task, attempt: Attempt, host_name: str,
                 overrides: dict[str, Any], env: dict[str, str]) -> str | None:
@@ -103,7 +91,7 @@ class GatewayLink:
         if name is None:
             return None
         assert self.keys is not None
-        if not self.keys():  # no key: direct, where the launcher says where it looked
+        if name not in self.keys():  # no key: direct, where the launcher says where it looked
             return None
         info = self._ensure(settings)
         token = self.meter.mint(task.id, attempt.id, name)

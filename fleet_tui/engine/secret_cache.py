@@ -18,6 +18,7 @@ class SecretCache(Part):
 
     # The key, as resolved for the diff's and the merge's scan: (when, values); see get.
     _secret_cache: tuple[float, tuple[str, ...]] | None = None
+    _by_endpoint: tuple[float, dict[str, str]] | None = None
     SECRET_TTL = 30.0
 
     def cached(self) -> tuple[str, ...] | None:
@@ -38,19 +39,30 @@ class SecretCache(Part):
         if cached is not None:
             return cached
         now = time.monotonic()
-        from fleet_tui.execution.local.launcher import LaunchError, endpoint_credential
-
-        keys: list[str] = []
         # every endpoint's key (issue 19): a worker on one may have read another's
-        for endpoint in self.settings.endpoints or (self.settings.endpoint(),):
-            try:
-                value = endpoint_credential(self.settings, endpoint, self.env).value
-            except (LaunchError, OSError):
-                continue
-            if value not in keys:
-                keys.append(value)
-        found = tuple(keys)
+        found = tuple(dict.fromkeys(self.by_endpoint(fresh=True).values()))
         self._secret_cache = (now, found)
         # hidden from now on wherever this process writes or shows what a worker said
         redaction.remember(found)
         return found
+
+    def by_endpoint(self, *, fresh: bool = False) -> dict[str, str]:
+        """Each endpoint's key by the endpoint's name, resolved as its workers resolve it
+        (an endpoint whose key cannot be found is left out): what the gateway holds.
+        Remembered for SECRET_TTL seconds, as `get`."""
+        cached = self._by_endpoint
+        if not fresh and cached is not None \
+                and time.monotonic() - cached[0] < self.SECRET_TTL:
+            return dict(cached[1])
+        from fleet_tui.execution.local.launcher import LaunchError, endpoint_credential
+
+        keys: dict[str, str] = {}
+        for endpoint in self.settings.endpoints or (self.settings.endpoint(),):
+            try:
+                keys[endpoint.name] = endpoint_credential(self.settings, endpoint,
+                                                          self.env).value
+            except (LaunchError, OSError):
+                continue
+        self._by_endpoint = (time.monotonic(), keys)
+        redaction.remember(tuple(keys.values()))
+        return dict(keys)

@@ -219,7 +219,8 @@ class Supervisor:
         port = self.store.assign_port(attempt.id, self.host.free_port)
         resume = task.session_id if attempt.kind in ("resume", "followup") else None
         overrides = self._settings_overrides(task)
-        runner_env = self.host.runner_env()
+        # the endpoint's key variables, then (gateway on) the token in their place
+        runner_env = self._endpoint_env(task, self.host.runner_env())
         token = self._through_gateway(task, attempt, overrides, runner_env)
         try:
             return self._stage_and_spawn(task, attempt, placement, worktree, model, port,
@@ -251,7 +252,6 @@ class Supervisor:
                        kill_grace=self.settings.kill_grace,
                        repo=str(task.repo), include=list(ready.include), setup=ready.setup,
                        env={"FLEET_TASK_ID": task.id, "FLEET_PORT": str(port)})
-        runner_env = self._endpoint_env(task, self.host.runner_env())
         staged = self.host.stage(placement, spec)
         try:
             self._record_launch(task, attempt, placement, model, now)

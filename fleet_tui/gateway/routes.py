@@ -38,9 +38,9 @@ UNLIMITED = 1_000_000  # max_requests unset: no line forms
 
 
 def _route(endpoint: Any) -> Route:
-    # the engine keys a task's endpoint (and its row in `endpoints`) by its base_url today
+    # the engine keys a task's endpoint (and its row in `endpoints`) by its name (v8)
     return Route(str(endpoint.name), str(endpoint.base_url),
-                 int(endpoint.max_requests or UNLIMITED), str(endpoint.base_url))
+                 int(endpoint.max_requests or UNLIMITED), str(endpoint.name))
 
 
 def _endpoints(settings: Any) -> tuple[Any, ...]:
@@ -73,7 +73,7 @@ def name_for(settings: Any, task_endpoint: str) -> str | None:
         return task_endpoint
     if task_endpoint == "":
         return DEFAULT if DEFAULT in routes else None
-    for route in routes.values():
-        if task_endpoint == route.store_key:
+    for route in routes.values():  # a row from before names (v8 reads those "default")
+        if task_endpoint == route.base_url:
             return route.name
     return None
