@@ -349,7 +349,8 @@ def test_which_attempts_go_through_the_gateway(tmp_path: Path) -> None:
     from fleet_tui.settings.config import load_settings
 
     store = Store(paths.db_path())
-    link = GatewayLink(store, env=os.environ, python=sys.executable, keys=lambda: (KEY,))
+    link = GatewayLink(store, env=os.environ, python=sys.executable,
+                       keys=lambda: {"default": KEY})
     on = load_settings(env=os.environ, overrides={"gateway": True,
                                                   "base_url": "http://127.0.0.1:9"})
     off = load_settings(env=os.environ, overrides={"gateway": False,
@@ -360,7 +361,7 @@ def test_which_attempts_go_through_the_gateway(tmp_path: Path) -> None:
     assert link.endpoint_of(on, task, "memory") is None  # runs nothing here
     other: Any = SimpleNamespace(id="t2", endpoint="http://elsewhere.invalid")
     assert link.endpoint_of(on, other, "local") is None  # no endpoint of the settings
-    keyless = GatewayLink(store, env=os.environ, python=sys.executable, keys=lambda: ())
+    keyless = GatewayLink(store, env=os.environ, python=sys.executable, keys=lambda: {})
     overrides: dict[str, Any] = {"base_url": "http://127.0.0.1:9", "key_sources": ["env"]}
     env = {"ANTHROPIC_AUTH_TOKEN": KEY}
     attempt: Any = SimpleNamespace(id=3, task_id="t1")
@@ -385,7 +386,6 @@ def test_which_attempts_go_through_the_gateway(tmp_path: Path) -> None:
 
 
 def test_named_endpoints_are_routes(tmp_path: Path) -> None:
-    from fleet_tui.engine.gateway_link import GatewayLink
     from fleet_tui.gateway.routes import UNLIMITED, name_for, routes_of
     from fleet_tui.settings.config import load_settings
 
@@ -402,7 +402,12 @@ def test_named_endpoints_are_routes(tmp_path: Path) -> None:
     assert name_for(settings, "http://127.0.0.1:10/api") == "zai"  # a task's base_url
     assert name_for(settings, "zai") == "zai" and name_for(settings, "") == "default"
     assert name_for(settings, "http://nowhere.invalid") is None
-    link = GatewayLink(Store(paths.db_path()), env={"ZAI_TEST_KEY": "sk-zai "},
-                       python=sys.executable)
-    # its own variable's key, the usual one, none yet for a keyring entry of its own
-    assert link._keys(settings, KEY) == {"default": KEY, "zai": "sk-zai"}
+    from fleet_tui.engine.fleet import Fleet
+
+    fleet = Fleet(settings, Store(paths.db_path()),
+                  env={**os.environ, "ZAI_TEST_KEY": "sk-zai ", "ANTHROPIC_AUTH_TOKEN": KEY})
+    # what the gateway is given: its own variable's key, the usual one, and none for a
+    # keyring entry that holds nothing (the gateway refuses that endpoint, saying so)
+    assert fleet.secrets.by_endpoint() == {"default": KEY, "zai": "sk-zai"}
+    assert fleet.supervisor.gateway.keys is not None
+    assert fleet.supervisor.gateway.keys() == {"default": KEY, "zai": "sk-zai"}
