@@ -51,9 +51,10 @@ BENCHMARKS: dict[str, str] = {
     "endpoint": "8. Scripted endpoint",
     "serve": "9. The panel in a browser",
     "gateway": "10. Gateway",
+    "slots": "11. Request slots",
 }
-ORDER = ["parser", "launch", "diff", "engine", "endpoint", "gateway", "startup", "panel",
-         "memory", "serve"]
+ORDER = ["parser", "launch", "diff", "engine", "endpoint", "gateway", "slots", "startup",
+         "panel", "memory", "serve"]
 HERE = Path(__file__).resolve().parent
 
 
