@@ -14,12 +14,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import http.client
 import json
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -411,3 +413,39 @@ def test_named_endpoints_are_routes(tmp_path: Path) -> None:
     assert fleet.secrets.by_endpoint() == {"default": KEY, "zai": "sk-zai"}
     assert fleet.supervisor.gateway.keys is not None
     assert fleet.supervisor.gateway.keys() == {"default": KEY, "zai": "sk-zai"}
+
+
+def test_a_request_waiting_for_a_slot_is_seen_by_the_engine() -> None:
+    """One slot: the first task's request holds it (the endpoint hangs), the second task's
+    waits in line; the engine's status (what the panel's stream caption says) names the
+    second task as waiting for a request slot, and nothing once the line is gone."""
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.settings.config import load_settings
+
+    with ScriptedEndpoint({"default": SCRIPT}) as ep:
+        store = Store(paths.db_path())
+        info = start_gateway(ep, store, max_requests=1)
+        rig = Rig(ep, store, Meter(store), info)
+        fleet = Fleet(load_settings(env=os.environ, overrides={"gateway": True}), store)
+        try:
+            first, second = rig.meter.mint("t1", 1, "default"), rig.meter.mint("t2", 2,
+                                                                                "default")
+            ep.set_faults([{"kind": "hang", "times": 1}])
+            held = threading.Thread(target=lambda: _quietly(rig.post, first), daemon=True)
+            held.start()
+            ep.wait_for(1)  # the first request holds the only slot
+            line = threading.Thread(target=lambda: _quietly(rig.post, second), daemon=True)
+            line.start()
+            wait_until(lambda: fleet.status([]).slot_waits == {"t2": 1})
+        finally:
+            ep.stop()  # the hung request ends, the line moves, then empties
+        wait_until(lambda: fleet.status([]).slot_waits == {}, timeout=30)
+        control.stop()
+        held.join(30)
+        line.join(30)
+
+
+def _quietly(post: Any, token: str) -> None:
+    # the endpoint is stopped under it: what the test does on purpose
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        post(token)

@@ -323,3 +323,22 @@ async def test_diff_pane_says_why_there_is_no_diff_and_follows_a_running_task(
         (running.worktree / "later.txt").write_text("written while it runs\n")
         await wait_until(pilot, lambda: "later.txt" in files_shown(pane),
                          what="the timed refresh")
+
+
+async def test_the_caption_says_a_request_waits_for_a_slot(
+        fleet: Fleet, git_repo: Path, tmp_path: Path) -> None:
+    """The gateway's line (issue 19): while the selected task's requests wait for a
+    request slot, its stream's caption says so; once they are through, it no longer does."""
+    lines = recording("root_529_then_ok")
+    task = with_attempt(fleet, git_repo, tmp_path / "logs" / "1", b"".join(lines[:6]))
+    pane = StreamPane(interval=0.05)
+    async with Host(pane).run_test(size=SIZE) as pilot:
+        pane.fleet = fleet
+        pane.show(task)
+        await wait_until(pilot, lambda: "attempt 1/1 (fresh)" in pane.caption,
+                         what="the caption")
+        assert "waiting for a request slot" not in pane.caption
+        pane.show_slot_waits(1)
+        assert "attempt 1/1 (fresh) · waiting for a request slot" in pane.caption
+        pane.show_slot_waits(0)
+        assert "waiting for a request slot" not in pane.caption

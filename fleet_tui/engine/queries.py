@@ -56,6 +56,8 @@ class FleetStatus:
     # each endpoint's spend since the local day began (those that spent some), by name
     costs: dict[str, Totals] = field(default_factory=dict)
     spent_today: dict[str, float] = field(default_factory=dict)
+    # the gateway's line (issue 19): requests of each task waiting for a request slot
+    slot_waits: dict[str, int] = field(default_factory=dict)
 
 
 class Queries(Part):
@@ -116,7 +118,26 @@ class Queries(Part):
             cap=sum(self.settings.for_endpoint(n).max_workers
                     for n in self.settings.endpoint_names), cooldown_until=until,
             total_tokens=sum(t.input_tokens + t.output_tokens for t in tasks),
-            endpoints=self.endpoint_status(now), **self._metered(tasks, now))
+            endpoints=self.endpoint_status(now), slot_waits=self.slot_waits(),
+            **self._metered(tasks, now))
+
+    def slot_waits(self) -> dict[str, int]:
+        """The requests of each task that wait for a request slot at the gateway, from the
+        status it writes (a small file; {} with the gateway off or not running)."""
+        if not self.settings.gateway:
+            return {}
+        from fleet_tui.gateway import control
+
+        try:
+            status = control.read_status(self.env, Path(self.store.path)) or {}
+        except (OSError, ValueError):
+            return {}
+        waits: dict[str, int] = {}
+        for state in dict(status.get("endpoints") or {}).values():
+            for task_id, count in dict(dict(state).get("waiting_tasks") or {}).items():
+                if isinstance(count, int) and count > 0:
+                    waits[str(task_id)] = waits.get(str(task_id), 0) + count
+        return waits
 
     def _metered(self, tasks: list[Task], now: float) -> dict[str, Any]:
         """The listed tasks' costs and today's spend per endpoint, from the ledger (one

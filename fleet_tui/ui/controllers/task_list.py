@@ -128,6 +128,9 @@ class TaskListController(Controller):
         self.tasks = {t.id: t for t in message.tasks}
         self.status = message.status
         self.marked &= set(self.tasks)
+        selected = self.selected_id
+        self.screen.stream.show_slot_waits(
+            message.status.slot_waits.get(selected, 0) if selected else 0)
         self._alert_transitions(message.tasks, message.status)
         self.render()
 
@@ -326,6 +329,8 @@ class TaskListController(Controller):
 
     def select(self, task_id: str | None) -> None:
         self.selected_id = task_id
+        waits = self.status.slot_waits if self.status is not None else {}
+        self.screen.stream.show_slot_waits(waits.get(task_id, 0) if task_id else 0)
         self.screen.detail.refresh(new=True)
         self.screen.refresh_keys()
 

@@ -121,6 +121,7 @@ class StreamPane(Vertical):
         self.interval = interval
         self.hints = hints
         self.selected: Task | None = None
+        self.slot_waits = 0  # the selected task's requests waiting at the gateway
         self.attempt_choice: dict[str, int] = {}  # task id -> attempt chosen with `a`
         self.attempt: Attempt | None = None  # the attempt shown, once its tail arrived
         self.attempts = 0  # how many the task had then
@@ -431,11 +432,20 @@ class StreamPane(Vertical):
             text.append(f"attempt {attempt.n}/{self.attempts} ({attempt.kind})", style="bold")
             if attempt.verdict:
                 text.append(f" · {attempt.verdict}")
+            elif self.slot_waits:
+                text.append(" · waiting for a request slot", style="bold")
         text.append("   ")
         text.append("following" if self.follow else "paused (end: follow)")
         text.append(" · JSON lines" if self.raw else (
             " · tool calls only" if self.tools_only else " · everything"))
         self._label.show(text, [h for h in self.hints.split("  ") if h.strip()])
+
+    def show_slot_waits(self, waits: int) -> None:
+        """The selected task's requests waiting for a request slot at the gateway (issue
+        19): said in the caption while there are any."""
+        if waits != self.slot_waits:
+            self.slot_waits = waits
+            self._caption()
 
     @property
     def caption(self) -> str:
