@@ -21,7 +21,7 @@ TASK_COMMANDS = ("run", "ls", "show", "logs", "diff", "merge", "discard", "retry
 USAGE = """\
 usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui --demo [--new]                the demo: reopens the last one (--new: afresh)
-       fleet-tui run PROMPT [--title T] [--base REF] [--copies N] [--wait] [--json]
+       fleet-tui run PROMPT [--title T] [--base REF] [--copies N] [--endpoint E] [--wait] [--json]
        fleet-tui ls [--all-repos] [--json]
        fleet-tui show|logs|diff|merge|discard|retry|follow-up|kill ID ...
        fleet-tui update ID [--resolve worker|shell|abort] [--wait]
