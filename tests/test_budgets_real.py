@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_fleet import drive, make_fleet, settled
 
 from fleet_tui.core import policy
@@ -52,20 +53,33 @@ def meter_request(fleet: Fleet, task_id: str, endpoint: str, **tokens: int) -> f
     return cost
 
 
+@pytest.mark.parametrize("gateway", [False, True], ids=["direct", "gateway"])
 def test_a_budget_reached_mid_run_holds_the_endpoint_with_the_figure(
-        git_repo: Path, claude_bin: str) -> None:
+        git_repo: Path, claude_bin: str, gateway: bool) -> None:
+    """Through the gateway too: the running task's next request still goes out (an
+    endpoint's day budget holds its queue, not the run in progress)."""
+    from fleet_tui.gateway import control
+
     with ScriptedEndpoint({"default": SLOW}) as ep:
-        fleet = make_fleet(ep, claude_bin, max_workers=1, budget_per_day=1.0)
-        first, *queued = fleet.submit(TaskSpec(prompt="write one.txt", repo=git_repo),
-                                      copies=3)
-        drive(fleet, lambda: len(ep.message_requests()) >= 1)
-        # the first request cost $1.40 (1M tokens in): over the day's $1.00
-        spent = meter_request(fleet, first.id, first.endpoint, input_tokens=1_000_000)
-        drive(fleet, settled(fleet, first.id), timeout=90)
-        deadline = time.monotonic() + 2.0  # and a while longer: nothing else starts
-        drive(fleet, lambda: time.monotonic() > deadline)
-        requests = ep.message_requests()
-        worktree = str(fleet.get_task(first.id).worktree)
+        fleet = make_fleet(ep, claude_bin, max_workers=1, budget_per_day=1.0,
+                           gateway=gateway)
+        try:
+            first, *queued = fleet.submit(TaskSpec(prompt="write one.txt", repo=git_repo),
+                                          copies=3)
+            drive(fleet, lambda: len(ep.message_requests()) >= 1)
+            # the first request cost $1.40 (1M tokens in): over the day's $1.00
+            spent = meter_request(fleet, first.id, first.endpoint, input_tokens=1_000_000)
+            drive(fleet, settled(fleet, first.id), timeout=90)
+            deadline = time.monotonic() + 2.0  # and a while longer: nothing else starts
+            drive(fleet, lambda: time.monotonic() > deadline)
+            requests = ep.message_requests()
+            worktree = str(fleet.get_task(first.id).worktree)
+        finally:
+            if gateway:
+                control.stop(fleet.env)
+    if gateway:  # the gateway metered them: its own rows beside the one written here
+        spent = budgets.spent_today(fleet.store, fleet.settings, first.endpoint)
+        assert len(Meter(fleet.store).rows()) == len(requests) + 1
     done = fleet.get_task(first.id)
     assert done.state == TaskState.SUCCEEDED, done.message  # what ran goes on
     assert requests and all(r.cwd == worktree for r in requests)  # only the first's

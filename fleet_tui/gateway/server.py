@@ -44,6 +44,9 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
+from fleet_tui.core import policy
+from fleet_tui.core.states import StopReason
+from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.gateway.routes import UNLIMITED, Route
 from fleet_tui.gateway.slots import Slots
 from fleet_tui.gateway.usage import UsageReader
@@ -111,7 +114,8 @@ def gate_answer(state: EndpointState | None, now: float) -> web.Response | None:
     """The gateway's own answer while the endpoint is held or parked, else None."""
     if state is None:
         return None
-    if state.held is not None:
+    # a day's budget met holds the queue, not the runs in progress: they go on
+    if state.held is not None and not policy.budget_held(state):
         return _error(403, "permission_error", f"held: {state.held}")
     if state.parked_until is not None and state.parked_until > now:
         found = _CODE.search(state.park_reason or "")
@@ -239,16 +243,29 @@ class Gateway:
             counters.waiting_since.pop(waiter, None)
 
     def _over_budget(self, info: TokenInfo, name: str) -> str | None:
-        """The task's or the endpoint's budget met: nothing more goes upstream for it (the
-        engine stops the task, or holds the endpoint, on its own next look)."""
+        """The task's budget met: nothing more goes upstream for it, and its attempt is
+        marked stopped for the budget first (so that the CLI's failed request reads as
+        that stop, not as a refused key; the engine stops the run on its next look). An
+        endpoint's day budget is the engine's: it holds the queue while the running tasks
+        finish."""
         if self.settings is None:
             return None
         try:
-            return budgets.budget_refusal(self.store, self.settings, info.task_id, name,
-                                          self.clock())
+            refusal = budgets.task_refusal(self.store, self.settings, info.task_id, name)
         except Exception as exc:  # a budget that cannot be read never stops the work
-            log.warning("could not check the budgets of %s: %s", name, type(exc).__name__)
+            log.warning("could not check the budget of a task of %s: %s", name,
+                        type(exc).__name__)
             return None
+        if refusal is not None and info.attempt_id is not None:
+            try:
+                folder = self.store.get_attempt(info.attempt_id).dir
+                if folder is not None:
+                    AttemptLog(folder).request_stop(StopReason.BUDGET, refusal,
+                                                    at=self.clock(), by="gateway")
+            except Exception as exc:  # the engine's own look stops it then
+                log.warning("could not mark a task's attempt stopped for its budget: %s",
+                            type(exc).__name__)
+        return refusal
 
     def _cost(self, endpoint: str, model: str, counts: dict[str, int]) -> float | None:
         if self.settings is None or not model:
