@@ -117,3 +117,48 @@ def test_a_task_budget_reached_mid_run_stops_the_task_with_the_figure(
     (attempt,) = fleet.attempts(task.id)
     assert attempt.verdict == "killed" and attempt.message == done.message
     assert took < 30  # stopped, not the 60 s sleep's end
+
+
+# a short tool turn (the budget is met meanwhile), then a next request the gateway refuses
+TWO_TURNS: dict[str, Any] = {
+    "real_turns": True,
+    "turns": [
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "echo one > one.txt; sleep 3", "description": "one"}}],
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "echo two > two.txt", "description": "two"}}],
+        "never reached",
+    ],
+}
+
+
+def test_through_the_gateway_a_task_over_its_budget_is_stopped_for_it_not_for_the_key(
+        git_repo: Path, claude_bin: str) -> None:
+    """The gateway refuses the next request of a task over its budget; the task ends killed
+    with the figure (its attempt marked stopped for the budget first), never as a refused
+    key, and the endpoint is not held: its other tasks may still run."""
+    from fleet_tui.gateway import control
+
+    with ScriptedEndpoint({"default": TWO_TURNS}) as ep:
+        fleet = make_fleet(ep, claude_bin, budget_per_task=0.5, kill_grace=1.0,
+                           gateway=True)
+        try:
+            (task,) = fleet.submit(TaskSpec(prompt="write one.txt", repo=git_repo))
+            drive(fleet, lambda: (Path(str(fleet.get_task(task.id).worktree)) / "one.txt")
+                  .exists())  # its first tool runs
+            spent = meter_request(fleet, task.id, task.endpoint, input_tokens=100_000,
+                                  output_tokens=100_000)  # $0.58
+            drive(fleet, settled(fleet, task.id), timeout=60)
+        finally:
+            control.stop(fleet.env)
+    # the gateway metered the requests it passed on too: the figure is their sum
+    total = Meter(fleet.store).spent(task_id=task.id)
+    assert total > spent
+    done = fleet.get_task(task.id)
+    assert done.state == TaskState.KILLED and done.verdict == "killed", done.message
+    assert done.message == (f"stopped: task {task.id} spent {budgets.usd(total)} of its "
+                            "$0.50 budget; raise budget_per_task (config.toml) and retry "
+                            "it to go on")
+    state = fleet.store.get_endpoint(task.endpoint)
+    assert state is None or state.held is None, state
+    assert not (Path(str(done.worktree)) / "two.txt").exists()  # its next step never ran
