@@ -381,8 +381,11 @@ def _staggered_after_reset(git_repo: Path, claude_bin: str, tmp_path: Path,
     # and the endpoint heard the parked session's resume before any fresh task
     firsts = {t.id: min(r.time for r in of_task(ep, t) if r.time >= reset) for t in done}
     assert min(firsts, key=lambda i: firsts[i]) == parked.id, firsts
-    if engines == 2:  # both engines claimed: the rule held across processes
-        assert len({t.claimed_by for t in done}) == 2, [t.claimed_by for t in done]
+    # With two engines: both were live and competing for every slot (the child ran from
+    # before the reset to the end, exit 0 above), and the stagger and the order held over
+    # all the store's claims, whoever made them. Which engine wins a slot is a race the
+    # faster ticker usually wins (a quiet run saw one engine claim all four), so it is not
+    # asserted.
 
 
 def test_after_a_reset_one_start_per_stagger_parked_first(
