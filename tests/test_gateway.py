@@ -449,3 +449,24 @@ def _quietly(post: Any, token: str) -> None:
     # the endpoint is stopped under it: what the test does on purpose
     with contextlib.suppress(OSError, http.client.HTTPException):
         post(token)
+
+
+def test_an_idle_gateway_exits_and_the_next_attempt_starts_it_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No live token and nothing in flight for FLEET_TUI_GATEWAY_IDLE seconds: the gateway
+    exits (nothing is left running once the work is done), and is started afresh."""
+    monkeypatch.setenv("FLEET_TUI_GATEWAY_IDLE", "1")
+    with ScriptedEndpoint({"default": SCRIPT}) as ep:
+        store = Store(paths.db_path())
+        meter = Meter(store)
+        token = meter.mint("t1", 1, "default")  # a running attempt's
+        info = start_gateway(ep, store)
+        assert raw_post(info.url, "/e/default/v1/messages", json.dumps(
+            request_body()).encode(), {"x-api-key": token}).status == 200
+        meter.revoke(token=token)  # the attempt ended
+        wait_until(lambda: control.read_info() is None, timeout=30)
+        again = start_gateway(ep, store)  # what the engine's next attempt does
+        try:
+            assert again.pid != info.pid and control.read_info() is not None
+        finally:
+            control.stop()

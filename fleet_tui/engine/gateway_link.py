@@ -93,8 +93,13 @@ class GatewayLink:
         assert self.keys is not None
         if name not in self.keys():  # no key: direct, where the launcher says where it looked
             return None
-        info = self._ensure(settings)
+        # the token first: a gateway about to exit for want of work sees it and stays
         token = self.meter.mint(task.id, attempt.id, name)
+        try:
+            info = self._ensure(settings)
+        except BaseException:
+            self.revoke_token(token)
+            raise
         overrides["base_url"] = control.url_for(info, name)
         overrides["key_sources"] = ["env"]
         for variable in KEY_VARIABLES:

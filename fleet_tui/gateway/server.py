@@ -390,6 +390,40 @@ class Gateway:
             await asyncio.sleep(STATUS_EVERY)
 
 
+IDLE_ENV = "FLEET_TUI_GATEWAY_IDLE"
+IDLE_EXIT = 120.0  # seconds with no live token and nothing in flight: the gateway exits
+
+
+def idle_exit() -> float:
+    """How long the gateway stays with nothing to serve (FLEET_TUI_GATEWAY_IDLE seconds)."""
+    try:
+        return max(0.5, float(os.environ.get(IDLE_ENV) or IDLE_EXIT))
+    except ValueError:
+        return IDLE_EXIT
+
+
+async def watch_idle(gateway: Gateway, stop: asyncio.Event, limit: float) -> None:
+    """Set `stop` once the gateway has had no live token (no attempt running through it)
+    and no request in flight or waiting for `limit` seconds: it is not left behind when the
+    work is done; an engine starts it again with its next attempt."""
+    idle_since: float | None = None
+    while not stop.is_set():
+        await asyncio.sleep(min(5.0, limit / 4))
+        busy = any(slots.in_flight or slots.waiting for slots in gateway.slots.values())
+        try:
+            live = busy or gateway.meter.any_valid()
+        except Exception:  # the store busy or gone for a moment: not idle on that word
+            live = True
+        now = time.monotonic()
+        if live:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = now
+        elif now - idle_since >= limit:
+            log.info("idle for %.0f s (no attempt goes through it): exiting", limit)
+            stop.set()
+
+
 def _read_handover(fd: int) -> dict[str, Any]:
     chunks = []
     try:
@@ -430,10 +464,12 @@ async def _serve(gateway: Gateway, sock: socket.socket) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     status_task = asyncio.create_task(gateway.keep_status())
+    idle_task = asyncio.create_task(watch_idle(gateway, stop, idle_exit()))
     try:
         await stop.wait()
     finally:
         status_task.cancel()
+        idle_task.cancel()
         await runner.cleanup()
 
 def _settings() -> Settings | None:
