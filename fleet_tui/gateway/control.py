@@ -25,14 +25,13 @@ from typing import Any
 from fleet_tui.core.errors import FleetError
 from fleet_tui.gateway.routes import Route
 from fleet_tui.gateway.server import INFO_FILE, LOCK_FILE, LOG_FILE, SERVER_MODULE, STATUS_FILE
-from fleet_tui.system import paths, procs
+from fleet_tui.system import paths, procs, spawn
 from fleet_tui.system.spawn import spawn_detached
 
 __all__ = ["START_TIMEOUT", "GatewayInfo", "ensure", "folder", "read_info", "read_status",
            "stop", "url_for"]
 
 START_TIMEOUT = 15.0
-_HANDOVER_LIMIT = 60_000  # below a pipe's buffer: written whole before the gateway starts
 # never in the gateway's environment (a process of the user can read it): where keys live
 _KEY_PREFIXES = ("ANTHROPIC_",)
 _KEY_NAMES = frozenset({"ZHIPU_API_KEY", "GLM_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN"})
@@ -136,19 +135,9 @@ def _start_lock(where: Path, timeout: float) -> Iterator[None]:
 
 def _pipe_holding(data: bytes) -> int:
     """A pipe's read end holding `data` (its write end closed), to be inherited."""
-    if len(data) > _HANDOVER_LIMIT:
+    if len(data) > spawn.HANDOVER_LIMIT:
         raise FleetError("the endpoints and keys handed to the gateway are too long")
-    read_end, write_end = os.pipe()
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(write_end, view):]
-    except OSError:
-        os.close(read_end)
-        raise
-    finally:
-        os.close(write_end)
-    return read_end
+    return spawn.pipe_holding(data)
 
 
 def gateway_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -31,7 +31,7 @@ from fleet_tui.execution.host import NotStarted, Placement, RunnerState
 from fleet_tui.execution.local import launcher
 from fleet_tui.execution.local.runner import RUNNER_MODULE
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
-from fleet_tui.system import paths, procs
+from fleet_tui.system import paths, procs, spawn
 from fleet_tui.system.spawn import package_env, spawn_detached
 from fleet_tui.vcs import git
 
@@ -50,7 +50,6 @@ CHILD_POLL = 0.01  # while our runners live, the scheduler checks this often whe
 # through an inherited pipe, not its environment: /proc/PID/environ of the runner, the
 # parent of claude, is readable by every process of the worker (a Bash step walking up).
 KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ZHIPU_API_KEY", "GLM_API_KEY")
-_HANDOVER_LIMIT = 60_000  # below a pipe's buffer: written before the runner starts
 
 
 def hand_over(values: dict[str, str]) -> int | None:
@@ -59,20 +58,10 @@ def hand_over(values: dict[str, str]) -> int | None:
     if not values:
         return None
     data = json.dumps(values).encode()
-    if len(data) > _HANDOVER_LIMIT:
+    if len(data) > spawn.HANDOVER_LIMIT:
         raise FleetError("the key variables of the environment are too long to hand to "
                          "the runner; check ANTHROPIC_AUTH_TOKEN, ZHIPU_API_KEY, GLM_API_KEY")
-    read_end, write_end = os.pipe()
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(write_end, view):]
-    except OSError:
-        os.close(read_end)
-        raise
-    finally:
-        os.close(write_end)
-    return read_end
+    return spawn.pipe_holding(data)
 
 
 class LocalStaged:
