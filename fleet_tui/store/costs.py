@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fleet_tui.store.budgets import day_start
-from fleet_tui.store.meter import Totals
+from fleet_tui.store.meter import Totals, usage_filter
 
 if TYPE_CHECKING:
     from datetime import tzinfo
@@ -38,24 +38,11 @@ def totals(store: Store, *, by: str, since: float | None = None,
     (YYYY-MM-DD), since a time, for some tasks or one endpoint."""
     if by not in _KEYS:
         raise ValueError(f"by must be one of {', '.join(BY)}")
-    where: list[str] = []
-    args: list[object] = []
-    if since is not None:
-        where.append("at >= ?")
-        args.append(since)
-    if endpoint is not None:
-        where.append("endpoint = ?")
-        args.append(endpoint)
-    if task_ids is not None:
-        ids = list(dict.fromkeys(task_ids))
-        if not ids:
-            return {}
-        where.append(f"task_id IN ({', '.join('?' for _ in ids)})")
-        args.extend(ids)
-    sql = f"SELECT {_KEYS[by]} AS k, {_SUMS} FROM usage"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += " GROUP BY k ORDER BY k"
+    found = usage_filter(since=since, endpoint=endpoint, task_ids=task_ids)
+    if found is None:
+        return {}
+    clause, args = found
+    sql = f"SELECT {_KEYS[by]} AS k, {_SUMS} FROM usage{clause} GROUP BY k ORDER BY k"
     out: dict[str, Totals] = {}
     for row in store._connect().execute(sql, args).fetchall():
         out[str(row[0])] = Totals(int(row[1]), int(row[2]), int(row[3]), int(row[4]),

@@ -81,6 +81,29 @@ class Totals:
             self.cost += row.cost
 
 
+def usage_filter(*, since: float | None = None, endpoint: str | None = None,
+                 task_ids: Iterable[str] | None = None, priced: bool = False
+                 ) -> tuple[str, list[object]] | None:
+    """The WHERE clause (" WHERE ..." or "") and its arguments that pick usage rows by time,
+    endpoint, tasks (each once) and, with `priced`, a known cost; None when `task_ids` is
+    empty (no row can match)."""
+    where: list[str] = ["cost IS NOT NULL"] if priced else []
+    args: list[object] = []
+    if since is not None:
+        where.append("at >= ?")
+        args.append(since)
+    if endpoint is not None:
+        where.append("endpoint = ?")
+        args.append(endpoint)
+    if task_ids is not None:
+        ids = list(dict.fromkeys(task_ids))
+        if not ids:
+            return None
+        where.append(f"task_id IN ({', '.join('?' for _ in ids)})")
+        args.extend(ids)
+    return (" WHERE " + " AND ".join(where) if where else ""), args
+
+
 class Meter:
     """The tokens and the meter of one store."""
 
@@ -162,24 +185,11 @@ class Meter:
     def rows(self, *, since: float | None = None, task_ids: Iterable[str] | None = None,
              endpoint: str | None = None) -> list[Usage]:
         """The meter's rows, oldest first, filtered by time, tasks and endpoint."""
-        where: list[str] = []
-        args: list[object] = []
-        if since is not None:
-            where.append("at >= ?")
-            args.append(since)
-        if endpoint is not None:
-            where.append("endpoint = ?")
-            args.append(endpoint)
-        if task_ids is not None:
-            ids = list(task_ids)
-            if not ids:
-                return []
-            where.append(f"task_id IN ({', '.join('?' for _ in ids)})")
-            args.extend(ids)
-        sql = "SELECT * FROM usage"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY at, id"
+        found = usage_filter(since=since, endpoint=endpoint, task_ids=task_ids)
+        if found is None:
+            return []
+        clause, args = found
+        sql = f"SELECT * FROM usage{clause} ORDER BY at, id"
         return [Usage(float(r["at"]), r["task_id"], r["attempt_id"], str(r["endpoint"]),
                       str(r["model"]), r["status"], int(r["input_tokens"]),
                       int(r["output_tokens"]), int(r["cache_read_tokens"]),
@@ -197,18 +207,10 @@ class Meter:
     def spent(self, *, endpoint: str | None = None, task_id: str | None = None,
               since: float | None = None) -> float:
         """USD spent (priced requests only) by an endpoint or a task since a time."""
-        where = ["cost IS NOT NULL"]
-        args: list[object] = []
-        if endpoint is not None:
-            where.append("endpoint = ?")
-            args.append(endpoint)
-        if task_id is not None:
-            where.append("task_id = ?")
-            args.append(task_id)
-        if since is not None:
-            where.append("at >= ?")
-            args.append(since)
+        found = usage_filter(since=since, endpoint=endpoint,
+                             task_ids=None if task_id is None else [task_id], priced=True)
+        assert found is not None  # one task id: never empty
+        clause, args = found
         row = self.store._connect().execute(
-            f"SELECT COALESCE(SUM(cost), 0) FROM usage WHERE {' AND '.join(where)}",
-            args).fetchone()
+            f"SELECT COALESCE(SUM(cost), 0) FROM usage{clause}", args).fetchone()
         return float(row[0])
