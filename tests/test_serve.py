@@ -27,13 +27,14 @@ from serve_support import (
     new_browser,
     panels,
     press,
+    screen,
     serve,
     wait_for,
     wait_screen,
 )
 from test_ui_support import QUICK_SCRIPTS, TEST_KEY
 
-from fleet_tui.commands.serve import is_loopback
+from fleet_tui.commands.serve import is_loopback, page_keys
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet
 from fleet_tui.settings.config import load_settings
@@ -124,6 +125,20 @@ def test_the_served_panel_says_why_shell_and_editor_are_off() -> None:
     assert "open on the machine that serves it" in IN_BROWSER_SHELL
 
 
+def test_the_pages_escape_key_reaches_the_panel_without_the_parsers_wait() -> None:
+    from textual._xterm_parser import XTermParser
+
+    # a lone ESC as the page sends it: Textual's parser cannot tell it from the start of a
+    # sequence and reports nothing until its ESCAPE_DELAY has passed
+    assert list(XTermParser().feed("\x1b")) == []
+    # what the relay sends instead is the Escape key at once
+    keys = list(XTermParser().feed(page_keys("\x1b")))
+    assert [key.key for key in keys] == ["escape"]
+    # whole sequences and other keys go as they came
+    for data in ("\x1b[A", "\x1bx", "q", "\x1b\x1b", "\x1b[200~\x1b\x1b[201~"):
+        assert page_keys(data) == data
+
+
 # --- in the browser ---------------------------------------------------------------------------
 
 
@@ -153,6 +168,14 @@ def test_no_token_no_panel_then_the_link_shows_the_store(fresh: Any, git_repo: P
         assert len(cookies) == 1 and cookies[0]["httpOnly"] is True
         assert cookies[0]["sameSite"] == "Strict" and srv.token not in cookies[0]["value"]
         assert len(panels(srv.proc.pid)) == 1
+        # the Escape key pressed in the page (sent on as the unambiguous form) closes the help
+        press(fresh, "?")
+        wait_screen(fresh, "Tasks and views")
+        from selenium.webdriver.common.keys import Keys
+
+        press(fresh, Keys.ESCAPE)
+        wait_for(lambda: "Tasks and views" not in screen(fresh), what="the help closed")
+        assert titles[0] in screen(fresh)
     assert srv.token not in "".join(srv.output[1:])  # printed once, in the link, never logged
 
 

@@ -291,6 +291,11 @@ async def test_filter_help_tabs_and_stream_toggles(rig: Rig) -> None:
         assert {"n", "m", "d", "r", "f", "k", "space", "o", "e", "/", "?"} <= keys
         await pilot.press("escape")
         await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="help closed")
+        # shown again, it is the same screen (kept, not composed and laid out anew)
+        await pilot.press("question_mark")
+        assert await wait_for_screen(pilot, HelpScreen, what="help again") is help_screen
+        await pilot.press("q")
+        await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="closed again")
 
 
 @contextmanager

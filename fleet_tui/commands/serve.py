@@ -229,6 +229,20 @@ def _came_over_tls(request: web.Request) -> bool:
     return request.secure or request.headers.get("X-Forwarded-Proto", "") == "https"
 
 
+# A key press in the page reaches the relay whole, one websocket message each (xterm.js's
+# onData): an arrow is "\x1b[A" in one message, Alt+x "\x1bx". So a message that is a lone
+# ESC is the Escape key, never the start of a sequence still on its way; sent as it is,
+# Textual's parser would wait its ESCAPE_DELAY (100 ms) for the rest before reporting it.
+# The kitty keyboard protocol's unambiguous form of Escape is reported at once.
+LONE_ESCAPE = "\x1b"
+ESCAPE_KEY = "\x1b[27u"
+
+
+def page_keys(data: str) -> str:
+    """What the panel is sent for one stdin message of the page."""
+    return ESCAPE_KEY if data == LONE_ESCAPE else data
+
+
 def _size(request: web.Request, name: str, default: int) -> int:
     try:
         return max(10, min(1000, int(request.query.get(name, default))))
@@ -261,7 +275,7 @@ async def _relay(websocket: web.WebSocketResponse, request: web.Request, command
             except (ValueError, TypeError):
                 continue  # not the page's: ignored
             if kind == "stdin" and rest and isinstance(rest[0], str):
-                await service.send_bytes(rest[0].encode("utf-8"))
+                await service.send_bytes(page_keys(rest[0]).encode("utf-8"))
             elif kind == "resize" and rest and isinstance(rest[0], dict):
                 size = rest[0]
                 await service.set_terminal_size(int(size.get("width", 80)),

@@ -467,7 +467,19 @@ class MainScreen(PanelScreen):
     def action_help(self) -> None:
         from fleet_tui.ui.screens.help import HelpScreen
 
-        self.app.push_screen(HelpScreen(self.help_sections()))
+        # One help screen, installed, kept while its keys stay the same: composing it and
+        # laying out its tables again took 150-400 ms a press (more than a frame in a
+        # browser); shown again it is a screen switch.
+        sections = self.help_sections()
+        name = "fleet-help"
+        if self.app.is_screen_installed(name):
+            installed = self.app.get_screen(name)
+            if isinstance(installed, HelpScreen) and installed.sections == sections:
+                self.app.push_screen(name)
+                return
+            self.app.uninstall_screen(name)
+        self.app.install_screen(HelpScreen(sections), name)
+        self.app.push_screen(name)
 
     # --- actions: the views below --------------------------------------------------------
     def action_show_tab(self, tab: str) -> None:
