@@ -84,15 +84,28 @@ def make(endpoint: ScriptedEndpoint, claude: str, server: sshd.Sshd, **overrides
     return Fleet(settings, Store(paths.db_path()), env=env, host=host), host
 
 
-def host_pids(server: sshd.Sshd, marker: str) -> list[int]:
-    """Processes whose command line holds `marker` (read on the host, over ssh)."""
-    out = server.ssh(f"grep -l -a -F -- {marker!r} /proc/[0-9]*/cmdline 2>/dev/null || true")
+LIST = ("for d in /proc/[0-9]*; do printf '%s\\t%s\\t' \"${d#/proc/}\" "
+        "\"$(readlink \"$d/cwd\" 2>/dev/null)\"; tr '\\0' ' ' < \"$d/cmdline\" 2>/dev/null; "
+        "echo; done")
+
+
+def host_pids(server: sshd.Sshd, *markers: str) -> list[int]:
+    """The host's processes working under its HOME whose command line is one of
+    `markers` (or holds one ending in "/"), read on the host over ssh (other tests'
+    processes on this machine are not counted)."""
     pids = []
-    for line in out.split():
-        pid = int(line.split("/")[2])
-        if procs.is_alive(pid):
-            pids.append(pid)
+    for line in server.ssh(LIST).splitlines():
+        pid, _, rest = line.partition("\t")
+        cwd, _, args = rest.partition("\t")
+        args = args.strip()
+        if not cwd.startswith(str(server.home)):
+            continue
+        if any(m == args or (m.endswith("/") and m in args) for m in markers):
+            pids.append(int(pid))
     return pids
+
+
+SLEEPS = ("sleep 326", "sleep 327")
 
 
 def test_a_task_on_the_host_end_to_end(git_repo: Path, claude_bin: str,
@@ -158,19 +171,19 @@ def test_kill_leaves_no_process_on_the_host(git_repo: Path, claude_bin: str,
     fleet, host = make(endpoint, claude_bin, host_sshd)
     try:
         (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
-        drive(fleet, lambda: len(host_pids(host_sshd, "sleep 32")) == 2, timeout=60)
+        drive(fleet, lambda: len(host_pids(host_sshd, *SLEEPS)) == 2, timeout=60)
         token = fleet.attempts(task.id)[-1]
         assert token.dir is not None
         fleet.kill(task.id)
         done = fleet.get_task(task.id)
         assert done.state == TaskState.KILLED and done.verdict == "killed"
         deadline = time.monotonic() + 10
-        while host_pids(host_sshd, "sleep 32") and time.monotonic() < deadline:
+        while host_pids(host_sshd, *SLEEPS) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert host_pids(host_sshd, "sleep 32") == []
+        assert host_pids(host_sshd, *SLEEPS) == []
         assert host_pids(host_sshd, f"attempts/{task.id}/") == []  # the runner too
     finally:
-        for pid in host_pids(host_sshd, "sleep 32"):
+        for pid in host_pids(host_sshd, *SLEEPS):
             os.kill(pid, signal.SIGKILL)
         host.close()
 
