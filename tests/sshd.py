@@ -103,11 +103,12 @@ class Sshd:
             time.sleep(0.02)
         raise RuntimeError("sshd did not listen within 10 s")
 
-    def ssh(self, command: str, *, check: bool = True) -> str:
+    def ssh(self, command: str, *, check: bool = True, input: str | None = None) -> str:
         """A command on the host through a connection of its own (not the host's master)."""
         done = subprocess.run(["ssh", "-F", str(self.client_config), "-o", "BatchMode=yes",
                                "-o", "ControlMaster=no", "-o", "ControlPath=none", self.alias,
-                               "--", command], capture_output=True, text=True, check=False)
+                               "--", command], capture_output=True, text=True, check=False,
+                              input=input)
         if check and done.returncode != 0:
             raise RuntimeError(f"ssh {command!r}: {done.stderr.strip()}")
         return done.stdout

@@ -12,13 +12,17 @@ the second task sending only new objects, and the key nowhere on the host.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shlex
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import sshd
@@ -27,8 +31,10 @@ from test_fleet import KEY, SCRIPTS, drive, settled
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.execution.ssh.host import SshHost
+from fleet_tui.gateway import control
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, TaskState
+from fleet_tui.store.meter import Meter
 from fleet_tui.system import paths, procs
 
 pytestmark = pytest.mark.xdist_group("ssh-host")
@@ -235,9 +241,63 @@ def test_a_dropped_connection_leaves_the_worker_running(git_repo: Path, claude_b
         host.close()
 
 
+# The key comes on stdin and reaches grep through a pipe (process substitution of a
+# builtin): never an argv or a file of the host. Every process started over the test's
+# login carries FLEET_TEST_HOST (authorized_keys sets it), the runner and claude included.
+SCAN = r"""read -r k
+n=0
+for d in /proc/[0-9]*; do
+  grep -qa 'FLEET_TEST_HOST=' "$d/environ" 2>/dev/null || continue
+  n=$((n+1))
+  if grep -qaF -f <(printf '%s\n' "$k") "$d/environ" "$d/cmdline" 2>/dev/null; then
+    echo "HIT ${d#/proc/}"
+  fi
+done
+echo "SCANNED $n"
+grep -rlaF -f <(printf '%s\n' "$k") "$HOME" 2>/dev/null | sed 's/^/FILE /'
+true
+"""
+
+
+def secret_scan(server: sshd.Sshd, secret: str) -> tuple[list[str], int]:
+    """The host's processes (environ, argv) and files under its HOME holding `secret`,
+    and how many processes were read."""
+    out = server.ssh(f"exec bash -c {shlex.quote(SCAN)}", input=secret + "\n")
+    hits = [line for line in out.splitlines() if line.startswith(("HIT", "FILE"))]
+    scanned = [int(line.split()[1]) for line in out.splitlines() if line.startswith("SCANNED")]
+    return hits, scanned[0] if scanned else 0
+
+
 def test_the_key_never_lands_on_the_host(git_repo: Path, claude_bin: str,
                                          host_sshd: sshd.Sshd,
                                          endpoint: ScriptedEndpoint) -> None:
-    """Through the gateway: the host's files, its processes' argv and environments hold
-    the attempt's token at most, never the key."""
-    pytest.skip("the gateway over the connection is not wired yet")
+    """Through this machine's gateway, reached by a port forwarded over the connection:
+    the host's files, its processes' argv and environments hold the attempt's token at
+    most, never the key; upstream the endpoint gets the real key."""
+    fleet, host = make(endpoint, claude_bin, host_sshd, gateway=True)
+    before = len(endpoint.message_requests())
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
+        drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=60)
+        hits, scanned = secret_scan(host_sshd, KEY)
+        assert hits == [] and scanned >= 3  # the runner and claude among them
+        info = control.read_info(fleet.env)
+        assert info is not None
+        remote_spec = json.loads((Path(host.root) / "attempts" / task.id / "1" /
+                                  "spec.json").read_text())
+        there = urlsplit(remote_spec["settings"]["base_url"])
+        assert there.port == host.forwards[info.port] != info.port  # the forwarded port
+        drive(fleet, settled(fleet, task.id), timeout=90)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        served = endpoint.message_requests()[before:]
+        assert served and served[-1].auth_sha256 == hashlib.sha256(KEY.encode()).hexdigest()
+        # every request went through the gateway, with the attempt's token
+        rows = Meter(fleet.store).rows()
+        assert rows and {r.task_id for r in rows} == {task.id}
+        assert len(rows) == len(served)
+        hits, _ = secret_scan(host_sshd, KEY)
+        assert hits == []
+    finally:
+        control.stop(fleet.env)
+        host.close()

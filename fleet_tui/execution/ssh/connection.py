@@ -126,15 +126,15 @@ class Connection:
         match = re.search(rb"pid=(\d+)", done.stderr + done.stdout)
         return int(match.group(1)) if done.returncode == 0 and match else None
 
-    def forward_remote(self, local_port: int) -> int:
+    def forward_remote(self, local_port: int, remote_port: int = 0) -> int:
         """A port on the host's loopback forwarded to `local_port` here (-R over the
-        master): the port the host got."""
-        done = self.control("forward", "-R", f"0:127.0.0.1:{local_port}")
+        master; 0: the host picks it): the port."""
+        done = self.control("forward", "-R", f"{remote_port}:127.0.0.1:{local_port}")
         out = done.stdout.decode().strip()
-        if done.returncode != 0 or not out.isdigit():
+        if done.returncode != 0 or (remote_port == 0 and not out.isdigit()):
             raise SshError(f"{self.target}: cannot forward a port to this machine: "
                            f"{self.why(done)}")
-        return int(out)
+        return int(out) if remote_port == 0 else remote_port
 
     def close(self) -> None:
         self.control("exit")

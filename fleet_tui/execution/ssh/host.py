@@ -39,6 +39,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import fleet_tui
 from fleet_tui.core.errors import FleetError
@@ -185,7 +186,13 @@ class SshRun:
 
 
 class SshHost:
-    """A machine reached by `ssh TARGET`. Thread-safe for the engine's start threads."""
+    """A machine reached by `ssh TARGET`. Thread-safe for the engine's start threads.
+
+    `reaches_gateway`: a worker here reaches this machine's gateway (and any endpoint on
+    this machine's loopback) through a port forwarded over the connection (-R), so the
+    engine sends it through the gateway with its attempt's token: the key stays here."""
+
+    reaches_gateway = True
 
     def __init__(self, *, name: str, target: str, env: Mapping[str, str],
                  python: str = "python3", data_dir: str | None = None,
@@ -204,6 +211,8 @@ class SshHost:
         self._mirrors: dict[tuple[str, int], Mirror] = {}
         self._ended = threading.Event()
         self.pushes: list[tuple[int, int]] = []  # (objects, bytes) of each push of a base
+        self.forwards: dict[int, int] = {}  # a loopback port here -> its port on the host
+        self._forwarded_on: int | None = None  # the master the forwards were made on
 
     # --- the connection and the agent -------------------------------------------------
 
@@ -252,6 +261,9 @@ class SshHost:
 
     def follow_stream(self, remote_dir: str, offsets: dict[str, int]) -> subprocess.Popen[bytes]:
         package = self.install()
+        if self.forwards:  # a new master (the old one dropped) forwards nothing yet
+            self.connection.run("true")
+            self.ensure_forwards()
         line = (f"PYTHONPATH={shlex.quote(package)} exec {shlex.quote(self.python)} -m "
                 f"{AGENT} follow {shlex.quote(remote_dir)} {shlex.quote(json.dumps(offsets))}")
         return self.connection.popen(line)
@@ -268,6 +280,42 @@ class SshHost:
                             on_end=self._ended.set)
             self._mirrors[key] = mirror
         return mirror.start()
+
+    def forward(self, local_port: int) -> int:
+        """The host's loopback port that reaches `local_port` here (made once, then kept
+        the same over every master, so a running worker's base URL stays right)."""
+        with self._lock:
+            known = self.forwards.get(local_port)
+        if known is None:
+            known = self.connection.forward_remote(local_port)
+            with self._lock:
+                self.forwards[local_port] = known
+                self._forwarded_on = self.connection.master_pid()
+            return known
+        self.ensure_forwards()
+        return known
+
+    def ensure_forwards(self) -> None:
+        """Forward the known ports again on a master that has not got them."""
+        master = self.connection.master_pid()
+        with self._lock:
+            if master is None or master == self._forwarded_on:
+                return
+            wanted = dict(self.forwards)
+            self._forwarded_on = master
+        for local, remote in wanted.items():
+            try:
+                self.connection.forward_remote(local, remote)
+            except SshError as exc:
+                log.warning("host %s: %s", self.name, exc)
+
+    def _base_url_there(self, url: str) -> str:
+        """A base URL on this machine's loopback, as the host reaches it (its port
+        forwarded); any other as it is."""
+        parts = urlsplit(url)
+        if parts.hostname not in ("127.0.0.1", "localhost", "::1") or parts.port is None:
+            return url
+        return urlunsplit(parts._replace(netloc=f"127.0.0.1:{self.forward(parts.port)}"))
 
     def remote_attempt_dir(self, task_id: str, n: int) -> str:
         return f"{self.root}/attempts/{task_id}/{n}"
@@ -370,6 +418,8 @@ class SshHost:
         remote = replace(spec, include=[], repo=spec.cwd, settings=dict(spec.settings))
         if self.claude:
             remote.settings["claude"] = self.claude
+        if isinstance(remote.settings.get("base_url"), str):
+            remote.settings["base_url"] = self._base_url_there(remote.settings["base_url"])
         remote_dir = self.remote_attempt_dir(spec.task_id, spec.attempt)
         order = json.dumps({"spec": asdict(remote), "config_dir": spec.config_dir,
                             "set_up_after": not spec.setup}).encode()
