@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import sshd  # noqa: E402
+import sshd
 
-from bench.common import quantile  # noqa: E402
-from fleet_tui.execution.ssh.host import SshHost  # noqa: E402
-from fleet_tui.execution.ssh.mirror import Mirror  # noqa: E402
+from bench.common import quantile
+from fleet_tui.execution.ssh.host import SshHost
+from fleet_tui.execution.ssh.mirror import Mirror
 
 
 def main(events: int = 200) -> None:

@@ -35,7 +35,7 @@ from fleet_tui.gateway import control
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, TaskState
 from fleet_tui.store.meter import Meter
-from fleet_tui.system import paths, procs
+from fleet_tui.system import paths
 
 pytestmark = pytest.mark.xdist_group("ssh-host")
 
