@@ -171,6 +171,49 @@ def test_the_second_task_sends_only_new_objects(git_repo: Path, claude_bin: str,
         host.close()
 
 
+def test_uncommitted_work_on_the_host_comes_back_committed(
+        git_repo: Path, claude_bin: str, host_sshd: sshd.Sshd,
+        endpoint: ScriptedEndpoint) -> None:
+    fleet, host = make(endpoint, claude_bin, host_sshd)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="write a.txt", repo=git_repo))
+        drive(fleet, settled(fleet, task.id), timeout=90)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        branch = host.collect(done)
+        shown = subprocess.run(["git", "-C", str(git_repo), "show", f"{branch}:a.txt"],
+                               capture_output=True, text=True, check=True).stdout
+        assert shown == "worker\n"
+        # the host's worktree is clean now, on the commit fetched
+        there = host_sshd.ssh(f"git -C {shlex.quote(str(done.worktree))} status --porcelain")
+        assert there == ""
+    finally:
+        host.close()
+
+
+def test_a_new_engine_adopts_the_remote_worker(git_repo: Path, claude_bin: str,
+                                               host_sshd: sshd.Sshd,
+                                               endpoint: ScriptedEndpoint) -> None:
+    """The controller gone mid-run (its engine and its host object dropped, the master
+    closed): a new engine with a new SshHost follows the same runner to its end."""
+    fleet, host = make(endpoint, claude_bin, host_sshd)
+    (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
+    drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=60)
+    runner = fleet.attempts(task.id)[-1].runner_pid
+    host.close()
+    del fleet
+    again, host2 = make(endpoint, claude_bin, host_sshd)
+    try:
+        drive(again, settled(again, task.id), timeout=90)
+        done = again.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        (attempt,) = again.attempts(task.id)  # adopted: no second attempt
+        assert attempt.runner_pid == runner
+        assert b"finished after the pause" in _events(again, task.id)
+    finally:
+        host2.close()
+
+
 def test_kill_leaves_no_process_on_the_host(git_repo: Path, claude_bin: str,
                                             host_sshd: sshd.Sshd,
                                             endpoint: ScriptedEndpoint) -> None:
@@ -227,6 +270,7 @@ def test_a_dropped_connection_leaves_the_worker_running(git_repo: Path, claude_b
         drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=60)
         master = host.connection.master_pid()
         assert master is not None
+        mirror = host.mirror(host.attach(fleet.attempts(task.id)[-1]))
         os.kill(master, signal.SIGKILL)  # the connection is gone, mid-run
         drive(fleet, settled(fleet, task.id), timeout=90)
         done = fleet.get_task(task.id)
@@ -237,6 +281,7 @@ def test_a_dropped_connection_leaves_the_worker_running(git_repo: Path, claude_b
         assert b"finished after the pause" in _events(fleet, task.id)
         assert host.connection.master_pid() not in (None, master)  # a new one
         assert attempt.finished_at is not None
+        assert mirror.connects >= 2  # it resumed from its offset
     finally:
         host.close()
 

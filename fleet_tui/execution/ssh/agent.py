@@ -16,7 +16,8 @@ Commands (the attempt folder DIR is on the host):
   once it holds the lock (or has ended).
 - `state DIR`, `stop DIR` (the request on stdin), `kill DIR`, `sweep DIR`, `say DIR BY`
   (the text on stdin), `port`, `follow DIR` (the offsets already mirrored on stdin).
-- `worktree ...`, `check-worktree WT BRANCH`: the task's worktree from the host's mirror.
+- `worktree ...`, `check-worktree WT BRANCH`: the task's worktree from the host's mirror;
+  `commit-work WT MESSAGE`: the worker's uncommitted work committed before a fetch.
 """
 
 from __future__ import annotations
@@ -209,7 +210,9 @@ def _git(*args: str, cwd: str | None = None) -> str:
     out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         lines = (out.stderr or out.stdout).strip().splitlines()
-        raise RuntimeError(f"git {args[0]} failed on the host: {lines[-1] if lines else ''}")
+        verb = next((a for a in args[2:] if not a.startswith("-")), args[0]) \
+            if args[0] == "-C" else args[0]
+        raise RuntimeError(f"git {verb} failed on the host: {lines[-1] if lines else ''}")
     return out.stdout.strip()
 
 
@@ -240,6 +243,26 @@ def cmd_check_worktree(path: str, branch: str) -> int:
         _answer({"error": str(exc)})
         return 1
     _answer({"branch": on, "ok": on == branch})
+    return 0
+
+
+def cmd_commit_work(path: str, message: str, name: str, email: str) -> int:
+    """Commit what the worker left uncommitted in its worktree (untracked files too,
+    ignored ones not) as the controller's user, so that fetching the branch brings all
+    of its work."""
+    for role in ("AUTHOR", "COMMITTER"):
+        os.environ[f"GIT_{role}_NAME"] = name
+        os.environ[f"GIT_{role}_EMAIL"] = email
+    try:
+        if not _git("-C", path, "status", "--porcelain", "--untracked-files=all"):
+            _answer({"committed": None})
+            return 0
+        _git("-C", path, "add", "-A", "--", ".")
+        _git("-C", path, "commit", "--no-verify", "-q", "-m", message)
+        _answer({"committed": _git("-C", path, "rev-parse", "HEAD")})
+    except RuntimeError as exc:
+        _answer({"error": str(exc)})
+        return 1
     return 0
 
 
@@ -330,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_worktree(*rest)
     if command == "check-worktree":
         return cmd_check_worktree(*rest)
+    if command == "commit-work":
+        return cmd_commit_work(*rest)
     folder = AttemptLog(rest[0])
     simple = {"stage": cmd_stage, "spawn": cmd_spawn, "state": cmd_state, "stop": cmd_stop,
               "kill": cmd_kill, "sweep": cmd_sweep}

@@ -54,7 +54,7 @@ from fleet_tui.vcs import git
 
 if TYPE_CHECKING:
     import threading as _threading
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from fleet_tui.core.states import StopReason
     from fleet_tui.settings.config import Settings
@@ -72,6 +72,7 @@ FORWARD_PREFIXES = ("FLEET_WORKER_", "ANTHROPIC_", "CLAUDE_", "GIT_AUTHOR_", "GI
 FORWARD_NAMES = ("LANG", "TZ", "IS_SANDBOX", "DISABLE_AUTOUPDATER", "GIT_CONFIG_NOSYSTEM",
                  "FLEET_TUI_PORTABLE_PROCS")
 WRITING = re.compile(r"Writing objects: 100% \((\d+)/\d+\), ([\d.]+) (bytes|KiB|MiB|GiB)")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
 
 
@@ -101,6 +102,30 @@ def forwarded(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     rest = {k: v for k, v in env.items() if k not in KEY_VARIABLES
             and (k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES)}
     return rest, keys
+
+
+def _spec_base_url(read: Callable[[], str]) -> str | None:
+    """The base URL a spec's settings name (None: unreadable, or none)."""
+    try:
+        data = json.loads(read())
+    except (OSError, ValueError):
+        return None
+    settings = data.get("settings") if isinstance(data, dict) else None
+    url = settings.get("base_url") if isinstance(settings, dict) else None
+    return url if isinstance(url, str) else None
+
+
+def _loopback_port(url: str | None) -> int | None:
+    """The port of a URL on the loopback (None for any other)."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    if parts.hostname not in LOOPBACK:
+        return None
+    try:
+        return parts.port
+    except ValueError:
+        return None
 
 
 class SshStaged:
@@ -272,14 +297,36 @@ class SshHost:
         key = (run.attempt.task_id, run.attempt.n)
         with self._lock:
             found = self._mirrors.get(key)
-            if found is not None and not (found.ended.is_set()
-                                          and not run.log.exited and found.state == "alive"):
+            if found is not None:
                 return found
             remote = run.remote_dir
+            adopted = not run.log.exited and not self._forwarding(run)
             mirror = Mirror(run.log.dir, lambda offsets: self.follow_stream(remote, offsets),
                             on_end=self._ended.set)
             self._mirrors[key] = mirror
+        if adopted:
+            self._restore_forward(run)
         return mirror.start()
+
+    def _forwarding(self, run: SshRun) -> bool:
+        """The run's base URL is not on this machine's loopback, or its port is forwarded
+        by this host object already."""
+        port = _loopback_port(_spec_base_url(run.log.read_spec))
+        return port is None or port in self.forwards
+
+    def _restore_forward(self, run: SshRun) -> None:
+        """A runner started by another engine (or before this one restarted): its worker
+        asks the host's port it was given; forward that port again to this machine's."""
+        local = _loopback_port(_spec_base_url(run.log.read_spec))
+        done = self.connection.run(f"cat {shlex.quote(run.remote_dir + '/spec.json')}",
+                                   check=False)
+        there = _loopback_port(_spec_base_url(lambda: done.stdout.decode()))
+        if local is None or there is None:
+            return
+        with self._lock:
+            self.forwards[local] = there
+            self._forwarded_on = None
+        self.ensure_forwards()
 
     def forward(self, local_port: int) -> int:
         """The host's loopback port that reaches `local_port` here (made once, then kept
@@ -312,10 +359,10 @@ class SshHost:
     def _base_url_there(self, url: str) -> str:
         """A base URL on this machine's loopback, as the host reaches it (its port
         forwarded); any other as it is."""
-        parts = urlsplit(url)
-        if parts.hostname not in ("127.0.0.1", "localhost", "::1") or parts.port is None:
+        port = _loopback_port(url)
+        if port is None:
             return url
-        return urlunsplit(parts._replace(netloc=f"127.0.0.1:{self.forward(parts.port)}"))
+        return urlunsplit(urlsplit(url)._replace(netloc=f"127.0.0.1:{self.forward(port)}"))
 
     def remote_attempt_dir(self, task_id: str, n: int) -> str:
         return f"{self.root}/attempts/{task_id}/{n}"
@@ -445,8 +492,14 @@ class SshHost:
         return SshRun(self, attempt)
 
     def collect(self, task: Task) -> str:
-        """The task's branch fetched from the host's mirror into the main repository."""
+        """The task's branch fetched from the host's mirror into the main repository (the
+        worker's uncommitted work committed there first, as a merge here would)."""
         branch = task.branch or f"fleet/{task.id}"
+        if task.worktree:
+            name, email = self._identity(Path(task.repo))
+            self.agent(["commit-work", str(task.worktree),
+                        f"The worker's uncommitted work (task {task.id}, on host "
+                        f"{self.name})", name, email])
         mirror = self.mirror_path(Path(task.repo))
         done = subprocess.run(
             ["git", "-C", str(task.repo), "fetch", "--no-tags", "--quiet",
@@ -460,6 +513,17 @@ class SshHost:
         subprocess.run(["git", "-C", str(task.repo), "update-ref", f"refs/heads/{branch}",
                         head], check=True, capture_output=True)
         return branch
+
+    def _identity(self, repo: Path) -> tuple[str, str]:
+        """This machine's git identity for `repo` (a commit made for it on the host is
+        this user's, as a merge here would make it)."""
+        done = subprocess.run(["git", "-C", str(repo), "var", "GIT_COMMITTER_IDENT"],
+                              capture_output=True, text=True, env=dict(self.env), check=False)
+        match = re.match(r"(.*) <([^>]*)>", done.stdout.strip())
+        if done.returncode != 0 or match is None:
+            raise FleetError(f"git has no identity in {repo} to commit the worker's work "
+                             "with: set user.name and user.email")
+        return match.group(1), match.group(2)
 
     def release(self, task_id: str) -> None:
         root = self.root
