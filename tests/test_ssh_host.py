@@ -187,6 +187,9 @@ def test_uncommitted_work_on_the_host_comes_back_committed(
         # the host's worktree is clean now, on the commit fetched
         there = host_sshd.ssh(f"git -C {shlex.quote(str(done.worktree))} status --porcelain")
         assert there == ""
+        host.release(task.id)  # closed: its worktree and config dir go from the host
+        assert not Path(str(done.worktree)).exists()
+        assert not (Path(host.root) / "config" / task.id).exists()
     finally:
         host.close()
 

@@ -528,8 +528,14 @@ class SshHost:
     def release(self, task_id: str) -> None:
         root = self.root
         q = shlex.quote
+        # the worktree goes too (a merge or a discard here removes only this machine's),
+        # and the mirrors forget it; the attempt folders stay (mirrored here already)
+        line = (f"rm -rf {q(f'{root}/config/{task_id}')} {q(f'{root}/work/{task_id}')}; "
+                f"for m in {q(root)}/repos/*.git; do [ -d \"$m\" ] && "
+                f"git -C \"$m\" worktree prune; git -C \"$m\" update-ref -d "
+                f"{q(f'refs/fleet/base/{task_id}')} 2>/dev/null; done; true")
         try:
-            self.connection.run(f"rm -rf {q(f'{root}/config/{task_id}')}", check=False)
+            self.connection.run(line, check=False)
         except SshError as exc:
             log.warning("host %s: could not free task %s: %s", self.name, task_id, exc)
 
