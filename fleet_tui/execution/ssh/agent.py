@@ -26,6 +26,7 @@ import contextlib
 import io
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -50,7 +51,8 @@ EX_LOCKED = 75
 APPENDED = ("events.jsonl", "stderr.log", "runner.log", "setup.log", "input.jsonl")
 WHOLE = ("runner.json", "kill.json")
 EXIT = "exit.json"  # sent last, once the runner is gone and every appended byte is out
-FOLLOW_POLL = 0.02  # seconds between two looks at the folder while following
+FOLLOW_POLL = 0.02  # seconds between two looks at the folder without inotify
+INOTIFY_IDLE = 0.1  # with inotify: a look this often even when nothing changed (the lock)
 HEARTBEAT = 1.0  # a state frame at least this often (the controller knows the link lives)
 CHUNK = 256 * 1024
 SPAWN_WAIT = 10.0  # seconds for a new runner to take its lock
@@ -314,6 +316,40 @@ def _send_new(folder: AttemptLog, out: BinaryIO, offsets: dict[str, int],
     return sent
 
 
+class _Changes:
+    """Wakes the follower when a file of the folder changes (Linux's inotify, through
+    libc); elsewhere a plain poll every FOLLOW_POLL seconds."""
+
+    # modify, moved_to, create, delete (not close_write: our own look at the lock opens it
+    # for writing, and would wake us at once)
+    MASK = 0x2 | 0x80 | 0x100 | 0x200
+
+    def __init__(self, folder: Path) -> None:
+        self.fd: int | None = None
+        try:
+            import ctypes
+            import ctypes.util
+
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(folder), self.MASK) >= 0:
+                self.fd = fd
+            elif fd >= 0:
+                os.close(fd)
+        except (OSError, AttributeError):
+            self.fd = None
+
+    def wait(self) -> None:
+        if self.fd is None:
+            time.sleep(FOLLOW_POLL)
+            return
+        ready, _, _ = select.select([self.fd], [], [], INOTIFY_IDLE)
+        if ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self.fd, 65536):
+                    pass
+
+
 def cmd_follow(folder: AttemptLog, given: str) -> int:
     """Stream the folder from the offsets given (JSON: file name -> bytes mirrored) until
     the runner is gone: frames of a JSON head line and its bytes; a state frame at least
@@ -322,6 +358,7 @@ def cmd_follow(folder: AttemptLog, given: str) -> int:
     stamps: dict[str, Any] = {}
     out = sys.stdout.buffer
     last_beat = 0.0
+    changes = _Changes(folder.dir)
     while True:
         state = runner_state(folder)  # first: once it is gone, what follows is complete
         sent = _send_new(folder, out, offsets, stamps)
@@ -337,7 +374,7 @@ def cmd_follow(folder: AttemptLog, given: str) -> int:
             _frame(out, {"state": state})
             last_beat = now
         out.flush()
-        time.sleep(FOLLOW_POLL)
+        changes.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
