@@ -199,20 +199,24 @@ def test_a_new_engine_adopts_the_remote_worker(git_repo: Path, claude_bin: str,
                                                endpoint: ScriptedEndpoint) -> None:
     """The controller gone mid-run (its engine and its host object dropped, the master
     closed): a new engine with a new SshHost follows the same runner to its end."""
-    fleet, host = make(endpoint, claude_bin, host_sshd)
-    (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
-    drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=60)
-    runner = fleet.attempts(task.id)[-1].runner_pid
-    host.close()
-    del fleet
+    def started() -> tuple[str, int | None]:
+        """The first engine, gone once this returns (its object and host dropped)."""
+        fleet, host = make(endpoint, claude_bin, host_sshd)
+        (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
+        drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=60)
+        runner = fleet.attempts(task.id)[-1].runner_pid
+        host.close()
+        return task.id, runner
+
+    task_id, runner = started()
     again, host2 = make(endpoint, claude_bin, host_sshd)
     try:
-        drive(again, settled(again, task.id), timeout=90)
-        done = again.get_task(task.id)
+        drive(again, settled(again, task_id), timeout=90)
+        done = again.get_task(task_id)
         assert done.state == TaskState.SUCCEEDED, done.message
-        (attempt,) = again.attempts(task.id)  # adopted: no second attempt
+        (attempt,) = again.attempts(task_id)  # adopted: no second attempt
         assert attempt.runner_pid == runner
-        assert b"finished after the pause" in _events(again, task.id)
+        assert b"finished after the pause" in _events(again, task_id)
     finally:
         host2.close()
 
