@@ -28,6 +28,9 @@ def missing() -> str | None:
                 "openssh-server`; scripts/test installs it as root)")
     if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
         return "the ssh client is not installed (openssh-client)"
+    if os.geteuid() != 0 and not os.path.isdir("/run/sshd"):
+        return ("sshd needs its privilege separation folder /run/sshd, which only root "
+                "can make")
     return None
 
 
@@ -71,7 +74,8 @@ class Sshd:
             f'environment="HOME={home}",environment="FLEET_TEST_HOST={self.alias}" '
             + (key.with_suffix(".pub")).read_text())
         (server / "authorized_keys").chmod(0o600)
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation's chroot
+        if not Path("/run/sshd").is_dir():  # privilege separation's chroot (root: missing())
+            Path("/run/sshd").mkdir(mode=0o755)
         self.port = self.port or _free_port()
         (server / "sshd_config").write_text(
             f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n"
