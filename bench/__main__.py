@@ -52,9 +52,10 @@ BENCHMARKS: dict[str, str] = {
     "serve": "9. The panel in a browser",
     "gateway": "10. Gateway",
     "slots": "11. Request slots",
+    "ssh": "12. SSH host",
 }
 ORDER = ["parser", "launch", "diff", "engine", "endpoint", "gateway", "slots", "startup",
-         "panel", "memory", "serve"]
+         "panel", "memory", "serve", "ssh"]
 HERE = Path(__file__).resolve().parent
 
 

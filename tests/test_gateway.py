@@ -361,6 +361,9 @@ def test_which_attempts_go_through_the_gateway(tmp_path: Path) -> None:
     assert link.endpoint_of(on, task, "local") == "default"
     assert link.endpoint_of(off, task, "local") is None  # direct, as before
     assert link.endpoint_of(on, task, "memory") is None  # runs nothing here
+    # a remote host that forwards the gateway's port over its connection (the SSH host)
+    assert link.endpoint_of(on, task, "box", remote_ok=True) == "default"
+    assert link.endpoint_of(off, task, "box", remote_ok=True) is None
     other: Any = SimpleNamespace(id="t2", endpoint="http://elsewhere.invalid")
     assert link.endpoint_of(on, other, "local") is None  # no endpoint of the settings
     keyless = GatewayLink(store, env=os.environ, python=sys.executable, keys=lambda: {})

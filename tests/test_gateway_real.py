@@ -117,10 +117,10 @@ def test_a_parked_endpoint_gets_no_request_while_workers_ask(git_repo: Path,
                 "park_message": words}
         through = fleet.supervisor.gateway.through
 
-        def parked_at_launch(*args: Any) -> str | None:
+        def parked_at_launch(*args: Any, **kwargs: Any) -> str | None:
             # the endpoint is parked right after the attempt got its token, before its
             # runner starts: every request its worker makes meets the closed window
-            token = through(*args)
+            token = through(*args, **kwargs)
             fleet.store.change_endpoint("default", lambda _s: park)
             return token
 

@@ -62,9 +62,13 @@ class GatewayLink:
         self.keys = keys
         self._checked = 0.0
 
-    def endpoint_of(self, settings: Settings, task: Task, host_name: str) -> str | None:
-        """The gateway endpoint an attempt of `task` goes through, or None: direct."""
-        if not settings.gateway or host_name != "local" or self.keys is None:
+    def endpoint_of(self, settings: Settings, task: Task, host_name: str, *,
+                    remote_ok: bool = False) -> str | None:
+        """The gateway endpoint an attempt of `task` goes through, or None: direct
+        (`remote_ok`: a host other than this machine reaches the gateway, by a port
+        forwarded over its connection)."""
+        if not settings.gateway or (host_name != "local" and not remote_ok) \
+                or self.keys is None:
             return None
         return name_for(settings, task.endpoint)
 
@@ -84,10 +88,11 @@ class GatewayLink:
                               python=self.python, env=self.env)
 
     def through(self, settings: Settings, task: Task, attempt: Attempt, host_name: str,
-                overrides: dict[str, Any], env: dict[str, str]) -> str | None:
+                overrides: dict[str, Any], env: dict[str, str], *,
+                remote_ok: bool = False) -> str | None:
         """Send the attempt through the gateway: the runner's settings and environment
         changed in place; the token minted (None: the attempt goes direct)."""
-        name = self.endpoint_of(settings, task, host_name)
+        name = self.endpoint_of(settings, task, host_name, remote_ok=remote_ok)
         if name is None:
             return None
         assert self.keys is not None

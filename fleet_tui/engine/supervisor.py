@@ -235,8 +235,10 @@ class Supervisor:
         """With the `gateway` setting on: the attempt's base URL is the gateway's, its key
         a token of its own (both changed in place; the token returned); off: nothing
         changes (direct, None)."""
+        # a remote host that forwards the gateway's port over its connection says so
+        remote_ok = bool(getattr(self.host, "reaches_gateway", False))
         return self.gateway.through(self.settings, task, attempt, self.host.name, overrides,
-                                    runner_env)
+                                    runner_env, remote_ok=remote_ok)
 
     def _stage_and_spawn(self, task: Task, attempt: Attempt, placement: Placement,
                          worktree: Path, model: str | None, port: int, resume: str | None,

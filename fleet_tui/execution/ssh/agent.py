@@ -1,0 +1,410 @@
+"""The SSH host's side: `python3 -m fleet_tui.execution.ssh.agent COMMAND ...`, run on the
+host by the controller over its SSH connection, one short command at a time (the follower
+excepted: `follow` streams an attempt folder until its runner is gone).
+
+It runs from the package copied into the host's data dir (the same version as the
+controller's), with the host's own python and only the standard library: it imports the
+attempt folder's format, the spec and the process layer's Linux part, never a module that
+needs a third-party package. Every answer is one JSON line on stdout (`follow`: frames).
+
+Commands (the attempt folder DIR is on the host):
+- `stage DIR` (the spec on stdin): refuse (exit 75) when a runner holds DIR's lock, else
+  clear the run records and write spec.json.
+- `spawn DIR` (on stdin: {"env": ..., "keys": ...}): the runner started detached in a
+  session of its own (nohup-like: stdin /dev/null, output to runner.log), the key variables
+  through an inherited pipe (`--env-fd`), never its environment or argv; answers its pid
+  once it holds the lock (or has ended).
+- `state DIR`, `stop DIR` (the request on stdin), `kill DIR`, `sweep DIR`, `say DIR BY`
+  (the text on stdin), `port`, `follow DIR` (the offsets already mirrored on stdin).
+- `worktree ...`, `check-worktree WT BRANCH`: the task's worktree from the host's mirror;
+  `commit-work WT MESSAGE`: the worker's uncommitted work committed before a fetch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from fleet_tui.core.states import StopReason
+from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
+from fleet_tui.execution.local import prepare
+from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
+from fleet_tui.system import procs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO
+
+RUNNER_MODULE = "fleet_tui.execution.local.runner"
+EX_LOCKED = 75
+# the folder's files a runner appends to (mirrored by offset) and those it writes whole
+APPENDED = ("events.jsonl", "stderr.log", "runner.log", "setup.log", "input.jsonl")
+WHOLE = ("runner.json", "kill.json")
+EXIT = "exit.json"  # sent last, once the runner is gone and every appended byte is out
+FOLLOW_POLL = 0.02  # seconds between two looks at the folder without inotify
+INOTIFY_IDLE = 0.1  # with inotify: a look this often even when nothing changed (the lock)
+HEARTBEAT = 1.0  # a state frame at least this often (the controller knows the link lives)
+CHUNK = 256 * 1024
+SPAWN_WAIT = 10.0  # seconds for a new runner to take its lock
+
+
+def _answer(data: Any) -> None:
+    sys.stdout.write(json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+def _stdin_json() -> Any:
+    return json.loads(sys.stdin.buffer.read() or b"null")
+
+
+def runner_state(folder: AttemptLog) -> str:
+    """alive | dead | never, as the local host says it (the lock, else the records)."""
+    held = folder.lock_held()
+    if held:
+        return "alive"
+    if held is None and folder.has_runner_record() and not folder.exited:
+        rec = folder.runner_record() or {}
+        pid = rec.get("runner_pid")
+        start = rec.get("runner_start")
+        if isinstance(pid, int) and procs.is_alive(pid, str(start) if start else None):
+            return "alive"
+    return "dead" if folder.has_run() or folder.exited else "never"
+
+
+def _pids(folder: AttemptLog) -> tuple[int | None, str | None, int | None]:
+    rec = folder.runner_record() or {}
+    pid, start, claude = rec.get("runner_pid"), rec.get("runner_start"), rec.get("claude_pid")
+    return (pid if isinstance(pid, int) and pid > 0 else None,
+            str(start) if start is not None else None,
+            claude if isinstance(claude, int) and claude > 0 else None)
+
+
+def sweep(folder: AttemptLog) -> int:
+    token = folder.spec_token()
+    if token is None:
+        return 0
+    found = procs.with_env(TOKEN_ENV, token)
+    if found:
+        procs.stop(found, LEFTOVER_GRACE)
+    return len(found)
+
+
+def cmd_stage(folder: AttemptLog) -> int:
+    """On stdin: a JSON line ({"spec", "config_dir", "set_up_after"}) and a tar of the
+    repository's included files, unpacked into a worktree not set up yet."""
+    data = sys.stdin.buffer.read()
+    head, _, tar = data.partition(b"\n")
+    order = json.loads(head)
+    spec = order["spec"]
+    folder.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    Path(order["config_dir"]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if folder.lock_held():
+        _answer({"error": f"a runner holds {folder.lock_path} already"})
+        return EX_LOCKED
+    folder.clear_run_records()
+    folder.write_spec(spec)
+    for path in (folder.events, folder.runner_log):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.close(fd)
+    cwd = str(spec["cwd"])
+    if tar and not prepare.is_set_up(cwd):
+        os.umask(0o022)  # the worktree's files are the user's, as git made them
+        with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+            archive.extractall(cwd, filter="data")
+        if order.get("set_up_after"):
+            prepare.mark_set_up(cwd, {"at": time.time(), "attempt": spec.get("attempt"),
+                                      "setup": None, "by": "ssh host"})
+    _answer({"staged": str(folder.dir)})
+    return 0
+
+
+def cmd_spawn(folder: AttemptLog) -> int:
+    order = _stdin_json()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SSH_")}
+    env.update({k: str(v) for k, v in (order.get("env") or {}).items()})
+    package = str(Path(__file__).resolve().parents[3])
+    env["PYTHONPATH"] = package
+    keys = order.get("keys") or {}
+    argv = [sys.executable, "-m", RUNNER_MODULE]
+    pass_fds: tuple[int, ...] = ()
+    read_fd: int | None = None
+    if keys:
+        read_fd, write_fd = os.pipe()
+        with os.fdopen(write_fd, "wb") as fh:
+            fh.write(json.dumps(keys).encode())  # a pipe's buffer holds 64 KiB: enough
+        argv += ["--env-fd", str(read_fd)]
+        pass_fds = (read_fd,)
+    argv.append(str(folder.dir))
+    with open(folder.runner_log, "ab") as out:
+        proc = subprocess.Popen(argv, cwd=folder.dir, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                pass_fds=pass_fds, close_fds=True)
+    if read_fd is not None:
+        os.close(read_fd)
+    deadline = time.monotonic() + SPAWN_WAIT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None or folder.has_runner_record():
+            break
+        time.sleep(0.01)
+    _answer({"pid": proc.pid, "start": procs.start_time(proc.pid)})
+    return 0
+
+
+def cmd_state(folder: AttemptLog) -> int:
+    pid, start, _claude = _pids(folder)
+    _answer({"state": runner_state(folder), "pid": pid, "start": start})
+    return 0
+
+
+def cmd_stop(folder: AttemptLog) -> int:
+    req = _stdin_json()
+    folder.request_stop(StopReason(req["reason"]), str(req.get("message") or ""),
+                        at=float(req["at"]), by=str(req.get("by") or ""))
+    pid, start, _claude = _pids(folder)
+    sent = bool(pid and procs.is_alive(pid, start) and procs.signal_pid(pid, signal.SIGTERM))
+    _answer({"signalled": sent})
+    return 0
+
+
+def cmd_kill(folder: AttemptLog) -> int:
+    pid, start, claude = _pids(folder)
+    groups = [g for g in (pid, claude) if g]
+    if pid and procs.is_alive(pid, start):
+        procs.signal_tree(pid, signal.SIGKILL, groups=groups)
+    elif claude:
+        procs.signal_group(claude, signal.SIGKILL)
+    _answer({"swept": sweep(folder)})
+    return 0
+
+
+def cmd_sweep(folder: AttemptLog) -> int:
+    _answer({"swept": sweep(folder)})
+    return 0
+
+
+def cmd_say(folder: AttemptLog, by: str) -> int:
+    text = sys.stdin.buffer.read().decode("utf-8")
+    try:
+        _answer({"id": folder.send_input(text, by=by)})
+    except InputClosed as exc:
+        _answer({"closed": str(exc)})
+    return 0
+
+
+def cmd_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        _answer({"port": int(sock.getsockname()[1])})
+    return 0
+
+
+def _git(*args: str, cwd: str | None = None) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        lines = (out.stderr or out.stdout).strip().splitlines()
+        verb = next((a for a in args[2:] if not a.startswith("-")), args[0]) \
+            if args[0] == "-C" else args[0]
+        raise RuntimeError(f"git {verb} failed on the host: {lines[-1] if lines else ''}")
+    return out.stdout.strip()
+
+
+def cmd_worktree(mirror: str, path: str, branch: str, base: str, mode: str) -> int:
+    """`mode`: new (made at `base`, replacing what a failed start left), reset, reattach."""
+    try:
+        if mode == "reattach":
+            if not Path(path).is_dir():
+                _git("-C", mirror, "worktree", "prune")
+                _git("-C", mirror, "worktree", "add", path, branch)
+        else:
+            if Path(path).exists():
+                _git("-C", mirror, "worktree", "remove", "--force", path)
+            _git("-C", mirror, "worktree", "prune")
+            _git("-C", mirror, "worktree", "add", "-B", branch, path, base)
+        head = _git("-C", path, "rev-parse", "HEAD")
+    except RuntimeError as exc:
+        _answer({"error": str(exc)})
+        return 1
+    _answer({"path": path, "branch": branch, "head": head})
+    return 0
+
+
+def cmd_check_worktree(path: str, branch: str) -> int:
+    try:
+        on = _git("-C", path, "symbolic-ref", "--short", "HEAD")
+    except RuntimeError as exc:
+        _answer({"error": str(exc)})
+        return 1
+    _answer({"branch": on, "ok": on == branch})
+    return 0
+
+
+def cmd_commit_work(path: str, message: str, name: str, email: str) -> int:
+    """Commit what the worker left uncommitted in its worktree (untracked files too,
+    ignored ones not) as the controller's user, so that fetching the branch brings all
+    of its work."""
+    for role in ("AUTHOR", "COMMITTER"):
+        os.environ[f"GIT_{role}_NAME"] = name
+        os.environ[f"GIT_{role}_EMAIL"] = email
+    try:
+        if not _git("-C", path, "status", "--porcelain", "--untracked-files=all"):
+            _answer({"committed": None})
+            return 0
+        _git("-C", path, "add", "-A", "--", ".")
+        _git("-C", path, "commit", "--no-verify", "-q", "-m", message)
+        _answer({"committed": _git("-C", path, "rev-parse", "HEAD")})
+    except RuntimeError as exc:
+        _answer({"error": str(exc)})
+        return 1
+    return 0
+
+
+# --- following: the attempt folder streamed by offset ----------------------------------------
+
+
+def _frame(out: BinaryIO, head: dict[str, Any], body: bytes = b"") -> None:
+    head["n"] = len(body)
+    out.write(json.dumps(head).encode() + b"\n" + body)
+
+
+def _send_new(folder: AttemptLog, out: BinaryIO, offsets: dict[str, int],
+              stamps: dict[str, Any]) -> bool:
+    """What was appended since `offsets`, and the whole records that changed; True when
+    anything was sent."""
+    sent = False
+    for name in APPENDED:
+        path = folder.dir / name
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            continue
+        at = offsets.get(name, 0)
+        if size <= at:
+            continue
+        with open(path, "rb") as fh:
+            fh.seek(at)
+            while at < size:
+                body = fh.read(min(CHUNK, size - at))
+                if not body:
+                    break
+                _frame(out, {"f": name, "o": at}, body)
+                at += len(body)
+                sent = True
+        offsets[name] = at
+    for name in WHOLE:
+        path = folder.dir / name
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamps.get(name) == stamp:
+            continue
+        body = path.read_bytes()
+        stamps[name] = stamp
+        _frame(out, {"f": name, "whole": True}, body)
+        sent = True
+    return sent
+
+
+class _Changes:
+    """Wakes the follower when a file of the folder changes (Linux's inotify, through
+    libc); elsewhere a plain poll every FOLLOW_POLL seconds."""
+
+    # modify, moved_to, create, delete (not close_write: our own look at the lock opens it
+    # for writing, and would wake us at once)
+    MASK = 0x2 | 0x80 | 0x100 | 0x200
+
+    def __init__(self, folder: Path) -> None:
+        self.fd: int | None = None
+        try:
+            import ctypes
+            import ctypes.util
+
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(folder), self.MASK) >= 0:
+                self.fd = fd
+            elif fd >= 0:
+                os.close(fd)
+        except (OSError, AttributeError):
+            self.fd = None
+
+    def wait(self) -> None:
+        if self.fd is None:
+            time.sleep(FOLLOW_POLL)
+            return
+        ready, _, _ = select.select([self.fd], [], [], INOTIFY_IDLE)
+        if ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self.fd, 65536):
+                    pass
+
+
+def cmd_follow(folder: AttemptLog, given: str) -> int:
+    """Stream the folder from the offsets given (JSON: file name -> bytes mirrored) until
+    the runner is gone: frames of a JSON head line and its bytes; a state frame at least
+    every HEARTBEAT (a controller gone ends it: the write fails); exit.json last."""
+    offsets = {k: int(v) for k, v in (json.loads(given) or {}).items()}
+    stamps: dict[str, Any] = {}
+    out = sys.stdout.buffer
+    last_beat = 0.0
+    changes = _Changes(folder.dir)
+    while True:
+        state = runner_state(folder)  # first: once it is gone, what follows is complete
+        sent = _send_new(folder, out, offsets, stamps)
+        now = time.monotonic()
+        if state != "alive":
+            exit_rec = folder.dir / EXIT
+            if exit_rec.exists():
+                _frame(out, {"f": EXIT, "whole": True}, exit_rec.read_bytes())
+            _frame(out, {"state": state, "end": True})
+            out.flush()
+            return 0
+        if sent or now - last_beat >= HEARTBEAT:
+            _frame(out, {"state": state})
+            last_beat = now
+        out.flush()
+        changes.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        sys.stderr.write("usage: python3 -m fleet_tui.execution.ssh.agent COMMAND ...\n")
+        return 2
+    command, rest = args[0], args[1:]
+    os.umask(0o077)
+    if command == "port":
+        return cmd_port()
+    if command == "worktree":
+        return cmd_worktree(*rest)
+    if command == "check-worktree":
+        return cmd_check_worktree(*rest)
+    if command == "commit-work":
+        return cmd_commit_work(*rest)
+    folder = AttemptLog(rest[0])
+    simple = {"stage": cmd_stage, "spawn": cmd_spawn, "state": cmd_state, "stop": cmd_stop,
+              "kill": cmd_kill, "sweep": cmd_sweep}
+    if command == "follow":
+        return cmd_follow(folder, rest[1] if len(rest) > 1 else "{}")
+    if command in simple:
+        return simple[command](folder)
+    if command == "say":
+        return cmd_say(folder, rest[1] if len(rest) > 1 else "")
+    sys.stderr.write(f"unknown command {command}\n")
+    return 2
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        raise SystemExit(main())

@@ -1,0 +1,568 @@
+"""The SSH host: each attempt a detached runner on another machine, reached by `ssh`.
+
+What lives where:
+- On the host, under its data dir (`$HOME/.fleet-tui-host` unless told): `pkg/<version>/`
+  fleet-tui's own package, copied over the connection (the same code as here: the host
+  needs no package index), `repos/<name>.git` a bare mirror per repository (the base
+  commit reaches it by `git push` over the connection, so a second task sends only what is
+  new), `work/<id>` the task's worktree, `config/<id>` its config dir, and
+  `attempts/<id>/<n>` the attempt folder the host's runner writes.
+- Here: the attempt folder (`Placement.attempt_dir`), mirrored from the host's by offset,
+  byte for byte (execution/ssh/mirror.py), so the follower, the panel and `logs` read it as
+  a local one; the spec and the engine's own records are written here too.
+
+Starting: `stage` writes the spec on both sides (the host refuses while a runner of the
+attempt holds its lock there: NotStarted); `spawn` asks the host's agent to start the
+runner detached (its own session, stdin /dev/null), the key variables through a pipe the
+runner inherits there, sent over the SSH channel's stdin: never a file, an argv or an
+environment on the host. The runner goes on when the connection drops; stop, kill, sweep
+and `say` are separate commands, by the runner's pid and the attempt's token (signals over
+an SSH channel are refused, and a channel's end reaches no detached process).
+Commits out: `collect` fetches the task's branch back into the main repository as
+`fleet/<id>`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import shlex
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import fleet_tui
+from fleet_tui.core.errors import FleetError
+from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
+from fleet_tui.execution.host import NotStarted, Placement, RunnerState
+from fleet_tui.execution.local import launcher, prepare
+from fleet_tui.execution.spec import RunSpec
+from fleet_tui.execution.ssh.connection import Connection, SshError
+from fleet_tui.execution.ssh.mirror import Mirror
+from fleet_tui.system import paths
+from fleet_tui.vcs import git
+
+if TYPE_CHECKING:
+    import threading as _threading
+    from collections.abc import Callable, Mapping, Sequence
+
+    from fleet_tui.core.states import StopReason
+    from fleet_tui.settings.config import Settings
+    from fleet_tui.store.db import Attempt, Task
+
+log = logging.getLogger("fleet_tui.engine.fleet")
+
+AGENT = "fleet_tui.execution.ssh.agent"
+DEFAULT_DATA_DIR = "$HOME/.fleet-tui-host"
+# the variables the host's runner hands claude through its pipe (never its environment)
+KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GLM_API_KEY")
+# what of the engine's environment reaches the host's runner (paths of this machine do not)
+FORWARD_PREFIXES = ("FLEET_WORKER_", "ANTHROPIC_", "CLAUDE_", "GIT_AUTHOR_", "GIT_COMMITTER_",
+                    "LC_")
+FORWARD_NAMES = ("LANG", "TZ", "IS_SANDBOX", "DISABLE_AUTOUPDATER", "GIT_CONFIG_NOSYSTEM",
+                 "FLEET_TUI_PORTABLE_PROCS")
+WRITING = re.compile(r"Writing objects: 100% \((\d+)/\d+\), ([\d.]+) (bytes|KiB|MiB|GiB)")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
+
+
+def package_tar() -> tuple[str, bytes]:
+    """fleet-tui's own package as a tar (sources only) and its version on the host: the
+    version with a digest of the bytes, so a changed checkout is installed again."""
+    root = Path(fleet_tui.__file__).resolve().parent
+    files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and p.suffix in (".py", ".tcss", ".json", ".toml", ".txt", ".typed"))
+    digest = hashlib.sha256()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in files:
+            rel = path.relative_to(root.parent).as_posix()
+            data = path.read_bytes()
+            digest.update(rel.encode() + b"\0" + data + b"\0")
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = len(data), 0o600, 0
+            tar.addfile(info, io.BytesIO(data))
+    return f"{fleet_tui.__version__}-{digest.hexdigest()[:12]}", buf.getvalue()
+
+
+def forwarded(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The runner's environment split into what the host's runner gets in its environment
+    and the key variables it gets through its pipe."""
+    keys = {k: v for k, v in env.items() if k in KEY_VARIABLES}
+    rest = {k: v for k, v in env.items() if k not in KEY_VARIABLES
+            and (k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES)}
+    return rest, keys
+
+
+def _spec_base_url(read: Callable[[], str]) -> str | None:
+    """The base URL a spec's settings name (None: unreadable, or none)."""
+    try:
+        data = json.loads(read())
+    except (OSError, ValueError):
+        return None
+    settings = data.get("settings") if isinstance(data, dict) else None
+    url = settings.get("base_url") if isinstance(settings, dict) else None
+    return url if isinstance(url, str) else None
+
+
+def _loopback_port(url: str | None) -> int | None:
+    """The port of a URL on the loopback (None for any other)."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    if parts.hostname not in LOOPBACK:
+        return None
+    try:
+        return parts.port
+    except ValueError:
+        return None
+
+
+class SshStaged:
+    """The spec written on both sides; nothing runs yet."""
+
+    def __init__(self, host: SshHost, remote_dir: str) -> None:
+        self.host = host
+        self.remote_dir = remote_dir
+        self.done = False
+
+    def spawn(self, env: dict[str, str]) -> int:
+        assert not self.done, "spawned or abandoned already"
+        self.done = True
+        rest, keys = forwarded(env)
+        answer = self.host.agent(["spawn", self.remote_dir],
+                                 input=json.dumps({"env": rest, "keys": keys}).encode())
+        return int(answer["pid"])
+
+    def abandon(self) -> None:
+        self.done = True
+
+
+class SshRun:
+    """One attempt's runner on the host, followed through its mirror."""
+
+    def __init__(self, host: SshHost, attempt: Attempt) -> None:
+        assert attempt.dir is not None, "an attempt that was never placed has no run"
+        self.host = host
+        self.attempt = attempt
+        self._log = AttemptLog(attempt.dir)
+        self.remote_dir = host.remote_attempt_dir(attempt.task_id, attempt.n)
+
+    @property
+    def log(self) -> AttemptLog:
+        return self._log
+
+    def identity(self) -> tuple[int | None, str | None]:
+        for rec in (self._log.launch_record(), self._log.runner_record()):
+            pid = rec.get("runner_pid") if rec else None
+            if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+                start = rec.get("runner_start") if rec else None
+                return pid, str(start) if start is not None else None
+        return self.attempt.runner_pid, None
+
+    def state(self) -> RunnerState:
+        if self._log.exited:  # the mirror writes exit.json last: the folder is whole
+            return "dead"
+        mirror = self.host.mirror(self)
+        if not mirror.ended.is_set():
+            mirror.wait_first()
+        state = mirror.state
+        if state == "dead":
+            return "dead"
+        if state == "never":
+            return "never"
+        return "alive"  # alive, or the host not reached yet: its runner goes on there
+
+    def request_stop(self, reason: StopReason, message: str, *, at: float, by: str) -> None:
+        self._log.request_stop(reason, message, at=at, by=by)
+        request = {"reason": str(reason), "message": message, "at": at, "by": by}
+        self.host.agent(["stop", self.remote_dir], input=json.dumps(request).encode())
+
+    def kill(self) -> None:
+        self.host.agent(["kill", self.remote_dir])
+
+    def sweep(self) -> int:
+        return int(self.host.agent(["sweep", self.remote_dir]).get("swept", 0))
+
+    def wait_gone(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.state() != "alive":
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    def send_input(self, text: str, *, by: str = "") -> str:
+        answer = self.host.agent(["say", self.remote_dir, by], input=text.encode())
+        if "closed" in answer:
+            raise InputClosed(str(answer["closed"]))
+        return str(answer["id"])
+
+
+class SshHost:
+    """A machine reached by `ssh TARGET`. Thread-safe for the engine's start threads.
+
+    `reaches_gateway`: a worker here reaches this machine's gateway (and any endpoint on
+    this machine's loopback) through a port forwarded over the connection (-R), so the
+    engine sends it through the gateway with its attempt's token: the key stays here."""
+
+    reaches_gateway = True
+
+    def __init__(self, *, name: str, target: str, env: Mapping[str, str],
+                 python: str = "python3", data_dir: str | None = None,
+                 ssh_config: str | os.PathLike[str] | None = None, port: int | None = None,
+                 claude: str | None = None, ssh: str = "ssh") -> None:
+        self.name = name
+        self.env = env
+        self.python = python  # the host's python (3.10 or newer)
+        self.claude = claude  # the host's claude (None: the settings' path, as here)
+        self.connection = Connection(target, port=port, config=ssh_config, ssh=ssh,
+                                     env=env)
+        self._data_dir = data_dir
+        self._root: str | None = None
+        self._package: str | None = None
+        self._lock = threading.Lock()
+        self._mirrors: dict[tuple[str, int], Mirror] = {}
+        self._ended = threading.Event()
+        self.pushes: list[tuple[int, int]] = []  # (objects, bytes) of each push of a base
+        self.forwards: dict[int, int] = {}  # a loopback port here -> its port on the host
+        self._forwarded_on: int | None = None  # the master the forwards were made on
+
+    # --- the connection and the agent -------------------------------------------------
+
+    @property
+    def root(self) -> str:
+        """The host's data dir (absolute), made private there, with the package in it."""
+        self.install()
+        assert self._root is not None
+        return self._root
+
+    def install(self) -> str:
+        """fleet-tui's package in the host's data dir (copied once per version); its path."""
+        with self._lock:
+            if self._package is not None:
+                return self._package
+            given = self._data_dir or DEFAULT_DATA_DIR
+            where = given if given == DEFAULT_DATA_DIR else shlex.quote(given)
+            done = self.connection.run(f"mkdir -p -m 700 {where} && cd {where} && pwd -P")
+            root = done.stdout.decode().strip().splitlines()[-1]
+            version, tar = package_tar()
+            package = f"{root}/pkg/{version}"
+            q = shlex.quote(package)
+            self.connection.run(
+                f"test -f {q}/.complete || {{ rm -rf {q}.part && mkdir -p {q}.part && "
+                f"tar -x -C {q}.part && rm -rf {q} && mv {q}.part {q} && touch {q}/.complete; }}",
+                input=tar, timeout=120)
+            self._root, self._package = root, package
+            return package
+
+    def agent(self, args: Sequence[str], *, input: bytes | None = None,
+              ok: Sequence[int] = (0,), timeout: float = 60.0) -> dict[str, Any]:
+        """One command of the host's agent; its JSON answer."""
+        package = self.install()
+        line = (f"PYTHONPATH={shlex.quote(package)} exec {shlex.quote(self.python)} -m "
+                f"{AGENT} {shlex.join(list(args))}")
+        done = self.connection.run(line, input=input or b"", timeout=timeout, check=False)
+        out = done.stdout.decode("utf-8", "replace").strip().splitlines()
+        try:
+            answer = json.loads(out[-1]) if out else {}
+        except ValueError:
+            answer = {}
+        if done.returncode not in ok:
+            error = answer.get("error") if isinstance(answer, dict) else None
+            raise SshError(f"host {self.name}: {error or self.connection.why(done)}")
+        return answer if isinstance(answer, dict) else {}
+
+    def follow_stream(self, remote_dir: str, offsets: dict[str, int]) -> subprocess.Popen[bytes]:
+        package = self.install()
+        if self.forwards:  # a new master (the old one dropped) forwards nothing yet
+            self.connection.run("true")
+            self.ensure_forwards()
+        line = (f"PYTHONPATH={shlex.quote(package)} exec {shlex.quote(self.python)} -m "
+                f"{AGENT} follow {shlex.quote(remote_dir)} {shlex.quote(json.dumps(offsets))}")
+        return self.connection.popen(line)
+
+    def mirror(self, run: SshRun) -> Mirror:
+        key = (run.attempt.task_id, run.attempt.n)
+        with self._lock:
+            found = self._mirrors.get(key)
+            if found is not None:
+                return found
+            remote = run.remote_dir
+            adopted = not run.log.exited and not self._forwarding(run)
+            mirror = Mirror(run.log.dir, lambda offsets: self.follow_stream(remote, offsets),
+                            on_end=self._ended.set)
+            self._mirrors[key] = mirror
+        if adopted:
+            self._restore_forward(run)
+        return mirror.start()
+
+    def _forwarding(self, run: SshRun) -> bool:
+        """The run's base URL is not on this machine's loopback, or its port is forwarded
+        by this host object already."""
+        port = _loopback_port(_spec_base_url(run.log.read_spec))
+        return port is None or port in self.forwards
+
+    def _restore_forward(self, run: SshRun) -> None:
+        """A runner started by another engine (or before this one restarted): its worker
+        asks the host's port it was given; forward that port again to this machine's."""
+        local = _loopback_port(_spec_base_url(run.log.read_spec))
+        done = self.connection.run(f"cat {shlex.quote(run.remote_dir + '/spec.json')}",
+                                   check=False)
+        there = _loopback_port(_spec_base_url(lambda: done.stdout.decode()))
+        if local is None or there is None:
+            return
+        with self._lock:
+            self.forwards[local] = there
+            self._forwarded_on = None
+        self.ensure_forwards()
+
+    def forward(self, local_port: int) -> int:
+        """The host's loopback port that reaches `local_port` here (made once, then kept
+        the same over every master, so a running worker's base URL stays right)."""
+        with self._lock:
+            known = self.forwards.get(local_port)
+        if known is None:
+            known = self.connection.forward_remote(local_port)
+            with self._lock:
+                self.forwards[local_port] = known
+                self._forwarded_on = self.connection.master_pid()
+            return known
+        self.ensure_forwards()
+        return known
+
+    def ensure_forwards(self) -> None:
+        """Forward the known ports again on a master that has not got them."""
+        master = self.connection.master_pid()
+        with self._lock:
+            if master is None or master == self._forwarded_on:
+                return
+            wanted = dict(self.forwards)
+            self._forwarded_on = master
+        for local, remote in wanted.items():
+            try:
+                self.connection.forward_remote(local, remote)
+            except SshError as exc:
+                log.warning("host %s: %s", self.name, exc)
+
+    def _base_url_there(self, url: str) -> str:
+        """A base URL on this machine's loopback, as the host reaches it (its port
+        forwarded); any other as it is."""
+        port = _loopback_port(url)
+        if port is None:
+            return url
+        return urlunsplit(urlsplit(url)._replace(netloc=f"127.0.0.1:{self.forward(port)}"))
+
+    def remote_attempt_dir(self, task_id: str, n: int) -> str:
+        return f"{self.root}/attempts/{task_id}/{n}"
+
+    def mirror_path(self, repo: Path) -> str:
+        real = str(Path(repo).resolve())
+        slug = re.sub(r"[^A-Za-z0-9._-]", "_", Path(real).name)[:40]
+        return f"{self.root}/repos/{slug}-{hashlib.sha256(real.encode()).hexdigest()[:10]}.git"
+
+    def git_url(self, path: str) -> str:
+        c = self.connection
+        if c.port is not None:
+            return f"ssh://{c.target}:{c.port}{path}"
+        return f"{c.target}:{path}"
+
+    def git_env(self) -> dict[str, str]:
+        return dict(self.env, GIT_SSH_COMMAND=self.connection.ssh_command(),
+                    GIT_TERMINAL_PROMPT="0")
+
+    # --- placing -----------------------------------------------------------------------
+
+    def free_port(self) -> int:
+        return int(self.agent(["port"])["port"])
+
+    def check_setup(self, settings: Settings, env: Mapping[str, str], *,
+                    args: Sequence[str] = (), permission_mode: str | None = None) -> None:
+        launcher.check_setup(settings, env, args=args, permission_mode=permission_mode)
+
+    def push_base(self, repo: Path, commit: str, task_id: str) -> str:
+        """The base commit in the host's mirror of `repo` (only what it lacks is sent)."""
+        mirror = self.mirror_path(repo)
+        q = shlex.quote(mirror)
+        self.connection.run(f"test -d {q} || git init -q --bare {q}")
+        done = subprocess.run(
+            ["git", "-C", str(repo), "push", "--progress", "--porcelain", "--no-verify",
+             self.git_url(mirror), f"{commit}:refs/fleet/base/{task_id}"],
+            capture_output=True, env=self.git_env(), timeout=600, check=False)
+        err = done.stderr.decode("utf-8", "replace")
+        if done.returncode != 0:
+            lines = [line for line in err.splitlines() if line.strip()]
+            raise SshError(f"host {self.name}: could not send the repository: "
+                           f"{lines[-1] if lines else 'git push failed'}")
+        match = WRITING.search(err)
+        sent = (int(match.group(1)), int(float(match.group(2)) * UNITS[match.group(3)])) \
+            if match else (0, 0)
+        self.pushes.append(sent)
+        return mirror
+
+    def make_worktree(self, task: Task, *, reattach: bool, reset: bool) -> git.WorktreeInfo:
+        repo = Path(task.repo)
+        if task.base_commit:
+            base, base_branch = task.base_commit, task.base_branch
+        else:
+            found = git.resolve_base(repo, task.base_ref)
+            base, base_branch = found.commit, found.branch
+        mirror = self.push_base(repo, base, task.id)
+        branch = task.branch or f"fleet/{task.id}"
+        path = f"{self.root}/work/{task.id}"
+        mode = "reattach" if reattach else "new"
+        answer = self.agent(["worktree", mirror, path, branch, base, mode])
+        return git.WorktreeInfo(Path(answer["path"]), branch, base, base_branch)
+
+    def check_worktree(self, task: Task, worktree: Path) -> None:
+        if str(worktree) == str(task.repo):
+            raise FleetError(f"refusing to run task {task.id} in the main checkout {task.repo}")
+        branch = task.branch or f"fleet/{task.id}"
+        answer = self.agent(["check-worktree", str(worktree), branch], ok=(0, 1))
+        if not answer.get("ok"):
+            why = answer.get("error") or answer.get("branch")
+            raise FleetError(f"task {task.id}: {worktree} on host {self.name} is not its "
+                             f"worktree on {branch} ({why})")
+
+    def place(self, task: Task, worktree: Path, attempt_n: int) -> Placement:
+        adir = paths.attempt_dir(task.repo, task.id, attempt_n)
+        for folder in (paths.logs_dir(task.repo), adir.parent, adir):
+            paths.private_dir(folder)
+        return Placement(host=self.name, worktree=worktree,
+                         branch=task.branch or f"fleet/{task.id}",
+                         base_commit=task.base_commit or "", base_branch=task.base_branch,
+                         config_dir=Path(f"{self.root}/config/{task.id}"), attempt_dir=adir)
+
+    def _included(self, spec: RunSpec) -> bytes:
+        """The repository's included files as a tar (those holding a key left out)."""
+        if not spec.include:
+            return b""
+        secrets = [v for k, v in self.env.items() if k in KEY_VARIABLES and v]
+        files = prepare.included_files(spec.repo, spec.include)
+        with tempfile.TemporaryDirectory(prefix="fleet-include-") as tmp:
+            prepare.copy_included(spec.repo, tmp, files, secrets)
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(tmp, arcname=".")
+            return buf.getvalue()
+
+    def stage(self, placement: Placement, spec: RunSpec) -> SshStaged:
+        folder = AttemptLog(placement.attempt_dir)
+        folder.clear_run_records()
+        folder.write_spec(asdict(spec))
+        paths.private_file(folder.events)
+        remote = replace(spec, include=[], repo=spec.cwd, settings=dict(spec.settings))
+        if self.claude:
+            remote.settings["claude"] = self.claude
+        if isinstance(remote.settings.get("base_url"), str):
+            remote.settings["base_url"] = self._base_url_there(remote.settings["base_url"])
+        remote_dir = self.remote_attempt_dir(spec.task_id, spec.attempt)
+        order = json.dumps({"spec": asdict(remote), "config_dir": spec.config_dir,
+                            "set_up_after": not spec.setup}).encode()
+        try:
+            self.agent(["stage", remote_dir], input=order + b"\n" + self._included(spec),
+                       ok=(0,))
+        except SshError as exc:
+            if "holds" in str(exc):
+                raise NotStarted(str(exc)) from None
+            raise
+        with self._lock:
+            self._mirrors.pop((spec.task_id, spec.attempt), None)
+        return SshStaged(self, remote_dir)
+
+    # --- running -------------------------------------------------------------------------
+
+    def runner_env(self) -> dict[str, str]:
+        """The engine's environment; only its key variables and a few named ones reach the
+        host (`forwarded`)."""
+        return dict(self.env)
+
+    def attach(self, attempt: Attempt) -> SshRun:
+        return SshRun(self, attempt)
+
+    def collect(self, task: Task) -> str:
+        """The task's branch fetched from the host's mirror into the main repository (the
+        worker's uncommitted work committed there first, as a merge here would)."""
+        branch = task.branch or f"fleet/{task.id}"
+        if task.worktree:
+            name, email = self._identity(Path(task.repo))
+            self.agent(["commit-work", str(task.worktree),
+                        f"The worker's uncommitted work (task {task.id}, on host "
+                        f"{self.name})", name, email])
+        mirror = self.mirror_path(Path(task.repo))
+        done = subprocess.run(
+            ["git", "-C", str(task.repo), "fetch", "--no-tags", "--quiet",
+             self.git_url(mirror), f"refs/heads/{branch}"],
+            capture_output=True, env=self.git_env(), timeout=600, check=False)
+        if done.returncode != 0:
+            raise SshError(f"host {self.name}: could not fetch {branch}: "
+                           f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+        head = subprocess.run(["git", "-C", str(task.repo), "rev-parse", "FETCH_HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        subprocess.run(["git", "-C", str(task.repo), "update-ref", f"refs/heads/{branch}",
+                        head], check=True, capture_output=True)
+        return branch
+
+    def _identity(self, repo: Path) -> tuple[str, str]:
+        """This machine's git identity for `repo` (a commit made for it on the host is
+        this user's, as a merge here would make it)."""
+        done = subprocess.run(["git", "-C", str(repo), "var", "GIT_COMMITTER_IDENT"],
+                              capture_output=True, text=True, env=dict(self.env), check=False)
+        match = re.match(r"(.*) <([^>]*)>", done.stdout.strip())
+        if done.returncode != 0 or match is None:
+            raise FleetError(f"git has no identity in {repo} to commit the worker's work "
+                             "with: set user.name and user.email")
+        return match.group(1), match.group(2)
+
+    def release(self, task_id: str) -> None:
+        root = self.root
+        q = shlex.quote
+        # the worktree goes too (a merge or a discard here removes only this machine's),
+        # and the mirrors forget it; the attempt folders stay (mirrored here already)
+        line = (f"rm -rf {q(f'{root}/config/{task_id}')} {q(f'{root}/work/{task_id}')}; "
+                f"for m in {q(root)}/repos/*.git; do [ -d \"$m\" ] && "
+                f"git -C \"$m\" worktree prune; git -C \"$m\" update-ref -d "
+                f"{q(f'refs/fleet/base/{task_id}')} 2>/dev/null; done; true")
+        try:
+            self.connection.run(line, check=False)
+        except SshError as exc:
+            log.warning("host %s: could not free task %s: %s", self.name, task_id, exc)
+
+    def reap(self) -> None:
+        with self._lock:
+            for key, mirror in list(self._mirrors.items()):
+                if mirror.ended.is_set() and not mirror.thread.is_alive():
+                    del self._mirrors[key]
+
+    def wait(self, stop: _threading.Event, interval: float) -> None:
+        deadline = time.monotonic() + interval
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._ended.wait(min(left, 0.05)):
+                self._ended.clear()
+                return
+
+    def close(self) -> None:
+        """Stop following (the runners go on) and close the master connection."""
+        with self._lock:
+            mirrors = list(self._mirrors.values())
+            self._mirrors.clear()
+        for mirror in mirrors:
+            mirror.stop()
+        self.connection.close()
+
+
+__all__ = ["SshHost", "SshRun", "SshStaged", "forwarded", "package_tar"]

@@ -1,0 +1,128 @@
+"""A real OpenSSH server on 127.0.0.1 for the SSH host's tests (Debian's openssh-server).
+
+Each `Sshd` has its own host key, config, port and data dir (the host's HOME, set for the
+session by `environment=` in authorized_keys): two of them are two hosts. Login is by a
+generated test key only (no password, no keyboard-interactive); the client side is a test
+ssh_config with an alias, `StrictHostKeyChecking yes` and a known_hosts holding the
+server's key: nothing is accepted blindly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+
+
+def missing() -> str | None:
+    """Why no test sshd can run here (None: it can)."""
+    if not os.path.isfile(SSHD):
+        return ("Debian's openssh-server is not installed (`apt-get install "
+                "openssh-server`; scripts/test installs it as root)")
+    if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        return "the ssh client is not installed (openssh-client)"
+    if os.geteuid() != 0 and not os.path.isdir("/run/sshd"):
+        return ("sshd needs its privilege separation folder /run/sshd, which only root "
+                "can make")
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Sshd:
+    """One running sshd and the client files that reach it."""
+
+    base: Path
+    alias: str
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def home(self) -> Path:
+        """The host's HOME: its data dir lives under it, apart from every file of ours."""
+        return self.base / "host-home"
+
+    @property
+    def client_config(self) -> Path:
+        return self.base / "client" / "ssh_config"
+
+    def start(self) -> Sshd:
+        client = self.base / "client"
+        server = self.base / "server"
+        for folder in (client, server, self.home):
+            folder.mkdir(parents=True, exist_ok=True)
+            folder.chmod(0o700)
+        key, host_key = client / "id_ed25519", server / "host_ed25519"
+        for path, comment in ((key, "fleet-test-client"), (host_key, "fleet-test-host")):
+            if not path.exists():
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment,
+                                "-f", str(path)], check=True)
+        home = self.home
+        (server / "authorized_keys").write_text(
+            f'environment="HOME={home}",environment="FLEET_TEST_HOST={self.alias}" '
+            + (key.with_suffix(".pub")).read_text())
+        (server / "authorized_keys").chmod(0o600)
+        if not Path("/run/sshd").is_dir():  # privilege separation's chroot (root: missing())
+            Path("/run/sshd").mkdir(mode=0o755)
+        self.port = self.port or _free_port()
+        (server / "sshd_config").write_text(
+            f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n"
+            f"PidFile {server / 'sshd.pid'}\n"
+            f"AuthorizedKeysFile {server / 'authorized_keys'}\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\nUsePAM no\n"
+            "PermitUserEnvironment yes\nStrictModes no\nAllowTcpForwarding yes\n"
+            "MaxSessions 64\nMaxStartups 64:30:128\nLogLevel ERROR\n")
+        (client / "known_hosts").write_text(
+            f"[127.0.0.1]:{self.port} " + " ".join(
+                host_key.with_suffix(".pub").read_text().split()[:2]) + "\n")
+        self.client_config.write_text(
+            f"Host {self.alias}\n  HostName 127.0.0.1\n  Port {self.port}\n"
+            f"  User {os.environ.get('USER') or 'root'}\n  IdentityFile {key}\n"
+            "  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n"
+            f"  UserKnownHostsFile {client / 'known_hosts'}\n  LogLevel ERROR\n")
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(server / "sshd_config")],
+                                     stdout=subprocess.DEVNULL,
+                                     stderr=open(server / "sshd.log", "ab"),  # noqa: SIM115
+                                     start_new_session=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("sshd exited: " + (server / "sshd.log").read_text()[-500:])
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            time.sleep(0.02)
+        raise RuntimeError("sshd did not listen within 10 s")
+
+    def ssh(self, command: str, *, check: bool = True, input: str | None = None) -> str:
+        """A command on the host through a connection of its own (not the host's master)."""
+        done = subprocess.run(["ssh", "-F", str(self.client_config), "-o", "BatchMode=yes",
+                               "-o", "ControlMaster=no", "-o", "ControlPath=none", self.alias,
+                               "--", command], capture_output=True, text=True, check=False,
+                              input=input)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"ssh {command!r}: {done.stderr.strip()}")
+        return done.stdout
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None

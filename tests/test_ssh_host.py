@@ -1,0 +1,355 @@
+"""The SSH host (issue 20, items 3-5): the real claude on a real OpenSSH server on
+127.0.0.1 (Debian's sshd, its own host key, key-only login, StrictHostKeyChecking yes with
+a test known_hosts), started by an engine given `SshHost` directly.
+
+The host's side lives in its own HOME (set by the server for the session): its data dir,
+its mirror of the repository, its worktrees and attempt folders are there, and reach this
+machine only over the connection. Covered: a task end to end (its commits fetched back as
+fleet/ID), the mirror byte-identical to the host's events.jsonl, kill (0 processes left
+there), `say`, the connection killed mid-run (the worker goes on, the stream catches up),
+the second task sending only new objects, and the key nowhere on the host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import sshd
+from test_fleet import KEY, SCRIPTS, drive, settled
+
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.execution.ssh.host import SshHost
+from fleet_tui.gateway import control
+from fleet_tui.settings.config import load_settings
+from fleet_tui.store.db import Store, TaskState
+from fleet_tui.store.meter import Meter
+from fleet_tui.system import paths
+
+pytestmark = pytest.mark.xdist_group("ssh-host")
+
+_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+HOST_SCRIPTS: dict[str, Any] = dict(SCRIPTS)
+HOST_SCRIPTS["commit"] = [
+    [{"type": "tool_use", "name": "Bash",
+      "input": {"command": "echo remote > remote.txt && git add remote.txt && "
+                           "git commit -q -m 'made on the host'", "description": "commit"}}],
+    "committed",
+]
+HOST_SCRIPTS["pause"] = [
+    [{"type": "tool_use", "name": "Bash",
+      "input": {"command": "sleep 4; echo resumed > after.txt", "description": "wait"}}],
+    "finished after the pause",
+]
+
+
+@pytest.fixture(scope="module")
+def host_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sshd.Sshd]:
+    why = sshd.missing()
+    if why is not None:
+        if _CI:
+            pytest.fail(why)
+        pytest.skip(why)
+    server = sshd.Sshd(tmp_path_factory.mktemp("sshd"), alias="fleet-test-host").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[ScriptedEndpoint]:
+    with ScriptedEndpoint(HOST_SCRIPTS) as ep:
+        yield ep
+
+
+def make(endpoint: ScriptedEndpoint, claude: str, server: sshd.Sshd, **overrides: Any
+         ) -> tuple[Fleet, SshHost]:
+    values: dict[str, Any] = {
+        "base_url": endpoint.url, "claude": claude, "sandbox": os.geteuid() == 0,
+        "key_sources": "env", "backoff_base": 0.2, "backoff_cap": 1.0, "kill_grace": 2.0,
+        "max_workers": 4, "max_attempts": 1,
+    }
+    values.update(overrides)
+    settings = load_settings(env=os.environ, overrides=values)
+    env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
+    host = SshHost(name="box", target=server.alias, env=env, python="/usr/bin/python3",
+                   ssh_config=server.client_config)
+    return Fleet(settings, Store(paths.db_path()), env=env, host=host), host
+
+
+LIST = ("for d in /proc/[0-9]*; do printf '%s\\t%s\\t' \"${d#/proc/}\" "
+        "\"$(readlink \"$d/cwd\" 2>/dev/null)\"; tr '\\0' ' ' < \"$d/cmdline\" 2>/dev/null; "
+        "echo; done")
+
+
+def host_pids(server: sshd.Sshd, *markers: str) -> list[int]:
+    """The host's processes working under its HOME whose command line is one of
+    `markers` (or holds one ending in "/"), read on the host over ssh (other tests'
+    processes on this machine are not counted)."""
+    pids = []
+    for line in server.ssh(LIST).splitlines():
+        pid, _, rest = line.partition("\t")
+        cwd, _, args = rest.partition("\t")
+        args = args.strip()
+        if not cwd.startswith(str(server.home)):
+            continue
+        if any(m == args or (m.endswith("/") and m in args) for m in markers):
+            pids.append(int(pid))
+    return pids
+
+
+SLEEPS = ("sleep 326", "sleep 327")
+
+
+def test_a_task_on_the_host_end_to_end(git_repo: Path, claude_bin: str,
+                                       host_sshd: sshd.Sshd,
+                                       endpoint: ScriptedEndpoint) -> None:
+    fleet, host = make(endpoint, claude_bin, host_sshd)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:commit] commit it", repo=git_repo))
+        drive(fleet, settled(fleet, task.id), timeout=90)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        (attempt,) = fleet.attempts(task.id)
+        assert attempt.host == "box"
+        # it ran there: the worktree and the attempt folder are the host's
+        root = Path(host.root)
+        assert root.is_relative_to(host_sshd.home)
+        assert str(done.worktree).startswith(str(root / "work"))
+        remote_events = root / "attempts" / task.id / "1" / "events.jsonl"
+        local_events = Path(attempt.dir or "") / "events.jsonl"
+        # the mirror: byte for byte what the host's runner wrote
+        assert local_events.read_bytes() == remote_events.read_bytes()
+        assert b'"type":"result"' in local_events.read_bytes()
+        # commits out: the task's branch fetched back as fleet/ID
+        branch = host.collect(done)
+        assert branch == f"fleet/{task.id}"
+        log = subprocess.run(["git", "-C", str(git_repo), "log", "--format=%s", "-1", branch],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert log == "made on the host"
+        shown = subprocess.run(["git", "-C", str(git_repo), "show", f"{branch}:remote.txt"],
+                               capture_output=True, text=True, check=True).stdout
+        assert shown == "remote\n"
+        # the package the host runs is this one, installed in its data dir
+        assert host.install().startswith(str(root / "pkg"))
+    finally:
+        host.close()
+
+
+def test_the_second_task_sends_only_new_objects(git_repo: Path, claude_bin: str,
+                                                host_sshd: sshd.Sshd,
+                                                endpoint: ScriptedEndpoint) -> None:
+    fleet, host = make(endpoint, claude_bin, host_sshd)
+    try:
+        (first,) = fleet.submit(TaskSpec(prompt="[script:chat] hello", repo=git_repo))
+        drive(fleet, settled(fleet, first.id), timeout=90)
+        (git_repo / "new.txt").write_text("one more file\n")
+        subprocess.run(["git", "-C", str(git_repo), "add", "new.txt"], check=True)
+        subprocess.run(["git", "-C", str(git_repo), "commit", "-q", "-m", "one more"],
+                       check=True)
+        (second,) = fleet.submit(TaskSpec(prompt="[script:chat] again", repo=git_repo))
+        drive(fleet, settled(fleet, second.id), timeout=90)
+        assert fleet.get_task(second.id).state == TaskState.SUCCEEDED
+        (objects_first, bytes_first), (objects_second, bytes_second) = host.pushes
+        assert objects_first >= 4  # the whole repository
+        assert objects_second == 3  # a commit, its tree and the new blob
+        assert bytes_second < bytes_first
+    finally:
+        host.close()
+
+
+def test_uncommitted_work_on_the_host_comes_back_committed(
+        git_repo: Path, claude_bin: str, host_sshd: sshd.Sshd,
+        endpoint: ScriptedEndpoint) -> None:
+    fleet, host = make(endpoint, claude_bin, host_sshd)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="write a.txt", repo=git_repo))
+        drive(fleet, settled(fleet, task.id), timeout=90)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        branch = host.collect(done)
+        shown = subprocess.run(["git", "-C", str(git_repo), "show", f"{branch}:a.txt"],
+                               capture_output=True, text=True, check=True).stdout
+        assert shown == "worker\n"
+        # the host's worktree is clean now, on the commit fetched
+        there = host_sshd.ssh(f"git -C {shlex.quote(str(done.worktree))} status --porcelain")
+        assert there == ""
+        host.release(task.id)  # closed: its worktree and config dir go from the host
+        assert not Path(str(done.worktree)).exists()
+        assert not (Path(host.root) / "config" / task.id).exists()
+    finally:
+        host.close()
+
+
+def test_a_new_engine_adopts_the_remote_worker(git_repo: Path, claude_bin: str,
+                                               host_sshd: sshd.Sshd,
+                                               endpoint: ScriptedEndpoint) -> None:
+    """The controller gone mid-run (its engine and its host object dropped, the master
+    closed): a new engine with a new SshHost follows the same runner to its end."""
+    def started() -> tuple[str, int | None]:
+        """The first engine, gone once this returns (its object and host dropped)."""
+        fleet, host = make(endpoint, claude_bin, host_sshd)
+        (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
+        drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=60)
+        runner = fleet.attempts(task.id)[-1].runner_pid
+        host.close()
+        return task.id, runner
+
+    task_id, runner = started()
+    again, host2 = make(endpoint, claude_bin, host_sshd)
+    try:
+        drive(again, settled(again, task_id), timeout=90)
+        done = again.get_task(task_id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        (attempt,) = again.attempts(task_id)  # adopted: no second attempt
+        assert attempt.runner_pid == runner
+        assert b"finished after the pause" in _events(again, task_id)
+    finally:
+        host2.close()
+
+
+def test_kill_leaves_no_process_on_the_host(git_repo: Path, claude_bin: str,
+                                            host_sshd: sshd.Sshd,
+                                            endpoint: ScriptedEndpoint) -> None:
+    fleet, host = make(endpoint, claude_bin, host_sshd)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
+        drive(fleet, lambda: len(host_pids(host_sshd, *SLEEPS)) == 2, timeout=60)
+        token = fleet.attempts(task.id)[-1]
+        assert token.dir is not None
+        fleet.kill(task.id)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.KILLED and done.verdict == "killed"
+        deadline = time.monotonic() + 10
+        while host_pids(host_sshd, *SLEEPS) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host_pids(host_sshd, *SLEEPS) == []
+        assert host_pids(host_sshd, f"attempts/{task.id}/") == []  # the runner too
+    finally:
+        for pid in host_pids(host_sshd, *SLEEPS):
+            os.kill(pid, signal.SIGKILL)
+        host.close()
+
+
+def test_say_reaches_the_worker_on_the_host(git_repo: Path, claude_bin: str,
+                                            host_sshd: sshd.Sshd,
+                                            endpoint: ScriptedEndpoint) -> None:
+    fleet, host = make(endpoint, claude_bin, host_sshd)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
+        drive(fleet, lambda: fleet.get_task(task.id).state == TaskState.RUNNING
+              and b"tool_use" in _events(fleet, task.id), timeout=60)
+        fleet.say(task.id, "also say hello")
+        drive(fleet, settled(fleet, task.id), timeout=90)
+        assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+        assert b"also say hello" in _events(fleet, task.id)  # claude took it in (replayed)
+    finally:
+        host.close()
+
+
+def _events(fleet: Fleet, task_id: str) -> bytes:
+    attempts = fleet.attempts(task_id)
+    if not attempts or attempts[-1].dir is None:
+        return b""
+    path = Path(attempts[-1].dir) / "events.jsonl"
+    return path.read_bytes() if path.exists() else b""
+
+
+def test_a_dropped_connection_leaves_the_worker_running(git_repo: Path, claude_bin: str,
+                                                        host_sshd: sshd.Sshd,
+                                                        endpoint: ScriptedEndpoint) -> None:
+    fleet, host = make(endpoint, claude_bin, host_sshd)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
+        drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=60)
+        master = host.connection.master_pid()
+        assert master is not None
+        mirror = host.mirror(host.attach(fleet.attempts(task.id)[-1]))
+        os.kill(master, signal.SIGKILL)  # the connection is gone, mid-run
+        drive(fleet, settled(fleet, task.id), timeout=90)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        attempt = fleet.attempts(task.id)[-1]
+        remote = Path(host.root) / "attempts" / task.id / "1" / "events.jsonl"
+        assert _events(fleet, task.id) == remote.read_bytes()  # caught up, byte for byte
+        assert b"finished after the pause" in _events(fleet, task.id)
+        assert host.connection.master_pid() not in (None, master)  # a new one
+        assert attempt.finished_at is not None
+        assert mirror.connects >= 2  # it resumed from its offset
+    finally:
+        host.close()
+
+
+# The key comes on stdin and reaches grep through a pipe (process substitution of a
+# builtin): never an argv or a file of the host. Every process started over the test's
+# login carries FLEET_TEST_HOST (authorized_keys sets it), the runner and claude included.
+SCAN = r"""read -r k
+n=0
+for d in /proc/[0-9]*; do
+  grep -qa 'FLEET_TEST_HOST=' "$d/environ" 2>/dev/null || continue
+  n=$((n+1))
+  if grep -qaF -f <(printf '%s\n' "$k") "$d/environ" "$d/cmdline" 2>/dev/null; then
+    echo "HIT ${d#/proc/}"
+  fi
+done
+echo "SCANNED $n"
+grep -rlaF -f <(printf '%s\n' "$k") "$HOME" 2>/dev/null | sed 's/^/FILE /'
+true
+"""
+
+
+def secret_scan(server: sshd.Sshd, secret: str) -> tuple[list[str], int]:
+    """The host's processes (environ, argv) and files under its HOME holding `secret`,
+    and how many processes were read."""
+    out = server.ssh(f"exec bash -c {shlex.quote(SCAN)}", input=secret + "\n")
+    hits = [line for line in out.splitlines() if line.startswith(("HIT", "FILE"))]
+    scanned = [int(line.split()[1]) for line in out.splitlines() if line.startswith("SCANNED")]
+    return hits, scanned[0] if scanned else 0
+
+
+def test_the_key_never_lands_on_the_host(git_repo: Path, claude_bin: str,
+                                         host_sshd: sshd.Sshd,
+                                         endpoint: ScriptedEndpoint) -> None:
+    """Through this machine's gateway, reached by a port forwarded over the connection:
+    the host's files, its processes' argv and environments hold the attempt's token at
+    most, never the key; upstream the endpoint gets the real key."""
+    fleet, host = make(endpoint, claude_bin, host_sshd, gateway=True)
+    before = len(endpoint.message_requests())
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
+        drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=60)
+        hits, scanned = secret_scan(host_sshd, KEY)
+        assert hits == [] and scanned >= 3  # the runner and claude among them
+        info = control.read_info(fleet.env)
+        assert info is not None
+        remote_spec = json.loads((Path(host.root) / "attempts" / task.id / "1" /
+                                  "spec.json").read_text())
+        there = urlsplit(remote_spec["settings"]["base_url"])
+        assert there.port == host.forwards[info.port] != info.port  # the forwarded port
+        drive(fleet, settled(fleet, task.id), timeout=90)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        served = endpoint.message_requests()[before:]
+        assert served and served[-1].auth_sha256 == hashlib.sha256(KEY.encode()).hexdigest()
+        # every request went through the gateway, with the attempt's token
+        rows = Meter(fleet.store).rows()
+        assert rows and {r.task_id for r in rows} == {task.id}
+        assert len(rows) == len(served)
+        hits, _ = secret_scan(host_sshd, KEY)
+        assert hits == []
+    finally:
+        control.stop(fleet.env)
+        host.close()
