@@ -237,7 +237,7 @@ ACTIONS: tuple[PanelAction, ...] = (
                 when=lambda c: c.selected is not None, hint="search"),
     # issue 22: reading a diff as a forge's review does
     PanelAction("diff.next_file", "next_file", "right_square_bracket", "Next file",
-                "diff: the next file (] ); with all files shown, its header", show=False,
+                "diff: the next file of the list (] ), which shows its patch", show=False,
                 when=lambda c: c.diff_files > 0, key_display="]"),
     PanelAction("diff.prev_file", "prev_file", "left_square_bracket", "Previous file",
                 "diff: the previous file ([ )", show=False,

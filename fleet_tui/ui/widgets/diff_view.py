@@ -74,6 +74,7 @@ class DiffLines(LineView):
         self._lines: list[str] = []
         self._empty = "No changes."
         self._renderer: DiffRenderer | None = None
+        self._jumped: int | None = None  # the row the last jump went to
 
     def row_count(self) -> int:
         return len(self._lines) or 1
@@ -94,6 +95,8 @@ class DiffLines(LineView):
         self._empty = empty
         self._renderer = renderer if renderer is not None else DiffRenderer(
             lines, layout_of(lines), [])
+        if not keep_scroll:
+            self._jumped = None
         self.reset_view(width)
         if keep_scroll:
             self.scroll_to(y=y, animate=False, immediate=True)
@@ -110,11 +113,20 @@ class DiffLines(LineView):
 
     @property
     def top_row(self) -> int:
-        """The row a jump measures from: the cursor's, else the first on screen."""
-        return self.cursor if self.CURSOR and self.cursor >= 0 else int(self.scroll_y)
+        """The row a jump measures from: the cursor's (a cursor view), else the row the
+        last jump went to while it is on screen (the end of a patch cannot scroll to the
+        top), else the first row on screen."""
+        if self.CURSOR and self.cursor >= 0:
+            return self.cursor
+        top = int(self.scroll_y)
+        height = max(1, self.scrollable_content_region.height)
+        if self._jumped is not None and top <= self._jumped < top + height:
+            return self._jumped
+        return top
 
     def go_to_row(self, row: int) -> None:
         """Bring ``row`` to the top of the view (the cursor onto it, for a cursor view)."""
+        self._jumped = row
         if self.CURSOR:
             self.move_cursor(row)
         self.scroll_to(y=row, animate=False, immediate=True)
@@ -194,9 +206,10 @@ VIEW_MARKS: dict[ViewMark, Callable[[Style, Style], tuple[str, Style | str]]] = 
 class DiffView(Horizontal):
     """The file list and the patch of the highlighted file (or of all files).
 
-    Reading aids (issue 22): next / previous file and hunk (``jump_file``, ``jump_hunk``)
-    and a viewed mark per file (``toggle_viewed``), kept for the panel's session by task
-    and path with the file's digest, so it clears when the file changes again."""
+    Reading aids (issue 22): next / previous file (the list's) and hunk (``jump_file``,
+    ``jump_hunk``: the view scrolls it to the top) and a viewed mark per file
+    (``toggle_viewed``), kept for the panel's session by task and path with the file's
+    digest, so it clears when the file changes again."""
 
     DEFAULT_CSS = """
     DiffView {
@@ -338,14 +351,14 @@ class DiffView(Horizontal):
         return mark
 
     def jump_file(self, step: int) -> bool:
-        """The next (1) or previous (-1) file: the next line of the list when one file is
-        shown, the next file's header in "all files". False: there is none that way."""
+        """Highlight the next (1) or previous (-1) file of the list, which shows its patch
+        ("all files" goes to the first file, or to the last going back). False: there is
+        none that way."""
         if self._prepared is None or not self._prepared.diff.files:
             return False
-        if self.selected == ALL_FILES:
-            return self._jump(lambda layout: layout.file_starts, step)
         files = self.query_one(FileList)
-        index = (files.highlighted or 0) + step
+        current = files.highlighted or 0
+        index = current + step if current else (1 if step > 0 else files.option_count - 1)
         if not 1 <= index < files.option_count:
             return False
         files.highlighted = index  # its OptionHighlighted paints the file
@@ -358,12 +371,12 @@ class DiffView(Horizontal):
             return True
         if self.selected == ALL_FILES or not self.jump_file(step):
             return False
-        self._paint()  # the new file now, not after its OptionHighlighted
-        if step < 0:
-            lines = self.query_one(DiffLines)
-            renderer = lines.renderer
-            if renderer is not None and renderer.layout.hunk_starts:
-                lines.go_to_row(renderer.layout.hunk_starts[-1])
+        self._select(self.query_one(FileList))  # the new file now, not after its message
+        lines = self.query_one(DiffLines)
+        renderer = lines.renderer
+        if renderer is not None and renderer.layout.hunk_starts:
+            hunks = renderer.layout.hunk_starts
+            lines.go_to_row(hunks[0] if step > 0 else hunks[-1])
         return True
 
     def _jump(self, starts_of: Callable[[DiffLayout], list[int]], step: int) -> bool:
@@ -379,7 +392,11 @@ class DiffView(Horizontal):
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         event.stop()
-        path = event.option.id or ALL_FILES
+        self._select(event.option_list)
+
+    def _select(self, files: OptionList) -> None:
+        option = files.highlighted_option
+        path = (option.id if option is not None else None) or ALL_FILES
         if path != self.selected:
             self.selected = path
             self._paint()
