@@ -219,3 +219,12 @@ def test_the_diff_sees_a_change_made_in_the_second_its_index_was_written(
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert [f.path for f in git.diff(info.path, info.base_commit).files] == ["src/app.py"]
+
+
+def test_a_file_s_layout_is_its_part_of_the_whole_patch_s() -> None:
+    whole = layout_of(PATCH)
+    for start, end in ((0, 16), (16, len(PATCH))):
+        assert whole.part(start, end) == layout_of(PATCH[start:end])
+    prepared = PreparedDiff.build(_diff(PATCH))
+    assert prepared.layouts["inventory.py"] == layout_of(prepared.lines["inventory.py"])
+    assert prepared.layouts["notes.txt"] == layout_of(prepared.lines["notes.txt"])

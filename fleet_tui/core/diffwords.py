@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
@@ -73,6 +73,19 @@ class DiffLayout:
             if index < block.end:
                 return block
         return None
+
+    def part(self, start: int, end: int) -> DiffLayout:
+        """The layout of lines [start, end) alone (one file's part of a whole patch)."""
+        def cut(starts: list[int]) -> list[int]:
+            return [x - start for x in starts[bisect_left(starts, start):
+                                              bisect_left(starts, end)]]
+
+        first, last = bisect_left(self._block_starts, start), bisect_left(
+            self._block_starts, end)
+        blocks = [Block(b.start - start, b.mid - start, b.end - start)
+                  for b in self.blocks[first:last]]
+        return DiffLayout(cut(self.file_starts), cut(self.hunk_starts), blocks,
+                          [b.start for b in blocks])
 
     def file_at(self, index: int) -> int:
         """The number of the file (0, 1, ...) line ``index`` belongs to (-1: before any)."""

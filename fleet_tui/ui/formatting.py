@@ -339,8 +339,8 @@ class PreparedDiff:
         for f in diff.files:
             lines[f.path] = clean_lines(f.patch)
         widths = {k: max((len(x) for x in v), default=0) for k, v in lines.items()}
-        layouts = {k: layout_of(v) for k, v in lines.items()}
         whole = lines[ALL_FILES]
+        layouts = {ALL_FILES: layout_of(whole)}
         starts = layouts[ALL_FILES].file_starts
         aligned = len(starts) == len(diff.files)
         digests: dict[str, str] = {}
@@ -348,8 +348,11 @@ class PreparedDiff:
             if aligned:  # the file's own part of the patch: its index line names the blob
                 end = starts[n + 1] if n + 1 < len(starts) else len(whole)
                 text = "\n".join(whole[starts[n]:end])
+                if lines[f.path]:  # (a binary file has no patch of its own)
+                    layouts[f.path] = layouts[ALL_FILES].part(starts[n], end)
             else:
                 text = f.patch
+                layouts[f.path] = layout_of(lines[f.path])
             digests[f.path] = file_digest(f"{f.status}\0{f.old_path}\0{text}")
         return cls(diff, lines, widths, layouts, lexers_for(f.path for f in diff.files),
                    digests)
