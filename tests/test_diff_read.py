@@ -228,3 +228,15 @@ def test_a_file_s_layout_is_its_part_of_the_whole_patch_s() -> None:
     prepared = PreparedDiff.build(_diff(PATCH))
     assert prepared.layouts["inventory.py"] == layout_of(prepared.lines["inventory.py"])
     assert prepared.layouts["notes.txt"] == layout_of(prepared.lines["notes.txt"])
+
+
+def test_a_line_past_the_paint_s_budget_is_coloured_by_the_next_paint() -> None:
+    prepared = PreparedDiff.build(_diff(PATCH))
+    painter = prepared.renderer(ALL_FILES)
+    painter.lex_until = 0.0  # the budget is spent
+    plain = painter.row(14)
+    assert not any("syn-" in name for name, _ in plain)
+    assert "".join(t for n, t in plain if "word" in n) == " + 1"  # the words still show
+    assert painter.pending and 14 not in painter._rows
+    painter.lex_until = None
+    assert ("add syn-kw", "return") in painter.row(14) and 14 in painter._rows

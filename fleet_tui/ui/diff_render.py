@@ -18,6 +18,7 @@ is written here).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
 from typing import Any
@@ -106,6 +107,12 @@ class DiffRenderer:
         self.colours = colours
         self._rows: dict[int, Row] = {}
         self._words: dict[int, dict[int, Spans]] = {}
+        # A paint's lexing budget (perf_counter time; None: none): a line asked for after
+        # it is painted without syntax colours and not cached, and ``pending`` says so,
+        # so the view paints it again a moment later (page down shows at once).
+        self.lex_until: float | None = None
+        self.pending = False
+        self._provisional = False
 
     def kind(self, index: int) -> str:
         """"add", "del", "hunk", "header", "nonl" (no newline at end) or "" (context)."""
@@ -137,7 +144,12 @@ class DiffRenderer:
         if cached is None:
             if len(self._rows) >= ROW_CACHE:
                 self._rows.clear()  # a long scroll: start again (no per-hit bookkeeping)
-            cached = self._rows[index] = self._make(index)
+            made = self._make(index)
+            if self._provisional:
+                self._provisional = False
+                self.pending = True
+                return made
+            cached = self._rows[index] = made
         return cached
 
     def _make(self, index: int) -> Row:
@@ -153,6 +165,9 @@ class DiffRenderer:
         # character classes of the content (after the +, - or space)
         body = line[1:]
         marks: list[str] = [""] * len(body)
+        if lexer is not None and self.lex_until is not None and (
+                time.perf_counter() > self.lex_until):
+            lexer, self._provisional = None, True  # over the paint's budget: later
         if lexer is not None:
             try:
                 for at, ttype, value in lexer.get_tokens_unprocessed(body):

@@ -6,13 +6,16 @@ when it is painted, so a 20,000-line patch paints its first screen at once.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
+from textual.geometry import Region
 from textual.message import Message
+from textual.strip import Strip
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
@@ -83,6 +86,30 @@ class DiffLines(LineView):
         if not self._lines or self._renderer is None:
             return (("empty", self._empty),)
         return self._renderer.row(index)
+
+    LEX_BUDGET = 0.012
+    """Seconds of syntax colouring one paint may spend; lines past it are painted without
+    their syntax colours and coloured by the next paint, a moment later."""
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        renderer = self._renderer
+        if renderer is None:
+            return super().render_lines(crop)
+        renderer.lex_until = time.perf_counter() + self.LEX_BUDGET
+        try:
+            return super().render_lines(crop)
+        finally:
+            renderer.lex_until = None
+            if renderer.pending:
+                renderer.pending = False
+                self.set_timer(0.02, self.refresh)
+
+    def render_line(self, y: int) -> Strip:
+        strip = super().render_line(y)
+        if self._renderer is not None and self._renderer.pending:
+            # past the paint's budget: this row is not kept, the next paint colours it
+            self._cache.discard(int(self.scroll_offset.y) + y)
+        return strip
 
     def row_text(self, index: int) -> str:
         """The line as it is (a search must not colour the whole patch to look in it)."""
