@@ -20,7 +20,6 @@ the tests use the same rules:
 
 from __future__ import annotations
 
-import hashlib
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
@@ -243,6 +242,8 @@ ViewMark = Literal["viewed", "changed", "unviewed"]
 def file_digest(text: str) -> str:
     """What a viewed mark is kept with: the hash of a file's patch, header included (its
     ``index`` line names the new blob, so a binary file's content counts too)."""
+    import hashlib  # here: the panel's first frame loads this module, and not hashlib
+
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:20]
 
 
