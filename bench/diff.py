@@ -21,6 +21,11 @@ steps). Budgets: first paint at most PAINT_BUDGET times (bare git + bare render)
 of a round's page-down steps at most SCROLL_BUDGET times the bare `Log`'s p99 (median
 over the rounds).
 
+With colours on (issue 22), as the panel paints: the files are Python, so every painted
+line is lexed (pygments, one line at a time, when painted) and each changed line's words
+are compared with its removed partner's; the lexers are looked up in PreparedDiff.build
+(off the UI thread). The run checks that the panel's diff view has them on.
+
 Two more, kept from the unit tests (which now check only the behaviour), each against
 its bare counterpart, alternating:
 
@@ -155,13 +160,14 @@ def build_mixed_worktree(root: Path, modified: int = 100, new: int = 50,
 
 
 def big_diff(lines: int) -> Any:
-    """A one-file `git.Diff` of `lines` added lines (made up; the view does not care)."""
+    """A one-file `git.Diff` of `lines` added lines (made up; a .py file, so the view lexes
+    what it paints)."""
     from fleet_tui.vcs.git import Diff, FileDiff
 
     body = [f"+line {i} " + "x" * (i % 70) for i in range(lines)]
-    patch = "\n".join(["diff --git a/big.txt b/big.txt", "new file mode 100644",
-                       "--- /dev/null", "+++ b/big.txt", f"@@ -0,0 +1,{lines} @@", *body])
-    return Diff(files=[FileDiff(path="big.txt", status="added", added=lines, deleted=0,
+    patch = "\n".join(["diff --git a/big.py b/big.py", "new file mode 100644",
+                       "--- /dev/null", "+++ b/big.py", f"@@ -0,0 +1,{lines} @@", *body])
+    return Diff(files=[FileDiff(path="big.py", status="added", added=lines, deleted=0,
                                 patch=patch)], patch=patch)
 
 
@@ -250,6 +256,9 @@ async def _measure_app(benv: BenchEnv, repo: Path, presses: int, scroll_steps: i
             t0 = send_key(app, "down")
             frame = await probe.wait_frame(t0, lambda seen: seen[0] >= expect_lines)
             first_paint.append(ms(frame.at - t0))
+            painter = lines_view.renderer
+            if painter is None or not painter.colours or not any(painter.file_lexers):
+                raise RuntimeError("the diff is painted without its colours")
             await pilot.pause()
             lines_view.focus()
             await pilot.pause()

@@ -175,6 +175,27 @@ def test_diff_view(snap_compare: Any, snapshot_app: FleetApp, size: tuple[int, i
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_diff_viewed_file(snap_compare: Any, snapshot_app: FleetApp,
+                          size: tuple[int, int]) -> None:
+    """Issue 22: hello.txt marked viewed (v: ✓), then ] to src/app.py, whose changed line
+    shows the changed word on its own background and the code in syntax colours."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await _main_ready(pilot)
+        app = snapshot_app
+        app.main.query_one(TaskTable).select_key("s4n7ud")
+        await pilot.press("2")
+        diff = app.main.query_one(DiffView)
+        await _settle(pilot, lambda: diff.prepared is not None
+                      and len(diff.prepared.diff.files) == 2)
+        await pilot.press("right_square_bracket", "v", "right_square_bracket")
+        await _settle(pilot, lambda: diff.selected == "src/app.py"
+                      and diff.view_mark("hello.txt") == "viewed")
+
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_launch_form(snap_compare: Any, snapshot_app: FleetApp, size: tuple[int, int]) -> None:
     """The form with a prompt typed and one inline error (a non-number)."""
 

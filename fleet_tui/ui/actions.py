@@ -46,6 +46,7 @@ class Context:
     filtering: bool  # a filter is typed or its box is open
     in_view: bool = False  # the keys are in the stream, the diff or the tabs, not the list
     served: bool = False  # the panel is in a browser (`fleet-tui serve`)
+    diff_files: int = 0  # files in the diff on screen (0: the diff tab is hidden, or none)
 
 
 IN_BROWSER_SHELL = ("The panel is in a browser: a shell would open on the machine that "
@@ -234,6 +235,23 @@ ACTIONS: tuple[PanelAction, ...] = (
                 "search the stream or the diff (/ inside them); n / N: next / previous "
                 "match, escape: end", show=False,
                 when=lambda c: c.selected is not None, hint="search"),
+    # issue 22: reading a diff as a forge's review does
+    PanelAction("diff.next_file", "next_file", "right_square_bracket", "Next file",
+                "diff: the next file of the list (] ), which shows its patch", show=False,
+                when=lambda c: c.diff_files > 0, key_display="]"),
+    PanelAction("diff.prev_file", "prev_file", "left_square_bracket", "Previous file",
+                "diff: the previous file ([ )", show=False,
+                when=lambda c: c.diff_files > 0, key_display="["),
+    PanelAction("diff.next_hunk", "next_hunk", "right_curly_bracket", "Next hunk",
+                "diff: the next hunk (} ), on into the next file", show=False,
+                when=lambda c: c.diff_files > 0, key_display="}"),
+    PanelAction("diff.prev_hunk", "prev_hunk", "left_curly_bracket", "Previous hunk",
+                "diff: the previous hunk ({ )", show=False,
+                when=lambda c: c.diff_files > 0, key_display="{"),
+    PanelAction("diff.viewed", "toggle_viewed", "v", "Viewed",
+                "diff: mark the file viewed (✓) or not; a file that changes again "
+                "shows ! until it is marked again", show=False,
+                when=lambda c: c.diff_files > 0),
     PanelAction("list.closed", "toggle_closed", "H", "Closed",
                 "show / hide the merged and discarded tasks (hidden at first)", show=False),
     PanelAction("list.sort", "cycle_sort", "S", "Sort",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.cells import cell_len
 
@@ -21,7 +22,9 @@ from fleet_tui.core.states import CLOSED_STATES
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from fleet_tui.core import stream
+    from fleet_tui.core.diffwords import DiffLayout
     from fleet_tui.store.db import Task
+    from fleet_tui.ui.diff_render import DiffRenderer
     from fleet_tui.vcs.git import Diff
 
 Span = tuple[str, str]
@@ -315,19 +318,59 @@ ALL_FILES = "\x00all"  # the diff view's "all files" entry
 
 @dataclass(frozen=True)
 class PreparedDiff:
-    """A diff split into lines off the UI thread, with the widest line measured."""
+    """A diff split into lines off the UI thread, with the widest line measured, where its
+    files, hunks and change blocks start (core.diffwords.layout_of), each file's lexer
+    (looked up here, off the UI thread) and each file's digest (what a viewed mark is kept
+    with). Nothing is tokenised here: lines are coloured when painted (ui/diff_render.py)."""
 
     diff: Diff
     lines: dict[str, list[str]]  # path (or ALL_FILES) -> lines
     widths: dict[str, int]
+    layouts: dict[str, DiffLayout] = field(default_factory=dict)  # as lines
+    lexers: dict[str, Any] = field(default_factory=dict)  # path -> pygments lexer or None
+    digests: dict[str, str] = field(default_factory=dict)  # path -> file_digest
 
     @classmethod
     def build(cls, diff: Diff) -> PreparedDiff:
+        from fleet_tui.core.diffwords import file_digest, layout_of
+        from fleet_tui.ui.diff_render import lexers_for
+
         lines: dict[str, list[str]] = {ALL_FILES: clean_lines(diff.patch)}
         for f in diff.files:
             lines[f.path] = clean_lines(f.patch)
         widths = {k: max((len(x) for x in v), default=0) for k, v in lines.items()}
-        return cls(diff, lines, widths)
+        whole = lines[ALL_FILES]
+        layouts = {ALL_FILES: layout_of(whole)}
+        starts = layouts[ALL_FILES].file_starts
+        aligned = len(starts) == len(diff.files)
+        digests: dict[str, str] = {}
+        for n, f in enumerate(diff.files):
+            if aligned:  # the file's own part of the patch: its index line names the blob
+                end = starts[n + 1] if n + 1 < len(starts) else len(whole)
+                text = "\n".join(whole[starts[n]:end])
+                if lines[f.path]:  # (a binary file has no patch of its own)
+                    layouts[f.path] = layouts[ALL_FILES].part(starts[n], end)
+            else:
+                text = f.patch
+                layouts[f.path] = layout_of(lines[f.path])
+            digests[f.path] = file_digest(f"{f.status}\0{f.old_path}\0{text}")
+        return cls(diff, lines, widths, layouts, lexers_for(f.path for f in diff.files),
+                   digests)
+
+    def renderer(self, key: str, *, colours: bool = True) -> DiffRenderer:
+        """The painter of ``key``'s lines (a path, or ALL_FILES)."""
+        from fleet_tui.core.diffwords import layout_of
+        from fleet_tui.ui.diff_render import DiffRenderer
+
+        lines = self.lines.get(key, [])
+        layout = self.layouts.get(key) or layout_of(lines)
+        if key == ALL_FILES:
+            paths = [f.path for f in self.diff.files]
+            lexers = [self.lexers.get(p) for p in paths] \
+                if len(layout.file_starts) == len(paths) else []
+        else:
+            lexers = [self.lexers.get(key)]
+        return DiffRenderer(lines, layout, lexers, colours=colours)
 
 
 def clean_lines(patch: str) -> list[str]:

@@ -128,7 +128,10 @@ def _temp_index(worktree: Path) -> Iterator[dict[str, str]]:
     os.close(fd)
     try:
         if real.exists():
-            shutil.copyfile(real, name)
+            # copy2: the copy keeps the index's mtime, which git's racy-entry check needs
+            # (a file changed in the second the index was written, its size the same, reads
+            # as unchanged against a copy that looks newer than it: the diff missed it)
+            shutil.copy2(real, name)
         else:
             os.unlink(name)
         yield {"GIT_INDEX_FILE": name}

@@ -93,6 +93,26 @@ class DetailController(Controller):
         else:
             self.stream.open_search()
 
+    # the diff's reading aids (issue 22): they act on the diff on screen
+    def jump_file(self, step: int) -> None:
+        view = self.diff.view
+        if view is not None and not view.jump_file(step):
+            self._edge("file", step)
+
+    def jump_hunk(self, step: int) -> None:
+        view = self.diff.view
+        if view is not None and not view.jump_hunk(step):
+            self._edge("hunk", step)
+
+    def _edge(self, what: str, step: int) -> None:
+        self.screen.notify(f"No {'next' if step > 0 else 'previous'} {what}.",
+                           timeout=2)
+
+    def toggle_viewed(self) -> None:
+        view = self.diff.view
+        if view is not None:
+            view.toggle_viewed()  # the file list says ✓
+
     def choose_attempt(self) -> None:
         task = self.screen.task_list.selected
         if task is not None:

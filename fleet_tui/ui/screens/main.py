@@ -320,7 +320,9 @@ class MainScreen(PanelScreen):
                        filtering=bool(self.task_list.filter_text)
                        or (box is not None and box.display),
                        in_view=self.keys_pane not in ("list", "filter", ""),
-                       served=self.served)
+                       served=self.served,
+                       diff_files=self.diff.file_count if self.active_tab == "tab-diff"
+                       else 0)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """True: the key applies; None: it applies to the selection but cannot be done now
@@ -502,6 +504,21 @@ class MainScreen(PanelScreen):
 
     def action_choose_attempt(self) -> None:
         self.detail.choose_attempt()
+
+    def action_next_file(self) -> None:
+        self.detail.jump_file(1)
+
+    def action_prev_file(self) -> None:
+        self.detail.jump_file(-1)
+
+    def action_next_hunk(self) -> None:
+        self.detail.jump_hunk(1)
+
+    def action_prev_hunk(self) -> None:
+        self.detail.jump_hunk(-1)
+
+    def action_toggle_viewed(self) -> None:
+        self.detail.toggle_viewed()
 
     # --- actions: the engine -------------------------------------------------------------
     def action_new_task(self) -> None:

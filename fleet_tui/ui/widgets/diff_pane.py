@@ -67,6 +67,11 @@ class DiffPane(Vertical):
         """The file highlighted in the file list (None: all files, or no view yet)."""
         return self._view.selected_path if self._view is not None else None
 
+    @property
+    def file_count(self) -> int:
+        """Files in the diff shown (0: none, or no view yet)."""
+        return self._view.file_count if self._view is not None else 0
+
     def start(self, fleet: Fleet) -> None:
         """The engine is ready: diffs can be computed, and a running task's is refreshed."""
         self.fleet = fleet

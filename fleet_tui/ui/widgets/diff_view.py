@@ -6,20 +6,30 @@ when it is painted, so a 20,000-line patch paints its first screen at once.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
+from textual.geometry import Region
 from textual.message import Message
+from textual.strip import Strip
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
+from fleet_tui.core.diffwords import (
+    DiffLayout,
+    ViewMark,
+    layout_of,
+    next_start,
+    toggle_viewed,
+    view_mark,
+)
+from fleet_tui.ui.diff_render import SYNTAX_CLASSES, DiffRenderer
 from fleet_tui.ui.formatting import ALL_FILES, PreparedDiff, Row, clean
-from fleet_tui.ui.widgets.line_view import LineView
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # GitPython is slow to import: the panel's first frame does not wait
-    from fleet_tui.vcs.git import Diff
+from fleet_tui.ui.widgets.line_view import LineView, text_style
 
 STATUS_MARKS = {"added": "A", "modified": "M", "deleted": "D", "untracked": "?",
                 "renamed": "R"}
@@ -27,12 +37,17 @@ __all__ = ["ALL_FILES", "DiffLines", "DiffView", "FileList", "PreparedDiff"]
 
 
 class DiffLines(LineView):
-    """The patch text, coloured per line by its first character."""
+    """The patch text: each line coloured by its kind, its syntax and its changed words
+    when it is painted (ui/diff_render.py), never the whole patch up front."""
 
     COMPONENT_CLASSES = {"diff--add", "diff--del", "diff--hunk", "diff--header",
-                         "diff--empty"}
+                         "diff--empty", "diff--nonl", "diff--word", "diff--add-word",
+                         "diff--del-word", *(f"diff--syn-{name}" for name in SYNTAX_CLASSES)}
     STYLE_PREFIX = "diff--"
     FILL_ROWS = True
+    # Syntax colours are the theme's text colours (the $text-* variables are made to be
+    # read on the theme's surfaces and on its -muted backgrounds, the added and removed
+    # lines'), so every theme stays readable; changed words get the stronger background.
     DEFAULT_CSS = """
     DiffLines {
         & > .diff--add { color: $text-success; background: $success-muted; }
@@ -40,6 +55,20 @@ class DiffLines(LineView):
         & > .diff--hunk { color: $accent; text-style: bold; }
         & > .diff--header { color: $text-muted; text-style: bold; }
         & > .diff--empty { color: $text-muted; text-style: italic; }
+        & > .diff--nonl { color: $text-muted; text-style: italic; }
+        & > .diff--add-word { background: $success 45%; text-style: bold; }
+        & > .diff--del-word { background: $error 45%; text-style: bold; }
+        & > .diff--syn-kw { color: $text-accent; }
+        & > .diff--syn-const { color: $text-warning; }
+        & > .diff--syn-str { color: $text-success; }
+        & > .diff--syn-num { color: $text-warning; }
+        & > .diff--syn-com { color: $text-muted; text-style: italic; }
+        & > .diff--syn-fn { color: $text-primary; }
+        & > .diff--syn-cls { color: $text-warning; text-style: bold; }
+        & > .diff--syn-bi { color: $text-secondary; }
+        & > .diff--syn-deco { color: $text-primary; text-style: bold; }
+        & > .diff--syn-tag { color: $text-primary; }
+        & > .diff--syn-attr { color: $text-warning; }
     }
     """
 
@@ -47,30 +76,54 @@ class DiffLines(LineView):
         super().__init__(id=id)
         self._lines: list[str] = []
         self._empty = "No changes."
+        self._renderer: DiffRenderer | None = None
+        self._jumped: int | None = None  # the row the last jump went to
 
     def row_count(self) -> int:
         return len(self._lines) or 1
 
     def get_row(self, index: int) -> Row:
-        if not self._lines:
+        if not self._lines or self._renderer is None:
             return (("empty", self._empty),)
-        line = self._lines[index]
-        if line.startswith(("+++", "---", "diff ", "index ", "new file", "deleted file",
-                            "similarity", "rename ", "old mode", "new mode", "Binary")):
-            return (("header", line),)
-        if line.startswith("+"):
-            return (("add", line),)
-        if line.startswith("-"):
-            return (("del", line),)
-        if line.startswith("@@"):
-            return (("hunk", line),)
-        return (("", line),)
+        return self._renderer.row(index)
+
+    LEX_BUDGET = 0.012
+    """Seconds of syntax colouring one paint may spend; lines past it are painted without
+    their syntax colours and coloured by the next paint, a moment later."""
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        renderer = self._renderer
+        if renderer is None:
+            return super().render_lines(crop)
+        renderer.lex_until = time.perf_counter() + self.LEX_BUDGET
+        try:
+            return super().render_lines(crop)
+        finally:
+            renderer.lex_until = None
+            if renderer.pending:
+                renderer.pending = False
+                self.set_timer(0.02, self.refresh)
+
+    def render_line(self, y: int) -> Strip:
+        strip = super().render_line(y)
+        if self._renderer is not None and self._renderer.pending:
+            # past the paint's budget: this row is not kept, the next paint colours it
+            self._cache.discard(int(self.scroll_offset.y) + y)
+        return strip
+
+    def row_text(self, index: int) -> str:
+        """The line as it is (a search must not colour the whole patch to look in it)."""
+        return self._lines[index] if self._lines else self._empty
 
     def set_lines(self, lines: list[str], width: int, *, keep_scroll: bool = False,
-                  empty: str = "No changes.") -> None:
+                  empty: str = "No changes.", renderer: DiffRenderer | None = None) -> None:
         y = self.scroll_y
         self._lines = lines
         self._empty = empty
+        self._renderer = renderer if renderer is not None else DiffRenderer(
+            lines, layout_of(lines), [])
+        if not keep_scroll:
+            self._jumped = None
         self.reset_view(width)
         if keep_scroll:
             self.scroll_to(y=y, animate=False, immediate=True)
@@ -81,44 +134,114 @@ class DiffLines(LineView):
     def lines(self) -> list[str]:
         return self._lines
 
+    @property
+    def renderer(self) -> DiffRenderer | None:
+        return self._renderer
+
+    @property
+    def top_row(self) -> int:
+        """The row a jump measures from: the cursor's (a cursor view), else the row the
+        last jump went to while it is on screen (the end of a patch cannot scroll to the
+        top), else the first row on screen."""
+        if self.CURSOR and self.cursor >= 0:
+            return self.cursor
+        top = int(self.scroll_y)
+        height = max(1, self.scrollable_content_region.height)
+        if self._jumped is not None and top <= self._jumped < top + height:
+            return self._jumped
+        return top
+
+    def go_to_row(self, row: int) -> None:
+        """Bring ``row`` to the top of the view (the cursor onto it, for a cursor view)."""
+        self._jumped = row
+        if self.CURSOR:
+            self.move_cursor(row)
+        self.scroll_to(y=row, animate=False, immediate=True)
+
+    def _style(self, name: str) -> Style:
+        """A span's style: its kind's, its syntax class's and its changed word's, added
+        (cached by the span's name)."""
+        style = self._styles.get(name)
+        if style is None:
+            kind, *parts = name.split(" ")
+            style = super()._style(kind)
+            for part in parts:
+                if part == "word":
+                    style += self._blended(f"{kind}-word" if kind in ("add", "del")
+                                           else "word")
+                else:
+                    style += super()._style(part)
+            self._styles[name] = style
+        return style
+
+    def _blended(self, name: str) -> Style:
+        """A component style with its background blended over the view's (an alpha
+        background such as ``$success 45%``, which the partial style leaves unblended)."""
+        partial = text_style(self, self.STYLE_PREFIX + name)
+        full = self.get_component_rich_style(self.STYLE_PREFIX + name)
+        return partial + Style(bgcolor=full.bgcolor) if partial.bgcolor else partial
+
 
 class FileList(OptionList):
-    """Changed files: a status letter, the path and +/- counts."""
+    """Changed files: a status letter, the viewed mark, the path and +/- counts."""
 
-    COMPONENT_CLASSES = {"filelist--add", "filelist--del", "filelist--mark"}
+    COMPONENT_CLASSES = {"filelist--add", "filelist--del", "filelist--mark",
+                         "filelist--viewed", "filelist--changed"}
     DEFAULT_CSS = """
     FileList {
         & > .filelist--add { color: $text-success; }
         & > .filelist--del { color: $text-error; }
         & > .filelist--mark { color: $accent; text-style: bold; }
+        & > .filelist--viewed { color: $text-muted; }
+        & > .filelist--changed { color: $text-warning; text-style: bold; }
     }
     """
 
     def label(self, mark: str, path: str, added: int, deleted: int,
-              styles: tuple[Style, Style, Style] | None = None) -> Text:
+              styles: LabelStyles | None = None, *, viewed: ViewMark | None = None) -> Text:
         """One file's line; pass ``label_styles()`` when labelling many (looking a component
-        style up costs more than building the label)."""
-        mark_style, add_style, del_style = styles or self.label_styles()
+        style up costs more than building the label). ``viewed``: the file's viewed mark
+        (✓ viewed, its path dimmed; ! changed since it was viewed; None: the "all files"
+        line, which has no mark)."""
+        mark_style, add_style, del_style, viewed_style, changed_style = (
+            styles or self.label_styles())
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(f"{mark} ", style=mark_style)
-        text.append(clean(path))
+        if viewed is not None:
+            text.append(*VIEW_MARKS[viewed](viewed_style, changed_style))
+        text.append(clean(path), style=viewed_style if viewed == "viewed" else "")
         text.append(f"  +{added}", style=add_style)
         text.append(f" -{deleted}", style=del_style)
         return text
 
-    def label_styles(self) -> tuple[Style, Style, Style]:
+    def label_styles(self) -> LabelStyles:
         return (self.get_component_rich_style("filelist--mark"),
                 self.get_component_rich_style("filelist--add"),
-                self.get_component_rich_style("filelist--del"))
+                self.get_component_rich_style("filelist--del"),
+                self.get_component_rich_style("filelist--viewed"),
+                self.get_component_rich_style("filelist--changed"))
+
+
+LabelStyles = tuple[Style, Style, Style, Style, Style]
+VIEW_MARKS: dict[ViewMark, Callable[[Style, Style], tuple[str, Style | str]]] = {
+    "viewed": lambda viewed, changed: ("✓ ", viewed),
+    "changed": lambda viewed, changed: ("! ", changed),
+    "unviewed": lambda viewed, changed: ("  ", ""),
+}
 
 
 class DiffView(Horizontal):
-    """The file list and the patch of the highlighted file (or of all files)."""
+    """The file list and the patch of the highlighted file (or of all files).
+
+    Reading aids (issue 22): next / previous file (the list's) and hunk (``jump_file``,
+    ``jump_hunk``: the view scrolls it to the top) and a viewed mark per file
+    (``toggle_viewed``), kept for the panel's session by task and path with the file's
+    digest, so it clears when the file changes again."""
 
     DEFAULT_CSS = """
     DiffView {
         height: 1fr;
-        & > FileList { width: 34; max-width: 40%; height: 1fr; border: none; }
+        & > FileList { width: 38; max-width: 40%; height: 1fr; border: none; }
         & > DiffLines { width: 1fr; height: 1fr; }
     }
     """
@@ -128,12 +251,16 @@ class DiffView(Horizontal):
             super().__init__()
             self.path = path
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, *, id: str | None = None, colours: bool = True) -> None:
+        """``colours``: syntax colours and changed words (False: kinds of lines only)."""
         super().__init__(id=id)
         self._prepared: PreparedDiff | None = None
         self._task_id: str | None = None
         self._message: str | None = None
         self.selected: str = ALL_FILES
+        self.colours = colours
+        # task id -> path -> the digest the file had when it was marked viewed
+        self.viewed: dict[str, dict[str, str]] = {}
 
     def compose(self) -> ComposeResult:
         yield FileList(id="diff-files")
@@ -154,6 +281,11 @@ class DiffView(Horizontal):
         """The highlighted file's path, or None for "all files"."""
         return None if self.selected == ALL_FILES else self.selected
 
+    @property
+    def file_count(self) -> int:
+        """How many files the diff shown has (0: none, or a message)."""
+        return len(self._prepared.diff.files) if self._prepared is not None else 0
+
     def show_message(self, text: str) -> None:
         if self._prepared is None and self._message == text:
             return  # already shown (moving along tasks without worktrees)
@@ -173,21 +305,40 @@ class DiffView(Horizontal):
         if not same_task or prepared.lines.get(self.selected) is None:
             self.selected = ALL_FILES
         files = self.query_one(FileList)
-        if not (same_task and old is not None and _same_files(old.diff, prepared.diff)):
-            total_add = sum(f.added for f in prepared.diff.files)
-            total_del = sum(f.deleted for f in prepared.diff.files)
-            styles = files.label_styles()
-            options = [Option(files.label("*", f"all files ({len(prepared.diff.files)})",
-                                          total_add, total_del, styles), id=ALL_FILES)]
-            options += [Option(files.label(STATUS_MARKS.get(f.status, "?"), f.path, f.added,
-                                           f.deleted, styles), id=f.path)
-                        for f in prepared.diff.files]
-            files.set_options(options)
+        if not (same_task and old is not None and _same_files(old, prepared)):
+            files.set_options(self._options(files, prepared))
             try:
                 files.highlighted = files.get_option_index(self.selected)
             except Exception:
                 files.highlighted = 0
         self._paint(keep_scroll=same_task)
+
+    def view_mark(self, path: str) -> ViewMark:
+        """The viewed mark of a file of the diff shown."""
+        if self._prepared is None or self._task_id is None:
+            return "unviewed"
+        return view_mark(self.viewed.get(self._task_id, {}), path,
+                         self._prepared.digests.get(path, ""))
+
+    def _options(self, files: FileList, prepared: PreparedDiff) -> list[Option]:
+        diff = prepared.diff
+        styles = files.label_styles()
+        marks = [self.view_mark(f.path) for f in diff.files]
+        seen = marks.count("viewed")
+        title = f"all files ({len(diff.files)}" + (f", {seen} viewed)" if seen else ")")
+        options = [Option(files.label("*", title, diff.added, diff.deleted, styles),
+                          id=ALL_FILES)]
+        options += [Option(files.label(STATUS_MARKS.get(f.status, "?"), f.path, f.added,
+                                       f.deleted, styles, viewed=mark), id=f.path)
+                    for f, mark in zip(diff.files, marks, strict=True)]
+        return options
+
+    def _relabel(self) -> None:
+        if self._prepared is None:
+            return
+        files = self.query_one(FileList)
+        for index, option in enumerate(self._options(files, self._prepared)):
+            files.replace_option_prompt_at_index(index, option.prompt)
 
     def _paint(self, keep_scroll: bool = False) -> None:
         lines = self.query_one(DiffLines)
@@ -197,11 +348,82 @@ class DiffView(Horizontal):
         lines.set_lines(data, self._prepared.widths.get(self.selected, 0),
                         keep_scroll=keep_scroll,
                         empty="No changes yet." if not self._prepared.diff.files
-                        else "No textual changes in this file.")
+                        else "No textual changes in this file.",
+                        renderer=self._prepared.renderer(self.selected,
+                                                         colours=self.colours))
+
+    # --- reading aids ------------------------------------------------------------------------
+    def current_file(self) -> str | None:
+        """The file the keys act on: the highlighted one, or with "all files" the one at
+        the top of the patch shown (None: no file)."""
+        if self._prepared is None or not self._prepared.diff.files:
+            return None
+        if self.selected != ALL_FILES:
+            return self.selected
+        lines = self.query_one(DiffLines)
+        renderer = lines.renderer
+        files = self._prepared.diff.files
+        if renderer is None or len(renderer.layout.file_starts) != len(files):
+            return files[0].path
+        return files[max(0, renderer.layout.file_at(lines.top_row))].path
+
+    def toggle_viewed(self) -> ViewMark | None:
+        """Mark the current file viewed (as it is now), or take its mark off."""
+        path = self.current_file()
+        if path is None or self._prepared is None or self._task_id is None:
+            return None
+        marks = self.viewed.setdefault(self._task_id, {})
+        mark = toggle_viewed(marks, path, self._prepared.digests.get(path, ""))
+        self._relabel()
+        return mark
+
+    def jump_file(self, step: int) -> bool:
+        """Highlight the next (1) or previous (-1) file of the list, which shows its patch
+        ("all files" goes to the first file, or to the last going back). False: there is
+        none that way."""
+        if self._prepared is None or not self._prepared.diff.files:
+            return False
+        files = self.query_one(FileList)
+        current = files.highlighted or 0
+        index = current + step if current else (1 if step > 0 else files.option_count - 1)
+        if not 1 <= index < files.option_count:
+            return False
+        files.highlighted = index  # its OptionHighlighted paints the file
+        return True
+
+    def jump_hunk(self, step: int) -> bool:
+        """The next (1) or previous (-1) hunk; past the last hunk of the file shown, the
+        next file's first (the previous file's last going back)."""
+        if self._jump(lambda layout: layout.hunk_starts, step):
+            return True
+        if self.selected == ALL_FILES or not self.jump_file(step):
+            return False
+        self._select(self.query_one(FileList))  # the new file now, not after its message
+        lines = self.query_one(DiffLines)
+        renderer = lines.renderer
+        if renderer is not None and renderer.layout.hunk_starts:
+            hunks = renderer.layout.hunk_starts
+            lines.go_to_row(hunks[0] if step > 0 else hunks[-1])
+        return True
+
+    def _jump(self, starts_of: Callable[[DiffLayout], list[int]], step: int) -> bool:
+        lines = self.query_one(DiffLines)
+        renderer = lines.renderer
+        if renderer is None:
+            return False
+        row = next_start(starts_of(renderer.layout), lines.top_row, step)
+        if row is None:
+            return False
+        lines.go_to_row(row)
+        return True
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         event.stop()
-        path = event.option.id or ALL_FILES
+        self._select(event.option_list)
+
+    def _select(self, files: OptionList) -> None:
+        option = files.highlighted_option
+        path = (option.id if option is not None else None) or ALL_FILES
         if path != self.selected:
             self.selected = path
             self._paint()
@@ -212,6 +434,8 @@ class DiffView(Horizontal):
         self.query_one(DiffLines).focus()
 
 
-def _same_files(a: Diff, b: Diff) -> bool:
-    return [(f.path, f.status, f.added, f.deleted) for f in a.files] == [
-        (f.path, f.status, f.added, f.deleted) for f in b.files]
+def _same_files(a: PreparedDiff, b: PreparedDiff) -> bool:
+    """The file list would read the same (the digests: a viewed mark may have cleared)."""
+    return [(f.path, f.status, f.added, f.deleted) for f in a.diff.files] == [
+        (f.path, f.status, f.added, f.deleted) for f in b.diff.files] and (
+        a.digests == b.digests)
