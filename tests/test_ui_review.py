@@ -177,7 +177,8 @@ def _with_comments(git_repo: Path, tmp_path: Path) -> FleetApp:
     fleet.add_comment(TASK, anchor_of([by_text["+hello"]]), "Say hello to the world.")
     fleet.add_comment(TASK, anchor_of([by_text['+    """Entry point."""']]),
                       "A docstring that says more,\nplease.")
-    fleet.send_review(TASK)
+    fleet.store.update_task(TASK, session_id="5e55-10n")
+    fleet.send_review(TASK)  # a follow-up (queued: no scheduler runs it here)
     worktree = Path(fleet.get_task(TASK).worktree or "")
     (worktree / "src" / "app.py").write_text(
         'def main():\n    """Entry point."""\n    return 1\n')

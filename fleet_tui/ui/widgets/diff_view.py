@@ -47,8 +47,8 @@ class DiffLines(LineView):
     DEFAULT_CSS = """
     DiffLines {
         & > .diff--comment-open { color: $text-warning; background: $warning-muted; }
-        & > .diff--comment-addressed { color: $text-success; background: $boost; }
-        & > .diff--comment-outdated { color: $text-muted; background: $boost;
+        & > .diff--comment-addressed { color: $text-success; background: $success-muted; }
+        & > .diff--comment-outdated { color: $text-muted; background: $panel;
                                       text-style: italic; }
         & > .diff--add { color: $text-success; background: $success-muted; }
         & > .diff--del { color: $text-error; background: $error-muted; }
