@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 # subcommand -> module under fleet_tui.commands
 TASK_COMMANDS = ("run", "ls", "show", "logs", "diff", "merge", "discard", "retry",
                   "follow-up", "kill", "say", "archive", "update", "queue", "compare", "pick",
-                  "push")
+                  "push", "review")
 
 USAGE = """\
 usage: fleet-tui [--demo] [--repo PATH]        open the control panel
@@ -27,6 +27,8 @@ usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui update ID [--resolve worker|shell|abort] [--wait]
        fleet-tui queue [ID...] [--wait] [--remove]      fleet-tui compare|pick|push ID
        fleet-tui say ID TEXT                    a message to a running worker
+       fleet-tui review ID [--comment FILE:LINE[-LINE] TEXT | --edit N TEXT | --delete N
+                        | --send] [--json]      comments on diff lines, sent to the worker
        fleet-tui archive [ID ...] [--older-than DAYS]   merged/discarded out of the list
        fleet-tui cost [--since 7d] [--by task|endpoint|day] [--json]   spend, budgets
        fleet-tui key set|delete|status

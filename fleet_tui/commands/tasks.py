@@ -1,5 +1,5 @@
 """fleet-tui run|ls|show|logs|diff|merge|discard|retry|follow-up|kill|say|archive|update|
-queue|compare|pick|push: the headless engine.
+queue|compare|pick|push|review: the headless engine.
 
 Every command is a thin layer over `Fleet`. Commands that look at tasks first run one
 scheduling pass, so whatever finished while no fleet-tui process was running is recorded
@@ -27,7 +27,9 @@ from fleet_tui.core.errors import (
     EXIT_USAGE,
     FleetRefused,
     FleetTuiError,
+    WorkerFinished,
 )
+from fleet_tui.core.review import parse_line_spec
 from fleet_tui.core.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
@@ -44,6 +46,7 @@ from fleet_tui.store import budgets
 from fleet_tui.store.costs import as_json
 from fleet_tui.store.db import MAX_COPIES, Attempt, StoreError, Task
 from fleet_tui.store.meter import Totals
+from fleet_tui.store.reviews import ReviewComment
 from fleet_tui.vcs import git
 
 EXIT_OK = 0
@@ -747,8 +750,9 @@ def cmd_merge(argv: list[str]) -> int:
         # The merge makes the same checks: refuse now, before asking or running tests.
         _err(f"fleet-tui merge: not merged: {preview.message}")
         return EXIT_REFUSED
+    open_comments = _open_comments(fleet, task, args.yes)
     _confirm(f"merge {task.id} ({task.short_title}) +{task.added_lines}/"
-             f"-{task.deleted_lines} into {task.base_branch}?", args.yes)
+             f"-{task.deleted_lines} into {task.base_branch}?{open_comments}", args.yes)
     result = fleet.merge(task.id, message=args.message, test_command=args.test)
     if result.test_output:
         sys.stdout.write(result.test_output if result.test_output.endswith("\n")
@@ -757,6 +761,119 @@ def cmd_merge(argv: list[str]) -> int:
         _err(f"fleet-tui merge: not merged: {result.message}")
         return EXIT_REFUSED
     _out(result.message)
+    return EXIT_OK
+
+
+def _open_comments(fleet: Fleet, task: Task, yes: bool) -> str:
+    """Open review comments stop a merge that was not confirmed (--yes): without a
+    terminal it is refused (exit 4), else the question says how many (its words)."""
+    count = 0 if yes else fleet.open_comments(task.id)
+    if not count:
+        return ""
+    words = (f"{count} review comment{'s are' if count > 1 else ' is'} open "
+             f"(`fleet-tui review {task.id}` lists {'them' if count > 1 else 'it'})")
+    if sys.stdin is None or not sys.stdin.isatty():
+        raise FleetRefused(f"not merged: {words}. Send them to the worker (`fleet-tui "
+                           f"review {task.id} --send`) and look at its next diff, or pass "
+                           "--yes to merge anyway")
+    return f" {words[0].upper()}{words[1:]}; merge anyway?"
+
+
+def cmd_review(argv: list[str]) -> int:
+    p = _id_parser("review", "Review comments on a task's diff lines: list them with their "
+                   "state (open, addressed: the worker changed the lines after it got the "
+                   "comment, outdated: the lines changed before it did), add, edit or "
+                   "delete one, and send all that were not sent as one message to the "
+                   "worker (to the running worker, else a follow-up in its session).")
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--comment", nargs=2, metavar=("FILE:LINE[-LINE]", "TEXT"),
+                        help="comment on lines of a file as the worktree has them (a file "
+                        "the task deleted: as its base had them); TEXT `-`: stdin")
+    action.add_argument("--edit", nargs=2, metavar=("N", "TEXT"),
+                        help="change the text of comment N")
+    action.add_argument("--delete", type=_whole(1), metavar="N", help="delete comment N")
+    action.add_argument("--send", action="store_true",
+                        help="send every comment not sent yet to the worker, as one message")
+    p.add_argument("--json", action="store_true", help="print the comments as JSON")
+    args = p.parse_args(argv)
+    fleet = _fleet()
+    fleet.prepare_secret_scan()
+    _catch_up(fleet)
+    task = fleet.get_task(args.id)
+    if args.comment is not None:
+        spec, text = args.comment
+        try:
+            path, start, end = parse_line_spec(spec)
+        except ValueError as exc:
+            raise _Usage(str(exc)) from None
+        body = _decode(_read_stdin(), "stdin", "review") if text == "-" else text
+        made = fleet.comment_at(task.id, path, start, end, body)
+        _say_comment(made, args.json, "added")
+        return EXIT_OK
+    if args.edit is not None:
+        number = _whole(1)(args.edit[0])
+        _say_comment(fleet.edit_comment(task.id, number, args.edit[1]), args.json, "edited")
+        return EXIT_OK
+    if args.delete is not None:
+        fleet.delete_comment(task.id, args.delete)
+        _out(json.dumps({"deleted": args.delete}) if args.json
+             else f"{task.id}: comment #{args.delete} deleted")
+        return EXIT_OK
+    if args.send:
+        return _send_review(fleet, task, args.json)
+    comments = fleet.comments(task.id)
+    if args.json:
+        _out(json.dumps([c.as_json() for c in comments], indent=2))
+        return EXIT_OK
+    if not comments:
+        _err(f"task {task.id} has no review comments (add one with --comment FILE:LINE TEXT)")
+        return EXIT_OK
+    counts = {state: sum(1 for c in comments if c.state == state)
+              for state in ("open", "addressed", "outdated")}
+    _out(f"{task.id}: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n))
+    for comment in comments:
+        _print_comment(comment)
+    return EXIT_OK
+
+
+def _say_comment(comment: ReviewComment, as_json: bool, what: str) -> None:
+    if as_json:
+        _out(json.dumps(comment.as_json(), indent=2))
+    else:
+        _out(f"{comment.task_id}: comment #{comment.id} {what} on {comment.anchor.label}")
+
+
+def _print_comment(comment: ReviewComment) -> None:
+    sent = "sent" if comment.sent else "not sent"
+    _out(f"#{comment.id:<3} {comment.state:<9} {comment.anchor.label}  ({sent})")
+    for line in comment.anchor.quote[:6]:
+        _out(f"       > {line[:110]}")
+    if len(comment.anchor.quote) > 6:
+        _out(f"       > ... {len(comment.anchor.quote) - 6} more lines")
+    for line in comment.body.splitlines():
+        _out(f"       {line}")
+
+
+def _send_review(fleet: Fleet, task: Task, as_json: bool) -> int:
+    """Send the review; a worker that just ended its last turn takes it as a follow-up
+    once this process has recorded it finished."""
+    try:
+        sent = fleet.send_review(task.id)
+    except WorkerFinished:
+        _schedule_until(fleet, [task.id], lambda t: t.state not in ACTIVE_STATES)
+        sent = fleet.send_review(task.id)
+    if as_json:
+        _out(json.dumps({"task": sent.task_id, "sent": sent.count, "how": sent.how,
+                         "taken": sent.taken}))
+    else:
+        plural = "s" if sent.count != 1 else ""
+        if sent.how == "say":
+            _out(f"{task.id}: {sent.count} comment{plural} sent to the running worker ("
+                 + ("taken)" if sent.taken else "it takes them in a moment)"))
+        else:
+            _out(f"{task.id}: {sent.count} comment{plural} sent as a follow-up")
+    if sent.how == "follow-up":
+        _print_change(_until_started(fleet, fleet.get_task(task.id)))
     return EXIT_OK
 
 
@@ -1144,7 +1261,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "merge": cmd_merge, "discard": cmd_discard, "retry": cmd_retry,
     "follow-up": cmd_follow_up, "kill": cmd_kill, "say": cmd_say, "archive": cmd_archive,
     "update": cmd_update, "queue": cmd_queue, "compare": cmd_compare, "pick": cmd_pick,
-    "push": cmd_push,
+    "push": cmd_push, "review": cmd_review,
 }
 
 

@@ -10,6 +10,7 @@ says (its docstring is the part's: the promise lives beside the code that keeps 
 - `queries.Queries`: lists, a task and its attempts, status, an attempt's events;
 - `branches.Branches`: diff, conflict preview, merge, update from base, push, compare;
 - `merge_queue.MergeQueue`: enqueue, dequeue, pick, the queue runners;
+- `review.Review`: comments on diff lines, their states, the review sent to the worker;
 - `secret_cache.SecretCache`: the key for the scans (and redaction);
 - `reload.SettingsWatch`: config.toml and the repositories' settings read again.
 
@@ -43,6 +44,7 @@ from typing import Any, TypeVar
 
 from fleet_tui.core import stream
 from fleet_tui.core.errors import FleetError, FleetRefused, InvalidSpec, TaskNotFound
+from fleet_tui.core.review import Anchor
 from fleet_tui.engine.actions import Actions
 from fleet_tui.engine.branches import Branches, CopyReport, work_at_stake
 from fleet_tui.engine.context import Context
@@ -51,6 +53,7 @@ from fleet_tui.engine.gateway_link import weak_keys
 from fleet_tui.engine.merge_queue import MergeQueue
 from fleet_tui.engine.queries import EndpointStatus, FleetStatus, Queries
 from fleet_tui.engine.reload import SettingsNotice, SettingsWatch
+from fleet_tui.engine.review import Review, ReviewSent
 from fleet_tui.engine.scheduling import Scheduler
 from fleet_tui.engine.secret_cache import SecretCache
 from fleet_tui.engine.submit import Submissions, check_text
@@ -61,6 +64,7 @@ from fleet_tui.settings.config import Settings
 from fleet_tui.settings.repo_settings import RepoSettingsCache
 from fleet_tui.store.db import Attempt, Store, Task, TaskSpec
 from fleet_tui.store.meter import Totals
+from fleet_tui.store.reviews import ReviewComment
 from fleet_tui.system import paths
 from fleet_tui.vcs import git
 
@@ -114,6 +118,7 @@ class Fleet:
         self.actions = Actions(ctx)
         self.submissions = Submissions(ctx)
         self.branches = Branches(ctx, self.secrets, self.actions)
+        self.review = Review(ctx, self.actions, self.branches)
         self.queue = MergeQueue(ctx, self.actions, self.branches)
         self.scheduler = Scheduler(ctx, self.secrets, self.actions, self.branches, self.queue)
         self.settings_watch = SettingsWatch(ctx)
@@ -271,6 +276,37 @@ class Fleet:
     @_says(Actions.archive_closed)
     def archive_closed(self, older_than_days: float, repo: Path | None = None) -> list[str]:
         return self.actions.archive_closed(older_than_days, repo)
+
+    # --- review comments (review.py) --------------------------------------------------------
+
+    @_says(Review.comment)
+    def add_comment(self, task_id: str, anchor: Anchor, body: str) -> ReviewComment:
+        return self.review.comment(task_id, anchor, body)
+
+    @_says(Review.comment_at)
+    def comment_at(self, task_id: str, path: str, start: int, end: int,
+                   body: str) -> ReviewComment:
+        return self.review.comment_at(task_id, path, start, end, body)
+
+    @_says(Review.edit_comment)
+    def edit_comment(self, task_id: str, comment_id: int, body: str) -> ReviewComment:
+        return self.review.edit_comment(task_id, comment_id, body)
+
+    @_says(Review.delete_comment)
+    def delete_comment(self, task_id: str, comment_id: int) -> None:
+        self.review.delete_comment(task_id, comment_id)
+
+    @_says(Review.comments)
+    def comments(self, task_id: str, diff: git.Diff | None = None) -> list[ReviewComment]:
+        return self.review.comments(task_id, diff)
+
+    @_says(Review.open_comments)
+    def open_comments(self, task_id: str) -> int:
+        return self.review.open_comments(task_id)
+
+    @_says(Review.send_review)
+    def send_review(self, task_id: str, *, wait: float = 3.0) -> ReviewSent:
+        return self.review.send_review(task_id, wait=wait)
 
     # --- the key for the scans (secret_cache.py) ---------------------------------------------
 

@@ -427,10 +427,34 @@ DELETE FROM endpoints WHERE instr(endpoint, '://') > 0 AND (
 UPDATE endpoints SET endpoint = 'default' WHERE instr(endpoint, '://') > 0
 """
 
+# issue 22: review comments on a task's diff lines (store/reviews.py): the anchor (file,
+# side, lines and their text, the rows quoted), the comment, when it was sent and whether
+# its lines were as commented then, and its last known state (a closed task's is kept).
+_REVIEW_COMMENTS = """
+CREATE TABLE review_comments (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+    path TEXT NOT NULL,
+    side TEXT NOT NULL DEFAULT 'new',
+    start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL,
+    lines TEXT NOT NULL DEFAULT '[]',
+    quote TEXT NOT NULL DEFAULT '[]',
+    body TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    sent_at REAL,
+    sent_intact INTEGER,
+    sent_how TEXT,
+    state TEXT NOT NULL DEFAULT 'open'
+);
+CREATE INDEX review_comments_task ON review_comments(task_id)
+"""
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS),
     _script(_V5_READY), _script(_V6_HOSTS), _script(_V7_GATEWAY),
-    _script(_V8_ENDPOINT_NAMES)]
+    _script(_V8_ENDPOINT_NAMES), _script(_REVIEW_COMMENTS)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error", "row_damaged"}

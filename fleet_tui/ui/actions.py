@@ -47,6 +47,8 @@ class Context:
     in_view: bool = False  # the keys are in the stream, the diff or the tabs, not the list
     served: bool = False  # the panel is in a browser (`fleet-tui serve`)
     diff_files: int = 0  # files in the diff on screen (0: the diff tab is hidden, or none)
+    in_diff: bool = False  # the keys are in the diff's lines (a comment goes on the cursor's)
+    unsent: int = 0  # review comments of the selected task not sent yet (issue 22)
 
 
 IN_BROWSER_SHELL = ("The panel is in a browser: a shell would open on the machine that "
@@ -252,6 +254,19 @@ ACTIONS: tuple[PanelAction, ...] = (
                 "diff: mark the file viewed (✓) or not; a file that changes again "
                 "shows ! until it is marked again", show=False,
                 when=lambda c: c.diff_files > 0),
+    # review comments (issue 22)
+    PanelAction("review.comment", "comment", "C", "Comment",
+                "diff: comment on the cursor's line (shift+↑↓ selects a range); the "
+                "comment shows under it, and goes to the worker with the review",
+                show=False, when=lambda c: c.in_diff and _has_worktree(c.selected)),
+    PanelAction("review.list", "review", "R", "Review",
+                "the selected task's review comments and their states (open, addressed, "
+                "outdated): e edits, d deletes, s sends", show=False,
+                when=lambda c: c.selected is not None),
+    PanelAction("review.send", "send_review", "ctrl+r", "Send review",
+                "send the selected task's comments not sent yet as one message: to the "
+                "running worker, else a follow-up in its session", show=False,
+                when=lambda c: c.unsent > 0),
     PanelAction("list.closed", "toggle_closed", "H", "Closed",
                 "show / hide the merged and discarded tasks (hidden at first)", show=False),
     PanelAction("list.sort", "cycle_sort", "S", "Sort",

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the engine is imported once the first frame is up, not for 
 
     from fleet_tui.engine.fleet import Fleet, FleetStatus, SettingsNotice
     from fleet_tui.store.db import Attempt, Task
+    from fleet_tui.store.reviews import ReviewComment
     from fleet_tui.ui.formatting import PreparedDiff, StreamRow, ToolCallDetail
 
 
@@ -133,3 +134,11 @@ def report_failure(node: MessagePump, event: Worker.StateChanged) -> None:
 
     if event.state == WorkerState.ERROR and event.worker.error is not None:
         node.post_message(WorkerFailed(event.worker))
+
+
+@dataclass
+class CommentsLoaded(Message):
+    """A task's review comments with their states, read with its diff (issue 22)."""
+
+    task_id: str
+    comments: list[ReviewComment]

@@ -270,25 +270,19 @@ class LandingController(Controller):
     @screen_work(thread=True, group="actions", description="sending the message")
     def _say(self, fleet: Fleet, task_id: str, text: str) -> None:
         from fleet_tui.core.errors import WorkerFinished
-        from fleet_tui.core.policy import why_not
 
         try:
             taken = fleet.say(task_id, text)
         except WorkerFinished:
             # The worker ended its turn while the message was written: its session takes
             # the text as a follow-up, once this panel's scheduler has recorded the end.
-            deadline = time.monotonic() + SAY_SETTLE
-            while True:
-                task = fleet.get_task(task_id)
-                if why_not(task, Action.FOLLOW_UP) is None:
-                    fleet.follow_up(task_id, text)
-                    self.screen.app.call_from_thread(
-                        self.screen.notify, "its worker had finished: sent as a follow-up to "
-                        "the same session", title=f"{task_id}: message sent")
-                    return
-                if task.state not in ACTIVE_STATES or time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.2)
+            if not settle_for_follow_up(fleet, task_id, SAY_SETTLE):
+                raise
+            fleet.follow_up(task_id, text)
+            self.screen.app.call_from_thread(
+                self.screen.notify, "its worker had finished: sent as a follow-up to "
+                "the same session", title=f"{task_id}: message sent")
+            return
         self.screen.app.call_from_thread(
             self.screen.notify, "taken by the worker" if taken else
             "waiting for the worker to take it in", title=f"{task_id}: message sent")
@@ -505,6 +499,22 @@ def confirm_text(action: Action, targets: list[Task]) -> tuple[str, str, str, st
     return f"Discard {many}?", body, "Discard", "discarded"
 
 
+def settle_for_follow_up(fleet: Fleet, task_id: str, seconds: float) -> bool:
+    """Wait (in a thread) for a task whose worker just ended its last turn to be recorded
+    finished, so that its session takes a follow-up: True once it does, False when it does
+    not within ``seconds`` (or it went another way)."""
+    from fleet_tui.core.policy import why_not
+
+    deadline = time.monotonic() + seconds
+    while True:
+        task = fleet.get_task(task_id)
+        if why_not(task, Action.FOLLOW_UP) is None:
+            return True
+        if task.state not in ACTIVE_STATES or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
 def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str | None]:
     """What the merge dialog shows (the conflict preview of each task) and the test
     command that gates the merge. Runs in a thread: git work."""
@@ -530,10 +540,15 @@ def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str
             added, deleted = fleet.diff_stat(task)
         except Exception:  # a worktree that cannot be read: the stored counts
             added, deleted = task.added_lines, task.deleted_lines
+        try:  # review comments not dealt with (issue 22): the dialog asks again
+            open_comments = fleet.open_comments(task.id)
+        except Exception:
+            open_comments = 0
         items.append(MergeItem(task.id, task.short_title, task.branch,
                                task.base_branch or "the base branch", preview.clean,
                                list(preview.conflicts), preview.message, added, deleted,
-                               message=commit_title(task.short_title)))
+                               message=commit_title(task.short_title),
+                               open_comments=open_comments))
     # the repository's own test gate (.fleet-tui.toml), else the setting; read afresh
     # (for the first task that can land: a damaged row has no repository to ask)
     landable = [i.task_id for i in items if i.landable]

@@ -45,6 +45,7 @@ from fleet_tui.ui.actions import (
 from fleet_tui.ui.controllers import PanelScreen
 from fleet_tui.ui.controllers.detail import DetailController
 from fleet_tui.ui.controllers.landing import LandingController
+from fleet_tui.ui.controllers.review import ReviewController
 from fleet_tui.ui.controllers.task_list import TaskListController
 from fleet_tui.ui.external import run_external
 from fleet_tui.ui.messages import (
@@ -86,12 +87,14 @@ class MainScreen(PanelScreen):
             ("enter / x", "stream: the whole tool call of the cursor's line"),
             ("/ (in a view)", "search the stream, the diff or a tool call; n / N: next / "
                               "previous match; escape: end the search"),
+            ("shift+↑ ↓", "diff: select a range of lines (C comments on them all)"),
             ("enter", "filter: apply and go back to the list"),
         ]),
         ("In dialogs", [
             ("y / n / escape", "confirm, refuse, cancel"),
             ("ctrl+s", "submit the launch form, a follow-up or a merge"),
             ("e", "merge: edit the commit message (enter: done; y and n are typed there)"),
+            ("e / d / s", "review: edit, delete the highlighted comment; send them all"),
             ("w / o / a", "update stopped on conflicts: the worker, a shell, abort"),
             ("f / r", "retry: a fresh run or resume the session"),
             ("ctrl+p", "command palette: every action by name"),
@@ -131,6 +134,7 @@ class MainScreen(PanelScreen):
         self.task_list = TaskListController(self)
         self.landing = LandingController(self)
         self.detail = DetailController(self)
+        self.review = ReviewController(self)
 
     # --- the controllers' state, as the screen's (tests and the app read these) -----------
     @property
@@ -284,6 +288,10 @@ class MainScreen(PanelScreen):
         """The diff pane showed a diff: `e` may apply now."""
         self.refresh_keys()
 
+    def on_comments_loaded(self) -> None:
+        """The selected task's review comments were read: ctrl+r may apply now."""
+        self.refresh_keys()
+
     def on_diff_view_file_highlighted(self) -> None:
         """Another file of the diff: `e` may apply now (the diff view is imported with
         the diff pane's first mount, after the first frame: handled by name)."""
@@ -322,7 +330,14 @@ class MainScreen(PanelScreen):
                        in_view=self.keys_pane not in ("list", "filter", ""),
                        served=self.served,
                        diff_files=self.diff.file_count if self.active_tab == "tab-diff"
-                       else 0)
+                       else 0,
+                       in_diff=self.keys_pane == "diff", unsent=self._unsent())
+
+    def _unsent(self) -> int:
+        """The selected task's review comments not sent yet, as last read with its diff."""
+        task = self.task_list.selected
+        return 0 if task is None else sum(1 for c in self.diff.comments_of(task.id)
+                                          if not c.sent)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """True: the key applies; None: it applies to the selection but cannot be done now
@@ -399,7 +414,7 @@ class MainScreen(PanelScreen):
         "list": "keys: task list",
         "stream": "keys: stream (↑↓ lines, x expand) · esc: task list",
         "diff-files": "keys: diff files (↑↓) · esc: task list",
-        "diff": "keys: diff (↑↓ scroll) · esc: task list",
+        "diff": "keys: diff (↑↓ lines, C comment, R review) · esc: task list",
         "tabs": "keys: tabs (←→) · esc: task list",
         "filter": "keys: filter · enter: task list",
     }
@@ -556,6 +571,15 @@ class MainScreen(PanelScreen):
 
     def action_queue_view(self) -> None:
         self.landing.queue_view()
+
+    def action_comment(self) -> None:
+        self.review.comment()
+
+    def action_review(self) -> None:
+        self.review.review()
+
+    def action_send_review(self) -> None:
+        self.review.send()
 
     # --- actions: outside programs -------------------------------------------------------
     def action_shell(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from rich.text import Text
@@ -145,20 +146,27 @@ class PromptScreen(ModalScreen[str | None]):
         Binding("escape", "cancel", "Cancel", id="prompt.cancel"),
     ]
 
-    def __init__(self, title: str, hint: str = "") -> None:
+    def __init__(self, title: str, hint: str = "", *, text: str = "", send: str = "Send",
+                 empty: str = "Write a prompt first.") -> None:
+        """``text``: what the box starts with (an edit); ``send``: the button's word;
+        ``empty``: what is said when it is sent empty."""
         super().__init__(classes="modal")
         self._title = title
         self._hint = hint
+        self._text = text
+        self._send_word = send
+        self._empty = empty
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
             yield Label(self._title, classes="dialog-title", markup=False)
             if self._hint:
                 yield Static(Text(self._hint), classes="dialog-hint")
-            yield TextArea(id="prompt-text", soft_wrap=True, show_line_numbers=False)
+            yield TextArea(self._text, id="prompt-text", soft_wrap=True,
+                           show_line_numbers=False)
             yield Label("", id="prompt-error", classes="field-error")
             with Horizontal(classes="dialog-buttons"):
-                yield Button(keyed("Send", "ctrl+s"), id="send", variant="primary")
+                yield Button(keyed(self._send_word, "ctrl+s"), id="send", variant="primary")
                 yield Button(keyed("Cancel", "esc"), id="cancel")
 
     def action_submit(self) -> None:
@@ -167,7 +175,7 @@ class PromptScreen(ModalScreen[str | None]):
     def _submit(self) -> None:
         text = self.query_one(TextArea).text.strip()
         if not text:
-            self.query_one("#prompt-error", Label).update("Write a prompt first.")
+            self.query_one("#prompt-error", Label).update(self._empty)
             return
         self.dismiss(text)
 
@@ -232,6 +240,7 @@ class MergeItem:
     deleted: int
     message: str = ""  # the default commit message (the title without a copy's "(1/2)")
     problem: str = ""  # why this task cannot land now (its preview failed); "" when it can
+    open_comments: int = 0  # review comments not sent or not dealt with (issue 22)
 
     @property
     def landable(self) -> bool:
@@ -348,6 +357,11 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
             text.append(f" {item.problem}")
             return text
         text.append(f"   +{item.added} -{item.deleted}\n")
+        if item.open_comments:
+            many = item.open_comments > 1
+            text.append(f"! {item.open_comments} review comment{'s are' if many else ' is'} "
+                        "open", style="bold")
+            text.append(" (R lists them; merging asks first)\n")
         if item.clean:
             text.append("✔ merges cleanly", style="bold")
             if item.preview_message:
@@ -379,7 +393,25 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
         boxes = self.query("#merge-message")
         if boxes:
             message = self.query_one("#merge-message", Input).value.strip() or None
-        self.dismiss(MergeAnswer(message, tuple(i.task_id for i in self.landable)))
+        answer = MergeAnswer(message, tuple(i.task_id for i in self.landable))
+        open_comments = sum(i.open_comments for i in self.landable)
+        if not open_comments:
+            self.dismiss(answer)
+            return
+        many = open_comments > 1
+        self.app.push_screen(
+            ConfirmScreen(f"{open_comments} review comment{'s are' if many else ' is'} open",
+                          "The worker has not dealt with "
+                          + ("them" if many else "it") + " yet (or "
+                          + ("they were" if many else "it was") + " never sent: ctrl+r "
+                          "sends the review). " + ("Land" if self._queue else "Merge")
+                          + " anyway?", yes="Merge anyway" if not self._queue
+                          else "Land anyway"),
+            partial(self._after_comments_asked, answer))
+
+    def _after_comments_asked(self, answer: MergeAnswer, yes: bool | None) -> None:
+        if yes:
+            self.dismiss(answer)
 
     def action_edit_message(self) -> None:
         """Put the focus in the commit message box, the cursor after its text."""

@@ -24,13 +24,14 @@ from textual.worker import Worker, WorkerState
 
 from fleet_tui.core.states import ACTIVE_STATES, CLOSED_STATES, TaskState
 from fleet_tui.ui.formatting import PreparedDiff
-from fleet_tui.ui.messages import DiffLoaded, report_failure
+from fleet_tui.ui.messages import CommentsLoaded, DiffLoaded, report_failure
 from fleet_tui.ui.widgets.line_view import LineView, SearchBar
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from fleet_tui.engine.fleet import Fleet
     from fleet_tui.store.db import Task
+    from fleet_tui.store.reviews import ReviewComment
     from fleet_tui.ui.widgets.diff_view import DiffView
 
 NOTHING_SELECTED = "Select a task to see its changes."
@@ -56,6 +57,8 @@ class DiffPane(Vertical):
         self._pending_text = NOTHING_SELECTED  # said once the view is mounted
         self._pending_loaded: DiffLoaded | None = None
         self._search: SearchBar | None = None
+        # the review comments of the task shown (issue 22), read with each diff
+        self.comments: tuple[str, list[ReviewComment]] | None = None
 
     @property
     def view(self) -> DiffView | None:
@@ -176,6 +179,7 @@ class DiffPane(Vertical):
     @work(thread=True, exclusive=True, exit_on_error=False, group="diff",
           description="computing the diff")
     def _load(self, fleet: Fleet, task_id: str) -> None:
+        from fleet_tui.core.errors import FleetTuiError
         from fleet_tui.engine.fleet import FleetError
         from fleet_tui.vcs.git import GitError
 
@@ -185,6 +189,21 @@ class DiffPane(Vertical):
             self.post_message(DiffLoaded(task_id, None, str(exc)))
             return
         self.post_message(DiffLoaded(task_id, prepared))
+        try:  # the review comments' states, against the diff just read
+            comments = fleet.comments(task_id, diff=prepared.diff)
+        except (FleetTuiError, OSError):
+            return
+        self.post_message(CommentsLoaded(task_id, comments))
+
+    def on_comments_loaded(self, message: CommentsLoaded) -> None:
+        """(Bubbles on to the screen too: the review keys may apply now.)"""
+        self.comments = (message.task_id, message.comments)
+        if self._view is not None:
+            self._view.set_comments(message.task_id, message.comments)
+
+    def comments_of(self, task_id: str) -> list[ReviewComment]:
+        """The comments last read for ``task_id`` (empty when none or not read yet)."""
+        return self.comments[1] if self.comments and self.comments[0] == task_id else []
 
     def on_diff_loaded(self, message: DiffLoaded) -> None:
         """(The message bubbles on to the screen: what applies may have changed.)"""
@@ -205,6 +224,7 @@ class DiffPane(Vertical):
             view.show_message(message.problem or "No diff.")
         else:
             view.show(message.task_id, message.prepared)
+            view.set_comments(message.task_id, self.comments_of(message.task_id))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.worker.group == "diff" and event.state in (WorkerState.ERROR,

@@ -2,16 +2,22 @@
 
 The diff is a list of strings; a line is classified (added, removed, hunk, header) only
 when it is painted, so a 20,000-line patch paints its first screen at once.
+
+Review comments (issue 22) are rows the view adds under their lines (``set_comments``); the
+patch itself is never copied. The cursor (up / down) and a range (shift+up / shift+down)
+say which lines a new comment is on (``DiffView.lines_at_cursor``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import ClassVar
 
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.geometry import Region
 from textual.message import Message
@@ -31,6 +37,11 @@ from fleet_tui.ui.diff_render import SYNTAX_CLASSES, DiffRenderer
 from fleet_tui.ui.formatting import ALL_FILES, PreparedDiff, Row, clean
 from fleet_tui.ui.widgets.line_view import LineView, text_style
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # GitPython is slow to import: the panel's first frame does not wait
+    from fleet_tui.core.review import DiffLine
+    from fleet_tui.store.reviews import ReviewComment
+
 STATUS_MARKS = {"added": "A", "modified": "M", "deleted": "D", "untracked": "?",
                 "renamed": "R"}
 __all__ = ["ALL_FILES", "DiffLines", "DiffView", "FileList", "PreparedDiff"]
@@ -42,14 +53,21 @@ class DiffLines(LineView):
 
     COMPONENT_CLASSES = {"diff--add", "diff--del", "diff--hunk", "diff--header",
                          "diff--empty", "diff--nonl", "diff--word", "diff--add-word",
-                         "diff--del-word", *(f"diff--syn-{name}" for name in SYNTAX_CLASSES)}
+                         "diff--del-word", "diff--comment-open", "diff--comment-addressed",
+                         "diff--comment-outdated",
+                         *(f"diff--syn-{name}" for name in SYNTAX_CLASSES)}
     STYLE_PREFIX = "diff--"
     FILL_ROWS = True
+    CURSOR = True
     # Syntax colours are the theme's text colours (the $text-* variables are made to be
     # read on the theme's surfaces and on its -muted backgrounds, the added and removed
     # lines'), so every theme stays readable; changed words get the stronger background.
     DEFAULT_CSS = """
     DiffLines {
+        & > .diff--comment-open { color: $text-warning; background: $warning-muted; }
+        & > .diff--comment-addressed { color: $text-success; background: $success-muted; }
+        & > .diff--comment-outdated { color: $text-muted; background: $panel;
+                                      text-style: italic; }
         & > .diff--add { color: $text-success; background: $success-muted; }
         & > .diff--del { color: $text-error; background: $error-muted; }
         & > .diff--hunk { color: $accent; text-style: bold; }
@@ -72,17 +90,33 @@ class DiffLines(LineView):
     }
     """
 
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("shift+down", "select(1)", "Select down", show=False),
+        Binding("shift+up", "select(-1)", "Select up", show=False),
+    ]
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._lines: list[str] = []
         self._empty = "No changes."
         self._renderer: DiffRenderer | None = None
         self._jumped: int | None = None  # the row the last jump went to
+        # with comments shown: each row of the view, a patch line's index or a comment row
+        self._rows: list[int | Row] | None = None
+        self.select_from: int | None = None  # the other end of a selected range (rows)
+        self._extending = False
 
     def row_count(self) -> int:
+        if self._rows is not None:
+            return len(self._rows)
         return len(self._lines) or 1
 
     def get_row(self, index: int) -> Row:
+        if self._rows is not None:
+            ref = self._rows[index]
+            if not isinstance(ref, int):
+                return ref  # a comment's row
+            index = ref
         if not self._lines or self._renderer is None:
             return (("empty", self._empty),)
         return self._renderer.row(index)
@@ -113,6 +147,11 @@ class DiffLines(LineView):
 
     def row_text(self, index: int) -> str:
         """The line as it is (a search must not colour the whole patch to look in it)."""
+        if self._rows is not None:
+            ref = self._rows[index]
+            if not isinstance(ref, int):
+                return "".join(text for _, text in ref)  # a comment's row
+            index = ref
         return self._lines[index] if self._lines else self._empty
 
     def set_lines(self, lines: list[str], width: int, *, keep_scroll: bool = False,
@@ -122,8 +161,11 @@ class DiffLines(LineView):
         self._empty = empty
         self._renderer = renderer if renderer is not None else DiffRenderer(
             lines, layout_of(lines), [])
+        self._rows = None
+        self.select_from = None
         if not keep_scroll:
             self._jumped = None
+            self.cursor = -1
         self.reset_view(width)
         if keep_scroll:
             self.scroll_to(y=y, animate=False, immediate=True)
@@ -140,23 +182,30 @@ class DiffLines(LineView):
 
     @property
     def top_row(self) -> int:
-        """The row a jump measures from: the cursor's (a cursor view), else the row the
-        last jump went to while it is on screen (the end of a patch cannot scroll to the
-        top), else the first row on screen."""
+        """The patch line a jump measures from: the cursor's (a cursor view), else the row
+        the last jump went to while it is on screen (the end of a patch cannot scroll to
+        the top), else the first row on screen; a comment's row counts as the patch line
+        above it."""
         if self.CURSOR and self.cursor >= 0:
-            return self.cursor
-        top = int(self.scroll_y)
-        height = max(1, self.scrollable_content_region.height)
-        if self._jumped is not None and top <= self._jumped < top + height:
-            return self._jumped
-        return top
+            row = self.cursor
+        else:
+            row = top = int(self.scroll_y)
+            height = max(1, self.scrollable_content_region.height)
+            if self._jumped is not None and top <= self._jumped < top + height:
+                row = self._jumped
+        while row > 0 and self.patch_index(row) is None:
+            row -= 1
+        index = self.patch_index(row)
+        return row if index is None else index
 
     def go_to_row(self, row: int) -> None:
-        """Bring ``row`` to the top of the view (the cursor onto it, for a cursor view)."""
-        self._jumped = row
+        """Bring patch line ``row`` to the top of the view (the cursor onto it, for a
+        cursor view)."""
+        view = self.row_of(row)
+        self._jumped = view
         if self.CURSOR:
-            self.move_cursor(row)
-        self.scroll_to(y=row, animate=False, immediate=True)
+            self.move_cursor(view)
+        self.scroll_to(y=view, animate=False, immediate=True)
 
     def _style(self, name: str) -> Style:
         """A span's style: its kind's, its syntax class's and its changed word's, added
@@ -180,6 +229,76 @@ class DiffLines(LineView):
         partial = text_style(self, self.STYLE_PREFIX + name)
         full = self.get_component_rich_style(self.STYLE_PREFIX + name)
         return partial + Style(bgcolor=full.bgcolor) if partial.bgcolor else partial
+
+    # --- review comments (issue 22) ------------------------------------------------------
+    def set_comments(self, under: dict[int, list[Row]]) -> None:
+        """Show ``under[i]``'s rows below patch line ``i`` (none: the patch alone); the
+        cursor stays on its patch line."""
+        at = self.patch_index(self.cursor) if self.cursor >= 0 else None
+        if not under:
+            self._rows = None
+        else:
+            rows: list[int | Row] = []
+            for index in range(len(self._lines)):
+                rows.append(index)
+                rows.extend(under.get(index, ()))
+            self._rows = rows
+            self._width = max(self._width, *(sum(len(text) for _, text in row)
+                                             for added in under.values() for row in added))
+        self.select_from = None
+        self.reset_view(self._width)
+        if at is not None:
+            self.cursor = self.row_of(at)
+
+    def patch_index(self, row: int) -> int | None:
+        """The patch line shown at view row ``row`` (None: a comment's row, or none)."""
+        if self._rows is None:
+            return row if 0 <= row < len(self._lines) else None
+        ref = self._rows[row] if 0 <= row < len(self._rows) else None
+        return ref if isinstance(ref, int) else None
+
+    def row_of(self, index: int) -> int:
+        """The view row of patch line ``index``."""
+        if self._rows is None:
+            return index
+        for row, ref in enumerate(self._rows):
+            if ref == index:
+                return row
+        return index
+
+    def selected_patch_lines(self) -> list[int]:
+        """The patch lines of the cursor's row, or of the selected range (shift+arrows);
+        with no cursor yet, the first line on screen."""
+        cursor = self.cursor if self.cursor >= 0 else int(self.scroll_y)
+        low, high = sorted((cursor, cursor if self.select_from is None else self.select_from))
+        found = [self.patch_index(row) for row in range(low, high + 1)]
+        return [i for i in found if i is not None]
+
+    def row_marked(self, index: int) -> bool:
+        if self.select_from is None:
+            return False
+        low, high = sorted((self.cursor, self.select_from))
+        return low <= index <= high
+
+    def move_cursor(self, row: int) -> None:
+        if not self._extending and self.select_from is not None:
+            self.select_from = None
+            self._cache.clear()
+        super().move_cursor(row)
+
+    def action_select(self, step: int) -> None:
+        """shift+down / shift+up: grow or shrink the range a comment will be on."""
+        if self.cursor < 0:
+            self.cursor = int(self.scroll_y)
+        if self.select_from is None:
+            self.select_from = self.cursor
+        self._extending = True
+        try:
+            self.move_cursor(self.cursor + step)
+        finally:
+            self._extending = False
+        self._cache.clear()
+        self.refresh()
 
 
 class FileList(OptionList):
@@ -261,6 +380,8 @@ class DiffView(Horizontal):
         self.colours = colours
         # task id -> path -> the digest the file had when it was marked viewed
         self.viewed: dict[str, dict[str, str]] = {}
+        self._comments: list[ReviewComment] = []  # the shown task's review comments
+        self._refs: tuple[tuple[int, str], list[DiffLine | None]] | None = None
 
     def compose(self) -> ComposeResult:
         yield FileList(id="diff-files")
@@ -298,6 +419,8 @@ class DiffView(Horizontal):
     def show(self, task_id: str, prepared: PreparedDiff) -> None:
         """Show a diff; a refresh of the same task keeps the file and the scroll position."""
         same_task = task_id == self._task_id
+        if not same_task:
+            self._comments = []
         old = self._prepared
         self._prepared = prepared
         self._task_id = task_id
@@ -351,6 +474,8 @@ class DiffView(Horizontal):
                         else "No textual changes in this file.",
                         renderer=self._prepared.renderer(self.selected,
                                                          colours=self.colours))
+        if self._comments:
+            self._place()
 
     # --- reading aids ------------------------------------------------------------------------
     def current_file(self) -> str | None:
@@ -417,6 +542,73 @@ class DiffView(Horizontal):
         lines.go_to_row(row)
         return True
 
+    # --- review comments (issue 22) --------------------------------------------------------
+    @property
+    def comments(self) -> list[ReviewComment]:
+        return self._comments
+
+    def set_comments(self, task_id: str, comments: list[ReviewComment]) -> None:
+        """The shown task's comments (with their states): shown under their lines."""
+        if task_id != self._task_id or (not comments and not self._comments):
+            return
+        self._comments = comments
+        self._place()
+
+    def line_refs(self) -> list[DiffLine | None]:
+        """Each patch line shown: its file and line numbers (core.review.diff_lines), read
+        from the raw patch (the shown lines are cleaned of control characters)."""
+        from fleet_tui.core.review import diff_lines
+
+        prepared = self._prepared
+        if prepared is None:
+            return []
+        key = (id(prepared), self.selected)
+        if self._refs is not None and self._refs[0] == key:
+            return self._refs[1]
+        if self.selected == ALL_FILES:
+            refs = diff_lines(prepared.diff.patch.splitlines(),
+                              [f.path for f in prepared.diff.files])
+        else:
+            found = next((f for f in prepared.diff.files if f.path == self.selected), None)
+            refs = diff_lines(found.patch.splitlines(), [found.path]) if found else []
+        self._refs = (key, refs)
+        return refs
+
+    def lines_at_cursor(self) -> list[DiffLine]:
+        """The lines a comment made now is on: the cursor's line or the selected range
+        (of one file: the first line's), without headers and hunk lines."""
+        if self._prepared is None:
+            return []
+        refs = self.line_refs()
+        picked = [refs[i] for i in self.query_one(DiffLines).selected_patch_lines()
+                  if i < len(refs)]
+        rows = [r for r in picked if r is not None]
+        return [r for r in rows if r.path == rows[0].path] if rows else []
+
+    def _place(self) -> None:
+        """Put each comment's rows under the line its anchored lines end at now (under
+        the file's first hunk line when they are not in the diff any more)."""
+        view = self.query_one(DiffLines)
+        refs = self.line_refs() if self._comments else []
+        lines: dict[tuple[str, str, int], int] = {}
+        first: dict[str, int] = {}
+        for index, ref in enumerate(refs):
+            if ref is None:
+                continue
+            first.setdefault(ref.path, max(0, index - 1))
+            if ref.new is not None:
+                lines[("new", ref.path, ref.new)] = index
+            if ref.kind == "-" and ref.old is not None:
+                lines[("old", ref.path, ref.old)] = index
+        under: dict[int, list[Row]] = {}
+        for comment in self._comments:
+            anchor = comment.anchor
+            end = comment.where if comment.where is not None else anchor.end
+            at = lines.get((anchor.side, anchor.path, end), first.get(anchor.path))
+            if at is not None:
+                under.setdefault(at, []).extend(comment_rows(comment))
+        view.set_comments(under)
+
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         event.stop()
         self._select(event.option_list)
@@ -432,6 +624,17 @@ class DiffView(Horizontal):
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
         self.query_one(DiffLines).focus()
+
+
+def comment_rows(comment: ReviewComment) -> list[Row]:
+    """A comment as the diff shows it under its line: its number, state and text."""
+    style = f"comment-{comment.state}"
+    sent = "sent" if comment.sent else "not sent"
+    body = comment.body.splitlines() or [""]
+    rows: list[Row] = [((style, f"  ┃ #{comment.id} {comment.state} ({sent}) "
+                                f"{clean(comment.anchor.where)}: {clean(body[0])}"),)]
+    rows += [((style, f"  ┃   {clean(line)}"),) for line in body[1:]]
+    return rows
 
 
 def _same_files(a: PreparedDiff, b: PreparedDiff) -> bool:

@@ -117,6 +117,10 @@ class LineView(ScrollView, can_focus=True):
     def get_row(self, index: int) -> Row:
         raise NotImplementedError
 
+    def row_marked(self, index: int) -> bool:
+        """Paint row ``index`` as the cursor's (a selected range of rows, in a subclass)."""
+        return False
+
     def row_text(self, index: int) -> str:
         """A row as plain text (what the search looks in)."""
         return "".join(chunk for _, chunk in self.get_row(index))
@@ -306,7 +310,7 @@ class LineView(ScrollView, can_focus=True):
                 text.append(chunk, style)
                 if self.FILL_ROWS:
                     fill = style
-            if self.CURSOR and index == self.cursor:
+            if self.CURSOR and (index == self.cursor or self.row_marked(index)):
                 fill = base + self._own_style("cursor")
                 text.stylize(self._own_style("cursor"))
             if self.query_text:
