@@ -366,15 +366,18 @@ def token_holders(server: sshd.Sshd, token: str) -> list[int]:
     return [int(line) for line in out.split()]
 
 
+@pytest.mark.parametrize("restarted", [False, True], ids=["same-engine", "restarted"])
 def test_a_host_gone_past_its_lease_loses_the_task_then_sweeps_it(
         git_repo: Path, claude_bin: str, host_sshd: sshd.Sshd,
-        endpoint: ScriptedEndpoint) -> None:
+        endpoint: ScriptedEndpoint, restarted: bool) -> None:
     """The host's sshd stopped and the master killed while a worker runs: state() keeps
     answering at once ("alive", from the last known state); past the lease the task ends
     lost with the reason; sshd started again on its port, the host sweeps the attempt:
-    0 of its processes are left there."""
+    0 of its processes are left there. `restarted`: the controller restarted while the
+    host is away (a new engine and host object, which never reached it)."""
     lease = 3.0
     fleet, host = make(endpoint, claude_bin, host_sshd, lease=lease)
+    hosts = [host]
     try:
         (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
         drive(fleet, lambda: len(host_pids(host_sshd, *SLEEPS)) == 2, timeout=60)
@@ -386,12 +389,17 @@ def test_a_host_gone_past_its_lease_loses_the_task_then_sweeps_it(
         assert master is not None
         host_sshd.stop()  # the host is gone: no new connection...
         os.kill(master, signal.SIGKILL)  # ...and the one there was is cut
+        if restarted:
+            host.close()
+            fleet, host = make(endpoint, claude_bin, host_sshd, lease=lease)
+            hosts.append(host)
         asked = time.monotonic()
         assert host.attach(attempt).state() == "alive"  # within the lease: going on there
         assert time.monotonic() - asked < 1.0  # from the mirror, never a round trip
         drive(fleet, settled(fleet, task.id), timeout=lease + 30)
         last_answer = host.connection.reached_at  # the agent's last heartbeat
         assert last_answer < asked and time.monotonic() - last_answer >= lease
+        assert time.monotonic() - asked >= lease - 1.5  # 1 s: the agent's heartbeat
         done = fleet.get_task(task.id)
         assert done.state == TaskState.FAILED
         assert done.message is not None
@@ -411,4 +419,5 @@ def test_a_host_gone_past_its_lease_loses_the_task_then_sweeps_it(
             host_sshd.start()
         for pid in host_pids(host_sshd, *SLEEPS):
             os.kill(pid, signal.SIGKILL)
-        host.close()
+        for each in hosts:
+            each.close()

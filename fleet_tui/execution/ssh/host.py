@@ -78,6 +78,7 @@ UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
 # is lost: the engine records its end, and the host sweeps it once it answers again
 LEASE = 60.0
 SWEEP_RETRY = 1.0  # seconds between two tries to sweep the lost attempts of a host
+RECONNECT_FORWARD = 1.0  # seconds between two tries to forward an adopted run's port
 
 
 def package_tar() -> tuple[str, bytes]:
@@ -160,7 +161,12 @@ class SshRun:
         self.host = host
         self.attempt = attempt
         self._log = AttemptLog(attempt.dir)
-        self.remote_dir = host.remote_attempt_dir(attempt.task_id, attempt.n)
+
+    @property
+    def remote_dir(self) -> str:
+        """The attempt folder on the host (asked of it once per host object: so not in
+        __init__, which the engine's pass reaches for a host that may be away)."""
+        return self.host.remote_attempt_dir(self.attempt.task_id, self.attempt.n)
 
     @property
     def log(self) -> AttemptLog:
@@ -261,7 +267,7 @@ class SshHost:
         self.forwards: dict[int, int] = {}  # a loopback port here -> its port on the host
         self._forwarded_on: int | None = None  # the master the forwards were made on
         self._lost: dict[tuple[str, int], str] = {}  # (task, attempt) -> why it was lost
-        self._to_sweep: dict[str, tuple[str, int]] = {}  # its folder there, until swept
+        self._to_sweep: set[tuple[str, int]] = set()  # the lost, until swept
         self._sweeper: threading.Thread | None = None
         self._sweep_tried = 0.0
         self.swept_lost: list[tuple[tuple[str, int], int]] = []  # (attempt, processes)
@@ -326,13 +332,13 @@ class SshHost:
             found = self._mirrors.get(key)
             if found is not None:
                 return found
-            remote = run.remote_dir
             adopted = not run.log.exited and not self._forwarding(run)
-            mirror = Mirror(run.log.dir, lambda offsets: self.follow_stream(remote, offsets),
+            mirror = Mirror(run.log.dir,
+                            lambda offsets: self.follow_stream(run.remote_dir, offsets),
                             on_end=self._ended.set, on_frame=self.connection.reached)
             self._mirrors[key] = mirror
         if adopted:  # over the connection: not in the engine's pass
-            threading.Thread(target=self._restore_forward_quietly, args=(run,),
+            threading.Thread(target=self._restore_forward_quietly, args=(run, mirror),
                              name=f"ssh-forward {self.name}", daemon=True).start()
         return mirror.start()
 
@@ -359,7 +365,7 @@ class SshHost:
             if run.key in self._lost:
                 return True
             self._lost[run.key] = reason
-            self._to_sweep[run.remote_dir] = run.key
+            self._to_sweep.add(run.key)
             self._mirrors.pop(run.key, None)
         mirror.stop()
         run.log.request_stop(StopReason.ERROR, reason, at=time.time(), by=f"host {self.name}")
@@ -371,14 +377,14 @@ class SshHost:
         (SshError while the host is still unreachable: they are kept for the next try).
         How many processes were stopped."""
         with self._lock:
-            pending = dict(self._to_sweep)
+            pending = sorted(self._to_sweep)
         total = 0
-        for remote_dir, key in pending.items():
-            answer = self.agent(["kill", remote_dir], timeout=30)
+        for key in pending:
+            answer = self.agent(["kill", self.remote_attempt_dir(*key)], timeout=30)
             swept = int(answer.get("swept", 0))
             total += swept
             with self._lock:
-                self._to_sweep.pop(remote_dir, None)
+                self._to_sweep.discard(key)
                 self.swept_lost.append((key, swept))
             log.info("host %s is back: task %s attempt %d swept (%d process(es) by its "
                      "token)", self.name, key[0], key[1], swept)
@@ -400,11 +406,16 @@ class SshHost:
         except SshError as exc:
             log.info("host %s: lost attempts not swept yet: %s", self.name, exc)
 
-    def _restore_forward_quietly(self, run: SshRun) -> None:
-        try:
-            self._restore_forward(run)
-        except SshError as exc:
-            log.warning("host %s: %s", self.name, exc)
+    def _restore_forward_quietly(self, run: SshRun, mirror: Mirror) -> None:
+        """Tried again each RECONNECT_FORWARD while the host does not answer, until the run
+        is followed no more."""
+        while not mirror.stopping.is_set() and not mirror.ended.is_set():
+            try:
+                self._restore_forward(run)
+                return
+            except SshError as exc:
+                log.info("host %s: %s (tried again)", self.name, exc)
+            mirror.stopping.wait(RECONNECT_FORWARD)
 
     def _forwarding(self, run: SshRun) -> bool:
         """The run's base URL is not on this machine's loopback, or its port is forwarded
