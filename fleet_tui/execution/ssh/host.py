@@ -20,6 +20,12 @@ and `say` are separate commands, by the runner's pid and the attempt's token (si
 an SSH channel are refused, and a channel's end reaches no detached process).
 Commits out: `collect` fetches the task's branch back into the main repository as
 `fleet/<id>`.
+
+The lease: `state()` answers from the mirror (never a round trip in the engine's pass); a
+host silent for longer than `lease` loses its runs ("dead", the reason in the local stop
+request, so the engine records "lost: host NAME unreachable for N s ..."), and everything
+a lost attempt started there is killed and swept (by its token) once the host answers
+again (`sweep_lost`, from `reap` and before any `stage`).
 """
 
 from __future__ import annotations
