@@ -90,7 +90,7 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
             bare_remote.touch()
             mirror = Mirror(local, lambda offsets: host.follow_stream(str(remote), offsets))
             mirror.start()
-            mirror.wait_first()
+            mirror.wait_first(15.0)  # the first answer, before the clock starts
             tail = host.connection.popen(f"exec tail -c +1 -F {bare_remote}")
             copier = threading.Thread(target=_copy, args=(tail.stdout, bare_local),
                                       daemon=True)

@@ -7,7 +7,8 @@ its mirror of the repository, its worktrees and attempt folders are there, and r
 machine only over the connection. Covered: a task end to end (its commits fetched back as
 fleet/ID), the mirror byte-identical to the host's events.jsonl, kill (0 processes left
 there), `say`, the connection killed mid-run (the worker goes on, the stream catches up),
-the second task sending only new objects, and the key nowhere on the host.
+the second task sending only new objects, the key nowhere on the host, and the host's
+sshd gone past the lease (the task lost with the reason, then swept when it is back).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from test_fleet import KEY, SCRIPTS, drive, settled
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.ssh.host import SshHost
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import load_settings
@@ -75,8 +77,8 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
         yield ep
 
 
-def make(endpoint: ScriptedEndpoint, claude: str, server: sshd.Sshd, **overrides: Any
-         ) -> tuple[Fleet, SshHost]:
+def make(endpoint: ScriptedEndpoint, claude: str, server: sshd.Sshd, *,
+         lease: float = 60.0, **overrides: Any) -> tuple[Fleet, SshHost]:
     values: dict[str, Any] = {
         "base_url": endpoint.url, "claude": claude, "sandbox": os.geteuid() == 0,
         "key_sources": "env", "backoff_base": 0.2, "backoff_cap": 1.0, "kill_grace": 2.0,
@@ -86,7 +88,7 @@ def make(endpoint: ScriptedEndpoint, claude: str, server: sshd.Sshd, **overrides
     settings = load_settings(env=os.environ, overrides=values)
     env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
     host = SshHost(name="box", target=server.alias, env=env, python="/usr/bin/python3",
-                   ssh_config=server.client_config)
+                   ssh_config=server.client_config, lease=lease)
     return Fleet(settings, Store(paths.db_path()), env=env, host=host), host
 
 
@@ -353,3 +355,69 @@ def test_the_key_never_lands_on_the_host(git_repo: Path, claude_bin: str,
     finally:
         control.stop(fleet.env)
         host.close()
+
+
+def token_holders(server: sshd.Sshd, token: str) -> list[int]:
+    """The host's processes whose environment holds the attempt's token (the token on
+    stdin, never an argv of the host)."""
+    scan = ("read -r t; for d in /proc/[0-9]*; do grep -qaF \"FLEET_ATTEMPT_TOKEN=$t\" "
+            "\"$d/environ\" 2>/dev/null && echo \"${d#/proc/}\"; done; true")
+    out = server.ssh(f"exec bash -c {shlex.quote(scan)}", input=token + "\n")
+    return [int(line) for line in out.split()]
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["same-engine", "restarted"])
+def test_a_host_gone_past_its_lease_loses_the_task_then_sweeps_it(
+        git_repo: Path, claude_bin: str, host_sshd: sshd.Sshd,
+        endpoint: ScriptedEndpoint, restarted: bool) -> None:
+    """The host's sshd stopped and the master killed while a worker runs: state() keeps
+    answering at once ("alive", from the last known state); past the lease the task ends
+    lost with the reason; sshd started again on its port, the host sweeps the attempt:
+    0 of its processes are left there. `restarted`: the controller restarted while the
+    host is away (a new engine and host object, which never reached it)."""
+    lease = 3.0
+    fleet, host = make(endpoint, claude_bin, host_sshd, lease=lease)
+    hosts = [host]
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
+        drive(fleet, lambda: len(host_pids(host_sshd, *SLEEPS)) == 2, timeout=60)
+        attempt = fleet.attempts(task.id)[-1]
+        assert attempt.dir is not None
+        token = AttemptLog(attempt.dir).spec_token()
+        assert token and token_holders(host_sshd, token)  # claude and the sleeps
+        master = host.connection.master_pid()
+        assert master is not None
+        host_sshd.stop()  # the host is gone: no new connection...
+        os.kill(master, signal.SIGKILL)  # ...and the one there was is cut
+        if restarted:
+            host.close()
+            fleet, host = make(endpoint, claude_bin, host_sshd, lease=lease)
+            hosts.append(host)
+        asked = time.monotonic()
+        assert host.attach(attempt).state() == "alive"  # within the lease: going on there
+        assert time.monotonic() - asked < 1.0  # from the mirror, never a round trip
+        drive(fleet, settled(fleet, task.id), timeout=lease + 30)
+        last_answer = host.connection.reached_at  # the agent's last heartbeat
+        assert last_answer < asked and time.monotonic() - last_answer >= lease
+        assert time.monotonic() - asked >= lease - 1.5  # 1 s: the agent's heartbeat
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.FAILED
+        assert done.message is not None
+        assert done.message.startswith("lost: host box unreachable for "), done.message
+        assert f"longer than its lease of {lease:g} s" in done.message
+        (closed,) = fleet.attempts(task.id)
+        assert closed.finished_at is not None and closed.message == done.message
+        assert host.swept_lost == []  # nothing could be swept yet
+        host_sshd.start()  # back, on the same port
+        drive(fleet, lambda: bool(host.swept_lost), timeout=30)
+        assert [key for key, _n in host.swept_lost] == [(task.id, 1)]
+        assert token_holders(host_sshd, token) == []
+        assert host_pids(host_sshd, *SLEEPS) == []
+        assert host_pids(host_sshd, f"attempts/{task.id}/") == []  # the runner too
+    finally:
+        if host_sshd.proc is None:
+            host_sshd.start()
+        for pid in host_pids(host_sshd, *SLEEPS):
+            os.kill(pid, signal.SIGKILL)
+        for each in hosts:
+            each.close()

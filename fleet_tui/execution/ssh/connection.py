@@ -18,6 +18,7 @@ import shlex
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -66,6 +67,14 @@ class Connection:
         self.ssh = ssh
         self.env = dict(env) if env is not None else None
         self.control_path = str(control_dir() / "%C")
+        # when the host last answered (a command ssh ran there, a frame of a stream): the
+        # lease counts from it (monotonic, and the wall clock for the messages)
+        self.reached_at = time.monotonic()
+        self.reached_wall = time.time()
+
+    def reached(self) -> None:
+        """The host answered just now."""
+        self.reached_at, self.reached_wall = time.monotonic(), time.time()
 
     def options(self) -> list[str]:
         """ssh's options for every command (the user's config first: -F only when given)."""
@@ -97,6 +106,8 @@ class Connection:
             raise SshError(f"{self.target}: no answer within {timeout:g} s") from None
         except OSError as exc:
             raise SshError(f"cannot run {self.ssh}: {exc.strerror or exc}") from None
+        if done.returncode != 255:
+            self.reached()
         if done.returncode == 255 or (check and done.returncode != 0):
             raise SshError(f"{self.target}: {self.why(done)}")
         return done

@@ -20,6 +20,12 @@ and `say` are separate commands, by the runner's pid and the attempt's token (si
 an SSH channel are refused, and a channel's end reaches no detached process).
 Commits out: `collect` fetches the task's branch back into the main repository as
 `fleet/<id>`.
+
+The lease: `state()` answers from the mirror (never a round trip in the engine's pass); a
+host silent for longer than `lease` loses its runs ("dead", the reason in the local stop
+request, so the engine records "lost: host NAME unreachable for N s ..."), and everything
+a lost attempt started there is killed and swept (by its token) once the host answers
+again (`sweep_lost`, from `reap` and before any `stage`).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import fleet_tui
 from fleet_tui.core.errors import FleetError
+from fleet_tui.core.states import StopReason
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import NotStarted, Placement, RunnerState
 from fleet_tui.execution.local import launcher, prepare
@@ -56,7 +63,6 @@ if TYPE_CHECKING:
     import threading as _threading
     from collections.abc import Callable, Mapping, Sequence
 
-    from fleet_tui.core.states import StopReason
     from fleet_tui.settings.config import Settings
     from fleet_tui.store.db import Attempt, Task
 
@@ -74,6 +80,11 @@ FORWARD_NAMES = ("LANG", "TZ", "IS_SANDBOX", "DISABLE_AUTOUPDATER", "GIT_CONFIG_
 WRITING = re.compile(r"Writing objects: 100% \((\d+)/\d+\), ([\d.]+) (bytes|KiB|MiB|GiB)")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
+# a run whose host has not answered for this long (the agent's stream beats every second)
+# is lost: the engine records its end, and the host sweeps it once it answers again
+LEASE = 60.0
+SWEEP_RETRY = 1.0  # seconds between two tries to sweep the lost attempts of a host
+RECONNECT_FORWARD = 1.0  # seconds between two tries to forward an adopted run's port
 
 
 def package_tar() -> tuple[str, bytes]:
@@ -156,7 +167,12 @@ class SshRun:
         self.host = host
         self.attempt = attempt
         self._log = AttemptLog(attempt.dir)
-        self.remote_dir = host.remote_attempt_dir(attempt.task_id, attempt.n)
+
+    @property
+    def remote_dir(self) -> str:
+        """The attempt folder on the host (asked of it once per host object: so not in
+        __init__, which the engine's pass reaches for a host that may be away)."""
+        return self.host.remote_attempt_dir(self.attempt.task_id, self.attempt.n)
 
     @property
     def log(self) -> AttemptLog:
@@ -170,8 +186,17 @@ class SshRun:
                 return pid, str(start) if start is not None else None
         return self.attempt.runner_pid, None
 
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.attempt.task_id, self.attempt.n
+
     def state(self) -> RunnerState:
+        """The mirror's last word, within FIRST_STATE_WAIT (never the host's round trip:
+        the engine's pass asks it); "dead" once the host has been silent past its lease
+        (the reason is in the local stop request: the engine records it)."""
         if self._log.exited:  # the mirror writes exit.json last: the folder is whole
+            return "dead"
+        if self.host.lost(self.key) is not None:
             return "dead"
         mirror = self.host.mirror(self)
         if not mirror.ended.is_set():
@@ -181,17 +206,25 @@ class SshRun:
             return "dead"
         if state == "never":
             return "never"
+        if self.host.lose_if_silent(self, mirror):
+            return "dead"
         return "alive"  # alive, or the host not reached yet: its runner goes on there
 
     def request_stop(self, reason: StopReason, message: str, *, at: float, by: str) -> None:
         self._log.request_stop(reason, message, at=at, by=by)
+        if self.host.lost(self.key) is not None:
+            return  # swept when the host is back
         request = {"reason": str(reason), "message": message, "at": at, "by": by}
         self.host.agent(["stop", self.remote_dir], input=json.dumps(request).encode())
 
     def kill(self) -> None:
+        if self.host.lost(self.key) is not None:
+            return  # swept when the host is back
         self.host.agent(["kill", self.remote_dir])
 
     def sweep(self) -> int:
+        if self.host.lost(self.key) is not None:
+            return 0  # swept when the host is back (SshHost.sweep_lost)
         return int(self.host.agent(["sweep", self.remote_dir]).get("swept", 0))
 
     def wait_gone(self, timeout: float) -> bool:
@@ -222,8 +255,9 @@ class SshHost:
     def __init__(self, *, name: str, target: str, env: Mapping[str, str],
                  python: str = "python3", data_dir: str | None = None,
                  ssh_config: str | os.PathLike[str] | None = None, port: int | None = None,
-                 claude: str | None = None, ssh: str = "ssh") -> None:
+                 claude: str | None = None, ssh: str = "ssh", lease: float = LEASE) -> None:
         self.name = name
+        self.lease = lease  # seconds without an answer before its runs are lost
         self.env = env
         self.python = python  # the host's python (3.10 or newer)
         self.claude = claude  # the host's claude (None: the settings' path, as here)
@@ -238,6 +272,11 @@ class SshHost:
         self.pushes: list[tuple[int, int]] = []  # (objects, bytes) of each push of a base
         self.forwards: dict[int, int] = {}  # a loopback port here -> its port on the host
         self._forwarded_on: int | None = None  # the master the forwards were made on
+        self._lost: dict[tuple[str, int], str] = {}  # (task, attempt) -> why it was lost
+        self._to_sweep: set[tuple[str, int]] = set()  # the lost, until swept
+        self._sweeper: threading.Thread | None = None
+        self._sweep_tried = 0.0
+        self.swept_lost: list[tuple[tuple[str, int], int]] = []  # (attempt, processes)
 
     # --- the connection and the agent -------------------------------------------------
 
@@ -299,14 +338,90 @@ class SshHost:
             found = self._mirrors.get(key)
             if found is not None:
                 return found
-            remote = run.remote_dir
             adopted = not run.log.exited and not self._forwarding(run)
-            mirror = Mirror(run.log.dir, lambda offsets: self.follow_stream(remote, offsets),
-                            on_end=self._ended.set)
+            mirror = Mirror(run.log.dir,
+                            lambda offsets: self.follow_stream(run.remote_dir, offsets),
+                            on_end=self._ended.set, on_frame=self.connection.reached)
             self._mirrors[key] = mirror
-        if adopted:
-            self._restore_forward(run)
+        if adopted:  # over the connection: not in the engine's pass
+            threading.Thread(target=self._restore_forward_quietly, args=(run, mirror),
+                             name=f"ssh-forward {self.name}", daemon=True).start()
         return mirror.start()
+
+    # --- the lease -----------------------------------------------------------------------
+
+    def lost(self, key: tuple[str, int]) -> str | None:
+        """Why the attempt was lost (None: it was not)."""
+        with self._lock:
+            return self._lost.get(key)
+
+    def lose_if_silent(self, run: SshRun, mirror: Mirror) -> bool:
+        """Past the lease without an answer (counted from the mirror's start at the
+        earliest): the run is lost. Its mirror stops, the reason goes into the local stop
+        request (so the engine's verdict carries it), and the host remembers to sweep
+        everything the attempt started there once it answers again."""
+        silent = time.monotonic() - max(self.connection.reached_at, mirror.started_at)
+        if silent <= self.lease:
+            return False
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() - silent))
+        reason = (f"lost: host {self.name} unreachable for {silent:.0f} s (since {since}), "
+                  f"longer than its lease of {self.lease:g} s; what the attempt started "
+                  "there is stopped when the host is back")
+        with self._lock:
+            if run.key in self._lost:
+                return True
+            self._lost[run.key] = reason
+            self._to_sweep.add(run.key)
+            self._mirrors.pop(run.key, None)
+        mirror.stop()
+        run.log.request_stop(StopReason.ERROR, reason, at=time.time(), by=f"host {self.name}")
+        log.warning("task %s attempt %d: %s", run.key[0], run.key[1], reason)
+        return True
+
+    def sweep_lost(self) -> int:
+        """Kill every lost attempt's runner on the host and whatever carries its token
+        (SshError while the host is still unreachable: they are kept for the next try).
+        How many processes were stopped."""
+        with self._lock:
+            pending = sorted(self._to_sweep)
+        total = 0
+        for key in pending:
+            answer = self.agent(["kill", self.remote_attempt_dir(*key)], timeout=30)
+            swept = int(answer.get("swept", 0))
+            total += swept
+            with self._lock:
+                self._to_sweep.discard(key)
+                self.swept_lost.append((key, swept))
+            log.info("host %s is back: task %s attempt %d swept (%d process(es) by its "
+                     "token)", self.name, key[0], key[1], swept)
+        return total
+
+    def _sweep_in_background(self) -> None:
+        with self._lock:
+            if not self._to_sweep or (self._sweeper is not None and self._sweeper.is_alive()) \
+                    or time.monotonic() - self._sweep_tried < SWEEP_RETRY:
+                return
+            self._sweep_tried = time.monotonic()
+            self._sweeper = threading.Thread(target=self._sweep_quietly,
+                                             name=f"ssh-sweep {self.name}", daemon=True)
+            self._sweeper.start()
+
+    def _sweep_quietly(self) -> None:
+        try:
+            self.sweep_lost()
+        except SshError as exc:
+            log.info("host %s: lost attempts not swept yet: %s", self.name, exc)
+
+    def _restore_forward_quietly(self, run: SshRun, mirror: Mirror) -> None:
+        """Tried again each RECONNECT_FORWARD while the host does not answer, until the run
+        is followed no more."""
+        while not mirror.stopping.is_set() and not mirror.ended.is_set():
+            try:
+                self._restore_forward(run)
+                return
+            except SshError as exc:
+                log.info("host %s: %s (tried again)", self.name, exc)
+            mirror.stopping.wait(RECONNECT_FORWARD)
 
     def _forwarding(self, run: SshRun) -> bool:
         """The run's base URL is not on this machine's loopback, or its port is forwarded
@@ -458,6 +573,7 @@ class SshHost:
             return buf.getvalue()
 
     def stage(self, placement: Placement, spec: RunSpec) -> SshStaged:
+        self.sweep_lost()  # a lost attempt's runner must not run beside a new one
         folder = AttemptLog(placement.attempt_dir)
         folder.clear_run_records()
         folder.write_spec(asdict(spec))
@@ -544,6 +660,7 @@ class SshHost:
             for key, mirror in list(self._mirrors.items()):
                 if mirror.ended.is_set() and not mirror.thread.is_alive():
                     del self._mirrors[key]
+        self._sweep_in_background()  # the lost attempts, once the host answers again
 
     def wait(self, stop: _threading.Event, interval: float) -> None:
         deadline = time.monotonic() + interval

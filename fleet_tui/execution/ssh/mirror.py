@@ -26,7 +26,9 @@ from fleet_tui.system.files import write_json_atomic
 log = logging.getLogger("fleet_tui.engine.fleet")
 
 RECONNECT = 0.5  # seconds between two tries after the stream broke
-FIRST_STATE_WAIT = 15.0  # how long state() waits for the host's first answer
+# how long state() waits for the host's first answer: the engine's pass asks it, so a
+# host that does not answer must not hold the pass (the mirror's thread goes on asking)
+FIRST_STATE_WAIT = 0.25
 
 
 def local_offsets(folder: Path) -> dict[str, int]:
@@ -55,10 +57,13 @@ class Mirror:
     gone (`state` then holds the end: dead or never)."""
 
     def __init__(self, folder: Path, open_stream: Callable[[dict[str, int]], Any],
-                 on_end: Callable[[], None] | None = None) -> None:
+                 on_end: Callable[[], None] | None = None,
+                 on_frame: Callable[[], None] | None = None) -> None:
         self.folder = folder
         self.open_stream = open_stream
         self.on_end = on_end
+        self.on_frame = on_frame  # each frame: the host answered (its heartbeat included)
+        self.started_at = time.monotonic()
         self.state: str | None = None  # alive | dead | never, as the host last said
         self.ended = threading.Event()
         self.first = threading.Event()
@@ -110,6 +115,8 @@ class Mirror:
                 body = _read_exact(stream, int(head.get("n", 0)))
                 if body is None:
                     raise ConnectionError("the stream ended inside a frame")
+                if self.on_frame is not None:
+                    self.on_frame()
                 if "f" in head:
                     self._write(str(head["f"]), head, body)
                 if "state" in head:
