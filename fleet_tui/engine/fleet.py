@@ -170,6 +170,10 @@ class Fleet:
                    ) -> list[Task]:
         return self.queries.list_tasks(repo, archived=archived)
 
+    @_says(Queries.tasks_on_host)
+    def tasks_on_host(self, host: str) -> list[Task]:
+        return self.queries.tasks_on_host(host)
+
     @_says(Queries.recent_repos)
     def recent_repos(self, limit: int = 10) -> list[Path]:
         return self.queries.recent_repos(limit)

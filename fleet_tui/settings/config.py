@@ -146,8 +146,8 @@ class Settings:
         """`local` (with the worker cap as it is now), then each [hosts.NAME]."""
         from fleet_tui.settings import hosts
 
-        local = hosts.local_host(self)
-        return (local, *(h for h in self.hosts if h.name != hosts.LOCAL))
+        own = next((h.max_workers for h in self.hosts if h.name == hosts.LOCAL), None)
+        return (hosts.local_host(self, own), *(h for h in self.hosts if h.name != hosts.LOCAL))
 
     @property
     def host_names(self) -> tuple[str, ...]:

@@ -7,7 +7,10 @@
     max_workers = 8             # workers at once on that host (default: the top-level cap)
     key_on_host = false         # true: the key is kept on the host (its own gateway)
 
-`local` (this machine) is always a host; its cap is the top-level `max_workers`. `any` is
+`local` (this machine) is always a host. Its cap is the fleet's (the sum of the endpoints'
+caps: the top-level `max_workers` with one endpoint), so that hosts change nothing for a
+fleet that has none; `[hosts.local]` with `max_workers` alone bounds this machine below it
+(then a remote host's workers add to the endpoints' caps, not to this machine's). `any` is
 not a host: `run --host any` places a task on the host with a free slot. Nothing here
 opens a connection: the host's code is chosen by `execution.hosts`, and the user's own
 ssh (their config, agent and known-hosts checking) does the connecting.
@@ -67,9 +70,11 @@ class HostConfig:
         return [*(["-p", str(self.port)] if self.port is not None else []), "--", self.ssh]
 
 
-def local_host(settings: object) -> HostConfig:
-    """This machine. Its cap is the fleet's: the sum of the endpoints' caps (the top-level
-    max_workers with one endpoint), so that hosts change nothing for a fleet on one."""
+def local_host(settings: object, own_cap: int | None = None) -> HostConfig:
+    """This machine. Its cap: `own_cap` ([hosts.local] max_workers), else the fleet's: the
+    sum of the endpoints' caps (the top-level max_workers with one endpoint)."""
+    if own_cap is not None:
+        return HostConfig(LOCAL, own_cap)
     named = getattr(settings, "endpoints", ())
     cap = sum(e.max_workers for e in named) if named else getattr(settings, "max_workers", 4)
     return HostConfig(LOCAL, int(cap))
@@ -106,13 +111,17 @@ def _port(raw: object, where: str) -> int:
     return value
 
 
+def _cap(cap: object, where: str) -> int:
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ConfigError(f"{where}: max_workers: expected a whole number >= 1, got {cap!r}",
+                          key="max_workers")
+    return cap
+
+
 def check_name(name: str, where: str) -> None:
-    if name in (LOCAL, ANY):
-        what = ("this machine, always a host (its cap is the top-level max_workers)"
-                if name == LOCAL else "not a host: `--host any` means the host with a "
-                "free slot")
-        raise ConfigError(f"{where}: {name!r} is {what}; give this host another name",
-                          key=name)
+    if name == ANY:
+        raise ConfigError(f"{where}: 'any' is not a host: `--host any` means the host with a "
+                          "free slot; give this host another name", key=name)
     if not NAME_RE.fullmatch(name):
         raise ConfigError(f"{where}: a host's name is letters, digits, '-', '_' or '.' (at "
                           "most 40), starting with a letter or digit", key=name)
@@ -123,6 +132,12 @@ def host_from_table(name: str, table: object, where: str, default_cap: int) -> H
     check_name(name, where)
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a table of settings ({', '.join(FIELDS)})")
+    if name == LOCAL:
+        if set(table) != {"max_workers"}:
+            raise ConfigError(f"{where}: 'local' is this machine, always a host: its table "
+                              "takes max_workers alone (give an ssh host another name)",
+                              key=name)
+        return HostConfig(LOCAL, _cap(table["max_workers"], where))
     unknown = sorted(set(table) - set(FIELDS))
     if unknown:
         raise ConfigError(f"{where}: unknown setting {unknown[0]!r}; a host takes "
@@ -144,10 +159,7 @@ def host_from_table(name: str, table: object, where: str, default_cap: int) -> H
             raise ConfigError(f"{where}: the target {raw!r} says port {port} and port says "
                               f"{given}; keep one", key="port")
         port = given
-    cap = table.get("max_workers", default_cap)
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise ConfigError(f"{where}: max_workers: expected a whole number >= 1, got {cap!r}",
-                          key="max_workers")
+    cap = _cap(table.get("max_workers", default_cap), where)
     key_on_host = table.get("key_on_host", False)
     if not isinstance(key_on_host, bool):
         raise ConfigError(f"{where}: key_on_host: expected true or false, got "
@@ -156,21 +168,22 @@ def host_from_table(name: str, table: object, where: str, default_cap: int) -> H
 
 
 def read_hosts(config_file: str, settings: object) -> tuple[HostConfig, ...]:
-    """`local`, then every `[hosts.NAME]` of config.toml in file order. ConfigError (the
-    file, the table, what is accepted) for a bad table or value."""
+    """Every `[hosts.NAME]` of config.toml in file order (`[hosts.local]`: this machine's
+    own cap). ConfigError (the file, the table, what is accepted) for a bad table or
+    value. `Settings.all_hosts` puts `local` first."""
     data, _text = _read_toml(config_file)
-    local = local_host(settings)
     tables = data.get(TABLE)
     if tables is None:
-        return (local,)
+        return ()
     if not isinstance(tables, dict):
         raise ConfigError(f"{config_file}: {TABLE} must be tables: [{TABLE}.NAME] with "
                           + ", ".join(FIELDS), path=config_file, key=TABLE)
-    found = [local]
+    found = []
     for name, table in tables.items():
         where = f"{config_file}: [{TABLE}.{name}]"
         try:
-            found.append(host_from_table(name, table, where, local.max_workers))
+            found.append(host_from_table(name, table, where,
+                                         int(getattr(settings, "max_workers", 4))))
         except ConfigError as exc:
             exc.path = config_file
             raise
@@ -242,8 +255,7 @@ def add_host(config_file: Path, host: HostConfig) -> None:
     if tables is not None and not isinstance(tables, dict):
         raise ConfigError(f"{config_file}: {TABLE} is not a table of [{TABLE}.NAME] tables; "
                           "fix it by hand first", path=config_file, key=TABLE)
-    glue = "" if not text else ("\n" if text.endswith("\n") else "\n\n")
-    new = text + glue + ("\n" if text.strip() else "") + host_table(host)
+    new = (text.rstrip("\n") + "\n\n" if text.strip() else "") + host_table(host)
     expected = dict(data)
     expected[TABLE] = {**(tables or {}), host.name: _as_data(host)}
     _write_checked(config_file, new, expected)
