@@ -42,7 +42,8 @@ def test_defaults_keep_the_original_names_and_values(tmp_path: Path) -> None:
 
 def test_every_field_has_an_environment_variable() -> None:
     assert env_name("small_model") == "FLEET_WORKER_SMALL_MODEL"
-    assert set(FIELD_NAMES) == {f.name for f in dataclasses.fields(Settings)} - {"endpoints", "hosts"}
+    assert set(FIELD_NAMES) == ({f.name for f in dataclasses.fields(Settings)}
+                                - {"endpoints", "hosts"})
 
 
 def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:

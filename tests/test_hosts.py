@@ -19,6 +19,7 @@ import pytest
 from fleet_tui.core.errors import InvalidSpec
 from fleet_tui.core.states import TaskState
 from fleet_tui.engine.fleet import Fleet
+from fleet_tui.execution import hosts as hosts_mod
 from fleet_tui.execution.memory import MemoryHost, MemoryRun
 from fleet_tui.settings.config import ConfigError, load_settings
 from fleet_tui.settings.hosts import HostConfig, add_host, parse_target, remove_host
@@ -130,7 +131,7 @@ def test_attempts_resumes_and_follow_ups_stay_on_the_tasks_host(
     assert fleet.get_task(task).state == TaskState.QUEUED and not there.started
     one(here, blocker).finish()
     fleet.tick()
-    first, second = here.runs_of(task)
+    _first, second = here.runs_of(task)
     assert second.resume == "s-here" and second.alive
     second.finish("done", session_id="s-here")
     fleet.tick()
@@ -164,10 +165,13 @@ def test_an_unknown_host_is_refused_with_the_names(git_repo: Path, tmp_path: Pat
     assert fleet.list_tasks() == []
 
 
-def test_an_ssh_host_without_its_code_says_so(git_repo: Path, tmp_path: Path) -> None:
-    """[hosts.box] is read; this build has no ssh host code: the task is refused before
-    anything is stored, and `any` never places a task there."""
-    fleet, here, there = make(tmp_path, '\n[hosts.box]\nssh = "me@box:2222"\n')
+def test_an_ssh_host_without_its_code_says_so(git_repo: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """[hosts.box] is read; a build without the ssh host's code (its module name made one
+    that does not exist): the task is refused before anything is stored, and `any` never
+    places a task there."""
+    monkeypatch.setattr(hosts_mod, "SSH_MODULE", "fleet_tui.execution.no_ssh_here.host")
+    fleet, _here, _there = make(tmp_path, '\n[hosts.box]\nssh = "me@box:2222"\n')
     assert fleet.settings.host("box").ssh_args() == ["-p", "2222", "--", "me@box"]
     with pytest.raises(InvalidSpec) as refused:
         submit(fleet, git_repo, "box")

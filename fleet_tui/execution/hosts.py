@@ -54,7 +54,9 @@ def build_host(config: HostConfig, *, env: Mapping[str, str], python: str) -> Ho
             f"the host {config.name!r} is an ssh host, and ssh hosts are not available in "
             "this build of fleet-tui; run the task on `local` (--host local), or upgrade "
             "fleet-tui") from None
-    host: Host = module.SshHost(config, env=env, python=python)
+    # the host's own python and claude are its own (python3 and claude on its PATH)
+    host: Host = module.SshHost(name=config.name, target=config.ssh, port=config.port,
+                                env=env)
     return host
 
 

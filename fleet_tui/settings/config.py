@@ -177,7 +177,6 @@ def load_settings(*, env: Mapping[str, str] | None = None,
     values["config_dir"] = Path(str(values["config_dir"]))
     settings = Settings(**values)  # type: ignore[arg-type]
     from fleet_tui.settings.endpoints import read_endpoints
-
     from fleet_tui.settings.hosts import read_hosts
 
     path = config_file_location(env) if config_file is None else os.fspath(config_file)

@@ -344,5 +344,5 @@ def _plain(value: object) -> object:
     return value
 
 
-__all__ = ["ANY", "LOCAL", "HostConfig", "add_host", "find", "from_data", "host_from_table", "host_table",
-           "local_host", "parse_target", "read_hosts", "remove_host", "to_data"]
+__all__ = ["ANY", "LOCAL", "HostConfig", "add_host", "find", "from_data", "host_from_table",
+           "host_table", "local_host", "parse_target", "read_hosts", "remove_host", "to_data"]
