@@ -272,3 +272,88 @@ def test_the_writer_cuts_one_table_between_others(tmp_path: Path) -> None:
     path.write_text('hosts = { c = { ssh = "c" } }\n', encoding="utf-8")
     with pytest.raises(ConfigError, match="remove it by hand"):
         remove_host(path, "c")
+
+
+# --- the panel --------------------------------------------------------------------------------
+
+
+def panel(fleet: Fleet, repo: Path) -> Any:
+    from fleet_tui.ui.app import FleetApp
+
+    return FleetApp(fleet, repo=repo, default_base="main", run_scheduler=False, bell=False,
+                    poll_interval=0.1, diff_interval=60)
+
+
+async def test_the_task_list_has_a_host_column_only_with_more_than_one(
+        git_repo: Path, tmp_path: Path) -> None:
+    from test_ui_support import wait_until
+
+    from fleet_tui.ui.widgets.task_table import TaskTable
+
+    fleet, _here, _there = make(tmp_path)
+    first = fleet.store.create_task(prompt="x", title="here", repo=git_repo,
+                                    state=TaskState.SUCCEEDED)
+    app = panel(fleet, git_repo)
+    async with app.run_test(size=(160, 30)) as pilot:
+        table = app.main.query_one(TaskTable)
+        await wait_until(pilot, lambda: table.row_count == 1, what="the list")
+        assert not table.shows_host
+        assert "local" not in [str(cell) for cell in table.get_row(first.id)]
+        assert "host" not in "".join(s.text for s in table.render_line(0))
+        second = fleet.store.create_task(prompt="y", title="there", repo=git_repo,
+                                         host="b", state=TaskState.SUCCEEDED)
+        await wait_until(pilot, lambda: table.row_count == 2, what="the second task")
+        assert table.shows_host and not table.shows_endpoint
+        assert "b" in [str(cell) for cell in table.get_row(second.id)]
+        assert "local" in [str(cell) for cell in table.get_row(first.id)]
+        await wait_until(pilot, lambda: "host" in "".join(
+            s.text for s in table.render_line(0)), what="the header")
+
+
+async def test_the_launch_form_asks_which_host_when_there_are_several(
+        git_repo: Path, tmp_path: Path) -> None:
+    from test_ui_support import wait_until
+    from textual.widgets import Select, TextArea
+
+    from fleet_tui.ui.screens.launch import LaunchScreen
+
+    async def open_form(pilot: Any, app: Any) -> LaunchScreen:
+        await pilot.press("n")
+        await wait_until(pilot, lambda: isinstance(app.screen, LaunchScreen)
+                         and bool(app.screen.query("#copies")), what="the form")
+        assert isinstance(app.screen, LaunchScreen)
+        return app.screen
+
+    alone = Fleet(load_settings(env=os.environ, config_file=os.devnull),
+                  host=MemoryHost(tmp_path / "alone"))
+    app = panel(alone, git_repo)
+    async with app.run_test(size=(120, 40)) as pilot:
+        form = await open_form(pilot, app)
+        assert not form.query("#host")  # this machine alone: nothing to choose
+
+    fleet, _here, there = make(tmp_path)
+    app = panel(fleet, git_repo)
+    async with app.run_test(size=(120, 40)) as pilot:
+        form = await open_form(pilot, app)
+        chosen: Select[str] = form.query_one("#host", Select)
+        assert chosen.value == "local"
+        options = [value for _label, value in chosen._options]
+        assert options == ["local", "b", "any"]
+        chosen.value = "b"
+        form.query_one("#prompt", TextArea).text = "on b"
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: len(fleet.list_tasks()) == 1, what="the task")
+        (task,) = fleet.list_tasks()
+        assert task.host == "b"
+        fleet.tick()
+        assert one(there, task.id).alive
+        form = await open_form(pilot, app)  # remembered, and said so
+        assert form.query_one("#host", Select).value == "b"
+        assert "host b" in str(form.query_one("#carried").render())
+        form.query_one("#host", Select).value = "any"
+        form.query_one("#prompt", TextArea).text = "anywhere"
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: len(fleet.list_tasks()) == 2, what="the second")
+        assert {t.host for t in fleet.list_tasks()} == {"b", "any"}
