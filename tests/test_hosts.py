@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fleet_tui.core.errors import InvalidSpec
+from fleet_tui.core.errors import FleetError, InvalidSpec
 from fleet_tui.core.states import TaskState
 from fleet_tui.engine.fleet import Fleet
 from fleet_tui.execution import hosts as hosts_mod
@@ -357,3 +357,26 @@ async def test_the_launch_form_asks_which_host_when_there_are_several(
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: len(fleet.list_tasks()) == 2, what="the second")
         assert {t.host for t in fleet.list_tasks()} == {"b", "any"}
+
+
+def test_new_settings_rebuild_a_host_only_when_its_target_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+
+    def build(config: HostConfig, **_: Any) -> MemoryHost:
+        built.append(config.target)
+        return MemoryHost(tmp_path / config.name / str(len(built)), name=config.name)
+
+    monkeypatch.setattr(hosts_mod, "build_host", build)
+    local = MemoryHost(tmp_path / "local", name="local")
+    registry = hosts_mod.Hosts((HostConfig("local", 2), HostConfig("b", 1, "b.example")),
+                               env={}, python="python3", local=local)
+    first = registry.get("b")
+    assert registry.get("b") is first and built == ["b.example"]
+    registry.configure((HostConfig("local", 5), HostConfig("b", 4, "b.example")))
+    assert registry.get("b") is first and registry.local is local  # a cap: kept
+    registry.configure((HostConfig("local", 5), HostConfig("b", 4, "b.example", 2222)))
+    assert registry.get("b") is not first and built == ["b.example", "b.example:2222"]
+    registry.configure((HostConfig("local", 5),))
+    with pytest.raises(FleetError, match="its host 'b' is not in config.toml any more"):
+        registry.get("b")

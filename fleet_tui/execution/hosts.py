@@ -78,14 +78,20 @@ class Hosts:
         self._lock = threading.Lock()
 
     def configure(self, configs: tuple[HostConfig, ...]) -> None:
-        """The hosts of new settings: a host whose table changed is built again when next
-        used (its runs are attached again through the new one)."""
+        """The hosts of new settings: an ssh host whose target changed is built again when
+        next used (its runs are attached again through the new one). A cap is the
+        scheduler's, not the host's: a changed max_workers keeps the host as it is, and
+        so does `local` always (it holds the runners it started, to reap them)."""
+        def reached(config: HostConfig | None) -> object:
+            return None if config is None else (config.ssh, config.port, config.key_on_host)
+
         with self._lock:
             new = {c.name: c for c in configs}
-            for name, built in list(self._built.items()):
-                if name not in self._given and self._configs.get(name) != new.get(name):
+            for name in list(self._built):
+                if name in self._given or name == LOCAL:
+                    continue
+                if reached(self._configs.get(name)) != reached(new.get(name)):
                     del self._built[name]
-                    del built
             self._configs = new
             self._unusable.clear()
 
