@@ -378,5 +378,5 @@ def test_new_settings_rebuild_a_host_only_when_its_target_changed(
     registry.configure((HostConfig("local", 5), HostConfig("b", 4, "b.example", 2222)))
     assert registry.get("b") is not first and built == ["b.example", "b.example:2222"]
     registry.configure((HostConfig("local", 5),))
-    with pytest.raises(FleetError, match="its host 'b' is not in config.toml any more"):
+    with pytest.raises(FleetError, match=r"its host 'b' is not in config\.toml any more"):
         registry.get("b")
