@@ -21,7 +21,8 @@ TASK_COMMANDS = ("run", "ls", "show", "logs", "diff", "merge", "discard", "retry
 USAGE = """\
 usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui --demo [--new]                the demo: reopens the last one (--new: afresh)
-       fleet-tui run PROMPT [--title T] [--base REF] [--copies N] [--endpoint E] [--wait] [--json]
+       fleet-tui run PROMPT [--title T] [--base REF] [--copies N] [--endpoint E] [--host H|any]
+                     [--wait] [--json]
        fleet-tui ls [--all-repos] [--json]
        fleet-tui show|logs|diff|merge|discard|retry|follow-up|kill ID ...
        fleet-tui update ID [--resolve worker|shell|abort] [--wait]
@@ -33,6 +34,8 @@ usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui cost [--since 7d] [--by task|endpoint|day] [--json]   spend, budgets
        fleet-tui key set|delete|status
        fleet-tui gateway status|stop          the local gateway the workers go through
+       fleet-tui host add NAME TARGET [--max-workers N] [--key-on-host] | ls [--json] |
+                      rm NAME | check [NAME] [--yes]     the machines workers run on
        fleet-tui serve [--bind ADDR] [--port P] [--public]   the panel in a browser
        fleet-tui version
 
@@ -61,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run("key", args[1:])
     if args and args[0] == "gateway":
         return _run("gateway", args[1:])
+    if args and args[0] == "host":
+        return _run("host", args[1:])
     if args and args[0] == "serve":
         return _run("serve", args[1:])
     if args and args[0] == "cost":

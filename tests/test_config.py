@@ -42,7 +42,8 @@ def test_defaults_keep_the_original_names_and_values(tmp_path: Path) -> None:
 
 def test_every_field_has_an_environment_variable() -> None:
     assert env_name("small_model") == "FLEET_WORKER_SMALL_MODEL"
-    assert set(FIELD_NAMES) == {f.name for f in dataclasses.fields(Settings)} - {"endpoints"}
+    assert set(FIELD_NAMES) == ({f.name for f in dataclasses.fields(Settings)}
+                                - {"endpoints", "hosts"})
 
 
 def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
@@ -183,7 +184,7 @@ def test_the_lean_settings_of_fleet_worker_agree_with_settings(tmp_path: Path) -
     fields, defaults and merged values must be those of Settings."""
     from fleet_tui.settings.config_core import _SPEC, load_launch_settings
 
-    fields = [f for f in dataclasses.fields(Settings) if f.name != "endpoints"]
+    fields = [f for f in dataclasses.fields(Settings) if f.name not in ("endpoints", "hosts")]
     assert tuple(f.name for f in fields) == tuple(_SPEC)
     for f in fields:
         default = _SPEC[f.name][2]

@@ -402,17 +402,32 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def _check_launch(settings: Settings, permission_mode: str | None = None,
-                  endpoint: str | None = None) -> None:
-    """Fail fast, before anything is queued or created: an endpoint config.toml does not
-    define (exit 2, with the names it does), a setup claude would refuse (root with
-    bypassPermissions without FLEET_WORKER_SANDBOX=1, scrub_tool_env without bubblewrap:
-    exit 2), then claude or the endpoint's key missing (exit 5)."""
-    from fleet_tui.execution.local.launcher import LaunchError, check_launch
+                  endpoint: str | None = None, host: str | None = None) -> None:
+    """Fail fast, before anything is queued or created: an endpoint or a host config.toml
+    does not define (exit 2, with the names it does), a setup claude would refuse (root
+    with bypassPermissions without FLEET_WORKER_SANDBOX=1, scrub_tool_env without
+    bubblewrap: exit 2), then claude or the endpoint's key missing (exit 5). On another
+    host than this machine only the key is looked for here (`host check NAME` checks
+    that host's claude)."""
+    from fleet_tui.execution.local.launcher import (
+        LaunchError,
+        check_launch,
+        endpoint_credential,
+        resolve_credential,
+    )
+    from fleet_tui.settings.hosts import ANY, LOCAL
 
     chosen = settings.endpoint(endpoint)
+    here = host in (None, LOCAL, ANY) or settings.host(host).is_local
+    s = settings.for_endpoint(chosen.name)
     try:
-        check_launch(settings.for_endpoint(chosen.name), permission_mode=permission_mode,
-                     endpoint=chosen if chosen.own_key else None)
+        if here:
+            check_launch(s, permission_mode=permission_mode,
+                         endpoint=chosen if chosen.own_key else None)
+        elif chosen.own_key:
+            endpoint_credential(s, chosen)
+        else:
+            resolve_credential(s)
     except LaunchError as exc:
         if exc.exit_code not in (EXIT_USAGE, EXIT_MISSING):  # whatever else stops claude
             exc.exit_code = EXIT_MISSING
@@ -440,22 +455,26 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--endpoint", metavar="NAME",
                    help="run on the endpoint NAME of config.toml ([endpoints.NAME]; "
                         "default: the top-level settings, the endpoint 'default')")
+    p.add_argument("--host", metavar="NAME",
+                   help="run on the host NAME of config.toml (`fleet-tui host ls`), `local` "
+                        "(this machine, the default) or `any`: the host with a free slot")
     p.add_argument("--wait", action="store_true",
                    help="stay until every task finished; exit 1 unless all succeeded")
     p.add_argument("--json", action="store_true", help="print the tasks as JSON")
     args = p.parse_args(argv)
     prompt = _read_prompt(args)
     for what, value in (("title", args.title), ("base ref", args.base),
-                        ("model", args.model), ("endpoint", args.endpoint)):
+                        ("model", args.model), ("endpoint", args.endpoint),
+                        ("host", args.host)):
         if value is not None:
             check_text(what, value)
     repo = _repo(args.repo)
     settings = _settings()
-    _check_launch(settings, args.permission_mode, args.endpoint)
+    _check_launch(settings, args.permission_mode, args.endpoint, args.host)
     fleet = _fleet(settings)
     tasks = fleet.submit(TaskSpec(prompt=prompt, title=args.title or "", repo=repo,
                                   base_ref=args.base, model=args.model,
-                                  endpoint=args.endpoint,
+                                  endpoint=args.endpoint, host=args.host,
                                   permission_mode=args.permission_mode,
                                   max_turns=args.max_turns, timeout=args.timeout),
                          copies=args.copies)
@@ -527,15 +546,20 @@ def cmd_ls(argv: list[str]) -> int:
     width = max(len(t.endpoint) for t in tasks) if len({t.endpoint for t in tasks}) > 1 \
         else 0
     width = max(width, len("ENDPOINT")) if width else 0
+    # and the host's, by the same rule (issue 20)
+    hosts = max(len(t.host) for t in tasks) if len({t.host for t in tasks}) > 1 else 0
+    hosts = max(hosts, len("HOST")) if hosts else 0
     header = f"{'ID':<6}  {'STATE':<9}  {'VERDICT':<15}  {'+/-':>9}  {'TURNS':>5}  " \
              f"{'TOKENS':>7}  " + (f"{'COST':>9}  " if metered else "") + \
-             f"{'AGE':>4}  " + (f"{'ENDPOINT':<{width}}  " if width else "") + "TITLE"
+             f"{'AGE':>4}  " + (f"{'ENDPOINT':<{width}}  " if width else "") + \
+             (f"{'HOST':<{hosts}}  " if hosts else "") + "TITLE"
     _out(header)
     for t in tasks:
         diff = f"+{t.added_lines}/-{t.deleted_lines}"
         where = f"  [{t.repo}]" if repo is None else ""
         cost = f"{_cost(costs.get(t.id)):>9}  " if metered else ""
-        column = f"{t.endpoint:<{width}}  " if width else ""
+        column = (f"{t.endpoint:<{width}}  " if width else "") + \
+            (f"{t.host:<{hosts}}  " if hosts else "")
         _out(f"{t.id:<6}  {t.state.value:<9}  {policy.verdict_text(t):<15}  {diff:>9}  "
              f"{t.turns:>5}  "
              f"{_tokens(t.input_tokens + t.output_tokens):>7}  {cost}"
@@ -569,6 +593,7 @@ def cmd_show(argv: list[str]) -> int:
     rows = [("id", task.id), ("title", task.short_title), ("state", policy.state_text(task)),
             ("verdict", task.verdict or "-"), ("message", task.message or "-"),
             ("endpoint", task.endpoint + (f": {limits}" if limits else "")),
+            ("host", task.host + (" (placed when it starts)" if task.host == "any" else "")),
             ("repo", str(task.repo)), ("branch", task.branch),
             ("base", f"{task.base_branch or task.base_ref or '-'} @ {task.base_commit[:10]}"),
             ("worktree", str(task.worktree) if task.worktree else "-"),

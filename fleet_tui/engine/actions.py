@@ -10,7 +10,13 @@ import time
 from pathlib import Path
 
 from fleet_tui.core import outcome, policy
-from fleet_tui.core.errors import FleetError, FleetRefused, InvalidSpec, WorkerFinished
+from fleet_tui.core.errors import (
+    FleetError,
+    FleetRefused,
+    FleetTuiError,
+    InvalidSpec,
+    WorkerFinished,
+)
 from fleet_tui.core.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
@@ -21,7 +27,7 @@ from fleet_tui.core.states import (
     TaskState,
 )
 from fleet_tui.engine import supervisor
-from fleet_tui.engine.context import Part, hides_key
+from fleet_tui.engine.context import Part, hides_key, log
 from fleet_tui.engine.submit import check_text
 from fleet_tui.store.db import Task
 from fleet_tui.system import paths
@@ -106,7 +112,8 @@ class Actions(Part):
                                    started_at=None)
         else:
             if task.worktree is not None:
-                info = self.supervisor.host.make_worktree(task, reattach=False, reset=True)
+                info = self.supervisor.host_of(task).make_worktree(task, reattach=False,
+                                                                    reset=True)
                 # a fresh worktree: an update that stopped on conflicts is gone with it
                 shutil.rmtree(paths.update_dir(task.repo, task.id), ignore_errors=True)
                 self.store.update_task(task.id, worktree=info.path, branch=info.branch,
@@ -212,7 +219,12 @@ class Actions(Part):
 
     def remove_config_dir(self, task_id: str) -> None:
         """A closed task's placements freed on its host (the local host: its config dir)."""
-        self.supervisor.host.release(task_id)
+        try:
+            host = self.supervisor.host_of(self.store.get_task(task_id))
+        except FleetTuiError as exc:  # its host gone from config.toml: nothing freed here
+            log.warning("task %s: %s", task_id, exc)
+            return
+        host.release(task_id)
 
     def archive(self, task_ids: list[str]) -> list[str]:
         """Archive merged or discarded tasks: out of the lists (`ls --archived` shows

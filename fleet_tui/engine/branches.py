@@ -211,7 +211,8 @@ class Branches(Part):
                 return found
             raise FleetRefused(self._missing_worktree(task))
         try:
-            branch = self.supervisor.host.collect(task)  # the commits in the main repository
+            # the commits in the main repository
+            branch = self.supervisor.host_of(task).collect(task)
             result = git.merge(task.repo, task.worktree, branch, task.base_branch,
                                message=message or titles.commit_title(task.short_title),
                                trailers=self._trailers(task),

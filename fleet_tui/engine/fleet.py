@@ -90,7 +90,7 @@ class Fleet:
                  env: Mapping[str, str] | None = None,
                  clock: Callable[[], float] = time.time,
                  python: str | None = None, rng: random.Random | None = None,
-                 host: Host | None = None) -> None:
+                 host: Host | None = None, hosts: Mapping[str, Host] | None = None) -> None:
         self.env = dict(os.environ if env is None else env)
         self.store = store if store is not None else Store(paths.db_path(self.env))
         self.clock = clock
@@ -99,10 +99,11 @@ class Fleet:
         # each repository's .fleet-tui.toml and the user's [repos."<path>"] overrides,
         # read again when they change
         self.repo_settings = RepoSettingsCache(self.env)
-        # where attempts run (execution.host); this machine unless told
+        # where attempts run (execution.host): `host` for local (this machine unless
+        # told), `hosts` by name for others (else built from config.toml's [hosts.NAME])
         self.supervisor = Supervisor(settings, self.store, env=self.env, clock=clock,
                                      python=self.python, repo_settings=self.repo_settings,
-                                     host=host)
+                                     host=host, hosts=hosts)
         self.follower = Follower(settings, self.store, self.supervisor, clock=clock,
                                  rng=self.rng)
         # who claims tasks (see Supervisor.owner)
@@ -173,6 +174,10 @@ class Fleet:
     def list_tasks(self, repo: Path | None = None, *, archived: bool | None = False
                    ) -> list[Task]:
         return self.queries.list_tasks(repo, archived=archived)
+
+    @_says(Queries.tasks_on_host)
+    def tasks_on_host(self, host: str) -> list[Task]:
+        return self.queries.tasks_on_host(host)
 
     @_says(Queries.recent_repos)
     def recent_repos(self, limit: int = 10) -> list[Path]:

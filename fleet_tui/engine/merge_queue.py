@@ -17,7 +17,7 @@ from fleet_tui.core.states import CLOSED_STATES, LAND_ACTIVE, Action
 from fleet_tui.engine.actions import Actions, check
 from fleet_tui.engine.branches import Branches
 from fleet_tui.engine.context import Context, Part, hides_key, log
-from fleet_tui.settings import endpoints
+from fleet_tui.settings import endpoints, hosts
 from fleet_tui.settings.config import Settings
 from fleet_tui.store.db import Task
 from fleet_tui.system import paths
@@ -36,6 +36,7 @@ QUEUE_RUNNER_MODULE = "fleet_tui.engine.queue_runner"
 def _settings_data(settings: Settings) -> dict[str, Any]:
     data = asdict(settings)
     data["endpoints"] = endpoints.to_data(settings.endpoints)
+    data["hosts"] = hosts.to_data(settings.hosts)
     return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
             for k, v in data.items()}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from fleet_tui.core.errors import FleetTuiError
 from fleet_tui.engine.fleet import Fleet
 from fleet_tui.engine.landing import LandingQueue, log
-from fleet_tui.settings import endpoints
+from fleet_tui.settings import endpoints, hosts
 from fleet_tui.settings.config import Settings
 from fleet_tui.store.db import Store
 
@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
                                "config_dir": Path(spec["settings"]["config_dir"]),
                                "key_sources": tuple(spec["settings"]["key_sources"]),
                                "endpoints": endpoints.from_data(
-                                   spec["settings"].get("endpoints"))})
+                                   spec["settings"].get("endpoints")),
+                               "hosts": hosts.from_data(spec["settings"].get("hosts"))})
         store = Store(Path(spec["db"]))
     except (OSError, ValueError, KeyError, TypeError, FleetTuiError) as exc:
         log.error("cannot read the queue spec %s: %s", args.spec, exc)

@@ -47,7 +47,7 @@ class SettingsWatch(Part):
     def apply_settings(self, settings: Settings) -> None:
         """Use new settings from now on (the scheduler's next pass, the next launch)."""
         self.ctx.settings = settings
-        self.supervisor.settings = settings
+        self.supervisor.apply_settings(settings)
         self.follower.settings = settings
 
     def check_settings(self, repos: Iterable[Path] = ()) -> list[SettingsNotice]:

@@ -129,10 +129,12 @@ class Scheduler(Part):
             closed: list[str | None] = [None]
             # each endpoint under its own settings: its worker cap, its key's fingerprint
             decide = self._decider(self.settings.for_endpoint(endpoint), closed)
+            caps = self.supervisor.host_caps()  # each host's max_workers (issue 20)
             while True:
                 # the endpoint's limits (a park, a hold, a lowered cap) are read and obeyed
                 # in the claim's own transaction: no engine starts a task into a window
-                task = self.store.claim_gated(endpoint, self.clock(), self.owner, decide)
+                task = self.store.claim_gated(endpoint, self.clock(), self.owner, decide,
+                                              hosts=caps)
                 if task is None:
                     break
                 old = TaskState.WAITING if task.verdict in policy.TRANSIENT \

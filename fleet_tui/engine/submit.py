@@ -86,10 +86,11 @@ class Submissions(Part):
             endpoint = self.settings.endpoint(spec.endpoint).name
         except ConfigError as exc:
             raise InvalidSpec(str(exc)) from None
+        host = self._host(spec.host)
         try:  # what the host's claude would refuse (root, bubblewrap: the local host's)
-            self.supervisor.host.check_setup(self.settings.for_endpoint(endpoint), self.env,
-                                             args=spec.extra_args,
-                                             permission_mode=spec.permission_mode)
+            self.supervisor.host_of_name(host).check_setup(
+                self.settings.for_endpoint(endpoint), self.env, args=spec.extra_args,
+                permission_mode=spec.permission_mode)
         except FleetTuiError as exc:
             raise InvalidSpec(str(exc)) from None
         model = (spec.model or "main").strip()
@@ -112,8 +113,32 @@ class Submissions(Part):
                 title=titles.copy_title(title, i + 1, copies),
                 base_ref=base_ref,
                 base_branch=base.branch, base_commit=base.commit,
-                endpoint=endpoint, model=model,
+                endpoint=endpoint, host=host, model=model,
                 permission_mode=spec.permission_mode, effort=spec.effort,
                 max_turns=spec.max_turns, timeout=spec.timeout,
                 extra_args=list(spec.extra_args)))
         return tasks
+
+    def _host(self, wanted: str | None) -> str:
+        """The host a new task asks for: a host of config.toml, `local` (None), or `any`
+        (placed by its first claim on the host with a free slot). InvalidSpec naming the
+        hosts for any other name, and for a host this build or machine cannot use."""
+        from fleet_tui.settings.hosts import ANY
+
+        if wanted is None or not wanted.strip():
+            return self.settings.host().name
+        name = wanted.strip()
+        check_text("host", name)
+        if name == ANY:
+            return ANY
+        if name in self.supervisor.hosts.names():  # config.toml's, or given to the engine
+            host = name
+        else:
+            try:
+                host = self.settings.host(name).name
+            except ConfigError as exc:
+                raise InvalidSpec(f"{exc}; or `any`: the host with a free slot") from None
+        why = self.supervisor.hosts.why_not(host)
+        if why is not None:
+            raise InvalidSpec(why)
+        return host

@@ -35,7 +35,7 @@ from fleet_tui.core.stream import one_line
 from fleet_tui.engine.gateway_link import GatewayLink
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Host, NotStarted, Placement, Run, RunnerState
-from fleet_tui.execution.hosts import default_host
+from fleet_tui.execution.hosts import Hosts
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.settings import endpoints
 from fleet_tui.settings.config import ConfigError, Settings
@@ -87,7 +87,7 @@ class Supervisor:
 
     def __init__(self, settings: Settings, store: Store, *, env: Mapping[str, str],
                  clock: Any, python: str, repo_settings: RepoSettingsCache | None = None,
-                 host: Host | None = None) -> None:
+                 host: Host | None = None, hosts: Mapping[str, Host] | None = None) -> None:
         self.settings = settings
         self.store = store
         # each repository's .fleet-tui.toml (setup, include): read when an attempt starts
@@ -95,7 +95,10 @@ class Supervisor:
         self.env = env
         self.clock = clock
         self.python = python
-        self.host: Host = host if host is not None else default_host(env=env, python=python)
+        # where attempts run, by name (execution.hosts): `local` (this machine unless
+        # given), and each [hosts.NAME] of config.toml, built when first used
+        self.hosts = Hosts(settings.all_hosts, env=env, python=python, local=host,
+                           given=hosts)
         # the gateway's tokens (issue 19); the engine's front gives it the key's source
         self.gateway = GatewayLink(store, env=env, python=python)
         # who claims tasks: host, pid and its start time (so a claim's starter can be proven
@@ -104,19 +107,64 @@ class Supervisor:
                       f"{next(_ENGINE_SEQ)}-{id(self):x}")
         _LIVE_OWNERS[self.owner] = self
 
-    # --- our runners ----------------------------------------------------------------------
+    # --- our hosts and runners -------------------------------------------------------------
+
+    @property
+    def host(self) -> Host:
+        """The local host (this machine, or the host the engine was given for it)."""
+        return self.hosts.local
+
+    def host_of(self, task: Task) -> Host:
+        """The host the task runs on (FleetError: gone from config.toml; HostUnavailable:
+        this build cannot use it). A task still placed "any" has none yet: local."""
+        return self.host_of_name(task.host)
+
+    def host_of_name(self, name: str | None) -> Host:
+        """The host of that name (None, and "any" not placed yet: local)."""
+        return self.hosts.get(name if name and name != "any" else None)
+
+    def apply_settings(self, settings: Settings) -> None:
+        self.settings = settings
+        self.hosts.configure(settings.all_hosts)
+
+    def host_caps(self) -> dict[str, int]:
+        """Each host's worker cap, in the order `any` prefers them on a tie (local first,
+        then config.toml's), the hosts this build cannot use left out (their tasks start
+        and fail saying why; `any` never picks them)."""
+        caps = {h.name: h.max_workers for h in self.settings.all_hosts}
+        for name in self.hosts.names():
+            caps.setdefault(name, self.settings.max_workers)
+        return {name: cap for name, cap in caps.items() if self.hosts.why_not(name) is None}
 
     def reap(self) -> None:
-        self.host.reap()
+        for host in self.hosts.built():
+            host.reap()
 
     def wait(self, stop: threading.Event, interval: float) -> None:
         """Sleep up to `interval`; return early when `stop` is set or one of our runners
-        has exited."""
-        self.host.wait(stop, interval)
+        has exited. With several hosts in use, each is asked in turn for a slice of it."""
+        hosts = list(self.hosts.built())
+        if len(hosts) <= 1:
+            (hosts[0] if hosts else self.host).wait(stop, interval)
+            return
+        import time
+
+        deadline = time.monotonic() + interval
+        step = min(0.05, interval / len(hosts))
+        while not stop.is_set():
+            for host in hosts:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                slice_ = min(step, left)
+                begun = time.monotonic()
+                host.wait(stop, slice_)
+                if time.monotonic() - begun < slice_ * 0.5:
+                    return  # it returned early: one of its runners ended
 
     def run(self, attempt: Attempt) -> Run:
-        """The attempt's run on its host."""
-        return self.host.attach(attempt)
+        """The attempt's run on the host it was placed on."""
+        return self.hosts.for_attempt(attempt).attach(attempt)
 
     # --- starting -------------------------------------------------------------------------
 
@@ -145,8 +193,8 @@ class Supervisor:
             raise FleetError(str(exc)) from None
 
     def runner_env(self) -> dict[str, str]:
-        """The environment a detached process of this engine starts with (the runner, the
-        merge queue's runner): the host's."""
+        """The environment a detached process of this engine starts with here (the merge
+        queue's runner): the local host's."""
         return self.host.runner_env()
 
     def start(self, task: Task, old: TaskState, changes: list[TaskChange]) -> None:
@@ -194,15 +242,16 @@ class Supervisor:
             raise FleetError(attempts[-1].row_error)
         pending = attempts[-1] if attempts and attempts[-1].runner_pid is None \
             and attempts[-1].finished_at is None else None
+        host = self.host_of(task)  # placed by its claim (tasks.host): all its attempts there
         self._one_worker(task, attempts, pending, now)
         # the engine's own retry after the endpoint cut a run off resumes its session
         # when it made progress (policy.automatic_attempt); else a fresh start
         kind, prompt = policy.automatic_attempt(task, attempts)
         if pending is not None:  # the user's: a retry, a resume or a follow-up
             kind = pending.kind
-        worktree = self._worktree(task, attempts, kind)
+        worktree = self._worktree(host, task, attempts, kind)
         # never run in the main checkout, whatever happened to the worktree
-        self.host.check_worktree(task, worktree)
+        host.check_worktree(task, worktree)
         model = policy.model_for(task, attempts, self.settings.for_endpoint(task.endpoint))
         if pending is None:
             attempt = self.store.add_attempt(task.id, kind=kind, prompt=prompt, now=now,
@@ -210,37 +259,37 @@ class Supervisor:
         else:
             attempt = pending
             attempt.model = model
-        placement = self.host.place(task, worktree, attempt.n)
+        placement = host.place(task, worktree, attempt.n)
         try:
             ready = self.repo_settings.get(Path(task.repo))
         except ConfigError as exc:  # never read well: the task cannot start as asked
             raise FleetError(f"the repository's settings do not read: {exc}") from None
         # FLEET_PORT: free on the host now, and held by no other running attempt
-        port = self.store.assign_port(attempt.id, self.host.free_port)
+        port = self.store.assign_port(attempt.id, host.free_port)
         resume = task.session_id if attempt.kind in ("resume", "followup") else None
         overrides = self._settings_overrides(task)
         # the endpoint's key variables, then (gateway on) the token in their place
-        runner_env = self._endpoint_env(task, self.host.runner_env())
-        token = self._through_gateway(task, attempt, overrides, runner_env)
+        runner_env = self._endpoint_env(task, host.runner_env())
+        token = self._through_gateway(host, task, attempt, overrides, runner_env)
         try:
-            return self._stage_and_spawn(task, attempt, placement, worktree, model, port,
+            return self._stage_and_spawn(host, task, attempt, placement, worktree, model, port,
                                          resume, ready, overrides, runner_env, now)
         except BaseException:
             if token is not None:  # only this one: a live runner of the attempt keeps its own
                 self.gateway.revoke_token(token)
             raise
 
-    def _through_gateway(self, task: Task, attempt: Attempt, overrides: dict[str, Any],
-                         runner_env: dict[str, str]) -> str | None:
+    def _through_gateway(self, host: Host, task: Task, attempt: Attempt,
+                         overrides: dict[str, Any], runner_env: dict[str, str]) -> str | None:
         """With the `gateway` setting on: the attempt's base URL is the gateway's, its key
         a token of its own (both changed in place; the token returned); off: nothing
         changes (direct, None)."""
         # a remote host that forwards the gateway's port over its connection says so
-        remote_ok = bool(getattr(self.host, "reaches_gateway", False))
-        return self.gateway.through(self.settings, task, attempt, self.host.name, overrides,
+        remote_ok = bool(getattr(host, "reaches_gateway", False))
+        return self.gateway.through(self.settings, task, attempt, host.name, overrides,
                                     runner_env, remote_ok=remote_ok)
 
-    def _stage_and_spawn(self, task: Task, attempt: Attempt, placement: Placement,
+    def _stage_and_spawn(self, host: Host, task: Task, attempt: Attempt, placement: Placement,
                          worktree: Path, model: str | None, port: int, resume: str | None,
                          ready: Any, overrides: dict[str, Any], runner_env: dict[str, str],
                          now: float) -> Attempt:
@@ -254,7 +303,7 @@ class Supervisor:
                        kill_grace=self.settings.kill_grace,
                        repo=str(task.repo), include=list(ready.include), setup=ready.setup,
                        env={"FLEET_TASK_ID": task.id, "FLEET_PORT": str(port)})
-        staged = self.host.stage(placement, spec)
+        staged = host.stage(placement, spec)
         try:
             self._record_launch(task, attempt, placement, model, now)
             pid = staged.spawn(runner_env)
@@ -288,7 +337,7 @@ class Supervisor:
                                          "to stop")
                 raise NotStarted(f"the runner of attempt {earlier.n} still lives")
 
-    def _worktree(self, task: Task, attempts: list[Attempt], kind: str) -> Path:
+    def _worktree(self, host: Host, task: Task, attempts: list[Attempt], kind: str) -> Path:
         """The task's worktree, made by the host when it has none (recorded at once)."""
         worktree = task.worktree
         if worktree is not None and Path(worktree).is_dir():
@@ -301,7 +350,7 @@ class Supervisor:
         reattach = kind in ("resume", "followup") and bool(task.session_id)
         claimed_before = (task.started_at is not None and task.claimed_at is not None
                           and task.started_at < task.claimed_at)
-        info = self.host.make_worktree(
+        info = host.make_worktree(
             task, reattach=reattach,
             reset=worktree is not None or bool(attempts) or claimed_before)
         self.store.update_task(task.id, worktree=info.path, branch=info.branch,

@@ -144,9 +144,10 @@ class MemoryHost:
 
     name = "memory"
 
-    def __init__(self, root: Path, *, clock: Any = None) -> None:
+    def __init__(self, root: Path, *, clock: Any = None, name: str = "memory") -> None:
         import time
 
+        self.name = name
         self.root = Path(root)
         self.clock = clock or time.time
         self.runs: dict[Path, MemoryRun] = {}

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from fleet_tui.settings.endpoints import Endpoint
+    from fleet_tui.settings.hosts import HostConfig
 
 __all__ = ["APP_NAME", "CONFIG_FILE_ENV", "ENV_PREFIX", "FIELD_NAMES", "KEY_SOURCES",
            "MERGE_STRATEGIES", "PERMISSION_MODES", "UPDATE_STRATEGIES", "ConfigError",
@@ -90,6 +91,8 @@ class Settings:
     # not a setting of its own: the default endpoint (the fields above), then each
     # [endpoints.NAME] of config.toml (settings/endpoints.py)
     endpoints: tuple[Endpoint, ...] = ()
+    # not a setting of its own either: `local`, then each [hosts.NAME] (settings/hosts.py)
+    hosts: tuple[HostConfig, ...] = ()
 
     def endpoint(self, name: str | None = None) -> Endpoint:
         """The named endpoint (None: "default"); ConfigError naming the known ones."""
@@ -132,6 +135,25 @@ class Settings:
         """The configured endpoints' names, the default first."""
         return tuple(e.name for e in self.endpoints) or ("default",)
 
+    def host(self, name: str | None = None) -> HostConfig:
+        """The named host (None: "local"); ConfigError naming the known ones."""
+        from fleet_tui.settings import hosts
+
+        return hosts.find(self.all_hosts, name)
+
+    @property
+    def all_hosts(self) -> tuple[HostConfig, ...]:
+        """`local` (with the worker cap as it is now), then each [hosts.NAME]."""
+        from fleet_tui.settings import hosts
+
+        own = next((h.max_workers for h in self.hosts if h.name == hosts.LOCAL), None)
+        return (hosts.local_host(self, own), *(h for h in self.hosts if h.name != hosts.LOCAL))
+
+    @property
+    def host_names(self) -> tuple[str, ...]:
+        """The hosts' names, `local` first."""
+        return tuple(h.name for h in self.all_hosts)
+
 
 def config_file_path(env: Mapping[str, str] | None = None) -> Path:
     """Where config.toml lives: `FLEET_TUI_CONFIG`, else the platform's user config dir."""
@@ -155,7 +177,8 @@ def load_settings(*, env: Mapping[str, str] | None = None,
     values["config_dir"] = Path(str(values["config_dir"]))
     settings = Settings(**values)  # type: ignore[arg-type]
     from fleet_tui.settings.endpoints import read_endpoints
+    from fleet_tui.settings.hosts import read_hosts
 
-    named = read_endpoints(config_file_location(env) if config_file is None
-                           else os.fspath(config_file), settings)
-    return dataclasses.replace(settings, endpoints=named)
+    path = config_file_location(env) if config_file is None else os.fspath(config_file)
+    return dataclasses.replace(settings, endpoints=read_endpoints(path, settings),
+                               hosts=read_hosts(path, settings))

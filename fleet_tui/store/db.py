@@ -20,7 +20,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
@@ -114,6 +114,7 @@ class TaskSpec:
     timeout: float | None = None
     extra_args: list[str] = field(default_factory=list)
     endpoint: str | None = None  # a named endpoint of config.toml (None: "default")
+    host: str | None = None  # a host of config.toml, or "any" (None: "local")
 
 
 @dataclass
@@ -167,6 +168,9 @@ class Task:
     land_attempt: int = 0  # the attempt number of the queue's fix follow-up
     gate: str | None = None  # the last test gate: "passed" | "failed" (None: never run)
     archived_at: float | None = None  # archived: out of the lists, logs kept (v5)
+    # the host its attempts run on (issue 20): a host of config.toml; "any" until the
+    # claim that first starts it places it on the host with a free slot
+    host: str = "local"
     # Not a column: why the stored row could not be read as it is (None: it could). Such a
     # task is shown failed with this as its message, and the engine never runs it.
     row_error: str | None = None
@@ -431,7 +435,7 @@ UPDATE endpoints SET endpoint = 'default' WHERE instr(endpoint, '://') > 0
 # side, lines and their text, the rows quoted), the comment, when it was sent and whether
 # its lines were as commented then, and its last known state (a closed task's is kept).
 _REVIEW_COMMENTS = """
-CREATE TABLE review_comments (
+CREATE TABLE IF NOT EXISTS review_comments (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
     path TEXT NOT NULL,
@@ -448,13 +452,23 @@ CREATE TABLE review_comments (
     sent_how TEXT,
     state TEXT NOT NULL DEFAULT 'open'
 );
-CREATE INDEX review_comments_task ON review_comments(task_id)
+CREATE INDEX IF NOT EXISTS review_comments_task ON review_comments(task_id)
 """
+
+# issue 20: the host a task runs on (its attempts, resumes and follow-ups stay there); the
+# tasks before it ran here. Done again over a store that has it (a version number put
+# back by hand), it changes nothing.
+def _task_host(conn: sqlite3.Connection) -> None:
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(tasks)")}
+    if "host" not in columns:
+        conn.execute("ALTER TABLE tasks ADD COLUMN host TEXT NOT NULL DEFAULT 'local'")
+    conn.execute("CREATE INDEX IF NOT EXISTS tasks_state_host ON tasks(state, host)")
+
 
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS),
     _script(_V5_READY), _script(_V6_HOSTS), _script(_V7_GATEWAY),
-    _script(_V8_ENDPOINT_NAMES), _script(_REVIEW_COMMENTS)]
+    _script(_V8_ENDPOINT_NAMES), _script(_REVIEW_COMMENTS), _task_host]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error", "row_damaged"}
@@ -932,9 +946,12 @@ class Store:
             return conn.execute("DELETE FROM tasks WHERE id = ?", (task_id,)).rowcount > 0
 
     def count_tasks(self, states: TaskState | Iterable[TaskState] | None = None,
-                    endpoint: str | None = None) -> int:
+                    endpoint: str | None = None, *, host: str | None = None) -> int:
         where: list[str] = []
         args: list[Any] = []
+        if host is not None:
+            where.append("host = ?")
+            args.append(host)
         state_values = _states_tuple(states)
         if states is not None:
             if not state_values:
@@ -948,7 +965,8 @@ class Store:
         return int(self._connect().execute(sql, args).fetchone()[0])
 
     def claim_next(self, endpoint: str, cap: int, now: float | None = None,
-                   owner: str | None = None, parked_first: bool = False) -> Task | None:
+                   owner: str | None = None, parked_first: bool = False,
+                   hosts: Mapping[str, int] | None = None) -> Task | None:
         """Atomically move the oldest ready task of ``endpoint`` to running, under ``cap``.
 
         Ready: pending (queued, or waiting) with no ``not_before`` or one that has come.
@@ -957,6 +975,11 @@ class Store:
         window) go before the others (the resume after a park). The states are the phases
         of states.py's table. One IMMEDIATE transaction, so the cap holds across every
         process sharing the database.
+
+        ``hosts`` (issue 20): each host's worker cap, in the order `any` prefers them on a
+        tie. A task of a host at its cap waits (a host not listed has no cap here: its
+        start fails, saying why); a task of host "any" is placed on the listed host with
+        the most free slots, and never when all are full. The endpoint's cap holds too.
         """
         now = time.time() if now is None else now
         active = sorted(s.value for s in ACTIVE_STATES)
@@ -967,21 +990,41 @@ class Store:
                 f"({', '.join('?' for _ in active)})", (endpoint, *active)).fetchone()[0]
             if running >= cap:
                 return None
+            full: list[str] = []
+            free: list[tuple[int, int, str]] = []  # (-free slots, order, name) for "any"
+            if hosts is not None:
+                busy = dict(conn.execute(
+                    f"SELECT host, COUNT(*) FROM tasks WHERE state IN "
+                    f"({', '.join('?' for _ in active)}) GROUP BY host", active).fetchall())
+                for order, (name, host_cap) in enumerate(hosts.items()):
+                    left = host_cap - int(busy.get(name, 0))
+                    if left > 0:
+                        free.append((-left, order, name))
+                    else:
+                        full.append(name)
+                if not free:
+                    full.append("any")
+            not_full = f"AND host NOT IN ({', '.join('?' for _ in full)}) " if full else ""
             row = conn.execute(
                 f"SELECT * FROM tasks WHERE endpoint = ? AND state IN "
                 f"({', '.join('?' for _ in pending)}) AND "
-                f"(not_before IS NULL OR not_before <= ?) ORDER BY "
+                f"(not_before IS NULL OR not_before <= ?) "
+                f"{not_full}ORDER BY "
                 f"{'(state = ? AND verdict = ?) DESC, ' if parked_first else ''}"
                 f"created_at, id LIMIT 1",
-                (endpoint, *pending, now,
+                (endpoint, *pending, now, *full,
                  *((TaskState.WAITING.value, Verdict.WINDOW.value) if parked_first else ())
                  )).fetchone()
             if row is None:
                 return None
+            host = row["host"]
+            if host == "any" and free:
+                host = min(free)[2]
             conn.execute(
                 "UPDATE tasks SET state = ?, claimed_by = ?, claimed_at = ?, updated_at = ?, "
-                "not_before = NULL, started_at = COALESCE(started_at, ?) WHERE id = ?",
-                (TaskState.RUNNING.value, owner, now, now, now, row["id"]))
+                "not_before = NULL, started_at = COALESCE(started_at, ?), host = ? "
+                "WHERE id = ?",
+                (TaskState.RUNNING.value, owner, now, now, now, host, row["id"]))
             fresh = conn.execute("SELECT * FROM tasks WHERE id = ?", (row["id"],)).fetchone()
             return _task_from_row(fresh)
 
@@ -1109,7 +1152,8 @@ class Store:
                     decide: Callable[[EndpointState | None, int],
                                      tuple[int | None, dict[str, Any] | None,
                                            dict[str, Any] | None, dict[str, Any] | None,
-                                           bool]]) -> Task | None:
+                                           bool]],
+                    hosts: Mapping[str, int] | None = None) -> Task | None:
         """`claim_next` under the endpoint's limits, in one IMMEDIATE transaction, so that
         two engines cannot both start a task into a closed window or past a ramp's step.
 
@@ -1134,7 +1178,8 @@ class Store:
                 self._write_endpoint(conn, endpoint, fields_now, now)
             if cap is None:
                 return None
-            task = self.claim_next(endpoint, cap, now, owner=owner, parked_first=parked_first)
+            task = self.claim_next(endpoint, cap, now, owner=owner, parked_first=parked_first,
+                                   hosts=hosts)
             if task is not None and on_claim:
                 self._write_endpoint(conn, endpoint, on_claim, now)
             if task is None and on_idle:

@@ -62,7 +62,8 @@ class LandingController(Controller):
         if self.screen.closing:
             return
         form = LaunchScreen(repo, default_base=base, draft=self.launch_drafts.get(repo),
-                            endpoints=self.screen.engine().settings.endpoint_names)
+                            endpoints=self.screen.engine().settings.endpoint_names,
+                            hosts=self.screen.engine().settings.host_names)
         request = await self.screen.app.push_screen_wait(form)
         if form.draft is not None and request is None:
             self.launch_drafts[repo] = form.draft  # closed with something typed: kept

@@ -33,6 +33,8 @@ from fleet_tui.core import durations
 from fleet_tui.core.titles import task_title, title_from_prompt
 from fleet_tui.settings.config import PERMISSION_MODES
 from fleet_tui.settings.endpoints import DEFAULT as DEFAULT_ENDPOINT
+from fleet_tui.settings.hosts import ANY as ANY_HOST
+from fleet_tui.settings.hosts import LOCAL as LOCAL_HOST
 from fleet_tui.store.db import MAX_COPIES, TaskSpec
 from fleet_tui.system import paths
 from fleet_tui.ui.screens import DIALOG_CSS
@@ -54,6 +56,7 @@ class FormValues:
     max_turns: str = ""
     timeout: str = ""
     endpoint: str = ""  # a named endpoint of config.toml ("": the default)
+    host: str = ""  # a host of config.toml, or "any" ("": local)
 
     def carried(self) -> list[str]:
         """The remembered values that differ from a fresh form's, as "name value"."""
@@ -61,7 +64,7 @@ class FormValues:
         names = (("base_ref", "base ref"), ("model", "model"),
                  ("permission_mode", "permission mode"), ("effort", "effort"),
                  ("max_turns", "max turns"), ("timeout", "timeout"),
-                 ("endpoint", "endpoint"))
+                 ("endpoint", "endpoint"), ("host", "host"))
         return [f"{label} {getattr(self, name)}" for name, label in names
                 if getattr(self, name) != getattr(fresh, name)]
 
@@ -100,6 +103,7 @@ class FormDraft:
     max_turns: str
     timeout: str
     endpoint: str = ""
+    host: str = ""
 
 
 @dataclass(frozen=True)
@@ -156,19 +160,23 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
 
     def __init__(self, repo: Path, *, default_base: str = "", default_model: str = "",
                  form_file: Path | None = None, draft: FormDraft | None = None,
-                 endpoints: Sequence[str] = ()) -> None:
+                 endpoints: Sequence[str] = (), hosts: Sequence[str] = ()) -> None:
         """``draft``: what the last form closed in this repository held (it opens so).
-        ``endpoints``: the configured endpoints' names, the default first; the form asks
-        which one only when there are several."""
+        ``endpoints``: the configured endpoints' names, the default first; ``hosts``: the
+        hosts' names, local first. The form asks which one only when there are several
+        (a host: one of them, or any host with a free slot)."""
         super().__init__(classes="modal")
         self._repo = repo
         self._default_base = default_base
         self._default_model = default_model
         self._form_file = form_file
         self._endpoints = tuple(endpoints) or (DEFAULT_ENDPOINT,)
+        self._hosts = tuple(hosts) or (LOCAL_HOST,)
         values = FormValues.load(form_file)
         if values.endpoint not in self._endpoints[1:]:  # gone from config.toml, or default
             values = replace(values, endpoint="")
+        if values.host not in (*self._hosts[1:], ANY_HOST):  # gone, or local
+            values = replace(values, host="")
         self._values = values
         self._submitting = False
         self._restored = draft
@@ -236,6 +244,12 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
                             yield Select([(e, e) for e in self._endpoints], id="endpoint",
                                          allow_blank=False,
                                          value=v.endpoint or self._endpoints[0])
+                    if len(self._hosts) > 1:  # this machine alone: nothing to choose
+                        with Vertical():
+                            yield Label("Host", classes="field-label")
+                            yield Select([*((h, h) for h in self._hosts),
+                                          ("any free host", ANY_HOST)], id="host",
+                                         allow_blank=False, value=v.host or self._hosts[0])
             with Horizontal(classes="dialog-buttons"):
                 yield Button(keyed("Launch", "ctrl+s"), id="launch", variant="primary")
                 yield Button(keyed("Clear", "ctrl+l"), id="clear")
@@ -267,13 +281,21 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
             permission_mode=chosen("permission-mode"), effort=chosen("effort"),
             max_turns=self.query_one("#max-turns", Input).value,
             timeout=self.query_one("#timeout", Input).value,
-            endpoint=self._endpoint())
+            endpoint=self._endpoint(), host=self._host())
 
     def _endpoint(self) -> str:
         """The endpoint chosen ("" when the form has no such field: the default)."""
-        for select in self.query("#endpoint").results(Select):
+        return self._named("endpoint", self._endpoints[0])
+
+    def _host(self) -> str:
+        """The host chosen, or "any" ("" when the form has no such field: local)."""
+        return self._named("host", self._hosts[0])
+
+    def _named(self, widget_id: str, first: str) -> str:
+        """A name chosen in a Select the form may not have ("": none, or the first)."""
+        for select in self.query(f"#{widget_id}").results(Select):
             value = select.value
-            return value if isinstance(value, str) and value != self._endpoints[0] else ""
+            return value if isinstance(value, str) and value != first else ""
         return ""
 
     def _fill(self, draft: FormDraft) -> None:
@@ -290,9 +312,10 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
                 select.value = value
             else:
                 select.clear()
-        for chosen in self.query("#endpoint").results(Select):
-            chosen.value = draft.endpoint if draft.endpoint in self._endpoints \
-                else self._endpoints[0]
+        for widget_id, name, names in (("endpoint", draft.endpoint, self._endpoints),
+                                       ("host", draft.host, (*self._hosts, ANY_HOST))):
+            for chosen in self.query(f"#{widget_id}").results(Select):
+                chosen.value = name if name in names else names[0]
 
     def action_clear(self) -> None:
         """A fresh form: the prompt and title empty, one copy, the remembered options."""
@@ -418,11 +441,13 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
             max_turns=parse_positive_int(self._value("max-turns")),
             timeout=parse_duration(self._value("timeout")),
             endpoint=self._endpoint() or None,
+            host=self._host() or None,
         )
         FormValues(
             base_ref=base_ref, model=spec.model, permission_mode=spec.permission_mode or "",
             effort=spec.effort or "", max_turns=self._value("max-turns"),
             timeout=self._value("timeout"), endpoint=spec.endpoint or "",
+            host=spec.host or "",
         ).save(self._form_file)
         self.dismiss(LaunchRequest(spec, copies))
 

@@ -43,6 +43,7 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("id", "id", 6),
     ("repo", "repo", 14),  # only while tasks of more than one repository are listed
     ("endpoint", "endpoint", 10),  # only while tasks of more than one endpoint are listed
+    ("host", "host", 10),  # likewise, tasks of more than one host (issue 20)
     ("title", "title", None),
     ("model", "model", 10),
     ("elapsed", "time", 7),
@@ -201,6 +202,7 @@ class TaskTable(ScrollView, can_focus=True):
         self._repo_names: dict[Path, str] = {}  # shown while more than one is listed
         self._costs: dict[str, Totals] = {}  # the listed tasks' metered totals
         self._endpoints: set[str] = set()  # likewise, the tasks' endpoints (issue 19)
+        self._hosts: set[str] = set()  # and their hosts (issue 20)
 
     # --- what callers use ----------------------------------------------------------------
     @property
@@ -244,12 +246,18 @@ class TaskTable(ScrollView, can_focus=True):
         """The endpoint column is shown (tasks of several endpoints are listed)."""
         return len(self._endpoints) > 1
 
+    @property
+    def shows_host(self) -> bool:
+        """The host column is shown (tasks of several hosts are listed)."""
+        return len(self._hosts) > 1
+
     def show(self, tasks: list[Task], marked: set[str], now: float,
              costs: dict[str, Totals] | None = None) -> None:
         """Show ``tasks`` (already sorted). The cursor stays on its task when it is still
         listed, else on the same row; only the rows on screen are painted. With tasks of
         more than one repository, a repository column tells them apart (likewise an
-        endpoint column for tasks of more than one endpoint); with `costs` (the meter's
+        endpoint column for tasks of more than one endpoint, and a host column for tasks
+        of more than one host); with `costs` (the meter's
         totals per task) of any listed task, a cost column."""
         selected = self.selected_key
         repos = {t.repo for t in tasks}
@@ -262,8 +270,10 @@ class TaskTable(ScrollView, can_focus=True):
             self._header = None
         self._costs = costs
         endpoints = {t.endpoint for t in tasks}
-        if endpoints != self._endpoints:
+        hosts = {t.host for t in tasks}
+        if endpoints != self._endpoints or hosts != self._hosts:
             self._endpoints = endpoints
+            self._hosts = hosts
             self._header = None
         self._order = [t.id for t in tasks]
         self._tasks = {t.id: t for t in tasks}
@@ -390,6 +400,8 @@ class TaskTable(ScrollView, can_focus=True):
             hidden.add("cost")
         if not self.shows_endpoint:
             hidden.add("endpoint")
+        if not self.shows_host:
+            hidden.add("host")
         if self.size.width and self.size.width < NARROW_WIDTH:
             hidden |= NARROW_HIDDEN
         return [c for c in COLUMNS if c[0] not in hidden]
@@ -446,6 +458,7 @@ class TaskTable(ScrollView, can_focus=True):
                  overflow="ellipsis", style=self._style("muted")),
             Text(task.endpoint, no_wrap=True, overflow="ellipsis",
                  style=self._style("muted")),
+            Text(task.host, no_wrap=True, overflow="ellipsis", style=self._style("muted")),
             title,
             Text(task.model, no_wrap=True, overflow="ellipsis"),
             Text(human_duration(spent) if spent is not None else "", no_wrap=True,
@@ -466,7 +479,7 @@ class TaskTable(ScrollView, can_focus=True):
                 task.output_tokens, task.added_lines, task.deleted_lines, task.last_tool,
                 None if spent is None else int(spent), marked, landing_label(task),
                 self.shows_repo, self._repo_names.get(task.repo), self.shows_endpoint,
-                task.endpoint, self._cost_key(task.id))
+                task.endpoint, self.shows_host, task.host, self._cost_key(task.id))
 
     def _cost_key(self, task_id: str) -> object:
         """What a row's cost cell depends on (and whether the column is shown at all)."""

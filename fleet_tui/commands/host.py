@@ -1,0 +1,240 @@
+"""fleet-tui host add|ls|rm|check: the machines workers run on (issue 20).
+
+`add` writes a `[hosts.NAME]` table into config.toml (the rest of the file kept byte for
+byte: settings/hosts.py's writer), `rm` cuts it out (refused while tasks live on that
+host: their worktrees and sessions are there), `ls` lists `local` and the configured hosts
+with their caps and tasks, `check` says whether a host can run workers, each failed check
+with its fix, and offers to install the pinned claude there with npm (`--yes`: without
+asking). The same hosts can be written by hand in config.toml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from fleet_tui import CLAUDE_CODE_VERSION
+from fleet_tui.core.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    FleetRefused,
+    FleetTuiError,
+)
+from fleet_tui.core.states import ACTIVE_STATES
+from fleet_tui.engine import host_check
+from fleet_tui.engine.host_check import Check
+from fleet_tui.settings.config import ConfigError, Settings, config_file_path, load_settings
+from fleet_tui.settings.hosts import (
+    LOCAL,
+    HostConfig,
+    add_host,
+    host_from_table,
+    remove_host,
+)
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleet-tui host",
+        description="The machines workers run on: `local` (this one) and the ssh hosts of "
+                    "config.toml ([hosts.NAME]).")
+    sub = parser.add_subparsers(dest="action", metavar="add|ls|rm|check")
+    add = sub.add_parser("add", help="add an ssh host to config.toml")
+    add.add_argument("name", help="its name (`run --host NAME`)")
+    add.add_argument("target", help="as ssh takes it: an alias of ~/.ssh/config, user@host, "
+                     "host:port")
+    add.add_argument("-p", "--port", type=int, metavar="PORT",
+                     help="the ssh port (or write host:port)")
+    add.add_argument("--max-workers", type=int, metavar="N",
+                     help="workers at once on that host (default: the top-level max_workers)")
+    add.add_argument("--key-on-host", action="store_true",
+                     help="keep the key on the host, for workers that must go on while this "
+                          "machine is away (default: the key never leaves this machine)")
+    ls = sub.add_parser("ls", help="the hosts, their caps and tasks")
+    ls.add_argument("--json", action="store_true", help="a JSON list")
+    rm = sub.add_parser("rm", help="remove a host from config.toml (not while tasks live "
+                        "on it)")
+    rm.add_argument("name")
+    check = sub.add_parser("check", help="can the host run workers? each failed check with "
+                           "its fix")
+    check.add_argument("name", nargs="?", default=LOCAL, help="a host's name (default local)")
+    check.add_argument("--yes", action="store_true",
+                       help="install what is missing (the pinned claude) without asking")
+    check.add_argument("--json", action="store_true", help="the checks as JSON")
+    return parser
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(f"fleet-tui host: {text}\n")
+
+
+def _settings() -> Settings:
+    return load_settings()
+
+
+def _add(args: argparse.Namespace) -> int:
+    settings = _settings()  # a config.toml that does not read is said before writing
+    path = config_file_path()
+    table: dict[str, object] = {"ssh": args.target}
+    if args.port is not None:
+        table["port"] = args.port
+    if args.max_workers is not None:
+        table["max_workers"] = args.max_workers
+    if args.key_on_host:
+        table["key_on_host"] = True
+    if args.name == LOCAL:
+        raise ConfigError("'local' is this machine, always a host; give the ssh host another "
+                          "name (this machine's cap: [hosts.local] max_workers in "
+                          f"{path})")
+    host = host_from_table(args.name, table, "host add", settings.max_workers)
+    add_host(Path(path), host)
+    _out(f"added host {host.name}: ssh {host.target}, max_workers {host.max_workers}"
+         + (", the key kept on the host" if host.key_on_host else "") + f" ({path})")
+    _out(f"check it: fleet-tui host check {host.name}")
+    return EXIT_OK
+
+
+def _rows(settings: Settings) -> list[dict[str, object]]:
+    from fleet_tui.engine.fleet import Fleet
+
+    fleet = Fleet(settings)
+    rows: list[dict[str, object]] = []
+    for host in settings.all_hosts:
+        live = fleet.tasks_on_host(host.name)
+        rows.append({"name": host.name, "ssh": host.ssh, "port": host.port,
+                     "target": host.target, "max_workers": host.max_workers,
+                     "key_on_host": host.key_on_host,
+                     "running": sum(t.state in ACTIVE_STATES for t in live),
+                     "tasks": len(live)})
+    return rows
+
+
+def _ls(args: argparse.Namespace) -> int:
+    rows = _rows(_settings())
+    if args.json:
+        _out(json.dumps(rows, indent=2))
+        return EXIT_OK
+    width = max(len(str(r["name"])) for r in rows)
+    target_width = max(len(str(r["target"])) for r in rows)
+    _out(f"{'NAME':<{width}}  {'TARGET':<{target_width}}  {'WORKERS':>7}  {'TASKS':>5}  KEY")
+    for r in rows:
+        workers = f"{r['running']}/{r['max_workers']}"
+        key = "-" if r["ssh"] is None else "on host" if r["key_on_host"] else "here"
+        _out(f"{r['name']!s:<{width}}  {r['target']!s:<{target_width}}  {workers:>7}  "
+             f"{r['tasks']!s:>5}  {key}")
+    return EXIT_OK
+
+
+def _rm(args: argparse.Namespace) -> int:
+    from fleet_tui.engine.fleet import Fleet
+
+    settings = _settings()
+    if args.name == LOCAL:
+        raise FleetRefused("'local' is this machine: it is always a host")
+    host = settings.host(args.name)  # ConfigError naming the hosts
+    live = Fleet(settings).tasks_on_host(host.name)
+    if live:
+        ids = ", ".join(t.id for t in live[:8]) + (" ..." if len(live) > 8 else "")
+        raise FleetRefused(f"{len(live)} task{'s' if len(live) != 1 else ''} live on the host "
+                           f"{host.name} ({ids}): their worktrees and sessions are there; "
+                           "merge or discard them first (`fleet-tui merge ID`, `fleet-tui "
+                           "discard ID`)")
+    path = config_file_path()
+    remove_host(Path(path), host.name)
+    _out(f"removed host {host.name} ({path})")
+    return EXIT_OK
+
+
+def _claude_where(settings: Settings, host: HostConfig) -> tuple[tuple[str, ...], str | None]:
+    """Where the host's claude is looked for first, and where `--yes` installs it."""
+    if not host.is_local:
+        return (), None
+    from fleet_tui.system import paths
+
+    copy = paths.cli_install_dir()
+    return (settings.claude, str(copy / "node_modules" / ".bin" / "claude")), str(copy)
+
+
+def _check(args: argparse.Namespace) -> int:
+    settings = _settings()
+    host = settings.host(args.name)
+    claude, install_to = _claude_where(settings, host)
+    checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
+    failed_claude = any(c.name == "claude" and not c.ok for c in checks)
+    if failed_claude and values.get("npm") and (args.yes or not args.json):
+        if not args.json:
+            _show(host, checks)
+        if _install(host, install_to, args.yes, quiet=args.json):
+            checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
+        else:
+            return EXIT_FAILED
+    if args.json:
+        _out(json.dumps({"host": host.name, "target": host.target,
+                         "ok": all(c.ok for c in checks),
+                         "checks": [c.to_json() for c in checks]}, indent=2))
+    else:
+        _show(host, checks)
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
+
+
+def _show(host: HostConfig, checks: list[Check]) -> None:
+    _out(f"host {host.name} ({'this machine' if host.is_local else 'ssh ' + host.target}):")
+    for check in checks:
+        _out(f"  {'ok  ' if check.ok else 'FAIL'}  {check.name:<9}  {check.found}")
+        if not check.ok and check.fix:
+            _out(f"        fix: {check.fix}")
+
+
+def _install(host: HostConfig, install_to: str | None, yes: bool, *,
+             quiet: bool = False) -> bool:
+    """The pinned claude installed on the host with npm, after asking (unless `yes`)."""
+    say = _err if quiet else _out
+    script = host_check.install_script(install_to)
+    where = "here" if host.is_local else f"on {host.name}"
+    if not yes:
+        if not sys.stdin.isatty():
+            say(f"not installed (no terminal to ask); `fleet-tui host check {host.name} "
+                 f"--yes` installs Claude Code {CLAUDE_CODE_VERSION} {where}")
+            return False
+        try:
+            answer = input(f"Install Claude Code {CLAUDE_CODE_VERSION} {where} with npm? "
+                           "[y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            say("not installed")
+            return False
+    say(f"installing Claude Code {CLAUDE_CODE_VERSION} {where} ...")
+    ran = host_check.run_on(host, script, timeout=900.0)
+    if ran.returncode != 0:
+        tail = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
+        say(f"npm failed: {tail}; run it by hand {where}:\n  {script.strip()}")
+        return False
+    return True
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) if exc.code in (0, None) else EXIT_USAGE
+    if args.action is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    action = {"add": _add, "ls": _ls, "rm": _rm, "check": _check}[args.action]
+    try:
+        return action(args)
+    except FleetTuiError as exc:
+        _err(exc.message)
+        return exc.exit_code if exc.exit_code is not None else EXIT_REFUSED

@@ -1,0 +1,245 @@
+"""`fleet-tui host check NAME`: can this host run workers (issue 20)?
+
+One probe script runs on the host (`sh -s`, the script on its stdin: nothing to quote)
+and prints what it found, one `key=value` a line; each check reads it and says, when it
+fails, how to fix it: reachable, python >= 3.10, git >= 2.38, the pinned claude, free
+disk, clock skew. For an ssh host the probe goes through the user's own ssh (their
+~/.ssh/config, agent and known-hosts checking, never switched off) with BatchMode, so a
+password or a host-key question fails the check instead of waiting for an answer.
+
+`run_on` is the one function that starts a command on a host: the lead routes it through
+the ssh host's connection (execution/ssh/) once both are in one build.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fleet_tui import CLAUDE_CODE_VERSION
+from fleet_tui.settings.hosts import HostConfig
+
+MIN_PYTHON = (3, 10)
+MIN_GIT = (2, 38)
+MIN_FREE_MB = 2048  # worktrees, node_modules, the claude CLI
+MAX_SKEW = 30.0  # seconds: leases and the stall watchdog compare the two clocks
+CONNECT_TIMEOUT = 10
+# where the host keeps fleet-tui's files (the ssh host's data dir)
+HOST_DATA_DIR = "$HOME/.fleet-tui-host"
+CLAUDE_PACKAGE = f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}"
+
+
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check's result: `ok`, what was found, and (failed) how to fix it."""
+
+    name: str
+    ok: bool
+    found: str
+    fix: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"check": self.name, "ok": self.ok, "found": self.found, "fix": self.fix}
+
+
+def ssh_argv(host: HostConfig, ssh: str = "ssh") -> list[str]:
+    """ssh's argv for a command on `host`, with the user's own config and BatchMode."""
+    return [ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}",
+            *host.ssh_args()]
+
+
+def run_on(host: HostConfig, script: str, *, timeout: float = 60.0,
+           env: Mapping[str, str] | None = None, ssh: str = "ssh") -> Ran:
+    """Run a shell script on the host (`sh -s`, the script on stdin): this machine for
+    `local`, else through ssh. A timeout or an ssh that cannot start reads as exit 255
+    (ssh's own code for "could not connect") with the reason in stderr."""
+    argv = ["sh", "-s"] if host.is_local else [*ssh_argv(host, ssh), "sh -s"]
+    try:
+        done = subprocess.run(argv, input=script.encode(), capture_output=True,
+                              timeout=timeout, check=False,
+                              env=dict(env) if env is not None else None)
+    except subprocess.TimeoutExpired:
+        return Ran(255, "", f"no answer within {timeout:g} s")
+    except OSError as exc:
+        return Ran(255, "", f"{argv[0]}: {exc.strerror or exc}")
+    return Ran(done.returncode, done.stdout.decode(errors="replace"),
+               done.stderr.decode(errors="replace"))
+
+
+def claude_dir() -> str:
+    """Where `host check --yes` installs the pinned claude on an ssh host."""
+    return f"{HOST_DATA_DIR}/claude-cli"
+
+
+def _shell_path(path: str) -> str:
+    if path.startswith("$HOME/"):
+        return '"$HOME"' + shlex.quote(path[len("$HOME"):])
+    return shlex.quote(path)
+
+
+def install_script(where: str | None = None) -> str:
+    """The pinned claude CLI installed with npm into `where` (default: the ssh host's data
+    dir; this machine: the folder the demo installs it in)."""
+    folder = _shell_path(where or claude_dir())
+    return (f"mkdir -p {folder} && npm install --prefix {folder} --no-audit --no-fund "
+            f"{shlex.quote(CLAUDE_PACKAGE)}\n")
+
+
+def probe_script(claude: tuple[str, ...] = ()) -> str:
+    """What the checks read, one key=value a line (each found or empty). `claude`: where
+    to look for it first (this machine: the settings' and the demo's copy; a host: its
+    data dir's), then `claude` on PATH."""
+    candidates = claude or (f"{claude_dir()}/node_modules/.bin/claude",)
+    first = " ".join(_shell_path(c) for c in candidates)
+    look = (f'c=""; for x in {first}; do case "$x" in */*) [ -x "$x" ] && c="$x" ;; '
+            '*) c=$(command -v "$x" 2>/dev/null) ;; esac; [ -n "$c" ] && break; done; '
+            '[ -n "$c" ] || c=$(command -v claude 2>/dev/null)')
+    return "\n".join([
+        "export LC_ALL=C",
+        'echo "reached=yes"',
+        "echo \"python=$(python3 -c 'import sys; print(\"%d.%d.%d\" % sys.version_info[:3])'"
+        ' 2>/dev/null)"',
+        'echo "git=$(git --version 2>/dev/null)"',
+        look,
+        'echo "claude_path=$c"',
+        'echo "claude=$([ -n "$c" ] && "$c" --version 2>/dev/null | head -n 1)"',
+        'echo "npm=$(command -v npm 2>/dev/null)"',
+        'echo "disk_kb=$(df -Pk "$HOME" 2>/dev/null | awk \'NR==2 {print $4}\')"',
+        'echo "time=$(date +%s)"',
+        "",
+    ])
+
+
+def _values(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.isidentifier():
+            out[key] = value.strip()
+    return out
+
+
+def _version(text: str) -> tuple[int, ...] | None:
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if not match:
+        return None
+    return tuple(int(g) for g in match.groups() if g is not None)
+
+
+def unreachable_fix(host: HostConfig, why: str) -> str:
+    """What to do when ssh does not get in: the sentence depends on what ssh said."""
+    target = " ".join(shlex.quote(a) for a in host.ssh_args() if a != "--")
+    lowered = why.lower()
+    if "host key verification failed" in lowered or "no matching host key" in lowered:
+        hint = ("its host key is not in your known_hosts: connect once by hand and check "
+                "the fingerprint")
+    elif "permission denied" in lowered:
+        hint = ("your key is not accepted: load it into your agent (ssh-add) or name it with "
+                "IdentityFile in ~/.ssh/config, and add it to the host's authorized_keys")
+    elif "could not resolve" in lowered or "name or service not known" in lowered:
+        hint = "the name does not resolve: check the host name, or add it to ~/.ssh/config"
+    else:
+        hint = "check that the host is up and sshd listens on that port"
+    return (f"{hint}; then `ssh {target} true` must succeed without asking anything "
+            "(fleet-tui runs ssh with BatchMode=yes)")
+
+
+def check_host(host: HostConfig, *, env: Mapping[str, str] | None = None,
+               claude: tuple[str, ...] = (), install_to: str | None = None,
+               now: float | None = None, ssh: str = "ssh"
+               ) -> tuple[list[Check], dict[str, str]]:
+    """Every check of the host, in order, and the probe's values (`claude_path`, `npm`).
+    An unreachable host is one failed check: the others need it. `claude`: where its
+    claude is looked for first (probe_script)."""
+    started = time.time()
+    ran = run_on(host, probe_script(claude), env=env, ssh=ssh)
+    ended = time.time() if now is None else now
+    values = _values(ran.stdout)
+    where = "this machine" if host.is_local else host.target
+    if values.get("reached") != "yes":
+        why = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
+        fix = unreachable_fix(host, why) if not host.is_local else "check `sh` works here"
+        return [Check("reachable", False, f"unreachable: {why}", fix)], values
+    checks = [Check("reachable", True, where if host.is_local else f"ssh {where}")]
+    checks.append(_at_least("python", values.get("python", ""), MIN_PYTHON,
+                            "install Python 3.10 or newer there as `python3` (e.g. "
+                            "`apt install python3`)"))
+    checks.append(_at_least("git", values.get("git", ""), MIN_GIT,
+                            "install git 2.38 or newer there (e.g. `apt install git`, or "
+                            "the git-core PPA / backports on older systems)"))
+    checks.append(_claude(values, install_to, "here" if host.is_local else "there"))
+    checks.append(_disk(values.get("disk_kb", "")))
+    checks.append(_skew(values.get("time", ""), started, ended))
+    return checks, values
+
+
+def _at_least(name: str, found: str, minimum: tuple[int, ...], fix: str) -> Check:
+    version = _version(found)
+    wanted = ".".join(map(str, minimum))
+    if version is None:
+        return Check(name, False, "not found", fix)
+    shown = ".".join(map(str, version))
+    if version < minimum:
+        return Check(name, False, f"{shown} (older than {wanted})", fix)
+    return Check(name, True, shown)
+
+
+def _claude(values: Mapping[str, str], install_to: str | None, where: str) -> Check:
+    found = values.get("claude", "")
+    path = values.get("claude_path", "")
+    version = _version(found)
+    install = install_script(install_to).strip()
+    fix = (f"install the pinned version {where}: {install}" if values.get("npm")
+           else f"install Node.js (which brings npm) {where}, then: {install}")
+    if version is None:
+        return Check("claude", False, "not found" + (f" ({path} does not run)" if path else ""),
+                     fix)
+    shown = ".".join(map(str, version))
+    if shown != CLAUDE_CODE_VERSION:
+        return Check("claude", False, f"{shown} at {path} (fleet-tui is tested with "
+                     f"{CLAUDE_CODE_VERSION})", fix)
+    return Check("claude", True, f"{shown} at {path}")
+
+
+def _disk(found: str) -> Check:
+    if not found.isdigit():
+        return Check("disk", False, "could not read the free space of $HOME",
+                     "check that `df -Pk $HOME` works there")
+    free_mb = int(found) // 1024
+    shown = f"{free_mb / 1024:.1f} GB free in $HOME" if free_mb >= 1024 \
+        else f"{free_mb} MB free in $HOME"
+    if free_mb < MIN_FREE_MB:
+        return Check("disk", False, shown, f"free at least {MIN_FREE_MB // 1024} GB there "
+                     "(worktrees and the claude CLI live under $HOME)")
+    return Check("disk", True, shown)
+
+
+def _skew(found: str, started: float, ended: float) -> Check:
+    if not found.isdigit():
+        return Check("clock", False, "could not read the host's clock",
+                     "check that `date +%s` works there")
+    theirs = int(found)
+    # the host read its clock between our two readings (whole seconds: 1 s of slack)
+    if started - 1 <= theirs <= ended + 1:
+        return Check("clock", True, "in step (within 1 s)")
+    skew = theirs - (ended if theirs > ended else started)
+    shown = f"{abs(skew):.0f} s {'ahead' if skew > 0 else 'behind'}"
+    if abs(skew) > MAX_SKEW:
+        return Check("clock", False, shown, "run NTP there (e.g. `timedatectl "
+                     "set-ntp true`, or chrony): leases and stall times compare clocks")
+    return Check("clock", True, shown)
+
+
+__all__ = ["CLAUDE_PACKAGE", "Check", "Ran", "check_host", "install_script", "probe_script",
+           "run_on", "ssh_argv"]
