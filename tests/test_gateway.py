@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 from endpoint_helpers import request_body
 
+from fleet_tui.core.errors import FleetError
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.gateway import control
 from fleet_tui.gateway.routes import Route
@@ -312,6 +313,8 @@ def test_the_key_and_tokens_are_in_no_file_argv_or_environment_of_the_gateway(
             data = (proc / what).read_bytes()
             assert not any(s in data for s in secrets), what
     for path in control.folder().iterdir():
+        if not path.is_file():  # control.sock
+            continue
         data = path.read_bytes()
         assert not any(s in data for s in secrets), path
     db = b"".join(p.read_bytes() for p in paths.db_path().parent.glob("fleet.db*"))
@@ -352,7 +355,7 @@ def test_which_attempts_go_through_the_gateway(tmp_path: Path) -> None:
 
     store = Store(paths.db_path())
     link = GatewayLink(store, env=os.environ, python=sys.executable,
-                       keys=lambda: {"default": KEY})
+                       keys=lambda **_: {"default": KEY})
     on = load_settings(env=os.environ, overrides={"gateway": True,
                                                   "base_url": "http://127.0.0.1:9"})
     off = load_settings(env=os.environ, overrides={"gateway": False,
@@ -363,7 +366,7 @@ def test_which_attempts_go_through_the_gateway(tmp_path: Path) -> None:
     assert link.endpoint_of(on, task, "memory") is None  # runs nothing here
     other: Any = SimpleNamespace(id="t2", endpoint="http://elsewhere.invalid")
     assert link.endpoint_of(on, other, "local") is None  # no endpoint of the settings
-    keyless = GatewayLink(store, env=os.environ, python=sys.executable, keys=lambda: {})
+    keyless = GatewayLink(store, env=os.environ, python=sys.executable, keys=lambda **_: {})
     overrides: dict[str, Any] = {"base_url": "http://127.0.0.1:9", "key_sources": ["env"]}
     env = {"ANTHROPIC_AUTH_TOKEN": KEY}
     attempt: Any = SimpleNamespace(id=3, task_id="t1")
@@ -470,3 +473,46 @@ def test_an_idle_gateway_exits_and_the_next_attempt_starts_it_again(
             assert again.pid != info.pid and control.read_info() is not None
         finally:
             control.stop()
+
+
+def test_new_keys_and_endpoints_are_handed_to_the_running_gateway(rig: Rig) -> None:
+    """A key changed (or an endpoint of config.toml) reaches the running gateway through
+    its control socket: the next request goes on with the new key, the same process; a
+    handover replaces keys and endpoints whole (a new base URL never gets the old key), and
+    the socket is the user's only."""
+    token = rig.meter.mint("t1", 7, "default")
+    assert rig.post(token).status == 200
+    new_key = "sk-gateway-test-NEW-KEY-77a0"
+    route = Route("default", rig.ep.url, 2, "default")
+    assert control.hand_over(control.handover([route], {"default": new_key})) is True
+    assert control.hand_over(control.handover([route], {"default": new_key})) is False
+    assert rig.post(token).status == 200
+    assert [r.auth_sha256 for r in rig.ep.message_requests()] == [
+        hashlib.sha256(k.encode()).hexdigest() for k in (KEY, new_key)]
+    assert control.read_info() == rig.info  # handed over, not started again
+    sock = control.folder() / "control.sock"
+    assert sock.is_socket() and sock.stat().st_mode & 0o077 == 0
+    with ScriptedEndpoint({"default": SCRIPT}) as elsewhere:
+        # another base URL without its key: none is sent there (503), not the last one
+        moved = Route("default", elsewhere.url, 1, "default")
+        assert control.hand_over(control.handover([moved], {})) is True
+        refused = rig.post(token)
+        assert refused.status == 503 and b"no key" in refused.body
+        assert elsewhere.requests == [] and len(rig.ep.message_requests()) == 2
+        # an endpoint added with its key, and max_requests followed
+        other = Route("other", elsewhere.url, 1, "other")
+        control.hand_over(control.handover([moved, other], {"other": new_key}))
+        assert rig.post(rig.meter.mint("t2", 8, "other"), endpoint="other").status == 200
+        assert [r.auth_sha256 for r in elsewhere.message_requests()] == [
+            hashlib.sha256(new_key.encode()).hexdigest()]
+        wait_until(lambda: (control.read_status() or {}).get("endpoints", {})
+                   .get("default", {}).get("max_requests") == 1)
+        # what is not a handover is refused, and changes nothing
+        with pytest.raises(FleetError, match="refused the new keys"):
+            control.hand_over(b"[1, 2]")
+        assert rig.post(rig.meter.mint("t3", 9, "other"), endpoint="other").status == 200
+    # nothing of it in the gateway's files (its log names the endpoints only)
+    for path in control.folder().iterdir():
+        if path.is_file():
+            data = path.read_bytes()
+            assert new_key.encode() not in data and KEY.encode() not in data, path

@@ -74,6 +74,8 @@ def test_eight_workers_share_two_slots_without_a_1302(git_repo: Path, claude_bin
                 runner_log = (Path(attempt.dir) / "runner.log").read_bytes()
                 assert KEY.encode() not in runner_log
             for path in control.folder().iterdir():
+                if not path.is_file():  # control.sock
+                    continue
                 data = path.read_bytes()
                 assert KEY.encode() not in data and TOKEN_PREFIX.encode() not in data, path
         finally:
@@ -182,3 +184,51 @@ def test_a_worker_finds_the_key_in_no_process_of_the_machine(git_repo: Path,
     assert done.worktree is not None
     assert int((done.worktree.parent / "seen.txt").read_text()) > 3  # it could look
     assert (done.worktree.parent / "found.txt").read_text() == ""
+
+
+def test_a_key_set_between_two_tasks_reaches_the_endpoint_without_a_stop(
+        git_repo: Path, claude_bin: str) -> None:
+    """`fleet-tui key set` while the gateway runs (holding the old key): the engine hands
+    the new one over at the next attempt's start, and that attempt's requests reach the
+    endpoint with it; the same gateway process, no `gateway stop`."""
+    import subprocess
+    import sys
+
+    def key_set(value: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "fleet_tui.cli", "key", "set"],
+                              input=value + "\n", capture_output=True, text=True,
+                              env=os.environ, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert value not in done.stdout + done.stderr
+
+    old, new = (f"sk-gateway-{which}-{os.getpid()}-{time.monotonic_ns()}"
+                for which in ("old", "new"))
+    quick = {"real_turns": True, "turns": ["done"]}
+    with ScriptedEndpoint({"default": quick}) as ep:
+        key_set(old)
+        fleet = gateway_fleet(ep, claude_bin, key_sources="keyring", max_attempts=1)
+        fleet.env.pop("ANTHROPIC_AUTH_TOKEN", None)
+        try:
+            (first,) = fleet.submit(TaskSpec(prompt="answer", repo=git_repo))
+            drive(fleet, settled(fleet, first.id), timeout=120)
+            assert fleet.get_task(first.id).state == TaskState.SUCCEEDED
+            before = control.read_info(fleet.env)
+            assert before is not None
+            served = len(ep.message_requests())
+            key_set(new)
+            (second,) = fleet.submit(TaskSpec(prompt="answer", repo=git_repo))
+            drive(fleet, settled(fleet, second.id), timeout=120)
+            done = fleet.get_task(second.id)
+            assert done.state == TaskState.SUCCEEDED, done.message
+            assert control.read_info(fleet.env) == before  # handed over, not restarted
+        finally:
+            control.stop(fleet.env)
+    digest = {k: hashlib.sha256(k.encode()).hexdigest() for k in (old, new)}
+    requests = ep.message_requests()
+    assert served >= 1 and len(requests) > served
+    assert {r.auth_sha256 for r in requests[:served]} == {digest[old]}
+    assert {r.auth_sha256 for r in requests[served:]} == {digest[new]}
+    for path in control.folder().iterdir():
+        if path.is_file():
+            data = path.read_bytes()
+            assert old.encode() not in data and new.encode() not in data, path
