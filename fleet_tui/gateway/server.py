@@ -85,6 +85,9 @@ class Counters:
     gated: int = 0  # answered by the gateway: the endpoint parked or held
     refused: int = 0  # no token, a revoked one, one of another endpoint
     failed: int = 0  # the provider could not be reached, or the stream broke
+    waits: int = 0  # requests that waited for a slot
+    waited: float = 0.0  # seconds they waited, in all
+    held: float = 0.0  # seconds the slots were held, in all (each request's from its slot on)
     last_gated: str | None = None
     waiting_since: dict[str, float] = field(default_factory=dict)
 
@@ -253,7 +256,10 @@ class Gateway:
         try:
             async with slots.take(info.task_id):
                 if waits:
-                    counters.waiting_since.pop(waiter, None)
+                    since = counters.waiting_since.pop(waiter, None)
+                    if since is not None:
+                        counters.waits += 1
+                        counters.waited += time.time() - since
                     self._changed = True
                     # revoked, parked or held while it waited: still nothing goes upstream
                     info, state = self._look(token, route)
@@ -265,7 +271,11 @@ class Gateway:
                     gated = gate_answer(state, self.clock())
                     if gated is not None:
                         return self._gated(counters, gated)
-                return await self._forward(request, route, info, body, counters)
+                took = time.monotonic()
+                try:
+                    return await self._forward(request, route, info, body, counters)
+                finally:
+                    counters.held += time.monotonic() - took
         finally:
             counters.waiting_since.pop(waiter, None)
 
@@ -409,7 +419,9 @@ class Gateway:
                 "longest_wait": round(now - min(c.waiting_since.values()), 3)
                 if c.waiting_since else 0.0,
                 "served": c.served, "gated": c.gated, "refused": c.refused,
-                "failed": c.failed, "last_gated": c.last_gated}
+                "failed": c.failed, "last_gated": c.last_gated,
+                "waits": c.waits, "waited": round(c.waited, 3),
+                "held": round(c.held, 3)}
         return {"pid": os.getpid(), "port": self.port, "started_at": self.started,
                 "handed_at": self.handed_at, "written_at": now, "endpoints": endpoints}
 
