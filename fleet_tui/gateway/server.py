@@ -20,7 +20,9 @@ across a restart), and serves `/e/<endpoint>/<rest>`:
 
 It never logs a key, a token, a header or a body. Its records (folder): `gateway.lock`
 (held while it lives), `gateway.json` (pid, port, start), `status.json` (per endpoint: in
-flight, waiting and by which tasks, served, gated, refused), `gateway.log`.
+flight, waiting and by which tasks, served, gated, refused, slot waits and holds),
+`gateway.log`; and `control.sock` (0600), where an engine hands it the endpoints and keys
+again when they changed (`_control`: replaced whole, `Gateway.replace`).
 """
 
 from __future__ import annotations
