@@ -516,3 +516,34 @@ def test_new_keys_and_endpoints_are_handed_to_the_running_gateway(rig: Rig) -> N
         if path.is_file():
             data = path.read_bytes()
             assert new_key.encode() not in data and KEY.encode() not in data, path
+
+
+def test_the_engine_hands_changed_keys_over_once_and_lives_with_a_gateway_that_cannot_take_them(
+        rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    """GatewayLink: the keys it resolves are handed to the running gateway when they
+    changed since it last handed that gateway any, not on every look; a gateway without a
+    control socket (one an older version started) is used as it is, with a warning."""
+    from fleet_tui.engine.gateway_link import GatewayLink
+    from fleet_tui.settings.config import load_settings
+
+    settings = load_settings(env=os.environ, overrides={"gateway": True,
+                                                        "base_url": rig.ep.url})
+    link = GatewayLink(rig.store, env=os.environ, python=sys.executable,
+                       keys=lambda **_: {"default": KEY})
+    token = rig.meter.mint("t1", 7, "default")
+    new_key = "sk-gateway-test-LINK-KEY-0c3b"
+    assert link._ensure(settings, {"default": new_key}) == rig.info
+    assert rig.post(token).status == 200
+    log_text = (control.folder() / "gateway.log").read_text()
+    handed = log_text.count("handed over again")
+    assert handed == 1, log_text
+    assert link._ensure(settings, {"default": new_key}) == rig.info  # nothing new: no call
+    assert (control.folder() / "gateway.log").read_text().count("handed over again") \
+        == handed == 1
+    (control.folder() / "control.sock").unlink()
+    with caplog.at_level("WARNING", logger="fleet_tui.engine.fleet"):
+        assert link._ensure(settings, {"default": KEY}) == rig.info
+    assert "could not be handed the new keys" in caplog.text and KEY not in caplog.text
+    assert rig.post(token).status == 200
+    assert [r.auth_sha256 for r in rig.ep.message_requests()] == [
+        hashlib.sha256(new_key.encode()).hexdigest()] * 2

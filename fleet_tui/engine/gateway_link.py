@@ -93,11 +93,16 @@ class GatewayLink:
         digest = hashlib.sha256(data).digest()
         db = Path(self.store.path)
         found = control.read_info(self.env, db)
-        if found is None:
+        if found is None:  # started with these, or found started by another engine (the
+            # handover below then changes nothing, or gives it ours)
             found = control.ensure(routes, keys, db=db, python=self.python, env=self.env)
-        elif self._handed != (found.pid, found.started_at, digest) \
-                and control.hand_over(data, env=self.env, db=db):
-            log.info("the gateway was handed new keys or endpoints")
+        if self._handed != (found.pid, found.started_at, digest):
+            try:
+                if control.hand_over(data, env=self.env, db=db):
+                    log.info("the gateway was handed new keys or endpoints")
+            except FleetError as exc:  # one of an older version has no control socket:
+                # its workers keep the keys it has (`fleet-tui gateway stop` renews them)
+                log.warning("%s", exc)
         # a gateway found started by another engine is handed ours once, then left be
         self._handed = (found.pid, found.started_at, digest)
         return found

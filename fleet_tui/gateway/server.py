@@ -543,7 +543,7 @@ async def _control(gateway: Gateway, reader: asyncio.StreamReader,
                 gateway.settings = await gateway._in_pool(_settings)
                 log.info("endpoints and keys handed over again: %s", ", ".join(sorted(routes)))
             answer = {"ok": True, "changed": changed, "endpoints": sorted(routes)}
-    except (OSError, ValueError, KeyError, TypeError, TimeoutError) as exc:
+    except Exception as exc:  # its kind only: a message could quote what was handed
         log.warning("a handover on %s could not be read: %s", CONTROL_FILE,
                     type(exc).__name__)
         answer = {"ok": False, "error": type(exc).__name__}
@@ -590,7 +590,7 @@ def _bind(port: int) -> socket.socket:
     raise OSError("no port to bind on 127.0.0.1")
 
 
-async def _serve(gateway: Gateway, sock: socket.socket) -> None:
+async def _serve(gateway: Gateway, sock: socket.socket, control_sock: socket.socket) -> None:
     runner = web.AppRunner(gateway.app(), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.SockSite(runner, sock)
@@ -600,7 +600,7 @@ async def _serve(gateway: Gateway, sock: socket.socket) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     control = await asyncio.start_unix_server(
-        lambda r, w: _control(gateway, r, w), sock=_control_socket(gateway.folder))
+        lambda r, w: _control(gateway, r, w), sock=control_sock)
     status_task = asyncio.create_task(gateway.keep_status())
     idle_task = asyncio.create_task(watch_idle(gateway, stop, idle_exit()))
     try:
@@ -651,11 +651,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot listen: %s", exc)
         return 1
     gateway.port = int(sock.getsockname()[1])
+    # listening before gateway.json says it runs: an engine that finds it can hand over
+    control_sock = _control_socket(folder)
     write_json_atomic(folder / INFO_FILE, {
         "pid": os.getpid(), "start": procs.start_time(os.getpid()), "port": gateway.port,
         "started_at": gateway.started, "endpoints": sorted(routes)}, sync=False)
     log.info("listening on 127.0.0.1:%d for %s", gateway.port, ", ".join(sorted(routes)))
-    asyncio.run(_serve(gateway, sock))
+    asyncio.run(_serve(gateway, sock, control_sock))
     log.info("stopped")
     return 0
 
