@@ -141,7 +141,19 @@ def _timeline(ep: Any, fleet: Any, ids: list[str], t0: float, end: float,
     for row in Meter(fleet.store).rows():
         if row.task_id in ends:
             ends[row.task_id].append(row.at)
-    busy = sum(e - s for i in ids for s, e in zip(starts[i], ends[i], strict=False))
+    spans = [(a, b) for i in ids for a, b in zip(starts[i], ends[i], strict=False)]
+    busy = sum(b - a for a, b in spans)
+    # the slots' idle time (slot-seconds) in three phases: until the last task's first
+    # request (the start-up), from the first task's last request on (the tail), between
+    firsts = [starts[i][0] for i in ids if starts[i]]
+    lasts = [ends[i][-1] for i in ids if ends[i]]
+    cut1 = max(firsts, default=t0)
+    cut2 = max(cut1, min(lasts, default=end))
+
+    def idle(lo: float, hi: float) -> float:
+        used = sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in spans)
+        return max(0.0, 2 * (hi - lo) - used)
+
     spawned = []
     for i in ids:
         attempt = fleet.attempts(i)[-1]
@@ -152,6 +164,8 @@ def _timeline(ep: Any, fleet: Any, ids: list[str], t0: float, end: float,
     cpu1 = _cpu_ticks()
     return {
         "busy": busy / (2 * (end - t0)),  # of the 2 slots' time since the submit
+        "idle_start": idle(t0, cut1), "idle_middle": idle(cut1, cut2),
+        "idle_tail": idle(cut2, end),
         "spawned_last": max(spawned),  # the last runner spawned, s after the submit
         "first_median": first[len(first) // 2] if first else 0.0,
         "first_last": first[-1] if first else 0.0,  # the last task's first request
