@@ -415,3 +415,55 @@ def test_the_platform_is_reported_with_what_it_allows(setup: Path, key: str,
     settings = load_settings(env=ctx.env)
     row = doctor._tool_env_check(ctx, settings, 5.0)
     assert row.status == "fail" and "Linux-only" in row.detail
+
+
+def test_live_probes_every_named_endpoint_with_its_own_key(
+        setup: Path, key: str, endpoint: ScriptedEndpoint, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--live with [endpoints.NAME] tables (issue 19): the default endpoint's probe, then
+    one per named endpoint, each with its own key and model; one whose key is not found
+    is skipped; one that refuses its key fails with the exit code of that refusal."""
+    import keyring
+
+    zai_key, other_key = ("sk-zai-" + secrets.token_hex(8), "sk-other-" + secrets.token_hex(8))
+    with ScriptedEndpoint(["pong"]) as zai, ScriptedEndpoint(["pong"]) as other:
+        config = tmp_path / "config.toml"
+        config.write_text(f'''
+[endpoints.zai]
+base_url = "{zai.url}"
+key_env = "ZAI_DOCTOR_KEY"
+model = "zai-main"
+
+[endpoints.other]
+base_url = "{other.url}"
+key_keyring = "other-doctor-key"
+model = "other-main"
+
+[endpoints.nokey]
+base_url = "http://127.0.0.1:9/nokey"
+key_env = "NOKEY_DOCTOR_KEY"
+''', encoding="utf-8")
+        monkeypatch.setenv("FLEET_TUI_CONFIG", str(config))
+        monkeypatch.setenv("FLEET_WORKER_BASE_URL", endpoint.url)
+        monkeypatch.setenv("ZAI_DOCTOR_KEY", zai_key)
+        keyring.set_password("fleet-worker", "other-doctor-key", other_key)
+        result = run_doctor("--live", "--json", cwd=setup)
+        assert result.returncode == 0, result.stdout + result.stderr
+        rows = by_check(as_json(result))
+        assert rows["live"]["status"] == "ok"
+        assert rows["live zai"]["status"] == "ok" and zai.url in rows["live zai"]["detail"]
+        assert rows["live other"]["status"] == "ok"
+        assert rows["live nokey"]["status"] == "skip"
+        for ep, secret, model in ((endpoint, key, "GLM-5.2"), (zai, zai_key, "zai-main"),
+                                  (other, other_key, "other-main")):
+            [request] = ep.requests
+            assert request.auth_sha256 == hashlib.sha256(secret.encode()).hexdigest()
+            assert request.model == model
+        # a named endpoint that refuses its key: the report fails with the auth code
+        other.set_faults([401])
+        refused = run_doctor("--live", cwd=setup)
+        assert refused.returncode == 6, refused.stdout
+        line = next(r for r in refused.stdout.splitlines() if "live other" in r)
+        assert line.startswith("fail") and "rejected the key" in line
+        out = result.stdout + result.stderr + refused.stdout + refused.stderr
+        assert all(s not in out for s in (key, zai_key, other_key))

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 from endpoint_helpers import request_body
 
+from fleet_tui.core.errors import FleetError
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.gateway import control
 from fleet_tui.gateway.routes import Route
@@ -312,6 +313,8 @@ def test_the_key_and_tokens_are_in_no_file_argv_or_environment_of_the_gateway(
             data = (proc / what).read_bytes()
             assert not any(s in data for s in secrets), what
     for path in control.folder().iterdir():
+        if not path.is_file():  # control.sock
+            continue
         data = path.read_bytes()
         assert not any(s in data for s in secrets), path
     db = b"".join(p.read_bytes() for p in paths.db_path().parent.glob("fleet.db*"))
@@ -352,7 +355,7 @@ def test_which_attempts_go_through_the_gateway(tmp_path: Path) -> None:
 
     store = Store(paths.db_path())
     link = GatewayLink(store, env=os.environ, python=sys.executable,
-                       keys=lambda: {"default": KEY})
+                       keys=lambda **_: {"default": KEY})
     on = load_settings(env=os.environ, overrides={"gateway": True,
                                                   "base_url": "http://127.0.0.1:9"})
     off = load_settings(env=os.environ, overrides={"gateway": False,
@@ -366,7 +369,7 @@ def test_which_attempts_go_through_the_gateway(tmp_path: Path) -> None:
     assert link.endpoint_of(off, task, "box", remote_ok=True) is None
     other: Any = SimpleNamespace(id="t2", endpoint="http://elsewhere.invalid")
     assert link.endpoint_of(on, other, "local") is None  # no endpoint of the settings
-    keyless = GatewayLink(store, env=os.environ, python=sys.executable, keys=lambda: {})
+    keyless = GatewayLink(store, env=os.environ, python=sys.executable, keys=lambda **_: {})
     overrides: dict[str, Any] = {"base_url": "http://127.0.0.1:9", "key_sources": ["env"]}
     env = {"ANTHROPIC_AUTH_TOKEN": KEY}
     attempt: Any = SimpleNamespace(id=3, task_id="t1")
@@ -473,3 +476,77 @@ def test_an_idle_gateway_exits_and_the_next_attempt_starts_it_again(
             assert again.pid != info.pid and control.read_info() is not None
         finally:
             control.stop()
+
+
+def test_new_keys_and_endpoints_are_handed_to_the_running_gateway(rig: Rig) -> None:
+    """A key changed (or an endpoint of config.toml) reaches the running gateway through
+    its control socket: the next request goes on with the new key, the same process; a
+    handover replaces keys and endpoints whole (a new base URL never gets the old key), and
+    the socket is the user's only."""
+    token = rig.meter.mint("t1", 7, "default")
+    assert rig.post(token).status == 200
+    new_key = "sk-gateway-test-NEW-KEY-77a0"
+    route = Route("default", rig.ep.url, 2, "default")
+    assert control.hand_over(control.handover([route], {"default": new_key})) is True
+    assert control.hand_over(control.handover([route], {"default": new_key})) is False
+    assert rig.post(token).status == 200
+    assert [r.auth_sha256 for r in rig.ep.message_requests()] == [
+        hashlib.sha256(k.encode()).hexdigest() for k in (KEY, new_key)]
+    assert control.read_info() == rig.info  # handed over, not started again
+    sock = control.folder() / "control.sock"
+    assert sock.is_socket() and sock.stat().st_mode & 0o077 == 0
+    with ScriptedEndpoint({"default": SCRIPT}) as elsewhere:
+        # another base URL without its key: none is sent there (503), not the last one
+        moved = Route("default", elsewhere.url, 1, "default")
+        assert control.hand_over(control.handover([moved], {})) is True
+        refused = rig.post(token)
+        assert refused.status == 503 and b"no key" in refused.body
+        assert elsewhere.requests == [] and len(rig.ep.message_requests()) == 2
+        # an endpoint added with its key, and max_requests followed
+        other = Route("other", elsewhere.url, 1, "other")
+        control.hand_over(control.handover([moved, other], {"other": new_key}))
+        assert rig.post(rig.meter.mint("t2", 8, "other"), endpoint="other").status == 200
+        assert [r.auth_sha256 for r in elsewhere.message_requests()] == [
+            hashlib.sha256(new_key.encode()).hexdigest()]
+        wait_until(lambda: (control.read_status() or {}).get("endpoints", {})
+                   .get("default", {}).get("max_requests") == 1)
+        # what is not a handover is refused, and changes nothing
+        with pytest.raises(FleetError, match="refused the new keys"):
+            control.hand_over(b"[1, 2]")
+        assert rig.post(rig.meter.mint("t3", 9, "other"), endpoint="other").status == 200
+    # nothing of it in the gateway's files (its log names the endpoints only)
+    for path in control.folder().iterdir():
+        if path.is_file():
+            data = path.read_bytes()
+            assert new_key.encode() not in data and KEY.encode() not in data, path
+
+
+def test_the_engine_hands_changed_keys_over_once_and_lives_with_a_gateway_that_cannot_take_them(
+        rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    """GatewayLink: the keys it resolves are handed to the running gateway when they
+    changed since it last handed that gateway any, not on every look; a gateway without a
+    control socket (one an older version started) is used as it is, with a warning."""
+    from fleet_tui.engine.gateway_link import GatewayLink
+    from fleet_tui.settings.config import load_settings
+
+    settings = load_settings(env=os.environ, overrides={"gateway": True,
+                                                        "base_url": rig.ep.url})
+    link = GatewayLink(rig.store, env=os.environ, python=sys.executable,
+                       keys=lambda **_: {"default": KEY})
+    token = rig.meter.mint("t1", 7, "default")
+    new_key = "sk-gateway-test-LINK-KEY-0c3b"
+    assert link._ensure(settings, {"default": new_key}) == rig.info
+    assert rig.post(token).status == 200
+    log_text = (control.folder() / "gateway.log").read_text()
+    handed = log_text.count("handed over again")
+    assert handed == 1, log_text
+    assert link._ensure(settings, {"default": new_key}) == rig.info  # nothing new: no call
+    assert (control.folder() / "gateway.log").read_text().count("handed over again") \
+        == handed == 1
+    (control.folder() / "control.sock").unlink()
+    with caplog.at_level("WARNING", logger="fleet_tui.engine.fleet"):
+        assert link._ensure(settings, {"default": KEY}) == rig.info
+    assert "could not be handed the new keys" in caplog.text and KEY not in caplog.text
+    assert rig.post(token).status == 200
+    assert [r.auth_sha256 for r in rig.ep.message_requests()] == [
+        hashlib.sha256(new_key.encode()).hexdigest()] * 2

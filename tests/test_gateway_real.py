@@ -6,6 +6,7 @@ worker's reach and out of the gateway's files."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import time
@@ -74,6 +75,8 @@ def test_eight_workers_share_two_slots_without_a_1302(git_repo: Path, claude_bin
                 runner_log = (Path(attempt.dir) / "runner.log").read_bytes()
                 assert KEY.encode() not in runner_log
             for path in control.folder().iterdir():
+                if not path.is_file():  # control.sock
+                    continue
                 data = path.read_bytes()
                 assert KEY.encode() not in data and TOKEN_PREFIX.encode() not in data, path
         finally:
@@ -182,3 +185,109 @@ def test_a_worker_finds_the_key_in_no_process_of_the_machine(git_repo: Path,
     assert done.worktree is not None
     assert int((done.worktree.parent / "seen.txt").read_text()) > 3  # it could look
     assert (done.worktree.parent / "found.txt").read_text() == ""
+
+
+def test_a_key_set_between_two_tasks_reaches_the_endpoint_without_a_stop(
+        git_repo: Path, claude_bin: str) -> None:
+    """`fleet-tui key set` while the gateway runs (holding the old key): the engine hands
+    the new one over at the next attempt's start, and that attempt's requests reach the
+    endpoint with it; the same gateway process, no `gateway stop`."""
+    import subprocess
+    import sys
+
+    def key_set(value: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "fleet_tui.cli", "key", "set"],
+                              input=value + "\n", capture_output=True, text=True,
+                              env=os.environ, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert value not in done.stdout + done.stderr
+
+    old, new = (f"sk-gateway-{which}-{os.getpid()}-{time.monotonic_ns()}"
+                for which in ("old", "new"))
+    quick = {"real_turns": True, "turns": ["done"]}
+    with ScriptedEndpoint({"default": quick}) as ep:
+        key_set(old)
+        fleet = gateway_fleet(ep, claude_bin, key_sources="keyring", max_attempts=1)
+        fleet.env.pop("ANTHROPIC_AUTH_TOKEN", None)
+        try:
+            (first,) = fleet.submit(TaskSpec(prompt="answer", repo=git_repo))
+            drive(fleet, settled(fleet, first.id), timeout=120)
+            assert fleet.get_task(first.id).state == TaskState.SUCCEEDED
+            before = control.read_info(fleet.env)
+            assert before is not None
+            served = len(ep.message_requests())
+            key_set(new)
+            (second,) = fleet.submit(TaskSpec(prompt="answer", repo=git_repo))
+            drive(fleet, settled(fleet, second.id), timeout=120)
+            done = fleet.get_task(second.id)
+            assert done.state == TaskState.SUCCEEDED, done.message
+            assert control.read_info(fleet.env) == before  # handed over, not restarted
+        finally:
+            control.stop(fleet.env)
+    digest = {k: hashlib.sha256(k.encode()).hexdigest() for k in (old, new)}
+    requests = ep.message_requests()
+    assert served >= 1 and len(requests) > served
+    assert {r.auth_sha256 for r in requests[:served]} == {digest[old]}
+    assert {r.auth_sha256 for r in requests[served:]} == {digest[new]}
+    for path in control.folder().iterdir():
+        if path.is_file():
+            data = path.read_bytes()
+            assert old.encode() not in data and new.encode() not in data, path
+
+
+def test_a_gateway_killed_while_no_engine_runs_is_started_by_the_next_fleet_tui(
+        git_repo: Path, claude_bin: str) -> None:
+    """The gateway SIGKILLed while a worker streams and no engine runs (the panel closed):
+    the next fleet-tui process (here `fleet-tui ls`) starts it again on its port, and the
+    worker's own retry finishes the task with nothing else running; killed again with
+    nothing running at all, `fleet-tui run` starts a new one for its worker."""
+    from endpoint_helpers import cli_env, run_cli
+
+    slow = {"real_turns": True, "delay": 0.5,
+            "turns": ["an answer streamed slowly enough for the gateway to die in the "
+                      "middle of it while no engine looks"]}
+    with ScriptedEndpoint({"default": slow}) as ep:
+        env = cli_env(ep.url, claude_bin, KEY, FLEET_WORKER_GATEWAY="1")
+        env.pop("CLAUDE_CODE_MAX_RETRIES")
+        fleet = gateway_fleet(ep, claude_bin, max_attempts=1)
+        try:
+            (task,) = fleet.submit(TaskSpec(prompt="answer", repo=git_repo))
+            drive(fleet, lambda: bool(ep.message_requests()), timeout=60)
+            del fleet  # no engine from here: only the detached runner and the gateway
+            first = control.read_info()
+            assert first is not None
+            os.kill(first.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while control.read_info() is not None:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            listed = run_cli(env, git_repo, "ls")
+            assert listed.returncode == 0, listed.stderr
+            again = control.read_info()
+            assert again is not None and again.pid != first.pid
+            assert again.port == first.port  # the worker's base URL reaches it
+            # the worker's retry, with no engine: the answer comes through the new one
+            deadline = time.monotonic() + 120
+            while not ep.message_requests() or len(ep.message_requests()) < 2 \
+                    or (control.read_status() or {}).get("endpoints", {}) \
+                    .get("default", {}).get("served", 0) < 1:
+                assert time.monotonic() < deadline, "the worker never came back"
+                time.sleep(0.1)
+            deadline = time.monotonic() + 120
+            while True:  # `show` is a pass of its own: it finishes the attempt that ended
+                shown = json.loads(run_cli(env, git_repo, "show", task.id, "--json").stdout)
+                if shown["state"] not in ("running", "queued", "stalled", "waiting"):
+                    break
+                assert time.monotonic() < deadline, shown
+                time.sleep(0.5)
+            assert shown["state"] == "succeeded", shown
+            assert len(shown["attempts"]) == 1  # the CLI's retry, not the engine's
+            # killed again with nothing running: the next run starts one for its worker
+            os.kill(again.pid, signal.SIGKILL)
+            quick = run_cli(env, git_repo, "run", "answer", "--wait", "--json", timeout=180)
+            assert quick.returncode == 0, quick.stderr
+            assert json.loads(quick.stdout)[0]["state"] == "succeeded"
+            third = control.read_info()
+            assert third is not None and third.pid not in (first.pid, again.pid)
+        finally:
+            control.stop()

@@ -421,3 +421,103 @@ def test_scrub_tool_env_sets_the_scrub_and_an_explicit_allowlist(
     refused = run_worker("hi")
     assert refused.returncode == 2 and "apt-get install bubblewrap socat" in refused.stderr
     assert "socat is not installed" in refused.stderr and not record.exists()
+
+
+# -- --endpoint NAME (issue 19) ------------------------------------------------------------
+
+ENDPOINTS_TOML = '''
+base_url = "http://127.0.0.1:9/default"
+
+[endpoints.zai]
+base_url = "{zai}"
+key_env = "ZAI_WORKER_KEY"
+model = "zai-main"
+small_model = "zai-small"
+
+[endpoints.other]
+base_url = "{other}"
+key_keyring = "other-worker-key"
+model = "other-main"
+'''
+
+
+def endpoints_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                     zai: str = "http://127.0.0.1:9/zai",
+                     other: str = "http://127.0.0.1:9/other") -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(ENDPOINTS_TOML.format(zai=zai, other=other), encoding="utf-8")
+    monkeypatch.setenv("FLEET_TUI_CONFIG", str(path))
+
+
+def test_endpoint_names_the_url_models_and_its_own_key(
+        record: Path, key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fleet-worker --endpoint NAME`: that endpoint's base URL and models, and its own key
+    (its key_env's variable, its keyring entry), through the pipe as the usual key; no
+    endpoint's key variable reaches claude's environment."""
+    import keyring
+
+    endpoints_config(tmp_path, monkeypatch)
+    zai_key, other_key = ("sk-zai-" + secrets.token_hex(8), "sk-other-" + secrets.token_hex(8))
+    monkeypatch.setenv("ZAI_WORKER_KEY", zai_key)
+    keyring.set_password("fleet-worker", "other-worker-key", other_key)
+    for name, url, model, want in (("zai", "http://127.0.0.1:9/zai", "zai-main", zai_key),
+                                   ("other", "http://127.0.0.1:9/other", "other-main",
+                                    other_key)):
+        done = run_worker("--endpoint", name, "hi")
+        assert done.returncode == 0, done.stderr
+        rec = standin_claude.read_record(record)
+        env = rec["env"]
+        assert rec["helper_key"] == want, name  # not the usual key (ZHIPU_API_KEY)
+        assert env["ANTHROPIC_BASE_URL"] == url
+        assert env["ANTHROPIC_DEFAULT_SONNET_MODEL"] == model
+        assert "ZAI_WORKER_KEY" not in env and "ZHIPU_API_KEY" not in env
+        assert rec["argv"][-1] == "hi" and "--endpoint" not in rec["argv"]
+        assert all(want not in arg for arg in rec["argv"])
+    # the equals form, and the dry run names it with the key redacted
+    dry = run_worker("--endpoint=zai", "--dry-run", "hi")
+    assert dry.returncode == 0, dry.stderr
+    assert "http://127.0.0.1:9/zai" in dry.stdout and zai_key not in dry.stdout
+    # without --endpoint: the top-level settings and the usual key, as before
+    assert run_worker("hi").returncode == 0
+    assert standin_claude.read_record(record)["helper_key"] == key
+
+
+def test_endpoint_errors_say_what_to_do(record: Path, key: str, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    endpoints_config(tmp_path, monkeypatch)
+    unknown = run_worker("--endpoint", "nope", "hi")
+    assert unknown.returncode == 2 and "unknown endpoint 'nope'" in unknown.stderr
+    assert "default, zai, other" in unknown.stderr
+    bare = run_worker("hi", "--endpoint")
+    assert bare.returncode == 2 and "--endpoint needs a name" in bare.stderr
+    monkeypatch.delenv("ZAI_WORKER_KEY", raising=False)
+    missing = run_worker("--endpoint", "zai", "hi")  # its own key only: not ZHIPU_API_KEY
+    assert missing.returncode == 5, missing.stderr
+    assert "$ZAI_WORKER_KEY" in missing.stderr and "export ZAI_WORKER_KEY" in missing.stderr
+    for done in (unknown, bare, missing):
+        assert "Traceback" not in done.stderr and key not in done.stderr
+    assert not record.exists()  # claude never ran
+
+
+@pytest.mark.real_claude
+def test_real_claude_reaches_the_named_endpoint_with_its_key(
+        claude_bin: str, key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_WORKER_CLAUDE", claude_bin)
+    monkeypatch.setenv("FLEET_WORKER_CONFIG_DIR", str(tmp_path / "cfg"))
+    zai_key = "sk-zai-" + secrets.token_hex(8)
+    monkeypatch.setenv("ZAI_WORKER_KEY", zai_key)
+    work = tmp_path / "work"
+    work.mkdir()
+    with ScriptedEndpoint(["zai answered."]) as zai, ScriptedEndpoint(["unused"]) as other:
+        endpoints_config(tmp_path, monkeypatch, zai=zai.url, other=other.url)
+        proc = subprocess.run(worker_cmd("--endpoint", "zai", "--output-format", "json"),
+                              input="answer", capture_output=True, text=True, timeout=120,
+                              cwd=work)
+        messages = zai.message_requests()
+        assert other.requests == []
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "zai answered" in json.loads(proc.stdout)["result"]
+    assert messages and {r.auth_sha256 for r in messages} \
+        == {hashlib.sha256(zai_key.encode()).hexdigest()}
+    assert {r.model for r in messages} <= {"zai-main", "zai-small"}
+    assert zai_key not in proc.stdout + proc.stderr

@@ -64,7 +64,8 @@ bypassPermissions and no FLEET_WORKER_SANDBOX=1, whether the tools claude runs c
 the key (key_helper; scrub_tool_env needs bubblewrap and socat, and bubblewrap must work
 here), git present, `.fleet-work/` ignored in the current repository. --live also sends
 one 1-token request to <base>/v1/messages (key in the `Authorization: Bearer` header, as
-claude sends it).
+claude sends it), and one to every [endpoints.NAME] of config.toml with its own key and
+model (`live NAME`; skipped when its key is not found).
 
 exit codes (the first failing check decides; warnings never fail):
   {EXIT_OK}   ok
@@ -109,6 +110,12 @@ class Context:
     claude_version: str | None = None
     secret_sources: tuple[str, ...] = ()  # environment variables that hold a key
     meta: dict[str, object] = field(default_factory=dict)
+    # each named endpoint's key, when found (issue 19): its live probe's, and redacted
+    endpoint_keys: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return (self.secret, *self.endpoint_keys.values())
 
 
 def _settings_check(ctx: Context) -> Check:
@@ -183,6 +190,7 @@ def _endpoint_checks(ctx: Context, settings: Settings) -> list[Check]:
             out.append(Check(f"endpoint {endpoint.name}", WARN,
                              f"{what}; {' '.join(str(exc).split())}"))
             continue
+        ctx.endpoint_keys[endpoint.name] = found.value
         out.append(Check(f"endpoint {endpoint.name}", OK, f"{what}; key found in "
                          f"{found.source}"))
     return out
@@ -379,18 +387,38 @@ def _git_identity_check(env: Mapping[str, str], cwd: Path) -> Check:
     return Check("git_identity", OK, f"commits as {who}")
 
 
-def _redact(text: str, secret: str) -> str:
-    return text.replace(secret, "<redacted>") if len(secret) >= 6 else text
+def _redact(text: str, *secrets: str) -> str:
+    for secret in secrets:
+        if len(secret) >= 6:
+            text = text.replace(secret, "<redacted>")
+    return text
 
 
-def _live_check(settings: Settings, secret: str, timeout: float) -> Check:
+def _live_checks(ctx: Context, settings: Settings, timeout: float) -> list[Check]:
+    """The default endpoint's probe (`live`), then each named endpoint's with its own key
+    and model (`live NAME`); one whose key was not found is skipped, saying so."""
+    out = [_live_check(settings.base_url, settings.model, ctx.secret, timeout) if ctx.secret
+           else Check("live", SKIP, "needs a key (see `key` above)")]
+    for endpoint in settings.endpoints[1:]:
+        name = f"live {endpoint.name}"
+        secret = ctx.endpoint_keys.get(endpoint.name)
+        if secret is None:
+            out.append(Check(name, SKIP, f"no key found for it (see `endpoint "
+                             f"{endpoint.name}` above)"))
+            continue
+        out.append(_live_check(endpoint.base_url, endpoint.model, secret, timeout, name))
+    return out
+
+
+def _live_check(base_url: str, model: str, secret: str, timeout: float,
+                name: str = "live") -> Check:
     """One 1-token request to <base>/v1/messages, the key only in a header; redirects are
     not followed so the header never goes to another host."""
     import urllib.error
     import urllib.request
 
-    url = settings.base_url.rstrip("/") + "/v1/messages"
-    body = json.dumps({"model": settings.model, "max_tokens": 1,
+    url = base_url.rstrip("/") + "/v1/messages"
+    body = json.dumps({"model": model, "max_tokens": 1,
                        "messages": [{"role": "user", "content": "ping"}]}).encode()
     request = urllib.request.Request(url, data=body, method="POST", headers={
         "Authorization": f"Bearer {secret}",
@@ -417,15 +445,15 @@ def _live_check(settings: Settings, secret: str, timeout: float) -> Check:
             reply = b""
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        return Check("live", FAIL, _redact(f"{how}: endpoint unavailable: {reason}", secret),
+        return Check(name, FAIL, _redact(f"{how}: endpoint unavailable: {reason}", secret),
                      EXIT_UNAVAILABLE)
     summary = _error_summary(reply)
     if status == 200:
-        return Check("live", OK, f"{how}: HTTP 200, the endpoint accepted the key")
+        return Check(name, OK, f"{how}: HTTP 200, the endpoint accepted the key")
     named = _provider_check(status, reply.decode("utf-8", "replace"))
     if named is not None:
         detail, code = named
-        return Check("live", FAIL, _redact(f"{how}: HTTP {status}: {detail}", secret), code)
+        return Check(name, FAIL, _redact(f"{how}: HTTP {status}: {detail}", secret), code)
     verdicts = {401: ("the endpoint rejected the key", EXIT_AUTH),
                 403: ("the endpoint refused the key", EXIT_AUTH),
                 404: ("not found: FLEET_WORKER_BASE_URL or the API path has drifted",
@@ -434,7 +462,7 @@ def _live_check(settings: Settings, secret: str, timeout: float) -> Check:
                 529: ("the endpoint is overloaded; try again later", EXIT_OVERLOADED)}
     text, code = verdicts.get(status, ("endpoint unavailable", EXIT_UNAVAILABLE))
     detail = f"{how}: HTTP {status}: {text}" + (f" ({summary})" if summary else "")
-    return Check("live", FAIL, _redact(detail, secret), code)
+    return Check(name, FAIL, _redact(detail, secret), code)
 
 
 def _provider_check(status: int, reply: str) -> tuple[str, int] | None:
@@ -506,10 +534,10 @@ def run_checks(*, env: Mapping[str, str], cwd: Path, live: bool, timeout: float)
     checks.extend(_git_checks(env, cwd))
     checks.append(_git_identity_check(env, cwd))
     if live:
-        if settings is None or not ctx.secret:
-            checks.append(Check("live", SKIP, "needs valid settings and a key"))
+        if settings is None:
+            checks.append(Check("live", SKIP, "needs valid settings"))
         else:
-            checks.append(_live_check(settings, ctx.secret, timeout))
+            checks.extend(_live_checks(ctx, settings, timeout))
     ctx.meta = {
         "fleet_tui_version": __version__,
         "claude_version": ctx.claude_version,
@@ -535,7 +563,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="fleet-doctor", description="Check that fleet-worker can run here.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--live", action="store_true",
-                        help="also send one 1-token request to the endpoint")
+                        help="also send one 1-token request to each endpoint, with its key")
     parser.add_argument("--json", action="store_true",
                         help="print {data: [{check, status, detail}], meta: {...}}")
     parser.add_argument("-q", "--quiet", action="store_true",
@@ -561,7 +589,7 @@ def main(argv: list[str]) -> int:
     if args.json:
         meta = {**ctx.meta, "exit_code": code}
         text = json.dumps({"data": [c.as_json() for c in shown], "meta": meta}, indent=2)
-        sys.stdout.write(_redact(text, ctx.secret) + "\n")
+        sys.stdout.write(_redact(text, *ctx.secrets) + "\n")
     else:
         width = max((len(c.check) for c in shown), default=0)
         indent = "\n" + " " * (width + 8)
@@ -570,5 +598,5 @@ def main(argv: list[str]) -> int:
             # its further lines are indented under the first.
             detail = indent.join(line.rstrip() for line in c.detail.splitlines())
             sys.stdout.write(_redact(f"{c.status:<5} {c.check:<{width}}  {detail}\n",
-                                     ctx.secret))
+                                     *ctx.secrets))
     return code

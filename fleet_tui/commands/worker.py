@@ -13,23 +13,25 @@ import sys
 
 from fleet_tui.core.errors import FleetTuiError
 from fleet_tui.execution.local.launcher import LaunchError, plan_launch
-from fleet_tui.settings.config_core import load_launch_settings
+from fleet_tui.settings.config_core import LaunchSettings, load_launch_settings
 
 PROG = "fleet-worker"
 
 USAGE = """\
-usage: fleet-worker [--dry-run] [CLAUDE FLAGS...] "PROMPT"
-       fleet-worker [--dry-run] [CLAUDE FLAGS...] < prompt.txt
+usage: fleet-worker [--dry-run] [--endpoint NAME] [CLAUDE FLAGS...] "PROMPT"
+       fleet-worker [--dry-run] [--endpoint NAME] [CLAUDE FLAGS...] < prompt.txt
 
 Runs `claude -p --model sonnet --permission-mode MODE [CLAUDE FLAGS...] PROMPT` in an
 isolated CLAUDE_CONFIG_DIR, pointed at an Anthropic-compatible endpoint. Every argument
-except the two below is passed to claude unchanged; the process becomes claude, so its
+except ours below is passed to claude unchanged; the process becomes claude, so its
 pid, signals and exit code are claude's. A prompt piped on stdin reaches claude; when
 stdin is a terminal, claude gets /dev/null instead (no wait for input). Put `--` before
 the prompt when the flag before it takes a list (--allowedTools Read Edit -- "PROMPT").
 
 options (ours; everything else goes to claude):
   --dry-run        print the environment changes (key redacted) and the argv; run nothing
+  --endpoint NAME  an [endpoints.NAME] of config.toml: its base URL, models and its own
+                   key (key_env, key_keyring; neither: the usual sources below)
   -h, --help       this text
 
 settings (environment; also config.toml keys without the prefix, in lower case):
@@ -66,12 +68,15 @@ error; 5 claude not found or no key.
 """
 
 
-def _split_own_options(argv: list[str]) -> tuple[bool, bool, list[str]]:
-    """(dry_run, help, arguments for claude). Ours are recognised anywhere before `--`."""
+def _split_own_options(argv: list[str]) -> tuple[bool, bool, str | None, list[str]]:
+    """(dry_run, help, endpoint, arguments for claude). Ours are recognised anywhere
+    before `--`."""
     dry_run = False
     want_help = False
+    endpoint: str | None = None
     rest: list[str] = []
-    for index, arg in enumerate(argv):
+    args = iter(enumerate(argv))
+    for index, arg in args:
         if arg == "--":
             rest.extend(argv[index:])
             break
@@ -79,9 +84,37 @@ def _split_own_options(argv: list[str]) -> tuple[bool, bool, list[str]]:
             dry_run = True
         elif arg in ("-h", "--help"):
             want_help = True
+        elif arg == "--endpoint":
+            endpoint = next(args, (0, ""))[1]
+            if not endpoint or endpoint.startswith("-"):
+                raise _EndpointUsage("--endpoint needs a name: an [endpoints.NAME] of "
+                                     "config.toml")
+        elif arg.startswith("--endpoint="):
+            endpoint = arg.split("=", 1)[1]
         else:
             rest.append(arg)
-    return dry_run, want_help, rest
+    return dry_run, want_help, endpoint, rest
+
+
+class _EndpointUsage(FleetTuiError):
+    exit_code = 2
+
+
+def _for_endpoint(name: str) -> tuple[LaunchSettings, dict[str, str]]:
+    """The launch settings and the environment of a worker of the named endpoint: its URL,
+    models and key source (endpoints.launch_overrides); a key_env endpoint's key handed as
+    the "env" source's variable, and no endpoint's key_env variable left for claude's
+    tools. Imported only here: the usual launch stays lean."""
+    from fleet_tui.execution.local.launcher import endpoint_credential
+    from fleet_tui.settings import endpoints
+    from fleet_tui.settings.config_core import config_file_location
+
+    top = load_launch_settings()
+    every = endpoints.read_endpoints(config_file_location(), top)
+    endpoint = endpoints.find(every, name)
+    settings = load_launch_settings(overrides=endpoints.launch_overrides(endpoint))
+    endpoint_credential(settings, endpoint)  # no key for it: NoCredentialError, exit 5
+    return settings, endpoints.runner_env(endpoint, every, os.environ)
 
 
 def _claude_version(path: str) -> str:
@@ -117,15 +150,20 @@ def _err(message: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    dry_run, want_help, args = _split_own_options(argv)
-    if want_help:
-        sys.stdout.write(USAGE)
-        return 0
     try:
-        settings = load_launch_settings()
+        dry_run, want_help, endpoint, args = _split_own_options(argv)
+        if want_help:
+            sys.stdout.write(USAGE)
+            return 0
+        env: dict[str, str] | None = None
+        if endpoint is None:
+            settings = load_launch_settings()
+        else:
+            settings, env = _for_endpoint(endpoint)
         # The key reaches claude through a one-shot pipe (setting key_helper), so the
         # tools claude runs do not inherit it; dry runs show it without starting it.
-        plan = plan_launch(settings, args, prepare=not dry_run, key_handoff=True)
+        plan = plan_launch(settings, args, base_env=env, prepare=not dry_run,
+                           key_handoff=True)
     except FleetTuiError as exc:  # a setting, the key, claude: the message and its code
         _err(f"error: {exc}")
         return exc.exit_code

@@ -7,7 +7,11 @@ through its pipe, `--env-fd`, as the key was) and its key sources narrowed to th
 variable, so nothing in the worker's reach holds the provider's key. The token is revoked
 when the attempt ends or is killed (`revoke`). While attempts run through it, every pass
 keeps the gateway alive (`keep_alive`: one started again after a crash, on the port it had,
-so running workers find it after their CLI's retry).
+so running workers find it after their CLI's retry) and its keys current: when the keys or
+endpoints this engine resolves differ from those it last handed the gateway (a `key set`, a
+key_env's value, an endpoint of config.toml changed), they are handed over again through the
+gateway's control socket (`control.hand_over`), at an attempt's start (keys resolved afresh)
+and on a pass (keys as the engine remembers them: SecretCache.SECRET_TTL).
 
 The gateway is this machine's: only the local host's attempts go through it (a memory
 host runs nothing; a remote host would need the gateway reachable from there).
@@ -15,6 +19,7 @@ host runs nothing; a remote host would need the gateway reachable from there).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import weakref
@@ -38,13 +43,16 @@ KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "
 KEEP_ALIVE_EVERY = 0.5  # seconds between two looks at the gateway while attempts use it
 
 
-def weak_keys(get: Callable[[], dict[str, str]]) -> Callable[[], dict[str, str]]:
+Keys = Callable[..., dict[str, str]]  # keys(fresh=False): each endpoint's key by its name
+
+
+def weak_keys(get: Keys) -> Keys:
     """`get` (a bound method) without holding its object: no keys once it is gone."""
     ref = weakref.WeakMethod(get)  # type: ignore[arg-type]
 
-    def keys() -> dict[str, str]:
+    def keys(*, fresh: bool = False) -> dict[str, str]:
         method = ref()
-        return method() if method is not None else {}
+        return method(fresh=fresh) if method is not None else {}
 
     return keys
 
@@ -53,7 +61,7 @@ class GatewayLink:
     """Tokens for attempts and the gateway they go through, for one engine."""
 
     def __init__(self, store: Store, *, env: Mapping[str, str], python: str,
-                 keys: Callable[[], dict[str, str]] | None = None) -> None:
+                 keys: Keys | None = None) -> None:
         self.store = store
         self.meter = Meter(store)
         self.env = env
@@ -61,6 +69,9 @@ class GatewayLink:
         # each endpoint's key as the engine resolves it (Fleet gives SecretCache.by_endpoint)
         self.keys = keys
         self._checked = 0.0
+        # the gateway (pid, start) this engine last handed its endpoints and keys, and a
+        # digest of them (in this process only): what is handed over again when it changes
+        self._handed: tuple[int, float, bytes] | None = None
 
     def endpoint_of(self, settings: Settings, task: Task, host_name: str, *,
                     remote_ok: bool = False) -> str | None:
@@ -72,20 +83,33 @@ class GatewayLink:
             return None
         return name_for(settings, task.endpoint)
 
-    def _ensure(self, settings: Settings) -> control.GatewayInfo:
-        found = control.read_info(self.env, Path(self.store.path))
-        if found is not None:
-            return found
-        assert self.keys is not None
-        keys = self.keys()
+    def _ensure(self, settings: Settings, keys: dict[str, str]) -> control.GatewayInfo:
+        """The running gateway, holding the endpoints of `settings` and `keys`: started
+        with them when none runs, handed them when this engine's changed since it last
+        handed it any (or it is not the gateway this engine handed them to)."""
         if not keys:  # a gateway without a key would only get 401s for its workers
             raise FleetError("the gateway cannot start: no API key was found (see "
                              "`fleet-tui key status`)")
-        routes = routes_of(settings)
         # each endpoint's key as its workers would resolve it (key_env, its keyring entry,
         # or the usual sources); one with none is refused by the gateway, saying so
-        return control.ensure(list(routes.values()), keys, db=Path(self.store.path),
-                              python=self.python, env=self.env)
+        routes = list(routes_of(settings).values())
+        data = control.handover(routes, keys)
+        digest = hashlib.sha256(data).digest()
+        db = Path(self.store.path)
+        found = control.read_info(self.env, db)
+        if found is None:  # started with these, or found started by another engine (the
+            # handover below then changes nothing, or gives it ours)
+            found = control.ensure(routes, keys, db=db, python=self.python, env=self.env)
+        if self._handed != (found.pid, found.started_at, digest):
+            try:
+                if control.hand_over(data, env=self.env, db=db):
+                    log.info("the gateway was handed new keys or endpoints")
+            except FleetError as exc:  # one of an older version has no control socket:
+                # its workers keep the keys it has (`fleet-tui gateway stop` renews them)
+                log.warning("%s", exc)
+        # a gateway found started by another engine is handed ours once, then left be
+        self._handed = (found.pid, found.started_at, digest)
+        return found
 
     def through(self, settings: Settings, task: Task, attempt: Attempt, host_name: str,
                 overrides: dict[str, Any], env: dict[str, str], *,
@@ -96,12 +120,15 @@ class GatewayLink:
         if name is None:
             return None
         assert self.keys is not None
-        if name not in self.keys():  # no key: direct, where the launcher says where it looked
+        # afresh, as a runner going direct resolves its key at its start: a key set since
+        # the last attempt reaches this one
+        keys = self.keys(fresh=True)
+        if name not in keys:  # no key: direct, where the launcher says where it looked
             return None
         # the token first: a gateway about to exit for want of work sees it and stays
         token = self.meter.mint(task.id, attempt.id, name)
         try:
-            info = self._ensure(settings)
+            info = self._ensure(settings, keys)
         except BaseException:
             self.revoke_token(token)
             raise
@@ -129,7 +156,9 @@ class GatewayLink:
 
     def keep_alive(self, settings: Settings, running: bool) -> None:
         """While attempts run through it (a token not revoked): a gateway that died is
-        started again."""
+        started again, and one holding other keys or endpoints than this engine's is
+        handed them (the keys as remembered: a key changed reaches the running workers
+        within SecretCache.SECRET_TTL)."""
         if not running or not settings.gateway or self.keys is None:
             return
         now = time.monotonic()
@@ -139,6 +168,6 @@ class GatewayLink:
         try:
             if not self.meter.any_valid():
                 return
-            self._ensure(settings)
+            self._ensure(settings, self.keys())
         except Exception as exc:  # the next pass tries again; the workers retry meanwhile
             log.warning("the gateway could not be started again: %s", exc)

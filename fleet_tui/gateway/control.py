@@ -24,12 +24,20 @@ from typing import Any
 
 from fleet_tui.core.errors import FleetError
 from fleet_tui.gateway.routes import Route
-from fleet_tui.gateway.server import INFO_FILE, LOCK_FILE, LOG_FILE, SERVER_MODULE, STATUS_FILE
+from fleet_tui.gateway.server import (
+    CONTROL_FILE,
+    INFO_FILE,
+    LOCK_FILE,
+    LOG_FILE,
+    SERVER_MODULE,
+    STATUS_FILE,
+    unix_address,
+)
 from fleet_tui.system import paths, procs, spawn
 from fleet_tui.system.spawn import spawn_detached
 
-__all__ = ["START_TIMEOUT", "GatewayInfo", "ensure", "folder", "read_info", "read_status",
-           "stop", "url_for"]
+__all__ = ["START_TIMEOUT", "GatewayInfo", "ensure", "folder", "hand_over", "handover",
+           "read_info", "read_status", "stop", "url_for"]
 
 START_TIMEOUT = 15.0
 # never in the gateway's environment (a process of the user can read it): where keys live
@@ -77,10 +85,9 @@ def _alive(where: Path) -> bool:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return _loads(path.read_bytes())
+    except OSError:
         return None
-    return data if isinstance(data, dict) else None
 
 
 def _info(where: Path) -> GatewayInfo | None:
@@ -133,6 +140,61 @@ def _start_lock(where: Path, timeout: float) -> Iterator[None]:
         os.close(fd)
 
 
+def handover(routes: Sequence[Route], keys: Mapping[str, str]) -> bytes:
+    """What a gateway is handed (the start's pipe, the control socket): the endpoints and
+    their keys, whole."""
+    return json.dumps({"routes": [r.to_record() for r in routes], "keys": dict(keys)},
+                      sort_keys=True).encode()
+
+
+def hand_over(data: bytes, *, env: Mapping[str, str] | None = None, db: Path | None = None,
+              timeout: float = 5.0) -> bool:
+    """Hand the running gateway `data` (`handover`): its endpoints and keys are replaced
+    whole, for the requests it passes on from now (those waiting for a slot too). True when
+    anything changed. Through its control socket, in its private folder: never argv, the
+    environment or a file. Raises FleetError when it cannot be told."""
+    import socket
+
+    if len(data) > spawn.HANDOVER_LIMIT:
+        raise FleetError("the endpoints and keys handed to the gateway are too long")
+    where = folder(env, db)
+    address, fd = unix_address(where / CONTROL_FILE)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        try:
+            sock.connect(address)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(4096):
+            chunks.append(chunk)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise FleetError(f"the gateway could not be handed the new keys ({why}); "
+                         "`fleet-tui gateway stop` makes the next worker start one with "
+                         "them") from None
+    finally:
+        sock.close()
+    answer = _loads(b"".join(chunks))
+    if answer is None or not answer.get("ok"):
+        why = (answer or {}).get("error", "no answer")
+        raise FleetError(f"the gateway refused the new keys ({why}); see "
+                         f"{where / LOG_FILE}")
+    return bool(answer.get("changed"))
+
+
+def _loads(data: bytes) -> dict[str, Any] | None:
+    try:
+        found = json.loads(data)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def _pipe_holding(data: bytes) -> int:
     """A pipe's read end holding `data` (its write end closed), to be inherited."""
     if len(data) > spawn.HANDOVER_LIMIT:
@@ -167,9 +229,7 @@ def ensure(routes: Sequence[Route], keys: Mapping[str, str], *, db: Path, python
         if found is not None:
             return found
         before = _info(where)  # the gateway before this one: its port, if free again
-        handover = json.dumps({"routes": [r.to_record() for r in routes],
-                               "keys": dict(keys)}).encode()
-        fd = _pipe_holding(handover)
+        fd = _pipe_holding(handover(routes, keys))
         try:
             proc = spawn_detached(
                 [python, "-m", SERVER_MODULE, "--keys-fd", str(fd), "--db", str(db),

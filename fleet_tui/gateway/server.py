@@ -20,7 +20,9 @@ across a restart), and serves `/e/<endpoint>/<rest>`:
 
 It never logs a key, a token, a header or a body. Its records (folder): `gateway.lock`
 (held while it lives), `gateway.json` (pid, port, start), `status.json` (per endpoint: in
-flight, waiting and by which tasks, served, gated, refused), `gateway.log`.
+flight, waiting and by which tasks, served, gated, refused, slot waits and holds),
+`gateway.log`; and `control.sock` (0600), where an engine hands it the endpoints and keys
+again when they changed (`_control`: replaced whole, `Gateway.replace`).
 """
 
 from __future__ import annotations
@@ -57,14 +59,16 @@ from fleet_tui.store.meter import Meter, TokenInfo, Usage
 from fleet_tui.system import paths, procs
 from fleet_tui.system.files import write_json_atomic
 
-__all__ = ["INFO_FILE", "LOCK_FILE", "LOG_FILE", "SERVER_MODULE", "STATUS_FILE", "Gateway",
-           "main"]
+__all__ = ["CONTROL_FILE", "INFO_FILE", "LOCK_FILE", "LOG_FILE", "SERVER_MODULE", "STATUS_FILE",
+           "Gateway", "main", "parse_handover", "unix_address"]
 
 SERVER_MODULE = "fleet_tui.gateway.server"
 LOCK_FILE = "gateway.lock"
 INFO_FILE = "gateway.json"
 STATUS_FILE = "status.json"
 LOG_FILE = "gateway.log"
+CONTROL_FILE = "control.sock"  # the engines hand the endpoints and keys over again here
+HANDOVER_MAX = 60_000  # what a handover may weigh (system.spawn.HANDOVER_LIMIT's figure)
 STATUS_EVERY = 0.2  # seconds between two writes of status.json (when something changed)
 
 log = logging.getLogger("fleet_tui.gateway")
@@ -83,6 +87,9 @@ class Counters:
     gated: int = 0  # answered by the gateway: the endpoint parked or held
     refused: int = 0  # no token, a revoked one, one of another endpoint
     failed: int = 0  # the provider could not be reached, or the stream broke
+    waits: int = 0  # requests that waited for a slot
+    waited: float = 0.0  # seconds they waited, in all
+    held: float = 0.0  # seconds the slots were held, in all (each request's from its slot on)
     last_gated: str | None = None
     waiting_since: dict[str, float] = field(default_factory=dict)
 
@@ -147,6 +154,31 @@ class Gateway:
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-store")
         self._session: ClientSession | None = None
         self._changed = True
+        self.handed_at = self.started  # when its endpoints and keys were last handed over
+
+    def replace(self, routes: dict[str, Route], keys: dict[str, str]) -> bool:
+        """The endpoints and keys an engine handed over again (a key set, a key_env's
+        value or an endpoint changed): both replaced whole, so that no key outlives the
+        handover that brought it (a handover with other base URLs carries its own keys, or
+        none). A request waiting for a slot goes on with the new key; the slots of an
+        endpoint kept are resized, those in flight on one dropped finish as they were.
+        True when anything changed."""
+        if routes == self.routes and keys == self._keys:
+            return False
+        for name, route in routes.items():
+            if name in self.slots:
+                self.slots[name].resize(route.max_requests)
+            else:
+                self.slots[name] = Slots(route.max_requests)
+                self.counters[name] = Counters()
+        for name in set(self.slots) - set(routes):
+            del self.slots[name]
+            del self.counters[name]
+        self.routes = routes
+        self._keys = keys
+        self.handed_at = time.time()
+        self._changed = True
+        return True
 
     # --- the store, off the event loop ------------------------------------------------------
 
@@ -194,6 +226,7 @@ class Gateway:
                           f"the fleet-tui gateway has no endpoint {name!r} (known: "
                           + (", ".join(sorted(self.routes)) or "none") + ")")
         counters = self.counters[name]
+        slots = self.slots[name]  # this request's, should a handover drop the endpoint
         if request.method == "HEAD":  # claude's reachability probe: nothing goes upstream
             return web.Response(status=200)
         token = token_of(request)
@@ -217,7 +250,6 @@ class Gateway:
         if over is not None:
             return self._gated(counters, _error(403, "permission_error", over))
         body = await request.read()
-        slots = self.slots[name]
         waiter = f"{info.task_id}#{id(request):x}"
         waits = slots.in_flight >= slots.size or slots.waiting > 0
         if waits:
@@ -226,7 +258,10 @@ class Gateway:
         try:
             async with slots.take(info.task_id):
                 if waits:
-                    counters.waiting_since.pop(waiter, None)
+                    since = counters.waiting_since.pop(waiter, None)
+                    if since is not None:
+                        counters.waits += 1
+                        counters.waited += time.time() - since
                     self._changed = True
                     # revoked, parked or held while it waited: still nothing goes upstream
                     info, state = self._look(token, route)
@@ -238,7 +273,11 @@ class Gateway:
                     gated = gate_answer(state, self.clock())
                     if gated is not None:
                         return self._gated(counters, gated)
-                return await self._forward(request, route, info, body, counters)
+                took = time.monotonic()
+                try:
+                    return await self._forward(request, route, info, body, counters)
+                finally:
+                    counters.held += time.monotonic() - took
         finally:
             counters.waiting_since.pop(waiter, None)
 
@@ -294,6 +333,13 @@ class Gateway:
     async def _forward(self, request: web.Request, route: Route, info: TokenInfo, body: bytes,
                        counters: Counters) -> web.StreamResponse:
         assert self._session is not None
+        # the route and its key of one handover (one may have come while it waited)
+        current = self.routes.get(route.name)
+        if current is None:
+            counters.failed += 1
+            return _error(404, "not_found_error", f"the fleet-tui gateway no longer has "
+                          f"endpoint {route.name!r} (the settings changed)")
+        route = current
         rest = request.match_info.get("rest", "")
         url = route.base_url.rstrip("/") + ("/" + rest if rest else "")
         if request.query_string:
@@ -303,8 +349,8 @@ class Gateway:
         if not key:
             counters.failed += 1
             return _error(503, "api_error", f"the fleet-tui gateway holds no key for endpoint "
-                          f"{route.name!r} (its key_env or key_keyring gave none when it "
-                          "started; `fleet-tui gateway stop` once it is set)")
+                          f"{route.name!r} (its key_env or key_keyring gave none; once it "
+                          "is set, the next worker's start hands it over)")
         headers += [("x-api-key", key), ("Authorization", f"Bearer {key}")]
         streamed = b'"stream"' in body[:4096] or b'"stream": true' in body
         reader = UsageReader(streamed=streamed)
@@ -375,9 +421,11 @@ class Gateway:
                 "longest_wait": round(now - min(c.waiting_since.values()), 3)
                 if c.waiting_since else 0.0,
                 "served": c.served, "gated": c.gated, "refused": c.refused,
-                "failed": c.failed, "last_gated": c.last_gated}
+                "failed": c.failed, "last_gated": c.last_gated,
+                "waits": c.waits, "waited": round(c.waited, 3),
+                "held": round(c.held, 3)}
         return {"pid": os.getpid(), "port": self.port, "started_at": self.started,
-                "written_at": now, "endpoints": endpoints}
+                "handed_at": self.handed_at, "written_at": now, "endpoints": endpoints}
 
     async def keep_status(self) -> None:
         while True:
@@ -424,17 +472,105 @@ async def watch_idle(gateway: Gateway, stop: asyncio.Event, limit: float) -> Non
             stop.set()
 
 
-def _read_handover(fd: int) -> dict[str, Any]:
+def _read_handover(fd: int) -> bytes:
     chunks = []
     try:
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)
     finally:
         os.close(fd)
-    data = json.loads(b"".join(chunks) or b"{}")
-    if not isinstance(data, dict):
+    return b"".join(chunks)
+
+
+def parse_handover(data: bytes) -> tuple[dict[str, Route], dict[str, str]]:
+    """The routes and keys of a handover (the pipe's at start, the control socket's
+    later). Raises ValueError (or KeyError, TypeError) when it is not one."""
+    found = json.loads(data or b"{}")
+    if not isinstance(found, dict):
         raise ValueError("the handover is not a JSON object")
+    routes = {r["name"]: Route.from_record(r) for r in found.get("routes", [])}
+    keys = {str(k): str(v) for k, v in dict(found.get("keys", {})).items()}
+    return routes, keys
+
+
+def unix_address(path: Path) -> tuple[str, int | None]:
+    """An address for the Unix socket `path` that fits AF_UNIX's 108 bytes: the path itself,
+    or (a deep home, as a test's) its folder opened and named through /proc/self/fd (the
+    descriptor returned: the caller closes it once bound or connected)."""
+    if len(os.fsencode(path)) < 100:
+        return str(path), None
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{path.name}", fd
+
+
+def _peer_is_us(writer: asyncio.StreamWriter) -> bool:
+    """The peer runs as this user (the folder is private already: a second look)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "SO_PEERCRED"):
+        return True
+    import struct
+
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except OSError:
+        return False
+    return bool(uid == os.getuid())
+
+
+async def _read_all(reader: asyncio.StreamReader) -> bytes:
+    data = b""
+    while chunk := await reader.read(65536):
+        data += chunk
+        if len(data) > HANDOVER_MAX:
+            raise ValueError("the handover is too long")
     return data
+
+
+async def _control(gateway: Gateway, reader: asyncio.StreamReader,
+                   writer: asyncio.StreamWriter) -> None:
+    """One handover on the control socket: the engine writes the endpoints and keys (as
+    into the start's pipe) and closes its side; the answer says whether anything changed.
+    Nothing of it is logged but the endpoints' names."""
+    answer: dict[str, Any]
+    try:
+        if not _peer_is_us(writer):
+            answer = {"ok": False, "error": "not this user's"}
+        else:
+            routes, keys = parse_handover(await asyncio.wait_for(_read_all(reader), 10))
+            changed = gateway.replace(routes, keys)
+            if changed:
+                gateway.settings = await gateway._in_pool(_settings)
+                log.info("endpoints and keys handed over again: %s", ", ".join(sorted(routes)))
+            answer = {"ok": True, "changed": changed, "endpoints": sorted(routes)}
+    except Exception as exc:  # its kind only: a message could quote what was handed
+        log.warning("a handover on %s could not be read: %s", CONTROL_FILE,
+                    type(exc).__name__)
+        answer = {"ok": False, "error": type(exc).__name__}
+    with contextlib.suppress(OSError):
+        writer.write(json.dumps(answer).encode())
+        await writer.drain()
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+
+
+def _control_socket(folder: Path) -> socket.socket:
+    path = folder / CONTROL_FILE
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # the last gateway's (we hold the lock: no other one listens)
+    address, fd = unix_address(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket is created 0600
+    try:
+        sock.bind(address)
+    finally:
+        os.umask(old)
+        if fd is not None:
+            os.close(fd)
+    sock.listen(16)
+    sock.setblocking(False)
+    return sock
 
 
 def _bind(port: int) -> socket.socket:
@@ -454,7 +590,7 @@ def _bind(port: int) -> socket.socket:
     raise OSError("no port to bind on 127.0.0.1")
 
 
-async def _serve(gateway: Gateway, sock: socket.socket) -> None:
+async def _serve(gateway: Gateway, sock: socket.socket, control_sock: socket.socket) -> None:
     runner = web.AppRunner(gateway.app(), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.SockSite(runner, sock)
@@ -463,6 +599,8 @@ async def _serve(gateway: Gateway, sock: socket.socket) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    control = await asyncio.start_unix_server(
+        lambda r, w: _control(gateway, r, w), sock=control_sock)
     status_task = asyncio.create_task(gateway.keep_status())
     idle_task = asyncio.create_task(watch_idle(gateway, stop, idle_exit()))
     try:
@@ -470,7 +608,9 @@ async def _serve(gateway: Gateway, sock: socket.socket) -> None:
     finally:
         status_task.cancel()
         idle_task.cancel()
+        control.close()
         await runner.cleanup()
+
 
 def _settings() -> Settings | None:
     """The settings the budgets and prices come from, as the engine reads them (config.toml
@@ -483,7 +623,6 @@ def _settings() -> Settings | None:
         return None
 
 
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=SERVER_MODULE)
     parser.add_argument("--keys-fd", type=int, required=True)
@@ -494,9 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s gateway[{os.getpid()}] %(levelname)s %(message)s")
     try:
-        handover = _read_handover(args.keys_fd)
-        routes = {r["name"]: Route.from_record(r) for r in handover.get("routes", [])}
-        keys = {str(k): str(v) for k, v in dict(handover.get("keys", {})).items()}
+        routes, keys = parse_handover(_read_handover(args.keys_fd))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.error("cannot read the endpoints handed over: %s", type(exc).__name__)
         return 2
@@ -514,11 +651,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot listen: %s", exc)
         return 1
     gateway.port = int(sock.getsockname()[1])
+    # listening before gateway.json says it runs: an engine that finds it can hand over
+    control_sock = _control_socket(folder)
     write_json_atomic(folder / INFO_FILE, {
         "pid": os.getpid(), "start": procs.start_time(os.getpid()), "port": gateway.port,
         "started_at": gateway.started, "endpoints": sorted(routes)}, sync=False)
     log.info("listening on 127.0.0.1:%d for %s", gateway.port, ", ".join(sorted(routes)))
-    asyncio.run(_serve(gateway, sock))
+    asyncio.run(_serve(gateway, sock, control_sock))
     log.info("stopped")
     return 0
 

@@ -120,15 +120,9 @@ class Settings:
 
         if endpoint.name == endpoints.DEFAULT:
             return self
-        sources, entry = self.key_sources, self.keyring_key  # neither: the usual sources
-        if endpoint.key_env is not None:
-            sources = ("env",)  # the runner is handed its key as that variable
-        elif endpoint.key_keyring is not None:
-            sources, entry = ("keyring",), endpoint.key_keyring
-        return dataclasses.replace(
-            self, base_url=endpoint.base_url, model=endpoint.model,
-            small_model=endpoint.small_model, max_workers=endpoint.max_workers,
-            key_sources=sources, keyring_key=entry)
+        # its URL, models and key's source (neither key_env nor key_keyring: the usual)
+        return dataclasses.replace(self, max_workers=endpoint.max_workers,
+                                   **endpoints.launch_overrides(endpoint))  # type: ignore[arg-type]
 
     @property
     def endpoint_names(self) -> tuple[str, ...]:

@@ -159,6 +159,20 @@ def read_endpoints(config_file: str, settings: object) -> tuple[Endpoint, ...]:
     return tuple(found)
 
 
+def launch_overrides(endpoint: Endpoint) -> dict[str, object]:
+    """The launcher's settings a worker of `endpoint` sees beside the top-level ones (a
+    runner's, `fleet-worker --endpoint NAME`'s): its base URL and models, and for a key of
+    its own where to read it (a key_env endpoint's key is handed as the "env" source's
+    variable: `runner_env`)."""
+    out: dict[str, object] = {"base_url": endpoint.base_url, "model": endpoint.model,
+                              "small_model": endpoint.small_model}
+    if endpoint.key_env is not None:
+        out["key_sources"] = ("env",)
+    elif endpoint.key_keyring is not None:
+        out["key_sources"], out["keyring_key"] = ("keyring",), endpoint.key_keyring
+    return out
+
+
 def find(endpoints: tuple[Endpoint, ...], name: str | None) -> Endpoint:
     """The endpoint of that name (None: the default); ConfigError naming the known ones."""
     wanted = name or DEFAULT
