@@ -145,6 +145,21 @@ class DiffLines(LineView):
             self._cache.discard(int(self.scroll_offset.y) + y)
         return strip
 
+    # With the cursor still hidden (no line picked yet), a page key turns the page, as in
+    # a pager: moving a hidden cursor by a page kept it on screen and nothing scrolled.
+    def action_page_down(self) -> None:
+        if self.cursor < 0:
+            self.scroll_to(y=self.scroll_y + self._page(), animate=False, immediate=True)
+            return
+        super().action_page_down()
+
+    def action_page_up(self) -> None:
+        if self.cursor < 0:
+            self.scroll_to(y=max(0, self.scroll_y - self._page()), animate=False,
+                           immediate=True)
+            return
+        super().action_page_up()
+
     def row_text(self, index: int) -> str:
         """The line as it is (a search must not colour the whole patch to look in it)."""
         if self._rows is not None:
