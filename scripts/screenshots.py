@@ -118,21 +118,6 @@ async def shoot(out: Path, size: tuple[int, int]) -> list[Path]:
             await pilot.pause(0.3)
             save("diff-review")
 
-            # a review under way: two comments on the worker's lines, shown inline
-            import re
-
-            first = diff.prepared.diff.files[0]
-            hunks = [int(m.group(1)) for m in re.finditer(r"^@@ -\S+ \+(\d+)", first.patch,
-                                                          re.M)]
-            at = hunks[0] if hunks else 1
-            fleet.comment_at(validate, first.path, at, at,
-                             "Say in a comment why this check comes first.")
-            fleet.comment_at(validate, first.path, at + 1, at + 2,
-                             "These two lines repeat the helper below: call it instead.")
-            await _until(pilot, lambda: len(diff.comments) == 2, "the comments in the diff")
-            await pilot.pause(0.3)
-            save("review-comments")
-
             # the whole output of the test run (its first line is a row of dashes: the
             # stream shows that; x shows everything, and / finds the verdict)
             await pilot.press("1")
