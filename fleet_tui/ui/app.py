@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -113,6 +114,18 @@ class FleetApp(App[None]):
             poll_interval=self.poll_interval, diff_interval=self.diff_interval,
             stream_interval=self.stream_interval, keymap=self.keymap, served=self.served)
         return self._main
+
+    @property
+    def _background_screens(self) -> list[Screen[Any]]:
+        """The screens below the top one that can show through it. Textual always counts
+        the one right below (it stops at the first opaque one, after adding it), so the
+        main screen's every poll repainted an opaque screen over it, the help whole
+        twice a second (10 KB a frame to a browser). A top screen whose background is
+        opaque paints every cell: nothing below it shows."""
+        stack = self._screen_stack
+        if stack and stack[-1].styles.background.a == 1:
+            return []
+        return super()._background_screens
 
     @property
     def main(self) -> MainScreen:
