@@ -1117,7 +1117,11 @@ def cmd_update(argv: list[str]) -> int:
         _out(done.message or "aborted")
         return EXIT_OK
     if args.resolve == "shell":
-        _run_shell(Path(task.worktree or "."), task.id)
+        here = fleet.worktree_here(task)
+        if here is None:
+            _err(f"fleet-tui update: {fleet.elsewhere(task)} (--resolve worker)")
+            return EXIT_REFUSED
+        _run_shell(here, task.id)
         result = fleet.update(task.id)
     else:
         fleet.resolve_update(task.id, "worker")

@@ -322,6 +322,18 @@ class Fleet:
 
     # --- a task's branch: diff, merge, update, push, copies (branches.py) ------------------
 
+    @_says(Actions.worktree_here)
+    def worktree_here(self, task: Task) -> Path | None:
+        return self.actions.worktree_here(task)
+
+    @staticmethod
+    def elsewhere(task: Task) -> str:
+        """Why a shell or an editor does not open in the task's worktree: it is on its
+        host (worktree_here said None)."""
+        return (f"the worktree of task {task.id} is on host {task.host} "
+                f"({task.worktree}), not on this machine: open it there (ssh to the host), "
+                "or let its worker do it")
+
     @_says(Branches.diff)
     def diff(self, task_id: str) -> git.Diff:
         return self.branches.diff(task_id)

@@ -340,8 +340,10 @@ class Supervisor:
     def _worktree(self, host: Host, task: Task, attempts: list[Attempt], kind: str) -> Path:
         """The task's worktree, made by the host when it has none (recorded at once)."""
         worktree = task.worktree
-        if worktree is not None and Path(worktree).is_dir():
-            return Path(worktree)
+        remote = host.remote_worktrees()
+        if worktree is not None and (Path(worktree).is_dir() if remote is None
+                                     else remote.has_worktree(task)):
+            return Path(worktree)  # (a remote host's: asked there, never looked at here)
         # its folder deleted by hand with a session to continue: the branch is checked out
         # again as it is (BranchGone when it is gone). A retry may find what a failed start
         # left behind, and so may a task claimed before by an engine that died while making

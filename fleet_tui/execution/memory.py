@@ -193,6 +193,9 @@ class MemoryHost:
                             base_commit=task.base_commit or BASE_COMMIT,
                             base_branch=task.base_branch or "main")
 
+    def remote_worktrees(self) -> None:
+        return None  # the worktrees are folders of this machine
+
     def check_worktree(self, task: Task, worktree: Path) -> None:
         if worktree.resolve() == Path(task.repo).resolve():
             raise FleetError(f"refusing to run task {task.id} in the main checkout {task.repo}")

@@ -221,6 +221,9 @@ class LocalHost:
         return git.create_worktree(task.repo, task.id, task.base_commit or task.base_ref,
                                    reset=reset)
 
+    def remote_worktrees(self) -> None:
+        return None  # the worktrees are folders of this machine
+
     def check_worktree(self, task: Task, worktree: Path) -> None:
         git.verify_worktree(worktree, task.branch or f"fleet/{task.id}")
         if worktree.resolve() == Path(task.repo).resolve():
