@@ -153,7 +153,7 @@ def test_a_task_on_a_host_that_shares_nothing_lands_here(
         asked = time.monotonic()
         diff = fleet.diff(task.id)
         took = time.monotonic() - asked
-        print(f"\ndiff of a running remote task: {took:.2f} s")  # noqa: T201
+        print(f"\ndiff of a running remote task: {took:.2f} s")
         assert {f.path for f in diff.files} == {"remote.txt", "loose.txt"}
         assert "+remote" in diff.patch and "+loose" in diff.patch
         assert fleet.get_task(task.id).state == TaskState.RUNNING  # still waiting there

@@ -111,6 +111,20 @@ class Run(Protocol):
         """Queue a message for the worker; return its id (InputClosed: no more input)."""
 
 
+class LostLedger(Protocol):
+    """Where a host keeps the attempts it lost until what they started there is swept
+    (the engine's store), so that a restarted engine still sweeps them."""
+
+    def lost(self, host: str, task_id: str, attempt: int, reason: str) -> None:
+        """The host lost this attempt (silent past its lease)."""
+
+    def swept(self, host: str, task_id: str, attempt: int, processes: int) -> None:
+        """What the lost attempt started on the host was stopped."""
+
+    def to_sweep(self, host: str) -> list[tuple[str, int, str]]:
+        """(task, attempt, reason) of the host's lost attempts not swept yet."""
+
+
 class RemoteWorktrees(Protocol):
     """The worktrees of a host that are not folders of this machine (an SSH host). The
     engine never opens such a path: it asks the host, and diffs, tests, merges and pushes
@@ -185,6 +199,11 @@ class Host(Protocol):
         (merged or discarded): its config dir (the worktree goes with git's merge or
         discard)."""
 
+    def keep_lost_in(self, ledger: LostLedger) -> None:
+        """Record the attempts this host loses in `ledger`, and sweep those it holds
+        already (an engine before this one lost them). A host that never loses an attempt
+        (this machine) records nothing."""
+
     def reap(self) -> None:
         """Collect the exit status of runners this host started that have ended."""
 
@@ -197,5 +216,5 @@ class Host(Protocol):
         importable), before the key variables are taken out."""
 
 
-__all__ = ["Host", "NotStarted", "Placement", "RemoteWorktrees", "Run", "RunnerState",
+__all__ = ["Host", "LostLedger", "NotStarted", "Placement", "RemoteWorktrees", "Run", "RunnerState",
            "Staged"]

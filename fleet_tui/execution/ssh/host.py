@@ -51,7 +51,7 @@ import fleet_tui
 from fleet_tui.core.errors import FleetError
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
-from fleet_tui.execution.host import NotStarted, Placement, RunnerState
+from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerState
 from fleet_tui.execution.local import launcher, prepare
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh.connection import Connection, SshError
@@ -277,6 +277,7 @@ class SshHost:
         self._sweeper: threading.Thread | None = None
         self._sweep_tried = 0.0
         self.swept_lost: list[tuple[tuple[str, int], int]] = []  # (attempt, processes)
+        self._ledger: LostLedger | None = None  # the engine's store: kept over a restart
 
     # --- the connection and the agent -------------------------------------------------
 
@@ -373,7 +374,10 @@ class SshHost:
             self._lost[run.key] = reason
             self._to_sweep.add(run.key)
             self._mirrors.pop(run.key, None)
+            ledger = self._ledger
         mirror.stop()
+        if ledger is not None:
+            ledger.lost(self.name, run.key[0], run.key[1], reason)
         run.log.request_stop(StopReason.ERROR, reason, at=time.time(), by=f"host {self.name}")
         log.warning("task %s attempt %d: %s", run.key[0], run.key[1], reason)
         return True
@@ -392,9 +396,22 @@ class SshHost:
             with self._lock:
                 self._to_sweep.discard(key)
                 self.swept_lost.append((key, swept))
+                ledger = self._ledger
+            if ledger is not None:
+                ledger.swept(self.name, key[0], key[1], swept)
             log.info("host %s is back: task %s attempt %d swept (%d process(es) by its "
                      "token)", self.name, key[0], key[1], swept)
         return total
+
+    def keep_lost_in(self, ledger: LostLedger) -> None:
+        """The lost attempts recorded by an engine before this one are lost here too
+        (never followed again: "dead") and swept once the host answers."""
+        pending = ledger.to_sweep(self.name)
+        with self._lock:
+            self._ledger = ledger
+            for task_id, n, reason in pending:
+                self._lost.setdefault((task_id, n), reason)
+                self._to_sweep.add((task_id, n))
 
     def _sweep_in_background(self) -> None:
         with self._lock:
