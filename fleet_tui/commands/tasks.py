@@ -572,6 +572,11 @@ def cmd_ls(argv: list[str]) -> int:
         note = fleet.endpoint_note(endpoint)
         if note is not None:
             _out(f"endpoint {endpoint}: {note}")
+    # the hosts at their max_workers with tasks queued for them (issue 20)
+    for host, why in sorted(fleet.host_waits().items()):
+        queued = [t.id for t in tasks if t.host == host and t.state == TaskState.QUEUED]
+        if queued:
+            _out(f"{', '.join(queued)} {why}")
     return EXIT_OK
 
 
@@ -590,7 +595,9 @@ def cmd_show(argv: list[str]) -> int:
         _out(json.dumps({**task_json(task, attempts, metered), "endpoint_limits": limits},
                         indent=2))
         return EXIT_OK
-    rows = [("id", task.id), ("title", task.short_title), ("state", policy.state_text(task)),
+    waits = fleet.host_waits().get(task.host) if task.state == TaskState.QUEUED else None
+    state = policy.state_text(task) + (f" ({waits})" if waits else "")
+    rows = [("id", task.id), ("title", task.short_title), ("state", state),
             ("verdict", task.verdict or "-"), ("message", task.message or "-"),
             ("endpoint", task.endpoint + (f": {limits}" if limits else "")),
             ("host", task.host + (" (placed when it starts)" if task.host == "any" else "")),

@@ -211,6 +211,10 @@ class Fleet:
     def why_waiting(self, endpoint: str | None = None) -> str | None:
         return self.queries.why_waiting(endpoint)
 
+    @_says(Queries.host_waits)
+    def host_waits(self, tasks: list[Task] | None = None) -> dict[str, str]:
+        return self.queries.host_waits(tasks)
+
     @_says(Queries.endpoint_note)
     def endpoint_note(self, endpoint: str | None = None) -> str | None:
         return self.queries.endpoint_note(endpoint)
