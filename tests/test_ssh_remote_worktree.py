@@ -174,6 +174,11 @@ def test_a_task_on_a_host_that_shares_nothing_lands_here(
         assert _git(git_repo, "log", "-1", "--format=%s", worker_commit).strip() \
             == "made on the host"
 
+        # what a fresh retry would throw away, read from the host too
+        at_stake = fleet.work_at_stake(done) or ""
+        assert "2 changed files (loose.txt, remote.txt" in at_stake, at_stake
+        assert f"1 commit on {done.branch}" in at_stake, at_stake
+
         # the command line, another process with its own connection to the host
         shown = _cli(env, git_repo, "diff", task.id)
         assert shown.returncode == 0, shown.stderr
@@ -181,6 +186,25 @@ def test_a_task_on_a_host_that_shares_nothing_lands_here(
         show = _cli(env, git_repo, "show", task.id)
         assert show.returncode == 0, show.stderr
         assert task.id in show.stdout
+
+        # main adds its own remote.txt: the update, on the host, stops on the conflict
+        # there (for its worker); aborted, the host's worktree is back on its commit
+        (git_repo / "remote.txt").write_text("main's\n")
+        _git(git_repo, "add", "remote.txt")
+        _git(git_repo, "commit", "-q", "-m", "main's remote.txt")
+        conflicted = fleet.update(task.id)
+        assert conflicted.status == "conflicts", conflicted.message
+        assert conflicted.conflicts == ["remote.txt"]
+        assert fleet.get_task(task.id).conflicts == ["remote.txt"]
+        assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse -q --verify "
+                            "MERGE_HEAD", check=False).strip()  # mid-merge, there
+        committed = iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse HEAD")
+        aborted = fleet.resolve_update(task.id, "abort")
+        assert aborted.conflicts == [] and "aborted" in (aborted.message or "")
+        assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse HEAD") == committed
+        assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} status --porcelain") == ""
+        _git(git_repo, "rm", "-q", "remote.txt")
+        _git(git_repo, "commit", "-q", "-m", "main drops its remote.txt")
 
         # main moves on; the update runs in the host's worktree (merged there, then fetched)
         (git_repo / "base.txt").write_text("on main\n")
@@ -193,7 +217,6 @@ def test_a_task_on_a_host_that_shares_nothing_lands_here(
         there = iso_sshd.ssh(f"git -C {shlex.quote(worktree)} merge-base --is-ancestor "
                              f"{main_tip} HEAD && echo contained", check=False)
         assert there.strip() == "contained"
-        # the worker's uncommitted file was committed there first, as a local update does
         assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} status --porcelain") == ""
         after = fleet.diff(task.id)  # measured from main's tip now: base.txt is not its
         assert {f.path for f in after.files} == {"remote.txt", "loose.txt"}

@@ -40,7 +40,7 @@ from fleet_tui.core.states import (
     LandState,
     TaskState,
 )
-from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text, work_at_stake
+from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text
 from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
 from fleet_tui.store import budgets
 from fleet_tui.store.costs import as_json
@@ -943,12 +943,12 @@ def _until_started(fleet: Fleet, task: Task) -> Task:
     return final
 
 
-def _confirm_loss(task: Task, yes: bool) -> None:
+def _confirm_loss(fleet: Fleet, task: Task, yes: bool) -> None:
     """A fresh retry resets the worktree and the branch to the base: ask first, as discard
     does. Without a terminal (and no --yes) refuse, exit 4: the work is kept."""
     if yes:
         return
-    at_stake = work_at_stake(task)
+    at_stake = fleet.work_at_stake(task)
     if at_stake is None:
         return
     if sys.stdin is None or not sys.stdin.isatty():
@@ -977,7 +977,7 @@ def cmd_retry(argv: list[str]) -> int:
     if not args.resume:
         current = fleet.get_task(args.id)
         if policy.why_not(current, Action.RETRY) is None:  # else fleet.retry says why not
-            _confirm_loss(current, args.yes)
+            _confirm_loss(fleet, current, args.yes)
     task = fleet.retry(args.id, resume=args.resume)
     _out(f"{task.id} queued for a {'resumed' if args.resume else 'fresh'} attempt")
     _print_change(_until_started(fleet, task))

@@ -55,14 +55,17 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def work_at_stake(task: Task) -> str | None:
+def work_at_stake(task: Task, diff: git.Diff | None = None) -> str | None:
     """What a fresh retry would throw away (changed or untracked files in the worktree,
     commits on the branch beyond its base), as a short phrase; None when there is nothing.
-    A fresh `Fleet.retry` resets both, so the CLI asks first (and the panel should)."""
+    A fresh `Fleet.retry` resets both, so the CLI asks first (and the panel should).
+    ``diff``: the worktree's changes read already (a worktree on another host:
+    `Fleet.work_at_stake` fetches them)."""
     parts: list[str] = []
-    if task.worktree is not None and Path(task.worktree).is_dir():
+    if diff is not None or (task.worktree is not None and Path(task.worktree).is_dir()):
         try:
-            diff = git.diff(Path(task.worktree), task.base_commit)
+            if diff is None:
+                diff = git.diff(Path(task.worktree or ""), task.base_commit)
         except git.GitError:
             parts.append("a worktree whose changes could not be read")
         else:
@@ -131,6 +134,18 @@ class Branches(Part):
         self.secrets = secrets
         self.actions = actions
 
+
+    def work_at_stake(self, task: Task) -> str | None:
+        """work_at_stake, a remote task's changes fetched from its host first."""
+        remote = self.remote_of(task) if task.worktree is not None else None
+        if remote is None:
+            return work_at_stake(task)
+        try:
+            tip = self.remote_tip(task, remote)
+            diff = git.diff_commits(task.repo, task.base_commit, tip)
+        except FleetError:
+            return "a worktree on its host whose changes could not be read"
+        return work_at_stake(task, diff)
 
     @staticmethod
     def _missing_worktree(task: Task) -> str:

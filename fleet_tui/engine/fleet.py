@@ -326,6 +326,10 @@ class Fleet:
 
     # --- a task's branch: diff, merge, update, push, copies (branches.py) ------------------
 
+    @_says(Branches.work_at_stake)
+    def work_at_stake(self, task: Task) -> str | None:
+        return self.branches.work_at_stake(task)
+
     @_says(Actions.worktree_here)
     def worktree_here(self, task: Task) -> Path | None:
         return self.actions.worktree_here(task)
