@@ -699,8 +699,15 @@ class Branches(Part):
 
     def _report(self, task: Task) -> CopyReport:
         report = CopyReport(task=task, added=task.added_lines, deleted=task.deleted_lines)
-        if task.state in CLOSED_STATES or task.worktree is None \
-                or (self.remote_of(task) is None and not Path(task.worktree).is_dir()):
+        if task.state in CLOSED_STATES or task.worktree is None:
+            report.merges = f"no worktree ({task.state})"
+            return report
+        try:
+            remote = self.remote_of(task)
+        except FleetError as exc:  # its host gone from config.toml: this copy says so
+            report.merges = f"cannot read its changes: {exc}"
+            return report
+        if remote is None and not Path(task.worktree).is_dir():
             report.merges = f"no worktree ({task.state})"
             return report
         try:
