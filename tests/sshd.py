@@ -5,6 +5,11 @@ session by `environment=` in authorized_keys): two of them are two hosts. Login 
 generated test key only (no password, no keyboard-interactive); the client side is a test
 ssh_config with an alias, `StrictHostKeyChecking yes` and a known_hosts holding the
 server's key: nothing is accepted blindly.
+
+`private_home=True`: the server runs in a mount namespace of its own (bubblewrap) where a
+private folder is mounted over its HOME, so the host's data dir (its mirror, worktrees and
+attempt folders) exists for the host only: on this machine the HOME stays an empty folder,
+and a controller that opened a path of the host's would find nothing there.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class Sshd:
     alias: str
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    private_home: bool = False
 
     @property
     def home(self) -> Path:
@@ -93,7 +99,13 @@ class Sshd:
             f"  User {os.environ.get('USER') or 'root'}\n  IdentityFile {key}\n"
             "  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n"
             f"  UserKnownHostsFile {client / 'known_hosts'}\n  LogLevel ERROR\n")
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(server / "sshd_config")],
+        argv = [SSHD, "-D", "-e", "-f", str(server / "sshd_config")]
+        if self.private_home:
+            hidden = self.base / "host-only"
+            hidden.mkdir(mode=0o700, exist_ok=True)
+            argv = ["bwrap", "--dev-bind", "/", "/", "--bind", str(hidden), str(home),
+                    "--cap-add", "ALL", "--", *argv]
+        self.proc = subprocess.Popen(argv,
                                      stdout=subprocess.DEVNULL,
                                      stderr=open(server / "sshd.log", "ab"),  # noqa: SIM115
                                      start_new_session=True)

@@ -308,6 +308,32 @@ def test_diff_committed_uncommitted_untracked_deleted_binary(git_repo: Path) -> 
     assert fgit.diff_stat(wt, info.base_commit) == (result.added, result.deleted)
 
 
+def test_diff_commits_reads_a_commit_as_diff_reads_a_worktree(git_repo: Path) -> None:
+    """A remote task's work fetched as a commit: the same files, counts and patches as the
+    worktree's diff, and the key found in a text file and in a binary's blob, hidden."""
+    key = "sk-diff-commits-" + "k" * 24
+    info = fgit.create_worktree(git_repo, "dc1")
+    wt = info.path
+    (wt / "committed.py").write_text("a = 1\n")
+    commit_all(wt, "worker commit")
+    (wt / "src" / "app.py").write_text("def main():\n    return 2\n")
+    (wt / "leak.txt").write_text(f"token = {key}\n")
+    (wt / "blob.bin").write_bytes(b"\x00\x01" + key.encode() + b"\x00")
+    from_worktree = fgit.diff(wt, info.base_commit, secrets=[key])
+    commit_all(wt, "everything, as a snapshot commits it")
+    tip = git(wt, "rev-parse", "HEAD").strip()
+    from_commit = fgit.diff_commits(git_repo, info.base_commit, tip, secrets=[key])
+    shape = [(f.path, f.status.replace("untracked", "added"), f.added, f.deleted, f.binary)
+             for f in from_worktree.files]
+    assert [(f.path, f.status, f.added, f.deleted, f.binary)
+            for f in from_commit.files] == shape
+    assert sorted(from_commit.secret_paths) == ["blob.bin", "leak.txt"]
+    assert key not in from_commit.patch and fgit.REDACTED in from_commit.patch
+    assert fgit.fork_point(git_repo, info.base_commit, "main", head=tip) == info.base_commit
+    with pytest.raises(fgit.GitError, match="unknown commit"):
+        fgit.diff_commits(git_repo, info.base_commit, "0" * 40)
+
+
 def test_diff_rename_without_git_mv(git_repo: Path) -> None:
     (git_repo / "long.txt").write_text("".join(f"row {i}\n" for i in range(30)))
     commit_all(git_repo, "long file")

@@ -96,6 +96,23 @@ def test_each_host_keeps_to_its_max_workers(git_repo: Path, tmp_path: Path) -> N
     assert {r.task_id for r in here.started} <= set(on_local)
 
 
+def test_a_full_host_says_why_its_tasks_wait(git_repo: Path, tmp_path: Path) -> None:
+    """`ls`, `show` and the panel's caption say it: "waiting: host b at its 1 worker"."""
+    fleet, _here, there = make(tmp_path)
+    (first,) = submit(fleet, git_repo, "b")
+    fleet.tick()
+    assert fleet.host_waits() == {}  # running its one worker, nothing queued behind it
+    (second,) = submit(fleet, git_repo, "b")
+    fleet.tick()
+    assert fleet.get_task(second).state == TaskState.QUEUED
+    assert fleet.host_waits() == {"b": "waiting: host b at its 1 worker"}
+    assert fleet.status().host_waits == {"b": "waiting: host b at its 1 worker"}
+    one(there, first).finish()
+    fleet.tick()
+    assert fleet.get_task(second).state == TaskState.RUNNING
+    assert fleet.host_waits() == {}
+
+
 def test_any_goes_to_the_host_with_a_free_slot(git_repo: Path, tmp_path: Path) -> None:
     fleet, here, there = make(tmp_path)
     ids = submit(fleet, git_repo, "any", 4)

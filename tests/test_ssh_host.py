@@ -421,3 +421,49 @@ def test_a_host_gone_past_its_lease_loses_the_task_then_sweeps_it(
             os.kill(pid, signal.SIGKILL)
         for each in hosts:
             each.close()
+
+
+def test_a_restarted_engine_sweeps_what_was_lost_before(
+        git_repo: Path, claude_bin: str, host_sshd: sshd.Sshd,
+        endpoint: ScriptedEndpoint) -> None:
+    """The engine lost the attempt (its host away past the lease) and was then restarted
+    while the host was still away: the new engine (a new host object, the same store)
+    finds the lost attempt in the store and sweeps it once the host is back."""
+    lease = 3.0
+    fleet, host = make(endpoint, claude_bin, host_sshd, lease=lease)
+    hosts = [host]
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
+        drive(fleet, lambda: len(host_pids(host_sshd, *SLEEPS)) == 2, timeout=60)
+        attempt = fleet.attempts(task.id)[-1]
+        assert attempt.dir is not None
+        token = AttemptLog(attempt.dir).spec_token()
+        assert token and token_holders(host_sshd, token)
+        master = host.connection.master_pid()
+        assert master is not None
+        host_sshd.stop()
+        os.kill(master, signal.SIGKILL)
+        drive(fleet, settled(fleet, task.id), timeout=lease + 30)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.FAILED and (done.message or "").startswith("lost: ")
+        assert fleet.store.lost_to_sweep() == [("box", task.id, 1, done.message)]
+        host.close()  # the controller restarts; the host is still away
+        fleet, host = make(endpoint, claude_bin, host_sshd, lease=lease)
+        hosts.append(host)
+        fleet.tick()
+        assert host.lost((task.id, 1)) == done.message  # known from the store
+        assert host.attach(attempt).state() == "dead"  # never followed again
+        host_sshd.start()
+        drive(fleet, lambda: bool(host.swept_lost), timeout=30)
+        assert [key for key, _n in host.swept_lost] == [(task.id, 1)]
+        assert token_holders(host_sshd, token) == []
+        assert host_pids(host_sshd, *SLEEPS) == []
+        assert host_pids(host_sshd, f"attempts/{task.id}/") == []
+        assert fleet.store.lost_to_sweep() == []  # swept: a third engine has nothing to do
+    finally:
+        if host_sshd.proc is None:
+            host_sshd.start()
+        for pid in host_pids(host_sshd, *SLEEPS):
+            os.kill(pid, signal.SIGKILL)
+        for each in hosts:
+            each.close()

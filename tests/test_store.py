@@ -593,3 +593,29 @@ def test_a_damaged_endpoint_row_is_ignored_and_said(store: Store) -> None:
     state = store.get_endpoint("https://ep")
     assert state is not None and state.cap is None and state.held is None
     assert state.row_error is not None and "column cap holds 'two'" in state.row_error
+
+
+def test_migration_adds_the_lost_attempts_table(tmp_path: Path) -> None:
+    """A store of the version before the lost attempts' table: it gets the table, its
+    tasks stay; a lost attempt is kept until swept (the first record wins), per host."""
+    db = tmp_path / "before.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    for migration in MIGRATIONS[:-1]:
+        migration(conn)
+    conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
+    conn.execute("INSERT INTO tasks (id, prompt, repo, state, created_at, updated_at) "
+                 "VALUES ('old003', 'fix it', '/r', 'failed', 1.5, 2.5)")
+    conn.close()
+    with Store(db) as s:
+        assert s.schema_version() == SCHEMA_VERSION
+        assert s.get_task("old003").state is TaskState.FAILED
+        assert s.lost_to_sweep() == []
+        s.record_lost("box", "old003", 1, "lost: host box unreachable", 10.0)
+        s.record_lost("box", "old003", 1, "a second word on it", 11.0)
+        s.record_lost("other", "old003", 2, "lost: host other unreachable", 12.0)
+    with Store(db) as s:  # a restarted engine finds them
+        assert s.lost_to_sweep("box") == [("box", "old003", 1, "lost: host box unreachable")]
+        assert [row[0] for row in s.lost_to_sweep()] == ["box", "other"]
+        s.mark_swept("box", "old003", 1, 3, 20.0)
+        assert s.lost_to_sweep("box") == []
+        assert s.lost_to_sweep() == [("other", "old003", 2, "lost: host other unreachable")]

@@ -40,7 +40,7 @@ from fleet_tui.core.states import (
     LandState,
     TaskState,
 )
-from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text, work_at_stake
+from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text
 from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
 from fleet_tui.store import budgets
 from fleet_tui.store.costs import as_json
@@ -572,6 +572,11 @@ def cmd_ls(argv: list[str]) -> int:
         note = fleet.endpoint_note(endpoint)
         if note is not None:
             _out(f"endpoint {endpoint}: {note}")
+    # the hosts at their max_workers with tasks queued for them (issue 20)
+    for host, why in sorted(fleet.host_waits().items()):
+        queued = [t.id for t in tasks if t.host == host and t.state == TaskState.QUEUED]
+        if queued:
+            _out(f"{', '.join(queued)} {why}")
     return EXIT_OK
 
 
@@ -590,7 +595,9 @@ def cmd_show(argv: list[str]) -> int:
         _out(json.dumps({**task_json(task, attempts, metered), "endpoint_limits": limits},
                         indent=2))
         return EXIT_OK
-    rows = [("id", task.id), ("title", task.short_title), ("state", policy.state_text(task)),
+    waits = fleet.host_waits().get(task.host) if task.state == TaskState.QUEUED else None
+    state = policy.state_text(task) + (f" ({waits})" if waits else "")
+    rows = [("id", task.id), ("title", task.short_title), ("state", state),
             ("verdict", task.verdict or "-"), ("message", task.message or "-"),
             ("endpoint", task.endpoint + (f": {limits}" if limits else "")),
             ("host", task.host + (" (placed when it starts)" if task.host == "any" else "")),
@@ -936,12 +943,12 @@ def _until_started(fleet: Fleet, task: Task) -> Task:
     return final
 
 
-def _confirm_loss(task: Task, yes: bool) -> None:
+def _confirm_loss(fleet: Fleet, task: Task, yes: bool) -> None:
     """A fresh retry resets the worktree and the branch to the base: ask first, as discard
     does. Without a terminal (and no --yes) refuse, exit 4: the work is kept."""
     if yes:
         return
-    at_stake = work_at_stake(task)
+    at_stake = fleet.work_at_stake(task)
     if at_stake is None:
         return
     if sys.stdin is None or not sys.stdin.isatty():
@@ -970,7 +977,7 @@ def cmd_retry(argv: list[str]) -> int:
     if not args.resume:
         current = fleet.get_task(args.id)
         if policy.why_not(current, Action.RETRY) is None:  # else fleet.retry says why not
-            _confirm_loss(current, args.yes)
+            _confirm_loss(fleet, current, args.yes)
     task = fleet.retry(args.id, resume=args.resume)
     _out(f"{task.id} queued for a {'resumed' if args.resume else 'fresh'} attempt")
     _print_change(_until_started(fleet, task))
@@ -1117,7 +1124,11 @@ def cmd_update(argv: list[str]) -> int:
         _out(done.message or "aborted")
         return EXIT_OK
     if args.resolve == "shell":
-        _run_shell(Path(task.worktree or "."), task.id)
+        here = fleet.worktree_here(task)
+        if here is None:
+            _err(f"fleet-tui update: {fleet.elsewhere(task)} (--resolve worker)")
+            return EXIT_REFUSED
+        _run_shell(here, task.id)
         result = fleet.update(task.id)
     else:
         fleet.resolve_update(task.id, "worker")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -138,12 +139,21 @@ class Actions(Part):
                                verdict=None, message=None, finished_at=None, not_before=None)
         return self.get_task(task.id)
 
-    @staticmethod
-    def _check_branch_left(task: Task) -> None:
+    def _check_branch_left(self, task: Task) -> None:
         """A resume or a follow-up continues the work on the task's branch: when its
         worktree folder was deleted by hand the branch is checked out again at the start
         (supervisor.launch); with the branch gone too there is nothing to continue."""
-        if task.worktree is None or Path(task.worktree).is_dir():
+        if task.worktree is None:
+            return
+        try:
+            remote = self.supervisor.host_of(task).remote_worktrees()
+        except FleetTuiError:
+            remote = None
+        if remote is not None:
+            # on its host: the start checks it out again there if it is gone, from the
+            # branch of the host's mirror (which a worker's commits are on)
+            return
+        if Path(task.worktree).is_dir():
             return
         if not git.branch_exists(Path(task.repo), task.branch or f"fleet/{task.id}"):
             raise FleetRefused(str(git.BranchGone(task.id, Path(task.worktree))))
@@ -210,20 +220,36 @@ class Actions(Part):
                        "could not be read, so no worktree or branch was removed; remove "
                        f"them by hand (`git worktree list`, branch fleet/{task.id})")
         else:
-            git.discard(task.repo, task.worktree, task.branch)
+            git.discard(task.repo, self.worktree_here(task), task.branch)
         self.remove_config_dir(task.id)
         self.store.update_task(task.id, state=TaskState.DISCARDED, worktree=None,
                                message="discarded" if not untrusted else message,
                                finished_at=task.finished_at or self.clock())
         return message
 
-    def remove_config_dir(self, task_id: str) -> None:
-        """A closed task's placements freed on its host (the local host: its config dir)."""
+    def worktree_here(self, task: Task) -> Path | None:
+        """The task's worktree when it is a folder of this machine; None when it is on
+        another host (never opened here: git's work on it here is the branch's)."""
+        if task.worktree is None:
+            return None
         try:
-            host = self.supervisor.host_of(self.store.get_task(task_id))
+            remote = self.supervisor.host_of(task).remote_worktrees()
+        except FleetTuiError:
+            return None  # its host is gone from config.toml: not a folder to touch here
+        return Path(task.worktree) if remote is None else None
+
+    def remove_config_dir(self, task_id: str) -> None:
+        """A closed task's placements freed on its host (the local host: its config dir;
+        a remote host: its worktree too, and the snapshot fetched here of it)."""
+        task = self.store.get_task(task_id)
+        try:
+            host = self.supervisor.host_of(task)
         except FleetTuiError as exc:  # its host gone from config.toml: nothing freed here
             log.warning("task %s: %s", task_id, exc)
             return
+        if host.remote_worktrees() is not None:
+            subprocess.run(["git", "update-ref", "-d", f"refs/fleet/snapshot/{task_id}"],
+                           cwd=task.repo, capture_output=True, check=False, timeout=30)
         host.release(task_id)
 
     def archive(self, task_ids: list[str]) -> list[str]:

@@ -6,11 +6,14 @@ leave the worktree (`secret_cache`); errors that quote git have it hidden (`hide
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet_tui.core import titles
 from fleet_tui.core.errors import FleetError, FleetRefused
@@ -23,6 +26,9 @@ from fleet_tui.settings.config import ConfigError
 from fleet_tui.store.db import Task
 from fleet_tui.system import paths
 from fleet_tui.vcs import git
+
+if TYPE_CHECKING:
+    from fleet_tui.execution.host import RemoteWorktrees
 
 __all__ = ["Branches", "CopyReport", "work_at_stake"]
 
@@ -49,14 +55,17 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def work_at_stake(task: Task) -> str | None:
+def work_at_stake(task: Task, diff: git.Diff | None = None) -> str | None:
     """What a fresh retry would throw away (changed or untracked files in the worktree,
     commits on the branch beyond its base), as a short phrase; None when there is nothing.
-    A fresh `Fleet.retry` resets both, so the CLI asks first (and the panel should)."""
+    A fresh `Fleet.retry` resets both, so the CLI asks first (and the panel should).
+    ``diff``: the worktree's changes read already (a worktree on another host:
+    `Fleet.work_at_stake` fetches them)."""
     parts: list[str] = []
-    if task.worktree is not None and Path(task.worktree).is_dir():
+    if diff is not None or (task.worktree is not None and Path(task.worktree).is_dir()):
         try:
-            diff = git.diff(Path(task.worktree), task.base_commit)
+            if diff is None:
+                diff = git.diff(Path(task.worktree or ""), task.base_commit)
         except git.GitError:
             parts.append("a worktree whose changes could not be read")
         else:
@@ -73,6 +82,37 @@ def work_at_stake(task: Task) -> str | None:
         if count:
             parts.append(f"{_plural(count, 'commit')} on {task.branch}")
     return " and ".join(parts) or None
+
+
+@contextlib.contextmanager
+def _scratch_branch(repo: Path, name: str, commit: str) -> Iterator[str]:
+    """A branch at `commit` for as long as the block runs (a remote task's work as
+    fetched, where git's checks want a branch), then gone."""
+    ref = f"refs/heads/{name}"
+    subprocess.run(["git", "update-ref", ref, commit], cwd=repo, check=True,
+                   capture_output=True, timeout=30)
+    try:
+        yield name
+    finally:
+        subprocess.run(["git", "update-ref", "-d", ref], cwd=repo, check=False,
+                       capture_output=True, timeout=30)
+
+
+@contextlib.contextmanager
+def _scratch_checkout(repo: Path, commit: str) -> Iterator[Path]:
+    """A detached checkout of `commit` here for as long as the block runs (the test gate
+    of a task whose worktree is on another host), then removed."""
+    with tempfile.TemporaryDirectory(prefix="fleet-gate-") as tmp:
+        where = Path(tmp) / "checkout"
+        subprocess.run(["git", "worktree", "add", "--quiet", "--detach", str(where), commit],
+                       cwd=repo, check=True, capture_output=True, timeout=300)
+        try:
+            yield where
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=repo,
+                           check=False, capture_output=True, timeout=120)
+            subprocess.run(["git", "worktree", "prune"], cwd=repo, check=False,
+                           capture_output=True, timeout=120)
 
 
 def _git_count(repo: Path, *args: str) -> int:
@@ -95,6 +135,18 @@ class Branches(Part):
         self.actions = actions
 
 
+    def work_at_stake(self, task: Task) -> str | None:
+        """work_at_stake, a remote task's changes fetched from its host first."""
+        remote = self.remote_of(task) if task.worktree is not None else None
+        if remote is None:
+            return work_at_stake(task)
+        try:
+            tip = self.remote_tip(task, remote)
+            diff = git.diff_commits(task.repo, task.base_commit, tip)
+        except FleetError:
+            return "a worktree on its host whose changes could not be read"
+        return work_at_stake(task, diff)
+
     @staticmethod
     def _missing_worktree(task: Task) -> str:
         branch = task.branch or f"fleet/{task.id}"
@@ -104,6 +156,34 @@ class Branches(Part):
         return (f"the worktree of task {task.id} ({task.worktree}) is missing: it was "
                 f"deleted outside fleet-tui; {kept}discard the task, or retry it to start "
                 "fresh")
+
+    def remote_of(self, task: Task) -> RemoteWorktrees | None:
+        """The task's host when its worktree is not a folder of this machine (an SSH
+        host): then nothing here opens `task.worktree`; the host is asked instead."""
+        if task.worktree is None and not task.host:
+            return None
+        return self.supervisor.host_of(task).remote_worktrees()
+
+    def _remote_open(self, task: Task) -> None:
+        if task.state in CLOSED_STATES:
+            raise FleetRefused(f"task {task.id} was {task.state}; its worktree is gone")
+        if task.worktree is None:
+            raise FleetRefused(f"task {task.id} has no worktree yet (it is {task.state})")
+
+    def remote_tip(self, task: Task, remote: RemoteWorktrees) -> str:
+        """The remote task's work as it is now, fetched here (`snapshot`): the commit
+        its diff, its gate and its preview read."""
+        self._remote_open(task)
+        try:
+            return remote.snapshot(task)
+        except FleetError as exc:
+            raise FleetRefused(f"the work of task {task.id} could not be fetched from its "
+                               f"host: {exc}") from None
+
+    def _remote_diff(self, task: Task, remote: RemoteWorktrees) -> git.Diff:
+        tip = self.remote_tip(task, remote)
+        base = git.fork_point(task.repo, task.base_commit, task.base_branch, head=tip)
+        return git.diff_commits(task.repo, base, tip, secrets=self.secrets.get())
 
     def _worktree_of(self, task: Task) -> Path:
         if task.state in CLOSED_STATES:
@@ -119,6 +199,9 @@ class Branches(Part):
         """The task's changes; ``secret_paths`` names files that hold the API key (the key
         is replaced in the patch, never shown)."""
         task = self.get_task(task_id)
+        remote = self.remote_of(task)
+        if remote is not None:  # fetched from its host first (a running task's too)
+            return self._remote_diff(task, remote)
         worktree = self._worktree_of(task)
         # measured from where the task stands against its base branch's tip now: what
         # landed on the base meanwhile (merged in by an update) is not the task's change
@@ -137,6 +220,10 @@ class Branches(Part):
     @hides_key
     def diff_stat(self, task: Task) -> tuple[int, int]:
         """(added, deleted) lines of a task against where it stands (see diff)."""
+        remote = self.remote_of(task)
+        if remote is not None:
+            found = self._remote_diff(task, remote)
+            return found.added, found.deleted
         worktree = self._worktree_of(task)
         return git.diff_stat(worktree, git.fork_point(worktree, task.base_commit,
                                                       task.base_branch))
@@ -146,15 +233,29 @@ class Branches(Part):
         """What merge() would do now, short of the test command: clean, or why not
         (identity, main checkout, nothing to merge, conflicts, files in the way, the key)."""
         task = self.get_task(task_id)
+        remote = self.remote_of(task)
+        if remote is not None:
+            # its work as it is now, fetched (its uncommitted files included, as the merge
+            # commits them first), previewed on a scratch branch: nothing of the task moves
+            tip = self.remote_tip(task, remote)
+            with _scratch_branch(task.repo, f"fleet-preview/{task.id}", tip) as scratch:
+                preview = self._preview(task, scratch, None)
+            if preview.message:
+                preview = dataclasses.replace(
+                    preview, message=preview.message.replace(scratch, task.branch))
+            return preview
         if task.worktree is not None and not Path(task.worktree).is_dir():
             self._refuse_if_landed(task)
             raise FleetRefused(self._missing_worktree(task))  # as the merge itself does
-        worktree = self._worktree_of(task)
+        return self._preview(task, task.branch, self._worktree_of(task))
+
+    def _preview(self, task: Task, branch: str, worktree: Path | None
+                 ) -> git.ConflictPreview:
         if not task.base_branch:
             raise FleetRefused(f"task {task.id} was started from a commit, not a branch; "
                                "merge its branch by hand")
         try:
-            preview = git.conflict_preview(task.repo, task.branch, task.base_branch,
+            preview = git.conflict_preview(task.repo, branch, task.base_branch,
                                            worktree=worktree, secrets=self.secrets.get(),
                                            strategy=self.settings.merge_strategy)
         except git.GitError:
@@ -205,15 +306,29 @@ class Branches(Part):
                expect_side: str | None = None) -> git.MergeResult:
         """The merge itself (no policy check: the merge queue lands its own tasks)."""
         assert task.base_branch is not None  # policy refuses a task started from a commit
-        if task.worktree is not None and not Path(task.worktree).is_dir():
+        remote = self.remote_of(task)
+        if remote is None and task.worktree is not None and not Path(task.worktree).is_dir():
             found = self.found_landed(task)
             if found is not None:
                 return found
             raise FleetRefused(self._missing_worktree(task))
+        gate_output: str | None = None
         try:
-            # the commits in the main repository
+            # the commits in the main repository (a remote task's fetched from its host,
+            # its uncommitted work committed there first)
             branch = self.supervisor.host_of(task).collect(task)
-            result = git.merge(task.repo, task.worktree, branch, task.base_branch,
+            if remote is not None and test_command:
+                # its worktree is not here: the gate runs in a checkout of what landed here
+                tip = git.branch_tip(task.repo, branch)
+                passed, gate_output = self.gate_here(task.repo, tip, test_command)
+                if not passed:
+                    self.store.update_task(task.id, gate="failed")
+                    return git.MergeResult(False, None, f"the test command failed on "
+                                           f"{tip[:10]} of {branch}; not merged (its output "
+                                           "is below)", gate_output, reason="test")
+                test_command = None
+            result = git.merge(task.repo, None if remote is not None else task.worktree,
+                               branch, task.base_branch,
                                message=message or titles.commit_title(task.short_title),
                                trailers=self._trailers(task),
                                test_command=test_command,
@@ -222,6 +337,12 @@ class Branches(Part):
         except git.GitError as exc:
             # nothing was merged: to the user that is a refusal (exit 4), not a failure
             raise FleetRefused(str(exc)) from None
+        except FleetError as exc:
+            if remote is None:
+                raise
+            raise FleetRefused(f"task {task.id} was not merged: {exc}") from None
+        if gate_output is not None and result.test_output is None:
+            result = dataclasses.replace(result, test_output=gate_output)
         if result.reason in ("gone", "nothing"):
             found = self.found_landed(task)
             if found is not None:
@@ -247,7 +368,7 @@ class Branches(Part):
         if commit is None:
             return None
         with contextlib.suppress(git.GitError):
-            git.discard(task.repo, task.worktree, task.branch)
+            git.discard(task.repo, self.actions.worktree_here(task), task.branch)
         self.actions.remove_config_dir(task.id)
         message = (f"merged {task.branch} into {task.base_branch} as {commit[:10]} (found "
                    f"on {task.base_branch}: that merge was concluded after it was stopped)")
@@ -255,13 +376,70 @@ class Branches(Part):
                                worktree=None)
         return git.MergeResult(True, commit, message, None)
 
+    def gate_here(self, repo: Path, commit: str, command: str) -> tuple[bool, str]:
+        """The test gate on `commit` in a scratch checkout of this machine (a task whose
+        worktree is on another host: what is tested is what lands here)."""
+        try:
+            with _scratch_checkout(repo, commit) as where:
+                return git.run_test_command(command, where,
+                                            secrets=self.secrets.get(fresh=True))
+        except subprocess.CalledProcessError as exc:
+            raise FleetRefused(f"no checkout of {commit[:10]} could be made to test it: "
+                               f"{(exc.stderr or b'').decode('utf-8', 'replace').strip()}"
+                               ) from None
+
+    @contextlib.contextmanager
+    def gate_checkout(self, task: Task, *, checkout: bool = True
+                      ) -> Iterator[tuple[Path | None, str]]:
+        """Where the merge queue tests a task and the commit it tests: its worktree and
+        HEAD, or (its worktree on another host) a scratch checkout here of its work as
+        collected (`checkout=False`: no checkout, the commit only)."""
+        remote = self.remote_of(task)
+        if remote is None:
+            worktree = Path(task.worktree or "")
+            yield worktree, git.head_commit(worktree)
+            return
+        try:
+            branch = self.supervisor.host_of(task).collect(task)
+        except FleetError as exc:
+            raise FleetRefused(f"the work of task {task.id} could not be fetched from its "
+                               f"host: {exc}") from None
+        tip = git.branch_tip(task.repo, branch)
+        if not checkout:
+            yield None, tip
+            return
+        try:
+            scratch = _scratch_checkout(task.repo, tip)
+            where = scratch.__enter__()
+        except subprocess.CalledProcessError as exc:
+            raise FleetRefused(f"no checkout of {tip[:10]} could be made to test it: "
+                               f"{(exc.stderr or b'').decode('utf-8', 'replace').strip()}"
+                               ) from None
+        try:
+            yield where, tip
+        finally:
+            scratch.__exit__(None, None, None)
+
     def _update_record(self, task: Task) -> Path:
         return paths.update_dir(task.repo, task.id)
 
     def landing_worktree(self, task: Task) -> Path:
+        """The task's worktree here, checked (a remote task's: on its host, asked)."""
         if not task.base_branch:
             raise FleetRefused(f"task {task.id} was started from a commit, not a branch; "
                                "there is no base branch to update from")
+        remote = self.remote_of(task)
+        if remote is not None:
+            self._remote_open(task)
+            try:
+                there = remote.has_worktree(task)
+            except FleetError as exc:
+                raise FleetRefused(f"task {task.id}: {exc}") from None
+            if not there:
+                raise FleetRefused(f"the worktree of task {task.id} ({task.worktree}) is "
+                                   "missing on its host: it was deleted outside fleet-tui; "
+                                   "discard the task, or retry it to start fresh")
+            return Path(task.worktree or "")
         try:
             return self._worktree_of(task)
         except FleetError as exc:
@@ -283,6 +461,9 @@ class Branches(Part):
         return self.update_from_base(task)
 
     def update_from_base(self, task: Task) -> git.UpdateResult:
+        remote = self.remote_of(task)
+        if remote is not None:
+            return self._update_remote(task, remote)
         worktree = self.landing_worktree(task)
         assert task.base_branch is not None
         if task.conflicts or git.operation_in_progress(worktree) is not None:
@@ -295,6 +476,34 @@ class Branches(Part):
         except git.GitError as exc:
             raise FleetRefused(str(exc)) from None
         self._record_update(task, worktree, result)
+        return result
+
+    def _update_remote(self, task: Task, remote: RemoteWorktrees) -> git.UpdateResult:
+        """The update in the host's worktree (its base branch's tip sent there); on
+        conflicts it is left mid-merge there, for its worker. Then the work is fetched
+        and the counts measured here."""
+        self.landing_worktree(task)
+        assert task.base_branch is not None
+        base_tip = git.branch_tip(task.repo, task.base_branch)
+        try:
+            result = remote.update_worktree(
+                task, base_commit=base_tip, base_branch=task.base_branch,
+                strategy=self.settings.update_strategy,
+                message=titles.commit_title(task.short_title))
+        except FleetError as exc:
+            raise FleetRefused(f"task {task.id} was not updated: {exc}") from None
+        if result.status == "refused":
+            return result
+        fields_: dict[str, Any] = {"message": result.message,
+                                   "conflicts": list(result.conflicts)}
+        if result.status != "conflicts":
+            with contextlib.suppress(FleetError, git.GitError):
+                tip = remote.snapshot(task)
+                fields_["base_commit"] = git.fork_point(task.repo, task.base_commit,
+                                                        task.base_branch, head=tip)
+                found = git.diff_commits(task.repo, str(fields_["base_commit"]), tip)
+                fields_["added_lines"], fields_["deleted_lines"] = found.added, found.deleted
+        self.store.update_task(task.id, **fields_)
         return result
 
     def _settle(self, task: Task, worktree: Path) -> git.UpdateResult:
@@ -360,6 +569,9 @@ class Branches(Part):
         task = self.get_task(task_id)
         if how not in ("worker", "abort"):
             raise FleetError(f"unknown way to resolve {how!r}: use worker or abort")
+        remote = self.remote_of(task)
+        if remote is not None:
+            return self._resolve_remote(task, how, remote)
         worktree = self.landing_worktree(task)
         operation = git.operation_in_progress(worktree)
         if operation is None and not task.conflicts:
@@ -377,6 +589,24 @@ class Branches(Part):
         conflicts = task.conflicts or git.unmerged_paths(worktree)
         return self.actions.follow_up(task.id, self.update_prompt(task, conflicts, operation))
 
+    def _resolve_remote(self, task: Task, how: str, remote: RemoteWorktrees) -> Task:
+        self.landing_worktree(task)
+        if not task.conflicts:
+            raise FleetRefused(f"task {task.id} has no update stopped on conflicts; "
+                               "nothing to resolve")
+        if how == "abort":
+            check(task, Action.UPDATE)
+            try:
+                done = remote.abort_update(task)
+            except FleetError as exc:
+                raise FleetRefused(str(exc)) from None
+            self.store.update_task(task.id, conflicts=[],
+                                   message=f"update from {task.base_branch} aborted: {done}")
+            return self.get_task(task.id)
+        operation = "rebase" if self.settings.update_strategy == "rebase" else "merge"
+        return self.actions.follow_up(task.id, self.update_prompt(task, task.conflicts,
+                                                                  operation))
+
     def settle_finished(self, changes: list[TaskChange]) -> None:
         """A worker that was resolving an update's conflicts has finished: conclude the
         update if it resolved them (and did not commit, or did), else keep the list."""
@@ -385,7 +615,10 @@ class Branches(Part):
                 continue
             try:
                 task = self.get_task(change.task_id)
-                if task.conflicts and task.worktree is not None \
+                remote = self.remote_of(task) if task.conflicts else None
+                if remote is not None and task.base_branch:
+                    self._update_remote(task, remote)
+                elif task.conflicts and task.worktree is not None \
                         and Path(task.worktree).is_dir() and task.base_branch:
                     self._settle(task, Path(task.worktree))
             except Exception as exc:  # one task's trouble: said, never the whole pass
@@ -401,6 +634,12 @@ class Branches(Part):
         task = self.get_task(task_id)
         check(task, Action.PUSH)
         worktree = None if task.worktree is None else self.landing_worktree(task)
+        if worktree is not None and self.remote_of(task) is not None:
+            try:  # its commits here (its uncommitted work committed on its host first)
+                self.supervisor.host_of(task).collect(task)
+            except FleetError as exc:
+                raise FleetRefused(f"task {task.id} was not pushed: {exc}") from None
+            worktree = None
         remote = git.push_remote(task.repo, task.base_branch)
         if remote is None:
             raise FleetRefused(f"the repository {task.repo} has no remote to push to (or "
@@ -423,7 +662,7 @@ class Branches(Part):
             raise FleetRefused(str(exc)) from None
         fields_: dict[str, Any] = {"pushed": f"{remote} {remote_branch} {result.commit}",
                                    "message": result.message}
-        if worktree is not None:
+        if task.worktree is not None:
             with contextlib.suppress(git.GitError, FleetError):
                 fields_["added_lines"], fields_["deleted_lines"] = self.diff_stat(task)
         self.store.update_task(task.id, **fields_)
@@ -460,8 +699,15 @@ class Branches(Part):
 
     def _report(self, task: Task) -> CopyReport:
         report = CopyReport(task=task, added=task.added_lines, deleted=task.deleted_lines)
-        if task.state in CLOSED_STATES or task.worktree is None \
-                or not Path(task.worktree).is_dir():
+        if task.state in CLOSED_STATES or task.worktree is None:
+            report.merges = f"no worktree ({task.state})"
+            return report
+        try:
+            remote = self.remote_of(task)
+        except FleetError as exc:  # its host gone from config.toml: this copy says so
+            report.merges = f"cannot read its changes: {exc}"
+            return report
+        if remote is None and not Path(task.worktree).is_dir():
             report.merges = f"no worktree ({task.state})"
             return report
         try:

@@ -211,6 +211,10 @@ class Fleet:
     def why_waiting(self, endpoint: str | None = None) -> str | None:
         return self.queries.why_waiting(endpoint)
 
+    @_says(Queries.host_waits)
+    def host_waits(self, tasks: list[Task] | None = None) -> dict[str, str]:
+        return self.queries.host_waits(tasks)
+
     @_says(Queries.endpoint_note)
     def endpoint_note(self, endpoint: str | None = None) -> str | None:
         return self.queries.endpoint_note(endpoint)
@@ -321,6 +325,22 @@ class Fleet:
         self.secrets.get()
 
     # --- a task's branch: diff, merge, update, push, copies (branches.py) ------------------
+
+    @_says(Branches.work_at_stake)
+    def work_at_stake(self, task: Task) -> str | None:
+        return self.branches.work_at_stake(task)
+
+    @_says(Actions.worktree_here)
+    def worktree_here(self, task: Task) -> Path | None:
+        return self.actions.worktree_here(task)
+
+    @staticmethod
+    def elsewhere(task: Task) -> str:
+        """Why a shell or an editor does not open in the task's worktree: it is on its
+        host (worktree_here said None)."""
+        return (f"the worktree of task {task.id} is on host {task.host} "
+                f"({task.worktree}), not on this machine: open it there (ssh to the host), "
+                "or let its worker do it")
 
     @_says(Branches.diff)
     def diff(self, task_id: str) -> git.Diff:

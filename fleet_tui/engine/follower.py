@@ -338,6 +338,27 @@ class Follower:
             result=fol.result.data if fol.result is not None else None,
             stderr_tail=folder.stderr_tail(), no_record=no_record)
 
+    def _counts(self, task: Task, *, lost: bool) -> tuple[int, int] | None:
+        """(added, deleted) lines of the task at its attempt's end. A task on another
+        host: its work fetched here first (`snapshot`: the branch and the uncommitted
+        files, the worktree untouched there), unless its host was just lost."""
+        assert task.worktree is not None and task.base_commit
+        try:
+            remote = self.supervisor.host_of(task).remote_worktrees()
+            if remote is None:
+                worktree = Path(task.worktree)
+                return git.diff_stat(worktree, git.fork_point(
+                    worktree, task.base_commit, task.base_branch))
+            if lost:
+                return None
+            tip = remote.snapshot(task)
+            base = git.fork_point(task.repo, task.base_commit, task.base_branch, head=tip)
+            found = git.diff_commits(task.repo, base, tip)
+            return found.added, found.deleted
+        except (FleetTuiError, OSError) as exc:
+            log.info("task %s: its changes were not counted: %s", task.id, exc)
+            return None
+
     def apply_outcome(self, task: Task, attempt: Attempt, verdict: str, message: str,
                       now: float, changes: list[TaskChange], *,
                       ended: float | None = None) -> None:
@@ -356,11 +377,9 @@ class Follower:
         if nxt.finished:
             fields_["finished_at"] = ended if ended is not None else now
         if task.worktree is not None and task.base_commit:
-            with contextlib.suppress(git.GitError, OSError):
-                worktree = Path(task.worktree)
-                added, deleted = git.diff_stat(worktree, git.fork_point(
-                    worktree, task.base_commit, task.base_branch))
-                fields_["added_lines"], fields_["deleted_lines"] = added, deleted
+            counted = self._counts(task, lost=message.startswith("lost: "))
+            if counted is not None:
+                fields_["added_lines"], fields_["deleted_lines"] = counted
         applied: list[TaskState] = []
         effect = nxt.effect
 

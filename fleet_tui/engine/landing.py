@@ -200,14 +200,23 @@ class LandingQueue:
                          self.fleet.update_prompt(task, updated.conflicts, updated.operation),
                          conflicted=True)
             return
-        worktree = Path(task.worktree or "")
-        commit = git.head_commit(worktree)
         command = self.fleet.test_command_for(task.id)
+        passed, output = True, ""
+        try:
+            # its worktree, or (on another host) a checkout here of its work as fetched
+            with self.fleet.branches.gate_checkout(task, checkout=bool(command)) \
+                    as (where, commit):
+                if command:
+                    if not self._set(task, LandState.TESTING,
+                                     f"testing {commit[:10]}: {command}"):
+                        return
+                    passed, output = git.run_test_command(
+                        command, where or Path(task.repo),
+                        secrets=self.fleet.secrets.get(fresh=True))
+        except FleetTuiError as exc:
+            self._set(task, LandState.STOPPED, f"could not test it: {exc}")
+            return
         if command:
-            if not self._set(task, LandState.TESTING, f"testing {commit[:10]}: {command}"):
-                return
-            passed, output = git.run_test_command(command, worktree,
-                                                  secrets=self.fleet.secrets.get(fresh=True))
             self.store.update_task(task.id, gate="passed" if passed else "failed")
             if not passed:
                 tail = output[-GATE_TAIL:]
@@ -252,7 +261,7 @@ class LandingQueue:
         if where is None:
             return False
         with contextlib.suppress(git.GitError):
-            git.discard(self.repo, task.worktree, task.branch)
+            git.discard(self.repo, self.fleet.actions.worktree_here(task), task.branch)
         self.fleet.actions.remove_config_dir(task.id)
         self.store.update_task(task.id, state="merged", worktree=None,
                                message=f"merged {task.branch} into {task.base_branch} as "

@@ -16,6 +16,7 @@ from fleet_tui.engine.follower import attempt_finished
 from fleet_tui.engine.secret_cache import SecretCache
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.settings import endpoints
+from fleet_tui.settings.hosts import LOCAL
 from fleet_tui.store import budgets
 from fleet_tui.store.costs import Ledger
 from fleet_tui.store.db import Attempt, Task
@@ -58,6 +59,9 @@ class FleetStatus:
     spent_today: dict[str, float] = field(default_factory=dict)
     # the gateway's line (issue 19): requests of each task waiting for a request slot
     slot_waits: dict[str, int] = field(default_factory=dict)
+    # issue 20: why the queued tasks of a host wait, by host ("waiting: host box at its 2
+    # workers"), for the hosts at their max_workers with tasks queued for them
+    host_waits: dict[str, str] = field(default_factory=dict)
 
 
 class Queries(Part):
@@ -125,7 +129,23 @@ class Queries(Part):
                     for n in self.settings.endpoint_names), cooldown_until=until,
             total_tokens=sum(t.input_tokens + t.output_tokens for t in tasks),
             endpoints=self.endpoint_status(now), slot_waits=self.slot_waits(),
-            **self._metered(tasks, now))
+            host_waits=self.host_waits(tasks), **self._metered(tasks, now))
+
+    def host_waits(self, tasks: list[Task] | None = None) -> dict[str, str]:
+        """Why the queued tasks of a host (of config.toml: this machine's cap is the
+        endpoints') do not start: the host runs its max_workers already."""
+        if tasks is None:
+            tasks = self.store.list_tasks()
+        caps = {h.name: h.max_workers for h in self.settings.all_hosts if h.name != LOCAL}
+        out: dict[str, str] = {}
+        for name, cap in caps.items():
+            mine = [t for t in tasks if t.host == name]
+            if not any(t.state == TaskState.QUEUED for t in mine):
+                continue
+            running = sum(1 for t in mine if t.state in ACTIVE_STATES)
+            if running >= cap:
+                out[name] = f"waiting: host {name} at its {cap} worker{'s' * (cap != 1)}"
+        return out
 
     def slot_waits(self) -> dict[str, int]:
         """The requests of each task that wait for a request slot at the gateway, from the

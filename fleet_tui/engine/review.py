@@ -30,6 +30,7 @@ from fleet_tui.engine.actions import Actions
 from fleet_tui.engine.branches import Branches
 from fleet_tui.engine.context import Context, Part
 from fleet_tui.engine.submit import check_text
+from fleet_tui.store.db import Task
 from fleet_tui.store.reviews import ReviewComment, Reviews
 from fleet_tui.vcs import git
 
@@ -82,8 +83,7 @@ class Review(Part):
         body = self._checked(body)
         diff = self.branches.diff(task.id)
         changed = {f.path: f for f in diff.files}
-        worktree = Path(task.worktree or "")
-        lines = _file_lines(worktree, path)
+        lines = self._lines(task, path)
         if lines is None:
             found = changed.get(path)
             rows = [r for r in diff_lines(found.patch.splitlines(), [path])
@@ -102,6 +102,17 @@ class Review(Part):
             quote = tuple(shown.get(n, " " + lines[n - 1]) for n in range(start, end + 1))
             anchor = Anchor(path, "new", start, end, tuple(lines[start - 1:end]), quote)
         return self.rows.add(task.id, _redacted(anchor), body, self.clock())
+
+    def _lines(self, task: Task, path: str) -> list[str] | None:
+        """The file as the task's worktree has it: read here, or (its worktree on another
+        host) from its work as last fetched here (the diff fetches it)."""
+        remote = self.branches.remote_of(task)
+        if remote is None:
+            return _file_lines(Path(task.worktree or ""), path)
+        data = remote.read_file(task, path)
+        if data is None:
+            return None
+        return redaction.redact(data[:_READ_LIMIT].decode("utf-8", "replace")).splitlines()
 
     @staticmethod
     def _rows_of(found: git.FileDiff | None, path: str) -> dict[int, str]:
@@ -136,17 +147,18 @@ class Review(Part):
         states last worked out. ``diff``: the task's diff when the caller has it."""
         task = self.get_task(task_id)
         stored = self.rows.list(task.id)
-        if not stored or task.state in CLOSED_STATES or task.worktree is None \
-                or not Path(task.worktree).is_dir():
+        if not stored or task.state in CLOSED_STATES or task.worktree is None:
             return stored
-        worktree = Path(task.worktree)
+        remote = self.branches.remote_of(task)
+        if remote is None and not Path(task.worktree).is_dir():
+            return stored
         files: dict[str, list[str] | None] = {}
         deleted: dict[str, dict[int, str]] = {}
         out: list[ReviewComment] = []
         for comment in stored:
             anchor = comment.anchor
             if anchor.path not in files:
-                files[anchor.path] = _file_lines(worktree, anchor.path)
+                files[anchor.path] = self._lines(task, anchor.path)
             if anchor.side == "old" and anchor.path not in deleted:
                 if diff is None:
                     try:

@@ -22,6 +22,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from fleet_tui.system import procs
 
 log = logging.getLogger("fleet_tui.engine.fleet")
 
+LOST_LOOK = 5.0  # seconds between two looks in the store for hosts with lost attempts
 START_GRACE = 60.0  # a claim by another host's engine with no heartbeat for this long is dead
 
 _HOST = socket.gethostname()
@@ -68,6 +70,22 @@ def describe(exc: BaseException) -> str:
         where = f" ({exc.filename})" if exc.filename else ""
         return f"{exc.strerror}{where}"
     return one_line(f"{type(exc).__name__}: {exc}", 300)
+
+
+class StoreLedger:
+    """The hosts' lost attempts in the store (`Host.keep_lost_in`)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def lost(self, host: str, task_id: str, attempt: int, reason: str) -> None:
+        self.store.record_lost(host, task_id, attempt, reason, time.time())
+
+    def swept(self, host: str, task_id: str, attempt: int, processes: int) -> None:
+        self.store.mark_swept(host, task_id, attempt, processes, time.time())
+
+    def to_sweep(self, host: str) -> list[tuple[str, int, str]]:
+        return [(t, n, r) for _h, t, n, r in self.store.lost_to_sweep(host)]
 
 
 def parse_owner(owner: str | None) -> tuple[str, int, str | None] | None:
@@ -106,6 +124,10 @@ class Supervisor:
         self.owner = (f"{_HOST}:{os.getpid()}:{procs.start_time(os.getpid()) or 0}:"
                       f"{next(_ENGINE_SEQ)}-{id(self):x}")
         _LIVE_OWNERS[self.owner] = self
+        # the hosts handed the store to keep their lost attempts in (each object once)
+        self._ledgered: weakref.WeakSet[Host] = weakref.WeakSet()
+        self._lost_looked = -LOST_LOOK
+        self.lost_ledger = StoreLedger(store)
 
     # --- our hosts and runners -------------------------------------------------------------
 
@@ -137,8 +159,26 @@ class Supervisor:
         return {name: cap for name, cap in caps.items() if self.hosts.why_not(name) is None}
 
     def reap(self) -> None:
+        self._keep_lost()
         for host in self.hosts.built():
             host.reap()
+
+    def _keep_lost(self) -> None:
+        """Every host keeps the attempts it loses in the store, and a host with lost
+        attempts not swept yet is built (by an engine restarted since: no task of it may
+        run now), so that it sweeps them once it answers."""
+        now = time.monotonic()
+        if now - self._lost_looked >= LOST_LOOK:
+            self._lost_looked = now
+            for name in dict.fromkeys(h for h, _t, _n, _r in self.store.lost_to_sweep()):
+                try:
+                    self.hosts.named(name)
+                except FleetError as exc:
+                    log.info("lost attempts of host %s not swept: %s", name, exc)
+        for host in self.hosts.built():
+            if host not in self._ledgered:
+                self._ledgered.add(host)
+                host.keep_lost_in(self.lost_ledger)
 
     def wait(self, stop: threading.Event, interval: float) -> None:
         """Sleep up to `interval`; return early when `stop` is set or one of our runners
@@ -340,8 +380,10 @@ class Supervisor:
     def _worktree(self, host: Host, task: Task, attempts: list[Attempt], kind: str) -> Path:
         """The task's worktree, made by the host when it has none (recorded at once)."""
         worktree = task.worktree
-        if worktree is not None and Path(worktree).is_dir():
-            return Path(worktree)
+        remote = host.remote_worktrees()
+        if worktree is not None and (Path(worktree).is_dir() if remote is None
+                                     else remote.has_worktree(task)):
+            return Path(worktree)  # (a remote host's: asked there, never looked at here)
         # its folder deleted by hand with a session to continue: the branch is checked out
         # again as it is (BranchGone when it is gone). A retry may find what a failed start
         # left behind, and so may a task claimed before by an engine that died while making

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from fleet_tui.execution.spec import RunSpec
     from fleet_tui.settings.config import Settings
     from fleet_tui.store.db import Attempt, Task
-    from fleet_tui.vcs.git import WorktreeInfo
+    from fleet_tui.vcs.git import UpdateResult, WorktreeInfo
 
 RunnerState = Literal["alive", "dead", "never"]
 
@@ -111,6 +111,48 @@ class Run(Protocol):
         """Queue a message for the worker; return its id (InputClosed: no more input)."""
 
 
+class LostLedger(Protocol):
+    """Where a host keeps the attempts it lost until what they started there is swept
+    (the engine's store), so that a restarted engine still sweeps them."""
+
+    def lost(self, host: str, task_id: str, attempt: int, reason: str) -> None:
+        """The host lost this attempt (silent past its lease)."""
+
+    def swept(self, host: str, task_id: str, attempt: int, processes: int) -> None:
+        """What the lost attempt started on the host was stopped."""
+
+    def to_sweep(self, host: str) -> list[tuple[str, int, str]]:
+        """(task, attempt, reason) of the host's lost attempts not swept yet."""
+
+
+class RemoteWorktrees(Protocol):
+    """The worktrees of a host that are not folders of this machine (an SSH host). The
+    engine never opens such a path: it asks the host, and diffs, tests, merges and pushes
+    what `snapshot` and `Host.collect` brought into the main repository."""
+
+    def has_worktree(self, task: Task) -> bool:
+        """The task's worktree is there, on the host."""
+
+    def snapshot(self, task: Task) -> str:
+        """The task's work as it is now (its commits and its uncommitted files) as a
+        commit of the main repository (`refs/fleet/snapshot/<id>`), the worktree left
+        exactly as it is; the task's branch is fetched with it. Cheap: one command there
+        and one fetch of what is new."""
+
+    def update_worktree(self, task: Task, *, base_commit: str, base_branch: str,
+                        strategy: str, message: str) -> UpdateResult:
+        """Bring the host's worktree up to date with `base_commit` (the base branch's tip
+        here, sent there), merge or rebase, the worker's uncommitted work committed first;
+        on conflicts the worktree is left mid-merge there (its worker resolves them). An
+        update stopped on conflicts is concluded once they are resolved."""
+
+    def abort_update(self, task: Task) -> str:
+        """The update stopped on conflicts undone in the host's worktree; what was done."""
+
+    def read_file(self, task: Task, path: str) -> bytes | None:
+        """A file of the task's work as last fetched (`snapshot`); None: not there."""
+
+
 class Host(Protocol):
     """Where attempts run."""
 
@@ -128,6 +170,10 @@ class Host(Protocol):
     def make_worktree(self, task: Task, *, reattach: bool, reset: bool) -> WorktreeInfo:
         """The task's worktree at its base commit on the branch `fleet/<id>` (checked out
         again as it is when `reattach`; removed and made fresh when `reset`)."""
+
+    def remote_worktrees(self) -> RemoteWorktrees | None:
+        """None: a task's worktree is a folder of this machine (the engine reads it
+        there); else the host's own way to read and change it."""
 
     def check_worktree(self, task: Task, worktree: Path) -> None:
         """Refuse (FleetError, GitError) unless `worktree` is the task's own checkout on
@@ -153,6 +199,11 @@ class Host(Protocol):
         (merged or discarded): its config dir (the worktree goes with git's merge or
         discard)."""
 
+    def keep_lost_in(self, ledger: LostLedger) -> None:
+        """Record the attempts this host loses in `ledger`, and sweep those it holds
+        already (an engine before this one lost them). A host that never loses an attempt
+        (this machine) records nothing."""
+
     def reap(self) -> None:
         """Collect the exit status of runners this host started that have ended."""
 
@@ -165,4 +216,5 @@ class Host(Protocol):
         importable), before the key variables are taken out."""
 
 
-__all__ = ["Host", "NotStarted", "Placement", "Run", "RunnerState", "Staged"]
+__all__ = ["Host", "LostLedger", "NotStarted", "Placement", "RemoteWorktrees", "Run", "RunnerState",
+           "Staged"]

@@ -146,6 +146,17 @@ class Hosts:
                     return host
         return self.get(recorded)
 
+    def named(self, name: str) -> Host:
+        """The host of that name: a built host's own name or the name it stands for,
+        else config.toml's (FleetError: none)."""
+        with self._lock:
+            if name in self._built:
+                return self._built[name]
+            for host in self._built.values():
+                if host.name == name:
+                    return host
+        return self.get(name)
+
     def built(self) -> Iterator[Host]:
         """The hosts in use so far (each once)."""
         with self._lock:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_tui.core.errors import FleetError
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed, write_json_atomic
-from fleet_tui.execution.host import Host, NotStarted, Placement, RunnerState
+from fleet_tui.execution.host import Host, LostLedger, NotStarted, Placement, RunnerState
 from fleet_tui.vcs.git import WorktreeInfo
 
 if TYPE_CHECKING:
@@ -192,6 +192,12 @@ class MemoryHost:
         return WorktreeInfo(path=path, branch=f"fleet/{task.id}",
                             base_commit=task.base_commit or BASE_COMMIT,
                             base_branch=task.base_branch or "main")
+
+    def keep_lost_in(self, ledger: LostLedger) -> None:
+        pass  # its runners are this machine's: none is ever lost
+
+    def remote_worktrees(self) -> None:
+        return None  # the worktrees are folders of this machine
 
     def check_worktree(self, task: Task, worktree: Path) -> None:
         if worktree.resolve() == Path(task.repo).resolve():

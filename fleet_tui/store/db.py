@@ -465,10 +465,28 @@ def _task_host(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX IF NOT EXISTS tasks_state_host ON tasks(state, host)")
 
 
+# issue 20: the attempts a host lost (silent past its lease) until what they started there
+# is swept, so that an engine restarted meanwhile still sweeps them once the host is back.
+_LOST_ATTEMPTS = """
+CREATE TABLE IF NOT EXISTS lost_attempts (
+    host TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    lost_at REAL NOT NULL,
+    swept_at REAL,
+    swept INTEGER,
+    PRIMARY KEY (host, task_id, attempt)
+);
+CREATE INDEX IF NOT EXISTS lost_attempts_pending ON lost_attempts(swept_at, host)
+"""
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS),
     _script(_V5_READY), _script(_V6_HOSTS), _script(_V7_GATEWAY),
-    _script(_V8_ENDPOINT_NAMES), _script(_REVIEW_COMMENTS), _task_host]
+    _script(_V8_ENDPOINT_NAMES), _script(_REVIEW_COMMENTS), _task_host,
+    _script(_LOST_ATTEMPTS)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error", "row_damaged"}
@@ -754,6 +772,39 @@ class Store:
                 MIGRATIONS[index](conn)
             if version != SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # --- the attempts hosts lost, until swept ---------------------------------------------
+
+    def record_lost(self, host: str, task_id: str, attempt: int, reason: str,
+                    at: float) -> None:
+        """A host lost this attempt: keep it until what it started there is swept (the
+        first record stays)."""
+        with self.transaction() as conn:
+            conn.execute("INSERT OR IGNORE INTO lost_attempts (host, task_id, attempt, "
+                         "reason, lost_at) VALUES (?, ?, ?, ?, ?)",
+                         (host, task_id, attempt, _to_store("message", reason), at))
+
+    def lost_to_sweep(self, host: str | None = None) -> list[tuple[str, str, int, str]]:
+        """(host, task, attempt, reason) of the lost attempts not swept yet (of one host,
+        or of all), oldest first."""
+        query = ("SELECT host, task_id, attempt, reason FROM lost_attempts "
+                 "WHERE swept_at IS NULL")
+        params: tuple[Any, ...] = ()
+        if host is not None:
+            query += " AND host = ?"
+            params = (host,)
+        rows = self._connect().execute(query + " ORDER BY lost_at, task_id, attempt",
+                                       params).fetchall()
+        return [(str(r["host"]), str(r["task_id"]), int(r["attempt"]), str(r["reason"]))
+                for r in rows]
+
+    def mark_swept(self, host: str, task_id: str, attempt: int, processes: int,
+                   at: float) -> None:
+        """The host swept the lost attempt (`processes` stopped); kept as a record."""
+        with self.transaction() as conn:
+            conn.execute("UPDATE lost_attempts SET swept_at = ?, swept = ? WHERE host = ? "
+                         "AND task_id = ? AND attempt = ? AND swept_at IS NULL",
+                         (at, processes, host, task_id, attempt))
 
     def schema_version(self) -> int:
         return int(self._connect().execute("PRAGMA user_version").fetchone()[0])

@@ -10,14 +10,14 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from fleet_tui.vcs.gitfiles import _SHA_RE, _head_from_files
 from fleet_tui.vcs.keyscan import _file_holds, _needles, _redact
-from fleet_tui.vcs.run import GitError, _out, _rev, _run, _temp_index
+from fleet_tui.vcs.run import GitError, _gitpython, _out, _rev, _run, _temp_index
 
 FileStatus = Literal["added", "modified", "deleted", "untracked", "renamed"]
 
@@ -149,7 +149,41 @@ def diff(worktree: Path, base_commit: str, *, secrets: Sequence[str] = ()) -> Di
         summary = _out(worktree, *_DIFF_OPTS, "--raw", "--numstat", "-z", base_commit, "--",
                        env=env, what="git diff")
         patch = _out(worktree, *_DIFF_OPTS, base_commit, "--", env=env, what="git diff")
-    untracked_set = set(untracked)
+    result, aligned = _parsed(summary, patch, set(untracked))
+    needles = _needles(secrets)
+    if needles:
+        _mark_secrets(worktree, result, needles, aligned)
+    return result
+
+
+def diff_commits(repo: Path, base_commit: str, tip: str, *,
+                 secrets: Sequence[str] = ()) -> Diff:
+    """``tip`` (a commit of the repository: a remote task's worktree as it was fetched,
+    `Host.snapshot`) against its base, as diff() reads a worktree; no working tree is
+    read or touched. A binary file is scanned for the key in its blob."""
+    repo = Path(repo)
+    for commit in (base_commit, tip):
+        if _rev(repo, commit) is None:
+            raise GitError(f"unknown commit {commit!r} in {repo}")
+    summary = _out(repo, *_DIFF_OPTS, "--raw", "--numstat", "-z", base_commit, tip, "--",
+                   what="git diff")
+    patch = _out(repo, *_DIFF_OPTS, base_commit, tip, "--", what="git diff")
+    result, aligned = _parsed(summary, patch, set())
+    needles = _needles(secrets)
+    if needles:
+        def holds(path: str, raw: list[bytes]) -> bool:
+            status, out, _ = _gitpython().Git(str(repo)).execute(
+                ["git", "cat-file", "blob", f"{tip}:{path}"], with_extended_output=True,
+                with_exceptions=False, stdout_as_string=False)
+            return status == 0 and isinstance(out, bytes) and any(n in out for n in raw)
+
+        _mark_secrets(repo, result, needles, aligned, holds=holds)
+    return result
+
+
+def _parsed(summary: str, patch: str, untracked_set: set[str]) -> tuple[Diff, bool]:
+    """The Diff of git's --raw --numstat summary and its patch; whether the patch split
+    into one chunk per file."""
     entries = _parse_raw_numstat(summary)
     chunks = _split_patch(patch)
     aligned = len(chunks) == len(entries)
@@ -161,11 +195,7 @@ def diff(worktree: Path, base_commit: str, *, secrets: Sequence[str] = ()) -> Di
         file_patch = chunks[index] if aligned and not binary else ""
         files.append(FileDiff(path=path, status=status, added=added, deleted=deleted,
                               patch=file_patch, old_path=old, binary=binary))
-    result = Diff(files=files, patch=patch)
-    needles = _needles(secrets)
-    if needles:
-        _mark_secrets(worktree, result, needles, aligned)
-    return result
+    return Diff(files=files, patch=patch), aligned
 
 
 def mark_secrets(worktree: Path, result: Diff, secrets: Sequence[str]) -> None:
@@ -177,8 +207,11 @@ def mark_secrets(worktree: Path, result: Diff, secrets: Sequence[str]) -> None:
         _mark_secrets(Path(worktree), result, needles, aligned)
 
 
-def _mark_secrets(worktree: Path, result: Diff, needles: list[str], aligned: bool) -> None:
-    """Fill result.secret_paths and redact the key from the patches (see diff())."""
+def _mark_secrets(worktree: Path, result: Diff, needles: list[str], aligned: bool, *,
+                  holds: Callable[[str, list[bytes]], bool] | None = None) -> None:
+    """Fill result.secret_paths and redact the key from the patches (see diff()).
+    ``holds(path, needles)``: whether the new file holds one (default: read it in
+    ``worktree``)."""
     in_patch = any(n in result.patch for n in needles)
     raw = [os.fsencode(n) for n in needles]
     hits: list[str] = []
@@ -189,7 +222,8 @@ def _mark_secrets(worktree: Path, result: Diff, needles: list[str], aligned: boo
             hits.append(f.path)  # its name holds the key: a merge would publish it
         elif f.binary or (in_patch and not aligned):
             # no patch text to read (binary), or the patch could not be split per file
-            if _file_holds(worktree / f.path, raw):
+            if (holds(f.path, raw) if holds is not None
+                    else _file_holds(worktree / f.path, raw)):
                 hits.append(f.path)
         elif in_patch and any(line.startswith("+") and any(n in line for n in needles)
                               for line in f.patch.splitlines()):
@@ -258,15 +292,17 @@ def diff_stat(worktree: Path, base_commit: str) -> tuple[int, int]:
     return added, deleted
 
 
-def fork_point(worktree: Path, base_commit: str, base_branch: str | None) -> str:
+def fork_point(worktree: Path, base_commit: str, base_branch: str | None, *,
+               head: str = "HEAD") -> str:
     """The commit a task's changes are measured from: the merge base of its HEAD and its
     base branch's current tip. A task that merged (or rebased onto) its base branch since
     it started is measured from there, so what landed on the base meanwhile never shows as
     the task's own change. ``base_commit`` when there is no base branch (a task started
-    from a tag or commit) or git cannot tell (the branch is gone)."""
+    from a tag or commit) or git cannot tell (the branch is gone). ``head``: another
+    commit than the worktree's HEAD (a remote task's, fetched into the main repository)."""
     if not base_branch:
         return base_commit
-    status, out, _ = _run(Path(worktree), "merge-base", f"refs/heads/{base_branch}", "HEAD",
+    status, out, _ = _run(Path(worktree), "merge-base", f"refs/heads/{base_branch}", head,
                           check=False)
     found = out.strip()
     return found if status == 0 and _SHA_RE.match(found) else base_commit

@@ -273,6 +273,14 @@ def branch_exists(repo: Path, branch: str) -> bool:
     return _branch_exists_fast(Path(repo), branch)
 
 
+def branch_tip(repo: Path, branch: str) -> str:
+    """The commit a branch of the repository is at (GitError: there is no such branch)."""
+    tip = _rev(Path(repo), f"refs/heads/{branch}")
+    if tip is None:
+        raise GitError(f"the branch {branch!r} does not exist in {repo}")
+    return tip
+
+
 def _verified_by_files(path: Path, branch: str | None) -> bool:
     """True when git's files show ``path`` is a linked worktree of its own, registered
     (its admin dir points back at it) and, if given, on ``branch``. False: not sure."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from fleet_tui.core.errors import FleetError
 from fleet_tui.execution.attemptlog import AttemptLog
-from fleet_tui.execution.host import NotStarted, Placement, RunnerState
+from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerState
 from fleet_tui.execution.local import launcher
 from fleet_tui.execution.local.runner import RUNNER_MODULE
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
@@ -220,6 +220,12 @@ class LocalHost:
             return git.reattach_worktree(task.repo, task.id)
         return git.create_worktree(task.repo, task.id, task.base_commit or task.base_ref,
                                    reset=reset)
+
+    def keep_lost_in(self, ledger: LostLedger) -> None:
+        pass  # its runners are this machine's: none is ever lost
+
+    def remote_worktrees(self) -> None:
+        return None  # the worktrees are folders of this machine
 
     def check_worktree(self, task: Task, worktree: Path) -> None:
         git.verify_worktree(worktree, task.branch or f"fleet/{task.id}")

@@ -17,7 +17,11 @@ Commands (the attempt folder DIR is on the host):
 - `state DIR`, `stop DIR` (the request on stdin), `kill DIR`, `sweep DIR`, `say DIR BY`
   (the text on stdin), `port`, `follow DIR` (the offsets already mirrored on stdin).
 - `worktree ...`, `check-worktree WT BRANCH`: the task's worktree from the host's mirror;
-  `commit-work WT MESSAGE`: the worker's uncommitted work committed before a fetch.
+  `commit-work WT MESSAGE`: the worker's uncommitted work committed before a fetch;
+  `snapshot WT REF`: the worktree as it is now as an unreferenced commit, kept at REF (the
+  worktree, its index and its branch untouched); `update WT BASE STRATEGY MESSAGE NAME
+  EMAIL` and `abort-update WT`: bringing the worktree up to date with BASE there (left
+  mid-merge on conflicts, for its worker), and undoing that.
 """
 
 from __future__ import annotations
@@ -268,6 +272,128 @@ def cmd_commit_work(path: str, message: str, name: str, email: str) -> int:
     return 0
 
 
+def _ident(name: str, email: str) -> None:
+    for role in ("AUTHOR", "COMMITTER"):
+        os.environ[f"GIT_{role}_NAME"] = name
+        os.environ[f"GIT_{role}_EMAIL"] = email
+
+
+def cmd_snapshot(path: str, ref: str) -> int:
+    """The worktree as it is (tracked and untracked files, ignored ones not) as a commit
+    on top of HEAD, built in a temporary index: the worker's files, index and branch do
+    not change. HEAD itself when nothing is uncommitted."""
+    import shutil
+    import tempfile
+
+    try:
+        head = _git("-C", path, "rev-parse", "HEAD")
+        commit = head
+        if _git("-C", path, "status", "--porcelain", "--untracked-files=all"):
+            index = _git("-C", path, "rev-parse", "--path-format=absolute", "--git-path",
+                         "index")
+            with tempfile.TemporaryDirectory(prefix="fleet-snapshot-") as tmp:
+                temp_index = os.path.join(tmp, "index")
+                if os.path.exists(index):
+                    shutil.copyfile(index, temp_index)
+                os.environ["GIT_INDEX_FILE"] = temp_index
+                _git("-C", path, "add", "-A", "--", ".")
+                tree = _git("-C", path, "write-tree")
+                del os.environ["GIT_INDEX_FILE"]
+            _ident("fleet-tui", "fleet-tui@localhost")
+            commit = _git("-C", path, "commit-tree", tree, "-p", head, "-m",
+                          "fleet-tui snapshot")
+        _git("-C", path, "update-ref", ref, commit)
+    except RuntimeError as exc:
+        _answer({"error": str(exc)})
+        return 1
+    _answer({"commit": commit, "head": head})
+    return 0
+
+
+def _operation(path: str) -> str | None:
+    """"merge" or "rebase" while one is stopped in the worktree, else None."""
+    for name, what in (("rebase-merge", "rebase"), ("rebase-apply", "rebase"),
+                       ("MERGE_HEAD", "merge")):
+        found = _git("-C", path, "rev-parse", "--path-format=absolute", "--git-path", name)
+        if os.path.exists(found):
+            return what
+    return None
+
+
+def _unmerged(path: str) -> list[str]:
+    out = _git("-C", path, "diff", "--name-only", "--diff-filter=U")
+    return sorted({line for line in out.splitlines() if line})
+
+
+def _is_ancestor(path: str, ancestor: str, commit: str) -> bool:
+    return subprocess.run(["git", "-C", path, "merge-base", "--is-ancestor", ancestor, commit],
+                          capture_output=True, check=False).returncode == 0
+
+
+def _update(path: str, base: str, strategy: str, message: str) -> dict[str, Any]:
+    operation = _operation(path)
+    if operation is not None:  # stopped on conflicts before: concluded once resolved
+        unmerged = _unmerged(path)
+        if unmerged:
+            return {"status": "conflicts", "conflicts": unmerged, "operation": operation}
+        _git("-C", path, "add", "-A", "--", ".")
+        if operation == "merge":
+            _git("-C", path, "commit", "--no-verify", "-q", "--no-edit")
+        else:
+            _git("-C", path, "-c", "core.editor=true", "rebase", "--continue")
+        return {"status": "updated", "resolved": True,
+                "head": _git("-C", path, "rev-parse", "HEAD")}
+    committed = None
+    if _git("-C", path, "status", "--porcelain", "--untracked-files=all"):
+        _git("-C", path, "add", "-A", "--", ".")
+        _git("-C", path, "commit", "--no-verify", "-q", "-m", message)
+        committed = _git("-C", path, "rev-parse", "HEAD")
+    head = _git("-C", path, "rev-parse", "HEAD")
+    if _is_ancestor(path, base, head):
+        return {"status": "current", "head": head, "committed": committed}
+    if strategy == "rebase":
+        args = ["-c", "core.editor=true", "rebase", base]
+    else:
+        args = ["merge", "--no-verify", "--no-edit", "-m", message, base]
+    done = subprocess.run(["git", "-C", path, *args], capture_output=True, text=True,
+                          check=False)
+    if done.returncode == 0:
+        return {"status": "updated", "head": _git("-C", path, "rev-parse", "HEAD"),
+                "committed": committed}
+    operation = _operation(path)
+    unmerged = _unmerged(path)
+    if operation is not None and unmerged:
+        return {"status": "conflicts", "conflicts": unmerged, "operation": operation,
+                "committed": committed}
+    if operation is not None:
+        _git("-C", path, operation, "--abort")
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return {"status": "refused", "error": lines[-1] if lines else f"git {args[0]} failed"}
+
+
+def cmd_update(path: str, base: str, strategy: str, message: str, name: str,
+               email: str) -> int:
+    _ident(name, email)
+    try:
+        _answer(_update(path, base, strategy, message))
+    except RuntimeError as exc:
+        _answer({"error": str(exc)})
+        return 1
+    return 0
+
+
+def cmd_abort_update(path: str) -> int:
+    try:
+        operation = _operation(path)
+        if operation is not None:
+            _git("-C", path, operation, "--abort")
+        _answer({"aborted": operation, "head": _git("-C", path, "rev-parse", "HEAD")})
+    except RuntimeError as exc:
+        _answer({"error": str(exc)})
+        return 1
+    return 0
+
+
 # --- following: the attempt folder streamed by offset ----------------------------------------
 
 
@@ -392,6 +518,12 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_check_worktree(*rest)
     if command == "commit-work":
         return cmd_commit_work(*rest)
+    if command == "snapshot":
+        return cmd_snapshot(*rest)
+    if command == "update":
+        return cmd_update(*rest)
+    if command == "abort-update":
+        return cmd_abort_update(*rest)
     folder = AttemptLog(rest[0])
     simple = {"stage": cmd_stage, "spawn": cmd_spawn, "state": cmd_state, "stop": cmd_stop,
               "kill": cmd_kill, "sweep": cmd_sweep}

@@ -51,7 +51,7 @@ import fleet_tui
 from fleet_tui.core.errors import FleetError
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
-from fleet_tui.execution.host import NotStarted, Placement, RunnerState
+from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerState
 from fleet_tui.execution.local import launcher, prepare
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh.connection import Connection, SshError
@@ -277,6 +277,7 @@ class SshHost:
         self._sweeper: threading.Thread | None = None
         self._sweep_tried = 0.0
         self.swept_lost: list[tuple[tuple[str, int], int]] = []  # (attempt, processes)
+        self._ledger: LostLedger | None = None  # the engine's store: kept over a restart
 
     # --- the connection and the agent -------------------------------------------------
 
@@ -373,7 +374,10 @@ class SshHost:
             self._lost[run.key] = reason
             self._to_sweep.add(run.key)
             self._mirrors.pop(run.key, None)
+            ledger = self._ledger
         mirror.stop()
+        if ledger is not None:
+            ledger.lost(self.name, run.key[0], run.key[1], reason)
         run.log.request_stop(StopReason.ERROR, reason, at=time.time(), by=f"host {self.name}")
         log.warning("task %s attempt %d: %s", run.key[0], run.key[1], reason)
         return True
@@ -392,9 +396,22 @@ class SshHost:
             with self._lock:
                 self._to_sweep.discard(key)
                 self.swept_lost.append((key, swept))
+                ledger = self._ledger
+            if ledger is not None:
+                ledger.swept(self.name, key[0], key[1], swept)
             log.info("host %s is back: task %s attempt %d swept (%d process(es) by its "
                      "token)", self.name, key[0], key[1], swept)
         return total
+
+    def keep_lost_in(self, ledger: LostLedger) -> None:
+        """The lost attempts recorded by an engine before this one are lost here too
+        (never followed again: "dead") and swept once the host answers."""
+        pending = ledger.to_sweep(self.name)
+        with self._lock:
+            self._ledger = ledger
+            for task_id, n, reason in pending:
+                self._lost.setdefault((task_id, n), reason)
+                self._to_sweep.add((task_id, n))
 
     def _sweep_in_background(self) -> None:
         with self._lock:
@@ -616,19 +633,105 @@ class SshHost:
             self.agent(["commit-work", str(task.worktree),
                         f"The worker's uncommitted work (task {task.id}, on host "
                         f"{self.name})", name, email])
+        self._fetch(task, [f"+refs/heads/{branch}:refs/heads/{branch}"])
+        return branch
+
+    def _fetch(self, task: Task, refspecs: Sequence[str]) -> None:
+        """Refs of the host's mirror of the task's repository into the main repository
+        (only the objects it lacks come over)."""
         mirror = self.mirror_path(Path(task.repo))
         done = subprocess.run(
-            ["git", "-C", str(task.repo), "fetch", "--no-tags", "--quiet",
-             self.git_url(mirror), f"refs/heads/{branch}"],
+            ["git", "-C", str(task.repo), "fetch", "--no-tags", "--quiet", "--no-write-fetch-head",
+             self.git_url(mirror), *refspecs],
             capture_output=True, env=self.git_env(), timeout=600, check=False)
         if done.returncode != 0:
-            raise SshError(f"host {self.name}: could not fetch {branch}: "
+            raise SshError(f"host {self.name}: could not fetch task {task.id}'s work: "
                            f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
-        head = subprocess.run(["git", "-C", str(task.repo), "rev-parse", "FETCH_HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        subprocess.run(["git", "-C", str(task.repo), "update-ref", f"refs/heads/{branch}",
-                        head], check=True, capture_output=True)
-        return branch
+
+    # --- the worktrees there (the seam's RemoteWorktrees) ------------------------------
+
+    def remote_worktrees(self) -> SshHost:
+        return self  # a task's worktree is on the host: never a folder of this machine
+
+    def has_worktree(self, task: Task) -> bool:
+        if not task.worktree:
+            return False
+        done = self.connection.run(f"test -d {shlex.quote(str(task.worktree))}", check=False)
+        if done.returncode not in (0, 1):
+            raise SshError(f"host {self.name}: {self.connection.why(done)}")
+        return done.returncode == 0
+
+    @staticmethod
+    def snapshot_ref(task: Task) -> str:
+        return f"refs/fleet/snapshot/{task.id}"
+
+    def snapshot(self, task: Task) -> str:
+        """One agent command there (a commit of the worktree in a temporary index, kept
+        at refs/fleet/snapshot/<id> of the mirror) and one fetch of it and the branch."""
+        if not task.worktree:
+            raise FleetError(f"task {task.id} has no worktree yet")
+        ref = self.snapshot_ref(task)
+        answer = self.agent(["snapshot", str(task.worktree), ref])
+        branch = task.branch or f"fleet/{task.id}"
+        self._fetch(task, [f"+{ref}:{ref}", f"+refs/heads/{branch}:refs/heads/{branch}"])
+        return str(answer["commit"])
+
+    def update_worktree(self, task: Task, *, base_commit: str, base_branch: str,
+                        strategy: str, message: str) -> git.UpdateResult:
+        if not task.worktree:
+            raise FleetError(f"task {task.id} has no worktree yet")
+        branch = task.branch or f"fleet/{task.id}"
+        self.push_base(Path(task.repo), base_commit, f"update/{task.id}")
+        name, email = self._identity(Path(task.repo))
+        answer = self.agent(["update", str(task.worktree), base_commit, strategy, message,
+                             name, email], timeout=300)
+        if "error" in answer:
+            return git.UpdateResult("refused", f"updating {branch} from {base_branch} on "
+                                    f"host {self.name} failed: {answer['error']}")
+        status = str(answer.get("status"))
+        conflicts = [str(c) for c in answer.get("conflicts") or []]
+        committed = answer.get("committed")
+        where = f"in its worktree on host {self.name}"
+        if status == "conflicts":
+            operation = str(answer.get("operation") or "merge")
+            return git.UpdateResult(
+                "conflicts", f"updating {branch} from {base_branch} stopped on conflicts "
+                f"{where} in: {', '.join(conflicts)}; let its worker resolve them "
+                "(update --resolve worker) or abort the update", conflicts,
+                base_tip=base_commit, committed=committed, operation=operation)
+        if status == "current":
+            return git.UpdateResult("current", f"{branch} is up to date with {base_branch} "
+                                    f"({base_commit[:10]}) already", base_tip=base_commit,
+                                    head=answer.get("head"), committed=committed)
+        if status == "updated":
+            done = ("is up to date with " + base_branch + " (the conflicts were resolved)"
+                    if answer.get("resolved") else
+                    f"{'rebased onto' if strategy == 'rebase' else 'merged with'} "
+                    f"{base_branch} ({base_commit[:10]}) {where}")
+            return git.UpdateResult("updated", f"{branch} {done}", base_tip=base_commit,
+                                    head=answer.get("head"), committed=committed)
+        return git.UpdateResult("refused", f"updating {branch} from {base_branch} on host "
+                                f"{self.name} failed: {answer.get('error') or status}")
+
+    def abort_update(self, task: Task) -> str:
+        if not task.worktree:
+            raise FleetError(f"task {task.id} has no worktree yet")
+        answer = self.agent(["abort-update", str(task.worktree)])
+        if "error" in answer:
+            raise FleetError(f"host {self.name}: {answer['error']}")
+        what = answer.get("aborted")
+        return (f"the {what} was aborted in its worktree on host {self.name}" if what
+                else f"nothing was stopped in its worktree on host {self.name}")
+
+    def read_file(self, task: Task, path: str) -> bytes | None:
+        """From the last snapshot fetched here (else the branch): no round trip."""
+        for ref in (self.snapshot_ref(task), f"refs/heads/{task.branch or 'fleet/' + task.id}"):
+            done = subprocess.run(["git", "-C", str(task.repo), "cat-file", "blob",
+                                   f"{ref}:{path}"], capture_output=True, check=False,
+                                  env=dict(self.env))
+            if done.returncode == 0:
+                return done.stdout
+        return None
 
     def _identity(self, repo: Path) -> tuple[str, str]:
         """This machine's git identity for `repo` (a commit made for it on the host is
@@ -648,8 +751,10 @@ class SshHost:
         # and the mirrors forget it; the attempt folders stay (mirrored here already)
         line = (f"rm -rf {q(f'{root}/config/{task_id}')} {q(f'{root}/work/{task_id}')}; "
                 f"for m in {q(root)}/repos/*.git; do [ -d \"$m\" ] && "
-                f"git -C \"$m\" worktree prune; git -C \"$m\" update-ref -d "
-                f"{q(f'refs/fleet/base/{task_id}')} 2>/dev/null; done; true")
+                f"git -C \"$m\" worktree prune; for r in {q(f'refs/fleet/base/{task_id}')} "
+                f"{q(f'refs/fleet/base/update/{task_id}')} "
+                f"{q(f'refs/fleet/snapshot/{task_id}')}; do "
+                f"git -C \"$m\" update-ref -d \"$r\" 2>/dev/null; done; done; true")
         try:
             self.connection.run(line, check=False)
         except SshError as exc:

@@ -374,7 +374,10 @@ class LandingController(Controller):
                 return
             listed = screen.task_list.tasks.get(task_id)
             worktree = listed.worktree if listed is not None else None
-            if worktree is None:
+            if worktree is None or listed is None:
+                return
+            if fleet.worktree_here(listed) is None:
+                screen.notify(fleet.elsewhere(listed), severity="warning", markup=False)
                 return
             shell = os.environ.get("SHELL") or "/bin/sh"
             run_external(screen.app, [shell], worktree,

@@ -131,6 +131,7 @@ class TaskListController(Controller):
         selected = self.selected_id
         self.screen.stream.show_slot_waits(
             message.status.slot_waits.get(selected, 0) if selected else 0)
+        self.screen.stream.show_host_wait(self._host_wait(selected))
         self._alert_transitions(message.tasks, message.status)
         self.render()
 
@@ -327,10 +328,18 @@ class TaskListController(Controller):
         if key != self.selected_id:
             self.select(key)
 
+    def _host_wait(self, task_id: str | None) -> str | None:
+        """Why the task waits for its host ("waiting: host box at its 2 workers")."""
+        task = self.tasks.get(task_id) if task_id else None
+        if task is None or self.status is None or task.state not in PENDING_STATES:
+            return None
+        return self.status.host_waits.get(task.host)
+
     def select(self, task_id: str | None) -> None:
         self.selected_id = task_id
         waits = self.status.slot_waits if self.status is not None else {}
         self.screen.stream.show_slot_waits(waits.get(task_id, 0) if task_id else 0)
+        self.screen.stream.show_host_wait(self._host_wait(task_id))
         self.screen.detail.refresh(new=True)
         self.screen.refresh_keys()
 

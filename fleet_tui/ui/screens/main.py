@@ -587,7 +587,10 @@ class MainScreen(PanelScreen):
             self.explain(IN_BROWSER_SHELL)
             return
         task = self.task_list.cursor_task
-        if task is None or task.worktree is None:
+        if task is None or task.worktree is None or self.fleet is None:
+            return
+        if self.fleet.worktree_here(task) is None:
+            self.notify(self.fleet.elsewhere(task), severity="warning", markup=False)
             return
         shell = os.environ.get("SHELL") or "/bin/sh"
         run_external(self.app, [shell], task.worktree,
@@ -599,7 +602,10 @@ class MainScreen(PanelScreen):
             return
         task = self.task_list.selected
         path = self.diff.selected_path
-        if task is None or task.worktree is None or path is None:
+        if task is None or task.worktree is None or path is None or self.fleet is None:
+            return
+        if self.fleet.worktree_here(task) is None:
+            self.notify(self.fleet.elsewhere(task), severity="warning", markup=False)
             return
         target = Path(task.worktree) / path
         if not target.exists():

@@ -122,6 +122,7 @@ class StreamPane(Vertical):
         self.hints = hints
         self.selected: Task | None = None
         self.slot_waits = 0  # the selected task's requests waiting at the gateway
+        self.host_wait: str | None = None  # why it waits for its host (issue 20)
         self.attempt_choice: dict[str, int] = {}  # task id -> attempt chosen with `a`
         self.attempt: Attempt | None = None  # the attempt shown, once its tail arrived
         self.attempts = 0  # how many the task had then
@@ -426,8 +427,11 @@ class StreamPane(Vertical):
         if task is None:
             text.append("No task selected.")
         elif attempt is None:
-            text.append("Waiting for a free slot…" if task.state in PENDING_STATES
-                        else "No attempt yet.")
+            if task.state in PENDING_STATES and self.host_wait:
+                text.append(self.host_wait[:1].upper() + self.host_wait[1:] + "…")
+            else:
+                text.append("Waiting for a free slot…" if task.state in PENDING_STATES
+                            else "No attempt yet.")
         else:
             text.append(f"attempt {attempt.n}/{self.attempts} ({attempt.kind})", style="bold")
             if attempt.verdict:
@@ -445,6 +449,13 @@ class StreamPane(Vertical):
         19): said in the caption while there are any."""
         if waits != self.slot_waits:
             self.slot_waits = waits
+            self._caption()
+
+    def show_host_wait(self, why: str | None) -> None:
+        """Why the selected task waits for its host, said in the caption instead of "a
+        free slot" (issue 20)."""
+        if why != self.host_wait:
+            self.host_wait = why
             self._caption()
 
     @property
