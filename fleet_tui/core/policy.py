@@ -85,8 +85,9 @@ BACKOFF_JITTER = (0.5, 1.0)  # the backoff is multiplied by a uniform draw from 
 # an attempt counts as starting (start_window) from its claim until its claude's init event,
 # or for this long at most: a claude that never speaks (a hung start, a long setup) holds
 # the endpoint's next starts back no longer than this. A claude starts in about 2 s alone on
-# a 2-core machine, 8-16 s when 8 start together there (bench 11)
-START_BOUND = 10.0
+# a quiet 2-core machine (8-16 s when 8 start together there); on one busy with others'
+# work, 10 s even alone: then the starts overlap again, a wave every START_BOUND (bench 11)
+START_BOUND = 5.0
 
 
 # --- what a task allows ----------------------------------------------------------------------
