@@ -11,7 +11,9 @@ begins, and no assertion hangs on the machine's speed."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +66,30 @@ def finish(fleet: Fleet, gates: Path, ids: list[str]) -> None:
         [(t.state, t.message) for t in done]
 
 
-def run_fleet(ep: ScriptedEndpoint, claude: str, **overrides: Any) -> Fleet:
-    if overrides.pop("gateway", True):
-        return gateway_fleet(ep, claude, max_attempts=1, **overrides)
-    return make_fleet(ep, claude, max_attempts=1, **overrides)
+@contextlib.contextmanager
+def first_pass(repo: Path, claude: str, gates: Path, copies: int,
+               **overrides: Any) -> Iterator[tuple[Fleet, list[str], list[str]]]:
+    """`copies` tasks held at their gates, after the engine's first pass: the fleet, the
+    tasks' ids, and those it started. With 2 request slots the endpoint answers 1302
+    beyond 2 requests in flight (none may reach it); without, any number."""
+    gated_repo(repo, gates)
+    slots = overrides.get("gateway", True) and overrides.get("max_requests") == 2
+    faults = [{"kind": "concurrency", "limit": 2}] if slots else []
+    with ScriptedEndpoint({"default": QUICK}, faults=faults) as ep:
+        if overrides.pop("gateway", True):
+            fleet = gateway_fleet(ep, claude, max_attempts=1, **overrides)
+        else:
+            fleet = make_fleet(ep, claude, max_attempts=1, **overrides)
+        try:
+            ids = [t.id for t in fleet.submit(TaskSpec(prompt="go", repo=repo),
+                                              copies=copies)]
+            fleet.tick()
+            yield fleet, ids, active(fleet, ids)
+            finish(fleet, gates, ids)
+            assert [r for r in ep.message_requests() if r.status != 200] == []
+        finally:
+            control.stop(fleet.env, db=fleet.store.path)
+            fleet.store.close()
 
 
 def test_attempts_start_in_step_with_the_slots(git_repo: Path, claude_bin: str,
@@ -76,34 +98,22 @@ def test_attempts_start_in_step_with_the_slots(git_repo: Path, claude_bin: str,
     # no start is let go by the bound here: only a starter's init event lets the next go
     monkeypatch.setattr(policy, "START_BOUND", 3600.0)
     gates = tmp_path / "gates"
-    gated_repo(git_repo, gates)
-    with ScriptedEndpoint({"default": QUICK},
-                          faults=[{"kind": "concurrency", "limit": 2}]) as ep:
-        fleet = run_fleet(ep, claude_bin, max_workers=4, max_requests=2)
-        try:
-            ids = [t.id for t in fleet.submit(TaskSpec(prompt="go", repo=git_repo),
-                                              copies=4)]
-            fleet.tick()
-            first = active(fleet, ids)
-            assert len(first) == 2  # the slots' number at once, not the cap's 4
-            ticks(fleet, 10)  # neither starter has begun: the others wait
-            assert active(fleet, ids) == first
-            assert fleet.store.starting_count("default", 0.0) == 2
-            # one starter's claude begins: one more starts, and only one
-            open_gate(gates, first[0])
-            drive(fleet, lambda: len(active(fleet, ids)) == 3, timeout=90)
-            (third,) = set(active(fleet, ids)) - set(first)
-            assert fleet.attempts(first[0])[-1].session_id is not None
-            ticks(fleet, 10)
-            assert len(active(fleet, ids)) == 3
-            assert [fleet.get_task(i).state for i in ids].count(TaskState.QUEUED) == 1
-            open_gate(gates, third)
-            drive(fleet, lambda: len(active(fleet, ids)) == 4, timeout=90)
-            finish(fleet, gates, ids)
-            assert [r for r in ep.message_requests() if r.status != 200] == []
-        finally:
-            control.stop(fleet.env, db=fleet.store.path)
-            fleet.store.close()
+    with first_pass(git_repo, claude_bin, gates, 4, max_workers=4,
+                    max_requests=2) as (fleet, ids, first):
+        assert len(first) == 2  # the slots' number at once, not the cap's 4
+        ticks(fleet, 10)  # neither starter has begun: the others wait
+        assert active(fleet, ids) == first
+        assert fleet.store.starting_count("default", 0.0) == 2
+        # one starter's claude begins: one more starts, and only one
+        open_gate(gates, first[0])
+        drive(fleet, lambda: len(active(fleet, ids)) == 3, timeout=90)
+        (third,) = set(active(fleet, ids)) - set(first)
+        assert fleet.attempts(first[0])[-1].session_id is not None
+        ticks(fleet, 10)
+        assert len(active(fleet, ids)) == 3
+        assert [fleet.get_task(i).state for i in ids].count(TaskState.QUEUED) == 1
+        open_gate(gates, third)
+        drive(fleet, lambda: len(active(fleet, ids)) == 4, timeout=90)
 
 
 def test_a_start_that_never_begins_holds_the_next_ones_back_for_a_bound(
@@ -111,22 +121,12 @@ def test_a_start_that_never_begins_holds_the_next_ones_back_for_a_bound(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policy, "START_BOUND", 1.0)
     gates = tmp_path / "gates"
-    gated_repo(git_repo, gates)
-    with ScriptedEndpoint({"default": QUICK}) as ep:
-        fleet = run_fleet(ep, claude_bin, max_workers=4, max_requests=2)
-        try:
-            ids = [t.id for t in fleet.submit(TaskSpec(prompt="go", repo=git_repo),
-                                              copies=4)]
-            fleet.tick()
-            first = active(fleet, ids)
-            assert len(first) == 2
-            # the first two never begin (their setup waits): past the bound the next go on
-            drive(fleet, lambda: len(active(fleet, ids)) == 4, timeout=90)
-            assert all(fleet.attempts(i)[-1].session_id is None for i in first)
-            finish(fleet, gates, ids)
-        finally:
-            control.stop(fleet.env, db=fleet.store.path)
-            fleet.store.close()
+    with first_pass(git_repo, claude_bin, gates, 4, max_workers=4,
+                    max_requests=2) as (fleet, ids, first):
+        assert len(first) == 2
+        # the first two never begin (their setup waits): past the bound the next go on
+        drive(fleet, lambda: len(active(fleet, ids)) == 4, timeout=90)
+        assert all(fleet.attempts(i)[-1].session_id is None for i in first)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -138,17 +138,9 @@ def test_without_more_workers_than_slots_all_start_at_once(
         git_repo: Path, claude_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         overrides: dict[str, Any]) -> None:
     monkeypatch.setattr(policy, "START_BOUND", 3600.0)
-    gates = tmp_path / "gates"
-    gated_repo(git_repo, gates)
-    with ScriptedEndpoint({"default": QUICK}) as ep:
-        fleet = run_fleet(ep, claude_bin, **overrides)
-        try:
-            ids = [t.id for t in fleet.submit(TaskSpec(prompt="go", repo=git_repo),
-                                              copies=overrides["max_workers"])]
-            fleet.tick()  # none of them has begun, and every one started in this pass
-            assert len(active(fleet, ids)) == len(ids)
-            assert all(fleet.get_task(i).state in ACTIVE_STATES for i in ids)
-            finish(fleet, gates, ids)
-        finally:
-            control.stop(fleet.env, db=fleet.store.path)
-            fleet.store.close()
+    n = overrides["max_workers"]
+    with first_pass(git_repo, claude_bin, tmp_path / "gates", n,
+                    **overrides) as (fleet, ids, first):
+        # none of them has begun, and every one started in this pass
+        assert len(first) == n
+        assert all(fleet.get_task(i).state in ACTIVE_STATES for i in ids)
