@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_fleet import KEY, drive, make_fleet, settled
 
+from fleet_tui.core import policy
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.gateway import control
@@ -35,7 +37,11 @@ def gateway_fleet(ep: ScriptedEndpoint, claude: str, **overrides: Any) -> Fleet:
     return fleet
 
 
-def test_eight_workers_share_two_slots_without_a_1302(git_repo: Path, claude_bin: str) -> None:
+def test_eight_workers_share_two_slots_without_a_1302(git_repo: Path, claude_bin: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # all 8 start at once, so that their requests all want the 2 slots together (the starts
+    # in step with the slots have tests of their own: test_gateway_starts.py)
+    monkeypatch.setattr(policy, "START_BOUND", 0.0)
     with ScriptedEndpoint({"default": SLOW},
                           faults=[{"kind": "concurrency", "limit": 2}]) as ep:
         fleet = gateway_fleet(ep, claude_bin, max_workers=8, max_requests=2, max_attempts=1)

@@ -521,6 +521,44 @@ def test_claim_gated_obeys_the_park_and_staggers_the_resume(store: Store) -> Non
     assert state is not None and (state.parked_until, state.next_start) == (None, None)
 
 
+def test_claim_gated_holds_while_the_start_window_is_full(store: Store) -> None:
+    """`starting` (most, since): a task counts as starting from its claim (after `since`)
+    until an unfinished attempt of it has a session; a retry's finished attempt with a
+    session does not count as begun; an older claim counts as started."""
+    from fleet_tui.core import policy
+    from fleet_tui.settings.config import Settings
+
+    e = "zai"
+    settings = Settings(max_workers=8)
+    ids = [store.create_task(prompt=f"t{i}", repo=REPO, endpoint=e, now=float(i)).id
+           for i in range(5)]
+
+    def claim(now: float, most: int = 2, bound: float = 5.0) -> str | None:
+        def decide(state: EndpointState | None, n: int) -> Any:
+            return policy.gate(state, settings, now, n).as_tuple()
+        task = store.claim_gated(e, now, "engine", decide, starting=(most, now - bound))
+        return task.id if task is not None else None
+
+    assert claim(10.0) == ids[0] and claim(10.0) == ids[1]
+    assert claim(10.5) is None  # two claimed, neither begun
+    assert store.starting_count(e, 5.0) == 2
+    # the first one's claude begins (its session stored): one more may start
+    first = store.add_attempt(ids[0], now=10.1)
+    store.update_attempt(first.id, session_id="s-1")
+    assert claim(11.0) == ids[2]
+    assert claim(11.0) is None
+    # the second's attempt is a retry: its earlier, finished attempt's session is not it
+    old = store.add_attempt(ids[1], now=10.1)
+    store.update_attempt(old.id, session_id="s-old", finished_at=10.2)
+    store.add_attempt(ids[1], now=10.3)
+    assert claim(12.0) is None
+    # past the bound, claims that never began count as started: the next go on
+    assert claim(15.5) == ids[3]  # the second's claim (10.0) is past; the third's is not
+    assert claim(15.5) is None
+    assert claim(16.5) == ids[4]
+    assert store.starting_count(e, 0.0) == 4  # all but the begun one, counted from 0
+
+
 def test_after_a_reset_two_engines_start_one_task_per_stagger_parked_first(
         tmp_path: Path) -> None:
     """Issue 17, finding 9: one task parked by a window, three queued while parked; two

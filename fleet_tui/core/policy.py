@@ -50,13 +50,14 @@ if TYPE_CHECKING:
 
 
 __all__ = ["AUTO_RESUME_PROMPT", "BUDGET_HOLD", "COUNTED", "NOTE_PREFIXES", "NO_CHANGE",
-           "RUNNER_HEADSTART", "STOPS", "TRANSIENT", "UNCOUNTED", "Effect", "Gate", "LandNext",
-           "Next", "Watch", "after_attempt", "after_fix", "allowed_actions", "apply_effect",
-           "auth_hint", "automatic_attempt", "backoff_delay", "budget_held", "cooldown_until",
-           "effective_cap", "endpoint_note", "gate", "held_reason", "in_queue", "land_failure",
-           "model_for", "next_to_land", "no_change", "park_text", "queued_note", "refusal",
-           "session_progress", "settings_key", "state_text", "stop_for_endpoint", "streak",
-           "time_limit", "verdict_text", "watchdog", "why_not", "why_not_resume"]
+           "RUNNER_HEADSTART", "START_BOUND", "STOPS", "TRANSIENT", "UNCOUNTED", "Effect", "Gate",
+           "LandNext", "Next", "Watch", "after_attempt", "after_fix", "allowed_actions",
+           "apply_effect", "auth_hint", "automatic_attempt", "backoff_delay", "budget_held",
+           "cooldown_until", "effective_cap", "endpoint_note", "gate", "held_reason", "in_queue",
+           "land_failure", "model_for", "next_to_land", "no_change", "park_text", "queued_note",
+           "refusal", "session_progress", "settings_key", "start_window", "state_text",
+           "stop_for_endpoint", "streak", "time_limit", "verdict_text", "watchdog", "why_not",
+           "why_not_resume"]
 
 # verdicts of the moment (the endpoint's, not the task's): tried again after a wait
 TRANSIENT = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.WINDOW, Verdict.CONCURRENCY,
@@ -81,6 +82,12 @@ _BUDGET_FIGURE = "spent $"
 # this much longer, so that it acts only for a runner that did not
 RUNNER_HEADSTART = 1.0
 BACKOFF_JITTER = (0.5, 1.0)  # the backoff is multiplied by a uniform draw from this range
+# an attempt counts as starting (start_window) from its claim until its claude's init event,
+# or for this long at most: a claude that never speaks (a hung start, a long setup) holds
+# the endpoint's next starts back no longer than this. A claude starts in about 2 s alone on
+# a quiet 2-core machine (8-16 s when 8 start together there); on one busy with others'
+# work, 10 s even alone: then the starts overlap again, a wave every START_BOUND (bench 11)
+START_BOUND = 5.0
 
 
 # --- what a task allows ----------------------------------------------------------------------
@@ -439,6 +446,21 @@ def gate(state: EndpointState | None, settings: Settings, now: float, parked: in
                     on_claim={"next_start": now + settings.resume_stagger},
                     on_idle=over, parked_first=parked > 0)
     return Gate(cap, fields=fields or None)
+
+
+def start_window(settings: Settings, endpoint: str) -> int | None:
+    """How many of the endpoint's attempts may be starting at once (claimed, their claude
+    not yet printing its init event; START_BOUND at most), or None: no such limit.
+
+    With its workers going through the gateway's request slots, its `max_requests`: its
+    first that many start at once, each further one as one of the starters has begun (its
+    init event comes just before its first request). More claudes starting together only
+    share the machine's cores and become ready late together while the slots idle; started
+    in step with the slots, the first ones' turns use them while the next ones start (bench
+    11). A worker cap at or under the slots never waits for this."""
+    if not settings.gateway:
+        return None
+    return settings.endpoint_of(endpoint).max_requests or None
 
 
 def stop_for_endpoint(state: EndpointState | None, now: float) -> str | None:

@@ -130,11 +130,15 @@ class Scheduler(Part):
             # each endpoint under its own settings: its worker cap, its key's fingerprint
             decide = self._decider(self.settings.for_endpoint(endpoint), closed)
             caps = self.supervisor.host_caps()  # each host's max_workers (issue 20)
+            # its attempts start in step with its request slots (policy.start_window)
+            window = policy.start_window(self.settings, endpoint)
             while True:
                 # the endpoint's limits (a park, a hold, a lowered cap) are read and obeyed
                 # in the claim's own transaction: no engine starts a task into a window
-                task = self.store.claim_gated(endpoint, self.clock(), self.owner, decide,
-                                              hosts=caps)
+                now = self.clock()
+                task = self.store.claim_gated(
+                    endpoint, now, self.owner, decide, hosts=caps,
+                    starting=None if window is None else (window, now - policy.START_BOUND))
                 if task is None:
                     break
                 old = TaskState.WAITING if task.verdict in policy.TRANSIENT \

@@ -1204,7 +1204,8 @@ class Store:
                                      tuple[int | None, dict[str, Any] | None,
                                            dict[str, Any] | None, dict[str, Any] | None,
                                            bool]],
-                    hosts: Mapping[str, int] | None = None) -> Task | None:
+                    hosts: Mapping[str, int] | None = None,
+                    starting: tuple[int, float] | None = None) -> Task | None:
         """`claim_next` under the endpoint's limits, in one IMMEDIATE transaction, so that
         two engines cannot both start a task into a closed window or past a ramp's step.
 
@@ -1213,8 +1214,15 @@ class Store:
         parked_first): the cap to claim under (None: start nothing now), endpoint fields to
         set now (a hold lifted), fields to set once a task is claimed (the staggered
         resume's next start), fields to set when no task is ready at all (the resume after
-        a park is over), and whether parked sessions are claimed before fresh tasks."""
+        a park is over), and whether parked sessions are claimed before fresh tasks.
+
+        ``starting`` (most, since): nothing is claimed while `most` of the endpoint's tasks
+        are starting (`starting_count`: claimed since `since`, their attempt's claude not
+        yet begun), the policy.start_window of every engine sharing the store."""
         with self.transaction() as conn:
+            if starting is not None and self._starting(conn, endpoint, starting[1]) \
+                    >= starting[0]:
+                return None
             row = conn.execute("SELECT * FROM endpoints WHERE endpoint = ?",
                                (endpoint,)).fetchone()
             state = _endpoint_from_row(row) if row is not None else None
@@ -1243,6 +1251,22 @@ class Store:
                 if ready == 0:  # nothing held back any more (not merely at the cap)
                     self._write_endpoint(conn, endpoint, on_idle, now)
             return task
+
+    def starting_count(self, endpoint: str, since: float) -> int:
+        """How many of the endpoint's active tasks are starting: claimed (or their claim
+        refreshed by the start threads) after `since`, and no unfinished attempt of theirs
+        has a session yet (the follower stores it from claude's init event, which claude
+        prints just before its first request; a setup command's lines carry none). A task
+        claimed longer ago counts as started, whatever its claude does."""
+        return self._starting(self._connect(), endpoint, since)
+
+    def _starting(self, conn: sqlite3.Connection, endpoint: str, since: float) -> int:
+        active = sorted(s.value for s in ACTIVE_STATES)
+        return int(conn.execute(
+            f"SELECT COUNT(*) FROM tasks t WHERE t.endpoint = ? AND t.state IN "
+            f"({', '.join('?' for _ in active)}) AND t.claimed_at > ? AND NOT EXISTS ("
+            f"SELECT 1 FROM attempts a WHERE a.task_id = t.id AND a.finished_at IS NULL "
+            f"AND a.session_id IS NOT NULL)", (endpoint, *active, since)).fetchone()[0])
 
     def note_queued(self, endpoint: str, note: str | None, prefixes: tuple[str, ...]) -> int:
         """Set the message of the endpoint's queued tasks to ``note`` (None: clear it), on
