@@ -462,3 +462,9 @@ def pushed_label(task: Task) -> str | None:
     if len(parts) != 3:
         return task.pushed
     return f"{parts[0]}/{parts[1]} @ {parts[2][:10]}"
+
+
+def open_comments_words(count: int) -> str:
+    """"1 review comment is open", "2 review comments are open" (issue 22: the merge
+    dialog, its queue mode and pick ask with these words)."""
+    return f"{count} review comment{'s are' if count > 1 else ' is'} open"
