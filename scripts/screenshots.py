@@ -3,9 +3,10 @@
 
 Runs the same setup as `fleet-tui --demo` (scratch repository, scripted endpoint, the
 real claude binary), opens FleetApp with Textual's Pilot at 160x48, and saves
-screenshots/*.svg while the workers run, of the diff review, a whole tool output (with a
-search), the merge confirmation and the launch form; then converts them to PNG with
-rsvg-convert (apt-get install librsvg2-bin fonts-dejavu-core).
+screenshots/*.svg while the workers run, of the diff review, a review with two comments
+(inline and in the R list), a whole tool output (with a search), the merge confirmation
+and the launch form; then converts them to PNG with rsvg-convert (apt-get install -y
+librsvg2-bin fonts-dejavu-core).
 
     .venv/bin/python scripts/screenshots.py [--out screenshots] [--size 160x48]
 """
@@ -64,12 +65,14 @@ async def _until(pilot: Any, predicate: Callable[[], bool], what: str,
 async def shoot(out: Path, size: tuple[int, int]) -> list[Path]:
     from textual.widgets import Input, TextArea
 
+    from fleet_tui.core.review import diff_lines
     from fleet_tui.demo.session import start_demo, submit_demo_tasks
     from fleet_tui.engine.fleet import Fleet
     from fleet_tui.settings.config import load_settings
     from fleet_tui.store.db import TaskState
     from fleet_tui.ui.app import FleetApp
     from fleet_tui.ui.screens.main import MainScreen
+    from fleet_tui.ui.screens.review import ReviewScreen
     from fleet_tui.ui.widgets.diff_view import DiffView
     from fleet_tui.ui.widgets.stream_view import StreamView
     from fleet_tui.ui.widgets.task_table import TaskTable
@@ -117,6 +120,28 @@ async def shoot(out: Path, size: tuple[int, int]) -> list[Path]:
                          and bool(diff.prepared.diff.files), "the diff")
             await pilot.pause(0.3)
             save("diff-review")
+
+            # a review under way: two comments on the worker's lines, shown inline under
+            # them, then the list R opens
+            first = diff.prepared.diff.files[0]
+            added = [r.new for r in diff_lines(first.patch.splitlines(), [first.path])
+                     if r is not None and r.kind == "+" and r.new is not None]
+            if len(added) < 3:
+                raise SystemExit(f"screenshots: {first.path} has too few added lines")
+            fleet.comment_at(validate, first.path, added[0], added[0],
+                             "Name it `available`: `have` reads like a verb here.")
+            fleet.comment_at(validate, first.path, added[1], added[2],
+                             "Say which item ran short; and a test for count == have?")
+            main.diff.reload()  # the panel reads comments with each diff
+            await _until(pilot, lambda: len(diff.comments) == 2, "the comments in the diff")
+            await pilot.pause(0.3)
+            save("review-comments")
+            await pilot.press("R")
+            await _until(pilot, lambda: isinstance(app.screen, ReviewScreen), "the review list")
+            await pilot.pause(0.3)
+            save("review-list")
+            await pilot.press("escape")
+            await _until(pilot, lambda: isinstance(app.screen, MainScreen), "the main screen")
 
             # the whole output of the test run (its first line is a row of dashes: the
             # stream shows that; x shows everything, and / finds the verdict)

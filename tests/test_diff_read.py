@@ -240,3 +240,21 @@ def test_a_line_past_the_paint_s_budget_is_coloured_by_the_next_paint() -> None:
     assert painter.pending and 14 not in painter._rows
     painter.lex_until = None
     assert ("add syn-kw", "return") in painter.row(14) and 14 in painter._rows
+
+
+def test_block_words_pair_only_as_far_as_asked_and_agree_with_the_whole_block() -> None:
+    """Painting a long block's first lines pairs those lines, not the block (bench 5's
+    first paint); asked in any order, each line's spans are block_spans' own."""
+    from fleet_tui.core.diffwords import Block, BlockWords
+
+    removed = [f"-def step_{n}(value):  # line {n}" for n in range(40)]
+    added = [f"+def step_{n}(value, extra=None):  # line {n}" for n in range(40)]
+    lines = [*removed, *added]
+    block = Block(0, 40, 80)
+    whole = block_spans(lines, block)
+    words = BlockWords(lines, block)
+    assert words.spans(2) == whole[2]
+    assert len(words._pairs) == 3 and not words.done  # lines 0-2 only
+    for index in (79, 41, 0, 40, 39):
+        assert words.spans(index) == whole.get(index)
+    assert words.done and words.pairs() == [(n, n) for n in range(40)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -28,8 +29,8 @@ from fleet_tui.core.review import (
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, FleetRefused, InvalidSpec, TaskSpec
 from fleet_tui.settings.config import load_settings
-from fleet_tui.store.db import SCHEMA_VERSION, Store, TaskState
-from fleet_tui.store.reviews import Reviews, UnknownComment
+from fleet_tui.store.db import MIGRATIONS, SCHEMA_VERSION, Store, TaskState
+from fleet_tui.store.reviews import Reviews, UnknownComment, ViewedFiles
 from fleet_tui.system import paths
 
 KEY = "sk-review-test-SECRET-71ac"
@@ -161,6 +162,36 @@ def test_store_keeps_comments_through_a_reopen(tmp_path: Path) -> None:
         assert [c.id for c in reviews.list(task.id)] == [second.id]
 
 
+def test_viewed_marks_are_kept_and_an_older_store_gains_their_table(tmp_path: Path) -> None:
+    """The diff's viewed marks live in the store (the migration after the tasks' hosts):
+    a store of the version before gets the table, its tasks kept; a mark set, changed and
+    taken off reads back after a reopen."""
+    db = tmp_path / "older.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    before = SCHEMA_VERSION - 1  # the version just before this table
+    for migrate in MIGRATIONS[:before]:
+        migrate(conn)
+    conn.execute(f"PRAGMA user_version = {before}")
+    conn.execute("INSERT INTO tasks (id, prompt, repo, state, created_at, updated_at) "
+                 "VALUES ('old022', 'p', '/r', 'succeeded', 1.0, 2.0)")
+    assert "viewed_files" not in {r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    conn.close()
+    with Store(db) as store:
+        assert store.schema_version() == SCHEMA_VERSION
+        marks = ViewedFiles(store)
+        assert marks.of("old022") == {}
+        marks.set("old022", "calc.py", "d1", now=3.0)
+        marks.set("old022", "calc.py", "d2", now=4.0)  # marked again as it is now
+        marks.set("old022", "gone.py", "d3")
+        marks.set("old022", "gone.py", None)  # the mark taken off
+        marks.set("old022", "new file.py", "d4")
+    with Store(db) as store:
+        assert store.get_task("old022").state == TaskState.SUCCEEDED
+        assert ViewedFiles(store).of("old022") == {"calc.py": "d2", "new file.py": "d4"}
+        assert ViewedFiles(store).of("other") == {}
+
+
 # --- the engine, the real claude ------------------------------------------------------------
 
 
@@ -281,6 +312,14 @@ def test_the_review_commands_and_a_merge_with_open_comments(
     refused = cli(env, git_repo, "merge", tid)
     assert refused.returncode == 4, refused.stderr
     assert "2 review comments are open" in refused.stderr and "--yes" in refused.stderr
+    # the merge queue asks the same (queue, and pick, which queues the copy): refused,
+    # nothing queued
+    for command, done in (("queue", "not queued"), ("pick", "not picked")):
+        out = cli(env, git_repo, command, tid)
+        assert out.returncode == 4, (command, out.stderr)
+        assert f"{done}: 2 review comments are open" in out.stderr, out.stderr
+        assert f"fleet-tui review {tid} --send" in out.stderr and "--yes" in out.stderr
+    assert "the merge queue is empty" in cli(env, git_repo, "queue").stdout
 
     sent = cli(env, git_repo, "review", tid, "--send")
     assert sent.returncode == 0, sent.stderr

@@ -117,6 +117,40 @@ async def test_files_are_marked_viewed_until_they_change_again(app: FleetApp) ->
         assert view.view_mark("src/app.py") == "unviewed"
 
 
+async def test_viewed_marks_outlive_the_panel(app: FleetApp) -> None:
+    """v's marks are kept in the store: a new panel on the same store shows them, and one
+    that changed since says so."""
+    async with app.run_test(size=SIZE) as pilot:
+        view = await _diff_shown(pilot, app)
+        fleet = app.fleet
+        assert fleet is not None
+        await pilot.press("right_square_bracket", "right_square_bracket")
+        assert view.selected == "src/app.py"
+        await pilot.press("v", "right_square_bracket", "v")  # app.py and long.py
+        await pilot.press("left_square_bracket", "left_square_bracket", "v", "v")  # notes:
+        # marked and unmarked again
+        assert [view.view_mark(p) for p in ("notes.md", "src/app.py", LONG)] == [
+            "unviewed", "viewed", "viewed"]
+        await wait_until(pilot, lambda: set(fleet.viewed_files("rd22ab")) == {
+            "src/app.py", LONG}, what="the marks in the store")
+    # the worker changes long.py while no panel runs
+    worktree = fleet.get_task("rd22ab").worktree
+    assert worktree is not None
+    (Path(worktree) / LONG).write_text(_long_module({*range(2, 10), 40}))
+    again = FleetApp(Fleet(load_settings(), Store(fleet.store.path)), repo=app.repo,
+                     default_base="main", run_scheduler=False, bell=False,
+                     poll_interval=0.1, diff_interval=60)
+    async with again.run_test(size=SIZE) as pilot:
+        view = await _diff_shown(pilot, again)
+        await wait_until(pilot, lambda: view.view_mark("src/app.py") == "viewed",
+                         what="the kept mark")
+        assert _label(view, "src/app.py").startswith("M ✓ src/app.py")
+        assert view.view_mark(LONG) == "changed" and _label(view, LONG).startswith("M ! ")
+        assert view.view_mark("notes.md") == "unviewed"
+        assert "1 viewed" in _label(view, ALL_FILES)
+    assert app.errors == [] and again.errors == []
+
+
 async def test_hunk_keys_walk_the_hunks_and_on_into_the_next_file(app: FleetApp) -> None:
     async with app.run_test(size=SIZE) as pilot:
         view = await _diff_shown(pilot, app)

@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_ui_snapshots import _main_ready, _no_blink, _settle, build_fleet
+from test_ui_snapshots import _git, _main_ready, _no_blink, _settle, build_fleet
 from test_ui_support import wait_for_screen, wait_until
 from textual.pilot import Pilot
-from textual.widgets import TextArea
+from textual.widgets import Button, TextArea
 
 from fleet_tui.core.review import anchor_of
 from fleet_tui.engine.fleet import Fleet
+from fleet_tui.store.db import TaskState
 from fleet_tui.ui.app import FleetApp
 from fleet_tui.ui.screens.modals import ConfirmScreen, MergeScreen, PromptScreen
 from fleet_tui.ui.screens.review import ReviewScreen
@@ -161,6 +162,66 @@ async def test_the_comment_key_needs_a_line_and_the_diff(git_repo: Path,
         app.main.query_one(TaskTable).focus()
         await pilot.pause()
         assert app.main.check_action("comment", ()) is False  # not in the diff
+
+
+async def test_landing_through_the_queue_or_a_pick_asks_about_open_comments(
+        git_repo: Path, tmp_path: Path) -> None:
+    """The merge queue's ways in (m with marks, p on a copy) ask as the merge does; no
+    is nothing queued."""
+    fleet = build_fleet(git_repo, tmp_path)
+    # a second finished task to mark with it (its own worktree and change)
+    other = git_repo / ".fleet-work" / "x2c9ok"
+    _git(git_repo, "worktree", "add", "-q", "-b", "fleet/x2c9ok", str(other))
+    (other / "other.txt").write_text("other\n")
+    base = fleet.get_task(TASK).base_commit
+    fleet.store.create_task(task_id="x2c9ok", prompt="Other", now=NOW - 650, title="Other",
+                            repo=git_repo, base_branch="main", base_commit=base,
+                            model="main", endpoint="default", state=TaskState.SUCCEEDED,
+                            started_at=NOW - 190, finished_at=NOW - 110, worktree=other)
+    diff = fleet.diff(TASK)
+    fleet.comment_at(TASK, "src/app.py", 3, 3, "why 2?")
+    fleet.store.update_task(TASK, group_id="g-copies")  # one of several copies: p picks
+    assert diff.files and fleet.open_comments(TASK) == 1
+    app = _app(fleet, git_repo)
+    async with app.run_test(size=(160, 48)) as pilot:
+        table = app.main.query_one(TaskTable)
+        await wait_until(pilot, lambda: {TASK, "x2c9ok"} <= set(table.keys), what="the list")
+        table.focus()
+        for task_id in (TASK, "x2c9ok"):
+            table.select_key(task_id)
+            await wait_until(pilot, lambda t=task_id: app.main.cursor_task is not None
+                             and app.main.cursor_task.id == t, what=f"{task_id} selected")
+            await pilot.press("space")
+        assert app.main.marked == {TASK, "x2c9ok"}
+        await pilot.press("m")
+        merge = await wait_for_screen(pilot, MergeScreen)
+        assert "1 review comment is open" in str(
+            merge.query_one(f"#merge-item-{TASK}").render())
+        await pilot.press("y")
+        asked = await wait_for_screen(pilot, ConfirmScreen)
+        assert "1 review comment is open" in str(asked.query_one(".dialog-title").render())
+        assert "Land anyway" in str(asked.query_one("#yes", Button).label)
+        await pilot.press("n")
+        await wait_for_screen(pilot, MergeScreen)
+        await pilot.press("n")
+        await wait_until(pilot, lambda: app.screen is app.main)
+        assert fleet.get_task(TASK).land_state is None  # nothing queued
+
+        await pilot.press("escape")  # unmark all
+        await wait_until(pilot, lambda: not app.main.marked, what="no marks")
+        table.select_key(TASK)
+        await wait_until(pilot, lambda: app.main.cursor_task is not None
+                         and app.main.cursor_task.id == TASK, what="the copy selected")
+        await pilot.press("p")
+        pick = await wait_for_screen(pilot, ConfirmScreen)
+        body = str(pick.query_one(".dialog-body").render())
+        assert "1 review comment is open" in body and "Land it anyway?" in body
+        assert "Pick anyway" in str(pick.query_one("#yes", Button).label)
+        await pilot.press("n")
+        await wait_until(pilot, lambda: app.screen is app.main)
+        task = fleet.get_task(TASK)
+        assert (task.state, task.land_state) == ("succeeded", None)
+    assert app.errors == []
 
 
 def _with_comments(git_repo: Path, tmp_path: Path) -> FleetApp:

@@ -782,7 +782,7 @@ def cmd_merge(argv: list[str]) -> int:
         # The merge makes the same checks: refuse now, before asking or running tests.
         _err(f"fleet-tui merge: not merged: {preview.message}")
         return EXIT_REFUSED
-    open_comments = _open_comments(fleet, task, args.yes)
+    open_comments = _open_comments(fleet, [task], args.yes)
     _confirm(f"merge {task.id} ({task.short_title}) +{task.added_lines}/"
              f"-{task.deleted_lines} into {task.base_branch}?{open_comments}", args.yes)
     result = fleet.merge(task.id, message=args.message, test_command=args.test)
@@ -796,19 +796,25 @@ def cmd_merge(argv: list[str]) -> int:
     return EXIT_OK
 
 
-def _open_comments(fleet: Fleet, task: Task, yes: bool) -> str:
-    """Open review comments stop a merge that was not confirmed (--yes): without a
-    terminal it is refused (exit 4), else the question says how many (its words)."""
-    count = 0 if yes else fleet.open_comments(task.id)
-    if not count:
+def _open_comments(fleet: Fleet, tasks: list[Task], yes: bool, *, verb: str = "merge",
+                   done: str = "merged") -> str:
+    """Open review comments stop a merge (or a landing through the queue: ``verb`` /
+    ``done``) that was not confirmed (--yes): without a terminal it is refused (exit 4),
+    nothing done, else the question says how many (its words)."""
+    counts = [] if yes else [(t, n) for t in tasks if (n := fleet.open_comments(t.id))]
+    if not counts:
         return ""
-    words = (f"{count} review comment{'s are' if count > 1 else ' is'} open "
-             f"(`fleet-tui review {task.id}` lists {'them' if count > 1 else 'it'})")
+    several = len(tasks) > 1
+    words = "; ".join(
+        f"{n} review comment{'s are' if n > 1 else ' is'} open"
+        + (f" on {t.id}" if several else "")
+        + f" (`fleet-tui review {t.id}` lists {'them' if n > 1 else 'it'})"
+        for t, n in counts)
     if sys.stdin is None or not sys.stdin.isatty():
-        raise FleetRefused(f"not merged: {words}. Send them to the worker (`fleet-tui "
-                           f"review {task.id} --send`) and look at its next diff, or pass "
-                           "--yes to merge anyway")
-    return f" {words[0].upper()}{words[1:]}; merge anyway?"
+        send = " ".join(f"`fleet-tui review {t.id} --send`" for t, _ in counts)
+        raise FleetRefused(f"not {done}: {words}. Send them to the worker ({send}) and "
+                           f"look at its next diff, or pass --yes to {verb} anyway")
+    return f" {words[0].upper()}{words[1:]}; {verb} anyway?"
 
 
 def cmd_review(argv: list[str]) -> int:
@@ -1172,6 +1178,8 @@ def cmd_queue(argv: list[str]) -> int:
     p.add_argument("--remove", action="store_true", help="take these tasks out of the queue")
     p.add_argument("--wait", action="store_true", help="stay until every task given has "
                    "landed or stopped; exit 4 if one stopped")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="do not ask about open review comments")
     args = p.parse_args(argv)
     fleet = _fleet()
     _catch_up(fleet)
@@ -1188,6 +1196,11 @@ def cmd_queue(argv: list[str]) -> int:
         for task in fleet.dequeue(ids):
             _out(f"{task.id} taken out of the merge queue")
         return EXIT_OK
+    # open review comments ask first, as a merge does (nothing is queued when refused)
+    tasks = [fleet.get_task(i) for i in ids]
+    asked = _open_comments(fleet, tasks, args.yes, verb="land", done="queued")
+    if asked:
+        _confirm(f"queue {', '.join(ids)} to land?{asked}", False)
     for task in fleet.enqueue(ids):
         _out(f"{task.id} queued to land ({task.land_state})")
     if not args.wait:
@@ -1261,8 +1274,9 @@ def cmd_pick(argv: list[str]) -> int:
     siblings = [t for t in fleet.copies(task.id) if t.id != task.id
                 and t.state not in CLOSED_STATES]
     names = ", ".join(t.id for t in siblings) or "none"
-    _confirm(f"land {task.id} ({task.short_title}) and discard its other copies ({names})?",
-             args.yes)
+    asked = _open_comments(fleet, [task], args.yes, verb="land", done="picked")
+    _confirm(f"land {task.id} ({task.short_title}) and discard its other copies "
+             f"({names})?{asked}", args.yes)
     queued, discarded = fleet.pick(task.id)
     for sibling in discarded:
         _out(f"discarded {sibling}")

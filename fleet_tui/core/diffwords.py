@@ -8,10 +8,11 @@ the tests use the same rules:
   file headers, the hunk headers and the change blocks (a run of removed lines followed
   by a run of added ones). Done off the UI thread with the rest of the diff's
   preparation; the view uses it for its jumps and to find a painted line's partner.
-- ``block_spans(lines, block)``: the removed and added lines of one block paired (each
+- ``BlockWords(lines, block)``: the removed and added lines of one block paired (each
   removed line with the most similar added line after the previous pair's) and, for each
-  pair, the character spans that differ, from ``difflib.SequenceMatcher`` over words. The
-  view asks for it only when it paints a line of the block, and caches it.
+  pair, the character spans that differ, from ``difflib.SequenceMatcher`` over words,
+  worked out only as far as the lines asked for need (``block_spans``: all of them). The
+  view asks when it paints a line of the block, and keeps it per block.
 - ``view_mark``: a file marked viewed stays viewed while its digest (the hash of its
   patch, which carries the new blob id) is the one it was marked with; once the file
   changes again the mark reads "changed" (as a forge's review says "changed since last
@@ -152,18 +153,7 @@ def line_spans(old: str, new: str) -> tuple[Spans, Spans] | None:
     matcher = SequenceMatcher(None, a, b, autojunk=False)
     if matcher.ratio() < MIN_SIMILARITY:
         return None
-    a_at = _offsets(a)
-    b_at = _offsets(b)
-    old_spans: Spans = []
-    new_spans: Spans = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
-        if i2 > i1:
-            _add_span(old_spans, a_at[i1], a_at[i2])
-        if j2 > j1:
-            _add_span(new_spans, b_at[j1], b_at[j2])
-    return old_spans, new_spans
+    return _spans_of(matcher, a, b)
 
 
 def _offsets(words: list[str]) -> list[int]:
@@ -185,41 +175,142 @@ def _similarity(old: str, new: str) -> float:
     return matcher.ratio() if matcher.real_quick_ratio() >= MIN_SIMILARITY else 0.0
 
 
+class BlockWords:
+    """The changed spans of one change block's lines, worked out only as far as they are
+    asked for: painting the first lines of a long block pairs those lines, not the block.
+
+    The pairing is ``pair_lines``' (each removed line, in order, takes the most similar of
+    the next SEARCH_WINDOW added lines after the last pair's), done one removed line at a
+    time, so the lines asked for so far decide how far it has gone. Exact and cheaper than
+    a matcher per candidate: each line is tokenised once; each added line keeps its own
+    matcher (what SequenceMatcher learns of its second sequence is kept while the removed
+    lines change); a candidate whose upper bounds (``real_quick_ratio``, ``quick_ratio``)
+    cannot beat the best so far is not measured; a pair's spans come from the matcher that
+    measured it."""
+
+    def __init__(self, lines: Sequence[str], block: Block) -> None:
+        self.block = block
+        self._removed = [line[1:] for line in lines[block.start:block.mid]]
+        self._added = [line[1:] for line in lines[block.mid:block.end]]
+        self._old_words: dict[int, list[str]] = {}
+        self._new_words: dict[int, list[str]] = {}
+        self._matchers: dict[int, SequenceMatcher[str]] = {}
+        self._by_line = len(self._removed) > MAX_SEARCH or len(self._added) > MAX_SEARCH
+        self._i = 0  # the next removed line to pair
+        self._next_j = 0  # the first added line it may take
+        self._pairs: list[tuple[int, int]] = []
+        self._spans: dict[int, Spans] = {}  # line index -> its changed spans (paired)
+
+    @property
+    def done(self) -> bool:
+        return self._i >= len(self._removed) or self._next_j >= len(self._added)
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """Every pair of the block (pairing it all)."""
+        while not self.done:
+            self._step()
+        return list(self._pairs)
+
+    def spans(self, index: int) -> Spans | None:
+        """The changed spans of line ``index`` of the patch (in this block); None when it
+        has no partner (all of it changed) or the two are too different."""
+        block = self.block
+        if index < block.mid:
+            while self._i <= index - block.start and not self.done:
+                self._step()
+        else:
+            while self._next_j <= index - block.mid and not self.done:
+                self._step()
+        return self._spans.get(index)
+
+    def _words_of(self, i: int) -> list[str]:
+        found = self._old_words.get(i)
+        if found is None:
+            found = self._old_words[i] = tokens(self._removed[i])
+        return found
+
+    def _matcher(self, j: int) -> SequenceMatcher[str]:
+        found = self._matchers.get(j)
+        if found is None:
+            found = self._matchers[j] = SequenceMatcher(None, autojunk=False)
+            words = self._new_words[j] = tokens(self._added[j])
+            found.set_seq2(words)
+        return found
+
+    def _step(self) -> None:
+        i = self._i
+        self._i += 1
+        if self._by_line:  # too long to search: line by line
+            if i < len(self._added):
+                matcher = self._matcher(i)
+                matcher.set_seq1(self._words_of(i))
+                self._pair(i, i, matcher)
+                self._next_j = i + 1
+            return
+        best_j, best = -1, MIN_SIMILARITY
+        best_matcher: SequenceMatcher[str] | None = None
+        words = self._words_of(i)
+        for j in range(self._next_j, min(len(self._added), self._next_j + SEARCH_WINDOW)):
+            matcher = self._matcher(j)
+            matcher.set_seq1(words)
+            # as pair_lines: a score > best wins; the first >= MIN_SIMILARITY wins a tie
+            # while none has (a bound below what would win: its ratio cannot win either)
+            if best_j < 0:
+                if matcher.real_quick_ratio() < best or matcher.quick_ratio() < best:
+                    continue
+            elif matcher.real_quick_ratio() <= best or matcher.quick_ratio() <= best:
+                continue
+            score = matcher.ratio()
+            if score > best or (best_j < 0 and score >= best):
+                best_j, best, best_matcher = j, score, matcher
+        if best_matcher is not None:  # (every candidate's matcher has these words)
+            self._pair(i, best_j, best_matcher)
+            self._next_j = best_j + 1
+
+    def _pair(self, i: int, j: int, matcher: SequenceMatcher[str]) -> None:
+        self._pairs.append((i, j))
+        old, new = self._removed[i], self._added[j]
+        if old == new or len(old) > MAX_LINE or len(new) > MAX_LINE:
+            return
+        if matcher.ratio() < MIN_SIMILARITY:
+            return
+        found = _spans_of(matcher, self._words_of(i), self._new_words[j])
+        block = self.block
+        self._spans[block.start + i] = [(s + 1, e + 1) for s, e in found[0]]
+        self._spans[block.mid + j] = [(s + 1, e + 1) for s, e in found[1]]
+
+
+def _spans_of(matcher: SequenceMatcher[str], a: list[str],
+              b: list[str]) -> tuple[Spans, Spans]:
+    """The character spans that differ, from a matcher over two lines' words (a, b)."""
+    a_at = _offsets(a)
+    b_at = _offsets(b)
+    old_spans: Spans = []
+    new_spans: Spans = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        if i2 > i1:
+            _add_span(old_spans, a_at[i1], a_at[i2])
+        if j2 > j1:
+            _add_span(new_spans, b_at[j1], b_at[j2])
+    return old_spans, new_spans
+
+
 def pair_lines(removed: Sequence[str], added: Sequence[str]) -> list[tuple[int, int]]:
     """Pairs (i, j) of a removed and an added line that are one line changed, in order:
     each removed line takes the most similar of the next few added lines after the last
     pair's (so an added line between two changed ones does not shift every pair)."""
-    if len(removed) > MAX_SEARCH or len(added) > MAX_SEARCH:
-        return list(zip(range(len(removed)), range(len(added)), strict=False))
-    pairs: list[tuple[int, int]] = []
-    next_j = 0
-    for i, old in enumerate(removed):
-        if next_j >= len(added):
-            break
-        best_j, best = -1, MIN_SIMILARITY
-        for j in range(next_j, min(len(added), next_j + SEARCH_WINDOW)):
-            score = _similarity(old, added[j])
-            if score > best or (best_j < 0 and score >= best):
-                best_j, best = j, score
-        if best_j >= 0:
-            pairs.append((i, best_j))
-            next_j = best_j + 1
-    return pairs
+    lines = [*("-" + r for r in removed), *("+" + a for a in added)]
+    return BlockWords(lines, Block(0, len(removed), len(lines))).pairs()
 
 
 def block_spans(lines: Sequence[str], block: Block) -> dict[int, Spans]:
     """The changed spans of each paired line of ``block``, by line index (offsets count
     the leading + or -); lines without a partner are not in it (all of them changed)."""
-    removed = [line[1:] for line in lines[block.start:block.mid]]
-    added = [line[1:] for line in lines[block.mid:block.end]]
-    found: dict[int, Spans] = {}
-    for i, j in pair_lines(removed, added):
-        spans = line_spans(removed[i], added[j])
-        if spans is None:
-            continue
-        found[block.start + i] = [(s + 1, e + 1) for s, e in spans[0]]
-        found[block.mid + j] = [(s + 1, e + 1) for s, e in spans[1]]
-    return found
+    words = BlockWords(lines, block)
+    words.pairs()
+    return dict(words._spans)
 
 
 def next_start(starts: Sequence[int], row: int, step: int) -> int | None:

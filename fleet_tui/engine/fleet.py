@@ -11,6 +11,7 @@ says (its docstring is the part's: the promise lives beside the code that keeps 
 - `branches.Branches`: diff, conflict preview, merge, update from base, push, compare;
 - `merge_queue.MergeQueue`: enqueue, dequeue, pick, the queue runners;
 - `review.Review`: comments on diff lines, their states, the review sent to the worker;
+  the diff's viewed marks;
 - `secret_cache.SecretCache`: the key for the scans (and redaction);
 - `reload.SettingsWatch`: config.toml and the repositories' settings read again.
 
@@ -312,6 +313,14 @@ class Fleet:
     @_says(Review.open_comments)
     def open_comments(self, task_id: str) -> int:
         return self.review.open_comments(task_id)
+
+    @_says(Review.viewed_files)
+    def viewed_files(self, task_id: str) -> dict[str, str]:
+        return self.review.viewed_files(task_id)
+
+    @_says(Review.mark_viewed)
+    def mark_viewed(self, task_id: str, path: str, digest: str | None) -> None:
+        self.review.mark_viewed(task_id, path, digest)
 
     @_says(Review.send_review)
     def send_review(self, task_id: str, *, wait: float = 3.0) -> ReviewSent:

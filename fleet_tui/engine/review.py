@@ -1,5 +1,5 @@
 """Review comments on a task's diff (issue 22): comment, edit, delete, list with their
-states, and send them all to the worker as one message.
+states, and send them all to the worker as one message; and the diff's viewed marks.
 
 The rules (anchors, open / addressed / outdated, the message) are core/review.py's; the
 rows are store/reviews.py's. Here they meet the task: its worktree's files and its diff
@@ -31,7 +31,7 @@ from fleet_tui.engine.branches import Branches
 from fleet_tui.engine.context import Context, Part
 from fleet_tui.engine.submit import check_text
 from fleet_tui.store.db import Task
-from fleet_tui.store.reviews import ReviewComment, Reviews
+from fleet_tui.store.reviews import ReviewComment, Reviews, ViewedFiles
 from fleet_tui.vcs import git
 
 __all__ = ["COMMENT_LIMIT", "Review", "ReviewSent"]
@@ -39,6 +39,7 @@ __all__ = ["COMMENT_LIMIT", "Review", "ReviewSent"]
 COMMENT_LIMIT = 20_000
 """Characters of one comment (a review is one message: keep each to a page or so)."""
 _READ_LIMIT = 8 << 20  # bytes of a file read to find a comment's lines again
+_MARK_LIMIT = 4096  # characters of a viewed mark's path (a file name git can have)
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,23 @@ class Review(Part):
     def open_comments(self, task_id: str) -> int:
         """How many of a task's comments are open (not sent, or not dealt with yet)."""
         return sum(1 for c in self.comments(task_id) if c.state == CommentState.OPEN)
+
+    # --- the diff's viewed marks ------------------------------------------------------------
+    def viewed_files(self, task_id: str) -> dict[str, str]:
+        """The files of a task's diff marked viewed: path -> the digest its part of the
+        patch had then (core.diffwords.view_mark reads them against the diff now)."""
+        return ViewedFiles(self.store).of(self.get_task(task_id).id)
+
+    def mark_viewed(self, task_id: str, path: str, digest: str | None) -> None:
+        """Mark a file of the task's diff viewed as ``digest`` (None: take the mark off).
+        InvalidSpec for a path or digest no diff could have."""
+        task = self.get_task(task_id)
+        for what, text in (("path", path), ("digest", digest or "-")):
+            if not isinstance(text, str) or not text or len(text) > _MARK_LIMIT:
+                raise InvalidSpec(f"the viewed mark's {what} is empty or over "
+                                  f"{_MARK_LIMIT} characters")
+            check_text(f"viewed mark's {what}", text)
+        ViewedFiles(self.store).set(task.id, path, digest, self.clock())
 
     # --- sending --------------------------------------------------------------------------
     def send_review(self, task_id: str, *, wait: float = 3.0) -> ReviewSent:

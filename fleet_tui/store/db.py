@@ -482,11 +482,25 @@ CREATE INDEX IF NOT EXISTS lost_attempts_pending ON lost_attempts(swept_at, host
 """
 
 
+# issue 22: the diff's viewed marks (store/reviews.py, ViewedFiles): a file of a task's
+# diff marked viewed, with the digest its part of the patch had then (another digest reads
+# "changed since"), so the marks outlive the panel that made them.
+_VIEWED_FILES = """
+CREATE TABLE IF NOT EXISTS viewed_files (
+    task_id TEXT NOT NULL REFERENCES tasks(id) ON DELETE CASCADE,
+    path TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    viewed_at REAL NOT NULL,
+    PRIMARY KEY (task_id, path)
+)
+"""
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS),
     _script(_V5_READY), _script(_V6_HOSTS), _script(_V7_GATEWAY),
     _script(_V8_ENDPOINT_NAMES), _script(_REVIEW_COMMENTS), _task_host,
-    _script(_LOST_ATTEMPTS)]
+    _script(_LOST_ATTEMPTS), _script(_VIEWED_FILES)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error", "row_damaged"}

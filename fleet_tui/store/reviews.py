@@ -3,7 +3,11 @@
 Each row keeps its anchor (core.review.Anchor), the comment, when it was sent (and how: a
 message to the running worker or a follow-up) and whether its lines were as commented
 then, and the state last worked out (kept so a merged task's review still reads, once its
-worktree is gone). The rules of the state are core/review.py's; the engine applies them."""
+worktree is gone). The rules of the state are core/review.py's; the engine applies them.
+
+The diff's viewed marks are here too (`ViewedFiles`, the table `viewed_files`): a path of a
+task's diff and the digest its part of the patch had when it was marked (the rule that
+reads them is core/diffwords.py's `view_mark`)."""
 
 from __future__ import annotations
 
@@ -140,3 +144,30 @@ class Reviews:
         with self.store.transaction() as conn:
             conn.executemany("UPDATE review_comments SET state = ? WHERE id = ? "
                              "AND state <> ?", [(s, i, s) for s, i in changed])
+
+
+class ViewedFiles:
+    """The viewed marks of one store: task -> path -> the digest the file had when it was
+    marked viewed."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def of(self, task_id: str) -> dict[str, str]:
+        rows = self.store._connect().execute(
+            "SELECT path, digest FROM viewed_files WHERE task_id = ?", (task_id,)).fetchall()
+        return {str(r["path"]): str(r["digest"]) for r in rows}
+
+    def set(self, task_id: str, path: str, digest: str | None,
+            now: float | None = None) -> None:
+        """Mark ``path`` viewed as ``digest``; None takes its mark off."""
+        with self.store.transaction() as conn:
+            if digest is None:
+                conn.execute("DELETE FROM viewed_files WHERE task_id = ? AND path = ?",
+                             (task_id, path))
+            else:
+                conn.execute(
+                    "INSERT INTO viewed_files (task_id, path, digest, viewed_at) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT (task_id, path) DO UPDATE SET "
+                    "digest = excluded.digest, viewed_at = excluded.viewed_at",
+                    (task_id, path, digest, time.time() if now is None else now))

@@ -2,9 +2,10 @@
 colours by the file's type, and the words that changed inside a changed line (issue 22).
 
 Lazy by design: nothing is tokenised up front. A line is lexed (pygments, one line at a
-time) and its block's words compared (core.diffwords) only when the view paints it, and
-the result is cached per line, so a 20,000-line patch costs a screenful of lexing for its
-first paint and a page for each page down.
+time) and its block's words compared (core.diffwords.BlockWords: as far into the block
+as the lines painted need) only when the view paints it, and the result is cached per
+line, so a 20,000-line patch costs a screenful of lexing and pairing for its first paint
+and a page for each page down.
 
 No Textual here (the diff's preparation, in formatting.py, looks its lexers up), so it
 is tested without a terminal. A row is a tuple of (style name, text) spans. A name is
@@ -23,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from fleet_tui.core.diffwords import DiffLayout, Spans, block_spans, is_header
+from fleet_tui.core.diffwords import BlockWords, DiffLayout, Spans, is_header
 
 Span = tuple[str, str]
 Row = tuple[Span, ...]
@@ -106,7 +107,7 @@ class DiffRenderer:
         self.file_lexers = file_lexers
         self.colours = colours
         self._rows: dict[int, Row] = {}
-        self._words: dict[int, dict[int, Spans]] = {}
+        self._words: dict[int, BlockWords] = {}  # block start -> its words, as far as asked
         # A paint's lexing budget (perf_counter time; None: none): a line asked for after
         # it is painted without syntax colours and not cached, and ``pending`` says so,
         # so the view paints it again a moment later (page down shows at once).
@@ -197,5 +198,5 @@ class DiffRenderer:
         if found is None:
             if len(self._words) >= ROW_CACHE:
                 self._words.clear()
-            found = self._words[block.start] = block_spans(self.lines, block)
-        return found.get(index)
+            found = self._words[block.start] = BlockWords(self.lines, block)
+        return found.spans(index)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from rich.cells import cell_len
@@ -316,12 +317,44 @@ def raw_rows(lines: list[str]) -> list[StreamRow]:
 ALL_FILES = "\x00all"  # the diff view's "all files" entry
 
 
+class _OnDemand(dict[str, Any]):
+    """A dict whose listed keys are made when first read (``get`` or ``[]``): a file's own
+    lines are cleaned when the file is chosen, not for every file of a diff before its
+    first paint (the "all files" view, shown first, has its lines already)."""
+
+    def __init__(self, ready: dict[str, Any], make: dict[str, Callable[[], Any]]) -> None:
+        super().__init__(ready)
+        self._make = make
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        if dict.__contains__(self, key):
+            return dict.__getitem__(self, key)
+        maker = self._make.get(key)
+        if maker is None:
+            return default
+        value = self[key] = maker()
+        return value
+
+    def __getitem__(self, key: str) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or key in self._make
+
+
+_MISSING = object()
+
+
 @dataclass(frozen=True)
 class PreparedDiff:
     """A diff split into lines off the UI thread, with the widest line measured, where its
     files, hunks and change blocks start (core.diffwords.layout_of), each file's lexer
     (looked up here, off the UI thread) and each file's digest (what a viewed mark is kept
-    with). Nothing is tokenised here: lines are coloured when painted (ui/diff_render.py)."""
+    with). Nothing is tokenised here: lines are coloured when painted (ui/diff_render.py).
+    A file's own lines (and their width) are made when it is first shown."""
 
     diff: Diff
     lines: dict[str, list[str]]  # path (or ALL_FILES) -> lines
@@ -335,11 +368,11 @@ class PreparedDiff:
         from fleet_tui.core.diffwords import file_digest, layout_of
         from fleet_tui.ui.diff_render import lexers_for
 
-        lines: dict[str, list[str]] = {ALL_FILES: clean_lines(diff.patch)}
-        for f in diff.files:
-            lines[f.path] = clean_lines(f.patch)
-        widths = {k: max((len(x) for x in v), default=0) for k, v in lines.items()}
-        whole = lines[ALL_FILES]
+        whole = clean_lines(diff.patch)
+        lines = _OnDemand({ALL_FILES: whole},
+                          {f.path: partial(clean_lines, f.patch) for f in diff.files})
+        widths = _OnDemand({ALL_FILES: max((len(x) for x in whole), default=0)},
+                           {f.path: partial(_widest, lines, f.path) for f in diff.files})
         layouts = {ALL_FILES: layout_of(whole)}
         starts = layouts[ALL_FILES].file_starts
         aligned = len(starts) == len(diff.files)
@@ -348,11 +381,10 @@ class PreparedDiff:
             if aligned:  # the file's own part of the patch: its index line names the blob
                 end = starts[n + 1] if n + 1 < len(starts) else len(whole)
                 text = "\n".join(whole[starts[n]:end])
-                if lines[f.path]:  # (a binary file has no patch of its own)
+                if f.patch:  # (a binary file has no patch of its own)
                     layouts[f.path] = layouts[ALL_FILES].part(starts[n], end)
-            else:
+            else:  # (its layout is made with its lines, when it is shown)
                 text = f.patch
-                layouts[f.path] = layout_of(lines[f.path])
             digests[f.path] = file_digest(f"{f.status}\0{f.old_path}\0{text}")
         return cls(diff, lines, widths, layouts, lexers_for(f.path for f in diff.files),
                    digests)
@@ -375,6 +407,10 @@ class PreparedDiff:
 
 def clean_lines(patch: str) -> list[str]:
     return [clean(line) for line in patch.splitlines()]
+
+
+def _widest(lines: dict[str, list[str]], key: str) -> int:
+    return max((len(x) for x in lines.get(key) or []), default=0)
 
 
 # --- numbers ----------------------------------------------------------------------------
@@ -462,3 +498,9 @@ def pushed_label(task: Task) -> str | None:
     if len(parts) != 3:
         return task.pushed
     return f"{parts[0]}/{parts[1]} @ {parts[2][:10]}"
+
+
+def open_comments_words(count: int) -> str:
+    """"1 review comment is open", "2 review comments are open" (issue 22: the merge
+    dialog, its queue mode and pick ask with these words)."""
+    return f"{count} review comment{'s are' if count > 1 else ' is'} open"

@@ -107,6 +107,7 @@ class DiffLoaded(Message):
     task_id: str
     prepared: PreparedDiff | None
     problem: str | None = None
+    viewed: dict[str, str] | None = None  # the store's viewed marks (None: not read)
 
 
 @dataclass

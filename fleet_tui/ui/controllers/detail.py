@@ -5,6 +5,8 @@ widgets/diff_pane.py)."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections import deque
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from fleet_tui.engine.fleet import Fleet
     from fleet_tui.store.db import Task
     from fleet_tui.ui.messages import ToolCallLoaded
+    from fleet_tui.ui.widgets.diff_view import ViewedChange
 
 
 class DetailController(Controller):
@@ -29,6 +32,9 @@ class DetailController(Controller):
         self.stream = screen.stream
         self.diff = screen.diff
         self._title_shown = ""
+        # viewed marks toggled and not yet in the store (written in a thread, in order)
+        self._marks: deque[ViewedChange] = deque()
+        self._marks_lock = threading.Lock()
 
     def refresh(self, *, new: bool = False) -> None:
         """Update the detail title; hand the task to the stream and the diff panes
@@ -110,8 +116,19 @@ class DetailController(Controller):
 
     def toggle_viewed(self) -> None:
         view = self.diff.view
-        if view is not None:
-            view.toggle_viewed()  # the file list says ✓
+        if view is None:
+            return
+        change = view.toggle_viewed()  # the file list says ✓ at once
+        if change is not None:  # and the store keeps it (issue 22), in the keys' order
+            self._marks.append(change)
+            self._save_marks(self.screen.engine())
+
+    @screen_work(thread=True, group="viewed", description="keeping the viewed mark")
+    def _save_marks(self, fleet: Fleet) -> None:
+        with self._marks_lock:  # one writer at a time: v v ends unviewed in the store too
+            while self._marks:
+                change = self._marks.popleft()
+                fleet.mark_viewed(change.task_id, change.path, change.digest)
 
     def choose_attempt(self) -> None:
         task = self.screen.task_list.selected

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fleet_tui.core.states import ACTIVE_STATES, CLOSED_STATES, PENDING_STATES, Action
 from fleet_tui.ui.controllers import Controller, PanelScreen, screen_work
 from fleet_tui.ui.external import run_external
-from fleet_tui.ui.formatting import describe_error
+from fleet_tui.ui.formatting import describe_error, open_comments_words
 from fleet_tui.ui.messages import ActionDone, TasksSubmitted
 
 if TYPE_CHECKING:
@@ -434,8 +434,16 @@ class LandingController(Controller):
         body = (f"Land {chosen.id} ({chosen.short_title}) through the merge queue, and "
                 f"discard its other copies (their worktrees and branches):\n"
                 f"{names or '  (none left)'}")
+        # review comments not dealt with ask first, as the merge dialog does (issue 22)
+        open_comments = await asyncio.to_thread(_open_comments, fleet, task_id)
+        if open_comments:
+            them = "them" if open_comments > 1 else "it"
+            body += (f"\n\n{open_comments_words(open_comments)}: the worker has not dealt "
+                     f"with {them} yet (R lists {them}, ctrl+r sends {them}). Land it "
+                     "anyway?")
         if not await self.screen.app.push_screen_wait(ConfirmScreen(
-                f"Pick {chosen.id}?", body, yes="Pick")):
+                f"Pick {chosen.id}?", body,
+                yes="Pick anyway" if open_comments else "Pick")):
             return
         self._pick_now(fleet, task_id)
 
@@ -544,10 +552,7 @@ def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str
             added, deleted = fleet.diff_stat(task)
         except Exception:  # a worktree that cannot be read: the stored counts
             added, deleted = task.added_lines, task.deleted_lines
-        try:  # review comments not dealt with (issue 22): the dialog asks again
-            open_comments = fleet.open_comments(task.id)
-        except Exception:
-            open_comments = 0
+        open_comments = _open_comments(fleet, task.id)  # the dialog asks again (issue 22)
         items.append(MergeItem(task.id, task.short_title, task.branch,
                                task.base_branch or "the base branch", preview.clean,
                                list(preview.conflicts), preview.message, added, deleted,
@@ -558,6 +563,15 @@ def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str
     landable = [i.task_id for i in items if i.landable]
     command = fleet.test_command_for(landable[0]) if landable else None
     return items, command if isinstance(command, str) and command else None
+
+
+def _open_comments(fleet: Fleet, task_id: str) -> int:
+    """Review comments not dealt with (0 when they cannot be read: the question is a
+    courtesy, the merge's own checks stand). Runs in a thread."""
+    try:
+        return fleet.open_comments(task_id)
+    except Exception:
+        return 0
 
 
 def _each(task_ids: list[str], act: Callable[[str], str | None], word: str, verb: str,

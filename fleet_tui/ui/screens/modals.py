@@ -26,6 +26,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
+from fleet_tui.ui.formatting import open_comments_words
 from fleet_tui.ui.screens import DIALOG_CSS
 from fleet_tui.ui.widgets.line_view import LineView, SearchBar, TextLines
 
@@ -358,9 +359,7 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
             return text
         text.append(f"   +{item.added} -{item.deleted}\n")
         if item.open_comments:
-            many = item.open_comments > 1
-            text.append(f"! {item.open_comments} review comment{'s are' if many else ' is'} "
-                        "open", style="bold")
+            text.append(f"! {open_comments_words(item.open_comments)}", style="bold")
             text.append(" (R lists them; merging asks first)\n")
         if item.clean:
             text.append("✔ merges cleanly", style="bold")
@@ -400,7 +399,7 @@ class MergeScreen(ModalScreen[MergeAnswer | None]):
             return
         many = open_comments > 1
         self.app.push_screen(
-            ConfirmScreen(f"{open_comments} review comment{'s are' if many else ' is'} open",
+            ConfirmScreen(open_comments_words(open_comments),
                           "The worker has not dealt with "
                           + ("them" if many else "it") + " yet (or "
                           + ("they were" if many else "it was") + " never sent: ctrl+r "

@@ -11,6 +11,8 @@ selected (``show``) and whether the diff tab is the one on screen (``set_shown``
   while the task runs.
 - Nothing is computed while the diff tab is hidden (a `git diff` holds the GIL for nobody
   to see); showing the tab loads what was asked for meanwhile.
+- The viewed marks are read from the store with a task's first diff (the view keeps them
+  from then on; the detail controller writes each one toggled).
 - The DiffView itself is mounted after the first frame (``mount_view``): its file list
   and styles cost the first frame tens of milliseconds. What arrives before it is kept
   and shown when it is there.
@@ -188,7 +190,13 @@ class DiffPane(Vertical):
         except (FleetError, GitError) as exc:
             self.post_message(DiffLoaded(task_id, None, str(exc)))
             return
-        self.post_message(DiffLoaded(task_id, prepared))
+        viewed: dict[str, str] | None = None
+        if self._view is None or task_id not in self._view.viewed:  # the first time only
+            try:
+                viewed = fleet.viewed_files(task_id)
+            except (FleetTuiError, OSError):
+                viewed = None
+        self.post_message(DiffLoaded(task_id, prepared, viewed=viewed))
         try:  # the review comments' states, against the diff just read
             comments = fleet.comments(task_id, diff=prepared.diff)
         except (FleetTuiError, OSError):
@@ -223,6 +231,8 @@ class DiffPane(Vertical):
         if message.prepared is None:
             view.show_message(message.problem or "No diff.")
         else:
+            if message.viewed is not None:
+                view.set_viewed(message.task_id, message.viewed)
             view.show(message.task_id, message.prepared)
             view.set_comments(message.task_id, self.comments_of(message.task_id))
 

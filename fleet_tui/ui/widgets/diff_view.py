@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from rich.style import Style
 from rich.text import Text
@@ -364,13 +364,21 @@ VIEW_MARKS: dict[ViewMark, Callable[[Style, Style], tuple[str, Style | str]]] = 
 }
 
 
+class ViewedChange(NamedTuple):
+    """A viewed mark toggled: the file's digest when it was marked, None when unmarked."""
+
+    task_id: str
+    path: str
+    digest: str | None
+
+
 class DiffView(Horizontal):
     """The file list and the patch of the highlighted file (or of all files).
 
     Reading aids (issue 22): next / previous file (the list's) and hunk (``jump_file``,
     ``jump_hunk``: the view scrolls it to the top) and a viewed mark per file
-    (``toggle_viewed``), kept for the panel's session by task and path with the file's
-    digest, so it clears when the file changes again."""
+    (``toggle_viewed``), kept by task and path with the file's digest, so it clears when
+    the file changes again (the store keeps them: ``set_viewed`` takes them back)."""
 
     DEFAULT_CSS = """
     DiffView {
@@ -393,7 +401,8 @@ class DiffView(Horizontal):
         self._message: str | None = None
         self.selected: str = ALL_FILES
         self.colours = colours
-        # task id -> path -> the digest the file had when it was marked viewed
+        # task id -> path -> the digest the file had when it was marked viewed (the store's
+        # marks, set_viewed, then those toggled here)
         self.viewed: dict[str, dict[str, str]] = {}
         self._comments: list[ReviewComment] = []  # the shown task's review comments
         self._refs: tuple[tuple[int, str], list[DiffLine | None]] | None = None
@@ -507,15 +516,27 @@ class DiffView(Horizontal):
             return files[0].path
         return files[max(0, renderer.layout.file_at(lines.top_row))].path
 
-    def toggle_viewed(self) -> ViewMark | None:
-        """Mark the current file viewed (as it is now), or take its mark off."""
+    def toggle_viewed(self) -> ViewedChange | None:
+        """Mark the current file viewed (as it is now), or take its mark off; what changed
+        (for the store), or None when no file is shown."""
         path = self.current_file()
         if path is None or self._prepared is None or self._task_id is None:
             return None
         marks = self.viewed.setdefault(self._task_id, {})
-        mark = toggle_viewed(marks, path, self._prepared.digests.get(path, ""))
+        digest = self._prepared.digests.get(path, "")
+        mark = toggle_viewed(marks, path, digest)
         self._relabel()
-        return mark
+        return ViewedChange(self._task_id, path, digest if mark == "viewed" else None)
+
+    def set_viewed(self, task_id: str, marks: dict[str, str]) -> None:
+        """The task's viewed marks as the store has them (issue 22), taken the first time
+        this view sees the task: after that the marks toggled here are the newer ones (a
+        diff read while a mark was being written brings the older)."""
+        if task_id in self.viewed:
+            return
+        self.viewed[task_id] = dict(marks)
+        if task_id == self._task_id and self._prepared is not None:
+            self._relabel()
 
     def jump_file(self, step: int) -> bool:
         """Highlight the next (1) or previous (-1) file of the list, which shows its patch
