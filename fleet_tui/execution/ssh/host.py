@@ -520,7 +520,7 @@ class SshHost:
             lines = [line for line in err.splitlines() if line.strip()]
             raise SshError(f"host {self.name}: could not send the repository: "
                            f"{lines[-1] if lines else 'git push failed'}")
-        match = WRITING.search(err)
+        match = next(reversed(list(WRITING.finditer(err))), None)  # the last: 'done.'
         sent = (int(match.group(1)), int(float(match.group(2)) * UNITS[match.group(3)])) \
             if match else (0, 0)
         self.pushes.append(sent)
