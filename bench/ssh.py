@@ -166,7 +166,7 @@ def _per_worker(smoke: bool, runs: int | None) -> tuple[list[Figure], list[str]]
     from bench import sshload
 
     rounds = runs or (1 if smoke else 3)
-    n, window = (2, 1.0) if smoke else (WORKERS, WINDOW)
+    n, window = (2, 2.0) if smoke else (WORKERS, WINDOW)
     got: dict[str, list[float]] = {k: [] for k in (
         "mem_ratio", "cpu_ratio", "local_mem", "local_cpu", "remote_mem", "remote_cpu",
         "worker_mem", "worker_cpu", "worker_uss", "worker_ssh_uss", "local_worker_mem",
