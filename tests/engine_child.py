@@ -11,7 +11,10 @@ store path), die_at (null, "after-claim", "after-worktree": made but not recorde
 "after-record-launch": the attempt folder is recorded, no runner yet, or
 "after-runner-spawn"), until_settled (task
 ids: run the scheduler until every one has finished, then exit 0), start_grace (seconds,
-instead of supervisor.START_GRACE: how often the heartbeat of a slow start beats).
+instead of supervisor.START_GRACE: how often the heartbeat of a slow start beats), ssh_host
+(SshHost's arguments but env: the engine's host, as tests/ssh_support.host_config gives
+them), linger_until (a path: once the tasks have finished, go on running until it exists,
+so the host can sweep what its lost attempts left).
 """
 
 from __future__ import annotations
@@ -97,7 +100,13 @@ def main() -> int:
         subprocess.Popen = PopenThenDie  # type: ignore[misc]
 
     settings = load_settings(env=config["env"], overrides=config["settings"])
-    fleet = Fleet(settings, Store(config["db"]), env=config["env"])
+    host = None
+    if config.get("ssh_host"):
+        from fleet_tui.execution.ssh.host import SshHost
+
+        host = SshHost(env=config["env"], **config["ssh_host"])
+    fleet = Fleet(settings, Store(config["db"]), env=config["env"],
+                  **({"host": host} if host is not None else {}))
     ids = list(config.get("until_settled") or [])
     if not ids:
         fleet.tick()
@@ -109,6 +118,11 @@ def main() -> int:
         deadline = time.monotonic() + float(config.get("timeout", 240))
         while time.monotonic() < deadline:
             if all(fleet.get_task(i).state in FINISHED_STATES for i in ids):
+                linger = config.get("linger_until")
+                while linger and not Path(linger).exists():
+                    if time.monotonic() > deadline:
+                        return 3
+                    time.sleep(0.1)
                 return 0
             time.sleep(0.1)
         return 3

@@ -50,7 +50,11 @@ FIXED = {"diff.scroll": 3 * RUNS, "diff.bare_scroll": 3 * RUNS, "engine.worktree
 # Differences of two timings: these may be zero or negative; every other figure is a
 # duration, a rate, a size or a ratio, and must be above zero.
 SIGNED = {"launcher.added", "launcher.over_floor", "engine.overhead", "memory.delta",
-          "gateway.ttfb_added", "slots.wait_4"}  # slots: 4 tasks in a smoke run
+          "gateway.ttfb_added", "slots.wait_4",  # slots: 4 tasks in a smoke run
+          # ssh: per worker is a difference of two steps (CPU in 10 ms ticks over a short
+          # smoke window: the local controller's may be no tick at all)
+          "ssh.worker_mem", "ssh.worker_uss", "ssh.worker_ssh_uss", "ssh.worker_cpu",
+          "ssh.local_worker_mem", "ssh.local_worker_cpu", "ssh.local_cpu"}
 
 QUIET = LoadReading(before=0.1, after=0.2, others=0.02)
 

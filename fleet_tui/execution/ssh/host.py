@@ -527,7 +527,13 @@ class SshHost:
         """The base commit in the host's mirror of `repo` (only what it lacks is sent)."""
         mirror = self.mirror_path(repo)
         q = shlex.quote(mirror)
-        self.connection.run(f"test -d {q} || git init -q --bare {q}")
+        # made aside and renamed: two starts at once (or one of a killed engine) never
+        # run `git init` on the same folder (its config.lock: "could not set ...")
+        self.connection.run(
+            f"test -d {q} || {{ mkdir -p {shlex.quote(str(Path(mirror).parent))} && "
+            f"t=$(mktemp -d {q}.XXXXXX) && git init -q --bare \"$t\" && "
+            f"{{ {shlex.quote(self.python)} -c 'import os,sys; os.rename(*sys.argv[1:])' "
+            f"\"$t\" {q} 2>/dev/null || rm -rf \"$t\"; }}; }}; test -d {q}")
         done = subprocess.run(
             ["git", "-C", str(repo), "push", "--progress", "--porcelain", "--no-verify",
              self.git_url(mirror), f"{commit}:refs/fleet/base/{task_id}"],
@@ -537,7 +543,7 @@ class SshHost:
             lines = [line for line in err.splitlines() if line.strip()]
             raise SshError(f"host {self.name}: could not send the repository: "
                            f"{lines[-1] if lines else 'git push failed'}")
-        match = WRITING.search(err)
+        match = next(reversed(list(WRITING.finditer(err))), None)  # the last: 'done.'
         sent = (int(match.group(1)), int(float(match.group(2)) * UNITS[match.group(3)])) \
             if match else (0, 0)
         self.pushes.append(sent)
