@@ -927,10 +927,11 @@ def host_chaos_round(target: str, n: int, seed: int, dirs: Dirs, endpoint: Scrip
 
 
 @pytest.mark.parametrize("target", [
-    pytest.param("host-runner", marks=pytest.mark.xfail(strict=True, reason=(
+    pytest.param("host-runner", marks=pytest.mark.xfail(strict=False, reason=(
         "open (2026-12-02): the runner SIGKILLed on the host (its pid from runner.json, "
-        "`kill -KILL` over ssh, exit 0) is still the one that writes exit.json: the task "
-        "succeeds where the local row's fails; not explained yet"))),
+        "`kill -KILL` over ssh, exit 0) was at times still the one that writes exit.json: "
+        "the task succeeds where the local row's fails (passed once, failed in others; "
+        "not explained yet)"))),
     pytest.param("host-claude", marks=pytest.mark.xfail(strict=False, reason=(
         "open (2026-12-02): failed 2 of 3 runs on a loaded machine, once `kill: No such "
         "process` for claude's pid from the mirrored runner.json mid-run"))),
