@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -83,11 +84,6 @@ def ray_cluster() -> Iterator[RayCluster]:
             pytest.fail(why)
         pytest.skip(why)
     started = time.monotonic()
-    reuse = os.environ.get("FLEET_TEST_RAY_REUSE")  # DEV ONLY
-    if reuse:
-        cluster = RayCluster.reuse(reuse)
-        yield cluster
-        return
     cluster = RayCluster()
     try:
         cluster.start()
@@ -193,18 +189,50 @@ def test_two_tasks_pinned_to_the_second_node_land(
                                           repo=git_repo, host="cluster"))[0]
                     for n in ("one", "two"))
         first_event: dict[str, float] = {}
+        # the node's events.jsonl (this machine's file system: seen as it is written)
+        # against the local one, every 20 ms: when each size the node reached arrived here
+        lags: list[float] = []
+        rss: list[int] = []
+        stop_sampling = threading.Event()
 
-        def each() -> None:
-            for task in (one, two):
-                if task.id not in first_event and _events(fleet, task.id):
-                    first_event[task.id] = time.monotonic()
+        def sample() -> None:
+            seen_there: dict[tuple[str, int], float] = {}
+            while not stop_sampling.wait(0.02):
+                now = time.monotonic()
+                for task in (one, two):
+                    local = len(_bytes(paths.attempt_dir(git_repo, task.id, 1) /
+                                       "events.jsonl"))
+                    if task.id not in first_event and local:
+                        first_event[task.id] = now
+                    size = len(_bytes(node_dir / "attempts" / task.id / "1" / "events.jsonl"))
+                    if size:
+                        seen_there.setdefault((task.id, size), now)
+                    for (tid, at_size), at in list(seen_there.items()):
+                        if tid == task.id and local >= at_size:
+                            lags.append(now - at)
+                            del seen_there[(tid, at_size)]
+                rss.append(int(Path("/proc/self/statm").read_text().split()[1]) * 4096)
 
-        drive(fleet, settled(fleet, one.id, two.id), timeout=150, each=each)
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            drive(fleet, settled(fleet, one.id, two.id), timeout=150)
+        finally:
+            stop_sampling.set()
+            sampler.join(timeout=5)
         for task in (one, two):
             done = fleet.get_task(task.id)
             assert done.state == TaskState.SUCCEEDED, done.message
         FIGURES["submit_to_first_event_s"] = round(
             min(first_event.values()) - submitted, 2)
+        lags.sort()
+        if lags:
+            FIGURES["node_write_to_local_s"] = {
+                "n": len(lags), "median": round(lags[len(lags) // 2], 2),
+                "p90": round(lags[int(len(lags) * 0.9)], 2), "max": round(lags[-1], 2)}
+        FIGURES["controller_rss_mib"] = {"min": rss and round(min(rss) / 2 ** 20, 1),
+                                         "max": rss and round(max(rss) / 2 ** 20, 1)}
+        print("figures:", FIGURES)
         # both ran on the second node, one job each, the second after the first
         second = node_of(ray_cluster, NODE_RESOURCE)
         for task in (one, two):
