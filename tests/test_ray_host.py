@@ -5,12 +5,14 @@ this machine's gateway (the cluster gets the attempt's token, never the key).
 The host is configured as a user would (`[hosts.cluster]` in config.toml, `ray =` the
 Jobs address, `resources` pinning every job to the second node), so that the merge queue's
 own detached process builds the same host. Covered: two tasks pinned to the second node
-(the second waits for the first: one `agenthost`) landed through the queue; the attempt
+(the second waits for the first: one `agenthost`), the first landed through the queue and
+the second by a merge; the attempt
 folder byte-identical to the node's; kill with a double-forked daemon in the worker's
 Bash step (0 processes left); the controller dropped mid-job and a new one reattached by
 the submission id (one job, never a second); the key in `ray job list`, the Jobs REST
 API, the state API, every file under the cluster's temp dir and the cluster's processes
-(0 hits). The figures they see go to the test's output (`-s`) and FLEET_RAY_FIGURES.
+(0 hits); last, the second node's raylet SIGKILLed (the task lost, its processes gone).
+The figures they see go to the test's output (`-s`) and FLEET_RAY_FIGURES.
 """
 
 from __future__ import annotations
@@ -197,6 +199,7 @@ def test_two_tasks_pinned_to_the_second_node_land(
 
         def sample() -> None:
             seen_there: dict[tuple[str, int], float] = {}
+            measured: set[tuple[str, int]] = set()
             while not stop_sampling.wait(0.02):
                 now = time.monotonic()
                 for task in (one, two):
@@ -205,12 +208,13 @@ def test_two_tasks_pinned_to_the_second_node_land(
                     if task.id not in first_event and local:
                         first_event[task.id] = now
                     size = len(_bytes(node_dir / "attempts" / task.id / "1" / "events.jsonl"))
-                    if size:
+                    if size and (task.id, size) not in measured:
                         seen_there.setdefault((task.id, size), now)
                     for (tid, at_size), at in list(seen_there.items()):
                         if tid == task.id and local >= at_size:
                             lags.append(now - at)
                             del seen_there[(tid, at_size)]
+                            measured.add((tid, at_size))
                 rss.append(int(Path("/proc/self/statm").read_text().split()[1]) * 4096)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -439,3 +443,45 @@ def _processes_holding(cluster: RayCluster, needle: str, *roots: Path) -> list[i
         except OSError:
             continue
     return hits
+
+
+@pytest.mark.timeout(420)  # Ray's health check takes its time to give a node up
+def test_a_lost_node_loses_the_task_and_its_processes_end(
+        git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
+        endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    """The second node's raylet SIGKILLed mid-job (the last test here: the node stays
+    down): Ray reads the job FAILED after its health check, and the task ends lost with
+    the reason; the job's entrypoint, orphaned on its node, ends what the attempt started
+    (the daemon included): 0 of its processes are left."""
+    node_dir = tmp_path / "node"
+    fleet = make(endpoint, claude_bin, ray_cluster, node_dir)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:daemon] wait", repo=git_repo,
+                                        host="cluster"))
+        drive(fleet, lambda: len(node_pids(node_dir, *SLEEPS)) == 2, timeout=120)
+        attempt = fleet.attempts(task.id)[-1]
+        assert attempt.dir is not None
+        token = AttemptLog(attempt.dir).spec_token()
+        assert token and _token_holders(token)
+        raylet = ray_cluster.raylet_of(ray_cluster.procs[1])
+        assert raylet is not None
+        os.kill(raylet, signal.SIGKILL)
+        killed = time.monotonic()
+        drive(fleet, settled(fleet, task.id), timeout=240)
+        FIGURES["node_loss_to_lost_s"] = round(time.monotonic() - killed, 1)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.FAILED
+        assert done.message is not None and done.message.startswith("lost: the Ray job "), \
+            done.message
+        deadline = time.monotonic() + 30
+        while (node_pids(node_dir, *SLEEPS) or _token_holders(token)) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert node_pids(node_dir, *SLEEPS) == []
+        assert _token_holders(token) == []
+        assert node_pids(node_dir, f"attempts/{task.id}/") == []  # the runner too
+    finally:
+        for pid in node_pids(node_dir, *SLEEPS):
+            os.kill(pid, signal.SIGKILL)
+        control.stop(fleet.env)
+        ray_host(fleet).close()

@@ -89,6 +89,9 @@ BRANCH_BUNDLE = "branch.bundle"  # the task's commits past its base, as the node
 BRANCH_FILE = "branch.json"  # their tip (the base itself: no commits)
 ENTRYPOINT_MODULE = "fleet_tui.execution.ray.job"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+STATUS_EVERY = 5.0  # seconds between two looks at a followed job's status
+WHOLE_LOG_WAIT = 10.0  # seconds for an ended job's whole log (its node may be gone)
+TAIL_DRAIN = 3.0  # seconds the tail gets to bring the rest of an ended job's log
 POLL = 1.0  # seconds between two looks at a job that waits for its node (or a broken tail)
 LEASE = 60.0  # seconds without an answer of the cluster before its runs are lost
 FIRST_STATE_WAIT = 0.25  # how long state() waits for a new follower's first answer
@@ -157,7 +160,7 @@ class Follow:
         self.first_frame_at: float | None = None
         self.tails = 0
         self.other: collections.deque[str] = collections.deque(maxlen=20)
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bundle_seq = -1
         self.thread = threading.Thread(target=self._main, name=f"ray-follow {sid}",
@@ -222,27 +225,61 @@ class Follow:
                 return
             info = self._info()
         if self.status in TERMINAL and not self.ended.is_set():
-            # all of it once more (the tail may have missed the end): every write is by offset
-            self._take_text(self.host.client().get_job_logs(self.sid))
+            # all of it once more (the tail may have missed the end): every write is by
+            # offset; not waited for past WHOLE_LOG_WAIT (a lost node's logs never come)
+            text = self._whole_log()
+            if text is not None:
+                self._take_text(text)
             if not self.ended.is_set():
                 self._lose(info)
 
+    def _whole_log(self) -> str | None:
+        got: list[str] = []
+
+        def read() -> None:
+            with contextlib.suppress(Exception):
+                got.append(self.host.client().get_job_logs(self.sid))
+
+        reader = threading.Thread(target=read, name=f"ray-logs {self.sid}", daemon=True)
+        reader.start()
+        reader.join(WHOLE_LOG_WAIT)
+        return got[0] if got else None
+
     async def _tail(self) -> None:
+        """The job's log followed until it ends; the job's status asked every
+        STATUS_EVERY meanwhile (a tail whose node is gone may neither send nor close)."""
         self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()  # type: ignore[assignment]
         if self.stopping.is_set():
             return
-        pending = ""
+        consumer = asyncio.ensure_future(self._consume())
+        self._task = consumer
+        while not consumer.done():
+            finished, _ = await asyncio.wait({consumer}, timeout=STATUS_EVERY)
+            if finished:
+                break
+            try:
+                await asyncio.to_thread(self._info)
+            except Exception as exc:  # the cluster away: the lease counts
+                log.info("the Ray job %s: %s", self.sid, exc)
+                continue
+            if self.status in TERMINAL:  # what is left of the log, then the end
+                await asyncio.wait({consumer}, timeout=TAIL_DRAIN)
+                consumer.cancel()
+                break
         with contextlib.suppress(asyncio.CancelledError):
-            async for chunk in self.host.client().tail_job_logs(self.sid):
-                self.reached_at = time.monotonic()
-                pending += chunk
-                lines = pending.split("\n")
-                pending = lines.pop()
-                for line in lines:
-                    self._take(line)
-                if self.ended.is_set() or self.stopping.is_set():
-                    return
+            await consumer
+
+    async def _consume(self) -> None:
+        pending = ""
+        async for chunk in self.host.client().tail_job_logs(self.sid):
+            self.reached_at = time.monotonic()
+            pending += chunk
+            lines = pending.split("\n")
+            pending = lines.pop()
+            for line in lines:
+                self._take(line)
+            if self.ended.is_set() or self.stopping.is_set():
+                return
         if pending:
             self._take(pending)
 
