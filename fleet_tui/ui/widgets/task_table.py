@@ -17,7 +17,7 @@ from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
-from textual.geometry import Region, Size
+from textual.geometry import Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -260,7 +260,6 @@ class TaskTable(ScrollView, can_focus=True):
         of more than one host); with `costs` (the meter's
         totals per task) of any listed task, a cost column."""
         selected = self.selected_key
-        painted = self._line_keys()
         repos = {t.repo for t in tasks}
         if repos != set(self._repo_names):
             self._repo_names = repo_names(repos)
@@ -285,36 +284,8 @@ class TaskTable(ScrollView, can_focus=True):
         self.cursor_row = max(0, min(self.cursor_row, len(self._order) - 1))
         self._resize_virtual()
         self._scroll_to_cursor()
-        self._refresh_changed(painted)
+        self.refresh()
         self._announce()
-
-    def _line_keys(self) -> list[object] | None:
-        """What each line on screen shows, as the strips' caches key it (None: a header
-        to build, or nothing laid out yet: everything is painted anew)."""
-        if self._header is None or not self.size:
-            return None
-        keys: list[object] = [(self.size.width, int(self.scroll_y), self.cursor_row)]
-        top = int(self.scroll_y)
-        for index in range(top, min(len(self._order), top + self.size.height - 1)):
-            task_id = self._order[index]
-            keys.append((task_id, index == self.cursor_row,
-                         self._signature(self._tasks[task_id], task_id in self._marked)))
-        return keys
-
-    def _refresh_changed(self, painted: list[object] | None) -> None:
-        """Repaint the lines whose content differs from what was on screen before this
-        show: a poll that changes nothing sends nothing to the terminal (it repainted the
-        whole list, 4 KB a poll to a browser or over ssh), a ticking duration one line."""
-        now = self._line_keys()
-        if painted is None or now is None or painted[0] != now[0]:
-            self.refresh()
-            return
-        width = self.size.width
-        for y in range(1, max(len(painted), len(now))):
-            before = painted[y] if y < len(painted) else None
-            after = now[y] if y < len(now) else None
-            if before != after:
-                self.refresh(Region(0, y, width, 1))
 
     def set_marked(self, marked: set[str]) -> None:
         """Show these marks (repaints the rows on screen; rows are cached per mark)."""
