@@ -21,7 +21,7 @@ from textual.widgets import TextArea
 from fleet_tui.engine.fleet import Fleet
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import TaskSpec
-from fleet_tui.ui.app import FleetApp
+from fleet_tui.ui.app import GC_THRESHOLDS, FleetApp
 from fleet_tui.ui.messages import EngineReady, TasksLoaded
 from fleet_tui.ui.screens.help import HelpScreen
 from fleet_tui.ui.screens.launch import LaunchScreen
@@ -155,8 +155,10 @@ def gc_restored() -> Any:
     import gc
 
     was = gc.isenabled()
+    thresholds = gc.get_threshold()
     yield
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
     if was:
         gc.enable()
     else:
@@ -176,6 +178,8 @@ async def test_the_collector_paused_for_the_start_up_resumes_after_the_first_fra
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, gc.isenabled, what="the collector resumed")
         assert gc.get_freeze_count() > 1000  # the start-up's objects: not walked again
+        # and a larger youngest generation, the oldest walked a quarter as often
+        assert gc.get_threshold() == GC_THRESHOLDS != (700, 10, 10)
         await wait_until(pilot, lambda: app.main.poll_error is None and app.fleet is not None,
                          what="the engine")
     gc.unfreeze()
