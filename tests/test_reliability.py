@@ -467,12 +467,17 @@ def scan_tree(roots: list[Path], skip: tuple[Path, ...] = ()) -> Scan:
 
 
 def secret_scan(suite: str, dirs: Dirs, monitor_list: list[Monitor], *,
-                sent: list[str | None] | None) -> list[str]:
+                sent: list[str | None] | None, kept_in: Path | None = None) -> list[str]:
     """The scan of what one test made; returns its problems (and records its figures).
-    `sent`: the key digests of the endpoint's requests (None: no endpoint was used)."""
+    `sent`: the key digests of the endpoint's requests (None: no endpoint was used).
+    `kept_in`: a host's folder of key files (`--key-on-host`: the key there on purpose,
+    each file private to its user)."""
     home = paths.home()
     roots = [home, Path(os.environ["HOME"]), dirs.base]
     scan = scan_tree(roots, skip=(dirs.harness,))
+    kept = [h for h in scan.hits if kept_in is not None and Path(h).parent == kept_in]
+    scan.hits = [h for h in scan.hits if h not in kept]
+    loose = [h for h in kept if Path(h).stat().st_mode & 0o077]
     control = scan_tree([dirs.harness])
     argv_seen = sum(m.argv_seen for m in monitor_list)
     argv_hits = [h for m in monitor_list for h in m.argv_hits]
@@ -481,6 +486,8 @@ def secret_scan(suite: str, dirs: Dirs, monitor_list: list[Monitor], *,
     problems = []
     if scan.hits:
         problems.append(f"the key is in {len(scan.hits)} file(s): {scan.hits[:5]}")
+    if loose:
+        problems.append(f"a host's key file is readable by others: {loose}")
     if argv_hits:
         problems.append(f"the key is in {len(argv_hits)} argv(s): {argv_hits[:3]}")
     if environ_hits:
@@ -737,7 +744,7 @@ def test_chaos(target: str, claude_bin: str, chaos_endpoint: ScriptedEndpoint,
 
 def conclude(target: str, tally: Tally, monitors: list[Monitor], dirs: Dirs,
              endpoint: ScriptedEndpoint, fleet: Fleet, *,
-             seeds: tuple[int, float, str]) -> None:
+             seeds: tuple[int, float, str], kept_in: Path | None = None) -> None:
     """A chaos test's figures and its verdict: the rounds' problems, two live runners of
     one task at once (the monitors), the secret scan."""
     base_seed, started, load_before = seeds
@@ -758,7 +765,8 @@ def conclude(target: str, tally: Tally, monitors: list[Monitor], dirs: Dirs,
                tally.not_copied_after_runner_death, "B")
     record(f"chaos {target}", "processes left", tally.processes_left)
     sent = [r.auth_sha256 for r in endpoint.message_requests()]
-    tally.problems += secret_scan(f"chaos {target}", dirs, monitors, sent=sent)
+    tally.problems += secret_scan(f"chaos {target}", dirs, monitors, sent=sent,
+                                  kept_in=kept_in)
     fleet.store.close()
     assert tally.rounds == ROUNDS and tally.tasks == ROUNDS * TASKS_PER_ROUND
     assert not tally.problems, "\n".join([*tally.problems, "kill points:", *tally.points])
@@ -950,8 +958,10 @@ def test_chaos_on_a_host(target: str, claude_bin: str, chaos_endpoint: ScriptedE
     for n in range(ROUNDS):
         host_chaos_round(target, n, base_seed + n, dirs, chaos_endpoint, wrapper, tally,
                          monitors, fleet, chaos_host)
+    # the host keeps the key (its workers go straight to the endpoint, as the suite's do)
     conclude(target, tally, monitors, dirs, chaos_endpoint, fleet,
-             seeds=(base_seed, started, load_before))
+             seeds=(base_seed, started, load_before),
+             kept_in=chaos_host.home / ".fleet-tui-host" / "keys")
 
 
 # --- ingest load -----------------------------------------------------------------------------

@@ -122,7 +122,9 @@ def _setup(tmp_path: Path, server: sshd.Sshd, endpoint: ScriptedEndpoint,
         "max_workers": 4, "max_attempts": 1,
         "test_command": "test -f remote.txt && test -f loose.txt && test -f base.txt",
     }
-    added = _cli(env, git_repo, "host", "add", "box", ALIAS, "--max-workers", "2")
+    # the suite's workers go straight to the endpoint: from a host that keeps the key
+    added = _cli(env, git_repo, "host", "add", "box", ALIAS, "--max-workers", "2",
+                 "--key-on-host")
     assert added.returncode == 0, added.stderr
     return env, values
 

@@ -14,6 +14,10 @@ Commands (the attempt folder DIR is on the host):
   session of its own (nohup-like: stdin /dev/null, output to runner.log), the key variables
   through an inherited pipe (`--env-fd`), never its environment or argv; answers its pid
   once it holds the lock (or has ended).
+- `put-key FILE` (the key variables on stdin): a host kept its key (`--key-on-host`):
+  written to FILE in the data dir, private (0600), replaced whole; key files not used for
+  a day are removed. `spawn`'s order then names the file (`key_file`) instead of holding
+  the key.
 - `state DIR`, `stop DIR` (the request on stdin), `kill DIR`, `sweep DIR`, `say DIR BY`
   (the text on stdin), `port`, `follow DIR` (the offsets already mirrored on stdin).
 - `worktree ...`, `check-worktree WT BRANCH`: the task's worktree from the host's mirror;
@@ -139,6 +143,15 @@ def cmd_spawn(folder: AttemptLog) -> int:
     package = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = package
     keys = order.get("keys") or {}
+    if order.get("key_file"):  # the host keeps its key: read where put-key wrote it
+        try:
+            keys = json.loads(Path(order["key_file"]).read_bytes())
+            os.utime(order["key_file"])  # in use: not pruned
+        except (OSError, ValueError) as exc:
+            _answer({"error": f"the host's key file {order['key_file']} is unreadable "
+                              f"({exc.__class__.__name__}); `fleet-tui host check` writes "
+                              "it again"})
+            return 1
     argv = [sys.executable, "-m", RUNNER_MODULE]
     pass_fds: tuple[int, ...] = ()
     read_fd: int | None = None
@@ -161,6 +174,29 @@ def cmd_spawn(folder: AttemptLog) -> int:
             break
         time.sleep(0.01)
     _answer({"pid": proc.pid, "start": procs.start_time(proc.pid)})
+    return 0
+
+
+KEY_FILE_IDLE = 86_400.0
+"""Seconds a key file may go unused before put-key removes it (a rotated key's old file)."""
+
+
+def cmd_put_key(path: str) -> int:
+    """The key variables on stdin, kept at `path` (0600), written aside and renamed."""
+    keys = _stdin_json()
+    target = Path(path)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    aside = target.with_name(f".{target.name}.{os.getpid()}")
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(json.dumps(keys).encode())
+    os.replace(aside, target)
+    now = time.time()
+    for other in target.parent.glob("*.json"):
+        with contextlib.suppress(OSError):
+            if other != target and now - other.stat().st_mtime > KEY_FILE_IDLE:
+                other.unlink()
+    _answer({"kept": str(target)})
     return 0
 
 
@@ -524,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_update(*rest)
     if command == "abort-update":
         return cmd_abort_update(*rest)
+    if command == "put-key":
+        return cmd_put_key(*rest)
     folder = AttemptLog(rest[0])
     simple = {"stage": cmd_stage, "spawn": cmd_spawn, "state": cmd_state, "stop": cmd_stop,
               "kill": cmd_kill, "sweep": cmd_sweep}
