@@ -29,10 +29,10 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from fleet_tui.ui import textual_fixes
 from fleet_tui.ui.actions import known_ids, unknown_ids
 from fleet_tui.ui.formatting import describe_error
 from fleet_tui.ui.messages import EngineReady, WorkerFailed
-from fleet_tui.ui import textual_fixes
 from fleet_tui.ui.screens.main import MainScreen
 
 TYPE_CHECKING = False
