@@ -212,3 +212,31 @@ def test_the_panel_command_pauses_the_collector_for_the_app(tmp_path: Path) -> N
                          timeout=60, cwd=tmp_path, check=False)
     assert out.stdout.strip().splitlines()[-1:] == ["seen True True after True 0"], (
         out.stdout + out.stderr)
+
+
+async def test_the_collector_settles_once_the_first_list_is_shown(
+        git_repo: Path, monkeypatch: pytest.MonkeyPatch, gc_restored: None) -> None:
+    """After the first freeze no full collection had ever run, so the collector made every
+    tenth collection of the middle generation a full one, walking all that the engine made
+    since (10-20 ms with the loop stopped, about once a second: issue 23's tail). Once the
+    first list is shown: one full collection, then a second freeze."""
+    import gc
+
+    monkeypatch.chdir(git_repo)
+    gc.disable()
+    app = FleetApp(looking_around(0.0), run_scheduler=False, bell=False, resume_gc=True)
+    seen: dict[str, int] = {}
+    resume = app._gc_resume
+
+    def resumed() -> None:
+        resume()
+        seen.update(frozen=gc.get_freeze_count(), full=gc.get_stats()[2]["collections"])
+
+    app._gc_resume = resumed  # type: ignore[method-assign]
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: "frozen" in seen, what="the collector resumed")
+        await wait_until(pilot, lambda: gc.get_freeze_count() > seen["frozen"],
+                         what="the second freeze")
+        assert app.main.task_list._polled  # after the first list
+        assert gc.get_stats()[2]["collections"] > seen["full"]
+        assert gc.isenabled()
