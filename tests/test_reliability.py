@@ -842,8 +842,9 @@ def host_chaos_round(target: str, n: int, seed: int, dirs: Dirs, endpoint: Scrip
         extra["linger_until"] = str(release)  # the sweep happens once the host is back
     if target == "connection":
         # the endpoint is reached through a port forwarded over the master: a request made
-        # before the mirror's reconnect forwards it again on a new master (~1 s) is refused
-        # and never reaches the endpoint; the CLI retries it, as it does by default
+        # before the mirror's reconnect forwards it again on a new master (its handshake:
+        # 0.3-0.6 s here on a loaded machine) is refused and never reaches the endpoint; the
+        # CLI retries it, as it does by default
         extra["env"] = {k: v for k, v in engine_env().items()
                         if k != "CLAUDE_CODE_MAX_RETRIES"}
     first = start_engine(dirs, f"{name}-engine", settings, ids, extra=extra)

@@ -110,11 +110,16 @@ class Mirror:
 
     def _loop(self) -> None:
         while not self.stopping.is_set() and not self.ended.is_set():
+            began = time.monotonic()
             try:
                 self._follow_once()
             except Exception as exc:  # the link broke: resume from the local offsets
                 log.info("mirror of %s: %s; resuming", self.folder, exc)
-            if not self.ended.is_set():
+            # a stream that ran a while and broke (a dropped master) is made again at once:
+            # its new master forwards the ports the host's workers reach this machine by,
+            # and each moment without them is a request of theirs refused; one that broke
+            # at once waits before the next try
+            if not self.ended.is_set() and time.monotonic() - began < RECONNECT:
                 self.stopping.wait(RECONNECT)
         if self.on_end is not None:
             self.on_end()
