@@ -61,7 +61,7 @@ WHOLE = ("runner.json", "kill.json")
 EXIT = "exit.json"  # sent last, once the runner is gone and every appended byte is out
 FOLLOW_POLL = 0.02  # seconds between two looks at the folder without inotify
 INOTIFY_IDLE = 0.1  # with inotify: a look this often even when nothing changed (the lock)
-HEARTBEAT = 1.0  # a state frame at least this often (the controller knows the link lives)
+HEARTBEAT = 1.0  # a frame at least this often (the controller knows the link lives)
 CHUNK = 256 * 1024
 SPAWN_WAIT = 10.0  # seconds for a new runner to take its lock
 
@@ -514,12 +514,13 @@ class _Changes:
 
 def cmd_follow(folder: AttemptLog, given: str) -> int:
     """Stream the folder from the offsets given (JSON: file name -> bytes mirrored) until
-    the runner is gone: frames of a JSON head line and its bytes; a state frame at least
-    every HEARTBEAT (a controller gone ends it: the write fails); exit.json last."""
+    the runner is gone: frames of a JSON head line and its bytes; a state frame first and
+    whenever HEARTBEAT passed without a frame (a controller gone ends it: the write
+    fails); exit.json last."""
     offsets = {k: int(v) for k, v in (json.loads(given) or {}).items()}
     stamps: dict[str, Any] = {}
     out = sys.stdout.buffer
-    last_beat = 0.0
+    beat_at: float | None = None
     changes = _Changes(folder.dir)
     while True:
         state = runner_state(folder)  # first: once it is gone, what follows is complete
@@ -532,9 +533,13 @@ def cmd_follow(folder: AttemptLog, given: str) -> int:
             _frame(out, {"state": state, "end": True})
             out.flush()
             return 0
-        if sent or now - last_beat >= HEARTBEAT:
+        # the state first, then only when HEARTBEAT passed without a frame: a data frame
+        # is the beat (no state frame beside each event: the controller's CPU per worker)
+        if beat_at is None or (not sent and now - beat_at >= HEARTBEAT):
             _frame(out, {"state": state})
-            last_beat = now
+            beat_at = now
+        elif sent:
+            beat_at = now
         out.flush()
         changes.wait()
 
