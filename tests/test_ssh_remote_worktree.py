@@ -201,6 +201,12 @@ def test_a_task_on_a_host_that_shares_nothing_lands_here(
         assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse -q --verify "
                             "MERGE_HEAD", check=False).strip()  # mid-merge, there
         committed = iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse HEAD")
+        # staged with its markers still in, the file is not resolved: still mid-merge there
+        iso_sshd.ssh(f"git -C {shlex.quote(worktree)} add remote.txt")
+        again = fleet.update(task.id)
+        assert again.status == "conflicts" and again.conflicts == ["remote.txt"], again.message
+        assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse -q --verify "
+                            "MERGE_HEAD", check=False).strip()
         aborted = fleet.resolve_update(task.id, "abort")
         assert aborted.conflicts == [] and "aborted" in (aborted.message or "")
         assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse HEAD") == committed

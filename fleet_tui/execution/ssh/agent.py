@@ -24,8 +24,10 @@ Commands (the attempt folder DIR is on the host):
   `commit-work WT MESSAGE`: the worker's uncommitted work committed before a fetch;
   `snapshot WT REF`: the worktree as it is now as an unreferenced commit, kept at REF (the
   worktree, its index and its branch untouched); `update WT BASE STRATEGY MESSAGE NAME
-  EMAIL` and `abort-update WT`: bringing the worktree up to date with BASE there (left
-  mid-merge on conflicts, for its worker), and undoing that.
+  EMAIL` (on stdin: {"conflicted": the files an earlier update stopped on}) and
+  `abort-update WT`: bringing the worktree up to date with BASE there (left mid-merge on
+  conflicts, for its worker; a file staged or committed with conflict markers still in is
+  not resolved), and undoing that.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -366,12 +369,37 @@ def _is_ancestor(path: str, ancestor: str, commit: str) -> bool:
                           capture_output=True, check=False).returncode == 0
 
 
-def _update(path: str, base: str, strategy: str, message: str) -> dict[str, Any]:
+_MARKER_RE = re.compile(rb"^(?:<{7}|>{7})(?: |$)", re.MULTILINE)  # as vcs/update.py's
+
+
+def _with_markers(path: str, names: list[str]) -> list[str]:
+    """The files among `names` that still hold conflict markers."""
+    found = []
+    for name in sorted(set(names)):
+        try:
+            data = (Path(path) / name).read_bytes()
+        except OSError:
+            continue
+        if _MARKER_RE.search(data):
+            found.append(name)
+    return found
+
+
+def _update(path: str, base: str, strategy: str, message: str,
+            conflicted: list[str] | None = None) -> dict[str, Any]:
+    """`conflicted`: the files an earlier update of this worktree stopped on (the engine
+    keeps them): a file the worker staged, or committed, with its markers still in is not
+    resolved."""
+    conflicted = conflicted or []
     operation = _operation(path)
     if operation is not None:  # stopped on conflicts before: concluded once resolved
         unmerged = _unmerged(path)
         if unmerged:
             return {"status": "conflicts", "conflicts": unmerged, "operation": operation}
+        changed = _git("-C", path, "diff", "--name-only", "HEAD").splitlines()
+        marked = _with_markers(path, conflicted + changed)
+        if marked:
+            return {"status": "conflicts", "conflicts": marked, "operation": operation}
         _git("-C", path, "add", "-A", "--", ".")
         if operation == "merge":
             _git("-C", path, "commit", "--no-verify", "-q", "--no-edit")
@@ -379,6 +407,11 @@ def _update(path: str, base: str, strategy: str, message: str) -> dict[str, Any]
             _git("-C", path, "-c", "core.editor=true", "rebase", "--continue")
         return {"status": "updated", "resolved": True,
                 "head": _git("-C", path, "rev-parse", "HEAD")}
+    if conflicted:  # the worker concluded it itself: with the markers still in?
+        marked = _with_markers(path, conflicted)
+        if marked:
+            return {"status": "conflicts", "conflicts": marked, "operation": None,
+                    "concluded": True}
     committed = None
     if _git("-C", path, "status", "--porcelain", "--untracked-files=all"):
         _git("-C", path, "add", "-A", "--", ".")
@@ -410,8 +443,9 @@ def _update(path: str, base: str, strategy: str, message: str) -> dict[str, Any]
 def cmd_update(path: str, base: str, strategy: str, message: str, name: str,
                email: str) -> int:
     _ident(name, email)
+    order = _stdin_json() or {}
     try:
-        _answer(_update(path, base, strategy, message))
+        _answer(_update(path, base, strategy, message, order.get("conflicted")))
     except RuntimeError as exc:
         _answer({"error": str(exc)})
         return 1
@@ -419,8 +453,16 @@ def cmd_update(path: str, base: str, strategy: str, message: str, name: str,
 
 
 def cmd_abort_update(path: str) -> int:
+    order = _stdin_json() or {}
     try:
         operation = _operation(path)
+        marked = _with_markers(path, order.get("conflicted") or []) if operation is None \
+            else []
+        if marked:  # concluded with the markers in: a commit, not an update to abort
+            _answer({"error": "the update was concluded with conflict markers still in "
+                              f"{', '.join(marked)}: there is nothing to abort; resolve them "
+                              "there (or let its worker: update --resolve worker)"})
+            return 1
         if operation is not None:
             _git("-C", path, operation, "--abort")
         _answer({"aborted": operation, "head": _git("-C", path, "rev-parse", "HEAD")})

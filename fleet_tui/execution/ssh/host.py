@@ -728,7 +728,8 @@ class SshHost:
         self.push_base(Path(task.repo), base_commit, f"update/{task.id}")
         name, email = self._identity(Path(task.repo))
         answer = self.agent(["update", str(task.worktree), base_commit, strategy, message,
-                             name, email], timeout=300)
+                             name, email], timeout=300,
+                            input=json.dumps({"conflicted": list(task.conflicts)}).encode())
         if "error" in answer:
             return git.UpdateResult("refused", f"updating {branch} from {base_branch} on "
                                     f"host {self.name} failed: {answer['error']}")
@@ -736,6 +737,12 @@ class SshHost:
         conflicts = [str(c) for c in answer.get("conflicts") or []]
         committed = answer.get("committed")
         where = f"in its worktree on host {self.name}"
+        if status == "conflicts" and answer.get("concluded"):
+            return git.UpdateResult(
+                "conflicts", f"the update of {branch} was concluded {where} with conflict "
+                f"markers still in: {', '.join(conflicts)}; let its worker resolve them "
+                "(update --resolve worker) or abort the update", conflicts,
+                base_tip=base_commit, head=answer.get("head"))
         if status == "conflicts":
             operation = str(answer.get("operation") or "merge")
             return git.UpdateResult(
@@ -760,7 +767,8 @@ class SshHost:
     def abort_update(self, task: Task) -> str:
         if not task.worktree:
             raise FleetError(f"task {task.id} has no worktree yet")
-        answer = self.agent(["abort-update", str(task.worktree)])
+        answer = self.agent(["abort-update", str(task.worktree)], input=json.dumps(
+            {"conflicted": list(task.conflicts)}).encode())
         if "error" in answer:
             raise FleetError(f"host {self.name}: {answer['error']}")
         what = answer.get("aborted")
