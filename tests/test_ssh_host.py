@@ -399,6 +399,24 @@ def test_the_gateway_off_a_host_that_does_not_keep_the_key_is_refused(
         host.close()
 
 
+def _sleepy_then_host_gone(fleet: Fleet, host: SshHost, server: sshd.Sshd, repo: Path
+                           ) -> tuple[Any, Any, str]:
+    """A sleepy worker on the host (claude and its two sleeps there, holding the attempt's
+    token), then the host gone: its sshd stopped (no new connection) and the master
+    killed (the one there was is cut). The task, its attempt, the token."""
+    (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=repo))
+    drive(fleet, lambda: len(host_pids(server, *SLEEPS)) == 2, timeout=60)
+    attempt = fleet.attempts(task.id)[-1]
+    assert attempt.dir is not None
+    token = AttemptLog(attempt.dir).spec_token()
+    assert token and token_holders(server, token)  # claude and the sleeps
+    master = host.connection.master_pid()
+    assert master is not None
+    server.stop()
+    os.kill(master, signal.SIGKILL)
+    return task, attempt, token
+
+
 @pytest.mark.parametrize("restarted", [False, True], ids=["same-engine", "restarted"])
 def test_a_host_gone_past_its_lease_loses_the_task_then_sweeps_it(
         git_repo: Path, claude_bin: str, host_sshd: sshd.Sshd,
@@ -412,16 +430,7 @@ def test_a_host_gone_past_its_lease_loses_the_task_then_sweeps_it(
     fleet, host = make(endpoint, claude_bin, host_sshd, lease=lease)
     hosts = [host]
     try:
-        (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
-        drive(fleet, lambda: len(host_pids(host_sshd, *SLEEPS)) == 2, timeout=60)
-        attempt = fleet.attempts(task.id)[-1]
-        assert attempt.dir is not None
-        token = AttemptLog(attempt.dir).spec_token()
-        assert token and token_holders(host_sshd, token)  # claude and the sleeps
-        master = host.connection.master_pid()
-        assert master is not None
-        host_sshd.stop()  # the host is gone: no new connection...
-        os.kill(master, signal.SIGKILL)  # ...and the one there was is cut
+        task, attempt, token = _sleepy_then_host_gone(fleet, host, host_sshd, git_repo)
         if restarted:
             host.close()
             fleet, host = make(endpoint, claude_bin, host_sshd, lease=lease)
@@ -466,16 +475,7 @@ def test_a_restarted_engine_sweeps_what_was_lost_before(
     fleet, host = make(endpoint, claude_bin, host_sshd, lease=lease)
     hosts = [host]
     try:
-        (task,) = fleet.submit(TaskSpec(prompt="[script:sleepy] wait", repo=git_repo))
-        drive(fleet, lambda: len(host_pids(host_sshd, *SLEEPS)) == 2, timeout=60)
-        attempt = fleet.attempts(task.id)[-1]
-        assert attempt.dir is not None
-        token = AttemptLog(attempt.dir).spec_token()
-        assert token and token_holders(host_sshd, token)
-        master = host.connection.master_pid()
-        assert master is not None
-        host_sshd.stop()
-        os.kill(master, signal.SIGKILL)
+        task, attempt, token = _sleepy_then_host_gone(fleet, host, host_sshd, git_repo)
         drive(fleet, settled(fleet, task.id), timeout=lease + 30)
         done = fleet.get_task(task.id)
         assert done.state == TaskState.FAILED and (done.message or "").startswith("lost: ")
