@@ -259,13 +259,11 @@ def _get_json(url: str, timeout: float) -> object:
 
 
 def ray_nodes(address: str, *, timeout: float = RAY_TIMEOUT) -> list[dict[str, object]]:
-    """The cluster's alive nodes (the state API), each with its resources."""
-    data = _get_json(f"{address}/api/v0/nodes?detail=1&limit=1000", timeout)
-    result: object = data
-    for key in ("data", "result", "result"):
-        result = result.get(key, {}) if isinstance(result, dict) else {}
-    nodes = result if isinstance(result, list) else []
-    return [n for n in nodes if isinstance(n, dict) and n.get("state") == "ALIVE"]
+    """The cluster's alive nodes (the state API), each with its resources: the Ray
+    host's own reading (imported here when a Ray host is checked)."""
+    from fleet_tui.execution.ray.host import ray_nodes as alive
+
+    return alive(address, timeout=timeout)
 
 
 def check_ray_host(host: HostConfig, *, timeout: float = RAY_TIMEOUT) -> list[Check]:

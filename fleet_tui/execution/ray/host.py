@@ -42,16 +42,13 @@ import asyncio
 import collections
 import contextlib
 import hashlib
-import io
 import json
 import logging
 import os
-import re
 import shlex
 import shutil
 import socket
 import subprocess
-import tarfile
 import tempfile
 import threading
 import time
@@ -63,22 +60,21 @@ from urllib.parse import urlsplit, urlunsplit
 import fleet_tui
 from fleet_tui.core.errors import FleetError
 from fleet_tui.core.states import StopReason
+from fleet_tui.execution import mailbox
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
-from fleet_tui.execution.host import Placement, RunnerState
-from fleet_tui.execution.local import launcher, prepare
+from fleet_tui.execution.host import Host, LostLedger, Placement, RunnerState
 from fleet_tui.execution.ray import job
+from fleet_tui.execution.remote import LOOPBACK, RemoteHost
 from fleet_tui.execution.spec import RunSpec
-from fleet_tui.execution.ssh.host import KEY_VARIABLES, LOOPBACK, forwarded
+from fleet_tui.execution.ssh.host import forwarded
 from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
 from fleet_tui.system.files import write_json_atomic
 from fleet_tui.vcs import git
 
 if TYPE_CHECKING:
-    import threading as _threading
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping
 
-    from fleet_tui.settings.config import Settings
     from fleet_tui.store.db import Attempt, Task
 
 log = logging.getLogger("fleet_tui.engine.fleet")
@@ -95,7 +91,24 @@ TAIL_DRAIN = 3.0  # seconds the tail gets to bring the rest of an ended job's lo
 POLL = 1.0  # seconds between two looks at a job that waits for its node (or a broken tail)
 LEASE = 60.0  # seconds without an answer of the cluster before its runs are lost
 FIRST_STATE_WAIT = 0.25  # how long state() waits for a new follower's first answer
+MAILBOX_ANSWER = 20.0  # seconds for the job to fetch a message and say what became of it
 EXCLUDES = ["__pycache__", "*.pyc", ".mypy_cache"]
+
+
+NODE_LABEL = "ray.io/node-id"  # every Ray node's own label: a job pinned to one node
+
+
+def ray_nodes(address: str, *, timeout: float = 15.0) -> list[dict[str, Any]]:
+    """The cluster's alive nodes (the state API), each with its id and resources."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{address}/api/v0/nodes?detail=1&limit=1000",
+                                timeout=timeout) as resp:
+        data: Any = json.load(resp)
+    for key in ("data", "result", "result"):
+        data = data.get(key, {}) if isinstance(data, dict) else {}
+    nodes = data if isinstance(data, list) else []
+    return [n for n in nodes if isinstance(n, dict) and n.get("state") == "ALIVE"]
 
 
 class RayError(FleetError):
@@ -158,6 +171,7 @@ class Follow:
         self.swept = 0
         self.error: str | None = None
         self.first_frame_at: float | None = None
+        self.node_id: str | None = (run.log.record(RAY_FILE) or {}).get("node_id")
         self.tails = 0
         self.other: collections.deque[str] = collections.deque(maxlen=20)
         self._task: asyncio.Future[None] | None = None
@@ -190,7 +204,7 @@ class Follow:
                 if not self.ended.is_set():
                     self.stopping.wait(POLL)
         finally:
-            self.host.ended.set()
+            self.host._ended.set()
 
     def _info(self) -> Any | None:
         """The job's details (None: Ray does not know the job)."""
@@ -203,6 +217,10 @@ class Follow:
             raise
         self.reached_at = time.monotonic()
         self.status = str(getattr(info.status, "value", info.status))
+        node = getattr(info, "driver_node_id", None)
+        if node and node != self.node_id:
+            self.node_id = str(node)
+            self.host.record_node(self.run.log, self.node_id)
         return info
 
     def _once(self) -> None:
@@ -479,12 +497,38 @@ class RayRun:
             time.sleep(0.05)
 
     def send_input(self, text: str, *, by: str = "") -> str:
-        raise InputClosed(f"a worker on the Ray host {self.host.name} takes no message: "
-                          "Ray jobs have no input channel, and fleet-tui's mailbox for "
-                          "them is not built yet (issue 21); kill it and follow up instead")
+        """Left in the attempt's mailbox (execution/mailbox.py) for the job to fetch
+        through the gateway and hand to its runner's own input channel; returned once the
+        node said it is queued there (or taken), InputClosed with the runner's reason when
+        it refused it, or when the job did not fetch it within MAILBOX_ANSWER."""
+        if not self.host.reaches_gateway:
+            raise InputClosed(f"its worker on the Ray host {self.host.name} reaches its "
+                              "endpoint without this machine's gateway (key_env), and its "
+                              "mailbox is served by the gateway")
+        if self._log.exited or self.state() != "alive":
+            raise InputClosed("its worker is not taking messages")
+        if not (self._log.runner_record() or {}).get("claude_pid"):
+            raise InputClosed("its worker is not taking messages")
+        message_id = mailbox.post(self._log, text, by=by)
+        deadline = time.monotonic() + MAILBOX_ANSWER
+        while True:
+            status, reason = mailbox.state(self._log, message_id)
+            if status in ("queued", "taken"):
+                return message_id
+            if status == "closed":
+                mailbox.drop(self._log, message_id)
+                raise InputClosed(reason)
+            if time.monotonic() >= deadline:
+                if mailbox.withdraw(self._log, message_id):
+                    raise InputClosed(
+                        f"its worker on the Ray host {self.host.name} did not fetch the "
+                        f"message within {MAILBOX_ANSWER:g} s (does its node reach this "
+                        "machine's gateway?)")
+                deadline = time.monotonic() + MAILBOX_ANSWER  # fetched: its verdict comes
+            time.sleep(0.05)
 
 
-class RayHost:
+class RayHost(RemoteHost):
     """A Ray cluster reached by its Jobs address. Thread-safe for the engine's start
     threads."""
 
@@ -514,7 +558,7 @@ class RayHost:
         self._follows: dict[tuple[str, int], Follow] = {}
         self._lost: dict[tuple[str, int], str] = {}
         self._modes: dict[str, str] = {}  # task -> how its job makes the worktree
-        self.ended = threading.Event()
+        self._ended = threading.Event()
         self.submitted: list[str] = []  # the submission ids this object submitted
 
     # --- the cluster ---------------------------------------------------------------------
@@ -563,10 +607,12 @@ class RayHost:
         sid = submission_id(staged.spec)
         folder = AttemptLog(staged.placement.attempt_dir)
         folder.write_record(RAY_FILE, {"submission_id": sid, "address": self.address,
-                                       "host": self.name, "at": time.time()})
+                                       "host": self.name, "at": time.time(),
+                                       "pinned": staged.order.get("pin")})
         client = self.client()
         metadata = {"fleet-tui-task": staged.spec.task_id,
                     "fleet-tui-attempt": str(staged.spec.attempt), "fleet-tui-host": self.name}
+        pin = staged.order.get("pin")
         try:
             client.submit_job(
                 entrypoint=f"{shlex.quote(self.python)} -m {ENTRYPOINT_MODULE}",
@@ -574,7 +620,8 @@ class RayHost:
                 runtime_env={"working_dir": str(staged.staging),
                              "py_modules": [_package_dir()], "excludes": EXCLUDES},
                 metadata=metadata, entrypoint_resources=self.resources or None,
-                entrypoint_num_cpus=self.num_cpus)
+                entrypoint_num_cpus=self.num_cpus,
+                entrypoint_label_selector={NODE_LABEL: pin} if pin else None)
         except Exception as exc:
             try:
                 client.get_job_info(sid)
@@ -637,14 +684,8 @@ class RayHost:
             sock.bind(("127.0.0.1", 0))
             return int(sock.getsockname()[1])
 
-    def check_setup(self, settings: Settings, env: Mapping[str, str], *,
-                    args: Sequence[str] = (), permission_mode: str | None = None) -> None:
-        launcher.check_setup(settings, env, args=args, permission_mode=permission_mode)
-
-    def mirror_path(self, repo: Path) -> str:
-        real = str(Path(repo).resolve())
-        slug = re.sub(r"[^A-Za-z0-9._-]", "_", Path(real).name)[:40]
-        return f"{self.data_dir}/repos/{slug}-{hashlib.sha256(real.encode()).hexdigest()[:10]}.git"
+    def remote_root(self) -> str:
+        return self.data_dir
 
     def worktree_path(self, task_id: str) -> str:
         return f"{self.data_dir}/work/{task_id}"
@@ -669,16 +710,6 @@ class RayHost:
             raise FleetError(f"refusing to run task {task.id} in {worktree}: its worktree "
                              f"on host {self.name} is {self.worktree_path(task.id)}")
 
-    def place(self, task: Task, worktree: Path, attempt_n: int) -> Placement:
-        adir = paths.attempt_dir(task.repo, task.id, attempt_n)
-        for folder in (paths.logs_dir(task.repo), adir.parent, adir):
-            paths.private_dir(folder)
-        return Placement(host=self.name, worktree=worktree,
-                         branch=task.branch or f"fleet/{task.id}",
-                         base_commit=task.base_commit or "", base_branch=task.base_branch,
-                         config_dir=Path(f"{self.data_dir}/config/{task.id}"),
-                         attempt_dir=adir)
-
     def _bundle(self, repo: Path, commit: str, task_id: str, into: Path) -> None:
         """The base commit and its history as a git bundle (its ref refs/fleet/base/ID,
         made for the bundle and removed)."""
@@ -693,19 +724,6 @@ class RayHost:
                                f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
         finally:
             subprocess.run([*q, "update-ref", "-d", ref], check=False, capture_output=True)
-
-    def _included(self, spec: RunSpec, into: Path) -> None:
-        """The repository's included files as a tar (those holding a key left out)."""
-        if not spec.include:
-            return
-        secrets = [v for k, v in self.env.items() if k in KEY_VARIABLES and v]
-        files = prepare.included_files(spec.repo, spec.include)
-        with tempfile.TemporaryDirectory(prefix="fleet-include-") as tmp:
-            prepare.copy_included(spec.repo, tmp, files, secrets)
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w") as tar:
-                tar.add(tmp, arcname=".")
-            into.write_bytes(buf.getvalue())
 
     def _base_url_there(self, url: str) -> str:
         """A base URL on this machine's loopback as the cluster reaches this machine
@@ -734,12 +752,16 @@ class RayHost:
             remote.settings["base_url"] = self._base_url_there(remote.settings["base_url"])
         with self._lock:
             mode = self._modes.pop(spec.task_id, "keep")
+        pin = self._pin(spec, mode)
         staging = Path(tempfile.mkdtemp(prefix="fleet-ray-job-"))
         try:
             base = placement.base_commit or git.resolve_base(Path(spec.repo), None).commit
             self._bundle(Path(spec.repo), base, spec.task_id, staging / job.BUNDLE_FILE)
-            self._included(spec, staging / job.INCLUDED_FILE)
-            ident = self._identity(Path(spec.repo))
+            included = self.included_tar(spec)
+            if included:
+                (staging / job.INCLUDED_FILE).write_bytes(included)
+            found = self.git_identity(Path(spec.repo))
+            ident = {"name": found[0], "email": found[1]} if found else {}
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -749,18 +771,56 @@ class RayHost:
                  "attempt_dir": remote_dir, "config_dir": spec.config_dir,
                  "spec": asdict(remote), "set_up_after": not spec.setup,
                  "identity": ident, "key_env": self.key_env,
-                 "key_variable": self.key_variable}
+                 "key_variable": self.key_variable, "pin": pin}
         return RayStaged(self, placement, spec, staging, order)
 
-    def _identity(self, repo: Path) -> dict[str, str]:
-        """This machine's git identity for `repo` (the worker's uncommitted work is
-        committed on the node as this user's, as a merge here would)."""
-        done = subprocess.run(["git", "-C", str(repo), "var", "GIT_COMMITTER_IDENT"],
-                              capture_output=True, text=True, env=dict(self.env), check=False)
-        match = re.match(r"(.*) <([^>]*)>", done.stdout.strip())
-        if done.returncode != 0 or match is None:
-            return {}
-        return {"name": match.group(1), "email": match.group(2)}
+    def _pin(self, spec: RunSpec, mode: str) -> str | None:
+        """The node a resume or a follow-up must run on: the one whose job held the
+        task's worktree and claude's session last (its `ray.io/node-id` label). None for a
+        fresh start. RayError when that node is gone from the cluster: the session lives
+        on its disk only, so the attempt would wait for it for ever."""
+        if mode == "new":
+            return None
+        found = self.node_of(Path(spec.repo), spec.task_id, before=spec.attempt)
+        if found is None:
+            return None
+        try:
+            alive = {str(n.get("node_id")) for n in ray_nodes(self.address)}
+        except (OSError, ValueError) as exc:
+            raise RayError(f"host {self.name}: the Ray cluster at {self.address} does not "
+                           f"answer: {exc}") from None
+        if found not in alive:
+            raise RayError(
+                f"task {spec.task_id}: its worktree and claude's session are on the Ray "
+                f"node {found[:12]}, which host {self.name}'s cluster does not have now; a "
+                "resume or a follow-up runs only there: retry the task fresh (`fleet-tui "
+                f"retry {spec.task_id}`) once its work is landed or given up")
+        return found
+
+    def node_of(self, repo: Path, task_id: str, *, before: int | None = None) -> str | None:
+        """The node the task's newest job (before attempt `before`) ran on."""
+        root = paths.logs_dir(repo) / task_id
+        try:
+            numbers = sorted((int(p.name) for p in root.iterdir() if p.name.isdigit()),
+                             reverse=True)
+        except FileNotFoundError:
+            return None
+        for n in numbers:
+            if before is not None and n >= before:
+                continue
+            node = (AttemptLog(root / str(n)).record(RAY_FILE) or {}).get("node_id")
+            if isinstance(node, str) and node:
+                return node
+        return None
+
+    def record_node(self, folder: AttemptLog, node_id: str) -> None:
+        """The node the attempt's job runs on, beside its submission id."""
+        with self._lock:
+            rec = dict(folder.record(RAY_FILE) or {})
+            if rec.get("node_id") == node_id:
+                return
+            rec["node_id"] = node_id
+            folder.write_record(RAY_FILE, rec)
 
     # --- running -------------------------------------------------------------------------
 
@@ -808,6 +868,59 @@ class RayHost:
                 return folder, rec
         return None
 
+    # --- the worktrees on the nodes (the seam's RemoteWorktrees) ----------------------
+
+    def remote_worktrees(self) -> RayHost:
+        return self  # a task's worktree is on a node: never a folder of this machine
+
+    def has_worktree(self, task: Task) -> bool:
+        """A job of the task reached a node (the worktree is there, with its session:
+        a resume or a follow-up is pinned to that node)."""
+        return bool(task.worktree) and self.node_of(Path(task.repo), task.id) is not None
+
+    def snapshot(self, task: Task) -> str:
+        """The branch as its node last sent it (each time its tip moved, and at each
+        attempt's end with the worker's uncommitted work committed), no round trip: a
+        running task's uncommitted files are not in it. Nothing sent yet: the base."""
+        if not task.worktree:
+            raise FleetError(f"task {task.id} has no worktree yet")
+        if self._newest_branch(task) is None:
+            tip = task.base_commit or git.resolve_base(Path(task.repo), None).commit
+        else:
+            tip = git.branch_tip(Path(task.repo), self.collect(task))
+        subprocess.run(["git", "-C", str(task.repo), "update-ref", self.snapshot_ref(task),
+                        tip], check=True, capture_output=True, env=dict(self.env))
+        return tip
+
+    def update_worktree(self, task: Task, *, base_commit: str, base_branch: str,
+                        strategy: str, message: str) -> git.UpdateResult:
+        """"current" when the branch holds the base's tip already; else refused: the
+        worktree to update is on its node, reached only by a job, and no update job is
+        built (the merge queue stops the task there, nothing of it changed; `fleet-tui
+        merge ID` merges its collected branch here)."""
+        branch = task.branch or f"fleet/{task.id}"
+        tip = self.snapshot(task)
+        done = subprocess.run(["git", "-C", str(task.repo), "merge-base", "--is-ancestor",
+                               base_commit, tip], capture_output=True, check=False)
+        if done.returncode == 0:
+            return git.UpdateResult("current", f"{branch} is up to date with {base_branch} "
+                                    f"({base_commit[:10]}) already", base_tip=base_commit,
+                                    head=tip)
+        return git.UpdateResult(
+            "refused", f"{branch} is behind {base_branch} ({base_commit[:10]}) and its "
+            f"worktree is on a node of the Ray host {self.name}, which fleet-tui does not "
+            "update (no update job yet): merge it here with `fleet-tui merge "
+            f"{task.id}` (a merge of its collected branch), or follow it up to let its "
+            "worker merge the base")
+
+    def abort_update(self, task: Task) -> str:
+        return (f"nothing was stopped: the worktree of task {task.id} on the Ray host "
+                f"{self.name} is never updated by fleet-tui")
+
+    def keep_lost_in(self, ledger: LostLedger) -> None:
+        """Nothing recorded: what a lost job started is ended on its node by the job's own
+        entrypoint (orphaned when its raylet dies), never swept from here."""
+
     def release(self, task_id: str) -> None:
         """The node's worktree and config dir stay (the cluster is reached only through
         jobs; a job for cleaning is not worth its start): the node's data dir is
@@ -820,16 +933,6 @@ class RayHost:
                         and AttemptLog(follow.folder).exited:
                     del self._follows[key]
 
-    def wait(self, stop: _threading.Event, interval: float) -> None:
-        deadline = time.monotonic() + interval
-        while not stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if self.ended.wait(min(left, 0.05)):
-                self.ended.clear()
-                return
-
     def close(self) -> None:
         """Stop following (the jobs go on)."""
         with self._lock:
@@ -837,6 +940,11 @@ class RayHost:
             self._follows.clear()
         for follow in follows:
             follow.stop()
+
+
+if TYPE_CHECKING:
+    def _a_host(host: RayHost) -> Host:  # mypy: the seam, whole
+        return host
 
 
 def raise_not_started(name: str, folder: AttemptLog) -> None:

@@ -48,9 +48,11 @@ import tarfile
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
-from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
 from fleet_tui.execution.ssh import agent
@@ -69,6 +71,10 @@ STOP_GRACE = 1.0  # seconds between the runner's SIGTERM and the SIGKILL of its 
 BRANCH_POLL = 2.0  # seconds between two looks at the task's branch while the worker runs
 PARENT_POLL = 0.5  # seconds between two looks at the entrypoint's parent (the supervisor)
 RUNNER_START = 30.0  # seconds for the runner to take its lock
+MAILBOX_PATH = "/fleet/mailbox"  # the gateway's (gateway/server.py MAILBOX_PATH)
+MAILBOX_WAIT = 15.0  # seconds one fetch of the mailbox waits for a message (a long poll)
+MAILBOX_TAKEN_POLL = 0.2  # seconds a fetch waits while a message is not taken yet
+GATEWAY_TOKEN_PREFIX = "fleet-gw-"  # store/meter.py TOKEN_PREFIX (stdlib only here)
 
 
 def encode_frame(head: dict[str, Any], body: bytes = b"") -> str:
@@ -186,8 +192,8 @@ def prepare_repo(order: dict[str, Any], here: Path) -> str:
     worktree, branch, base = order["worktree"], order["branch"], order["base"]
     Path(worktree).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     mode = order.get("mode") or "keep"
-    if mode == "keep":
-        mode = "reattach" if Path(worktree).is_dir() else "new"
+    if mode == "keep":  # as it is; its folder gone: the branch checked out again
+        mode = "reattach"
     if mode == "reattach" and not Path(worktree).is_dir():
         exists = subprocess.run(["git", "-C", str(mirror), "rev-parse", "--verify", "-q",
                                  f"refs/heads/{branch}"], capture_output=True, check=False)
@@ -346,6 +352,80 @@ class Branch:
             self.sent = tip
 
 
+class Mailbox:
+    """The attempt's mailbox at the controller's gateway (`/fleet/mailbox`, with the
+    attempt's token): each message fetched (a long poll) is handed to the runner's own
+    input channel here, under the id it has there, and its verdict said back (queued,
+    taken once the runner took it, or closed with the runner's reason)."""
+
+    def __init__(self, folder: AttemptLog, url: str, token: str) -> None:
+        self.folder = folder
+        self.url = url
+        self.token = token
+        self.seen: set[str] = set()
+        self.queued: list[str] = []
+        self.failures = 0
+
+    @staticmethod
+    def of(folder: AttemptLog, order: dict[str, Any]) -> Mailbox | None:
+        """None: the worker goes to its endpoint without this machine's gateway."""
+        base = ((order.get("spec") or {}).get("settings") or {}).get("base_url")
+        token = next((str(v) for v in (order.get("keys") or {}).values()
+                      if str(v).startswith(GATEWAY_TOKEN_PREFIX)), None)
+        if not isinstance(base, str) or token is None:
+            return None
+        parts = urllib.parse.urlsplit(base)
+        url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, MAILBOX_PATH, "", ""))
+        return Mailbox(folder, url, token)
+
+    def _call(self, method: str, query: str = "", body: dict[str, Any] | None = None,
+              timeout: float = 10.0) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + query, data=data, method=method,
+                                         headers={"x-api-key": self.token,
+                                                  "content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            answer = json.loads(resp.read() or b"{}")
+        return answer if isinstance(answer, dict) else {}
+
+    def _say(self, message_id: str, status: str, reason: str = "") -> None:
+        self._call("POST", body={"id": message_id, "status": status, "reason": reason})
+
+    def once(self, wait: float) -> None:
+        """Verdicts of the messages queued before, then one fetch."""
+        for mid in list(self.queued):
+            if not self.folder.input_waiting(mid):
+                self._say(mid, "taken")
+                self.queued.remove(mid)
+        answer = self._call("GET", f"?wait={wait:g}", timeout=wait + 15)
+        for item in answer.get("messages") or []:
+            mid, text = str(item.get("id")), item.get("text")
+            if mid in self.seen or not isinstance(text, str):
+                continue
+            self.seen.add(mid)
+            try:
+                self.folder.send_input(text, by=str(item.get("by") or ""), message_id=mid)
+            except InputClosed as exc:
+                self._say(mid, "closed", str(exc))
+                continue
+            except ValueError as exc:
+                self._say(mid, "closed", f"not taken: {exc}")
+                continue
+            self._say(mid, "queued")
+            self.queued.append(mid)
+
+    def serve(self, done: threading.Event) -> None:
+        while not done.is_set():
+            try:
+                self.once(MAILBOX_WAIT if not self.queued else MAILBOX_TAKEN_POLL)
+                self.failures = 0
+            except (OSError, ValueError) as exc:  # the gateway away: again, a little later
+                self.failures += 1
+                if self.failures in (1, 10, 100):
+                    _log(f"the mailbox at the controller's gateway: {type(exc).__name__}")
+                done.wait(min(5.0, 0.5 * self.failures))
+
+
 def run(order: dict[str, Any], here: Path) -> int:
     frames = Frames(sys.stdout)
     prepare_repo(order, here)
@@ -382,6 +462,11 @@ def run(order: dict[str, Any], here: Path) -> int:
 
     watcher = threading.Thread(target=watch, name="fleet-ray-watch", daemon=True)
     watcher.start()
+    box = Mailbox.of(folder, order)
+    runner_done = threading.Event()
+    if box is not None:
+        threading.Thread(target=box.serve, args=(runner_done,), name="fleet-ray-mailbox",
+                         daemon=True).start()
     real_stdout = sys.stdout
     # the SSH agent's follower writes its frames to sys.stdout.buffer, one write a frame:
     # they go through `frames`
@@ -391,6 +476,7 @@ def run(order: dict[str, Any], here: Path) -> int:
     finally:
         sys.stdout = real_stdout
     proc.wait()
+    runner_done.set()
     watcher.join(timeout=5)
     swept[0] += sweep(folder)
     branch.commit_work()

@@ -39,7 +39,6 @@ import re
 import shlex
 import subprocess
 import tarfile
-import tempfile
 import threading
 import time
 from dataclasses import asdict, replace
@@ -52,7 +51,7 @@ from fleet_tui.core.errors import FleetError
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerState
-from fleet_tui.execution.local import launcher, prepare
+from fleet_tui.execution.remote import KEY_VARIABLES, LOOPBACK, RemoteHost
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh.connection import Connection, SshError
 from fleet_tui.execution.ssh.mirror import Mirror
@@ -60,25 +59,20 @@ from fleet_tui.system import paths
 from fleet_tui.vcs import git
 
 if TYPE_CHECKING:
-    import threading as _threading
     from collections.abc import Callable, Mapping, Sequence
 
-    from fleet_tui.settings.config import Settings
     from fleet_tui.store.db import Attempt, Task
 
 log = logging.getLogger("fleet_tui.engine.fleet")
 
 AGENT = "fleet_tui.execution.ssh.agent"
 DEFAULT_DATA_DIR = "$HOME/.fleet-tui-host"
-# the variables the host's runner hands claude through its pipe (never its environment)
-KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GLM_API_KEY")
 # what of the engine's environment reaches the host's runner (paths of this machine do not)
 FORWARD_PREFIXES = ("FLEET_WORKER_", "ANTHROPIC_", "CLAUDE_", "GIT_AUTHOR_", "GIT_COMMITTER_",
                     "LC_")
 FORWARD_NAMES = ("LANG", "TZ", "IS_SANDBOX", "DISABLE_AUTOUPDATER", "GIT_CONFIG_NOSYSTEM",
                  "FLEET_TUI_PORTABLE_PROCS")
 WRITING = re.compile(r"Writing objects: 100% \((\d+)/\d+\), ([\d.]+) (bytes|KiB|MiB|GiB)")
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
 # a run whose host has not answered for this long (the agent's stream beats every second)
 # is lost: the engine records its end, and the host sweeps it once it answers again
@@ -243,7 +237,7 @@ class SshRun:
         return str(answer["id"])
 
 
-class SshHost:
+class SshHost(RemoteHost):
     """A machine reached by `ssh TARGET`. Thread-safe for the engine's start threads.
 
     `reaches_gateway`: a worker here reaches this machine's gateway (and any endpoint on
@@ -496,13 +490,11 @@ class SshHost:
             return url
         return urlunsplit(urlsplit(url)._replace(netloc=f"127.0.0.1:{self.forward(port)}"))
 
+    def remote_root(self) -> str:
+        return self.root
+
     def remote_attempt_dir(self, task_id: str, n: int) -> str:
         return f"{self.root}/attempts/{task_id}/{n}"
-
-    def mirror_path(self, repo: Path) -> str:
-        real = str(Path(repo).resolve())
-        slug = re.sub(r"[^A-Za-z0-9._-]", "_", Path(real).name)[:40]
-        return f"{self.root}/repos/{slug}-{hashlib.sha256(real.encode()).hexdigest()[:10]}.git"
 
     def git_url(self, path: str) -> str:
         c = self.connection
@@ -518,10 +510,6 @@ class SshHost:
 
     def free_port(self) -> int:
         return int(self.agent(["port"])["port"])
-
-    def check_setup(self, settings: Settings, env: Mapping[str, str], *,
-                    args: Sequence[str] = (), permission_mode: str | None = None) -> None:
-        launcher.check_setup(settings, env, args=args, permission_mode=permission_mode)
 
     def push_base(self, repo: Path, commit: str, task_id: str) -> str:
         """The base commit in the host's mirror of `repo` (only what it lacks is sent)."""
@@ -573,28 +561,6 @@ class SshHost:
             raise FleetError(f"task {task.id}: {worktree} on host {self.name} is not its "
                              f"worktree on {branch} ({why})")
 
-    def place(self, task: Task, worktree: Path, attempt_n: int) -> Placement:
-        adir = paths.attempt_dir(task.repo, task.id, attempt_n)
-        for folder in (paths.logs_dir(task.repo), adir.parent, adir):
-            paths.private_dir(folder)
-        return Placement(host=self.name, worktree=worktree,
-                         branch=task.branch or f"fleet/{task.id}",
-                         base_commit=task.base_commit or "", base_branch=task.base_branch,
-                         config_dir=Path(f"{self.root}/config/{task.id}"), attempt_dir=adir)
-
-    def _included(self, spec: RunSpec) -> bytes:
-        """The repository's included files as a tar (those holding a key left out)."""
-        if not spec.include:
-            return b""
-        secrets = [v for k, v in self.env.items() if k in KEY_VARIABLES and v]
-        files = prepare.included_files(spec.repo, spec.include)
-        with tempfile.TemporaryDirectory(prefix="fleet-include-") as tmp:
-            prepare.copy_included(spec.repo, tmp, files, secrets)
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w") as tar:
-                tar.add(tmp, arcname=".")
-            return buf.getvalue()
-
     def stage(self, placement: Placement, spec: RunSpec) -> SshStaged:
         self.sweep_lost()  # a lost attempt's runner must not run beside a new one
         folder = AttemptLog(placement.attempt_dir)
@@ -610,7 +576,7 @@ class SshHost:
         order = json.dumps({"spec": asdict(remote), "config_dir": spec.config_dir,
                             "set_up_after": not spec.setup}).encode()
         try:
-            self.agent(["stage", remote_dir], input=order + b"\n" + self._included(spec),
+            self.agent(["stage", remote_dir], input=order + b"\n" + self.included_tar(spec),
                        ok=(0,))
         except SshError as exc:
             if "holds" in str(exc):
@@ -666,10 +632,6 @@ class SshHost:
         if done.returncode not in (0, 1):
             raise SshError(f"host {self.name}: {self.connection.why(done)}")
         return done.returncode == 0
-
-    @staticmethod
-    def snapshot_ref(task: Task) -> str:
-        return f"refs/fleet/snapshot/{task.id}"
 
     def snapshot(self, task: Task) -> str:
         """One agent command there (a commit of the worktree in a temporary index, kept
@@ -729,26 +691,12 @@ class SshHost:
         return (f"the {what} was aborted in its worktree on host {self.name}" if what
                 else f"nothing was stopped in its worktree on host {self.name}")
 
-    def read_file(self, task: Task, path: str) -> bytes | None:
-        """From the last snapshot fetched here (else the branch): no round trip."""
-        for ref in (self.snapshot_ref(task), f"refs/heads/{task.branch or 'fleet/' + task.id}"):
-            done = subprocess.run(["git", "-C", str(task.repo), "cat-file", "blob",
-                                   f"{ref}:{path}"], capture_output=True, check=False,
-                                  env=dict(self.env))
-            if done.returncode == 0:
-                return done.stdout
-        return None
-
     def _identity(self, repo: Path) -> tuple[str, str]:
-        """This machine's git identity for `repo` (a commit made for it on the host is
-        this user's, as a merge here would make it)."""
-        done = subprocess.run(["git", "-C", str(repo), "var", "GIT_COMMITTER_IDENT"],
-                              capture_output=True, text=True, env=dict(self.env), check=False)
-        match = re.match(r"(.*) <([^>]*)>", done.stdout.strip())
-        if done.returncode != 0 or match is None:
+        found = self.git_identity(repo)
+        if found is None:
             raise FleetError(f"git has no identity in {repo} to commit the worker's work "
                              "with: set user.name and user.email")
-        return match.group(1), match.group(2)
+        return found
 
     def release(self, task_id: str) -> None:
         root = self.root
@@ -772,16 +720,6 @@ class SshHost:
                 if mirror.ended.is_set() and not mirror.thread.is_alive():
                     del self._mirrors[key]
         self._sweep_in_background()  # the lost attempts, once the host answers again
-
-    def wait(self, stop: _threading.Event, interval: float) -> None:
-        deadline = time.monotonic() + interval
-        while not stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if self._ended.wait(min(left, 0.05)):
-                self._ended.clear()
-                return
 
     def close(self) -> None:
         """Stop following (the runners go on) and close the master connection."""

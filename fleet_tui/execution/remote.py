@@ -1,0 +1,121 @@
+"""What the remote hosts share (the SSH host, the Ray host): a task's worktree, config dir
+and attempt folder under a data dir of the machine it runs on, the attempt folder mirrored
+here, the included files sent as a tar, the task's work read from what was fetched here.
+
+`RemoteHost` is their base: each says where its data dir is (`remote_root`) and keeps the
+event `_ended` set when one of its followers saw a run end (`wait` returns early on it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fleet_tui.execution.host import Placement
+from fleet_tui.execution.local import launcher, prepare
+from fleet_tui.system import paths
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from fleet_tui.execution.spec import RunSpec
+    from fleet_tui.settings.config import Settings
+    from fleet_tui.store.db import Task
+
+# the variables the host's runner hands claude through its pipe (never its environment)
+KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GLM_API_KEY")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class RemoteHost:
+    """The parts of a host whose worktrees are on another machine that do not depend on
+    how that machine is reached."""
+
+    name: str
+    env: Mapping[str, str]
+    _ended: threading.Event
+
+    def remote_root(self) -> str:
+        """The data dir on the machine the attempts run on (absolute)."""
+        raise NotImplementedError
+
+    def mirror_path(self, repo: Path) -> str:
+        """The bare mirror of `repo` there (one per repository of this machine)."""
+        real = str(Path(repo).resolve())
+        slug = re.sub(r"[^A-Za-z0-9._-]", "_", Path(real).name)[:40]
+        digest = hashlib.sha256(real.encode()).hexdigest()[:10]
+        return f"{self.remote_root()}/repos/{slug}-{digest}.git"
+
+    def check_setup(self, settings: Settings, env: Mapping[str, str], *,
+                    args: Sequence[str] = (), permission_mode: str | None = None) -> None:
+        launcher.check_setup(settings, env, args=args, permission_mode=permission_mode)
+
+    def place(self, task: Task, worktree: Path, attempt_n: int) -> Placement:
+        """The attempt folder here (private), the config dir there."""
+        adir = paths.attempt_dir(task.repo, task.id, attempt_n)
+        for folder in (paths.logs_dir(task.repo), adir.parent, adir):
+            paths.private_dir(folder)
+        return Placement(host=self.name, worktree=worktree,
+                         branch=task.branch or f"fleet/{task.id}",
+                         base_commit=task.base_commit or "", base_branch=task.base_branch,
+                         config_dir=Path(f"{self.remote_root()}/config/{task.id}"),
+                         attempt_dir=adir)
+
+    def included_tar(self, spec: RunSpec) -> bytes:
+        """The repository's included files as a tar (those holding a key left out); b""
+        when the task includes none."""
+        if not spec.include:
+            return b""
+        secrets = [v for k, v in self.env.items() if k in KEY_VARIABLES and v]
+        files = prepare.included_files(spec.repo, spec.include)
+        with tempfile.TemporaryDirectory(prefix="fleet-include-") as tmp:
+            prepare.copy_included(spec.repo, tmp, files, secrets)
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(tmp, arcname=".")
+            return buf.getvalue()
+
+    def git_identity(self, repo: Path) -> tuple[str, str] | None:
+        """This machine's git identity for `repo` (a commit made for it there is this
+        user's, as a merge here would make it); None: git has none."""
+        done = subprocess.run(["git", "-C", str(repo), "var", "GIT_COMMITTER_IDENT"],
+                              capture_output=True, text=True, env=dict(self.env), check=False)
+        match = re.match(r"(.*) <([^>]*)>", done.stdout.strip())
+        if done.returncode != 0 or match is None:
+            return None
+        return match.group(1), match.group(2)
+
+    @staticmethod
+    def snapshot_ref(task: Task) -> str:
+        return f"refs/fleet/snapshot/{task.id}"
+
+    def read_file(self, task: Task, path: str) -> bytes | None:
+        """From the last snapshot fetched here (else the branch): no round trip."""
+        for ref in (self.snapshot_ref(task), f"refs/heads/{task.branch or 'fleet/' + task.id}"):
+            done = subprocess.run(["git", "-C", str(task.repo), "cat-file", "blob",
+                                   f"{ref}:{path}"], capture_output=True, check=False,
+                                  env=dict(self.env))
+            if done.returncode == 0:
+                return done.stdout
+        return None
+
+    def wait(self, stop: threading.Event, interval: float) -> None:
+        deadline = time.monotonic() + interval
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._ended.wait(min(left, 0.05)):
+                self._ended.clear()
+                return
+
+
+__all__ = ["KEY_VARIABLES", "LOOPBACK", "RemoteHost"]
