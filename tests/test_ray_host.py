@@ -5,13 +5,15 @@ this machine's gateway (the cluster gets the attempt's token, never the key).
 The host is configured as a user would (`[hosts.cluster]` in config.toml, `ray =` the
 Jobs address, `resources` pinning every job to the second node), so that the merge queue's
 own detached process builds the same host. Covered: two tasks pinned to the second node
-(the second waits for the first: one `agenthost`), the first landed through the queue and
-the second by a merge; the attempt
-folder byte-identical to the node's; kill with a double-forked daemon in the worker's
-Bash step (0 processes left); the controller dropped mid-job and a new one reattached by
-the submission id (one job, never a second); the key in `ray job list`, the Jobs REST
-API, the state API, every file under the cluster's temp dir and the cluster's processes
-(0 hits); last, the second node's raylet SIGKILLed (the task lost, its processes gone).
+(the second waits for the first: one `agenthost`), the first landed through the queue, the
+second stopped by it (its base moved: the Ray host refuses to update a node's worktree,
+saying why) and merged by `merge`; the attempt folder byte-identical to the node's; kill
+with a double-forked daemon in the worker's Bash step (0 processes left); a controller of
+its own SIGKILLed mid-job and a new one reattached by the submission id (one job, never a
+second); `say` through the gateway's mailbox and a follow-up pinned to the node that holds
+the session; the key in `ray job list`, the Jobs REST API, the state API, every file under
+the cluster's temp dir and the cluster's processes (0 hits); last, the second node's
+raylet SIGKILLed (the task lost, its processes gone).
 The figures they see go to the test's output (`-s`) and FLEET_RAY_FIGURES.
 """
 
@@ -33,6 +35,7 @@ import pytest
 from ray_cluster import NODE_RESOURCE, RayCluster, ray_missing
 from test_fleet import KEY, SCRIPTS, drive, settled
 
+from fleet_tui.core.errors import WorkerFinished
 from fleet_tui.core.states import LandState
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
@@ -62,9 +65,16 @@ RAY_SCRIPTS["pause"] = [
 ]
 RAY_SCRIPTS["long"] = [
     [{"type": "tool_use", "name": "Bash",
-      "input": {"command": "sleep 25; echo done > after.txt", "description": "wait"}}],
+      "input": {"command": "sleep 12; echo done > after.txt", "description": "wait"}}],
     "finished after the long pause",
 ]
+RAY_SCRIPTS["steer"] = {
+    "turns": [[{"type": "tool_use", "name": "Bash",
+                "input": {"command": "sleep 8; echo steered > after.txt",
+                          "description": "wait"}}],
+              "finished after the pause"],
+    "followup": ["followed up on the node"],
+}
 # a daemon that double-forks out of the Bash step (reparented to the runner, its
 # subreaper, or to pid 1 without one): Ray's own stop_job leaves such a process
 SLEEPS = ("sleep 912", "sleep 913")
@@ -108,7 +118,7 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
         yield ep
 
 
-def make(endpoint: ScriptedEndpoint, claude: str, cluster: RayCluster, node_dir: Path,
+def make(endpoint: Any, claude: str, cluster: Any, node_dir: Path,
          **overrides: Any) -> Fleet:
     """An engine whose config.toml names the cluster as the host `cluster` (its jobs
     pinned to the second node); the gateway on: the cluster gets tokens, never the key."""
@@ -262,8 +272,21 @@ def test_two_tasks_pinned_to_the_second_node_land(
         landed = fleet.get_task(one.id)
         assert landed.land_state == LandState.MERGED, landed.land_note
         # the second after it: main moved, so the queue would first update the branch in
-        # its worktree, which is on the node (the engine's remote-worktree update is not
-        # there yet): merged by the engine instead, from the branch collected as fleet/ID
+        # its worktree, which is on the node: the Ray host refuses that (no update job),
+        # the queue stops the task saying why, and nothing of it changed
+        tip_before = subprocess.run(["git", "-C", str(git_repo), "rev-parse",
+                                     f"fleet/{two.id}"], capture_output=True, text=True,
+                                    check=True).stdout
+        fleet.enqueue([two.id])
+        drive(fleet, lambda: fleet.get_task(two.id).land_state in (
+            LandState.MERGED, LandState.STOPPED), timeout=120)
+        stopped = fleet.get_task(two.id)
+        assert stopped.land_state == LandState.STOPPED, stopped.land_note
+        assert "could not update it" in (stopped.land_note or "") \
+            and "does not update" in (stopped.land_note or ""), stopped.land_note
+        assert subprocess.run(["git", "-C", str(git_repo), "rev-parse", f"fleet/{two.id}"],
+                              capture_output=True, text=True, check=True).stdout == tip_before
+        # merged by the engine instead, from the branch collected as fleet/ID
         result = fleet.merge(two.id)
         assert result.merged, result.message
         for name in ("one", "two"):
@@ -322,24 +345,48 @@ def _token_holders(token: str) -> list[int]:
     return found
 
 
-def test_a_restarted_controller_reattaches_by_the_submission_id(
+CONTROLLER = """
+import sys, time, types
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from test_fleet import drive
+from test_ray_host import _events, make
+from fleet_tui.engine.fleet import TaskSpec
+url, claude, address, node_dir, repo = sys.argv[2:7]
+fleet = make(types.SimpleNamespace(url=url), claude, types.SimpleNamespace(address=address),
+             Path(node_dir))
+(task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=Path(repo), host="cluster"))
+drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=120)
+print(task.id, flush=True)
+while True:  # following, until SIGKILLed
+    fleet.tick()
+    time.sleep(0.2)
+"""
+
+
+def test_a_sigkilled_controller_is_reattached_by_the_submission_id(
         git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
         endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
-    """The controller gone mid-job (its engine and host dropped, its follower stopped): a
-    new engine finds the job by the submission id recorded before it was submitted and
-    follows it to its end; the cluster holds one job for the attempt, never a second."""
+    """A controller of its own (a separate process) submits the job and follows it, and is
+    SIGKILLed mid-job; a new engine here finds the job by the submission id recorded
+    before it was submitted and follows it to its end: one job for the attempt, never a
+    second submit."""
     node_dir = tmp_path / "node"
-
-    def started() -> str:
-        fleet = make(endpoint, claude_bin, ray_cluster, node_dir)
-        (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo,
-                                        host="cluster"))
-        drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=120)
-        ray_host(fleet).close()
-        return task.id
-
-    task_id = started()
-    assert [j["status"] for j in jobs_of(ray_cluster, task_id)] == ["RUNNING"]
+    child = subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, str(Path(__file__).parent), endpoint.url,
+         claude_bin, ray_cluster.address, str(node_dir), str(git_repo)],
+        stdout=subprocess.PIPE, text=True, env=dict(os.environ), start_new_session=True)
+    try:
+        assert child.stdout is not None
+        task_id = child.stdout.readline().strip()
+        assert task_id, f"the controller exited {child.wait(timeout=30)}"
+        assert [j["status"] for j in jobs_of(ray_cluster, task_id)] == ["RUNNING"]
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=30)
     again = make(endpoint, claude_bin, ray_cluster, node_dir)
     try:
         drive(again, settled(again, task_id), timeout=120)
@@ -354,6 +401,57 @@ def test_a_restarted_controller_reattaches_by_the_submission_id(
     finally:
         control.stop(again.env)
         ray_host(again).close()
+
+
+def test_say_reaches_the_worker_and_its_follow_up_stays_on_its_node(
+        git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
+        endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    """`say` to a running Ray worker: the message left in the attempt's mailbox here, the
+    job fetches it through the gateway with its token and hands it to its runner's own
+    input channel (taken, logged in input.jsonl on the node and mirrored here), never in
+    the job's metadata; refused once the task has finished. The follow-up is pinned to the
+    node that holds the worktree and claude's session (its ray.io/node-id label)."""
+    node_dir = tmp_path / "node"
+    fleet = make(endpoint, claude_bin, ray_cluster, node_dir)
+    text = "also say hello from the mailbox"
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:steer] wait", repo=git_repo,
+                                        host="cluster"))
+        drive(fleet, lambda: fleet.get_task(task.id).state == TaskState.RUNNING
+              and b"tool_use" in _events(fleet, task.id), timeout=120)
+        said = time.monotonic()
+        assert fleet.say(task.id, text, wait=20) is True  # taken by the node's runner
+        FIGURES["say_to_taken_s"] = round(time.monotonic() - said, 2)
+        drive(fleet, settled(fleet, task.id), timeout=120)
+        assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+        first = fleet.attempts(task.id)[-1]
+        folder = AttemptLog(first.dir or "")
+        assert text.encode() in _events(fleet, task.id)  # claude took it in
+        assert [m["text"] for m in folder.input_messages()] == [text]  # mirrored
+        assert (folder.dir / "input.jsonl").read_bytes() == \
+            (node_dir / "attempts" / task.id / "1" / "input.jsonl").read_bytes()
+        assert not any((folder.dir / "input").glob("*"))  # the mailbox is empty
+        (job,) = jobs_of(ray_cluster, task.id)
+        assert text not in json.dumps(job)  # never in the job's metadata or entrypoint
+        with pytest.raises(WorkerFinished):
+            fleet.say(task.id, "too late")
+        node = json.loads((folder.dir / "ray.json").read_text())["node_id"]
+        assert node == job["driver_node_id"]
+        fleet.follow_up(task.id, "[script:steer] and then?")
+        drive(fleet, settled(fleet, task.id), timeout=120)
+        again = fleet.get_task(task.id)
+        assert again.state == TaskState.SUCCEEDED, again.message
+        second = fleet.attempts(task.id)[-1]
+        assert second.n == 2 and second.host == "cluster"
+        assert b"followed up on the node" in _events(fleet, task.id)  # the session resumed
+        record = json.loads((Path(second.dir or "") / "ray.json").read_text())
+        assert record["pinned"] == node and record["node_id"] == node
+        jobs2 = [j for j in jobs_of(ray_cluster, task.id) if j["submission_id"]
+                 == record["submission_id"]]
+        assert [j["driver_node_id"] for j in jobs2] == [node]
+    finally:
+        control.stop(fleet.env)
+        ray_host(fleet).close()
 
 
 def test_the_key_never_reaches_the_cluster(git_repo: Path, claude_bin: str,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 import subprocess
 import tarfile
@@ -19,7 +20,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleet_tui.execution.host import Placement
+from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.host import Placement, RunnerState
 from fleet_tui.execution.local import launcher, prepare
 from fleet_tui.system import paths
 
@@ -28,11 +30,56 @@ if TYPE_CHECKING:
 
     from fleet_tui.execution.spec import RunSpec
     from fleet_tui.settings.config import Settings
-    from fleet_tui.store.db import Task
+    from fleet_tui.store.db import Attempt, Task
 
 # the variables the host's runner hands claude through its pipe (never its environment)
 KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GLM_API_KEY")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def write_at(path: Path, at: int, body: bytes, *, sender: str) -> None:
+    """Bytes a remote side sent of an appended file (its offset `at`), written where this
+    copy lacks them: a replay changes nothing; a gap (ValueError) is never filled."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        if at > size:
+            raise ValueError(f"{path.name}: {sender} sent bytes from {at}, the copy here "
+                             f"holds {size}")
+        if at + len(body) > size:
+            os.pwrite(fd, body[size - at:], size)
+    finally:
+        os.close(fd)
+
+
+class RemoteRun:
+    """The parts of a remote attempt's run that do not depend on its host: the attempt
+    folder here, its key, waiting for it to be gone (by `state`)."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        assert attempt.dir is not None, "an attempt that was never placed has no run"
+        self.attempt = attempt
+        self._log = AttemptLog(attempt.dir)
+
+    @property
+    def log(self) -> AttemptLog:
+        return self._log
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.attempt.task_id, self.attempt.n
+
+    def state(self) -> RunnerState:
+        raise NotImplementedError
+
+    def wait_gone(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.state() != "alive":
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
 
 
 class RemoteHost:
@@ -118,4 +165,4 @@ class RemoteHost:
                 return
 
 
-__all__ = ["KEY_VARIABLES", "LOOPBACK", "RemoteHost"]
+__all__ = ["KEY_VARIABLES", "LOOPBACK", "RemoteHost", "RemoteRun", "write_at"]

@@ -64,7 +64,7 @@ from fleet_tui.execution import mailbox
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import Host, LostLedger, Placement, RunnerState
 from fleet_tui.execution.ray import job
-from fleet_tui.execution.remote import LOOPBACK, RemoteHost
+from fleet_tui.execution.remote import LOOPBACK, RemoteHost, RemoteRun, write_at
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh.host import forwarded
 from fleet_tui.store.meter import TOKEN_PREFIX
@@ -347,17 +347,7 @@ class Follow:
                     os.fsync(fh.fileno())
                 os.replace(tmp, path)
             return
-        at = int(head["o"])
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            size = os.fstat(fd).st_size
-            if at > size:
-                raise ValueError(f"{name}: the job sent bytes from {at}, the folder here "
-                                 f"holds {size}")
-            if at + len(body) > size:
-                os.pwrite(fd, body[size - at:], size)
-        finally:
-            os.close(fd)
+        write_at(path, int(head["o"]), body, sender="the job")
 
     def _bundle(self, head: dict[str, Any], body: bytes) -> None:
         """A piece of the branch's bundle; the whole one (its digest checked) replaces the
@@ -412,22 +402,12 @@ class Follow:
         self.ended.set()
 
 
-class RayRun:
+class RayRun(RemoteRun):
     """One attempt's job, followed through its Follow."""
 
     def __init__(self, host: RayHost, attempt: Attempt) -> None:
-        assert attempt.dir is not None, "an attempt that was never placed has no run"
+        super().__init__(attempt)
         self.host = host
-        self.attempt = attempt
-        self._log = AttemptLog(attempt.dir)
-
-    @property
-    def log(self) -> AttemptLog:
-        return self._log
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return self.attempt.task_id, self.attempt.n
 
     def submission_id(self) -> str | None:
         rec = self._log.record(RAY_FILE)
@@ -486,15 +466,6 @@ class RayRun:
         sid = self.submission_id()
         follow = self.host.followed(self.key) if sid else None
         return follow.swept if follow is not None else 0
-
-    def wait_gone(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.state() != "alive":
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
 
     def send_input(self, text: str, *, by: str = "") -> str:
         """Left in the attempt's mailbox (execution/mailbox.py) for the job to fetch

@@ -243,28 +243,7 @@ def start_runner(folder: AttemptLog, order: dict[str, Any]) -> subprocess.Popen[
             raise RuntimeError(f"the node has no {key_env} in its environment (the host's "
                                "key_env): the cluster's admin provisions it")
         keys[str(order.get("key_variable") or "ANTHROPIC_API_KEY")] = value
-    argv = [sys.executable, "-m", agent.RUNNER_MODULE]
-    pass_fds: tuple[int, ...] = ()
-    read_fd: int | None = None
-    if keys:
-        read_fd, write_fd = os.pipe()
-        with os.fdopen(write_fd, "wb") as fh:
-            fh.write(json.dumps(keys).encode())
-        argv += ["--env-fd", str(read_fd)]
-        pass_fds = (read_fd,)
-    argv.append(str(folder.dir))
-    with open(folder.runner_log, "ab") as out:
-        proc = subprocess.Popen(argv, cwd=folder.dir, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                pass_fds=pass_fds, close_fds=True)
-    if read_fd is not None:
-        os.close(read_fd)
-    deadline = time.monotonic() + RUNNER_START
-    while time.monotonic() < deadline:
-        if proc.poll() is not None or folder.has_runner_record():
-            break
-        time.sleep(0.01)
-    return proc
+    return agent.start_runner(folder, env, keys, RUNNER_START)
 
 
 def end_tree(folder: AttemptLog, proc: subprocess.Popen[bytes], grace: float) -> int:

@@ -138,7 +138,16 @@ def cmd_spawn(folder: AttemptLog) -> int:
     env.update({k: str(v) for k, v in (order.get("env") or {}).items()})
     package = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = package
-    keys = order.get("keys") or {}
+    proc = start_runner(folder, env, order.get("keys") or {}, SPAWN_WAIT)
+    _answer({"pid": proc.pid, "start": procs.start_time(proc.pid)})
+    return 0
+
+
+def start_runner(folder: AttemptLog, env: dict[str, str], keys: dict[str, str],
+                 wait: float) -> subprocess.Popen[bytes]:
+    """The runner started detached (its own session, stdin /dev/null, its output in
+    runner.log), the key variables through a pipe it inherits (`--env-fd`), never its
+    environment or argv; returned once it took its lock (or ended, or `wait` passed)."""
     argv = [sys.executable, "-m", RUNNER_MODULE]
     pass_fds: tuple[int, ...] = ()
     read_fd: int | None = None
@@ -155,13 +164,12 @@ def cmd_spawn(folder: AttemptLog) -> int:
                                 pass_fds=pass_fds, close_fds=True)
     if read_fd is not None:
         os.close(read_fd)
-    deadline = time.monotonic() + SPAWN_WAIT
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if proc.poll() is not None or folder.has_runner_record():
             break
         time.sleep(0.01)
-    _answer({"pid": proc.pid, "start": procs.start_time(proc.pid)})
-    return 0
+    return proc
 
 
 def cmd_state(folder: AttemptLog) -> int:

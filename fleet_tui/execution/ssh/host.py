@@ -51,7 +51,7 @@ from fleet_tui.core.errors import FleetError
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerState
-from fleet_tui.execution.remote import KEY_VARIABLES, LOOPBACK, RemoteHost
+from fleet_tui.execution.remote import KEY_VARIABLES, LOOPBACK, RemoteHost, RemoteRun
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh.connection import Connection, SshError
 from fleet_tui.execution.ssh.mirror import Mirror
@@ -153,24 +153,18 @@ class SshStaged:
         self.done = True
 
 
-class SshRun:
+class SshRun(RemoteRun):
     """One attempt's runner on the host, followed through its mirror."""
 
     def __init__(self, host: SshHost, attempt: Attempt) -> None:
-        assert attempt.dir is not None, "an attempt that was never placed has no run"
+        super().__init__(attempt)
         self.host = host
-        self.attempt = attempt
-        self._log = AttemptLog(attempt.dir)
 
     @property
     def remote_dir(self) -> str:
         """The attempt folder on the host (asked of it once per host object: so not in
         __init__, which the engine's pass reaches for a host that may be away)."""
         return self.host.remote_attempt_dir(self.attempt.task_id, self.attempt.n)
-
-    @property
-    def log(self) -> AttemptLog:
-        return self._log
 
     def identity(self) -> tuple[int | None, str | None]:
         for rec in (self._log.launch_record(), self._log.runner_record()):
@@ -179,10 +173,6 @@ class SshRun:
                 start = rec.get("runner_start") if rec else None
                 return pid, str(start) if start is not None else None
         return self.attempt.runner_pid, None
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return self.attempt.task_id, self.attempt.n
 
     def state(self) -> RunnerState:
         """The mirror's last word, within FIRST_STATE_WAIT (never the host's round trip:
@@ -220,15 +210,6 @@ class SshRun:
         if self.host.lost(self.key) is not None:
             return 0  # swept when the host is back (SshHost.sweep_lost)
         return int(self.host.agent(["sweep", self.remote_dir]).get("swept", 0))
-
-    def wait_gone(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.state() != "alive":
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
 
     def send_input(self, text: str, *, by: str = "") -> str:
         answer = self.host.agent(["say", self.remote_dir, by], input=text.encode())

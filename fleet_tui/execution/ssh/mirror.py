@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from fleet_tui.execution.remote import write_at
 from fleet_tui.execution.ssh.agent import APPENDED
 from fleet_tui.system.files import write_json_atomic
 
@@ -146,17 +146,7 @@ class Mirror:
             if isinstance(data, dict):
                 write_json_atomic(path, data)
             return
-        at = int(head["o"])
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            size = os.fstat(fd).st_size
-            if at > size:
-                raise ValueError(f"{name}: the host sent bytes from {at}, the mirror holds "
-                                 f"{size}")
-            if at + len(body) > size:
-                os.pwrite(fd, body[size - at:], size)
-        finally:
-            os.close(fd)
+        write_at(path, int(head["o"]), body, sender="the host")
 
     def wait_first(self, timeout: float = FIRST_STATE_WAIT) -> bool:
         deadline = time.monotonic() + timeout
