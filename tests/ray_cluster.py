@@ -31,6 +31,11 @@ from pathlib import Path
 RAY = str(Path(sys.executable).parent / "ray")
 NODE_RESOURCE = "agenthost"
 START_TIMEOUT = 120.0
+# the head's look at each node: every second instead of 3 s, so a node whose raylet dies
+# reads dead after ~5 failed looks (~6 s, not ~20 s), while a live node slowed by the
+# machine's load still has 5 s an answer and 5 looks in a row before it is given up
+HEALTH_CHECK = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "5000",
+                "RAY_health_check_failure_threshold": "5"}
 
 
 def ray_missing() -> str | None:
@@ -77,7 +82,7 @@ class RayCluster:
         env = {k: v for k, v in os.environ.items() if k in keep}
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
         env.update(HOME=str(self.home), RAY_USAGE_STATS_ENABLED="0",
-                   RAY_DISABLE_DOCKER_CPU_WARNING="1")
+                   RAY_DISABLE_DOCKER_CPU_WARNING="1", **HEALTH_CHECK)
         return env
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
@@ -102,7 +107,7 @@ class RayCluster:
                              f"--dashboard-port={self.dashboard_port}",
                              f"--ray-client-server-port={free_port()}",
                              '--resources={"head": 1}'])
-        self.wait_nodes(1)
+        self.wait_port(self.port)  # the head's GCS: a node can join (the dashboard later)
         self.start_node()
         return self
 
@@ -112,6 +117,20 @@ class RayCluster:
                             f'--resources={{"{NODE_RESOURCE}": 1}}'])
         self.wait_nodes(2)
         return proc
+
+    def wait_port(self, port: int) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"ray start exited {proc.returncode}: "
+                                       f"{self.output()[-3000:]}")
+            with contextlib.suppress(OSError), \
+                    socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"nothing listens on {port} after {START_TIMEOUT:.0f} s: "
+                           f"{self.output()[-3000:]}")
 
     def nodes(self) -> list[dict[str, object]]:
         """The alive nodes, from the state API."""

@@ -28,6 +28,13 @@ the node before the folder's last bytes go out. A job that ends (FAILED: its nod
 its raylet dead) without the end of its folder coming back is lost: the reason goes into
 the local stop request, and the entrypoint, orphaned on its node, ends what it started.
 
+Steering: `say` leaves the message in the attempt's mailbox here (execution/mailbox.py);
+the job's entrypoint fetches it from this machine's gateway with the attempt's token and
+hands it to its runner's own input channel. A resume or a follow-up is pinned to the node
+its task's last job ran on (`ray.io/node-id`, recorded in ray.json by the follower): the
+worktree and claude's session are there. The merge queue's update of a node's worktree is
+refused when the base moved (no update job): `merge` lands the collected branch here.
+
 The key: never in the job (entrypoint, runtime_env, metadata, logs). With the gateway on,
 a worker reaches this machine's gateway with its attempt's token (`reaches_gateway`; the
 base URL's host rewritten to `gateway_host` when the cluster reaches this machine by

@@ -25,6 +25,10 @@ What it does, in order:
    each time its tip moves and at the end, after the worker's uncommitted work is
    committed; then exit.json, then the end frame.
 
+Steering: a thread beside the runner long-polls the controller's gateway for the
+attempt's mailbox (`/fleet/mailbox`, the attempt's token) and hands each message to the
+runner's own input channel under its id, saying back queued, taken or closed.
+
 Stopping: Ray's `stop_job` sends SIGTERM to the entrypoint and every descendant present;
 the entrypoint then ends the runner's tree (SIGKILL after STOP_GRACE: Ray kills what is
 left 3 s after its SIGTERM) and sweeps whatever carries the attempt's token (a
