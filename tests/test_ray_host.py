@@ -5,15 +5,15 @@ this machine's gateway (the cluster gets the attempt's token, never the key).
 The host is configured as a user would (`[hosts.cluster]` in config.toml, `ray =` the
 Jobs address, `resources` pinning every job to the second node), so that the merge queue's
 own detached process builds the same host. Covered: two tasks pinned to the second node
-(the second waits for the first: one `agenthost`), the first landed through the queue, the
-second stopped by it (its base moved: the Ray host refuses to update a node's worktree,
-saying why) and merged by `merge`; the attempt folder byte-identical to the node's; kill
-with a double-forked daemon in the worker's Bash step (0 processes left); a controller of
-its own SIGKILLed mid-job and a new one reattached by the submission id (one job, never a
-second); `say` through the gateway's mailbox and a follow-up pinned to the node that holds
-the session; the key in `ray job list`, the Jobs REST API, the state API, every file under
-the cluster's temp dir and the cluster's processes (0 hits); last, the second node's
-raylet SIGKILLed (the task lost, its processes gone).
+(the second waits for the first: one `agenthost`), both landed through the queue (the
+second's base moved: an update job on its node merges it there first); the attempt folder
+byte-identical to the node's; kill with a double-forked daemon in the worker's Bash step
+(0 processes left); a controller of its own SIGKILLed mid-job and a new one reattached by
+the submission id (one job, never a second); `say` through the gateway's mailbox and a
+follow-up pinned to the node that holds the session; the key in `ray job list`, the Jobs
+REST API, the state API, every file under the cluster's temp dir and the cluster's
+processes (0 hits); last, the second node's raylet SIGKILLed (the task lost, its processes
+gone).
 The figures they see go to the test's output (`-s`) and FLEET_RAY_FIGURES.
 """
 
@@ -271,24 +271,23 @@ def test_two_tasks_pinned_to_the_second_node_land(
             LandState.MERGED, LandState.STOPPED), timeout=120)
         landed = fleet.get_task(one.id)
         assert landed.land_state == LandState.MERGED, landed.land_note
-        # the second after it: main moved, so the queue would first update the branch in
-        # its worktree, which is on the node: the Ray host refuses that (no update job),
-        # the queue stops the task saying why, and nothing of it changed
-        tip_before = subprocess.run(["git", "-C", str(git_repo), "rev-parse",
-                                     f"fleet/{two.id}"], capture_output=True, text=True,
-                                    check=True).stdout
+        # the second after it: main moved, so the queue first updates the branch in its
+        # worktree, which is on the node: a short update job pinned to that node merges
+        # main there and sends the branch back, and the queue lands it
         fleet.enqueue([two.id])
         drive(fleet, lambda: fleet.get_task(two.id).land_state in (
-            LandState.MERGED, LandState.STOPPED), timeout=120)
-        stopped = fleet.get_task(two.id)
-        assert stopped.land_state == LandState.STOPPED, stopped.land_note
-        assert "could not update it" in (stopped.land_note or "") \
-            and "does not update" in (stopped.land_note or ""), stopped.land_note
-        assert subprocess.run(["git", "-C", str(git_repo), "rev-parse", f"fleet/{two.id}"],
-                              capture_output=True, text=True, check=True).stdout == tip_before
-        # merged by the engine instead, from the branch collected as fleet/ID
-        result = fleet.merge(two.id)
-        assert result.merged, result.message
+            LandState.MERGED, LandState.STOPPED), timeout=150)
+        landed = fleet.get_task(two.id)
+        assert landed.land_state == LandState.MERGED, landed.land_note
+        updates = [j for j in jobs_of(ray_cluster, two.id)
+                   if (j.get("metadata") or {}).get("fleet-tui-update")]
+        assert [(j["status"], j["driver_node_id"]) for j in updates] == [
+            ("SUCCEEDED", second)]
+        # the node's worktree holds the merge too (a follow-up goes on from it)
+        there = subprocess.run(["git", "-C", str(node_dir / "work" / two.id), "show",
+                                "HEAD:one.txt"], capture_output=True, text=True,
+                               check=False).stdout
+        assert there == "one\n"
         for name in ("one", "two"):
             shown = subprocess.run(["git", "-C", str(git_repo), "show", f"main:{name}.txt"],
                                    capture_output=True, text=True, check=True).stdout

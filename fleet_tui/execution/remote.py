@@ -18,12 +18,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Placement, RunnerState
 from fleet_tui.execution.local import launcher, prepare
 from fleet_tui.system import paths
+from fleet_tui.vcs.git import UpdateResult
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -50,6 +51,39 @@ def write_at(path: Path, at: int, body: bytes, *, sender: str) -> None:
             os.pwrite(fd, body[size - at:], size)
     finally:
         os.close(fd)
+
+
+def update_result(answer: Mapping[str, Any], *, branch: str, base_branch: str,
+                  base_commit: str, strategy: str, host: str) -> UpdateResult:
+    """The SSH agent's `update` answer (run on the host, or in a Ray job on the node) as
+    the engine's UpdateResult; `host` names where ("host NAME", "the Ray host NAME")."""
+    if "error" in answer:
+        return UpdateResult("refused", f"updating {branch} from {base_branch} on {host} "
+                            f"failed: {answer['error']}")
+    status = str(answer.get("status"))
+    conflicts = [str(c) for c in answer.get("conflicts") or []]
+    committed = answer.get("committed")
+    where = f"in its worktree on {host}"
+    if status == "conflicts":
+        operation = str(answer.get("operation") or "merge")
+        return UpdateResult(
+            "conflicts", f"updating {branch} from {base_branch} stopped on conflicts "
+            f"{where} in: {', '.join(conflicts)}; let its worker resolve them "
+            "(update --resolve worker) or abort the update", conflicts,
+            base_tip=base_commit, committed=committed, operation=operation)
+    if status == "current":
+        return UpdateResult("current", f"{branch} is up to date with {base_branch} "
+                            f"({base_commit[:10]}) already", base_tip=base_commit,
+                            head=answer.get("head"), committed=committed)
+    if status == "updated":
+        done = ("is up to date with " + base_branch + " (the conflicts were resolved)"
+                if answer.get("resolved") else
+                f"{'rebased onto' if strategy == 'rebase' else 'merged with'} "
+                f"{base_branch} ({base_commit[:10]}) {where}")
+        return UpdateResult("updated", f"{branch} {done}", base_tip=base_commit,
+                            head=answer.get("head"), committed=committed)
+    return UpdateResult("refused", f"updating {branch} from {base_branch} on {host} "
+                        f"failed: {answer.get('error') or status}")
 
 
 class RemoteRun:
@@ -165,4 +199,5 @@ class RemoteHost:
                 return
 
 
-__all__ = ["KEY_VARIABLES", "LOOPBACK", "RemoteHost", "RemoteRun", "write_at"]
+__all__ = ["KEY_VARIABLES", "LOOPBACK", "RemoteHost", "RemoteRun", "update_result",
+           "write_at"]

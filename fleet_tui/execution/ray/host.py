@@ -32,8 +32,9 @@ Steering: `say` leaves the message in the attempt's mailbox here (execution/mail
 the job's entrypoint fetches it from this machine's gateway with the attempt's token and
 hands it to its runner's own input channel. A resume or a follow-up is pinned to the node
 its task's last job ran on (`ray.io/node-id`, recorded in ray.json by the follower): the
-worktree and claude's session are there. The merge queue's update of a node's worktree is
-refused when the base moved (no update job): `merge` lands the collected branch here.
+worktree and claude's session are there. The merge queue's update of a task whose base
+moved is a short job pinned to that node (job.py `run_update`: the SSH agent's `update`),
+its answer and the branch back in its log.
 
 The key: never in the job (entrypoint, runtime_env, metadata, logs). With the gateway on,
 a worker reaches this machine's gateway with its attempt's token (`reaches_gateway`; the
@@ -71,7 +72,7 @@ from fleet_tui.execution import mailbox
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import Host, LostLedger, Placement, RunnerState
 from fleet_tui.execution.ray import job
-from fleet_tui.execution.remote import LOOPBACK, RemoteHost, RemoteRun, write_at
+from fleet_tui.execution.remote import LOOPBACK, RemoteHost, RemoteRun, update_result, write_at
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh.host import forwarded
 from fleet_tui.store.meter import TOKEN_PREFIX
@@ -98,6 +99,7 @@ TAIL_DRAIN = 3.0  # seconds the tail gets to bring the rest of an ended job's lo
 POLL = 1.0  # seconds between two looks at a job that waits for its node (or a broken tail)
 LEASE = 60.0  # seconds without an answer of the cluster before its runs are lost
 FIRST_STATE_WAIT = 0.25  # how long state() waits for a new follower's first answer
+UPDATE_WAIT = 300.0  # seconds for an update job to end
 MAILBOX_ANSWER = 20.0  # seconds for the job to fetch a message and say what became of it
 EXCLUDES = ["__pycache__", "*.pyc", ".mypy_cache"]
 
@@ -538,6 +540,7 @@ class RayHost(RemoteHost):
         self._modes: dict[str, str] = {}  # task -> how its job makes the worktree
         self._ended = threading.Event()
         self.submitted: list[str] = []  # the submission ids this object submitted
+        self.update_jobs: list[str] = []  # the update jobs it ran
 
     # --- the cluster ---------------------------------------------------------------------
 
@@ -872,28 +875,129 @@ class RayHost(RemoteHost):
 
     def update_worktree(self, task: Task, *, base_commit: str, base_branch: str,
                         strategy: str, message: str) -> git.UpdateResult:
-        """"current" when the branch holds the base's tip already; else refused: the
-        worktree to update is on its node, reached only by a job, and no update job is
-        built (the merge queue stops the task there, nothing of it changed; `fleet-tui
-        merge ID` merges its collected branch here)."""
+        """"current" when the branch as the node sent it holds the base's tip already;
+        else a short job pinned to the node that holds the worktree runs the SSH agent's
+        `update` there (the base sent as a bundle; on conflicts the worktree is left
+        mid-merge there, for its worker) and sends the branch back. Refused while a job of
+        the task is followed, or when its node is gone."""
         branch = task.branch or f"fleet/{task.id}"
         tip = self.snapshot(task)
         done = subprocess.run(["git", "-C", str(task.repo), "merge-base", "--is-ancestor",
                                base_commit, tip], capture_output=True, check=False)
-        if done.returncode == 0:
+        if done.returncode == 0 and not task.conflicts:
             return git.UpdateResult("current", f"{branch} is up to date with {base_branch} "
                                     f"({base_commit[:10]}) already", base_tip=base_commit,
                                     head=tip)
-        return git.UpdateResult(
-            "refused", f"{branch} is behind {base_branch} ({base_commit[:10]}) and its "
-            f"worktree is on a node of the Ray host {self.name}, which fleet-tui does not "
-            "update (no update job yet): merge it here with `fleet-tui merge "
-            f"{task.id}` (a merge of its collected branch), or follow it up to let its "
-            "worker merge the base")
+        node = self.node_of(Path(task.repo), task.id)
+        alive = {str(n.get("node_id")) for n in ray_nodes(self.address)}
+        if node is None or node not in alive:
+            return git.UpdateResult(
+                "refused", f"{branch} is behind {base_branch} and the Ray node that held its "
+                f"worktree is gone from host {self.name}'s cluster: merge it here with "
+                f"`fleet-tui merge {task.id}` (its collected branch)")
+        with self._lock:
+            busy = any(k[0] == task.id and not f.ended.is_set()
+                       for k, f in self._follows.items())
+        if busy:
+            return git.UpdateResult("refused", f"a job of task {task.id} runs on host "
+                                    f"{self.name}: its worktree is updated once it ends")
+        answer = self._update_job(task, node, base_commit, strategy, message)
+        return update_result(answer, branch=branch, base_branch=base_branch,
+                             base_commit=base_commit, strategy=strategy,
+                             host=f"the Ray host {self.name}")
+
+    def _update_job(self, task: Task, node: str, base_commit: str, strategy: str,
+                    message: str) -> dict[str, Any]:
+        """The update job's answer (its branch, when it sent one, kept in the newest
+        attempt folder and collected as fleet/ID)."""
+        repo = Path(task.repo)
+        found = self.git_identity(repo)
+        staging = Path(tempfile.mkdtemp(prefix="fleet-ray-update-"))
+        try:
+            self._bundle(repo, base_commit, f"update/{task.id}", staging / job.BUNDLE_FILE)
+            order = {"update": True, "task_id": task.id, "host": self.name,
+                     "mirror": self.mirror_path(repo), "worktree": self.worktree_path(task.id),
+                     "branch": task.branch or f"fleet/{task.id}", "base": task.base_commit,
+                     "ref": f"refs/fleet/base/update/{task.id}", "update_base": base_commit,
+                     "strategy": strategy, "message": message,
+                     "identity": {"name": found[0], "email": found[1]} if found else {}}
+            (staging / job.ORDER_FILE).write_text(json.dumps(order))
+            digest = hashlib.sha256(f"{base_commit} {time.time_ns()}".encode()).hexdigest()
+            sid = f"fleet-{task.id}-update-{digest[:10]}"
+            client = self.client()
+            try:
+                client.submit_job(
+                    entrypoint=f"{shlex.quote(self.python)} -m {ENTRYPOINT_MODULE}",
+                    submission_id=sid,
+                    runtime_env={"working_dir": str(staging),
+                                 "py_modules": [_package_dir()], "excludes": EXCLUDES},
+                    metadata={"fleet-tui-task": task.id, "fleet-tui-update": "1",
+                              "fleet-tui-host": self.name},
+                    entrypoint_label_selector={NODE_LABEL: node})
+            except Exception as exc:
+                raise RayError(f"host {self.name}: the Ray cluster did not take the update "
+                               f"job: {str(exc)[-300:]}") from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.update_jobs.append(sid)
+        deadline = time.monotonic() + UPDATE_WAIT
+        status = ""
+        while True:
+            info = client.get_job_info(sid)
+            status = str(getattr(info.status, "value", info.status))
+            if status in TERMINAL:
+                break
+            if time.monotonic() >= deadline:
+                with contextlib.suppress(Exception):
+                    client.stop_job(sid)
+                raise RayError(f"host {self.name}: the update job {sid} did not end "
+                               f"within {UPDATE_WAIT:g} s")
+            time.sleep(0.5)
+        answer: dict[str, Any] = {}
+        pieces = bytearray()
+        bundle_head: dict[str, Any] | None = None
+        for line in str(client.get_job_logs(sid)).split("\n"):
+            frame = job.decode_frame(line)
+            if frame is None:
+                continue
+            head, body = frame
+            if isinstance(head.get("update"), dict):
+                answer = head["update"]
+            elif "error" in head:
+                answer = {"error": str(head["error"])}
+            elif "bundle" in head:
+                at = int(head["o"])
+                pieces[at:at + len(body)] = body
+                bundle_head = head
+        if not answer:
+            answer = {"error": f"the update job {sid} ended {status} without an answer"}
+        if bundle_head is not None:
+            self._keep_branch(task, bytes(pieces), bundle_head)
+        return answer
+
+    def _keep_branch(self, task: Task, data: bytes, head: dict[str, Any]) -> None:
+        """A branch an update job sent, as the newest attempt folder's (what `collect`
+        fetches), its digest checked."""
+        if len(data) != int(head["size"]) or hashlib.sha256(data).hexdigest() != head["sha256"]:
+            raise RayError(f"host {self.name}: the update job's branch of task {task.id} "
+                           "came back damaged")
+        newest = self._newest_branch(task)
+        if newest is None:
+            return
+        folder, rec = newest
+        if data:
+            tmp = folder / (BRANCH_BUNDLE + ".update")
+            tmp.write_bytes(data)
+            os.replace(tmp, folder / BRANCH_BUNDLE)
+        write_json_atomic(folder / BRANCH_FILE, {"tip": head["bundle"],
+                                                 "seq": int(rec.get("seq") or 0) + 1,
+                                                 "bundle": bool(data), "by": "update"})
+        self.collect(task)
 
     def abort_update(self, task: Task) -> str:
-        return (f"nothing was stopped: the worktree of task {task.id} on the Ray host "
-                f"{self.name} is never updated by fleet-tui")
+        raise RayError(f"task {task.id}: aborting an update in its worktree on the Ray host "
+                       f"{self.name} is not built (a job on its node would run `git merge "
+                       "--abort`); follow it up to let its worker resolve the conflicts")
 
     def keep_lost_in(self, ledger: LostLedger) -> None:
         """Nothing recorded: what a lost job started is ended on its node by the job's own

@@ -472,6 +472,32 @@ def run(order: dict[str, Any], here: Path) -> int:
     return 0
 
 
+def run_update(order: dict[str, Any], here: Path) -> int:
+    """A short job on the node that holds a finished task's worktree: its base brought up
+    to date (the SSH agent's `update`: merge or rebase, the worker's uncommitted work
+    committed first, left mid-merge on conflicts), the answer as a frame, then the branch
+    as bundle frames."""
+    mirror, ref = order["mirror"], order["ref"]
+    bundle = here / BUNDLE_FILE
+    if bundle.exists():
+        agent._git("-C", mirror, "fetch", "-q", "--no-tags", str(bundle), f"+{ref}:{ref}")
+    worktree, branch = order["worktree"], order["branch"]
+    if not Path(worktree).is_dir():
+        _quiet(agent.cmd_worktree, mirror, worktree, branch, order["base"], "reattach")
+    ident = order.get("identity") or {}
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        agent.cmd_update(worktree, order["update_base"], order["strategy"], order["message"],
+                         str(ident.get("name") or ""), str(ident.get("email") or ""))
+    lines = buf.getvalue().strip().splitlines()
+    answer = json.loads(lines[-1]) if lines else {"error": "no answer"}
+    frames = Frames(sys.stdout)
+    frames.send({"update": answer})
+    if answer.get("status") != "conflicts":
+        Branch(frames, order).send()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     here = Path(argv[0] if argv else ".").resolve()
     os.umask(0o077)
@@ -484,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(OSError):
         (here / ORDER_FILE).unlink()
     try:
+        if order.get("update"):
+            return run_update(order, here)
         return run(order, here)
     except Exception as exc:  # said in a frame: the controller records why
         _log(repr(exc))

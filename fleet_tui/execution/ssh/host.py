@@ -51,7 +51,13 @@ from fleet_tui.core.errors import FleetError
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerState
-from fleet_tui.execution.remote import KEY_VARIABLES, LOOPBACK, RemoteHost, RemoteRun
+from fleet_tui.execution.remote import (
+    KEY_VARIABLES,
+    LOOPBACK,
+    RemoteHost,
+    RemoteRun,
+    update_result,
+)
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh.connection import Connection, SshError
 from fleet_tui.execution.ssh.mirror import Mirror
@@ -634,33 +640,9 @@ class SshHost(RemoteHost):
         name, email = self._identity(Path(task.repo))
         answer = self.agent(["update", str(task.worktree), base_commit, strategy, message,
                              name, email], timeout=300)
-        if "error" in answer:
-            return git.UpdateResult("refused", f"updating {branch} from {base_branch} on "
-                                    f"host {self.name} failed: {answer['error']}")
-        status = str(answer.get("status"))
-        conflicts = [str(c) for c in answer.get("conflicts") or []]
-        committed = answer.get("committed")
-        where = f"in its worktree on host {self.name}"
-        if status == "conflicts":
-            operation = str(answer.get("operation") or "merge")
-            return git.UpdateResult(
-                "conflicts", f"updating {branch} from {base_branch} stopped on conflicts "
-                f"{where} in: {', '.join(conflicts)}; let its worker resolve them "
-                "(update --resolve worker) or abort the update", conflicts,
-                base_tip=base_commit, committed=committed, operation=operation)
-        if status == "current":
-            return git.UpdateResult("current", f"{branch} is up to date with {base_branch} "
-                                    f"({base_commit[:10]}) already", base_tip=base_commit,
-                                    head=answer.get("head"), committed=committed)
-        if status == "updated":
-            done = ("is up to date with " + base_branch + " (the conflicts were resolved)"
-                    if answer.get("resolved") else
-                    f"{'rebased onto' if strategy == 'rebase' else 'merged with'} "
-                    f"{base_branch} ({base_commit[:10]}) {where}")
-            return git.UpdateResult("updated", f"{branch} {done}", base_tip=base_commit,
-                                    head=answer.get("head"), committed=committed)
-        return git.UpdateResult("refused", f"updating {branch} from {base_branch} on host "
-                                f"{self.name} failed: {answer.get('error') or status}")
+        return update_result(answer, branch=branch, base_branch=base_branch,
+                             base_commit=base_commit, strategy=strategy,
+                             host=f"host {self.name}")
 
     def abort_update(self, task: Task) -> str:
         if not task.worktree:
