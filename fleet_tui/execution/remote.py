@@ -103,6 +103,22 @@ class RemoteRun:
     def key(self) -> tuple[str, int]:
         return self.attempt.task_id, self.attempt.n
 
+    # which record names the runner first: the engine's launch record (an SSH host's
+    # spawn returns the pid) or the runner's own (a Ray job's pid is known only from it)
+    runner_first = False
+
+    def identity(self) -> tuple[int | None, str | None]:
+        """The runner's pid and start time on its host, from the records mirrored here;
+        else the attempt's recorded pid (a Ray job's 0: submitted, its runner not known
+        yet, so that a kill meanwhile goes ahead and stops the job)."""
+        records = (self._log.launch_record(), self._log.runner_record())
+        for rec in reversed(records) if self.runner_first else records:
+            pid = rec.get("runner_pid") if rec else None
+            if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+                start = rec.get("runner_start") if rec else None
+                return pid, str(start) if start is not None else None
+        return self.attempt.runner_pid, None
+
     def state(self) -> RunnerState:
         raise NotImplementedError
 

@@ -423,15 +423,7 @@ class RayRun(RemoteRun):
         sid = rec.get("submission_id") if rec else None
         return sid if isinstance(sid, str) and sid else None
 
-    def identity(self) -> tuple[int | None, str | None]:
-        for rec in (self._log.runner_record(), self._log.launch_record()):
-            pid = rec.get("runner_pid") if rec else None
-            if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
-                start = rec.get("runner_start") if rec else None
-                return pid, str(start) if start is not None else None
-        # submitted, its runner not known yet (the job may wait for its node): the 0 the
-        # submit recorded, so a kill meanwhile goes ahead (it stops the job)
-        return self.attempt.runner_pid, None
+    runner_first = True
 
     def state(self) -> RunnerState:
         """The follower's last word, within FIRST_STATE_WAIT (never a round trip of the

@@ -172,14 +172,6 @@ class SshRun(RemoteRun):
         __init__, which the engine's pass reaches for a host that may be away)."""
         return self.host.remote_attempt_dir(self.attempt.task_id, self.attempt.n)
 
-    def identity(self) -> tuple[int | None, str | None]:
-        for rec in (self._log.launch_record(), self._log.runner_record()):
-            pid = rec.get("runner_pid") if rec else None
-            if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
-                start = rec.get("runner_start") if rec else None
-                return pid, str(start) if start is not None else None
-        return self.attempt.runner_pid, None
-
     def state(self) -> RunnerState:
         """The mirror's last word, within FIRST_STATE_WAIT (never the host's round trip:
         the engine's pass asks it); "dead" once the host has been silent past its lease
