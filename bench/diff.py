@@ -39,6 +39,7 @@ its bare counterpart, alternating:
 from __future__ import annotations
 
 import asyncio
+import gc
 import subprocess
 import time
 from functools import partial
@@ -220,7 +221,13 @@ async def _measure_app(benv: BenchEnv, repo: Path, presses: int, scroll_steps: i
     from fleet_tui.ui.widgets.task_table import TaskTable
 
     fleet = Fleet(load_settings(), Store(benv.fleet_home / "fleet.db"))
-    app = FleetApp(fleet, repo=repo, default_base="main", run_scheduler=False, bell=False)
+    # as the panel command starts it: the collector paused for the start-up, and what the
+    # start-up made frozen once the first frame is out (a full collection then walks only
+    # what came after: the diff, its rows)
+    thresholds = gc.get_threshold()
+    gc.disable()
+    app = FleetApp(fleet, repo=repo, default_base="main", run_scheduler=False, bell=False,
+                   resume_gc=True)
     expect_lines = len(patch_lines)
     first_paint: list[float] = []
     scroll: list[float] = []
@@ -278,6 +285,9 @@ async def _measure_app(benv: BenchEnv, repo: Path, presses: int, scroll_steps: i
             scroll_ratio.append(quantile(steps, 0.99) / round_bare[-1])
         bytes_out = probe.bytes_out
         await app.action_quit()
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+    gc.enable()
     return {"first_paint": first_paint, "scroll": scroll, "bytes_out": bytes_out,
             "bare_git": bare_git, "bare_paint": bare_paint, "bare_scroll": bare_scroll,
             "scroll_ratio": scroll_ratio}

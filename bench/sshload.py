@@ -121,7 +121,7 @@ def child_main() -> None:
         from fleet_tui.execution.ssh.host import SshHost
 
         host = SshHost(name="bench", target=args["alias"], env=env, python="/usr/bin/python3",
-                       ssh_config=args["ssh_config"])
+                       ssh_config=args["ssh_config"], key_on_host=True)  # no gateway here
         host.install()  # before the idle step: the master exists in every step
     fleet = Fleet(settings, Store(paths.db_path()), env=env,
                   **({"host": host} if host is not None else {}))

@@ -32,9 +32,12 @@ def start_sshd(base: Path, alias: str = "fleet-test-host") -> sshd.Sshd:
 
 
 def ssh_host(server: sshd.Sshd, env: Mapping[str, str], *, name: str = "box",
-             lease: float = 60.0) -> SshHost:
+             lease: float = 60.0, key_on_host: bool = True) -> SshHost:
+    """The suite's workers go straight to their endpoint (FLEET_WORKER_GATEWAY=0, as the
+    older tests were written), which a host allows only when it keeps the key
+    (`--key-on-host`): a test through the gateway says ``key_on_host=False``."""
     return SshHost(name=name, target=server.alias, env=env, python=HOST_PYTHON,
-                   ssh_config=server.client_config, lease=lease)
+                   ssh_config=server.client_config, lease=lease, key_on_host=key_on_host)
 
 
 def host_config(server: sshd.Sshd, *, name: str = "box", lease: float = 60.0
@@ -42,7 +45,7 @@ def host_config(server: sshd.Sshd, *, name: str = "box", lease: float = 60.0
     """`ssh_host`'s arguments as JSON, for an engine in a process of its own
     (tests/engine_child.py)."""
     return {"name": name, "target": server.alias, "ssh_config": str(server.client_config),
-            "python": HOST_PYTHON, "lease": lease}
+            "python": HOST_PYTHON, "lease": lease, "key_on_host": True}
 
 
 def master(server: sshd.Sshd) -> Connection:

@@ -24,7 +24,8 @@ OK_CASES = {"nonroot_custom_script", "nonroot_stream", "root_529_then_ok", "root
 FAILED_CASES = {"root_401": "auth", "root_apikey_401": "auth", "root_429": "quota",
                 "root_500": "overload", "root_529_default": "overload",
                 "root_529_retries0_json": "overload", "root_529_retries2": "overload",
-                "root_timeout": "timeout", "zai_1308_window": "window"}
+                "root_timeout": "timeout", "root_unreachable": "unreachable",
+                "zai_1308_window": "window"}
 
 
 def _cmd(name: str) -> list[str]:

@@ -160,6 +160,21 @@ def test_run_on_an_unknown_host_creates_nothing(git_repo: Path, tmp_path: Path) 
     assert branches.stdout == ""
 
 
+def test_run_without_the_gateway_on_a_host_that_does_not_keep_the_key_is_refused(
+        git_repo: Path, tmp_path: Path, claude_bin: str) -> None:
+    """The gateway off (the suite's default), a worker on `box` would need the key there:
+    refused before anything is made, with both ways out."""
+    env = env_of(tmp_path, FLEET_WORKER_KEY_SOURCES="env", ANTHROPIC_AUTH_TOKEN="sk-x-key",
+                 FLEET_WORKER_CLAUDE=claude_bin, FLEET_WORKER_GATEWAY="0")
+    run_cli(env, tmp_path, "host", "add", "box", "box")
+    out = run_cli(env, git_repo, "run", "do it", "--host", "box")
+    assert out.returncode == 2, out.stderr
+    assert "the gateway is off (gateway = false)" in out.stderr
+    assert "--key-on-host" in out.stderr and "Traceback" not in out.stderr
+    assert "sk-x-key" not in out.stderr + out.stdout
+    assert json.loads(run_cli(env, git_repo, "ls", "--json").stdout) == []
+
+
 def test_ls_and_show_carry_the_host(git_repo: Path, tmp_path: Path) -> None:
     env = env_of(tmp_path)
     run_cli(env, tmp_path, "host", "add", "box", "box")

@@ -40,6 +40,8 @@ EXPECTED = {
     "root_permdefault": Verdict.OK,
     "root_sandbox_stream": Verdict.OK,
     "root_timeout": Verdict.TIMEOUT,
+    # CLI 2.1.197 against a closed port of 127.0.0.1 (CLAUDE_CODE_MAX_RETRIES=0)
+    "root_unreachable": Verdict.UNREACHABLE,
     "zai_1308_window": Verdict.WINDOW,  # z.ai's 5-hour window (429, code 1308)
 }
 

@@ -467,12 +467,17 @@ def scan_tree(roots: list[Path], skip: tuple[Path, ...] = ()) -> Scan:
 
 
 def secret_scan(suite: str, dirs: Dirs, monitor_list: list[Monitor], *,
-                sent: list[str | None] | None) -> list[str]:
+                sent: list[str | None] | None, kept_in: Path | None = None) -> list[str]:
     """The scan of what one test made; returns its problems (and records its figures).
-    `sent`: the key digests of the endpoint's requests (None: no endpoint was used)."""
+    `sent`: the key digests of the endpoint's requests (None: no endpoint was used).
+    `kept_in`: a host's folder of key files (`--key-on-host`: the key there on purpose,
+    each file private to its user)."""
     home = paths.home()
     roots = [home, Path(os.environ["HOME"]), dirs.base]
     scan = scan_tree(roots, skip=(dirs.harness,))
+    kept = [h for h in scan.hits if kept_in is not None and Path(h).parent == kept_in]
+    scan.hits = [h for h in scan.hits if h not in kept]
+    loose = [h for h in kept if Path(h).stat().st_mode & 0o077]
     control = scan_tree([dirs.harness])
     argv_seen = sum(m.argv_seen for m in monitor_list)
     argv_hits = [h for m in monitor_list for h in m.argv_hits]
@@ -481,6 +486,8 @@ def secret_scan(suite: str, dirs: Dirs, monitor_list: list[Monitor], *,
     problems = []
     if scan.hits:
         problems.append(f"the key is in {len(scan.hits)} file(s): {scan.hits[:5]}")
+    if loose:
+        problems.append(f"a host's key file is readable by others: {loose}")
     if argv_hits:
         problems.append(f"the key is in {len(argv_hits)} argv(s): {argv_hits[:3]}")
     if environ_hits:
@@ -737,7 +744,7 @@ def test_chaos(target: str, claude_bin: str, chaos_endpoint: ScriptedEndpoint,
 
 def conclude(target: str, tally: Tally, monitors: list[Monitor], dirs: Dirs,
              endpoint: ScriptedEndpoint, fleet: Fleet, *,
-             seeds: tuple[int, float, str]) -> None:
+             seeds: tuple[int, float, str], kept_in: Path | None = None) -> None:
     """A chaos test's figures and its verdict: the rounds' problems, two live runners of
     one task at once (the monitors), the secret scan."""
     base_seed, started, load_before = seeds
@@ -758,7 +765,8 @@ def conclude(target: str, tally: Tally, monitors: list[Monitor], dirs: Dirs,
                tally.not_copied_after_runner_death, "B")
     record(f"chaos {target}", "processes left", tally.processes_left)
     sent = [r.auth_sha256 for r in endpoint.message_requests()]
-    tally.problems += secret_scan(f"chaos {target}", dirs, monitors, sent=sent)
+    tally.problems += secret_scan(f"chaos {target}", dirs, monitors, sent=sent,
+                                  kept_in=kept_in)
     fleet.store.close()
     assert tally.rounds == ROUNDS and tally.tasks == ROUNDS * TASKS_PER_ROUND
     assert not tally.problems, "\n".join([*tally.problems, "kill points:", *tally.points])
@@ -770,7 +778,7 @@ def conclude(target: str, tally: Tally, monitors: list[Monitor], dirs: Dirs,
 # the test's folder, so the secret scan reads the host's disk too), their engines
 # tests/engine_child.py processes whose host is an SshHost, and the same audit. The faults:
 # - host-runner / host-claude: the runner, or claude, SIGKILLed on the host (`kill` run there
-#   over ssh) between claude's first and last turn;
+#   over the host's master: host_kill) between claude's first and last turn;
 # - connection: the host's ssh master SIGKILLed mid-run: the workers go on, the mirror
 #   resumes from its offsets, every task succeeds with its events whole;
 # - controller: the engine process SIGKILLed at a random point after its first claim, and a
@@ -797,6 +805,29 @@ def chaos_host(tmp_path: Path) -> Iterator[Any]:
         server.stop()
 
 
+# The kill run on the host: over the host's master connection (a channel, ~10 ms). A
+# connection of its own costs a handshake, 0.2-1 s on a loaded machine: after the last
+# tool turn (the Bash step leaves 0.5 s) the kill landed at times once claude had printed
+# its result (the task then succeeds: "finished ... the runner process died without an
+# exit record") or had exited ("No such process"). A kill that comes too late is said,
+# never taken for one in time: the runner is stopped first (it alone writes events.jsonl,
+# in its cwd, the attempt folder) and killed only while no result line is there; claude's
+# kill is late if the endpoint had its request for the last turn by then.
+HOST_KILL = {
+    "runner": ("kill -STOP {pid} 2>/dev/null || {{ echo 'runner gone'; exit 0; }}; "
+               "if grep -q '\"type\": *\"result\"' /proc/{pid}/cwd/events.jsonl; then "
+               "kill -CONT {pid}; echo 'the result was in events.jsonl already'; "
+               "else kill -KILL {pid}; echo killed; fi"),
+    "claude": "kill -KILL {pid} 2>/dev/null && echo killed || echo 'claude gone'",
+}
+
+
+def host_kill(server: Any, which: str, pid: int) -> str:
+    """SIGKILL the runner or claude (`which`) on the host: "killed", or why not."""
+    done = master(server).run(HOST_KILL[which].format(pid=int(pid)), timeout=30)
+    return done.stdout.decode().strip()
+
+
 def _worktree(fleet: Fleet, task_id: str) -> str:
     """The task's worktree on the host (known once the engine made it)."""
     return str(fleet.get_task(task_id).worktree or "")
@@ -819,8 +850,9 @@ def host_chaos_round(target: str, n: int, seed: int, dirs: Dirs, endpoint: Scrip
         extra["linger_until"] = str(release)  # the sweep happens once the host is back
     if target == "connection":
         # the endpoint is reached through a port forwarded over the master: a request made
-        # before the mirror's reconnect forwards it again on a new master (~1 s) is refused
-        # and never reaches the endpoint; the CLI retries it, as it does by default
+        # before the mirror's reconnect forwards it again on a new master (its handshake:
+        # 0.3-0.6 s here on a loaded machine) is refused and never reaches the endpoint; the
+        # CLI retries it, as it does by default
         extra["env"] = {k: v for k, v in engine_env().items()
                         if k != "CLAUDE_CODE_MAX_RETRIES"}
     first = start_engine(dirs, f"{name}-engine", settings, ids, extra=extra)
@@ -893,7 +925,13 @@ def host_chaos_round(target: str, n: int, seed: int, dirs: Dirs, endpoint: Scrip
                 assert pid is not None
                 point = (f"{which} of {victim} (pid {pid}) killed on the host {delay:.2f} s "
                          "after " + ("claude started" if turn < 0 else f"turn {turn}"))
-                server.ssh(f"kill -KILL {pid}")
+                said = host_kill(server, which, pid)
+                if said == "killed" and which == "claude" \
+                        and _turns_seen(endpoint, _worktree(fleet, victim))[TOOL_TURNS]:
+                    # asked for its last turn before it died: it may have had the answer
+                    said = "claude asked for its last turn before the kill"
+                if said != "killed":
+                    raise RuntimeError(f"the kill came after the worker's end: {said}")
                 victims = {victim}
             code = engine.wait(timeout=240)
             if code != 0:
@@ -926,16 +964,7 @@ def host_chaos_round(target: str, n: int, seed: int, dirs: Dirs, endpoint: Scrip
                round(time.monotonic() - started, 1), "s", point, detail=True)
 
 
-@pytest.mark.parametrize("target", [
-    pytest.param("host-runner", marks=pytest.mark.xfail(strict=False, reason=(
-        "open (2026-12-02): the runner SIGKILLed on the host (its pid from runner.json, "
-        "`kill -KILL` over ssh, exit 0) was at times still the one that writes exit.json: "
-        "the task succeeds where the local row's fails (passed once, failed in others; "
-        "not explained yet)"))),
-    pytest.param("host-claude", marks=pytest.mark.xfail(strict=False, reason=(
-        "open (2026-12-02): failed 2 of 3 runs on a loaded machine, once `kill: No such "
-        "process` for claude's pid from the mirrored runner.json mid-run"))),
-    *HOST_TARGETS[2:]])
+@pytest.mark.parametrize("target", HOST_TARGETS)
 @pytest.mark.timeout(90 + 120 * ROUNDS)
 def test_chaos_on_a_host(target: str, claude_bin: str, chaos_endpoint: ScriptedEndpoint,
                          chaos_host: Any, tmp_path: Path) -> None:
@@ -950,8 +979,10 @@ def test_chaos_on_a_host(target: str, claude_bin: str, chaos_endpoint: ScriptedE
     for n in range(ROUNDS):
         host_chaos_round(target, n, base_seed + n, dirs, chaos_endpoint, wrapper, tally,
                          monitors, fleet, chaos_host)
+    # the host keeps the key (its workers go straight to the endpoint, as the suite's do)
     conclude(target, tally, monitors, dirs, chaos_endpoint, fleet,
-             seeds=(base_seed, started, load_before))
+             seeds=(base_seed, started, load_before),
+             kept_in=chaos_host.home / ".fleet-tui-host" / "keys")
 
 
 # --- ingest load -----------------------------------------------------------------------------

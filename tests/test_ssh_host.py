@@ -30,9 +30,11 @@ import sshd
 from ssh_support import host_pids, ssh_host, start_sshd, token_holders
 from test_fleet import KEY, SCRIPTS, drive, settled
 
+from fleet_tui.core.errors import InvalidSpec
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.ssh.connection import SshError
 from fleet_tui.execution.ssh.host import SshHost
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import load_settings
@@ -81,7 +83,8 @@ def make(endpoint: ScriptedEndpoint, claude: str, server: sshd.Sshd, *,
     values.update(overrides)
     settings = load_settings(env=os.environ, overrides=values)
     env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
-    host = ssh_host(server, env, lease=lease)
+    # straight to the endpoint (the gateway off) only from a host that keeps the key
+    host = ssh_host(server, env, lease=lease, key_on_host=not settings.gateway)
     return Fleet(settings, Store(paths.db_path()), env=env, host=host), host
 
 
@@ -267,7 +270,8 @@ n=0
 for d in /proc/[0-9]*; do
   grep -qa 'FLEET_TEST_HOST=' "$d/environ" 2>/dev/null || continue
   n=$((n+1))
-  if grep -qaF -f <(printf '%s\n' "$k") "$d/environ" "$d/cmdline" 2>/dev/null; then
+  if grep -qaF -f <(printf '%s\n' "$k") $(for f in $FILES; do echo "$d/$f"; done) \
+      2>/dev/null; then
     echo "HIT ${d#/proc/}"
   fi
 done
@@ -277,21 +281,35 @@ true
 """
 
 
-def secret_scan(server: sshd.Sshd, secret: str) -> tuple[list[str], int]:
-    """The host's processes (environ, argv) and files under its HOME holding `secret`,
-    and how many processes were read."""
-    out = server.ssh(f"exec bash -c {shlex.quote(SCAN)}", input=secret + "\n")
+def secret_scan(server: sshd.Sshd, secret: str, *, argv_only: bool = False
+                ) -> tuple[list[str], int]:
+    """The host's processes (environ and argv, or argv only) and files under its HOME
+    holding `secret`, and how many processes were read."""
+    files = "cmdline" if argv_only else "environ cmdline"
+    out = server.ssh(f"FILES={shlex.quote(files)} exec bash -c {shlex.quote(SCAN)}",
+                     input=secret + "\n")
     hits = [line for line in out.splitlines() if line.startswith(("HIT", "FILE"))]
     scanned = [int(line.split()[1]) for line in out.splitlines() if line.startswith("SCANNED")]
     return hits, scanned[0] if scanned else 0
 
 
+@pytest.fixture
+def fresh_sshd(tmp_path: Path) -> Iterator[sshd.Sshd]:
+    """A host of its own (the module's host keeps the key for the tests that go direct)."""
+    server = start_sshd(tmp_path / "fresh-sshd", alias="fleet-fresh-host")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def test_the_key_never_lands_on_the_host(git_repo: Path, claude_bin: str,
-                                         host_sshd: sshd.Sshd,
+                                         fresh_sshd: sshd.Sshd,
                                          endpoint: ScriptedEndpoint) -> None:
     """Through this machine's gateway, reached by a port forwarded over the connection:
     the host's files, its processes' argv and environments hold the attempt's token at
     most, never the key; upstream the endpoint gets the real key."""
+    host_sshd = fresh_sshd
     fleet, host = make(endpoint, claude_bin, host_sshd, gateway=True)
     before = len(endpoint.message_requests())
     try:
@@ -318,6 +336,66 @@ def test_the_key_never_lands_on_the_host(git_repo: Path, claude_bin: str,
         assert hits == []
     finally:
         control.stop(fleet.env)
+        host.close()
+
+
+def test_a_host_that_keeps_its_key_goes_straight_to_the_endpoint(
+        git_repo: Path, box: tuple[Fleet, SshHost], host_sshd: sshd.Sshd,
+        endpoint: ScriptedEndpoint) -> None:
+    """`--key-on-host` (the gateway off, as the suite's workers run): the key goes over the
+    connection's stdin once into a 0600 file of the host's data dir, and each runner reads
+    it there; no process argument holds it, and the endpoint gets it from the host."""
+    fleet, host = box
+    assert host.key_on_host and not host.reaches_gateway
+    before = len(endpoint.message_requests())
+    (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=git_repo))
+    drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=60)
+    hits, scanned = secret_scan(host_sshd, KEY, argv_only=True)  # while it works
+    assert hits == [] or all(h.startswith("FILE") for h in hits)
+    assert scanned >= 3  # the runner and claude among them
+    drive(fleet, settled(fleet, task.id), timeout=90)
+    assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+    files = list((Path(host.root) / "keys").glob("*.json"))
+    assert len(files) == 1 and files[0].stat().st_mode & 0o777 == 0o600
+    assert files[0].parent.stat().st_mode & 0o777 == 0o700
+    assert json.loads(files[0].read_text()) == {"ANTHROPIC_AUTH_TOKEN": KEY}
+    hits, _ = secret_scan(host_sshd, KEY)
+    assert [h for h in hits if h.startswith("FILE")] == [f"FILE {files[0]}"]
+    served = endpoint.message_requests()[before:]
+    assert served and {r.auth_sha256 for r in served} == {
+        hashlib.sha256(KEY.encode()).hexdigest()}
+    # the next attempt reads the same file: nothing sent again
+    (again,) = fleet.submit(TaskSpec(prompt="[script:commit] commit it", repo=git_repo))
+    drive(fleet, settled(fleet, again.id), timeout=90)
+    assert list((Path(host.root) / "keys").glob("*.json")) == files
+
+
+def test_the_gateway_off_a_host_that_does_not_keep_the_key_is_refused(
+        git_repo: Path, claude_bin: str, fresh_sshd: sshd.Sshd,
+        endpoint: ScriptedEndpoint) -> None:
+    """Without the gateway a worker there would need the key on the host: refused at the
+    submit with both ways out, nothing created; and the key is never sent to such a host,
+    whatever asks (its refusal does not hold the key either)."""
+    settings = load_settings(env=os.environ, overrides={
+        "base_url": endpoint.url, "claude": claude_bin, "key_sources": "env",
+        "sandbox": os.geteuid() == 0, "gateway": False})
+    env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY)
+    host = ssh_host(fresh_sshd, env, key_on_host=False)
+    fleet = Fleet(settings, Store(paths.db_path()), env=env, host=host)
+    try:
+        with pytest.raises(InvalidSpec) as refused:
+            fleet.submit(TaskSpec(prompt="work", repo=git_repo))
+        text = str(refused.value)
+        assert "the gateway is off (gateway = false)" in text
+        assert "fleet-tui host add box TARGET --key-on-host" in text
+        assert fleet.list_tasks() == []
+        with pytest.raises(SshError) as kept:
+            host.keep_key({"ANTHROPIC_AUTH_TOKEN": KEY})
+        assert "refusing to send the API key" in str(kept.value)
+        assert KEY not in str(kept.value)
+        hits, _ = secret_scan(fresh_sshd, KEY)
+        assert not [h for h in hits if "/keys/" in h]
+    finally:
         host.close()
 
 

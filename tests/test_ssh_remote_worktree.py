@@ -122,7 +122,9 @@ def _setup(tmp_path: Path, server: sshd.Sshd, endpoint: ScriptedEndpoint,
         "max_workers": 4, "max_attempts": 1,
         "test_command": "test -f remote.txt && test -f loose.txt && test -f base.txt",
     }
-    added = _cli(env, git_repo, "host", "add", "box", ALIAS, "--max-workers", "2")
+    # the suite's workers go straight to the endpoint: from a host that keeps the key
+    added = _cli(env, git_repo, "host", "add", "box", ALIAS, "--max-workers", "2",
+                 "--key-on-host")
     assert added.returncode == 0, added.stderr
     return env, values
 
@@ -199,6 +201,12 @@ def test_a_task_on_a_host_that_shares_nothing_lands_here(
         assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse -q --verify "
                             "MERGE_HEAD", check=False).strip()  # mid-merge, there
         committed = iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse HEAD")
+        # staged with its markers still in, the file is not resolved: still mid-merge there
+        iso_sshd.ssh(f"git -C {shlex.quote(worktree)} add remote.txt")
+        again = fleet.update(task.id)
+        assert again.status == "conflicts" and again.conflicts == ["remote.txt"], again.message
+        assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse -q --verify "
+                            "MERGE_HEAD", check=False).strip()
         aborted = fleet.resolve_update(task.id, "abort")
         assert aborted.conflicts == [] and "aborted" in (aborted.message or "")
         assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse HEAD") == committed

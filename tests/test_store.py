@@ -103,17 +103,36 @@ def test_migration_from_older_version(tmp_path: Path) -> None:
         assert s.get_task("old001").claimed_by == "engine-1"
 
 
+def _old_store(db: Path, version: int, task_id: str, state: str) -> None:
+    """A database as version ``version`` of the schema left it, holding one task."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    for migration in MIGRATIONS[:version]:
+        migration(conn)
+    conn.execute(f"PRAGMA user_version = {version}")
+    conn.execute("INSERT INTO tasks (id, prompt, repo, state, created_at, updated_at) "
+                 "VALUES (?, 'fix it', '/r', ?, 1.5, 2.5)", (task_id, state))
+    conn.close()
+
+
+def _version_before(table: str) -> int:
+    """The schema version just before the migration that makes ``table``."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        for version, migration in enumerate(MIGRATIONS):
+            migration(conn)
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?",
+                            (table,)).fetchone():
+                return version
+    finally:
+        conn.close()
+    raise AssertionError(f"no migration makes the table {table}")
+
+
 def test_migration_adds_the_endpoints_table(tmp_path: Path) -> None:
     """A database of the version before (2): its tasks stay, the endpoints' limits start
     empty."""
     db = tmp_path / "v2.db"
-    conn = sqlite3.connect(db, isolation_level=None)
-    MIGRATIONS[0](conn)
-    MIGRATIONS[1](conn)
-    conn.execute("PRAGMA user_version = 2")
-    conn.execute("INSERT INTO tasks (id, prompt, repo, state, created_at, updated_at) "
-                 "VALUES ('old002', 'fix it', '/r', 'queued', 1.5, 2.5)")
-    conn.close()
+    _old_store(db, 2, "old002", "queued")
     with Store(db) as s:
         assert s.schema_version() == SCHEMA_VERSION
         assert s.get_task("old002").state is TaskState.QUEUED
@@ -637,13 +656,7 @@ def test_migration_adds_the_lost_attempts_table(tmp_path: Path) -> None:
     """A store of the version before the lost attempts' table: it gets the table, its
     tasks stay; a lost attempt is kept until swept (the first record wins), per host."""
     db = tmp_path / "before.db"
-    conn = sqlite3.connect(db, isolation_level=None)
-    for migration in MIGRATIONS[:-1]:
-        migration(conn)
-    conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
-    conn.execute("INSERT INTO tasks (id, prompt, repo, state, created_at, updated_at) "
-                 "VALUES ('old003', 'fix it', '/r', 'failed', 1.5, 2.5)")
-    conn.close()
+    _old_store(db, _version_before("lost_attempts"), "old003", "failed")
     with Store(db) as s:
         assert s.schema_version() == SCHEMA_VERSION
         assert s.get_task("old003").state is TaskState.FAILED

@@ -96,6 +96,7 @@ EXPECTED: dict[str, tuple[list[str], int, int, bool]] = {
     "root_permdefault": (["Write hello.txt", "Bash ls"], 0, 1, False),
     "root_sandbox_stream": (["Write hello.txt", "Bash ls"], 0, 0, False),
     "root_timeout": ([], 1, 0, True),
+    "root_unreachable": ([], 0, 0, True),
     "zai_1308_window": ([], 1, 0, True),
 }
 

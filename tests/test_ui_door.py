@@ -21,7 +21,7 @@ from textual.widgets import TextArea
 from fleet_tui.engine.fleet import Fleet
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import TaskSpec
-from fleet_tui.ui.app import FleetApp
+from fleet_tui.ui.app import GC_THRESHOLDS, FleetApp
 from fleet_tui.ui.messages import EngineReady, TasksLoaded
 from fleet_tui.ui.screens.help import HelpScreen
 from fleet_tui.ui.screens.launch import LaunchScreen
@@ -155,8 +155,10 @@ def gc_restored() -> Any:
     import gc
 
     was = gc.isenabled()
+    thresholds = gc.get_threshold()
     yield
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
     if was:
         gc.enable()
     else:
@@ -176,6 +178,8 @@ async def test_the_collector_paused_for_the_start_up_resumes_after_the_first_fra
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, gc.isenabled, what="the collector resumed")
         assert gc.get_freeze_count() > 1000  # the start-up's objects: not walked again
+        # and a larger youngest generation, the oldest walked a quarter as often
+        assert gc.get_threshold() == GC_THRESHOLDS != (700, 10, 10)
         await wait_until(pilot, lambda: app.main.poll_error is None and app.fleet is not None,
                          what="the engine")
     gc.unfreeze()
@@ -208,3 +212,31 @@ def test_the_panel_command_pauses_the_collector_for_the_app(tmp_path: Path) -> N
                          timeout=60, cwd=tmp_path, check=False)
     assert out.stdout.strip().splitlines()[-1:] == ["seen True True after True 0"], (
         out.stdout + out.stderr)
+
+
+async def test_the_collector_settles_once_the_first_list_is_shown(
+        git_repo: Path, monkeypatch: pytest.MonkeyPatch, gc_restored: None) -> None:
+    """After the first freeze no full collection had ever run, so the collector made every
+    tenth collection of the middle generation a full one, walking all that the engine made
+    since (10-20 ms with the loop stopped, about once a second: issue 23's tail). Once the
+    first list is shown: one full collection, then a second freeze."""
+    import gc
+
+    monkeypatch.chdir(git_repo)
+    gc.disable()
+    app = FleetApp(looking_around(0.0), run_scheduler=False, bell=False, resume_gc=True)
+    seen: dict[str, int] = {}
+    resume = app._gc_resume
+
+    def resumed() -> None:
+        resume()
+        seen.update(frozen=gc.get_freeze_count(), full=gc.get_stats()[2]["collections"])
+
+    app._gc_resume = resumed  # type: ignore[method-assign]
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: "frozen" in seen, what="the collector resumed")
+        await wait_until(pilot, lambda: gc.get_freeze_count() > seen["frozen"],
+                         what="the second freeze")
+        assert app.main.task_list._polled  # after the first list
+        assert gc.get_stats()[2]["collections"] > seen["full"]
+        assert gc.isenabled()

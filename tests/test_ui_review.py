@@ -53,6 +53,24 @@ def _texts(lines: DiffLines) -> list[str]:
     return [lines.row_text(i) for i in range(lines.row_count())]
 
 
+async def _merge_asks_and_is_refused(pilot: Pilot[Any], app: FleetApp, yes: str = "") -> None:
+    """`m`: the merge dialog says TASK's one comment is open; its yes asks again (the
+    button saying ``yes``), and no, then no again, leave the main screen as it was."""
+    await pilot.press("m")
+    merge = await wait_for_screen(pilot, MergeScreen)
+    assert "1 review comment is open" in str(
+        merge.query_one(f"#merge-item-{TASK}").render())
+    await pilot.press("y")
+    asked = await wait_for_screen(pilot, ConfirmScreen)
+    assert "1 review comment is open" in str(asked.query_one(".dialog-title").render())
+    if yes:
+        assert yes in str(asked.query_one("#yes", Button).label)
+    await pilot.press("n")
+    await wait_for_screen(pilot, MergeScreen)  # back to the dialog
+    await pilot.press("n")
+    await wait_until(pilot, lambda: app.screen is app.main)
+
+
 async def test_comment_list_edit_delete_send_and_the_states(git_repo: Path,
                                                              tmp_path: Path) -> None:
     fleet = build_fleet(git_repo, tmp_path)
@@ -110,17 +128,7 @@ async def test_comment_list_edit_delete_send_and_the_states(git_repo: Path,
 
         # the merge dialog says one comment is open, and asks before merging
         app.main.query_one(TaskTable).focus()
-        await pilot.press("m")
-        merge = await wait_for_screen(pilot, MergeScreen)
-        assert "1 review comment is open" in str(
-            merge.query_one(f"#merge-item-{TASK}").render())
-        await pilot.press("y")
-        asked = await wait_for_screen(pilot, ConfirmScreen)
-        assert "1 review comment is open" in str(asked.query_one(".dialog-title").render())
-        await pilot.press("n")
-        await wait_for_screen(pilot, MergeScreen)  # back, nothing merged
-        await pilot.press("n")
-        await wait_until(pilot, lambda: app.screen is app.main)
+        await _merge_asks_and_is_refused(pilot, app)  # nothing merged
         assert fleet.get_task(TASK).state == "succeeded"
 
         # ctrl+r sends the review: the task has finished, so a follow-up in its session
@@ -193,18 +201,7 @@ async def test_landing_through_the_queue_or_a_pick_asks_about_open_comments(
                              and app.main.cursor_task.id == t, what=f"{task_id} selected")
             await pilot.press("space")
         assert app.main.marked == {TASK, "x2c9ok"}
-        await pilot.press("m")
-        merge = await wait_for_screen(pilot, MergeScreen)
-        assert "1 review comment is open" in str(
-            merge.query_one(f"#merge-item-{TASK}").render())
-        await pilot.press("y")
-        asked = await wait_for_screen(pilot, ConfirmScreen)
-        assert "1 review comment is open" in str(asked.query_one(".dialog-title").render())
-        assert "Land anyway" in str(asked.query_one("#yes", Button).label)
-        await pilot.press("n")
-        await wait_for_screen(pilot, MergeScreen)
-        await pilot.press("n")
-        await wait_until(pilot, lambda: app.screen is app.main)
+        await _merge_asks_and_is_refused(pilot, app, yes="Land anyway")
         assert fleet.get_task(TASK).land_state is None  # nothing queued
 
         await pilot.press("escape")  # unmark all

@@ -76,6 +76,12 @@ _REFUSAL_PATTERNS = (
 )
 _API_STATUS_IN_TEXT = re.compile(r"API Error: (?:[^0-9\n]{0,40}\()?([0-9]{3})\b")
 _TIMEOUT_TEXT = re.compile(r"\b(request )?timed out\b|\btimeout\b", re.I)
+# claude's words when no connection could be made at all, against a closed port: CLI
+# 2.1.197 "API Error: Unable to connect to API (ConnectionRefused)", 2.1.332 "API Error:
+# Connection refused — a firewall or proxy may be blocking it (ECONNREFUSED)"; the SDK's
+# own: "Connection error."
+_UNREACHABLE_TEXT = re.compile(r"Unable to connect to API|\bConnection (error|refused)\b|"
+                               r"\bECONNREFUSED\b|\bConnectionRefused\b")
 
 
 def _clip(text: str, limit: int = _TEXT_MAX) -> str:
@@ -532,6 +538,8 @@ def _result_verdict(result: dict[str, Any], exit_code: int | None) -> tuple[Verd
         found = _API_STATUS_IN_TEXT.search(text)
         if found:
             return _api_message(int(found.group(1)), text)
+        if _UNREACHABLE_TEXT.search(text):
+            return Verdict.UNREACHABLE, f"the endpoint could not be reached ({_clip(text)})"
         what = _clip(text) if text.strip() else (_clip(subtype, 60) or "no detail")
         return Verdict.CRASHED, f"claude reported an error: {what}; see the run's log"
     if subtype and subtype != "success":

@@ -61,10 +61,11 @@ __all__ = ["AUTO_RESUME_PROMPT", "BUDGET_HOLD", "COUNTED", "NOTE_PREFIXES", "NO_
 
 # verdicts of the moment (the endpoint's, not the task's): tried again after a wait
 TRANSIENT = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.WINDOW, Verdict.CONCURRENCY,
-                       Verdict.MODEL_OVERLOAD})
+                       Verdict.MODEL_OVERLOAD, Verdict.UNREACHABLE})
 # the ones whose attempts count toward max_attempts; a window the endpoint named the reset
 # of, and a requeue for fewer workers at once, do not (and do not break a streak either)
-COUNTED = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.MODEL_OVERLOAD})
+COUNTED = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.MODEL_OVERLOAD,
+                     Verdict.UNREACHABLE})
 UNCOUNTED = frozenset({Verdict.WINDOW, Verdict.CONCURRENCY})
 OVERLOADS = frozenset({Verdict.OVERLOAD, Verdict.MODEL_OVERLOAD})
 # verdicts that stop the whole endpoint until the user acts (the account, the key)
@@ -572,7 +573,8 @@ def after_attempt(task: Task, attempts: Sequence[Attempt], verdict: str, message
     counted as an attempt; a reset that cannot be read is a quota cooldown, said so.
     concurrency (and a rate limit while several ran): the cap is lowered and the task
     waits a moment, not counted; at a cap of 1 it is a quota cooldown. overload, model
-    overload and quota, fewer than `max_attempts` counted in a row: waiting (overload:
+    overload, quota and unreachable (no connection at all: the endpoint's or the
+    gateway's machine away), fewer than `max_attempts` counted in a row: waiting (overload:
     jittered exponential backoff, the small model after `fallback_after` or at once for a
     model overload; quota: every task of the endpoint waits the cooldown, doubling); more:
     failed, "gave up". account, and a key the endpoint refused: failed with what to do,
@@ -640,6 +642,12 @@ def _counted_next(task: Task, attempts: Sequence[Attempt], verdicts: Sequence[st
         return Next(TaskState.FAILED, f"{message} — gave up after {in_a_row} attempts",
                     verdict=override)
     resumes = " (resumes its session)" if session_progress(task, attempts) else ""
+    if verdict == Verdict.UNREACHABLE:  # the same backoff as an overload, the same model
+        delay = backoff_delay(_streak(verdicts, frozenset({verdict}), UNCOUNTED), settings,
+                              rng)
+        return Next(TaskState.WAITING,
+                    f"{message} — retry {in_a_row + 1}/{settings.max_attempts} in "
+                    f"{delay:.1f} s" + resumes, now + delay, verdict=override)
     if verdict in OVERLOADS:
         overloads = _streak(verdicts, OVERLOADS, UNCOUNTED)
         delay = max(asked, backoff_delay(overloads, settings, rng))

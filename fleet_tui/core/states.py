@@ -118,6 +118,9 @@ class Verdict(StrEnum):
     ACCOUNT = "account"  # the account, plan or model cannot be used: the endpoint stops
     MODEL_OVERLOAD = "model_overload"  # this model is overloaded: the small model next
     TIMEOUT = "timeout"
+    # the endpoint (or the gateway a remote worker reaches it by) could not be reached: its
+    # machine away, the network down; retried later, in the session when it has progress
+    UNREACHABLE = "unreachable"
     MAX_TURNS = "max_turns"
     EMPTY = "empty"
     REFUSED = "refused"

@@ -61,7 +61,7 @@ def build_host(config: HostConfig, *, env: Mapping[str, str], python: str) -> Ho
             "fleet-tui") from None
     # the host's own python and claude are its own (python3 and claude on its PATH)
     host: Host = module.SshHost(name=config.name, target=config.ssh, port=config.port,
-                                env=env)
+                                env=env, key_on_host=config.key_on_host)
     return host
 
 

@@ -64,6 +64,12 @@ def update_result(answer: Mapping[str, Any], *, branch: str, base_branch: str,
     conflicts = [str(c) for c in answer.get("conflicts") or []]
     committed = answer.get("committed")
     where = f"in its worktree on {host}"
+    if status == "conflicts" and answer.get("concluded"):
+        return UpdateResult(
+            "conflicts", f"the update of {branch} was concluded {where} with conflict "
+            f"markers still in: {', '.join(conflicts)}; let its worker resolve them "
+            "(update --resolve worker) or abort the update", conflicts,
+            base_tip=base_commit, head=answer.get("head"))
     if status == "conflicts":
         operation = str(answer.get("operation") or "merge")
         return UpdateResult(

@@ -912,6 +912,7 @@ class RayHost(RemoteHost):
                      "branch": task.branch or f"fleet/{task.id}", "base": task.base_commit,
                      "ref": f"refs/fleet/base/update/{task.id}", "update_base": base_commit,
                      "strategy": strategy, "message": message,
+                     "conflicted": list(task.conflicts),
                      "identity": {"name": found[0], "email": found[1]} if found else {}}
             (staging / job.ORDER_FILE).write_text(json.dumps(order))
             digest = hashlib.sha256(f"{base_commit} {time.time_ns()}".encode()).hexdigest()

@@ -485,12 +485,12 @@ def run_update(order: dict[str, Any], here: Path) -> int:
     if not Path(worktree).is_dir():
         _quiet(agent.cmd_worktree, mirror, worktree, branch, order["base"], "reattach")
     ident = order.get("identity") or {}
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        agent.cmd_update(worktree, order["update_base"], order["strategy"], order["message"],
-                         str(ident.get("name") or ""), str(ident.get("email") or ""))
-    lines = buf.getvalue().strip().splitlines()
-    answer = json.loads(lines[-1]) if lines else {"error": "no answer"}
+    agent._ident(str(ident.get("name") or ""), str(ident.get("email") or ""))
+    try:
+        answer = agent._update(worktree, order["update_base"], order["strategy"],
+                               order["message"], order.get("conflicted"))
+    except RuntimeError as exc:
+        answer = {"error": str(exc)}
     frames = Frames(sys.stdout)
     frames.send({"update": answer})
     if answer.get("status") != "conflicts":

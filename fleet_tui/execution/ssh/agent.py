@@ -14,14 +14,20 @@ Commands (the attempt folder DIR is on the host):
   session of its own (nohup-like: stdin /dev/null, output to runner.log), the key variables
   through an inherited pipe (`--env-fd`), never its environment or argv; answers its pid
   once it holds the lock (or has ended).
+- `put-key FILE` (the key variables on stdin): a host kept its key (`--key-on-host`):
+  written to FILE in the data dir, private (0600), replaced whole; key files not used for
+  a day are removed. `spawn`'s order then names the file (`key_file`) instead of holding
+  the key.
 - `state DIR`, `stop DIR` (the request on stdin), `kill DIR`, `sweep DIR`, `say DIR BY`
   (the text on stdin), `port`, `follow DIR` (the offsets already mirrored on stdin).
 - `worktree ...`, `check-worktree WT BRANCH`: the task's worktree from the host's mirror;
   `commit-work WT MESSAGE`: the worker's uncommitted work committed before a fetch;
   `snapshot WT REF`: the worktree as it is now as an unreferenced commit, kept at REF (the
   worktree, its index and its branch untouched); `update WT BASE STRATEGY MESSAGE NAME
-  EMAIL` and `abort-update WT`: bringing the worktree up to date with BASE there (left
-  mid-merge on conflicts, for its worker), and undoing that.
+  EMAIL` (on stdin: {"conflicted": the files an earlier update stopped on}) and
+  `abort-update WT`: bringing the worktree up to date with BASE there (left mid-merge on
+  conflicts, for its worker; a file staged or committed with conflict markers still in is
+  not resolved), and undoing that.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -57,7 +64,7 @@ WHOLE = ("runner.json", "kill.json")
 EXIT = "exit.json"  # sent last, once the runner is gone and every appended byte is out
 FOLLOW_POLL = 0.02  # seconds between two looks at the folder without inotify
 INOTIFY_IDLE = 0.1  # with inotify: a look this often even when nothing changed (the lock)
-HEARTBEAT = 1.0  # a state frame at least this often (the controller knows the link lives)
+HEARTBEAT = 1.0  # a frame at least this often (the controller knows the link lives)
 CHUNK = 256 * 1024
 SPAWN_WAIT = 10.0  # seconds for a new runner to take its lock
 
@@ -138,7 +145,17 @@ def cmd_spawn(folder: AttemptLog) -> int:
     env.update({k: str(v) for k, v in (order.get("env") or {}).items()})
     package = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = package
-    proc = start_runner(folder, env, order.get("keys") or {}, SPAWN_WAIT)
+    keys = order.get("keys") or {}
+    if order.get("key_file"):  # the host keeps its key: read where put-key wrote it
+        try:
+            keys = json.loads(Path(order["key_file"]).read_bytes())
+            os.utime(order["key_file"])  # in use: not pruned
+        except (OSError, ValueError) as exc:
+            _answer({"error": f"the host's key file {order['key_file']} is unreadable "
+                              f"({exc.__class__.__name__}); `fleet-tui host check` writes "
+                              "it again"})
+            return 1
+    proc = start_runner(folder, env, keys, SPAWN_WAIT)
     _answer({"pid": proc.pid, "start": procs.start_time(proc.pid)})
     return 0
 
@@ -170,6 +187,29 @@ def start_runner(folder: AttemptLog, env: dict[str, str], keys: dict[str, str],
             break
         time.sleep(0.01)
     return proc
+
+
+KEY_FILE_IDLE = 86_400.0
+"""Seconds a key file may go unused before put-key removes it (a rotated key's old file)."""
+
+
+def cmd_put_key(path: str) -> int:
+    """The key variables on stdin, kept at `path` (0600), written aside and renamed."""
+    keys = _stdin_json()
+    target = Path(path)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    aside = target.with_name(f".{target.name}.{os.getpid()}")
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(json.dumps(keys).encode())
+    os.replace(aside, target)
+    now = time.time()
+    for other in target.parent.glob("*.json"):
+        with contextlib.suppress(OSError):
+            if other != target and now - other.stat().st_mtime > KEY_FILE_IDLE:
+                other.unlink()
+    _answer({"kept": str(target)})
+    return 0
 
 
 def cmd_state(folder: AttemptLog) -> int:
@@ -338,12 +378,37 @@ def _is_ancestor(path: str, ancestor: str, commit: str) -> bool:
                           capture_output=True, check=False).returncode == 0
 
 
-def _update(path: str, base: str, strategy: str, message: str) -> dict[str, Any]:
+_MARKER_RE = re.compile(rb"^(?:<{7}|>{7})(?: |$)", re.MULTILINE)  # as vcs/update.py's
+
+
+def _with_markers(path: str, names: list[str]) -> list[str]:
+    """The files among `names` that still hold conflict markers."""
+    found = []
+    for name in sorted(set(names)):
+        try:
+            data = (Path(path) / name).read_bytes()
+        except OSError:
+            continue
+        if _MARKER_RE.search(data):
+            found.append(name)
+    return found
+
+
+def _update(path: str, base: str, strategy: str, message: str,
+            conflicted: list[str] | None = None) -> dict[str, Any]:
+    """`conflicted`: the files an earlier update of this worktree stopped on (the engine
+    keeps them): a file the worker staged, or committed, with its markers still in is not
+    resolved."""
+    conflicted = conflicted or []
     operation = _operation(path)
     if operation is not None:  # stopped on conflicts before: concluded once resolved
         unmerged = _unmerged(path)
         if unmerged:
             return {"status": "conflicts", "conflicts": unmerged, "operation": operation}
+        changed = _git("-C", path, "diff", "--name-only", "HEAD").splitlines()
+        marked = _with_markers(path, conflicted + changed)
+        if marked:
+            return {"status": "conflicts", "conflicts": marked, "operation": operation}
         _git("-C", path, "add", "-A", "--", ".")
         if operation == "merge":
             _git("-C", path, "commit", "--no-verify", "-q", "--no-edit")
@@ -351,6 +416,11 @@ def _update(path: str, base: str, strategy: str, message: str) -> dict[str, Any]
             _git("-C", path, "-c", "core.editor=true", "rebase", "--continue")
         return {"status": "updated", "resolved": True,
                 "head": _git("-C", path, "rev-parse", "HEAD")}
+    if conflicted:  # the worker concluded it itself: with the markers still in?
+        marked = _with_markers(path, conflicted)
+        if marked:
+            return {"status": "conflicts", "conflicts": marked, "operation": None,
+                    "concluded": True}
     committed = None
     if _git("-C", path, "status", "--porcelain", "--untracked-files=all"):
         _git("-C", path, "add", "-A", "--", ".")
@@ -382,8 +452,9 @@ def _update(path: str, base: str, strategy: str, message: str) -> dict[str, Any]
 def cmd_update(path: str, base: str, strategy: str, message: str, name: str,
                email: str) -> int:
     _ident(name, email)
+    order = _stdin_json() or {}
     try:
-        _answer(_update(path, base, strategy, message))
+        _answer(_update(path, base, strategy, message, order.get("conflicted")))
     except RuntimeError as exc:
         _answer({"error": str(exc)})
         return 1
@@ -391,8 +462,16 @@ def cmd_update(path: str, base: str, strategy: str, message: str, name: str,
 
 
 def cmd_abort_update(path: str) -> int:
+    order = _stdin_json() or {}
     try:
         operation = _operation(path)
+        marked = _with_markers(path, order.get("conflicted") or []) if operation is None \
+            else []
+        if marked:  # concluded with the markers in: a commit, not an update to abort
+            _answer({"error": "the update was concluded with conflict markers still in "
+                              f"{', '.join(marked)}: there is nothing to abort; resolve them "
+                              "there (or let its worker: update --resolve worker)"})
+            return 1
         if operation is not None:
             _git("-C", path, operation, "--abort")
         _answer({"aborted": operation, "head": _git("-C", path, "rev-parse", "HEAD")})
@@ -486,12 +565,13 @@ class _Changes:
 
 def cmd_follow(folder: AttemptLog, given: str) -> int:
     """Stream the folder from the offsets given (JSON: file name -> bytes mirrored) until
-    the runner is gone: frames of a JSON head line and its bytes; a state frame at least
-    every HEARTBEAT (a controller gone ends it: the write fails); exit.json last."""
+    the runner is gone: frames of a JSON head line and its bytes; a state frame first and
+    whenever HEARTBEAT passed without a frame (a controller gone ends it: the write
+    fails); exit.json last."""
     offsets = {k: int(v) for k, v in (json.loads(given) or {}).items()}
     stamps: dict[str, Any] = {}
     out = sys.stdout.buffer
-    last_beat = 0.0
+    beat_at: float | None = None
     changes = _Changes(folder.dir)
     while True:
         state = runner_state(folder)  # first: once it is gone, what follows is complete
@@ -504,9 +584,13 @@ def cmd_follow(folder: AttemptLog, given: str) -> int:
             _frame(out, {"state": state, "end": True})
             out.flush()
             return 0
-        if sent or now - last_beat >= HEARTBEAT:
+        # the state first, then only when HEARTBEAT passed without a frame: a data frame
+        # is the beat (no state frame beside each event: the controller's CPU per worker)
+        if beat_at is None or (not sent and now - beat_at >= HEARTBEAT):
             _frame(out, {"state": state})
-            last_beat = now
+            beat_at = now
+        elif sent:
+            beat_at = now
         out.flush()
         changes.wait()
 
@@ -532,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_update(*rest)
     if command == "abort-update":
         return cmd_abort_update(*rest)
+    if command == "put-key":
+        return cmd_put_key(*rest)
     folder = AttemptLog(rest[0])
     simple = {"stage": cmd_stage, "spawn": cmd_spawn, "state": cmd_state, "stop": cmd_stop,
               "kill": cmd_kill, "sweep": cmd_sweep}

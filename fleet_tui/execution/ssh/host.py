@@ -61,12 +61,14 @@ from fleet_tui.execution.remote import (
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh.connection import Connection, SshError
 from fleet_tui.execution.ssh.mirror import Mirror
+from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
 from fleet_tui.vcs import git
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
+    from fleet_tui.settings.config import Settings
     from fleet_tui.store.db import Attempt, Task
 
 log = logging.getLogger("fleet_tui.engine.fleet")
@@ -151,8 +153,14 @@ class SshStaged:
         assert not self.done, "spawned or abandoned already"
         self.done = True
         rest, keys = forwarded(env)
-        answer = self.host.agent(["spawn", self.remote_dir],
-                                 input=json.dumps({"env": rest, "keys": keys}).encode())
+        order: dict[str, Any] = {"env": rest}
+        if any(v and not v.startswith(TOKEN_PREFIX) for v in keys.values()):
+            # the real key, not the attempt's token for the gateway: only a host that keeps
+            # its key gets it, into its own file once, read there by each runner
+            order["key_file"] = self.host.keep_key(keys)
+        else:
+            order["keys"] = keys  # the attempt's token (or nothing), through the pipe
+        answer = self.host.agent(["spawn", self.remote_dir], input=json.dumps(order).encode())
         return int(answer["pid"])
 
     def abandon(self) -> None:
@@ -228,8 +236,14 @@ class SshHost(RemoteHost):
     def __init__(self, *, name: str, target: str, env: Mapping[str, str],
                  python: str = "python3", data_dir: str | None = None,
                  ssh_config: str | os.PathLike[str] | None = None, port: int | None = None,
-                 claude: str | None = None, ssh: str = "ssh", lease: float = LEASE) -> None:
+                 claude: str | None = None, ssh: str = "ssh", lease: float = LEASE,
+                 key_on_host: bool = False) -> None:
         self.name = name
+        # `--key-on-host`: the host keeps the key (a 0600 file in its data dir) and its
+        # workers go to their endpoint straight from there, on when this machine is away
+        self.key_on_host = key_on_host
+        self.reaches_gateway = not key_on_host
+        self._key_files: dict[bytes, str] = {}  # digest of the key variables -> its file
         self.lease = lease  # seconds without an answer before its runs are lost
         self.env = env
         self.python = python  # the host's python (3.10 or newer)
@@ -490,6 +504,35 @@ class SshHost(RemoteHost):
     def free_port(self) -> int:
         return int(self.agent(["port"])["port"])
 
+    def check_setup(self, settings: Settings, env: Mapping[str, str], *,
+                    args: Sequence[str] = (), permission_mode: str | None = None) -> None:
+        super().check_setup(settings, env, args=args, permission_mode=permission_mode)
+        if not settings.gateway and not self.key_on_host:
+            raise FleetError(
+                f"host {self.name}: its workers reach their endpoint through this machine's "
+                "gateway (the key never goes to a host), and the gateway is off (gateway = "
+                "false); turn it on in config.toml, or let the host keep the key: "
+                f"`fleet-tui host add {self.name} TARGET --key-on-host`")
+
+    def keep_key(self, keys: Mapping[str, str]) -> str:
+        """The host's file holding `keys` (written there once: the key goes over the
+        connection's stdin, never an argument); refused unless the host keeps its key."""
+        if not self.key_on_host:
+            raise SshError(f"host {self.name}: refusing to send the API key to the host (it "
+                           "is not one that keeps its key: `fleet-tui host add ... "
+                           "--key-on-host`); its workers go through the gateway")
+        data = json.dumps(dict(sorted(keys.items()))).encode()
+        digest = hashlib.sha256(data).digest()
+        with self._lock:
+            found = self._key_files.get(digest)
+        if found is not None:
+            return found
+        path = f"{self.root}/keys/{digest.hex()[:16]}.json"
+        self.agent(["put-key", path], input=data)
+        with self._lock:
+            self._key_files[digest] = path
+        return path
+
     def push_base(self, repo: Path, commit: str, task_id: str) -> str:
         """The base commit in the host's mirror of `repo` (only what it lacks is sent)."""
         mirror = self.mirror_path(repo)
@@ -631,7 +674,8 @@ class SshHost(RemoteHost):
         self.push_base(Path(task.repo), base_commit, f"update/{task.id}")
         name, email = self._identity(Path(task.repo))
         answer = self.agent(["update", str(task.worktree), base_commit, strategy, message,
-                             name, email], timeout=300)
+                             name, email], timeout=300,
+                            input=json.dumps({"conflicted": list(task.conflicts)}).encode())
         return update_result(answer, branch=branch, base_branch=base_branch,
                              base_commit=base_commit, strategy=strategy,
                              host=f"host {self.name}")
@@ -639,7 +683,8 @@ class SshHost(RemoteHost):
     def abort_update(self, task: Task) -> str:
         if not task.worktree:
             raise FleetError(f"task {task.id} has no worktree yet")
-        answer = self.agent(["abort-update", str(task.worktree)])
+        answer = self.agent(["abort-update", str(task.worktree)], input=json.dumps(
+            {"conflicted": list(task.conflicts)}).encode())
         if "error" in answer:
             raise FleetError(f"host {self.name}: {answer['error']}")
         what = answer.get("aborted")

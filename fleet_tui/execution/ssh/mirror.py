@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from fleet_tui.execution.remote import write_at
 from fleet_tui.execution.ssh.agent import APPENDED
 from fleet_tui.system.files import write_json_atomic
 
@@ -29,6 +29,7 @@ RECONNECT = 0.5  # seconds between two tries after the stream broke
 # how long state() waits for the host's first answer: the engine's pass asks it, so a
 # host that does not answer must not hold the pass (the mirror's thread goes on asking)
 FIRST_STATE_WAIT = 0.25
+READ_SIZE = 1 << 18  # at most this much of the stream per read (the agent's CHUNK)
 
 
 def local_offsets(folder: Path) -> dict[str, int]:
@@ -42,14 +43,32 @@ def local_offsets(folder: Path) -> dict[str, int]:
     return out
 
 
-def _read_exact(stream: IO[bytes], n: int) -> bytes | None:
-    data = bytearray()
-    while len(data) < n:
-        chunk = stream.read(n - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)
+class _Appended:
+    """The appended files of one stream, each opened once: the bytes from `at` written at
+    the local end (what the folder holds already is skipped, never a gap left)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.open: dict[str, tuple[int, int]] = {}  # name -> (fd, its size)
+
+    def write(self, name: str, at: int, body: bytes) -> None:
+        found = self.open.get(name)
+        if found is None:
+            fd = os.open(self.folder / name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            found = fd, os.fstat(fd).st_size
+            self.open[name] = found
+        fd, size = found
+        if at > size:
+            raise ValueError(f"{name}: the host sent bytes from {at}, the mirror holds "
+                             f"{size}")
+        if at + len(body) > size:
+            os.pwrite(fd, body[size - at:], size)
+            self.open[name] = fd, at + len(body)
+
+    def close(self) -> None:
+        for fd, _ in self.open.values():
+            os.close(fd)
+        self.open.clear()
 
 
 class Mirror:
@@ -91,11 +110,16 @@ class Mirror:
 
     def _loop(self) -> None:
         while not self.stopping.is_set() and not self.ended.is_set():
+            began = time.monotonic()
             try:
                 self._follow_once()
             except Exception as exc:  # the link broke: resume from the local offsets
                 log.info("mirror of %s: %s; resuming", self.folder, exc)
-            if not self.ended.is_set():
+            # a stream that ran a while and broke (a dropped master) is made again at once:
+            # its new master forwards the ports the host's workers reach this machine by,
+            # and each moment without them is a request of theirs refused; one that broke
+            # at once waits before the next try
+            if not self.ended.is_set() and time.monotonic() - began < RECONNECT:
                 self.stopping.wait(RECONNECT)
         if self.on_end is not None:
             self.on_end()
@@ -104,28 +128,45 @@ class Mirror:
         proc = self.open_stream(local_offsets(self.folder))
         self._proc = proc
         self.connects += 1
+        files = _Appended(self.folder)
         try:
             stream = proc.stdout
             assert stream is not None
+            # one read per wake-up of the stream, its frames cut out of the buffer here (a
+            # remote worker's event costs this thread one wake-up, one pwrite: the
+            # controller's CPU per followed worker is mostly that wake-up)
+            buf = bytearray()
             while True:
-                head_line = stream.readline()
-                if not head_line:
-                    raise ConnectionError("the stream ended")
-                head = json.loads(head_line)
-                body = _read_exact(stream, int(head.get("n", 0)))
-                if body is None:
-                    raise ConnectionError("the stream ended inside a frame")
-                if self.on_frame is not None:
-                    self.on_frame()
-                if "f" in head:
-                    self._write(str(head["f"]), head, body)
-                if "state" in head:
-                    self.state = str(head["state"])
-                    self.first.set()
-                    if head.get("end"):
-                        self.ended.set()
-                        return
+                chunk = stream.read1(READ_SIZE)
+                if not chunk:
+                    raise ConnectionError("the stream ended" if not buf
+                                          else "the stream ended inside a frame")
+                buf += chunk
+                used = 0
+                while True:
+                    eol = buf.find(b"\n", used)
+                    if eol < 0:
+                        break
+                    head = json.loads(buf[used:eol])
+                    end = eol + 1 + int(head.get("n", 0))
+                    if end > len(buf):
+                        break
+                    body = bytes(buf[eol + 1:end])
+                    used = end
+                    if self.on_frame is not None:
+                        self.on_frame()
+                    if "f" in head:
+                        self._write(files, str(head["f"]), head, body)
+                    if "state" in head:
+                        self.state = str(head["state"])
+                        self.first.set()
+                        if head.get("end"):
+                            self.ended.set()
+                            return
+                if used:
+                    del buf[:used]
         finally:
+            files.close()
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
@@ -134,19 +175,18 @@ class Mirror:
             if proc.stderr is not None:
                 proc.stderr.close()
 
-    def _write(self, name: str, head: dict[str, Any], body: bytes) -> None:
+    def _write(self, files: _Appended, name: str, head: dict[str, Any], body: bytes) -> None:
         if "/" in name or name.startswith("."):
             raise ValueError(f"the host named a file outside the attempt folder: {name!r}")
-        path = self.folder / name
         if head.get("whole"):
             try:
                 data = json.loads(body)
             except ValueError:
                 return  # a record caught mid-write on the host: the next frame has it
             if isinstance(data, dict):
-                write_json_atomic(path, data)
+                write_json_atomic(self.folder / name, data)
             return
-        write_at(path, int(head["o"]), body, sender="the host")
+        files.write(name, int(head["o"]), body)
 
     def wait_first(self, timeout: float = FIRST_STATE_WAIT) -> bool:
         deadline = time.monotonic() + timeout

@@ -12,6 +12,7 @@ highlighted and the view scrolls to the current one. A view may also keep a row 
 
 from __future__ import annotations
 
+import time
 from typing import ClassVar
 
 from rich.style import Style
@@ -22,11 +23,12 @@ from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
 from textual.containers import Horizontal
 from textual.events import MouseScrollUp
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Input, Label
 
@@ -105,6 +107,7 @@ class LineView(ScrollView, can_focus=True):
         self._styles: dict[str, Style] = {}
         self._base: tuple[bool, Style] | None = None
         self._width = 0
+        self._prefetch_timer: Timer | None = None
         self.cursor = -1  # the cursor's row (CURSOR views; -1: none yet)
         self.query_text = ""  # what the search looks for ("": no search)
         self.matches: list[int] = []  # rows holding it, in order
@@ -294,6 +297,44 @@ class LineView(ScrollView, can_focus=True):
         return style
 
     # --- rendering -----------------------------------------------------------------------
+    PREFETCH_SLICE = 0.006
+    """Seconds one slice of building the next page's rows ahead may take (a key pressed
+    meanwhile waits at most this long)."""
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        strips = super().render_lines(crop)
+        if self._prefetch_timer is None and self.row_count() > self.size.height:
+            # after this frame is out: build the pages either side of it while idle, so a
+            # page key finds its rows made (a page of coloured rows costs ~1 ms a row)
+            self._prefetch_timer = self.set_timer(0.005, self._prefetch)
+        return strips
+
+    def _prefetch_rows(self) -> list[int]:
+        """The rows a page key shows next: the page below, then the page above."""
+        top = int(self.scroll_y)
+        height = self.size.height
+        count = self.row_count()
+        below = range(top + height, min(count, top + 2 * height))
+        above = range(max(0, top - height), top)
+        return [*below, *reversed(above)]
+
+    def _prefetch(self) -> None:
+        self._prefetch_timer = None
+        if not self.display or not self.size.height:
+            return
+        deadline = time.perf_counter() + self.PREFETCH_SLICE
+        for index in self._prefetch_rows():
+            if index in self._cache:
+                continue
+            if time.perf_counter() > deadline or not self._prefetch_row(index):
+                self._prefetch_timer = self.set_timer(0.005, self._prefetch)
+                return
+
+    def _prefetch_row(self, index: int) -> bool:
+        """Build and keep row ``index``'s strip ahead of its paint (False: try later)."""
+        self._row_strip(index, self._base_style())
+        return True
+
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         index = scroll_y + y
@@ -301,8 +342,14 @@ class LineView(ScrollView, can_focus=True):
         base = self._base_style()
         if index >= self.row_count():
             return Strip.blank(width, base)
+        return self._row_strip(index, base).crop_extend(scroll_x, scroll_x + width, base)
+
+    def _row_strip(self, index: int, base: Style) -> Strip:
+        """Row ``index`` as one strip of the view's whole width (cached)."""
         cached = self._cache.get(index)
         if cached is None:
+            scroll_x = self.scroll_offset.x
+            width = self.size.width
             text = Text(no_wrap=True, end="")
             fill = base
             for name, chunk in self.get_row(index):
@@ -318,7 +365,7 @@ class LineView(ScrollView, can_focus=True):
             strip = Strip(text.render(self.app.console), text.cell_len)
             cached = self._cache[index] = strip if fill is base else strip.extend_cell_length(
                 max(self._width, width) + scroll_x, fill)
-        return cached.crop_extend(scroll_x, scroll_x + width, base)
+        return cached
 
     def _own_style(self, name: str) -> Style:
         """A style of LineView itself (match, cursor), whatever the subclass's prefix."""

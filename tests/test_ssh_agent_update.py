@@ -1,0 +1,75 @@
+"""The SSH host's agent concluding an update (issue 20, item 3): `update` and `abort-update`
+run as the controller runs them on a host (`python3 -m fleet_tui.execution.ssh.agent`,
+stdlib only), here on a real git worktree of this machine: a conflicted file staged, or
+committed, with its conflict markers still in is not resolved, as in a local worktree.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+AGENT = "fleet_tui.execution.ssh.agent"
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _agent(*args: str, conflicted: list[str]) -> tuple[int, dict[str, Any]]:
+    done = subprocess.run([sys.executable, "-m", AGENT, *args], capture_output=True,
+                          input=json.dumps({"conflicted": conflicted}).encode(), check=False)
+    return done.returncode, json.loads(done.stdout.decode().strip().splitlines()[-1])
+
+
+def _conflicted(git_repo: Path) -> tuple[Path, str]:
+    """A worktree on fleet/t1 whose update from main stopped on a conflict in notes.txt."""
+    wt = git_repo.parent / "wt"
+    _git(git_repo, "worktree", "add", "-q", "-b", "fleet/t1", str(wt))
+    (wt / "notes.txt").write_text("the worker's\n")
+    _git(wt, "add", "notes.txt")
+    _git(wt, "commit", "-q", "-m", "worker")
+    (git_repo / "notes.txt").write_text("main's\n")
+    _git(git_repo, "add", "notes.txt")
+    _git(git_repo, "commit", "-q", "-m", "main")
+    base = _git(git_repo, "rev-parse", "HEAD")
+    code, answer = _agent("update", str(wt), base, "merge", "update", "T", "t@x.invalid",
+                          conflicted=[])
+    assert code == 0 and answer["status"] == "conflicts", answer
+    assert answer["conflicts"] == ["notes.txt"]
+    return wt, base
+
+
+def test_a_file_staged_with_its_markers_is_not_resolved(git_repo: Path) -> None:
+    wt, base = _conflicted(git_repo)
+    _git(wt, "add", "notes.txt")  # the markers still in
+    code, answer = _agent("update", str(wt), base, "merge", "update", "T", "t@x.invalid",
+                          conflicted=["notes.txt"])
+    assert (code, answer["status"], answer["conflicts"]) == (0, "conflicts", ["notes.txt"])
+    assert _git(wt, "rev-parse", "-q", "--verify", "MERGE_HEAD")  # still mid-merge
+    # resolved for real: concluded
+    (wt / "notes.txt").write_text("both\n")
+    _git(wt, "add", "notes.txt")
+    code, answer = _agent("update", str(wt), base, "merge", "update", "T", "t@x.invalid",
+                          conflicted=["notes.txt"])
+    assert (code, answer["status"]) == (0, "updated"), answer
+    assert _git(wt, "merge-base", "--is-ancestor", base, "HEAD") == ""
+
+
+def test_a_merge_committed_with_its_markers_is_still_conflicts_and_not_aborted(
+        git_repo: Path) -> None:
+    wt, base = _conflicted(git_repo)
+    _git(wt, "commit", "-q", "-a", "--no-edit")  # the worker concluded it, markers and all
+    code, answer = _agent("update", str(wt), base, "merge", "update", "T", "t@x.invalid",
+                          conflicted=["notes.txt"])
+    assert (code, answer["status"], answer["conflicts"]) == (0, "conflicts", ["notes.txt"])
+    assert answer["concluded"] is True
+    head = _git(wt, "rev-parse", "HEAD")
+    code, answer = _agent("abort-update", str(wt), conflicted=["notes.txt"])
+    assert code == 1 and "nothing to abort" in answer["error"]
+    assert "notes.txt" in answer["error"]
+    assert _git(wt, "rev-parse", "HEAD") == head  # nothing undone behind its back
