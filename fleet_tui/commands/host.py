@@ -45,10 +45,16 @@ def _parser() -> argparse.ArgumentParser:
         description="The machines workers run on: `local` (this one) and the ssh hosts of "
                     "config.toml ([hosts.NAME]).")
     sub = parser.add_subparsers(dest="action", metavar="add|ls|rm|check")
-    add = sub.add_parser("add", help="add an ssh host to config.toml")
+    add = sub.add_parser("add", help="add an ssh host or a Ray cluster to config.toml")
     add.add_argument("name", help="its name (`run --host NAME`)")
-    add.add_argument("target", help="as ssh takes it: an alias of ~/.ssh/config, user@host, "
-                     "host:port")
+    add.add_argument("target", nargs="?", help="as ssh takes it: an alias of ~/.ssh/config, "
+                     "user@host, host:port (not with --ray)")
+    add.add_argument("--ray", metavar="ADDRESS",
+                     help="a Ray cluster's Jobs address (e.g. http://head:8265): each "
+                          "attempt a Ray job (needs pip install 'fleet-tui[ray]')")
+    add.add_argument("--resources", metavar="JSON",
+                     help='with --ray: the resources each job asks for, e.g. \'{"gpu_box": 1}\''
+                          " (its node)")
     add.add_argument("-p", "--port", type=int, metavar="PORT",
                      help="the ssh port (or write host:port)")
     add.add_argument("--max-workers", type=int, metavar="N",
@@ -85,6 +91,12 @@ def _settings() -> Settings:
 def _add(args: argparse.Namespace) -> int:
     settings = _settings()  # a config.toml that does not read is said before writing
     path = config_file_path()
+    if args.ray is not None:
+        return _add_ray(args, settings, Path(path))
+    if args.resources is not None:
+        raise ConfigError("--resources is for a Ray host (with --ray ADDRESS)")
+    if args.target is None:
+        raise ConfigError("host add: give an ssh target (user@host) or --ray ADDRESS")
     table: dict[str, object] = {"ssh": args.target}
     if args.port is not None:
         table["port"] = args.port
@@ -104,6 +116,32 @@ def _add(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_ray(args: argparse.Namespace, settings: Settings, path: Path) -> int:
+    if args.target is not None or args.port is not None or args.key_on_host:
+        raise ConfigError("host add --ray: a Ray host has no ssh target, --port or "
+                          "--key-on-host (its Jobs address is all it needs)")
+    if args.name == LOCAL:
+        raise ConfigError("'local' is this machine, always a host; give the Ray host "
+                          "another name")
+    table: dict[str, object] = {"ray": args.ray}
+    if args.resources is not None:
+        try:
+            table["resources"] = json.loads(args.resources)
+        except ValueError as exc:
+            raise ConfigError(f"host add: --resources: not JSON ({exc}); e.g. "
+                              '\'{"gpu_box": 1}\'', key="resources") from None
+    if args.max_workers is not None:
+        table["max_workers"] = args.max_workers
+    host = host_from_table(args.name, table, "host add", settings.max_workers)
+    add_host(path, host)
+    asked = (", resources " + ", ".join(f"{k}={v:g}" for k, v in host.resources.items())
+             if host.resources else "")
+    _out(f"added host {host.name}: Ray cluster {host.ray}{asked}, max_workers "
+         f"{host.max_workers} ({path})")
+    _out(f"check it: fleet-tui host check {host.name}")
+    return EXIT_OK
+
+
 def _rows(settings: Settings) -> list[dict[str, object]]:
     from fleet_tui.engine.fleet import Fleet
 
@@ -113,7 +151,8 @@ def _rows(settings: Settings) -> list[dict[str, object]]:
         live = fleet.tasks_on_host(host.name)
         rows.append({"name": host.name, "ssh": host.ssh, "port": host.port,
                      "target": host.target, "max_workers": host.max_workers,
-                     "key_on_host": host.key_on_host,
+                     "key_on_host": host.key_on_host, "ray": host.ray,
+                     "resources": host.resources, "key_env": host.key_env,
                      "running": sum(t.state in ACTIVE_STATES for t in live),
                      "tasks": len(live)})
     return rows
@@ -129,7 +168,8 @@ def _ls(args: argparse.Namespace) -> int:
     _out(f"{'NAME':<{width}}  {'TARGET':<{target_width}}  {'WORKERS':>7}  {'TASKS':>5}  KEY")
     for r in rows:
         workers = f"{r['running']}/{r['max_workers']}"
-        key = "-" if r["ssh"] is None else "on host" if r["key_on_host"] else "here"
+        key = (f"${r['key_env']} there" if r["key_env"] else "here") if r["ray"] else \
+            "-" if r["ssh"] is None else "on host" if r["key_on_host"] else "here"
         _out(f"{r['name']!s:<{width}}  {r['target']!s:<{target_width}}  {workers:>7}  "
              f"{r['tasks']!s:>5}  {key}")
     return EXIT_OK
@@ -168,6 +208,8 @@ def _claude_where(settings: Settings, host: HostConfig) -> tuple[tuple[str, ...]
 def _check(args: argparse.Namespace) -> int:
     settings = _settings()
     host = settings.host(args.name)
+    if host.is_ray:
+        return _check_ray(host, as_json=args.json)
     claude, install_to = _claude_where(settings, host)
     checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
     failed_claude = any(c.name == "claude" and not c.ok for c in checks)
@@ -187,8 +229,21 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
 
 
+def _check_ray(host: HostConfig, *, as_json: bool) -> int:
+    checks = host_check.check_ray_host(host)
+    if as_json:
+        _out(json.dumps({"host": host.name, "target": host.target,
+                         "ok": all(c.ok for c in checks),
+                         "checks": [c.to_json() for c in checks]}, indent=2))
+    else:
+        _show(host, checks)
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
+
+
 def _show(host: HostConfig, checks: list[Check]) -> None:
-    _out(f"host {host.name} ({'this machine' if host.is_local else 'ssh ' + host.target}):")
+    what = "this machine" if host.is_local else \
+        f"Ray {host.target}" if host.is_ray else f"ssh {host.target}"
+    _out(f"host {host.name} ({what}):")
     for check in checks:
         _out(f"  {'ok  ' if check.ok else 'FAIL'}  {check.name:<9}  {check.found}")
         if not check.ok and check.fix:

@@ -243,3 +243,96 @@ def _skew(found: str, started: float, ended: float) -> Check:
 
 __all__ = ["CLAUDE_PACKAGE", "Check", "Ran", "check_host", "install_script", "probe_script",
            "run_on", "ssh_argv"]
+
+
+# --- a Ray cluster (issue 21): its Jobs address, through its REST API -----------------------
+
+RAY_TIMEOUT = 15.0
+
+
+def _get_json(url: str, timeout: float) -> object:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.load(resp)
+
+
+def ray_nodes(address: str, *, timeout: float = RAY_TIMEOUT) -> list[dict[str, object]]:
+    """The cluster's alive nodes (the state API), each with its resources: the Ray
+    host's own reading (imported here when a Ray host is checked)."""
+    from fleet_tui.execution.ray.host import ray_nodes as alive
+
+    return alive(address, timeout=timeout)
+
+
+def check_ray_host(host: HostConfig, *, timeout: float = RAY_TIMEOUT) -> list[Check]:
+    """A Ray host's checks: the Jobs address answers (and its Ray's version), its alive
+    nodes, whether one of them has every resource the host's jobs ask for, this machine's
+    Jobs client; then what a node needs (git, python, the pinned claude), said, not probed:
+    nothing runs on the cluster for a check."""
+    assert host.ray is not None
+    address = host.ray
+    try:
+        version = _get_json(f"{address}/api/version", timeout)
+    except (OSError, ValueError) as exc:
+        return [Check("reachable", False, f"{address} does not answer: {exc}",
+                      "check the address (the head's dashboard, `ray start --head "
+                      "--dashboard-host=...`, port 8265 by default) and that this machine "
+                      "reaches it")]
+    ray_version = version.get("ray_version") if isinstance(version, dict) else None
+    checks = [Check("reachable", True, f"{address} (Ray {ray_version or 'unknown'})")]
+    try:
+        nodes = ray_nodes(address, timeout=timeout)
+    except (OSError, ValueError) as exc:
+        checks.append(Check("nodes", False, f"the state API did not answer: {exc}",
+                            "the cluster needs ray[default] on its head (the dashboard)"))
+        return checks
+    shown = []
+    for node in nodes:
+        total = node.get("resources_total")
+        total = total if isinstance(total, dict) else {}
+        names = sorted(k for k in total if isinstance(k, str) and not k.startswith("node:"))
+        shown.append(f"{node.get('node_ip')} ({', '.join(names)})")
+    checks.append(Check("nodes", bool(nodes), f"{len(nodes)} alive: " + "; ".join(shown)
+                        if nodes else "no node is alive", "start a node: `ray start "
+                        "--address=HEAD:6379` on each machine"))
+    wanted = host.resources or {}
+    if wanted:
+        def has(node: dict[str, object], name: str) -> float:
+            total = node.get("resources_total")
+            value = total.get(name, 0) if isinstance(total, dict) else 0
+            return float(value) if isinstance(value, (int, float)) else 0.0
+
+        fits = [n for n in nodes if all(has(n, k) >= v for k, v in wanted.items())]
+        asked = ", ".join(f"{k}={v:g}" for k, v in wanted.items())
+        checks.append(Check("resources", bool(fits),
+                            f"{len(fits)} node(s) have {asked}" if fits else
+                            f"no node has {asked}",
+                            "start a node with them: `ray start ... --resources='"
+                            + "{" + ", ".join(f'"{k}": {v:g}' for k, v in wanted.items())
+                            + "}'`, or change resources in [hosts." + host.name + "]"))
+    try:
+        from importlib.metadata import version as dist_version
+
+        client = dist_version("ray")
+    except Exception:
+        client = None
+    if client is None:
+        checks.append(Check("client", False, "this machine has no ray",
+                            "pip install 'fleet-tui[ray]'"))
+    else:
+        same = ray_version in (None, client)
+        checks.append(Check("client", same, f"ray {client} here" + (
+            "" if same else f", Ray {ray_version} there"),
+            f"use the cluster's version here: pip install 'ray[default]=={ray_version}'"))
+    key = (f"the key from ${host.key_env} of each node's environment" if host.key_env
+           else "this machine's gateway, with each attempt's token (gateway = true; "
+                "the nodes must reach this machine"
+                + (f" as {host.gateway_host})" if host.gateway_host else ")"))
+    checks.append(Check("node needs", True,
+                        f"git 2.38+, {host.python or 'python3'} 3.11+ (Ray's own), "
+                        f"{host.claude or 'claude'} {CLAUDE_CODE_VERSION}, "
+                        f"{host.data_dir or '/var/tmp/fleet-tui-ray'} writable; the key: "
+                        f"{key}"))
+    return checks

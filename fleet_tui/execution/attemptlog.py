@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import stat
 import time
 from pathlib import Path
@@ -151,6 +152,14 @@ def lock_held(attempt_dir: Path) -> bool | None:
 # message accepted while the channel was open is always taken before it closes.
 
 INPUT_LOCK_WAIT = 5.0  # a sender waits this long for the runner's (microsecond) turn
+
+
+MESSAGE_ID = re.compile(r"[0-9]{20}-[0-9a-f]{8}")  # a message's id: its file's name in input/
+
+
+def new_message_id() -> str:
+    """A message's id: ordered by time, unique."""
+    return f"{time.time_ns():020d}-{os.urandom(4).hex()}"
 
 
 class InputClosed(Exception):
@@ -471,10 +480,13 @@ class AttemptLog:
                 os.unlink(folder / name)
         return texts
 
-    def send_input(self, text: str, *, by: str = "") -> str:
+    def send_input(self, text: str, *, by: str = "", message_id: str | None = None) -> str:
         """Leave a message for the running worker and wake its runner; the message's id
-        (`input_waiting(id)` says whether the runner has taken it yet). InputClosed when the
-        runner takes no message: none runs yet, or its run is over (or being stopped)."""
+        (`input_waiting(id)` says whether the runner has taken it yet; `message_id`: the
+        id it was given elsewhere, a remote host's mailbox). InputClosed when the runner
+        takes no message: none runs yet, or its run is over (or being stopped)."""
+        if message_id is not None and not MESSAGE_ID.fullmatch(message_id):
+            raise ValueError(f"not a message id: {message_id!r}")
         with _input_lock(self.dir):
             if not self.input_open():
                 raise InputClosed("its worker is not taking messages")
@@ -483,7 +495,7 @@ class AttemptLog:
             except OSError as exc:  # ENXIO: nobody reads it, the runner is gone
                 raise InputClosed("its worker is gone") from exc
             try:
-                name = f"{time.time_ns():020d}-{os.urandom(4).hex()}"
+                name = message_id or new_message_id()
                 write_json_atomic(self.dir / INPUT_DIR / f"{name}.json",
                                   {"text": text, "at": time.time(), "by": by}, sync=False)
             except BaseException:

@@ -4,7 +4,9 @@ The engine knows only the seam (`execution.host`); this is the one place that na
 host's code, so that nothing above `execution/` imports `execution.local` (an import
 contract says so). `local` is this machine (`LocalHost`); a `[hosts.NAME]` table of
 config.toml with `ssh = TARGET` is an SSH host (`execution.ssh.host.SshHost`, imported
-only when such a host is first used: a build without it says so, for that host only).
+only when such a host is first used: a build without it says so, for that host only);
+one with `ray = ADDRESS` is a Ray cluster (`execution.ray.host.RayHost`, issue 21: each
+attempt a Ray job; imported when first used too, and this machine needs the `ray` extra).
 
 A task's host is its name in config.toml (`tasks.host`); an attempt records the name of
 the host it ran on (`attempts.host`: `Host.name`), and is found again by it. A host given
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from fleet_tui.store.db import Attempt
 
 SSH_MODULE = "fleet_tui.execution.ssh.host"
+RAY_MODULE = "fleet_tui.execution.ray.host"
 
 
 class HostUnavailable(FleetError):
@@ -43,6 +46,8 @@ def build_host(config: HostConfig, *, env: Mapping[str, str], python: str) -> Ho
     """The host of one `[hosts.NAME]` table (HostUnavailable: not in this build)."""
     if config.is_local:
         return default_host(env=env, python=python)
+    if config.is_ray:
+        return _ray_host(config, env=env)
     import importlib
 
     try:
@@ -57,6 +62,26 @@ def build_host(config: HostConfig, *, env: Mapping[str, str], python: str) -> Ho
     # the host's own python and claude are its own (python3 and claude on its PATH)
     host: Host = module.SshHost(name=config.name, target=config.ssh, port=config.port,
                                 env=env, key_on_host=config.key_on_host)
+    return host
+
+
+def _ray_host(config: HostConfig, *, env: Mapping[str, str]) -> Host:
+    """A Ray cluster's host; HostUnavailable when this machine has no ray (the extra)."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise HostUnavailable(
+            f"the host {config.name!r} is a Ray cluster, and this machine has no ray: "
+            "pip install 'fleet-tui[ray]' (the Jobs client), or run the task on `local` "
+            "(--host local)")
+    module = importlib.import_module(RAY_MODULE)
+    options: dict[str, object] = {}
+    for key in ("data_dir", "python", "claude", "key_env", "gateway_host"):
+        if getattr(config, key) is not None:
+            options[key] = getattr(config, key)
+    host: Host = module.RayHost(name=config.name, address=config.ray, env=env,
+                                resources=config.resources, **options)
     return host
 
 
@@ -83,7 +108,11 @@ class Hosts:
         scheduler's, not the host's: a changed max_workers keeps the host as it is, and
         so does `local` always (it holds the runners it started, to reap them)."""
         def reached(config: HostConfig | None) -> object:
-            return None if config is None else (config.ssh, config.port, config.key_on_host)
+            if config is None:
+                return None
+            return (config.ssh, config.port, config.key_on_host, config.ray,
+                    config.resources, config.data_dir, config.python, config.claude,
+                    config.key_env, config.gateway_host)
 
         with self._lock:
             new = {c.name: c for c in configs}
@@ -173,4 +202,4 @@ class Hosts:
             return tuple(dict.fromkeys([LOCAL, *self._configs, *self._given]))
 
 
-__all__ = ["SSH_MODULE", "HostUnavailable", "Hosts", "build_host", "default_host"]
+__all__ = ["RAY_MODULE", "SSH_MODULE", "HostUnavailable", "Hosts", "build_host", "default_host"]

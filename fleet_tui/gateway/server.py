@@ -48,18 +48,20 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 from fleet_tui.core import policy
 from fleet_tui.core.states import StopReason
+from fleet_tui.execution import mailbox
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.gateway.routes import UNLIMITED, Route
 from fleet_tui.gateway.slots import Slots
 from fleet_tui.gateway.usage import UsageReader
 from fleet_tui.settings.config import ConfigError, Settings, load_settings
 from fleet_tui.store import budgets
-from fleet_tui.store.db import EndpointState, Store
+from fleet_tui.store.db import EndpointState, Store, StoreError
 from fleet_tui.store.meter import Meter, TokenInfo, Usage
 from fleet_tui.system import paths, procs
 from fleet_tui.system.files import write_json_atomic
 
-__all__ = ["CONTROL_FILE", "INFO_FILE", "LOCK_FILE", "LOG_FILE", "SERVER_MODULE", "STATUS_FILE",
+__all__ = ["CONTROL_FILE", "INFO_FILE", "LOCK_FILE", "LOG_FILE", "MAILBOX_PATH", "SERVER_MODULE",
+           "STATUS_FILE",
            "Gateway", "main", "parse_handover", "unix_address"]
 
 SERVER_MODULE = "fleet_tui.gateway.server"
@@ -70,6 +72,8 @@ LOG_FILE = "gateway.log"
 CONTROL_FILE = "control.sock"  # the engines hand the endpoints and keys over again here
 HANDOVER_MAX = 60_000  # what a handover may weigh (system.spawn.HANDOVER_LIMIT's figure)
 STATUS_EVERY = 0.2  # seconds between two writes of status.json (when something changed)
+MAILBOX_PATH = "/fleet/mailbox"  # a remote worker's messages (execution/mailbox.py)
+MAILBOX_POLL = 0.1  # seconds between two looks at a mailbox while a fetch waits
 
 log = logging.getLogger("fleet_tui.gateway")
 
@@ -197,6 +201,8 @@ class Gateway:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/e/{endpoint}", self.handle)
         app.router.add_route("*", "/e/{endpoint}/{rest:.*}", self.handle)
+        app.router.add_get(MAILBOX_PATH, self.mailbox_fetch)
+        app.router.add_post(MAILBOX_PATH, self.mailbox_verdict)
         app.router.add_route("*", "/{rest:.*}", self.unrouted)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
@@ -212,6 +218,54 @@ class Gateway:
         if self._session is not None:
             await self._session.close()
         self._pool.shutdown(wait=False)
+
+    # --- a remote worker's mailbox (execution/mailbox.py): `say` to a Ray job ----------
+
+    def _mailbox_of(self, request: web.Request) -> AttemptLog | web.Response:
+        """The local attempt folder of the request's token (valid, bound to an attempt),
+        or the 401/404 answer."""
+        token = token_of(request)
+        info = self.meter.check(token) if token else None
+        if info is None or not info.valid or info.attempt_id is None:
+            return _error(401, "authentication_error",
+                          "no valid gateway token for an attempt: no mailbox")
+        try:
+            found = self.store.get_attempt(int(info.attempt_id))
+        except StoreError:
+            found = None
+        if found is None or found.dir is None:
+            return _error(404, "not_found_error", "the token's attempt has no folder")
+        return AttemptLog(found.dir)
+
+    async def mailbox_fetch(self, request: web.Request) -> web.Response:
+        """The messages waiting for the token's worker; waits up to `wait` seconds
+        (LONG_POLL at most) for one."""
+        folder = await self._in_pool(self._mailbox_of, request)
+        if isinstance(folder, web.Response):
+            return folder
+        try:
+            wait = min(max(float(request.query.get("wait", "0")), 0.0), mailbox.LONG_POLL)
+        except ValueError:
+            wait = 0.0
+        deadline = time.monotonic() + wait
+        while True:
+            messages = await self._in_pool(mailbox.pending, folder)
+            if messages or time.monotonic() >= deadline:
+                return web.json_response({"messages": messages})
+            await asyncio.sleep(MAILBOX_POLL)
+
+    async def mailbox_verdict(self, request: web.Request) -> web.Response:
+        """What the node side says became of a message (queued, taken, closed)."""
+        folder = await self._in_pool(self._mailbox_of, request)
+        if isinstance(folder, web.Response):
+            return folder
+        try:
+            data = json.loads(await request.read())
+            await self._in_pool(mailbox.verdict, folder, str(data["id"]),
+                                str(data["status"]), str(data.get("reason") or ""))
+        except (ValueError, KeyError, TypeError) as exc:
+            return _error(400, "invalid_request_error", f"not a verdict: {exc}")
+        return web.json_response({"ok": True})
 
     async def unrouted(self, request: web.Request) -> web.Response:
         return _error(404, "not_found_error",

@@ -7,6 +7,17 @@
     max_workers = 8             # workers at once on that host (default: the top-level cap)
     key_on_host = false         # true: the key is kept on the host (its own gateway)
 
+    [hosts.cluster]
+    ray = "http://head:8265"    # a Ray cluster's Jobs address (issue 21): each attempt a job
+    resources = { agenthost = 1 }  # optional: the job's entrypoint_resources (its node)
+    max_workers = 8
+    data_dir = "/var/tmp/fleet-tui-ray"  # optional: on the nodes (repos, worktrees, attempts)
+    python = "python3"          # optional: the nodes' python
+    claude = "/opt/claude/bin/claude"  # optional: the nodes' claude (else the setting's)
+    key_env = "TEAM_ANTHROPIC_KEY"  # optional: the nodes hold the key in that variable
+                                # (unset: through this machine's gateway, with a token)
+    gateway_host = "10.0.0.5"   # optional: how the nodes reach this machine's gateway
+
 `local` (this machine) is always a host. Its cap is the fleet's (the sum of the endpoints'
 caps: the top-level `max_workers` with one endpoint), so that hosts change nothing for a
 fleet that has none; `[hosts.local]` with `max_workers` alone bounds this machine below it
@@ -35,27 +46,44 @@ ANY = "any"
 TABLE = "hosts"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 FIELDS = ("ssh", "port", "max_workers", "key_on_host")
+RAY_FIELDS = ("ray", "resources", "max_workers", "data_dir", "python", "claude", "key_env",
+              "gateway_host")
 # what ssh takes as a destination: no option (a leading '-'), no space or control character
 _TARGET_RE = re.compile(r"[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]{0,252}")
 
 
 @dataclass(frozen=True)
 class HostConfig:
-    """One host workers can run on. `ssh` is None for `local`."""
+    """One host workers can run on. `ssh` and `ray` are None for `local`."""
 
     name: str
     max_workers: int
     ssh: str | None = None  # the destination as ssh takes it (without the port)
     port: int | None = None
     key_on_host: bool = False
+    # a Ray cluster (issue 21): its Jobs address, and what its jobs are given
+    ray: str | None = None
+    resources: dict[str, float] | None = None
+    data_dir: str | None = None
+    python: str | None = None
+    claude: str | None = None
+    key_env: str | None = None
+    gateway_host: str | None = None
 
     @property
     def is_local(self) -> bool:
-        return self.ssh is None
+        return self.ssh is None and self.ray is None
+
+    @property
+    def is_ray(self) -> bool:
+        return self.ray is not None
 
     @property
     def target(self) -> str:
-        """The target as the user wrote it (host:port when a port is set)."""
+        """The target as the user wrote it (host:port when a port is set; a Ray host's
+        Jobs address)."""
+        if self.ray is not None:
+            return self.ray
         if self.ssh is None:
             return LOCAL
         if self.port is None:
@@ -138,6 +166,8 @@ def host_from_table(name: str, table: object, where: str, default_cap: int) -> H
                               "takes max_workers alone (give an ssh host another name)",
                               key=name)
         return HostConfig(LOCAL, _cap(table["max_workers"], where))
+    if "ray" in table:
+        return ray_host_from_table(name, table, where, default_cap)
     unknown = sorted(set(table) - set(FIELDS))
     if unknown:
         raise ConfigError(f"{where}: unknown setting {unknown[0]!r}; a host takes "
@@ -165,6 +195,71 @@ def host_from_table(name: str, table: object, where: str, default_cap: int) -> H
         raise ConfigError(f"{where}: key_on_host: expected true or false, got "
                           f"{key_on_host!r}", key="key_on_host")
     return HostConfig(name, cap, dest, port, key_on_host)
+
+
+def parse_ray_address(raw: object, where: str = "host") -> str:
+    """A Ray cluster's Jobs address (http[s]://HOST:PORT, the dashboard's), or ConfigError
+    saying what is accepted."""
+    from urllib.parse import urlsplit
+
+    text = raw.strip().rstrip("/") if isinstance(raw, str) else ""
+    parts = urlsplit(text)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 \
+            or parts.path or parts.query or parts.fragment or any(c.isspace() for c in text):
+        raise ConfigError(f"{where}: ray: {raw!r} is not a Ray Jobs address (the cluster's "
+                          "dashboard, e.g. http://head:8265)", key="ray")
+    return text
+
+
+def parse_resources(raw: object, where: str = "host") -> dict[str, float]:
+    """A job's entrypoint_resources: names to amounts > 0 (ConfigError otherwise)."""
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{where}: resources: expected a table of resource names and "
+                          f"amounts, e.g. {{ agenthost = 1 }}, got {raw!r}", key="resources")
+    out: dict[str, float] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not key or any(c.isspace() for c in key):
+            raise ConfigError(f"{where}: resources: {key!r} is not a resource name",
+                              key="resources")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"{where}: resources: {key} = {value!r}: expected an amount "
+                              "> 0", key="resources")
+        out[key] = float(value)
+    return out
+
+
+def ray_host_from_table(name: str, table: dict[str, object], where: str,
+                        default_cap: int) -> HostConfig:
+    unknown = sorted(set(table) - set(RAY_FIELDS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting {unknown[0]!r}; a Ray host takes "
+                          + ", ".join(RAY_FIELDS), key=unknown[0])
+    address = parse_ray_address(table["ray"], where)
+    resources = parse_resources(table["resources"], where) if "resources" in table else None
+    texts: dict[str, str | None] = {}
+    for key in ("data_dir", "python", "claude", "key_env", "gateway_host"):
+        value = table.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()
+                                  or any(c in value for c in "\n\r\x00")):
+            raise ConfigError(f"{where}: {key}: expected a non-empty string, got {value!r}",
+                              key=key)
+        texts[key] = value
+    if texts["data_dir"] is not None and not texts["data_dir"].startswith("/"):
+        raise ConfigError(f"{where}: data_dir: expected an absolute path on the nodes, got "
+                          f"{texts['data_dir']!r}", key="data_dir")
+    if texts["key_env"] is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*",
+                                                         texts["key_env"]):
+        raise ConfigError(f"{where}: key_env: expected the name of an environment variable, "
+                          f"got {texts['key_env']!r}", key="key_env")
+    cap = _cap(table.get("max_workers", default_cap), where)
+    return HostConfig(name, cap, ray=address, resources=resources,
+                      data_dir=texts["data_dir"], python=texts["python"],
+                      claude=texts["claude"], key_env=texts["key_env"],
+                      gateway_host=texts["gateway_host"])
 
 
 def read_hosts(config_file: str, settings: object) -> tuple[HostConfig, ...]:
@@ -233,8 +328,29 @@ def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _toml_value(value: object) -> str:
+    if isinstance(value, dict):
+        inner = ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + inner + " }"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return _quoted(str(value))
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _quoted(key)
+
+
 def host_table(host: HostConfig) -> str:
     """The `[hosts.NAME]` table of `host`, as `host add` writes it."""
+    if host.ray is not None:
+        lines = [f"[{TABLE}.{host.name}]"]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in _as_data(host).items()]
+        return "\n".join(lines) + "\n"
     assert host.ssh is not None
     lines = [f"[{TABLE}.{host.name}]", f"ssh = {_quoted(host.target)}",
              f"max_workers = {host.max_workers}"]
@@ -299,6 +415,16 @@ def remove_host(config_file: Path, name: str) -> None:
 
 
 def _as_data(host: HostConfig) -> dict[str, object]:
+    if host.ray is not None:
+        ray: dict[str, object] = {"ray": host.ray}
+        if host.resources:
+            ray["resources"] = {k: int(v) if float(v).is_integer() else v
+                                for k, v in host.resources.items()}
+        ray["max_workers"] = host.max_workers
+        for key in ("data_dir", "python", "claude", "key_env", "gateway_host"):
+            if getattr(host, key) is not None:
+                ray[key] = getattr(host, key)
+        return ray
     out: dict[str, object] = {"ssh": host.target, "max_workers": host.max_workers}
     if host.key_on_host:
         out["key_on_host"] = True
@@ -345,4 +471,5 @@ def _plain(value: object) -> object:
 
 
 __all__ = ["ANY", "LOCAL", "HostConfig", "add_host", "find", "from_data", "host_from_table",
-           "host_table", "local_host", "parse_target", "read_hosts", "remove_host", "to_data"]
+           "host_table", "local_host", "parse_ray_address", "parse_resources", "parse_target",
+           "read_hosts", "remove_host", "to_data"]

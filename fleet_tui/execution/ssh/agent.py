@@ -155,6 +155,16 @@ def cmd_spawn(folder: AttemptLog) -> int:
                               f"({exc.__class__.__name__}); `fleet-tui host check` writes "
                               "it again"})
             return 1
+    proc = start_runner(folder, env, keys, SPAWN_WAIT)
+    _answer({"pid": proc.pid, "start": procs.start_time(proc.pid)})
+    return 0
+
+
+def start_runner(folder: AttemptLog, env: dict[str, str], keys: dict[str, str],
+                 wait: float) -> subprocess.Popen[bytes]:
+    """The runner started detached (its own session, stdin /dev/null, its output in
+    runner.log), the key variables through a pipe it inherits (`--env-fd`), never its
+    environment or argv; returned once it took its lock (or ended, or `wait` passed)."""
     argv = [sys.executable, "-m", RUNNER_MODULE]
     pass_fds: tuple[int, ...] = ()
     read_fd: int | None = None
@@ -171,13 +181,12 @@ def cmd_spawn(folder: AttemptLog) -> int:
                                 pass_fds=pass_fds, close_fds=True)
     if read_fd is not None:
         os.close(read_fd)
-    deadline = time.monotonic() + SPAWN_WAIT
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if proc.poll() is not None or folder.has_runner_record():
             break
         time.sleep(0.01)
-    _answer({"pid": proc.pid, "start": procs.start_time(proc.pid)})
-    return 0
+    return proc
 
 
 KEY_FILE_IDLE = 86_400.0

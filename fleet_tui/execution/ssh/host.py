@@ -39,7 +39,6 @@ import re
 import shlex
 import subprocess
 import tarfile
-import tempfile
 import threading
 import time
 from dataclasses import asdict, replace
@@ -52,7 +51,13 @@ from fleet_tui.core.errors import FleetError
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerState
-from fleet_tui.execution.local import launcher, prepare
+from fleet_tui.execution.remote import (
+    KEY_VARIABLES,
+    LOOPBACK,
+    RemoteHost,
+    RemoteRun,
+    update_result,
+)
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh.connection import Connection, SshError
 from fleet_tui.execution.ssh.mirror import Mirror
@@ -61,7 +66,6 @@ from fleet_tui.system import paths
 from fleet_tui.vcs import git
 
 if TYPE_CHECKING:
-    import threading as _threading
     from collections.abc import Callable, Mapping, Sequence
 
     from fleet_tui.settings.config import Settings
@@ -71,15 +75,12 @@ log = logging.getLogger("fleet_tui.engine.fleet")
 
 AGENT = "fleet_tui.execution.ssh.agent"
 DEFAULT_DATA_DIR = "$HOME/.fleet-tui-host"
-# the variables the host's runner hands claude through its pipe (never its environment)
-KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GLM_API_KEY")
 # what of the engine's environment reaches the host's runner (paths of this machine do not)
 FORWARD_PREFIXES = ("FLEET_WORKER_", "ANTHROPIC_", "CLAUDE_", "GIT_AUTHOR_", "GIT_COMMITTER_",
                     "LC_")
 FORWARD_NAMES = ("LANG", "TZ", "IS_SANDBOX", "DISABLE_AUTOUPDATER", "GIT_CONFIG_NOSYSTEM",
                  "FLEET_TUI_PORTABLE_PROCS")
 WRITING = re.compile(r"Writing objects: 100% \((\d+)/\d+\), ([\d.]+) (bytes|KiB|MiB|GiB)")
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
 # a run whose host has not answered for this long (the agent's stream beats every second)
 # is lost: the engine records its end, and the host sweeps it once it answers again
@@ -166,36 +167,18 @@ class SshStaged:
         self.done = True
 
 
-class SshRun:
+class SshRun(RemoteRun):
     """One attempt's runner on the host, followed through its mirror."""
 
     def __init__(self, host: SshHost, attempt: Attempt) -> None:
-        assert attempt.dir is not None, "an attempt that was never placed has no run"
+        super().__init__(attempt)
         self.host = host
-        self.attempt = attempt
-        self._log = AttemptLog(attempt.dir)
 
     @property
     def remote_dir(self) -> str:
         """The attempt folder on the host (asked of it once per host object: so not in
         __init__, which the engine's pass reaches for a host that may be away)."""
         return self.host.remote_attempt_dir(self.attempt.task_id, self.attempt.n)
-
-    @property
-    def log(self) -> AttemptLog:
-        return self._log
-
-    def identity(self) -> tuple[int | None, str | None]:
-        for rec in (self._log.launch_record(), self._log.runner_record()):
-            pid = rec.get("runner_pid") if rec else None
-            if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
-                start = rec.get("runner_start") if rec else None
-                return pid, str(start) if start is not None else None
-        return self.attempt.runner_pid, None
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return self.attempt.task_id, self.attempt.n
 
     def state(self) -> RunnerState:
         """The mirror's last word, within FIRST_STATE_WAIT (never the host's round trip:
@@ -234,15 +217,6 @@ class SshRun:
             return 0  # swept when the host is back (SshHost.sweep_lost)
         return int(self.host.agent(["sweep", self.remote_dir]).get("swept", 0))
 
-    def wait_gone(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.state() != "alive":
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-
     def send_input(self, text: str, *, by: str = "") -> str:
         answer = self.host.agent(["say", self.remote_dir, by], input=text.encode())
         if "closed" in answer:
@@ -250,7 +224,7 @@ class SshRun:
         return str(answer["id"])
 
 
-class SshHost:
+class SshHost(RemoteHost):
     """A machine reached by `ssh TARGET`. Thread-safe for the engine's start threads.
 
     `reaches_gateway`: a worker here reaches this machine's gateway (and any endpoint on
@@ -509,13 +483,11 @@ class SshHost:
             return url
         return urlunsplit(urlsplit(url)._replace(netloc=f"127.0.0.1:{self.forward(port)}"))
 
+    def remote_root(self) -> str:
+        return self.root
+
     def remote_attempt_dir(self, task_id: str, n: int) -> str:
         return f"{self.root}/attempts/{task_id}/{n}"
-
-    def mirror_path(self, repo: Path) -> str:
-        real = str(Path(repo).resolve())
-        slug = re.sub(r"[^A-Za-z0-9._-]", "_", Path(real).name)[:40]
-        return f"{self.root}/repos/{slug}-{hashlib.sha256(real.encode()).hexdigest()[:10]}.git"
 
     def git_url(self, path: str) -> str:
         c = self.connection
@@ -534,7 +506,7 @@ class SshHost:
 
     def check_setup(self, settings: Settings, env: Mapping[str, str], *,
                     args: Sequence[str] = (), permission_mode: str | None = None) -> None:
-        launcher.check_setup(settings, env, args=args, permission_mode=permission_mode)
+        super().check_setup(settings, env, args=args, permission_mode=permission_mode)
         if not settings.gateway and not self.key_on_host:
             raise FleetError(
                 f"host {self.name}: its workers reach their endpoint through this machine's "
@@ -611,28 +583,6 @@ class SshHost:
             raise FleetError(f"task {task.id}: {worktree} on host {self.name} is not its "
                              f"worktree on {branch} ({why})")
 
-    def place(self, task: Task, worktree: Path, attempt_n: int) -> Placement:
-        adir = paths.attempt_dir(task.repo, task.id, attempt_n)
-        for folder in (paths.logs_dir(task.repo), adir.parent, adir):
-            paths.private_dir(folder)
-        return Placement(host=self.name, worktree=worktree,
-                         branch=task.branch or f"fleet/{task.id}",
-                         base_commit=task.base_commit or "", base_branch=task.base_branch,
-                         config_dir=Path(f"{self.root}/config/{task.id}"), attempt_dir=adir)
-
-    def _included(self, spec: RunSpec) -> bytes:
-        """The repository's included files as a tar (those holding a key left out)."""
-        if not spec.include:
-            return b""
-        secrets = [v for k, v in self.env.items() if k in KEY_VARIABLES and v]
-        files = prepare.included_files(spec.repo, spec.include)
-        with tempfile.TemporaryDirectory(prefix="fleet-include-") as tmp:
-            prepare.copy_included(spec.repo, tmp, files, secrets)
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w") as tar:
-                tar.add(tmp, arcname=".")
-            return buf.getvalue()
-
     def stage(self, placement: Placement, spec: RunSpec) -> SshStaged:
         self.sweep_lost()  # a lost attempt's runner must not run beside a new one
         folder = AttemptLog(placement.attempt_dir)
@@ -648,7 +598,7 @@ class SshHost:
         order = json.dumps({"spec": asdict(remote), "config_dir": spec.config_dir,
                             "set_up_after": not spec.setup}).encode()
         try:
-            self.agent(["stage", remote_dir], input=order + b"\n" + self._included(spec),
+            self.agent(["stage", remote_dir], input=order + b"\n" + self.included_tar(spec),
                        ok=(0,))
         except SshError as exc:
             if "holds" in str(exc):
@@ -705,10 +655,6 @@ class SshHost:
             raise SshError(f"host {self.name}: {self.connection.why(done)}")
         return done.returncode == 0
 
-    @staticmethod
-    def snapshot_ref(task: Task) -> str:
-        return f"refs/fleet/snapshot/{task.id}"
-
     def snapshot(self, task: Task) -> str:
         """One agent command there (a commit of the worktree in a temporary index, kept
         at refs/fleet/snapshot/<id> of the mirror) and one fetch of it and the branch."""
@@ -730,39 +676,9 @@ class SshHost:
         answer = self.agent(["update", str(task.worktree), base_commit, strategy, message,
                              name, email], timeout=300,
                             input=json.dumps({"conflicted": list(task.conflicts)}).encode())
-        if "error" in answer:
-            return git.UpdateResult("refused", f"updating {branch} from {base_branch} on "
-                                    f"host {self.name} failed: {answer['error']}")
-        status = str(answer.get("status"))
-        conflicts = [str(c) for c in answer.get("conflicts") or []]
-        committed = answer.get("committed")
-        where = f"in its worktree on host {self.name}"
-        if status == "conflicts" and answer.get("concluded"):
-            return git.UpdateResult(
-                "conflicts", f"the update of {branch} was concluded {where} with conflict "
-                f"markers still in: {', '.join(conflicts)}; let its worker resolve them "
-                "(update --resolve worker) or abort the update", conflicts,
-                base_tip=base_commit, head=answer.get("head"))
-        if status == "conflicts":
-            operation = str(answer.get("operation") or "merge")
-            return git.UpdateResult(
-                "conflicts", f"updating {branch} from {base_branch} stopped on conflicts "
-                f"{where} in: {', '.join(conflicts)}; let its worker resolve them "
-                "(update --resolve worker) or abort the update", conflicts,
-                base_tip=base_commit, committed=committed, operation=operation)
-        if status == "current":
-            return git.UpdateResult("current", f"{branch} is up to date with {base_branch} "
-                                    f"({base_commit[:10]}) already", base_tip=base_commit,
-                                    head=answer.get("head"), committed=committed)
-        if status == "updated":
-            done = ("is up to date with " + base_branch + " (the conflicts were resolved)"
-                    if answer.get("resolved") else
-                    f"{'rebased onto' if strategy == 'rebase' else 'merged with'} "
-                    f"{base_branch} ({base_commit[:10]}) {where}")
-            return git.UpdateResult("updated", f"{branch} {done}", base_tip=base_commit,
-                                    head=answer.get("head"), committed=committed)
-        return git.UpdateResult("refused", f"updating {branch} from {base_branch} on host "
-                                f"{self.name} failed: {answer.get('error') or status}")
+        return update_result(answer, branch=branch, base_branch=base_branch,
+                             base_commit=base_commit, strategy=strategy,
+                             host=f"host {self.name}")
 
     def abort_update(self, task: Task) -> str:
         if not task.worktree:
@@ -775,26 +691,12 @@ class SshHost:
         return (f"the {what} was aborted in its worktree on host {self.name}" if what
                 else f"nothing was stopped in its worktree on host {self.name}")
 
-    def read_file(self, task: Task, path: str) -> bytes | None:
-        """From the last snapshot fetched here (else the branch): no round trip."""
-        for ref in (self.snapshot_ref(task), f"refs/heads/{task.branch or 'fleet/' + task.id}"):
-            done = subprocess.run(["git", "-C", str(task.repo), "cat-file", "blob",
-                                   f"{ref}:{path}"], capture_output=True, check=False,
-                                  env=dict(self.env))
-            if done.returncode == 0:
-                return done.stdout
-        return None
-
     def _identity(self, repo: Path) -> tuple[str, str]:
-        """This machine's git identity for `repo` (a commit made for it on the host is
-        this user's, as a merge here would make it)."""
-        done = subprocess.run(["git", "-C", str(repo), "var", "GIT_COMMITTER_IDENT"],
-                              capture_output=True, text=True, env=dict(self.env), check=False)
-        match = re.match(r"(.*) <([^>]*)>", done.stdout.strip())
-        if done.returncode != 0 or match is None:
+        found = self.git_identity(repo)
+        if found is None:
             raise FleetError(f"git has no identity in {repo} to commit the worker's work "
                              "with: set user.name and user.email")
-        return match.group(1), match.group(2)
+        return found
 
     def release(self, task_id: str) -> None:
         root = self.root
@@ -818,16 +720,6 @@ class SshHost:
                 if mirror.ended.is_set() and not mirror.thread.is_alive():
                     del self._mirrors[key]
         self._sweep_in_background()  # the lost attempts, once the host answers again
-
-    def wait(self, stop: _threading.Event, interval: float) -> None:
-        deadline = time.monotonic() + interval
-        while not stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if self._ended.wait(min(left, 0.05)):
-                self._ended.clear()
-                return
 
     def close(self) -> None:
         """Stop following (the runners go on) and close the master connection."""

@@ -1,0 +1,1033 @@
+"""The Ray host: each attempt one Ray job on a team's cluster, through the Jobs API.
+
+A second remote implementation of the host seam beside the SSH host, reached only by the
+cluster's Jobs address (`http://head:8265`, the dashboard's): this machine needs the
+`ray[default]` client (`pip install 'fleet-tui[ray]'`), a node needs git, python 3.11 and
+the pinned claude, and nothing of fleet-tui (its package goes with each job).
+
+What goes where:
+- The job (one per attempt, `submission_id` = `fleet-ID-N-<digest of the attempt's
+  token>`, written to `ray.json` in the attempt folder here before it is submitted: a
+  restarted controller finds the job by it, and Ray refuses a second job of the same id,
+  so an attempt never runs twice): its entrypoint is `execution/ray/job.py`; fleet-tui's
+  package goes as its runtime_env's `py_modules` (content-addressed by Ray: uploaded once
+  per version), its `working_dir` holds the order (the spec as the node runs it; the
+  attempt's gateway token), the repository as a git bundle of the base commit and the
+  included files. Placed by `entrypoint_resources` (the host's `resources`).
+- On the node, under the host's `data_dir`: `repos/<name>-<hash>.git` (a bare mirror the
+  bundle is fetched into), `work/ID` the worktree, `config/ID`, `attempts/ID/N`.
+- Here: the attempt folder (`Placement.attempt_dir`), rebuilt byte for byte from the job's
+  logs (framed lines, `job.encode_frame`), followed by one thread per run through
+  `tail_job_logs` (replayed from byte 0 after a restart: every write is by offset, so a
+  replay changes nothing); `branch.bundle` and `branch.json` there hold the task's commits
+  as the node last sent them (`collect` fetches them as `fleet/ID`).
+
+Stop and kill: the local stop request is written first (the engine's verdict reads it),
+then `stop_job`; the entrypoint ends the runner's tree and sweeps the attempt's token on
+the node before the folder's last bytes go out. A job that ends (FAILED: its node lost,
+its raylet dead) without the end of its folder coming back is lost: the reason goes into
+the local stop request, and the entrypoint, orphaned on its node, ends what it started.
+
+Steering: `say` leaves the message in the attempt's mailbox here (execution/mailbox.py);
+the job's entrypoint fetches it from this machine's gateway with the attempt's token and
+hands it to its runner's own input channel. A resume or a follow-up is pinned to the node
+its task's last job ran on (`ray.io/node-id`, recorded in ray.json by the follower): the
+worktree and claude's session are there. The merge queue's update of a task whose base
+moved is a short job pinned to that node (job.py `run_update`: the SSH agent's `update`),
+its answer and the branch back in its log.
+
+The key: never in the job (entrypoint, runtime_env, metadata, logs). With the gateway on,
+a worker reaches this machine's gateway with its attempt's token (`reaches_gateway`; the
+base URL's host rewritten to `gateway_host` when the cluster reaches this machine by
+another name); or, with `key_env`, it takes the key from that variable of its node's
+environment (a secret the cluster's admin provisioned), which fleet-tui never sends. A
+start that would send the key is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import fleet_tui
+from fleet_tui.core.errors import FleetError
+from fleet_tui.core.states import StopReason
+from fleet_tui.execution import mailbox
+from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
+from fleet_tui.execution.host import Host, LostLedger, Placement, RunnerState
+from fleet_tui.execution.ray import job
+from fleet_tui.execution.remote import LOOPBACK, RemoteHost, RemoteRun, update_result, write_at
+from fleet_tui.execution.spec import RunSpec
+from fleet_tui.execution.ssh.host import forwarded
+from fleet_tui.store.meter import TOKEN_PREFIX
+from fleet_tui.system import paths
+from fleet_tui.system.files import write_json_atomic
+from fleet_tui.vcs import git
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from fleet_tui.store.db import Attempt, Task
+
+log = logging.getLogger("fleet_tui.engine.fleet")
+
+DEFAULT_DATA_DIR = "/var/tmp/fleet-tui-ray"
+RAY_FILE = "ray.json"  # the job's submission id, written before it is submitted
+BRANCH_BUNDLE = "branch.bundle"  # the task's commits past its base, as the node sent them
+BRANCH_FILE = "branch.json"  # their tip (the base itself: no commits)
+ENTRYPOINT_MODULE = "fleet_tui.execution.ray.job"
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+STATUS_EVERY = 5.0  # seconds between two looks at a followed job's status
+WHOLE_LOG_WAIT = 10.0  # seconds for an ended job's whole log (its node may be gone)
+TAIL_DRAIN = 3.0  # seconds the tail gets to bring the rest of an ended job's log
+POLL = 1.0  # seconds between two looks at a job that waits for its node (or a broken tail)
+LEASE = 60.0  # seconds without an answer of the cluster before its runs are lost
+FIRST_STATE_WAIT = 0.25  # how long state() waits for a new follower's first answer
+UPDATE_WAIT = 300.0  # seconds for an update job to end
+MAILBOX_ANSWER = 20.0  # seconds for the job to fetch a message and say what became of it
+EXCLUDES = ["__pycache__", "*.pyc", ".mypy_cache"]
+
+
+NODE_LABEL = "ray.io/node-id"  # every Ray node's own label: a job pinned to one node
+
+
+def ray_nodes(address: str, *, timeout: float = 15.0) -> list[dict[str, Any]]:
+    """The cluster's alive nodes (the state API), each with its id and resources."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{address}/api/v0/nodes?detail=1&limit=1000",
+                                timeout=timeout) as resp:
+        data: Any = json.load(resp)
+    for key in ("data", "result", "result"):
+        data = data.get(key, {}) if isinstance(data, dict) else {}
+    nodes = data if isinstance(data, list) else []
+    return [n for n in nodes if isinstance(n, dict) and n.get("state") == "ALIVE"]
+
+
+class RayError(FleetError):
+    """The cluster refused or did not answer (said with the host's name)."""
+
+
+def submission_id(spec: RunSpec) -> str:
+    """The attempt's job id: the same for the same attempt (a second submit is refused by
+    Ray), never the token itself."""
+    digest = hashlib.sha256(spec.token.encode()).hexdigest()[:10]
+    return f"fleet-{spec.task_id}-{spec.attempt}-{digest}"
+
+
+def _package_dir() -> str:
+    return str(Path(fleet_tui.__file__).resolve().parent)
+
+
+class RayStaged:
+    """The order made (the job's working dir, here); nothing is submitted yet."""
+
+    def __init__(self, host: RayHost, placement: Placement, spec: RunSpec, staging: Path,
+                 order: dict[str, Any]) -> None:
+        self.host = host
+        self.placement = placement
+        self.spec = spec
+        self.staging = staging
+        self.order = order
+        self.done = False
+
+    def spawn(self, env: dict[str, str]) -> int:
+        assert not self.done, "spawned or abandoned already"
+        self.done = True
+        try:
+            self.host.submit(self, env)
+        finally:
+            shutil.rmtree(self.staging, ignore_errors=True)
+        return 0  # the runner's pid on its node comes back in runner.json
+
+    def abandon(self) -> None:
+        self.done = True
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+class Follow:
+    """One job followed into its local attempt folder until its end came back (or the job
+    ended without it: lost)."""
+
+    def __init__(self, host: RayHost, run: RayRun, sid: str) -> None:
+        self.host = host
+        self.run = run
+        self.sid = sid
+        self.folder = run.log.dir
+        self.state: str | None = None  # alive | dead | never
+        self.status: str | None = None  # the job's, as Ray last said
+        self.ended = threading.Event()
+        self.first = threading.Event()
+        self.stopping = threading.Event()
+        self.started_at = time.monotonic()
+        self.reached_at = 0.0  # the cluster's last answer (monotonic)
+        self.swept = 0
+        self.error: str | None = None
+        self.first_frame_at: float | None = None
+        self.node_id: str | None = (run.log.record(RAY_FILE) or {}).get("node_id")
+        self.tails = 0
+        self.other: collections.deque[str] = collections.deque(maxlen=20)
+        self._task: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._bundle_seq = -1
+        self.thread = threading.Thread(target=self._main, name=f"ray-follow {sid}",
+                                       daemon=True)
+
+    def start(self) -> Follow:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(task.cancel)
+
+    def wait_first(self, timeout: float = FIRST_STATE_WAIT) -> bool:
+        return self.first.wait(timeout) or self.ended.is_set()
+
+    def _main(self) -> None:
+        try:
+            while not self.stopping.is_set() and not self.ended.is_set():
+                try:
+                    self._once()
+                except Exception as exc:  # the cluster away, the tail broken: again
+                    log.info("following the Ray job %s: %s; again", self.sid, exc)
+                if not self.ended.is_set():
+                    self.stopping.wait(POLL)
+        finally:
+            self.host._ended.set()
+
+    def _info(self) -> Any | None:
+        """The job's details (None: Ray does not know the job)."""
+        try:
+            info = self.host.client().get_job_info(self.sid)
+        except RuntimeError as exc:
+            if "404" in str(exc) or "does not exist" in str(exc):
+                self.reached_at = time.monotonic()
+                return None
+            raise
+        self.reached_at = time.monotonic()
+        self.status = str(getattr(info.status, "value", info.status))
+        node = getattr(info, "driver_node_id", None)
+        if node and node != self.node_id:
+            self.node_id = str(node)
+            self.host.record_node(self.run.log, self.node_id)
+        return info
+
+    def _once(self) -> None:
+        info = self._info()
+        if info is None:  # recorded, never submitted (the submit failed before Ray had it)
+            self.state = "never"
+            self.first.set()
+            self.ended.set()
+            return
+        if self.status == "PENDING":  # waiting for its node's resources
+            self.state = "alive"
+            self.first.set()
+            return
+        if self.status not in TERMINAL:
+            self.state = self.state or "alive"
+            self.first.set()
+            self.tails += 1
+            asyncio.run(self._tail())
+            if self.ended.is_set():
+                return
+            info = self._info()
+        if self.status in TERMINAL and not self.ended.is_set():
+            # all of it once more (the tail may have missed the end): every write is by
+            # offset; not waited for past WHOLE_LOG_WAIT (a lost node's logs never come)
+            text = self._whole_log()
+            if text is not None:
+                self._take_text(text)
+            if not self.ended.is_set():
+                self._lose(info)
+
+    def _whole_log(self) -> str | None:
+        got: list[str] = []
+
+        def read() -> None:
+            with contextlib.suppress(Exception):
+                got.append(self.host.client().get_job_logs(self.sid))
+
+        reader = threading.Thread(target=read, name=f"ray-logs {self.sid}", daemon=True)
+        reader.start()
+        reader.join(WHOLE_LOG_WAIT)
+        return got[0] if got else None
+
+    async def _tail(self) -> None:
+        """The job's log followed until it ends; the job's status asked every
+        STATUS_EVERY meanwhile (a tail whose node is gone may neither send nor close)."""
+        self._loop = asyncio.get_running_loop()
+        if self.stopping.is_set():
+            return
+        consumer = asyncio.ensure_future(self._consume())
+        self._task = consumer
+        while not consumer.done():
+            finished, _ = await asyncio.wait({consumer}, timeout=STATUS_EVERY)
+            if finished:
+                break
+            try:
+                await asyncio.to_thread(self._info)
+            except Exception as exc:  # the cluster away: the lease counts
+                log.info("the Ray job %s: %s", self.sid, exc)
+                continue
+            if self.status in TERMINAL:  # what is left of the log, then the end
+                await asyncio.wait({consumer}, timeout=TAIL_DRAIN)
+                consumer.cancel()
+                break
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+
+    async def _consume(self) -> None:
+        pending = ""
+        async for chunk in self.host.client().tail_job_logs(self.sid):
+            self.reached_at = time.monotonic()
+            pending += chunk
+            lines = pending.split("\n")
+            pending = lines.pop()
+            for line in lines:
+                self._take(line)
+            if self.ended.is_set() or self.stopping.is_set():
+                return
+        if pending:
+            self._take(pending)
+
+    def _take_text(self, text: str) -> None:
+        for line in text.split("\n"):
+            if self.ended.is_set():
+                return
+            self._take(line)
+
+    def _take(self, line: str) -> None:
+        frame = job.decode_frame(line)
+        if frame is None:
+            if line.strip():
+                self.other.append(line.strip()[-500:])
+            return
+        head, body = frame
+        if self.first_frame_at is None:
+            self.first_frame_at = time.monotonic()
+        if "f" in head:
+            self._write(str(head["f"]), head, body)
+        elif "bundle" in head:
+            self._bundle(head, body)
+        elif "error" in head:
+            self.error = str(head["error"])
+        if "state" in head:
+            self.state = str(head["state"])
+            self.first.set()
+            if head.get("end"):
+                self.swept = int(head.get("swept") or 0)
+                self.ended.set()
+
+    def _write(self, name: str, head: dict[str, Any], body: bytes) -> None:
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"the job named a file outside the attempt folder: {name!r}")
+        path = self.folder / name
+        if head.get("whole"):
+            try:
+                data = json.loads(body)
+            except ValueError:
+                return  # a record caught mid-write on the node: a later frame has it
+            if isinstance(data, dict):  # the node's very bytes, replaced atomically
+                tmp = path.with_name(f".{name}.{os.getpid()}.{threading.get_ident()}")
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(body)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            return
+        write_at(path, int(head["o"]), body, sender="the job")
+
+    def _bundle(self, head: dict[str, Any], body: bytes) -> None:
+        """A piece of the branch's bundle; the whole one (its digest checked) replaces the
+        last, and branch.json names its tip."""
+        seq = int(head.get("seq") or 0)
+        if seq < self._bundle_seq:
+            return  # a replay of an older one
+        part = self.folder / (BRANCH_BUNDLE + ".part")
+        at, size = int(head["o"]), int(head["size"])
+        if at == 0:
+            part.unlink(missing_ok=True)
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, body, at)
+        finally:
+            os.close(fd)
+        if at + len(body) < size:
+            return
+        data = part.read_bytes()
+        if hashlib.sha256(data).hexdigest() != head.get("sha256"):
+            return
+        if size:
+            os.replace(part, self.folder / BRANCH_BUNDLE)
+        else:
+            part.unlink(missing_ok=True)
+        self._bundle_seq = seq
+        write_json_atomic(self.folder / BRANCH_FILE, {"tip": head["bundle"], "seq": seq,
+                                                      "bundle": bool(size)})
+
+    def _lose(self, info: Any) -> None:
+        """The job ended and its folder's end never came: lost (or failed before its runner
+        started), the reason in the local stop request."""
+        message = getattr(info, "message", None) or "no reason given"
+        if self.error:
+            reason = (f"the Ray job {self.sid} on host {self.host.name} failed before its "
+                      f"runner started: {self.error}")
+        elif self.status == "STOPPED":
+            reason = (f"the Ray job {self.sid} on host {self.host.name} was stopped before "
+                      "its runner's end came back")
+        else:
+            tail = f"; its last words: {self.other[-1]}" if self.other else ""
+            reason = (f"lost: the Ray job {self.sid} on host {self.host.name} ended "
+                      f"{self.status} ({message}) before its runner's end came back (its "
+                      "node lost?); the job's entrypoint ends what the attempt started "
+                      f"on its node{tail}")
+        self.run.log.request_stop(StopReason.ERROR, reason[:2000], at=time.time(),
+                                  by=f"host {self.host.name}")
+        log.warning("task %s attempt %d: %s", self.run.attempt.task_id, self.run.attempt.n,
+                    reason)
+        self.state = "dead"
+        self.first.set()
+        self.ended.set()
+
+
+class RayRun(RemoteRun):
+    """One attempt's job, followed through its Follow."""
+
+    def __init__(self, host: RayHost, attempt: Attempt) -> None:
+        super().__init__(attempt)
+        self.host = host
+
+    def submission_id(self) -> str | None:
+        rec = self._log.record(RAY_FILE)
+        sid = rec.get("submission_id") if rec else None
+        return sid if isinstance(sid, str) and sid else None
+
+    runner_first = True
+
+    def state(self) -> RunnerState:
+        """The follower's last word, within FIRST_STATE_WAIT (never a round trip of the
+        engine's pass); "dead" once the job's end came back, or it ended without it."""
+        if self._log.exited:  # written last by the follower: the folder is whole
+            return "dead"
+        sid = self.submission_id()
+        if sid is None:
+            return "never"
+        follow = self.host.follow(self, sid)
+        if not follow.ended.is_set():
+            follow.wait_first()
+        if follow.state in ("dead", "never"):
+            return follow.state  # type: ignore[return-value]
+        if follow.ended.is_set():
+            return "dead"
+        if self.host.lose_if_silent(self, follow):
+            return "dead"
+        return "alive"
+
+    def _stop_job(self) -> None:
+        sid = self.submission_id()
+        if sid is None:
+            return
+        try:
+            self.host.client().stop_job(sid)
+        except RuntimeError as exc:
+            raise RayError(f"host {self.host.name}: could not stop the Ray job {sid}: "
+                           f"{exc}") from None
+
+    def request_stop(self, reason: StopReason, message: str, *, at: float, by: str) -> None:
+        self._log.request_stop(reason, message, at=at, by=by)
+        self._stop_job()
+
+    def kill(self) -> None:
+        self._stop_job()  # the entrypoint kills the runner's tree and sweeps the token
+
+    def sweep(self) -> int:
+        """Done on the node by the job's entrypoint, after its runner is gone: how many
+        processes it swept (as its end frame said)."""
+        sid = self.submission_id()
+        follow = self.host.followed(self.key) if sid else None
+        return follow.swept if follow is not None else 0
+
+    def send_input(self, text: str, *, by: str = "") -> str:
+        """Left in the attempt's mailbox (execution/mailbox.py) for the job to fetch
+        through the gateway and hand to its runner's own input channel; returned once the
+        node said it is queued there (or taken), InputClosed with the runner's reason when
+        it refused it, or when the job did not fetch it within MAILBOX_ANSWER."""
+        if not self.host.reaches_gateway:
+            raise InputClosed(f"its worker on the Ray host {self.host.name} reaches its "
+                              "endpoint without this machine's gateway (key_env), and its "
+                              "mailbox is served by the gateway")
+        if self._log.exited or self.state() != "alive":
+            raise InputClosed("its worker is not taking messages")
+        if not (self._log.runner_record() or {}).get("claude_pid"):
+            raise InputClosed("its worker is not taking messages")
+        message_id = mailbox.post(self._log, text, by=by)
+        deadline = time.monotonic() + MAILBOX_ANSWER
+        while True:
+            status, reason = mailbox.state(self._log, message_id)
+            if status in ("queued", "taken"):
+                return message_id
+            if status == "closed":
+                mailbox.drop(self._log, message_id)
+                raise InputClosed(reason)
+            if time.monotonic() >= deadline:
+                if mailbox.withdraw(self._log, message_id):
+                    raise InputClosed(
+                        f"its worker on the Ray host {self.host.name} did not fetch the "
+                        f"message within {MAILBOX_ANSWER:g} s (does its node reach this "
+                        "machine's gateway?)")
+                deadline = time.monotonic() + MAILBOX_ANSWER  # fetched: its verdict comes
+            time.sleep(0.05)
+
+
+class RayHost(RemoteHost):
+    """A Ray cluster reached by its Jobs address. Thread-safe for the engine's start
+    threads."""
+
+    def __init__(self, *, name: str, address: str, env: Mapping[str, str],
+                 resources: Mapping[str, float] | None = None, python: str = "python3",
+                 data_dir: str = DEFAULT_DATA_DIR, claude: str | None = None,
+                 key_env: str | None = None, key_variable: str = "ANTHROPIC_API_KEY",
+                 gateway_host: str | None = None, num_cpus: float | None = None,
+                 lease: float = LEASE) -> None:
+        self.name = name
+        self.address = address
+        self.env = env
+        self.resources = dict(resources or {})
+        self.python = python  # the node's python (3.11 or newer)
+        self.data_dir = data_dir.rstrip("/") or "/"
+        self.claude = claude  # the node's claude (None: the settings' path, as here)
+        self.key_env = key_env
+        self.key_variable = key_variable
+        self.gateway_host = gateway_host
+        self.num_cpus = num_cpus
+        self.lease = lease
+        # through this machine's gateway, with the attempt's token, unless the cluster
+        # holds the key for its workers
+        self.reaches_gateway = key_env is None
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self._follows: dict[tuple[str, int], Follow] = {}
+        self._lost: dict[tuple[str, int], str] = {}
+        self._modes: dict[str, str] = {}  # task -> how its job makes the worktree
+        self._ended = threading.Event()
+        self.submitted: list[str] = []  # the submission ids this object submitted
+        self.update_jobs: list[str] = []  # the update jobs it ran
+
+    # --- the cluster ---------------------------------------------------------------------
+
+    def client(self) -> Any:
+        """The Jobs client (made once; RayError when the cluster does not answer, or this
+        build has no ray)."""
+        with self._lock:
+            if self._client is not None:
+                return self._client
+        try:
+            from ray.job_submission import JobSubmissionClient
+        except ImportError:
+            raise RayError(f"host {self.name} is a Ray host and this machine has no ray: "
+                           "pip install 'fleet-tui[ray]'") from None
+        try:
+            client = JobSubmissionClient(self.address)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise RayError(f"host {self.name}: the Ray cluster at {self.address} does not "
+                           f"answer: {exc}") from None
+        with self._lock:
+            if self._client is None:
+                self._client = client
+            return self._client
+
+    def submit(self, staged: RayStaged, env: Mapping[str, str]) -> str:
+        """The attempt's job, its id recorded here first; a job of that id there already
+        (a submit whose answer was lost) is the attempt's."""
+        rest, keys = forwarded(env)
+        if self.key_env is not None:
+            keys = {}  # the node's own variable holds the key: nothing of it is sent
+        else:
+            plain = sorted(k for k, v in keys.items() if v and not v.startswith(TOKEN_PREFIX))
+            if plain:
+                raise RayError(
+                    f"host {self.name} is a Ray host and this start would send the key "
+                    f"({', '.join(plain)}) to the cluster: turn the gateway on (gateway = "
+                    f"true) so its workers get a token of their own, or set key_env in "
+                    f"[hosts.{self.name}] to the variable the cluster's nodes hold the key "
+                    "in")
+        order = dict(staged.order, env=rest, keys=keys)
+        order_path = staged.staging / job.ORDER_FILE
+        fd = os.open(order_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(order, fh)
+        sid = submission_id(staged.spec)
+        folder = AttemptLog(staged.placement.attempt_dir)
+        folder.write_record(RAY_FILE, {"submission_id": sid, "address": self.address,
+                                       "host": self.name, "at": time.time(),
+                                       "pinned": staged.order.get("pin")})
+        client = self.client()
+        metadata = {"fleet-tui-task": staged.spec.task_id,
+                    "fleet-tui-attempt": str(staged.spec.attempt), "fleet-tui-host": self.name}
+        pin = staged.order.get("pin")
+        try:
+            client.submit_job(
+                entrypoint=f"{shlex.quote(self.python)} -m {ENTRYPOINT_MODULE}",
+                submission_id=sid,
+                runtime_env={"working_dir": str(staged.staging),
+                             "py_modules": [_package_dir()], "excludes": EXCLUDES},
+                metadata=metadata, entrypoint_resources=self.resources or None,
+                entrypoint_num_cpus=self.num_cpus,
+                entrypoint_label_selector={NODE_LABEL: pin} if pin else None)
+        except Exception as exc:
+            try:
+                client.get_job_info(sid)
+            except Exception:
+                raise RayError(f"host {self.name}: the Ray cluster did not take the job: "
+                               f"{str(exc)[-500:]}") from None
+            log.info("host %s: the job %s was taken already", self.name, sid)
+        self.submitted.append(sid)
+        return sid
+
+    def _job_exists(self, folder: AttemptLog) -> bool:
+        sid = (folder.record(RAY_FILE) or {}).get("submission_id")
+        try:
+            self.client().get_job_info(str(sid))
+        except RuntimeError as exc:
+            if "404" in str(exc) or "does not exist" in str(exc):
+                return False
+            raise RayError(f"host {self.name}: {exc}") from None
+        return True
+
+    def follow(self, run: RayRun, sid: str) -> Follow:
+        with self._lock:
+            found = self._follows.get(run.key)
+            if found is not None and found.sid == sid:
+                return found
+            follow = Follow(self, run, sid)
+            self._follows[run.key] = follow
+        return follow.start()
+
+    def followed(self, key: tuple[str, int]) -> Follow | None:
+        with self._lock:
+            return self._follows.get(key)
+
+    def lose_if_silent(self, run: RayRun, follow: Follow) -> bool:
+        """The cluster silent past the lease (counted from the follower's start at the
+        earliest): the run is lost, the reason in the local stop request."""
+        silent = time.monotonic() - max(follow.reached_at, follow.started_at)
+        if silent <= self.lease:
+            return False
+        reason = (f"lost: the Ray cluster of host {self.name} ({self.address}) unreachable "
+                  f"for {silent:.0f} s, longer than its lease of {self.lease:g} s; the "
+                  "job's entrypoint ends what the attempt started on its node when its "
+                  "node loses the cluster")
+        with self._lock:
+            if run.key in self._lost:
+                return True
+            self._lost[run.key] = reason
+            self._follows.pop(run.key, None)
+        follow.stop()
+        run.log.request_stop(StopReason.ERROR, reason, at=time.time(), by=f"host {self.name}")
+        log.warning("task %s attempt %d: %s", run.key[0], run.key[1], reason)
+        return True
+
+    # --- placing -----------------------------------------------------------------------
+
+    def free_port(self) -> int:
+        """A port free on this machine (a node's ports cannot be probed before its job
+        runs; the worker's FLEET_PORT is a hint there, as anywhere)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    def remote_root(self) -> str:
+        return self.data_dir
+
+    def worktree_path(self, task_id: str) -> str:
+        return f"{self.data_dir}/work/{task_id}"
+
+    def make_worktree(self, task: Task, *, reattach: bool, reset: bool) -> git.WorktreeInfo:
+        """The worktree's place on the node (made there by the job: nothing runs on the
+        cluster before the job does); how the job makes it is remembered for the stage."""
+        repo = Path(task.repo)
+        if task.base_commit:
+            base, base_branch = task.base_commit, task.base_branch
+        else:
+            found = git.resolve_base(repo, task.base_ref)
+            base, base_branch = found.commit, found.branch
+        branch = task.branch or f"fleet/{task.id}"
+        with self._lock:
+            self._modes[task.id] = "reattach" if reattach else "new"
+        return git.WorktreeInfo(Path(self.worktree_path(task.id)), branch, base, base_branch)
+
+    def check_worktree(self, task: Task, worktree: Path) -> None:
+        """Never the main checkout; the job checks the worktree's branch on the node."""
+        if str(worktree) == str(task.repo) or str(worktree) != self.worktree_path(task.id):
+            raise FleetError(f"refusing to run task {task.id} in {worktree}: its worktree "
+                             f"on host {self.name} is {self.worktree_path(task.id)}")
+
+    def _bundle(self, repo: Path, commit: str, task_id: str, into: Path) -> None:
+        """The base commit and its history as a git bundle (its ref refs/fleet/base/ID,
+        made for the bundle and removed)."""
+        ref = f"refs/fleet/base/{task_id}"
+        q = ["git", "-C", str(repo)]
+        subprocess.run([*q, "update-ref", ref, commit], check=True, capture_output=True)
+        try:
+            done = subprocess.run([*q, "-c", "pack.threads=1", "bundle", "create", "-q",
+                                   str(into), ref], capture_output=True, check=False)
+            if done.returncode != 0:
+                raise RayError(f"host {self.name}: could not bundle the repository: "
+                               f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+        finally:
+            subprocess.run([*q, "update-ref", "-d", ref], check=False, capture_output=True)
+
+    def _base_url_there(self, url: str) -> str:
+        """A base URL on this machine's loopback as the cluster reaches this machine
+        (`gateway_host`; unset: as it is, for a cluster on this machine)."""
+        parts = urlsplit(url)
+        if self.gateway_host is None or parts.hostname not in LOOPBACK:
+            return url
+        port = f":{parts.port}" if parts.port else ""
+        return urlunsplit(parts._replace(netloc=f"{self.gateway_host}{port}"))
+
+    def stage(self, placement: Placement, spec: RunSpec) -> RayStaged:
+        folder = AttemptLog(placement.attempt_dir)
+        if folder.record(RAY_FILE) is not None and self._job_exists(folder):
+            # this attempt went to the cluster before: its job is the attempt, never a second
+            raise_not_started(self.name, folder)
+        folder.clear_run_records()
+        folder.write_spec(asdict(spec))
+        paths.private_file(folder.events)
+        for name in (BRANCH_BUNDLE, BRANCH_FILE):
+            (folder.dir / name).unlink(missing_ok=True)
+        remote_dir = f"{self.data_dir}/attempts/{spec.task_id}/{spec.attempt}"
+        remote = replace(spec, include=[], repo=spec.cwd, settings=dict(spec.settings))
+        if self.claude:
+            remote.settings["claude"] = self.claude
+        if isinstance(remote.settings.get("base_url"), str):
+            remote.settings["base_url"] = self._base_url_there(remote.settings["base_url"])
+        with self._lock:
+            mode = self._modes.pop(spec.task_id, "keep")
+        pin = self._pin(spec, mode)
+        staging = Path(tempfile.mkdtemp(prefix="fleet-ray-job-"))
+        try:
+            base = placement.base_commit or git.resolve_base(Path(spec.repo), None).commit
+            self._bundle(Path(spec.repo), base, spec.task_id, staging / job.BUNDLE_FILE)
+            included = self.included_tar(spec)
+            if included:
+                (staging / job.INCLUDED_FILE).write_bytes(included)
+            found = self.git_identity(Path(spec.repo))
+            ident = {"name": found[0], "email": found[1]} if found else {}
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        order = {"task_id": spec.task_id, "attempt": spec.attempt, "host": self.name,
+                 "mirror": self.mirror_path(Path(spec.repo)), "worktree": spec.cwd,
+                 "branch": placement.branch, "base": base, "mode": mode,
+                 "attempt_dir": remote_dir, "config_dir": spec.config_dir,
+                 "spec": asdict(remote), "set_up_after": not spec.setup,
+                 "identity": ident, "key_env": self.key_env,
+                 "key_variable": self.key_variable, "pin": pin}
+        return RayStaged(self, placement, spec, staging, order)
+
+    def _pin(self, spec: RunSpec, mode: str) -> str | None:
+        """The node a resume or a follow-up must run on: the one whose job held the
+        task's worktree and claude's session last (its `ray.io/node-id` label). None for a
+        fresh start. RayError when that node is gone from the cluster: the session lives
+        on its disk only, so the attempt would wait for it for ever."""
+        if mode == "new":
+            return None
+        found = self.node_of(Path(spec.repo), spec.task_id, before=spec.attempt)
+        if found is None:
+            return None
+        try:
+            alive = {str(n.get("node_id")) for n in ray_nodes(self.address)}
+        except (OSError, ValueError) as exc:
+            raise RayError(f"host {self.name}: the Ray cluster at {self.address} does not "
+                           f"answer: {exc}") from None
+        if found not in alive:
+            raise RayError(
+                f"task {spec.task_id}: its worktree and claude's session are on the Ray "
+                f"node {found[:12]}, which host {self.name}'s cluster does not have now; a "
+                "resume or a follow-up runs only there: retry the task fresh (`fleet-tui "
+                f"retry {spec.task_id}`) once its work is landed or given up")
+        return found
+
+    def node_of(self, repo: Path, task_id: str, *, before: int | None = None) -> str | None:
+        """The node the task's newest job (before attempt `before`) ran on."""
+        root = paths.logs_dir(repo) / task_id
+        try:
+            numbers = sorted((int(p.name) for p in root.iterdir() if p.name.isdigit()),
+                             reverse=True)
+        except FileNotFoundError:
+            return None
+        for n in numbers:
+            if before is not None and n >= before:
+                continue
+            node = (AttemptLog(root / str(n)).record(RAY_FILE) or {}).get("node_id")
+            if isinstance(node, str) and node:
+                return node
+        return None
+
+    def record_node(self, folder: AttemptLog, node_id: str) -> None:
+        """The node the attempt's job runs on, beside its submission id."""
+        with self._lock:
+            rec = dict(folder.record(RAY_FILE) or {})
+            if rec.get("node_id") == node_id:
+                return
+            rec["node_id"] = node_id
+            folder.write_record(RAY_FILE, rec)
+
+    # --- running -------------------------------------------------------------------------
+
+    def runner_env(self) -> dict[str, str]:
+        """The engine's environment; only a few named variables and the attempt's token
+        reach the node (`forwarded`, then `submit`)."""
+        return dict(self.env)
+
+    def attach(self, attempt: Attempt) -> RayRun:
+        return RayRun(self, attempt)
+
+    def collect(self, task: Task) -> str:
+        """The task's branch as its node last sent it (at the end of each attempt, and
+        each time its tip moved), fetched into the main repository as fleet/ID."""
+        branch = task.branch or f"fleet/{task.id}"
+        found = self._newest_branch(task)
+        if found is None:
+            raise RayError(f"task {task.id}: no commits came back from host {self.name} yet "
+                           "(its job has not sent its branch)")
+        folder, rec = found
+        tip = str(rec["tip"])
+        q = ["git", "-C", str(task.repo)]
+        if rec.get("bundle"):
+            done = subprocess.run([*q, "fetch", "--no-tags", "--quiet",
+                                   str(folder / BRANCH_BUNDLE), f"refs/heads/{branch}"],
+                                  capture_output=True, env=dict(self.env), check=False)
+            if done.returncode != 0:
+                raise RayError(f"host {self.name}: could not fetch {branch} from its bundle: "
+                               f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+        subprocess.run([*q, "update-ref", f"refs/heads/{branch}", tip], check=True,
+                       capture_output=True)
+        return branch
+
+    def _newest_branch(self, task: Task) -> tuple[Path, dict[str, Any]] | None:
+        root = paths.logs_dir(Path(task.repo)) / task.id
+        try:
+            numbers = sorted((int(p.name) for p in root.iterdir() if p.name.isdigit()),
+                             reverse=True)
+        except FileNotFoundError:
+            return None
+        for n in numbers:
+            folder = root / str(n)
+            rec = AttemptLog(folder).record(BRANCH_FILE)
+            if rec and isinstance(rec.get("tip"), str):
+                return folder, rec
+        return None
+
+    # --- the worktrees on the nodes (the seam's RemoteWorktrees) ----------------------
+
+    def remote_worktrees(self) -> RayHost:
+        return self  # a task's worktree is on a node: never a folder of this machine
+
+    def has_worktree(self, task: Task) -> bool:
+        """A job of the task reached a node (the worktree is there, with its session:
+        a resume or a follow-up is pinned to that node)."""
+        return bool(task.worktree) and self.node_of(Path(task.repo), task.id) is not None
+
+    def snapshot(self, task: Task) -> str:
+        """The branch as its node last sent it (each time its tip moved, and at each
+        attempt's end with the worker's uncommitted work committed), no round trip: a
+        running task's uncommitted files are not in it. Nothing sent yet: the base."""
+        if not task.worktree:
+            raise FleetError(f"task {task.id} has no worktree yet")
+        if self._newest_branch(task) is None:
+            tip = task.base_commit or git.resolve_base(Path(task.repo), None).commit
+        else:
+            tip = git.branch_tip(Path(task.repo), self.collect(task))
+        subprocess.run(["git", "-C", str(task.repo), "update-ref", self.snapshot_ref(task),
+                        tip], check=True, capture_output=True, env=dict(self.env))
+        return tip
+
+    def update_worktree(self, task: Task, *, base_commit: str, base_branch: str,
+                        strategy: str, message: str) -> git.UpdateResult:
+        """"current" when the branch as the node sent it holds the base's tip already;
+        else a short job pinned to the node that holds the worktree runs the SSH agent's
+        `update` there (the base sent as a bundle; on conflicts the worktree is left
+        mid-merge there, for its worker) and sends the branch back. Refused while a job of
+        the task is followed, or when its node is gone."""
+        branch = task.branch or f"fleet/{task.id}"
+        tip = self.snapshot(task)
+        done = subprocess.run(["git", "-C", str(task.repo), "merge-base", "--is-ancestor",
+                               base_commit, tip], capture_output=True, check=False)
+        if done.returncode == 0 and not task.conflicts:
+            return git.UpdateResult("current", f"{branch} is up to date with {base_branch} "
+                                    f"({base_commit[:10]}) already", base_tip=base_commit,
+                                    head=tip)
+        node = self.node_of(Path(task.repo), task.id)
+        alive = {str(n.get("node_id")) for n in ray_nodes(self.address)}
+        if node is None or node not in alive:
+            return git.UpdateResult(
+                "refused", f"{branch} is behind {base_branch} and the Ray node that held its "
+                f"worktree is gone from host {self.name}'s cluster: merge it here with "
+                f"`fleet-tui merge {task.id}` (its collected branch)")
+        with self._lock:
+            busy = any(k[0] == task.id and not f.ended.is_set()
+                       for k, f in self._follows.items())
+        if busy:
+            return git.UpdateResult("refused", f"a job of task {task.id} runs on host "
+                                    f"{self.name}: its worktree is updated once it ends")
+        answer = self._update_job(task, node, base_commit, strategy, message)
+        return update_result(answer, branch=branch, base_branch=base_branch,
+                             base_commit=base_commit, strategy=strategy,
+                             host=f"the Ray host {self.name}")
+
+    def _update_job(self, task: Task, node: str, base_commit: str, strategy: str,
+                    message: str) -> dict[str, Any]:
+        """The update job's answer (its branch, when it sent one, kept in the newest
+        attempt folder and collected as fleet/ID)."""
+        repo = Path(task.repo)
+        found = self.git_identity(repo)
+        staging = Path(tempfile.mkdtemp(prefix="fleet-ray-update-"))
+        try:
+            self._bundle(repo, base_commit, f"update/{task.id}", staging / job.BUNDLE_FILE)
+            order = {"update": True, "task_id": task.id, "host": self.name,
+                     "mirror": self.mirror_path(repo), "worktree": self.worktree_path(task.id),
+                     "branch": task.branch or f"fleet/{task.id}", "base": task.base_commit,
+                     "ref": f"refs/fleet/base/update/{task.id}", "update_base": base_commit,
+                     "strategy": strategy, "message": message,
+                     "conflicted": list(task.conflicts),
+                     "identity": {"name": found[0], "email": found[1]} if found else {}}
+            (staging / job.ORDER_FILE).write_text(json.dumps(order))
+            digest = hashlib.sha256(f"{base_commit} {time.time_ns()}".encode()).hexdigest()
+            sid = f"fleet-{task.id}-update-{digest[:10]}"
+            client = self.client()
+            try:
+                client.submit_job(
+                    entrypoint=f"{shlex.quote(self.python)} -m {ENTRYPOINT_MODULE}",
+                    submission_id=sid,
+                    runtime_env={"working_dir": str(staging),
+                                 "py_modules": [_package_dir()], "excludes": EXCLUDES},
+                    metadata={"fleet-tui-task": task.id, "fleet-tui-update": "1",
+                              "fleet-tui-host": self.name},
+                    entrypoint_label_selector={NODE_LABEL: node})
+            except Exception as exc:
+                raise RayError(f"host {self.name}: the Ray cluster did not take the update "
+                               f"job: {str(exc)[-300:]}") from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.update_jobs.append(sid)
+        deadline = time.monotonic() + UPDATE_WAIT
+        status = ""
+        while True:
+            info = client.get_job_info(sid)
+            status = str(getattr(info.status, "value", info.status))
+            if status in TERMINAL:
+                break
+            if time.monotonic() >= deadline:
+                with contextlib.suppress(Exception):
+                    client.stop_job(sid)
+                raise RayError(f"host {self.name}: the update job {sid} did not end "
+                               f"within {UPDATE_WAIT:g} s")
+            time.sleep(0.5)
+        answer: dict[str, Any] = {}
+        pieces = bytearray()
+        bundle_head: dict[str, Any] | None = None
+        for line in str(client.get_job_logs(sid)).split("\n"):
+            frame = job.decode_frame(line)
+            if frame is None:
+                continue
+            head, body = frame
+            if isinstance(head.get("update"), dict):
+                answer = head["update"]
+            elif "error" in head:
+                answer = {"error": str(head["error"])}
+            elif "bundle" in head:
+                at = int(head["o"])
+                pieces[at:at + len(body)] = body
+                bundle_head = head
+        if not answer:
+            answer = {"error": f"the update job {sid} ended {status} without an answer"}
+        if bundle_head is not None:
+            self._keep_branch(task, bytes(pieces), bundle_head)
+        return answer
+
+    def _keep_branch(self, task: Task, data: bytes, head: dict[str, Any]) -> None:
+        """A branch an update job sent, as the newest attempt folder's (what `collect`
+        fetches), its digest checked."""
+        if len(data) != int(head["size"]) or hashlib.sha256(data).hexdigest() != head["sha256"]:
+            raise RayError(f"host {self.name}: the update job's branch of task {task.id} "
+                           "came back damaged")
+        newest = self._newest_branch(task)
+        if newest is None:
+            return
+        folder, rec = newest
+        if data:
+            tmp = folder / (BRANCH_BUNDLE + ".update")
+            tmp.write_bytes(data)
+            os.replace(tmp, folder / BRANCH_BUNDLE)
+        write_json_atomic(folder / BRANCH_FILE, {"tip": head["bundle"],
+                                                 "seq": int(rec.get("seq") or 0) + 1,
+                                                 "bundle": bool(data), "by": "update"})
+        self.collect(task)
+
+    def abort_update(self, task: Task) -> str:
+        raise RayError(f"task {task.id}: aborting an update in its worktree on the Ray host "
+                       f"{self.name} is not built (a job on its node would run `git merge "
+                       "--abort`); follow it up to let its worker resolve the conflicts")
+
+    def keep_lost_in(self, ledger: LostLedger) -> None:
+        """Nothing recorded: what a lost job started is ended on its node by the job's own
+        entrypoint (orphaned when its raylet dies), never swept from here."""
+
+    def release(self, task_id: str) -> None:
+        """The node's worktree and config dir stay (the cluster is reached only through
+        jobs; a job for cleaning is not worth its start): the node's data dir is
+        fleet-tui's to prune."""
+
+    def reap(self) -> None:
+        with self._lock:
+            for key, follow in list(self._follows.items()):
+                if follow.ended.is_set() and not follow.thread.is_alive() \
+                        and AttemptLog(follow.folder).exited:
+                    del self._follows[key]
+
+    def close(self) -> None:
+        """Stop following (the jobs go on)."""
+        with self._lock:
+            follows = list(self._follows.values())
+            self._follows.clear()
+        for follow in follows:
+            follow.stop()
+
+
+if TYPE_CHECKING:
+    def _a_host(host: RayHost) -> Host:  # mypy: the seam, whole
+        return host
+
+
+def raise_not_started(name: str, folder: AttemptLog) -> None:
+    from fleet_tui.execution.host import NotStarted
+
+    rec = folder.record(RAY_FILE) or {}
+    raise NotStarted(f"host {name}: attempt {folder.dir.name} went to the cluster already as "
+                     f"the job {rec.get('submission_id')}; following adopts it")
+
+
+__all__ = ["RayError", "RayHost", "RayRun", "RayStaged", "submission_id"]

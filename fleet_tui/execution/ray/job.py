@@ -1,0 +1,524 @@
+"""The Ray host's side: one Ray job per attempt, `python -m fleet_tui.execution.ray.job`.
+
+The job's entrypoint on the node the cluster chose (by the host's resources). It runs from
+the package shipped in the job's runtime_env (`py_modules`), with the node's python and only
+the standard library (as the SSH host's agent: the attempt folder's format, the spec, the
+process layer), and reads `order.json` from its working dir (`working_dir`, shipped with
+the job: the spec as the node runs it, the repository as a git bundle, the included files
+as a tar; the attempt's gateway token and nothing else of a credential: the key is never
+in the job, its runtime_env, its metadata or its logs).
+
+What it does, in order:
+1. The repository: a bare mirror per repository under the node's data dir, the bundle
+   fetched into it (`refs/fleet/base/ID`), the task's worktree made from it (new, reset,
+   re-attached or kept as it is: a resume or a follow-up on the node that holds it).
+2. The attempt folder `DATA/attempts/ID/N`: the spec written, the included files unpacked
+   into a worktree not set up yet (the runner runs the setup command itself).
+3. The runner (`fleet_tui.execution.local.runner`, a child subreaper) started in a session
+   of its own, the key variables (the token, or the key the cluster holds in the variable
+   the host's settings name) through an inherited pipe, never its environment or argv.
+4. The folder streamed back as framed lines on stdout, which is the job's log: each line
+   `FRAME_PREFIX {head} {base64 body}`, the SSH agent's frames (a file appended at an
+   offset, a whole record, the runner's state each second) cut to at most PIECE bytes, so
+   the controller rebuilds the folder byte for byte from the job's logs wherever the node
+   is. The task's branch comes back the same way (a bundle of its commits past the base)
+   each time its tip moves and at the end, after the worker's uncommitted work is
+   committed; then exit.json, then the end frame.
+
+Steering: a thread beside the runner long-polls the controller's gateway for the
+attempt's mailbox (`/fleet/mailbox`, the attempt's token) and hands each message to the
+runner's own input channel under its id, saying back queued, taken or closed.
+
+Stopping: Ray's `stop_job` sends SIGTERM to the entrypoint and every descendant present;
+the entrypoint then ends the runner's tree (SIGKILL after STOP_GRACE: Ray kills what is
+left 3 s after its SIGTERM) and sweeps whatever carries the attempt's token (a
+double-forked daemon Ray's own stop leaves), before the folder's last bytes go out. A node
+whose raylet died leaves its entrypoint orphaned (the job's supervisor dies with the
+raylet, the processes do not): the entrypoint sees its parent change and does the same.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
+from fleet_tui.execution.local import prepare
+from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
+from fleet_tui.execution.ssh import agent
+from fleet_tui.system import procs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+ORDER_FILE = "order.json"
+BUNDLE_FILE = "base.bundle"
+INCLUDED_FILE = "included.tar"
+FRAME_PREFIX = "FLEET-FRAME"
+PIECE = 24 * 1024  # bytes of a file in one log line (a line of ~32 kB once in base64)
+STOP_GRACE = 1.0  # seconds between the runner's SIGTERM and the SIGKILL of its tree
+BRANCH_POLL = 2.0  # seconds between two looks at the task's branch while the worker runs
+PARENT_POLL = 0.5  # seconds between two looks at the entrypoint's parent (the supervisor)
+RUNNER_START = 30.0  # seconds for the runner to take its lock
+MAILBOX_PATH = "/fleet/mailbox"  # the gateway's (gateway/server.py MAILBOX_PATH)
+MAILBOX_WAIT = 15.0  # seconds one fetch of the mailbox waits for a message (a long poll)
+MAILBOX_TAKEN_POLL = 0.2  # seconds a fetch waits while a message is not taken yet
+GATEWAY_TOKEN_PREFIX = "fleet-gw-"  # store/meter.py TOKEN_PREFIX (stdlib only here)
+
+
+def encode_frame(head: dict[str, Any], body: bytes = b"") -> str:
+    """One frame as a log line (no newline)."""
+    return f"{FRAME_PREFIX} {json.dumps(head, separators=(',', ':'))} " \
+           f"{base64.b64encode(body).decode('ascii')}"
+
+
+def decode_frame(line: str) -> tuple[dict[str, Any], bytes] | None:
+    """A log line's frame (None: a line that is not one of ours)."""
+    if not line.startswith(FRAME_PREFIX + " "):
+        return None
+    rest = line[len(FRAME_PREFIX) + 1:].rstrip("\r\n")
+    head_text, _, body_text = rest.rpartition(" ")
+    try:
+        head = json.loads(head_text)
+        body = base64.b64decode(body_text, validate=True)
+    except ValueError:
+        return None
+    return (head, body) if isinstance(head, dict) else None
+
+
+class Frames(io.RawIOBase):
+    """Where the SSH agent's follower writes its binary frames (one write a frame): each
+    becomes framed lines on stdout, cut to PIECE bytes. exit.json and the end frame are
+    held back until `finish`, so the branch goes out before them."""
+
+    def __init__(self, out: Any) -> None:
+        super().__init__()
+        self.out = out
+        self.lock = threading.Lock()
+        self.held: list[tuple[dict[str, Any], bytes]] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        raw = bytes(data)
+        head_line, _, body = raw.partition(b"\n")
+        head = json.loads(head_line)
+        head.pop("n", None)
+        if head.get("f") == agent.EXIT or head.get("end"):
+            self.held.append((head, body))
+        else:
+            self.send(head, body)
+        return len(raw)
+
+    def send(self, head: dict[str, Any], body: bytes = b"") -> None:
+        lines = []
+        if "o" in head and len(body) > PIECE:
+            at = int(head["o"])
+            for i in range(0, len(body), PIECE):
+                lines.append(encode_frame(dict(head, o=at + i), body[i:i + PIECE]))
+        else:
+            lines.append(encode_frame(head, body))
+        with self.lock:
+            for line in lines:
+                self.out.write(line + "\n")
+            self.out.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            self.out.flush()
+
+    def finish(self, **end: Any) -> None:
+        for head, body in self.held:
+            if head.get("end"):
+                head.update(end)
+            self.send(head, body)
+        self.held = []
+
+
+class _Out:
+    """A stand-in stdout whose `buffer` is the frames."""
+
+    def __init__(self, frames: Frames) -> None:
+        self.buffer = frames
+
+    def write(self, text: str) -> int:  # nothing else writes there meanwhile; if it did
+        _log(f"(stdout) {text.rstrip()}")
+        return len(text)
+
+    def flush(self) -> None:
+        self.buffer.flush()
+
+
+def _log(text: str) -> None:
+    sys.stderr.write(f"fleet-tui ray job: {text}\n")
+    sys.stderr.flush()
+
+
+def _quiet(fn: Any, *args: Any) -> int:
+    """One of the SSH agent's commands, its JSON answer kept off stdout (the frames')."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = int(fn(*args))
+    if code != 0:
+        answer = buf.getvalue().strip().splitlines()
+        raise RuntimeError(json.loads(answer[-1]).get("error") if answer else "failed")
+    return code
+
+
+def prepare_repo(order: dict[str, Any], here: Path) -> str:
+    """The repository's bare mirror on the node with the base commit in it; the task's
+    worktree made from it (as the order's mode says). Its path."""
+    mirror = Path(order["mirror"])
+    mirror.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not (mirror / "HEAD").exists():
+        agent._git("init", "-q", "--bare", str(mirror))
+    ref = f"refs/fleet/base/{order['task_id']}"
+    bundle = here / BUNDLE_FILE
+    if bundle.exists():
+        agent._git("-C", str(mirror), "fetch", "-q", "--no-tags", str(bundle),
+                   f"+{ref}:{ref}")
+    worktree, branch, base = order["worktree"], order["branch"], order["base"]
+    Path(worktree).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = order.get("mode") or "keep"
+    if mode == "keep":  # as it is; its folder gone: the branch checked out again
+        mode = "reattach"
+    if mode == "reattach" and not Path(worktree).is_dir():
+        exists = subprocess.run(["git", "-C", str(mirror), "rev-parse", "--verify", "-q",
+                                 f"refs/heads/{branch}"], capture_output=True, check=False)
+        if exists.returncode != 0:
+            mode = "new"  # the branch never lived on this node: from the base
+    _quiet(agent.cmd_worktree, str(mirror), worktree, branch, base, mode)
+    if mode == "reattach":
+        _quiet(agent.cmd_check_worktree, worktree, branch)
+    return str(worktree)
+
+
+def stage(order: dict[str, Any], here: Path) -> AttemptLog:
+    folder = AttemptLog(order["attempt_dir"])
+    folder.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    Path(order["config_dir"]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if folder.lock_held():
+        raise RuntimeError(f"a runner holds {folder.lock_path} already")
+    spec = order["spec"]
+    folder.clear_run_records()
+    folder.write_spec(spec)
+    for path in (folder.events, folder.runner_log):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    cwd = str(spec["cwd"])
+    tar = here / INCLUDED_FILE
+    if tar.exists() and not prepare.is_set_up(cwd):
+        old = os.umask(0o022)  # the worktree's files are the user's, as git made them
+        try:
+            with tarfile.open(tar) as archive:
+                archive.extractall(cwd, filter="data")
+        finally:
+            os.umask(old)
+        if order.get("set_up_after"):
+            prepare.mark_set_up(cwd, {"at": time.time(), "attempt": spec.get("attempt"),
+                                      "setup": None, "by": "ray host"})
+    return folder
+
+
+def start_runner(folder: AttemptLog, order: dict[str, Any]) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SSH_"))}
+    env.update({k: str(v) for k, v in (order.get("env") or {}).items()})
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
+    keys = dict(order.get("keys") or {})
+    key_env = order.get("key_env")
+    if key_env:  # the key the cluster holds for its workers: read here, never sent
+        value = os.environ.get(str(key_env))
+        if not value:
+            raise RuntimeError(f"the node has no {key_env} in its environment (the host's "
+                               "key_env): the cluster's admin provisions it")
+        keys[str(order.get("key_variable") or "ANTHROPIC_API_KEY")] = value
+    return agent.start_runner(folder, env, keys, RUNNER_START)
+
+
+def end_tree(folder: AttemptLog, proc: subprocess.Popen[bytes], grace: float) -> int:
+    """SIGTERM to the runner (it passes it on to claude), SIGKILL to its tree after
+    `grace`, then whatever carries the attempt's token. How many processes were swept."""
+    if proc.poll() is None:
+        with contextlib.suppress(OSError):
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            rec = folder.runner_record() or {}
+            claude = rec.get("claude_pid")
+            groups = [g for g in (proc.pid, claude) if isinstance(g, int) and g > 0]
+            procs.signal_tree(proc.pid, signal.SIGKILL, groups=groups)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)
+    return sweep(folder)
+
+
+def sweep(folder: AttemptLog) -> int:
+    token = folder.spec_token()
+    if not token:
+        return 0
+    found = procs.with_env(TOKEN_ENV, token)
+    if found:
+        procs.stop(found, LEFTOVER_GRACE)
+    return len(found)
+
+
+class Branch:
+    """The task's branch sent back as a bundle of its commits past the base, each time
+    its tip moves (the diff of a running task) and at the end."""
+
+    def __init__(self, frames: Frames, order: dict[str, Any]) -> None:
+        self.frames = frames
+        self.worktree = order["worktree"]
+        self.branch = order["branch"]
+        self.base = order["base"]
+        self.identity = order.get("identity") or {}
+        self.task_id = order["task_id"]
+        self.host = order.get("host") or "ray"
+        self.sent: str | None = None
+        self.lock = threading.Lock()
+
+    def tip(self) -> str | None:
+        done = subprocess.run(["git", "-C", self.worktree, "rev-parse", "--verify", "-q",
+                               f"refs/heads/{self.branch}"], capture_output=True, text=True,
+                              check=False)
+        return done.stdout.strip() or None if done.returncode == 0 else None
+
+    def commit_work(self) -> None:
+        name, email = self.identity.get("name"), self.identity.get("email")
+        if not name or not email:
+            return
+        try:
+            _quiet(agent.cmd_commit_work, self.worktree,
+                   f"The worker's uncommitted work (task {self.task_id}, on host "
+                   f"{self.host})", name, email)
+        except (RuntimeError, OSError) as exc:
+            _log(f"could not commit the worker's work: {exc}")
+
+    def send(self) -> None:
+        with self.lock:
+            tip = self.tip()
+            if tip is None or tip == self.sent:
+                return
+            body = b""
+            if tip != self.base:
+                with tempfile.TemporaryDirectory(prefix="fleet-bundle-") as tmp:
+                    path = Path(tmp) / "branch.bundle"
+                    done = subprocess.run(
+                        ["git", "-C", self.worktree, "-c", "pack.threads=1", "bundle",
+                         "create", "-q", str(path), f"refs/heads/{self.branch}",
+                         f"^{self.base}"], capture_output=True, check=False)
+                    if done.returncode != 0:
+                        _log("git bundle failed: "
+                             + done.stderr.decode("utf-8", "replace").strip()[-300:])
+                        return
+                    body = path.read_bytes()
+            digest = hashlib.sha256(body).hexdigest()
+            for i in range(0, max(len(body), 1), PIECE):
+                self.frames.send({"bundle": tip, "o": i, "size": len(body),
+                                  "sha256": digest}, body[i:i + PIECE])
+            self.sent = tip
+
+
+class Mailbox:
+    """The attempt's mailbox at the controller's gateway (`/fleet/mailbox`, with the
+    attempt's token): each message fetched (a long poll) is handed to the runner's own
+    input channel here, under the id it has there, and its verdict said back (queued,
+    taken once the runner took it, or closed with the runner's reason)."""
+
+    def __init__(self, folder: AttemptLog, url: str, token: str) -> None:
+        self.folder = folder
+        self.url = url
+        self.token = token
+        self.seen: set[str] = set()
+        self.queued: list[str] = []
+        self.failures = 0
+
+    @staticmethod
+    def of(folder: AttemptLog, order: dict[str, Any]) -> Mailbox | None:
+        """None: the worker goes to its endpoint without this machine's gateway."""
+        base = ((order.get("spec") or {}).get("settings") or {}).get("base_url")
+        token = next((str(v) for v in (order.get("keys") or {}).values()
+                      if str(v).startswith(GATEWAY_TOKEN_PREFIX)), None)
+        if not isinstance(base, str) or token is None:
+            return None
+        parts = urllib.parse.urlsplit(base)
+        url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, MAILBOX_PATH, "", ""))
+        return Mailbox(folder, url, token)
+
+    def _call(self, method: str, query: str = "", body: dict[str, Any] | None = None,
+              timeout: float = 10.0) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + query, data=data, method=method,
+                                         headers={"x-api-key": self.token,
+                                                  "content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            answer = json.loads(resp.read() or b"{}")
+        return answer if isinstance(answer, dict) else {}
+
+    def _say(self, message_id: str, status: str, reason: str = "") -> None:
+        self._call("POST", body={"id": message_id, "status": status, "reason": reason})
+
+    def once(self, wait: float) -> None:
+        """Verdicts of the messages queued before, then one fetch."""
+        for mid in list(self.queued):
+            if not self.folder.input_waiting(mid):
+                self._say(mid, "taken")
+                self.queued.remove(mid)
+        answer = self._call("GET", f"?wait={wait:g}", timeout=wait + 15)
+        for item in answer.get("messages") or []:
+            mid, text = str(item.get("id")), item.get("text")
+            if mid in self.seen or not isinstance(text, str):
+                continue
+            self.seen.add(mid)
+            try:
+                self.folder.send_input(text, by=str(item.get("by") or ""), message_id=mid)
+            except InputClosed as exc:
+                self._say(mid, "closed", str(exc))
+                continue
+            except ValueError as exc:
+                self._say(mid, "closed", f"not taken: {exc}")
+                continue
+            self._say(mid, "queued")
+            self.queued.append(mid)
+
+    def serve(self, done: threading.Event) -> None:
+        while not done.is_set():
+            try:
+                self.once(MAILBOX_WAIT if not self.queued else MAILBOX_TAKEN_POLL)
+                self.failures = 0
+            except (OSError, ValueError) as exc:  # the gateway away: again, a little later
+                self.failures += 1
+                if self.failures in (1, 10, 100):
+                    _log(f"the mailbox at the controller's gateway: {type(exc).__name__}")
+                done.wait(min(5.0, 0.5 * self.failures))
+
+
+def run(order: dict[str, Any], here: Path) -> int:
+    frames = Frames(sys.stdout)
+    prepare_repo(order, here)
+    folder = stage(order, here)
+    proc = start_runner(folder, order)
+    branch = Branch(frames, order)
+    stopping = threading.Event()
+    parent = os.getppid()
+    swept = [0]
+
+    def on_term(_sig: int, _frame: Any) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+
+    def watch() -> None:
+        """Stopped by Ray, or orphaned (the supervisor died with its raylet): end the
+        attempt's tree; else the branch each time it moves."""
+        last_branch = 0.0
+        while proc.poll() is None:
+            if stopping.wait(PARENT_POLL) or os.getppid() != parent:
+                why = "stopped" if stopping.is_set() else "orphaned (the node's raylet died)"
+                _log(f"{why}: ending the attempt's processes")
+                swept[0] += end_tree(folder, proc, STOP_GRACE)
+                return
+            if time.monotonic() - last_branch >= BRANCH_POLL:
+                last_branch = time.monotonic()
+                try:
+                    branch.send()
+                except Exception as exc:
+                    _log(f"could not send the branch: {exc}")
+
+    watcher = threading.Thread(target=watch, name="fleet-ray-watch", daemon=True)
+    watcher.start()
+    box = Mailbox.of(folder, order)
+    runner_done = threading.Event()
+    if box is not None:
+        threading.Thread(target=box.serve, args=(runner_done,), name="fleet-ray-mailbox",
+                         daemon=True).start()
+    real_stdout = sys.stdout
+    # the SSH agent's follower writes its frames to sys.stdout.buffer, one write a frame:
+    # they go through `frames`
+    sys.stdout = _Out(frames)  # type: ignore[assignment]
+    try:
+        agent.cmd_follow(folder, json.dumps({}))
+    finally:
+        sys.stdout = real_stdout
+    proc.wait()
+    runner_done.set()
+    watcher.join(timeout=5)
+    swept[0] += sweep(folder)
+    branch.commit_work()
+    try:
+        branch.send()
+    except Exception as exc:
+        _log(f"could not send the branch: {exc}")
+    frames.out = real_stdout
+    frames.finish(swept=swept[0])
+    return 0
+
+
+def run_update(order: dict[str, Any], here: Path) -> int:
+    """A short job on the node that holds a finished task's worktree: its base brought up
+    to date (the SSH agent's `update`: merge or rebase, the worker's uncommitted work
+    committed first, left mid-merge on conflicts), the answer as a frame, then the branch
+    as bundle frames."""
+    mirror, ref = order["mirror"], order["ref"]
+    bundle = here / BUNDLE_FILE
+    if bundle.exists():
+        agent._git("-C", mirror, "fetch", "-q", "--no-tags", str(bundle), f"+{ref}:{ref}")
+    worktree, branch = order["worktree"], order["branch"]
+    if not Path(worktree).is_dir():
+        _quiet(agent.cmd_worktree, mirror, worktree, branch, order["base"], "reattach")
+    ident = order.get("identity") or {}
+    agent._ident(str(ident.get("name") or ""), str(ident.get("email") or ""))
+    try:
+        answer = agent._update(worktree, order["update_base"], order["strategy"],
+                               order["message"], order.get("conflicted"))
+    except RuntimeError as exc:
+        answer = {"error": str(exc)}
+    frames = Frames(sys.stdout)
+    frames.send({"update": answer})
+    if answer.get("status") != "conflicts":
+        Branch(frames, order).send()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    here = Path(argv[0] if argv else ".").resolve()
+    os.umask(0o077)
+    try:
+        order = json.loads((here / ORDER_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        _log(f"no order in {here}: {exc}")
+        return 2
+    # the order holds the attempt's gateway token: read once, gone from the node's disk
+    with contextlib.suppress(OSError):
+        (here / ORDER_FILE).unlink()
+    try:
+        if order.get("update"):
+            return run_update(order, here)
+        return run(order, here)
+    except Exception as exc:  # said in a frame: the controller records why
+        _log(repr(exc))
+        sys.stdout.write(encode_frame({"error": str(exc)}) + "\n")
+        sys.stdout.flush()
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

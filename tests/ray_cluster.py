@@ -1,0 +1,196 @@
+"""A local Ray cluster for the Ray host's tests: a head and a second node on this machine.
+
+Both nodes share one temp dir of their own (with separate ones a job's logs came back
+empty) and bind 127.0.0.1 (Ray still listens on every interface for some ports: nothing
+here is reachable from elsewhere on this machine's closed network); each node has its own
+`--dashboard-agent-listen-port` (the same one on both broke the logs call) and every port
+is picked free. The second node carries the resource `agenthost` that the tests pin their
+jobs to. Each `ray start --block` runs in a session of its own, and the cluster is torn
+down by those sessions (SIGKILL: SIGTERM to the group hung for more than 20 s), never by
+`ray stop`, which ends every Ray process on the machine.
+
+The cluster's processes get a clean environment (a HOME of their own, no Anthropic
+variable of the developer's), so a key found there came through fleet-tui.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+RAY = str(Path(sys.executable).parent / "ray")
+NODE_RESOURCE = "agenthost"
+START_TIMEOUT = 120.0
+# the head's look at each node: every second instead of 3 s, so a node whose raylet dies
+# reads dead after ~5 failed looks (~6 s, not ~20 s), while a live node slowed by the
+# machine's load still has 5 s an answer and 5 looks in a row before it is given up
+HEALTH_CHECK = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "5000",
+                "RAY_health_check_failure_threshold": "5"}
+
+
+def ray_missing() -> str | None:
+    """Why the cluster cannot start here (None: it can)."""
+    try:
+        import ray.job_submission  # noqa: F401
+    except ImportError as exc:
+        return f"ray is not importable ({exc}): pip install 'fleet-tui[ray]' (scripts/test does)"
+    if not os.path.exists(RAY):
+        return f"no ray command beside {sys.executable}"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[3])  # state ppid pgrp session
+
+
+class RayCluster:
+    def __init__(self) -> None:
+        # short: Ray's unix sockets live under it (a socket path holds 107 bytes)
+        self.root = Path(tempfile.mkdtemp(prefix="fr-", dir="/tmp"))
+        self.temp_dir = self.root / "t"
+        self.home = self.root / "home"
+        self.home.mkdir()
+        self.port = free_port()
+        self.dashboard_port = free_port()
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+
+    def env(self) -> dict[str, str]:
+        keep = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
+        env = {k: v for k, v in os.environ.items() if k in keep}
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+        env.update(HOME=str(self.home), RAY_USAGE_STATS_ENABLED="0",
+                   RAY_DISABLE_DOCKER_CPU_WARNING="1", **HEALTH_CHECK)
+        return env
+
+    def _start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        out = self.root / f"{name}.out"
+        self.logs.append(out)
+        with open(out, "wb") as fh:
+            proc = subprocess.Popen(
+                [RAY, "start", "--block", "--disable-usage-stats",
+                 "--node-ip-address=127.0.0.1", f"--temp-dir={self.temp_dir}",
+                 "--num-cpus=1", "--object-store-memory=80000000",
+                 f"--dashboard-agent-listen-port={free_port()}",
+                 f"--dashboard-agent-grpc-port={free_port()}",
+                 f"--metrics-export-port={free_port()}",
+                 f"--runtime-env-agent-port={free_port()}", *args],
+                stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                env=self.env(), start_new_session=True, cwd=self.root)
+        self.procs.append(proc)
+        return proc
+
+    def start(self) -> RayCluster:
+        self._start("head", ["--head", f"--port={self.port}", "--dashboard-host=127.0.0.1",
+                             f"--dashboard-port={self.dashboard_port}",
+                             f"--ray-client-server-port={free_port()}",
+                             '--resources={"head": 1}'])
+        self.wait_port(self.port)  # the head's GCS: a node can join (the dashboard later)
+        self.start_node()
+        return self
+
+    def start_node(self) -> subprocess.Popen[bytes]:
+        proc = self._start(f"node{len(self.procs)}",
+                           [f"--address=127.0.0.1:{self.port}",
+                            f'--resources={{"{NODE_RESOURCE}": 1}}'])
+        self.wait_nodes(2)
+        return proc
+
+    def wait_port(self, port: int) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"ray start exited {proc.returncode}: "
+                                       f"{self.output()[-3000:]}")
+            with contextlib.suppress(OSError), \
+                    socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"nothing listens on {port} after {START_TIMEOUT:.0f} s: "
+                           f"{self.output()[-3000:]}")
+
+    def nodes(self) -> list[dict[str, object]]:
+        """The alive nodes, from the state API."""
+        with urllib.request.urlopen(f"{self.address}/api/v0/nodes?detail=1&limit=100",
+                                    timeout=10) as resp:
+            data = json.load(resp)
+        result = data.get("data", {}).get("result", {}).get("result", [])
+        return [n for n in result if n.get("state") == "ALIVE"]
+
+    def wait_nodes(self, n: int) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        last: object = None
+        while time.monotonic() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"ray start exited {proc.returncode}: "
+                                       f"{self.output()[-3000:]}")
+            try:
+                if len(self.nodes()) >= n:
+                    return
+            except (OSError, ValueError) as exc:
+                last = exc
+            time.sleep(0.5)
+        raise RuntimeError(f"the cluster has not {n} node(s) after {START_TIMEOUT:.0f} s "
+                           f"({last}): {self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in self.logs if p.exists())
+
+    def session_pids(self, proc: subprocess.Popen[bytes]) -> list[int]:
+        """Every process of that `ray start`'s session (what it started)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and _session_of(int(entry.name)) == proc.pid:
+                found.append(int(entry.name))
+        return found
+
+    def raylet_of(self, proc: subprocess.Popen[bytes]) -> int | None:
+        for pid in self.session_pids(proc):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
+                    return pid
+        return None
+
+    def kill_session(self, proc: subprocess.Popen[bytes]) -> None:
+        for _ in range(3):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            for pid in self.session_pids(proc):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+            if not self.session_pids(proc):
+                return
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            self.kill_session(proc)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+__all__ = ["NODE_RESOURCE", "RayCluster", "free_port", "ray_missing"]

@@ -1,0 +1,584 @@
+"""The Ray host (issue 21): the real claude in Ray jobs on a local cluster (a head and a
+second node on this machine, tests/ray_cluster.py), against the scripted endpoint, through
+this machine's gateway (the cluster gets the attempt's token, never the key).
+
+The host is configured as a user would (`[hosts.cluster]` in config.toml, `ray =` the
+Jobs address, `resources` pinning every job to the second node), so that the merge queue's
+own detached process builds the same host. Covered: two tasks pinned to the second node
+(the second waits for the first: one `agenthost`), both landed through the queue (the
+second's base moved: an update job on its node merges it there first); the attempt folder
+byte-identical to the node's; kill with a double-forked daemon in the worker's Bash step
+(0 processes left); a controller of its own SIGKILLed mid-job and a new one reattached by
+the submission id (one job, never a second); `say` through the gateway's mailbox and a
+follow-up pinned to the node that holds the session; the key in `ray job list`, the Jobs
+REST API, the state API, every file under the cluster's temp dir and the cluster's
+processes (0 hits); last, the second node's raylet SIGKILLed (the task lost, its processes
+gone).
+The figures they see go to the test's output (`-s`) and FLEET_RAY_FIGURES.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ray_cluster import NODE_RESOURCE, RayCluster, ray_missing
+from test_fleet import KEY, SCRIPTS, drive, settled
+
+from fleet_tui.core.errors import WorkerFinished
+from fleet_tui.core.states import LandState
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.gateway import control
+from fleet_tui.settings.config import config_file_path, load_settings
+from fleet_tui.store.db import Store, TaskState
+from fleet_tui.system import paths
+
+pytestmark = pytest.mark.xdist_group("ray-host")
+
+_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+RAY_SCRIPTS: dict[str, Any] = dict(SCRIPTS)
+for _name in ("one", "two"):
+    RAY_SCRIPTS[f"commit-{_name}"] = [
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": f"echo {_name} > {_name}.txt && git add {_name}.txt && "
+                               f"git commit -q -m 'made on the node: {_name}'",
+                    "description": "commit"}}],
+        "committed",
+    ]
+RAY_SCRIPTS["pause"] = [
+    [{"type": "tool_use", "name": "Bash",
+      "input": {"command": "sleep 6; echo resumed > after.txt", "description": "wait"}}],
+    "finished after the pause",
+]
+RAY_SCRIPTS["long"] = [
+    [{"type": "tool_use", "name": "Bash",
+      "input": {"command": "sleep 12; echo done > after.txt", "description": "wait"}}],
+    "finished after the long pause",
+]
+RAY_SCRIPTS["steer"] = {
+    "turns": [[{"type": "tool_use", "name": "Bash",
+                "input": {"command": "sleep 8; echo steered > after.txt",
+                          "description": "wait"}}],
+              "finished after the pause"],
+    "followup": ["followed up on the node"],
+}
+# a daemon that double-forks out of the Bash step (reparented to the runner, its
+# subreaper, or to pid 1 without one): Ray's own stop_job leaves such a process
+SLEEPS = ("sleep 912", "sleep 913")
+RAY_SCRIPTS["daemon"] = [
+    [{"type": "tool_use", "name": "Bash",
+      "input": {"command": "(setsid sleep 913 </dev/null >/dev/null 2>&1 &); sleep 912",
+                "description": "a daemon"}}],
+    "never reached",
+]
+
+FIGURES: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    why = ray_missing()
+    if why is not None:
+        if _CI:
+            pytest.fail(why)
+        pytest.skip(why)
+    started = time.monotonic()
+    cluster = RayCluster()
+    try:
+        cluster.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    FIGURES["cluster_start_s"] = round(time.monotonic() - started, 1)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        out = os.environ.get("FLEET_RAY_FIGURES")
+        if out:
+            Path(out).write_text(json.dumps(FIGURES, indent=2) + "\n")
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[ScriptedEndpoint]:
+    with ScriptedEndpoint(RAY_SCRIPTS) as ep:
+        yield ep
+
+
+def make(endpoint: Any, claude: str, cluster: Any, node_dir: Path,
+         **overrides: Any) -> Fleet:
+    """An engine whose config.toml names the cluster as the host `cluster` (its jobs
+    pinned to the second node); the gateway on: the cluster gets tokens, never the key."""
+    config = config_file_path(os.environ)
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(
+        f'[hosts.cluster]\nray = "{cluster.address}"\n'
+        f"resources = {{ {NODE_RESOURCE} = 1 }}\nmax_workers = 2\n"
+        f'data_dir = "{node_dir}"\npython = "{sys.executable}"\nclaude = "{claude}"\n')
+    values: dict[str, Any] = {
+        "base_url": endpoint.url, "claude": claude, "sandbox": os.geteuid() == 0,
+        "key_sources": "env", "backoff_base": 0.2, "backoff_cap": 1.0, "kill_grace": 2.0,
+        "max_workers": 4, "max_attempts": 1, "gateway": True,
+    }
+    values.update(overrides)
+    settings = load_settings(env=os.environ, overrides=values)
+    env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
+    return Fleet(settings, Store(paths.db_path()), env=env)
+
+
+def ray_host(fleet: Fleet) -> Any:
+    return fleet.supervisor.host_of_name("cluster")
+
+
+def jobs(cluster: RayCluster) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{cluster.address}/api/jobs/", timeout=20) as resp:
+        data = json.load(resp)
+    return list(data)
+
+
+def jobs_of(cluster: RayCluster, task_id: str) -> list[dict[str, Any]]:
+    return [j for j in jobs(cluster) if (j.get("metadata") or {}).get("fleet-tui-task")
+            == task_id]
+
+
+def _bytes(path: Path) -> bytes:
+    return path.read_bytes() if path.exists() else b""
+
+
+def _events(fleet: Fleet, task_id: str) -> bytes:
+    attempts = fleet.attempts(task_id)
+    if not attempts or attempts[-1].dir is None:
+        return b""
+    path = Path(attempts[-1].dir) / "events.jsonl"
+    return path.read_bytes() if path.exists() else b""
+
+
+def node_pids(node_dir: Path, *markers: str) -> list[int]:
+    """Processes on the node working under its data dir whose command line is one of
+    `markers` (or holds one ending in "/")."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        if not cwd.startswith(str(node_dir)):
+            continue
+        if any(m == args or (m.endswith("/") and m in args) for m in markers):
+            found.append(int(entry.name))
+    return found
+
+
+def node_of(cluster: RayCluster, resource: str) -> str:
+    (node,) = [n for n in cluster.nodes() if resource in (n.get("resources_total") or {})]
+    return str(node["node_id"])
+
+
+def test_two_tasks_pinned_to_the_second_node_land(
+        git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
+        endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    node_dir = tmp_path / "node"
+    fleet = make(endpoint, claude_bin, ray_cluster, node_dir)
+    try:
+        submitted = time.monotonic()
+        one, two = (fleet.submit(TaskSpec(prompt=f"[script:commit-{n}] commit it",
+                                          repo=git_repo, host="cluster"))[0]
+                    for n in ("one", "two"))
+        first_event: dict[str, float] = {}
+        # the node's events.jsonl (this machine's file system: seen as it is written)
+        # against the local one, every 20 ms: when each size the node reached arrived here
+        lags: list[float] = []
+        rss: list[int] = []
+        stop_sampling = threading.Event()
+
+        def sample() -> None:
+            seen_there: dict[tuple[str, int], float] = {}
+            measured: set[tuple[str, int]] = set()
+            while not stop_sampling.wait(0.02):
+                now = time.monotonic()
+                for task in (one, two):
+                    local = len(_bytes(paths.attempt_dir(git_repo, task.id, 1) /
+                                       "events.jsonl"))
+                    if task.id not in first_event and local:
+                        first_event[task.id] = now
+                    size = len(_bytes(node_dir / "attempts" / task.id / "1" / "events.jsonl"))
+                    if size and (task.id, size) not in measured:
+                        seen_there.setdefault((task.id, size), now)
+                    for (tid, at_size), at in list(seen_there.items()):
+                        if tid == task.id and local >= at_size:
+                            lags.append(now - at)
+                            del seen_there[(tid, at_size)]
+                            measured.add((tid, at_size))
+                rss.append(int(Path("/proc/self/statm").read_text().split()[1]) * 4096)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            drive(fleet, settled(fleet, one.id, two.id), timeout=150)
+        finally:
+            stop_sampling.set()
+            sampler.join(timeout=5)
+        for task in (one, two):
+            done = fleet.get_task(task.id)
+            assert done.state == TaskState.SUCCEEDED, done.message
+        FIGURES["submit_to_first_event_s"] = round(
+            min(first_event.values()) - submitted, 2)
+        lags.sort()
+        if lags:
+            FIGURES["node_write_to_local_s"] = {
+                "n": len(lags), "median": round(lags[len(lags) // 2], 2),
+                "p90": round(lags[int(len(lags) * 0.9)], 2), "max": round(lags[-1], 2)}
+        FIGURES["controller_rss_mib"] = {"min": rss and round(min(rss) / 2 ** 20, 1),
+                                         "max": rss and round(max(rss) / 2 ** 20, 1)}
+        print("figures:", FIGURES)
+        # both ran on the second node, one job each, the second after the first
+        second = node_of(ray_cluster, NODE_RESOURCE)
+        for task in (one, two):
+            (job,) = jobs_of(ray_cluster, task.id)
+            assert job["status"] == "SUCCEEDED"
+            assert job["driver_node_id"] == second
+            (attempt,) = fleet.attempts(task.id)
+            assert attempt.host == "cluster"
+            local = Path(attempt.dir or "") / "events.jsonl"
+            there = node_dir / "attempts" / task.id / "1" / "events.jsonl"
+            # the mirror: byte for byte what the node's runner wrote
+            assert local.read_bytes() == there.read_bytes()
+            assert b'"type":"result"' in local.read_bytes()
+            for name in ("stderr.log", "runner.log", "exit.json", "runner.json"):
+                # (a file the node left empty is not made here)
+                assert _bytes(Path(attempt.dir or "") / name) == \
+                    _bytes(node_dir / "attempts" / task.id / "1" / name), name
+        # the first lands through the queue (its own process builds the Ray host from
+        # config.toml: the commits come from the bundle the node sent back)
+        fleet.enqueue([one.id])
+        drive(fleet, lambda: fleet.get_task(one.id).land_state in (
+            LandState.MERGED, LandState.STOPPED), timeout=120)
+        landed = fleet.get_task(one.id)
+        assert landed.land_state == LandState.MERGED, landed.land_note
+        # the second after it: main moved, so the queue first updates the branch in its
+        # worktree, which is on the node: a short update job pinned to that node merges
+        # main there and sends the branch back, and the queue lands it
+        fleet.enqueue([two.id])
+        drive(fleet, lambda: fleet.get_task(two.id).land_state in (
+            LandState.MERGED, LandState.STOPPED), timeout=150)
+        landed = fleet.get_task(two.id)
+        assert landed.land_state == LandState.MERGED, landed.land_note
+        updates = [j for j in jobs_of(ray_cluster, two.id)
+                   if (j.get("metadata") or {}).get("fleet-tui-update")]
+        assert [(j["status"], j["driver_node_id"]) for j in updates] == [
+            ("SUCCEEDED", second)]
+        # the node's worktree holds the merge too (a follow-up goes on from it)
+        there = subprocess.run(["git", "-C", str(node_dir / "work" / two.id), "show",
+                                "HEAD:one.txt"], capture_output=True, text=True,
+                               check=False).stdout
+        assert there == "one\n"
+        for name in ("one", "two"):
+            shown = subprocess.run(["git", "-C", str(git_repo), "show", f"main:{name}.txt"],
+                                   capture_output=True, text=True, check=True).stdout
+            assert shown == f"{name}\n"
+    finally:
+        control.stop(fleet.env)
+        ray_host(fleet).close()
+
+
+def test_kill_leaves_no_process_of_the_job(git_repo: Path, claude_bin: str,
+                                           ray_cluster: RayCluster,
+                                           endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    node_dir = tmp_path / "node"
+    fleet = make(endpoint, claude_bin, ray_cluster, node_dir)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:daemon] wait", repo=git_repo,
+                                        host="cluster"))
+        drive(fleet, lambda: len(node_pids(node_dir, *SLEEPS)) == 2, timeout=120)
+        attempt = fleet.attempts(task.id)[-1]
+        assert attempt.dir is not None
+        token = AttemptLog(attempt.dir).spec_token()
+        assert token
+        fleet.kill(task.id)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.KILLED and done.verdict == "killed"
+        deadline = time.monotonic() + 20
+        while node_pids(node_dir, *SLEEPS) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert node_pids(node_dir, *SLEEPS) == []  # the double-forked one too
+        assert node_pids(node_dir, f"attempts/{task.id}/") == []  # the runner
+        assert _token_holders(token) == []
+        (job,) = jobs_of(ray_cluster, task.id)
+        drive(fleet, lambda: jobs_of(ray_cluster, task.id)[0]["status"] == "STOPPED",
+              timeout=30)
+        assert job["submission_id"] == json.loads(
+            (Path(attempt.dir) / "ray.json").read_text())["submission_id"]
+    finally:
+        for pid in node_pids(node_dir, *SLEEPS):
+            os.kill(pid, signal.SIGKILL)
+        control.stop(fleet.env)
+        ray_host(fleet).close()
+
+
+def _token_holders(token: str) -> list[int]:
+    needle = f"FLEET_ATTEMPT_TOKEN={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+CONTROLLER = """
+import sys, time, types
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from test_fleet import drive
+from test_ray_host import _events, make
+from fleet_tui.engine.fleet import TaskSpec
+url, claude, address, node_dir, repo = sys.argv[2:7]
+fleet = make(types.SimpleNamespace(url=url), claude, types.SimpleNamespace(address=address),
+             Path(node_dir))
+(task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait", repo=Path(repo), host="cluster"))
+drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=120)
+print(task.id, flush=True)
+while True:  # following, until SIGKILLed
+    fleet.tick()
+    time.sleep(0.2)
+"""
+
+
+def test_a_sigkilled_controller_is_reattached_by_the_submission_id(
+        git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
+        endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    """A controller of its own (a separate process) submits the job and follows it, and is
+    SIGKILLed mid-job; a new engine here finds the job by the submission id recorded
+    before it was submitted and follows it to its end: one job for the attempt, never a
+    second submit."""
+    node_dir = tmp_path / "node"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, str(Path(__file__).parent), endpoint.url,
+         claude_bin, ray_cluster.address, str(node_dir), str(git_repo)],
+        stdout=subprocess.PIPE, text=True, env=dict(os.environ), start_new_session=True)
+    try:
+        assert child.stdout is not None
+        task_id = child.stdout.readline().strip()
+        assert task_id, f"the controller exited {child.wait(timeout=30)}"
+        assert [j["status"] for j in jobs_of(ray_cluster, task_id)] == ["RUNNING"]
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=30)
+    again = make(endpoint, claude_bin, ray_cluster, node_dir)
+    try:
+        drive(again, settled(again, task_id), timeout=120)
+        done = again.get_task(task_id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        assert len(again.attempts(task_id)) == 1  # adopted: no second attempt
+        assert b"finished after the pause" in _events(again, task_id)
+        assert ray_host(again).submitted == []  # followed, never submitted again
+        assert [j["status"] for j in jobs_of(ray_cluster, task_id)] == ["SUCCEEDED"]
+        there = node_dir / "attempts" / task_id / "1" / "events.jsonl"
+        assert _events(again, task_id) == there.read_bytes()  # replayed: byte for byte
+    finally:
+        control.stop(again.env)
+        ray_host(again).close()
+
+
+def test_say_reaches_the_worker_and_its_follow_up_stays_on_its_node(
+        git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
+        endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    """`say` to a running Ray worker: the message left in the attempt's mailbox here, the
+    job fetches it through the gateway with its token and hands it to its runner's own
+    input channel (taken, logged in input.jsonl on the node and mirrored here), never in
+    the job's metadata; refused once the task has finished. The follow-up is pinned to the
+    node that holds the worktree and claude's session (its ray.io/node-id label)."""
+    node_dir = tmp_path / "node"
+    fleet = make(endpoint, claude_bin, ray_cluster, node_dir)
+    text = "also say hello from the mailbox"
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:steer] wait", repo=git_repo,
+                                        host="cluster"))
+        drive(fleet, lambda: fleet.get_task(task.id).state == TaskState.RUNNING
+              and b"tool_use" in _events(fleet, task.id), timeout=120)
+        said = time.monotonic()
+        assert fleet.say(task.id, text, wait=20) is True  # taken by the node's runner
+        FIGURES["say_to_taken_s"] = round(time.monotonic() - said, 2)
+        drive(fleet, settled(fleet, task.id), timeout=120)
+        assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+        first = fleet.attempts(task.id)[-1]
+        folder = AttemptLog(first.dir or "")
+        assert text.encode() in _events(fleet, task.id)  # claude took it in
+        assert [m["text"] for m in folder.input_messages()] == [text]  # mirrored
+        assert (folder.dir / "input.jsonl").read_bytes() == \
+            (node_dir / "attempts" / task.id / "1" / "input.jsonl").read_bytes()
+        assert not any((folder.dir / "input").glob("*"))  # the mailbox is empty
+        (job,) = jobs_of(ray_cluster, task.id)
+        assert text not in json.dumps(job)  # never in the job's metadata or entrypoint
+        with pytest.raises(WorkerFinished):
+            fleet.say(task.id, "too late")
+        node = json.loads((folder.dir / "ray.json").read_text())["node_id"]
+        assert node == job["driver_node_id"]
+        fleet.follow_up(task.id, "[script:steer] and then?")
+        drive(fleet, settled(fleet, task.id), timeout=120)
+        again = fleet.get_task(task.id)
+        assert again.state == TaskState.SUCCEEDED, again.message
+        second = fleet.attempts(task.id)[-1]
+        assert second.n == 2 and second.host == "cluster"
+        assert b"followed up on the node" in _events(fleet, task.id)  # the session resumed
+        record = json.loads((Path(second.dir or "") / "ray.json").read_text())
+        assert record["pinned"] == node and record["node_id"] == node
+        jobs2 = [j for j in jobs_of(ray_cluster, task.id) if j["submission_id"]
+                 == record["submission_id"]]
+        assert [j["driver_node_id"] for j in jobs2] == [node]
+    finally:
+        control.stop(fleet.env)
+        ray_host(fleet).close()
+
+
+def test_the_key_never_reaches_the_cluster(git_repo: Path, claude_bin: str,
+                                           ray_cluster: RayCluster,
+                                           endpoint: ScriptedEndpoint,
+                                           tmp_path: Path) -> None:
+    node_dir = tmp_path / "node"
+    fleet = make(endpoint, claude_bin, ray_cluster, node_dir)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:long] wait", repo=git_repo,
+                                        host="cluster"))
+        drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=120)
+        # the runner and claude hold the attempt's token, never the key
+        assert len(_processes_holding(ray_cluster, "FLEET_ATTEMPT_TOKEN=", node_dir)) >= 2
+        assert _processes_holding(ray_cluster, KEY, node_dir) == []
+        running = _cluster_texts(ray_cluster, task.id)
+        drive(fleet, settled(fleet, task.id), timeout=120)
+        assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+        ended = _cluster_texts(ray_cluster, task.id)
+        sid = jobs_of(ray_cluster, task.id)[0]["submission_id"]
+        for where, text in {**running, **{f"{k} (ended)": v for k, v in ended.items()}}.items():
+            assert KEY not in text, where
+        # the scan sees what the cluster shows: the job's id is in its listings
+        assert sid in running["ray job list"] and sid in running["/api/jobs/"]
+        files = _files_holding(ray_cluster.temp_dir, KEY) + _files_holding(node_dir, KEY)
+        assert files == []
+        assert _files_holding(ray_cluster.temp_dir, sid)  # the logs were read
+    finally:
+        control.stop(fleet.env)
+        ray_host(fleet).close()
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return str(resp.read().decode("utf-8", "replace"))
+
+
+def _cluster_texts(cluster: RayCluster, task_id: str) -> dict[str, str]:
+    sid = jobs_of(cluster, task_id)[0]["submission_id"]
+    listed = subprocess.run([str(Path(sys.executable).parent / "ray"), "job", "list",
+                             "--address", cluster.address], capture_output=True, text=True,
+                            env=cluster.env(), timeout=120, check=False)
+    out = {"ray job list": listed.stdout + listed.stderr}
+    for path in ("/api/jobs/", f"/api/jobs/{sid}", f"/api/jobs/{sid}/logs",
+                 "/api/v0/actors?detail=1&limit=1000", "/api/v0/jobs?limit=1000",
+                 "/api/v0/tasks?detail=1&limit=1000", "/api/v0/workers?detail=1&limit=1000",
+                 "/api/v0/nodes?detail=1", "/api/v0/runtime_envs?detail=1"):
+        try:
+            out[path] = _get(cluster.address + path)
+        except OSError as exc:
+            out[path] = f"({exc})"
+    return out
+
+
+def _files_holding(root: Path, needle: str) -> list[str]:
+    hits = []
+    data = needle.encode()
+    for path in root.rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink() and data in path.read_bytes():
+                hits.append(str(path))
+        except OSError:
+            continue
+    return hits
+
+
+def _processes_holding(cluster: RayCluster, needle: str, *roots: Path) -> list[int]:
+    """The cluster's processes (its sessions, and whatever works under its folders or
+    `roots`: the runners and claude have sessions of their own) whose environment or
+    argv holds `needle`."""
+    data = needle.encode()
+    pids = {pid for proc in cluster.procs for pid in cluster.session_pids(proc)}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cwd = os.readlink(entry / "cwd")
+            except OSError:
+                continue
+            if any(cwd.startswith(str(r)) for r in (cluster.root, *roots)):
+                pids.add(int(entry.name))
+    hits = []
+    for pid in sorted(pids):
+        try:
+            if data in Path(f"/proc/{pid}/environ").read_bytes() \
+                    or data in Path(f"/proc/{pid}/cmdline").read_bytes():
+                hits.append(pid)
+        except OSError:
+            continue
+    return hits
+
+
+@pytest.mark.timeout(420)  # Ray's health check takes its time to give a node up
+def test_a_lost_node_loses_the_task_and_its_processes_end(
+        git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
+        endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    """The second node's raylet SIGKILLed mid-job (the last test here: the node stays
+    down): Ray reads the job FAILED after its health check, and the task ends lost with
+    the reason; the job's entrypoint, orphaned on its node, ends what the attempt started
+    (the daemon included): 0 of its processes are left."""
+    node_dir = tmp_path / "node"
+    fleet = make(endpoint, claude_bin, ray_cluster, node_dir)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:daemon] wait", repo=git_repo,
+                                        host="cluster"))
+        drive(fleet, lambda: len(node_pids(node_dir, *SLEEPS)) == 2, timeout=120)
+        attempt = fleet.attempts(task.id)[-1]
+        assert attempt.dir is not None
+        token = AttemptLog(attempt.dir).spec_token()
+        assert token and _token_holders(token)
+        raylet = ray_cluster.raylet_of(ray_cluster.procs[1])
+        assert raylet is not None
+        os.kill(raylet, signal.SIGKILL)
+        killed = time.monotonic()
+        drive(fleet, settled(fleet, task.id), timeout=240)
+        FIGURES["node_loss_to_lost_s"] = round(time.monotonic() - killed, 1)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.FAILED
+        assert done.message is not None and done.message.startswith("lost: the Ray job "), \
+            done.message
+        deadline = time.monotonic() + 30
+        while (node_pids(node_dir, *SLEEPS) or _token_holders(token)) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert node_pids(node_dir, *SLEEPS) == []
+        assert _token_holders(token) == []
+        assert node_pids(node_dir, f"attempts/{task.id}/") == []  # the runner too
+    finally:
+        for pid in node_pids(node_dir, *SLEEPS):
+            os.kill(pid, signal.SIGKILL)
+        control.stop(fleet.env)
+        ray_host(fleet).close()
