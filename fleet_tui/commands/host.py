@@ -220,17 +220,15 @@ def _check(args: argparse.Namespace) -> int:
             checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
         else:
             return EXIT_FAILED
-    if args.json:
-        _out(json.dumps({"host": host.name, "target": host.target,
-                         "ok": all(c.ok for c in checks),
-                         "checks": [c.to_json() for c in checks]}, indent=2))
-    else:
-        _show(host, checks)
-    return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
+    return _report(host, checks, as_json=args.json)
 
 
 def _check_ray(host: HostConfig, *, as_json: bool) -> int:
-    checks = host_check.check_ray_host(host)
+    return _report(host, host_check.check_ray_host(host), as_json=as_json)
+
+
+def _report(host: HostConfig, checks: list[Check], *, as_json: bool) -> int:
+    """The checks shown (or as JSON); the exit status says whether all passed."""
     if as_json:
         _out(json.dumps({"host": host.name, "target": host.target,
                          "ok": all(c.ok for c in checks),

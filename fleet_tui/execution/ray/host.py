@@ -770,18 +770,23 @@ class RayHost(RemoteHost):
                 f"retry {spec.task_id}`) once its work is landed or given up")
         return found
 
-    def node_of(self, repo: Path, task_id: str, *, before: int | None = None) -> str | None:
-        """The node the task's newest job (before attempt `before`) ran on."""
+    @staticmethod
+    def _attempt_folders(repo: Path, task_id: str) -> list[tuple[int, Path]]:
+        """The task's attempt folders here, newest first."""
         root = paths.logs_dir(repo) / task_id
         try:
             numbers = sorted((int(p.name) for p in root.iterdir() if p.name.isdigit()),
                              reverse=True)
         except FileNotFoundError:
-            return None
-        for n in numbers:
+            return []
+        return [(n, root / str(n)) for n in numbers]
+
+    def node_of(self, repo: Path, task_id: str, *, before: int | None = None) -> str | None:
+        """The node the task's newest job (before attempt `before`) ran on."""
+        for n, folder in self._attempt_folders(repo, task_id):
             if before is not None and n >= before:
                 continue
-            node = (AttemptLog(root / str(n)).record(RAY_FILE) or {}).get("node_id")
+            node = (AttemptLog(folder).record(RAY_FILE) or {}).get("node_id")
             if isinstance(node, str) and node:
                 return node
         return None
@@ -828,14 +833,7 @@ class RayHost(RemoteHost):
         return branch
 
     def _newest_branch(self, task: Task) -> tuple[Path, dict[str, Any]] | None:
-        root = paths.logs_dir(Path(task.repo)) / task.id
-        try:
-            numbers = sorted((int(p.name) for p in root.iterdir() if p.name.isdigit()),
-                             reverse=True)
-        except FileNotFoundError:
-            return None
-        for n in numbers:
-            folder = root / str(n)
+        for _n, folder in self._attempt_folders(Path(task.repo), task.id):
             rec = AttemptLog(folder).record(BRANCH_FILE)
             if rec and isinstance(rec.get("tip"), str):
                 return folder, rec
