@@ -11,6 +11,7 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -146,9 +147,7 @@ def diff(worktree: Path, base_commit: str, *, secrets: Sequence[str] = ()) -> Di
     with _temp_index(worktree) as env:
         untracked = _untracked(worktree, env)
         _intent_to_add(worktree, untracked, env)
-        summary = _out(worktree, *_DIFF_OPTS, "--raw", "--numstat", "-z", base_commit, "--",
-                       env=env, what="git diff")
-        patch = _out(worktree, *_DIFF_OPTS, base_commit, "--", env=env, what="git diff")
+        summary, patch = _summary_and_patch(worktree, (base_commit,), env)
     result, aligned = _parsed(summary, patch, set(untracked))
     needles = _needles(secrets)
     if needles:
@@ -165,9 +164,7 @@ def diff_commits(repo: Path, base_commit: str, tip: str, *,
     for commit in (base_commit, tip):
         if _rev(repo, commit) is None:
             raise GitError(f"unknown commit {commit!r} in {repo}")
-    summary = _out(repo, *_DIFF_OPTS, "--raw", "--numstat", "-z", base_commit, tip, "--",
-                   what="git diff")
-    patch = _out(repo, *_DIFF_OPTS, base_commit, tip, "--", what="git diff")
+    summary, patch = _summary_and_patch(repo, (base_commit, tip), None)
     result, aligned = _parsed(summary, patch, set())
     needles = _needles(secrets)
     if needles:
@@ -179,6 +176,21 @@ def diff_commits(repo: Path, base_commit: str, tip: str, *,
 
         _mark_secrets(repo, result, needles, aligned, holds=holds)
     return result
+
+
+def _summary_and_patch(cwd: Path, commits: tuple[str, ...],
+                       env: Mapping[str, str] | None) -> tuple[str, str]:
+    """git's --raw --numstat summary and the patch of the same diff, the two gits run at
+    once (a 20,000-line diff: ~30 ms each). Neither writes the index
+    (--no-optional-locks): two gits at once never race for its lock."""
+    def run(*extra: str) -> str:
+        return _out(cwd, "--no-optional-locks", *_DIFF_OPTS, *extra, *commits, "--",
+                    env=env, what="git diff")
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        summary = pool.submit(run, "--raw", "--numstat", "-z")
+        patch = run()
+        return summary.result(), patch
 
 
 def _parsed(summary: str, patch: str, untracked_set: set[str]) -> tuple[Diff, bool]:
