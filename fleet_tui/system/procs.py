@@ -447,9 +447,10 @@ def _prctl(option: int, arg: int) -> bool:
     return int(res) == 0
 
 
-def set_child_subreaper() -> bool:
-    """Make this process adopt orphaned descendants (so they can be found and killed)."""
-    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+def set_child_subreaper(on: bool = True) -> bool:
+    """Make this process adopt orphaned descendants (so they can be found and killed);
+    ``on`` False: no longer."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0)
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
