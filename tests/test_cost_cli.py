@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ def noon_zone(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A time zone where it is about noon now, here and in the CLI's processes: the test's
     "today" and "yesterday" rows then stay on their days however long it runs (in UTC a
     run just after midnight put the rows of a minute ago in yesterday: CI saw it)."""
-    hour = datetime.fromtimestamp(time.time(), timezone.utc).hour
+    hour = datetime.fromtimestamp(time.time(), UTC).hour
     east = (12 - hour) % 24
     east = east - 24 if east > 12 else east
     zone = f"NOON{-east:d}"  # POSIX: the hours west of Greenwich
