@@ -73,3 +73,30 @@ def test_a_merge_committed_with_its_markers_is_still_conflicts_and_not_aborted(
     assert code == 1 and "nothing to abort" in answer["error"]
     assert "notes.txt" in answer["error"]
     assert _git(wt, "rev-parse", "HEAD") == head  # nothing undone behind its back
+
+
+def test_an_update_that_would_overwrite_an_ignored_file_is_refused_and_the_file_kept(
+        git_repo: Path) -> None:
+    """As in a local worktree: `git merge` overwrites an ignored file without a word, so the
+    host's update checks first and refuses, naming the file; nothing changes there, not
+    even the worker's uncommitted work."""
+    wt = git_repo.parent / "wt"
+    _git(git_repo, "worktree", "add", "-q", "-b", "fleet/t1", str(wt))
+    common = Path(_git(wt, "rev-parse", "--path-format=absolute", "--git-common-dir"))
+    (common / "info").mkdir(exist_ok=True)
+    (common / "info" / "exclude").write_text("local.env\n")
+    (wt / "local.env").write_text("the worker's own settings\n")  # ignored there
+    (wt / "work.txt").write_text("uncommitted\n")
+    (git_repo / "local.env").write_text("main's\n")
+    _git(git_repo, "add", "-f", "local.env")
+    _git(git_repo, "commit", "-q", "-m", "main adds local.env")
+    base = _git(git_repo, "rev-parse", "HEAD")
+    head = _git(wt, "rev-parse", "HEAD")
+    code, answer = _agent("update", str(wt), base, "merge", "update", "T", "t@x.invalid",
+                          conflicted=[])
+    assert (code, answer["status"]) == (0, "refused"), answer
+    assert "would overwrite 1 ignored file" in answer["error"]
+    assert "local.env" in answer["error"] and "move them away" in answer["error"]
+    assert (wt / "local.env").read_text() == "the worker's own settings\n"
+    assert _git(wt, "rev-parse", "HEAD") == head  # nothing committed, nothing merged
+    assert _git(wt, "status", "--porcelain") == "?? work.txt"

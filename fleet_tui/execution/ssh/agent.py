@@ -4,8 +4,9 @@ excepted: `follow` streams an attempt folder until its runner is gone).
 
 It runs from the package copied into the host's data dir (the same version as the
 controller's), with the host's own python and only the standard library: it imports the
-attempt folder's format, the spec and the process layer's Linux part, never a module that
-needs a third-party package. Every answer is one JSON line on stdout (`follow`: frames).
+attempt folder's format, the spec, the process layer's Linux part and the git plumbing
+of vcs (run, commits, merging: an update's checks are a local worktree's), never a module
+that needs a third-party package. Every answer is one JSON line on stdout (`follow`: frames).
 
 Commands (the attempt folder DIR is on the host):
 - `stage DIR` (the spec on stdin): refuse (exit 75) when a runner holds DIR's lock, else
@@ -51,6 +52,9 @@ from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
 from fleet_tui.system import procs
+from fleet_tui.vcs.commits import _snapshot_commit
+from fleet_tui.vcs.merging import _in_the_way, _merge_tree, _tree_changes
+from fleet_tui.vcs.run import GitError, _shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -394,6 +398,19 @@ def _with_markers(path: str, names: list[str]) -> list[str]:
     return found
 
 
+def _ignored_in_the_way(path: Path, uncommitted: bool, base: str) -> list[str]:
+    """The files an update from `base` would write over that are ignored in the worktree
+    (`git merge` overwrites them without a word): worked out before anything changes, on a
+    snapshot of the uncommitted work, the same check as a local worktree's update."""
+    try:
+        side = _snapshot_commit(path) if uncommitted else _git("-C", str(path), "rev-parse",
+                                                                "HEAD")
+        tree, _ = _merge_tree(path, side, base)
+        return _in_the_way(path, _tree_changes(path, side, tree))
+    except GitError as exc:
+        raise RuntimeError(str(exc)) from exc
+
+
 def _update(path: str, base: str, strategy: str, message: str,
             conflicted: list[str] | None = None) -> dict[str, Any]:
     """`conflicted`: the files an earlier update of this worktree stopped on (the engine
@@ -421,8 +438,18 @@ def _update(path: str, base: str, strategy: str, message: str,
         if marked:
             return {"status": "conflicts", "conflicts": marked, "operation": None,
                     "concluded": True}
+    uncommitted = bool(_git("-C", path, "status", "--porcelain", "--untracked-files=all"))
+    head = _git("-C", path, "rev-parse", "HEAD")
+    if not _is_ancestor(path, base, head):
+        blocked = _ignored_in_the_way(Path(path), uncommitted, base)
+        if blocked:
+            many = "file" if len(blocked) == 1 else "files"
+            return {"status": "refused", "error": (
+                f"bringing {_git('-C', path, 'branch', '--show-current') or 'the branch'} "
+                f"up to date would overwrite {len(blocked)} ignored {many} of its worktree "
+                f"{path}: {_shown(blocked)}; move them away, then update again")}
     committed = None
-    if _git("-C", path, "status", "--porcelain", "--untracked-files=all"):
+    if uncommitted:
         _git("-C", path, "add", "-A", "--", ".")
         _git("-C", path, "commit", "--no-verify", "-q", "-m", message)
         committed = _git("-C", path, "rev-parse", "HEAD")
