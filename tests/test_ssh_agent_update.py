@@ -100,3 +100,37 @@ def test_an_update_that_would_overwrite_an_ignored_file_is_refused_and_the_file_
     assert (wt / "local.env").read_text() == "the worker's own settings\n"
     assert _git(wt, "rev-parse", "HEAD") == head  # nothing committed, nothing merged
     assert _git(wt, "status", "--porcelain") == "?? work.txt"
+
+
+def test_aborting_an_update_puts_back_the_workers_uncommitted_work_as_it_was(
+        git_repo: Path) -> None:
+    """An update commits the worker's uncommitted work before it merges; aborting it on the
+    host puts the worktree back as a local abort does: the same HEAD, the staged file
+    staged, the modified file modified, the new file untracked."""
+    wt = git_repo.parent / "wt"
+    _git(git_repo, "worktree", "add", "-q", "-b", "fleet/t1", str(wt))
+    (wt / "notes.txt").write_text("the worker's\n")
+    _git(wt, "add", "notes.txt")
+    _git(wt, "commit", "-q", "-m", "worker")
+    head = _git(wt, "rev-parse", "HEAD")
+    (wt / "notes.txt").write_text("the worker's, edited\n")  # modified, unstaged
+    (wt / "staged.txt").write_text("staged\n")
+    _git(wt, "add", "staged.txt")
+    (wt / "new.txt").write_text("untracked\n")
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=wt, check=True,
+                            capture_output=True, text=True).stdout
+    (git_repo / "notes.txt").write_text("main's\n")
+    _git(git_repo, "add", "notes.txt")
+    _git(git_repo, "commit", "-q", "-m", "main")
+    base = _git(git_repo, "rev-parse", "HEAD")
+    code, answer = _agent("update", str(wt), base, "merge", "update", "T", "t@x.invalid",
+                          conflicted=[])
+    assert (code, answer["status"]) == (0, "conflicts"), answer
+    assert answer["committed"]  # the worker's work was committed before the merge
+    code, answer = _agent("abort-update", str(wt), conflicted=["notes.txt"])
+    assert code == 0 and answer["aborted"] == "merge" and answer["restored"] is True, answer
+    assert _git(wt, "rev-parse", "HEAD") == head
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=wt, check=True,
+                           capture_output=True, text=True).stdout
+    assert after == before
+    assert (wt / "notes.txt").read_text() == "the worker's, edited\n"

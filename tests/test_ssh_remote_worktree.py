@@ -190,7 +190,11 @@ def test_a_task_on_a_host_that_shares_nothing_lands_here(
         assert task.id in show.stdout
 
         # main adds its own remote.txt: the update, on the host, stops on the conflict
-        # there (for its worker); aborted, the host's worktree is back on its commit
+        # there (for its worker); aborted, the host's worktree is back as it was: its
+        # commit, and the worker's uncommitted loose.txt uncommitted again
+        head_then = iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse HEAD")
+        status_then = iso_sshd.ssh(f"git -C {shlex.quote(worktree)} status --porcelain")
+        assert "loose.txt" in status_then
         (git_repo / "remote.txt").write_text("main's\n")
         _git(git_repo, "add", "remote.txt")
         _git(git_repo, "commit", "-q", "-m", "main's remote.txt")
@@ -200,7 +204,6 @@ def test_a_task_on_a_host_that_shares_nothing_lands_here(
         assert fleet.get_task(task.id).conflicts == ["remote.txt"]
         assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse -q --verify "
                             "MERGE_HEAD", check=False).strip()  # mid-merge, there
-        committed = iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse HEAD")
         # staged with its markers still in, the file is not resolved: still mid-merge there
         iso_sshd.ssh(f"git -C {shlex.quote(worktree)} add remote.txt")
         again = fleet.update(task.id)
@@ -209,8 +212,10 @@ def test_a_task_on_a_host_that_shares_nothing_lands_here(
                             "MERGE_HEAD", check=False).strip()
         aborted = fleet.resolve_update(task.id, "abort")
         assert aborted.conflicts == [] and "aborted" in (aborted.message or "")
-        assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse HEAD") == committed
-        assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} status --porcelain") == ""
+        assert "uncommitted work put back" in (aborted.message or ""), aborted.message
+        assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} rev-parse HEAD") == head_then
+        assert iso_sshd.ssh(f"git -C {shlex.quote(worktree)} status --porcelain") \
+            == status_then
         _git(git_repo, "rm", "-q", "remote.txt")
         _git(git_repo, "commit", "-q", "-m", "main drops its remote.txt")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -58,7 +59,10 @@ def _run(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
     With ``check``, a non-zero status raises GitError naming ``what`` and git's own reason.
     ``timeout``: seconds before git is killed (a push to an unreachable remote).
     """
-    gitpython = _gitpython()
+    try:
+        gitpython = _gitpython()
+    except ModuleNotFoundError:  # the package's copy on a host: the standard library only
+        return _run_plain(cwd, args, env=env, check=check, what=what, timeout=timeout)
     try:
         status, out, err = gitpython.Git(str(cwd)).execute(
             ["git", *args], with_extended_output=True, with_exceptions=False,
@@ -74,6 +78,30 @@ def _run(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
         reason = _first_line(err) or _first_line(out_s) or f"exit status {status}"
         raise GitError(f"{what or 'git ' + args[0]} failed: {reason}")
     return int(status), out_s, err
+
+
+def _run_plain(cwd: Path, args: Sequence[str], *, env: Mapping[str, str] | None,
+               check: bool, what: str | None, timeout: float | None) -> tuple[int, str, str]:
+    """`_run` without GitPython, as it runs git: in cwd, the environment with env on top and
+    git's messages in English (they are read), the same errors raised."""
+    full = {**os.environ, "LANGUAGE": "C", "LC_ALL": "C", **(env or {})}
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, env=full, capture_output=True,
+                              timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise GitError("git is not installed or not on PATH; install git 2.38 or newer"
+                       ) from None
+    except subprocess.TimeoutExpired:
+        raise GitError(f"{what or 'git ' + args[0]} failed: no answer in {timeout:g} s"
+                       ) from None
+    except OSError as exc:
+        raise GitError(f"cannot run git in {cwd}: {exc.strerror or exc}") from None
+    out = done.stdout.decode("utf-8", "replace")
+    err = done.stderr.decode("utf-8", "replace")
+    if check and done.returncode != 0:
+        reason = _first_line(err) or _first_line(out) or f"exit status {done.returncode}"
+        raise GitError(f"{what or 'git ' + args[0]} failed: {reason}")
+    return done.returncode, out, err
 
 
 def _out(cwd: Path, *args: str, what: str | None = None,

@@ -39,6 +39,7 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -431,6 +432,7 @@ def _update(path: str, base: str, strategy: str, message: str,
             _git("-C", path, "commit", "--no-verify", "-q", "--no-edit")
         else:
             _git("-C", path, "-c", "core.editor=true", "rebase", "--continue")
+        _drop_record(path)
         return {"status": "updated", "resolved": True,
                 "head": _git("-C", path, "rev-parse", "HEAD")}
     if conflicted:  # the worker concluded it itself: with the markers still in?
@@ -448,6 +450,8 @@ def _update(path: str, base: str, strategy: str, message: str,
                 f"bringing {_git('-C', path, 'branch', '--show-current') or 'the branch'} "
                 f"up to date would overwrite {len(blocked)} ignored {many} of its worktree "
                 f"{path}: {_shown(blocked)}; move them away, then update again")}
+    if not _is_ancestor(path, base, head):
+        _save_record(path, head)
     committed = None
     if uncommitted:
         _git("-C", path, "add", "-A", "--", ".")
@@ -455,6 +459,7 @@ def _update(path: str, base: str, strategy: str, message: str,
         committed = _git("-C", path, "rev-parse", "HEAD")
     head = _git("-C", path, "rev-parse", "HEAD")
     if _is_ancestor(path, base, head):
+        _drop_record(path)  # an earlier update the worker concluded: nothing to abort now
         return {"status": "current", "head": head, "committed": committed}
     if strategy == "rebase":
         args = ["-c", "core.editor=true", "rebase", base]
@@ -463,6 +468,7 @@ def _update(path: str, base: str, strategy: str, message: str,
     done = subprocess.run(["git", "-C", path, *args], capture_output=True, text=True,
                           check=False)
     if done.returncode == 0:
+        _drop_record(path)
         return {"status": "updated", "head": _git("-C", path, "rev-parse", "HEAD"),
                 "committed": committed}
     operation = _operation(path)
@@ -472,8 +478,57 @@ def _update(path: str, base: str, strategy: str, message: str,
                 "committed": committed}
     if operation is not None:
         _git("-C", path, operation, "--abort")
+    _restore_record(path)
     lines = (done.stderr or done.stdout).strip().splitlines()
     return {"status": "refused", "error": lines[-1] if lines else f"git {args[0]} failed"}
+
+
+# The worktree as it was before an update (its HEAD, and its index copied byte for byte),
+# kept in its git dir until the update is done, so that aborting it puts the worker's
+# uncommitted work back as it was, as a local worktree's abort does (vcs/update.py).
+_RECORD = "fleet-tui-update.json"
+_RECORD_INDEX = "fleet-tui-update.index"
+
+
+def _git_path(path: str, name: str) -> Path:
+    return Path(_git("-C", path, "rev-parse", "--path-format=absolute", "--git-path", name))
+
+
+def _save_record(path: str, head: str) -> None:
+    index = _git_path(path, "index")
+    had_index = index.exists()
+    if had_index:
+        shutil.copyfile(index, _git_path(path, _RECORD_INDEX))
+    record = _git_path(path, _RECORD)
+    tmp = record.with_name(record.name + ".tmp")
+    tmp.write_text(json.dumps({"head": head, "index": had_index}))
+    os.replace(tmp, record)
+
+
+def _drop_record(path: str) -> None:
+    for name in (_RECORD, _RECORD_INDEX):
+        _git_path(path, name).unlink(missing_ok=True)
+
+
+def _restore_record(path: str) -> bool:
+    """Back to the HEAD and index of before the update (its merge or rebase aborted
+    already); the files of the worktree are the worker's as they were. False without a
+    record."""
+    try:
+        before = json.loads(_git_path(path, _RECORD).read_text())
+    except (OSError, ValueError):
+        return False
+    _git("-C", path, "reset", "-q", "--soft", str(before["head"]))
+    index = _git_path(path, "index")
+    saved = _git_path(path, _RECORD_INDEX)
+    if before.get("index") and saved.exists():
+        tmp = index.with_name("index.fleet-tmp")
+        shutil.copyfile(saved, tmp)
+        os.replace(tmp, index)
+    elif not before.get("index"):
+        index.unlink(missing_ok=True)
+    _drop_record(path)
+    return True
 
 
 def cmd_update(path: str, base: str, strategy: str, message: str, name: str,
@@ -501,7 +556,9 @@ def cmd_abort_update(path: str) -> int:
             return 1
         if operation is not None:
             _git("-C", path, operation, "--abort")
-        _answer({"aborted": operation, "head": _git("-C", path, "rev-parse", "HEAD")})
+        restored = _restore_record(path)
+        _answer({"aborted": operation, "restored": restored,
+                 "head": _git("-C", path, "rev-parse", "HEAD")})
     except RuntimeError as exc:
         _answer({"error": str(exc)})
         return 1

@@ -688,8 +688,10 @@ class SshHost(RemoteHost):
         if "error" in answer:
             raise FleetError(f"host {self.name}: {answer['error']}")
         what = answer.get("aborted")
-        return (f"the {what} was aborted in its worktree on host {self.name}" if what
-                else f"nothing was stopped in its worktree on host {self.name}")
+        back = " (the worker's uncommitted work put back as it was)" \
+            if answer.get("restored") else ""
+        return (f"the {what} was aborted in its worktree on host {self.name}{back}" if what
+                else f"nothing was stopped in its worktree on host {self.name}{back}")
 
     def _identity(self, repo: Path) -> tuple[str, str]:
         found = self.git_identity(repo)
