@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from fleet_tui.vcs.run import GitError, _first_line, _out, _run, _shown
@@ -72,6 +73,23 @@ def _in_the_way(repo: Path, changes: list[tuple[str, str, str]]) -> list[str]:
                 found.add(prefix)
                 break
     return sorted(found)
+
+
+_MARKER_RE = re.compile(rb"^(?:<{7}|>{7})(?: |$)", re.MULTILINE)
+
+
+def _with_markers(worktree: Path, candidates: Sequence[str]) -> list[str]:
+    """The files among ``candidates`` that still hold conflict markers (an update's
+    conflicted files, here or in a host's worktree: its agent asks the same)."""
+    found = []
+    for rel in candidates:
+        try:
+            data = (Path(worktree) / rel).read_bytes()
+        except OSError:
+            continue
+        if _MARKER_RE.search(data):
+            found.append(rel)
+    return found
 
 
 # Files a merge attempt may write into the main checkout's git dir; a failed one leaves

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from fleet_tui.vcs.merging import (
     _merge_tree,
     _put_back,
     _tree_changes,
+    _with_markers,
 )
 from fleet_tui.vcs.repository import _repo_lock
 from fleet_tui.vcs.run import (
@@ -49,7 +49,6 @@ from fleet_tui.vcs.worktrees import operation_in_progress, verify_worktree
 UpdateStatus = Literal["current", "updated", "conflicts", "refused"]
 UPDATE_RECORD = "before.json"
 UPDATE_INDEX = "index"
-_MARKER_RE = re.compile(rb"^(?:<{7}|>{7})(?: |$)", re.MULTILINE)
 
 
 @dataclass
@@ -74,19 +73,6 @@ def unmerged_paths(worktree: Path) -> list[str]:
     out = _out(Path(worktree), "ls-files", "--unmerged", "-z", what="git ls-files")
     found = {entry.split("\t", 1)[1] for entry in out.split("\0") if "\t" in entry}
     return sorted(found)
-
-
-def _with_markers(worktree: Path, candidates: Sequence[str]) -> list[str]:
-    """The files among ``candidates`` that still hold conflict markers."""
-    found = []
-    for rel in candidates:
-        try:
-            data = (Path(worktree) / rel).read_bytes()
-        except OSError:
-            continue
-        if _MARKER_RE.search(data):
-            found.append(rel)
-    return found
 
 
 def _update_message(op: str, base_branch: str, branch: str, conflicts: Sequence[str]) -> str:

@@ -37,7 +37,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import select
 import shutil
 import signal
@@ -55,6 +54,7 @@ from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
 from fleet_tui.system import procs
 from fleet_tui.vcs.commits import _snapshot_commit
 from fleet_tui.vcs.merging import _in_the_way, _merge_tree, _tree_changes
+from fleet_tui.vcs.merging import _with_markers as _marked
 from fleet_tui.vcs.run import GitError, _shown
 
 TYPE_CHECKING = False
@@ -383,20 +383,9 @@ def _is_ancestor(path: str, ancestor: str, commit: str) -> bool:
                           capture_output=True, check=False).returncode == 0
 
 
-_MARKER_RE = re.compile(rb"^(?:<{7}|>{7})(?: |$)", re.MULTILINE)  # as vcs/update.py's
-
-
 def _with_markers(path: str, names: list[str]) -> list[str]:
     """The files among `names` that still hold conflict markers."""
-    found = []
-    for name in sorted(set(names)):
-        try:
-            data = (Path(path) / name).read_bytes()
-        except OSError:
-            continue
-        if _MARKER_RE.search(data):
-            found.append(name)
-    return found
+    return _marked(Path(path), sorted(set(names)))
 
 
 def _ignored_in_the_way(path: Path, uncommitted: bool, base: str) -> list[str]:
