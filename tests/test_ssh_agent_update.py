@@ -28,11 +28,24 @@ def _agent(*args: str, conflicted: list[str]) -> tuple[int, dict[str, Any]]:
 
 def _conflicted(git_repo: Path) -> tuple[Path, str]:
     """A worktree on fleet/t1 whose update from main stopped on a conflict in notes.txt."""
+    wt = _worker_wrote_notes(git_repo)
+    base, answer = _update_from_mains_notes(git_repo, wt)
+    assert answer["conflicts"] == ["notes.txt"]
+    return wt, base
+
+
+def _worker_wrote_notes(git_repo: Path) -> Path:
+    """A worktree on fleet/t1 whose worker committed its own notes.txt."""
     wt = git_repo.parent / "wt"
     _git(git_repo, "worktree", "add", "-q", "-b", "fleet/t1", str(wt))
     (wt / "notes.txt").write_text("the worker's\n")
     _git(wt, "add", "notes.txt")
     _git(wt, "commit", "-q", "-m", "worker")
+    return wt
+
+
+def _update_from_mains_notes(git_repo: Path, wt: Path) -> tuple[str, dict[str, Any]]:
+    """main commits a notes.txt of its own; the update of wt from it stops on conflicts."""
     (git_repo / "notes.txt").write_text("main's\n")
     _git(git_repo, "add", "notes.txt")
     _git(git_repo, "commit", "-q", "-m", "main")
@@ -40,8 +53,7 @@ def _conflicted(git_repo: Path) -> tuple[Path, str]:
     code, answer = _agent("update", str(wt), base, "merge", "update", "T", "t@x.invalid",
                           conflicted=[])
     assert code == 0 and answer["status"] == "conflicts", answer
-    assert answer["conflicts"] == ["notes.txt"]
-    return wt, base
+    return base, answer
 
 
 def test_a_file_staged_with_its_markers_is_not_resolved(git_repo: Path) -> None:
@@ -107,11 +119,7 @@ def test_aborting_an_update_puts_back_the_workers_uncommitted_work_as_it_was(
     """An update commits the worker's uncommitted work before it merges; aborting it on the
     host puts the worktree back as a local abort does: the same HEAD, the staged file
     staged, the modified file modified, the new file untracked."""
-    wt = git_repo.parent / "wt"
-    _git(git_repo, "worktree", "add", "-q", "-b", "fleet/t1", str(wt))
-    (wt / "notes.txt").write_text("the worker's\n")
-    _git(wt, "add", "notes.txt")
-    _git(wt, "commit", "-q", "-m", "worker")
+    wt = _worker_wrote_notes(git_repo)
     head = _git(wt, "rev-parse", "HEAD")
     (wt / "notes.txt").write_text("the worker's, edited\n")  # modified, unstaged
     (wt / "staged.txt").write_text("staged\n")
@@ -119,13 +127,7 @@ def test_aborting_an_update_puts_back_the_workers_uncommitted_work_as_it_was(
     (wt / "new.txt").write_text("untracked\n")
     before = subprocess.run(["git", "status", "--porcelain"], cwd=wt, check=True,
                             capture_output=True, text=True).stdout
-    (git_repo / "notes.txt").write_text("main's\n")
-    _git(git_repo, "add", "notes.txt")
-    _git(git_repo, "commit", "-q", "-m", "main")
-    base = _git(git_repo, "rev-parse", "HEAD")
-    code, answer = _agent("update", str(wt), base, "merge", "update", "T", "t@x.invalid",
-                          conflicted=[])
-    assert (code, answer["status"]) == (0, "conflicts"), answer
+    _, answer = _update_from_mains_notes(git_repo, wt)
     assert answer["committed"]  # the worker's work was committed before the merge
     code, answer = _agent("abort-update", str(wt), conflicted=["notes.txt"])
     assert code == 0 and answer["aborted"] == "merge" and answer["restored"] is True, answer

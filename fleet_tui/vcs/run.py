@@ -148,6 +148,17 @@ def _status_all(repo: Path) -> str:
                 "--untracked-files=all", what="git status")
 
 
+def _put_index_back(index: Path, saved: Path, had_index: bool) -> None:
+    """The worktree's index as a copy kept before an update: replaced whole (or removed,
+    when there was none); a lost copy leaves the index as it is."""
+    if had_index and saved.exists():
+        tmp = index.with_name("index.fleet-tmp")
+        shutil.copyfile(saved, tmp)
+        os.replace(tmp, index)
+    elif not had_index:
+        index.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def _temp_index(worktree: Path) -> Iterator[dict[str, str]]:
     """Env pointing git at a throwaway copy of the worktree's index (the real one is kept)."""

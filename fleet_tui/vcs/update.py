@@ -39,6 +39,7 @@ from fleet_tui.vcs.run import (
     _is_ancestor,
     _out,
     _plural,
+    _put_index_back,
     _rev,
     _run,
     _shown,
@@ -251,14 +252,7 @@ def abort_update(worktree: Path, record: Path) -> str:
                            f"{_first_line(err) or _first_line(out)}; commit or stash them "
                            "in the worktree, then abort again")
     _run(wt, "reset", "-q", "--soft", head, what="taking back the commit of the worker's work")
-    index = _git_path(wt, "index")
-    saved = record / UPDATE_INDEX
-    if before.get("index") and saved.exists():
-        tmp = index.with_name("index.fleet-tmp")
-        shutil.copyfile(saved, tmp)
-        os.replace(tmp, index)
-    elif not before.get("index"):
-        index.unlink(missing_ok=True)
+    _put_index_back(_git_path(wt, "index"), record / UPDATE_INDEX, bool(before.get("index")))
     saved_state = before.get("state")
     if isinstance(saved_state, dict):  # ORIG_HEAD and the like, as they were
         _put_back(_main_git_dir(wt), {

@@ -55,7 +55,7 @@ from fleet_tui.system import procs
 from fleet_tui.vcs.commits import _snapshot_commit
 from fleet_tui.vcs.merging import _in_the_way, _merge_tree, _tree_changes
 from fleet_tui.vcs.merging import _with_markers as _marked
-from fleet_tui.vcs.run import GitError, _shown
+from fleet_tui.vcs.run import GitError, _put_index_back, _shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -508,14 +508,8 @@ def _restore_record(path: str) -> bool:
     except (OSError, ValueError):
         return False
     _git("-C", path, "reset", "-q", "--soft", str(before["head"]))
-    index = _git_path(path, "index")
-    saved = _git_path(path, _RECORD_INDEX)
-    if before.get("index") and saved.exists():
-        tmp = index.with_name("index.fleet-tmp")
-        shutil.copyfile(saved, tmp)
-        os.replace(tmp, index)
-    elif not before.get("index"):
-        index.unlink(missing_ok=True)
+    _put_index_back(_git_path(path, "index"), _git_path(path, _RECORD_INDEX),
+                    bool(before.get("index")))
     _drop_record(path)
     return True
 
