@@ -190,10 +190,49 @@ def node_of(cluster: RayCluster, resource: str) -> str:
     return str(node["node_id"])
 
 
+def add_history(repo: Path, commits: int = 30) -> None:
+    """Commits of incompressible text on main (a repository with some history)."""
+    for i in range(commits):
+        (repo / f"history-{i % 7}.txt").write_text(os.urandom(6000).hex())
+        subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+        subprocess.run(["git", "-C", str(repo), "commit", "-q", "-m", f"history {i}"],
+                       check=True)
+
+
+def job_bundle(cluster: RayCluster, job: dict[str, Any]) -> bytes:
+    """The bundle a job was sent, as Ray unpacked its working_dir (on this machine)."""
+    uri = str((job.get("runtime_env") or {}).get("working_dir") or "")
+    name = uri.rsplit("/", 1)[-1].removesuffix(".zip")
+    found = list(cluster.temp_dir.glob(
+        f"session_*/runtime_resources/working_dir_files/{name}/base.bundle"))
+    assert name and found, f"the bundle of {job['submission_id']} ({uri})"
+    return found[0].read_bytes()
+
+
+def bundle_objects(bundle: bytes) -> tuple[list[str], list[str], int]:
+    """A bundle's prerequisites, the commits of its refs and the number of objects in its
+    pack."""
+    header, _, pack = bundle.partition(b"\n\n")
+    assert pack[:4] == b"PACK"
+    lines = header.split(b"\n")[1:]
+    prerequisites = [line[1:].split()[0].decode() for line in lines if line.startswith(b"-")]
+    refs = [line.split()[0].decode() for line in lines if line and not line.startswith(b"-")]
+    return prerequisites, refs, int.from_bytes(pack[8:12], "big")
+
+
+def objects(repo: Path, *revs: str) -> set[str]:
+    out = subprocess.run(["git", "-C", str(repo), "rev-list", "--objects", *revs],
+                         capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
 def test_two_tasks_pinned_to_the_second_node_land(
         git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
         endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
     node_dir = tmp_path / "node"
+    add_history(git_repo)
+    base = subprocess.run(["git", "-C", str(git_repo), "rev-parse", "main"],
+                          capture_output=True, text=True, check=True).stdout.strip()
     fleet = make(endpoint, claude_bin, ray_cluster, node_dir)
     try:
         submitted = time.monotonic()
@@ -249,12 +288,14 @@ def test_two_tasks_pinned_to_the_second_node_land(
         print("figures:", FIGURES)
         # both ran on the second node, one job each, the second after the first
         second = node_of(ray_cluster, NODE_RESOURCE)
+        tips = []  # the branches as the node left them
         for task in (one, two):
             (job,) = jobs_of(ray_cluster, task.id)
             assert job["status"] == "SUCCEEDED"
             assert job["driver_node_id"] == second
             (attempt,) = fleet.attempts(task.id)
             assert attempt.host == "cluster"
+            tips.append(json.loads(Path(attempt.dir or "", "branch.json").read_text())["tip"])
             local = Path(attempt.dir or "") / "events.jsonl"
             there = node_dir / "attempts" / task.id / "1" / "events.jsonl"
             # the mirror: byte for byte what the node's runner wrote
@@ -283,6 +324,29 @@ def test_two_tasks_pinned_to_the_second_node_land(
                    if (j.get("metadata") or {}).get("fleet-tui-update")]
         assert [(j["status"], j["driver_node_id"]) for j in updates] == [
             ("SUCCEEDED", second)]
+        # the first jobs (staged together, before the node said what it holds) carried
+        # the base's whole history; the update job only what the node lacked: cut against
+        # the tips its mirror reported (the base, each task's branch as the job left it)
+        whole = job_bundle(ray_cluster, jobs_of(ray_cluster, one.id)[0])
+        thin = job_bundle(ray_cluster, updates[0])
+        prerequisites, (one_landed,), count = bundle_objects(thin)
+        assert bundle_objects(whole)[0] == [] and prerequisites
+        assert one_landed == _git_out(git_repo, "rev-parse", "main^1")  # main, one merged
+        # what the node lacked: the objects of main's tip not in what it held; the pack
+        # holds as many objects as that (it must hold those for the fetch there to work),
+        # so none of what the node had
+        lacked = objects(git_repo, one_landed) - objects(git_repo, base, *tips)
+        assert lacked and count == len(lacked)
+        assert len(thin) * 50 < len(whole)
+        FIGURES["bundle_bytes"] = {"first": len(whole), "second": len(thin),
+                                   "second_objects": count}
+        # one was merged: released, its worktree and config dir removed from the node by
+        # the next job there (two's update); two's wait for the next one
+        assert not (node_dir / "work" / one.id).exists()
+        assert not (node_dir / "config" / one.id).exists()
+        assert (node_dir / "work" / two.id).is_dir()
+        book = json.loads((paths.home() / "ray" / "cluster.json").read_text())
+        assert sorted(book["released"]) == [two.id]
         # the node's worktree holds the merge too (a follow-up goes on from it)
         there = subprocess.run(["git", "-C", str(node_dir / "work" / two.id), "show",
                                 "HEAD:one.txt"], capture_output=True, text=True,
@@ -448,9 +512,72 @@ def test_say_reaches_the_worker_and_its_follow_up_stays_on_its_node(
         jobs2 = [j for j in jobs_of(ray_cluster, task.id) if j["submission_id"]
                  == record["submission_id"]]
         assert [j["driver_node_id"] for j in jobs2] == [node]
+        # the node's mirror holds the base (its first job said so): no bundle at all
+        assert record["bundle"] == {"bytes": 0, "held": True}
+        # main moves in a way that conflicts: the update job on the node stops mid-merge
+        # there; the abort, a short job pinned to that node, puts the worktree back at the
+        # task's tip, clean
+        worktree = node_dir / "work" / task.id
+        tip = _git_out(worktree, "rev-parse", "HEAD")
+        (git_repo / "after.txt").write_text("main's own\n")
+        subprocess.run(["git", "-C", str(git_repo), "add", "after.txt"], check=True)
+        subprocess.run(["git", "-C", str(git_repo), "commit", "-q", "-m", "main's after"],
+                       check=True)
+        result = fleet.update(task.id)
+        assert result.status == "conflicts", result.message
+        assert fleet.get_task(task.id).conflicts == ["after.txt"]
+        assert _git_out(worktree, "rev-parse", "-q", "--verify", "MERGE_HEAD")
+        fleet.resolve_update(task.id, "abort")
+        assert fleet.get_task(task.id).conflicts == []
+        assert _git_out(worktree, "rev-parse", "HEAD") == tip
+        assert _git_out(worktree, "status", "--porcelain") == ""
+        assert not _git_out(worktree, "rev-parse", "-q", "--verify", "MERGE_HEAD")
+        aborts = [j for j in jobs_of(ray_cluster, task.id)
+                  if (j.get("metadata") or {}).get("fleet-tui-abort")]
+        assert [(j["status"], j["driver_node_id"]) for j in aborts] == [("SUCCEEDED", node)]
     finally:
         control.stop(fleet.env)
         ray_host(fleet).close()
+
+
+def _git_out(where: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True,
+                          check=False).stdout.strip()
+
+
+def test_a_node_that_lacks_what_its_bundle_needs_gets_it_whole(
+        git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
+        endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    """What this machine knows of the node's mirror is wrong (it says the mirror holds
+    main's parent; the mirror is new: wiped, as it were): the job's bundle, cut against
+    it, does not verify there; the job says so before anything of the attempt ran, and it
+    is sent again whole under a new id. One attempt; it succeeds; the node's real tips
+    are known afterwards."""
+    node_dir = tmp_path / "node"
+    add_history(git_repo, 2)
+    fleet = make(endpoint, claude_bin, ray_cluster, node_dir)
+    host = ray_host(fleet)
+    node = node_of(ray_cluster, NODE_RESOURCE)
+    mirror = host.mirror_path(git_repo)
+    parent = _git_out(git_repo, "rev-parse", "main~1")
+    host.book.set_tips(node, mirror, [parent])
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="hello", repo=git_repo, host="cluster"))
+        drive(fleet, settled(fleet, task.id), timeout=120)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        (attempt,) = fleet.attempts(task.id)
+        record = json.loads((Path(attempt.dir or "") / "ray.json").read_text())
+        (first,) = record["lacked"]
+        assert record["submission_id"] == f"{first}-whole"
+        statuses = {j["submission_id"]: j["status"] for j in jobs_of(ray_cluster, task.id)}
+        assert statuses == {first: "FAILED", f"{first}-whole": "SUCCEEDED"}
+        assert record["bundle"]["prerequisites"] == []
+        assert _git_out(git_repo, "rev-parse", "main") in host.book.tips(node, mirror)
+        assert b'"type":"result"' in _events(fleet, task.id)
+    finally:
+        control.stop(fleet.env)
+        host.close()
 
 
 def test_the_key_never_reaches_the_cluster(git_repo: Path, claude_bin: str,
@@ -577,6 +704,18 @@ def test_a_lost_node_loses_the_task_and_its_processes_end(
         assert node_pids(node_dir, *SLEEPS) == []
         assert _token_holders(token) == []
         assert node_pids(node_dir, f"attempts/{task.id}/") == []  # the runner too
+        # the node that held its worktree and claude's session is gone: a follow-up
+        # cannot go on there, and its start says why and what to do (never waits for
+        # the node, never a traceback)
+        fleet.follow_up(task.id, "[script:steer] go on")
+        asked = time.monotonic()
+        drive(fleet, settled(fleet, task.id), timeout=60)
+        FIGURES["follow_up_without_its_node_s"] = round(time.monotonic() - asked, 2)
+        refused = fleet.get_task(task.id)
+        assert refused.state == TaskState.FAILED
+        assert refused.message is not None and "Traceback" not in refused.message
+        assert f"fleet-tui retry {task.id}" in refused.message, refused.message
+        assert len(jobs_of(ray_cluster, task.id)) == 1  # nothing was submitted for it
     finally:
         for pid in node_pids(node_dir, *SLEEPS):
             os.kill(pid, signal.SIGKILL)

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -81,7 +82,7 @@ from fleet_tui.system.files import write_json_atomic
 from fleet_tui.vcs import git
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterator, Mapping
 
     from fleet_tui.store.db import Attempt, Task
 
@@ -102,6 +103,7 @@ FIRST_STATE_WAIT = 0.25  # how long state() waits for a new follower's first ans
 UPDATE_WAIT = 300.0  # seconds for an update job to end
 MAILBOX_ANSWER = 20.0  # seconds for the job to fetch a message and say what became of it
 EXCLUDES = ["__pycache__", "*.pyc", ".mypy_cache"]
+RELEASED_PER_JOB = 50  # released tasks a job removes from its node before its own work
 
 
 NODE_LABEL = "ray.io/node-id"  # every Ray node's own label: a job pinned to one node
@@ -118,6 +120,73 @@ def ray_nodes(address: str, *, timeout: float = 15.0) -> list[dict[str, Any]]:
         data = data.get(key, {}) if isinstance(data, dict) else {}
     nodes = data if isinstance(data, list) else []
     return [n for n in nodes if isinstance(n, dict) and n.get("state") == "ALIVE"]
+
+
+class NodeBook:
+    """What the controller knows of the nodes, in a small JSON of this machine's
+    (`HOME/ray/<host>.json`, shared by the engine and the merge queue's process, edited
+    under a lock): per node, the tips each repository's mirror there held at its last
+    job (the next job's bundle is cut against them); the node each task's last job ran
+    on; the tasks released (merged, discarded) whose worktree and config dir a job on
+    their node has not removed yet."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    @contextlib.contextmanager
+    def edit(self) -> Iterator[dict[str, Any]]:
+        paths.private_dir(self.path.parent)
+        fd = os.open(self.path.with_name(self.path.name + ".lock"),
+                     os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            data = self.read()
+            yield data
+            write_json_atomic(self.path, data, sync=False)
+        finally:
+            os.close(fd)
+
+    def tips(self, node: str, mirror: str) -> list[str]:
+        found = ((self.read().get("mirrors") or {}).get(node) or {}).get(mirror) or {}
+        tips = found.get("tips") if isinstance(found, dict) else None
+        return [str(t) for t in tips] if isinstance(tips, list) else []
+
+    def set_tips(self, node: str, mirror: str, tips: list[str]) -> None:
+        with self.edit() as data:
+            mirrors = data.setdefault("mirrors", {}).setdefault(node, {})
+            mirrors[mirror] = {"tips": [str(t) for t in tips][:job.MIRROR_TIPS],
+                               "at": time.time()}
+
+    def set_node(self, task_id: str, node: str) -> None:
+        with self.edit() as data:
+            data.setdefault("tasks", {})[task_id] = node
+
+    def release(self, task_id: str) -> None:
+        with self.edit() as data:
+            node = (data.get("tasks") or {}).pop(task_id, None)
+            data.setdefault("released", {})[task_id] = {"node": node, "at": time.time()}
+
+    def released(self) -> list[str]:
+        return sorted(self.read().get("released") or {})[:RELEASED_PER_JOB]
+
+    def cleaned(self, node: str | None, removed: list[str], absent: list[str]) -> None:
+        """A job's report: the ones it removed are done; the ones absent on the node that
+        held them (or on any node, for one whose node was never known) are too."""
+        with self.edit() as data:
+            released = data.setdefault("released", {})
+            for task_id in removed:
+                released.pop(task_id, None)
+            for task_id in absent:
+                rec = released.get(task_id) or {}
+                if rec.get("node") in (None, node):
+                    released.pop(task_id, None)
 
 
 class RayError(FleetError):
@@ -186,6 +255,8 @@ class Follow:
         self._task: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._bundle_seq = -1
+        self.lacks = False  # the job said its node's mirror lacks what its bundle needs
+        self.sids = {sid}  # this one and, when it was sent again whole, the first
         self.thread = threading.Thread(target=self._main, name=f"ray-follow {sid}",
                                        daemon=True)
 
@@ -258,6 +329,8 @@ class Follow:
             if text is not None:
                 self._take_text(text)
             if not self.ended.is_set():
+                if self.lacks and self.host.resubmit_whole(self):
+                    return  # followed on as the job sent again with the whole bundle
                 self._lose(info)
 
     def _whole_log(self) -> str | None:
@@ -329,8 +402,17 @@ class Follow:
             self._write(str(head["f"]), head, body)
         elif "bundle" in head:
             self._bundle(head, body)
+        elif "mirror" in head:
+            if self.node_id:
+                self.host.book.set_tips(self.node_id, str(head["mirror"]),
+                                        list(head.get("tips") or []))
+        elif "released" in head:
+            said = head["released"] if isinstance(head["released"], dict) else {}
+            self.host.book.cleaned(self.node_id, list(said.get("removed") or []),
+                                   list(said.get("absent") or []))
         elif "error" in head:
             self.error = str(head["error"])
+            self.lacks = bool(head.get("lacks"))
         if "state" in head:
             self.state = str(head["state"])
             self.first.set()
@@ -533,6 +615,12 @@ class RayHost(RemoteHost):
         self._ended = threading.Event()
         self.submitted: list[str] = []  # the submission ids this object submitted
         self.update_jobs: list[str] = []  # the update jobs it ran
+        self.short_bundles: list[dict[str, Any]] = []  # what each of them was sent
+        slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+        self.book = NodeBook(paths.home(env) / "ray" / f"{slug}.json")
+        # the orders of the jobs followed now (their keys too: in memory only), to send a
+        # job again with a whole bundle when its node lacked what its bundle needed
+        self._orders: dict[str, tuple[RayStaged, dict[str, Any]]] = {}
 
     # --- the cluster ---------------------------------------------------------------------
 
@@ -573,15 +661,24 @@ class RayHost(RemoteHost):
                     f"[hosts.{self.name}] to the variable the cluster's nodes hold the key "
                     "in")
         order = dict(staged.order, env=rest, keys=keys)
-        order_path = staged.staging / job.ORDER_FILE
-        fd = os.open(order_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(order, fh)
         sid = submission_id(staged.spec)
         folder = AttemptLog(staged.placement.attempt_dir)
         folder.write_record(RAY_FILE, {"submission_id": sid, "address": self.address,
                                        "host": self.name, "at": time.time(),
-                                       "pinned": staged.order.get("pin")})
+                                       "pinned": staged.order.get("pin"),
+                                       "bundle": staged.order.get("bundle_sent")})
+        self._submit_job(staged, order, sid)
+        if staged.order.get("bundle") != "whole":
+            with self._lock:
+                self._orders[sid] = (staged, order)
+        self.submitted.append(sid)
+        return sid
+
+    def _submit_job(self, staged: RayStaged, order: dict[str, Any], sid: str) -> None:
+        order_path = staged.staging / job.ORDER_FILE
+        fd = os.open(order_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(order, fh)
         client = self.client()
         metadata = {"fleet-tui-task": staged.spec.task_id,
                     "fleet-tui-attempt": str(staged.spec.attempt), "fleet-tui-host": self.name}
@@ -602,8 +699,47 @@ class RayHost(RemoteHost):
                 raise RayError(f"host {self.name}: the Ray cluster did not take the job: "
                                f"{str(exc)[-500:]}") from None
             log.info("host %s: the job %s was taken already", self.name, sid)
+
+    def resubmit_whole(self, follow: Follow) -> bool:
+        """The job whose node lacked the commits its bundle was cut against (it failed
+        before anything of the attempt ran there) sent again under a new id, with the
+        base's whole history; what this controller knew of that node's mirror forgotten.
+        False: its order is not here (a controller restarted since): the attempt fails."""
+        with self._lock:
+            kept = self._orders.pop(follow.sid, None)
+        if kept is None:
+            return False
+        staged, order = kept
+        spec = staged.spec
+        if follow.node_id:
+            self.book.set_tips(follow.node_id, str(order["mirror"]), [])
+        staging = Path(tempfile.mkdtemp(prefix="fleet-ray-job-"))
+        try:
+            sent = self._bundle(Path(spec.repo), str(order["base"]), spec.task_id,
+                                staging / job.BUNDLE_FILE, [])
+            included = self.included_tar(spec)
+            if included:
+                (staging / job.INCLUDED_FILE).write_bytes(included)
+            again = RayStaged(self, staged.placement, spec, staging,
+                              dict(staged.order, bundle="whole", bundle_sent=sent))
+            sid = f"{follow.sid}-whole"
+            with self._lock:
+                follow.sids.add(sid)
+                follow.sid = sid
+                follow.lacks = False
+                follow.error = None
+            folder = AttemptLog(staged.placement.attempt_dir)
+            rec = dict(folder.record(RAY_FILE) or {})
+            rec.update(submission_id=sid, bundle=sent, lacked=sorted(follow.sids - {sid}))
+            rec.pop("node_id", None)
+            folder.write_record(RAY_FILE, rec)
+            log.info("host %s: the node of job %s lacked what its bundle needed; sent "
+                     "again whole as %s", self.name, sorted(follow.sids - {sid}), sid)
+            self._submit_job(again, dict(order, bundle="whole"), sid)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         self.submitted.append(sid)
-        return sid
+        return True
 
     def _job_exists(self, folder: AttemptLog) -> bool:
         sid = (folder.record(RAY_FILE) or {}).get("submission_id")
@@ -618,7 +754,7 @@ class RayHost(RemoteHost):
     def follow(self, run: RayRun, sid: str) -> Follow:
         with self._lock:
             found = self._follows.get(run.key)
-            if found is not None and found.sid == sid:
+            if found is not None and sid in found.sids:
                 return found
             follow = Follow(self, run, sid)
             self._follows[run.key] = follow
@@ -683,20 +819,65 @@ class RayHost(RemoteHost):
             raise FleetError(f"refusing to run task {task.id} in {worktree}: its worktree "
                              f"on host {self.name} is {self.worktree_path(task.id)}")
 
-    def _bundle(self, repo: Path, commit: str, task_id: str, into: Path) -> None:
-        """The base commit and its history as a git bundle (its ref refs/fleet/base/ID,
-        made for the bundle and removed)."""
-        ref = f"refs/fleet/base/{task_id}"
+    def _bundle(self, repo: Path, commit: str, task_id: str, into: Path,
+                have: list[str]) -> dict[str, Any]:
+        """The base commit as a git bundle (its ref refs/fleet/base/ID, made for the
+        bundle and removed) of what the node lacks: its history past `have` (the commits
+        the node's mirror held, as its last job said; those this repository does not know
+        left out). No file at all when the node holds the commit already; the whole
+        history when `have` is empty. What was sent: its bytes, its prerequisites."""
         q = ["git", "-C", str(repo)]
+        if have:
+            known = subprocess.run([*q, "cat-file", "--batch-check=%(objectname) %(objecttype)"],
+                                   input="\n".join(have) + "\n", capture_output=True,
+                                   text=True, check=False).stdout.split("\n")
+            have = [line.split()[0] for line in known if line.endswith(" commit")]
+        if have:
+            past = subprocess.run([*q, "rev-list", "-1", commit, "--stdin"],
+                                  input="".join(f"^{t}\n" for t in have), capture_output=True,
+                                  text=True, check=False)
+            if past.returncode == 0 and not past.stdout.strip():
+                return {"bytes": 0, "held": True}  # the node's mirror has it
+        ref = f"refs/fleet/base/{task_id}"
         subprocess.run([*q, "update-ref", ref, commit], check=True, capture_output=True)
         try:
             done = subprocess.run([*q, "-c", "pack.threads=1", "bundle", "create", "-q",
-                                   str(into), ref], capture_output=True, check=False)
+                                   str(into), "--stdin"],
+                                  input="".join([f"{ref}\n", *(f"^{t}\n" for t in have)]),
+                                  capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise RayError(f"host {self.name}: could not bundle the repository: "
-                               f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+                               f"{done.stderr.strip()[-300:]}")
         finally:
             subprocess.run([*q, "update-ref", "-d", ref], check=False, capture_output=True)
+        prerequisites = []
+        with open(into, "rb") as fh:
+            for raw in fh:
+                if raw == b"\n":
+                    break
+                if raw.startswith(b"-"):
+                    prerequisites.append(raw[1:].split()[0].decode())
+        return {"bytes": into.stat().st_size, "prerequisites": prerequisites}
+
+    def _have(self, mirror: str, pin: str | None) -> list[str]:
+        """The commits the node the job will run on holds in `mirror` (as its last job
+        said): the pinned node's; unpinned, those of the one alive node the host's
+        resources fit, or those every fitting node holds (the same tip recorded on each);
+        none (a whole bundle) when no record says."""
+        if pin:
+            return self.book.tips(pin, mirror)
+        try:
+            nodes = ray_nodes(self.address)
+        except (OSError, ValueError):
+            return []
+        fits = [str(n.get("node_id")) for n in nodes if all(
+            float((n.get("resources_total") or {}).get(k) or 0) >= v
+            for k, v in {**self.resources, "CPU": self.num_cpus or 0}.items())]
+        common: list[str] | None = None
+        for node in fits:
+            tips = self.book.tips(node, mirror)
+            common = tips if common is None else [t for t in common if t in set(tips)]
+        return common or []
 
     def _base_url_there(self, url: str) -> str:
         """A base URL on this machine's loopback as the cluster reaches this machine
@@ -729,7 +910,10 @@ class RayHost(RemoteHost):
         staging = Path(tempfile.mkdtemp(prefix="fleet-ray-job-"))
         try:
             base = placement.base_commit or git.resolve_base(Path(spec.repo), None).commit
-            self._bundle(Path(spec.repo), base, spec.task_id, staging / job.BUNDLE_FILE)
+            mirror = self.mirror_path(Path(spec.repo))
+            have = self._have(mirror, pin)
+            sent = self._bundle(Path(spec.repo), base, spec.task_id,
+                                staging / job.BUNDLE_FILE, have)
             included = self.included_tar(spec)
             if included:
                 (staging / job.INCLUDED_FILE).write_bytes(included)
@@ -739,12 +923,14 @@ class RayHost(RemoteHost):
             shutil.rmtree(staging, ignore_errors=True)
             raise
         order = {"task_id": spec.task_id, "attempt": spec.attempt, "host": self.name,
-                 "mirror": self.mirror_path(Path(spec.repo)), "worktree": spec.cwd,
+                 "mirror": mirror, "worktree": spec.cwd,
                  "branch": placement.branch, "base": base, "mode": mode,
                  "attempt_dir": remote_dir, "config_dir": spec.config_dir,
                  "spec": asdict(remote), "set_up_after": not spec.setup,
                  "identity": ident, "key_env": self.key_env,
-                 "key_variable": self.key_variable, "pin": pin}
+                 "key_variable": self.key_variable, "pin": pin,
+                 "bundle": "thin" if have else "whole", "bundle_sent": sent,
+                 "data_dir": self.data_dir, "released": self.book.released()}
         return RayStaged(self, placement, spec, staging, order)
 
     def _pin(self, spec: RunSpec, mode: str) -> str | None:
@@ -799,6 +985,9 @@ class RayHost(RemoteHost):
                 return
             rec["node_id"] = node_id
             folder.write_record(RAY_FILE, rec)
+        task_id = folder.dir.parent.name
+        with contextlib.suppress(OSError):
+            self.book.set_node(task_id, node_id)
 
     # --- running -------------------------------------------------------------------------
 
@@ -900,37 +1089,63 @@ class RayHost(RemoteHost):
                     message: str) -> dict[str, Any]:
         """The update job's answer (its branch, when it sent one, kept in the newest
         attempt folder and collected as fleet/ID)."""
+        found = self.git_identity(Path(task.repo))
+        order = {"ref": f"refs/fleet/base/update/{task.id}", "update_base": base_commit,
+                 "strategy": strategy, "message": message,
+                 "identity": {"name": found[0], "email": found[1]} if found else {}}
+        return self._short_job(task, node, order, bundle=base_commit)
+
+    def _short_job(self, task: Task, node: str, extra: dict[str, Any], *,
+                   bundle: str | None) -> dict[str, Any]:
+        """A short job of the task pinned to `node` (job.py `run_update`: an update of its
+        worktree there, `bundle` the commit it needs, sent as what the node lacks; or its
+        abort), waited for; its answer, its branch kept when it sent one. A node that
+        lacked what the bundle was cut against gets the job again with the whole one."""
         repo = Path(task.repo)
-        found = self.git_identity(repo)
-        staging = Path(tempfile.mkdtemp(prefix="fleet-ray-update-"))
-        try:
-            self._bundle(repo, base_commit, f"update/{task.id}", staging / job.BUNDLE_FILE)
-            order = {"update": True, "task_id": task.id, "host": self.name,
-                     "mirror": self.mirror_path(repo), "worktree": self.worktree_path(task.id),
-                     "branch": task.branch or f"fleet/{task.id}", "base": task.base_commit,
-                     "ref": f"refs/fleet/base/update/{task.id}", "update_base": base_commit,
-                     "strategy": strategy, "message": message,
-                     "conflicted": list(task.conflicts),
-                     "identity": {"name": found[0], "email": found[1]} if found else {}}
-            (staging / job.ORDER_FILE).write_text(json.dumps(order))
-            digest = hashlib.sha256(f"{base_commit} {time.time_ns()}".encode()).hexdigest()
-            sid = f"fleet-{task.id}-update-{digest[:10]}"
-            client = self.client()
+        mirror = self.mirror_path(repo)
+        for have in ([self.book.tips(node, mirror)] if bundle else [[]]) + [[]]:
+            staging = Path(tempfile.mkdtemp(prefix="fleet-ray-update-"))
             try:
-                client.submit_job(
-                    entrypoint=f"{shlex.quote(self.python)} -m {ENTRYPOINT_MODULE}",
-                    submission_id=sid,
-                    runtime_env={"working_dir": str(staging),
-                                 "py_modules": [_package_dir()], "excludes": EXCLUDES},
-                    metadata={"fleet-tui-task": task.id, "fleet-tui-update": "1",
-                              "fleet-tui-host": self.name},
-                    entrypoint_label_selector={NODE_LABEL: node})
-            except Exception as exc:
-                raise RayError(f"host {self.name}: the Ray cluster did not take the update "
-                               f"job: {str(exc)[-300:]}") from None
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        self.update_jobs.append(sid)
+                sent: dict[str, Any] = {}
+                if bundle is not None:
+                    sent = self._bundle(repo, bundle, f"update/{task.id}",
+                                        staging / job.BUNDLE_FILE, have)
+                order = {"update": True, "task_id": task.id, "host": self.name,
+                         "mirror": mirror, "worktree": self.worktree_path(task.id),
+                         "branch": task.branch or f"fleet/{task.id}", "base": task.base_commit,
+                         "conflicted": list(task.conflicts), "data_dir": self.data_dir,
+                         "released": self.book.released(), **extra}
+                (staging / job.ORDER_FILE).write_text(json.dumps(order))
+                kind = "abort" if extra.get("abort") else "update"
+                digest = hashlib.sha256(f"{bundle} {time.time_ns()}".encode()).hexdigest()
+                sid = f"fleet-{task.id}-{kind}-{digest[:10]}"
+                client = self.client()
+                try:
+                    client.submit_job(
+                        entrypoint=f"{shlex.quote(self.python)} -m {ENTRYPOINT_MODULE}",
+                        submission_id=sid,
+                        runtime_env={"working_dir": str(staging),
+                                     "py_modules": [_package_dir()], "excludes": EXCLUDES},
+                        metadata={"fleet-tui-task": task.id, f"fleet-tui-{kind}": "1",
+                                  "fleet-tui-host": self.name},
+                        entrypoint_label_selector={NODE_LABEL: node})
+                except Exception as exc:
+                    raise RayError(f"host {self.name}: the Ray cluster did not take the "
+                                   f"{kind} job: {str(exc)[-300:]}") from None
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            self.update_jobs.append(sid)
+            self.short_bundles.append(sent)
+            answer, lacked = self._short_answer(task, node, sid)
+            if not lacked or not have:
+                return answer
+            self.book.set_tips(node, mirror, [])  # what it held is not known: whole
+        return answer
+
+    def _short_answer(self, task: Task, node: str, sid: str) -> tuple[dict[str, Any], bool]:
+        """A short job's answer once it ended (and whether its node lacked what its
+        bundle needed)."""
+        client = self.client()
         deadline = time.monotonic() + UPDATE_WAIT
         status = ""
         while True:
@@ -941,10 +1156,11 @@ class RayHost(RemoteHost):
             if time.monotonic() >= deadline:
                 with contextlib.suppress(Exception):
                     client.stop_job(sid)
-                raise RayError(f"host {self.name}: the update job {sid} did not end "
-                               f"within {UPDATE_WAIT:g} s")
+                raise RayError(f"host {self.name}: the job {sid} did not end within "
+                               f"{UPDATE_WAIT:g} s")
             time.sleep(0.5)
         answer: dict[str, Any] = {}
+        lacked = False
         pieces = bytearray()
         bundle_head: dict[str, Any] | None = None
         for line in str(client.get_job_logs(sid)).split("\n"):
@@ -954,17 +1170,24 @@ class RayHost(RemoteHost):
             head, body = frame
             if isinstance(head.get("update"), dict):
                 answer = head["update"]
+            elif "mirror" in head:
+                self.book.set_tips(node, str(head["mirror"]), list(head.get("tips") or []))
+            elif isinstance(head.get("released"), dict):
+                said = head["released"]
+                self.book.cleaned(node, list(said.get("removed") or []),
+                                  list(said.get("absent") or []))
             elif "error" in head:
                 answer = {"error": str(head["error"])}
+                lacked = bool(head.get("lacks"))
             elif "bundle" in head:
                 at = int(head["o"])
                 pieces[at:at + len(body)] = body
                 bundle_head = head
         if not answer:
-            answer = {"error": f"the update job {sid} ended {status} without an answer"}
+            answer = {"error": f"the job {sid} ended {status} without an answer"}
         if bundle_head is not None:
             self._keep_branch(task, bytes(pieces), bundle_head)
-        return answer
+        return answer, lacked
 
     def _keep_branch(self, task: Task, data: bytes, head: dict[str, Any]) -> None:
         """A branch an update job sent, as the newest attempt folder's (what `collect`
@@ -986,22 +1209,59 @@ class RayHost(RemoteHost):
         self.collect(task)
 
     def abort_update(self, task: Task) -> str:
-        raise RayError(f"task {task.id}: aborting an update in its worktree on the Ray host "
-                       f"{self.name} is not built (a job on its node would run `git merge "
-                       "--abort`); follow it up to let its worker resolve the conflicts")
+        """The update that stopped on conflicts in the task's worktree on its node undone
+        there by a short job pinned to that node (`git merge --abort`, or the rebase's:
+        the worktree back at the task's tip); refused when the update was concluded with
+        conflict markers still in, when its node is gone, or while a job of the task
+        runs."""
+        node = self.node_of(Path(task.repo), task.id)
+        try:
+            alive = {str(n.get("node_id")) for n in ray_nodes(self.address)}
+        except (OSError, ValueError) as exc:
+            raise RayError(f"host {self.name}: the Ray cluster at {self.address} does not "
+                           f"answer: {exc}") from None
+        if node is None or node not in alive:
+            raise RayError(f"task {task.id}: the Ray node that held its worktree is gone "
+                           f"from host {self.name}'s cluster, and the update with it: "
+                           f"retry the task fresh (`fleet-tui retry {task.id}`)")
+        with self._lock:
+            busy = any(k[0] == task.id and not f.ended.is_set()
+                       for k, f in self._follows.items())
+        if busy:
+            raise RayError(f"a job of task {task.id} runs on host {self.name}: its update "
+                           "is aborted once it ends")
+        answer = self._short_job(task, node, {"abort": True}, bundle=None)
+        if "error" in answer:
+            raise RayError(f"host {self.name}: {answer['error']}")
+        what = answer.get("aborted")
+        return (f"the {what} was aborted in its worktree on the Ray host {self.name}" if what
+                else f"nothing was stopped in its worktree on the Ray host {self.name}")
 
     def keep_lost_in(self, ledger: LostLedger) -> None:
         """Nothing recorded: what a lost job started is ended on its node by the job's own
         entrypoint (orphaned when its raylet dies), never swept from here."""
 
     def release(self, task_id: str) -> None:
-        """The node's worktree and config dir stay (the cluster is reached only through
-        jobs; a job for cleaning is not worth its start): the node's data dir is
-        fleet-tui's to prune."""
+        """The task's worktree and config dir on its node removed by the next job of this
+        host (an attempt's, an update's), before its own work: the released ids go in
+        every job's order, the job removes those it finds on its node (`git worktree
+        remove --force` from the mirror they belong to, the config dir, their refs there)
+        and says which it removed or did not find; an id is forgotten once it was removed,
+        or not found on the node that held it. Not a job of its own: a job's start costs
+        a JobSupervisor and seconds of the cluster, for disk that the next job frees as
+        well; a node that never runs another job of this host keeps them."""
+        try:
+            self.book.release(task_id)
+        except OSError as exc:
+            log.warning("host %s: could not note task %s as released: %s", self.name,
+                        task_id, exc)
 
     def reap(self) -> None:
         with self._lock:
             for key, follow in list(self._follows.items()):
+                if follow.ended.is_set():
+                    for sid in follow.sids:
+                        self._orders.pop(sid, None)
                 if follow.ended.is_set() and not follow.thread.is_alive() \
                         and AttemptLog(follow.folder).exited:
                     del self._follows[key]

@@ -45,6 +45,8 @@ import hashlib
 import io
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,6 +81,7 @@ MAILBOX_PATH = "/fleet/mailbox"  # the gateway's (gateway/server.py MAILBOX_PATH
 MAILBOX_WAIT = 15.0  # seconds one fetch of the mailbox waits for a message (a long poll)
 MAILBOX_TAKEN_POLL = 0.2  # seconds a fetch waits while a message is not taken yet
 GATEWAY_TOKEN_PREFIX = "fleet-gw-"  # store/meter.py TOKEN_PREFIX (stdlib only here)
+MIRROR_TIPS = 100  # the newest tips of the node's mirror said back
 
 
 def encode_frame(head: dict[str, Any], body: bytes = b"") -> str:
@@ -181,18 +184,115 @@ def _quiet(fn: Any, *args: Any) -> int:
     return code
 
 
-def prepare_repo(order: dict[str, Any], here: Path) -> str:
+class Lacks(RuntimeError):
+    """The node's mirror lacks a commit the job's bundle was cut against (its mirror wiped,
+    or the cluster chose another node than the one the controller knew): the controller
+    sends the job again with a whole bundle."""
+
+
+_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,80}$")
+
+
+def fetch_base(order: dict[str, Any], here: Path, ref: str, commit: str) -> None:
+    """`commit` into the node's mirror as `ref`: from the job's bundle (whole, or cut
+    against commits the node's mirror held, as its last job reported them), or, with no
+    bundle, the mirror holding it already. Lacks when the mirror does not have what the
+    bundle needs."""
+    mirror = str(order["mirror"])
+    Path(mirror).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not (Path(mirror) / "HEAD").exists():
+        agent._git("init", "-q", "--bare", mirror)
+    bundle = here / BUNDLE_FILE
+    if bundle.exists():
+        missing = [c for c in _prerequisites(bundle) if subprocess.run(
+            ["git", "-C", mirror, "cat-file", "-e", f"{c}^{{commit}}"], capture_output=True,
+            check=False).returncode != 0]
+        if missing:
+            raise Lacks(f"the node's mirror lacks {len(missing)} of the commits its bundle "
+                        f"was cut against ({', '.join(c[:12] for c in missing[:3])})")
+        agent._git("-C", mirror, "fetch", "-q", "--no-tags", str(bundle), f"+{ref}:{ref}")
+        return
+    held = subprocess.run(["git", "-C", mirror, "cat-file", "-e", f"{commit}^{{commit}}"],
+                          capture_output=True, check=False)
+    if held.returncode != 0:
+        raise Lacks(f"the node's mirror lacks the commit {commit[:12]} it was said to hold")
+    agent._git("-C", mirror, "update-ref", ref, commit)
+
+
+def _prerequisites(bundle: Path) -> list[str]:
+    """The commits a bundle was cut against (its header's `-` lines)."""
+    found = []
+    with open(bundle, "rb") as fh:
+        for raw in fh:
+            if raw == b"\n":
+                break
+            if raw.startswith(b"-"):
+                found.append(raw[1:].split()[0].decode("ascii"))
+    return found
+
+
+def mirror_tips(frames: Frames, mirror: str) -> None:
+    """What the node's mirror holds (the tips of its refs, newest first), for the
+    controller to cut the next job's bundle against."""
+    done = subprocess.run(["git", "-C", mirror, "for-each-ref", "--sort=-committerdate",
+                           "--format=%(objectname)", "refs/heads", "refs/fleet"],
+                          capture_output=True, text=True, check=False)
+    tips = list(dict.fromkeys(done.stdout.split()))[:MIRROR_TIPS]
+    frames.send({"mirror": mirror, "tips": tips})
+
+
+def release(frames: Frames, order: dict[str, Any]) -> None:
+    """The worktrees and config dirs of tasks the controller released (merged or
+    discarded) removed from this node, if they are here (a worktree through its own
+    mirror: `git worktree remove --force`), their refs in it deleted; said back as
+    removed (found here) or absent."""
+    ids = [str(t) for t in order.get("released") or []]
+    if not ids:
+        return
+    root = Path(str(order["data_dir"]))
+    removed: list[str] = []
+    absent: list[str] = []
+    for task_id in ids:
+        if not _TASK_ID.match(task_id) or task_id == order.get("task_id"):
+            continue
+        work, config = root / "work" / task_id, root / "config" / task_id
+        found = work.exists() or config.exists()
+        mirror = _mirror_of(work)
+        if mirror is not None:
+            subprocess.run(["git", "-C", mirror, "worktree", "remove", "--force", "--force",
+                            str(work)], capture_output=True, check=False)
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(config, ignore_errors=True)
+        for m in {mirror, str(order.get("mirror") or "")} - {None, ""}:
+            subprocess.run(["git", "-C", str(m), "worktree", "prune"], capture_output=True,
+                           check=False)
+            for ref in (f"refs/fleet/base/{task_id}", f"refs/fleet/base/update/{task_id}"):
+                subprocess.run(["git", "-C", str(m), "update-ref", "-d", ref],
+                               capture_output=True, check=False)
+        (removed if found else absent).append(task_id)
+    frames.send({"released": {"removed": removed, "absent": absent}})
+
+
+def _mirror_of(worktree: Path) -> str | None:
+    """The bare mirror a worktree of this node belongs to (its .git file names it)."""
+    try:
+        text = (worktree / ".git").read_text()
+    except OSError:
+        return None
+    if not text.startswith("gitdir: "):
+        return None
+    gitdir = Path(text[len("gitdir: "):].strip())
+    return str(gitdir.parent.parent) if gitdir.parent.name == "worktrees" else None
+
+
+def prepare_repo(order: dict[str, Any], here: Path, frames: Frames | None = None) -> str:
     """The repository's bare mirror on the node with the base commit in it; the task's
     worktree made from it (as the order's mode says). Its path."""
     mirror = Path(order["mirror"])
-    mirror.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not (mirror / "HEAD").exists():
-        agent._git("init", "-q", "--bare", str(mirror))
-    ref = f"refs/fleet/base/{order['task_id']}"
-    bundle = here / BUNDLE_FILE
-    if bundle.exists():
-        agent._git("-C", str(mirror), "fetch", "-q", "--no-tags", str(bundle),
-                   f"+{ref}:{ref}")
+    fetch_base(order, here, f"refs/fleet/base/{order['task_id']}", str(order["base"]))
+    if frames is not None:
+        release(frames, order)
+        mirror_tips(frames, str(mirror))
     worktree, branch, base = order["worktree"], order["branch"], order["base"]
     Path(worktree).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     mode = order.get("mode") or "keep"
@@ -411,7 +511,7 @@ class Mailbox:
 
 def run(order: dict[str, Any], here: Path) -> int:
     frames = Frames(sys.stdout)
-    prepare_repo(order, here)
+    prepare_repo(order, here, frames)
     folder = stage(order, here)
     proc = start_runner(folder, order)
     branch = Branch(frames, order)
@@ -468,6 +568,8 @@ def run(order: dict[str, Any], here: Path) -> int:
     except Exception as exc:
         _log(f"could not send the branch: {exc}")
     frames.out = real_stdout
+    with contextlib.suppress(OSError):
+        mirror_tips(frames, str(order["mirror"]))  # the branch's commits are there now
     frames.finish(swept=swept[0])
     return 0
 
@@ -476,14 +578,19 @@ def run_update(order: dict[str, Any], here: Path) -> int:
     """A short job on the node that holds a finished task's worktree: its base brought up
     to date (the SSH agent's `update`: merge or rebase, the worker's uncommitted work
     committed first, left mid-merge on conflicts), the answer as a frame, then the branch
-    as bundle frames."""
-    mirror, ref = order["mirror"], order["ref"]
-    bundle = here / BUNDLE_FILE
-    if bundle.exists():
-        agent._git("-C", mirror, "fetch", "-q", "--no-tags", str(bundle), f"+{ref}:{ref}")
+    as bundle frames. With `abort` in the order: the update that stopped on conflicts
+    undone there instead (the SSH agent's `abort-update`)."""
+    frames = Frames(sys.stdout)
+    mirror = str(order["mirror"])
+    if not order.get("abort"):
+        fetch_base(order, here, str(order["ref"]), str(order["update_base"]))
+    release(frames, order)
     worktree, branch = order["worktree"], order["branch"]
     if not Path(worktree).is_dir():
         _quiet(agent.cmd_worktree, mirror, worktree, branch, order["base"], "reattach")
+    if order.get("abort"):
+        frames.send({"update": abort(worktree, order.get("conflicted") or [])})
+        return 0
     ident = order.get("identity") or {}
     agent._ident(str(ident.get("name") or ""), str(ident.get("email") or ""))
     try:
@@ -491,11 +598,29 @@ def run_update(order: dict[str, Any], here: Path) -> int:
                                order["message"], order.get("conflicted"))
     except RuntimeError as exc:
         answer = {"error": str(exc)}
-    frames = Frames(sys.stdout)
     frames.send({"update": answer})
     if answer.get("status") != "conflicts":
         Branch(frames, order).send()
+        mirror_tips(frames, mirror)
     return 0
+
+
+def abort(worktree: str, conflicted: list[str]) -> dict[str, Any]:
+    """The merge or rebase an update stopped on undone (`git merge --abort`: the worktree
+    back at the task's tip); refused when the update was concluded with conflict markers
+    still in (a commit, nothing to abort)."""
+    try:
+        operation = agent._operation(worktree)
+        marked = agent._with_markers(worktree, conflicted) if operation is None else []
+        if marked:
+            return {"error": "the update was concluded with conflict markers still in "
+                             f"{', '.join(marked)}: there is nothing to abort; resolve them "
+                             "there (or let its worker: update --resolve worker)"}
+        if operation is not None:
+            agent._git("-C", worktree, operation, "--abort")
+        return {"aborted": operation, "head": agent._git("-C", worktree, "rev-parse", "HEAD")}
+    except RuntimeError as exc:
+        return {"error": str(exc)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -515,7 +640,10 @@ def main(argv: list[str] | None = None) -> int:
         return run(order, here)
     except Exception as exc:  # said in a frame: the controller records why
         _log(repr(exc))
-        sys.stdout.write(encode_frame({"error": str(exc)}) + "\n")
+        head: dict[str, Any] = {"error": str(exc)}
+        if isinstance(exc, Lacks):
+            head["lacks"] = True
+        sys.stdout.write(encode_frame(head) + "\n")
         sys.stdout.flush()
         return 1
 
