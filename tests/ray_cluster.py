@@ -115,7 +115,8 @@ class RayCluster:
         proc = self._start(f"node{len(self.procs)}",
                            [f"--address=127.0.0.1:{self.port}",
                             f'--resources={{"{NODE_RESOURCE}": 1}}'])
-        self.wait_nodes(2)
+        # (a node started after one died: that one's `ray start` has exited, not this one)
+        self.wait_nodes(2, watch=[self.procs[0], proc])
         return proc
 
     def wait_port(self, port: int) -> None:
@@ -140,11 +141,12 @@ class RayCluster:
         result = data.get("data", {}).get("result", {}).get("result", [])
         return [n for n in result if n.get("state") == "ALIVE"]
 
-    def wait_nodes(self, n: int) -> None:
+    def wait_nodes(self, n: int,
+                   watch: list[subprocess.Popen[bytes]] | None = None) -> None:
         deadline = time.monotonic() + START_TIMEOUT
         last: object = None
         while time.monotonic() < deadline:
-            for proc in self.procs:
+            for proc in self.procs if watch is None else watch:
                 if proc.poll() is not None:
                     raise RuntimeError(f"ray start exited {proc.returncode}: "
                                        f"{self.output()[-3000:]}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +59,14 @@ for _name in ("one", "two"):
                     "description": "commit"}}],
         "committed",
     ]
+RAY_SCRIPTS["brief"] = {
+    "turns": [[{"type": "tool_use", "name": "Bash",
+                "input": {"command": "echo brief > brief.txt && git add brief.txt && "
+                                     "git commit -q -m 'brief, on the node'",
+                          "description": "commit"}}],
+              "committed briefly"],
+    "followup": ["followed up on another node"],
+}
 RAY_SCRIPTS["pause"] = [
     [{"type": "tool_use", "name": "Bash",
       "input": {"command": "sleep 6; echo resumed > after.txt", "description": "wait"}}],
@@ -673,13 +682,23 @@ def _processes_holding(cluster: RayCluster, needle: str, *roots: Path) -> list[i
 def test_a_lost_node_loses_the_task_and_its_processes_end(
         git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
         endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
-    """The second node's raylet SIGKILLed mid-job (the last test here: the node stays
-    down): Ray reads the job FAILED after its health check, and the task ends lost with
-    the reason; the job's entrypoint, orphaned on its node, ends what the attempt started
-    (the daemon included): 0 of its processes are left."""
+    """The second node's raylet SIGKILLed mid-job (the last test here): Ray reads the job
+    FAILED after its health check, and the task ends lost with the reason; the job's
+    entrypoint, orphaned on its node, ends what the attempt started (the daemon
+    included): 0 of its processes are left. A task that ended on that node before is
+    followed up once another node (a new machine: the data dir empty) has joined: its
+    worktree is made there from the branch that came back, claude's session from the
+    transcripts its job sent at its end, and the session goes on; without those
+    transcripts the start refuses at once, saying why and what to do."""
     node_dir = tmp_path / "node"
     fleet = make(endpoint, claude_bin, ray_cluster, node_dir)
     try:
+        (ended,) = fleet.submit(TaskSpec(prompt="[script:brief] commit it", repo=git_repo,
+                                         host="cluster"))
+        drive(fleet, settled(fleet, ended.id), timeout=120)
+        assert fleet.get_task(ended.id).state == TaskState.SUCCEEDED
+        first = fleet.attempts(ended.id)[-1]
+        assert (Path(first.dir or "") / "session.tar").is_file()  # the transcripts came back
         (task,) = fleet.submit(TaskSpec(prompt="[script:daemon] wait", repo=git_repo,
                                         host="cluster"))
         drive(fleet, lambda: len(node_pids(node_dir, *SLEEPS)) == 2, timeout=120)
@@ -687,6 +706,7 @@ def test_a_lost_node_loses_the_task_and_its_processes_end(
         assert attempt.dir is not None
         token = AttemptLog(attempt.dir).spec_token()
         assert token and _token_holders(token)
+        old_node = node_of(ray_cluster, NODE_RESOURCE)
         raylet = ray_cluster.raylet_of(ray_cluster.procs[1])
         assert raylet is not None
         os.kill(raylet, signal.SIGKILL)
@@ -704,18 +724,35 @@ def test_a_lost_node_loses_the_task_and_its_processes_end(
         assert node_pids(node_dir, *SLEEPS) == []
         assert _token_holders(token) == []
         assert node_pids(node_dir, f"attempts/{task.id}/") == []  # the runner too
-        # the node that held its worktree and claude's session is gone: a follow-up
-        # cannot go on there, and its start says why and what to do (never waits for
-        # the node, never a traceback)
-        fleet.follow_up(task.id, "[script:steer] go on")
+        # the node's disk went with it; without the transcripts here nothing can go on:
+        # the start refuses at once (no job, no wait for the node, no traceback)
+        shutil.rmtree(node_dir)
+        session = Path(first.dir or "") / "session.tar"
+        session.rename(session.with_suffix(".away"))
+        fleet.follow_up(ended.id, "[script:brief] go on")
         asked = time.monotonic()
-        drive(fleet, settled(fleet, task.id), timeout=60)
-        FIGURES["follow_up_without_its_node_s"] = round(time.monotonic() - asked, 2)
-        refused = fleet.get_task(task.id)
+        drive(fleet, settled(fleet, ended.id), timeout=60)
+        FIGURES["follow_up_refused_s"] = round(time.monotonic() - asked, 2)
+        refused = fleet.get_task(ended.id)
         assert refused.state == TaskState.FAILED
         assert refused.message is not None and "Traceback" not in refused.message
-        assert f"fleet-tui retry {task.id}" in refused.message, refused.message
-        assert len(jobs_of(ray_cluster, task.id)) == 1  # nothing was submitted for it
+        assert "is gone from host cluster's cluster" in refused.message, refused.message
+        assert f"fleet-tui retry {ended.id}" in refused.message, refused.message
+        assert len(jobs_of(ray_cluster, ended.id)) == 1  # nothing was submitted for it
+        # with them (and a new node that can run its jobs): the session goes on there
+        session.with_suffix(".away").rename(session)
+        ray_cluster.start_node()
+        new_node = node_of(ray_cluster, NODE_RESOURCE)
+        assert new_node != old_node
+        fleet.follow_up(ended.id, "[script:brief] go on")
+        drive(fleet, settled(fleet, ended.id), timeout=120)
+        again = fleet.get_task(ended.id)
+        assert again.state == TaskState.SUCCEEDED, again.message
+        assert b"followed up on another node" in _events(fleet, ended.id)
+        last = fleet.attempts(ended.id)[-1]
+        record = json.loads((Path(last.dir or "") / "ray.json").read_text())
+        assert record["restored"] is True and record["node_id"] == new_node
+        assert _git_out(node_dir / "work" / ended.id, "show", "HEAD:brief.txt") == "brief"
     finally:
         for pid in node_pids(node_dir, *SLEEPS):
             os.kill(pid, signal.SIGKILL)

@@ -92,6 +92,7 @@ DEFAULT_DATA_DIR = "/var/tmp/fleet-tui-ray"
 RAY_FILE = "ray.json"  # the job's submission id, written before it is submitted
 BRANCH_BUNDLE = "branch.bundle"  # the task's commits past its base, as the node sent them
 BRANCH_FILE = "branch.json"  # their tip (the base itself: no commits)
+SESSION_FILE = "session.tar"  # claude's transcripts of the task, as the node sent them last
 ENTRYPOINT_MODULE = "fleet_tui.execution.ray.job"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 STATUS_EVERY = 5.0  # seconds between two looks at a followed job's status
@@ -402,6 +403,8 @@ class Follow:
             self._write(str(head["f"]), head, body)
         elif "bundle" in head:
             self._bundle(head, body)
+        elif "session" in head:
+            self._session(head, body)
         elif "mirror" in head:
             if self.node_id:
                 self.host.book.set_tips(self.node_id, str(head["mirror"]),
@@ -467,6 +470,22 @@ class Follow:
         self._bundle_seq = seq
         write_json_atomic(self.folder / BRANCH_FILE, {"tip": head["bundle"], "seq": seq,
                                                       "bundle": bool(size)})
+
+    def _session(self, head: dict[str, Any], body: bytes) -> None:
+        """A piece of claude's transcripts (a tar); the whole one, its digest checked,
+        replaces the last."""
+        part = self.folder / (SESSION_FILE + ".part")
+        at, size = int(head["o"]), int(head["size"])
+        if at == 0:
+            part.unlink(missing_ok=True)
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, body, at)
+        finally:
+            os.close(fd)
+        if at + len(body) >= size \
+                and hashlib.sha256(part.read_bytes()).hexdigest() == head.get("sha256"):
+            os.replace(part, self.folder / SESSION_FILE)
 
     def _lose(self, info: Any) -> None:
         """The job ended and its folder's end never came: lost (or failed before its runner
@@ -666,7 +685,8 @@ class RayHost(RemoteHost):
         folder.write_record(RAY_FILE, {"submission_id": sid, "address": self.address,
                                        "host": self.name, "at": time.time(),
                                        "pinned": staged.order.get("pin"),
-                                       "bundle": staged.order.get("bundle_sent")})
+                                       "bundle": staged.order.get("bundle_sent"),
+                                       "restored": staged.order.get("restore") or None})
         self._submit_job(staged, order, sid)
         if staged.order.get("bundle") != "whole":
             with self._lock:
@@ -896,7 +916,7 @@ class RayHost(RemoteHost):
         folder.clear_run_records()
         folder.write_spec(asdict(spec))
         paths.private_file(folder.events)
-        for name in (BRANCH_BUNDLE, BRANCH_FILE):
+        for name in (BRANCH_BUNDLE, BRANCH_FILE, SESSION_FILE):
             (folder.dir / name).unlink(missing_ok=True)
         remote_dir = f"{self.data_dir}/attempts/{spec.task_id}/{spec.attempt}"
         remote = replace(spec, include=[], repo=spec.cwd, settings=dict(spec.settings))
@@ -906,9 +926,11 @@ class RayHost(RemoteHost):
             remote.settings["base_url"] = self._base_url_there(remote.settings["base_url"])
         with self._lock:
             mode = self._modes.pop(spec.task_id, "keep")
-        pin = self._pin(spec, mode)
+        pin, restore = self._pin(spec, mode)
         staging = Path(tempfile.mkdtemp(prefix="fleet-ray-job-"))
         try:
+            if restore is not None:
+                self._stage_restore(Path(spec.repo), spec.task_id, restore, staging)
             base = placement.base_commit or git.resolve_base(Path(spec.repo), None).commit
             mirror = self.mirror_path(Path(spec.repo))
             have = self._have(mirror, pin)
@@ -930,31 +952,50 @@ class RayHost(RemoteHost):
                  "identity": ident, "key_env": self.key_env,
                  "key_variable": self.key_variable, "pin": pin,
                  "bundle": "thin" if have else "whole", "bundle_sent": sent,
-                 "data_dir": self.data_dir, "released": self.book.released()}
+                 "data_dir": self.data_dir, "released": self.book.released(),
+                 "restore": restore is not None}
         return RayStaged(self, placement, spec, staging, order)
 
-    def _pin(self, spec: RunSpec, mode: str) -> str | None:
+    def _stage_restore(self, repo: Path, task_id: str, session: Path, staging: Path) -> None:
+        """What a job on another node needs to go on with a task whose node is gone: the
+        branch as it last came back (its bundle past the base) and claude's transcripts."""
+        shutil.copyfile(session / SESSION_FILE, staging / job.RESTORE_SESSION)
+        for _n, folder in self._attempt_folders(repo, task_id):
+            rec = AttemptLog(folder).record(BRANCH_FILE)
+            if rec and isinstance(rec.get("tip"), str):
+                if rec.get("bundle"):
+                    shutil.copyfile(folder / BRANCH_BUNDLE, staging / job.RESTORE_BRANCH)
+                return
+
+    def _pin(self, spec: RunSpec, mode: str) -> tuple[str | None, Path | None]:
         """The node a resume or a follow-up must run on: the one whose job held the
         task's worktree and claude's session last (its `ray.io/node-id` label). None for a
-        fresh start. RayError when that node is gone from the cluster: the session lives
-        on its disk only, so the attempt would wait for it for ever."""
+        fresh start. When that node is gone from the cluster: unpinned, with the attempt
+        folder here that holds what came back of the session (its transcripts, sent at
+        each attempt's end): the job restores the worktree from the collected branch and
+        the transcripts into the new node's config dir. RayError when nothing of the
+        session came back (its attempt did not end on its node)."""
         if mode == "new":
-            return None
+            return None, None
         found = self.node_of(Path(spec.repo), spec.task_id, before=spec.attempt)
         if found is None:
-            return None
+            return None, None
         try:
             alive = {str(n.get("node_id")) for n in ray_nodes(self.address)}
         except (OSError, ValueError) as exc:
             raise RayError(f"host {self.name}: the Ray cluster at {self.address} does not "
                            f"answer: {exc}") from None
-        if found not in alive:
-            raise RayError(
-                f"task {spec.task_id}: its worktree and claude's session are on the Ray "
-                f"node {found[:12]}, which host {self.name}'s cluster does not have now; a "
-                "resume or a follow-up runs only there: retry the task fresh (`fleet-tui "
-                f"retry {spec.task_id}`) once its work is landed or given up")
-        return found
+        if found in alive:
+            return found, None
+        for n, folder in self._attempt_folders(Path(spec.repo), spec.task_id):
+            if n < spec.attempt and (folder / SESSION_FILE).is_file():
+                return None, folder
+        raise RayError(
+            f"task {spec.task_id}: the Ray node that held its worktree and claude's session "
+            f"({found[:12]}) is gone from host {self.name}'s cluster, and its session "
+            "never came back (its last attempt did not end there): it cannot be resumed or "
+            f"followed up; `fleet-tui retry {spec.task_id}` starts it afresh (its work as "
+            f"collected stays on its branch until then: `fleet-tui diff {spec.task_id}`)")
 
     @staticmethod
     def _attempt_folders(repo: Path, task_id: str) -> list[tuple[int, Path]]:

@@ -71,6 +71,8 @@ if TYPE_CHECKING:
 ORDER_FILE = "order.json"
 BUNDLE_FILE = "base.bundle"
 INCLUDED_FILE = "included.tar"
+RESTORE_BRANCH = "branch.bundle"  # the task's branch as the controller collected it
+RESTORE_SESSION = "session.tar"  # claude's transcripts of the task, as its last job sent them
 FRAME_PREFIX = "FLEET-FRAME"
 PIECE = 24 * 1024  # bytes of a file in one log line (a line of ~32 kB once in base64)
 STOP_GRACE = 1.0  # seconds between the runner's SIGTERM and the SIGKILL of its tree
@@ -296,6 +298,9 @@ def prepare_repo(order: dict[str, Any], here: Path, frames: Frames | None = None
     worktree, branch, base = order["worktree"], order["branch"], order["base"]
     Path(worktree).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     mode = order.get("mode") or "keep"
+    if order.get("restore"):  # the node that held it is gone: from the collected branch
+        restore_branch(order, here)
+        mode = "reattach"
     if mode == "keep":  # as it is; its folder gone: the branch checked out again
         mode = "reattach"
     if mode == "reattach" and not Path(worktree).is_dir():
@@ -309,6 +314,52 @@ def prepare_repo(order: dict[str, Any], here: Path, frames: Frames | None = None
     return str(worktree)
 
 
+def restore_branch(order: dict[str, Any], here: Path) -> None:
+    """The task's branch in this node's mirror as the controller collected it (a bundle
+    past its base), a worktree this node had of it removed first; no bundle: the branch
+    at the base (no commits came back)."""
+    mirror, worktree, branch = str(order["mirror"]), str(order["worktree"]), order["branch"]
+    if Path(worktree).exists():
+        subprocess.run(["git", "-C", mirror, "worktree", "remove", "--force", "--force",
+                        worktree], capture_output=True, check=False)
+        shutil.rmtree(worktree, ignore_errors=True)
+    agent._git("-C", mirror, "worktree", "prune")
+    bundle = here / RESTORE_BRANCH
+    if bundle.exists():
+        agent._git("-C", mirror, "fetch", "-q", "--no-tags", str(bundle),
+                   f"+refs/heads/{branch}:refs/heads/{branch}")
+    else:
+        agent._git("-C", mirror, "update-ref", f"refs/heads/{branch}", str(order["base"]))
+
+
+def restore_session(order: dict[str, Any], here: Path) -> None:
+    """claude's transcripts of the task into its config dir on this node (the same path
+    as on the node that held them: the project's folder name is the worktree's path)."""
+    tar = here / RESTORE_SESSION
+    if not tar.exists():
+        return
+    config = Path(order["config_dir"])
+    config.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with tarfile.open(tar) as archive:
+        archive.extractall(config, filter="data")
+
+
+def send_session(frames: Frames, config_dir: str) -> None:
+    """claude's transcripts (the config dir's projects/) as session frames: what a
+    follow-up on another node resumes from when this node is gone."""
+    projects = Path(config_dir) / "projects"
+    if not projects.is_dir():
+        return
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as archive:
+        archive.add(projects, arcname="projects")
+    body = buf.getvalue()
+    digest = hashlib.sha256(body).hexdigest()
+    for i in range(0, max(len(body), 1), PIECE):
+        frames.send({"session": digest, "o": i, "size": len(body), "sha256": digest},
+                    body[i:i + PIECE])
+
+
 def stage(order: dict[str, Any], here: Path) -> AttemptLog:
     folder = AttemptLog(order["attempt_dir"])
     folder.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -316,6 +367,8 @@ def stage(order: dict[str, Any], here: Path) -> AttemptLog:
     if folder.lock_held():
         raise RuntimeError(f"a runner holds {folder.lock_path} already")
     spec = order["spec"]
+    if order.get("restore"):
+        restore_session(order, here)
     folder.clear_run_records()
     folder.write_spec(spec)
     for path in (folder.events, folder.runner_log):
@@ -567,6 +620,10 @@ def run(order: dict[str, Any], here: Path) -> int:
         branch.send()
     except Exception as exc:
         _log(f"could not send the branch: {exc}")
+    try:
+        send_session(frames, str(order["config_dir"]))
+    except (OSError, tarfile.TarError) as exc:
+        _log(f"could not send claude's session: {exc}")
     frames.out = real_stdout
     with contextlib.suppress(OSError):
         mirror_tips(frames, str(order["mirror"]))  # the branch's commits are there now
