@@ -12,8 +12,13 @@ byte-identical to the node's; kill with a double-forked daemon in the worker's B
 the submission id (one job, never a second); `say` through the gateway's mailbox and a
 follow-up pinned to the node that holds the session; the key in `ray job list`, the Jobs
 REST API, the state API, every file under the cluster's temp dir and the cluster's
-processes (0 hits); last, the second node's raylet SIGKILLed (the task lost, its processes
-gone).
+processes (0 hits); the update job's bundle holding only what the node lacked (the first
+jobs' the whole history), a merged task's worktree and config dir removed by the next job
+on its node, an update stopped on conflicts there aborted by a short job, a node that
+lacks what its bundle was cut against sent the job again whole; last, the second node's
+raylet SIGKILLed (the task lost, its processes gone) and a task that ended there followed
+up on a new node, its worktree and claude's session restored (refused at once without
+the transcripts).
 The figures they see go to the test's output (`-s`) and FLEET_RAY_FIGURES.
 """
 

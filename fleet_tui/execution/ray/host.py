@@ -12,15 +12,20 @@ What goes where:
   so an attempt never runs twice): its entrypoint is `execution/ray/job.py`; fleet-tui's
   package goes as its runtime_env's `py_modules` (content-addressed by Ray: uploaded once
   per version), its `working_dir` holds the order (the spec as the node runs it; the
-  attempt's gateway token), the repository as a git bundle of the base commit and the
-  included files. Placed by `entrypoint_resources` (the host's `resources`).
+  attempt's gateway token), the repository as a git bundle of what the node lacks of the
+  base commit (cut against the tips the node's mirror reported at its last job, kept in
+  `HOME/ray/<host>.json`, the NodeBook; none when it holds the commit; whole when nothing
+  is known; a node that lacks a prerequisite gets the job again whole under
+  `<id>-whole`) and the included files. Placed by `entrypoint_resources` (the host's
+  `resources`).
 - On the node, under the host's `data_dir`: `repos/<name>-<hash>.git` (a bare mirror the
   bundle is fetched into), `work/ID` the worktree, `config/ID`, `attempts/ID/N`.
 - Here: the attempt folder (`Placement.attempt_dir`), rebuilt byte for byte from the job's
   logs (framed lines, `job.encode_frame`), followed by one thread per run through
   `tail_job_logs` (replayed from byte 0 after a restart: every write is by offset, so a
   replay changes nothing); `branch.bundle` and `branch.json` there hold the task's commits
-  as the node last sent them (`collect` fetches them as `fleet/ID`).
+  as the node last sent them (`collect` fetches them as `fleet/ID`), `session.tar`
+  claude's transcripts as the attempt's end sent them.
 
 Stop and kill: the local stop request is written first (the engine's verdict reads it),
 then `stop_job`; the entrypoint ends the runner's tree and sweeps the attempt's token on
@@ -32,9 +37,12 @@ Steering: `say` leaves the message in the attempt's mailbox here (execution/mail
 the job's entrypoint fetches it from this machine's gateway with the attempt's token and
 hands it to its runner's own input channel. A resume or a follow-up is pinned to the node
 its task's last job ran on (`ray.io/node-id`, recorded in ray.json by the follower): the
-worktree and claude's session are there. The merge queue's update of a task whose base
-moved is a short job pinned to that node (job.py `run_update`: the SSH agent's `update`),
-its answer and the branch back in its log.
+worktree and claude's session are there. That node gone, it runs where the cluster puts
+it, restored: the worktree from the collected branch, the transcripts into its config
+dir (refused at the start when none came back). The merge queue's update of a task whose
+base moved is a short job pinned to that node (job.py `run_update`: the SSH agent's
+`update`), its answer and the branch back in its log; so is `abort_update`. `release`
+notes the task; the next job on its node removes its worktree and config dir there.
 
 The key: never in the job (entrypoint, runtime_env, metadata, logs). With the gateway on,
 a worker reaches this machine's gateway with its attempt's token (`reaches_gateway`; the
@@ -209,12 +217,13 @@ class RayStaged:
     """The order made (the job's working dir, here); nothing is submitted yet."""
 
     def __init__(self, host: RayHost, placement: Placement, spec: RunSpec, staging: Path,
-                 order: dict[str, Any]) -> None:
+                 order: dict[str, Any], restore: Path | None = None) -> None:
         self.host = host
         self.placement = placement
         self.spec = spec
         self.staging = staging
         self.order = order
+        self.restore = restore  # the attempt folder here whose session the job restores
         self.done = False
 
     def spawn(self, env: dict[str, str]) -> int:
@@ -740,8 +749,11 @@ class RayHost(RemoteHost):
             included = self.included_tar(spec)
             if included:
                 (staging / job.INCLUDED_FILE).write_bytes(included)
+            if staged.restore is not None:
+                self._stage_restore(Path(spec.repo), spec.task_id, staged.restore, staging)
             again = RayStaged(self, staged.placement, spec, staging,
-                              dict(staged.order, bundle="whole", bundle_sent=sent))
+                              dict(staged.order, bundle="whole", bundle_sent=sent),
+                              staged.restore)
             sid = f"{follow.sid}-whole"
             with self._lock:
                 follow.sids.add(sid)
@@ -954,7 +966,7 @@ class RayHost(RemoteHost):
                  "bundle": "thin" if have else "whole", "bundle_sent": sent,
                  "data_dir": self.data_dir, "released": self.book.released(),
                  "restore": restore is not None}
-        return RayStaged(self, placement, spec, staging, order)
+        return RayStaged(self, placement, spec, staging, order, restore)
 
     def _stage_restore(self, repo: Path, task_id: str, session: Path, staging: Path) -> None:
         """What a job on another node needs to go on with a task whose node is gone: the

@@ -10,8 +10,12 @@ in the job, its runtime_env, its metadata or its logs).
 
 What it does, in order:
 1. The repository: a bare mirror per repository under the node's data dir, the bundle
-   fetched into it (`refs/fleet/base/ID`), the task's worktree made from it (new, reset,
-   re-attached or kept as it is: a resume or a follow-up on the node that holds it).
+   fetched into it (`refs/fleet/base/ID`; a bundle cut against commits the mirror lacks
+   refused with `lacks`, for the controller to send it whole; no bundle: the mirror holds
+   the base), the released tasks' worktrees and config dirs removed, the mirror's tips
+   said back; the task's worktree made from it (new, reset, re-attached or kept as it
+   is: a resume or a follow-up on the node that holds it; `restore`: from the collected
+   branch, with claude's transcripts unpacked into the config dir, its node being gone).
 2. The attempt folder `DATA/attempts/ID/N`: the spec written, the included files unpacked
    into a worktree not set up yet (the runner runs the setup command itself).
 3. The runner (`fleet_tui.execution.local.runner`, a child subreaper) started in a session
@@ -23,7 +27,8 @@ What it does, in order:
    the controller rebuilds the folder byte for byte from the job's logs wherever the node
    is. The task's branch comes back the same way (a bundle of its commits past the base)
    each time its tip moves and at the end, after the worker's uncommitted work is
-   committed; then exit.json, then the end frame.
+   committed; then claude's transcripts (`session` frames), the mirror's tips, exit.json,
+   the end frame.
 
 Steering: a thread beside the runner long-polls the controller's gateway for the
 attempt's mailbox (`/fleet/mailbox`, the attempt's token) and hands each message to the
