@@ -852,13 +852,14 @@ class RayHost(RemoteHost):
                              f"on host {self.name} is {self.worktree_path(task.id)}")
 
     def _bundle(self, repo: Path, commit: str, task_id: str, into: Path,
-                have: list[str]) -> dict[str, Any]:
+                have: list[str] | None = None) -> dict[str, Any]:
         """The base commit as a git bundle (its ref refs/fleet/base/ID, made for the
         bundle and removed) of what the node lacks: its history past `have` (the commits
         the node's mirror held, as its last job said; those this repository does not know
         left out). No file at all when the node holds the commit already; the whole
         history when `have` is empty. What was sent: its bytes, its prerequisites."""
         q = ["git", "-C", str(repo)]
+        have = list(have or [])
         if have:
             known = subprocess.run([*q, "cat-file", "--batch-check=%(objectname) %(objecttype)"],
                                    input="\n".join(have) + "\n", capture_output=True,
