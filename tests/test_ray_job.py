@@ -17,6 +17,7 @@ import pytest
 
 from fleet_tui.execution.ray import job
 from fleet_tui.execution.ray.host import NodeBook, RayHost
+from fleet_tui.execution.ssh import agent
 
 
 def git(where: Path, *args: str) -> str:
@@ -108,17 +109,20 @@ def test_abort_goes_back_to_the_tip_and_refuses_a_concluded_update(
     order = node_with(git_repo, tmp_path, "ab1")
     worktree = Path(order["worktree"])
     tip = commit(worktree, "f.txt", "the task's\n")
+    (worktree / "wip.txt").write_text("not committed yet\n")
     other = commit(git_repo, "f.txt", "main's\n")
     here = tmp_path / "up"
     here.mkdir()
     RayHost(name="c", address="http://127.0.0.1:1", env={})._bundle(
         git_repo, other, "update/ab1", here / job.BUNDLE_FILE, [order["base"]])
     job.fetch_base(order, here, "refs/fleet/base/update/ab1", other)
-    done = subprocess.run(["git", "-C", str(worktree), "merge", "--no-edit", other],
-                          capture_output=True, check=False)
-    assert done.returncode != 0  # stopped on conflicts
-    assert job.abort(str(worktree), ["f.txt"]) == {"aborted": "merge", "head": tip}
-    assert git(worktree, "status", "--porcelain") == ""
+    # the update job's own step: the worker's work committed first, then stopped mid-merge
+    said = agent._update(str(worktree), other, "merge", "update", [])
+    assert said["status"] == "conflicts" and said["committed"]
+    assert job.abort(str(worktree), ["f.txt"]) == {"aborted": "merge", "restored": True,
+                                                   "head": tip}
+    assert git(worktree, "status", "--porcelain") == "?? wip.txt"  # as it was
+    (worktree / "wip.txt").unlink()
     # concluded by hand with the markers in: a commit, nothing to abort
     subprocess.run(["git", "-C", str(worktree), "merge", "--no-edit", other],
                    capture_output=True, check=False)

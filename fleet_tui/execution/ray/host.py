@@ -1288,8 +1288,11 @@ class RayHost(RemoteHost):
         if "error" in answer:
             raise RayError(f"host {self.name}: {answer['error']}")
         what = answer.get("aborted")
-        return (f"the {what} was aborted in its worktree on the Ray host {self.name}" if what
-                else f"nothing was stopped in its worktree on the Ray host {self.name}")
+        back = " (the worker's uncommitted work put back as it was)" \
+            if answer.get("restored") else ""
+        return (f"the {what} was aborted in its worktree on the Ray host {self.name}{back}"
+                if what else
+                f"nothing was stopped in its worktree on the Ray host {self.name}{back}")
 
     def keep_lost_in(self, ledger: LostLedger) -> None:
         """Nothing recorded: what a lost job started is ended on its node by the job's own

@@ -668,9 +668,11 @@ def run_update(order: dict[str, Any], here: Path) -> int:
 
 
 def abort(worktree: str, conflicted: list[str]) -> dict[str, Any]:
-    """The merge or rebase an update stopped on undone (`git merge --abort`: the worktree
-    back at the task's tip); refused when the update was concluded with conflict markers
-    still in (a commit, nothing to abort)."""
+    """The merge or rebase an update stopped on undone, as the SSH agent's `abort-update`
+    does (`git merge --abort`, then the HEAD and index of before the update put back from
+    its record: the worktree at the task's tip, the worker's uncommitted work as it was);
+    refused when the update was concluded with conflict markers still in (a commit,
+    nothing to abort)."""
     try:
         operation = agent._operation(worktree)
         marked = agent._with_markers(worktree, conflicted) if operation is None else []
@@ -680,7 +682,9 @@ def abort(worktree: str, conflicted: list[str]) -> dict[str, Any]:
                              "there (or let its worker: update --resolve worker)"}
         if operation is not None:
             agent._git("-C", worktree, operation, "--abort")
-        return {"aborted": operation, "head": agent._git("-C", worktree, "rev-parse", "HEAD")}
+        restored = agent._restore_record(worktree)
+        return {"aborted": operation, "restored": restored,
+                "head": agent._git("-C", worktree, "rev-parse", "HEAD")}
     except RuntimeError as exc:
         return {"error": str(exc)}
 
