@@ -41,7 +41,7 @@ import pytest
 from ray_cluster import NODE_RESOURCE, RayCluster, ray_missing
 from test_fleet import KEY, SCRIPTS, drive, settled
 
-from fleet_tui.core.errors import WorkerFinished
+from fleet_tui.core.errors import FleetRefused, WorkerFinished
 from fleet_tui.core.states import LandState
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
@@ -730,20 +730,23 @@ def test_a_lost_node_loses_the_task_and_its_processes_end(
         assert _token_holders(token) == []
         assert node_pids(node_dir, f"attempts/{task.id}/") == []  # the runner too
         # the node's disk went with it; without the transcripts here nothing can go on:
-        # the start refuses at once (no job, no wait for the node, no traceback)
+        # the follow-up is refused when asked, nothing queued (no job, no traceback)
         shutil.rmtree(node_dir)
         session = Path(first.dir or "") / "session.tar"
         session.rename(session.with_suffix(".away"))
-        fleet.follow_up(ended.id, "[script:brief] go on")
         asked = time.monotonic()
-        drive(fleet, settled(fleet, ended.id), timeout=60)
+        with pytest.raises(FleetRefused) as refused:
+            fleet.follow_up(ended.id, "[script:brief] go on")
         FIGURES["follow_up_refused_s"] = round(time.monotonic() - asked, 2)
-        refused = fleet.get_task(ended.id)
-        assert refused.state == TaskState.FAILED
-        assert refused.message is not None and "Traceback" not in refused.message
-        assert "is gone from host cluster's cluster" in refused.message, refused.message
-        assert f"fleet-tui retry {ended.id}" in refused.message, refused.message
+        said = str(refused.value)
+        assert "is gone from host cluster's cluster" in said, said
+        assert f"fleet-tui retry {ended.id}" in said, said
+        kept = fleet.get_task(ended.id)
+        assert kept.state == TaskState.SUCCEEDED  # as it was: nothing queued
+        assert len(fleet.attempts(ended.id)) == 1
         assert len(jobs_of(ray_cluster, ended.id)) == 1  # nothing was submitted for it
+        with pytest.raises(FleetRefused):
+            fleet.retry(ended.id, resume=True)  # a resume likewise
         # with them (and a new node that can run its jobs): the session goes on there
         session.with_suffix(".away").rename(session)
         ray_cluster.start_node()

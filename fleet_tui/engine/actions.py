@@ -151,7 +151,11 @@ class Actions(Part):
             remote = None
         if remote is not None:
             # on its host: the start checks it out again there if it is gone, from the
-            # branch of the host's mirror (which a worker's commits are on)
+            # branch of the host's mirror (which a worker's commits are on); a session
+            # gone with its machine is refused now, nothing queued
+            problem = remote.session_problem(task)
+            if problem:
+                raise FleetRefused(problem)
             return
         if Path(task.worktree).is_dir():
             return

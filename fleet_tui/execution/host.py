@@ -152,6 +152,10 @@ class RemoteWorktrees(Protocol):
     def read_file(self, task: Task, path: str) -> bytes | None:
         """A file of the task's work as last fetched (`snapshot`); None: not there."""
 
+    def session_problem(self, task: Task) -> str | None:
+        """Why a resume or a follow-up of the task cannot run there (its session is gone
+        with the machine that held it), in a sentence with the way out; None: it can."""
+
 
 class Host(Protocol):
     """Where attempts run."""

@@ -210,6 +210,10 @@ class RemoteHost:
                 return done.stdout
         return None
 
+    def session_problem(self, task: Task) -> str | None:
+        """A host keeps its sessions in its data dir (an SSH host); see the Ray host's."""
+        return None
+
     def wait(self, stop: threading.Event, interval: float) -> None:
         deadline = time.monotonic() + interval
         while not stop.is_set():

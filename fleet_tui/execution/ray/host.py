@@ -1003,12 +1003,30 @@ class RayHost(RemoteHost):
         for n, folder in self._attempt_folders(Path(spec.repo), spec.task_id):
             if n < spec.attempt and (folder / SESSION_FILE).is_file():
                 return None, folder
-        raise RayError(
-            f"task {spec.task_id}: the Ray node that held its worktree and claude's session "
-            f"({found[:12]}) is gone from host {self.name}'s cluster, and its session "
-            "never came back (its last attempt did not end there): it cannot be resumed or "
-            f"followed up; `fleet-tui retry {spec.task_id}` starts it afresh (its work as "
-            f"collected stays on its branch until then: `fleet-tui diff {spec.task_id}`)")
+        raise RayError(self._session_lost(spec.task_id, found))
+
+    def _session_lost(self, task_id: str, node: str) -> str:
+        return (f"task {task_id}: the Ray node that held its worktree and claude's session "
+                f"({node[:12]}) is gone from host {self.name}'s cluster, and its session "
+                "never came back (its last attempt did not end there): it cannot be resumed "
+                f"or followed up; `fleet-tui retry {task_id}` starts it afresh (its work as "
+                f"collected stays on its branch until then: `fleet-tui diff {task_id}`)")
+
+    def session_problem(self, task: Task) -> str | None:
+        """Asked when a resume or a follow-up is queued, so that one which cannot run is
+        refused then, nothing queued (`_pin` says the same at the start, should the node go
+        in between). A cluster that does not answer is no refusal: the start will say."""
+        found = self.node_of(Path(task.repo), task.id)
+        if found is None:
+            return None
+        try:
+            alive = {str(n.get("node_id")) for n in ray_nodes(self.address, timeout=5.0)}
+        except (OSError, ValueError):
+            return None
+        if found in alive or any((folder / SESSION_FILE).is_file() for _n, folder
+                                 in self._attempt_folders(Path(task.repo), task.id)):
+            return None
+        return self._session_lost(task.id, found)
 
     @staticmethod
     def _attempt_folders(repo: Path, task_id: str) -> list[tuple[int, Path]]:
