@@ -48,7 +48,7 @@ from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import config_file_path, load_settings
-from fleet_tui.store.db import Store, TaskState
+from fleet_tui.store.db import Store, Task, TaskState
 from fleet_tui.system import paths
 
 pytestmark = pytest.mark.xdist_group("ray-host")
@@ -375,19 +375,26 @@ def test_two_tasks_pinned_to_the_second_node_land(
         ray_host(fleet).close()
 
 
+def _daemon_running(fleet: Fleet, git_repo: Path, node_dir: Path) -> tuple[Task, str]:
+    """A task on the node whose worker's Bash step left two sleeps running, one of them a
+    double-forked daemon; its attempt's token (the sweep's mark)."""
+    (task,) = fleet.submit(TaskSpec(prompt="[script:daemon] wait", repo=git_repo,
+                                    host="cluster"))
+    drive(fleet, lambda: len(node_pids(node_dir, *SLEEPS)) == 2, timeout=120)
+    attempt = fleet.attempts(task.id)[-1]
+    assert attempt.dir is not None
+    token = AttemptLog(attempt.dir).spec_token()
+    assert token
+    return task, token
+
+
 def test_kill_leaves_no_process_of_the_job(git_repo: Path, claude_bin: str,
                                            ray_cluster: RayCluster,
                                            endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
     node_dir = tmp_path / "node"
     fleet = make(endpoint, claude_bin, ray_cluster, node_dir)
     try:
-        (task,) = fleet.submit(TaskSpec(prompt="[script:daemon] wait", repo=git_repo,
-                                        host="cluster"))
-        drive(fleet, lambda: len(node_pids(node_dir, *SLEEPS)) == 2, timeout=120)
-        attempt = fleet.attempts(task.id)[-1]
-        assert attempt.dir is not None
-        token = AttemptLog(attempt.dir).spec_token()
-        assert token
+        task, token = _daemon_running(fleet, git_repo, node_dir)
         fleet.kill(task.id)
         done = fleet.get_task(task.id)
         assert done.state == TaskState.KILLED and done.verdict == "killed"
@@ -401,7 +408,8 @@ def test_kill_leaves_no_process_of_the_job(git_repo: Path, claude_bin: str,
         drive(fleet, lambda: jobs_of(ray_cluster, task.id)[0]["status"] == "STOPPED",
               timeout=30)
         assert job["submission_id"] == json.loads(
-            (Path(attempt.dir) / "ray.json").read_text())["submission_id"]
+            (Path(fleet.attempts(task.id)[-1].dir or "") / "ray.json").read_text()
+        )["submission_id"]
     finally:
         for pid in node_pids(node_dir, *SLEEPS):
             os.kill(pid, signal.SIGKILL)
@@ -704,13 +712,8 @@ def test_a_lost_node_loses_the_task_and_its_processes_end(
         assert fleet.get_task(ended.id).state == TaskState.SUCCEEDED
         first = fleet.attempts(ended.id)[-1]
         assert (Path(first.dir or "") / "session.tar").is_file()  # the transcripts came back
-        (task,) = fleet.submit(TaskSpec(prompt="[script:daemon] wait", repo=git_repo,
-                                        host="cluster"))
-        drive(fleet, lambda: len(node_pids(node_dir, *SLEEPS)) == 2, timeout=120)
-        attempt = fleet.attempts(task.id)[-1]
-        assert attempt.dir is not None
-        token = AttemptLog(attempt.dir).spec_token()
-        assert token and _token_holders(token)
+        task, token = _daemon_running(fleet, git_repo, node_dir)
+        assert _token_holders(token)
         old_node = node_of(ray_cluster, NODE_RESOURCE)
         raylet = ray_cluster.raylet_of(ray_cluster.procs[1])
         assert raylet is not None

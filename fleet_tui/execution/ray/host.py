@@ -458,20 +458,10 @@ class Follow:
         seq = int(head.get("seq") or 0)
         if seq < self._bundle_seq:
             return  # a replay of an older one
-        part = self.folder / (BRANCH_BUNDLE + ".part")
-        at, size = int(head["o"]), int(head["size"])
-        if at == 0:
-            part.unlink(missing_ok=True)
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            os.pwrite(fd, body, at)
-        finally:
-            os.close(fd)
-        if at + len(body) < size:
+        part = self._piece(BRANCH_BUNDLE, head, body)
+        if part is None:
             return
-        data = part.read_bytes()
-        if hashlib.sha256(data).hexdigest() != head.get("sha256"):
-            return
+        size = int(head["size"])
         if size:
             os.replace(part, self.folder / BRANCH_BUNDLE)
         else:
@@ -483,7 +473,15 @@ class Follow:
     def _session(self, head: dict[str, Any], body: bytes) -> None:
         """A piece of claude's transcripts (a tar); the whole one, its digest checked,
         replaces the last."""
-        part = self.folder / (SESSION_FILE + ".part")
+        part = self._piece(SESSION_FILE, head, body)
+        if part is not None:
+            os.replace(part, self.folder / SESSION_FILE)
+
+    def _piece(self, name: str, head: dict[str, Any], body: bytes) -> Path | None:
+        """A piece of a file the job sends in frames, written at its offset into
+        `name.part` (a piece at 0 starts it anew); the part once it is whole and its
+        digest matches, else None."""
+        part = self.folder / (name + ".part")
         at, size = int(head["o"]), int(head["size"])
         if at == 0:
             part.unlink(missing_ok=True)
@@ -492,9 +490,10 @@ class Follow:
             os.pwrite(fd, body, at)
         finally:
             os.close(fd)
-        if at + len(body) >= size \
-                and hashlib.sha256(part.read_bytes()).hexdigest() == head.get("sha256"):
-            os.replace(part, self.folder / SESSION_FILE)
+        if at + len(body) < size \
+                or hashlib.sha256(part.read_bytes()).hexdigest() != head.get("sha256"):
+            return None
+        return part
 
     def _lose(self, info: Any) -> None:
         """The job ended and its folder's end never came: lost (or failed before its runner
@@ -883,14 +882,7 @@ class RayHost(RemoteHost):
                                f"{done.stderr.strip()[-300:]}")
         finally:
             subprocess.run([*q, "update-ref", "-d", ref], check=False, capture_output=True)
-        prerequisites = []
-        with open(into, "rb") as fh:
-            for raw in fh:
-                if raw == b"\n":
-                    break
-                if raw.startswith(b"-"):
-                    prerequisites.append(raw[1:].split()[0].decode())
-        return {"bytes": into.stat().st_size, "prerequisites": prerequisites}
+        return {"bytes": into.stat().st_size, "prerequisites": job._prerequisites(into)}
 
     def _have(self, mirror: str, pin: str | None) -> list[str]:
         """The commits the node the job will run on holds in `mirror` (as its last job
