@@ -53,9 +53,10 @@ BENCHMARKS: dict[str, str] = {
     "gateway": "10. Gateway",
     "slots": "11. Request slots",
     "ssh": "12. SSH host",
+    "ray": "13. Ray host",
 }
 ORDER = ["parser", "launch", "diff", "engine", "endpoint", "gateway", "slots", "startup",
-         "panel", "memory", "serve", "ssh"]
+         "panel", "memory", "serve", "ssh", "ray"]
 HERE = Path(__file__).resolve().parent
 
 
