@@ -54,7 +54,7 @@ FIXED = {"diff.scroll": 3 * RUNS, "diff.bare_scroll": 3 * RUNS, "engine.worktree
          **{f"ray.{k}": 1 for k in (
              "job_mem_ratio", "job_cpu_ratio", "local_mem", "local_cpu", "ray_mem",
              "ray_cpu", "job_mem", "job_uss", "job_cpu", "job_threads", "local_job_mem",
-             "local_job_cpu")}}
+             "local_job_cpu", "client_mem")}}
 # Differences of two timings: these may be zero or negative; every other figure is a
 # duration, a rate, a size or a ratio, and must be above zero.
 SIGNED = {"launcher.added", "launcher.over_floor", "engine.overhead", "memory.delta",
