@@ -480,7 +480,7 @@ def _per_job(cluster: Cluster, benv: Any, smoke: bool, runs: int | None
     got: dict[str, list[float]] = {k: [] for k in (
         "mem_ratio", "cpu_ratio", "local_mem", "local_cpu", "ray_mem", "ray_cpu",
         "job_mem", "job_uss", "job_cpu", "job_threads", "local_job_mem", "local_job_cpu",
-        "client_mem")}
+        "client_mem", "local_job_threads")}
     repo = make_repo(benv.root / "repo-load")
     (benv.root / "capture-load").mkdir()
     claude = standin_claude.stream_wrapper(benv.root / "bin-load", RATE, RATE * 900,
@@ -508,9 +508,10 @@ def _per_job(cluster: Cluster, benv: Any, smoke: bool, runs: int | None
         got["job_mem"].append(mine["rss_mb"])
         got["job_uss"].append(mine["uss_mb"])
         got["job_cpu"].append(mine["cpu_pct"])
-        hi, lo = steps["ray"]["n"], steps["ray"]["one"]
-        got["job_threads"].append((hi["threads"] - lo["threads"])
-                                  / max(1, hi["workers"] - lo["workers"]))
+        for mode, key in (("ray", "job_threads"), ("local", "local_job_threads")):
+            hi, lo = steps[mode]["n"], steps[mode]["one"]
+            got[key].append((hi["threads"] - lo["threads"])
+                            / max(1, hi["workers"] - lo["workers"]))
         got["local_job_mem"].append(theirs["rss_mb"])
         got["local_job_cpu"].append(theirs["cpu_pct"])
     what = f"{n} workers at {RATE} events/s each, a {window:g} s window"
@@ -543,13 +544,16 @@ def _per_job(cluster: Cluster, benv: Any, smoke: bool, runs: int | None
                got["local_job_mem"]),
         Figure("ray.local_job_cpu", "CPU per local worker (marginal)", "% of a core",
                got["local_job_cpu"]),
+        Figure("ray.local_job_threads", "threads per local worker (marginal)", "threads",
+               got["local_job_threads"]),
     ]
     by = {f.key: f.median for f in figures}
     notes = [
         f"Per followed Ray job: {by['ray.job_mem']:.2f} MB RSS, {by['ray.job_cpu']:.2f} % "
         f"of a core, {by['ray.job_threads']:g} thread(s) (medians over {rounds} round(s) "
         "of the marginal cost, (step N − step 1) ÷ (N − 1); against a local worker's "
-        f"{by['ray.local_job_mem']:.2f} MB, {by['ray.local_job_cpu']:.2f} %). The Ray "
+        f"{by['ray.local_job_mem']:.2f} MB, {by['ray.local_job_cpu']:.2f} %, "
+        f"{by['ray.local_job_threads']:g} thread(s)). The Ray "
         f"host's own memory, idle: {by['ray.client_mem']:.1f} MB. The jobs ran "
         "anywhere on the cluster (no resources asked), each node on this machine: the "
         "node's own processes are not the controller's and are not counted.",
@@ -571,11 +575,12 @@ def unreaped_cpu() -> float:
 
 class Unreaped:
     """The CPU the kernel drops: a raylet ignores SIGCHLD, so a child of it that ends
-    before the cluster does (a job's supervisor, with its entrypoint, a worker) is reaped by
-    no one, and its CPU time reaches no one's children's times (those alive at the end are
-    adopted and reaped here: counted). Every 0.5 s each such child's CPU, its own and its
-    reaped children's, is read; a child gone since counts with its last reading (up to
-    0.5 s of it missed)."""
+    before the cluster does (a job's supervisor, with its entrypoint, the runner and claude
+    under it) is reaped by no one, and the CPU of that whole tree reaches no one's
+    children's times (the trees alive at the end are adopted and reaped here: counted).
+    Every 0.5 s each such tree's CPU is read (every live process's own and its reaped
+    children's); a tree gone since counts with its last reading (up to 0.5 s of it
+    missed)."""
 
     def __init__(self) -> None:
         self.last: dict[tuple[int, str], float] = {}
@@ -595,22 +600,45 @@ class Unreaped:
             pass
         return False
 
-    def sample(self) -> None:
-        from fleet_tui.system import procs
-
-        seen: dict[tuple[int, str], float] = {}
-        ignoring: dict[int, bool] = {}
-        for pid in procs.descendants(os.getpid()):
+    def _table(self) -> dict[int, tuple[int, str, float]]:
+        """Every live process: (ppid, starttime, CPU seconds with its reaped children's)."""
+        table: dict[int, tuple[int, str, float]] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
             try:
-                with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as fh:
                     fields = fh.read().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
-            ppid = int(fields[1])
+            if fields[0] in ("Z", "X"):
+                continue
+            table[int(name)] = (int(fields[1]), fields[19],
+                                sum(int(x) for x in fields[11:15]) / self.hz)
+        return table
+
+    def sample(self) -> None:
+        table = self._table()
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+
+        def tree(pid: int) -> list[int]:
+            found, frontier = [], [pid]
+            while frontier:
+                here = frontier.pop()
+                found.append(here)
+                frontier += children.get(here, [])
+            return found
+
+        ignoring: dict[int, bool] = {}
+        seen: dict[tuple[int, str], float] = {}
+        for pid in tree(os.getpid())[1:]:
+            ppid, start, _ = table[pid]
             if ppid not in ignoring:
                 ignoring[ppid] = self._ignores_sigchld(ppid)
-            if ignoring[ppid]:  # utime stime cutime cstime; starttime: the identity
-                seen[(pid, fields[19])] = sum(int(x) for x in fields[11:15]) / self.hz
+            if ignoring[ppid]:
+                seen[(pid, start)] = sum(table[p][2] for p in tree(pid))
         for key, cpu in self.last.items():
             if key not in seen:
                 self.gone += cpu

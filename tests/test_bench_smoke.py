@@ -54,7 +54,7 @@ FIXED = {"diff.scroll": 3 * RUNS, "diff.bare_scroll": 3 * RUNS, "engine.worktree
          **{f"ray.{k}": 1 for k in (
              "job_mem_ratio", "job_cpu_ratio", "local_mem", "local_cpu", "ray_mem",
              "ray_cpu", "job_mem", "job_uss", "job_cpu", "job_threads", "local_job_mem",
-             "local_job_cpu", "client_mem")}}
+             "local_job_cpu", "client_mem", "local_job_threads")}}
 # Differences of two timings: these may be zero or negative; every other figure is a
 # duration, a rate, a size or a ratio, and must be above zero.
 SIGNED = {"launcher.added", "launcher.over_floor", "engine.overhead", "memory.delta",
@@ -65,7 +65,7 @@ SIGNED = {"launcher.added", "launcher.over_floor", "engine.overhead", "memory.de
           "ssh.local_worker_mem", "ssh.local_worker_cpu", "ssh.local_cpu",
           # ray: the same, per followed job (threads: the difference of two counts)
           "ray.job_mem", "ray.job_uss", "ray.job_cpu", "ray.job_threads",
-          "ray.local_job_mem", "ray.local_job_cpu"}
+          "ray.local_job_mem", "ray.local_job_cpu", "ray.local_job_threads"}
 
 QUIET = LoadReading(before=0.1, after=0.2, others=0.02)
 
