@@ -247,6 +247,9 @@ def _engine_round(fleet: Any, repo: Path, node_dir: Path, count: int
             raise RuntimeError(f"the engine's task ended {done.state.value}: {done.message}")
         _wait(lambda: len(local.times) >= len(node.times) > 0, 30,
               "the local folder to hold the node's lines")
+    mine, theirs = here(), there()
+    if mine is None or theirs is None or mine.read_bytes() != theirs.read_bytes():
+        raise RuntimeError("the local events.jsonl is not byte-identical to the node's")
     if local.first_bytes is None:
         raise RuntimeError("no event reached the local attempt folder")
     if len(node.times) < count:
