@@ -68,13 +68,13 @@ JOB_TIMEOUT = 180.0
 # 1.14-2.13 at load 9 (the engine's job does more work on the node: a slow machine
 # stretches it more than Ray's own polling, which is most of the bare job's 3.0 s)
 FIRST_BUDGET = 4.0
-# node write → local folder, the engine's median ÷ the bare tail's: 0.77-1.02 quiet and at
+# node write → local folder, the engine's median ÷ the bare tail's: 0.76-1.02 quiet and at
 # load 9 (both wait on Ray's log tail, ~1 s at the median)
 LATENCY_BUDGET = 1.6
 WORKERS = 4
 LOAD_WINDOW = 6.0
-# the controller's RSS with N Ray jobs ÷ with N local workers: 1.91-1.93 quiet and loaded
-# (most of it the Ray host's own, ~44 MB idle: the figure ray.client_mem)
+# the controller's RSS with N Ray jobs ÷ with N local workers: 1.91-2.00 quiet and loaded
+# (most of it the Ray host's own, 44-48 MB idle: the figure ray.client_mem)
 MEM_BUDGET = 2.3
 # the same, CPU (% of a core): 0.67-0.92 quiet, 0.91-1.0 at load 9
 CPU_BUDGET = 3.0
