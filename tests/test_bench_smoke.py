@@ -13,10 +13,12 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 import sys
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,7 +48,13 @@ FIXED = {"diff.scroll": 3 * RUNS, "diff.bare_scroll": 3 * RUNS, "engine.worktree
          "engine.worktree": 3, "engine.worktree_bare": 3, "panel.key_idle": 4 * RUNS,
          "panel.key_loaded": None, "serve.key_frame": None, "serve.bare": None,
          "gateway.ttfb_ratio": None, "gateway.ttfb_through": None,
-         "gateway.ttfb_direct": None, "gateway.ttfb_added": None}
+         "gateway.ttfb_direct": None, "gateway.ttfb_added": None,
+         # ray: the controller per followed job is one round in a smoke run (each round
+         # is two controllers of their own following jobs on the cluster)
+         **{f"ray.{k}": 1 for k in (
+             "job_mem_ratio", "job_cpu_ratio", "local_mem", "local_cpu", "ray_mem",
+             "ray_cpu", "job_mem", "job_uss", "job_cpu", "job_threads", "local_job_mem",
+             "local_job_cpu", "client_mem", "local_job_threads")}}
 # Differences of two timings: these may be zero or negative; every other figure is a
 # duration, a rate, a size or a ratio, and must be above zero.
 SIGNED = {"launcher.added", "launcher.over_floor", "engine.overhead", "memory.delta",
@@ -54,7 +62,10 @@ SIGNED = {"launcher.added", "launcher.over_floor", "engine.overhead", "memory.de
           # ssh: per worker is a difference of two steps (CPU in 10 ms ticks over a short
           # smoke window: the local controller's may be no tick at all)
           "ssh.worker_mem", "ssh.worker_uss", "ssh.worker_ssh_uss", "ssh.worker_cpu",
-          "ssh.local_worker_mem", "ssh.local_worker_cpu", "ssh.local_cpu"}
+          "ssh.local_worker_mem", "ssh.local_worker_cpu", "ssh.local_cpu",
+          # ray: the same, per followed job (threads: the difference of two counts)
+          "ray.job_mem", "ray.job_uss", "ray.job_cpu", "ray.job_threads",
+          "ray.local_job_mem", "ray.local_job_cpu", "ray.local_job_threads"}
 
 QUIET = LoadReading(before=0.1, after=0.2, others=0.02)
 
@@ -63,8 +74,23 @@ def _prefix(name: str) -> str:
     return {"launch": "launcher."}.get(name, f"{name}.")
 
 
-@pytest.mark.parametrize("name", ORDER)
+def _smoke_param(name: str) -> Any:
+    if name == "ray":  # a local cluster of its own: with the Ray tests, one at a time
+        return pytest.param(name, marks=[pytest.mark.xdist_group("ray-host"),
+                                         pytest.mark.timeout(420)])
+    return name
+
+
+@pytest.mark.parametrize("name", [_smoke_param(n) for n in ORDER])
 def test_benchmark_smoke(name: str) -> None:
+    if name == "ray":
+        from ray_cluster import ray_missing
+
+        why = ray_missing()
+        if why is not None:  # the ray extra is optional; CI installs it
+            if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+                pytest.fail(why)
+            pytest.skip(why)
     module = importlib.import_module(f"bench.{name}")
     result = module.run(smoke=True, runs=RUNS)
     assert isinstance(result, BenchResult)
