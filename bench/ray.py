@@ -216,8 +216,7 @@ def _engine(cluster: Cluster, benv: Any, node_dir: Path, claude: Path
         "kill_grace": 2.0, "gateway": False})
     host = RayHost(name="bench", address=cluster.address, env=env,
                    resources={NODE_RESOURCE: 1}, python=sys.executable,
-                   data_dir=str(node_dir), key_env=KEY_VAR,
-                   key_variable="ANTHROPIC_AUTH_TOKEN")
+                   data_dir=str(node_dir), key_env=KEY_VAR)
     return Fleet(settings, Store(paths.db_path(env)), env=env, host=host), host
 
 
@@ -411,8 +410,7 @@ def child_main() -> None:
         from fleet_tui.execution.ray.host import RayHost
 
         host = RayHost(name="bench", address=args["address"], env=env,
-                       python=sys.executable, data_dir=args["node_dir"], key_env=KEY_VAR,
-                       key_variable="ANTHROPIC_AUTH_TOKEN")
+                       python=sys.executable, data_dir=args["node_dir"], key_env=KEY_VAR)
         host.client()  # before the idle step: the client exists in every step
     fleet = Fleet(settings, Store(paths.db_path()), env=env, host=host)
     stop = threading.Event()

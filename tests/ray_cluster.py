@@ -34,6 +34,10 @@ START_TIMEOUT = 120.0
 # the head's look at each node: every second instead of 3 s, so a node whose raylet dies
 # reads dead after ~5 failed looks (~6 s, not ~20 s), while a live node slowed by the
 # machine's load still has 5 s an answer and 5 looks in a row before it is given up
+# a key the cluster holds for its workers (a host's `key_env`), in every node's environment
+# as a cluster's admin provisions one: fleet-tui never sends it, the node's runner reads it
+NODE_KEY_VAR = "FLEET_TEST_NODE_KEY"
+NODE_KEY = "sk-test-held-by-the-nodes-5d1e"
 HEALTH_CHECK = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "5000",
                 "RAY_health_check_failure_threshold": "5"}
 
@@ -82,7 +86,8 @@ class RayCluster:
         env = {k: v for k, v in os.environ.items() if k in keep}
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
         env.update(HOME=str(self.home), RAY_USAGE_STATS_ENABLED="0",
-                   RAY_DISABLE_DOCKER_CPU_WARNING="1", **HEALTH_CHECK)
+                   RAY_DISABLE_DOCKER_CPU_WARNING="1", **HEALTH_CHECK,
+                   **{NODE_KEY_VAR: NODE_KEY})
         return env
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:

@@ -24,6 +24,7 @@ The figures they see go to the test's output (`-s`) and FLEET_RAY_FIGURES.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ray_cluster import NODE_RESOURCE, RayCluster, ray_missing
+from ray_cluster import NODE_KEY, NODE_KEY_VAR, NODE_RESOURCE, RayCluster, ray_missing
 from test_fleet import KEY, SCRIPTS, drive, settled
 
 from fleet_tui.core.errors import FleetRefused, WorkerFinished
@@ -132,16 +133,18 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
         yield ep
 
 
-def make(endpoint: Any, claude: str, cluster: Any, node_dir: Path,
+def make(endpoint: Any, claude: str, cluster: Any, node_dir: Path, *, host_lines: str = "",
          **overrides: Any) -> Fleet:
     """An engine whose config.toml names the cluster as the host `cluster` (its jobs
-    pinned to the second node); the gateway on: the cluster gets tokens, never the key."""
+    pinned to the second node); the gateway on: the cluster gets tokens, never the key.
+    `host_lines`: more of the host's table."""
     config = config_file_path(os.environ)
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(
         f'[hosts.cluster]\nray = "{cluster.address}"\n'
         f"resources = {{ {NODE_RESOURCE} = 1 }}\nmax_workers = 2\n"
-        f'data_dir = "{node_dir}"\npython = "{sys.executable}"\nclaude = "{claude}"\n')
+        f'data_dir = "{node_dir}"\npython = "{sys.executable}"\nclaude = "{claude}"\n'
+        + host_lines)
     values: dict[str, Any] = {
         "base_url": endpoint.url, "claude": claude, "sandbox": os.geteuid() == 0,
         "key_sources": "env", "backoff_base": 0.2, "backoff_cap": 1.0, "kill_grace": 2.0,
@@ -600,6 +603,32 @@ def test_a_node_that_lacks_what_its_bundle_needs_gets_it_whole(
     finally:
         control.stop(fleet.env)
         host.close()
+
+
+def test_a_key_the_cluster_holds_is_the_one_its_workers_use(
+        git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
+        endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    """`key_env` in config.toml: the nodes hold the key (an admin's secret in their
+    environment); the worker goes straight to its endpoint with that key, and nothing of
+    this machine's key goes with the job."""
+    node_dir = tmp_path / "node"
+    fleet = make(endpoint, claude_bin, ray_cluster, node_dir,
+                 host_lines=f'key_env = "{NODE_KEY_VAR}"\n')
+    try:
+        before = len(endpoint.requests)
+        (task,) = fleet.submit(TaskSpec(prompt="hello", repo=git_repo, host="cluster"))
+        drive(fleet, settled(fleet, task.id), timeout=120)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        mine = [r for r in endpoint.requests[before:] if r.path.startswith("/v1/messages")]
+        # the node's key on every request: not this machine's (which the gateway would put)
+        held = hashlib.sha256(NODE_KEY.encode()).hexdigest()
+        assert mine and {r.auth_sha256 for r in mine} == {held}
+        (job,) = jobs_of(ray_cluster, task.id)
+        assert KEY not in json.dumps(job) and NODE_KEY not in json.dumps(job)
+    finally:
+        control.stop(fleet.env)
+        ray_host(fleet).close()
 
 
 def test_the_key_never_reaches_the_cluster(git_repo: Path, claude_bin: str,

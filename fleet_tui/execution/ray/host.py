@@ -84,6 +84,7 @@ from fleet_tui.execution.ray import job
 from fleet_tui.execution.remote import LOOPBACK, RemoteHost, RemoteRun, update_result, write_at
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh.host import forwarded
+from fleet_tui.settings.endpoints import HANDED_KEY
 from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
 from fleet_tui.system.files import write_json_atomic
@@ -616,7 +617,7 @@ class RayHost(RemoteHost):
     def __init__(self, *, name: str, address: str, env: Mapping[str, str],
                  resources: Mapping[str, float] | None = None, python: str = "python3",
                  data_dir: str = DEFAULT_DATA_DIR, claude: str | None = None,
-                 key_env: str | None = None, key_variable: str = "ANTHROPIC_API_KEY",
+                 key_env: str | None = None, key_variable: str = HANDED_KEY,
                  gateway_host: str | None = None, num_cpus: float | None = None,
                  lease: float = LEASE) -> None:
         self.name = name

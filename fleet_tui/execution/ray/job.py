@@ -404,7 +404,7 @@ def start_runner(folder: AttemptLog, order: dict[str, Any]) -> subprocess.Popen[
         if not value:
             raise RuntimeError(f"the node has no {key_env} in its environment (the host's "
                                "key_env): the cluster's admin provisions it")
-        keys[str(order.get("key_variable") or "ANTHROPIC_API_KEY")] = value
+        keys[str(order.get("key_variable") or "ANTHROPIC_AUTH_TOKEN")] = value  # HANDED_KEY
     return agent.start_runner(folder, env, keys, RUNNER_START)
 
 
