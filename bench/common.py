@@ -688,3 +688,19 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
                   "stderr" for c in crashed]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def reap_adopted(timeout: float = 15.0) -> None:
+    """Wait (with a deadline) for the descendants this process adopted as a subreaper to
+    end, collecting each (its CPU time then counts in this process's children's), then
+    stop adopting."""
+    from fleet_tui.system import procs
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        procs.reap_children()
+        if not procs.descendants(os.getpid()):
+            break
+        time.sleep(0.05)
+    procs.reap_children()
+    procs.set_child_subreaper(False)

@@ -49,7 +49,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO_ROOT, BenchResult, Figure, bench_env, make_repo, quantile
+from bench.common import (
+    REPO_ROOT,
+    BenchResult,
+    Figure,
+    bench_env,
+    make_repo,
+    quantile,
+    reap_adopted,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -390,21 +398,13 @@ CHILD = "from bench.ray import child_main; child_main()"
 
 
 def child_main() -> None:
-    """A controller measuring itself (run by `_measure` in a process of its own)."""
+    """A controller measuring itself (run by `_measure` in a process of its own): bench
+    12's steps (bench/sshload.py) with a Ray host, or none."""
     from bench import sshload
-    from fleet_tui.engine.fleet import Fleet, TaskSpec
-    from fleet_tui.settings.config import load_settings
-    from fleet_tui.store.db import FINISHED_STATES, Store, TaskState
-    from fleet_tui.system import paths
 
     args = json.loads(sys.argv[1])
     env = dict(os.environ, ANTHROPIC_AUTH_TOKEN="sk-bench-ray-controller-not-a-key",
                CLAUDE_CODE_MAX_RETRIES="0")
-    n, window = int(args["n"]), float(args["window"])
-    settings = load_settings(env=env, overrides={
-        "base_url": "http://127.0.0.1:9", "claude": args["claude"], "key_sources": "env",
-        "sandbox": os.geteuid() == 0, "max_workers": n, "max_attempts": 1,
-        "kill_grace": 2.0, "gateway": False})
     host = None
     if args["mode"] == "ray":
         from fleet_tui.execution.ray.host import RayHost
@@ -412,50 +412,7 @@ def child_main() -> None:
         host = RayHost(name="bench", address=args["address"], env=env,
                        python=sys.executable, data_dir=args["node_dir"], key_env=KEY_VAR)
         host.client()  # before the idle step: the client exists in every step
-    fleet = Fleet(settings, Store(paths.db_path()), env=env, host=host)
-    stop = threading.Event()
-    loop = threading.Thread(target=fleet.run, args=(stop,), daemon=True)
-    loop.start()
-    repo = Path(args["repo"])
-    ids: list[str] = []
-
-    def streaming() -> bool:
-        for task_id in ids:
-            task = fleet.get_task(task_id)
-            if task.state in FINISHED_STATES:
-                raise RuntimeError(f"task {task_id} ended {task.state.value}: {task.message}")
-            attempts = fleet.attempts(task_id)
-            if task.state != TaskState.RUNNING or not attempts or not attempts[-1].events_offset:
-                return False
-        return True
-
-    steps: dict[str, Any] = {}
-    try:
-        time.sleep(1.0)  # the scheduler's first passes
-        steps["idle"] = sshload._window(window, None)
-        for name, more in (("one", 1), ("n", n - 1)):
-            if more:
-                ids += [t.id for t in fleet.submit(TaskSpec(prompt="stream", repo=repo),
-                                                   copies=more)]
-            _wait(streaming, JOB_TIMEOUT, f"{len(ids)} workers streaming")
-            time.sleep(1.0)  # past their start
-            steps[name] = sshload._window(window, None)
-            steps[name]["workers"] = len(ids)
-    finally:
-        for task_id in ids:
-            try:
-                fleet.kill(task_id)
-            except Exception as exc:  # reported, the others are killed still
-                print(f"kill {task_id}: {exc}", file=sys.stderr)
-        try:
-            _wait(lambda: all(fleet.get_task(i).state in FINISHED_STATES for i in ids), 60,
-                  "the workers' ends")
-        finally:
-            stop.set()
-            loop.join(timeout=30)
-            if host is not None:
-                host.close()
-    sys.stdout.write(json.dumps(steps) + "\n")
+    sshload.follow_steps(args, env, host, stream_timeout=JOB_TIMEOUT)
 
 
 def _measure(mode: str, n: int, window: float, env: dict[str, str], repo: Path,
@@ -661,21 +618,6 @@ class Unreaped:
 
 
 
-def _reap_adopted(timeout: float = 15.0) -> None:
-    """Wait (with a deadline) for the adopted processes to end, collecting each (its CPU
-    time then counts in this process's children's), then stop adopting."""
-    from fleet_tui.system import procs
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        procs.reap_children()
-        if not procs.descendants(os.getpid()):
-            break
-        time.sleep(0.05)
-    procs.reap_children()
-    procs.set_child_subreaper(False)
-
-
 def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
     from ray_cluster import ray_missing
 
@@ -705,7 +647,7 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
             with contextlib.suppress(Exception):
                 cluster.stop()
             if adopting:
-                _reap_adopted()
+                reap_adopted()
     notes.append(f"The cluster (a head and a second node, one CPU each) started in "
                  f"{took:.1f} s. Its processes that ended before it did (the raylet ignores "
                  f"SIGCHLD: no one reaps them) used {unreaped.gone:.1f} CPU-seconds, "

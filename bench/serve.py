@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchResult, Figure, bench_env, make_repo
+from bench.common import BenchResult, Figure, bench_env, make_repo, reap_adopted
 from fleet_tui.system import procs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -179,7 +179,7 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
         finally:
             driver.quit()
             if adopting:
-                _reap_adopted()
+                reap_adopted()
     met = "met" if _p99(panel) <= ISSUE_BUDGET_MS else "MISSED"
     return BenchResult("serve", "9. The panel in a browser", [
         Figure("serve.ratio", "browser key → frame p99, panel ÷ bare Textual app", "×",
@@ -192,19 +192,6 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
                per="press", stat="p99"),
     ], notes=["headless chromium over 127.0.0.1; a sample ends at the first animation "
               "frame after the page's terminal holds the answer"])
-
-
-def _reap_adopted(timeout: float = 15.0) -> None:
-    """Wait (with a deadline) for the descendants this process adopted to end, collecting
-    each (its CPU time then counts in this process's children's), then stop adopting."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        procs.reap_children()
-        if not procs.descendants(os.getpid()):
-            break
-        time.sleep(0.05)
-    procs.reap_children()
-    procs.set_child_subreaper(False)
 
 
 def _p99(values: list[float]) -> float:

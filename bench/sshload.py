@@ -105,17 +105,7 @@ def _wait(pred: Any, timeout: float, what: str) -> None:
 
 def child_main() -> None:
     args = json.loads(sys.argv[1])
-    from fleet_tui.engine.fleet import Fleet, TaskSpec
-    from fleet_tui.settings.config import load_settings
-    from fleet_tui.store.db import FINISHED_STATES, Store, TaskState
-    from fleet_tui.system import paths
-
     env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
-    n, window = int(args["n"]), float(args["window"])
-    settings = load_settings(env=env, overrides={
-        "base_url": "http://127.0.0.1:9", "claude": args["claude"], "key_sources": "env",
-        "sandbox": os.geteuid() == 0, "max_workers": n, "max_attempts": 1,
-        "kill_grace": 2.0, "gateway": False})
     host = None
     if args["mode"] == "ssh":
         from fleet_tui.execution.ssh.host import SshHost
@@ -123,6 +113,26 @@ def child_main() -> None:
         host = SshHost(name="bench", target=args["alias"], env=env, python="/usr/bin/python3",
                        ssh_config=args["ssh_config"], key_on_host=True)  # no gateway here
         host.install()  # before the idle step: the master exists in every step
+    follow_steps(args, env, host,
+                 master=lambda: host.connection.master_pid() if host is not None else None)
+
+
+def follow_steps(args: dict[str, Any], env: dict[str, str], host: Any, *,
+                 master: Any = lambda: None, stream_timeout: float = 120) -> None:
+    """The controller's steps (idle, one worker, n workers) on `host` (None: here), each
+    measured over `args["window"]` s once its workers stream (`master`: the pid of a
+    process of the host's to count with the controller's own, or None); printed as one
+    JSON line. The workers are killed at the end."""
+    from fleet_tui.engine.fleet import Fleet, TaskSpec
+    from fleet_tui.settings.config import load_settings
+    from fleet_tui.store.db import FINISHED_STATES, Store, TaskState
+    from fleet_tui.system import paths
+
+    n, window = int(args["n"]), float(args["window"])
+    settings = load_settings(env=env, overrides={
+        "base_url": "http://127.0.0.1:9", "claude": args["claude"], "key_sources": "env",
+        "sandbox": os.geteuid() == 0, "max_workers": n, "max_attempts": 1,
+        "kill_grace": 2.0, "gateway": False})
     fleet = Fleet(settings, Store(paths.db_path()), env=env,
                   **({"host": host} if host is not None else {}))
     stop = threading.Event()
@@ -141,9 +151,6 @@ def child_main() -> None:
                 return False
         return True
 
-    def master() -> int | None:
-        return host.connection.master_pid() if host is not None else None
-
     steps: dict[str, Any] = {}
     try:
         time.sleep(1.0)  # the scheduler's first passes
@@ -152,7 +159,7 @@ def child_main() -> None:
             if more:
                 ids += [t.id for t in fleet.submit(TaskSpec(prompt="stream", repo=repo),
                                                    copies=more)]
-            _wait(streaming, 120, f"{len(ids)} workers streaming")
+            _wait(streaming, stream_timeout, f"{len(ids)} workers streaming")
             time.sleep(1.0)  # past their start
             steps[name] = _window(window, master())
             steps[name]["workers"] = len(ids)
