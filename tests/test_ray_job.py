@@ -119,15 +119,15 @@ def test_abort_goes_back_to_the_tip_and_refuses_a_concluded_update(
     # the update job's own step: the worker's work committed first, then stopped mid-merge
     said = agent._update(str(worktree), other, "merge", "update", [])
     assert said["status"] == "conflicts" and said["committed"]
-    assert job.abort(str(worktree), ["f.txt"]) == {"aborted": "merge", "restored": True,
-                                                   "head": tip}
+    assert agent._abort_update(str(worktree), ["f.txt"]) == {
+        "aborted": "merge", "restored": True, "head": tip}
     assert git(worktree, "status", "--porcelain") == "?? wip.txt"  # as it was
     (worktree / "wip.txt").unlink()
     # concluded by hand with the markers in: a commit, nothing to abort
     subprocess.run(["git", "-C", str(worktree), "merge", "--no-edit", other],
                    capture_output=True, check=False)
     git(worktree, "commit", "-q", "-am", "concluded")
-    said = job.abort(str(worktree), ["f.txt"])
+    said = agent._abort_update(str(worktree), ["f.txt"])
     assert "concluded with conflict markers still in f.txt" in str(said["error"])
 
 

@@ -136,6 +136,12 @@ class Frames(io.RawIOBase):
             self.send(head, body)
         return len(raw)
 
+    def send_file(self, head: dict[str, Any], body: bytes, digest: str | None = None) -> None:
+        """`body` whole, as frames of PIECE bytes at their offsets, each with the size and
+        sha256 of the whole (the controller puts them together and checks it)."""
+        self.send(dict(head, o=0, size=len(body),
+                       sha256=digest or hashlib.sha256(body).hexdigest()), body)
+
     def send(self, head: dict[str, Any], body: bytes = b"") -> None:
         lines = []
         if "o" in head and len(body) > PIECE:
@@ -360,9 +366,7 @@ def send_session(frames: Frames, config_dir: str) -> None:
         archive.add(projects, arcname="projects")
     body = buf.getvalue()
     digest = hashlib.sha256(body).hexdigest()
-    for i in range(0, max(len(body), 1), PIECE):
-        frames.send({"session": digest, "o": i, "size": len(body), "sha256": digest},
-                    body[i:i + PIECE])
+    frames.send_file({"session": digest}, body, digest)
 
 
 def stage(order: dict[str, Any], here: Path) -> AttemptLog:
@@ -486,10 +490,7 @@ class Branch:
                              + done.stderr.decode("utf-8", "replace").strip()[-300:])
                         return
                     body = path.read_bytes()
-            digest = hashlib.sha256(body).hexdigest()
-            for i in range(0, max(len(body), 1), PIECE):
-                self.frames.send({"bundle": tip, "o": i, "size": len(body),
-                                  "sha256": digest}, body[i:i + PIECE])
+            self.frames.send_file({"bundle": tip}, body)
             self.sent = tip
 
 
@@ -651,7 +652,8 @@ def run_update(order: dict[str, Any], here: Path) -> int:
     if not Path(worktree).is_dir():
         _quiet(agent.cmd_worktree, mirror, worktree, branch, order["base"], "reattach")
     if order.get("abort"):
-        frames.send({"update": abort(worktree, order.get("conflicted") or [])})
+        frames.send({"update": agent._abort_update(worktree,
+                                                  order.get("conflicted") or [])})
         return 0
     ident = order.get("identity") or {}
     agent._ident(str(ident.get("name") or ""), str(ident.get("email") or ""))
@@ -665,28 +667,6 @@ def run_update(order: dict[str, Any], here: Path) -> int:
         Branch(frames, order).send()
         mirror_tips(frames, mirror)
     return 0
-
-
-def abort(worktree: str, conflicted: list[str]) -> dict[str, Any]:
-    """The merge or rebase an update stopped on undone, as the SSH agent's `abort-update`
-    does (`git merge --abort`, then the HEAD and index of before the update put back from
-    its record: the worktree at the task's tip, the worker's uncommitted work as it was);
-    refused when the update was concluded with conflict markers still in (a commit,
-    nothing to abort)."""
-    try:
-        operation = agent._operation(worktree)
-        marked = agent._with_markers(worktree, conflicted) if operation is None else []
-        if marked:
-            return {"error": "the update was concluded with conflict markers still in "
-                             f"{', '.join(marked)}: there is nothing to abort; resolve them "
-                             "there (or let its worker: update --resolve worker)"}
-        if operation is not None:
-            agent._git("-C", worktree, operation, "--abort")
-        restored = agent._restore_record(worktree)
-        return {"aborted": operation, "restored": restored,
-                "head": agent._git("-C", worktree, "rev-parse", "HEAD")}
-    except RuntimeError as exc:
-        return {"error": str(exc)}
 
 
 def main(argv: list[str] | None = None) -> int:

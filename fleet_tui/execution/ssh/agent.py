@@ -526,26 +526,33 @@ def cmd_update(path: str, base: str, strategy: str, message: str, name: str,
     return 0
 
 
-def cmd_abort_update(path: str) -> int:
-    order = _stdin_json() or {}
+def _abort_update(path: str, conflicted: list[str]) -> dict[str, Any]:
+    """The merge or rebase an update stopped on undone (`git merge --abort`), then the HEAD
+    and index of before the update put back from its record: the worktree at the task's
+    tip, the worker's uncommitted work as it was. {"error": ...} when the update was
+    concluded with conflict markers still in (a commit, nothing to abort) or git failed.
+    A Ray node's abort job runs it too."""
     try:
         operation = _operation(path)
-        marked = _with_markers(path, order.get("conflicted") or []) if operation is None \
-            else []
+        marked = _with_markers(path, conflicted) if operation is None else []
         if marked:  # concluded with the markers in: a commit, not an update to abort
-            _answer({"error": "the update was concluded with conflict markers still in "
-                              f"{', '.join(marked)}: there is nothing to abort; resolve them "
-                              "there (or let its worker: update --resolve worker)"})
-            return 1
+            return {"error": "the update was concluded with conflict markers still in "
+                             f"{', '.join(marked)}: there is nothing to abort; resolve them "
+                             "there (or let its worker: update --resolve worker)"}
         if operation is not None:
             _git("-C", path, operation, "--abort")
         restored = _restore_record(path)
-        _answer({"aborted": operation, "restored": restored,
-                 "head": _git("-C", path, "rev-parse", "HEAD")})
+        return {"aborted": operation, "restored": restored,
+                "head": _git("-C", path, "rev-parse", "HEAD")}
     except RuntimeError as exc:
-        _answer({"error": str(exc)})
-        return 1
-    return 0
+        return {"error": str(exc)}
+
+
+def cmd_abort_update(path: str) -> int:
+    order = _stdin_json() or {}
+    answer = _abort_update(path, order.get("conflicted") or [])
+    _answer(answer)
+    return 1 if "error" in answer else 0
 
 
 # --- following: the attempt folder streamed by offset ----------------------------------------
