@@ -73,11 +73,15 @@ def test_a_start_time_recorded_in_either_form_names_the_same_process() -> None:
         proc.wait()
 
 
-def test_the_portable_path_has_no_linux_extras(procs_mode: str) -> None:
+def test_the_portable_path_has_no_linux_extras(procs_mode: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Off Linux there is no subreaper and no parent-death signal: the calls say so (False)
-    and do nothing, and the runner's and the engine's sweeps by token take their place."""
+    and do nothing, and the runner's and the engine's sweeps by token take their place.
+    From a process that has not loaded libc yet: an earlier test of the same pytest
+    worker on the Linux path (bench 9's or 13's smoke adopts its processes) loads it."""
     if procs_mode != "portable":
         pytest.skip("the Linux path has them")
+    monkeypatch.setattr(procs, "_LIBC", [])
     assert procs.set_child_subreaper() is False
     assert procs.set_parent_death_signal(signal.SIGKILL) is False
     procs.preload_libc()
