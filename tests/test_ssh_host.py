@@ -500,3 +500,34 @@ def test_a_restarted_engine_sweeps_what_was_lost_before(
             os.kill(pid, signal.SIGKILL)
         for each in hosts:
             each.close()
+
+
+def test_a_forwarded_port_is_the_hosts_127_0_0_1_never_only_its_ipv6_loopback(
+        host_sshd: sshd.Sshd) -> None:
+    """Workers on the host ask 127.0.0.1:PORT. A port another server holds on the host's
+    127.0.0.1 (free on ::1) is refused as a forward, not taken on ::1 alone (sshd bound
+    every loopback address it could and said yes: the worker then reached that server,
+    a 404 for its model in CI); a port the host picks is its 127.0.0.1's."""
+    import socket
+
+    from ssh_support import master
+
+    connection = master(host_sshd)
+    other = socket.socket()
+    try:
+        connection.run("true")
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        held = other.getsockname()[1]
+        with pytest.raises(SshError):
+            connection.forward_remote(9, held)
+        picked = connection.forward_remote(9)
+        probe = socket.socket()
+        try:  # bound by the host's sshd on 127.0.0.1: not free there
+            with pytest.raises(OSError):
+                probe.bind(("127.0.0.1", picked))
+        finally:
+            probe.close()
+    finally:
+        other.close()
+        connection.close()

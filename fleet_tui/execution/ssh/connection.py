@@ -139,8 +139,12 @@ class Connection:
 
     def forward_remote(self, local_port: int, remote_port: int = 0) -> int:
         """A port on the host's loopback forwarded to `local_port` here (-R over the
-        master; 0: the host picks it): the port."""
-        done = self.control("forward", "-R", f"{remote_port}:127.0.0.1:{local_port}")
+        master; 0: the host picks it): the port. Bound on 127.0.0.1 by name: without a
+        bind address sshd binds every loopback address and reports success when only ::1
+        was free, so the workers' 127.0.0.1:PORT reached whatever else listened there
+        (seen in CI: another server's 404 for the worker's model)."""
+        done = self.control("forward", "-R",
+                            f"127.0.0.1:{remote_port}:127.0.0.1:{local_port}")
         out = done.stdout.decode().strip()
         if done.returncode != 0 or (remote_port == 0 and not out.isdigit()):
             raise SshError(f"{self.target}: cannot forward a port to this machine: "
