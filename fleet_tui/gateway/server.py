@@ -39,6 +39,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,8 @@ HANDOVER_MAX = 60_000  # what a handover may weigh (system.spawn.HANDOVER_LIMIT'
 STATUS_EVERY = 0.2  # seconds between two writes of status.json (when something changed)
 MAILBOX_PATH = "/fleet/mailbox"  # a remote worker's messages (execution/mailbox.py)
 MAILBOX_POLL = 0.1  # seconds between two looks at a mailbox while a fetch waits
+KEY_WAIT = 15.0  # seconds a request waits for the process owning its route to hand its key
+WATCH_EVERY = 0.5  # seconds between two looks at the runners of the attempts with a token
 
 log = logging.getLogger("fleet_tui.gateway")
 
@@ -147,12 +150,16 @@ class Gateway:
         self.store = store
         self.settings = settings  # budgets and prices (None: neither is applied)
         self.meter = Meter(store)
-        self.routes = routes
-        self._keys = keys
+        # each endpoint's latest route by name (its slots, and a token minted without a
+        # route), every route by id (Route.id), and the keys by route id
+        self.routes: dict[str, Route] = {}
+        self.by_id: dict[str, Route] = {}
+        self._keys: dict[str, str] = {}
         self.folder = folder
         self.clock = clock
-        self.slots = {name: Slots(r.max_requests) for name, r in routes.items()}
-        self.counters = {name: Counters() for name in routes}
+        self.slots: dict[str, Slots] = {}
+        self.counters: dict[str, Counters] = {}
+        self.attach(routes.values(), keys)
         self.started = time.time()
         self.port = 0
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gateway-store")
@@ -160,29 +167,98 @@ class Gateway:
         self._changed = True
         self.handed_at = self.started  # when its endpoints and keys were last handed over
 
-    def replace(self, routes: dict[str, Route], keys: dict[str, str]) -> bool:
-        """The endpoints and keys an engine handed over again (a key set, a key_env's
-        value or an endpoint changed): both replaced whole, so that no key outlives the
-        handover that brought it (a handover with other base URLs carries its own keys, or
-        none). A request waiting for a slot goes on with the new key; the slots of an
-        endpoint kept are resized, those in flight on one dropped finish as they were.
-        True when anything changed."""
-        if routes == self.routes and keys == self._keys:
-            return False
-        for name, route in routes.items():
-            if name in self.slots:
-                self.slots[name].resize(route.max_requests)
-            else:
-                self.slots[name] = Slots(route.max_requests)
-                self.counters[name] = Counters()
-        for name in set(self.slots) - set(routes):
-            del self.slots[name]
-            del self.counters[name]
-        self.routes = routes
-        self._keys = keys
-        self.handed_at = time.time()
-        self._changed = True
-        return True
+    def attach(self, routes: Iterable[Route], keys: Mapping[str, str]) -> bool:
+        """Routes and keys an engine handed over (at an attempt's start, or again for its
+        running attempts): the routes are added, and the keys of routes handed now or
+        before replaced (a `key set` reaches the running workers of that route). Nothing
+        is dropped for a handover's sake: a route is fixed for its attempts' lives, so a
+        process that handed other routes (another shell's key or base URL) changes none of
+        them; a route's key goes once no live token maps to it (`prune`). A key given
+        under an endpoint's name is the key of the route of that name handed with it.
+        The slots of an endpoint follow its latest route's max_requests. True when
+        anything changed."""
+        routes = list(routes)
+        changed = False
+        for route in routes:
+            if self.by_id.get(route.id) != route or self.routes.get(route.name) != route:
+                changed = True
+            self.by_id[route.id] = route
+            self._adopt(route)
+        named = {r.name: r.id for r in routes}
+        for ident, key in keys.items():
+            ident = ident if ident in self.by_id else named.get(ident, ident)
+            if ident in self.by_id and key and self._keys.get(ident) != key:
+                self._keys[ident] = key
+                changed = True
+        if changed:
+            self.handed_at = time.time()
+            self._changed = True
+        return changed
+
+    def _adopt(self, route: Route) -> None:
+        """The endpoint of `route` served from now (its slots sized by it)."""
+        self.routes[route.name] = route
+        if route.name in self.slots:
+            self.slots[route.name].resize(route.max_requests)
+        else:
+            self.slots[route.name] = Slots(route.max_requests)
+            self.counters[route.name] = Counters()
+
+    def _route_of(self, info: TokenInfo | None, name: str) -> Route | None:
+        """The route a token maps to (recorded with it when its attempt started: learned
+        from the store by a gateway started since), else the endpoint's latest one."""
+        record = info.route if info is not None else None
+        if record is not None:
+            try:
+                route = Route.from_record(record)
+            except (KeyError, TypeError, ValueError):
+                route = None
+            if route is not None and route.name == name:
+                found = self.by_id.get(route.id)
+                if found is None:
+                    self.by_id[route.id] = found = route
+                    if name not in self.routes:
+                        self._adopt(route)
+                return found
+        return self.routes.get(name)
+
+    async def _await_key(self, route: Route) -> str | None:
+        """None once the route's key is held, else why it cannot be. A keyring key (the
+        fleet's) the gateway reads itself; a key of a process's environment is that
+        process's to hand over (its engine does on its next pass, KEY_WAIT at most) while it
+        lives; never another process's value."""
+        if self._keys.get(route.id):
+            return None
+        if route.keyring is not None:
+            value, reason = await self._in_pool(_read_keyring, *route.keyring)
+            if value:
+                self._keys[route.id] = value
+                return None
+            return (f"the fleet-tui gateway has no key for endpoint {route.name!r}: "
+                    f"{route.source or 'its keyring entry'}: {reason}; set it (`fleet-tui key "
+                    "set`), then retry the task")
+        owner = route.owner_pid()
+        deadline = time.monotonic() + KEY_WAIT
+        while not self._keys.get(route.id):
+            alive = owner is not None and procs.is_alive(*owner)
+            if not alive or time.monotonic() > deadline:
+                where = route.source or "its key"
+                who = (f"the fleet-tui process that started the attempt (pid {owner[0]})"
+                       if owner is not None else "the process that started the attempt")
+                return (f"the fleet-tui gateway does not hold the key of endpoint "
+                        f"{route.name!r} for this attempt: it came from {where} of {who}, "
+                        + ("which has ended" if not alive else "which did not hand it over")
+                        + f"; retry the task from a fleet-tui where {where} is set, or keep "
+                        "the key in the keyring (`fleet-tui key set`)")
+            await asyncio.sleep(0.05)
+        return None
+
+    def prune(self, live: set[str]) -> None:
+        """Forget the keys of routes no live token maps to any more (their attempts
+        ended); a route handed without a token-borne id (an endpoint's latest) stays."""
+        for ident in [i for i in self._keys if i not in live
+                      and self.routes.get(self.by_id[i].name) != self.by_id[i]]:
+            del self._keys[ident]
 
     # --- the store, off the event loop ------------------------------------------------------
 
@@ -275,6 +351,9 @@ class Gateway:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["endpoint"]
         route = self.routes.get(name)
+        if route is None:  # a gateway started since: the token's route, from the store
+            token = token_of(request)
+            route = self._route_of(self.meter.check(token) if token else None, name)
         if route is None:
             return _error(404, "not_found_error",
                           f"the fleet-tui gateway has no endpoint {name!r} (known: "
@@ -297,9 +376,13 @@ class Gateway:
             self._changed = True
             return _error(401, "authentication_error", refusal)
         assert info is not None
+        route = self._route_of(info, name) or route  # the attempt's own, for its life
         gated = gate_answer(state, self.clock())
         if gated is not None:
             return self._gated(counters, gated)
+        missing = await self._await_key(route)
+        if missing is not None:
+            return self._gated(counters, self._stop_attempt(info, missing))
         over = self._over_budget(info, name)
         if over is not None:
             return self._gated(counters, _error(403, "permission_error", over))
@@ -334,6 +417,43 @@ class Gateway:
                     counters.held += time.monotonic() - took
         finally:
             counters.waiting_since.pop(waiter, None)
+
+    def _stop_attempt(self, info: TokenInfo, why: str) -> web.Response:
+        """The attempt cannot go on through the gateway: its stop asked for, with `why` as
+        its verdict's words (not a refusal of the provider's: no endpoint is held for it),
+        and the gateway's own answer, not to be retried."""
+        if info.attempt_id is not None:
+            try:
+                folder = self.store.get_attempt(info.attempt_id).dir
+                if folder is not None:  # the first reason asked stands
+                    AttemptLog(folder).request_stop(StopReason.ERROR, why, at=self.clock(),
+                                                    by="gateway")
+            except Exception as exc:
+                log.warning("could not mark an attempt stopped: %s", type(exc).__name__)
+        return _error(403, "permission_error", why)
+
+    def watch_attempts(self) -> int:
+        """Revoke the tokens of attempts that have ended: finished in the store, or their
+        runner on this machine gone (its attempt folder's lock no longer held: an exit or a
+        SIGKILL), with no engine needed; and forget the keys no live token needs. The
+        number of attempts whose tokens were revoked."""
+        ended: list[int] = []
+        live: set[str] = set()
+        for attempt_id, route in self.meter.live_attempts():
+            try:
+                attempt = self.store.get_attempt(attempt_id)
+            except StoreError:
+                attempt = None
+            if attempt is None or attempt.finished_at is not None \
+                    or _runner_gone(attempt):
+                ended.append(attempt_id)
+            elif route is not None and "id" in route:
+                live.add(str(route["id"]))
+        if ended:
+            self.meter.revoke(attempt_ids=ended)
+            log.info("revoked the tokens of %d ended attempt(s)", len(ended))
+        self.prune(live)
+        return len(ended)
 
     def _over_budget(self, info: TokenInfo, name: str) -> str | None:
         """The task's budget met: nothing more goes upstream for it, and its attempt is
@@ -388,7 +508,7 @@ class Gateway:
                        counters: Counters) -> web.StreamResponse:
         assert self._session is not None
         # the route and its key of one handover (one may have come while it waited)
-        current = self.routes.get(route.name)
+        current = self.by_id.get(route.id)
         if current is None:
             counters.failed += 1
             return _error(404, "not_found_error", f"the fleet-tui gateway no longer has "
@@ -399,12 +519,11 @@ class Gateway:
         if request.query_string:
             url += "?" + request.query_string
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _UP_DROP]
-        key = self._keys.get(route.name)
-        if not key:
+        key = self._keys.get(route.id)
+        if not key:  # pruned while it waited: the attempt ended
             counters.failed += 1
-            return _error(503, "api_error", f"the fleet-tui gateway holds no key for endpoint "
-                          f"{route.name!r} (its key_env or key_keyring gave none; once it "
-                          "is set, the next worker's start hands it over)")
+            return _error(401, "authentication_error", "this gateway token's attempt has "
+                          "ended: its key is no longer held")
         headers += [("x-api-key", key), ("Authorization", f"Bearer {key}")]
         streamed = b'"stream"' in body[:4096] or b'"stream": true' in body
         reader = UsageReader(streamed=streamed)
@@ -492,6 +611,36 @@ class Gateway:
             await asyncio.sleep(STATUS_EVERY)
 
 
+def _runner_gone(attempt: Any) -> bool:
+    """Has the runner of this machine's attempt ended (its folder's lock not held, once it
+    had one)? Another host's runner is its engine's to judge."""
+    if attempt.host != "local" or attempt.dir is None:
+        return False
+    folder = AttemptLog(attempt.dir)
+    held = folder.lock_held()
+    if held is None:  # no lock file yet: the attempt is being staged
+        return False
+    return not held and (attempt.runner_pid is not None or folder.has_run())
+
+
+def _read_keyring(service: str, entry: str) -> tuple[str | None, str]:
+    """A keyring entry (the fleet's shared key), as a runner reads it."""
+    from fleet_tui.execution.local.launcher import read_keyring
+
+    value, reason = read_keyring(service, entry)
+    return (value.strip() if value else None), reason
+
+
+async def watch_attempts(gateway: Gateway) -> None:
+    """Every WATCH_EVERY s: the tokens of ended attempts revoked (Gateway.watch_attempts)."""
+    while True:
+        try:
+            await gateway._in_pool(gateway.watch_attempts)
+        except Exception as exc:  # the store busy for a moment: the next look
+            log.warning("could not look at the attempts: %s", type(exc).__name__)
+        await asyncio.sleep(WATCH_EVERY)
+
+
 IDLE_ENV = "FLEET_TUI_GATEWAY_IDLE"
 IDLE_EXIT = 120.0  # seconds with no live token and nothing in flight: the gateway exits
 
@@ -542,7 +691,7 @@ def parse_handover(data: bytes) -> tuple[dict[str, Route], dict[str, str]]:
     found = json.loads(data or b"{}")
     if not isinstance(found, dict):
         raise ValueError("the handover is not a JSON object")
-    routes = {r["name"]: Route.from_record(r) for r in found.get("routes", [])}
+    routes = {(route := Route.from_record(r)).id: route for r in found.get("routes", [])}
     keys = {str(k): str(v) for k, v in dict(found.get("keys", {})).items()}
     return routes, keys
 
@@ -592,7 +741,7 @@ async def _control(gateway: Gateway, reader: asyncio.StreamReader,
             answer = {"ok": False, "error": "not this user's"}
         else:
             routes, keys = parse_handover(await asyncio.wait_for(_read_all(reader), 10))
-            changed = gateway.replace(routes, keys)
+            changed = gateway.attach(routes.values(), keys)
             if changed:
                 gateway.settings = await gateway._in_pool(_settings)
                 log.info("endpoints and keys handed over again: %s", ", ".join(sorted(routes)))
@@ -656,11 +805,13 @@ async def _serve(gateway: Gateway, sock: socket.socket, control_sock: socket.soc
     control = await asyncio.start_unix_server(
         lambda r, w: _control(gateway, r, w), sock=control_sock)
     status_task = asyncio.create_task(gateway.keep_status())
+    watch_task = asyncio.create_task(watch_attempts(gateway))
     idle_task = asyncio.create_task(watch_idle(gateway, stop, idle_exit()))
     try:
         await stop.wait()
     finally:
         status_task.cancel()
+        watch_task.cancel()
         idle_task.cancel()
         control.close()
         await runner.cleanup()

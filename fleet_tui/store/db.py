@@ -496,11 +496,21 @@ CREATE TABLE IF NOT EXISTS viewed_files (
 """
 
 
+# the route an attempt's gateway token maps to (gateway/routes.py, a JSON record: endpoint,
+# base URL, where its key comes from; never the key): fixed when the attempt starts, so that
+# no other fleet-tui process re-points a running worker. Done again over a store that has
+# it, it changes nothing.
+def _token_route(conn: sqlite3.Connection) -> None:
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(gateway_tokens)")}
+    if "route" not in columns:
+        conn.execute("ALTER TABLE gateway_tokens ADD COLUMN route TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS),
     _script(_V5_READY), _script(_V6_HOSTS), _script(_V7_GATEWAY),
     _script(_V8_ENDPOINT_NAMES), _script(_REVIEW_COMMENTS), _task_host,
-    _script(_LOST_ATTEMPTS), _script(_VIEWED_FILES)]
+    _script(_LOST_ATTEMPTS), _script(_VIEWED_FILES), _token_route]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error", "row_damaged"}

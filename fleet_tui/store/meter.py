@@ -10,10 +10,12 @@ its cost in USD when the price table knows the model (None when it does not)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from fleet_tui.store.db import Store
 
@@ -34,6 +36,9 @@ class TokenInfo:
     endpoint: str
     created_at: float
     revoked_at: float | None
+    # the route fixed when its attempt started (gateway.routes.Route.to_record; no key),
+    # None for a token minted without one
+    route: dict[str, Any] | None = None
 
     @property
     def valid(self) -> bool:
@@ -104,6 +109,16 @@ def usage_filter(*, since: float | None = None, endpoint: str | None = None,
     return (" WHERE " + " AND ".join(where) if where else ""), args
 
 
+def _route(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 class Meter:
     """The tokens and the meter of one store."""
 
@@ -113,15 +128,17 @@ class Meter:
     # --- tokens ---------------------------------------------------------------------------
 
     def mint(self, task_id: str, attempt_id: int | None, endpoint: str,
-             now: float | None = None) -> str:
-        """A new token for an attempt; only its hash is stored."""
+             now: float | None = None, *, route: dict[str, Any] | None = None) -> str:
+        """A new token for an attempt; only its hash is stored, with the route it maps to
+        for the attempt's life (`route`: a record without a key)."""
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self.store.transaction() as conn:
             conn.execute(
                 "INSERT INTO gateway_tokens (token_hash, task_id, attempt_id, endpoint, "
-                "created_at) VALUES (?, ?, ?, ?, ?)",
+                "created_at, route) VALUES (?, ?, ?, ?, ?, ?)",
                 (token_hash(token), task_id, attempt_id, endpoint,
-                 time.time() if now is None else now))
+                 time.time() if now is None else now,
+                 None if route is None else json.dumps(route, sort_keys=True)))
         return token
 
     def bind(self, token: str, attempt_id: int) -> None:
@@ -136,12 +153,12 @@ class Meter:
         if not token.startswith(TOKEN_PREFIX):
             return None
         row = self.store._connect().execute(
-            "SELECT task_id, attempt_id, endpoint, created_at, revoked_at "
+            "SELECT task_id, attempt_id, endpoint, created_at, revoked_at, route "
             "FROM gateway_tokens WHERE token_hash = ?", (token_hash(token),)).fetchone()
         if row is None:
             return None
         return TokenInfo(str(row["task_id"]), row["attempt_id"], str(row["endpoint"]),
-                         float(row["created_at"]), row["revoked_at"])
+                         float(row["created_at"]), row["revoked_at"], _route(row["route"]))
 
     def revoke(self, *, attempt_ids: Iterable[int] = (), task_ids: Iterable[str] = (),
                token: str | None = None, now: float | None = None) -> int:
@@ -169,6 +186,22 @@ class Meter:
         return self.store._connect().execute(
             "SELECT 1 FROM gateway_tokens WHERE revoked_at IS NULL LIMIT 1").fetchone() \
             is not None
+
+    def live_attempts(self) -> list[tuple[int, dict[str, Any] | None]]:
+        """The attempts with a token not revoked, and each one's route (the gateway's
+        watch: a token dies with its attempt's runner)."""
+        rows = self.store._connect().execute(
+            "SELECT attempt_id, route FROM gateway_tokens WHERE revoked_at IS NULL "
+            "AND attempt_id IS NOT NULL").fetchall()
+        return [(int(r["attempt_id"]), _route(r["route"])) for r in rows]
+
+    def live_routes(self) -> set[str]:
+        """The ids of the routes a token not revoked maps to."""
+        rows = self.store._connect().execute(
+            "SELECT route FROM gateway_tokens WHERE revoked_at IS NULL AND route IS NOT NULL"
+        ).fetchall()
+        return {str(found["id"]) for r in rows
+                if (found := _route(r["route"])) is not None and "id" in found}
 
     # --- the meter ------------------------------------------------------------------------
 
