@@ -442,10 +442,10 @@ class Gateway:
         for attempt_id, route in self.meter.live_attempts():
             try:
                 attempt = self.store.get_attempt(attempt_id)
-            except StoreError:
+            except StoreError:  # no row (a token of another kind of caller): its minter's
                 attempt = None
-            if attempt is None or attempt.finished_at is not None \
-                    or _runner_gone(attempt):
+            if attempt is not None and (attempt.finished_at is not None
+                                        or _runner_gone(attempt)):
                 ended.append(attempt_id)
             elif route is not None and "id" in route:
                 live.add(str(route["id"]))
