@@ -367,6 +367,8 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
     timed_out = stop_reason in (StopReason.TIMEOUT, StopReason.STALL)
     if stop_reason == StopReason.ENDPOINT:
         return _stopped_for_the_endpoint(exit_record, stop_message, result, stderr_tail)
+    if stop_reason == StopReason.BUDGET_DAY:
+        return _stopped_for_the_day(exit_record, stop_message, result, stderr_tail)
     if stop_reason == StopReason.BUDGET:  # the budget's figure is the whole story
         record = exit_record or {}
         return Ending(Verdict.KILLED, stop_message or "stopped: the task spent its budget",
@@ -404,6 +406,20 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
                    killed=killed, timed_out=timed_out)
     message = stop_message if timed_out and stop_message else out.message
     return Ending(out.verdict, message, exit_code, sig)
+
+
+def _stopped_for_the_day(exit_record: dict[str, Any] | None, stop_message: str | None,
+                         result: dict[str, Any] | None, stderr_tail: str) -> Ending:
+    """A run whose request the gateway answered itself because its endpoint's day budget
+    was met: it waits for the budget (verdict budget, the figure its message), unless the
+    run finished first."""
+    record = exit_record or {}
+    exit_code, sig = _as_int(record.get("exit_code")), _as_int(record.get("signal"))
+    out = classify(exit_code=exit_code, signal=sig, result=result, stderr_tail=stderr_tail)
+    if out.verdict is Verdict.OK:
+        return Ending(out.verdict, out.message, exit_code, sig)
+    return Ending(Verdict.BUDGET, stop_message or "the endpoint's day budget was met",
+                  exit_code, sig)
 
 
 def _stopped_for_the_endpoint(exit_record: dict[str, Any] | None, stop_message: str | None,

@@ -61,12 +61,12 @@ __all__ = ["AUTO_RESUME_PROMPT", "BUDGET_HOLD", "COUNTED", "NOTE_PREFIXES", "NO_
 
 # verdicts of the moment (the endpoint's, not the task's): tried again after a wait
 TRANSIENT = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.WINDOW, Verdict.CONCURRENCY,
-                       Verdict.MODEL_OVERLOAD, Verdict.UNREACHABLE})
+                       Verdict.MODEL_OVERLOAD, Verdict.UNREACHABLE, Verdict.BUDGET})
 # the ones whose attempts count toward max_attempts; a window the endpoint named the reset
 # of, and a requeue for fewer workers at once, do not (and do not break a streak either)
 COUNTED = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.MODEL_OVERLOAD,
                      Verdict.UNREACHABLE})
-UNCOUNTED = frozenset({Verdict.WINDOW, Verdict.CONCURRENCY})
+UNCOUNTED = frozenset({Verdict.WINDOW, Verdict.CONCURRENCY, Verdict.BUDGET})
 OVERLOADS = frozenset({Verdict.OVERLOAD, Verdict.MODEL_OVERLOAD})
 # verdicts that stop the whole endpoint until the user acts (the account, the key)
 STOPS = frozenset({Verdict.ACCOUNT, Verdict.AUTH})
@@ -589,6 +589,10 @@ def after_attempt(task: Task, attempts: Sequence[Attempt], verdict: str, message
         return Next(TaskState.SUCCEEDED, message, effect=Effect("ok"))
     if verdict == Verdict.KILLED:
         return Next(TaskState.KILLED, message)
+    if verdict == Verdict.BUDGET:  # the endpoint's hold starts it again, once lifted
+        resumes = " in its session" if session_progress(task, attempts) else ""
+        return Next(TaskState.WAITING, f"{message} — waits for the budget, then resumes"
+                    f"{resumes}", None)
     override: str | None = None
     if verdict == Verdict.WINDOW:
         if signal is not None:

@@ -54,7 +54,8 @@ from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.gateway.routes import UNLIMITED, Route
 from fleet_tui.gateway.slots import Slots
 from fleet_tui.gateway.usage import UsageReader
-from fleet_tui.settings.config import ConfigError, Settings, load_settings
+from fleet_tui.settings.config import ConfigError, Settings, config_file_path, load_settings
+from fleet_tui.settings.watch import Stamp, file_stamp, settled
 from fleet_tui.store import budgets
 from fleet_tui.store.db import EndpointState, Store, StoreError
 from fleet_tui.store.meter import Meter, TokenInfo, Usage
@@ -166,6 +167,9 @@ class Gateway:
         self._session: ClientSession | None = None
         self._changed = True
         self.handed_at = self.started  # when its endpoints and keys were last handed over
+        # config.toml, read again when it changes (`reload_settings`), as the engine does
+        self.config_file: Path | None = None
+        self._config_stamp: Stamp | None = None
 
     def attach(self, routes: Iterable[Route], keys: Mapping[str, str]) -> bool:
         """Routes and keys an engine handed over (at an attempt's start, or again for its
@@ -386,6 +390,9 @@ class Gateway:
         over = self._over_budget(info, name)
         if over is not None:
             return self._gated(counters, _error(403, "permission_error", over))
+        day = self._day_over(info, name)
+        if day is not None:
+            return self._gated(counters, day)
         body = await request.read()
         waiter = f"{info.task_id}#{id(request):x}"
         waits = slots.in_flight >= slots.size or slots.waiting > 0
@@ -417,6 +424,55 @@ class Gateway:
                     counters.held += time.monotonic() - took
         finally:
             counters.waiting_since.pop(waiter, None)
+
+    def reload_settings(self) -> bool:
+        """Read the settings again when config.toml changed and has rested (a raised
+        budget or a new price reaches the next request, no restart). True when read."""
+        if self.config_file is None:
+            return False
+        stamp = file_stamp(self.config_file)
+        if stamp == self._config_stamp or not settled(stamp):
+            return False
+        self._config_stamp = stamp
+        found = _settings()
+        if found is not None:
+            self.settings = found
+            log.info("settings read again (%s changed)", self.config_file.name)
+        return True
+
+    def _day_over(self, info: TokenInfo, name: str) -> web.Response | None:
+        """The endpoint's budget_per_day met: the gateway answers for it (nothing goes
+        upstream), holds the endpoint (as the engine's pass would) and stops the attempt
+        for the day (StopReason.BUDGET_DAY: the task waits and resumes in its session when
+        the budget lifts, at local midnight or raised). None while budget is left."""
+        if self.settings is None:
+            return None
+        now = self.clock()
+        try:
+            refusal = budgets.endpoint_refusal(self.store, self.settings, name, now)
+        except Exception as exc:  # a budget that cannot be read never stops the work
+            log.warning("could not check the day budget of %s: %s", name, type(exc).__name__)
+            return None
+        if refusal is None:
+            return None
+
+        def hold(state: EndpointState) -> dict[str, Any] | None:
+            if state.held is not None:
+                return None
+            return {"held": refusal, "held_task": None,
+                    "held_settings": f"{policy.BUDGET_HOLD}{budgets.day_start(now)}",
+                    "event": "hold", "event_at": now}
+
+        try:
+            self.store.change_endpoint(name, hold, now)
+            if info.attempt_id is not None:
+                folder = self.store.get_attempt(info.attempt_id).dir
+                if folder is not None:
+                    AttemptLog(folder).request_stop(StopReason.BUDGET_DAY, refusal, at=now,
+                                                    by="gateway")
+        except Exception as exc:  # the engine's own pass holds it then
+            log.warning("could not hold %s for its day budget: %s", name, type(exc).__name__)
+        return _error(403, "permission_error", refusal)
 
     def _stop_attempt(self, info: TokenInfo, why: str) -> web.Response:
         """The attempt cannot go on through the gateway: its stop asked for, with `why` as
@@ -635,6 +691,7 @@ async def watch_attempts(gateway: Gateway) -> None:
     """Every WATCH_EVERY s: the tokens of ended attempts revoked (Gateway.watch_attempts)."""
     while True:
         try:
+            await gateway._in_pool(gateway.reload_settings)
             await gateway._in_pool(gateway.watch_attempts)
         except Exception as exc:  # the store busy for a moment: the next look
             log.warning("could not look at the attempts: %s", type(exc).__name__)
@@ -850,6 +907,9 @@ def main(argv: list[str] | None = None) -> int:
         log.info("another gateway runs for %s", folder)
         return 0
     gateway = Gateway(Store(args.db), routes, keys, folder, settings=_settings())
+    with contextlib.suppress(ConfigError, OSError):
+        gateway.config_file = Path(config_file_path())
+        gateway._config_stamp = file_stamp(gateway.config_file)
     try:
         sock = _bind(args.port)
     except OSError as exc:
