@@ -181,3 +181,52 @@ def test_a_saved_token_is_refused_within_2_s_of_its_attempts_end_with_no_engine(
             gate.touch()  # a Bash step left waiting ends
             control.stop()
             store.close()
+
+
+def test_a_key_env_endpoints_tasks_wait_for_a_fleet_tui_that_has_the_key(
+        git_repo: Path, claude_bin: str) -> None:
+    """A task on an endpoint whose key is `key_env = "KA_KEY"`, submitted from a shell that
+    has it while the endpoint is parked (a window); once the park is over, `fleet-tui show`
+    from a shell without KA_KEY does not start it with no key (nor with its own): it waits,
+    saying why; the next fleet-tui where KA_KEY is set starts it, and it ends ok. The
+    endpoint saw the one key only."""
+    from fleet_tui.settings.config import config_file_path
+
+    script = {"real_turns": True, "turns": ["done"]}
+    with ScriptedEndpoint({"default": script}) as ep:
+        config = config_file_path()
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(f'[endpoints.ka]\nbase_url = "{ep.url}"\nkey_env = "KA_KEY"\n')
+        env = cli_env(ep.url, claude_bin, None, FLEET_WORKER_GATEWAY="1", KA_KEY=KEY_ONE)
+        keyless = {k: v for k, v in env.items() if k != "KA_KEY"}
+        with Store(paths.db_path()) as store:
+            store.change_endpoint("ka", lambda _s: {
+                "parked_until": time.time() + 3600, "park_reason": "5-hour window, code 1308"})
+        try:
+            started = run_cli(env, git_repo, "run", "--endpoint", "ka", "answer", "--json")
+            assert started.returncode == 0, started.stderr
+            (task,) = json.loads(started.stdout)
+            assert task["state"] == "queued", task
+
+            def shown(shell: dict[str, str]) -> dict[str, Any]:
+                out = run_cli(shell, git_repo, "show", task["id"], "--json")
+                assert out.returncode == 0, out.stderr
+                found: dict[str, Any] = json.loads(out.stdout)
+                return found
+
+            with Store(paths.db_path()) as store:  # the window's reset has come
+                store.change_endpoint("ka", lambda _s: {"parked_until": time.time() - 1})
+            for _ in range(3):  # passes of the keyless shell: it never starts the task
+                waiting = shown(keyless)
+                assert waiting["state"] == "queued", waiting
+            assert waiting["message"] == ("waits: the key of endpoint ka is $KA_KEY, which "
+                                          "is not set where this fleet-tui runs; a fleet-tui "
+                                          "started where it is set starts it")
+            assert ep.message_requests() == []
+            done = wait_for(lambda: (found := shown(env))["state"]
+                            not in ("queued", "running", "waiting", "stalled") and found,
+                            180, "the task's end", every=0.3)
+            assert done["state"] == "succeeded", done
+        finally:
+            control.stop()
+    assert {r.auth_sha256 for r in ep.message_requests()} == {sha(KEY_ONE)}

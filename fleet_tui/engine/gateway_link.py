@@ -96,6 +96,22 @@ class GatewayLink:
             return None
         return name_for(settings, task.endpoint)
 
+    def cannot_start(self, settings: Settings, task_endpoint: str) -> str | None:
+        """Why this engine starts no task of the endpoint through the gateway (its
+        `key_env` variable is not set in this engine's environment: the key is the
+        environment's of the fleet-tui that starts a task, so the tasks wait for one that
+        has it, saying so), or None."""
+        if not settings.gateway or self.keys is None:
+            return None
+        name = name_for(settings, task_endpoint)
+        if name is None:
+            return None
+        variable = settings.endpoint(name).key_env
+        if variable is None or (self.env.get(variable) or "").strip():
+            return None
+        return (f"waits: the key of endpoint {name} is ${variable}, which is not set where "
+                "this fleet-tui runs; a fleet-tui started where it is set starts it")
+
     def route_for(self, settings: Settings, name: str, key: str) -> Route:
         """The route of an attempt of endpoint `name` started by this engine with `key`:
         the endpoint's base URL in this engine's settings, and where the key came from (a

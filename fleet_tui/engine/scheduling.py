@@ -126,6 +126,12 @@ class Scheduler(Part):
             # tasks (waiting, verdict quota) are among `ready`, so no second read
             if policy.cooldown_until(endpoint, ready, self.clock()) is not None:
                 continue
+            # its key is a variable of the environment this engine lacks: its tasks wait for
+            # a fleet-tui that has it (another shell's value is never theirs)
+            lacks = self.supervisor.gateway.cannot_start(self.settings, endpoint)
+            if lacks is not None:
+                self._note_queued(endpoint, lacks, ready)
+                continue
             closed: list[str | None] = [None]
             # each endpoint under its own settings: its worker cap, its key's fingerprint
             decide = self._decider(self.settings.for_endpoint(endpoint), closed)
