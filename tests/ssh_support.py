@@ -31,13 +31,23 @@ def start_sshd(base: Path, alias: str = "fleet-test-host") -> sshd.Sshd:
     return sshd.Sshd(base, alias=alias).start()
 
 
+def same_machine_claude() -> str | None:
+    """The same-machine shortcut: the "host" is this machine as this user, so this
+    machine's claude is the host's too, given to the host as its own (`SshHost(claude=)`).
+    The real path (another user, nothing of this machine there) is
+    tests/test_ssh_user_path.py."""
+    return os.environ.get("FLEET_TEST_CLAUDE") or None
+
+
 def ssh_host(server: sshd.Sshd, env: Mapping[str, str], *, name: str = "box",
              lease: float = 60.0, key_on_host: bool = True) -> SshHost:
-    """The suite's workers go straight to their endpoint (FLEET_WORKER_GATEWAY=0, as the
-    older tests were written), which a host allows only when it keeps the key
-    (`--key-on-host`): a test through the gateway says ``key_on_host=False``."""
+    """The same-machine shortcut's host (see same_machine_claude). The suite's workers go
+    straight to their endpoint (FLEET_WORKER_GATEWAY=0, as the older tests were written),
+    which a host allows only when it keeps the key (`--key-on-host`): a test through the
+    gateway says ``key_on_host=False``."""
     return SshHost(name=name, target=server.alias, env=env, python=HOST_PYTHON,
-                   ssh_config=server.client_config, lease=lease, key_on_host=key_on_host)
+                   ssh_config=server.client_config, lease=lease, key_on_host=key_on_host,
+                   claude=same_machine_claude())
 
 
 def host_config(server: sshd.Sshd, *, name: str = "box", lease: float = 60.0
@@ -45,7 +55,8 @@ def host_config(server: sshd.Sshd, *, name: str = "box", lease: float = 60.0
     """`ssh_host`'s arguments as JSON, for an engine in a process of its own
     (tests/engine_child.py)."""
     return {"name": name, "target": server.alias, "ssh_config": str(server.client_config),
-            "python": HOST_PYTHON, "lease": lease, "key_on_host": True}
+            "python": HOST_PYTHON, "lease": lease, "key_on_host": True,
+            "claude": same_machine_claude()}
 
 
 def master(server: sshd.Sshd) -> Connection:
@@ -84,5 +95,5 @@ def token_holders(server: sshd.Sshd, token: str) -> list[int]:
     return [int(line) for line in out.split()]
 
 
-__all__ = ["HOST_PYTHON", "host_config", "host_pids", "master", "ssh_host", "start_sshd",
-           "token_holders"]
+__all__ = ["HOST_PYTHON", "host_config", "host_pids", "master", "same_machine_claude",
+           "ssh_host", "start_sshd", "token_holders"]

@@ -83,7 +83,7 @@ from fleet_tui.execution.host import Host, LostLedger, Placement, RunnerState
 from fleet_tui.execution.ray import job
 from fleet_tui.execution.remote import LOOPBACK, RemoteHost, RemoteRun, update_result, write_at
 from fleet_tui.execution.spec import RunSpec
-from fleet_tui.execution.ssh.host import forwarded
+from fleet_tui.execution.ssh.host import forwarded, host_settings
 from fleet_tui.settings.endpoints import HANDED_KEY
 from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
@@ -626,7 +626,9 @@ class RayHost(RemoteHost):
         self.resources = dict(resources or {})
         self.python = python  # the node's python (3.11 or newer)
         self.data_dir = data_dir.rstrip("/") or "/"
-        self.claude = claude  # the node's claude (None: the settings' path, as here)
+        # the node's claude (None: the node finds its own, execution/hostclaude.py; this
+        # machine's `claude` setting is never sent)
+        self.claude = claude
         self.key_env = key_env
         self.key_variable = key_variable
         self.gateway_host = gateway_host
@@ -925,9 +927,8 @@ class RayHost(RemoteHost):
         for name in (BRANCH_BUNDLE, BRANCH_FILE, SESSION_FILE):
             (folder.dir / name).unlink(missing_ok=True)
         remote_dir = f"{self.data_dir}/attempts/{spec.task_id}/{spec.attempt}"
-        remote = replace(spec, include=[], repo=spec.cwd, settings=dict(spec.settings))
-        if self.claude:
-            remote.settings["claude"] = self.claude
+        remote = replace(spec, include=[], repo=spec.cwd,
+                         settings=host_settings(spec.settings, self.claude))
         if isinstance(remote.settings.get("base_url"), str):
             remote.settings["base_url"] = self._base_url_there(remote.settings["base_url"])
         with self._lock:
@@ -959,6 +960,7 @@ class RayHost(RemoteHost):
                  "key_variable": self.key_variable, "pin": pin,
                  "bundle": "thin" if have else "whole", "bundle_sent": sent,
                  "data_dir": self.data_dir, "released": self.book.released(),
+                 "claude_version": fleet_tui.CLAUDE_CODE_VERSION,
                  "restore": restore is not None}
         return RayStaged(self, placement, spec, staging, order, restore)
 
