@@ -39,6 +39,13 @@ def same_machine_claude() -> str | None:
     return os.environ.get("FLEET_TEST_CLAUDE") or None
 
 
+def record_claude(server: sshd.Sshd, claude: str) -> None:
+    """The same-machine shortcut for a host built from config.toml: this machine's claude
+    recorded as the host's, where `fleet-tui host check` records the one it found."""
+    server.ssh('mkdir -p -m 700 "$HOME/.fleet-tui-host" && cat > '
+               '"$HOME/.fleet-tui-host/claude-path"', input=claude + "\n")
+
+
 def ssh_host(server: sshd.Sshd, env: Mapping[str, str], *, name: str = "box",
              lease: float = 60.0, key_on_host: bool = True) -> SshHost:
     """The same-machine shortcut's host (see same_machine_claude). The suite's workers go
@@ -95,5 +102,5 @@ def token_holders(server: sshd.Sshd, token: str) -> list[int]:
     return [int(line) for line in out.split()]
 
 
-__all__ = ["HOST_PYTHON", "host_config", "host_pids", "master", "same_machine_claude",
+__all__ = ["HOST_PYTHON", "host_config", "host_pids", "master", "record_claude", "same_machine_claude",
            "ssh_host", "start_sshd", "token_holders"]
