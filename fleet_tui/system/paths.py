@@ -35,6 +35,12 @@ def db_path(env: Mapping[str, str] | None = None) -> Path:
     return home(env) / "fleet.db"
 
 
+def log_file(env: Mapping[str, str] | None = None) -> Path:
+    """fleet-tui's log file: what libraries it uses say (Ray's Jobs client), never the
+    user's terminal."""
+    return home(env) / "fleet-tui.log"
+
+
 def task_config_dir(task_id: str, env: Mapping[str, str] | None = None) -> Path:
     """The CLAUDE_CONFIG_DIR of one task (kept while the task lives, for --resume)."""
     return home(env) / "config" / task_id

@@ -132,6 +132,32 @@ def ray_nodes(address: str, *, timeout: float = 15.0) -> list[dict[str, Any]]:
     return [n for n in nodes if isinstance(n, dict) and n.get("state") == "ALIVE"]
 
 
+_RAY_LOGS = threading.Lock()
+
+
+def ray_logs_to_file(env: Mapping[str, str]) -> None:
+    """Ray's own log lines (its client's "Uploading package ...", "Creating a file
+    package ...") into fleet-tui's log file: the `ray` logger writes to stderr, the
+    user's terminal, from its import on."""
+    logger = logging.getLogger("ray")
+    with _RAY_LOGS:
+        if any(getattr(h, "fleet_tui", False) for h in logger.handlers):
+            return
+        path = paths.log_file(env)
+        try:
+            paths.private_file(paths.private_dir(path.parent) / path.name)
+            handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
+        except OSError:
+            handler = logging.NullHandler()  # never the terminal
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: "
+                                               "%(message)s"))
+        handler.fleet_tui = True  # type: ignore[attr-defined]
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 class NodeBook:
     """What the controller knows of the nodes, in a small JSON of this machine's
     (`HOME/ray/<host>.json`, shared by the engine and the merge queue's process, edited
@@ -496,6 +522,16 @@ class Follow:
             return None
         return part
 
+    def _node_gone(self) -> bool:
+        """Whether the job's node is no longer alive in the cluster (False: unknown)."""
+        if not self.node_id:
+            return False
+        try:
+            alive = ray_nodes(self.host.address, timeout=10.0)
+        except (OSError, ValueError):
+            return False
+        return all(n.get("node_id") != self.node_id for n in alive)
+
     def _lose(self, info: Any) -> None:
         """The job ended and its folder's end never came: lost (or failed before its runner
         started), the reason in the local stop request."""
@@ -508,10 +544,14 @@ class Follow:
                       "its runner's end came back")
         else:
             tail = f"; its last words: {self.other[-1]}" if self.other else ""
-            reason = (f"lost: the Ray job {self.sid} on host {self.host.name} ended "
-                      f"{self.status} ({message}) before its runner's end came back (its "
-                      "node lost?); the job's entrypoint ends what the attempt started "
-                      f"on its node{tail}")
+            # Ray's own word on such a job can be SUCCEEDED (its driver's exit as seen
+            # from a node that is gone): said as what happened, the status only quoted
+            what = (f"its node {self.node_id[:12]} is gone" if self._node_gone()
+                    else "it ended")
+            reason = (f"lost: the Ray job {self.sid} on host {self.host.name}: {what} "
+                      f"before its runner's end came back (Ray reports the job "
+                      f"{self.status}: {message}); the attempt's processes there end with "
+                      f"its entrypoint{tail}")
         self.run.log.request_stop(StopReason.ERROR, reason[:2000], at=time.time(),
                                   by=f"host {self.host.name}")
         log.warning("task %s attempt %d: %s", self.run.attempt.task_id, self.run.attempt.n,
@@ -665,6 +705,7 @@ class RayHost(RemoteHost):
         except ImportError:
             raise RayError(f"host {self.name} is a Ray host and this machine has no ray: "
                            "pip install 'fleet-tui[ray]'") from None
+        ray_logs_to_file(self.env)
         try:
             client = JobSubmissionClient(self.address)
         except (ConnectionError, RuntimeError, ValueError) as exc:

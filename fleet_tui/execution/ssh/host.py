@@ -38,6 +38,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -161,6 +162,31 @@ def _loopback_port(url: str | None) -> int | None:
         return parts.port
     except ValueError:
         return None
+
+
+# one request to a port of 127.0.0.1 (argv[1]) and its whole answer on stdout: run here and
+# on the host, to tell whether the host's port reaches the same server as this machine's
+_ASK = ("import socket,sys\n"
+        "s=socket.create_connection(('127.0.0.1',int(sys.argv[1])),5)\n"
+        "s.settimeout(5)\n"
+        "s.sendall(b'GET /fleet/mailbox HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n')\n"
+        "d=b''\n"
+        "while len(d)<65536:\n"
+        " c=s.recv(4096)\n"
+        " if not c: break\n"
+        " d+=c\n"
+        "sys.stdout.buffer.write(d)\n")
+
+
+def _plain_answer(raw: bytes) -> bytes:
+    """An HTTP answer without its Date header (the one line two answers differ by)."""
+    return b"\n".join(line for line in raw.splitlines() if not line.startswith(b"Date:"))
+
+
+def _answer_at(port: int) -> bytes:
+    done = subprocess.run([sys.executable, "-S", "-c", _ASK, str(port)], capture_output=True,
+                          timeout=20, check=False)
+    return _plain_answer(done.stdout) if done.returncode == 0 else b""
 
 
 class SshStaged:
@@ -498,7 +524,21 @@ class SshHost(RemoteHost):
             try:
                 self.connection.forward_remote(local, remote)
             except SshError as exc:
-                log.warning("host %s: %s", self.name, exc)
+                if self._reaches(local, remote):  # held by another forward to the same
+                    log.info("host %s: port %d there reaches this machine's %d already "
+                             "(%s)", self.name, remote, local, exc)
+                else:
+                    log.warning("host %s: %s", self.name, exc)
+
+    def _reaches(self, local: int, remote: int) -> bool:
+        """Whether the host's 127.0.0.1:`remote` answers as this machine's `local` does
+        (a forward of another connection of this machine holds it: nothing to say)."""
+        mine = _answer_at(local)
+        if not mine:
+            return False
+        done = self.connection.run(f"{shlex.quote(self.python)} -S -c "
+                                   f"{shlex.quote(_ASK)} {remote}", check=False, timeout=20)
+        return done.returncode == 0 and _plain_answer(done.stdout) == mine
 
     def _base_url_there(self, url: str) -> str:
         """A base URL on this machine's loopback, as the host reaches it (its port
