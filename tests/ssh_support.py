@@ -141,7 +141,7 @@ def npm_registry_files(claude: str, into: Path) -> dict[str, bytes]:
                 "tarball": f"/tarballs/{packed[name].name}",
                 "integrity": "sha512-" + base64.b64encode(
                     hashlib.sha512(body).digest()).decode(),
-                "shasum": hashlib.sha1(body).hexdigest()}  # noqa: S324 (npm's own field)
+                "shasum": hashlib.sha1(body).hexdigest()}
             files[f"/tarballs/{packed[name].name}"] = body
         else:  # another platform's part: its manifest, for npm to see it does not fit
             plat = name.rsplit("claude-code-", 1)[1].split("-")
@@ -159,7 +159,7 @@ def npm_registry_files(claude: str, into: Path) -> dict[str, bytes]:
 def npm_registry(files: Mapping[str, bytes]) -> Iterator[str]:
     """`files` served on 127.0.0.1 as an npm registry (tarball paths made absolute)."""
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             path = unquote(self.path.split("?", 1)[0])
             body = files.get(path)
             if body is None:

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
 from fleet_tui.commands import host as host_cli
 from fleet_tui.engine import host_check
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not 
 
 
 class _NotFound(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         body = b'{"error":"Not found"}'
         self.send_response(404)
         self.send_header("content-type", "application/json")

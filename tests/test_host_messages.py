@@ -31,7 +31,7 @@ pytestmark = pytest.mark.xdist_group("ssh-host")
 
 def _server(body: bytes) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             self.send_response(401)
             self.send_header("content-length", str(len(body)))
             self.end_headers()

@@ -546,7 +546,7 @@ class Follow:
             tail = f"; its last words: {self.other[-1]}" if self.other else ""
             # Ray's own word on such a job can be SUCCEEDED (its driver's exit as seen
             # from a node that is gone): said as what happened, the status only quoted
-            what = (f"its node {self.node_id[:12]} is gone" if self._node_gone()
+            what = (f"its node {(self.node_id or '')[:12]} is gone" if self._node_gone()
                     else "it ended")
             reason = (f"lost: the Ray job {self.sid} on host {self.host.name}: {what} "
                       f"before its runner's end came back (Ray reports the job "
