@@ -46,7 +46,8 @@ from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, TaskState
 from fleet_tui.system import paths
 
-pytestmark = pytest.mark.xdist_group("ssh-user-path")
+# the pinned claude packed (its native part: ~245 MB through gzip) and installed there
+pytestmark = [pytest.mark.xdist_group("ssh-user-path"), pytest.mark.timeout(1800)]
 
 ALIAS = "fleet-user-host"
 SLEEPS = ("sleep 326", "sleep 327")
