@@ -216,10 +216,16 @@ def _check(args: argparse.Namespace) -> int:
     if failed_claude and values.get("npm") and (args.yes or not args.json):
         if not args.json:
             _show(host, checks)
-        if _install(host, install_to, args.yes, quiet=args.json):
-            checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
-        else:
+        if not _install(host, install_to, args.yes, quiet=args.json):
             return EXIT_FAILED
+        if not host.is_local:  # the installed one is the host's now (its record)
+            host_check.run_on(host, host_check.record_script(
+                f"{host_check.claude_dir()}/node_modules/.bin/claude"))
+        checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
+    if not host.is_local and any(c.name == "claude" and c.ok for c in checks) \
+            and values.get("claude_path"):
+        # what the host's runners run: the one found here (execution/hostclaude.py)
+        host_check.run_on(host, host_check.record_script(values["claude_path"]))
     return _report(host, checks, as_json=args.json)
 
 
@@ -267,11 +273,20 @@ def _install(host: HostConfig, install_to: str | None, yes: bool, *,
         if answer.strip().lower() not in ("y", "yes"):
             say("not installed")
             return False
-    say(f"installing Claude Code {CLAUDE_CODE_VERSION} {where} ...")
-    ran = host_check.run_on(host, script, timeout=900.0)
-    if ran.returncode != 0:
-        tail = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
-        say(f"npm failed: {tail}; run it by hand {where}:\n  {script.strip()}")
+    limit = host_check.INSTALL_LIMIT
+    say(f"installing Claude Code {CLAUDE_CODE_VERSION} {where} with npm (stopped after "
+        f"{host_check._minutes(limit)}) ...")
+
+    def progress(elapsed: float, last: str) -> None:
+        say(f"  still installing ({elapsed:.0f} s)" + (f": {last[:160]}" if last else ""))
+
+    done = host_check.install(host, install_to, limit=limit, progress=progress)
+    if not done.ok:
+        say(f"npm failed {where}: {done.why}")
+        for line in done.errors:
+            say(f"  {line}")
+        say(f"fix that, then `fleet-tui host check {host.name} --yes` again, or run it by "
+            f"hand {where}:\n  {script.strip()}")
         return False
     return True
 

@@ -83,7 +83,7 @@ from fleet_tui.execution.host import Host, LostLedger, Placement, RunnerState
 from fleet_tui.execution.ray import job
 from fleet_tui.execution.remote import LOOPBACK, RemoteHost, RemoteRun, update_result, write_at
 from fleet_tui.execution.spec import RunSpec
-from fleet_tui.execution.ssh.host import forwarded
+from fleet_tui.execution.ssh.host import forwarded, host_settings
 from fleet_tui.settings.endpoints import HANDED_KEY
 from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
@@ -130,6 +130,32 @@ def ray_nodes(address: str, *, timeout: float = 15.0) -> list[dict[str, Any]]:
         data = data.get(key, {}) if isinstance(data, dict) else {}
     nodes = data if isinstance(data, list) else []
     return [n for n in nodes if isinstance(n, dict) and n.get("state") == "ALIVE"]
+
+
+_RAY_LOGS = threading.Lock()
+
+
+def ray_logs_to_file(env: Mapping[str, str]) -> None:
+    """Ray's own log lines (its client's "Uploading package ...", "Creating a file
+    package ...") into fleet-tui's log file: the `ray` logger writes to stderr, the
+    user's terminal, from its import on."""
+    logger = logging.getLogger("ray")
+    with _RAY_LOGS:
+        if any(getattr(h, "fleet_tui", False) for h in logger.handlers):
+            return
+        path = paths.log_file(env)
+        try:
+            paths.private_file(paths.private_dir(path.parent) / path.name)
+            handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
+        except OSError:
+            handler = logging.NullHandler()  # never the terminal
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: "
+                                               "%(message)s"))
+        handler.fleet_tui = True  # type: ignore[attr-defined]
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 class NodeBook:
@@ -496,6 +522,16 @@ class Follow:
             return None
         return part
 
+    def _node_gone(self) -> bool:
+        """Whether the job's node is no longer alive in the cluster (False: unknown)."""
+        if not self.node_id:
+            return False
+        try:
+            alive = ray_nodes(self.host.address, timeout=10.0)
+        except (OSError, ValueError):
+            return False
+        return all(n.get("node_id") != self.node_id for n in alive)
+
     def _lose(self, info: Any) -> None:
         """The job ended and its folder's end never came: lost (or failed before its runner
         started), the reason in the local stop request."""
@@ -508,10 +544,14 @@ class Follow:
                       "its runner's end came back")
         else:
             tail = f"; its last words: {self.other[-1]}" if self.other else ""
-            reason = (f"lost: the Ray job {self.sid} on host {self.host.name} ended "
-                      f"{self.status} ({message}) before its runner's end came back (its "
-                      "node lost?); the job's entrypoint ends what the attempt started "
-                      f"on its node{tail}")
+            # Ray's own word on such a job can be SUCCEEDED (its driver's exit as seen
+            # from a node that is gone): said as what happened, the status only quoted
+            what = (f"its node {(self.node_id or '')[:12]} is gone" if self._node_gone()
+                    else "it ended")
+            reason = (f"lost: the Ray job {self.sid} on host {self.host.name}: {what} "
+                      f"before its runner's end came back (Ray reports the job "
+                      f"{self.status}: {message}); the attempt's processes there end with "
+                      f"its entrypoint{tail}")
         self.run.log.request_stop(StopReason.ERROR, reason[:2000], at=time.time(),
                                   by=f"host {self.host.name}")
         log.warning("task %s attempt %d: %s", self.run.attempt.task_id, self.run.attempt.n,
@@ -626,7 +666,9 @@ class RayHost(RemoteHost):
         self.resources = dict(resources or {})
         self.python = python  # the node's python (3.11 or newer)
         self.data_dir = data_dir.rstrip("/") or "/"
-        self.claude = claude  # the node's claude (None: the settings' path, as here)
+        # the node's claude (None: the node finds its own, execution/hostclaude.py; this
+        # machine's `claude` setting is never sent)
+        self.claude = claude
         self.key_env = key_env
         self.key_variable = key_variable
         self.gateway_host = gateway_host
@@ -663,6 +705,7 @@ class RayHost(RemoteHost):
         except ImportError:
             raise RayError(f"host {self.name} is a Ray host and this machine has no ray: "
                            "pip install 'fleet-tui[ray]'") from None
+        ray_logs_to_file(self.env)
         try:
             client = JobSubmissionClient(self.address)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -925,9 +968,8 @@ class RayHost(RemoteHost):
         for name in (BRANCH_BUNDLE, BRANCH_FILE, SESSION_FILE):
             (folder.dir / name).unlink(missing_ok=True)
         remote_dir = f"{self.data_dir}/attempts/{spec.task_id}/{spec.attempt}"
-        remote = replace(spec, include=[], repo=spec.cwd, settings=dict(spec.settings))
-        if self.claude:
-            remote.settings["claude"] = self.claude
+        remote = replace(spec, include=[], repo=spec.cwd,
+                         settings=host_settings(spec.settings, self.claude))
         if isinstance(remote.settings.get("base_url"), str):
             remote.settings["base_url"] = self._base_url_there(remote.settings["base_url"])
         with self._lock:
@@ -959,6 +1001,7 @@ class RayHost(RemoteHost):
                  "key_variable": self.key_variable, "pin": pin,
                  "bundle": "thin" if have else "whole", "bundle_sent": sent,
                  "data_dir": self.data_dir, "released": self.book.released(),
+                 "claude_version": fleet_tui.CLAUDE_CODE_VERSION,
                  "restore": restore is not None}
         return RayStaged(self, placement, spec, staging, order, restore)
 

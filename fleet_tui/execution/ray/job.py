@@ -53,6 +53,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -63,6 +64,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from fleet_tui.execution import hostclaude
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
@@ -376,6 +378,7 @@ def stage(order: dict[str, Any], here: Path) -> AttemptLog:
     if folder.lock_held():
         raise RuntimeError(f"a runner holds {folder.lock_path} already")
     spec = order["spec"]
+    node_claude(spec, order)  # none: the job fails here, before anything of the attempt
     if order.get("restore"):
         restore_session(order, here)
     folder.clear_run_records()
@@ -395,6 +398,27 @@ def stage(order: dict[str, Any], here: Path) -> AttemptLog:
             prepare.mark_set_up(cwd, {"at": time.time(), "attempt": spec.get("attempt"),
                                       "setup": None, "by": "ray host"})
     return folder
+
+
+def node_claude(spec: dict[str, Any], order: dict[str, Any]) -> None:
+    """The node's own claude into the attempt's spec (the host's `claude` setting, else
+    the node's: execution/hostclaude.py); RuntimeError saying so when it has none."""
+    settings = spec.setdefault("settings", {})
+    data_dir = str(order.get("data_dir") or Path(str(order["attempt_dir"])).parents[2])
+    claude, looked = hostclaude.find(data_dir, settings.get("claude") or None)
+    if claude is None:
+        raise RuntimeError(f"no claude on node {_node_name()}: " + "; ".join(looked)
+                           + " (set `claude` in the host's [hosts] table to its path there)")
+    settings["claude"] = claude
+    found = hostclaude.version(claude, data_dir)
+    wanted = order.get("claude_version")
+    if wanted and found != wanted:
+        _log(f"claude at {claude} on this node is {found or 'of no known version'}, "
+             f"fleet-tui is tested with {wanted}")
+
+
+def _node_name() -> str:
+    return os.environ.get("RAY_NODE_IP_ADDRESS") or socket.gethostname()
 
 
 def start_runner(folder: AttemptLog, order: dict[str, Any]) -> subprocess.Popen[bytes]:

@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 from fleet_tui.core.states import StopReason
+from fleet_tui.execution import hostclaude
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
 
 RUNNER_MODULE = "fleet_tui.execution.local.runner"
 EX_LOCKED = 75
+EX_NO_CLAUDE = 3  # the host has no claude (said in the answer: where it was looked for)
 # the folder's files a runner appends to (mirrored by offset) and those it writes whole
 APPENDED = ("events.jsonl", "stderr.log", "runner.log", "setup.log", "input.jsonl")
 WHOLE = ("runner.json", "kill.json")
@@ -127,6 +129,16 @@ def cmd_stage(folder: AttemptLog) -> int:
     if folder.lock_held():
         _answer({"error": f"a runner holds {folder.lock_path} already"})
         return EX_LOCKED
+    found: dict[str, Any] = {}
+    if order.get("data_dir"):  # the host's own claude, never a path of the controller's
+        data_dir = str(order["data_dir"])
+        settings = spec.setdefault("settings", {})
+        claude, looked = hostclaude.find(data_dir, settings.get("claude") or None)
+        if claude is None:
+            _answer({"error": "no claude there: " + "; ".join(looked), "no_claude": True})
+            return EX_NO_CLAUDE
+        settings["claude"] = claude
+        found = {"claude": claude, "claude_version": hostclaude.version(claude, data_dir)}
     folder.clear_run_records()
     folder.write_spec(spec)
     for path in (folder.events, folder.runner_log):
@@ -140,7 +152,7 @@ def cmd_stage(folder: AttemptLog) -> int:
         if order.get("set_up_after"):
             prepare.mark_set_up(cwd, {"at": time.time(), "attempt": spec.get("attempt"),
                                       "setup": None, "by": "ssh host"})
-    _answer({"staged": str(folder.dir)})
+    _answer({"staged": str(folder.dir), **found})
     return 0
 
 
@@ -170,7 +182,9 @@ def start_runner(folder: AttemptLog, env: dict[str, str], keys: dict[str, str],
     """The runner started detached (its own session, stdin /dev/null, its output in
     runner.log), the key variables through a pipe it inherits (`--env-fd`), never its
     environment or argv; returned once it took its lock (or ended, or `wait` passed)."""
-    argv = [sys.executable, "-m", RUNNER_MODULE]
+    # started as this process was: without the site module (-S), the host's installed
+    # packages are never on the runner's path either (the package copy alone is)
+    argv = [sys.executable, *(["-S"] if sys.flags.no_site else []), "-m", RUNNER_MODULE]
     pass_fds: tuple[int, ...] = ()
     read_fd: int | None = None
     if keys:
