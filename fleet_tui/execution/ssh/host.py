@@ -701,18 +701,11 @@ class SshHost(RemoteHost):
         return found
 
     def release(self, task_id: str) -> None:
-        root = self.root
-        q = shlex.quote
         # the worktree goes too (a merge or a discard here removes only this machine's),
-        # and the mirrors forget it; the attempt folders stay (mirrored here already)
-        line = (f"rm -rf {q(f'{root}/config/{task_id}')} {q(f'{root}/work/{task_id}')}; "
-                f"for m in {q(root)}/repos/*.git; do [ -d \"$m\" ] && "
-                f"git -C \"$m\" worktree prune; for r in {q(f'refs/fleet/base/{task_id}')} "
-                f"{q(f'refs/fleet/base/update/{task_id}')} "
-                f"{q(f'refs/fleet/snapshot/{task_id}')}; do "
-                f"git -C \"$m\" update-ref -d \"$r\" 2>/dev/null; done; done; true")
+        # and the mirrors forget it, under their lock (the agent's `release`); the attempt
+        # folders stay (mirrored here already)
         try:
-            self.connection.run(line, check=False)
+            self.agent(["release", self.root, task_id])
         except SshError as exc:
             log.warning("host %s: could not free task %s: %s", self.name, task_id, exc)
 
