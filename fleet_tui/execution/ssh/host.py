@@ -59,7 +59,7 @@ from fleet_tui.execution.remote import (
     update_result,
 )
 from fleet_tui.execution.spec import RunSpec
-from fleet_tui.execution.ssh.connection import Connection, SshError
+from fleet_tui.execution.ssh.connection import Connection, SshError, dropped
 from fleet_tui.execution.ssh.mirror import Mirror
 from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
@@ -552,7 +552,8 @@ class SshHost(RemoteHost):
         if done.returncode != 0:
             lines = [line for line in err.splitlines() if line.strip()]
             raise SshError(f"host {self.name}: could not send the repository: "
-                           f"{lines[-1] if lines else 'git push failed'}")
+                           f"{lines[-1] if lines else 'git push failed'}",
+                           transient=dropped(err))
         match = next(reversed(list(WRITING.finditer(err))), None)  # the last: 'done.'
         sent = (int(match.group(1)), int(float(match.group(2)) * UNITS[match.group(3)])) \
             if match else (0, 0)
@@ -639,8 +640,9 @@ class SshHost(RemoteHost):
              self.git_url(mirror), *refspecs],
             capture_output=True, env=self.git_env(), timeout=600, check=False)
         if done.returncode != 0:
+            err = done.stderr.decode("utf-8", "replace")
             raise SshError(f"host {self.name}: could not fetch task {task.id}'s work: "
-                           f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+                           f"{err.strip()[-300:]}", transient=dropped(err))
 
     # --- the worktrees there (the seam's RemoteWorktrees) ------------------------------
 
