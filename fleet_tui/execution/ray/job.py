@@ -65,7 +65,6 @@ from pathlib import Path
 
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
-from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
 from fleet_tui.execution.ssh import agent
 from fleet_tui.system import procs
 
@@ -434,13 +433,8 @@ def end_tree(folder: AttemptLog, proc: subprocess.Popen[bytes], grace: float) ->
 
 
 def sweep(folder: AttemptLog) -> int:
-    token = folder.spec_token()
-    if not token:
-        return 0
-    found = procs.with_env(TOKEN_ENV, token)
-    if found:
-        procs.stop(found, LEFTOVER_GRACE)
-    return len(found)
+    """The SSH agent's: the attempt's token and its cgroup."""
+    return agent.sweep(folder)
 
 
 class Branch:

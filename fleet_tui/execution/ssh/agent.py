@@ -55,7 +55,7 @@ from fleet_tui.core.states import StopReason
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
-from fleet_tui.system import procs
+from fleet_tui.system import cgroups, procs
 from fleet_tui.vcs.commits import _snapshot_commit
 from fleet_tui.vcs.merging import _in_the_way, _merge_tree, _tree_changes
 from fleet_tui.vcs.merging import _with_markers as _marked
@@ -111,13 +111,14 @@ def _pids(folder: AttemptLog) -> tuple[int | None, str | None, int | None]:
 
 
 def sweep(folder: AttemptLog) -> int:
+    """The processes carrying the attempt's token and those of its cgroup, stopped."""
     token = folder.spec_token()
-    if token is None:
-        return 0
-    found = procs.with_env(TOKEN_ENV, token)
+    found = procs.with_env(TOKEN_ENV, token) if token is not None else []
     if found:
         procs.stop(found, LEFTOVER_GRACE)
-    return len(found)
+    cgroup = cgroups.recorded(folder.runner_record())
+    contained = cgroups.end(cgroup, LEFTOVER_GRACE) if cgroup is not None else []
+    return len(set(found) | set(contained))
 
 
 def cmd_stage(folder: AttemptLog) -> int:
