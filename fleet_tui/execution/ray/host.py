@@ -99,6 +99,9 @@ log = logging.getLogger("fleet_tui.engine.fleet")
 
 DEFAULT_DATA_DIR = "/var/tmp/fleet-tui-ray"
 RAY_FILE = "ray.json"  # the job's submission id, written before it is submitted
+SUBMIT_LOCK = ".submit.lock"  # flock'ed by the process submitting the attempt's job
+RECORD_LOCK = ".ray.lock"  # flock'ed by whoever edits ray.json
+SUBMIT_SETTLE = 3.0  # seconds a job Ray does not know must stay unknown, its submitter gone
 BRANCH_BUNDLE = "branch.bundle"  # the task's commits past its base, as the node sent them
 BRANCH_FILE = "branch.json"  # their tip (the base itself: no commits)
 SESSION_FILE = "session.tar"  # claude's transcripts of the task, as the node sent them last
@@ -225,6 +228,47 @@ class NodeBook:
                     released.pop(task_id, None)
 
 
+@contextlib.contextmanager
+def submit_lock(folder: AttemptLog) -> Iterator[None]:
+    """Held while the attempt's job is submitted (ray.json written, the package and the
+    working dir uploaded, the job taken or refused): a follower that finds the job unknown
+    meanwhile waits for the submit to settle instead of judging it never submitted."""
+    fd = os.open(folder.dir / SUBMIT_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def edit_record(folder: AttemptLog, **changes: Any) -> None:
+    """ray.json changed by these fields, its others as they are (the engines, the merge
+    queue and `run` processes record into it: one at a time)."""
+    fd = os.open(folder.dir / RECORD_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        rec = dict(folder.record(RAY_FILE) or {})
+        rec.update(changes)
+        folder.write_record(RAY_FILE, rec)
+    finally:
+        os.close(fd)
+
+
+def submitting(folder: AttemptLog) -> bool:
+    """A process (this one included) submits the attempt's job now."""
+    try:
+        fd = os.open(folder.dir / SUBMIT_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 class RayError(FleetError):
     """The cluster refused or did not answer (said with the host's name)."""
 
@@ -294,6 +338,7 @@ class Follow:
         self._bundle_seq = -1
         self.lacks = False  # the job said its node's mirror lacks what its bundle needs
         self.sids = {sid}  # this one and, when it was sent again whole, the first
+        self.unknown_since: float | None = None  # Ray said it does not know the job
         self.thread = threading.Thread(target=self._main, name=f"ray-follow {sid}",
                                        daemon=True)
 
@@ -342,11 +387,10 @@ class Follow:
 
     def _once(self) -> None:
         info = self._info()
-        if info is None:  # recorded, never submitted (the submit failed before Ray had it)
-            self.state = "never"
-            self.first.set()
-            self.ended.set()
+        if info is None:
+            self._unknown()
             return
+        self.unknown_since = None
         if self.status == "PENDING":  # waiting for its node's resources
             self.state = "alive"
             self.first.set()
@@ -369,6 +413,40 @@ class Follow:
                 if self.lacks and self.host.resubmit_whole(self):
                     return  # followed on as the job sent again with the whole bundle
                 self._lose(info)
+
+    def _unknown(self) -> None:
+        """Ray does not know the job. While a process submits it (the submit lock held:
+        the upload comes first) or the submit just ended, it is on its way: alive, asked
+        again. Settled only once the job stayed unknown SUBMIT_SETTLE seconds with nobody
+        submitting it: recorded as taken (ray.json's `submitted`), the cluster lost it;
+        else it never got there (the submit failed, or its process died before Ray had
+        it). Never "never" from one look: a requeue on that word ran an attempt twice."""
+        record = self.run.log.record(RAY_FILE) or {}
+        if submitting(self.run.log):
+            self.unknown_since = None
+            self.state = self.state or "alive"
+            self.first.set()
+            return
+        now = time.monotonic()
+        if self.unknown_since is None:
+            self.unknown_since = now
+        if now - self.unknown_since < SUBMIT_SETTLE:
+            self.state = self.state or "alive"
+            self.first.set()
+            return
+        if record.get("submitted"):
+            reason = (f"lost: the Ray job {self.sid} on host {self.host.name} was taken by "
+                      "the cluster, which does not know it any more (the cluster restarted "
+                      "without its jobs?)")
+            self.run.log.request_stop(StopReason.ERROR, reason, at=time.time(),
+                                      by=f"host {self.host.name}")
+            log.warning("task %s attempt %d: %s", self.run.attempt.task_id,
+                        self.run.attempt.n, reason)
+            self.state = "dead"
+        else:
+            self.state = "never"  # recorded, never submitted
+        self.first.set()
+        self.ended.set()
 
     def _whole_log(self) -> str | None:
         got: list[str] = []
@@ -601,6 +679,8 @@ class RayRun(RemoteRun):
         try:
             self.host.client().stop_job(sid)
         except RuntimeError as exc:
+            if submitting(self._log):
+                return  # its submitter stops it once Ray has it (the stop request read)
             raise RayError(f"host {self.host.name}: could not stop the Ray job {sid}: "
                            f"{exc}") from None
 
@@ -734,12 +814,17 @@ class RayHost(RemoteHost):
         order = dict(staged.order, env=rest, keys=keys)
         sid = submission_id(staged.spec)
         folder = AttemptLog(staged.placement.attempt_dir)
-        folder.write_record(RAY_FILE, {"submission_id": sid, "address": self.address,
-                                       "host": self.name, "at": time.time(),
-                                       "pinned": staged.order.get("pin"),
-                                       "bundle": staged.order.get("bundle_sent"),
-                                       "restored": staged.order.get("restore") or None})
-        self._submit_job(staged, order, sid)
+        with submit_lock(folder):
+            record = {"submission_id": sid, "address": self.address, "host": self.name,
+                      "at": time.time(), "pinned": staged.order.get("pin"),
+                      "bundle": staged.order.get("bundle_sent"),
+                      "restored": staged.order.get("restore") or None, "submitted": False}
+            folder.write_record(RAY_FILE, record)
+            self._submit_job(staged, order, sid)
+            self._mark_submitted(folder)
+        if folder.stop_request():  # killed while it was being submitted: stopped now
+            with contextlib.suppress(Exception):
+                self.client().stop_job(sid)
         if staged.order.get("bundle") != "whole":
             with self._lock:
                 self._orders[sid] = (staged, order)
@@ -771,6 +856,10 @@ class RayHost(RemoteHost):
                 raise RayError(f"host {self.name}: the Ray cluster did not take the job: "
                                f"{str(exc)[-500:]}") from None
             log.info("host %s: the job %s was taken already", self.name, sid)
+
+    def _mark_submitted(self, folder: AttemptLog) -> None:
+        """The job is Ray's: ray.json says so (its other fields as they are now)."""
+        edit_record(folder, submitted=True)
 
     def resubmit_whole(self, follow: Follow) -> bool:
         """The job whose node lacked the commits its bundle was cut against (it failed
@@ -805,12 +894,15 @@ class RayHost(RemoteHost):
                 follow.error = None
             folder = AttemptLog(staged.placement.attempt_dir)
             rec = dict(folder.record(RAY_FILE) or {})
-            rec.update(submission_id=sid, bundle=sent, lacked=sorted(follow.sids - {sid}))
+            rec.update(submission_id=sid, bundle=sent, lacked=sorted(follow.sids - {sid}),
+                       submitted=False)
             rec.pop("node_id", None)
-            folder.write_record(RAY_FILE, rec)
             log.info("host %s: the node of job %s lacked what its bundle needed; sent "
                      "again whole as %s", self.name, sorted(follow.sids - {sid}), sid)
-            self._submit_job(again, dict(order, bundle="whole"), sid)
+            with submit_lock(folder):
+                folder.write_record(RAY_FILE, rec)
+                self._submit_job(again, dict(order, bundle="whole"), sid)
+                self._mark_submitted(folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         self.submitted.append(sid)
@@ -1087,12 +1179,10 @@ class RayHost(RemoteHost):
 
     def record_node(self, folder: AttemptLog, node_id: str) -> None:
         """The node the attempt's job runs on, beside its submission id."""
-        with self._lock:
-            rec = dict(folder.record(RAY_FILE) or {})
-            if rec.get("node_id") == node_id:
-                return
-            rec["node_id"] = node_id
-            folder.write_record(RAY_FILE, rec)
+        if (folder.record(RAY_FILE) or {}).get("node_id") == node_id:
+            return
+        # Ray placed it: taken, whoever writes this first
+        edit_record(folder, node_id=node_id, submitted=True)
         task_id = folder.dir.parent.name
         with contextlib.suppress(OSError):
             self.book.set_node(task_id, node_id)

@@ -67,7 +67,6 @@ from pathlib import Path
 from fleet_tui.execution import hostclaude
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
-from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
 from fleet_tui.execution.ssh import agent
 from fleet_tui.system import procs
 
@@ -274,13 +273,15 @@ def release(frames: Frames, order: dict[str, Any]) -> None:
         found = work.exists() or config.exists()
         mirror = _mirror_of(work)
         if mirror is not None:
-            subprocess.run(["git", "-C", mirror, "worktree", "remove", "--force", "--force",
-                            str(work)], capture_output=True, check=False)
+            with agent.mirror_lock(mirror):
+                subprocess.run(["git", "-C", mirror, "worktree", "remove", "--force",
+                                "--force", str(work)], capture_output=True, check=False)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(config, ignore_errors=True)
         for m in {mirror, str(order.get("mirror") or "")} - {None, ""}:
-            subprocess.run(["git", "-C", str(m), "worktree", "prune"], capture_output=True,
-                           check=False)
+            with agent.mirror_lock(str(m)):
+                subprocess.run(["git", "-C", str(m), "worktree", "prune"],
+                               capture_output=True, check=False)
             for ref in (f"refs/fleet/base/{task_id}", f"refs/fleet/base/update/{task_id}"):
                 subprocess.run(["git", "-C", str(m), "update-ref", "-d", ref],
                                capture_output=True, check=False)
@@ -332,11 +333,12 @@ def restore_branch(order: dict[str, Any], here: Path) -> None:
     past its base), a worktree this node had of it removed first; no bundle: the branch
     at the base (no commits came back)."""
     mirror, worktree, branch = str(order["mirror"]), str(order["worktree"]), order["branch"]
-    if Path(worktree).exists():
-        subprocess.run(["git", "-C", mirror, "worktree", "remove", "--force", "--force",
-                        worktree], capture_output=True, check=False)
-        shutil.rmtree(worktree, ignore_errors=True)
-    agent._git("-C", mirror, "worktree", "prune")
+    with agent.mirror_lock(mirror):
+        if Path(worktree).exists():
+            subprocess.run(["git", "-C", mirror, "worktree", "remove", "--force", "--force",
+                            worktree], capture_output=True, check=False)
+            shutil.rmtree(worktree, ignore_errors=True)
+        agent._git("-C", mirror, "worktree", "prune")
     bundle = here / RESTORE_BRANCH
     if bundle.exists():
         agent._git("-C", mirror, "fetch", "-q", "--no-tags", str(bundle),
@@ -455,13 +457,8 @@ def end_tree(folder: AttemptLog, proc: subprocess.Popen[bytes], grace: float) ->
 
 
 def sweep(folder: AttemptLog) -> int:
-    token = folder.spec_token()
-    if not token:
-        return 0
-    found = procs.with_env(TOKEN_ENV, token)
-    if found:
-        procs.stop(found, LEFTOVER_GRACE)
-    return len(found)
+    """The SSH agent's: the attempt's token and its cgroup."""
+    return agent.sweep(folder)
 
 
 class Branch:

@@ -60,7 +60,7 @@ from fleet_tui.execution.remote import (
     update_result,
 )
 from fleet_tui.execution.spec import RunSpec
-from fleet_tui.execution.ssh.connection import Connection, SshError
+from fleet_tui.execution.ssh.connection import Connection, SshError, dropped
 from fleet_tui.execution.ssh.mirror import Mirror
 from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
@@ -617,7 +617,8 @@ class SshHost(RemoteHost):
         if done.returncode != 0:
             lines = [line for line in err.splitlines() if line.strip()]
             raise SshError(f"host {self.name}: could not send the repository: "
-                           f"{lines[-1] if lines else 'git push failed'}")
+                           f"{lines[-1] if lines else 'git push failed'}",
+                           transient=dropped(err))
         match = next(reversed(list(WRITING.finditer(err))), None)  # the last: 'done.'
         sent = (int(match.group(1)), int(float(match.group(2)) * UNITS[match.group(3)])) \
             if match else (0, 0)
@@ -721,8 +722,9 @@ class SshHost(RemoteHost):
              self.git_url(mirror), *refspecs],
             capture_output=True, env=self.git_env(), timeout=600, check=False)
         if done.returncode != 0:
+            err = done.stderr.decode("utf-8", "replace")
             raise SshError(f"host {self.name}: could not fetch task {task.id}'s work: "
-                           f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+                           f"{err.strip()[-300:]}", transient=dropped(err))
 
     # --- the worktrees there (the seam's RemoteWorktrees) ------------------------------
 
@@ -783,18 +785,11 @@ class SshHost(RemoteHost):
         return found
 
     def release(self, task_id: str) -> None:
-        root = self.root
-        q = shlex.quote
         # the worktree goes too (a merge or a discard here removes only this machine's),
-        # and the mirrors forget it; the attempt folders stay (mirrored here already)
-        line = (f"rm -rf {q(f'{root}/config/{task_id}')} {q(f'{root}/work/{task_id}')}; "
-                f"for m in {q(root)}/repos/*.git; do [ -d \"$m\" ] && "
-                f"git -C \"$m\" worktree prune; for r in {q(f'refs/fleet/base/{task_id}')} "
-                f"{q(f'refs/fleet/base/update/{task_id}')} "
-                f"{q(f'refs/fleet/snapshot/{task_id}')}; do "
-                f"git -C \"$m\" update-ref -d \"$r\" 2>/dev/null; done; done; true")
+        # and the mirrors forget it, under their lock (the agent's `release`); the attempt
+        # folders stay (mirrored here already)
         try:
-            self.connection.run(line, check=False)
+            self.agent(["release", self.root, task_id])
         except SshError as exc:
             log.warning("host %s: could not free task %s: %s", self.name, task_id, exc)
 
