@@ -5,8 +5,8 @@ Every tool is the CLI's command of the same name over the same `Fleet` (the engi
 front), with the CLI's checks and refusals, so nothing reaches the engine that the CLI
 could not do; only the confirmations a terminal would ask become refusals the model can
 read (open review comments stop a merge; a fresh retry that throws work away needs
-``discard_changes``). Each tool answers with structured content and a short text (the
-text is what Claude Code shows the model); a failure is an MCP tool error with the CLI's
+``discard_changes``). Each tool answers with structured content and a short text (Claude
+Code shows the model the structured content, so the text is in it too: "summary"); a failure is an MCP tool error with the CLI's
 message, never a crash of the server. What a worker wrote is redacted as the CLI prints it.
 
 The guard rails of a model caller (`[mcp]` in config.toml, settings/mcp.py): this server
@@ -583,8 +583,11 @@ def _answer(name: str, work: Callable[[], tuple[str, dict[str, Any]]]) -> CallTo
         log.exception("tool %s failed", name)
         raise ToolError(redaction.redact(f"{name} failed: {type(exc).__name__}: {exc}")) \
             from None
-    return CallToolResult(content=[TextContent(type="text", text=redaction.redact(text))],
-                          structured_content=_clean(data))
+    # Claude Code (2.1.197) gives the model the structured content, when there is one, and
+    # not the text: the text goes in too, as its "summary" (what to do next, often)
+    text = redaction.redact(text)
+    return CallToolResult(content=[TextContent(type="text", text=text)],
+                          structured_content={"summary": text, **_clean(data)})
 
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)

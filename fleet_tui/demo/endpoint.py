@@ -676,12 +676,14 @@ def _tool_result_texts(body: Mapping[str, Any]) -> list[str]:
 def _from_results(spec: Mapping[str, Any], results: Sequence[str]) -> Any:
     """A value taken from what the tools answered earlier, so that a script can use what
     only the run knows (the ids a tool made): `{"$from_results": REGEX}` is the first match
-    (its group 1 if it has one) in the newest tool result that has one; with `"all": true`,
-    every match in that result, as a list. No match: a text saying so (the tool then
-    answers with an error the test sees)."""
+    in the newest tool result that has one: its group `"group"` (default 1, or the whole
+    match when the pattern has no group); with `"all": true`, every match in that result,
+    as a list. No match: a text saying so (the tool then answers with an error the test
+    sees)."""
     pattern = re.compile(str(spec[FROM_RESULTS]))
+    group = spec.get("group", 1 if pattern.groups else 0)
     for text in reversed(results):
-        found = [m.group(1) if m.groups() else m.group(0) for m in pattern.finditer(text)]
+        found = [m.group(group) for m in pattern.finditer(text)]
         if found:
             return found if spec.get("all") else found[0]
     return f"(no earlier tool result matches {pattern.pattern!r})"
