@@ -169,3 +169,146 @@ def test_orchestrator_claude_runs_waits_reads_and_merges(
     assert listed[ids[1]]["state"] == "succeeded"
     for text in (out.stdout, *(t for _, t in results)):
         assert KEY not in text and ORCHESTRATOR_KEY not in text
+
+
+# --- over the protocol, with the SDK's client ------------------------------------------------
+
+
+@asynccontextmanager
+async def _client(env: dict[str, str], cwd: Path, errlog: Path
+                  ) -> AsyncIterator[ClientSession]:
+    """`fleet-tui mcp` as Claude Code starts it: a child on stdio, in the project."""
+    command = _server_command()
+    params = StdioServerParameters(command=command[0], args=command[1:], env=env,
+                                   cwd=str(cwd))
+    with errlog.open("w") as log:
+        async with stdio_client(params, errlog=log) as (read, write), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            yield session
+    assert "Traceback" not in errlog.read_text(), errlog.read_text()
+
+
+async def _call_tool(session: ClientSession, name: str, args: dict[str, Any]
+                     ) -> tuple[bool, str, dict[str, Any] | None]:
+    result: CallToolResult = await session.call_tool(name, args)
+    text = "\n".join(getattr(c, "text", "") for c in result.content)
+    return bool(result.is_error), text, result.structured_content
+
+
+def _plain_env(tmp: Path) -> dict[str, str]:
+    """The server's environment when no worker runs: this checkout, the test's homes."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["FLEET_TUI_CONFIG"] = str(tmp / "config.toml")
+    return env
+
+
+async def test_the_tools_are_listed_with_their_schemas(git_repo: Path, tmp_path: Path
+                                                       ) -> None:
+    async with _client(_plain_env(tmp_path), git_repo, tmp_path / "server.log") as session:
+        listed = (await session.list_tools()).tools
+    tools = {t.name: t for t in listed}
+    assert set(tools) == TOOLS
+    for tool in listed:
+        assert tool.description and len(tool.description) > 80, tool.name
+        assert tool.input_schema["type"] == "object"
+    run = tools["run"].input_schema
+    assert run["required"] == ["prompt"]
+    assert set(run["properties"]) == {"prompt", "title", "copies", "host", "endpoint",
+                                      "model", "base", "max_turns", "timeout", "repo"}
+    assert run["properties"]["copies"]["minimum"] == 1
+    assert run["properties"]["copies"]["maximum"] >= 2
+    wait = tools["wait"].input_schema
+    assert wait["required"] == ["ids"]
+    assert wait["properties"]["ids"]["type"] == "array"
+    assert wait["properties"]["timeout"]["maximum"] == 600
+    for name in ("show", "diff", "merge", "say", "follow_up", "retry", "kill", "discard"):
+        assert "id" in tools[name].input_schema["required"], name
+    assert tools["queue"].input_schema["required"] == ["ids"]
+    assert tools["retry"].input_schema["properties"]["mode"]["enum"] == ["fresh", "resume"]
+    assert set(tools["cost"].input_schema["properties"]["by"]["enum"]) == {
+        "task", "endpoint", "day"}
+    # the calling rules are where the model reads them: in the descriptions
+    assert "self-contained" in (tools["run"].description or "")
+    assert "call again" in (tools["wait"].description or "")
+    assert "max_bytes" in (tools["diff"].description or "")
+    for name in ("list", "show", "wait", "diff", "cost"):
+        annotations = tools[name].annotations
+        assert annotations is not None and annotations.read_only_hint is True, name
+    assert tools["merge"].annotations is not None
+    assert tools["merge"].annotations.destructive_hint is True
+
+
+async def test_malformed_calls_are_tool_errors_and_the_server_keeps_serving(
+        git_repo: Path, tmp_path: Path) -> None:
+    bad: list[tuple[str, dict[str, Any], str]] = [
+        ("show", {}, "missing argument 'id'"),
+        ("show", {"id": "zzzzzz"}, "no task 'zzzzzz'"),
+        ("show", {"task_id": "zzzzzz"}, "unknown argument 'task_id'; show takes id"),
+        ("merge", {"id": "zzzzzz"}, "no task 'zzzzzz'"),
+        ("wait", {"ids": "abc"}, "argument 'ids'"),
+        ("wait", {"ids": []}, "argument 'ids'"),
+        ("wait", {"ids": ["abc"], "timeout": 5000}, "argument 'timeout'"),
+        ("diff", {"id": "abc", "max_bytes": 0}, "argument 'max_bytes'"),
+        ("run", {"prompt": "   "}, "the prompt is empty"),
+        ("run", {"prompt": "x", "copies": 0}, "argument 'copies'"),
+        ("run", {"prompt": "x", "timeout": "soon"}, "timeout 'soon'"),
+        ("run", {"prompt": "x", "repo": str(tmp_path)}, "is not inside a git repository"),
+        ("retry", {"id": "abc", "mode": "sideways"}, "argument 'mode'"),
+        ("list", {"state": "asleep"}, "state 'asleep' is not one of"),
+        ("cost", {"since": "yesterday"}, "since: 'yesterday'"),
+        ("say", {"id": "abc", "text": ""}, "the message is empty"),
+        ("nosuch", {}, "Unknown tool"),
+    ]
+    async with _client(_plain_env(tmp_path), git_repo, tmp_path / "server.log") as session:
+        for name, args, words in bad:
+            is_error, text, _ = await _call_tool(session, name, args)
+            assert is_error, (name, args, text)
+            assert words in text, (name, args, text)
+            assert "\n" not in text.strip(), text  # one line
+        # still serving, and nothing was created
+        is_error, text, data = await _call_tool(session, "list", {})
+    assert not is_error and data is not None and data["tasks"] == [], text
+
+
+@pytest.mark.real_claude
+async def test_the_caps_refuse_the_task_past_them(
+        env: dict[str, str], git_repo: Path, tmp_path: Path) -> None:
+    """[mcp] max_tasks: a run past it is refused whole (none of its copies made), with a
+    reason the model can read; max_spend: no more work once the session's tasks spent it
+    (the meter's row written as the gateway writes it)."""
+    from fleet_tui.store.db import Store
+    from fleet_tui.store.meter import Meter, Usage
+    from fleet_tui.system import paths
+
+    (tmp_path / "config.toml").write_text("[mcp]\nmax_tasks = 2\nmax_spend = 0.5\n")
+    env = dict(env, FLEET_TUI_CONFIG=str(tmp_path / "config.toml"))
+    async with _client(env, git_repo, tmp_path / "server.log") as session:
+        is_error, text, first = await _call_tool(session, "run", {"prompt": "[script:chat] hi"})
+        assert not is_error and first is not None, text
+        is_error, text, _ = await _call_tool(session, "run", {"prompt": "[script:chat] two",
+                                                              "copies": 2})
+        assert is_error and "may start 2 tasks ([mcp] max_tasks" in text, text
+        assert "has started 1" in text and "(1 left)" in text, text
+        # the first task spends past max_spend: no more work of any kind
+        store = Store(paths.db_path())
+        try:
+            Meter(store).record(Usage(time.time(), first["ids"][0], None, "default",
+                                      "GLM-5.2", 200, 1000, 100, 0, 0, 0.75))
+        finally:
+            store.close()
+        is_error, text, _ = await _call_tool(session, "run", {"prompt": "[script:chat] 3"})
+        assert is_error and "spent $0.75 of the $0.50" in text and "max_spend" in text, text
+        is_error, text, cost = await _call_tool(session, "cost", {"by": "task"})
+        assert not is_error and cost is not None
+        assert cost["session"] == {"tasks_started": 1, "max_tasks": 2, "spent": 0.75,
+                                   "max_spend": 0.5, "unpriced_requests": 0}
+        is_error, text, waited = await _call_tool(session, "wait",
+                                                  {"ids": first["ids"], "timeout": 120})
+        assert not is_error and waited is not None and waited["done"], text
+        is_error, text, _ = await _call_tool(session, "follow_up",
+                                             {"id": first["ids"][0], "text": "more"})
+        assert is_error and "max_spend" in text, text
+    listed = json.loads(run_cli(env, git_repo, "ls", "--json").stdout)
+    assert [t["id"] for t in listed] == first["ids"]
