@@ -6,8 +6,9 @@ front), with the CLI's checks and refusals, so nothing reaches the engine that t
 could not do; only the confirmations a terminal would ask become refusals the model can
 read (open review comments stop a merge; a fresh retry that throws work away needs
 ``discard_changes``). Each tool answers with structured content and a short text (Claude
-Code shows the model the structured content, so the text is in it too: "summary"); a failure is an MCP tool error with the CLI's
-message, never a crash of the server. What a worker wrote is redacted as the CLI prints it.
+Code shows the model the structured content, so the text is in it too: "summary"); a
+failure is an MCP tool error with the CLI's message, never a crash of the server. What a
+worker wrote is redacted as the CLI prints it.
 
 The guard rails of a model caller (`[mcp]` in config.toml, settings/mcp.py): this server
 starts at most ``max_tasks`` tasks and no more work once its tasks spent ``max_spend``.
@@ -272,8 +273,8 @@ class FleetTools:
         return text, {"ids": ids, "tasks": [self._summary(t) for t in made],
                       "session": self._session()}
 
-    def list(self, state: str | None, repo: str | None,
-             all_repos: bool) -> tuple[str, dict[str, Any]]:
+    def list_tasks(self, state: str | None, repo: str | None,
+                   all_repos: bool) -> tuple[str, dict[str, Any]]:
         wanted: TaskState | None = None
         if state is not None:
             try:
@@ -648,7 +649,7 @@ def build_server(tools: FleetTools) -> MCPServer[Any]:
                               ] = None,
               all_repos: Annotated[bool, Field(description="every repository's tasks")
                                    ] = False) -> CallToolResult:
-        return _answer("list", lambda: tools.list(state, repo, all_repos))
+        return _answer("list", lambda: tools.list_tasks(state, repo, all_repos))
 
     @server.tool(name="show", annotations=READ_ONLY, description=(
         "One task in full: state, verdict and message, the worker's final result text, "
