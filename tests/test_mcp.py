@@ -312,3 +312,170 @@ async def test_the_caps_refuse_the_task_past_them(
         assert is_error and "max_spend" in text, text
     listed = json.loads(run_cli(env, git_repo, "ls", "--json").stdout)
     assert [t["id"] for t in listed] == first["ids"]
+
+
+# --- fleet-tui mcp install, and the README's commands --------------------------------------
+
+
+def _fleet_tui(env: dict[str, str], cwd: Path, *args: str
+               ) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([*_server_command()[:-1], *args], cwd=cwd, env=env, input="",
+                         capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out
+
+
+def _install_env(tmp: Path) -> dict[str, str]:
+    """This installation's `fleet-tui` on PATH, as a user has it."""
+    env = _plain_env(tmp)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def _front_matter(text: str) -> dict[str, str]:
+    assert text.startswith("---\n"), text[:80]
+    head = text[4:text.index("\n---\n", 4)]
+    return dict((k.strip(), v.strip()) for k, _, v in
+                (line.partition(":") for line in head.splitlines()))
+
+
+def test_install_user_scope_registers_as_claude_mcp_add_does(tmp_path: Path,
+                                                              git_repo: Path) -> None:
+    env = _install_env(tmp_path)
+    home = Path(env["HOME"])
+    printed = _fleet_tui(env, git_repo, "mcp", "install", "--print")
+    assert printed.returncode == 0, printed.stderr
+    assert f"would add to {home / '.claude.json'}" in printed.stdout
+    assert "name: fleet" in printed.stdout
+    assert not (home / ".claude.json").exists() and not (home / ".claude").exists()
+    # what Claude Code keeps there stays (another server, its own keys)
+    (home / ".claude.json").write_text(json.dumps(
+        {"numStartups": 3, "mcpServers": {"other": {"type": "stdio", "command": "x"}}}))
+    out = _fleet_tui(env, git_repo, "mcp", "install")
+    assert out.returncode == 0, out.stderr
+    assert "registered: the MCP server 'fleet'" in out.stdout
+    data = json.loads((home / ".claude.json").read_text())
+    assert data["numStartups"] == 3 and set(data["mcpServers"]) == {"other", "fleet"}
+    entry = data["mcpServers"]["fleet"]
+    assert entry["type"] == "stdio" and entry["args"][-1] == "mcp" and entry["env"] == {}
+    assert Path(entry["command"]).is_absolute()
+    assert (home / ".claude.json").stat().st_mode & 0o777 == 0o600
+    skill = (home / ".claude" / "skills" / "fleet" / "SKILL.md").read_text()
+    meta = _front_matter(skill)
+    assert meta["name"] == "fleet" and "mcp__fleet__" in meta["description"]
+    for topic in ("## When to delegate", "self-contained", "copies", "## Waiting",
+                  "critically", "mcp__fleet__queue", "## Cost"):
+        assert topic in skill, topic
+    again = _fleet_tui(env, git_repo, "mcp", "install")
+    assert "already registered" in again.stdout and "skill unchanged" in again.stdout
+    # CLAUDE_CONFIG_DIR: where Claude Code then keeps both
+    own = tmp_path / "claude-config"
+    moved = _fleet_tui(dict(env, CLAUDE_CONFIG_DIR=str(own)), git_repo, "mcp", "install")
+    assert moved.returncode == 0, moved.stderr
+    assert "fleet" in json.loads((own / ".claude.json").read_text())["mcpServers"]
+    assert (own / "skills" / "fleet" / "SKILL.md").read_text() == skill
+
+
+def test_install_project_scope_and_refusals(tmp_path: Path, git_repo: Path) -> None:
+    env = _install_env(tmp_path)
+    out = _fleet_tui(env, git_repo / "src", "mcp", "install", "--scope", "project")
+    assert out.returncode == 0, out.stderr
+    assert json.loads((git_repo / ".mcp.json").read_text()) == {"mcpServers": {"fleet": {
+        "type": "stdio", "command": "fleet-tui", "args": ["mcp"], "env": {}}}}
+    assert (git_repo / ".claude" / "skills" / "fleet" / "SKILL.md").is_file()
+    # a .mcp.json that is not JSON is left alone, with a one-line reason
+    (git_repo / ".mcp.json").write_text("{not json")
+    bad = _fleet_tui(env, git_repo, "mcp", "install", "--scope", "project")
+    assert bad.returncode == 2 and "is not valid JSON" in bad.stderr
+    assert (git_repo / ".mcp.json").read_text() == "{not json"
+    outside = _fleet_tui(env, tmp_path, "mcp", "install", "--scope", "project")
+    assert outside.returncode == 2 and "not inside a git repository" in outside.stderr
+    for args, words in ((["install", "--scope", "team"], "invalid choice"),
+                        (["serve"], "unknown mcp command 'serve'")):
+        wrong = _fleet_tui(env, git_repo, "mcp", *args)
+        assert wrong.returncode == 2 and words in wrong.stderr, wrong.stderr
+
+
+def test_a_bad_mcp_table_is_refused_before_serving(tmp_path: Path, git_repo: Path) -> None:
+    env = _plain_env(tmp_path)
+    for table, words in (("[mcp]\nmax_tasks = -1\n", "line 2: [mcp] max_tasks: expected"),
+                         ("[mcp]\nmax_spend = \"lots\"\n", "[mcp] max_spend: expected USD"),
+                         ("[mcp]\nmax_task = 3\n", "unknown key 'max_task'")):
+        (tmp_path / "config.toml").write_text(table)
+        out = subprocess.run([*_server_command()], cwd=git_repo, env=env,
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 2 and out.stdout == "", (out.stdout, out.stderr)
+        assert words in out.stderr and str(tmp_path / "config.toml") in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    # a good one does not trouble the other commands
+    (tmp_path / "config.toml").write_text("[mcp]\nmax_tasks = 3\nmax_spend = 0\n")
+    listed = _fleet_tui(env, git_repo, "ls")
+    assert listed.returncode == 0, listed.stderr
+
+
+def _readme_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("### Delegating from Claude Code")
+    return text[start:text.index("\n### ", start + 1)]
+
+
+def test_the_readme_commands_run_as_written(tmp_path: Path, git_repo: Path,
+                                            claude_bin: str) -> None:
+    import shlex
+    import tomllib
+
+    from fleet_tui.settings.mcp import read_mcp_settings
+
+    section = _readme_section()
+    blocks = section.split("```")
+    shell = [b.removeprefix("sh\n") for b in blocks[1::2] if b.startswith("sh\n")]
+    assert len(shell) == 1
+    env = _install_env(tmp_path)
+    env["PATH"] = os.pathsep.join([str(Path(claude_bin).parent), env["PATH"]])
+    ran: list[str] = []
+    for line in shell[0].splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        assert words[0] in ("fleet-tui", "claude"), line
+        command = [claude_bin, *words[1:]] if words[0] == "claude" else \
+            [*_server_command()[:-1], *words[1:]]
+        out = subprocess.run(command, cwd=git_repo, env=env, stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, (line, out.stderr)
+        ran.append(words[0] + " " + " ".join(words[1:3]))
+        if words[0] == "claude":
+            assert "Connected" in out.stdout, out.stdout
+    assert ran == ["fleet-tui mcp install", "fleet-tui mcp install", "fleet-tui mcp install",
+                   "claude mcp get"]
+    assert (Path(env["HOME"]) / ".claude" / "skills" / "fleet" / "SKILL.md").is_file()
+    assert (git_repo / ".mcp.json").is_file()
+    # the settings shown are the ones the server reads
+    toml = [b.removeprefix("toml\n") for b in blocks[1::2] if b.startswith("toml\n")]
+    assert len(toml) == 1 and "mcp" in tomllib.loads(toml[0])
+    (tmp_path / "shown.toml").write_text(toml[0])
+    assert read_mcp_settings(str(tmp_path / "shown.toml")).max_tasks == 20
+    # and its tool table names every tool
+    for tool in TOOLS:
+        assert f"`{tool}`" in section, tool
+
+
+def test_claude_finds_the_installed_skill(tmp_path: Path, git_repo: Path, claude_bin: str,
+                                          endpoint: ScriptedEndpoint) -> None:
+    """The skill is where Claude Code looks and in the form it reads: a session lists it."""
+    env = _install_env(tmp_path)
+    own = tmp_path / "claude-config"
+    env.update(CLAUDE_CONFIG_DIR=str(own))
+    assert _fleet_tui(env, git_repo, "mcp", "install").returncode == 0
+    env.update(ANTHROPIC_BASE_URL=endpoint.url, ANTHROPIC_AUTH_TOKEN=ORCHESTRATOR_KEY,
+               CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1",
+               CLAUDE_CODE_MAX_RETRIES="0")
+    out = subprocess.run([claude_bin, "-p", "[script:chat] hello", "--output-format",
+                          "stream-json", "--verbose", "--model", "sonnet"],
+                         cwd=git_repo, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=180)
+    init = next(json.loads(line) for line in out.stdout.splitlines()
+                if '"subtype":"init"' in line.replace(" ", ""))
+    assert "fleet" in init["skills"], init["skills"]
+    assert "fleet" in [s["name"] for s in init["mcp_servers"]], init["mcp_servers"]
