@@ -62,8 +62,12 @@ WORKER = [
       "input": {"command": "pwd > a.txt", "description": "write a.txt"}}],
     "wrote a.txt",
 ]
-SCRIPTS: dict[str, Any] = {"orchestrator": ORCHESTRATOR, "worker": WORKER,
-                           "chat": ["done"]}
+SCRIPTS: dict[str, Any] = {
+    "orchestrator": ORCHESTRATOR, "worker": WORKER, "chat": ["done"],
+    **{name: [[{"type": "tool_use", "name": "Bash",
+                "input": {"command": f"echo {name} > {name}.txt", "description": name}}],
+              f"wrote {name}.txt"] for name in ("one", "two")},
+}
 
 
 @pytest.fixture
@@ -479,3 +483,35 @@ def test_claude_finds_the_installed_skill(tmp_path: Path, git_repo: Path, claude
                 if '"subtype":"init"' in line.replace(" ", ""))
     assert "fleet" in init["skills"], init["skills"]
     assert "fleet" in [s["name"] for s in init["mcp_servers"]], init["mcp_servers"]
+
+
+@pytest.mark.real_claude
+async def test_queue_lands_tasks_and_wait_waits_for_the_landing(
+        env: dict[str, str], git_repo: Path, tmp_path: Path) -> None:
+    """Several tasks land through the merge queue; `wait` on them returns once each has
+    landed (the queue's runner is a process of its own)."""
+    async with _client(env, git_repo, tmp_path / "server.log") as session:
+        ids = []
+        for name in ("one", "two"):
+            is_error, text, data = await _call_tool(
+                session, "run", {"prompt": f"[script:{name}] write {name}.txt",
+                                 "title": f"Add {name}.txt"})
+            assert not is_error and data is not None, text
+            ids += data["ids"]
+        is_error, text, data = await _call_tool(session, "wait", {"ids": ids,
+                                                                  "timeout": 150})
+        assert not is_error and data is not None and data["done"], text
+        is_error, text, data = await _call_tool(session, "show", {"id": ids[0]})
+        assert not is_error and data is not None, text
+        assert data["result"] == "wrote one.txt" and data["files"] == [
+            {"path": "one.txt", "status": "untracked", "added": 1, "deleted": 0}], data
+        is_error, text, data = await _call_tool(session, "queue", {"ids": ids})
+        assert not is_error and data is not None, text
+        assert "call wait" in data["summary"]
+        is_error, text, data = await _call_tool(session, "wait", {"ids": ids,
+                                                                  "timeout": 150})
+        assert not is_error and data is not None and data["done"], text
+        assert [(t["id"], t["state"]) for t in data["tasks"]] == [
+            (ids[0], "merged"), (ids[1], "merged")], data
+    assert (git_repo / "one.txt").read_text() == "one\n"
+    assert (git_repo / "two.txt").read_text() == "two\n"
