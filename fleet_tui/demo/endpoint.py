@@ -13,6 +13,10 @@ its system prompt (`Primary working directory: /path`, checked against CLI 2.1.1
 look there first, then in the messages (system reminders), and leave `.` when neither
 says it.
 
+A value `{"$from_results": REGEX}` in a tool call's input is taken from the tool results
+the conversation holds (see `_from_results`): a script plays an orchestrator that passes
+on the ids an earlier tool call made.
+
 Faults (HTTP errors for the first N requests, a hang, a connection dropped mid-stream) and
 a per-event delay make the failure paths and a human-speed demo reproducible. Provider
 modes answer as z.ai does (HTTP 429 and `{"error": {"code": "1308", "message": ...}}`):
@@ -652,13 +656,49 @@ def _auth_of(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _substitute(value: Any, cwd: str, prompt: str = "") -> Any:
+FROM_RESULTS = "$from_results"
+
+
+def _tool_result_texts(body: Mapping[str, Any]) -> list[str]:
+    """The text of every tool_result in the conversation, oldest first."""
+    found: list[str] = []
+    for msg in body.get("messages") or []:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if not isinstance(msg, dict) or msg.get("role") != "user" \
+                or not isinstance(content, list):
+            continue
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                found.append("\n".join(_texts(block.get("content"))))
+    return found
+
+
+def _from_results(spec: Mapping[str, Any], results: Sequence[str]) -> Any:
+    """A value taken from what the tools answered earlier, so that a script can use what
+    only the run knows (the ids a tool made): `{"$from_results": REGEX}` is the first match
+    in the newest tool result that has one: its group `"group"` (default 1, or the whole
+    match when the pattern has no group); with `"all": true`, every match in that result,
+    as a list. No match: a text saying so (the tool then answers with an error the test
+    sees)."""
+    pattern = re.compile(str(spec[FROM_RESULTS]))
+    group = spec.get("group", 1 if pattern.groups else 0)
+    for text in reversed(results):
+        found = [m.group(group) for m in pattern.finditer(text)]
+        if found:
+            return found if spec.get("all") else found[0]
+    return f"(no earlier tool result matches {pattern.pattern!r})"
+
+
+def _substitute(value: Any, cwd: str, prompt: str = "",
+                results: Sequence[str] = ()) -> Any:
     if isinstance(value, str):
         return value.replace("{cwd}", cwd).replace("{prompt}", prompt)
     if isinstance(value, list):
-        return [_substitute(v, cwd, prompt) for v in value]
+        return [_substitute(v, cwd, prompt, results) for v in value]
     if isinstance(value, dict):
-        return {k: _substitute(v, cwd, prompt) for k, v in value.items()}
+        if FROM_RESULTS in value:
+            return _from_results(value, results)
+        return {k: _substitute(v, cwd, prompt, results) for k, v in value.items()}
     return value
 
 
@@ -874,7 +914,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             ep._record(replace(base, status=0, fault=fault_name))
             ep._hang()
             raise _Dropped
-        blocks = self._build_blocks(script, turn, cwd or ".", _latest_prompt(body))
+        blocks = self._build_blocks(script, turn, cwd or ".", _latest_prompt(body),
+                                    _tool_result_texts(body))
         ids = tuple(b["id"] for b in blocks if b["type"] == "tool_use")
         stop_reason = "tool_use" if ids else "end_turn"
         ep._record(replace(base, status=200, fault=fault_name, tool_use_ids=ids))
@@ -909,7 +950,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             })
 
     def _build_blocks(self, script: Script, turn: int, cwd: str,
-                      prompt: str = "") -> list[Block]:
+                      prompt: str = "", results: Sequence[str] = ()) -> list[Block]:
         extra = turn - len(script.turns)
         if turn < len(script.turns):
             template = script.turns[turn]
@@ -920,7 +961,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                          "text": f"(script {script.name!r} has only {len(script.turns)} "
                                  f"turn(s); nothing more to do)"}]
         blocks: list[Block] = []
-        for block in _substitute(template, cwd, prompt):
+        for block in _substitute(template, cwd, prompt, results):
             if block["type"] == "tool_use":
                 block = {"type": "tool_use", "id": _new_id("toolu_"), "name": block["name"],
                          "input": block["input"]}
