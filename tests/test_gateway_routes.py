@@ -230,3 +230,50 @@ def test_a_key_env_endpoints_tasks_wait_for_a_fleet_tui_that_has_the_key(
         finally:
             control.stop()
     assert {r.auth_sha256 for r in ep.message_requests()} == {sha(KEY_ONE)}
+
+
+def test_a_task_whose_key_the_gateway_lost_waits_and_resumes_in_its_session(
+        git_repo: Path, claude_bin: str, tmp_path: Path) -> None:
+    """`fleet-tui run` (no --wait) from a shell whose environment holds the key, then that
+    process gone; the gateway SIGKILLed and started again by a `fleet-tui ls` (which hands
+    it no key: the task is not its own). The worker's next request: the gateway does not
+    hold its key and the process that owned it has ended, so the attempt stops saying so
+    (verdict key, not an overload, no endpoint held) and the task waits; the next pass of
+    a fleet-tui with a key resumes it in its session, and it ends ok."""
+    gate = tmp_path / "go"
+    script = {"real_turns": True, "turns": [[gate_step(gate)], "done"]}
+    with ScriptedEndpoint({"default": script}) as ep:
+        env = cli_env(ep.url, claude_bin, KEY_ONE, FLEET_WORKER_GATEWAY="1")
+        try:
+            started = run_cli(env, git_repo, "run", "answer", "--json")
+            assert started.returncode == 0, started.stderr
+            (task,) = json.loads(started.stdout)
+            wait_for(lambda: ep.message_requests(), 120, "the first request")
+            first = control.read_info()
+            assert first is not None
+            os.kill(first.pid, signal.SIGKILL)
+            wait_for(lambda: control.read_info() is None, 10, "the gateway's death")
+            listed = run_cli(env, git_repo, "ls")
+            assert listed.returncode == 0, listed.stderr
+            again = control.read_info()
+            assert again is not None and again.pid != first.pid
+            gate.touch()
+
+            def shown() -> dict[str, Any]:
+                out = run_cli(env, git_repo, "show", task["id"], "--json")
+                assert out.returncode == 0, out.stderr
+                found: dict[str, Any] = json.loads(out.stdout)
+                return found
+
+            done = wait_for(lambda: (found := shown())["state"] == "succeeded" and found,
+                            180, "the task's end", every=0.3)
+        finally:
+            control.stop()
+    attempts = done["attempts"]
+    assert [a["verdict"] for a in attempts] == ["key", "ok"], attempts
+    assert attempts[1]["kind"] == "resume", attempts
+    assert "which has ended" in attempts[0]["message"], attempts[0]
+    assert {r.auth_sha256 for r in ep.message_requests()} == {sha(KEY_ONE)}
+    with Store(paths.db_path()) as store:
+        state = store.get_endpoint("default")
+    assert state is None or state.held is None, state

@@ -239,8 +239,8 @@ class Gateway:
                 self._keys[route.id] = value
                 return None
             return (f"the fleet-tui gateway has no key for endpoint {route.name!r}: "
-                    f"{route.source or 'its keyring entry'}: {reason}; set it (`fleet-tui key "
-                    "set`), then retry the task")
+                    f"{route.source or 'its keyring entry'}: {reason}; once it is set "
+                    "(`fleet-tui key set`), a fleet-tui starts the task again")
         owner = route.owner_pid()
         deadline = time.monotonic() + KEY_WAIT
         while not self._keys.get(route.id):
@@ -252,8 +252,8 @@ class Gateway:
                 return (f"the fleet-tui gateway does not hold the key of endpoint "
                         f"{route.name!r} for this attempt: it came from {where} of {who}, "
                         + ("which has ended" if not alive else "which did not hand it over")
-                        + f"; retry the task from a fleet-tui where {where} is set, or keep "
-                        "the key in the keyring (`fleet-tui key set`)")
+                        + f"; a fleet-tui where {where} is set starts it again (a key in "
+                        "the keyring, `fleet-tui key set`, outlives the shell)")
             await asyncio.sleep(0.05)
         return None
 
@@ -475,14 +475,15 @@ class Gateway:
         return _error(403, "permission_error", refusal)
 
     def _stop_attempt(self, info: TokenInfo, why: str) -> web.Response:
-        """The attempt cannot go on through the gateway: its stop asked for, with `why` as
-        its verdict's words (not a refusal of the provider's: no endpoint is held for it),
-        and the gateway's own answer, not to be retried."""
+        """The attempt cannot go on through the gateway (no key for its route): its stop
+        asked for (StopReason.NO_KEY: the task waits for a fleet-tui that can start it
+        again, `why` its words; not a refusal of the provider's: no endpoint is held), and
+        the gateway's own answer, not to be retried."""
         if info.attempt_id is not None:
             try:
                 folder = self.store.get_attempt(info.attempt_id).dir
                 if folder is not None:  # the first reason asked stands
-                    AttemptLog(folder).request_stop(StopReason.ERROR, why, at=self.clock(),
+                    AttemptLog(folder).request_stop(StopReason.NO_KEY, why, at=self.clock(),
                                                     by="gateway")
             except Exception as exc:
                 log.warning("could not mark an attempt stopped: %s", type(exc).__name__)
