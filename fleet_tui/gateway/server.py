@@ -9,6 +9,8 @@ across a restart), and serves `/e/<endpoint>/<rest>`:
 - the worker's token (`x-api-key` or `Authorization: Bearer`, as claude's apiKeyHelper
   sends both) is checked against the store on every request: unknown, revoked, or minted
   for another endpoint is a 401 with `x-should-retry: false`, and nothing goes upstream;
+  a valid one maps to the route recorded with it when its attempt started (routes.Route:
+  its base URL, where its key comes from), whatever was handed over since;
 - while the endpoint is parked or held (the store's `endpoints` row) the gateway answers
   by itself, 429 in the provider's words the engine kept (`park_message`), so the verdict
   reads as it did direct; `x-should-retry: false` keeps the CLI from retrying into it;
@@ -21,8 +23,11 @@ across a restart), and serves `/e/<endpoint>/<rest>`:
 It never logs a key, a token, a header or a body. Its records (folder): `gateway.lock`
 (held while it lives), `gateway.json` (pid, port, start), `status.json` (per endpoint: in
 flight, waiting and by which tasks, served, gated, refused, slot waits and holds),
-`gateway.log`; and `control.sock` (0600), where an engine hands it the endpoints and keys
-again when they changed (`_control`: replaced whole, `Gateway.replace`).
+`gateway.log`; and `control.sock` (0600), where an engine hands it the routes of its
+attempts and their keys (`_control`: added, `Gateway.attach`; never another process's
+replaced). Every WATCH_EVERY s it reads config.toml again when it changed
+(`reload_settings`: budgets, prices) and revokes the tokens of attempts that ended, their
+runner's exit or death included (`watch_attempts`), with no engine needed.
 """
 
 from __future__ import annotations
@@ -802,8 +807,10 @@ async def _control(gateway: Gateway, reader: asyncio.StreamReader,
             changed = gateway.attach(routes.values(), keys)
             if changed:
                 gateway.settings = await gateway._in_pool(_settings)
-                log.info("endpoints and keys handed over again: %s", ", ".join(sorted(routes)))
-            answer = {"ok": True, "changed": changed, "endpoints": sorted(routes)}
+            names = sorted({route.name for route in routes.values()})
+            if changed:
+                log.info("endpoints and keys handed over again: %s", ", ".join(names))
+            answer = {"ok": True, "changed": changed, "endpoints": names}
     except Exception as exc:  # its kind only: a message could quote what was handed
         log.warning("a handover on %s could not be read: %s", CONTROL_FILE,
                     type(exc).__name__)
@@ -921,8 +928,9 @@ def main(argv: list[str] | None = None) -> int:
     control_sock = _control_socket(folder)
     write_json_atomic(folder / INFO_FILE, {
         "pid": os.getpid(), "start": procs.start_time(os.getpid()), "port": gateway.port,
-        "started_at": gateway.started, "endpoints": sorted(routes)}, sync=False)
-    log.info("listening on 127.0.0.1:%d for %s", gateway.port, ", ".join(sorted(routes)))
+        "started_at": gateway.started, "endpoints": sorted(gateway.routes)}, sync=False)
+    log.info("listening on 127.0.0.1:%d for %s", gateway.port,
+             ", ".join(sorted(gateway.routes)) or "no endpoint yet")
     asyncio.run(_serve(gateway, sock, control_sock))
     log.info("stopped")
     return 0
