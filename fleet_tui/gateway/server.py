@@ -883,10 +883,12 @@ async def _serve(gateway: Gateway, sock: socket.socket, control_sock: socket.soc
 
 
 def _settings() -> Settings | None:
-    """The settings the budgets and prices come from, as the engine reads them (config.toml
-    and FLEET_WORKER_*); None, and said in the log, when they cannot be read."""
+    """The settings the budgets and prices come from: config.toml's, the fleet's shared
+    ones (not the FLEET_WORKER_* of whichever shell happened to start the gateway: they are
+    that shell's tasks' alone); None, and said in the log, when they cannot be read."""
     try:
-        return load_settings()
+        return load_settings(env={k: v for k, v in os.environ.items()
+                                  if not k.startswith("FLEET_WORKER_")})
     except (ConfigError, OSError) as exc:
         log.warning("settings unreadable, no budgets or prices applied: %s",
                     type(exc).__name__)
