@@ -177,6 +177,9 @@ def test_a_saved_token_is_refused_within_2_s_of_its_attempts_end_with_no_engine(
                      every=0.01)
             killed = _refused_within(url, token, time.monotonic(), 2.0)
             assert killed < 2.0
+            # the figure of README's reliability table (run with -s to see it)
+            print(f"token refused {after:.2f} s after its runner's exit, {killed:.2f} s "
+                  "after its SIGKILL")
         finally:
             gate.touch()  # a Bash step left waiting ends
             control.stop()
