@@ -20,6 +20,7 @@ from typing import Any
 from endpoint_helpers import cli_env, post, request_body, run_cli
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import TaskSpec
 from fleet_tui.gateway import control
 from fleet_tui.store.db import Store
 from fleet_tui.system import paths, procs
@@ -280,3 +281,32 @@ def test_a_task_whose_key_the_gateway_lost_waits_and_resumes_in_its_session(
     with Store(paths.db_path()) as store:
         state = store.get_endpoint("default")
     assert state is None or state.held is None, state
+
+
+def test_an_engines_route_used_again_after_its_key_was_forgotten_is_handed_again(
+        git_repo: Path, claude_bin: str) -> None:
+    """The gateway forgets a route's key once no live token maps to it; the same engine's
+    next attempt on that route (the same key variable, URL and engine) hands it again at
+    its start, so that attempt is served at once, not after a wait for the key."""
+    from test_fleet import KEY, drive, make_fleet, settled
+
+    from fleet_tui.gateway.server import KEY_WAIT
+    from fleet_tui.store.db import TaskState
+
+    quick = {"real_turns": True, "turns": ["done"]}
+    with ScriptedEndpoint({"default": quick}) as ep:
+        fleet = make_fleet(ep, claude_bin, gateway=True, max_attempts=1)
+        try:
+            for n in range(2):
+                (task,) = fleet.submit(TaskSpec(prompt="answer", repo=git_repo))
+                began = time.monotonic()
+                drive(fleet, settled(fleet, task.id), timeout=120)
+                took = time.monotonic() - began
+                assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+                if n == 1:
+                    assert took < KEY_WAIT, took
+                # its token revoked: the gateway's next look forgets the route's key
+                time.sleep(1.5)
+        finally:
+            control.stop(fleet.env)
+    assert {r.auth_sha256 for r in ep.message_requests()} == {sha(KEY)}

@@ -161,6 +161,7 @@ class Gateway:
         self.routes: dict[str, Route] = {}
         self.by_id: dict[str, Route] = {}
         self._keys: dict[str, str] = {}
+        self._key_at: dict[str, float] = {}  # when each key came (monotonic): see prune
         self.folder = folder
         self.clock = clock
         self.slots: dict[str, Slots] = {}
@@ -196,9 +197,11 @@ class Gateway:
         named = {r.name: r.id for r in routes}
         for ident, key in keys.items():
             ident = ident if ident in self.by_id else named.get(ident, ident)
-            if ident in self.by_id and key and self._keys.get(ident) != key:
-                self._keys[ident] = key
-                changed = True
+            if ident in self.by_id and key:
+                self._key_at[ident] = time.monotonic()
+                if self._keys.get(ident) != key:
+                    self._keys[ident] = key
+                    changed = True
         if changed:
             self.handed_at = time.time()
             self._changed = True
@@ -242,6 +245,7 @@ class Gateway:
             value, reason = await self._in_pool(_read_keyring, *route.keyring)
             if value:
                 self._keys[route.id] = value
+                self._key_at[route.id] = time.monotonic()
                 return None
             return (f"the fleet-tui gateway has no key for endpoint {route.name!r}: "
                     f"{route.source or 'its keyring entry'}: {reason}; once it is set "
@@ -262,12 +266,16 @@ class Gateway:
             await asyncio.sleep(0.05)
         return None
 
-    def prune(self, live: set[str]) -> None:
-        """Forget the keys of routes no live token maps to any more (their attempts
-        ended); a route handed without a token-borne id (an endpoint's latest) stays."""
+    def prune(self, live: set[str], since: float) -> None:
+        """Forget the keys of attempts' routes no live token maps to any more (their
+        attempts ended), each handed before `since` (when `live` was read: one handed
+        with a token minted after it stays). A route that names no key source (handed by
+        a caller of before routes per attempt) keeps its key. On the event loop."""
         for ident in [i for i in self._keys if i not in live
-                      and self.routes.get(self.by_id[i].name) != self.by_id[i]]:
+                      and self._key_at.get(i, 0.0) < since
+                      and (self.by_id[i].source or self.by_id[i].owner)]:
             del self._keys[ident]
+            self._key_at.pop(ident, None)
 
     # --- the store, off the event loop ------------------------------------------------------
 
@@ -494,11 +502,11 @@ class Gateway:
                 log.warning("could not mark an attempt stopped: %s", type(exc).__name__)
         return _error(403, "permission_error", why)
 
-    def watch_attempts(self) -> int:
+    def watch_attempts(self) -> set[str]:
         """Revoke the tokens of attempts that have ended: finished in the store, or their
         runner on this machine gone (its attempt folder's lock no longer held: an exit or a
-        SIGKILL), with no engine needed; and forget the keys no live token needs. The
-        number of attempts whose tokens were revoked."""
+        SIGKILL), with no engine needed. The ids of the routes the live tokens map to
+        (`prune`). In the gateway's thread pool."""
         ended: list[int] = []
         live: set[str] = set()
         for attempt_id, route in self.meter.live_attempts():
@@ -514,8 +522,7 @@ class Gateway:
         if ended:
             self.meter.revoke(attempt_ids=ended)
             log.info("revoked the tokens of %d ended attempt(s)", len(ended))
-        self.prune(live)
-        return len(ended)
+        return live
 
     def _over_budget(self, info: TokenInfo, name: str) -> str | None:
         """The task's budget met: nothing more goes upstream for it, and its attempt is
@@ -678,11 +685,10 @@ def _runner_gone(attempt: Any) -> bool:
     had one)? Another host's runner is its engine's to judge."""
     if attempt.host != "local" or attempt.dir is None:
         return False
-    folder = AttemptLog(attempt.dir)
-    held = folder.lock_held()
-    if held is None:  # no lock file yet: the attempt is being staged
+    if attempt.runner_pid is None:  # not spawned yet (its token comes before its runner)
         return False
-    return not held and (attempt.runner_pid is not None or folder.has_run())
+    held = AttemptLog(attempt.dir).lock_held()
+    return held is False  # None: no lock file (an attempt from before locks)
 
 
 def _read_keyring(service: str, entry: str) -> tuple[str | None, str]:
@@ -698,7 +704,9 @@ async def watch_attempts(gateway: Gateway) -> None:
     while True:
         try:
             await gateway._in_pool(gateway.reload_settings)
-            await gateway._in_pool(gateway.watch_attempts)
+            since = time.monotonic()
+            live = await gateway._in_pool(gateway.watch_attempts)
+            gateway.prune(live, since)
         except Exception as exc:  # the store busy for a moment: the next look
             log.warning("could not look at the attempts: %s", type(exc).__name__)
         await asyncio.sleep(WATCH_EVERY)
