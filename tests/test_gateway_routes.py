@@ -20,6 +20,7 @@ from typing import Any
 from endpoint_helpers import cli_env, post, request_body, run_cli
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import TaskSpec
 from fleet_tui.gateway import control
 from fleet_tui.store.db import Store
 from fleet_tui.system import paths, procs
@@ -177,6 +178,9 @@ def test_a_saved_token_is_refused_within_2_s_of_its_attempts_end_with_no_engine(
                      every=0.01)
             killed = _refused_within(url, token, time.monotonic(), 2.0)
             assert killed < 2.0
+            # the figure of README's reliability table (run with -s to see it)
+            print(f"token refused {after:.2f} s after its runner's exit, {killed:.2f} s "
+                  "after its SIGKILL")
         finally:
             gate.touch()  # a Bash step left waiting ends
             control.stop()
@@ -230,3 +234,79 @@ def test_a_key_env_endpoints_tasks_wait_for_a_fleet_tui_that_has_the_key(
         finally:
             control.stop()
     assert {r.auth_sha256 for r in ep.message_requests()} == {sha(KEY_ONE)}
+
+
+def test_a_task_whose_key_the_gateway_lost_waits_and_resumes_in_its_session(
+        git_repo: Path, claude_bin: str, tmp_path: Path) -> None:
+    """`fleet-tui run` (no --wait) from a shell whose environment holds the key, then that
+    process gone; the gateway SIGKILLed and started again by a `fleet-tui ls` (which hands
+    it no key: the task is not its own). The worker's next request: the gateway does not
+    hold its key and the process that owned it has ended, so the attempt stops saying so
+    (verdict key, not an overload, no endpoint held) and the task waits; the next pass of
+    a fleet-tui with a key resumes it in its session, and it ends ok."""
+    gate = tmp_path / "go"
+    script = {"real_turns": True, "turns": [[gate_step(gate)], "done"]}
+    with ScriptedEndpoint({"default": script}) as ep:
+        env = cli_env(ep.url, claude_bin, KEY_ONE, FLEET_WORKER_GATEWAY="1")
+        try:
+            started = run_cli(env, git_repo, "run", "answer", "--json")
+            assert started.returncode == 0, started.stderr
+            (task,) = json.loads(started.stdout)
+            wait_for(lambda: ep.message_requests(), 120, "the first request")
+            first = control.read_info()
+            assert first is not None
+            os.kill(first.pid, signal.SIGKILL)
+            wait_for(lambda: control.read_info() is None, 10, "the gateway's death")
+            listed = run_cli(env, git_repo, "ls")
+            assert listed.returncode == 0, listed.stderr
+            again = control.read_info()
+            assert again is not None and again.pid != first.pid
+            gate.touch()
+
+            def shown() -> dict[str, Any]:
+                out = run_cli(env, git_repo, "show", task["id"], "--json")
+                assert out.returncode == 0, out.stderr
+                found: dict[str, Any] = json.loads(out.stdout)
+                return found
+
+            done = wait_for(lambda: (found := shown())["state"] == "succeeded" and found,
+                            180, "the task's end", every=0.3)
+        finally:
+            control.stop()
+    attempts = done["attempts"]
+    assert [a["verdict"] for a in attempts] == ["key", "ok"], attempts
+    assert attempts[1]["kind"] == "resume", attempts
+    assert "which has ended" in attempts[0]["message"], attempts[0]
+    assert {r.auth_sha256 for r in ep.message_requests()} == {sha(KEY_ONE)}
+    with Store(paths.db_path()) as store:
+        state = store.get_endpoint("default")
+    assert state is None or state.held is None, state
+
+
+def test_an_engines_route_used_again_after_its_key_was_forgotten_is_handed_again(
+        git_repo: Path, claude_bin: str) -> None:
+    """The gateway forgets a route's key once no live token maps to it; the same engine's
+    next attempt on that route (the same key variable, URL and engine) hands it again at
+    its start, so that attempt is served at once, not after a wait for the key."""
+    from test_fleet import KEY, drive, make_fleet, settled
+
+    from fleet_tui.gateway.server import KEY_WAIT
+    from fleet_tui.store.db import TaskState
+
+    quick = {"real_turns": True, "turns": ["done"]}
+    with ScriptedEndpoint({"default": quick}) as ep:
+        fleet = make_fleet(ep, claude_bin, gateway=True, max_attempts=1)
+        try:
+            for n in range(2):
+                (task,) = fleet.submit(TaskSpec(prompt="answer", repo=git_repo))
+                began = time.monotonic()
+                drive(fleet, settled(fleet, task.id), timeout=120)
+                took = time.monotonic() - began
+                assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+                if n == 1:
+                    assert took < KEY_WAIT, took
+                # its token revoked: the gateway's next look forgets the route's key
+                time.sleep(1.5)
+        finally:
+            control.stop(fleet.env)
+    assert {r.auth_sha256 for r in ep.message_requests()} == {sha(KEY)}

@@ -367,8 +367,10 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
     timed_out = stop_reason in (StopReason.TIMEOUT, StopReason.STALL)
     if stop_reason == StopReason.ENDPOINT:
         return _stopped_for_the_endpoint(exit_record, stop_message, result, stderr_tail)
-    if stop_reason == StopReason.BUDGET_DAY:
-        return _stopped_for_the_day(exit_record, stop_message, result, stderr_tail)
+    if stop_reason in (StopReason.BUDGET_DAY, StopReason.NO_KEY):
+        return _stopped_to_wait(Verdict.BUDGET if stop_reason == StopReason.BUDGET_DAY
+                                else Verdict.KEY, exit_record, stop_message, result,
+                                stderr_tail)
     if stop_reason == StopReason.BUDGET:  # the budget's figure is the whole story
         record = exit_record or {}
         return Ending(Verdict.KILLED, stop_message or "stopped: the task spent its budget",
@@ -408,17 +410,20 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
     return Ending(out.verdict, message, exit_code, sig)
 
 
-def _stopped_for_the_day(exit_record: dict[str, Any] | None, stop_message: str | None,
-                         result: dict[str, Any] | None, stderr_tail: str) -> Ending:
-    """A run whose request the gateway answered itself because its endpoint's day budget
-    was met: it waits for the budget (verdict budget, the figure its message), unless the
-    run finished first."""
+def _stopped_to_wait(verdict: Verdict, exit_record: dict[str, Any] | None,
+                     stop_message: str | None, result: dict[str, Any] | None,
+                     stderr_tail: str) -> Ending:
+    """A run whose request the gateway answered itself: its endpoint's day budget was met
+    (verdict budget, the figure its message), or the key of its route is no longer held
+    (verdict key); it waits, unless the run finished first."""
     record = exit_record or {}
     exit_code, sig = _as_int(record.get("exit_code")), _as_int(record.get("signal"))
     out = classify(exit_code=exit_code, signal=sig, result=result, stderr_tail=stderr_tail)
     if out.verdict is Verdict.OK:
         return Ending(out.verdict, out.message, exit_code, sig)
-    return Ending(Verdict.BUDGET, stop_message or "the endpoint's day budget was met",
+    return Ending(verdict, stop_message or ("the endpoint's day budget was met"
+                                            if verdict is Verdict.BUDGET else
+                                            "the gateway no longer held the task's key"),
                   exit_code, sig)
 
 

@@ -61,12 +61,13 @@ __all__ = ["AUTO_RESUME_PROMPT", "BUDGET_HOLD", "COUNTED", "NOTE_PREFIXES", "NO_
 
 # verdicts of the moment (the endpoint's, not the task's): tried again after a wait
 TRANSIENT = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.WINDOW, Verdict.CONCURRENCY,
-                       Verdict.MODEL_OVERLOAD, Verdict.UNREACHABLE, Verdict.BUDGET})
+                       Verdict.MODEL_OVERLOAD, Verdict.UNREACHABLE, Verdict.BUDGET,
+                       Verdict.KEY})
 # the ones whose attempts count toward max_attempts; a window the endpoint named the reset
 # of, and a requeue for fewer workers at once, do not (and do not break a streak either)
 COUNTED = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.MODEL_OVERLOAD,
                      Verdict.UNREACHABLE})
-UNCOUNTED = frozenset({Verdict.WINDOW, Verdict.CONCURRENCY, Verdict.BUDGET})
+UNCOUNTED = frozenset({Verdict.WINDOW, Verdict.CONCURRENCY, Verdict.BUDGET, Verdict.KEY})
 OVERLOADS = frozenset({Verdict.OVERLOAD, Verdict.MODEL_OVERLOAD})
 # verdicts that stop the whole endpoint until the user acts (the account, the key)
 STOPS = frozenset({Verdict.ACCOUNT, Verdict.AUTH})
@@ -589,9 +590,12 @@ def after_attempt(task: Task, attempts: Sequence[Attempt], verdict: str, message
         return Next(TaskState.SUCCEEDED, message, effect=Effect("ok"))
     if verdict == Verdict.KILLED:
         return Next(TaskState.KILLED, message)
-    if verdict == Verdict.BUDGET:  # the endpoint's hold starts it again, once lifted
+    if verdict in (Verdict.BUDGET, Verdict.KEY):
+        # the endpoint's hold starts it again once lifted; a key: the next engine that can
+        # start it (one with the endpoint's key_env variable: scheduling's cannot_start)
         resumes = " in its session" if session_progress(task, attempts) else ""
-        return Next(TaskState.WAITING, f"{message} — waits for the budget, then resumes"
+        what = "the budget" if verdict == Verdict.BUDGET else "a fleet-tui with its key"
+        return Next(TaskState.WAITING, f"{message} — waits for {what}, then resumes"
                     f"{resumes}", None)
     override: str | None = None
     if verdict == Verdict.WINDOW:

@@ -137,10 +137,12 @@ class GatewayLink:
         return dataclasses.replace(route, source=source, keyring=keyring,
                                    owner="" if keyring is not None else self.owner)
 
-    def _ensure(self) -> control.GatewayInfo:
+    def _ensure(self, *, force: bool = False) -> control.GatewayInfo:
         """The running gateway, holding this engine's routes and their keys: started with
         them when none runs, handed them when they changed since this engine last handed
-        it any (or it is not the gateway this engine handed them to)."""
+        it any (or it is not the gateway this engine handed them to), or `force`d (an
+        attempt's start: the gateway forgets a route's key once no live token maps to it,
+        so a route used again is handed again)."""
         routes = [route for route, _key in self._mine.values()]
         keys = {ident: key for ident, (_route, key) in self._mine.items()}
         data = control.handover(routes, keys)
@@ -150,7 +152,7 @@ class GatewayLink:
         if found is None:  # started with these, or found started by another engine (the
             # handover below then changes nothing, or gives it ours)
             found = control.ensure(routes, keys, db=db, python=self.python, env=self.env)
-        if routes and self._handed != (found.pid, found.started_at, digest):
+        if routes and (force or self._handed != (found.pid, found.started_at, digest)):
             try:
                 if control.hand_over(data, env=self.env, db=db):
                     log.info("the gateway was handed new keys or endpoints")
@@ -179,7 +181,7 @@ class GatewayLink:
         token = self.meter.mint(task.id, attempt.id, name, route=route.to_record())
         self._mine[route.id] = (route, keys[name])
         try:
-            info = self._ensure()
+            info = self._ensure(force=True)
         except BaseException:
             self.revoke_token(token)
             raise

@@ -9,6 +9,8 @@ across a restart), and serves `/e/<endpoint>/<rest>`:
 - the worker's token (`x-api-key` or `Authorization: Bearer`, as claude's apiKeyHelper
   sends both) is checked against the store on every request: unknown, revoked, or minted
   for another endpoint is a 401 with `x-should-retry: false`, and nothing goes upstream;
+  a valid one maps to the route recorded with it when its attempt started (routes.Route:
+  its base URL, where its key comes from), whatever was handed over since;
 - while the endpoint is parked or held (the store's `endpoints` row) the gateway answers
   by itself, 429 in the provider's words the engine kept (`park_message`), so the verdict
   reads as it did direct; `x-should-retry: false` keeps the CLI from retrying into it;
@@ -21,8 +23,11 @@ across a restart), and serves `/e/<endpoint>/<rest>`:
 It never logs a key, a token, a header or a body. Its records (folder): `gateway.lock`
 (held while it lives), `gateway.json` (pid, port, start), `status.json` (per endpoint: in
 flight, waiting and by which tasks, served, gated, refused, slot waits and holds),
-`gateway.log`; and `control.sock` (0600), where an engine hands it the endpoints and keys
-again when they changed (`_control`: replaced whole, `Gateway.replace`).
+`gateway.log`; and `control.sock` (0600), where an engine hands it the routes of its
+attempts and their keys (`_control`: added, `Gateway.attach`; never another process's
+replaced). Every WATCH_EVERY s it reads config.toml again when it changed
+(`reload_settings`: budgets, prices) and revokes the tokens of attempts that ended, their
+runner's exit or death included (`watch_attempts`), with no engine needed.
 """
 
 from __future__ import annotations
@@ -156,6 +161,7 @@ class Gateway:
         self.routes: dict[str, Route] = {}
         self.by_id: dict[str, Route] = {}
         self._keys: dict[str, str] = {}
+        self._key_at: dict[str, float] = {}  # when each key came (monotonic): see prune
         self.folder = folder
         self.clock = clock
         self.slots: dict[str, Slots] = {}
@@ -191,9 +197,11 @@ class Gateway:
         named = {r.name: r.id for r in routes}
         for ident, key in keys.items():
             ident = ident if ident in self.by_id else named.get(ident, ident)
-            if ident in self.by_id and key and self._keys.get(ident) != key:
-                self._keys[ident] = key
-                changed = True
+            if ident in self.by_id and key:
+                self._key_at[ident] = time.monotonic()
+                if self._keys.get(ident) != key:
+                    self._keys[ident] = key
+                    changed = True
         if changed:
             self.handed_at = time.time()
             self._changed = True
@@ -237,10 +245,11 @@ class Gateway:
             value, reason = await self._in_pool(_read_keyring, *route.keyring)
             if value:
                 self._keys[route.id] = value
+                self._key_at[route.id] = time.monotonic()
                 return None
             return (f"the fleet-tui gateway has no key for endpoint {route.name!r}: "
-                    f"{route.source or 'its keyring entry'}: {reason}; set it (`fleet-tui key "
-                    "set`), then retry the task")
+                    f"{route.source or 'its keyring entry'}: {reason}; once it is set "
+                    "(`fleet-tui key set`), a fleet-tui starts the task again")
         owner = route.owner_pid()
         deadline = time.monotonic() + KEY_WAIT
         while not self._keys.get(route.id):
@@ -252,17 +261,21 @@ class Gateway:
                 return (f"the fleet-tui gateway does not hold the key of endpoint "
                         f"{route.name!r} for this attempt: it came from {where} of {who}, "
                         + ("which has ended" if not alive else "which did not hand it over")
-                        + f"; retry the task from a fleet-tui where {where} is set, or keep "
-                        "the key in the keyring (`fleet-tui key set`)")
+                        + f"; a fleet-tui where {where} is set starts it again (a key in "
+                        "the keyring, `fleet-tui key set`, outlives the shell)")
             await asyncio.sleep(0.05)
         return None
 
-    def prune(self, live: set[str]) -> None:
-        """Forget the keys of routes no live token maps to any more (their attempts
-        ended); a route handed without a token-borne id (an endpoint's latest) stays."""
+    def prune(self, live: set[str], since: float) -> None:
+        """Forget the keys of attempts' routes no live token maps to any more (their
+        attempts ended), each handed before `since` (when `live` was read: one handed
+        with a token minted after it stays). A route that names no key source (handed by
+        a caller of before routes per attempt) keeps its key. On the event loop."""
         for ident in [i for i in self._keys if i not in live
-                      and self.routes.get(self.by_id[i].name) != self.by_id[i]]:
+                      and self._key_at.get(i, 0.0) < since
+                      and (self.by_id[i].source or self.by_id[i].owner)]:
             del self._keys[ident]
+            self._key_at.pop(ident, None)
 
     # --- the store, off the event loop ------------------------------------------------------
 
@@ -475,24 +488,25 @@ class Gateway:
         return _error(403, "permission_error", refusal)
 
     def _stop_attempt(self, info: TokenInfo, why: str) -> web.Response:
-        """The attempt cannot go on through the gateway: its stop asked for, with `why` as
-        its verdict's words (not a refusal of the provider's: no endpoint is held for it),
-        and the gateway's own answer, not to be retried."""
+        """The attempt cannot go on through the gateway (no key for its route): its stop
+        asked for (StopReason.NO_KEY: the task waits for a fleet-tui that can start it
+        again, `why` its words; not a refusal of the provider's: no endpoint is held), and
+        the gateway's own answer, not to be retried."""
         if info.attempt_id is not None:
             try:
                 folder = self.store.get_attempt(info.attempt_id).dir
                 if folder is not None:  # the first reason asked stands
-                    AttemptLog(folder).request_stop(StopReason.ERROR, why, at=self.clock(),
+                    AttemptLog(folder).request_stop(StopReason.NO_KEY, why, at=self.clock(),
                                                     by="gateway")
             except Exception as exc:
                 log.warning("could not mark an attempt stopped: %s", type(exc).__name__)
         return _error(403, "permission_error", why)
 
-    def watch_attempts(self) -> int:
+    def watch_attempts(self) -> set[str]:
         """Revoke the tokens of attempts that have ended: finished in the store, or their
         runner on this machine gone (its attempt folder's lock no longer held: an exit or a
-        SIGKILL), with no engine needed; and forget the keys no live token needs. The
-        number of attempts whose tokens were revoked."""
+        SIGKILL), with no engine needed. The ids of the routes the live tokens map to
+        (`prune`). In the gateway's thread pool."""
         ended: list[int] = []
         live: set[str] = set()
         for attempt_id, route in self.meter.live_attempts():
@@ -508,8 +522,7 @@ class Gateway:
         if ended:
             self.meter.revoke(attempt_ids=ended)
             log.info("revoked the tokens of %d ended attempt(s)", len(ended))
-        self.prune(live)
-        return len(ended)
+        return live
 
     def _over_budget(self, info: TokenInfo, name: str) -> str | None:
         """The task's budget met: nothing more goes upstream for it, and its attempt is
@@ -672,11 +685,10 @@ def _runner_gone(attempt: Any) -> bool:
     had one)? Another host's runner is its engine's to judge."""
     if attempt.host != "local" or attempt.dir is None:
         return False
-    folder = AttemptLog(attempt.dir)
-    held = folder.lock_held()
-    if held is None:  # no lock file yet: the attempt is being staged
+    if attempt.runner_pid is None:  # not spawned yet (its token comes before its runner)
         return False
-    return not held and (attempt.runner_pid is not None or folder.has_run())
+    held = AttemptLog(attempt.dir).lock_held()
+    return held is False  # None: no lock file (an attempt from before locks)
 
 
 def _read_keyring(service: str, entry: str) -> tuple[str | None, str]:
@@ -692,7 +704,9 @@ async def watch_attempts(gateway: Gateway) -> None:
     while True:
         try:
             await gateway._in_pool(gateway.reload_settings)
-            await gateway._in_pool(gateway.watch_attempts)
+            since = time.monotonic()
+            live = await gateway._in_pool(gateway.watch_attempts)
+            gateway.prune(live, since)
         except Exception as exc:  # the store busy for a moment: the next look
             log.warning("could not look at the attempts: %s", type(exc).__name__)
         await asyncio.sleep(WATCH_EVERY)
@@ -801,8 +815,10 @@ async def _control(gateway: Gateway, reader: asyncio.StreamReader,
             changed = gateway.attach(routes.values(), keys)
             if changed:
                 gateway.settings = await gateway._in_pool(_settings)
-                log.info("endpoints and keys handed over again: %s", ", ".join(sorted(routes)))
-            answer = {"ok": True, "changed": changed, "endpoints": sorted(routes)}
+            names = sorted({route.name for route in routes.values()})
+            if changed:
+                log.info("endpoints and keys handed over again: %s", ", ".join(names))
+            answer = {"ok": True, "changed": changed, "endpoints": names}
     except Exception as exc:  # its kind only: a message could quote what was handed
         log.warning("a handover on %s could not be read: %s", CONTROL_FILE,
                     type(exc).__name__)
@@ -875,10 +891,12 @@ async def _serve(gateway: Gateway, sock: socket.socket, control_sock: socket.soc
 
 
 def _settings() -> Settings | None:
-    """The settings the budgets and prices come from, as the engine reads them (config.toml
-    and FLEET_WORKER_*); None, and said in the log, when they cannot be read."""
+    """The settings the budgets and prices come from: config.toml's, the fleet's shared
+    ones (not the FLEET_WORKER_* of whichever shell happened to start the gateway: they are
+    that shell's tasks' alone); None, and said in the log, when they cannot be read."""
     try:
-        return load_settings()
+        return load_settings(env={k: v for k, v in os.environ.items()
+                                  if not k.startswith("FLEET_WORKER_")})
     except (ConfigError, OSError) as exc:
         log.warning("settings unreadable, no budgets or prices applied: %s",
                     type(exc).__name__)
@@ -920,8 +938,9 @@ def main(argv: list[str] | None = None) -> int:
     control_sock = _control_socket(folder)
     write_json_atomic(folder / INFO_FILE, {
         "pid": os.getpid(), "start": procs.start_time(os.getpid()), "port": gateway.port,
-        "started_at": gateway.started, "endpoints": sorted(routes)}, sync=False)
-    log.info("listening on 127.0.0.1:%d for %s", gateway.port, ", ".join(sorted(routes)))
+        "started_at": gateway.started, "endpoints": sorted(gateway.routes)}, sync=False)
+    log.info("listening on 127.0.0.1:%d for %s", gateway.port,
+             ", ".join(sorted(gateway.routes)) or "no endpoint yet")
     asyncio.run(_serve(gateway, sock, control_sock))
     log.info("stopped")
     return 0
