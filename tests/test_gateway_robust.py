@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from test_fleet import drive, settled
 from test_gateway_real import gateway_fleet
 

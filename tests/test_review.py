@@ -168,7 +168,7 @@ def test_viewed_marks_are_kept_and_an_older_store_gains_their_table(tmp_path: Pa
     taken off reads back after a reopen."""
     db = tmp_path / "older.db"
     conn = sqlite3.connect(db, isolation_level=None)
-    before = SCHEMA_VERSION - 1  # the version just before this table
+    before = 11  # the version just before this table (the 12th migration)
     for migrate in MIGRATIONS[:before]:
         migrate(conn)
     conn.execute(f"PRAGMA user_version = {before}")
