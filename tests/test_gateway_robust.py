@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_fleet import drive, settled
 from test_gateway_real import gateway_fleet
 
@@ -64,3 +65,171 @@ def test_a_gateway_sigkilled_at_points_along_a_slow_stream_every_task_ends_ok(
             assert points[-1] - points[0] >= KILL_POINTS - 1, points
         finally:
             control.stop(fleet.env)
+
+
+def _gateway_logs() -> int:
+    """Bytes of the gateway's log files (the log and the one rotated before it)."""
+    where = control.folder()
+    return sum(p.stat().st_size for p in where.glob("gateway.log*") if p.is_file())
+
+
+def test_a_flood_of_slow_connections_leaves_the_workers_served(
+        git_repo: Path, claude_bin: str) -> None:
+    """20,000 slow connections from local processes (partial heads, a byte a second, no
+    token; each one closed connects again) while two real workers run: both end ok, the
+    gateway keeps its descriptors (it closes the slow ones and the oldest beyond its cap)
+    and its log stays small."""
+    from bench.flood import flood_processes, gather
+
+    steps = {"real_turns": True, "turns": [
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "sleep 4", "description": "wait"}}],
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "sleep 4", "description": "wait"}}],
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "sleep 4", "description": "wait"}}],
+        "done"]}
+    with ScriptedEndpoint({"default": steps}) as ep:
+        fleet = gateway_fleet(ep, claude_bin, max_workers=2, max_attempts=1)
+        floods: list[Any] = []
+        try:
+            tasks = fleet.submit(TaskSpec(prompt="steps", repo=git_repo), copies=2)
+            drive(fleet, lambda: bool(ep.message_requests()), timeout=90)
+            info = control.read_info(fleet.env)
+            assert info is not None
+            floods = flood_processes(info.port, 20_000, seconds=40.0, per_process=5000)
+            drive(fleet, settled(fleet, *[t.id for t in tasks]), timeout=240)
+            done = [fleet.get_task(t.id) for t in tasks]
+            figures = gather(floods, timeout=120)
+            status = control.read_status(fleet.env) or {}
+            again = control.read_info(fleet.env)
+        finally:
+            for proc in floods:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            logs = _gateway_logs()
+            control.stop(fleet.env)
+    assert all(t.state == TaskState.SUCCEEDED for t in done), \
+        [(t.state, t.message) for t in done]
+    assert len(fleet.attempts(done[0].id)) == len(fleet.attempts(done[1].id)) == 1
+    assert again is not None and again.pid == info.pid  # the same gateway throughout
+    assert figures["opened"] >= 20_000, figures
+    guard = status.get("connections", {})
+    assert guard.get("closed_slow", 0) + guard.get("closed_over_cap", 0) > 0, guard
+    assert logs < 3_000_000, logs
+
+
+def test_a_closed_window_met_by_four_workers_in_flight_gets_one_request_each(
+        git_repo: Path, claude_bin: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four workers in a tool step when the endpoint's 5-hour window closes (z.ai's 1308,
+    which says nothing against retrying), the CLI's default retries on: the gateway shuts
+    the gate on the first 1308 and answers the rest itself; at most one request per worker
+    reaches the closed window. The tasks resume once it reopens."""
+    from fleet_tui.core import policy
+
+    monkeypatch.setattr(policy, "START_BOUND", 0.0)
+    steps = {"real_turns": True, "turns": [
+        [{"type": "tool_use", "name": "Bash",
+          "input": {"command": "sleep 3", "description": "wait"}}],
+        "done"]}
+    window = {"kind": "window", "after_ok": 4, "seconds": 20}
+    with ScriptedEndpoint({"default": steps}, faults=[window]) as ep:
+        fleet = gateway_fleet(ep, claude_bin, max_workers=4, park_jitter=0.0)
+        try:
+            tasks = fleet.submit(TaskSpec(prompt="steps", repo=git_repo), copies=4)
+            drive(fleet, settled(fleet, *[t.id for t in tasks]), timeout=240)
+            done = [fleet.get_task(t.id) for t in tasks]
+            status = control.read_status(fleet.env) or {}
+        finally:
+            control.stop(fleet.env)
+    into_window = [r for r in ep.message_requests() if (r.fault or "").startswith("window")]
+    assert 1 <= len(into_window) <= 4, [(r.status, r.fault) for r in ep.message_requests()]
+    assert all(t.state == TaskState.SUCCEEDED for t in done), \
+        [(t.state, t.message) for t in done]
+    ep_status = status.get("endpoints", {}).get("default", {})
+    assert ep_status.get("rejected_codes", {}).get("1308") == len(into_window), ep_status
+    assert ep_status.get("gated", 0) >= 1, ep_status
+
+
+def _slot_rig(ep: ScriptedEndpoint) -> tuple[Any, Any, str]:
+    import sys
+
+    from fleet_tui.gateway.routes import Route
+    from fleet_tui.store.db import Store
+    from fleet_tui.store.meter import Meter
+    from fleet_tui.system import paths
+
+    store = Store(paths.db_path())
+    meter = Meter(store)
+    info = control.ensure([Route("default", ep.url, 2, "default")], {"default": "sk-slot"},
+                          db=store.path, python=sys.executable, env=os.environ)
+    return info, meter, meter.mint("t1", 1, "default")
+
+
+def test_a_stream_cut_downstream_keeps_its_slot_until_its_upstream_answer_ends() -> None:
+    """Two slots, an endpoint that refuses a third answer in flight (z.ai's 1302): a stream
+    whose client goes away after its first event holds its slot until the endpoint has
+    sent it to the end, so the request that wanted the slot waits instead of meeting a
+    1302; the cut answer is metered whole; the provider's refusals are counted in the
+    status (a 1302 let through on purpose)."""
+    import json
+    import socket
+    import threading
+
+    from endpoint_helpers import request_body
+    from test_gateway import raw_post
+
+    slow = {"delay": 0.25, "turns": [[{"type": "text", "text": "y" * 240}]]}
+    with ScriptedEndpoint({"default": slow},
+                          faults=[{"kind": "concurrency", "limit": 2, "times": None}]) as ep:
+        info, meter, token = _slot_rig(ep)
+        try:
+            body = json.dumps(request_body()).encode()
+            path = "/e/default/v1/messages?beta=true"
+            answers: list[Any] = []
+            whole = threading.Thread(target=lambda: answers.append(
+                raw_post(info.url, path, body, {"x-api-key": token})))
+            whole.start()  # a stream read to its end meanwhile
+            cut = socket.create_connection(("127.0.0.1", info.port), timeout=30)
+            cut.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        b"content-type: application/json\r\nx-api-key: " + token.encode()
+                        + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n"
+                        + body)
+            seen = b""
+            while b"message_start" not in seen:
+                chunk = cut.recv(4096)
+                assert chunk, seen
+                seen += chunk
+            ep.wait_for(2)
+            cut.close()  # the worker gone: its answer still streams upstream
+            after = raw_post(info.url, path, body, {"x-api-key": token})
+            whole.join(60)
+            assert after.status == 200, after.body
+            assert answers and answers[0].status == 200
+            assert [r.status for r in ep.message_requests()] == [200, 200, 200]
+            # the cut answer metered as the endpoint served it: whole
+            deadline = time.monotonic() + 10
+            while len(meter.rows()) < 3:
+                assert time.monotonic() < deadline, meter.rows()
+                time.sleep(0.05)
+            served = sorted((s["input_tokens"], s["output_tokens"]) for s in ep.served())
+            metered = sorted((r.input_tokens, r.output_tokens) for r in meter.rows())
+            assert metered == served
+            # a refusal of the provider's is counted where the status shows it
+            ep.set_faults([{"kind": "zai", "code": "1302", "times": 1}])
+            refused = raw_post(info.url, path, body, {"x-api-key": token})
+            assert refused.status == 429
+            deadline = time.monotonic() + 10
+            while True:
+                status = (control.read_status() or {}).get("endpoints", {}).get("default", {})
+                if status.get("rejected") == 1:
+                    break
+                assert time.monotonic() < deadline, status
+                time.sleep(0.05)
+            assert status["rejected_codes"] == {"1302": 1}
+            (error_row,) = [r for r in meter.rows() if r.status == 429]
+            assert error_row.error == "1302" and error_row.cost is not None
+            assert error_row.model  # the request's model, not "(none)"
+        finally:
+            control.stop()
