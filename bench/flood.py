@@ -68,7 +68,7 @@ def flood(port: int, count: int, seconds: float, pause: float = 0.5) -> dict[str
                 socks[slot] = sock
                 slot_of[sock] = slot
                 sel.register(sock, selectors.EVENT_WRITE)
-        for key, events in sel.select(timeout=0.2):
+        for key, _events in sel.select(timeout=0.2):
             sock = key.fileobj
             assert isinstance(sock, socket.socket)
             slot = slot_of[sock]
