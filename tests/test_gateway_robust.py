@@ -99,7 +99,8 @@ def test_a_flood_of_slow_connections_leaves_the_workers_served(
             info = control.read_info(fleet.env)
             assert info is not None
             # more than the gateway's open-files limit (20,000 here) would hold
-            floods = flood_processes(info.port, 22_000, seconds=100.0, per_process=5500)
+            floods = flood_processes(info.port, 22_000, seconds=120.0, per_process=5500)
+            flood_ends = time.monotonic() + 120.0
 
             def at_height() -> bool:
                 # the gateway has met 20,000 of the flood's connections (or holds as many
@@ -113,7 +114,10 @@ def test_a_flood_of_slow_connections_leaves_the_workers_served(
                 assert time.monotonic() < deadline, "the flood never reached its height"
                 time.sleep(0.2)
             tasks = fleet.submit(TaskSpec(prompt="steps", repo=git_repo), copies=2)
-            drive(fleet, settled(fleet, *[t.id for t in tasks]), timeout=240)
+            # served during the flood, not once it is over
+            drive(fleet, settled(fleet, *[t.id for t in tasks]),
+                  timeout=flood_ends - time.monotonic() - 2.0)
+            assert all(p.poll() is None for p in floods), "the flood ended first"
             done = [fleet.get_task(t.id) for t in tasks]
             figures = gather(floods, timeout=240)
             status = control.read_status(fleet.env) or {}
@@ -306,3 +310,34 @@ def test_the_meter_of_a_run_with_kills_and_window_refusals_is_what_was_served(
     assert totals.errors == len(refusals)
     assert {r.error for r in rows if r.error is not None} == {"1308"}
     assert all(r.model for r in rows)
+
+
+def test_the_log_is_rate_limited_and_rotated_whatever_floods_it(tmp_path: Path) -> None:
+    """20,000 lines logged as fast as the gateway could: the log keeps a burst of them,
+    says how many it dropped, and never weighs more than twice its cap (the file and the
+    one rotated before it)."""
+    import logging
+
+    from fleet_tui.gateway.guard import CappedLog
+
+    path = tmp_path / "gateway.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        handler = CappedLog(path, rate=1000.0, burst=500, max_bytes=20_000, fd=fd)
+        logger = logging.getLogger("fleet_tui.gateway.test-flood")
+        logger.propagate = False
+        logger.addHandler(handler)
+        try:
+            for i in range(20_000):
+                logger.warning("endpoint default: something went wrong %d", i)
+            time.sleep(0.05)
+            logger.warning("after the flood")
+        finally:
+            logger.removeHandler(handler)
+    finally:
+        os.close(fd)
+    old = path.with_name("gateway.log.1")
+    assert old.exists()  # rotated
+    assert path.stat().st_size + old.stat().st_size <= 2 * 20_000
+    text = path.read_text()
+    assert "after the flood" in text and "log lines dropped" in text

@@ -20,6 +20,7 @@ most the requests already in flight when the first refusal came reach the closed
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ __all__ = ["ACCOUNT_SHUT", "NO_RESET", "Shut", "error_code", "read_refusal"]
 NO_RESET = 60.0  # seconds shut for a closed window whose reset time cannot be read
 ACCOUNT_SHUT = 300.0  # seconds shut for a closed account (the engine holds it meanwhile)
 _SHUTS = (providers.Kind.WINDOW, providers.Kind.ACCOUNT)
+_PLAIN = re.compile(r"[A-Za-z0-9_.-]{1,24}")
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ def error_code(status: int, body: bytes) -> str:
     """What the meter and the status call an error answer: its business code when the
     body names one (z.ai's "1308"), else its HTTP status ("429")."""
     _message, code = _error_of(body)
-    return code if code else str(status)
+    # the provider's text: only a plain code is kept (it reaches a terminal and the store)
+    return code if code and _PLAIN.fullmatch(code) else str(status)
 
 
 def read_refusal(status: int, body: bytes, now: float) -> Shut | None:
