@@ -289,6 +289,7 @@ class Gateway:
         folder = await self._in_pool(self._mailbox_of, request)
         if isinstance(folder, web.Response):
             return folder
+        self.guard.prove(request.transport)  # a worker's long poll, not a flood's
         try:
             wait = min(max(float(request.query.get("wait", "0")), 0.0), mailbox.LONG_POLL)
         except ValueError:
@@ -305,6 +306,7 @@ class Gateway:
         folder = await self._in_pool(self._mailbox_of, request)
         if isinstance(folder, web.Response):
             return folder
+        self.guard.prove(request.transport)  # a worker's long poll, not a flood's
         try:
             data = json.loads(await request.read())
             await self._in_pool(mailbox.verdict, folder, str(data["id"]),
@@ -518,7 +520,11 @@ class Gateway:
             if status >= 400 and not reader.streamed:
                 # an error is small: read whole, so that a closed window shuts the gate
                 # before the worker's CLI can retry into it
-                head = await upstream.content.read(ERROR_BODY_MAX)
+                while len(head) < ERROR_BODY_MAX:
+                    piece = await upstream.content.read(ERROR_BODY_MAX - len(head))
+                    if not piece:
+                        break
+                    head += piece
                 reader.feed(head)
                 error = self._refused_upstream(route.name, status, head, counters)
             await down.prepare()
