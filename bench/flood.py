@@ -16,6 +16,7 @@ import contextlib
 import json
 import resource
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 HEAD = b"POST /e/default/v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nx-slow: "
+_STOP: list[int] = []  # a SIGTERM ends the flood early (its figures still printed)
 
 
 def flood(port: int, count: int, seconds: float, pause: float = 0.5) -> dict[str, int]:
@@ -53,7 +55,7 @@ def flood(port: int, count: int, seconds: float, pause: float = 0.5) -> dict[str
         again[slot] = time.monotonic() + pause
 
     next_trickle = time.monotonic() + 1.0
-    while (now := time.monotonic()) < deadline:
+    while (now := time.monotonic()) < deadline and not _STOP:
         for slot in range(count):
             if slot not in socks and again[slot] <= now:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -120,9 +122,15 @@ def flood_processes(port: int, total: int, seconds: float, per_process: int = 40
     return procs
 
 
-def gather(procs: list[subprocess.Popen[str]], timeout: float) -> dict[str, int]:
-    """The processes' figures summed (each waited for up to `timeout`)."""
+def gather(procs: list[subprocess.Popen[str]], timeout: float, *, stop: bool = False
+           ) -> dict[str, int]:
+    """The processes' figures summed (each waited for up to `timeout`; with `stop`, asked
+    to end now first)."""
     total: dict[str, int] = {}
+    if stop:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
     for proc in procs:
         out, _ = proc.communicate(timeout=timeout)
         line = out.strip().splitlines()[-1] if out.strip() else "{}"
@@ -138,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=30.0)
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: _STOP.append(1))
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

@@ -31,13 +31,14 @@ def _blocks(count: int) -> list[dict[str, Any]]:
     return [{"type": "text", "text": f"part {i} of a slow answer. "} for i in range(count)]
 
 
+@pytest.mark.timeout(900)
 def test_a_gateway_sigkilled_at_points_along_a_slow_stream_every_task_ends_ok(
         git_repo: Path, claude_bin: str) -> None:
     """Tasks started one after another (each once the previous one's request has reached
     the endpoint), then the gateway SIGKILLed once: each task's stream is cut at another
     point (from its first events to late in it, after blocks have ended). Every task ends
     ok: a stream cut by the gateway's death is a transient verdict, the session resumed."""
-    slow = {"real_turns": True, "delay": 1.0, "turns": [_blocks(20)]}
+    slow = {"real_turns": True, "delay": 1.0, "turns": [_blocks(40)]}
     with ScriptedEndpoint({"default": slow}) as ep:
         fleet = gateway_fleet(ep, claude_bin, max_workers=KILL_POINTS)
         try:
@@ -61,7 +62,7 @@ def test_a_gateway_sigkilled_at_points_along_a_slow_stream_every_task_ends_ok(
             points = sorted(killed_at - r.time for r in ep.message_requests()
                             if r.time < killed_at)
             assert len(points) == KILL_POINTS, points
-            assert points[-1] < 20 * 3 * 1.0, points
+            assert points[-1] < 40 * 3 * 1.0, points
             assert points[-1] - points[0] >= KILL_POINTS - 1, points
         finally:
             control.stop(fleet.env)
@@ -73,6 +74,7 @@ def _gateway_logs() -> int:
     return sum(p.stat().st_size for p in where.glob("gateway.log*") if p.is_file())
 
 
+@pytest.mark.timeout(900)
 def test_a_flood_of_slow_connections_leaves_the_workers_served(
         git_repo: Path, claude_bin: str) -> None:
     """22,000 slow connections from local processes (partial heads, a byte a second, no
@@ -99,8 +101,9 @@ def test_a_flood_of_slow_connections_leaves_the_workers_served(
             info = control.read_info(fleet.env)
             assert info is not None
             # more than the gateway's open-files limit (20,000 here) would hold
-            floods = flood_processes(info.port, 22_000, seconds=120.0, per_process=5500)
-            flood_ends = time.monotonic() + 120.0
+            # bounded in time; ended (SIGTERM) once the workers are done
+            floods = flood_processes(info.port, 22_000, seconds=400.0, per_process=5500)
+            flood_ends = time.monotonic() + 400.0
 
             def at_height() -> bool:
                 # the gateway has met 20,000 of the flood's connections (or holds as many
@@ -109,17 +112,17 @@ def test_a_flood_of_slow_connections_leaves_the_workers_served(
                 return guard.get("accepted", 0) >= 20_000 \
                     or len(os.listdir(f"/proc/{info.pid}/fd")) >= 19_500
 
-            deadline = time.monotonic() + 90
+            deadline = time.monotonic() + 240
             while not at_height():  # before the workers connect
                 assert time.monotonic() < deadline, "the flood never reached its height"
                 time.sleep(0.2)
             tasks = fleet.submit(TaskSpec(prompt="steps", repo=git_repo), copies=2)
             # served during the flood, not once it is over
             drive(fleet, settled(fleet, *[t.id for t in tasks]),
-                  timeout=flood_ends - time.monotonic() - 2.0)
+                  timeout=min(240.0, flood_ends - time.monotonic() - 2.0))
             assert all(p.poll() is None for p in floods), "the flood ended first"
             done = [fleet.get_task(t.id) for t in tasks]
-            figures = gather(floods, timeout=240)
+            figures = gather(floods, timeout=60, stop=True)
             status = control.read_status(fleet.env) or {}
             again = control.read_info(fleet.env)
         finally:
@@ -139,6 +142,7 @@ def test_a_flood_of_slow_connections_leaves_the_workers_served(
     assert guard.get("closed_slow", 0) + guard.get("closed_over_cap", 0) > 0, guard
 
 
+@pytest.mark.timeout(600)
 def test_a_closed_window_met_by_four_workers_in_flight_gets_one_request_each(
         git_repo: Path, claude_bin: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Four workers in a tool step when the endpoint's 5-hour window closes (z.ai's 1308,
@@ -254,6 +258,7 @@ def test_a_stream_cut_downstream_keeps_its_slot_until_its_upstream_answer_ends()
             control.stop()
 
 
+@pytest.mark.timeout(600)
 def test_the_meter_of_a_run_with_kills_and_window_refusals_is_what_was_served(
         git_repo: Path, claude_bin: str) -> None:
     """Three workers on slow streams, the gateway SIGKILLed in the middle of them, then the
