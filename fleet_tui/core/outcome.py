@@ -82,6 +82,13 @@ _TIMEOUT_TEXT = re.compile(r"\b(request )?timed out\b|\btimeout\b", re.I)
 # own: "Connection error."
 _UNREACHABLE_TEXT = re.compile(r"Unable to connect to API|\bConnection (error|refused)\b|"
                                r"\bECONNREFUSED\b|\bConnectionRefused\b")
+# claude's words when a connection it had closed in the middle of an answer (CLI 2.1.197
+# "API Error: Connection closed mid-response. The response above may be incomplete.";
+# Node's and Bun's own for a socket reset): a gateway SIGKILLed, a proxy or the endpoint
+# restarted. The CLI falls back to a request of its own only while no block of the answer
+# has ended; later it gives up at once. Transient, as a refused connection is: the session
+# is resumed once what was cut is back.
+_CUT_TEXT = re.compile(r"Connection closed mid-response|\bsocket hang up\b|\bECONNRESET\b")
 
 
 def _clip(text: str, limit: int = _TEXT_MAX) -> str:
@@ -561,6 +568,9 @@ def _result_verdict(result: dict[str, Any], exit_code: int | None) -> tuple[Verd
             return _api_message(int(found.group(1)), text)
         if _UNREACHABLE_TEXT.search(text):
             return Verdict.UNREACHABLE, f"the endpoint could not be reached ({_clip(text)})"
+        if _CUT_TEXT.search(text):
+            return Verdict.UNREACHABLE, ("the connection to the endpoint (or the gateway) "
+                                         f"closed mid-answer ({_clip(text)})")
         what = _clip(text) if text.strip() else (_clip(subtype, 60) or "no detail")
         return Verdict.CRASHED, f"claude reported an error: {what}; see the run's log"
     if subtype and subtype != "success":

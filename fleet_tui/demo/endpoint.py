@@ -948,6 +948,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens,
                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
             })
+            ep._serve_usage(message_id, model or "scripted", input_tokens, output_tokens)
 
     def _build_blocks(self, script: Script, turn: int, cwd: str,
                       prompt: str = "", results: Sequence[str] = ()) -> list[Block]:
@@ -997,6 +998,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
             self.wfile.flush()
             sent += 1
+            # what the answer states it served, as far as it was sent
+            if event == "message_start":
+                ep._serve_usage(message_id, model, input_tokens, 1)
+            elif event == "message_delta":
+                ep._serve_usage(message_id, model, input_tokens, output_tokens)
 
         emit("message_start", {"type": "message_start", "message": {
             "id": message_id, "type": "message", "role": "assistant", "model": model,
@@ -1123,6 +1129,8 @@ class ScriptedEndpoint:
         self._global_faults: list[Fault] = [parse_fault(f) for f in faults]
         self._remaining: dict[int, int | None] = {}
         self._requests: list[RecordedRequest] = []
+        # message id -> the usage its answer stated in what was sent of it
+        self._served: dict[str, dict[str, Any]] = {}
         self._connects: list[str] = []
         self._probes: list[tuple[str, str]] = []
         self._sockets: set[socket.socket] = set()
@@ -1253,6 +1261,19 @@ class ScriptedEndpoint:
         """(method, path) of HEAD probes the CLI sends before its first call."""
         with self._lock:
             return list(self._probes)
+
+    def _serve_usage(self, message_id: str, model: str, input_tokens: int,
+                     output_tokens: int) -> None:
+        with self._lock:
+            self._served[message_id] = {"model": model, "input_tokens": input_tokens,
+                                        "output_tokens": output_tokens}
+
+    def served(self) -> list[dict[str, Any]]:
+        """The usage each answer stated in what was sent of it (a stream cut after its
+        `message_start`: the input and 1 output token), in the order they began: what a
+        provider bills, to compare with a meter."""
+        with self._lock:
+            return [dict(v) for v in self._served.values()]
 
     def message_requests(self, script: str | None = None) -> list[RecordedRequest]:
         """Recorded `POST /v1/messages` requests, optionally of one script."""

@@ -42,7 +42,6 @@ import os
 import re
 import signal
 import socket
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -56,9 +55,12 @@ from fleet_tui.core import policy
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution import mailbox
 from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.gateway import guard as guarding
+from fleet_tui.gateway.guard import CappedLog, Guard
 from fleet_tui.gateway.routes import UNLIMITED, Route
+from fleet_tui.gateway.shut import Shut, error_code, read_refusal
 from fleet_tui.gateway.slots import Slots
-from fleet_tui.gateway.usage import UsageReader
+from fleet_tui.gateway.usage import Pending, UsageReader, request_model
 from fleet_tui.settings.config import ConfigError, Settings, config_file_path, load_settings
 from fleet_tui.settings.watch import Stamp, file_stamp, settled
 from fleet_tui.store import budgets
@@ -83,6 +85,9 @@ MAILBOX_PATH = "/fleet/mailbox"  # a remote worker's messages (execution/mailbox
 MAILBOX_POLL = 0.1  # seconds between two looks at a mailbox while a fetch waits
 KEY_WAIT = 15.0  # seconds a request waits for the process owning its route to hand its key
 WATCH_EVERY = 0.5  # seconds between two looks at the runners of the attempts with a token
+PENDING_DIR = "pending"  # answers in flight (usage.Pending): metered by the next gateway
+ERROR_BODY_MAX = 1 << 20  # an error answer is read whole (up to this) before it goes on
+DRAIN_MAX = 900.0  # seconds an answer cut downstream is read on upstream, at most
 
 log = logging.getLogger("fleet_tui.gateway")
 
@@ -99,7 +104,10 @@ class Counters:
     served: int = 0  # answered by the provider
     gated: int = 0  # answered by the gateway: the endpoint parked or held
     refused: int = 0  # no token, a revoked one, one of another endpoint
+    rejected: int = 0  # error answers of the provider (a 1302, a 1308, a 529...)
+    rejected_codes: dict[str, int] = field(default_factory=dict)  # by code ("1302", "529")
     failed: int = 0  # the provider could not be reached, or the stream broke
+    cut: int = 0  # answers cut downstream (the worker gone) and read on to their end
     waits: int = 0  # requests that waited for a slot
     waited: float = 0.0  # seconds they waited, in all
     held: float = 0.0  # seconds the slots were held, in all (each request's from its slot on)
@@ -118,6 +126,40 @@ def _error(status: int, kind: str, message: str, *, retry: bool = False,
                         text=json.dumps({"type": "error", "error": error}),
                         headers={"x-should-retry": "true" if retry else "false",
                                  "x-fleet-gateway": "answered"})
+
+
+class _Downstream:
+    """The worker's side of an answer: a write that fails (the worker gone, its connection
+    cut) marks it gone instead of raising, so that the answer is read on upstream."""
+
+    def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
+        self.request = request
+        self.response = response
+        self.gone = False
+        self.prepared = False
+
+    async def _do(self, step: Any) -> None:
+        if self.gone:
+            return
+        try:
+            await step
+        except (ConnectionError, ClientError, RuntimeError, OSError):
+            self.gone = True
+
+    async def prepare(self) -> None:
+        if self.request.transport is None or self.request.transport.is_closing():
+            self.gone = True
+            return
+        await self._do(self.response.prepare(self.request))
+        self.prepared = not self.gone
+
+    async def write(self, data: bytes) -> None:
+        if not self.gone:
+            await self._do(self.response.write(data))
+
+    async def write_eof(self) -> None:
+        if not self.gone:
+            await self._do(self.response.write_eof())
 
 
 def token_of(request: web.Request) -> str | None:
@@ -176,6 +218,10 @@ class Gateway:
         # config.toml, read again when it changes (`reload_settings`), as the engine does
         self.config_file: Path | None = None
         self._config_stamp: Stamp | None = None
+        self.guard = Guard()  # the listener's connections (guard.py)
+        self.shut: dict[str, Shut] = {}  # endpoints the gateway holds shut (shut.py)
+        self.pending = Pending(folder / PENDING_DIR)
+        self._answers: set[asyncio.Future[web.StreamResponse]] = set()
 
     def attach(self, routes: Iterable[Route], keys: Mapping[str, str]) -> bool:
         """Routes and keys an engine handed over (at an attempt's start, or again for its
@@ -336,6 +382,7 @@ class Gateway:
         folder = await self._in_pool(self._mailbox_of, request)
         if isinstance(folder, web.Response):
             return folder
+        self.guard.prove(request.transport)  # a worker's long poll, not a flood's
         try:
             wait = min(max(float(request.query.get("wait", "0")), 0.0), mailbox.LONG_POLL)
         except ValueError:
@@ -352,6 +399,7 @@ class Gateway:
         folder = await self._in_pool(self._mailbox_of, request)
         if isinstance(folder, web.Response):
             return folder
+        self.guard.prove(request.transport)  # a worker's long poll, not a flood's
         try:
             data = json.loads(await request.read())
             await self._in_pool(mailbox.verdict, folder, str(data["id"]),
@@ -394,7 +442,8 @@ class Gateway:
             return _error(401, "authentication_error", refusal)
         assert info is not None
         route = self._route_of(info, name) or route  # the attempt's own, for its life
-        gated = gate_answer(state, self.clock())
+        self.guard.prove(request.transport)  # a worker's: no longer one of the flood's
+        gated = self._shut_answer(name) or gate_answer(state, self.clock())
         if gated is not None:
             return self._gated(counters, gated)
         missing = await self._await_key(route)
@@ -406,37 +455,70 @@ class Gateway:
         day = self._day_over(info, name)
         if day is not None:
             return self._gated(counters, day)
-        body = await request.read()
+        try:
+            body = await asyncio.wait_for(request.read(), guarding.BODY_TIMEOUT)
+        except TimeoutError:
+            return _error(408, "invalid_request_error", "the request's body came too slowly "
+                          f"(more than {guarding.BODY_TIMEOUT:g} s)")
         waiter = f"{info.task_id}#{id(request):x}"
         waits = slots.in_flight >= slots.size or slots.waiting > 0
         if waits:
             counters.waiting_since[waiter] = time.time()
             self._changed = True
         try:
-            async with slots.take(info.task_id):
-                if waits:
-                    since = counters.waiting_since.pop(waiter, None)
-                    if since is not None:
-                        counters.waits += 1
-                        counters.waited += time.time() - since
-                    self._changed = True
-                    # revoked, parked or held while it waited: still nothing goes upstream
-                    info, state = self._look(token, route)
-                    refusal = self._refusal(info, name)
-                    if refusal is not None:
-                        counters.refused += 1
-                        return _error(401, "authentication_error", refusal)
-                    assert info is not None
-                    gated = gate_answer(state, self.clock())
-                    if gated is not None:
-                        return self._gated(counters, gated)
-                took = time.monotonic()
-                try:
-                    return await self._forward(request, route, info, body, counters)
-                finally:
-                    counters.held += time.monotonic() - took
+            await slots.acquire(info.task_id)
         finally:
-            counters.waiting_since.pop(waiter, None)
+            since = counters.waiting_since.pop(waiter, None)
+        # the slot is ours: from here on it is given back by the answer's own task (no
+        # await until that task holds it, so a cancellation cannot lose it)
+        if waits:
+            if since is not None:
+                counters.waits += 1
+                counters.waited += time.time() - since
+            self._changed = True
+            # revoked, parked, held or shut while it waited: still nothing goes upstream
+            info, state = self._look(token, route)
+            refusal = self._refusal(info, name)
+            if refusal is not None:
+                slots.release()
+                counters.refused += 1
+                return _error(401, "authentication_error", refusal)
+            assert info is not None
+            gated = self._shut_answer(name) or gate_answer(state, self.clock())
+            if gated is not None:
+                slots.release()
+                return self._gated(counters, gated)
+        answer = asyncio.ensure_future(self._answer(request, route, info, body, counters,
+                                                    slots))
+        self._answers.add(answer)
+        answer.add_done_callback(self._answers.discard)
+        # a worker that goes away (its connection cut: the handler is cancelled) does not
+        # end the answer: it is read on upstream to its end, its slot held until then (the
+        # provider counts it in flight until it ends), and metered whole
+        return await asyncio.shield(answer)
+
+    async def _answer(self, request: web.Request, route: Route, info: TokenInfo, body: bytes,
+                      counters: Counters, slots: Slots) -> web.StreamResponse:
+        took = time.monotonic()
+        try:
+            return await self._forward(request, route, info, body, counters)
+        finally:
+            counters.held += time.monotonic() - took
+            slots.release()
+            self._changed = True
+
+    def _shut_answer(self, name: str) -> web.Response | None:
+        """The gateway's own answer while it holds the endpoint shut (a window or an
+        account the provider said closed), else None."""
+        shut = self.shut.get(name)
+        if shut is None:
+            return None
+        if shut.open(self.clock()):
+            del self.shut[name]
+            self._changed = True
+            log.info("endpoint %s: the gate opens again (%s)", name, shut.reason)
+            return None
+        return _error(shut.status, "rate_limit_error", shut.message, code=shut.code)
 
     def reload_settings(self) -> bool:
         """Read the settings again when config.toml changed and has rested (a raised
@@ -575,6 +657,8 @@ class Gateway:
 
     async def _forward(self, request: web.Request, route: Route, info: TokenInfo, body: bytes,
                        counters: Counters) -> web.StreamResponse:
+        """One answer, upstream to the worker. It never raises: it runs in a task of its
+        own, which outlives a worker gone in the middle (read on to the end, metered)."""
         assert self._session is not None
         # the route and its key of one handover (one may have come while it waited)
         current = self.by_id.get(route.id)
@@ -595,8 +679,7 @@ class Gateway:
                           "ended: its key is no longer held")
         headers += [("x-api-key", key), ("Authorization", f"Bearer {key}")]
         streamed = b'"stream"' in body[:4096] or b'"stream": true' in body
-        reader = UsageReader(streamed=streamed)
-        status: int | None = None
+        reader = UsageReader(streamed=streamed, model=request_model(body))
         try:
             upstream = await self._session.request(request.method, url, headers=headers,
                                                    data=body, allow_redirects=False)
@@ -605,45 +688,124 @@ class Gateway:
             log.warning("endpoint %s unreachable: %s", route.name, type(exc).__name__)
             return _error(502, "api_error", f"the fleet-tui gateway could not reach endpoint "
                           f"{route.name!r} ({type(exc).__name__})", retry=True)
+        except asyncio.CancelledError:
+            counters.failed += 1
+            raise  # the gateway stops
+        status = upstream.status
+        error: str | None = None
+        pending: str | None = None
+        response = web.StreamResponse(status=status, reason=upstream.reason)
+        down = _Downstream(request, response)
         try:
-            status = upstream.status
             reader.streamed = "text/event-stream" in upstream.headers.get("content-type", "")
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for k, v in upstream.headers.items():
                 if k.lower() not in _DOWN_DROP:
                     response.headers.add(k, v)
             if upstream.content_length is not None \
                     and "chunked" not in upstream.headers.get("transfer-encoding", ""):
                 response.content_length = upstream.content_length
-            await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                reader.feed(chunk)
-                await response.write(chunk)
-            await response.write_eof()
+            head = b""
+            if status >= 400 and not reader.streamed:
+                # an error is small: read whole, so that a closed window shuts the gate
+                # before the worker's CLI can retry into it
+                while len(head) < ERROR_BODY_MAX:
+                    piece = await upstream.content.read(ERROR_BODY_MAX - len(head))
+                    if not piece:
+                        break
+                    head += piece
+                reader.feed(head)
+                error = self._refused_upstream(route.name, status, head, counters)
+            await down.prepare()
+            if head:
+                await down.write(head)
+            async with asyncio.timeout(None) as limit:
+                async for chunk in upstream.content.iter_any():
+                    reader.feed(chunk)
+                    if not down.gone:
+                        await down.write(chunk)
+                        if down.gone:  # read on to the end, not forever
+                            limit.reschedule(asyncio.get_running_loop().time() + DRAIN_MAX)
+                    if pending is None and reader.started:
+                        # on disk from its input on: metered should the gateway die
+                        pending = self.pending.name()
+                        await self._in_pool(self.pending.write, pending,
+                                            self._usage(info, route, reader, status,
+                                                        error).__dict__)
+            await down.write_eof()
             counters.served += 1
-            return response
-        except (ClientError, OSError, asyncio.CancelledError) as exc:
+            if down.gone:
+                counters.cut += 1
+                log.info("endpoint %s: an answer cut downstream was read on to its end",
+                         route.name)
+        except (ClientError, OSError, TimeoutError) as exc:
             counters.failed += 1
-            if not isinstance(exc, asyncio.CancelledError):
-                log.info("endpoint %s: a stream ended early (%s)", route.name,
-                         type(exc).__name__)
-            raise
+            log.info("endpoint %s: a stream ended early (%s)", route.name, type(exc).__name__)
+        except asyncio.CancelledError:
+            counters.failed += 1
+            raise  # the gateway stops
         finally:
             upstream.release()
             reader.finish()
             self._changed = True
-            usage = Usage(at=self.clock(), task_id=info.task_id, attempt_id=info.attempt_id,
-                          endpoint=route.name, model=reader.model, status=status,
-                          cost=self._cost(route.name, reader.model, reader.counts),
-                          **reader.counts)
+            usage = self._usage(info, route, reader, status, error)
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._in_pool(self._record, usage))
+                await asyncio.shield(self._in_pool(self._record, usage, pending))
+        if not down.prepared:
+            return _error(502, "api_error", f"the answer of endpoint {route.name!r} broke "
+                          "before it began", retry=True)
+        return response
 
-    def _record(self, usage: Usage) -> None:
+    def _usage(self, info: TokenInfo, route: Route, reader: UsageReader, status: int | None,
+               error: str | None) -> Usage:
+        """The meter's row of an answer as far as it went: an error answer is an error of
+        its code, priced at what it states (nothing, mostly), never an unpriced request."""
+        cost = self._cost(route.name, reader.model, reader.counts)
+        if cost is None and error is not None and not any(reader.counts.values()):
+            cost = 0.0
+        return Usage(at=self.clock(), task_id=info.task_id, attempt_id=info.attempt_id,
+                     endpoint=route.name, model=reader.model, status=status,
+                     cost=cost, error=error, **reader.counts)
+
+    def _refused_upstream(self, name: str, status: int, body: bytes,
+                          counters: Counters) -> str:
+        """An error answer of the provider: counted by its code; a window or an account
+        it says closed shuts the endpoint in the gateway from now on. Its code."""
+        code = error_code(status, body)
+        counters.rejected += 1
+        counters.rejected_codes[code] = counters.rejected_codes.get(code, 0) + 1
+        self._changed = True
+        shut = read_refusal(status, body, self.clock())
+        if shut is not None and name not in self.shut:
+            self.shut[name] = shut
+            log.warning("endpoint %s shut by the gateway until %s: %s", name,
+                        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(shut.until)),
+                        shut.reason)
+        return code
+
+    def _record(self, usage: Usage, pending: str | None = None) -> None:
         try:
             self.meter.record(usage)
         except Exception as exc:  # the answer went through: a lost row is logged
             log.error("could not store a meter row: %s", type(exc).__name__)
+        if pending is not None:
+            self.pending.remove(pending)
+
+    def record_left_behind(self) -> int:
+        """The answers a gateway before this one was in the middle of when it died:
+        metered as far as they went (their first usage: at least the input)."""
+        count = 0
+        for record in self.pending.take():
+            try:
+                self.meter.record(Usage(**record))
+                count += 1
+            except (TypeError, ValueError) as exc:
+                log.warning("a pending meter row could not be read: %s", type(exc).__name__)
+            except Exception as exc:
+                log.error("could not store a pending meter row: %s", type(exc).__name__)
+        if count:
+            log.info("%d answers cut by the last gateway's end metered as far as they went",
+                     count)
+        return count
 
     # --- its records ------------------------------------------------------------------------
 
@@ -663,15 +825,20 @@ class Gateway:
                 "longest_wait": round(now - min(c.waiting_since.values()), 3)
                 if c.waiting_since else 0.0,
                 "served": c.served, "gated": c.gated, "refused": c.refused,
-                "failed": c.failed, "last_gated": c.last_gated,
+                "rejected": c.rejected, "rejected_codes": dict(c.rejected_codes),
+                "shut": self.shut[name].to_status() if name in self.shut else None,
+                "failed": c.failed, "cut": c.cut, "last_gated": c.last_gated,
                 "waits": c.waits, "waited": round(c.waited, 3),
                 "held": round(c.held, 3)}
         return {"pid": os.getpid(), "port": self.port, "started_at": self.started,
-                "handed_at": self.handed_at, "written_at": now, "endpoints": endpoints}
+                "handed_at": self.handed_at, "written_at": now, "endpoints": endpoints,
+                "connections": self.guard.status()}
 
     async def keep_status(self) -> None:
+        seen = -1
         while True:
-            if self._changed:
+            if self._changed or self.guard.accepted != seen:
+                seen = self.guard.accepted
                 self._changed = False
                 try:
                     write_json_atomic(self.folder / STATUS_FILE, self.status(), sync=False)
@@ -867,10 +1034,16 @@ def _bind(port: int) -> socket.socket:
 
 
 async def _serve(gateway: Gateway, sock: socket.socket, control_sock: socket.socket) -> None:
-    runner = web.AppRunner(gateway.app(), access_log=None, handler_cancellation=True)
+    # the idle timeout of a kept-alive connection (aiohttp's own is an hour)
+    runner = web.AppRunner(gateway.app(), access_log=None, handler_cancellation=True,
+                           keepalive_timeout=guarding.IDLE_TIMEOUT)
     await runner.setup()
-    site = web.SockSite(runner, sock)
-    await site.start()
+    assert runner.server is not None
+    # each connection seen by the guard (guard.py): the ones that show no valid token are
+    # closed after the header timeout, and at most the cap of them are kept
+    listener = await asyncio.get_running_loop().create_server(
+        gateway.guard.factory(runner.server), sock=sock, backlog=512)
+    guard_task = asyncio.create_task(gateway.guard.keep())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -886,7 +1059,9 @@ async def _serve(gateway: Gateway, sock: socket.socket, control_sock: socket.soc
         status_task.cancel()
         watch_task.cancel()
         idle_task.cancel()
+        guard_task.cancel()
         control.close()
+        listener.close()
         await runner.cleanup()
 
 
@@ -910,8 +1085,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder", type=Path, required=True)
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s gateway[{os.getpid()}] %(levelname)s %(message)s")
+    # the log is stderr (the spawner's gateway.log): rate-limited and rotated, whatever
+    # floods it (guard.CappedLog)
+    handler = CappedLog(Path(args.folder) / LOG_FILE)
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s gateway[{os.getpid()}] %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     try:
         routes, keys = parse_handover(_read_handover(args.keys_fd))
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -924,10 +1103,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         log.info("another gateway runs for %s", folder)
         return 0
+    guarding.raise_fd_limit()  # room for the connections the guard keeps, and the workers'
     gateway = Gateway(Store(args.db), routes, keys, folder, settings=_settings())
     with contextlib.suppress(ConfigError, OSError):
         gateway.config_file = Path(config_file_path())
         gateway._config_stamp = file_stamp(gateway.config_file)
+    gateway.record_left_behind()  # a killed gateway's answers in flight
     try:
         sock = _bind(args.port)
     except OSError as exc:

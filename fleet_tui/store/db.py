@@ -506,11 +506,20 @@ def _token_route(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE gateway_tokens ADD COLUMN route TEXT")
 
 
+# An error answer of the provider is metered as an error with its code (z.ai's
+# business code, else the HTTP status), not as a request of no model and no price.
+# Done again over a store that has it, it changes nothing.
+def _usage_error(conn: sqlite3.Connection) -> None:
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(usage)")}
+    if "error" not in columns:
+        conn.execute("ALTER TABLE usage ADD COLUMN error TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS),
     _script(_V5_READY), _script(_V6_HOSTS), _script(_V7_GATEWAY),
     _script(_V8_ENDPOINT_NAMES), _script(_REVIEW_COMMENTS), _task_host,
-    _script(_LOST_ATTEMPTS), _script(_VIEWED_FILES), _token_route]
+    _script(_LOST_ATTEMPTS), _script(_VIEWED_FILES), _token_route, _usage_error]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error", "row_damaged"}

@@ -60,6 +60,7 @@ class Usage:
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     cost: float | None = None
+    error: str | None = None  # an error answer's code (z.ai's "1308", else "429")
 
 
 @dataclass
@@ -73,9 +74,12 @@ class Totals:
     cache_write_tokens: int = 0
     cost: float = 0.0
     unpriced: int = 0  # requests whose model had no price: their cost is not in ``cost``
+    errors: int = 0  # error answers (refusals): counted, priced at what they served
 
     def add(self, row: Usage) -> None:
         self.requests += 1
+        if row.error is not None:
+            self.errors += 1
         self.input_tokens += row.input_tokens
         self.output_tokens += row.output_tokens
         self.cache_read_tokens += row.cache_read_tokens
@@ -209,11 +213,11 @@ class Meter:
         with self.store.transaction() as conn:
             conn.execute(
                 "INSERT INTO usage (at, task_id, attempt_id, endpoint, model, status, "
-                "input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost, "
+                "error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (usage.at, usage.task_id, usage.attempt_id, usage.endpoint, usage.model,
                  usage.status, usage.input_tokens, usage.output_tokens,
-                 usage.cache_read_tokens, usage.cache_write_tokens, usage.cost))
+                 usage.cache_read_tokens, usage.cache_write_tokens, usage.cost, usage.error))
 
     def rows(self, *, since: float | None = None, task_ids: Iterable[str] | None = None,
              endpoint: str | None = None) -> list[Usage]:
@@ -226,7 +230,7 @@ class Meter:
         return [Usage(float(r["at"]), r["task_id"], r["attempt_id"], str(r["endpoint"]),
                       str(r["model"]), r["status"], int(r["input_tokens"]),
                       int(r["output_tokens"]), int(r["cache_read_tokens"]),
-                      int(r["cache_write_tokens"]), r["cost"])
+                      int(r["cache_write_tokens"]), r["cost"], r["error"])
                 for r in self.store._connect().execute(sql, args).fetchall()]
 
     def by_task(self, task_ids: Iterable[str] | None = None) -> dict[str, Totals]:
