@@ -90,6 +90,10 @@ BACKOFF_JITTER = (0.5, 1.0)  # the backoff is multiplied by a uniform draw from 
 # a quiet 2-core machine (8-16 s when 8 start together there); on one busy with others'
 # work, 10 s even alone: then the starts overlap again, a wave every START_BOUND (bench 11)
 START_BOUND = 5.0
+# a task the gateway paused (its endpoint's day budget, a key it lost) is not started again
+# sooner than this: an engine whose settings disagree with the gateway's (a budget from its
+# own environment) would otherwise start it on every pass, to be paused at once again
+PAUSE_RECHECK = 5.0
 
 
 # --- what a task allows ----------------------------------------------------------------------
@@ -596,7 +600,7 @@ def after_attempt(task: Task, attempts: Sequence[Attempt], verdict: str, message
         resumes = " in its session" if session_progress(task, attempts) else ""
         what = "the budget" if verdict == Verdict.BUDGET else "a fleet-tui with its key"
         return Next(TaskState.WAITING, f"{message} — waits for {what}, then resumes"
-                    f"{resumes}", None)
+                    f"{resumes}", now + PAUSE_RECHECK)
     override: str | None = None
     if verdict == Verdict.WINDOW:
         if signal is not None:

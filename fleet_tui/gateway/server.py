@@ -448,13 +448,15 @@ class Gateway:
             return self._gated(counters, gated)
         missing = await self._await_key(route)
         if missing is not None:
-            return self._gated(counters, self._stop_attempt(info, missing))
+            await self._in_pool(self._stop_attempt, info, missing)
+            return self._gated(counters, _error(403, "permission_error", missing))
         over = self._over_budget(info, name)
         if over is not None:
             return self._gated(counters, _error(403, "permission_error", over))
-        day = self._day_over(info, name)
+        day = await self._in_pool(self._day_over, info, name) \
+            if self._day_budget(name) else None
         if day is not None:
-            return self._gated(counters, day)
+            return self._gated(counters, _error(403, "permission_error", day))
         try:
             body = await asyncio.wait_for(request.read(), guarding.BODY_TIMEOUT)
         except TimeoutError:
@@ -535,11 +537,19 @@ class Gateway:
             log.info("settings read again (%s changed)", self.config_file.name)
         return True
 
-    def _day_over(self, info: TokenInfo, name: str) -> web.Response | None:
-        """The endpoint's budget_per_day met: the gateway answers for it (nothing goes
-        upstream), holds the endpoint (as the engine's pass would) and stops the attempt
+    def _day_budget(self, name: str) -> bool:
+        """Has the endpoint a budget_per_day (a look at the settings, no store read)?"""
+        if self.settings is None:
+            return False
+        found = budgets.endpoint_settings(self.settings, name)
+        return found is not None and bool(found.budget_per_day)
+
+    def _day_over(self, info: TokenInfo, name: str) -> str | None:
+        """The endpoint's budget_per_day met: why (the gateway answers for it, nothing goes
+        upstream); the endpoint held (as the engine's pass would) and the attempt stopped
         for the day (StopReason.BUDGET_DAY: the task waits and resumes in its session when
-        the budget lifts, at local midnight or raised). None while budget is left."""
+        the budget lifts, at local midnight or raised). None while budget is left. In the
+        gateway's thread pool (store writes)."""
         if self.settings is None:
             return None
         now = self.clock()
@@ -567,13 +577,13 @@ class Gateway:
                                                     by="gateway")
         except Exception as exc:  # the engine's own pass holds it then
             log.warning("could not hold %s for its day budget: %s", name, type(exc).__name__)
-        return _error(403, "permission_error", refusal)
+        return refusal
 
-    def _stop_attempt(self, info: TokenInfo, why: str) -> web.Response:
+    def _stop_attempt(self, info: TokenInfo, why: str) -> None:
         """The attempt cannot go on through the gateway (no key for its route): its stop
         asked for (StopReason.NO_KEY: the task waits for a fleet-tui that can start it
-        again, `why` its words; not a refusal of the provider's: no endpoint is held), and
-        the gateway's own answer, not to be retried."""
+        again, `why` its words; not a refusal of the provider's: no endpoint is held). In
+        the gateway's thread pool."""
         if info.attempt_id is not None:
             try:
                 folder = self.store.get_attempt(info.attempt_id).dir
@@ -582,7 +592,6 @@ class Gateway:
                                                     by="gateway")
             except Exception as exc:
                 log.warning("could not mark an attempt stopped: %s", type(exc).__name__)
-        return _error(403, "permission_error", why)
 
     def watch_attempts(self) -> set[str]:
         """Revoke the tokens of attempts that have ended: finished in the store, or their
