@@ -237,3 +237,19 @@ def test_the_ray_jobs_entrypoint_runs_on_the_standard_library(
     assert json.loads(folder.exit_path.read_text())["exit_code"] == 0
     assert b"wrote host.txt" in folder.events.read_bytes()
     no_traceback(folder.runner_log.read_text())
+
+
+def test_the_data_folder_is_platformdirs_own_without_importing_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """paths.home computes what platformdirs does on Linux (so the host's runner, which
+    reaches it, needs no third-party package), with and without XDG_DATA_HOME."""
+    platformdirs = pytest.importorskip("platformdirs")
+    from fleet_tui.system import paths
+
+    monkeypatch.delenv("FLEET_TUI_HOME", raising=False)
+    for xdg in (None, str(tmp_path / "xdg")):
+        if xdg is None:
+            monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+        else:
+            monkeypatch.setenv("XDG_DATA_HOME", xdg)
+        assert paths.home({}) == platformdirs.user_data_path("fleet-tui")
