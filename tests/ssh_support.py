@@ -216,13 +216,13 @@ def ssh_host(server: sshd.Sshd, env: Mapping[str, str], *, name: str = "box",
                    claude=same_machine_claude())
 
 
-def host_config(server: sshd.Sshd, *, name: str = "box", lease: float = 60.0
-                ) -> dict[str, object]:
+def host_config(server: sshd.Sshd, *, name: str = "box", lease: float = 60.0,
+                claude: str | None = None) -> dict[str, object]:
     """`ssh_host`'s arguments as JSON, for an engine in a process of its own
-    (tests/engine_child.py)."""
+    (tests/engine_child.py); `claude`: the host's (the same-machine shortcut's default)."""
     return {"name": name, "target": server.alias, "ssh_config": str(server.client_config),
             "python": HOST_PYTHON, "lease": lease, "key_on_host": True,
-            "claude": same_machine_claude()}
+            "claude": claude or same_machine_claude()}
 
 
 def master(server: sshd.Sshd) -> Connection:

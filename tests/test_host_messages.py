@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 import sshd
 from ssh_support import ssh_host, start_sshd
 
+from fleet_tui import CLAUDE_CODE_VERSION
 from fleet_tui.system import paths
 
 pytestmark = pytest.mark.xdist_group("ssh-host")
@@ -113,3 +115,56 @@ def test_rays_client_lines_go_to_the_log_file_not_the_terminal() -> None:
     assert "Uploading package gcs://_ray_pkg_test.zip" in written
     assert "Creating a file package" in written
     assert oct(paths.log_file().stat().st_mode & 0o777) == "0o600"
+
+
+def _stage(host: object, tmp_path: Path, n: int) -> None:
+    from fleet_tui.execution.host import Placement
+    from fleet_tui.execution.spec import RunSpec
+
+    root = host.root  # type: ignore[attr-defined]
+    adir = tmp_path / f"attempt-{n}"
+    adir.mkdir()
+    placement = Placement(host="box", worktree=Path(f"{root}/work/t{n}"), branch=f"fleet/t{n}",
+                          base_commit="", base_branch=None,
+                          config_dir=Path(f"{root}/config/t{n}"), attempt_dir=adir)
+    spec = RunSpec(cwd=f"{root}/work/t{n}", prompt="p", config_dir=f"{root}/config/t{n}",
+                   settings={"claude": "/this/machine/only/claude", "config_dir": "/here"},
+                   task_id=f"t{n}", attempt=1)
+    host.stage(placement, spec).abandon()  # type: ignore[attr-defined]
+
+
+def test_the_hosts_claude_missing_or_of_another_version_is_said_in_one_line(
+        server: sshd.Sshd, tmp_path: Path, claude_newest_bin: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """At a start: a host without claude refuses it in one line with the fix; a host whose
+    claude is another version than the tested one is said once, as a warning."""
+    from fleet_tui.core.errors import FleetError
+
+    bare = ssh_host(server, dict(os.environ))
+    bare.claude = None  # the host's own: its sshd's PATH has none, nothing recorded
+    try:
+        with pytest.raises(FleetError) as refused:
+            _stage(bare, tmp_path, 1)
+        said = str(refused.value)
+        assert said.startswith("host box: no claude there: not in ") and "\n" not in said
+        assert "'claude' is not on PATH (" in said
+        assert said.endswith("`fleet-tui host check box --yes` installs Claude Code "
+                             f"{CLAUDE_CODE_VERSION} there"), said
+    finally:
+        bare.close()
+    other = ssh_host(server, dict(os.environ))
+    other.claude = claude_newest_bin  # another version, given as the host's
+    try:
+        with caplog.at_level(logging.WARNING, logger="fleet_tui.engine.fleet"):
+            _stage(other, tmp_path, 2)
+            _stage(other, tmp_path, 3)
+        warned = [r.getMessage() for r in caplog.records if "fleet-tui is tested" in
+                  r.getMessage()]
+        assert len(warned) == 1, warned  # once, not at every start
+        assert f"its claude at {claude_newest_bin} is " in warned[0]
+        assert f"tested with {CLAUDE_CODE_VERSION}" in warned[0]
+        spec = json.loads(server.ssh(f"cat {other.root}/attempts/t2/1/spec.json"))
+        assert spec["settings"]["claude"] == claude_newest_bin
+        assert "config_dir" not in spec["settings"]  # this machine's path, never sent
+    finally:
+        other.close()

@@ -198,11 +198,10 @@ def test_the_record_of_host_check_comes_first(tmp_path: Path, claude_bin: str) -
     assert found is None and "(recorded by `host check`) is gone" in looked[0]
 
 
-def test_the_ray_jobs_entrypoint_runs_on_the_standard_library(
-        package: Path, tmp_path: Path, git_repo: Path, claude_bin: str,
-        endpoint: ScriptedEndpoint) -> None:
+def _ray_job(package: Path, tmp_path: Path, git_repo: Path, url: str,
+             path: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, object]], Path]:
     """The job's entrypoint as a node runs it (the cluster left out: its working dir is
-    the staging folder the controller ships), its claude the node's own."""
+    the staging folder the controller ships), with the node's PATH `path`."""
     node = tmp_path / "node"
     host = RayHost(name="c", address="http://127.0.0.1:1", env=dict(os.environ),
                    data_dir=str(node))
@@ -215,7 +214,7 @@ def test_the_ray_jobs_entrypoint_runs_on_the_standard_library(
                           base_commit=base, base_branch="main",
                           config_dir=Path(f"{node}/config/t1"), attempt_dir=adir)
     spec = RunSpec(cwd=worktree, prompt="write it", config_dir=f"{node}/config/t1",
-                   settings={"base_url": endpoint.url, "sandbox": os.geteuid() == 0,
+                   settings={"base_url": url, "sandbox": os.geteuid() == 0,
                              "key_sources": ["env"], "claude": "/nowhere/of/this/machine"},
                    task_id="t1", attempt=1, token="tok-ray-stdlib", kill_grace=2.0,
                    repo=str(git_repo))
@@ -226,14 +225,50 @@ def test_the_ray_jobs_entrypoint_runs_on_the_standard_library(
         (staged.staging / job.ORDER_FILE).write_text(json.dumps(order))
         done = subprocess.run(isolated(package, JOB, str(staged.staging)),
                               capture_output=True, text=True, timeout=180,
-                              env=host_env(tmp_path, f"{Path(claude_bin).parent}:{BARE_PATH}"))
+                              env=host_env(tmp_path, path))
     finally:
         staged.abandon()
     no_traceback(done.stderr)
     heads = [f[0] for f in map(job.decode_frame, done.stdout.splitlines()) if f is not None]
+    return done, heads, node
+
+
+def test_the_ray_jobs_entrypoint_runs_on_the_standard_library(
+        package: Path, tmp_path: Path, git_repo: Path, claude_bin: str,
+        endpoint: ScriptedEndpoint) -> None:
+    """Its claude the node's own, found on the node's PATH."""
+    _done, heads, node = _ray_job(package, tmp_path, git_repo, endpoint.url,
+                                  f"{Path(claude_bin).parent}:{BARE_PATH}")
     assert not any("error" in h for h in heads), heads
     assert heads and heads[-1].get("end"), heads[-3:]
     folder = AttemptLog(f"{node}/attempts/t1/1")
     assert json.loads(folder.exit_path.read_text())["exit_code"] == 0
     assert b"wrote host.txt" in folder.events.read_bytes()
     no_traceback(folder.runner_log.read_text())
+
+
+def test_the_data_folder_is_platformdirs_own_without_importing_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """paths.home computes what platformdirs does on Linux (so the host's runner, which
+    reaches it, needs no third-party package), with and without XDG_DATA_HOME."""
+    platformdirs = pytest.importorskip("platformdirs")
+    from fleet_tui.system import paths
+
+    monkeypatch.delenv("FLEET_TUI_HOME", raising=False)
+    for xdg in (None, str(tmp_path / "xdg")):
+        if xdg is None:
+            monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+        else:
+            monkeypatch.setenv("XDG_DATA_HOME", xdg)
+        assert paths.home({}) == platformdirs.user_data_path("fleet-tui")
+
+
+def test_a_node_without_claude_fails_the_job_saying_so(package: Path, tmp_path: Path,
+                                                      git_repo: Path) -> None:
+    done, heads, node = _ray_job(package, tmp_path, git_repo, "http://127.0.0.1:9", BARE_PATH)
+    errors = [str(h["error"]) for h in heads if "error" in h]
+    assert done.returncode == 1 and len(errors) == 1, (heads, done.stderr)
+    assert errors[0].startswith("no claude on node ") and "\n" not in errors[0]
+    assert "'claude' is not on PATH" in errors[0]
+    assert "set `claude` in the host's [hosts] table" in errors[0]
+    assert not (node / "attempts" / "t1" / "1" / "spec.json").exists()  # no runner started

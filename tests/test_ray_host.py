@@ -35,6 +35,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +43,16 @@ import pytest
 from ray_cluster import NODE_KEY, NODE_KEY_VAR, NODE_RESOURCE, RayCluster, ray_missing
 from test_fleet import KEY, SCRIPTS, drive, settled
 
+from fleet_tui import CLAUDE_CODE_VERSION
 from fleet_tui.core.errors import FleetRefused, WorkerFinished
 from fleet_tui.core.states import LandState
 from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine import host_check
 from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import config_file_path, load_settings
+from fleet_tui.settings.hosts import HostConfig
 from fleet_tui.store.db import Store, Task, TaskState
 from fleet_tui.system import paths
 
@@ -661,6 +665,26 @@ def test_the_key_never_reaches_the_cluster(git_repo: Path, claude_bin: str,
         ray_host(fleet).close()
 
 
+def test_host_check_probe_reads_git_python_and_claude_on_a_node(
+        ray_cluster: RayCluster, claude_bin: str) -> None:
+    """`host check NAME --probe`: one short job, placed by the host's resources as an
+    attempt's job is, reads git, python and claude on its node (the host's settings
+    name them there); a claude the node does not have is said, with the fix."""
+    good = HostConfig("cluster", 2, ray=ray_cluster.address,
+                      resources={NODE_RESOURCE: 1.0}, python=sys.executable, claude=claude_bin)
+    before = len(jobs(ray_cluster))
+    checks = {c.name: c for c in host_check.check_ray_host(good, probe=True)}
+    assert all(c.ok for c in checks.values()), checks
+    assert checks["claude"].found == f"{CLAUDE_CODE_VERSION} at {claude_bin}"
+    assert node_of(ray_cluster, NODE_RESOURCE)[:12] in checks["probe"].found
+    assert checks["python"].found == ".".join(map(str, sys.version_info[:3]))
+    missing = replace(good, claude="/nowhere/on/the/nodes/claude")
+    said = {c.name: c for c in host_check.check_ray_host(missing, probe=True)}
+    assert not said["claude"].ok and said["claude"].found == "not found", said
+    assert "set claude in [hosts.cluster] to its path there" in said["claude"].fix
+    assert len(jobs(ray_cluster)) == before + 2  # one job each, nothing else
+
+
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=30) as resp:
         return str(resp.read().decode("utf-8", "replace"))
@@ -876,6 +900,9 @@ def test_a_lost_node_loses_the_task_and_its_processes_end(
         assert done.state == TaskState.FAILED
         assert done.message is not None and done.message.startswith("lost: the Ray job "), \
             done.message
+        # what happened, not Ray's word for the job alone ("ended SUCCEEDED" was seen)
+        assert f"its node {old_node[:12]} is gone before its runner's end came back" \
+            in done.message, done.message
         deadline = time.monotonic() + 30
         while (node_pids(node_dir, *SLEEPS) or _token_holders(token)) \
                 and time.monotonic() < deadline:

@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--yes", action="store_true",
                        help="install what is missing (the pinned claude) without asking")
     check.add_argument("--json", action="store_true", help="the checks as JSON")
+    check.add_argument("--probe", action="store_true",
+                       help="a Ray host: run one short job on a node (placed by the host's "
+                            "resources) that reads git, python and claude there")
     return parser
 
 
@@ -209,7 +212,10 @@ def _check(args: argparse.Namespace) -> int:
     settings = _settings()
     host = settings.host(args.name)
     if host.is_ray:
-        return _check_ray(host, as_json=args.json)
+        return _check_ray(host, as_json=args.json, probe=args.probe)
+    if args.probe:
+        raise ConfigError(f"--probe is for a Ray host; {host.name} is checked on the host "
+                          "itself already")
     claude, install_to = _claude_where(settings, host)
     checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
     failed_claude = any(c.name == "claude" and not c.ok for c in checks)
@@ -229,8 +235,8 @@ def _check(args: argparse.Namespace) -> int:
     return _report(host, checks, as_json=args.json)
 
 
-def _check_ray(host: HostConfig, *, as_json: bool) -> int:
-    return _report(host, host_check.check_ray_host(host), as_json=as_json)
+def _check_ray(host: HostConfig, *, as_json: bool, probe: bool = False) -> int:
+    return _report(host, host_check.check_ray_host(host, probe=probe), as_json=as_json)
 
 
 def _report(host: HostConfig, checks: list[Check], *, as_json: bool) -> int:

@@ -230,7 +230,7 @@ def record_script(claude: str) -> str:
             f"{_shell_path(claude)} > {_shell_path(claude_record())}\n")
 
 
-def probe_script(claude: tuple[str, ...] = ()) -> str:
+def probe_script(claude: tuple[str, ...] = (), python: str = "python3") -> str:
     """What the checks read, one key=value a line (each found or empty). `claude`: where
     to look for it first (this machine: the settings' and the demo's copy), else (a
     host) the one its record names, then its data dir's copy; then `claude` on PATH:
@@ -247,8 +247,8 @@ def probe_script(claude: tuple[str, ...] = ()) -> str:
     return "\n".join([
         "export LC_ALL=C",
         'echo "reached=yes"',
-        "echo \"python=$(python3 -c 'import sys; print(\"%d.%d.%d\" % sys.version_info[:3])'"
-        ' 2>/dev/null)"',
+        f"echo \"python=$({_shell_path(python)} -c 'import sys; "
+        "print(\"%d.%d.%d\" % sys.version_info[:3])' 2>/dev/null)\"",
         'echo "git=$(git --version 2>/dev/null)"',
         look,
         'echo "claude_path=$c"',
@@ -405,11 +405,12 @@ def ray_nodes(address: str, *, timeout: float = RAY_TIMEOUT) -> list[dict[str, o
     return alive(address, timeout=timeout)
 
 
-def check_ray_host(host: HostConfig, *, timeout: float = RAY_TIMEOUT) -> list[Check]:
+def check_ray_host(host: HostConfig, *, timeout: float = RAY_TIMEOUT,
+                   probe: bool = False, env: Mapping[str, str] | None = None) -> list[Check]:
     """A Ray host's checks: the Jobs address answers (and its Ray's version), its alive
     nodes, whether one of them has every resource the host's jobs ask for, this machine's
-    Jobs client; then what a node needs (git, python, the pinned claude), said, not probed:
-    nothing runs on the cluster for a check."""
+    Jobs client; then what a node needs (git, python, the pinned claude): said, or with
+    `probe` read on a node by one short job placed as an attempt's would be."""
     assert host.ray is not None
     address = host.ray
     try:
@@ -469,9 +470,46 @@ def check_ray_host(host: HostConfig, *, timeout: float = RAY_TIMEOUT) -> list[Ch
            else "this machine's gateway, with each attempt's token (gateway = true; "
                 "the nodes must reach this machine"
                 + (f" as {host.gateway_host})" if host.gateway_host else ")"))
+    if probe and all(c.ok for c in checks):
+        return checks + _probe_ray(host, env)
     checks.append(Check("node needs", True,
                         f"git 2.38+, {host.python or 'python3'} 3.11+ (Ray's own), "
                         f"{host.claude or 'claude'} {CLAUDE_CODE_VERSION}, "
                         f"{host.data_dir or '/var/tmp/fleet-tui-ray'} writable; the key: "
-                        f"{key}"))
+                        f"{key}" + ("" if probe else " (`--probe` reads them on a node)")))
+    return checks
+
+
+def _probe_ray(host: HostConfig, env: Mapping[str, str] | None) -> list[Check]:
+    """git, python and claude read on a node by one short job (`probe_script`)."""
+    import os
+
+    from fleet_tui.execution.ray.host import probe_job
+
+    assert host.ray is not None
+    python = host.python or "python3"
+    script = probe_script((host.claude or "claude",), python=python)
+    try:
+        status, text, node = probe_job(host.ray, script, resources=host.resources,
+                                       env=os.environ if env is None else env)
+    except Exception as exc:  # the client's own errors: said in the check
+        return [Check("probe", False, str(exc), "check the cluster with `ray job list`")]
+    values = _values(text)
+    if status != "SUCCEEDED" or values.get("reached") != "yes":
+        last = (text.strip().splitlines() or [status])[-1][:300]
+        return [Check("probe", False, f"the probe job ended {status}: {last}",
+                      "check that a node with the host's resources is alive and runs jobs")]
+    where = f"node {node[:12]}" if node else "a node"
+    fix_python = (f"install Python 3.10 or newer on the nodes as `{python}`, or set python "
+                  f"in [hosts.{host.name}] to its path there")
+    checks = [Check("probe", True, f"one job on {where}")]
+    checks.append(_at_least("python", values.get("python", ""), MIN_PYTHON, fix_python))
+    checks.append(_at_least("git", values.get("git", ""), MIN_GIT,
+                            "install git 2.38 or newer on the nodes"))
+    found = _claude(values, None, "on the nodes")
+    if not found.ok:
+        found = Check("claude", False, found.found,
+                      f"install Claude Code {CLAUDE_CODE_VERSION} on the nodes ({CLAUDE_PACKAGE} "
+                      f"with npm) and set claude in [hosts.{host.name}] to its path there")
+    checks.append(found)
     return checks

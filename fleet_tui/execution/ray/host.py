@@ -135,6 +135,51 @@ def ray_nodes(address: str, *, timeout: float = 15.0) -> list[dict[str, Any]]:
     return [n for n in nodes if isinstance(n, dict) and n.get("state") == "ALIVE"]
 
 
+PROBE_TIMEOUT = 180.0  # seconds a probe job may take (placed, run, its log read)
+
+
+def probe_job(address: str, script: str, *, resources: Mapping[str, float] | None,
+              env: Mapping[str, str], timeout: float = PROBE_TIMEOUT
+              ) -> tuple[str, str, str | None]:
+    """One short job (`sh -c script`) on a node with `resources`, as an attempt's job
+    would be placed: (its end status, its log, its node's id). RayError when the cluster
+    does not take it; a job not ended within `timeout` is stopped ("TIMEOUT")."""
+    import secrets
+
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError:
+        raise RayError("this machine has no ray: pip install 'fleet-tui[ray]'") from None
+    ray_logs_to_file(env)
+    try:
+        client = JobSubmissionClient(address)
+        sid = f"fleet-probe-{secrets.token_hex(6)}"
+        client.submit_job(entrypoint=f"sh -c {shlex.quote(script)}", submission_id=sid,
+                          entrypoint_resources=dict(resources) if resources else None,
+                          metadata={"fleet-tui-probe": "1"})
+    except Exception as exc:
+        raise RayError(f"the Ray cluster at {address} did not take the probe job: "
+                       f"{str(exc)[-300:]}") from None
+    deadline = time.monotonic() + timeout
+    status = "PENDING"
+    while time.monotonic() < deadline:
+        info = client.get_job_info(sid)
+        status = str(getattr(info.status, "value", info.status))
+        if status in TERMINAL:
+            break
+        time.sleep(0.5)
+    else:
+        with contextlib.suppress(Exception):
+            client.stop_job(sid)
+        status = "TIMEOUT"
+    try:
+        text = client.get_job_logs(sid)
+        node = getattr(client.get_job_info(sid), "driver_node_id", None)
+    except Exception:
+        text, node = "", None
+    return status, text, str(node) if node else None
+
+
 _RAY_LOGS = threading.Lock()
 
 

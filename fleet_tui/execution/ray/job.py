@@ -380,7 +380,7 @@ def stage(order: dict[str, Any], here: Path) -> AttemptLog:
     if folder.lock_held():
         raise RuntimeError(f"a runner holds {folder.lock_path} already")
     spec = order["spec"]
-    node_claude(spec, order)  # none: the job fails here, before anything of the attempt
+    node_claude(spec, order)  # none: the job fails here, before its spec or its runner
     if order.get("restore"):
         restore_session(order, here)
     folder.clear_run_records()
