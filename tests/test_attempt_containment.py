@@ -99,8 +99,11 @@ def test_a_tokenless_daemon_on_the_ssh_host_ends_after_the_runners_sigkill(
     try:
         (task,) = fleet.submit(TaskSpec(prompt="[script:tokenless] go", repo=git_repo))
         drive(fleet, lambda: len(host_pids(server, DAEMON, STEP)) == 2, timeout=90)
-        drive(fleet, lambda: bool(_runner_record(fleet, task.id).get("cgroup")), timeout=30)
+        drive(fleet, lambda: bool(_runner_record(fleet, task.id).get("claude_pid")),
+              timeout=30)
         record = _runner_record(fleet, task.id)
+        if not record.get("cgroup"):  # a host whose user may make none: the token only
+            pytest.skip("the SSH host's user can make no cgroup v2 there")
         killed = master(server).run(f"kill -KILL {int(record['runner_pid'])} && echo killed",
                                     timeout=30)
         assert killed.stdout.decode().strip() == "killed"

@@ -783,9 +783,10 @@ def test_tasks_started_by_short_lived_processes_are_submitted_once(
         "max_workers = 8\nmax_attempts = 1\ngateway = true\nkill_grace = 2.0\n"
         f'[hosts.cluster]\nray = "{ray_cluster.address}"\nmax_workers = {RACE_CAP}\n'
         f'data_dir = "{node_dir}"\npython = "{sys.executable}"\nclaude = "{claude_bin}"\n')
+    root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0",
-               FLEET_WORKER_GATEWAY="1", PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent),
-                                           os.environ.get("PYTHONPATH", "")]))
+               FLEET_WORKER_GATEWAY="1",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     fleet = Fleet(load_settings(env=env), Store(paths.db_path()), env=env)
     started: list[subprocess.Popen[str]] = []
     failures: list[str] = []

@@ -33,28 +33,15 @@ FOLDER = "fleet-tui"  # the attempts' cgroups are in a folder of this name
 
 
 def _mount() -> Path | None:
-    """Where the cgroup v2 hierarchy is mounted (None: nowhere)."""
-    try:
-        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) >= 3 and parts[2] == "cgroup2":
-                    return Path(parts[1].replace("\\040", " "))
-    except OSError:
-        return None
-    return None
+    """Where the cgroup v2 hierarchy is mounted (None: nowhere, or the portable path)."""
+    found = procs.cgroup_v2()
+    return Path(found[0]) if found else None
 
 
 def _own(mount: Path) -> Path | None:
     """This process's cgroup (v2) as a folder."""
-    try:
-        with open("/proc/self/cgroup", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("0::"):
-                    return mount / line[3:].strip().lstrip("/")
-    except OSError:
-        return None
-    return None
+    found = procs.cgroup_v2()
+    return mount / found[1].lstrip("/") if found else None
 
 
 def make(name: str) -> str | None:

@@ -9,7 +9,9 @@ What goes where:
 - The job (one per attempt, `submission_id` = `fleet-ID-N-<digest of the attempt's
   token>`, written to `ray.json` in the attempt folder here before it is submitted: a
   restarted controller finds the job by it, and Ray refuses a second job of the same id,
-  so an attempt never runs twice): its entrypoint is `execution/ray/job.py`; fleet-tui's
+  so an attempt never runs twice; the submitter holds the folder's submit lock until the
+  job is taken, so no follower takes a job still being uploaded for one never
+  submitted): its entrypoint is `execution/ray/job.py`; fleet-tui's
   package goes as its runtime_env's `py_modules` (content-addressed by Ray: uploaded once
   per version), its `working_dir` holds the order (the spec as the node runs it; the
   attempt's gateway token), the repository as a git bundle of what the node lacks of the
