@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from anyio import sleep as anyio_sleep
 from endpoint_helpers import cli_env, run_cli
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult
@@ -61,6 +62,8 @@ WORKER = [
 ]
 SCRIPTS: dict[str, Any] = {
     "orchestrator": ORCHESTRATOR, "worker": WORKER, "chat": ["done"],
+    "sleepy": [[{"type": "tool_use", "name": "Bash",
+                 "input": {"command": "sleep 300", "description": "wait"}}], "never"],
     **{name: [[{"type": "tool_use", "name": "Bash",
                 "input": {"command": f"echo {name} > {name}.txt", "description": name}}],
               f"wrote {name}.txt"] for name in ("one", "two")},
@@ -517,3 +520,52 @@ async def test_queue_lands_tasks_and_wait_waits_for_the_landing(
             (ids[0], "merged"), (ids[1], "merged")], data
     assert (git_repo / "one.txt").read_text() == "one\n"
     assert (git_repo / "two.txt").read_text() == "two\n"
+
+
+@pytest.mark.real_claude
+async def test_steering_tools_on_a_running_task(env: dict[str, str], git_repo: Path,
+                                                tmp_path: Path) -> None:
+    """wait's time running out, say, kill, retry, discard, and a follow-up the task's
+    state refuses, each as the CLI does it."""
+    async with _client(env, git_repo, tmp_path / "server.log") as session:
+        is_error, text, data = await _call_tool(session, "run",
+                                                {"prompt": "[script:sleepy] wait"})
+        assert not is_error and data is not None, text
+        (tid,) = data["ids"]
+        deadline = time.monotonic() + 120
+        while True:  # until its worker is in its Bash step
+            is_error, text, shown = await _call_tool(session, "show", {"id": tid})
+            assert not is_error and shown is not None, text
+            if shown["state"] == "running" and shown["turns"] >= 1:
+                break
+            assert time.monotonic() < deadline, shown
+            await anyio_sleep(0.2)
+        is_error, text, data = await _call_tool(session, "wait", {"ids": [tid],
+                                                                  "timeout": 1})
+        assert not is_error and data is not None, text
+        assert data["done"] is False and data["timed_out"] is True, data
+        assert "call wait again" in data["summary"]
+        is_error, text, data = await _call_tool(session, "say",
+                                                {"id": tid, "text": "hurry up"})
+        assert not is_error and data is not None and data["id"] == tid, text
+        is_error, text, data = await _call_tool(session, "kill", {"id": tid})
+        assert not is_error and data is not None, text
+        is_error, text, data = await _call_tool(session, "wait", {"ids": [tid],
+                                                                  "timeout": 60})
+        assert not is_error and data is not None and data["done"], text
+        assert data["tasks"][0]["state"] == "killed", data
+        is_error, text, _ = await _call_tool(session, "say", {"id": tid, "text": "hi"})
+        assert is_error and "its worker has finished" in text, text
+        is_error, text, data = await _call_tool(session, "retry",
+                                                {"id": tid, "mode": "resume"})
+        assert not is_error and data is not None, text
+        assert "resumed attempt" in data["summary"]
+        is_error, text, data = await _call_tool(session, "discard", {"id": tid})
+        assert not is_error and data is not None and data["discarded"], text
+        is_error, text, _ = await _call_tool(session, "follow_up",
+                                             {"id": tid, "text": "more"})
+        assert is_error and "discarded" in text, text
+        is_error, text, _ = await _call_tool(session, "merge", {"id": tid})
+        assert is_error and "discarded" in text, text
+    listed = json.loads(run_cli(env, git_repo, "ls", "--json").stdout)
+    assert [(t["id"], t["state"]) for t in listed] == [(tid, "discarded")]

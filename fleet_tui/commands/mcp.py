@@ -101,6 +101,9 @@ def _serve(argv: list[str]) -> int:
         sys.stderr.write(f"fleet-tui mcp: warning: {redaction.redact(exc.message)}\n")
     tools = FleetTools(fleet, caps, repo)
     server = build_server(tools)
+    if sys.stdin is not None and sys.stdin.isatty():
+        sys.stderr.write("fleet-tui mcp: serving MCP on stdin and stdout, for Claude Code "
+                         "to start (`fleet-tui mcp install` registers it); Ctrl-C ends\n")
     tools.start()
     try:
         server.run("stdio")
