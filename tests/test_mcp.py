@@ -62,8 +62,9 @@ WORKER = [
 ]
 SCRIPTS: dict[str, Any] = {
     "orchestrator": ORCHESTRATOR, "worker": WORKER, "chat": ["done"],
+    # a number of its own: other tests look for (and kill) their `sleep N` machine-wide
     "sleepy": [[{"type": "tool_use", "name": "Bash",
-                 "input": {"command": "sleep 300", "description": "wait"}}], "never"],
+                 "input": {"command": "sleep 617", "description": "wait"}}], "never"],
     **{name: [[{"type": "tool_use", "name": "Bash",
                 "input": {"command": f"echo {name} > {name}.txt", "description": name}}],
               f"wrote {name}.txt"] for name in ("one", "two")},
@@ -569,3 +570,32 @@ async def test_steering_tools_on_a_running_task(env: dict[str, str], git_repo: P
         assert is_error and "discarded" in text, text
     listed = json.loads(run_cli(env, git_repo, "ls", "--json").stdout)
     assert [(t["id"], t["state"]) for t in listed] == [(tid, "discarded")]
+
+
+@pytest.mark.parametrize("scope", ["user", "project"])
+def test_install_writes_what_claude_mcp_add_writes(tmp_path: Path, git_repo: Path,
+                                                   claude_bin: str, scope: str) -> None:
+    """The same entry, in the same file, as Claude Code's own `claude mcp add`."""
+    env = _install_env(tmp_path)
+    theirs_dir, ours_dir = tmp_path / "theirs", tmp_path / "ours"
+    theirs_repo = tmp_path / "theirs-repo"
+    subprocess.run(["git", "clone", "-q", str(git_repo), str(theirs_repo)], check=True)
+    ours = _fleet_tui(dict(env, CLAUDE_CONFIG_DIR=str(ours_dir)), git_repo, "mcp",
+                      "install", "--scope", scope)
+    assert ours.returncode == 0, ours.stderr
+    config = (ours_dir / ".claude.json") if scope == "user" else git_repo / ".mcp.json"
+    entry = json.loads(config.read_text())["mcpServers"]["fleet"]
+    added = subprocess.run([claude_bin, "mcp", "add", "--scope", scope, "fleet", "--",
+                            entry["command"], *entry["args"]], cwd=theirs_repo,
+                           env=dict(env, CLAUDE_CONFIG_DIR=str(theirs_dir)),
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=120)
+    assert added.returncode == 0, added.stderr
+    their_config = (theirs_dir / ".claude.json") if scope == "user" \
+        else theirs_repo / ".mcp.json"
+    theirs = json.loads(their_config.read_text())["mcpServers"]["fleet"]
+    assert theirs == entry
+    if scope == "project":  # byte for byte
+        assert their_config.read_text() == config.read_text()
+    else:
+        assert their_config.stat().st_mode & 0o777 == config.stat().st_mode & 0o777

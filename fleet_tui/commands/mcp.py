@@ -229,8 +229,7 @@ def _install(argv: list[str]) -> int:
     before = servers.get(SERVER)
     if before != entry:
         servers[SERVER] = entry
-        _write(config, json.dumps(data, indent=indent) + ("\n" if args.scope == "project"
-                                                          else ""), mode)
+        _write(config, json.dumps(data, indent=indent), mode)  # as Claude Code writes it
     said = ("already registered" if before == entry else
             "registered" if before is None else
             f"registered (it replaced the server {SERVER!r} that ran "
