@@ -511,6 +511,17 @@ async def test_queue_lands_tasks_and_wait_waits_for_the_landing(
         assert not is_error and data is not None, text
         assert data["result"] == "wrote one.txt" and data["files"] == [
             {"path": "one.txt", "status": "untracked", "added": 1, "deleted": 0}], data
+        # a person's open review comment stops a landing: a model cannot say "land anyway"
+        commented = run_cli(env, git_repo, "review", ids[0], "--comment", "one.txt:1",
+                            "why one?")
+        assert commented.returncode == 0, commented.stderr
+        for tool, args in (("merge", {"id": ids[0]}), ("queue", {"ids": ids})):
+            is_error, text, _ = await _call_tool(session, tool, args)
+            assert is_error and f"1 review comment is open on {ids[0]}" in text, text
+        is_error, text, data = await _call_tool(session, "list", {})
+        assert data is not None and all(t["land_state"] is None for t in data["tasks"])
+        dropped = run_cli(env, git_repo, "review", ids[0], "--delete", "1")
+        assert dropped.returncode == 0, dropped.stderr
         is_error, text, data = await _call_tool(session, "queue", {"ids": ids})
         assert not is_error and data is not None, text
         assert "call wait" in data["summary"]
