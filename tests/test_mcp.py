@@ -119,7 +119,7 @@ def _orchestrator(claude: str, env: dict[str, str], repo: Path, tmp: Path,
          "--output-format", "stream-json", "--verbose", "--mcp-config", str(config),
          "--strict-mcp-config", "--allowedTools", "mcp__fleet", "--model", "sonnet"],
         cwd=repo, env=run_env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=600)
+        timeout=300)
 
 
 def _orchestrator_results(endpoint: ScriptedEndpoint) -> list[tuple[bool, str]]:
@@ -131,6 +131,7 @@ def _orchestrator_results(endpoint: ScriptedEndpoint) -> list[tuple[bool, str]]:
             for res in by_turn[turn].tool_results]
 
 
+@pytest.mark.timeout(360)  # three claude processes and two merges on a loaded CI machine
 def test_orchestrator_claude_runs_waits_reads_and_merges(
         env: dict[str, str], git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
         tmp_path: Path) -> None:
@@ -492,6 +493,7 @@ def test_claude_finds_the_installed_skill(tmp_path: Path, git_repo: Path, claude
 
 
 @pytest.mark.real_claude
+@pytest.mark.timeout(360)  # two workers, then the queue's runner lands both
 async def test_queue_lands_tasks_and_wait_waits_for_the_landing(
         env: dict[str, str], git_repo: Path, tmp_path: Path) -> None:
     """Several tasks land through the merge queue; `wait` on them returns once each has
