@@ -612,3 +612,28 @@ def test_install_writes_what_claude_mcp_add_writes(tmp_path: Path, git_repo: Pat
         assert their_config.read_text() == config.read_text()
     else:
         assert their_config.stat().st_mode & 0o777 == config.stat().st_mode & 0o777
+
+
+def test_a_script_takes_values_from_earlier_tool_results() -> None:
+    """The endpoint's `$from_results`: what lets a scripted orchestrator pass on ids."""
+    from endpoint_helpers import assemble, post, request_body
+
+    scripts = {"pass": [
+        "first",
+        [{"type": "tool_use", "name": "t", "input": {
+            "one": {"$from_results": r"id (\w+)"},
+            "second": {"$from_results": r"id (\w+), id (\w+)", "group": 2},
+            "every": {"$from_results": r"id (\w+)", "all": True},
+            "none": {"$from_results": r"nothing (\d+)"},
+            "kept": ["{cwd}", {"plain": 1}]}}],
+    ]}
+    results = [{"type": "tool_result", "tool_use_id": "toolu_prev0",
+                "content": [{"type": "text", "text": '{"summary": "id ab12cd, id ef34gh"}'}]}]
+    with ScriptedEndpoint(scripts) as ep:
+        reply = post(ep.url, request_body(prompt="[script:pass] go", turns_done=1,
+                                          tool_results=results, cwd="/w"))
+    (block,) = assemble(reply.events)
+    assert block["input"] == {"one": "ab12cd", "second": "ef34gh",
+                              "every": ["ab12cd", "ef34gh"],
+                              "none": "(no earlier tool result matches 'nothing (\\\\d+)')",
+                              "kept": ["/w", {"plain": 1}]}
