@@ -95,10 +95,6 @@ def _serve(argv: list[str]) -> int:
     from fleet_tui.engine.fleet import Fleet
 
     fleet = Fleet(settings)
-    try:
-        fleet.prepare_secret_scan()  # the key known, so that answers hide it
-    except FleetTuiError as exc:  # no key yet: `run` says so when it is called
-        sys.stderr.write(f"fleet-tui mcp: warning: {redaction.redact(exc.message)}\n")
     tools = FleetTools(fleet, caps, repo)
     server = build_server(tools)
     if sys.stdin is not None and sys.stdin.isatty():
