@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from anyio import sleep as anyio_sleep
 from endpoint_helpers import cli_env, run_cli
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.types import CallToolResult
@@ -61,6 +62,9 @@ WORKER = [
 ]
 SCRIPTS: dict[str, Any] = {
     "orchestrator": ORCHESTRATOR, "worker": WORKER, "chat": ["done"],
+    # a number of its own: other tests look for (and kill) their `sleep N` machine-wide
+    "sleepy": [[{"type": "tool_use", "name": "Bash",
+                 "input": {"command": "sleep 617", "description": "wait"}}], "never"],
     **{name: [[{"type": "tool_use", "name": "Bash",
                 "input": {"command": f"echo {name} > {name}.txt", "description": name}}],
               f"wrote {name}.txt"] for name in ("one", "two")},
@@ -115,7 +119,7 @@ def _orchestrator(claude: str, env: dict[str, str], repo: Path, tmp: Path,
          "--output-format", "stream-json", "--verbose", "--mcp-config", str(config),
          "--strict-mcp-config", "--allowedTools", "mcp__fleet", "--model", "sonnet"],
         cwd=repo, env=run_env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=600)
+        timeout=300)
 
 
 def _orchestrator_results(endpoint: ScriptedEndpoint) -> list[tuple[bool, str]]:
@@ -127,6 +131,7 @@ def _orchestrator_results(endpoint: ScriptedEndpoint) -> list[tuple[bool, str]]:
             for res in by_turn[turn].tool_results]
 
 
+@pytest.mark.timeout(360)  # three claude processes and two merges on a loaded CI machine
 def test_orchestrator_claude_runs_waits_reads_and_merges(
         env: dict[str, str], git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
         tmp_path: Path) -> None:
@@ -488,6 +493,7 @@ def test_claude_finds_the_installed_skill(tmp_path: Path, git_repo: Path, claude
 
 
 @pytest.mark.real_claude
+@pytest.mark.timeout(360)  # two workers, then the queue's runner lands both
 async def test_queue_lands_tasks_and_wait_waits_for_the_landing(
         env: dict[str, str], git_repo: Path, tmp_path: Path) -> None:
     """Several tasks land through the merge queue; `wait` on them returns once each has
@@ -507,6 +513,17 @@ async def test_queue_lands_tasks_and_wait_waits_for_the_landing(
         assert not is_error and data is not None, text
         assert data["result"] == "wrote one.txt" and data["files"] == [
             {"path": "one.txt", "status": "untracked", "added": 1, "deleted": 0}], data
+        # a person's open review comment stops a landing: a model cannot say "land anyway"
+        commented = run_cli(env, git_repo, "review", ids[0], "--comment", "one.txt:1",
+                            "why one?")
+        assert commented.returncode == 0, commented.stderr
+        for tool, args in (("merge", {"id": ids[0]}), ("queue", {"ids": ids})):
+            is_error, text, _ = await _call_tool(session, tool, args)
+            assert is_error and f"1 review comment is open on {ids[0]}" in text, text
+        is_error, text, data = await _call_tool(session, "list", {})
+        assert data is not None and all(t["land_state"] is None for t in data["tasks"])
+        dropped = run_cli(env, git_repo, "review", ids[0], "--delete", "1")
+        assert dropped.returncode == 0, dropped.stderr
         is_error, text, data = await _call_tool(session, "queue", {"ids": ids})
         assert not is_error and data is not None, text
         assert "call wait" in data["summary"]
@@ -517,3 +534,106 @@ async def test_queue_lands_tasks_and_wait_waits_for_the_landing(
             (ids[0], "merged"), (ids[1], "merged")], data
     assert (git_repo / "one.txt").read_text() == "one\n"
     assert (git_repo / "two.txt").read_text() == "two\n"
+
+
+@pytest.mark.real_claude
+async def test_steering_tools_on_a_running_task(env: dict[str, str], git_repo: Path,
+                                                tmp_path: Path) -> None:
+    """wait's time running out, say, kill, retry, discard, and a follow-up the task's
+    state refuses, each as the CLI does it."""
+    async with _client(env, git_repo, tmp_path / "server.log") as session:
+        is_error, text, data = await _call_tool(session, "run",
+                                                {"prompt": "[script:sleepy] wait"})
+        assert not is_error and data is not None, text
+        (tid,) = data["ids"]
+        deadline = time.monotonic() + 120
+        while True:  # until its worker is in its Bash step
+            is_error, text, shown = await _call_tool(session, "show", {"id": tid})
+            assert not is_error and shown is not None, text
+            if shown["state"] == "running" and shown["turns"] >= 1:
+                break
+            assert time.monotonic() < deadline, shown
+            await anyio_sleep(0.2)
+        is_error, text, data = await _call_tool(session, "wait", {"ids": [tid],
+                                                                  "timeout": 1})
+        assert not is_error and data is not None, text
+        assert data["done"] is False and data["timed_out"] is True, data
+        assert "call wait again" in data["summary"]
+        is_error, text, data = await _call_tool(session, "say",
+                                                {"id": tid, "text": "hurry up"})
+        assert not is_error and data is not None and data["id"] == tid, text
+        is_error, text, data = await _call_tool(session, "kill", {"id": tid})
+        assert not is_error and data is not None, text
+        is_error, text, data = await _call_tool(session, "wait", {"ids": [tid],
+                                                                  "timeout": 60})
+        assert not is_error and data is not None and data["done"], text
+        assert data["tasks"][0]["state"] == "killed", data
+        is_error, text, _ = await _call_tool(session, "say", {"id": tid, "text": "hi"})
+        assert is_error and "its worker has finished" in text, text
+        is_error, text, data = await _call_tool(session, "retry",
+                                                {"id": tid, "mode": "resume"})
+        assert not is_error and data is not None, text
+        assert "resumed attempt" in data["summary"]
+        is_error, text, data = await _call_tool(session, "discard", {"id": tid})
+        assert not is_error and data is not None and data["discarded"], text
+        is_error, text, _ = await _call_tool(session, "follow_up",
+                                             {"id": tid, "text": "more"})
+        assert is_error and "discarded" in text, text
+        is_error, text, _ = await _call_tool(session, "merge", {"id": tid})
+        assert is_error and "discarded" in text, text
+    listed = json.loads(run_cli(env, git_repo, "ls", "--json").stdout)
+    assert [(t["id"], t["state"]) for t in listed] == [(tid, "discarded")]
+
+
+@pytest.mark.parametrize("scope", ["user", "project"])
+def test_install_writes_what_claude_mcp_add_writes(tmp_path: Path, git_repo: Path,
+                                                   claude_bin: str, scope: str) -> None:
+    """The same entry, in the same file, as Claude Code's own `claude mcp add`."""
+    env = _install_env(tmp_path)
+    theirs_dir, ours_dir = tmp_path / "theirs", tmp_path / "ours"
+    theirs_repo = tmp_path / "theirs-repo"
+    subprocess.run(["git", "clone", "-q", str(git_repo), str(theirs_repo)], check=True)
+    ours = _fleet_tui(dict(env, CLAUDE_CONFIG_DIR=str(ours_dir)), git_repo, "mcp",
+                      "install", "--scope", scope)
+    assert ours.returncode == 0, ours.stderr
+    config = (ours_dir / ".claude.json") if scope == "user" else git_repo / ".mcp.json"
+    entry = json.loads(config.read_text())["mcpServers"]["fleet"]
+    added = subprocess.run([claude_bin, "mcp", "add", "--scope", scope, "fleet", "--",
+                            entry["command"], *entry["args"]], cwd=theirs_repo,
+                           env=dict(env, CLAUDE_CONFIG_DIR=str(theirs_dir)),
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=120)
+    assert added.returncode == 0, added.stderr
+    their_config = (theirs_dir / ".claude.json") if scope == "user" \
+        else theirs_repo / ".mcp.json"
+    theirs = json.loads(their_config.read_text())["mcpServers"]["fleet"]
+    assert theirs == entry
+    if scope == "project":  # byte for byte
+        assert their_config.read_text() == config.read_text()
+    else:
+        assert their_config.stat().st_mode & 0o777 == config.stat().st_mode & 0o777
+
+
+def test_a_script_takes_values_from_earlier_tool_results() -> None:
+    """The endpoint's `$from_results`: what lets a scripted orchestrator pass on ids."""
+    from endpoint_helpers import assemble, post, request_body
+
+    scripts = {"pass": [
+        "first",
+        [{"type": "tool_use", "name": "t", "input": {
+            "one": {"$from_results": r"id (\w+)"},
+            "second": {"$from_results": r"id (\w+), id (\w+)", "group": 2},
+            "every": {"$from_results": r"id (\w+)", "all": True},
+            "none": {"$from_results": r"nothing (\d+)"},
+            "kept": ["{cwd}", {"plain": 1}]}}],
+    ]}
+    results = [{"type": "tool_result", "tool_use_id": "toolu_prev0",
+                "content": [{"type": "text", "text": '{"summary": "id ab12cd, id ef34gh"}'}]}]
+    with ScriptedEndpoint(scripts) as ep:
+        reply = post(ep.url, request_body(prompt="[script:pass] go", turns_done=1,
+                                          tool_results=results, cwd="/w"))
+    (block,) = assemble(reply.events)
+    assert block["input"] == {"one": "ab12cd", "second": "ef34gh",
+                              "every": ["ab12cd", "ef34gh"],
+                              "none": "(no earlier tool result matches 'nothing (\\\\d+)')",
+                              "kept": ["/w", {"plain": 1}]}

@@ -95,12 +95,11 @@ def _serve(argv: list[str]) -> int:
     from fleet_tui.engine.fleet import Fleet
 
     fleet = Fleet(settings)
-    try:
-        fleet.prepare_secret_scan()  # the key known, so that answers hide it
-    except FleetTuiError as exc:  # no key yet: `run` says so when it is called
-        sys.stderr.write(f"fleet-tui mcp: warning: {redaction.redact(exc.message)}\n")
     tools = FleetTools(fleet, caps, repo)
     server = build_server(tools)
+    if sys.stdin is not None and sys.stdin.isatty():
+        sys.stderr.write("fleet-tui mcp: serving MCP on stdin and stdout, for Claude Code "
+                         "to start (`fleet-tui mcp install` registers it); Ctrl-C ends\n")
     tools.start()
     try:
         server.run("stdio")
@@ -226,8 +225,7 @@ def _install(argv: list[str]) -> int:
     before = servers.get(SERVER)
     if before != entry:
         servers[SERVER] = entry
-        _write(config, json.dumps(data, indent=indent) + ("\n" if args.scope == "project"
-                                                          else ""), mode)
+        _write(config, json.dumps(data, indent=indent), mode)  # as Claude Code writes it
     said = ("already registered" if before == entry else
             "registered" if before is None else
             f"registered (it replaced the server {SERVER!r} that ran "

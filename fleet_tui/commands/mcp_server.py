@@ -56,6 +56,7 @@ WAIT_LIMIT = 600.0  # seconds one `wait` call may block (call again for longer)
 WAIT_DEFAULT = 120.0
 DIFF_DEFAULT = 20_000  # bytes of patch a `diff` returns unless told
 DIFF_LIMIT = 1_000_000
+READY_LIMIT = 60.0  # seconds a tool waits for the engine's start (the key's lookup)
 TEST_OUTPUT_LIMIT = 4_000  # the tail of a test command's output in a merge's answer
 PROMPT_SHOWN = 4_000  # characters of a task's prompt in `show`
 LIST_LIMIT = 200  # tasks in one `list` answer
@@ -144,15 +145,29 @@ class FleetTools:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.ready = threading.Event()  # set once the key is known (start)
 
     # --- the scheduler, as the panel runs it ---------------------------------------------
 
     def start(self) -> None:
         """Schedule in a thread while the server runs: queued tasks start and finished
-        ones are recorded without a tool call (the panel, if open, does the same)."""
-        self._thread = threading.Thread(target=self.fleet.run, args=(self._stop, cli.TICK),
-                                        name="fleet-scheduler", daemon=True)
+        ones are recorded without a tool call (the panel, if open, does the same). The
+        thread first looks the key up (redaction needs it; a keyring can be slow), while
+        the server already answers Claude Code's handshake; tools wait for it."""
+        self._thread = threading.Thread(target=self._schedule, name="fleet-scheduler",
+                                        daemon=True)
         self._thread.start()
+
+    def _schedule(self) -> None:
+        try:
+            self.fleet.prepare_secret_scan()
+        except FleetTuiError as exc:  # no key yet: `run` says so when it is called
+            log.warning("%s", redaction.redact(exc.message))
+        except Exception as exc:  # a keyring that fails: schedule all the same
+            log.warning("the key could not be looked up: %s", redaction.redact(str(exc)))
+        finally:
+            self.ready.set()
+        self.fleet.run(self._stop, cli.TICK)
 
     def stop(self) -> None:
         self._stop.set()
@@ -569,10 +584,12 @@ def _timeout(value: float | str | None) -> float | None:
 # --- the server -------------------------------------------------------------------------
 
 
-def _answer(name: str, work: Callable[[], tuple[str, dict[str, Any]]]) -> CallToolResult:
+def _answer(tools: FleetTools, name: str,
+            work: Callable[[], tuple[str, dict[str, Any]]]) -> CallToolResult:
     """A tool's answer, or a ToolError with the message the CLI would print; never an
     exception the SDK would call a crash (a bug still answers, with its type)."""
     try:
+        tools.ready.wait(READY_LIMIT)  # the key known: the answer hides it
         text, data = work()
     except ToolError:
         raise
@@ -634,7 +651,7 @@ def build_server(tools: FleetTools) -> MCPServer[Any]:
             repo: Annotated[str | None, Field(description="the repository's path (default: "
                                               "the one Claude Code runs in)")] = None,
             ) -> CallToolResult:
-        return _answer("run", lambda: tools.run(prompt, title, copies, host, endpoint, model,
+        return _answer(tools, "run", lambda: tools.run(prompt, title, copies, host, endpoint, model,
                                                 base, max_turns, timeout, repo))
 
     @server.tool(name="list", annotations=READ_ONLY, description=(
@@ -649,7 +666,7 @@ def build_server(tools: FleetTools) -> MCPServer[Any]:
                               ] = None,
               all_repos: Annotated[bool, Field(description="every repository's tasks")
                                    ] = False) -> CallToolResult:
-        return _answer("list", lambda: tools.list_tasks(state, repo, all_repos))
+        return _answer(tools, "list", lambda: tools.list_tasks(state, repo, all_repos))
 
     @server.tool(name="show", annotations=READ_ONLY, description=(
         "One task in full: state, verdict and message, the worker's final result text, "
@@ -657,7 +674,7 @@ def build_server(tools: FleetTools) -> MCPServer[Any]:
         "landing state and open review comments. Read it before judging a task; read the "
         "code itself with `diff`."))
     def show(id: IdArg) -> CallToolResult:
-        return _answer("show", lambda: tools.show(id))
+        return _answer(tools, "show", lambda: tools.show(id))
 
     @server.tool(name="wait", annotations=READ_ONLY, description=(
         "Block until every task in `ids` has ended (succeeded, failed, killed, ...; a task "
@@ -670,7 +687,7 @@ def build_server(tools: FleetTools) -> MCPServer[Any]:
              timeout: Annotated[float, Field(gt=0, le=WAIT_LIMIT,
                                              description="seconds to wait at most")
                                 ] = WAIT_DEFAULT) -> CallToolResult:
-        return _answer("wait", lambda: tools.wait(ids, timeout))
+        return _answer(tools, "wait", lambda: tools.wait(ids, timeout))
 
     @server.tool(name="diff", annotations=READ_ONLY, description=(
         "A task's changes against its base as a unified diff (committed, uncommitted and "
@@ -684,7 +701,7 @@ def build_server(tools: FleetTools) -> MCPServer[Any]:
              max_bytes: Annotated[int, Field(ge=1, le=DIFF_LIMIT,
                                              description="cut the patch past this many "
                                              "bytes")] = DIFF_DEFAULT) -> CallToolResult:
-        return _answer("diff", lambda: tools.diff(id, file, max_bytes))
+        return _answer(tools, "diff", lambda: tools.diff(id, file, max_bytes))
 
     @server.tool(name="merge", annotations=DESTROYS, description=(
         "Merge a finished task into its base branch now, through the same gate as the "
@@ -697,7 +714,7 @@ def build_server(tools: FleetTools) -> MCPServer[Any]:
               message: Annotated[str | None, Field(description="the commit message "
                                                    "(default: the task's title)")] = None,
               ) -> CallToolResult:
-        return _answer("merge", lambda: tools.merge(id, message))
+        return _answer(tools, "merge", lambda: tools.merge(id, message))
 
     @server.tool(name="queue", annotations=ACTS, description=(
         "Land several finished tasks through the merge queue, one at a time in this order: "
@@ -708,14 +725,14 @@ def build_server(tools: FleetTools) -> MCPServer[Any]:
     def queue(ids: Annotated[list[str], Field(description="task ids, in landing order",
                                               min_length=1, max_length=200)]
               ) -> CallToolResult:
-        return _answer("queue", lambda: tools.queue(ids))
+        return _answer(tools, "queue", lambda: tools.queue(ids))
 
     @server.tool(name="say", annotations=ACTS, description=(
         "Send a message to a running worker: it joins the turn the worker is in. For a "
         "task that has finished, use follow_up."))
     def say(id: IdArg, text: Annotated[str, Field(description="the message")]
             ) -> CallToolResult:
-        return _answer("say", lambda: tools.say(id, text))
+        return _answer(tools, "say", lambda: tools.say(id, text))
 
     @server.tool(name="follow_up", annotations=ACTS, description=(
         "Give a finished task a new prompt in the same session and worktree (it remembers "
@@ -723,7 +740,7 @@ def build_server(tools: FleetTools) -> MCPServer[Any]:
         "Starts work: counts against this session's spend cap. Then call `wait`."))
     def follow_up(id: IdArg, text: Annotated[str, Field(description="the follow-up prompt")]
                   ) -> CallToolResult:
-        return _answer("follow_up", lambda: tools.follow_up(id, text))
+        return _answer(tools, "follow_up", lambda: tools.follow_up(id, text))
 
     @server.tool(name="retry", annotations=DESTROYS, description=(
         "Run a finished task again: `fresh` (worktree and branch reset to its base; refused "
@@ -735,20 +752,20 @@ def build_server(tools: FleetTools) -> MCPServer[Any]:
               discard_changes: Annotated[bool, Field(description="a fresh retry may throw "
                                                      "the task's changes away")] = False,
               ) -> CallToolResult:
-        return _answer("retry", lambda: tools.retry(id, mode, discard_changes))
+        return _answer(tools, "retry", lambda: tools.retry(id, mode, discard_changes))
 
     @server.tool(name="kill", annotations=DESTROYS, description=(
         "Stop a running task now (its whole process tree), or drop a queued one. Its work "
         "so far stays in its worktree (discard it, retry or follow_up later)."))
     def kill(id: IdArg) -> CallToolResult:
-        return _answer("kill", lambda: tools.kill(id))
+        return _answer(tools, "kill", lambda: tools.kill(id))
 
     @server.tool(name="discard", annotations=DESTROYS, description=(
         "Throw a task's work away for good: its worktree, branch and session (a running "
         "task is stopped first). For the copies you did not pick, and work not worth "
         "keeping."))
     def discard(id: IdArg) -> CallToolResult:
-        return _answer("discard", lambda: tools.discard(id))
+        return _answer(tools, "discard", lambda: tools.discard(id))
 
     @server.tool(name="cost", annotations=READ_ONLY, description=(
         "What the workers' requests cost (the gateway's meter), grouped by task, endpoint "
@@ -759,7 +776,7 @@ def build_server(tools: FleetTools) -> MCPServer[Any]:
              by: Annotated[Literal["task", "endpoint", "day"],
                            Field(description="one row per " + ", ".join(BY))] = "endpoint",
              ) -> CallToolResult:
-        return _answer("cost", lambda: tools.cost(since, by))
+        return _answer(tools, "cost", lambda: tools.cost(since, by))
 
     return server
 
