@@ -38,6 +38,7 @@ from fleet_tui.core.states import (
     FINISHED_STATES,
     PENDING_STATES,
     Action,
+    TaskState,
 )
 from fleet_tui.engine.actions import Actions
 from fleet_tui.engine.branches import Branches, _scratch_checkout
@@ -258,7 +259,7 @@ class Best(Part):
         entries = []
         for task in copies:
             ev = evidence.get(task.id)
-            if ev is not None:
+            if ev is not None and task.state != TaskState.MERGED:  # a merged one landed
                 ev = replace(ev, landable=policy.refusal(task, Action.PICK)
                              or policy.refusal(task, Action.QUEUE))
             entries.append((task.id, ev, costs.get(task.id, 0.0)))
