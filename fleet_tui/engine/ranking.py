@@ -133,8 +133,9 @@ class Best(Part):
         return repolock.hold(folder / f"{task.group_id or task.id}.lock",
                              f"ranking the copies of {task.id}", timeout=timeout)
 
-    def stale(self, copies: list[Task]) -> list[Task]:
-        """The ended copies still open whose evidence is missing or out of date."""
+    def stale(self, copies: list[Task]) -> list[tuple[Task, str]]:
+        """The ended copies still open whose evidence is missing or out of date, each with
+        the fingerprint its evidence will have."""
         if not copies or not copies[0].group_id:
             return []
         have = self.evidence.of_group(copies[0].group_id)
@@ -143,8 +144,9 @@ class Best(Part):
             if task.state not in FINISHED_STATES or policy.in_queue(task):
                 continue
             ev = have.get(task.id)
-            if ev is None or ev.fingerprint != self.fingerprint(task, self.commands_for(task)):
-                out.append(task)
+            fingerprint = self.fingerprint(task, self.commands_for(task))
+            if ev is None or ev.fingerprint != fingerprint:
+                out.append((task, fingerprint))
         return out
 
     @hides_key
@@ -168,13 +170,18 @@ class Best(Part):
                                f"process: {exc}") from None
         return self.evidence.of_group(group)
 
-    def _gather(self, copies: list[Task], todo: list[Task]) -> None:
+    def _gather(self, copies: list[Task], todo: list[tuple[Task, str]]) -> None:
         group = copies[0].group_id
         assert group is not None
         cap = max(1, min(len(todo), int(self.settings.max_workers or 1)))
         started = time.monotonic()
-        with ThreadPoolExecutor(cap, thread_name_prefix="fleet-rank") as pool:
-            found = list(pool.map(self._one, todo))
+        self.secrets.get()  # resolved once, before the threads ask for it
+        # the commands run up to the cap at once; each copy's git work (diff, preview,
+        # comments) runs beside its commands, so the gathering takes about as long as
+        # the slowest command
+        with ThreadPoolExecutor(cap, thread_name_prefix="fleet-rank") as pool, \
+                ThreadPoolExecutor(2 * len(todo), thread_name_prefix="fleet-rank-git") as side:
+            found = list(pool.map(lambda item: self._one(item[0], item[1], side), todo))
         # the files each copy touched that no other copy did (of all the open copies)
         have = {**self.evidence.of_group(group), **{ev.task_id: ev for ev in found}}
         touched = {t.id: set(have[t.id].files) for t in copies if t.id in have
@@ -190,16 +197,15 @@ class Best(Part):
         log.info("evidence of %d copies of group %s gathered in %.2f s", len(found), group,
                  time.monotonic() - started)
 
-    def _one(self, task: Task) -> CopyEvidence:
-        """One copy's evidence (a thread of the gathering)."""
+    def _one(self, task: Task, fingerprint: str, side: ThreadPoolExecutor) -> CopyEvidence:
+        """One copy's evidence (a thread of the gathering; its git work on `side`)."""
         started = time.monotonic()
-        commands = self.commands_for(task)
-        fingerprint = self.fingerprint(task, commands)
-        report = self.branches._report(task)
+        report_of = side.submit(self.branches._report, task)
+        comments_of = side.submit(self._open_comments, task)
         test: CheckResult | None = None
         checks: list[CheckResult] = []
-        test_command, named = commands
-        if report.diff is not None and (test_command or named):
+        test_command, named = self.commands_for(task)
+        if self._has_worktree(task) and (test_command or named):
             try:
                 with self._where(task) as where:
                     if test_command:
@@ -211,15 +217,30 @@ class Best(Part):
                 test = CheckResult(test_command or "", False, 0.0, why) \
                     if test_command else None
                 checks = [CheckResult(c, False, 0.0, why) for c in named]
-        elif test_command:  # no worktree to run it in
+        report = report_of.result()
+        if test_command and test is None:  # no worktree to run it in
             test = CheckResult(test_command, False, 0.0, report.merges or "no worktree")
-        comments = 0
-        with contextlib.suppress(FleetTuiError, git.GitError, OSError):
-            comments = self.review.open_comments(task.id)
+        comments = comments_of.result()
         return CopyEvidence(task.id, fingerprint, self.clock(), test, tuple(checks),
                             report.added, report.deleted, tuple(report.files), (),
                             report.clean, report.merges, comments, None,
                             time.monotonic() - started)
+
+    def _open_comments(self, task: Task) -> int:
+        try:
+            return self.review.open_comments(task.id)
+        except (FleetTuiError, git.GitError, OSError):
+            return 0
+
+    def _has_worktree(self, task: Task) -> bool:
+        if task.state in CLOSED_STATES or task.worktree is None:
+            return False
+        try:
+            remote = self.branches.remote_of(task)
+        except FleetTuiError:
+            return False
+        return remote.has_worktree(task) if remote is not None \
+            else Path(task.worktree).is_dir()
 
     @contextlib.contextmanager
     def _where(self, task: Task) -> Iterator[Path]:
