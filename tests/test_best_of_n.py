@@ -11,9 +11,15 @@ smaller one (1 line). Which copy got which slot is read back from its worktree.
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +40,9 @@ TEST_COMMAND = "! grep -q BROKEN notes.txt"
 WRITES = {"three": ("BROKEN\\n", "a\\nb\\nc\\nd\\ne\\n", "a\\n"),
           # the smallest passing copy also trips the named check (a "lint" word)
           "linted": ("BROKEN\\n", "a\\nb\\nc\\nd\\ne\\n", "lint\\n"),
-          "allbad": ("BROKEN\\n", "BROKEN\\nx\\n", "BROKEN\\ny\\nz\\n")}
+          "allbad": ("BROKEN\\n", "BROKEN\\nx\\n", "BROKEN\\ny\\nz\\n"),
+          # equal evidence: one line each
+          "tie": ("one\\n", "two\\n", "six\\n")}
 
 
 def _script(slots: Path, writes: tuple[str, str, str]) -> list[Any]:
@@ -203,3 +211,79 @@ def _states(repo: Path, ids: list[str]) -> dict[str, str]:
     finally:
         conn.close()
     return {str(r[0]): str(r[1]) for r in rows}
+
+
+def test_tied_copies_are_all_best_and_pick_best_asks_or_takes_the_first_with_yes(
+        env: dict[str, str], git_repo: Path) -> None:
+    _settings(git_repo, f'test_command = "{TEST_COMMAND}"\n')
+    ids = run_copies(env, git_repo, "tie")
+    out = run_cli(env, git_repo, "compare", ids[0])
+    rows = [line for line in out.stdout.splitlines() if line[:6].strip() in ids]
+    assert [r.split()[:2] for r in rows] == [[i, "★1"] for i in ids]
+    assert f"tied for best: {', '.join(ids)} (equal evidence)" in out.stdout
+    before = checkout_state(git_repo)
+    # no terminal to ask in, no --yes: refused, nothing queued or discarded
+    out = run_cli(env, git_repo, "pick", ids[2], "--best")
+    assert out.returncode == 2 and "tied for best" in out.stderr, out.stderr
+    assert f"pass --yes to take {ids[0]}" in out.stderr
+    assert [show(env, git_repo, i)["state"] for i in ids] == ["succeeded"] * 3
+    assert checkout_state(git_repo) == before
+    # in a terminal it asks which one
+    answer = _in_a_terminal(env, git_repo, ["pick", ids[0], "--best", "--wait"],
+                            "which one to land?", ids[1])
+    assert answer.returncode == 0, answer.output
+    assert f"best: {ids[1]}: passes the tests" in answer.output
+    assert [show(env, git_repo, i)["state"] for i in ids] == ["discarded", "merged",
+                                                               "discarded"]
+
+
+def test_pick_best_yes_takes_the_first_of_tied_copies(env: dict[str, str],
+                                                       git_repo: Path) -> None:
+    _settings(git_repo, f'test_command = "{TEST_COMMAND}"\n')
+    ids = run_copies(env, git_repo, "tie")
+    out = run_cli(env, git_repo, "pick", ids[1], "--best", "--yes", "--wait")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"best: {ids[0]}: ")
+    assert [show(env, git_repo, i)["state"] for i in ids] == ["merged", "discarded",
+                                                               "discarded"]
+
+
+@dataclass
+class _Ran:
+    returncode: int
+    output: str
+
+
+def _in_a_terminal(env: dict[str, str], cwd: Path, args: list[str], prompt: str,
+                   answer: str, timeout: float = 120) -> _Ran:
+    """`fleet-tui ARGS` with a terminal for stdin and stdout: wait for ``prompt``, type
+    ``answer``; its exit status and everything it printed."""
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "fleet_tui.cli", *args], cwd=cwd, env=env,
+                            stdin=child, stdout=child, stderr=child, start_new_session=True)
+    os.close(child)
+    output = b""
+    answered = False
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([main], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(main, 4096)
+                except OSError:  # the child side closed: it exited
+                    chunk = b""
+                if not chunk and proc.poll() is not None:
+                    break
+                output += chunk
+            if not answered and prompt.encode() in output:
+                os.write(main, answer.encode() + b"\n")
+                answered = True
+            if proc.poll() is not None and not ready:
+                break
+        else:
+            proc.kill()
+            raise AssertionError(f"timed out; printed: {output.decode(errors='replace')}")
+        return _Ran(proc.wait(timeout=30), output.decode("utf-8", "replace"))
+    finally:
+        os.close(main)
