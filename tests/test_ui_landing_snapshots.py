@@ -234,3 +234,27 @@ async def test_compare_view_marks_the_best_and_b_picks_it(landing_app: FleetApp,
         assert title == f"Pick {COPIES[0]}?", title
         await pilot.press("escape")
     assert landing_app.errors == []  # type: ignore[attr-defined]
+
+
+async def test_a_group_decided_on_its_own_is_told_once(landing_app: FleetApp) -> None:
+    """auto_pick's decision (here written to the store as the rank runner writes it) is
+    one toast naming the winner and why; a decision from before the panel opened is not."""
+    from fleet_tui.store.evidence import EvidenceStore
+
+    async with landing_app.run_test(size=(160, 48)) as pilot:
+        await _listed(pilot)
+        fleet = landing_app.fleet
+        assert fleet is not None
+        picks = EvidenceStore(fleet.store)
+        picks.record_pick("old-group", "q1dddd", "best of 2: long ago", "auto",
+                          time.time() - 3600)
+        reason = "best of 3: passes the tests; +2/-0 in 1 file; the smallest passing change"
+        picks.record_pick("gfixed01", COPIES[0], reason, "auto", time.time())
+        told = f"{COPIES[0]} picked as the best: {reason}"
+        await _settle(pilot, lambda: told in [f"{t}: {m}" for _, t, m in landing_app.toasts])
+        for _ in range(3):  # more polls: still one toast
+            landing_app.main.task_list.poll()
+            await pilot.pause(0.3)
+        said = [f"{t}: {m}" for _, t, m in landing_app.toasts]
+        assert said.count(told) == 1
+        assert not any("long ago" in s for s in said)

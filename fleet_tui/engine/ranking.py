@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from fleet_tui.core import policy
+from fleet_tui.core import policy, redaction
 from fleet_tui.core.errors import FleetError, FleetRefused, FleetTuiError
 from fleet_tui.core.ranking import CheckResult, CopyEvidence, Ranked, rank
 from fleet_tui.core.states import (
@@ -259,8 +259,9 @@ class Best(Part):
         started = time.monotonic()
         passed, output = git.run_test_command(command, where, GATE_TIMEOUT,
                                               secrets=self.secrets.get())
+        # the tail is kept in the store: the key hidden in it, as in every stored text
         return CheckResult(command, passed, time.monotonic() - started,
-                           "" if passed else output[-_TAIL:])
+                           "" if passed else redaction.redact(output[-_TAIL:]))
 
     # --- the ranking ----------------------------------------------------------------------------
 
