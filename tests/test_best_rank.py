@@ -15,7 +15,7 @@ from fleet_tui.core.ranking import CheckResult, CopyEvidence, rank
 from fleet_tui.engine.fleet import Fleet, FleetRefused
 from fleet_tui.settings.config import ConfigError, load_settings
 from fleet_tui.settings.repo_settings import load_repo_settings
-from fleet_tui.store.db import MIGRATIONS, SCHEMA_VERSION, Store
+from fleet_tui.store.db import MIGRATIONS, SCHEMA_VERSION, Store, TaskState
 from fleet_tui.store.evidence import EvidenceStore
 
 
@@ -198,3 +198,17 @@ def test_a_task_that_is_not_a_copy_has_nothing_to_rank(git_repo: Path,
     with pytest.raises(FleetRefused, match="not launched as one of several copies"):
         fleet.pick_best("solo38")
     assert fleet.get_task("solo38").land_state is None
+
+
+def test_a_copy_whose_worker_did_not_succeed_is_never_the_best(git_repo: Path,
+                                                                tmp_path: Path) -> None:
+    store = Store(tmp_path / "fleet.db")
+    fleet = Fleet(load_settings(), store)
+    fleet.spawn_queue_runners = False
+    ids = _copies(store, git_repo)
+    store.update_task(ids[0], state=TaskState.FAILED, verdict="max_turns")
+    ranked = fleet.rank(ids[1])
+    assert [r.task_id for r in ranked] == [ids[1], ids[2], ids[0]]
+    assert ranked[2].reason == ("cannot be landed: its worker ended failed (verdict "
+                                "max_turns)")
+    assert ranked[2].evidence is not None and ranked[2].evidence.size == 1  # it was smallest

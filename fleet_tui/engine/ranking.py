@@ -108,8 +108,8 @@ class Best(Part):
         attempt that ended last, the base it stands on and its base branch's tip, an
         update's conflicts, and the commands run. Any change makes the evidence stale."""
         head = ""
-        if task.worktree is not None and self.branches.remote_of(task) is None:
-            with contextlib.suppress(git.GitError, OSError):
+        with contextlib.suppress(git.GitError, OSError, FleetTuiError):
+            if task.worktree is not None and self.branches.remote_of(task) is None:
                 head = git.head_commit(Path(task.worktree))
         tip = ""
         if task.base_branch:
@@ -282,7 +282,11 @@ class Best(Part):
         for task in copies:
             ev = evidence.get(task.id)
             if ev is not None and task.state != TaskState.MERGED:  # a merged one landed
-                ev = replace(ev, landable=policy.refusal(task, Action.PICK)
+                # a worker that failed or was killed left work it did not finish: never
+                # the best, whatever its tests say
+                unfinished = None if task.state == TaskState.SUCCEEDED else (
+                    f"its worker ended {task.state} (verdict {task.verdict or '-'})")
+                ev = replace(ev, landable=unfinished or policy.refusal(task, Action.PICK)
                              or policy.refusal(task, Action.QUEUE))
             entries.append((task.id, ev, costs.get(task.id, 0.0)))
         return rank(entries)
