@@ -187,6 +187,9 @@ def test_a_failing_named_check_moves_the_otherwise_best_copy_down(
     assert [c["passed"] for c in small["evidence"]["checks"]] == [False, True]
     assert "fails 1 check (! grep -q lint notes.txt)" in small["reason"]
     assert "passes 2 checks" in large["reason"]
+    shown = run_cli(env, git_repo, "show", order[1]).stdout
+    assert "rank:      2 of 3: passes the tests; fails 1 check (! grep -q lint notes.txt)" \
+        in shown, shown
 
 
 def test_auto_pick_lands_the_winner_without_a_command(env: dict[str, str],
