@@ -6,6 +6,7 @@ and real test commands: gathered once, gathered again when a copy or its base ch
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,27 @@ def test_a_copy_whose_worker_did_not_succeed_is_never_the_best(git_repo: Path,
     assert ranked[2].reason == ("cannot be landed: its worker ended failed (verdict "
                                 "max_turns)")
     assert ranked[2].evidence is not None and ranked[2].evidence.size == 1  # it was smallest
+
+
+def test_an_auto_pick_group_left_undecided_gets_a_runner_again(git_repo: Path,
+                                                                tmp_path: Path) -> None:
+    """Copies that ended while no rank runner decided (one killed, the machine restarted):
+    the next engine's pass starts one, and the winner lands through the queue."""
+    (git_repo / ".fleet-tui.toml").write_text(
+        'test_command = "test -s notes.txt"\nauto_pick = true\n')
+    commit_all(git_repo, "auto_pick")
+    store = Store(tmp_path / "fleet.db")
+    ids = _copies(store, git_repo)
+    for task_id in ids:  # ended a moment ago, no pass saw it end
+        store.update_task(task_id, finished_at=time.time())
+    fleet = Fleet(load_settings(), store)
+    deadline = time.monotonic() + 180
+    while fleet.get_task(ids[0]).state != TaskState.MERGED:
+        assert time.monotonic() < deadline, [fleet.get_task(i).state for i in ids]
+        fleet.tick()
+        time.sleep(0.2)
+    assert [fleet.get_task(i).state for i in ids[1:]] == [TaskState.DISCARDED] * 2
+    pick = EvidenceStore(store).pick_of("grp038")
+    assert pick is not None and pick.task_id == ids[0] and pick.how == "auto"
+    assert (git_repo / "notes.txt").read_text() == "x\n"
+    fleet.best.wait_runners(30)

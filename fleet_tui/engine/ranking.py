@@ -340,16 +340,21 @@ class Best(Part):
         queued, discarded = self.queue.pick(task.id)
         return queued, discarded, winner
 
+    def undecided(self, copies: list[Task]) -> bool:
+        """auto_pick has this group to decide: the repository asks for it, every copy has
+        ended, none is landed, discarded or queued, and no pick is recorded."""
+        return bool(copies) and bool(copies[0].group_id) and self.ended(copies) \
+            and self.auto_pick_on(copies[0]) and not any(
+                t.state in CLOSED_STATES or policy.in_queue(t) for t in copies) \
+            and self.evidence.pick_of(copies[0].group_id or "") is None
+
     def auto_pick(self, task_id: str) -> BestPick | None:
         """auto_pick: once per group, when its copies have all ended, land the best (or
         record that none passed). The pick recorded (None: not this group's turn)."""
         copies = self.branches.copies(task_id)
         group = copies[0].group_id if copies else None
-        if not group or not self.ended(copies) or not self.auto_pick_on(copies[0]):
-            return None
-        if self.evidence.pick_of(group) is not None or any(
-                t.state in CLOSED_STATES or policy.in_queue(t) for t in copies):
-            return None  # decided, or the user has picked or landed one already
+        if not group or not self.undecided(copies):
+            return None  # not asked for, not ended, decided, or the user picked already
         ranked = self.ranking(task_id)
         best = [r for r in ranked if r.best]
         if not best:
@@ -378,11 +383,18 @@ class Best(Part):
 
     spawn_runners = True
 
+    RESUME_CHECK = 30.0  # seconds between two looks (per process) for an undecided group
+    RESUME_WITHIN = 86_400.0  # groups whose copies ended this long ago at most
+    _resume_checked = 0.0
+
     def after_pass(self, changes: list[TaskChange]) -> None:
         """A copy ended: once its group's copies have all ended, a rank runner gathers
-        their evidence (and lands the best with auto_pick) in a process of its own."""
+        their evidence (and lands the best with auto_pick) in a process of its own. Every
+        RESUME_CHECK seconds, an auto_pick group left undecided (its runner killed, the
+        machine restarted) gets a runner again."""
         self._procs = [p for p in self._procs if p.poll() is None]
         groups: dict[str, Task] = {}
+        self._resume(groups)
         for change in changes:
             if change.new not in FINISHED_STATES and change.new not in CLOSED_STATES:
                 continue
@@ -397,13 +409,34 @@ class Best(Part):
                 copies = self.store.group(group)
                 if not self.ended(copies):
                     continue
-                auto = self.auto_pick_on(task) and self.evidence.pick_of(group) is None
-                if not self.stale(copies) and not auto:
+                if not self.stale(copies) and not self.undecided(copies):
                     continue
                 if self.spawn_runners and self.queue.spawn_queue_runners:
                     self._procs.append(self.spawn_runner(Path(task.repo), group, task.id))
             except Exception as exc:  # never stops a scheduling pass
                 log.warning("could not start ranking the copies of %s: %s", task.id, exc)
+
+    def _resume(self, groups: dict[str, Task]) -> None:
+        """Add the recent auto_pick groups with no decision and no runner at work."""
+        now = time.monotonic()
+        if now - self._resume_checked < self.RESUME_CHECK:
+            return
+        self._resume_checked = now
+        try:
+            since = self.clock() - self.RESUME_WITHIN
+            for task in self.store.list_tasks(states=FINISHED_STATES):
+                if not task.group_id or task.group_id in groups or \
+                        (task.finished_at or 0.0) < since or not self.auto_pick_on(task):
+                    continue
+                if not self.undecided(self.store.group(task.group_id)):
+                    continue
+                try:
+                    with self._lock(task, 0):
+                        groups[task.group_id] = task  # nobody at work on it
+                except repolock.LockTimeout:
+                    continue
+        except Exception as exc:  # never stops a scheduling pass
+            log.warning("could not look for undecided groups of copies: %s", exc)
 
     def spawn_runner(self, repo: Path, group: str, task_id: str) -> subprocess.Popen[bytes]:
         """A detached rank runner for one group (it waits for the group's lock, gathers
