@@ -56,9 +56,10 @@ BENCHMARKS: dict[str, str] = {
     "ssh": "12. SSH host",
     "ray": "13. Ray host",
     "gatewayblows": "14. Gateway under blows",
+    "rank": "15. Best of N",
 }
 ORDER = ["parser", "launch", "diff", "engine", "endpoint", "gateway", "slots", "startup",
-         "panel", "memory", "serve", "ssh", "ray", "gatewayblows"]
+         "panel", "memory", "serve", "ssh", "ray", "gatewayblows", "rank"]
 HERE = Path(__file__).resolve().parent
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from fleet_tui.commands import best
 from fleet_tui.core import policy, redaction, stream
 from fleet_tui.core.durations import parse_duration
 from fleet_tui.core.errors import (
@@ -534,8 +535,10 @@ def cmd_ls(argv: list[str]) -> int:
     tasks = fleet.list_tasks(repo, archived=args.archived)
     costs = fleet.costs([t.id for t in tasks])
     if args.json:
-        _out(json.dumps([task_json(t, cost=costs.get(t.id, Totals())) for t in tasks],
-                        indent=2))
+        ranks = fleet.rankings(tasks)  # best of N: each ranked copy's place
+        _out(json.dumps([{**task_json(t, cost=costs.get(t.id, Totals())),
+                          "rank": ranks[t.id].as_json() if t.id in ranks else None}
+                         for t in tasks], indent=2))
         return EXIT_OK
     if not tasks:
         _out("no tasks" + ("" if repo is None else f" in {repo}")
@@ -591,8 +594,10 @@ def cmd_show(argv: list[str]) -> int:
     attempts = fleet.attempts(task.id)
     limits = fleet.endpoint_note(task.endpoint)
     metered = fleet.costs([task.id]).get(task.id, Totals())
+    ranked = fleet.rankings([task]).get(task.id)  # best of N: its place, when ranked
     if args.json:
-        _out(json.dumps({**task_json(task, attempts, metered), "endpoint_limits": limits},
+        _out(json.dumps({**task_json(task, attempts, metered), "endpoint_limits": limits,
+                         "rank": ranked.as_json() if ranked is not None else None},
                         indent=2))
         return EXIT_OK
     waits = fleet.host_waits().get(task.host) if task.state == TaskState.QUEUED else None
@@ -621,6 +626,8 @@ def cmd_show(argv: list[str]) -> int:
         rows.append(("pushed", f"{remote}/{rest.replace(' ', ' @ ')}"))
     if task.gate:
         rows.append(("test gate", task.gate))
+    if ranked is not None:
+        rows.append(("rank", best.rank_line(ranked, len(fleet.copies(task.id)))))
     if task.archived_at is not None:
         rows.append(("archived", f"yes (`fleet-tui archive --undo {task.id}` brings it "
                                  "back)"))
@@ -1234,8 +1241,10 @@ def cmd_compare(argv: list[str]) -> int:
     _catch_up(fleet)
     reports = fleet.compare(args.id)
     costs = fleet.costs([r.task.id for r in reports])
+    # best of N: the copies ranked by evidence (gathered now when missing or stale)
+    ranked = fleet.rank(args.id) if len(reports) > 1 else []
     if args.json:
-        _out(json.dumps([{"id": r.task.id, "state": r.task.state.value,
+        rows = {r.task.id: {"id": r.task.id, "state": r.task.state.value,
                           "verdict": r.task.verdict, "turns": r.task.turns,
                           "tokens": r.task.input_tokens + r.task.output_tokens,
                           "cost": round(costs[r.task.id].cost, 6)
@@ -1243,7 +1252,13 @@ def cmd_compare(argv: list[str]) -> int:
                           "unpriced": costs[r.task.id].unpriced if r.task.id in costs else 0,
                           "added": r.added, "deleted": r.deleted, "files": r.files,
                           "gate": r.gate, "clean": r.clean, "merges": r.merges}
-                         for r in reports], indent=2))
+                for r in reports}
+        _out(json.dumps(best.compare_json(ranked, rows) if ranked else list(rows.values()),
+                        indent=2))
+        return EXIT_OK
+    if ranked:
+        best.print_ranking(_out, ranked, {r.task.id: r.task for r in reports},
+                           {t: c.cost for t, c in costs.items()})
         return EXIT_OK
     if len(reports) == 1:
         _err(f"task {reports[0].task.id} was not launched as one of several copies; "
@@ -1266,10 +1281,29 @@ def cmd_pick(argv: list[str]) -> int:
                    "it through the merge queue.")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask")
     p.add_argument("--wait", action="store_true", help="stay until it has landed or stopped")
+    p.add_argument("--best", action="store_true", help="land the best copy of ID's group "
+                   "by evidence (`fleet-tui compare ID`), whichever copy ID is; exit 4 when "
+                   "none passes")
     args = p.parse_args(argv)
     fleet = _fleet()
     _catch_up(fleet)
     task = fleet.get_task(args.id)
+    if args.best:
+        chosen = best.winner_of(fleet.rank(task.id), args.yes)
+        if chosen is not None:
+            asked = _open_comments(fleet, [fleet.get_task(chosen)], args.yes, verb="land",
+                                   done="picked")
+            if asked:
+                _confirm(f"land {chosen}, the best copy?{asked}", False)
+        queued, discarded, winner = fleet.pick_best(task.id, choose=chosen)
+        _out(f"best: {winner.task_id}: {_one_line(winner.reason, 120)}")
+        for sibling in discarded:
+            _out(f"discarded {sibling}")
+        _out(f"{queued.id} queued to land ({queued.land_state})")
+        if not args.wait:
+            _err("landing in the background; follow with `fleet-tui queue`")
+            return EXIT_OK
+        return _wait_landed(fleet, [queued.id])
     _refuse_unless(task, Action.PICK)
     siblings = [t for t in fleet.copies(task.id) if t.id != task.id
                 and t.state not in CLOSED_STATES]

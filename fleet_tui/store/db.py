@@ -515,11 +515,36 @@ def _usage_error(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE usage ADD COLUMN error TEXT")
 
 
+# best of N: each copy's evidence (store/evidence.py: the test command's and the named
+# checks' results, the change's size, whether it merges; the fingerprint of what it is
+# evidence of), and a group's pick (who was picked as the best, why, by whom: auto_pick's
+# one decision per group).
+_COPY_EVIDENCE = """
+CREATE TABLE IF NOT EXISTS copy_evidence (
+    task_id TEXT PRIMARY KEY REFERENCES tasks(id) ON DELETE CASCADE,
+    group_id TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    gathered_at REAL NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS copy_evidence_group ON copy_evidence(group_id);
+CREATE TABLE IF NOT EXISTS best_picks (
+    group_id TEXT PRIMARY KEY,
+    task_id TEXT,
+    reason TEXT NOT NULL,
+    how TEXT NOT NULL,
+    picked_at REAL NOT NULL,
+    notified INTEGER NOT NULL DEFAULT 0
+)
+"""
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS),
     _script(_V5_READY), _script(_V6_HOSTS), _script(_V7_GATEWAY),
     _script(_V8_ENDPOINT_NAMES), _script(_REVIEW_COMMENTS), _task_host,
-    _script(_LOST_ATTEMPTS), _script(_VIEWED_FILES), _token_route, _usage_error]
+    _script(_LOST_ATTEMPTS), _script(_VIEWED_FILES), _token_route, _usage_error,
+    _script(_COPY_EVIDENCE)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error", "row_damaged"}
