@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fleet_tui.core import policy, redaction, stream
+from fleet_tui.core.terminal import visible
 from fleet_tui.core.durations import parse_duration
 from fleet_tui.core.errors import (
     EXIT_FAILED,
@@ -102,12 +103,14 @@ def _id_parser(name: str, description: str) -> _Parser:
 
 
 def _out(text: str = "") -> None:
-    sys.stdout.write(redaction.redact(text) + "\n")
+    # every line goes through `visible`: titles, prompts, messages, tool output and paths
+    # come from workers and models, and must not drive the user's terminal
+    sys.stdout.write(visible(redaction.redact(text)) + "\n")
     sys.stdout.flush()
 
 
 def _err(text: str) -> None:
-    sys.stderr.write(redaction.redact(text).rstrip("\n") + "\n")
+    sys.stderr.write(visible(redaction.redact(text).rstrip("\n")) + "\n")
     sys.stderr.flush()
 
 
@@ -273,7 +276,7 @@ def _confirm(question: str, yes: bool) -> None:
         return
     if sys.stdin is None or not sys.stdin.isatty():
         raise _Usage("not asking on a non-interactive stdin; pass --yes to confirm")
-    sys.stdout.write(f"{question} [y/N] ")
+    sys.stdout.write(visible(f"{question} [y/N] "))
     sys.stdout.flush()
     answer = sys.stdin.readline().strip().lower()
     if answer not in ("y", "yes"):
@@ -735,7 +738,10 @@ def _print_raw(fleet: Fleet, attempt: Attempt, offset: int, done: bool) -> int:
     if log is None:
         return offset
     data, offset = log.read_bytes(offset, finished=done)
-    sys.stdout.buffer.write(data)
+    if sys.stdout.isatty():  # a person reads it: no escapes; a pipe gets the exact bytes
+        sys.stdout.write(visible(data.decode("utf-8", "replace")))
+    else:
+        sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset
 
@@ -760,8 +766,8 @@ def cmd_diff(argv: list[str]) -> int:
             mark = "  (contains the API key)" if f.path in secret else ""
             _out(f"{f.status:<9} +{f.added:<5} -{f.deleted:<5} {f.path}{mark}")
     else:
-        sys.stdout.write(diff.patch if diff.patch.endswith("\n") or not diff.patch
-                         else diff.patch + "\n")
+        sys.stdout.write(visible(diff.patch if diff.patch.endswith("\n") or not diff.patch
+                                 else diff.patch + "\n"))
     return EXIT_OK
 
 
@@ -787,8 +793,7 @@ def cmd_merge(argv: list[str]) -> int:
              f"-{task.deleted_lines} into {task.base_branch}?{open_comments}", args.yes)
     result = fleet.merge(task.id, message=args.message, test_command=args.test)
     if result.test_output:
-        sys.stdout.write(result.test_output if result.test_output.endswith("\n")
-                         else result.test_output + "\n")
+        sys.stdout.write(visible(result.test_output.rstrip("\n") + "\n"))
     if not result.merged:
         _err(f"fleet-tui merge: not merged: {result.message}")
         return EXIT_REFUSED
@@ -961,8 +966,8 @@ def _confirm_loss(fleet: Fleet, task: Task, yes: bool) -> None:
         raise FleetRefused(f"a fresh retry of {task.id} would throw away its work: "
                            f"{at_stake}. Pass --yes to retry from scratch anyway, or "
                            "--resume to continue in the same worktree")
-    sys.stdout.write(f"retry {task.id} ({task.short_title}) from scratch? This throws away "
-                     f"{at_stake}. [y/N] ")
+    sys.stdout.write(visible(f"retry {task.id} ({task.short_title}) from scratch? This "
+                             f"throws away {at_stake}. [y/N] "))
     sys.stdout.flush()
     answer = sys.stdin.readline().strip().lower()
     if answer not in ("y", "yes"):
@@ -1298,8 +1303,7 @@ def cmd_push(argv: list[str]) -> int:
     _out(f"{result.remote}/{result.remote_branch}")
     _err(result.message)
     if result.hook_output is not None:
-        sys.stdout.write(result.hook_output if result.hook_output.endswith("\n")
-                         else result.hook_output + "\n")
+        sys.stdout.write(visible(result.hook_output.rstrip("\n") + "\n"))
         if not result.hook_passed:
             _err("fleet-tui push: the pr_command failed (the branch is pushed)")
             return EXIT_FAILED

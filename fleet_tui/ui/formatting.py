@@ -32,7 +32,10 @@ Span = tuple[str, str]
 """(style name, text): the style name is a component class suffix, "" for plain."""
 Row = tuple[Span, ...]
 
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x80-\x9f]")
+# the controls (and, as `core.terminal.visible` does for a terminal, the bidi controls that
+# would show a line in another order than it is)
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f\x80-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                      "\u2066-\u2069]")
 
 
 def clean(text: str) -> str:

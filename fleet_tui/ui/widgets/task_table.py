@@ -25,6 +25,7 @@ from textual.strip import Strip
 from fleet_tui.core.states import STATES, Phase, TaskState
 from fleet_tui.ui.formatting import (
     change_label,
+    clean,
     human_cost,
     human_duration,
     human_tokens,
@@ -442,7 +443,7 @@ class TaskTable(ScrollView, can_focus=True):
         landing = landing_label(task)
         if landing is not None:
             title.append(f"{landing[0]} ", style=self._style(landing[1]))
-        title.append(task.short_title)
+        title.append(clean(task.short_title))
         lines = Text(no_wrap=True)
         if task.added_lines or task.deleted_lines:
             lines.append(f"+{task.added_lines}", style=self._style("add"))
