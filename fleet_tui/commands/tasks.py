@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -45,9 +46,10 @@ from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text
 from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
 from fleet_tui.store import budgets
 from fleet_tui.store.costs import as_json
-from fleet_tui.store.db import MAX_COPIES, Attempt, StoreError, Task
+from fleet_tui.store.db import MAX_COPIES, Attempt, StoreError, Task, unusable
 from fleet_tui.store.meter import Totals
 from fleet_tui.store.reviews import ReviewComment
+from fleet_tui.system import paths
 from fleet_tui.vcs import git
 
 EXIT_OK = 0
@@ -1333,6 +1335,12 @@ def main(argv: list[str]) -> int:
     except FleetTuiError as exc:  # every error meant for the user: its message and code
         _err(f"fleet-tui {name}: {exc.message}")
         return exc.exit_code
+    except sqlite3.DatabaseError as exc:  # a read outside a transaction met it
+        failure = unusable(paths.db_path(), exc)
+        if failure is None:
+            raise
+        _err(f"fleet-tui {name}: {failure.message}")
+        return failure.exit_code
     except KeyboardInterrupt:
         _err(f"fleet-tui {name}: interrupted; running tasks go on in the background "
              "(`fleet-tui ls`)")
