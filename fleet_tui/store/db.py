@@ -105,9 +105,6 @@ def unusable(path: Path, exc: BaseException) -> StoreUnusable | None:
             f"the task database {path} is damaged ({text}): move it aside (`mv {path} "
             f"{path}.damaged`; fleet-tui starts an empty one), or recover what it holds "
             f"with `sqlite3 {path}.damaged .recover | sqlite3 {path}`")
-    if "disk is full" in text:
-        return StoreUnusable(f"the task database {path} cannot grow: the disk is full; "
-                             "free some space")
     return None
 
 
