@@ -1183,8 +1183,9 @@ def cmd_queue(argv: list[str]) -> int:
                 "(queue_fix_attempts times), then it stops. Without ID: show the queue.")
     p.add_argument("ids", nargs="*", metavar="ID", help="tasks to queue, in landing order")
     p.add_argument("--remove", action="store_true", help="take these tasks out of the queue")
-    p.add_argument("--wait", action="store_true", help="stay until every task given has "
-                   "landed or stopped; exit 4 if one stopped")
+    p.add_argument("--wait", action="store_true", help="stay until every task given (none "
+                   "given: every task in this repository's queue) has landed or stopped; "
+                   "exit 4 if one stopped")
     p.add_argument("--yes", "-y", action="store_true",
                    help="do not ask about open review comments")
     args = p.parse_args(argv)
@@ -1197,19 +1198,32 @@ def cmd_queue(argv: list[str]) -> int:
             _out("the merge queue is empty; queue tasks with `fleet-tui queue ID...`")
         for n, task in enumerate(queue, 1):
             _out(_land_line(task, n))
-        return EXIT_OK
+        if not args.wait or not queue:
+            return EXIT_OK
+        # after a crash, say: the queue's runner goes on (or is started again), and this
+        # stays until what is queued now has landed or stopped
+        fleet.ensure_queue_runner(repo)
+        return _wait_landed(fleet, [t.id for t in queue])
     ids = [fleet.get_task(i).id for i in args.ids]
     if args.remove:
         for task in fleet.dequeue(ids):
             _out(f"{task.id} taken out of the merge queue")
         return EXIT_OK
-    # open review comments ask first, as a merge does (nothing is queued when refused)
+    # a task in the queue already keeps its place: it is waited for, not queued again
     tasks = [fleet.get_task(i) for i in ids]
-    asked = _open_comments(fleet, tasks, args.yes, verb="land", done="queued")
+    queued = [t for t in tasks if policy.in_queue(t)]
+    for task in queued:
+        _out(f"{task.id} is in the merge queue already ({task.land_state})")
+    new = [t.id for t in tasks if t not in queued]
+    # open review comments ask first, as a merge does (nothing is queued when refused)
+    asked = _open_comments(fleet, [t for t in tasks if t not in queued], args.yes,
+                           verb="land", done="queued")
     if asked:
-        _confirm(f"queue {', '.join(ids)} to land?{asked}", False)
-    for task in fleet.enqueue(ids):
+        _confirm(f"queue {', '.join(new)} to land?{asked}", False)
+    for task in fleet.enqueue(new) if new else []:
         _out(f"{task.id} queued to land ({task.land_state})")
+    for repo in dict.fromkeys(t.repo for t in queued):
+        fleet.ensure_queue_runner(repo)
     if not args.wait:
         _err("landing in the background; follow with `fleet-tui queue`")
         return EXIT_OK
