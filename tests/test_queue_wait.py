@@ -78,6 +78,7 @@ def test_queue_wait_waits_for_what_is_queued(claude_bin: str, git_repo: Path,
                     w.kill()
                     w.wait()
         (all_out, all_err), (one_out, one_err) = results
+        assert f"{first}" in all_out  # the queue it waits for, listed first
         assert [w.returncode for w in waiters] == [0, 0], (all_err, one_err)
         assert "Traceback" not in all_err + one_err
         assert f"{second} is in the merge queue already" in one_out

@@ -70,6 +70,41 @@ def test_missing_claude_declined_installs_nothing(tmp_path: Path) -> None:
     assert "To do it by hand" in "\n".join(said)
 
 
+def test_the_install_keeps_npms_warnings_off_the_screen(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """npm 11 warns about install scripts (`npm warn install-scripts ...`) on a good
+    install: the user sees that it is installing and where it went, not npm's chatter; a
+    failed install shows what npm said. npm stands in here (the registry is off limits to
+    tests): it says what the real one said, then puts a claude where npm would."""
+    npm = tmp_path / "bin" / "npm"
+    npm.parent.mkdir()
+    npm.write_text(
+        "#!/bin/sh\n"
+        "echo 'npm warn install-scripts @anthropic-ai/claude-code@2.1.197 has install "
+        "scripts not yet covered by allowScripts' >&2\n"
+        "echo 'added 3 packages in 2s'\n"
+        "[ -n \"$FAIL\" ] && { echo 'npm error code E404' >&2; exit 1; }\n"
+        "bin=\"$3/node_modules/.bin\"; mkdir -p \"$bin\"\n"
+        "printf '#!/bin/sh\\n' > \"$bin/claude\"; chmod +x \"$bin/claude\"\n")
+    npm.chmod(0o755)
+    env = {"PATH": str(npm.parent), "FLEET_TUI_HOME": str(tmp_path / "home")}
+    said: list[str] = []
+    found = demo.ensure_claude(ask=lambda _: "y", out=said.append, env=env)
+    assert found == str(tmp_path / "home" / "claude-cli" / "node_modules" / ".bin" / "claude")
+    screen = capfd.readouterr()
+    text = "\n".join(said)
+    assert "npm warn" not in screen.out + screen.err + text
+    assert "Installing Claude Code" in text and f"Installed: {found}" in text
+    # a failure: npm's words are shown, with the command to run by hand
+    monkeypatch.setenv("FAIL", "1")
+    said.clear()
+    env["FLEET_TUI_HOME"] = str(tmp_path / "home2")
+    assert demo.ensure_claude(ask=lambda _: "y", out=said.append, env=env) is None
+    text = "\n".join(said)
+    assert "npm error code E404" in text and "npm failed (exit 1)" in text
+
+
 def test_claude_is_found_in_the_demo_install_dir(tmp_path: Path) -> None:
     env = {"PATH": "", "FLEET_TUI_HOME": str(tmp_path)}
     binary = tmp_path / "claude-cli" / "node_modules" / ".bin" / "claude"

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fleet_tui.core import policy, redaction, stream
-from fleet_tui.core.terminal import visible
 from fleet_tui.core.durations import parse_duration
 from fleet_tui.core.errors import (
     EXIT_FAILED,
@@ -42,6 +41,7 @@ from fleet_tui.core.states import (
     LandState,
     TaskState,
 )
+from fleet_tui.core.terminal import visible
 from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text
 from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
 from fleet_tui.store import budgets
@@ -1128,10 +1128,13 @@ def cmd_update(argv: list[str]) -> int:
     if result.status != "conflicts":
         _out(result.message)
         return EXIT_OK
-    _print_conflicts(task.id, result)
     if args.resolve is None:
+        _print_conflicts(task.id, result)
         _err(f"choose: fleet-tui update {task.id} --resolve worker|shell|abort")
         return EXIT_REFUSED
+    # the choice is made: the conflicts, then what is done about them (not the choices)
+    _err(f"fleet-tui update: {task.base_branch or 'the base'} does not merge cleanly into "
+         f"{task.id}: conflicts in {', '.join(result.conflicts)}")
     if args.resolve == "abort":
         done = fleet.resolve_update(task.id, "abort")
         _out(done.message or "aborted")

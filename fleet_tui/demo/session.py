@@ -35,6 +35,7 @@ from typing import Any
 
 from fleet_tui import CLAUDE_CODE_VERSION
 from fleet_tui.core.errors import FleetTuiError
+from fleet_tui.core.terminal import visible
 from fleet_tui.system import paths
 
 DEMO_KEY = "demo-key"  # the scripted endpoint accepts any key; this one is not a secret
@@ -322,7 +323,8 @@ def ensure_claude(ask: Callable[[str], str] = input, out: Callable[[str], None] 
     out("fleet-tui --demo runs real Claude Code workers, but `claude` was not found "
         "(not on PATH, not in FLEET_WORKER_CLAUDE, not in "
         f"{paths.cli_install_dir(env)}).")
-    if shutil.which("npm", path=(os.environ if env is None else env).get("PATH")) is None:
+    npm = shutil.which("npm", path=(os.environ if env is None else env).get("PATH"))
+    if npm is None:
         out("npm is not installed. Install Node.js (which brings npm), then run:\n  "
             + " ".join(command) + "\nor set FLEET_WORKER_CLAUDE to a claude binary.")
         return None
@@ -334,11 +336,20 @@ def ensure_claude(ask: Callable[[str], str] = input, out: Callable[[str], None] 
     if answer.strip().lower() not in ("y", "yes"):
         out("Not installed. To do it by hand:\n  " + " ".join(command))
         return None
-    result = subprocess.run(command, check=False)
+    out(f"Installing Claude Code {CLAUDE_CODE_VERSION} (a minute or so)...")
+    # npm's own chatter (`npm warn install-scripts ...`, deprecation notices) is kept off
+    # the screen: what matters is whether it worked; on a failure its output is shown
+    result = subprocess.run([npm, *command[1:]], check=False, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if result.returncode != 0:
+        said = result.stdout.decode("utf-8", "replace").strip().splitlines()[-20:]
+        out("\n".join(visible(line) for line in said))
         out(f"npm failed (exit {result.returncode}); run it by hand:\n  " + " ".join(command))
         return None
-    return find_claude_binary(env)
+    found = find_claude_binary(env)
+    if found:
+        out(f"Installed: {found}")
+    return found
 
 
 # --- the endpoint, a process of its own -----------------------------------------------------
