@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from endpoint_helpers import cli_env, run_cli
 from landing_support import drive, make_fleet, settled
+from test_ui_support import rig  # noqa: F401  (the panel tests' fixture)
 
 from fleet_tui.demo import session as demo
 from fleet_tui.demo.endpoint import ScriptedEndpoint, user_message_after_prompt
@@ -122,3 +123,65 @@ def _wait_finished(env: dict[str, str], repo: Path, task_id: str) -> dict[str, A
             return task
         assert time.monotonic() < deadline, task
         time.sleep(0.2)
+
+
+@pytest.mark.real_claude
+async def test_the_readmes_tabs_reach_the_stream(rig: Any) -> None:  # noqa: F811
+    """The README says how many `tab`s take the keys from the list into the stream, where
+    `x` / `enter` open a tool call: that many do, in the panel."""
+    from test_ui_support import wait_until
+
+    from fleet_tui.ui.widgets.stream_view import StreamView
+
+    readme = (ROOT / "README.md").read_text()
+    said = re.search(r"in the stream \(`tab` (twice|once)? ?moves there", readme)
+    assert said is not None, "the README's demo paragraph no longer says it"
+    presses = 2 if said.group(1) == "twice" else 1
+    task_id = rig.submit("write a file")
+    app = rig.app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: rig.state(task_id) == TaskState.SUCCEEDED
+                         and app.main.selected_id == task_id, what="the task", timeout=90)
+        await wait_until(pilot, lambda: app.main.query_one(StreamView).row_count() > 3,
+                         what="its stream")
+        for _ in range(presses - 1):
+            await pilot.press("tab")
+            assert not isinstance(app.focused, StreamView)
+        await pilot.press("tab")
+        await wait_until(pilot, lambda: isinstance(app.focused, StreamView),
+                         what="the stream focused")
+
+
+async def test_titles_keep_their_room_at_80_columns_with_a_cost(tmp_path: Path) -> None:
+    """At 80 columns with the cost column shown (the demo's workers go through the
+    gateway's meter) the demo's titles were cut to 16 characters: the tokens column gives
+    way, and "Make the greeting casual" is whole."""
+    from textual.app import App, ComposeResult
+
+    from fleet_tui.store.db import Task
+    from fleet_tui.store.meter import Totals
+    from fleet_tui.ui.widgets.task_table import TaskTable
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield TaskTable(id="tasks")
+
+    tasks = [Task(id=f"t{i}aaaa", prompt="p", repo=tmp_path, title=title,
+                  state=TaskState.RUNNING)
+             for i, (title, _) in enumerate(demo.DEMO_TASKS)]
+    app = One()
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.query_one(TaskTable)
+        table.show(tasks, set(), 0.0, {t.id: Totals(requests=3, cost=0.02) for t in tasks})
+        await pilot.pause(0.1)
+        assert table.shows_cost
+        title_width, _ = table._widths()
+        assert title_width >= len("Make the greeting casual"), title_width
+        keys = [key for _, key, _, _ in table._layout()]
+        assert "cost" in keys and "tokens" not in keys
+    app = One()
+    async with app.run_test(size=(160, 24)) as pilot:  # wide: the tokens stay
+        table = app.query_one(TaskTable)
+        table.show(tasks, set(), 0.0, {t.id: Totals(requests=3, cost=0.02) for t in tasks})
+        await pilot.pause(0.1)
+        assert "tokens" in [key for _, key, _, _ in table._layout()]
