@@ -263,6 +263,8 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
         for name in ("scroll_y", "virtual_size", "size"):
             self.watch(fields, name, self._say_more_below, init=False)
         self.call_after_refresh(self._say_more_below)
+        # and now and then: a layout can settle without any of those changing
+        self.set_interval(0.5, self._say_more_below)
         self._fresh = self._typed()
         if self._restored is not None:
             self._fill(self._restored)
@@ -276,9 +278,12 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
         self.call_after_refresh(self._say_more_below)
 
     def _say_more_below(self, *_: object) -> None:
-        """"↓ more below" while fields are out of view under the fold."""
+        """"↓ more below" while a field is out of view under the fold (a blank line under
+        the last one is no field)."""
         fields = self.query_one("#launch-fields", VerticalScroll)
-        below = fields.max_scroll_y - fields.scroll_y >= 1
+        bottom = fields.content_region.bottom
+        below = any(w.region.bottom > bottom for w in fields.query("Input, Select, TextArea")
+                    if w.display and w.region.height)
         self.query_one("#more-below", Label).update(
             "↓ more below (scroll, tab)" if below else "")
 
