@@ -266,8 +266,8 @@ async def test_demo_workers_finish_after_the_panel_quits(claude_bin: str,
             attempt_dir = fleet.attempts(task_id)[-1].dir
             assert attempt_dir is not None
             _wait((attempt_dir / "exit.json").exists, 240, f"{task_id} to finish")
-        # the stock task is paced to work for about a minute, long enough to try `s` on it
-        # as the README suggests (its runner's own record: load only makes it longer)
+        # the stock task waits for a message (up to 90 s), long enough to try `s` on it as
+        # the README suggests (its runner's own record: load only makes it longer)
         stock = ids[[t for t, _ in demo.DEMO_TASKS].index(
             "Refuse to remove more stock than there is")]
         stock_dir = fleet.attempts(stock)[-1].dir
