@@ -261,19 +261,24 @@ async def test_demo_workers_finish_after_the_panel_quits(claude_bin: str,
         runners = [fleet.attempts(t)[-1].runner_pid for t in ids]
         assert all(pid and _alive(pid) for pid in runners), "a worker died with the panel"
         assert endpoint.alive()
+        # the stock task waits for a message (the README's `s`): one from here, with no
+        # panel open, ends its wait
+        stock = ids[[t for t, _ in demo.DEMO_TASKS].index(
+            "Refuse to remove more stock than there is")]
+        assert fleet.say(stock, "go on, please")
         # nothing schedules now; the runners finish by themselves, against the endpoint
         for task_id in ids:
             attempt_dir = fleet.attempts(task_id)[-1].dir
             assert attempt_dir is not None
             _wait((attempt_dir / "exit.json").exists, 240, f"{task_id} to finish")
-        # the stock task waits for a message (up to 90 s), long enough to try `s` on it as
-        # the README suggests (its runner's own record: load only makes it longer)
-        stock = ids[[t for t, _ in demo.DEMO_TASKS].index(
-            "Refuse to remove more stock than there is")]
+        # the stock task works long enough to try `s` on it as the README suggests (its
+        # runner's own record: load only makes it longer), and it heard the message
         stock_dir = fleet.attempts(stock)[-1].dir
         assert stock_dir is not None
         record = json.loads((stock_dir / "exit.json").read_text())
         assert record["finished_at"] - record["started_at"] >= 40, record
+        said = (stock_dir / "events.jsonl").read_text()
+        assert "You said: go on, please" in said
         fleet.tick()  # what the next `fleet-tui` or `fleet-tui ls` does: record them
         verdicts = {t: (fleet.get_task(t).state, fleet.get_task(t).verdict) for t in ids}
         assert all(v == (TaskState.SUCCEEDED, "ok") for v in verdicts.values()), verdicts
