@@ -59,12 +59,12 @@ def test_the_stock_task_waits_for_the_users_message(project: Path, claude_bin: s
 
         def waiting() -> bool:
             return bool(fleet.attempts(task.id)) and fleet.attempts(task.id)[-1].dir \
-                is not None and "waiting for your message (s): " in _events(fleet, task.id)
+                is not None and "waiting for your message (press s): " in _events(fleet, task.id)
 
         drive(fleet, waiting, timeout=120, what="the worker to wait for a message")
         events = _events(fleet, task.id)
-        assert "I wait up to 90 s" in events and "waiting for your message (s): " in events
-        assert re.search(r"waiting for your message \(s\): \d+ s more", events), events
+        assert "I wait up to 90 s" in events and "waiting for your message (press s): " in events
+        assert re.search(r"waiting for your message \(press s\): \d+ s more", events), events
         assert fleet.say(task.id, "keep the error message short")
         drive(fleet, settled(fleet, task.id), timeout=180, what="the stock task")
         done = fleet.get_task(task.id)
@@ -72,7 +72,7 @@ def test_the_stock_task_waits_for_the_users_message(project: Path, claude_bin: s
         events = _events(fleet, task.id)
         assert "You said: keep the error message short. Noted" in events
         # it went on once it had the message: fewer waits than the 9 it plays without one
-        assert events.count("waiting for your message (s): ") < 9
+        assert 1 <= events.count('"first_line": "waiting for your message') < 9
         worktree = done.worktree
         assert worktree is not None and "ValueError" in (worktree / "inventory.py").read_text()
 

@@ -247,8 +247,9 @@ def _demo_scripts() -> dict[str, Any]:
         # one it goes on after 90 s (tests scale the waits with FLEET_ENDPOINT_PACE).
         "validate": {"delay": 0.6, "listen": {
             "at": 2, "times": 9, "seconds": 10,
-            "wait": [_tool("Bash", command="true",
-                           description="waiting for your message (s): {left} more")],
+            "wait": [_tool("Bash", command="echo 'waiting for your message (press s): "
+                                   "{left} more'",
+                           description="waiting for your message (press s): {left} more")],
             "heard": [[_say("You said: {message}. Noted; going on with that in mind."),
                        _tool("Bash", command="git status --short",
                              description="look at the worktree")]],
