@@ -99,7 +99,17 @@ def _in_terminal(env: dict[str, str], cwd: Path, *args: str) -> bytes:
 @pytest.mark.real_claude
 def test_no_command_prints_a_workers_escapes(endpoint: ScriptedEndpoint, claude_bin: str,
                                              git_repo: Path) -> None:
-    env = cli_env(endpoint.url, claude_bin, "sk-escape-test-SECRET-77f1")
+    # through the gateway: its meter gives `cost` rows, with the tasks' titles
+    env = cli_env(endpoint.url, claude_bin, "sk-escape-test-SECRET-77f1",
+                  FLEET_WORKER_GATEWAY="1")
+    try:
+        _every_command(env, git_repo)
+    finally:  # the gateway this test's workers went through
+        subprocess.run([sys.executable, "-m", "fleet_tui.cli", "gateway", "stop"],
+                       cwd=git_repo, env=env, capture_output=True, timeout=60)
+
+
+def _every_command(env: dict[str, str], git_repo: Path) -> None:
     title = f"title {ESCAPES}"
     run = _cli(env, git_repo, "run", f"[script:evil] go {ESCAPES}", "--title", title,
                "--copies", "2", "--wait", "--json")
@@ -127,7 +137,8 @@ def test_no_command_prints_a_workers_escapes(endpoint: ScriptedEndpoint, claude_
     _cli(env, git_repo, "review", first, "--comment", "plain.txt:1", f"why {ESCAPES}?")
     review = _cli(env, git_repo, "review", first).decode()
     assert "why ␛]0;PWNED-TITLE␇" in review
-    _cli(env, git_repo, "cost", "--by", "task")
+    cost = _cli(env, git_repo, "cost", "--by", "task").decode()
+    assert "title ␛]0;PWNED-TITLE␇" in cost, cost  # the meter's rows name their titles
     _cli(env, git_repo, "discard", second, "--yes")
     _cli(env, git_repo, "queue", first, "--yes", "--wait")
     _cli(env, git_repo, "queue")
