@@ -39,6 +39,7 @@ usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui serve [--bind ADDR] [--port P] [--public]   the panel in a browser
        fleet-tui mcp [install [--scope user|project] [--print]]   the fleet as Claude
                                                 Code's tools (an MCP server), with a skill
+       fleet-tui scripted-endpoint [--port P]  try it on your repository without a key
        fleet-tui version
 
 Run `fleet-tui COMMAND --help` for the options of one command.
@@ -74,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run("cost", args[1:])
     if args and args[0] == "mcp":
         return _run("mcp", args[1:])
+    if args and args[0] == "scripted-endpoint":
+        return _run("scripted", args[1:])
     if args and args[0] in TASK_COMMANDS:
         return _run("tasks", args)
     if args and not args[0].startswith("-"):

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from fleet_tui.core import redaction
 from fleet_tui.core.errors import EXIT_OK, EXIT_USAGE, FleetTuiError
+from fleet_tui.core.terminal import visible
 from fleet_tui.settings.config import Settings, load_settings
 from fleet_tui.store import budgets
 from fleet_tui.store.costs import BY, as_json, totals
@@ -70,7 +71,7 @@ def _tokens(n: int) -> str:
 
 
 def _out(text: str = "") -> None:
-    sys.stdout.write(redaction.redact(text) + "\n")
+    sys.stdout.write(visible(redaction.redact(text)) + "\n")  # titles come from workers
 
 
 def _grouped(settings: Settings, rows: dict[str, Totals], by: str) -> dict[str, Totals]:

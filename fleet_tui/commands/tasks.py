@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -41,13 +42,15 @@ from fleet_tui.core.states import (
     LandState,
     TaskState,
 )
+from fleet_tui.core.terminal import visible
 from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text
 from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
 from fleet_tui.store import budgets
 from fleet_tui.store.costs import as_json
-from fleet_tui.store.db import MAX_COPIES, Attempt, StoreError, Task
+from fleet_tui.store.db import MAX_COPIES, Attempt, StoreError, Task, unusable
 from fleet_tui.store.meter import Totals
 from fleet_tui.store.reviews import ReviewComment
+from fleet_tui.system import paths
 from fleet_tui.vcs import git
 
 EXIT_OK = 0
@@ -103,12 +106,14 @@ def _id_parser(name: str, description: str) -> _Parser:
 
 
 def _out(text: str = "") -> None:
-    sys.stdout.write(redaction.redact(text) + "\n")
+    # every line goes through `visible`: titles, prompts, messages, tool output and paths
+    # come from workers and models, and must not drive the user's terminal
+    sys.stdout.write(visible(redaction.redact(text)) + "\n")
     sys.stdout.flush()
 
 
 def _err(text: str) -> None:
-    sys.stderr.write(redaction.redact(text).rstrip("\n") + "\n")
+    sys.stderr.write(visible(redaction.redact(text).rstrip("\n")) + "\n")
     sys.stderr.flush()
 
 
@@ -274,7 +279,7 @@ def _confirm(question: str, yes: bool) -> None:
         return
     if sys.stdin is None or not sys.stdin.isatty():
         raise _Usage("not asking on a non-interactive stdin; pass --yes to confirm")
-    sys.stdout.write(f"{question} [y/N] ")
+    sys.stdout.write(visible(f"{question} [y/N] "))
     sys.stdout.flush()
     answer = sys.stdin.readline().strip().lower()
     if answer not in ("y", "yes"):
@@ -742,7 +747,10 @@ def _print_raw(fleet: Fleet, attempt: Attempt, offset: int, done: bool) -> int:
     if log is None:
         return offset
     data, offset = log.read_bytes(offset, finished=done)
-    sys.stdout.buffer.write(data)
+    if sys.stdout.isatty():  # a person reads it: no escapes; a pipe gets the exact bytes
+        sys.stdout.write(visible(data.decode("utf-8", "replace")))
+    else:
+        sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset
 
@@ -767,8 +775,8 @@ def cmd_diff(argv: list[str]) -> int:
             mark = "  (contains the API key)" if f.path in secret else ""
             _out(f"{f.status:<9} +{f.added:<5} -{f.deleted:<5} {f.path}{mark}")
     else:
-        sys.stdout.write(diff.patch if diff.patch.endswith("\n") or not diff.patch
-                         else diff.patch + "\n")
+        sys.stdout.write(visible(diff.patch if diff.patch.endswith("\n") or not diff.patch
+                                 else diff.patch + "\n"))
     return EXIT_OK
 
 
@@ -794,8 +802,7 @@ def cmd_merge(argv: list[str]) -> int:
              f"-{task.deleted_lines} into {task.base_branch}?{open_comments}", args.yes)
     result = fleet.merge(task.id, message=args.message, test_command=args.test)
     if result.test_output:
-        sys.stdout.write(result.test_output if result.test_output.endswith("\n")
-                         else result.test_output + "\n")
+        sys.stdout.write(visible(result.test_output.rstrip("\n") + "\n"))
     if not result.merged:
         _err(f"fleet-tui merge: not merged: {result.message}")
         return EXIT_REFUSED
@@ -968,8 +975,8 @@ def _confirm_loss(fleet: Fleet, task: Task, yes: bool) -> None:
         raise FleetRefused(f"a fresh retry of {task.id} would throw away its work: "
                            f"{at_stake}. Pass --yes to retry from scratch anyway, or "
                            "--resume to continue in the same worktree")
-    sys.stdout.write(f"retry {task.id} ({task.short_title}) from scratch? This throws away "
-                     f"{at_stake}. [y/N] ")
+    sys.stdout.write(visible(f"retry {task.id} ({task.short_title}) from scratch? This "
+                             f"throws away {at_stake}. [y/N] "))
     sys.stdout.flush()
     answer = sys.stdin.readline().strip().lower()
     if answer not in ("y", "yes"):
@@ -1128,10 +1135,13 @@ def cmd_update(argv: list[str]) -> int:
     if result.status != "conflicts":
         _out(result.message)
         return EXIT_OK
-    _print_conflicts(task.id, result)
     if args.resolve is None:
+        _print_conflicts(task.id, result)
         _err(f"choose: fleet-tui update {task.id} --resolve worker|shell|abort")
         return EXIT_REFUSED
+    # the choice is made: the conflicts, then what is done about them (not the choices)
+    _err(f"fleet-tui update: {task.base_branch or 'the base'} does not merge cleanly into "
+         f"{task.id}: conflicts in {', '.join(result.conflicts)}")
     if args.resolve == "abort":
         done = fleet.resolve_update(task.id, "abort")
         _out(done.message or "aborted")
@@ -1183,8 +1193,9 @@ def cmd_queue(argv: list[str]) -> int:
                 "(queue_fix_attempts times), then it stops. Without ID: show the queue.")
     p.add_argument("ids", nargs="*", metavar="ID", help="tasks to queue, in landing order")
     p.add_argument("--remove", action="store_true", help="take these tasks out of the queue")
-    p.add_argument("--wait", action="store_true", help="stay until every task given has "
-                   "landed or stopped; exit 4 if one stopped")
+    p.add_argument("--wait", action="store_true", help="stay until every task given (none "
+                   "given: every task in this repository's queue) has landed or stopped; "
+                   "exit 4 if one stopped")
     p.add_argument("--yes", "-y", action="store_true",
                    help="do not ask about open review comments")
     args = p.parse_args(argv)
@@ -1197,19 +1208,32 @@ def cmd_queue(argv: list[str]) -> int:
             _out("the merge queue is empty; queue tasks with `fleet-tui queue ID...`")
         for n, task in enumerate(queue, 1):
             _out(_land_line(task, n))
-        return EXIT_OK
+        if not args.wait or not queue:
+            return EXIT_OK
+        # after a crash, say: the queue's runner goes on (or is started again), and this
+        # stays until what is queued now has landed or stopped
+        fleet.ensure_queue_runner(repo)
+        return _wait_landed(fleet, [t.id for t in queue])
     ids = [fleet.get_task(i).id for i in args.ids]
     if args.remove:
         for task in fleet.dequeue(ids):
             _out(f"{task.id} taken out of the merge queue")
         return EXIT_OK
-    # open review comments ask first, as a merge does (nothing is queued when refused)
+    # a task in the queue already keeps its place: it is waited for, not queued again
     tasks = [fleet.get_task(i) for i in ids]
-    asked = _open_comments(fleet, tasks, args.yes, verb="land", done="queued")
+    queued = [t for t in tasks if policy.in_queue(t)]
+    for task in queued:
+        _out(f"{task.id} is in the merge queue already ({task.land_state})")
+    new = [t.id for t in tasks if t not in queued]
+    # open review comments ask first, as a merge does (nothing is queued when refused)
+    asked = _open_comments(fleet, [t for t in tasks if t not in queued], args.yes,
+                           verb="land", done="queued")
     if asked:
-        _confirm(f"queue {', '.join(ids)} to land?{asked}", False)
-    for task in fleet.enqueue(ids):
+        _confirm(f"queue {', '.join(new)} to land?{asked}", False)
+    for task in fleet.enqueue(new) if new else []:
         _out(f"{task.id} queued to land ({task.land_state})")
+    for repo in dict.fromkeys(t.repo for t in queued):
+        fleet.ensure_queue_runner(repo)
     if not args.wait:
         _err("landing in the background; follow with `fleet-tui queue`")
         return EXIT_OK
@@ -1332,8 +1356,7 @@ def cmd_push(argv: list[str]) -> int:
     _out(f"{result.remote}/{result.remote_branch}")
     _err(result.message)
     if result.hook_output is not None:
-        sys.stdout.write(result.hook_output if result.hook_output.endswith("\n")
-                         else result.hook_output + "\n")
+        sys.stdout.write(visible(result.hook_output.rstrip("\n") + "\n"))
         if not result.hook_passed:
             _err("fleet-tui push: the pr_command failed (the branch is pushed)")
             return EXIT_FAILED
@@ -1363,6 +1386,12 @@ def main(argv: list[str]) -> int:
     except FleetTuiError as exc:  # every error meant for the user: its message and code
         _err(f"fleet-tui {name}: {exc.message}")
         return exc.exit_code
+    except sqlite3.DatabaseError as exc:  # a read outside a transaction met it
+        failure = unusable(paths.db_path(), exc)
+        if failure is None:
+            raise
+        _err(f"fleet-tui {name}: {failure.message}")
+        return failure.exit_code
     except KeyboardInterrupt:
         _err(f"fleet-tui {name}: interrupted; running tasks go on in the background "
              "(`fleet-tui ls`)")

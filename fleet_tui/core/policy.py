@@ -146,7 +146,8 @@ def why_not(task: Task, action: Action) -> str | None:
     if task.conflicts and action in _NOT_WHILE_CONFLICTED:
         shown = ", ".join(task.conflicts[:3]) + (" ..." if len(task.conflicts) > 3 else "")
         return (f"its update from {task.base_branch or 'its base'} stopped on conflicts "
-                f"({shown}); resolve them (u: the worker or a shell) or abort the update")
+                f"({shown}); resolve them (`fleet-tui update {task.id} --resolve worker` or "
+                "`--resolve shell`) or abort the update (`--resolve abort`)")
     if action is Action.FOLLOW_UP and not task.session_id:
         return "it has no session to continue (its run never started one); retry it instead"
     if action in (Action.SHELL, Action.DIFF) and task.worktree is None:

@@ -56,12 +56,14 @@ __all__ = [
     "EndpointState",
     "Store",
     "StoreError",
+    "StoreUnusable",
     "Task",
     "TaskSpec",
     "TaskState",
     "UnknownTaskError",
     "new_task_id",
     "to_db",
+    "unusable",
 ]
 
 
@@ -77,6 +79,33 @@ class StoreError(FleetTuiError):
     """A store problem with a message meant for the user."""
 
     title = "Task database"
+
+
+class StoreUnusable(StoreError, sqlite3.DatabaseError):
+    """The task database cannot be written or is damaged: one line that says which and
+    what to do. Still a sqlite3.DatabaseError, so the engine's loops that outlive a
+    database error go on as they did."""
+
+    exit_code = EXIT_USAGE
+
+
+def unusable(path: Path, exc: BaseException) -> StoreUnusable | None:
+    """The user's message for a database error that no retry mends (a store that cannot be
+    written, a damaged file), None for any other (locked, busy: the callers' business)."""
+    text = str(exc)
+    if isinstance(exc, StoreUnusable):
+        return exc
+    if "readonly" in text or "read-only" in text:
+        return StoreUnusable(
+            f"the task database {path} cannot be written ({text}): it, its folder or its "
+            "file system is read-only (`chattr +i`, a read-only mount, permissions); make it "
+            "writable, or set FLEET_TUI_HOME to a writable folder")
+    if "malformed" in text or "not a database" in text:
+        return StoreUnusable(
+            f"the task database {path} is damaged ({text}): move it aside (`mv {path} "
+            f"{path}.damaged`; fleet-tui starts an empty one), or recover what it holds "
+            f"with `sqlite3 {path}.damaged .recover | sqlite3 {path}`")
+    return None
 
 
 class UnknownTaskError(StoreError, KeyError):
@@ -761,7 +790,8 @@ class Store:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open the task database {self.path}: {exc}") from None
+            raise unusable(self.path, exc) or StoreError(
+                f"cannot open the task database {self.path}: {exc}") from None
         self._local.conn = conn
         self._local.pid = os.getpid()
         with self._all_lock:
@@ -795,14 +825,27 @@ class Store:
         if conn.in_transaction:
             yield conn
             return
-        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as exc:
+            raise (unusable(self.path, exc) or exc) from None
         try:
             yield conn
+        except sqlite3.DatabaseError as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            failure = unusable(self.path, exc)
+            if failure is None:
+                raise
+            raise failure from None
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         else:
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                raise (unusable(self.path, exc) or exc) from None
 
     def close(self) -> None:
         """Close every connection this Store opened (any thread)."""

@@ -85,6 +85,22 @@ FORWARD_NAMES = ("LANG", "TZ", "IS_SANDBOX", "DISABLE_AUTOUPDATER", "GIT_CONFIG_
 LOCAL_ONLY = ("FLEET_WORKER_CLAUDE", "FLEET_WORKER_CONFIG_DIR")
 WRITING = re.compile(r"Writing objects: 100% \((\d+)/\d+\), ([\d.]+) (bytes|KiB|MiB|GiB)")
 UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
+# what a shell says when the host has no git (`git init` there; `git-receive-pack`, which
+# a push runs there): bash's "command not found", dash's "not found"
+_NO_GIT = re.compile(r"\bgit(-receive-pack|-upload-pack)?:? (?:command )?not found")
+
+
+def _push_error(err: str) -> str:
+    """The line of a failed push's stderr that says what went wrong: the first `fatal:` or
+    `error:` line, else every line joined (the last alone can be half a sentence: "and the
+    repository exists.")."""
+    lines = [line.strip() for line in err.splitlines()
+             if line.strip() and not line.startswith(("Enumerating", "Counting", "Writing",
+                                                       "Compressing", "Delta", "Total"))]
+    for line in lines:
+        if line.startswith(("fatal:", "error:", "remote: error:")):
+            return line
+    return " ".join(lines)[:300] or "git push failed"
 # a run whose host has not answered for this long (the agent's stream beats every second)
 # is lost: the engine records its end, and the host sweeps it once it answers again
 LEASE = 60.0
@@ -604,26 +620,35 @@ class SshHost(RemoteHost):
         q = shlex.quote(mirror)
         # made aside and renamed: two starts at once (or one of a killed engine) never
         # run `git init` on the same folder (its config.lock: "could not set ...")
-        self.connection.run(
-            f"test -d {q} || {{ mkdir -p {shlex.quote(str(Path(mirror).parent))} && "
-            f"t=$(mktemp -d {q}.XXXXXX) && git init -q --bare \"$t\" && "
-            f"{{ {shlex.quote(self.python)} -c 'import os,sys; os.rename(*sys.argv[1:])' "
-            f"\"$t\" {q} 2>/dev/null || rm -rf \"$t\"; }}; }}; test -d {q}")
+        try:
+            self.connection.run(
+                f"test -d {q} || {{ mkdir -p {shlex.quote(str(Path(mirror).parent))} && "
+                f"t=$(mktemp -d {q}.XXXXXX) && git init -q --bare \"$t\" && "
+                f"{{ {shlex.quote(self.python)} -c 'import os,sys; os.rename(*sys.argv[1:])' "
+                f"\"$t\" {q} 2>/dev/null || rm -rf \"$t\"; }}; }}; test -d {q}")
+        except SshError as exc:
+            if _NO_GIT.search(str(exc)):
+                raise SshError(self._no_git()) from None
+            raise
         done = subprocess.run(
             ["git", "-C", str(repo), "push", "--progress", "--porcelain", "--no-verify",
              self.git_url(mirror), f"{commit}:refs/fleet/base/{task_id}"],
             capture_output=True, env=self.git_env(), timeout=600, check=False)
         err = done.stderr.decode("utf-8", "replace")
         if done.returncode != 0:
-            lines = [line for line in err.splitlines() if line.strip()]
+            if _NO_GIT.search(err):
+                raise SshError(self._no_git())
             raise SshError(f"host {self.name}: could not send the repository: "
-                           f"{lines[-1] if lines else 'git push failed'}",
-                           transient=dropped(err))
+                           f"{_push_error(err)}", transient=dropped(err))
         match = next(reversed(list(WRITING.finditer(err))), None)  # the last: 'done.'
         sent = (int(match.group(1)), int(float(match.group(2)) * UNITS[match.group(3)])) \
             if match else (0, 0)
         self.pushes.append(sent)
         return mirror
+
+    def _no_git(self) -> str:
+        return (f"host {self.name} has no git on the PATH of its ssh sessions (the "
+                "repository is sent to it with git): install git there")
 
     def make_worktree(self, task: Task, *, reattach: bool, reset: bool) -> git.WorktreeInfo:
         repo = Path(task.repo)
