@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import sshd
-from ssh_support import master, start_sshd
+from ssh_support import master, record_claude, start_sshd
 from test_fleet import KEY, SCRIPTS
 
 from fleet_tui.core.errors import FleetError
@@ -36,6 +36,9 @@ ALIAS = "fleet-late-host"
 def test_a_host_added_while_an_engine_runs_is_followed_never_failed(
         tmp_path: Path, git_repo: Path, claude_bin: str) -> None:
     server: sshd.Sshd = start_sshd(tmp_path / "sshd", alias=ALIAS)
+    # the same-machine shortcut: this machine's claude recorded as the host's (host check's
+    # record); the real path is tests/test_ssh_user_path.py
+    record_claude(server, claude_bin)
     flag = tmp_path / "go"
     scripts: dict[str, Any] = dict(SCRIPTS)
     scripts["hold"] = [

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import sshd
-from ssh_support import master, start_sshd
+from ssh_support import master, record_claude, start_sshd
 from test_fleet import KEY, SCRIPTS
 
 from fleet_tui.core.states import LandState
@@ -58,6 +58,9 @@ def _drive(fleet: Fleet, until: Any, timeout: float, what: str) -> None:
 def test_a_dropped_connection_while_the_queue_lands_a_host_task_is_tried_again(
         tmp_path: Path, git_repo: Path, claude_bin: str) -> None:
     server: sshd.Sshd = start_sshd(tmp_path / "sshd", alias=ALIAS)
+    # the same-machine shortcut: this machine's claude recorded as the host's (host check's
+    # record); the real path is tests/test_ssh_user_path.py
+    record_claude(server, claude_bin)
     wrapper = tmp_path / "bin"
     wrapper.mkdir()
     (wrapper / "ssh").write_text(
