@@ -35,6 +35,7 @@ from fleet_tui.core.durations import check_seconds, parse_duration
 from fleet_tui.core.errors import FleetRefused, FleetTuiError
 from fleet_tui.core.states import (
     ACTIVE_STATES,
+    CLOSED_STATES,
     FINISHED_STATES,
     LAND_ACTIVE,
     PENDING_STATES,
@@ -354,7 +355,7 @@ class FleetTools:
             offset = new
 
     def _files(self, task: Task) -> tuple[list[dict[str, Any]], str | None]:
-        if task.state in (TaskState.MERGED, TaskState.DISCARDED) or task.worktree is None:
+        if task.state in CLOSED_STATES or task.worktree is None:
             return [], f"no worktree ({task.state.value}): no files to show"
         if task.state not in FINISHED_STATES and task.state != TaskState.RUNNING:
             return [], None
