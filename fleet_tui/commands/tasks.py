@@ -1321,13 +1321,7 @@ def cmd_pick(argv: list[str]) -> int:
                 _confirm(f"land {chosen}, the best copy?{asked}", False)
         queued, discarded, winner = fleet.pick_best(task.id, choose=chosen)
         _out(f"best: {winner.task_id}: {_one_line(winner.reason, 120)}")
-        for sibling in discarded:
-            _out(f"discarded {sibling}")
-        _out(f"{queued.id} queued to land ({queued.land_state})")
-        if not args.wait:
-            _err("landing in the background; follow with `fleet-tui queue`")
-            return EXIT_OK
-        return _wait_landed(fleet, [queued.id])
+        return _picked(fleet, queued, discarded, args.wait)
     _refuse_unless(task, Action.PICK)
     siblings = [t for t in fleet.copies(task.id) if t.id != task.id
                 and t.state not in CLOSED_STATES]
@@ -1336,10 +1330,16 @@ def cmd_pick(argv: list[str]) -> int:
     _confirm(f"land {task.id} ({task.short_title}) and discard its other copies "
              f"({names})?{asked}", args.yes)
     queued, discarded = fleet.pick(task.id)
+    return _picked(fleet, queued, discarded, args.wait)
+
+
+def _picked(fleet: Fleet, queued: Task, discarded: Sequence[str], wait: bool) -> int:
+    """What `pick` and `pick --best` say once a copy is queued and its siblings discarded,
+    then the landing waited for when asked."""
     for sibling in discarded:
         _out(f"discarded {sibling}")
     _out(f"{queued.id} queued to land ({queued.land_state})")
-    if not args.wait:
+    if not wait:
         _err("landing in the background; follow with `fleet-tui queue`")
         return EXIT_OK
     return _wait_landed(fleet, [queued.id])
