@@ -14,9 +14,9 @@ from typing import Any
 
 from fleet_tui.core import stream
 from fleet_tui.core.errors import EXIT_USAGE, FleetTuiError
+from fleet_tui.core.model import Task
 from fleet_tui.core.ranking import CheckResult, Ranked
 from fleet_tui.store.budgets import usd
-from fleet_tui.store.db import Task
 
 __all__ = ["compare_json", "print_ranking", "rank_line", "winner_of"]
 

@@ -33,6 +33,7 @@ from fleet_tui.commands import tasks as cli
 from fleet_tui.core import policy, redaction, stream
 from fleet_tui.core.durations import check_seconds, parse_duration
 from fleet_tui.core.errors import FleetRefused, FleetTuiError
+from fleet_tui.core.model import MAX_COPIES, Task
 from fleet_tui.core.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
@@ -46,7 +47,6 @@ from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text
 from fleet_tui.settings.mcp import McpSettings
 from fleet_tui.store import budgets
 from fleet_tui.store.costs import BY
-from fleet_tui.store.db import MAX_COPIES, Task
 from fleet_tui.store.meter import Totals
 from fleet_tui.vcs import git
 

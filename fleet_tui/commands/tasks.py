@@ -31,6 +31,7 @@ from fleet_tui.core.errors import (
     FleetTuiError,
     WorkerFinished,
 )
+from fleet_tui.core.model import MAX_COPIES, Attempt, Task
 from fleet_tui.core.review import parse_line_spec
 from fleet_tui.core.states import (
     ACTIVE_STATES,
@@ -47,7 +48,7 @@ from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text
 from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
 from fleet_tui.store import budgets
 from fleet_tui.store.costs import as_json
-from fleet_tui.store.db import MAX_COPIES, Attempt, StoreError, Task, unusable
+from fleet_tui.store.db import StoreError, unusable
 from fleet_tui.store.meter import Totals
 from fleet_tui.store.reviews import ReviewComment
 from fleet_tui.system import paths

@@ -622,7 +622,7 @@ def start_demo(claude: str, *, root: Path | None = None, event_delay: float = EV
 
 
 def submit_demo_tasks(fleet: Any, repo: Path) -> list[Any]:
-    from fleet_tui.store.db import TaskSpec
+    from fleet_tui.core.model import TaskSpec
 
     tasks = []
     for title, prompt in DEMO_TASKS:

@@ -18,6 +18,7 @@ from fleet_tui.core.errors import (
     InvalidSpec,
     WorkerFinished,
 )
+from fleet_tui.core.model import Task
 from fleet_tui.core.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
@@ -30,7 +31,6 @@ from fleet_tui.core.states import (
 from fleet_tui.engine import supervisor
 from fleet_tui.engine.context import Part, hides_key, log
 from fleet_tui.engine.submit import check_text
-from fleet_tui.store.db import Task
 from fleet_tui.system import paths
 from fleet_tui.vcs import git
 

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_tui.core import titles
 from fleet_tui.core.errors import FleetError, FleetRefused
+from fleet_tui.core.model import Task
 from fleet_tui.core.states import CLOSED_STATES, FINISHED_STATES, Action, TaskState
 from fleet_tui.engine.actions import Actions, check
 from fleet_tui.engine.context import Context, Part, hides_key, log
 from fleet_tui.engine.secret_cache import SecretCache
 from fleet_tui.engine.supervisor import TaskChange
 from fleet_tui.settings.config import ConfigError
-from fleet_tui.store.db import Task
 from fleet_tui.system import paths
 from fleet_tui.vcs import git
 

@@ -24,11 +24,12 @@ from typing import ParamSpec, TypeVar
 
 from fleet_tui.core import redaction
 from fleet_tui.core.errors import FleetTuiError, TaskNotFound
+from fleet_tui.core.model import Task
 from fleet_tui.engine.follower import Follower
 from fleet_tui.engine.supervisor import Supervisor
 from fleet_tui.settings.config import Settings
 from fleet_tui.settings.repo_settings import RepoSettingsCache
-from fleet_tui.store.db import AmbiguousTaskError, Store, StoreError, Task
+from fleet_tui.store.db import AmbiguousTaskError, Store, StoreError
 
 __all__ = ["Context", "Part", "hides_key", "log"]
 

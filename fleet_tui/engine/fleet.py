@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 
 from fleet_tui.core import stream
 from fleet_tui.core.errors import FleetError, FleetRefused, InvalidSpec, TaskNotFound
+from fleet_tui.core.model import Attempt, Task, TaskSpec
 from fleet_tui.core.ranking import Ranked
 from fleet_tui.core.review import Anchor
 from fleet_tui.engine.actions import Actions
@@ -65,7 +66,7 @@ from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Host
 from fleet_tui.settings.config import Settings
 from fleet_tui.settings.repo_settings import RepoSettingsCache
-from fleet_tui.store.db import Attempt, Store, Task, TaskSpec
+from fleet_tui.store.db import Store
 from fleet_tui.store.evidence import BestPick
 from fleet_tui.store.meter import Totals
 from fleet_tui.store.reviews import ReviewComment

@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from fleet_tui.core.errors import FleetError
+from fleet_tui.core.model import Attempt, Task
 from fleet_tui.gateway import control
 from fleet_tui.gateway.routes import Route, name_for, routes_of
 from fleet_tui.settings.config import Settings
-from fleet_tui.store.db import Attempt, Store, Task
+from fleet_tui.store.db import Store
 from fleet_tui.store.meter import Meter
 from fleet_tui.system import procs
 

@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fleet_tui.core import policy
 from fleet_tui.core.errors import FleetTuiError
+from fleet_tui.core.model import Task
 from fleet_tui.core.states import FINISHED_STATES, LAND_ACTIVE, LandState
 from fleet_tui.settings.config import Settings
-from fleet_tui.store.db import Store, Task
+from fleet_tui.store.db import Store
 from fleet_tui.vcs import git, repolock
 
 if TYPE_CHECKING:

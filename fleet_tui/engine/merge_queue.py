@@ -13,13 +13,13 @@ from typing import Any
 
 from fleet_tui.core import policy
 from fleet_tui.core.errors import NotInQueue
+from fleet_tui.core.model import Task
 from fleet_tui.core.states import CLOSED_STATES, LAND_ACTIVE, Action
 from fleet_tui.engine.actions import Actions, check
 from fleet_tui.engine.branches import Branches
 from fleet_tui.engine.context import Context, Part, hides_key, log
 from fleet_tui.settings import endpoints, hosts
 from fleet_tui.settings.config import Settings
-from fleet_tui.store.db import Task
 from fleet_tui.system import paths
 from fleet_tui.system.files import write_json_atomic
 from fleet_tui.system.spawn import spawn_detached

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_tui.core import policy, stream
+from fleet_tui.core.model import Attempt, Task
 from fleet_tui.core.states import ACTIVE_STATES, CLOSED_STATES, TaskState
 from fleet_tui.engine.context import Context, Part
 from fleet_tui.engine.follower import attempt_finished
@@ -19,7 +20,6 @@ from fleet_tui.settings import endpoints
 from fleet_tui.settings.hosts import LOCAL
 from fleet_tui.store import budgets
 from fleet_tui.store.costs import Ledger
-from fleet_tui.store.db import Attempt, Task
 from fleet_tui.store.meter import Totals
 
 __all__ = ["EndpointStatus", "FleetStatus", "Queries"]

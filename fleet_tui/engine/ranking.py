@@ -31,6 +31,7 @@ from pathlib import Path
 
 from fleet_tui.core import policy, redaction
 from fleet_tui.core.errors import FleetError, FleetRefused, FleetTuiError
+from fleet_tui.core.model import Task
 from fleet_tui.core.ranking import CheckResult, CopyEvidence, Ranked, rank
 from fleet_tui.core.states import (
     ACTIVE_STATES,
@@ -49,7 +50,6 @@ from fleet_tui.engine.secret_cache import SecretCache
 from fleet_tui.engine.supervisor import TaskChange
 from fleet_tui.settings.config import ConfigError
 from fleet_tui.store.costs import totals
-from fleet_tui.store.db import Task
 from fleet_tui.store.evidence import BestPick, EvidenceStore
 from fleet_tui.system import paths
 from fleet_tui.system.files import write_json_atomic

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fleet_tui.core import redaction
 from fleet_tui.core.errors import FleetRefused, InvalidSpec
+from fleet_tui.core.model import Task
 from fleet_tui.core.review import (
     Anchor,
     CommentState,
@@ -30,7 +31,6 @@ from fleet_tui.engine.actions import Actions
 from fleet_tui.engine.branches import Branches
 from fleet_tui.engine.context import Context, Part
 from fleet_tui.engine.submit import check_text
-from fleet_tui.store.db import Task
 from fleet_tui.store.reviews import ReviewComment, Reviews, ViewedFiles
 from fleet_tui.vcs import git
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_tui.core import policy
+from fleet_tui.core.model import Attempt, EndpointState, Task
 from fleet_tui.core.states import ACTIVE_STATES, PENDING_STATES, StopReason, TaskState
 from fleet_tui.engine import supervisor
 from fleet_tui.engine.actions import Actions
@@ -31,7 +32,7 @@ from fleet_tui.settings.config_core import config_file_location
 from fleet_tui.settings.hosts import read_hosts
 from fleet_tui.settings.watch import file_stamp, settled
 from fleet_tui.store import budgets
-from fleet_tui.store.db import Attempt, EndpointState, StoreError, Task
+from fleet_tui.store.db import StoreError
 from fleet_tui.system import paths
 
 __all__ = ["START_THREADS", "Scheduler"]

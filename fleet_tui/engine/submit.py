@@ -9,10 +9,10 @@ from pathlib import Path
 from fleet_tui.core import titles
 from fleet_tui.core.durations import check_seconds
 from fleet_tui.core.errors import FleetTuiError, InvalidSpec
+from fleet_tui.core.model import MAX_COPIES, Task, TaskSpec
 from fleet_tui.engine.context import Part
 from fleet_tui.settings.config import PERMISSION_MODES, ConfigError
 from fleet_tui.settings.config_core import check_length
-from fleet_tui.store.db import MAX_COPIES, Task, TaskSpec
 from fleet_tui.vcs import git
 
 __all__ = ["Submissions", "check_text"]

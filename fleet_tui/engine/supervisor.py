@@ -31,6 +31,7 @@ from typing import Any
 
 from fleet_tui.core import outcome, policy
 from fleet_tui.core.errors import FleetError, FleetTuiError
+from fleet_tui.core.model import Attempt, Task
 from fleet_tui.core.states import ACTIVE_STATES, StopReason, TaskState, Verdict
 from fleet_tui.core.stream import one_line
 from fleet_tui.engine.gateway_link import GatewayLink
@@ -41,7 +42,7 @@ from fleet_tui.execution.spec import RunSpec
 from fleet_tui.settings import endpoints
 from fleet_tui.settings.config import ConfigError, Settings
 from fleet_tui.settings.repo_settings import RepoSettingsCache
-from fleet_tui.store.db import Attempt, Store, Task
+from fleet_tui.store.db import Store
 from fleet_tui.system import procs
 
 log = logging.getLogger("fleet_tui.engine.fleet")

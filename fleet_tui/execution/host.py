@@ -35,11 +35,11 @@ if TYPE_CHECKING:
     import threading
     from collections.abc import Mapping, Sequence
 
+    from fleet_tui.core.model import Attempt, Task
     from fleet_tui.core.states import StopReason
     from fleet_tui.execution.attemptlog import AttemptLog
     from fleet_tui.execution.spec import RunSpec
     from fleet_tui.settings.config import Settings
-    from fleet_tui.store.db import Attempt, Task
     from fleet_tui.vcs.git import UpdateResult, WorktreeInfo
 
 RunnerState = Literal["alive", "dead", "never"]

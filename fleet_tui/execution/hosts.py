@@ -25,7 +25,7 @@ from fleet_tui.execution.host import Host
 from fleet_tui.settings.hosts import LOCAL, HostConfig
 
 if TYPE_CHECKING:
-    from fleet_tui.store.db import Attempt
+    from fleet_tui.core.model import Attempt
 
 SSH_MODULE = "fleet_tui.execution.ssh.host"
 RAY_MODULE = "fleet_tui.execution.ray.host"

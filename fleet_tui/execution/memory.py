@@ -28,10 +28,10 @@ from fleet_tui.vcs.git import WorktreeInfo
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from fleet_tui.core.model import Attempt, Task
     from fleet_tui.core.states import StopReason
     from fleet_tui.execution.spec import RunSpec
     from fleet_tui.settings.config import Settings
-    from fleet_tui.store.db import Attempt, Task
 
 PID_BASE = 1 << 22  # above /proc/sys/kernel/pid_max's ceiling: never a real process
 BASE_COMMIT = "0" * 40

@@ -29,9 +29,9 @@ from fleet_tui.vcs.git import UpdateResult
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from fleet_tui.core.model import Attempt, Task
     from fleet_tui.execution.spec import RunSpec
     from fleet_tui.settings.config import Settings
-    from fleet_tui.store.db import Attempt, Task
 
 # the variables the host's runner hands claude through its pipe (never its environment)
 KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GLM_API_KEY")

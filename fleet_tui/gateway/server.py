@@ -52,6 +52,7 @@ from typing import Any
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 from fleet_tui.core import policy
+from fleet_tui.core.model import EndpointState
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution import mailbox
 from fleet_tui.execution.attemptlog import AttemptLog
@@ -64,7 +65,7 @@ from fleet_tui.gateway.usage import Pending, UsageReader, request_model
 from fleet_tui.settings.config import ConfigError, Settings, config_file_path, load_settings
 from fleet_tui.settings.watch import Stamp, file_stamp, settled
 from fleet_tui.store import budgets
-from fleet_tui.store.db import EndpointState, Store, StoreError
+from fleet_tui.store.db import Store, StoreError
 from fleet_tui.store.meter import Meter, TokenInfo, Usage
 from fleet_tui.system import paths, procs
 from fleet_tui.system.files import write_json_atomic

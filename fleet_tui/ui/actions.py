@@ -27,7 +27,7 @@ from fleet_tui.core.states import STATES, VERBS, Action
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from fleet_tui.store.db import Task
+    from fleet_tui.core.model import Task
 
 Verdict = bool | str
 """True: applies now; False: does not apply here (hidden); a str: why not (dimmed)."""

@@ -24,7 +24,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from fleet_tui.core import stream
     from fleet_tui.core.diffwords import DiffLayout
-    from fleet_tui.store.db import Task
+    from fleet_tui.core.model import Task
     from fleet_tui.ui.diff_render import DiffRenderer
     from fleet_tui.vcs.git import Diff
 

@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # the engine is imported once the first frame is up, not for 
     from textual.message_pump import MessagePump
     from textual.worker import Worker
 
+    from fleet_tui.core.model import Attempt, Task
     from fleet_tui.engine.fleet import Fleet, FleetStatus, SettingsNotice
-    from fleet_tui.store.db import Attempt, Task
     from fleet_tui.store.evidence import BestPick
     from fleet_tui.store.reviews import ReviewComment
     from fleet_tui.ui.formatting import PreparedDiff, StreamRow, ToolCallDetail

@@ -38,9 +38,9 @@ from fleet_tui.vcs import git
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from fleet_tui.core.model import Attempt, Task
     from fleet_tui.core.states import StopReason
     from fleet_tui.settings.config import Settings
-    from fleet_tui.store.db import Attempt, Task
 
 log = logging.getLogger("fleet_tui.engine.fleet")
 

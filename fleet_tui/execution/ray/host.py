@@ -95,7 +95,7 @@ from fleet_tui.vcs import git
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
-    from fleet_tui.store.db import Attempt, Task
+    from fleet_tui.core.model import Attempt, Task
 
 log = logging.getLogger("fleet_tui.engine.fleet")
 

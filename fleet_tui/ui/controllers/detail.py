@@ -18,8 +18,8 @@ from fleet_tui.ui.formatting import attempt_label, landing_label, pushed_label
 from fleet_tui.ui.widgets.bars import TabBar
 
 if TYPE_CHECKING:
+    from fleet_tui.core.model import Task
     from fleet_tui.engine.fleet import Fleet
-    from fleet_tui.store.db import Task
     from fleet_tui.ui.messages import ToolCallLoaded
     from fleet_tui.ui.widgets.diff_view import ViewedChange
 

@@ -23,8 +23,8 @@ from fleet_tui.ui.formatting import describe_error, open_comments_words
 from fleet_tui.ui.messages import ActionDone, TasksSubmitted
 
 if TYPE_CHECKING:
+    from fleet_tui.core.model import Task
     from fleet_tui.engine.fleet import Fleet
-    from fleet_tui.store.db import Task
     from fleet_tui.ui.screens.landing import CopyRow, QueueRow
     from fleet_tui.ui.screens.launch import FormDraft, LaunchRequest
     from fleet_tui.ui.screens.modals import MergeItem

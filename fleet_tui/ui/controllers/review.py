@@ -12,9 +12,9 @@ from fleet_tui.ui.controllers import Controller, screen_work
 from fleet_tui.ui.controllers.landing import SAY_SETTLE, settle_for_follow_up
 
 if TYPE_CHECKING:
+    from fleet_tui.core.model import Task
     from fleet_tui.core.review import Anchor
     from fleet_tui.engine.fleet import Fleet
-    from fleet_tui.store.db import Task
 
 
 class ReviewController(Controller):

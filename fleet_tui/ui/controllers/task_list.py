@@ -27,9 +27,9 @@ from fleet_tui.ui.widgets.status_line import StatusLine
 from fleet_tui.ui.widgets.task_table import SORTS, TaskTable, sort_tasks
 
 if TYPE_CHECKING:
+    from fleet_tui.core.model import Task
     from fleet_tui.core.states import TaskState
     from fleet_tui.engine.fleet import Fleet, FleetStatus
-    from fleet_tui.store.db import Task
 
 
 class TaskListController(Controller):

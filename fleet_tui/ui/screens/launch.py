@@ -30,12 +30,12 @@ from textual.widgets import Button, Input, Label, Select, TextArea
 from textual.worker import Worker, WorkerState
 
 from fleet_tui.core import durations
+from fleet_tui.core.model import MAX_COPIES, TaskSpec
 from fleet_tui.core.titles import task_title, title_from_prompt
 from fleet_tui.settings.config import PERMISSION_MODES
 from fleet_tui.settings.endpoints import DEFAULT as DEFAULT_ENDPOINT
 from fleet_tui.settings.hosts import ANY as ANY_HOST
 from fleet_tui.settings.hosts import LOCAL as LOCAL_HOST
-from fleet_tui.store.db import MAX_COPIES, TaskSpec
 from fleet_tui.system import paths
 from fleet_tui.ui.screens import DIALOG_CSS
 from fleet_tui.ui.screens.modals import after_typed_keys, keyed

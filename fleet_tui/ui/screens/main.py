@@ -67,8 +67,8 @@ from fleet_tui.ui.widgets.stream_pane import StreamPane
 from fleet_tui.ui.widgets.task_table import TaskTable
 
 if TYPE_CHECKING:
+    from fleet_tui.core.model import Task
     from fleet_tui.engine.fleet import FleetStatus
-    from fleet_tui.store.db import Task
     from fleet_tui.ui.screens.help import HelpSection
 
 PaletteCommand = tuple[str, str, Callable[[], object]]

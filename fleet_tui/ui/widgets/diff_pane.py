@@ -31,8 +31,8 @@ from fleet_tui.ui.widgets.line_view import LineView, SearchBar
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from fleet_tui.core.model import Task
     from fleet_tui.engine.fleet import Fleet
-    from fleet_tui.store.db import Task
     from fleet_tui.store.reviews import ReviewComment
     from fleet_tui.ui.widgets.diff_view import DiffView
 

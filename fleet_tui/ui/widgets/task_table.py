@@ -35,7 +35,7 @@ from fleet_tui.ui.widgets.line_view import text_style
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from fleet_tui.store.db import Task
+    from fleet_tui.core.model import Task
     from fleet_tui.store.meter import Totals
 
 COLUMNS: tuple[tuple[str, str, int | None], ...] = (
