@@ -1,7 +1,7 @@
 """The domain model: what a task is (TaskSpec asked, Task stored), each run of it (Attempt)
 and what the fleet knows of an endpoint's limits (EndpointState).
 
-Plain dataclasses, no I/O: the store persists them (store/db.py maps each field to a column
+Plain dataclasses, no I/O: the store persists them (store/rows.py maps each field to a column
 of the same name), policy decides on them, the engine, the CLI and the panel read them. The
 states they move through are states.py's table (TaskState, LandState, Verdict).
 """
@@ -87,7 +87,7 @@ class Task:
     deleted_lines: int = 0
     claimed_by: str | None = None
     claimed_at: float | None = None
-    # landing (issue 12; migration _V3_LANDING)
+    # landing (migration _V3_LANDING)
     group_id: str | None = None  # copies submitted together share it (best of N)
     conflicts: list[str] = field(default_factory=list)  # an update from base stopped here
     pushed: str | None = None  # "remote branch @ commit" of the last push
@@ -99,7 +99,7 @@ class Task:
     land_attempt: int = 0  # the attempt number of the queue's fix follow-up
     gate: str | None = None  # the last test gate: "passed" | "failed" (None: never run)
     archived_at: float | None = None  # archived: out of the lists, logs kept (v5)
-    # the host its attempts run on (issue 20): a host of config.toml; "any" until the
+    # the host its attempts run on: a host of config.toml; "any" until the
     # claim that first starts it places it on the host with a free slot
     host: str = "local"
     # Not a column: why the stored row could not be read as it is (None: it could). Such a

@@ -34,7 +34,7 @@ class Claims(TaskRows, AttemptRows, EndpointRows):
         of states.py's table. One IMMEDIATE transaction, so the cap holds across every
         process sharing the database.
 
-        ``hosts`` (issue 20): each host's worker cap, in the order `any` prefers them on a
+        ``hosts``: each host's worker cap, in the order `any` prefers them on a
         tie. A task of a host at its cap waits (a host not listed has no cap here: its
         start fails, saying why); a task of host "any" is placed on the listed host with
         the most free slots, and never when all are full. The endpoint's cap holds too.

@@ -89,14 +89,14 @@ ALTER TABLE tasks ADD COLUMN claimed_at REAL;
 """
 
 
-# v5 (issue 13): archived tasks (kept with their logs, out of the lists) and each attempt's
+# v5: archived tasks (kept with their logs, out of the lists) and each attempt's
 # FLEET_PORT (unique among the attempts that run: the store hands it out).
 _V5_READY = """
 ALTER TABLE tasks ADD COLUMN archived_at REAL;
 ALTER TABLE attempts ADD COLUMN port INTEGER
 """
 
-# v6 (issue 18): where each attempt runs, the host seam's record: the host's name and the
+# v6: where each attempt runs, the host seam's record: the host's name and the
 # placement (worktree, branch, base, config dir, attempt folder) as JSON. The older columns
 # (dir, config_dir, ...) are still written, for older versions sharing the store.
 _V6_HOSTS = """
@@ -113,7 +113,7 @@ def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
     return run
 
 
-# landing many branches (issue 12): copies' group, an update's conflicts, the push, the
+# landing many branches: copies' group, an update's conflicts, the push, the
 # merge queue's state per task (the queue is the tasks with an active land_state, ordered by
 # land_order), the last test gate's result.
 _V3_LANDING = """
@@ -153,7 +153,7 @@ CREATE TABLE endpoints (
 );
 """
 
-# v7 (issue 19): the gateway's records. A token per attempt (only its SHA-256 is kept: the
+# v7: the gateway's records. A token per attempt (only its SHA-256 is kept: the
 # store never holds a token a worker could use), valid until revoked; the meter, a row per
 # request the gateway passed on (its usage, and its cost from the price table when known).
 _V7_GATEWAY = """
@@ -184,7 +184,7 @@ CREATE INDEX usage_task ON usage(task_id);
 CREATE INDEX usage_at ON usage(at)
 """
 
-# v8 (issue 19): a task's endpoint is its name in config.toml ("default": the top-level
+# v8: a task's endpoint is its name in config.toml ("default": the top-level
 # settings), no longer its base URL. Every row from before named the base URL the settings
 # had then, the default endpoint's: it reads "default", and so does the endpoint's state
 # (of several URL rows the latest kept, beside none already named "default").
@@ -197,7 +197,7 @@ DELETE FROM endpoints WHERE instr(endpoint, '://') > 0 AND (
 UPDATE endpoints SET endpoint = 'default' WHERE instr(endpoint, '://') > 0
 """
 
-# issue 22: review comments on a task's diff lines (store/reviews.py): the anchor (file,
+# review comments on a task's diff lines (store/reviews.py): the anchor (file,
 # side, lines and their text, the rows quoted), the comment, when it was sent and whether
 # its lines were as commented then, and its last known state (a closed task's is kept).
 _REVIEW_COMMENTS = """
@@ -221,7 +221,7 @@ CREATE TABLE IF NOT EXISTS review_comments (
 CREATE INDEX IF NOT EXISTS review_comments_task ON review_comments(task_id)
 """
 
-# issue 20: the host a task runs on (its attempts, resumes and follow-ups stay there); the
+# the host a task runs on (its attempts, resumes and follow-ups stay there); the
 # tasks before it ran here. Done again over a store that has it (a version number put
 # back by hand), it changes nothing.
 def _task_host(conn: sqlite3.Connection) -> None:
@@ -231,7 +231,7 @@ def _task_host(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX IF NOT EXISTS tasks_state_host ON tasks(state, host)")
 
 
-# issue 20: the attempts a host lost (silent past its lease) until what they started there
+# the attempts a host lost (silent past its lease) until what they started there
 # is swept, so that an engine restarted meanwhile still sweeps them once the host is back.
 _LOST_ATTEMPTS = """
 CREATE TABLE IF NOT EXISTS lost_attempts (
@@ -248,7 +248,7 @@ CREATE INDEX IF NOT EXISTS lost_attempts_pending ON lost_attempts(swept_at, host
 """
 
 
-# issue 22: the diff's viewed marks (store/reviews.py, ViewedFiles): a file of a task's
+# the diff's viewed marks (store/reviews.py, ViewedFiles): a file of a task's
 # diff marked viewed, with the digest its part of the patch had then (another digest reads
 # "changed since"), so the marks outlive the panel that made them.
 _VIEWED_FILES = """
