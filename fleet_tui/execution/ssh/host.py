@@ -60,6 +60,7 @@ from fleet_tui.execution.remote import (
     update_result,
 )
 from fleet_tui.execution.spec import RunSpec
+from fleet_tui.execution.ssh import config as kind_config
 from fleet_tui.execution.ssh.connection import Connection, SshError, dropped
 from fleet_tui.execution.ssh.mirror import Mirror
 from fleet_tui.store.meter import TOKEN_PREFIX
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
     from fleet_tui.settings.config import Settings
+    from fleet_tui.settings.hosts import HostConfig
     from fleet_tui.store.db import Attempt, Task
 
 log = logging.getLogger("fleet_tui.engine.fleet")
@@ -836,3 +838,11 @@ class SshHost(RemoteHost):
 
 
 __all__ = ["SshHost", "SshRun", "SshStaged", "forwarded", "host_settings", "package_tar"]
+
+
+def build(config: HostConfig, *, env: Mapping[str, str], python: str) -> SshHost:
+    """The ssh kind's host of one `[hosts.NAME]` table (the kinds table's entry). The
+    host's own python and claude are its own (python3 and claude on its PATH)."""
+    own = kind_config.options(config)
+    return SshHost(name=config.name, target=own.ssh, port=own.port, env=env,
+                   key_on_host=own.key_on_host)
