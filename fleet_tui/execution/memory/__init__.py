@@ -11,8 +11,9 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    from fleet_tui.execution.memory import host
+    import importlib
 
+    host = importlib.import_module(f"{__name__}.host")
     try:
         return getattr(host, name)
     except AttributeError:
