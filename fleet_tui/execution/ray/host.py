@@ -84,9 +84,9 @@ from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import Host, LostLedger, Placement, RunnerState
 from fleet_tui.execution.ray import config as kind_config
 from fleet_tui.execution.ray import job
-from fleet_tui.execution.remote import LOOPBACK, RemoteHost, RemoteRun, update_result, write_at
+from fleet_tui.execution.remote.base import LOOPBACK, RemoteHost, RemoteRun, update_result, write_at
+from fleet_tui.execution.remote.forwarding import forwarded, host_settings
 from fleet_tui.execution.spec import RunSpec
-from fleet_tui.execution.ssh.host import forwarded, host_settings
 from fleet_tui.settings.endpoints import HANDED_KEY
 from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
