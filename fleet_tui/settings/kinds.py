@@ -18,13 +18,14 @@ above itself and a build without a kind's folder says so for that kind's hosts o
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
+    import argparse
+
     from fleet_tui.settings.hosts import HostConfig
 
 
