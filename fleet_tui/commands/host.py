@@ -99,6 +99,9 @@ def _add(args: argparse.Namespace) -> int:
     addable = _addable()
     chosen = next((k for k in addable if k.options().picks(args)), None)
     if chosen is None:
+        for other in addable:  # a kind's options given without the flag that picks it
+            if other.options().flag:
+                other.options().refuse_stray(args, None, "")
         raise ConfigError("host add: give " + " or ".join(k.options().how for k, _s in
                                                           kinds.marked()))
     for other in addable:
