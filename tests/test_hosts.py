@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,10 @@ from fleet_tui.core.states import TaskState
 from fleet_tui.engine.fleet import Fleet
 from fleet_tui.execution import hosts as hosts_mod
 from fleet_tui.execution.memory import MemoryHost, MemoryRun
+from fleet_tui.execution.ssh.config import options as ssh_options
+from fleet_tui.execution.ssh.config import parse_target, ssh_args, ssh_host
 from fleet_tui.settings.config import ConfigError, load_settings
-from fleet_tui.settings.hosts import HostConfig, add_host, parse_target, remove_host
+from fleet_tui.settings.hosts import HostConfig, add_host, remove_host
 from fleet_tui.store.db import Store, TaskSpec
 from fleet_tui.system import paths
 
@@ -140,7 +143,7 @@ def test_attempts_resumes_and_follow_ups_stay_on_the_tasks_host(
     # local is full meanwhile (its cap lowered to 1, the blocker runs), b has a free slot:
     # the task's next attempt waits for local all the same (its session lives there)
     fleet.apply_settings(dataclasses.replace(fleet.settings, hosts=(
-        HostConfig("local", 1), HostConfig("b", 1, "b.example"))))
+        HostConfig("local", 1), ssh_host("b", 1, "b.example"))))
     one(here, task).finish("half", session_id="s-here", is_error=True, exit_code=1)
     fleet.tick()
     fleet.retry(task, resume=True)
@@ -184,12 +187,12 @@ def test_an_unknown_host_is_refused_with_the_names(git_repo: Path, tmp_path: Pat
 
 def test_an_ssh_host_without_its_code_says_so(git_repo: Path, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """[hosts.box] is read; a build without the ssh host's code (its module name made one
-    that does not exist): the task is refused before anything is stored, and `any` never
+    """[hosts.box] is read; a build without the ssh host's code (its module made
+    one that does not import): the task is refused before anything is stored, and `any` never
     places a task there."""
-    monkeypatch.setattr(hosts_mod, "SSH_MODULE", "fleet_tui.execution.no_ssh_here.host")
+    monkeypatch.setitem(sys.modules, "fleet_tui.execution.ssh.host", None)  # not importable
     fleet, _here, _there = make(tmp_path, '\n[hosts.box]\nssh = "me@box:2222"\n')
-    assert fleet.settings.host("box").ssh_args() == ["-p", "2222", "--", "me@box"]
+    assert ssh_args(fleet.settings.host("box")) == ["-p", "2222", "--", "me@box"]
     with pytest.raises(InvalidSpec) as refused:
         submit(fleet, git_repo, "box")
     assert "ssh hosts are not available in this build" in str(refused.value)
@@ -249,7 +252,8 @@ def test_targets_as_ssh_takes_them(tmp_path: Path) -> None:
     path.write_text('[hosts.lab]\nssh = "lab"\nport = 2201\nkey_on_host = true\n')
     settings = load_settings(env={}, config_file=path)
     lab = settings.host("lab")
-    assert (lab.ssh, lab.port, lab.key_on_host, lab.max_workers) == ("lab", 2201, True, 4)
+    own = ssh_options(lab)
+    assert (own.ssh, own.port, own.key_on_host, lab.max_workers) == ("lab", 2201, True, 4)
     assert settings.host_names == ("local", "lab")
     assert settings.host().max_workers == 4  # local: the fleet's cap
 
@@ -260,17 +264,17 @@ def test_the_writer_keeps_the_users_file(tmp_path: Path) -> None:
                 'base_url = "https://z.example"\n')
     path.write_text(original, encoding="utf-8")
     path.chmod(0o640)
-    add_host(path, HostConfig("lab", 2, "me@lab", 2222))
+    add_host(path, ssh_host("lab", 2, "me@lab", 2222))
     text = path.read_text()
     assert text.startswith(original)
     assert '[hosts.lab]\nssh = "me@lab:2222"\nmax_workers = 2\n' in text
     assert path.stat().st_mode & 0o777 == 0o640
-    add_host(path, HostConfig("box", 1, "box", None, True))
+    add_host(path, ssh_host("box", 1, "box", None, True))
     with pytest.raises(ConfigError, match="the host 'lab' is there already"):
-        add_host(path, HostConfig("lab", 1, "x"))
+        add_host(path, ssh_host("lab", 1, "x"))
     settings = load_settings(env={}, config_file=path)
     assert settings.host_names == ("local", "lab", "box")
-    assert settings.host("box").key_on_host is True
+    assert ssh_options(settings.host("box")).key_on_host is True
     remove_host(path, "lab")
     remove_host(path, "box")
     assert path.read_text() == original
@@ -386,13 +390,13 @@ def test_new_settings_rebuild_a_host_only_when_its_target_changed(
 
     monkeypatch.setattr(hosts_mod, "build_host", build)
     local = MemoryHost(tmp_path / "local", name="local")
-    registry = hosts_mod.Hosts((HostConfig("local", 2), HostConfig("b", 1, "b.example")),
+    registry = hosts_mod.Hosts((HostConfig("local", 2), ssh_host("b", 1, "b.example")),
                                env={}, python="python3", local=local)
     first = registry.get("b")
     assert registry.get("b") is first and built == ["b.example"]
-    registry.configure((HostConfig("local", 5), HostConfig("b", 4, "b.example")))
+    registry.configure((HostConfig("local", 5), ssh_host("b", 4, "b.example")))
     assert registry.get("b") is first and registry.local is local  # a cap: kept
-    registry.configure((HostConfig("local", 5), HostConfig("b", 4, "b.example", 2222)))
+    registry.configure((HostConfig("local", 5), ssh_host("b", 4, "b.example", 2222)))
     assert registry.get("b") is not first and built == ["b.example", "b.example:2222"]
     registry.configure((HostConfig("local", 5),))
     with pytest.raises(FleetError, match=r"its host 'b' is not in config\.toml any more"):

@@ -50,9 +50,9 @@ from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine import host_check
 from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.ray.config import ray_host as ray_host_config
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import config_file_path, load_settings
-from fleet_tui.settings.hosts import HostConfig
 from fleet_tui.store.db import Store, Task, TaskState
 from fleet_tui.system import paths
 
@@ -670,16 +670,16 @@ def test_host_check_probe_reads_git_python_and_claude_on_a_node(
     """`host check NAME --probe`: one short job, placed by the host's resources as an
     attempt's job is, reads git, python and claude on its node (the host's settings
     name them there); a claude the node does not have is said, with the fix."""
-    good = HostConfig("cluster", 2, ray=ray_cluster.address,
-                      resources={NODE_RESOURCE: 1.0}, python=sys.executable, claude=claude_bin)
+    good = ray_host_config("cluster", 2, ray_cluster.address, resources={NODE_RESOURCE: 1.0},
+                    python=sys.executable, claude=claude_bin)
     before = len(jobs(ray_cluster))
-    checks = {c.name: c for c in host_check.check_ray_host(good, probe=True)}
+    checks = {c.name: c for c in host_check.check_host(good, probe=True)[0]}
     assert all(c.ok for c in checks.values()), checks
     assert checks["claude"].found == f"{CLAUDE_CODE_VERSION} at {claude_bin}"
     assert node_of(ray_cluster, NODE_RESOURCE)[:12] in checks["probe"].found
     assert checks["python"].found == ".".join(map(str, sys.version_info[:3]))
-    missing = replace(good, claude="/nowhere/on/the/nodes/claude")
-    said = {c.name: c for c in host_check.check_ray_host(missing, probe=True)}
+    missing = replace(good, options=replace(good.options, claude="/nowhere/on/the/nodes/claude"))
+    said = {c.name: c for c in host_check.check_host(missing, probe=True)[0]}
     assert not said["claude"].ok and said["claude"].found == "not found", said
     assert "set claude in [hosts.cluster] to its path there" in said["claude"].fix
     assert len(jobs(ray_cluster)) == before + 2  # one job each, nothing else

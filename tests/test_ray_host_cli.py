@@ -16,6 +16,7 @@ from test_host_cli import env_of
 
 from fleet_tui.core.errors import FleetError
 from fleet_tui.execution.hosts import Hosts
+from fleet_tui.execution.ray.config import options as ray_options
 from fleet_tui.settings.config_core import ConfigError
 from fleet_tui.settings.hosts import host_from_table, host_table, read_hosts
 
@@ -39,8 +40,8 @@ def test_host_add_ray_writes_its_table_and_check_says_unreachable(tmp_path: Path
     assert text == (f'[hosts.gpu]\nray = "{address}"\n'
                     'resources = { gpu_box = 1, "mem.big" = 0.5 }\nmax_workers = 3\n')
     (host,) = read_hosts(str(config), object())
-    assert host.is_ray and not host.is_local
-    assert host.resources == {"gpu_box": 1.0, "mem.big": 0.5}
+    assert host.kind == "ray" and not host.is_local
+    assert ray_options(host).resources == {"gpu_box": 1.0, "mem.big": 0.5}
     listed = run_cli(env, tmp_path, "host", "ls")
     assert listed.stdout.splitlines()[2].split() == ["gpu", address, "0/3", "0", "here"]
     checked = run_cli(env, tmp_path, "host", "check", "gpu")

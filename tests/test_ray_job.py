@@ -17,7 +17,7 @@ import pytest
 
 from fleet_tui.execution.ray import job
 from fleet_tui.execution.ray.host import NodeBook, RayHost
-from fleet_tui.execution.ssh import agent
+from fleet_tui.execution.remote import update as remote_update
 
 
 def git(where: Path, *args: str) -> str:
@@ -117,9 +117,9 @@ def test_abort_goes_back_to_the_tip_and_refuses_a_concluded_update(
         git_repo, other, "update/ab1", here / job.BUNDLE_FILE, [order["base"]])
     job.fetch_base(order, here, "refs/fleet/base/update/ab1", other)
     # the update job's own step: the worker's work committed first, then stopped mid-merge
-    said = agent._update(str(worktree), other, "merge", "update", [])
+    said = remote_update.update(str(worktree), other, "merge", "update", [])
     assert said["status"] == "conflicts" and said["committed"]
-    assert agent._abort_update(str(worktree), ["f.txt"]) == {
+    assert remote_update.abort_update(str(worktree), ["f.txt"]) == {
         "aborted": "merge", "restored": True, "head": tip}
     assert git(worktree, "status", "--porcelain") == "?? wip.txt"  # as it was
     (worktree / "wip.txt").unlink()
@@ -127,7 +127,7 @@ def test_abort_goes_back_to_the_tip_and_refuses_a_concluded_update(
     subprocess.run(["git", "-C", str(worktree), "merge", "--no-edit", other],
                    capture_output=True, check=False)
     git(worktree, "commit", "-q", "-am", "concluded")
-    said = agent._abort_update(str(worktree), ["f.txt"])
+    said = remote_update.abort_update(str(worktree), ["f.txt"])
     assert "concluded with conflict markers still in f.txt" in str(said["error"])
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from fleet_tui.execution.ssh import agent
+from fleet_tui.execution.remote.frames import CHUNK
 from fleet_tui.execution.ssh.mirror import Mirror
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +79,7 @@ def test_the_mirror_follows_resumes_and_ends_byte_identical(remote: tuple[Path, 
         wait_for(lambda: same(local, folder, "events.jsonl"), "the first line")
         big = b"".join(b'{"type":"assistant","n":%d,"pad":"%s"}\n' % (i, b"y" * 900)
                        for i in range(400))  # > the agent's CHUNK: several frames at once
-        assert len(big) > agent.CHUNK
+        assert len(big) > CHUNK
         with open(events, "ab") as fh:
             for i in range(1, 30):
                 fh.write(b'{"type":"user","n":%d}\n' % i)

@@ -1,11 +1,13 @@
-"""fleet-tui host add|ls|rm|check: the machines workers run on (issue 20).
+"""fleet-tui host add|ls|rm|check: the machines workers run on.
 
 `add` writes a `[hosts.NAME]` table into config.toml (the rest of the file kept byte for
 byte: settings/hosts.py's writer), `rm` cuts it out (refused while tasks live on that
 host: their worktrees and sessions are there), `ls` lists `local` and the configured hosts
 with their caps and tasks, `check` says whether a host can run workers, each failed check
 with its fix, and offers to install the pinned claude there with npm (`--yes`: without
-asking). The same hosts can be written by hand in config.toml.
+asking). The same hosts can be written by hand in config.toml. Each kind of host brings
+its own options, columns and checks (settings/kinds.py: the table of kinds); nothing here
+names a kind.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from fleet_tui.core.errors import (
 from fleet_tui.core.states import ACTIVE_STATES
 from fleet_tui.engine import host_check
 from fleet_tui.engine.host_check import Check
+from fleet_tui.settings import kinds
 from fleet_tui.settings.config import ConfigError, Settings, config_file_path, load_settings
 from fleet_tui.settings.hosts import (
     LOCAL,
@@ -45,23 +48,13 @@ def _parser() -> argparse.ArgumentParser:
         description="The machines workers run on: `local` (this one) and the ssh hosts of "
                     "config.toml ([hosts.NAME]).")
     sub = parser.add_subparsers(dest="action", metavar="add|ls|rm|check")
-    add = sub.add_parser("add", help="add an ssh host or a Ray cluster to config.toml")
+    add = sub.add_parser("add", help="add a host to config.toml (" + ", ".join(
+        f"{k.schema().label}: {k.options().how}" for k in _addable()) + ")")
     add.add_argument("name", help="its name (`run --host NAME`)")
-    add.add_argument("target", nargs="?", help="as ssh takes it: an alias of ~/.ssh/config, "
-                     "user@host, host:port (not with --ray)")
-    add.add_argument("--ray", metavar="ADDRESS",
-                     help="a Ray cluster's Jobs address (e.g. http://head:8265): each "
-                          "attempt a Ray job (needs pip install 'fleet-tui[ray]')")
-    add.add_argument("--resources", metavar="JSON",
-                     help='with --ray: the resources each job asks for, e.g. \'{"gpu_box": 1}\''
-                          " (its node)")
-    add.add_argument("-p", "--port", type=int, metavar="PORT",
-                     help="the ssh port (or write host:port)")
+    for kind in _addable():
+        kind.options().add_arguments(add)
     add.add_argument("--max-workers", type=int, metavar="N",
                      help="workers at once on that host (default: the top-level max_workers)")
-    add.add_argument("--key-on-host", action="store_true",
-                     help="keep the key on the host, for workers that must go on while this "
-                          "machine is away (default: the key never leaves this machine)")
     ls = sub.add_parser("ls", help="the hosts, their caps and tasks")
     ls.add_argument("--json", action="store_true", help="a JSON list")
     rm = sub.add_parser("rm", help="remove a host from config.toml (not while tasks live "
@@ -74,8 +67,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="install what is missing (the pinned claude) without asking")
     check.add_argument("--json", action="store_true", help="the checks as JSON")
     check.add_argument("--probe", action="store_true",
-                       help="a Ray host: run one short job on a node (placed by the host's "
-                            "resources) that reads git, python and claude there")
+                       help="a " + " or ".join(host_check.probing()) + " host: run one short "
+                            "job on a node (placed by the host's resources) that reads git, "
+                            "python and claude there")
     return parser
 
 
@@ -91,56 +85,39 @@ def _settings() -> Settings:
     return load_settings()
 
 
+def _addable() -> list[kinds.Kind]:
+    """The kinds `host add` adds (those config.toml names by a mark), flagged ones first:
+    `--ray` picks its kind even when a target is given too (and is refused for it)."""
+    marked = [k for k, _s in kinds.marked()]
+    return [k for k in marked if k.options().flag] + [k for k in marked
+                                                      if not k.options().flag]
+
+
 def _add(args: argparse.Namespace) -> int:
     settings = _settings()  # a config.toml that does not read is said before writing
-    path = config_file_path()
-    if args.ray is not None:
-        return _add_ray(args, settings, Path(path))
-    if args.resources is not None:
-        raise ConfigError("--resources is for a Ray host (with --ray ADDRESS)")
-    if args.target is None:
-        raise ConfigError("host add: give an ssh target (user@host) or --ray ADDRESS")
-    table: dict[str, object] = {"ssh": args.target}
-    if args.port is not None:
-        table["port"] = args.port
-    if args.max_workers is not None:
-        table["max_workers"] = args.max_workers
-    if args.key_on_host:
-        table["key_on_host"] = True
+    path = Path(config_file_path())
+    addable = _addable()
+    chosen = next((k for k in addable if k.options().picks(args)), None)
+    if chosen is None:
+        for other in addable:  # a kind's options given without the flag that picks it
+            if other.options().flag:
+                other.options().refuse_stray(args, None, "")
+        raise ConfigError("host add: give " + " or ".join(k.options().how for k, _s in
+                                                          kinds.marked()))
+    for other in addable:
+        if other is not chosen:
+            other.options().refuse_stray(args, chosen.options().flag, chosen.schema().label)
+    label = chosen.schema().label
     if args.name == LOCAL:
-        raise ConfigError("'local' is this machine, always a host; give the ssh host another "
-                          "name (this machine's cap: [hosts.local] max_workers in "
+        raise ConfigError(f"'local' is this machine, always a host; give the {label} host "
+                          "another name (this machine's cap: [hosts.local] max_workers in "
                           f"{path})")
-    host = host_from_table(args.name, table, "host add", settings.max_workers)
-    add_host(Path(path), host)
-    _out(f"added host {host.name}: ssh {host.target}, max_workers {host.max_workers}"
-         + (", the key kept on the host" if host.key_on_host else "") + f" ({path})")
-    _out(f"check it: fleet-tui host check {host.name}")
-    return EXIT_OK
-
-
-def _add_ray(args: argparse.Namespace, settings: Settings, path: Path) -> int:
-    if args.target is not None or args.port is not None or args.key_on_host:
-        raise ConfigError("host add --ray: a Ray host has no ssh target, --port or "
-                          "--key-on-host (its Jobs address is all it needs)")
-    if args.name == LOCAL:
-        raise ConfigError("'local' is this machine, always a host; give the Ray host "
-                          "another name")
-    table: dict[str, object] = {"ray": args.ray}
-    if args.resources is not None:
-        try:
-            table["resources"] = json.loads(args.resources)
-        except ValueError as exc:
-            raise ConfigError(f"host add: --resources: not JSON ({exc}); e.g. "
-                              '\'{"gpu_box": 1}\'', key="resources") from None
+    table = chosen.options().table(args)
     if args.max_workers is not None:
         table["max_workers"] = args.max_workers
     host = host_from_table(args.name, table, "host add", settings.max_workers)
     add_host(path, host)
-    asked = (", resources " + ", ".join(f"{k}={v:g}" for k, v in host.resources.items())
-             if host.resources else "")
-    _out(f"added host {host.name}: Ray cluster {host.ray}{asked}, max_workers "
-         f"{host.max_workers} ({path})")
+    _out(f"added host {host.name}: {chosen.options().added(host)} ({path})")
     _out(f"check it: fleet-tui host check {host.name}")
     return EXIT_OK
 
@@ -149,13 +126,16 @@ def _rows(settings: Settings) -> list[dict[str, object]]:
     from fleet_tui.engine.fleet import Fleet
 
     fleet = Fleet(settings)
+    blank: dict[str, object] = {}
+    for kind in kinds.KINDS:
+        blank.update(kind.options().blank_row())
     rows: list[dict[str, object]] = []
     for host in settings.all_hosts:
         live = fleet.tasks_on_host(host.name)
-        rows.append({"name": host.name, "ssh": host.ssh, "port": host.port,
-                     "target": host.target, "max_workers": host.max_workers,
-                     "key_on_host": host.key_on_host, "ray": host.ray,
-                     "resources": host.resources, "key_env": host.key_env,
+        own = kinds.kind(host.kind).options()
+        rows.append({"name": host.name, "kind": host.kind, **blank, "target": host.target,
+                     "max_workers": host.max_workers, **own.row(host),
+                     "key": own.key_shown(host),
                      "running": sum(t.state in ACTIVE_STATES for t in live),
                      "tasks": len(live)})
     return rows
@@ -171,10 +151,8 @@ def _ls(args: argparse.Namespace) -> int:
     _out(f"{'NAME':<{width}}  {'TARGET':<{target_width}}  {'WORKERS':>7}  {'TASKS':>5}  KEY")
     for r in rows:
         workers = f"{r['running']}/{r['max_workers']}"
-        key = (f"${r['key_env']} there" if r["key_env"] else "here") if r["ray"] else \
-            "-" if r["ssh"] is None else "on host" if r["key_on_host"] else "here"
         _out(f"{r['name']!s:<{width}}  {r['target']!s:<{target_width}}  {workers:>7}  "
-             f"{r['tasks']!s:>5}  {key}")
+             f"{r['tasks']!s:>5}  {r['key']}")
     return EXIT_OK
 
 
@@ -198,45 +176,33 @@ def _rm(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _claude_where(settings: Settings, host: HostConfig) -> tuple[tuple[str, ...], str | None]:
-    """Where the host's claude is looked for first, and where `--yes` installs it."""
-    if not host.is_local:
-        return (), None
-    from fleet_tui.system import paths
-
-    copy = paths.cli_install_dir()
-    return (settings.claude, str(copy / "node_modules" / ".bin" / "claude")), str(copy)
-
-
 def _check(args: argparse.Namespace) -> int:
     settings = _settings()
     host = settings.host(args.name)
-    if host.is_ray:
-        return _check_ray(host, as_json=args.json, probe=args.probe)
-    if args.probe:
-        raise ConfigError(f"--probe is for a Ray host; {host.name} is checked on the host "
-                          "itself already")
-    claude, install_to = _claude_where(settings, host)
-    checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
+    kind = host_check.checks_of(host)
+    if args.probe and not kind.probes:
+        raise ConfigError(f"--probe is for a {' or '.join(host_check.probing())} host; "
+                          f"{host.name} is checked on the host itself already")
+    claude, install_to = kind.claude_where(settings, host)
+    checks, values = host_check.check_host(host, claude=claude, install_to=install_to,
+                                           probe=args.probe)
+    if kind.shell(host) is None:  # nothing to install or record with
+        return _report(host, checks, as_json=args.json)
     failed_claude = any(c.name == "claude" and not c.ok for c in checks)
     if failed_claude and values.get("npm") and (args.yes or not args.json):
         if not args.json:
             _show(host, checks)
         if not _install(host, install_to, args.yes, quiet=args.json):
             return EXIT_FAILED
-        if not host.is_local:  # the installed one is the host's now (its record)
+        if kind.records:  # the installed one is the host's now (its record)
             host_check.run_on(host, host_check.record_script(
                 f"{host_check.claude_dir()}/node_modules/.bin/claude"))
         checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
-    if not host.is_local and any(c.name == "claude" and c.ok for c in checks) \
+    if kind.records and any(c.name == "claude" and c.ok for c in checks) \
             and values.get("claude_path"):
         # what the host's runners run: the one found here (execution/hostclaude.py)
         host_check.run_on(host, host_check.record_script(values["claude_path"]))
     return _report(host, checks, as_json=args.json)
-
-
-def _check_ray(host: HostConfig, *, as_json: bool, probe: bool = False) -> int:
-    return _report(host, host_check.check_ray_host(host, probe=probe), as_json=as_json)
 
 
 def _report(host: HostConfig, checks: list[Check], *, as_json: bool) -> int:
@@ -251,9 +217,7 @@ def _report(host: HostConfig, checks: list[Check], *, as_json: bool) -> int:
 
 
 def _show(host: HostConfig, checks: list[Check]) -> None:
-    what = "this machine" if host.is_local else \
-        f"Ray {host.target}" if host.is_ray else f"ssh {host.target}"
-    _out(f"host {host.name} ({what}):")
+    _out(f"host {host.name} ({host_check.checks_of(host).describe(host)}):")
     for check in checks:
         _out(f"  {'ok  ' if check.ok else 'FAIL'}  {check.name:<9}  {check.found}")
         if not check.ok and check.fix:
@@ -281,7 +245,7 @@ def _install(host: HostConfig, install_to: str | None, yes: bool, *,
             return False
     limit = host_check.INSTALL_LIMIT
     say(f"installing Claude Code {CLAUDE_CODE_VERSION} {where} with npm (stopped after "
-        f"{host_check._minutes(limit)}) ...")
+        f"{host_check.minutes(limit)}) ...")
 
     def progress(elapsed: float, last: str) -> None:
         say(f"  still installing ({elapsed:.0f} s)" + (f": {last[:160]}" if last else ""))

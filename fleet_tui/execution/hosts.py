@@ -1,12 +1,10 @@
-"""Which host runs an attempt: the engine's registry of hosts by name (issue 20).
+"""Which host runs an attempt: the engine's registry of hosts by name.
 
-The engine knows only the seam (`execution.host`); this is the one place that names a
-host's code, so that nothing above `execution/` imports `execution.local` (an import
-contract says so). `local` is this machine (`LocalHost`); a `[hosts.NAME]` table of
-config.toml with `ssh = TARGET` is an SSH host (`execution.ssh.host.SshHost`, imported
-only when such a host is first used: a build without it says so, for that host only);
-one with `ray = ADDRESS` is a Ray cluster (`execution.ray.host.RayHost`, issue 21: each
-attempt a Ray job; imported when first used too, and this machine needs the `ray` extra).
+The engine knows only the seam (`execution.host`); this is the one place that builds a
+host's code, so that nothing above `execution/` imports a kind's folder (an import contract
+says so for `execution.local`). A host is built by its kind (settings/kinds.py: the table of
+kinds; each kind's `host.py` has `build(config, env=..., python=...)`), imported when such
+a host is first used: a build without a kind's code says so, for that kind's hosts only.
 
 A task's host is its name in config.toml (`tasks.host`); an attempt records the name of
 the host it ran on (`attempts.host`: `Host.name`), and is found again by it. A host given
@@ -22,13 +20,11 @@ from typing import TYPE_CHECKING
 
 from fleet_tui.core.errors import FleetError
 from fleet_tui.execution.host import Host
+from fleet_tui.settings import kinds
 from fleet_tui.settings.hosts import LOCAL, HostConfig
 
 if TYPE_CHECKING:
     from fleet_tui.core.model import Attempt
-
-SSH_MODULE = "fleet_tui.execution.ssh.host"
-RAY_MODULE = "fleet_tui.execution.ray.host"
 
 
 class HostUnavailable(FleetError):
@@ -42,51 +38,25 @@ class HostUnknown(FleetError):
 
 def default_host(*, env: Mapping[str, str], python: str) -> Host:
     """This machine: each attempt a detached runner process."""
-    from fleet_tui.execution.local.host import LocalHost
-
-    return LocalHost(env=env, python=python)
+    return build_host(HostConfig(LOCAL, 4), env=env, python=python)
 
 
 def build_host(config: HostConfig, *, env: Mapping[str, str], python: str) -> Host:
-    """The host of one `[hosts.NAME]` table (HostUnavailable: not in this build)."""
-    if config.is_local:
-        return default_host(env=env, python=python)
-    if config.is_ray:
-        return _ray_host(config, env=env)
-    import importlib
-
+    """The host of one `[hosts.NAME]` table, built by its kind (HostUnavailable: not in
+    this build, or this machine lacks what the kind needs)."""
+    kind = kinds.kind(config.kind)
+    wanted = f"{kind.package}.host"
     try:
-        module = importlib.import_module(SSH_MODULE)
+        module = kind.part("host")
     except ImportError as exc:
-        if exc.name is not None and not SSH_MODULE.startswith(exc.name):
+        if exc.name is not None and not wanted.startswith(exc.name):
             raise  # the module is there, something it needs is broken: say that
+        label = config.label
         raise HostUnavailable(
-            f"the host {config.name!r} is an ssh host, and ssh hosts are not available in "
-            "this build of fleet-tui; run the task on `local` (--host local), or upgrade "
-            "fleet-tui") from None
-    # the host's own python and claude are its own (python3 and claude on its PATH)
-    host: Host = module.SshHost(name=config.name, target=config.ssh, port=config.port,
-                                env=env, key_on_host=config.key_on_host)
-    return host
-
-
-def _ray_host(config: HostConfig, *, env: Mapping[str, str]) -> Host:
-    """A Ray cluster's host; HostUnavailable when this machine has no ray (the extra)."""
-    import importlib
-    import importlib.util
-
-    if importlib.util.find_spec("ray") is None:
-        raise HostUnavailable(
-            f"the host {config.name!r} is a Ray cluster, and this machine has no ray: "
-            "pip install 'fleet-tui[ray]' (the Jobs client), or run the task on `local` "
-            "(--host local)")
-    module = importlib.import_module(RAY_MODULE)
-    options: dict[str, object] = {}
-    for key in ("data_dir", "python", "claude", "key_env", "gateway_host"):
-        if getattr(config, key) is not None:
-            options[key] = getattr(config, key)
-    host: Host = module.RayHost(name=config.name, address=config.ray, env=env,
-                                resources=config.resources, **options)
+            f"the host {config.name!r} is of the kind {label}, and {label} hosts are not "
+            "available in this build of fleet-tui; run the task on `local` (--host local), "
+            "or upgrade fleet-tui") from None
+    host: Host = module.build(config, env=env, python=python)
     return host
 
 
@@ -113,11 +83,8 @@ class Hosts:
         scheduler's, not the host's: a changed max_workers keeps the host as it is, and
         so does `local` always (it holds the runners it started, to reap them)."""
         def reached(config: HostConfig | None) -> object:
-            if config is None:
-                return None
-            return (config.ssh, config.port, config.key_on_host, config.ray,
-                    config.resources, config.data_dir, config.python, config.claude,
-                    config.key_env, config.gateway_host)
+            # everything of its kind's options: how the host is reached
+            return None if config is None else (config.kind, config.options)
 
         with self._lock:
             new = {c.name: c for c in configs}
@@ -212,5 +179,5 @@ class Hosts:
             return tuple(dict.fromkeys([LOCAL, *self._configs, *self._given]))
 
 
-__all__ = ["RAY_MODULE", "SSH_MODULE", "HostUnavailable", "HostUnknown", "Hosts", "build_host",
+__all__ = ["HostUnavailable", "HostUnknown", "Hosts", "build_host",
            "default_host"]

@@ -1,30 +1,22 @@
-"""Hosts (issue 20): `[hosts.NAME]` tables of config.toml, where workers may run.
+"""Hosts: `[hosts.NAME]` tables of config.toml, where workers may run.
 
     [hosts.box]
-    ssh = "box"                 # as ssh takes it: an alias of ~/.ssh/config, user@host,
-                                # host:port, [v6addr]:port
-    port = 2222                 # optional: the port, when the target does not say it
+    ssh = "box"                 # an ssh host (execution/ssh/config.py: its fields)
     max_workers = 8             # workers at once on that host (default: the top-level cap)
-    key_on_host = false         # true: the key is kept on the host (its own gateway)
 
     [hosts.cluster]
-    ray = "http://head:8265"    # a Ray cluster's Jobs address (issue 21): each attempt a job
-    resources = { agenthost = 1 }  # optional: the job's entrypoint_resources (its node)
-    max_workers = 8
-    data_dir = "/var/tmp/fleet-tui-ray"  # optional: on the nodes (repos, worktrees, attempts)
-    python = "python3"          # optional: the nodes' python
-    claude = "/opt/claude/bin/claude"  # optional: the nodes' claude (else the setting's)
-    key_env = "TEAM_ANTHROPIC_KEY"  # optional: the nodes hold the key in that variable
-                                # (unset: through this machine's gateway, with a token)
-    gateway_host = "10.0.0.5"   # optional: how the nodes reach this machine's gateway
+    ray = "http://head:8265"    # a Ray cluster (execution/ray/config.py: its fields)
+
+This module reads what every host has (its name, `max_workers`) and hands the rest of a
+table to its kind (settings/kinds.py: the table names the kind by its mark, `ssh = ...`,
+`ray = ...`): a `HostConfig` is the common part and the kind's own options.
 
 `local` (this machine) is always a host. Its cap is the fleet's (the sum of the endpoints'
 caps: the top-level `max_workers` with one endpoint), so that hosts change nothing for a
 fleet that has none; `[hosts.local]` with `max_workers` alone bounds this machine below it
 (then a remote host's workers add to the endpoints' caps, not to this machine's). `any` is
 not a host: `run --host any` places a task on the host with a free slot. Nothing here
-opens a connection: the host's code is chosen by `execution.hosts`, and the user's own
-ssh (their config, agent and known-hosts checking) does the connecting.
+opens a connection: the host's code is chosen by `execution.hosts`.
 
 The writer (`add_host`, `remove_host`) keeps the user's file: it appends or cuts one
 `[hosts.NAME]` table as text, keeps every other byte, and writes only when the new file
@@ -38,64 +30,41 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from fleet_tui.settings.config_core import ConfigError, _read_toml, check_length
+from fleet_tui.settings import kinds
+from fleet_tui.settings.config_core import ConfigError, _read_toml
 
 LOCAL = "local"
 ANY = "any"
 TABLE = "hosts"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
-FIELDS = ("ssh", "port", "max_workers", "key_on_host")
-RAY_FIELDS = ("ray", "resources", "max_workers", "data_dir", "python", "claude", "key_env",
-              "gateway_host")
-# what ssh takes as a destination: no option (a leading '-'), no space or control character
-_TARGET_RE = re.compile(r"[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]{0,252}")
 
 
 @dataclass(frozen=True)
 class HostConfig:
-    """One host workers can run on. `ssh` and `ray` are None for `local`."""
+    """One host workers can run on: what every host has, and its kind's own options (a
+    frozen record of the kind's config.py; None for `local`)."""
 
     name: str
     max_workers: int
-    ssh: str | None = None  # the destination as ssh takes it (without the port)
-    port: int | None = None
-    key_on_host: bool = False
-    # a Ray cluster (issue 21): its Jobs address, and what its jobs are given
-    ray: str | None = None
-    resources: dict[str, float] | None = None
-    data_dir: str | None = None
-    python: str | None = None
-    claude: str | None = None
-    key_env: str | None = None
-    gateway_host: str | None = None
+    kind: str = LOCAL
+    options: Any = None
 
     @property
     def is_local(self) -> bool:
-        return self.ssh is None and self.ray is None
+        """This machine."""
+        return self.kind == LOCAL
 
     @property
-    def is_ray(self) -> bool:
-        return self.ray is not None
+    def label(self) -> str:
+        """The kind's name in messages ("ssh", "Ray")."""
+        return kinds.schema(self.kind).label
 
     @property
     def target(self) -> str:
-        """The target as the user wrote it (host:port when a port is set; a Ray host's
-        Jobs address)."""
-        if self.ray is not None:
-            return self.ray
-        if self.ssh is None:
-            return LOCAL
-        if self.port is None:
-            return self.ssh
-        host = f"[{self.ssh}]" if ":" in self.ssh else self.ssh
-        return f"{host}:{self.port}"
-
-    def ssh_args(self) -> list[str]:
-        """ssh's arguments for this host's destination: `-p PORT` (when set), then the
-        destination (never an option: a target starting with '-' is refused)."""
-        assert self.ssh is not None, "the local host has no ssh destination"
-        return [*(["-p", str(self.port)] if self.port is not None else []), "--", self.ssh]
+        """Where the host is, as the user wrote it (`local` for this machine)."""
+        return kinds.schema(self.kind).target(self)
 
 
 def local_host(settings: object, own_cap: int | None = None) -> HostConfig:
@@ -108,42 +77,21 @@ def local_host(settings: object, own_cap: int | None = None) -> HostConfig:
     return HostConfig(LOCAL, int(cap))
 
 
-def parse_target(raw: str, where: str = "host") -> tuple[str, int | None]:
-    """(destination, port) from a target as ssh takes it: `alias`, `user@host`,
-    `host:port`, `[v6addr]:port`; a bare IPv6 address keeps its colons. ConfigError
-    naming what is accepted otherwise."""
-    text = raw.strip() if isinstance(raw, str) else ""
-    if not text or not _TARGET_RE.fullmatch(text):
-        raise ConfigError(f"{where}: ssh: {raw!r} is not an ssh target (an alias of "
-                          "~/.ssh/config, user@host or host:port; no spaces, not starting "
-                          "with '-')", key="ssh")
-    match = re.fullmatch(r"(.*)\[([0-9A-Fa-f:.%]+)\](?::(\d+))?", text)
-    if match:
-        user, addr, port = match.groups()
-        return f"{user}{addr}", _port(port, where) if port else None
-    if text.count(":") == 1:
-        dest, _, port = text.partition(":")
-        if not dest:
-            raise ConfigError(f"{where}: ssh: {raw!r} has no host before the port", key="ssh")
-        return dest, _port(port, where)
-    return text, None
-
-
-def _port(raw: object, where: str) -> int:
-    value: object = raw
-    if isinstance(raw, str):
-        value = int(raw) if raw.isdigit() else raw
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise ConfigError(f"{where}: port: expected a port number 1-65535, got {raw!r}",
-                          key="port")
-    return value
-
-
-def _cap(cap: object, where: str) -> int:
+def cap_of(cap: object, where: str) -> int:
+    """A host's `max_workers` (ConfigError saying what is accepted)."""
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
         raise ConfigError(f"{where}: max_workers: expected a whole number >= 1, got {cap!r}",
                           key="max_workers")
     return cap
+
+
+def unknown_fields(table: dict[str, Any], fields: tuple[str, ...], where: str,
+                   what: str = "a host") -> None:
+    """ConfigError for the first setting of `table` that is not one of `fields`."""
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting {unknown[0]!r}; {what} takes "
+                          + ", ".join(fields), key=unknown[0])
 
 
 def check_name(name: str, where: str) -> None:
@@ -156,110 +104,18 @@ def check_name(name: str, where: str) -> None:
 
 
 def host_from_table(name: str, table: object, where: str, default_cap: int) -> HostConfig:
-    """One `[hosts.NAME]` table, checked (ConfigError saying what is accepted)."""
+    """One `[hosts.NAME]` table, checked (ConfigError saying what is accepted): `local`'s
+    by the local kind, any other by the kind its mark names (none: the first kind's, whose
+    parser says what is missing)."""
     check_name(name, where)
+    kinds_marked = kinds.marked()
     if not isinstance(table, dict):
-        raise ConfigError(f"{where}: must be a table of settings ({', '.join(FIELDS)})")
+        raise ConfigError(f"{where}: must be a table of settings ("
+                          + "; ".join(", ".join(s.fields) for _k, s in kinds_marked) + ")")
     if name == LOCAL:
-        if set(table) != {"max_workers"}:
-            raise ConfigError(f"{where}: 'local' is this machine, always a host: its table "
-                              "takes max_workers alone (give an ssh host another name)",
-                              key=name)
-        return HostConfig(LOCAL, _cap(table["max_workers"], where))
-    if "ray" in table:
-        return ray_host_from_table(name, table, where, default_cap)
-    unknown = sorted(set(table) - set(FIELDS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown setting {unknown[0]!r}; a host takes "
-                          + ", ".join(FIELDS), key=unknown[0])
-    if "ssh" not in table:
-        raise ConfigError(f"{where}: ssh is missing (the target as ssh takes it: an alias, "
-                          "user@host or host:port)", key="ssh")
-    raw = table["ssh"]
-    if not isinstance(raw, str):
-        raise ConfigError(f"{where}: ssh: expected a string, got {raw!r}", key="ssh")
-    try:
-        check_length(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{where}: ssh: {exc}", key="ssh") from None
-    dest, port = parse_target(raw, where)
-    if "port" in table:
-        given = _port(table["port"], where)
-        if port is not None and port != given:
-            raise ConfigError(f"{where}: the target {raw!r} says port {port} and port says "
-                              f"{given}; keep one", key="port")
-        port = given
-    cap = _cap(table.get("max_workers", default_cap), where)
-    key_on_host = table.get("key_on_host", False)
-    if not isinstance(key_on_host, bool):
-        raise ConfigError(f"{where}: key_on_host: expected true or false, got "
-                          f"{key_on_host!r}", key="key_on_host")
-    return HostConfig(name, cap, dest, port, key_on_host)
-
-
-def parse_ray_address(raw: object, where: str = "host") -> str:
-    """A Ray cluster's Jobs address (http[s]://HOST:PORT, the dashboard's), or ConfigError
-    saying what is accepted."""
-    from urllib.parse import urlsplit
-
-    text = raw.strip().rstrip("/") if isinstance(raw, str) else ""
-    parts = urlsplit(text)
-    try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 \
-            or parts.path or parts.query or parts.fragment or any(c.isspace() for c in text):
-        raise ConfigError(f"{where}: ray: {raw!r} is not a Ray Jobs address (the cluster's "
-                          "dashboard, e.g. http://head:8265)", key="ray")
-    return text
-
-
-def parse_resources(raw: object, where: str = "host") -> dict[str, float]:
-    """A job's entrypoint_resources: names to amounts > 0 (ConfigError otherwise)."""
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigError(f"{where}: resources: expected a table of resource names and "
-                          f"amounts, e.g. {{ agenthost = 1 }}, got {raw!r}", key="resources")
-    out: dict[str, float] = {}
-    for key, value in raw.items():
-        if not isinstance(key, str) or not key or any(c.isspace() for c in key):
-            raise ConfigError(f"{where}: resources: {key!r} is not a resource name",
-                              key="resources")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigError(f"{where}: resources: {key} = {value!r}: expected an amount "
-                              "> 0", key="resources")
-        out[key] = float(value)
-    return out
-
-
-def ray_host_from_table(name: str, table: dict[str, object], where: str,
-                        default_cap: int) -> HostConfig:
-    unknown = sorted(set(table) - set(RAY_FIELDS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown setting {unknown[0]!r}; a Ray host takes "
-                          + ", ".join(RAY_FIELDS), key=unknown[0])
-    address = parse_ray_address(table["ray"], where)
-    resources = parse_resources(table["resources"], where) if "resources" in table else None
-    texts: dict[str, str | None] = {}
-    for key in ("data_dir", "python", "claude", "key_env", "gateway_host"):
-        value = table.get(key)
-        if value is not None and (not isinstance(value, str) or not value.strip()
-                                  or any(c in value for c in "\n\r\x00")):
-            raise ConfigError(f"{where}: {key}: expected a non-empty string, got {value!r}",
-                              key=key)
-        texts[key] = value
-    if texts["data_dir"] is not None and not texts["data_dir"].startswith("/"):
-        raise ConfigError(f"{where}: data_dir: expected an absolute path on the nodes, got "
-                          f"{texts['data_dir']!r}", key="data_dir")
-    if texts["key_env"] is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*",
-                                                         texts["key_env"]):
-        raise ConfigError(f"{where}: key_env: expected the name of an environment variable, "
-                          f"got {texts['key_env']!r}", key="key_env")
-    cap = _cap(table.get("max_workers", default_cap), where)
-    return HostConfig(name, cap, ray=address, resources=resources,
-                      data_dir=texts["data_dir"], python=texts["python"],
-                      claude=texts["claude"], key_env=texts["key_env"],
-                      gateway_host=texts["gateway_host"])
+        return kinds.schema(LOCAL).parse(name, table, where, default_cap)
+    chosen = next((s for _k, s in kinds_marked if s.mark in table), kinds_marked[0][1])
+    return chosen.parse(name, table, where, default_cap)
 
 
 def read_hosts(config_file: str, settings: object) -> tuple[HostConfig, ...]:
@@ -272,7 +128,8 @@ def read_hosts(config_file: str, settings: object) -> tuple[HostConfig, ...]:
         return ()
     if not isinstance(tables, dict):
         raise ConfigError(f"{config_file}: {TABLE} must be tables: [{TABLE}.NAME] with "
-                          + ", ".join(FIELDS), path=config_file, key=TABLE)
+                          + "; ".join(", ".join(s.fields) for _k, s in kinds.marked()),
+                          path=config_file, key=TABLE)
     found = []
     for name, table in tables.items():
         where = f"{config_file}: [{TABLE}.{name}]"
@@ -299,15 +156,23 @@ def find(hosts: tuple[HostConfig, ...], name: str | None) -> HostConfig:
 
 
 def to_data(hosts: tuple[HostConfig, ...]) -> list[dict[str, object]]:
-    """The hosts as JSON-ready data (a detached process's spec carries them)."""
-    return [dict(vars(h)) for h in hosts]
+    """The hosts as JSON-ready data (a detached process's spec carries them): each its
+    name, kind and table."""
+    return [{"name": h.name, "kind": h.kind, "table": as_table(h)} for h in hosts]
 
 
 def from_data(data: object) -> tuple[HostConfig, ...]:
-    """Back from `to_data` (anything else: none)."""
+    """Back from `to_data` (anything else: none), each table read by its kind again."""
     if not isinstance(data, list):
         return ()
-    return tuple(HostConfig(**item) for item in data if isinstance(item, dict))
+    out = []
+    for item in data:
+        if isinstance(item, dict) and isinstance(item.get("table"), dict):
+            name, table = str(item.get("name")), item["table"]
+            schema = kinds.schema(str(item.get("kind")))
+            out.append(schema.parse(name, table, f"host {name}",
+                                    int(table.get("max_workers", 4))))
+    return tuple(out)
 
 
 # --- writing config.toml: one table added or cut, every other byte kept ----------------------
@@ -347,15 +212,8 @@ def _toml_key(key: str) -> str:
 
 def host_table(host: HostConfig) -> str:
     """The `[hosts.NAME]` table of `host`, as `host add` writes it."""
-    if host.ray is not None:
-        lines = [f"[{TABLE}.{host.name}]"]
-        lines += [f"{k} = {_toml_value(v)}" for k, v in _as_data(host).items()]
-        return "\n".join(lines) + "\n"
-    assert host.ssh is not None
-    lines = [f"[{TABLE}.{host.name}]", f"ssh = {_quoted(host.target)}",
-             f"max_workers = {host.max_workers}"]
-    if host.key_on_host:
-        lines.append("key_on_host = true")
+    lines = [f"[{TABLE}.{host.name}]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in as_table(host).items()]
     return "\n".join(lines) + "\n"
 
 
@@ -373,7 +231,7 @@ def add_host(config_file: Path, host: HostConfig) -> None:
                           "fix it by hand first", path=config_file, key=TABLE)
     new = (text.rstrip("\n") + "\n\n" if text.strip() else "") + host_table(host)
     expected = dict(data)
-    expected[TABLE] = {**(tables or {}), host.name: _as_data(host)}
+    expected[TABLE] = {**(tables or {}), host.name: as_table(host)}
     _write_checked(config_file, new, expected)
 
 
@@ -414,21 +272,9 @@ def remove_host(config_file: Path, name: str) -> None:
     _write_checked(config_file, new, expected)
 
 
-def _as_data(host: HostConfig) -> dict[str, object]:
-    if host.ray is not None:
-        ray: dict[str, object] = {"ray": host.ray}
-        if host.resources:
-            ray["resources"] = {k: int(v) if float(v).is_integer() else v
-                                for k, v in host.resources.items()}
-        ray["max_workers"] = host.max_workers
-        for key in ("data_dir", "python", "claude", "key_env", "gateway_host"):
-            if getattr(host, key) is not None:
-                ray[key] = getattr(host, key)
-        return ray
-    out: dict[str, object] = {"ssh": host.target, "max_workers": host.max_workers}
-    if host.key_on_host:
-        out["key_on_host"] = True
-    return out
+def as_table(host: HostConfig) -> dict[str, object]:
+    """The host's table as config.toml holds it (its kind writes it)."""
+    return kinds.schema(host.kind).table(host)
 
 
 def _write_checked(config_file: Path, new: str, expected: dict[str, object]) -> None:
@@ -470,6 +316,6 @@ def _plain(value: object) -> object:
     return value
 
 
-__all__ = ["ANY", "LOCAL", "HostConfig", "add_host", "find", "from_data", "host_from_table",
-           "host_table", "local_host", "parse_ray_address", "parse_resources", "parse_target",
-           "read_hosts", "remove_host", "to_data"]
+__all__ = ["ANY", "LOCAL", "HostConfig", "add_host", "as_table", "cap_of", "check_name", "find",
+           "from_data", "host_from_table", "host_table", "local_host", "read_hosts",
+           "remove_host", "to_data", "unknown_fields"]

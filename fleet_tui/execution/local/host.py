@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from fleet_tui.core.model import Attempt, Task
     from fleet_tui.core.states import StopReason
     from fleet_tui.settings.config import Settings
+    from fleet_tui.settings.hosts import HostConfig
 
 log = logging.getLogger("fleet_tui.engine.fleet")
 
@@ -321,3 +322,8 @@ class LocalHost:
 
 __all__ = ["KEY_VARIABLES", "RUNNER_MODULE", "LocalHost", "LocalRun", "LocalStaged",
            "hand_over"]
+
+
+def build(config: HostConfig, *, env: Mapping[str, str], python: str) -> LocalHost:
+    """This machine (the kinds table's entry): each attempt a detached runner process."""
+    return LocalHost(env=env, python=python)

@@ -82,10 +82,11 @@ from fleet_tui.core.states import StopReason
 from fleet_tui.execution import mailbox
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import Host, LostLedger, Placement, RunnerState
+from fleet_tui.execution.ray import config as kind_config
 from fleet_tui.execution.ray import job
-from fleet_tui.execution.remote import LOOPBACK, RemoteHost, RemoteRun, update_result, write_at
+from fleet_tui.execution.remote.base import LOOPBACK, RemoteHost, RemoteRun, update_result, write_at
+from fleet_tui.execution.remote.forwarding import forwarded, host_settings
 from fleet_tui.execution.spec import RunSpec
-from fleet_tui.execution.ssh.host import forwarded, host_settings
 from fleet_tui.settings.endpoints import HANDED_KEY
 from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
@@ -96,6 +97,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
     from fleet_tui.core.model import Attempt, Task
+    from fleet_tui.settings.hosts import HostConfig
 
 log = logging.getLogger("fleet_tui.engine.fleet")
 
@@ -1537,3 +1539,24 @@ def raise_not_started(name: str, folder: AttemptLog) -> None:
 
 
 __all__ = ["RayError", "RayHost", "RayRun", "RayStaged", "submission_id"]
+
+
+def build(config: HostConfig, *, env: Mapping[str, str], python: str) -> RayHost:
+    """The ray kind's host of one `[hosts.NAME]` table (the kinds table's entry);
+    HostUnavailable when this machine has no ray (the extra)."""
+    import importlib.util
+
+    from fleet_tui.execution.hosts import HostUnavailable
+
+    if importlib.util.find_spec("ray") is None:
+        raise HostUnavailable(
+            f"the host {config.name!r} is a Ray cluster, and this machine has no ray: "
+            "pip install 'fleet-tui[ray]' (the Jobs client), or run the task on `local` "
+            "(--host local)")
+    own = kind_config.options(config)
+    options: dict[str, Any] = {}
+    for key in kind_config.TEXTS:
+        if getattr(own, key) is not None:
+            options[key] = getattr(own, key)
+    return RayHost(name=config.name, address=own.ray, env=env, resources=own.resources,
+                   **options)

@@ -67,7 +67,8 @@ from pathlib import Path
 from fleet_tui.execution import hostclaude
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
-from fleet_tui.execution.ssh import agent
+from fleet_tui.execution.remote import frames as follow_frames
+from fleet_tui.execution.remote import runs, update, worktrees
 from fleet_tui.system import procs
 
 TYPE_CHECKING = False
@@ -131,7 +132,7 @@ class Frames(io.RawIOBase):
         head_line, _, body = raw.partition(b"\n")
         head = json.loads(head_line)
         head.pop("n", None)
-        if head.get("f") == agent.EXIT or head.get("end"):
+        if head.get("f") == follow_frames.EXIT or head.get("end"):
             self.held.append((head, body))
         else:
             self.send(head, body)
@@ -215,7 +216,7 @@ def fetch_base(order: dict[str, Any], here: Path, ref: str, commit: str) -> None
     mirror = str(order["mirror"])
     Path(mirror).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if not (Path(mirror) / "HEAD").exists():
-        agent._git("init", "-q", "--bare", mirror)
+        worktrees.git("init", "-q", "--bare", mirror)
     bundle = here / BUNDLE_FILE
     if bundle.exists():
         missing = [c for c in _prerequisites(bundle) if subprocess.run(
@@ -224,13 +225,13 @@ def fetch_base(order: dict[str, Any], here: Path, ref: str, commit: str) -> None
         if missing:
             raise Lacks(f"the node's mirror lacks {len(missing)} of the commits its bundle "
                         f"was cut against ({', '.join(c[:12] for c in missing[:3])})")
-        agent._git("-C", mirror, "fetch", "-q", "--no-tags", str(bundle), f"+{ref}:{ref}")
+        worktrees.git("-C", mirror, "fetch", "-q", "--no-tags", str(bundle), f"+{ref}:{ref}")
         return
     held = subprocess.run(["git", "-C", mirror, "cat-file", "-e", f"{commit}^{{commit}}"],
                           capture_output=True, check=False)
     if held.returncode != 0:
         raise Lacks(f"the node's mirror lacks the commit {commit[:12]} it was said to hold")
-    agent._git("-C", mirror, "update-ref", ref, commit)
+    worktrees.git("-C", mirror, "update-ref", ref, commit)
 
 
 def _prerequisites(bundle: Path) -> list[str]:
@@ -273,13 +274,13 @@ def release(frames: Frames, order: dict[str, Any]) -> None:
         found = work.exists() or config.exists()
         mirror = _mirror_of(work)
         if mirror is not None:
-            with agent.mirror_lock(mirror):
+            with worktrees.mirror_lock(mirror):
                 subprocess.run(["git", "-C", mirror, "worktree", "remove", "--force",
                                 "--force", str(work)], capture_output=True, check=False)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(config, ignore_errors=True)
         for m in {mirror, str(order.get("mirror") or "")} - {None, ""}:
-            with agent.mirror_lock(str(m)):
+            with worktrees.mirror_lock(str(m)):
                 subprocess.run(["git", "-C", str(m), "worktree", "prune"],
                                capture_output=True, check=False)
             for ref in (f"refs/fleet/base/{task_id}", f"refs/fleet/base/update/{task_id}"):
@@ -322,9 +323,9 @@ def prepare_repo(order: dict[str, Any], here: Path, frames: Frames | None = None
                                  f"refs/heads/{branch}"], capture_output=True, check=False)
         if exists.returncode != 0:
             mode = "new"  # the branch never lived on this node: from the base
-    _quiet(agent.cmd_worktree, str(mirror), worktree, branch, base, mode)
+    _quiet(worktrees.cmd_worktree, str(mirror), worktree, branch, base, mode)
     if mode == "reattach":
-        _quiet(agent.cmd_check_worktree, worktree, branch)
+        _quiet(worktrees.cmd_check_worktree, worktree, branch)
     return str(worktree)
 
 
@@ -333,18 +334,18 @@ def restore_branch(order: dict[str, Any], here: Path) -> None:
     past its base), a worktree this node had of it removed first; no bundle: the branch
     at the base (no commits came back)."""
     mirror, worktree, branch = str(order["mirror"]), str(order["worktree"]), order["branch"]
-    with agent.mirror_lock(mirror):
+    with worktrees.mirror_lock(mirror):
         if Path(worktree).exists():
             subprocess.run(["git", "-C", mirror, "worktree", "remove", "--force", "--force",
                             worktree], capture_output=True, check=False)
             shutil.rmtree(worktree, ignore_errors=True)
-        agent._git("-C", mirror, "worktree", "prune")
+        worktrees.git("-C", mirror, "worktree", "prune")
     bundle = here / RESTORE_BRANCH
     if bundle.exists():
-        agent._git("-C", mirror, "fetch", "-q", "--no-tags", str(bundle),
+        worktrees.git("-C", mirror, "fetch", "-q", "--no-tags", str(bundle),
                    f"+refs/heads/{branch}:refs/heads/{branch}")
     else:
-        agent._git("-C", mirror, "update-ref", f"refs/heads/{branch}", str(order["base"]))
+        worktrees.git("-C", mirror, "update-ref", f"refs/heads/{branch}", str(order["base"]))
 
 
 def restore_session(order: dict[str, Any], here: Path) -> None:
@@ -435,7 +436,7 @@ def start_runner(folder: AttemptLog, order: dict[str, Any]) -> subprocess.Popen[
             raise RuntimeError(f"the node has no {key_env} in its environment (the host's "
                                "key_env): the cluster's admin provisions it")
         keys[str(order.get("key_variable") or "ANTHROPIC_AUTH_TOKEN")] = value  # HANDED_KEY
-    return agent.start_runner(folder, env, keys, RUNNER_START)
+    return runs.start_runner(folder, env, keys, RUNNER_START)
 
 
 def end_tree(folder: AttemptLog, proc: subprocess.Popen[bytes], grace: float) -> int:
@@ -458,7 +459,7 @@ def end_tree(folder: AttemptLog, proc: subprocess.Popen[bytes], grace: float) ->
 
 def sweep(folder: AttemptLog) -> int:
     """The SSH agent's: the attempt's token and its cgroup."""
-    return agent.sweep(folder)
+    return runs.sweep(folder)
 
 
 class Branch:
@@ -487,7 +488,7 @@ class Branch:
         if not name or not email:
             return
         try:
-            _quiet(agent.cmd_commit_work, self.worktree,
+            _quiet(worktrees.cmd_commit_work, self.worktree,
                    f"The worker's uncommitted work (task {self.task_id}, on host "
                    f"{self.host})", name, email)
         except (RuntimeError, OSError) as exc:
@@ -635,7 +636,7 @@ def run(order: dict[str, Any], here: Path) -> int:
     # they go through `frames`
     sys.stdout = _Out(frames)  # type: ignore[assignment]
     try:
-        agent.cmd_follow(folder, json.dumps({}))
+        follow_frames.cmd_follow(folder, json.dumps({}))
     finally:
         sys.stdout = real_stdout
     proc.wait()
@@ -671,15 +672,15 @@ def run_update(order: dict[str, Any], here: Path) -> int:
     release(frames, order)
     worktree, branch = order["worktree"], order["branch"]
     if not Path(worktree).is_dir():
-        _quiet(agent.cmd_worktree, mirror, worktree, branch, order["base"], "reattach")
+        _quiet(worktrees.cmd_worktree, mirror, worktree, branch, order["base"], "reattach")
     if order.get("abort"):
-        frames.send({"update": agent._abort_update(worktree,
+        frames.send({"update": update.abort_update(worktree,
                                                   order.get("conflicted") or [])})
         return 0
     ident = order.get("identity") or {}
-    agent._ident(str(ident.get("name") or ""), str(ident.get("email") or ""))
+    worktrees.ident(str(ident.get("name") or ""), str(ident.get("email") or ""))
     try:
-        answer = agent._update(worktree, order["update_base"], order["strategy"],
+        answer = update.update(worktree, order["update_base"], order["strategy"],
                                order["message"], order.get("conflicted"))
     except RuntimeError as exc:
         answer = {"error": str(exc)}

@@ -52,14 +52,15 @@ from fleet_tui.core.errors import FleetError
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerState
-from fleet_tui.execution.remote import (
-    KEY_VARIABLES,
+from fleet_tui.execution.remote.base import (
     LOOPBACK,
     RemoteHost,
     RemoteRun,
     update_result,
 )
+from fleet_tui.execution.remote.forwarding import forwarded, host_settings
 from fleet_tui.execution.spec import RunSpec
+from fleet_tui.execution.ssh import config as kind_config
 from fleet_tui.execution.ssh.connection import Connection, SshError, dropped
 from fleet_tui.execution.ssh.mirror import Mirror
 from fleet_tui.store.meter import TOKEN_PREFIX
@@ -71,18 +72,12 @@ if TYPE_CHECKING:
 
     from fleet_tui.core.model import Attempt, Task
     from fleet_tui.settings.config import Settings
+    from fleet_tui.settings.hosts import HostConfig
 
 log = logging.getLogger("fleet_tui.engine.fleet")
 
 AGENT = "fleet_tui.execution.ssh.agent"
 DEFAULT_DATA_DIR = "$HOME/.fleet-tui-host"
-# what of the engine's environment reaches the host's runner (paths of this machine do not)
-FORWARD_PREFIXES = ("FLEET_WORKER_", "ANTHROPIC_", "CLAUDE_", "GIT_AUTHOR_", "GIT_COMMITTER_",
-                    "LC_")
-FORWARD_NAMES = ("LANG", "TZ", "IS_SANDBOX", "DISABLE_AUTOUPDATER", "GIT_CONFIG_NOSYSTEM",
-                 "FLEET_TUI_PORTABLE_PROCS")
-# settings that name a path of this machine: never sent to a host
-LOCAL_ONLY = ("FLEET_WORKER_CLAUDE", "FLEET_WORKER_CONFIG_DIR")
 WRITING = re.compile(r"Writing objects: 100% \((\d+)/\d+\), ([\d.]+) (bytes|KiB|MiB|GiB)")
 UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
 # what a shell says when the host has no git (`git init` there; `git-receive-pack`, which
@@ -125,35 +120,6 @@ def package_tar() -> tuple[str, bytes]:
             info.size, info.mode, info.mtime = len(data), 0o600, 0
             tar.addfile(info, io.BytesIO(data))
     return f"{fleet_tui.__version__}-{digest.hexdigest()[:12]}", buf.getvalue()
-
-
-def forwarded(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """The runner's environment split into what the host's runner gets in its environment
-    and the key variables it gets through its pipe. This machine's paths stay here: the
-    settings naming one (FLEET_WORKER_CLAUDE, FLEET_WORKER_CONFIG_DIR) and any value under
-    this machine's HOME or starting with `~`."""
-    keys = {k: v for k, v in env.items() if k in KEY_VARIABLES}
-    rest = {k: v for k, v in env.items() if k not in KEY_VARIABLES
-            and (k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES)
-            and k not in LOCAL_ONLY and not _local_path(v, env.get("HOME"))}
-    return rest, keys
-
-
-def _local_path(value: str, home: str | None) -> bool:
-    if value.startswith("~"):
-        return True
-    home = (home or "").rstrip("/")
-    return bool(home) and (value == home or value.startswith(home + "/"))
-
-
-def host_settings(settings: Mapping[str, Any], claude: str | None) -> dict[str, Any]:
-    """The launcher's settings as a host's runner gets them: this machine's paths taken
-    out (its claude, its config dir: the host's are its own), `claude` the host's when
-    its settings name one (else the host finds its own: execution/hostclaude.py)."""
-    out = {k: v for k, v in settings.items() if k not in ("claude", "config_dir")}
-    if claude:
-        out["claude"] = claude
-    return out
 
 
 def _spec_base_url(read: Callable[[], str]) -> str | None:
@@ -836,3 +802,11 @@ class SshHost(RemoteHost):
 
 
 __all__ = ["SshHost", "SshRun", "SshStaged", "forwarded", "host_settings", "package_tar"]
+
+
+def build(config: HostConfig, *, env: Mapping[str, str], python: str) -> SshHost:
+    """The ssh kind's host of one `[hosts.NAME]` table (the kinds table's entry). The
+    host's own python and claude are its own (python3 and claude on its PATH)."""
+    own = kind_config.options(config)
+    return SshHost(name=config.name, target=own.ssh, port=own.port, env=env,
+                   key_on_host=own.key_on_host)

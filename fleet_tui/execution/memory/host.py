@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from fleet_tui.core.states import StopReason
     from fleet_tui.execution.spec import RunSpec
     from fleet_tui.settings.config import Settings
+    from fleet_tui.settings.hosts import HostConfig
 
 PID_BASE = 1 << 22  # above /proc/sys/kernel/pid_max's ceiling: never a real process
 BASE_COMMIT = "0" * 40
@@ -297,3 +298,12 @@ def _is_a_host(host: MemoryHost) -> Host:
 
 
 __all__ = ["PID_BASE", "MemoryHost", "MemoryRun"]
+
+
+def build(config: HostConfig, *, env: Mapping[str, str], python: str) -> MemoryHost:
+    """An in-memory host of that name, its folders under this machine's temporary dir
+    (the kinds table's entry; tests give theirs to the engine instead)."""
+    import tempfile
+
+    return MemoryHost(Path(tempfile.mkdtemp(prefix=f"fleet-memory-{config.name}-")),
+                      name=config.name)
