@@ -347,7 +347,7 @@ async def test_shell_and_editor_run_in_the_worktree(rig: Rig, tmp_path: Path,
 async def test_engine_errors_become_a_notification(rig: Rig) -> None:
     app = rig.app(run_scheduler=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        app.main.landing._engine_each(rig.fleet, "kill", ["zzzzzz"], "killed")
+        app.main.task_actions._engine_each(rig.fleet, "kill", ["zzzzzz"], "killed")
         await wait_until(pilot, lambda: bool(app.errors), what="the error")
         assert "zzzzzz" in app.errors[0]
         assert "Traceback" not in app.errors[0]
