@@ -64,8 +64,6 @@ from fleet_tui.ui.widgets.stream_pane import StreamPane
 from fleet_tui.ui.widgets.task_table import TaskTable
 
 if TYPE_CHECKING:
-    from fleet_tui.engine.fleet import FleetStatus
-    from fleet_tui.store.db import Task
     from fleet_tui.ui.screens.help import HelpSection
 
 PaletteCommand = tuple[str, str, Callable[[], object]]
@@ -136,56 +134,6 @@ class MainScreen(PanelScreen):
         self.handlers: Handlers = {}
         for part in (self.task_list, self.task_actions, self.detail, self.review, self):
             self.handlers.update(part.bindings())
-
-    # --- the controllers' state, as the screen's (tests and the app read these) -----------
-    @property
-    def tasks(self) -> dict[str, Task]:
-        return self.task_list.tasks
-
-    @property
-    def marked(self) -> set[str]:
-        return self.task_list.marked
-
-    @property
-    def selected_id(self) -> str | None:
-        return self.task_list.selected_id
-
-    @property
-    def cursor_task(self) -> Task | None:
-        return self.task_list.cursor_task
-
-    @property
-    def status(self) -> FleetStatus | None:
-        return self.task_list.status
-
-    @property
-    def poll_error(self) -> str | None:
-        return self.task_list.poll_error
-
-    @property
-    def filter_text(self) -> str:
-        return self.task_list.filter_text
-
-    @filter_text.setter
-    def filter_text(self, text: str) -> None:
-        self.task_list.filter_text = text
-
-    @property
-    def sort_mode(self) -> str:
-        return self.task_list.sort_mode
-
-    @property
-    def show_closed(self) -> bool:
-        return self.task_list.show_closed
-
-    @property
-    def closed_hidden(self) -> int:
-        return self.task_list.closed_hidden
-
-    @property
-    def active_tab(self) -> str:
-        """The view shown below the list: "tab-stream" or "tab-diff"."""
-        return self.detail.active_tab
 
     # --- layout --------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -333,7 +281,7 @@ class MainScreen(PanelScreen):
                        or (box is not None and box.display),
                        in_view=self.keys_pane not in ("list", "filter", ""),
                        served=self.served,
-                       diff_files=self.diff.file_count if self.active_tab == "tab-diff"
+                       diff_files=self.diff.file_count if self.detail.active_tab == "tab-diff"
                        else 0,
                        in_diff=self.keys_pane == "diff", unsent=self._unsent())
 
