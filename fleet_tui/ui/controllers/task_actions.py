@@ -102,7 +102,7 @@ class TaskActionsController(Controller):
 
     @screen_work(thread=True, group="actions", description="launching")
     def _submit(self, fleet: Fleet, request: LaunchRequest) -> None:
-        tasks = fleet.submit(request.spec, copies=request.copies)
+        tasks = fleet.submit(request.spec, copies=request.copies, base=request.base)
         self.screen.post_message(TasksSubmitted(tasks))
 
     def merge(self) -> None:
