@@ -50,3 +50,17 @@ def test_every_binding_runs_the_one_dispatch_with_its_id() -> None:
         name, _, rest = binding.action.partition("(")
         assert find(name, (rest.rstrip(")").strip("'"),)) is record
     assert not [n for n in vars(MainScreen) if n.startswith("action_") and n != "action_act"]
+
+
+def test_every_message_for_a_controller_has_exactly_one_taker() -> None:
+    from fleet_tui.ui import messages
+
+    screen = MainScreen()
+    kinds = {m for m in vars(messages).values() if isinstance(m, type)
+             and issubclass(m, messages.ForController) and m is not messages.ForController}
+    takers: dict[type, int] = {}
+    for part in (screen.task_list, screen.task_actions, screen.detail, screen.review):
+        for kind in part.receives():
+            takers[kind] = takers.get(kind, 0) + 1
+    assert takers == dict.fromkeys(kinds, 1)
+    assert set(screen.receivers) == kinds

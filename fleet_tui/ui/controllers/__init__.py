@@ -30,6 +30,8 @@ from textual.screen import Screen
 from textual.widgets import Input
 from textual.worker import Worker
 
+from fleet_tui.ui.messages import ForController
+
 if TYPE_CHECKING:
     from fleet_tui.engine.fleet import Fleet
     from fleet_tui.ui.controllers.detail import DetailController
@@ -81,6 +83,8 @@ class PanelScreen(Screen[None]):
 
 Handlers = dict[str, Callable[[], object]]
 """A panel action's id ("task.merge") to what runs it (a coroutine's is awaited)."""
+Receivers = dict[type[ForController], Callable[[Any], object]]
+"""A message for a controller (ui/messages.py) to the method that takes it."""
 
 
 class Controller:
@@ -91,6 +95,10 @@ class Controller:
 
     def bindings(self) -> Handlers:
         """The panel actions this part answers, by the id of their record (ui/actions.py)."""
+        return {}
+
+    def receives(self) -> Receivers:
+        """The messages this part takes (posted by its workers and the panes)."""
         return {}
 
 

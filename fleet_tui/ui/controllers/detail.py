@@ -18,15 +18,15 @@ from textual.widgets import ContentSwitcher, Label
 
 from fleet_tui.core.states import TaskState
 from fleet_tui.ui.actions import IN_BROWSER_EDITOR
-from fleet_tui.ui.controllers import Controller, Handlers, PanelScreen, screen_work
+from fleet_tui.ui.controllers import Controller, Handlers, PanelScreen, Receivers, screen_work
 from fleet_tui.ui.external import run_external
 from fleet_tui.ui.formatting import attempt_label, landing_label, pushed_label
+from fleet_tui.ui.messages import ToolCallLoaded
 from fleet_tui.ui.widgets.bars import TabBar
 
 if TYPE_CHECKING:
     from fleet_tui.engine.fleet import Fleet
     from fleet_tui.store.db import Task
-    from fleet_tui.ui.messages import ToolCallLoaded
     from fleet_tui.ui.widgets.diff_view import ViewedChange
 
 
@@ -53,6 +53,9 @@ class DetailController(Controller):
                 "diff.next_hunk": partial(self.jump_hunk, 1),
                 "diff.prev_hunk": partial(self.jump_hunk, -1),
                 "diff.viewed": self.toggle_viewed, "task.edit": self.edit}
+
+    def receives(self) -> Receivers:
+        return {ToolCallLoaded: self.tool_call_loaded}
 
     def refresh(self, *, new: bool = False) -> None:
         """Update the detail title; hand the task to the stream and the diff panes

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_tui.core.states import ACTIVE_STATES, CLOSED_STATES, PENDING_STATES, Action
 from fleet_tui.ui.actions import IN_BROWSER_SHELL
-from fleet_tui.ui.controllers import Controller, Handlers, PanelScreen, screen_work
+from fleet_tui.ui.controllers import Controller, Handlers, PanelScreen, Receivers, screen_work
 from fleet_tui.ui.external import run_external
 from fleet_tui.ui.formatting import describe_error, open_comments_words
 from fleet_tui.ui.messages import ActionDone, TasksSubmitted
@@ -50,6 +50,9 @@ class TaskActionsController(Controller):
                 "task.say": self.say, "task.update": self.update,
                 "task.compare": self.compare, "task.pick": self.pick, "task.push": self.push,
                 "queue.view": self.queue_view, "task.shell": self.shell}
+
+    def receives(self) -> Receivers:
+        return {ActionDone: self.action_done}
 
     def new_task(self) -> None:
         self._new_task()

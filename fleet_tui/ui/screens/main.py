@@ -40,21 +40,16 @@ from fleet_tui.ui.actions import (
     PanelAction,
     find,
 )
-from fleet_tui.ui.controllers import Handlers, PanelScreen
+from fleet_tui.ui.controllers import Handlers, PanelScreen, Receivers
 from fleet_tui.ui.controllers.detail import DetailController
 from fleet_tui.ui.controllers.review import ReviewController
 from fleet_tui.ui.controllers.task_actions import TaskActionsController
 from fleet_tui.ui.controllers.task_list import TaskListController
 from fleet_tui.ui.messages import (
-    ActionDone,
-    BestPicked,
     DiffLoaded,
     EngineReady,
-    PollFailed,
-    SettingsChecked,
+    ForController,
     TasksLoaded,
-    TasksSubmitted,
-    ToolCallLoaded,
     report_failure,
 )
 from fleet_tui.ui.widgets.bars import KeyBar, TabBar
@@ -132,8 +127,11 @@ class MainScreen(PanelScreen):
         self.detail = DetailController(self)
         self.review = ReviewController(self)
         self.handlers: Handlers = {}
-        for part in (self.task_list, self.task_actions, self.detail, self.review, self):
+        self.receivers: Receivers = {}
+        for part in (self.task_list, self.task_actions, self.detail, self.review):
             self.handlers.update(part.bindings())
+            self.receivers.update(part.receives())
+        self.handlers.update(self.bindings())
 
     # --- layout --------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -210,6 +208,11 @@ class MainScreen(PanelScreen):
         self.ready.set()
 
     # --- messages: handed to the controllers ------------------------------------------------
+    @on(ForController)
+    def _to_controller(self, message: ForController) -> object:
+        """A result for a controller: to the one that takes it (its `receives`)."""
+        return self.receivers[type(message)](message)
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """StateChanged does not bubble: hand failures to the app's one handler."""
         report_failure(self, event)
@@ -217,24 +220,6 @@ class MainScreen(PanelScreen):
     async def on_tasks_loaded(self, message: TasksLoaded) -> None:
         await self.mount_hidden()
         self.task_list.tasks_loaded(message)
-
-    def on_poll_failed(self, message: PollFailed) -> None:
-        self.task_list.poll_failed(message)
-
-    def on_settings_checked(self, message: SettingsChecked) -> None:
-        self.task_list.settings_checked(message)
-
-    def on_best_picked(self, message: BestPicked) -> None:
-        self.task_list.best_picked(message)
-
-    def on_tasks_submitted(self, message: TasksSubmitted) -> None:
-        self.task_list.tasks_submitted(message)
-
-    def on_action_done(self, message: ActionDone) -> None:
-        self.task_actions.action_done(message)
-
-    def on_tool_call_loaded(self, message: ToolCallLoaded) -> None:
-        self.detail.tool_call_loaded(message)
 
     def on_diff_loaded(self, message: DiffLoaded) -> None:
         """The diff pane showed a diff: `e` may apply now."""
