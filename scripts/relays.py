@@ -4,7 +4,9 @@ A relay is a method whose whole body (its docstring aside) is one statement that
 call to an attribute of ``self``'s part: ``return self.part.method(...)``,
 ``self.part.method(...)``, ``return self.part.value`` (a property) or
 ``self.part.value = value`` (a setter). Methods that do anything else (two statements, a
-guard, a computation) are not relays.
+guard, a computation) are not relays. Names a class routes to a part without a method of
+its own (the engine front's ``Via`` / ``Field`` entries: reading one gives the part's own
+method, so no call is relayed) are counted apart, as "routed names".
 
     python scripts/relays.py            # Fleet and MainScreen
     python scripts/relays.py FILE:CLASS ...
@@ -51,8 +53,18 @@ def is_relay(method: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return False
 
 
-def count(spec: str) -> tuple[int, int, list[str]]:
-    """(methods, relays, the relays' names) of ``FILE:CLASS``."""
+def _routed(node: ast.stmt) -> bool:
+    """``name = Via(...)`` / ``name = Field[T](...)`` in a class body."""
+    if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+        return False
+    func = node.value.func
+    if isinstance(func, ast.Subscript):
+        func = func.value
+    return isinstance(func, ast.Name) and func.id in ("Via", "Field")
+
+
+def count(spec: str) -> tuple[int, int, list[str], int]:
+    """(methods, relays, the relays' names, routed names) of ``FILE:CLASS``."""
     file, _, name = spec.partition(":")
     tree = ast.parse((ROOT / file).read_text())
     for node in ast.walk(tree):
@@ -60,14 +72,15 @@ def count(spec: str) -> tuple[int, int, list[str]]:
             methods = [m for m in node.body
                        if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
             relays = [m.name for m in methods if is_relay(m)]
-            return len(methods), len(relays), relays
+            return len(methods), len(relays), relays, sum(map(_routed, node.body))
     raise SystemExit(f"no class {name} in {file}")
 
 
 def main(argv: list[str]) -> int:
     for spec in argv or DEFAULT:
-        methods, relays, names = count(spec)
-        print(f"{spec}: {methods} methods, {relays} one-line forwards")
+        methods, relays, names, routed = count(spec)
+        print(f"{spec}: {methods} methods, {relays} one-line forwards, "
+              f"{routed} routed names")
         if names:
             print("  " + " ".join(names))
     return 0
