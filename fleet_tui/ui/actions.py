@@ -273,7 +273,7 @@ ACTIONS: tuple[PanelAction, ...] = (
                 "the selected task's review comments and their states (open, addressed, "
                 "outdated): e edits, d deletes, s sends", show=False,
                 when=lambda c: c.selected is not None),
-    PanelAction("review.send", "send", "ctrl+r", "Send review",
+    PanelAction("review.send", "send_review", "ctrl+r", "Send review",
                 "send the selected task's comments not sent yet as one message: to the "
                 "running worker, else a follow-up in its session", show=False,
                 when=lambda c: c.unsent > 0),

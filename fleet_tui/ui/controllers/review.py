@@ -22,7 +22,7 @@ class ReviewController(Controller):
 
     def bindings(self) -> Handlers:
         return {"review.comment": self.comment, "review.list": self.review,
-                "review.send": self.send}
+                "review.send": self.send_review}
 
     def comment(self) -> None:
         task = self.screen.task_list.selected
@@ -89,7 +89,7 @@ class ReviewController(Controller):
         finally:
             self.screen.diff.reload()
 
-    def send(self) -> None:
+    def send_review(self) -> None:
         task = self.screen.task_list.selected
         if task is not None:
             self.send_now(self.screen.engine(), task.id)
