@@ -246,7 +246,7 @@ async def _measure_app(benv: BenchEnv, repo: Path, presses: int, scroll_steps: i
     round_bare: list[float] = []
     async with app.run_test(size=(160, 50)) as pilot:
         await wait_until(lambda: app.main.query_one(TaskTable).row_count == 2)
-        app.main.action_show_tab("tab-diff")
+        app.main.detail.show_tab("tab-diff")
         lines_view = app.main.query_one(DiffLines)
         table = app.main.query_one(TaskTable)
         probe = FrameProbe(app, lambda: (len(lines_view.lines), lines_view.scroll_y)).install()

@@ -115,7 +115,7 @@ async def shoot(out: Path, size: tuple[int, int]) -> list[Path]:
                          "the stock task to take a message")
             await _until(pilot, lambda: fleet.get_task(validate).state
                          == TaskState.SUCCEEDED, "the task to finish")
-            await _until(pilot, lambda: main.tasks[validate].state == TaskState.SUCCEEDED,
+            await _until(pilot, lambda: main.task_list.tasks[validate].state == TaskState.SUCCEEDED,
                          "the panel to see it")
             table.select_key(validate)
             await pilot.press("2")

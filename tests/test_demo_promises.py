@@ -141,7 +141,7 @@ async def test_the_readmes_tabs_reach_the_stream(rig: Any) -> None:  # noqa: F81
     app = rig.app()
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, lambda: rig.state(task_id) == TaskState.SUCCEEDED
-                         and app.main.selected_id == task_id, what="the task", timeout=90)
+                         and app.main.task_list.selected_id == task_id, what="the task", timeout=90)
         await wait_until(pilot, lambda: app.main.query_one(StreamView).row_count() > 3,
                          what="its stream")
         for _ in range(presses - 1):

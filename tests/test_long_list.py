@@ -79,25 +79,25 @@ async def test_a_thousand_tasks_in_three_repositories(repos: list[Path],
         status = app.main.query_one(StatusLine)
         await wait_until(pilot, lambda: f"{closed} closed hidden (H)" in str(status.render()),
                          what="the status line")
-        assert not any(app.main.tasks[k].state in CLOSED_STATES for k in table.keys)
+        assert not any(app.main.task_list.tasks[k].state in CLOSED_STATES for k in table.keys)
         # three repositories in view: a repository column tells them apart
         assert table.shows_repo
         assert {str(table.get_row(k)[3]) for k in table.keys} == {"shop", "api", "docs"}
         # needs you first: stalled / failed / done / killed above running and queued
-        order = [app.main.tasks[k].state for k in table.keys]
+        order = [app.main.task_list.tasks[k].state for k in table.keys]
         assert order[0] == TaskState.FAILED and order.index(TaskState.RUNNING) > 100
         # S: newest first (the running task is the newest), then by repository, then state
         await pilot.press("S")
-        assert app.main.sort_mode == "newest" and table.keys[0] == "t00999"
+        assert app.main.task_list.sort_mode == "newest" and table.keys[0] == "t00999"
         assert "newest first" in str(status.render())
         await pilot.press("S")
         names = [str(table.get_row(k)[3]) for k in table.keys]
         assert names == sorted(names)  # api, docs, shop
         await pilot.press("S")
         assert table.keys[0] == "t00999"  # by state: running first
-        assert app.main.tasks[table.keys[-1]].state == TaskState.KILLED
+        assert app.main.task_list.tasks[table.keys[-1]].state == TaskState.KILLED
         await pilot.press("S")
-        assert app.main.sort_mode == "attention"
+        assert app.main.task_list.sort_mode == "attention"
         # H: the history too; H again hides it
         await pilot.press("H")
         assert table.row_count == 1000
@@ -105,9 +105,9 @@ async def test_a_thousand_tasks_in_three_repositories(repos: list[Path],
         await pilot.press("H")
         assert table.row_count == 500
         # a filter still narrows what is shown, by repository name too
-        app.main.filter_text = "docs"
+        app.main.task_list.filter_text = "docs"
         app.main.task_list.render()
-        assert table.row_count and all(app.main.tasks[k].repo == repos[2]
+        assert table.row_count and all(app.main.task_list.tasks[k].repo == repos[2]
                                        for k in table.keys)
 
 
@@ -131,7 +131,7 @@ async def test_only_closed_tasks_say_how_to_see_them(repos: list[Path],
                           state=TaskState.MERGED)
     app = app_for(store, repos[0])
     async with app.run_test(size=(140, 30)) as pilot:
-        await wait_until(pilot, lambda: app.main.closed_hidden == 3, what="the list")
+        await wait_until(pilot, lambda: app.main.task_list.closed_hidden == 3, what="the list")
         notice = str(app.main.query_one("#list-notice").render())
         assert notice.startswith("No open tasks: H shows the 3 merged or discarded ones")
 

@@ -87,7 +87,7 @@ async def _edit(path: Path, text: str) -> None:
 async def test_an_edited_test_command_reaches_the_merge_dialog(
         app: FleetApp, config: Path, git_repo: Path) -> None:
     async with app.run_test(size=(120, 36)) as pilot:
-        await wait_until(pilot, lambda: app.main.cursor_task is not None, what="the list")
+        await wait_until(pilot, lambda: app.main.task_list.cursor_task is not None, what="the list")
         assert "No test command configured" in await _gate(pilot, app, "No test command configured")
         # config.toml gets a test command: used at once, no restart
         await _edit(config, 'max_workers = 4\ntest_command = "pytest -q"\n')

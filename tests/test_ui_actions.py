@@ -43,13 +43,13 @@ async def _select(pilot: object, app: FleetApp, task_id: str, rig: Rig | None = 
     if rig is not None:
         # the store's state when the check runs: one read before waiting raced the
         # scheduler (a task queued at the read may be running before the panel's first poll)
-        await wait_until(pilot, lambda: task_id in main.tasks  # type: ignore[arg-type]
-                         and main.tasks[task_id].state == rig.state(task_id),
+        await wait_until(pilot, lambda: task_id in main.task_list.tasks  # type: ignore[arg-type]
+                         and main.task_list.tasks[task_id].state == rig.state(task_id),
                          what=f"{task_id} shown in its stored state")
     await wait_until(pilot, lambda: task_id in main.query_one(TaskTable).keys,  # type: ignore[arg-type]
                      what=f"{task_id} in the table")
     main.query_one(TaskTable).select_key(task_id)
-    await wait_until(pilot, lambda: main.selected_id == task_id,  # type: ignore[arg-type]
+    await wait_until(pilot, lambda: main.task_list.selected_id == task_id,  # type: ignore[arg-type]
                      what=f"{task_id} selected")
 
 
@@ -78,7 +78,8 @@ async def test_discard_asks_and_removes_worktree_and_branch(rig: Rig) -> None:
         await wait_until(pilot, lambda: rig.state(task_id) == TaskState.DISCARDED,
                          what="the discard")
         # A discarded task cannot be merged or discarded again: those keys are hidden.
-        await wait_until(pilot, lambda: app.main.tasks[task_id].state == TaskState.DISCARDED,
+        await wait_until(pilot, lambda: app.main.task_list.tasks[task_id].state
+                         == TaskState.DISCARDED,
                          what="the list to update")
         assert app.main.check_action("merge", ()) is False
         assert app.main.check_action("discard", ()) is False
@@ -147,7 +148,7 @@ async def test_retry_fresh_then_resume_and_choose_attempt(rig: Rig) -> None:
         await wait_until(pilot, lambda: len(rig.fleet.attempts(task_id)) == 2,
                          what="a second attempt")
         await wait_until(pilot, lambda: _finished(rig, task_id), what="the second attempt")
-        await wait_until(pilot, lambda: app.main.tasks[task_id].attempt_count == 2
+        await wait_until(pilot, lambda: app.main.task_list.tasks[task_id].attempt_count == 2
                          and app.main.check_action("retry", ()) is True, what="the list")
         await pilot.press("r")
         await wait_for_screen(pilot, ChoiceScreen, what="choice")
@@ -209,7 +210,7 @@ async def test_marked_tasks_are_discarded_together(rig: Rig) -> None:
         await pilot.press("space")
         await _select(pilot, app, ids[1], rig)
         await pilot.press("space")
-        assert app.main.marked == {ids[0], ids[1]}
+        assert app.main.task_list.marked == {ids[0], ids[1]}
         assert "●" in str(app.main.query_one(TaskTable).get_row(ids[0])[0])
         await pilot.press("d")
         await wait_for_screen(pilot, ConfirmScreen, what="confirm")
@@ -219,7 +220,7 @@ async def test_marked_tasks_are_discarded_together(rig: Rig) -> None:
         await wait_until(pilot, lambda: rig.state(ids[0]) == TaskState.DISCARDED
                          and rig.state(ids[1]) == TaskState.DISCARDED, what="both discarded")
         assert rig.state(ids[2]) == TaskState.SUCCEEDED
-        await wait_until(pilot, lambda: not app.main.marked, what="marks cleared")
+        await wait_until(pilot, lambda: not app.main.task_list.marked, what="marks cleared")
 
 
 async def test_conflicting_merge_shows_preview_and_refuses(rig: Rig) -> None:
@@ -347,7 +348,7 @@ async def test_shell_and_editor_run_in_the_worktree(rig: Rig, tmp_path: Path,
 async def test_engine_errors_become_a_notification(rig: Rig) -> None:
     app = rig.app(run_scheduler=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        app.main.landing._engine_each(rig.fleet, "kill", ["zzzzzz"], "killed")
+        app.main.task_actions._engine_each(rig.fleet, "kill", ["zzzzzz"], "killed")
         await wait_until(pilot, lambda: bool(app.errors), what="the error")
         assert "zzzzzz" in app.errors[0]
         assert "Traceback" not in app.errors[0]

@@ -65,7 +65,7 @@ def app(git_repo: Path, tmp_path: Path) -> FleetApp:
 
 
 async def _diff_shown(pilot: Pilot[Any], app: FleetApp) -> DiffView:
-    await wait_until(pilot, lambda: app.main.selected_id == "rd22ab", what="the task")
+    await wait_until(pilot, lambda: app.main.task_list.selected_id == "rd22ab", what="the task")
     await pilot.press("2")
     await wait_until(pilot, lambda: bool(app.main.query(DiffView)), what="the diff view")
     view = app.main.query_one(DiffView)
@@ -102,7 +102,7 @@ async def test_files_are_marked_viewed_until_they_change_again(app: FleetApp) ->
         await pilot.press("right_square_bracket", "v")
         assert view.view_mark(LONG) == "viewed"
         # the worker changes src/app.py again: its mark says so; long.py stays viewed
-        worktree = app.main.tasks["rd22ab"].worktree
+        worktree = app.main.task_list.tasks["rd22ab"].worktree
         assert worktree is not None
         (Path(worktree) / "src" / "app.py").write_text("def main():\n    return 3\n")
         app.main.diff.reload()

@@ -180,7 +180,8 @@ async def test_the_collector_paused_for_the_start_up_resumes_after_the_first_fra
         assert gc.get_freeze_count() > 1000  # the start-up's objects: not walked again
         # and a larger youngest generation, the oldest walked a quarter as often
         assert gc.get_threshold() == GC_THRESHOLDS != (700, 10, 10)
-        await wait_until(pilot, lambda: app.main.poll_error is None and app.fleet is not None,
+        await wait_until(pilot, lambda: app.main.task_list.poll_error is None
+                         and app.fleet is not None,
                          what="the engine")
     gc.unfreeze()
     gc.disable()

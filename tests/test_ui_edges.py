@@ -50,7 +50,7 @@ def queue_note(screen: QueueScreen) -> str:
 
 async def _ready(pilot: object, app: FleetApp) -> None:
     await wait_until(pilot, lambda: app.main.fleet is not None  # type: ignore[arg-type]
-                     and app.main.status is not None, what="the first task list")
+                     and app.main.task_list.status is not None, what="the first task list")
 
 
 # --- finding 4: the merge queue view ------------------------------------------------------
@@ -207,9 +207,9 @@ async def test_at_80x24_the_key_bar_keeps_whole_keys_and_help_holds_the_rest(
     app = rig.app()
     async with app.run_test(size=(80, 24)) as pilot:
         main = app.main
-        await wait_until(pilot, lambda: task_id in main.tasks
-                         and main.tasks[task_id].state == TaskState.RUNNING
-                         and main.cursor_task is not None, timeout=90, what="the worker")
+        await wait_until(pilot, lambda: task_id in main.task_list.tasks
+                         and main.task_list.tasks[task_id].state == TaskState.RUNNING
+                         and main.task_list.cursor_task is not None, timeout=90, what="the worker")
         await wait_until(pilot, lambda: main.check_action("say", ()) is True,
                          what="s applies")
         bar = main.query_one(KeyBar)
@@ -250,7 +250,7 @@ async def test_what_the_user_said_wraps_in_the_stream_and_needs_no_horizontal_sc
     app = rig.app()
     async with app.run_test(size=(80, 24)) as pilot:
         main = app.main
-        await wait_until(pilot, lambda: main.selected_id == task_id, what="the task")
+        await wait_until(pilot, lambda: main.task_list.selected_id == task_id, what="the task")
         view = main.stream.view
         await wait_until(pilot, lambda: any(line.startswith("» you: ")
                                             for line in view.plain_lines()),
@@ -288,16 +288,16 @@ async def test_after_2_the_arrows_move_the_task_list_and_the_pane_with_the_keys_
         table = main.table
         await wait_until(pilot, lambda: set(ids) <= set(table.keys), what="the tasks")
         first, second, third = table.keys[:3]
-        await wait_until(pilot, lambda: main.selected_id == first, what="the first task")
+        await wait_until(pilot, lambda: main.task_list.selected_id == first, what="the first task")
         await pilot.click(StreamView)  # reading the stream: its view takes the keys
         await pilot.pause()
         assert app.focused is main.stream.view
         await pilot.press("2")  # the diff
-        await wait_until(pilot, lambda: main.active_tab == "tab-diff", what="the diff tab")
+        await wait_until(pilot, lambda: main.detail.active_tab == "tab-diff", what="the diff tab")
         await pilot.press("down")  # moves the task list (before: the diff's file list)
-        await wait_until(pilot, lambda: main.selected_id == second, timeout=5,
+        await wait_until(pilot, lambda: main.task_list.selected_id == second, timeout=5,
                          what="the list to move from the diff tab")
-        assert main.cursor_task is not None and main.cursor_task.id == second
+        assert main.task_list.cursor_task is not None and main.task_list.cursor_task.id == second
         title = str(main.query_one("#detail-title", Label).render())
         assert title.startswith(second)  # the task the keys act on is the one shown
         assert app.focused is table
@@ -307,10 +307,10 @@ async def test_after_2_the_arrows_move_the_task_list_and_the_pane_with_the_keys_
         # a click on a tab chooses the view, and the keys stay on the list
         plain = bar.render().plain
         await pilot.click(TabBar, offset=(plain.index("Stream"), 0))
-        await wait_until(pilot, lambda: main.active_tab == "tab-stream", what="the stream")
+        await wait_until(pilot, lambda: main.detail.active_tab == "tab-stream", what="the stream")
         assert app.focused is table
         await pilot.press("down")
-        await wait_until(pilot, lambda: main.selected_id == third, what="the list moved")
+        await wait_until(pilot, lambda: main.task_list.selected_id == third, what="the list moved")
 
         # tab moves the keys into the views, and the header says where they are
         await pilot.press("tab")

@@ -32,13 +32,13 @@ async def test_launch_watch_review_merge(rig: Rig) -> None:
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: not isinstance(app.screen, LaunchScreen),
                          what="the form to close")
-        await wait_until(pilot, lambda: main.selected_id is not None, what="a selection")
-        task_id = main.selected_id
+        await wait_until(pilot, lambda: main.task_list.selected_id is not None, what="a selection")
+        task_id = main.task_list.selected_id
         assert task_id is not None
         task = rig.fleet.get_task(task_id)
         assert task.title == "Say hello in a file"  # title defaults to the first line
         assert main.query_one(TaskTable).selected_key == task_id  # selected at once
-        assert main.active_tab == "tab-stream"
+        assert main.detail.active_tab == "tab-stream"
 
         # The tool calls arrive in the stream while the worker runs.
         await wait_until(pilot, lambda: "Write hello.txt" in stream_text(app),
@@ -87,11 +87,11 @@ async def test_the_tab_bar_and_the_key_bar_answer_the_mouse(rig: Rig) -> None:
         bar = main.query_one(TabBar)
         plain = bar.render().plain
         await pilot.click(TabBar, offset=(plain.index("Diff"), 0))
-        await wait_until(pilot, lambda: main.active_tab == "tab-diff", what="the diff tab")
+        await wait_until(pilot, lambda: main.detail.active_tab == "tab-diff", what="the diff tab")
         await wait_until(pilot, lambda: bool(main.query(DiffView)), what="the diff view")
         assert main.query_one(DiffView).display
         await pilot.press("1")
-        assert main.active_tab == "tab-stream" and bar.active == "tab-stream"
+        assert main.detail.active_tab == "tab-stream" and bar.active == "tab-stream"
 
         keys = main.query_one(KeyBar)
         await wait_until(pilot, lambda: "Help" in keys.render().plain, what="the keys")
@@ -112,8 +112,8 @@ async def test_a_message_to_a_worker_that_finished_meanwhile_goes_as_a_follow_up
     app = rig.app()
     async with app.run_test(size=(160, 48)) as pilot:
         # the panel's own copy of the task says it runs (the key applies to what it shows)
-        await wait_until(pilot, lambda: app.main.cursor_task is not None
-                         and app.main.cursor_task.state == TaskState.RUNNING,
+        await wait_until(pilot, lambda: app.main.task_list.cursor_task is not None
+                         and app.main.task_list.cursor_task.state == TaskState.RUNNING,
                          what="the worker to run")
         await pilot.press("s")
         await wait_for_screen(pilot, PromptScreen, what="the message dialog")

@@ -68,9 +68,10 @@ def _finished(rig: Rig, prompt: str, copies: int = 1, title: str = "") -> list[s
 async def _select(pilot: Any, main: MainScreen, task_id: str) -> None:
     await wait_until(pilot, lambda: task_id in main.table.keys, what=f"{task_id} listed")
     main.table.select_key(task_id)
-    await wait_until(pilot, lambda: main.selected_id == task_id
-                     and main.cursor_task is not None and main.cursor_task.id == task_id
-                     and main.cursor_task.state == rig_state(main, task_id),
+    listed = main.task_list
+    await wait_until(pilot, lambda: listed.selected_id == task_id
+                     and listed.cursor_task is not None and listed.cursor_task.id == task_id
+                     and listed.cursor_task.state == rig_state(main, task_id),
                      what=f"{task_id} selected")
 
 
@@ -138,7 +139,7 @@ async def test_update_key_conflict_resolved_by_the_worker_then_merged(rig: Rig) 
                          in stream_text(app), what="its work in the stream")
         assert checkout_state(rig.repo) == before  # nothing of this touched main
         await _select(pilot, main, b)
-        await wait_until(pilot, lambda: main.tasks[b].conflicts == []
+        await wait_until(pilot, lambda: main.task_list.tasks[b].conflicts == []
                          and main.check_action("merge", ()) is True,
                          what="the panel to see it resolved")
         await pilot.press("m")
@@ -179,7 +180,8 @@ async def test_update_key_abort_puts_everything_back(rig: Rig) -> None:
         await pilot.press("escape")
         await wait_until(pilot, lambda: any("Left mid-merge" in t for t in toasts(app)),
                          what="left as it is")
-        await wait_until(pilot, lambda: b in main.tasks and main.tasks[b].conflicts != [],
+        await wait_until(pilot, lambda: b in main.task_list.tasks
+                         and main.task_list.tasks[b].conflicts != [],
                          what="the conflicts listed")
         row = "".join(c.plain for c in main.query_one(TaskTable).get_row(b))
         assert "⚠conflicts" in row
@@ -199,11 +201,12 @@ async def test_marked_tasks_land_through_the_queue_and_q_shows_it(
     async with app.run_test(size=(160, 44)) as pilot:
         main = app.main
         await _all_done(pilot, rig, ids)
-        await wait_until(pilot, lambda: all(t in main.tasks and main.tasks[t].state
+        listed = main.task_list
+        await wait_until(pilot, lambda: all(t in listed.tasks and listed.tasks[t].state
                                             == TaskState.SUCCEEDED for t in ids),
                          what="the rows finished")
         await pilot.press("ctrl+a")  # mark every task listed: the three copies
-        await wait_until(pilot, lambda: main.marked == set(ids), what="the marks")
+        await wait_until(pilot, lambda: main.task_list.marked == set(ids), what="the marks")
         order = [t for t in main.table.keys if t in ids]
         await pilot.press("m")
         await wait_for_screen(pilot, MergeScreen, what="dialog")
@@ -212,9 +215,10 @@ async def test_marked_tasks_land_through_the_queue_and_q_shows_it(
         assert not app.screen.query("#merge-message")  # the queue writes its own
         await pilot.press("y")
         await wait_until(pilot, lambda: any(t.land_state == LandState.TESTING
-                                            for t in main.tasks.values()),
+                                            for t in main.task_list.tasks.values()),
                          what="a task under test")
-        testing = next(t for t in main.tasks.values() if t.land_state == LandState.TESTING)
+        testing = next(t for t in main.task_list.tasks.values()
+                       if t.land_state == LandState.TESTING)
         row = "".join(c.plain for c in main.query_one(TaskTable).get_row(testing.id))
         assert "⇡testing" in row
         await pilot.press("Q")

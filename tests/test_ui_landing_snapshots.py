@@ -107,7 +107,7 @@ def test_compare_view(snap_compare: Any, landing_app: FleetApp, size: tuple[int,
     async def run_before(pilot: Pilot[Any]) -> None:
         await _listed(pilot)
         landing_app.main.query_one(TaskTable).select_key(COPIES[0])
-        await _settle(pilot, lambda: landing_app.main.selected_id == COPIES[0])
+        await _settle(pilot, lambda: landing_app.main.task_list.selected_id == COPIES[0])
         await pilot.press("c")
         await _settle(pilot, lambda: isinstance(landing_app.screen, CompareScreen))
         await pilot.press("down")
@@ -141,10 +141,10 @@ def test_queue_merge_dialog(snap_compare: Any, landing_app: FleetApp,
         main = landing_app.main
         for task_id in COPIES:
             main.query_one(TaskTable).select_key(task_id)
-            await _settle(pilot, lambda t=task_id: main.cursor_task is not None
-                          and main.cursor_task.id == t, timeout=5)
+            await _settle(pilot, lambda t=task_id: main.task_list.cursor_task is not None
+                          and main.task_list.cursor_task.id == t, timeout=5)
             await pilot.press("space")
-        await _settle(pilot, lambda: main.marked == set(COPIES))
+        await _settle(pilot, lambda: main.task_list.marked == set(COPIES))
         await pilot.press("m")
         await _settle(pilot, lambda: isinstance(landing_app.screen, MergeScreen))
 
@@ -162,8 +162,8 @@ def test_update_conflict_choice(snap_compare: Any, landing_app: FleetApp, git_re
         await _listed(pilot)
         main = landing_app.main
         main.query_one(TaskTable).select_key(COPIES[2])
-        await _settle(pilot, lambda: main.cursor_task is not None
-                      and main.cursor_task.id == COPIES[2])
+        await _settle(pilot, lambda: main.task_list.cursor_task is not None
+                      and main.task_list.cursor_task.id == COPIES[2])
         await pilot.press("u")
         await _settle(pilot, lambda: isinstance(landing_app.screen, ChoiceScreen))
 
@@ -191,7 +191,7 @@ def _with_test_command(repo: Path) -> None:
 async def _open_compare(pilot: Pilot[Any], app: FleetApp) -> CompareScreen:
     await _listed(pilot)
     app.main.query_one(TaskTable).select_key(COPIES[1])
-    await _settle(pilot, lambda: app.main.selected_id == COPIES[1])
+    await _settle(pilot, lambda: app.main.task_list.selected_id == COPIES[1])
     await pilot.press("c")
     await _settle(pilot, lambda: isinstance(app.screen, CompareScreen), timeout=60)
     screen = app.screen

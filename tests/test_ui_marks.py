@@ -77,14 +77,15 @@ async def test_three_quick_presses_mark_three_rows(fleet: Fleet, git_repo: Path)
         rows = table.keys
         press_at_once(app, "space", "space", "space")
         await wait_until(pilot, lambda: table.cursor_row == 3, what="three presses handled")
-        assert app.main.marked == set(rows[:3])
+        assert app.main.task_list.marked == set(rows[:3])
         cells = mark_cells(table)
         assert [cells[k] for k in rows] == ["●", "●", "●", " ", " "]
         # a fourth press lands on the fourth row, then one back up and again unmarks it
         press_at_once(app, "space", "up", "space")
-        await wait_until(pilot, lambda: table.cursor_row == 4 and len(app.main.marked) == 3,
+        await wait_until(pilot, lambda: table.cursor_row == 4
+                         and len(app.main.task_list.marked) == 3,
                          what="the three presses handled")
-        assert app.main.marked == set(rows[:3])
+        assert app.main.task_list.marked == set(rows[:3])
 
 
 def _grow_events(path: Path, stop: threading.Event) -> None:
@@ -136,7 +137,7 @@ async def test_every_press_counts_while_a_big_stream_is_drawn(
             await pilot.pause(0.05)
         await wait_until(pilot, lambda: table.cursor_row == start + 6,
                          what="the six presses handled")
-        assert app.main.marked == set(rows[start:start + 6])
+        assert app.main.task_list.marked == set(rows[start:start + 6])
 
 
 async def test_mark_all_and_unmark_all(fleet: Fleet, git_repo: Path) -> None:
@@ -150,23 +151,23 @@ async def test_mark_all_and_unmark_all(fleet: Fleet, git_repo: Path) -> None:
         assert "Mark all" in bar.render().plain
         assert "Unmark all" not in bar.render().plain  # nothing marked yet
         await pilot.press("ctrl+a")
-        assert main.marked == {*ids, odd}
+        assert main.task_list.marked == {*ids, odd}
         assert set(mark_cells(main.query_one(TaskTable)).values()) == {"●"}
         await wait_until(pilot, lambda: "Unmark all" in bar.render().plain,
                          what="unmark all in the key bar")
         assert "5 marked" in str(main.query_one("#status").render())
         await pilot.press("escape")
-        assert main.marked == set()
+        assert main.task_list.marked == set()
         # mark all marks what the list shows: with a filter, only the tasks it keeps
         await pilot.press("slash", *"number", "enter")
         await wait_until(pilot, lambda: len(main.query_one(TaskTable).keys) == 4,
                          what="the filter")
         await pilot.press("ctrl+a")
-        assert main.marked == set(ids)
+        assert main.task_list.marked == set(ids)
         await pilot.press("escape")  # first escape: the filter goes, the marks stay
-        assert main.marked == set(ids) and main.filter_text == ""
+        assert main.task_list.marked == set(ids) and main.task_list.filter_text == ""
         await pilot.press("escape")  # second: the marks go
-        assert main.marked == set()
+        assert main.task_list.marked == set()
         # help and the command palette name both
         await pilot.press("question_mark")
         help_screen = await wait_for_screen(pilot, HelpScreen, what="help")
@@ -205,7 +206,7 @@ async def test_bulk_kill_retry_discard_act_on_exactly_the_marked_set(
         await wait_until(pilot, lambda: table.cursor_row == 4, what="the presses handled")
         chosen = {rows[0], rows[2], rows[3]}
         others = set(ids) - chosen
-        assert app.main.marked == chosen
+        assert app.main.task_list.marked == chosen
         said = await _answer(pilot, app, ConfirmScreen, "k")
         assert "Kill 3 tasks?" in said
         assert all(t in said for t in chosen) and not any(t in said for t in others)
@@ -215,16 +216,16 @@ async def test_bulk_kill_retry_discard_act_on_exactly_the_marked_set(
         assert all(fleet.get_task(t).state == TaskState.QUEUED for t in others)
         await wait_until(pilot, lambda: any("Killed 3 tasks" in f"{t} {m}"
                                             for _, t, m in app.toasts), what="the count")
-        await wait_until(pilot, lambda: not app.main.marked, what="the marks cleared")
+        await wait_until(pilot, lambda: not app.main.task_list.marked, what="the marks cleared")
 
         # retry two of the killed ones
         killed = sorted(chosen)
-        await wait_until(pilot, lambda: all(app.main.tasks[t].state == TaskState.KILLED
+        await wait_until(pilot, lambda: all(app.main.task_list.tasks[t].state == TaskState.KILLED
                                             for t in chosen), what="the list to update")
         for task_id in killed[:2]:
             table.select_key(task_id)
             await pilot.press("space")
-        assert app.main.marked == set(killed[:2])
+        assert app.main.task_list.marked == set(killed[:2])
         said = await _answer(pilot, app, ChoiceScreen, "r")
         assert "Retry 2 tasks?" in said
         await pilot.press("f")
@@ -235,14 +236,14 @@ async def test_bulk_kill_retry_discard_act_on_exactly_the_marked_set(
                                             for _, t, m in app.toasts), what="the count")
 
         # discard the last killed one and one queued: discard stops the queued one first
-        await wait_until(pilot, lambda: app.main.tasks[killed[0]].state
+        await wait_until(pilot, lambda: app.main.task_list.tasks[killed[0]].state
                          == TaskState.QUEUED, what="the list to update")
         keep = sorted(others)[0]
         table.select_key(killed[2])
         await pilot.press("space")
         table.select_key(keep)
         await pilot.press("space")
-        assert app.main.marked == {killed[2], keep}
+        assert app.main.task_list.marked == {killed[2], keep}
         await wait_until(pilot, lambda: app.main.check_action("kill", ()) is False,
                          what="kill to be off for a mixed set")
         said = await _answer(pilot, app, ConfirmScreen, "d")
@@ -281,7 +282,7 @@ async def test_bulk_merge_lands_exactly_the_marked_set(fleet: Fleet, git_repo: P
         press_at_once(app, "down", "space", "space")
         await wait_until(pilot, lambda: table.cursor_row == 3, what="the presses handled")
         chosen = {rows[1], rows[2]}
-        assert app.main.marked == chosen
+        assert app.main.task_list.marked == chosen
         await wait_until(pilot, lambda: app.main.check_action("merge", ()) is True,
                          what="merge to apply")
         said = await _answer(pilot, app, MergeScreen, "m")
@@ -321,7 +322,7 @@ async def test_bulk_merge_leaves_out_a_task_that_cannot_land_and_queues_the_othe
     async with app.run_test(size=SIZE) as pilot:
         await listed(pilot, app, ids)
         await pilot.press("ctrl+a")
-        assert app.main.marked == set(ids)
+        assert app.main.task_list.marked == set(ids)
         await wait_until(pilot, lambda: app.main.check_action("merge", ()) is True,
                          what="merge to apply")
         said = await _answer(pilot, app, MergeScreen, "m")
@@ -338,7 +339,7 @@ async def test_bulk_merge_leaves_out_a_task_that_cannot_land_and_queues_the_othe
                                             for _, t, _m in app.toasts), what="the toast")
         toast = next(m for _, t, m in app.toasts if "Queued 2 of 3" in t)
         assert f"Left out (still marked): {broken}: " in toast and "is missing" in toast
-        assert app.main.marked == {broken}
+        assert app.main.task_list.marked == {broken}
         await wait_until(pilot, lambda: all(fleet.get_task(t).state == TaskState.MERGED
                                             for t in landable), what="the two merged",
                          timeout=60)

@@ -55,10 +55,10 @@ def finished(fleet: Fleet, repo: Path, *, session: str | None, base_ref: str | N
 async def selected(pilot: Pilot[Any], app: FleetApp, task_id: str,
                    state: TaskState) -> MainScreen:
     main = app.main
-    await wait_until(pilot, lambda: task_id in main.tasks
-                     and main.tasks[task_id].state == state, what=f"{task_id} {state}")
+    await wait_until(pilot, lambda: task_id in main.task_list.tasks
+                     and main.task_list.tasks[task_id].state == state, what=f"{task_id} {state}")
     main.query_one(TaskTable).select_key(task_id)
-    await wait_until(pilot, lambda: main.selected_id == task_id, what="the selection")
+    await wait_until(pilot, lambda: main.task_list.selected_id == task_id, what="the selection")
     return main
 
 

@@ -81,7 +81,7 @@ async def test_the_main_screens_polls_do_not_repaint_the_help_over_it(tmp_path: 
         # its line there; the help over it paints every cell, so nothing is sent
         for turns in (3, 4, 5):
             store.update_task("t002", turns=turns)
-            await wait_until(pilot, lambda t=turns: app.main.tasks["t002"].turns == t,
+            await wait_until(pilot, lambda t=turns: app.main.task_list.tasks["t002"].turns == t,
                              what="the change under the help")
             await polls.wait(pilot, 1)
         assert frames == []

@@ -197,18 +197,18 @@ async def test_landing_through_the_queue_or_a_pick_asks_about_open_comments(
         table.focus()
         for task_id in (TASK, "x2c9ok"):
             table.select_key(task_id)
-            await wait_until(pilot, lambda t=task_id: app.main.cursor_task is not None
-                             and app.main.cursor_task.id == t, what=f"{task_id} selected")
+            await wait_until(pilot, lambda t=task_id: app.main.task_list.cursor_task is not None
+                             and app.main.task_list.cursor_task.id == t, what=f"{task_id} selected")
             await pilot.press("space")
-        assert app.main.marked == {TASK, "x2c9ok"}
+        assert app.main.task_list.marked == {TASK, "x2c9ok"}
         await _merge_asks_and_is_refused(pilot, app, yes="Land anyway")
         assert fleet.get_task(TASK).land_state is None  # nothing queued
 
         await pilot.press("escape")  # unmark all
-        await wait_until(pilot, lambda: not app.main.marked, what="no marks")
+        await wait_until(pilot, lambda: not app.main.task_list.marked, what="no marks")
         table.select_key(TASK)
-        await wait_until(pilot, lambda: app.main.cursor_task is not None
-                         and app.main.cursor_task.id == TASK, what="the copy selected")
+        await wait_until(pilot, lambda: app.main.task_list.cursor_task is not None
+                         and app.main.task_list.cursor_task.id == TASK, what="the copy selected")
         await pilot.press("p")
         pick = await wait_for_screen(pilot, ConfirmScreen)
         body = str(pick.query_one(".dialog-body").render())

@@ -79,17 +79,19 @@ async def test_a_thousand_tasks_list_at_once_and_scroll(git_repo: Path, tmp_path
         assert len(table._strips) < 60  # a screenful, not a thousand rows
         first = table.selected_key
         await pilot.press("down", "down")
-        await _until(pilot, lambda: app.main.selected_id == table.keys[2], "the selection")
+        await _until(pilot, lambda: app.main.task_list.selected_id == table.keys[2],
+                     "the selection")
         assert table.selected_key != first and table.cursor_row == 2
         await pilot.press("end")
-        await _until(pilot, lambda: app.main.selected_id == table.keys[-1], "the last row")
+        await _until(pilot, lambda: app.main.task_list.selected_id == table.keys[-1],
+                     "the last row")
         assert table.scroll_y > 900  # scrolled with the cursor
         row = table.get_row(table.keys[-1])
         assert table.keys[-1] in str(row[2])
         await pilot.press("home")
         await _until(pilot, lambda: table.cursor_row == 0 and table.scroll_y == 0, "the top")
         await pilot.click(TaskTable, offset=(20, 3))  # header + rows 0, 1: the third row
-        await _until(pilot, lambda: app.main.selected_id == table.keys[2], "the click")
+        await _until(pilot, lambda: app.main.task_list.selected_id == table.keys[2], "the click")
 
 
 async def test_stream_shows_the_tail_then_reads_back(git_repo: Path, tmp_path: Path) -> None:
@@ -218,7 +220,7 @@ async def test_diff_reloads_when_the_selected_task_finishes(git_repo: Path,
     app = FleetApp(fleet, repo=git_repo, clock=lambda: NOW, run_scheduler=False, bell=False,
                    poll_interval=0.1, diff_interval=600)
     async with app.run_test(size=(120, 40)) as pilot:
-        await _until(pilot, lambda: app.main.selected_id == "dfin01", "the selection")
+        await _until(pilot, lambda: app.main.task_list.selected_id == "dfin01", "the selection")
         await pilot.press("2")
         diff = app.main.query_one(DiffView)
         await _until(pilot, lambda: diff.prepared is not None, "the first (empty) diff")
@@ -255,7 +257,7 @@ async def test_no_git_diff_runs_while_the_diff_tab_is_hidden(git_repo: Path,
     app = FleetApp(fleet, repo=git_repo, clock=lambda: NOW, run_scheduler=False, bell=False,
                    poll_interval=0.1, diff_interval=0.1)
     async with app.run_test(size=(120, 40)) as pilot:
-        await _until(pilot, lambda: app.main.selected_id == "hid001", "the selection")
+        await _until(pilot, lambda: app.main.task_list.selected_id == "hid001", "the selection")
         await pilot.pause(0.5)  # several polls and diff ticks on the stream tab
         assert calls == []
         await pilot.press("2")

@@ -137,7 +137,7 @@ def test_main_screen(snap_compare: Any, snapshot_app: FleetApp, size: tuple[int,
         await _main_ready(pilot)
         main = snapshot_app.main
         main.query_one(TaskTable).select_key("f8w2zc")
-        await _settle(pilot, lambda: main.selected_id == "f8w2zc"
+        await _settle(pilot, lambda: main.task_list.selected_id == "f8w2zc"
                       and "API Error" in "".join(main.query_one(StreamView).plain_lines()))
 
     assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
@@ -152,8 +152,8 @@ def test_marked_rows(snap_compare: Any, snapshot_app: FleetApp, size: tuple[int,
         await _main_ready(pilot)
         await pilot.press("space", "down", "space")
         main = snapshot_app.main
-        await _settle(pilot, lambda: len(main.marked) == 2
-                      and main.selected_id == main.query_one(TaskTable).selected_key)
+        await _settle(pilot, lambda: len(main.task_list.marked) == 2
+                      and main.task_list.selected_id == main.query_one(TaskTable).selected_key)
 
     assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
 
@@ -219,7 +219,7 @@ def test_confirm_modal(snap_compare: Any, snapshot_app: FleetApp,
     async def run_before(pilot: Pilot[Any]) -> None:
         await _main_ready(pilot)
         snapshot_app.main.query_one(TaskTable).select_key("s4n7ud")
-        await _settle(pilot, lambda: snapshot_app.main.selected_id == "s4n7ud")
+        await _settle(pilot, lambda: snapshot_app.main.task_list.selected_id == "s4n7ud")
         await pilot.press("d")
         await _settle(pilot, lambda: not isinstance(snapshot_app.screen, MainScreen))
 
@@ -246,7 +246,7 @@ def test_tool_call_detail(snap_compare: Any, snapshot_app: FleetApp,
         main = snapshot_app.main
         main.query_one(TaskTable).select_key("s4n7ud")
         view = main.query_one(StreamView)
-        await _settle(pilot, lambda: main.selected_id == "s4n7ud"
+        await _settle(pilot, lambda: main.task_list.selected_id == "s4n7ud"
                       and any(line.startswith("$ Bash ls") for line in view.plain_lines()))
         view.move_cursor(next(i for i, line in enumerate(view.plain_lines())
                               if line.startswith("$ Bash ls")))
@@ -267,7 +267,7 @@ def test_stream_search(snap_compare: Any, snapshot_app: FleetApp,
         main = snapshot_app.main
         main.query_one(TaskTable).select_key("s4n7ud")
         view = main.query_one(StreamView)
-        await _settle(pilot, lambda: main.selected_id == "s4n7ud"
+        await _settle(pilot, lambda: main.task_list.selected_id == "s4n7ud"
                       and any("hello" in line for line in view.plain_lines()))
         await pilot.press("ctrl+f", *"hello", "enter")
         await _settle(pilot, lambda: view.search_status.startswith("1/"))

@@ -269,6 +269,7 @@ class Actions(Part):
         return self.store.archive_tasks([t.id for t in tasks], self.clock())
 
     def unarchive(self, task_ids: list[str]) -> list[str]:
+        """Put archived tasks back in the lists; the ids done."""
         return self.store.unarchive_tasks([self.get_task(t).id for t in task_ids])
 
     def archive_closed(self, older_than_days: float, repo: Path | None = None) -> list[str]:

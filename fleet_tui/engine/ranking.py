@@ -377,6 +377,7 @@ class Best(Part):
         return self.evidence.pick_of(group)
 
     def picks_since(self, since: float) -> list[BestPick]:
+        """The groups' picks (auto_pick's and pick --best's) recorded since ``since``."""
         return self.evidence.picks_since(since)
 
     # --- the rank runners -----------------------------------------------------------------------

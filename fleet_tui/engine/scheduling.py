@@ -148,7 +148,9 @@ class Scheduler(Part):
         limited = {e.endpoint for e in states
                    if e.parked_until is not None or e.held is not None}
         endpoints = sorted({t.endpoint for t in ready} | limited)
-        claimed: list[tuple[Task, TaskState]] = []
+        # each claim with its endpoint's settings as this pass resolved them: its launch
+        # uses those (one resolution from the claim to the runner)
+        claimed: list[tuple[Task, TaskState, Settings]] = []
         held = {e.endpoint for e in states if policy.budget_held(e)}
         for endpoint in endpoints:
             self._budget_hold(endpoint, endpoint in held)
@@ -164,7 +166,8 @@ class Scheduler(Part):
                 continue
             closed: list[str | None] = [None]
             # each endpoint under its own settings: its worker cap, its key's fingerprint
-            decide = self._decider(self.settings.for_endpoint(endpoint), closed)
+            own = self.settings.for_endpoint(endpoint)
+            decide = self._decider(own, closed)
             caps = self.supervisor.host_caps()  # each host's max_workers (issue 20)
             # a host these settings do not have (config.toml gained it since): its tasks
             # are left to an engine that knows it (a cap of 0 here), never failed
@@ -195,11 +198,11 @@ class Scheduler(Part):
                                                                     spent):
                     changes.append(TaskChange(task.id, old, TaskState.KILLED, spent))
                     continue
-                claimed.append((task, old))
+                claimed.append((task, old, own))
             self._note_queued(endpoint, policy.queued_note(closed[0]), ready)
         if len(claimed) <= 1:
-            for task, old in claimed:
-                self.supervisor.start(task, old, changes)
+            for task, old, own in claimed:
+                self.supervisor.start(task, old, changes, own)
             return
         # Several at once (the cap just opened, or a batch was queued): their worktrees and
         # runners are made in parallel; the tick returns once every one has started or
@@ -208,8 +211,8 @@ class Scheduler(Part):
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=START_THREADS,
                                             thread_name_prefix="fleet-start")
-        pending = {self._pool.submit(self.supervisor.start, task, old, changes): task
-                   for task, old in claimed}
+        pending = {self._pool.submit(self.supervisor.start, task, old, changes, own): task
+                   for task, old, own in claimed}
         while pending:
             done, _ = futures_wait(pending, timeout=max(0.05, supervisor.START_GRACE / 4))
             for future in done:

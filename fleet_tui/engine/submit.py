@@ -39,8 +39,12 @@ def check_text(what: str, text: str) -> None:
 class Submissions(Part):
     """Submitting tasks (`submit`)."""
 
-    def submit(self, spec: TaskSpec, copies: int = 1) -> list[Task]:
+    def submit(self, spec: TaskSpec, copies: int = 1, *,
+               base: git.Base | None = None) -> list[Task]:
         """Validate a task spec and store `copies` queued tasks (they start in `tick`).
+
+        `base`: the base `spec.base_ref` names, as the entry point that checked the ref
+        resolved it (the launch form), taken as it is; None: the ref is resolved here.
 
         Everything that would only fail at launch is refused here, before anything is
         stored (InvalidSpec): text claude cannot take (`check_text`), numbers out of range,
@@ -102,7 +106,8 @@ class Submissions(Part):
         except ConfigError as exc:
             raise InvalidSpec(f"the repository's settings do not read: {exc}") from None
         base_ref = spec.base_ref.strip() if spec.base_ref else None
-        base = git.resolve_base(repo, base_ref)
+        if base is None or base_ref is None:
+            base = git.resolve_base(repo, base_ref)
         title = titles.task_title(spec.title, prompt)
         # copies of one prompt share a group (the compare view and pick find them by it)
         group_id = f"g{secrets.token_hex(6)}" if copies > 1 else None

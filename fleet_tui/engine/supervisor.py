@@ -209,10 +209,10 @@ class Supervisor:
 
     # --- starting -------------------------------------------------------------------------
 
-    def _settings_overrides(self, task: Task) -> dict[str, Any]:
+    @staticmethod
+    def _settings_overrides(task: Task, s: Settings) -> dict[str, Any]:
         """The launcher's settings for the task's runner (spec.json: never a key): its
-        endpoint's base URL, models and key settings (Settings.for_endpoint)."""
-        s = self.settings.for_endpoint(task.endpoint)
+        endpoint's base URL, models and key settings (`s`: Settings.for_endpoint)."""
         return {
             "base_url": s.base_url, "model": s.model,
             "small_model": s.small_model, "permission_mode": s.permission_mode,
@@ -238,11 +238,12 @@ class Supervisor:
         queue's runner): the local host's."""
         return self.host.runner_env()
 
-    def start(self, task: Task, old: TaskState, changes: list[TaskChange]) -> None:
+    def start(self, task: Task, old: TaskState, changes: list[TaskChange],
+              settings: Settings | None = None) -> None:
         """Worktree, config dir, spec.json, runner. A failure fails the task, clearly; never
-        raises (it runs in the start threads)."""
+        raises (it runs in the start threads). `settings`: as for `launch`."""
         try:
-            attempt = self.launch(task)
+            attempt = self.launch(task, settings)
         except NotStarted as exc:
             log.info("task %s not started: %s", task.id, exc)
             return
@@ -270,14 +271,19 @@ class Supervisor:
         changes.append(TaskChange(task.id, old, TaskState.RUNNING,
                                   f"attempt {attempt.n} started ({attempt.model})"))
 
-    def launch(self, task: Task) -> Attempt:
+    def launch(self, task: Task, settings: Settings | None = None) -> Attempt:
         """Start one attempt. The runner is known before it can run: the attempt is staged
         on its host (lock taken, spec written) and recorded in the store (only while the
-        task is still ours and not killed) before the host starts its runner."""
+        task is still ours and not killed) before the host starts its runner.
+
+        `settings`: the task's endpoint's (Settings.for_endpoint), as the pass that claimed
+        it resolved them (None: resolved here); the model and the runner's settings both
+        come from them."""
         now = self.clock()
         gone = endpoints.missing(self.settings.endpoints, task.endpoint)
         if gone is not None:  # never sent to another provider than the one it was given
             raise FleetError(gone)
+        own = settings if settings is not None else self.settings.for_endpoint(task.endpoint)
         attempts = self.store.list_attempts(task.id)
         if attempts and attempts[-1].row_error is not None:
             raise FleetError(attempts[-1].row_error)
@@ -293,7 +299,7 @@ class Supervisor:
         worktree = self._worktree(host, task, attempts, kind)
         # never run in the main checkout, whatever happened to the worktree
         host.check_worktree(task, worktree)
-        model = policy.model_for(task, attempts, self.settings.for_endpoint(task.endpoint))
+        model = policy.model_for(task, attempts, own)
         if pending is None:
             attempt = self.store.add_attempt(task.id, kind=kind, prompt=prompt, now=now,
                                              model=model)
@@ -308,7 +314,7 @@ class Supervisor:
         # FLEET_PORT: free on the host now, and held by no other running attempt
         port = self.store.assign_port(attempt.id, host.free_port)
         resume = task.session_id if attempt.kind in ("resume", "followup") else None
-        overrides = self._settings_overrides(task)
+        overrides = self._settings_overrides(task, own)
         # the endpoint's key variables, then (gateway on) the token in their place
         runner_env = self._endpoint_env(task, host.runner_env())
         token = self._through_gateway(host, task, attempt, overrides, runner_env)

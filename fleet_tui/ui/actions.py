@@ -4,9 +4,11 @@ A record says what the action is (its id, the action it runs, its default keys),
 named (the key bar's word, the one-line help of `?` and of the command palette) and when it
 applies (its guard). The screen's BINDINGS, its `check_action`, the help screen and the
 command palette are all generated from `ACTIONS`, so adding a key means adding one record
-here (and the screen's `action_<name>` method that does it). lazygit keeps a binding, its
-handler, its "why not now" and its description together the same way; posting puts the help
-on the binding and lets users rebind keys by the binding's id (`FleetApp(keymap=...)`).
+here and its handler in the controller that answers it (its `bindings()`: the record's id
+to the method, ui/controllers/). lazygit keeps a binding, its handler, its "why not now" and
+its description together the same way; posting puts the help on the binding and lets users
+rebind keys by the binding's id (`FleetApp(keymap=...)`). Every binding runs the screen's
+one action, `act(<id>)`, which calls the handler the id names.
 
 A guard answers with True (the action applies now), False (it does not apply here: the key
 is hidden) or a sentence saying why not (the key is shown dimmed, and the reason is what a
@@ -28,6 +30,9 @@ from fleet_tui.core.states import STATES, VERBS, Action
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from fleet_tui.core.model import Task
+
+DISPATCH = "act"
+"""The screen's one action (`MainScreen.action_act`): it runs the handler of a record's id."""
 
 Verdict = bool | str
 """True: applies now; False: does not apply here (hidden); a str: why not (dimmed)."""
@@ -90,7 +95,7 @@ class PanelAction:
     """One action of the main screen."""
 
     id: str  # the binding's id: what a keymap names to rebind it ("task.merge")
-    action: str  # what it runs on the screen: "merge", "show_tab('tab-diff')"
+    action: str  # its handler, as its controller names it: "merge", "show_tab('tab-diff')"
     keys: str  # default keys, Textual's names, comma-separated
     label: str  # the key bar's word and the palette's title
     help: str  # one line for `?` and the palette
@@ -113,8 +118,13 @@ class PanelAction:
         args = self.action.partition("(")[2]
         return (args.rstrip(")").strip("'\""),) if args else ()
 
+    @property
+    def dispatch(self) -> str:
+        """The Textual action its binding runs: the screen's `act`, with this record's id."""
+        return f"{DISPATCH}({self.id!r})"
+
     def binding(self) -> Binding:
-        return Binding(self.keys, self.action, self.label, show=self.show,
+        return Binding(self.keys, self.dispatch, self.label, show=self.show,
                        key_display=self.key_display, id=self.id)
 
     def verdict(self, ctx: Context) -> Verdict:
@@ -206,7 +216,7 @@ ACTIONS: tuple[PanelAction, ...] = (
     PanelAction("queue.view", "queue_view", "Q", "Queue",
                 "the merge queue: what lands next, what is tested, what went back to its "
                 "worker, what stopped and why", show=False),
-    PanelAction("list.filter", "filter", "slash", "Filter", "filter the task list"),
+    PanelAction("list.filter", "open_filter", "slash", "Filter", "filter the task list"),
     PanelAction("view.stream", "show_tab('tab-stream')", "1", "Stream", "show the live stream",
                 show=False),
     PanelAction("view.diff", "show_tab('tab-diff')", "2", "Diff", "show the diff review",
@@ -238,16 +248,16 @@ ACTIONS: tuple[PanelAction, ...] = (
                 "match, escape: end", show=False,
                 when=lambda c: c.selected is not None, hint="search"),
     # issue 22: reading a diff as a forge's review does
-    PanelAction("diff.next_file", "next_file", "right_square_bracket", "Next file",
+    PanelAction("diff.next_file", "jump_file(1)", "right_square_bracket", "Next file",
                 "diff: the next file of the list, its patch shown", show=False,
                 when=lambda c: c.diff_files > 0, key_display="]"),
-    PanelAction("diff.prev_file", "prev_file", "left_square_bracket", "Previous file",
+    PanelAction("diff.prev_file", "jump_file(-1)", "left_square_bracket", "Previous file",
                 "diff: the previous file of the list", show=False,
                 when=lambda c: c.diff_files > 0, key_display="["),
-    PanelAction("diff.next_hunk", "next_hunk", "right_curly_bracket", "Next hunk",
+    PanelAction("diff.next_hunk", "jump_hunk(1)", "right_curly_bracket", "Next hunk",
                 "diff: the next hunk, on into the next file", show=False,
                 when=lambda c: c.diff_files > 0, key_display="}"),
-    PanelAction("diff.prev_hunk", "prev_hunk", "left_curly_bracket", "Previous hunk",
+    PanelAction("diff.prev_hunk", "jump_hunk(-1)", "left_curly_bracket", "Previous hunk",
                 "diff: the previous hunk, back into the previous file", show=False,
                 when=lambda c: c.diff_files > 0, key_display="{"),
     PanelAction("diff.viewed", "toggle_viewed", "v", "Viewed",
@@ -286,10 +296,14 @@ KEY_BAR_PINNED: tuple[str, ...] = ("app.help", "app.quit")
 
 BY_NAME: dict[str, PanelAction] = {a.name if not a.params else a.action: a for a in ACTIONS}
 """Records by action name ("merge"), or by the whole action where it has arguments."""
+BY_ID: dict[str, PanelAction] = {a.id: a for a in ACTIONS}
 
 
 def find(name: str, params: tuple[object, ...] = ()) -> PanelAction | None:
-    """The record of an action as Textual names it (name and parameters)."""
+    """The record of an action as Textual names it (`act('task.merge')`: the dispatch, with
+    the record's id), or by its handler's name and parameters ("merge")."""
+    if name == DISPATCH:
+        return BY_ID.get(str(params[0])) if len(params) == 1 else None
     if params:
         return BY_NAME.get(f"{name}({', '.join(repr(p) for p in params)})")
     return BY_NAME.get(name)

@@ -1,7 +1,8 @@
 """Messages that workers post to the panel (dataclasses, so a flood can coalesce).
 
 Data flows down through method calls and reactives; what happens in a worker, and what a
-screen asks of the app, comes back up as one of these.
+screen asks of the app, comes back up as one of these. A `ForController` goes to the main
+screen's controller that takes it (its `receives`).
 """
 
 from __future__ import annotations
@@ -55,8 +56,13 @@ class TasksLoaded(Message):
         return isinstance(message, TasksLoaded)
 
 
+class ForController(Message):
+    """A result for one of the main screen's controllers: the screen hands it to the one
+    that declared it takes it (`Controller.receives`)."""
+
+
 @dataclass
-class PollFailed(Message):
+class PollFailed(ForController):
     """Reading the task list failed; ``problem`` is one sentence naming the cause."""
 
     problem: str
@@ -66,14 +72,14 @@ class PollFailed(Message):
 
 
 @dataclass
-class SettingsChecked(Message):
+class SettingsChecked(ForController):
     """The poll found settings files changed: what was reloaded, or an edit not used."""
 
     notices: list[SettingsNotice]
 
 
 @dataclass
-class BestPicked(Message):
+class BestPicked(ForController):
     """The poll found groups of copies decided since the panel opened (auto_pick's winner,
     or none passed): one toast each, naming the winner and why."""
 
@@ -102,7 +108,7 @@ class StreamOlder(Message):
 
 
 @dataclass
-class ToolCallLoaded(Message):
+class ToolCallLoaded(ForController):
     """A tool call and its result, whole, read and laid out for the detail view (the
     stream pane posts it, the screen shows it); ``task_id`` and ``ref`` say which."""
 
@@ -120,12 +126,12 @@ class DiffLoaded(Message):
 
 
 @dataclass
-class TasksSubmitted(Message):
+class TasksSubmitted(ForController):
     tasks: list[Task]
 
 
 @dataclass
-class ActionDone(Message):
+class ActionDone(ForController):
     """An engine call finished; ``title`` and ``text`` become a toast or a message box."""
 
     text: str

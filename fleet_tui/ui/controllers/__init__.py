@@ -1,15 +1,20 @@
 """The main screen's controllers: one per part of it, the way lazygit has one per view.
 
 ``TaskListController`` (task_list.py) owns the list: the tasks as last read, the marks, the
-filter, the sort, the selection and the polling. ``LandingController`` (landing.py) owns the
-engine actions and their dialogs: launch, merge, discard, kill, retry, follow-up, say,
-update, compare, pick, push, the queue view. ``DetailController`` (detail.py) owns what is
-below the list: the detail title, the tabs, the stream and diff panes' keys.
+filter, the sort, the selection and the polling. ``TaskActionsController`` (task_actions.py)
+owns the task actions that go to the engine and their dialogs: launch, merge, discard, kill,
+retry, follow-up, say, update, compare, pick, push, the shell, the queue view.
+``DetailController`` (detail.py) owns what is below the list: the detail title, the tabs,
+the stream and diff panes' keys, the editor. ``ReviewController`` (review.py) owns the
+review comments.
 
 Each is a plain class the screen makes, holding the screen as ``PanelScreen`` (below): what
-the controllers share of it, so they never import the screen above them. Textual still sees
-one screen: its bindings, its ``action_*`` methods and its message handlers, which hand over
-to these.
+the controllers share of it, so they never import the screen above them. Each declares the
+keys it answers (``bindings``: a panel action's id to its handler, as lazygit's controllers
+list their key bindings); the action's record (ui/actions.py: keys, words, guard) makes the
+binding, the help and the palette entry. Textual sees one screen, whose one action
+(``MainScreen.action_act``) runs the handler a record's id names: the screen holds no
+method per key.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from textual.screen import Screen
 from textual.widgets import Input
 from textual.worker import Worker
 
+from fleet_tui.ui.messages import ForController
+
 if TYPE_CHECKING:
     from fleet_tui.engine.fleet import Fleet
     from fleet_tui.ui.controllers.detail import DetailController
-    from fleet_tui.ui.controllers.landing import LandingController
+    from fleet_tui.ui.controllers.task_actions import TaskActionsController
     from fleet_tui.ui.controllers.task_list import TaskListController
     from fleet_tui.ui.widgets.diff_pane import DiffPane
     from fleet_tui.ui.widgets.stream_pane import StreamPane
@@ -52,7 +59,7 @@ class PanelScreen(Screen[None]):
     diff: DiffPane
     filter_box: Input | None  # once mounted (MainScreen.mount_hidden)
     task_list: TaskListController
-    landing: LandingController
+    task_actions: TaskActionsController
     detail: DetailController
 
     def now(self) -> float:
@@ -65,9 +72,19 @@ class PanelScreen(Screen[None]):
             raise RuntimeError("the engine is not ready yet")
         return self.fleet
 
+    def explain(self, reason: str) -> None:
+        """Say why an action cannot be done now."""
+        self.notify(reason, title="Not now", severity="warning")
+
     def refresh_keys(self) -> None:
         """Refresh the key bar if what applies changed."""
         raise NotImplementedError
+
+
+Handlers = dict[str, Callable[[], object]]
+"""A panel action's id ("task.merge") to what runs it (a coroutine's is awaited)."""
+Receivers = dict[type[ForController], Callable[[Any], object]]
+"""A message for a controller (ui/messages.py) to the method that takes it."""
 
 
 class Controller:
@@ -75,6 +92,14 @@ class Controller:
 
     def __init__(self, screen: PanelScreen) -> None:
         self.screen = screen
+
+    def bindings(self) -> Handlers:
+        """The panel actions this part answers, by the id of their record (ui/actions.py)."""
+        return {}
+
+    def receives(self) -> Receivers:
+        """The messages this part takes (posted by its workers and the panes)."""
+        return {}
 
 
 C = TypeVar("C", bound=Controller)

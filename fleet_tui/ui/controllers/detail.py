@@ -5,22 +5,28 @@ widgets/diff_pane.py)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import shlex
 import threading
 from collections import deque
+from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.widgets import ContentSwitcher, Label
 
 from fleet_tui.core.states import TaskState
-from fleet_tui.ui.controllers import Controller, PanelScreen, screen_work
+from fleet_tui.ui.actions import IN_BROWSER_EDITOR
+from fleet_tui.ui.controllers import Controller, Handlers, PanelScreen, Receivers, screen_work
+from fleet_tui.ui.external import run_external
 from fleet_tui.ui.formatting import attempt_label, landing_label, pushed_label
+from fleet_tui.ui.messages import ToolCallLoaded
 from fleet_tui.ui.widgets.bars import TabBar
 
 if TYPE_CHECKING:
     from fleet_tui.core.model import Task
     from fleet_tui.engine.fleet import Fleet
-    from fleet_tui.ui.messages import ToolCallLoaded
     from fleet_tui.ui.widgets.diff_view import ViewedChange
 
 
@@ -35,6 +41,21 @@ class DetailController(Controller):
         # viewed marks toggled and not yet in the store (written in a thread, in order)
         self._marks: deque[ViewedChange] = deque()
         self._marks_lock = threading.Lock()
+
+    def bindings(self) -> Handlers:
+        return {"view.stream": partial(self.show_tab, "tab-stream"),
+                "view.diff": partial(self.show_tab, "tab-diff"),
+                "stream.tools_only": self.toggle_tools, "stream.raw": self.toggle_raw,
+                "stream.attempt": self.choose_attempt, "stream.follow": self.toggle_follow,
+                "stream.expand": self.expand, "view.search": self.search,
+                "diff.next_file": partial(self.jump_file, 1),
+                "diff.prev_file": partial(self.jump_file, -1),
+                "diff.next_hunk": partial(self.jump_hunk, 1),
+                "diff.prev_hunk": partial(self.jump_hunk, -1),
+                "diff.viewed": self.toggle_viewed, "task.edit": self.edit}
+
+    def receives(self) -> Receivers:
+        return {ToolCallLoaded: self.tool_call_loaded}
 
     def refresh(self, *, new: bool = False) -> None:
         """Update the detail title; hand the task to the stream and the diff panes
@@ -122,6 +143,28 @@ class DetailController(Controller):
         if change is not None:  # and the store keeps it (issue 22), in the keys' order
             self._marks.append(change)
             self._save_marks(self.screen.engine())
+
+    def edit(self) -> None:
+        """The highlighted diff file in $VISUAL / $EDITOR (this machine's terminal)."""
+        screen = self.screen
+        if screen.served:  # its guard dims the key; a keymap or the palette may still ask
+            screen.explain(IN_BROWSER_EDITOR)
+            return
+        task = screen.task_list.selected
+        path = self.diff.selected_path
+        if task is None or task.worktree is None or path is None or screen.fleet is None:
+            return
+        if screen.fleet.worktree_here(task) is None:
+            screen.notify(screen.fleet.elsewhere(task), severity="warning", markup=False)
+            return
+        target = Path(task.worktree) / path
+        if not target.exists():
+            screen.notify(f"{path} was deleted in this task.", severity="warning")
+            return
+        editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+        run_external(screen.app, [*shlex.split(editor), str(target)], task.worktree,
+                     f"editing {path}")
+        self.diff.reload()
 
     @screen_work(thread=True, group="viewed", description="keeping the viewed mark")
     def _save_marks(self, fleet: Fleet) -> None:

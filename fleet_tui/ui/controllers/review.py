@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from fleet_tui.ui.controllers import Controller, screen_work
-from fleet_tui.ui.controllers.landing import SAY_SETTLE, settle_for_follow_up
+from fleet_tui.ui.controllers import Controller, Handlers, screen_work
+from fleet_tui.ui.controllers.task_actions import SAY_SETTLE, settle_for_follow_up
 
 if TYPE_CHECKING:
     from fleet_tui.core.model import Task
@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 
 class ReviewController(Controller):
     """The review keys and their dialogs."""
+
+    def bindings(self) -> Handlers:
+        return {"review.comment": self.comment, "review.list": self.review,
+                "review.send": self.send_review}
 
     def comment(self) -> None:
         task = self.screen.task_list.selected
@@ -85,7 +89,7 @@ class ReviewController(Controller):
         finally:
             self.screen.diff.reload()
 
-    def send(self) -> None:
+    def send_review(self) -> None:
         task = self.screen.task_list.selected
         if task is not None:
             self.send_now(self.screen.engine(), task.id)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from textual.widgets import Input, Label
 
 from fleet_tui.core.states import CLOSED_STATES, PENDING_STATES, STATES
-from fleet_tui.ui.controllers import Controller, PanelScreen, screen_work
+from fleet_tui.ui.controllers import Controller, Handlers, PanelScreen, Receivers, screen_work
 from fleet_tui.ui.formatting import change_label
 from fleet_tui.ui.messages import (
     BestPicked,
@@ -34,6 +34,16 @@ if TYPE_CHECKING:
 
 class TaskListController(Controller):
     """What the list shows and which task is selected."""
+
+    def bindings(self) -> Handlers:
+        return {"task.mark": self.toggle_mark, "task.mark_all": self.mark_all,
+                "task.unmark_all": self.unmark_all, "list.filter": self.open_filter,
+                "list.clear": self.clear_filter, "list.closed": self.toggle_closed,
+                "list.sort": self.cycle_sort, "view.list": self.table.focus}
+
+    def receives(self) -> Receivers:
+        return {PollFailed: self.poll_failed, SettingsChecked: self.settings_checked,
+                BestPicked: self.best_picked, TasksSubmitted: self.tasks_submitted}
 
     def __init__(self, screen: PanelScreen) -> None:
         super().__init__(screen)

@@ -40,6 +40,10 @@ from fleet_tui.system import paths
 from fleet_tui.ui.screens import DIALOG_CSS
 from fleet_tui.ui.screens.modals import after_typed_keys, keyed
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from fleet_tui.vcs.git import Base
+
 EFFORTS = ("low", "medium", "high", "max")
 FORM_FILE = "launch-form.json"
 
@@ -110,6 +114,7 @@ class FormDraft:
 class LaunchRequest:
     spec: TaskSpec
     copies: int
+    base: Base | None = None  # the base the form's check resolved spec.base_ref to
 
 
 def parse_duration(text: str) -> float | None:
@@ -134,13 +139,19 @@ def parse_positive_int(text: str, *, maximum: int | None = None) -> int | None:
 def check_base_ref(repo: Path, ref: str) -> str | None:
     """None when ``ref`` names a commit in ``repo``, else a message saying what is wrong
     (git.resolve_base: the engine's own base resolution)."""
+    return resolve_base_ref(repo, ref)[1]
+
+
+def resolve_base_ref(repo: Path, ref: str) -> tuple[Base | None, str | None]:
+    """The base ``ref`` names in ``repo`` (git.resolve_base: the engine's own base
+    resolution), or a message saying what is wrong. The base goes to the engine with the
+    task, which takes it as it is: the ref is looked up once."""
     from fleet_tui.vcs import git  # in the form's check thread: not at the panel's start
 
     try:
-        git.resolve_base(repo, ref)
+        return git.resolve_base(repo, ref), None
     except git.GitError as exc:
-        return str(exc)
-    return None
+        return None, str(exc)
 
 
 class LaunchScreen(ModalScreen[LaunchRequest | None]):
@@ -431,8 +442,8 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="launch-check",
           description="checking the base ref")
     def _check_and_submit(self, prompt: str, base_ref: str) -> None:
-        problem = check_base_ref(self._repo, base_ref) if base_ref else None
-        self.app.call_from_thread(self._finish_submit, prompt, base_ref, problem)
+        base, problem = resolve_base_ref(self._repo, base_ref) if base_ref else (None, None)
+        self.app.call_from_thread(self._finish_submit, prompt, base_ref, base, problem)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR:
@@ -441,7 +452,8 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
             if handler is not None:
                 handler(event)
 
-    def _finish_submit(self, prompt: str, base_ref: str, problem: str | None) -> None:
+    def _finish_submit(self, prompt: str, base_ref: str, base: Base | None,
+                       problem: str | None) -> None:
         self._submitting = False
         if problem:
             self._error("base-ref", problem)
@@ -471,7 +483,7 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
             timeout=self._value("timeout"), endpoint=spec.endpoint or "",
             host=spec.host or "",
         ).save(self._form_file)
-        self.dismiss(LaunchRequest(spec, copies))
+        self.dismiss(LaunchRequest(spec, copies, base))
 
     def action_cancel(self) -> None:
         """Close; what was typed stays as a draft (none when the form is as a fresh one)."""

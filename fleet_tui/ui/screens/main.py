@@ -3,9 +3,11 @@
 The screen composes the panel, says what the keys do and when they apply (ui/actions.py),
 which pane has them, and wires the engine in. The work behind the keys is its controllers'
 (ui/controllers/): the list, the marks, the filter and the polling (``task_list``); the
-engine actions and their dialogs (``landing``); the detail title, the tabs and the panes'
-keys (``detail``). The panes own their own reading: the stream (widgets/stream_pane.py) and
-the diff (widgets/diff_pane.py).
+task actions that go to the engine and their dialogs (``task_actions``); the detail title,
+the tabs and the panes' keys (``detail``); the review comments (``review``). Each controller
+declares the keys it answers (its ``bindings``); every binding runs the screen's one action,
+``act``, with the id of the key's record. The panes own their own reading: the stream
+(widgets/stream_pane.py) and the diff (widgets/diff_pane.py).
 
 It gets what it needs as arguments (``FleetApp.get_default_screen``) and the engine when it
 is ready (``engine_ready``, on the app's EngineReady); it never imports the app. Every engine
@@ -16,8 +18,6 @@ failed worker becomes one error toast in the app (``WorkerFailed``).
 from __future__ import annotations
 
 import asyncio
-import os
-import shlex
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
@@ -34,30 +34,22 @@ from textual.worker import Worker
 
 from fleet_tui.ui.actions import (
     ACTIONS,
-    IN_BROWSER_EDITOR,
-    IN_BROWSER_SHELL,
     KEY_BAR_ORDER,
     KEY_BAR_PINNED,
     Context,
     PanelAction,
     find,
 )
-from fleet_tui.ui.controllers import PanelScreen
+from fleet_tui.ui.controllers import Handlers, PanelScreen, Receivers
 from fleet_tui.ui.controllers.detail import DetailController
-from fleet_tui.ui.controllers.landing import LandingController
 from fleet_tui.ui.controllers.review import ReviewController
+from fleet_tui.ui.controllers.task_actions import TaskActionsController
 from fleet_tui.ui.controllers.task_list import TaskListController
-from fleet_tui.ui.external import run_external
 from fleet_tui.ui.messages import (
-    ActionDone,
-    BestPicked,
     DiffLoaded,
     EngineReady,
-    PollFailed,
-    SettingsChecked,
+    ForController,
     TasksLoaded,
-    TasksSubmitted,
-    ToolCallLoaded,
     report_failure,
 )
 from fleet_tui.ui.widgets.bars import KeyBar, TabBar
@@ -67,8 +59,6 @@ from fleet_tui.ui.widgets.stream_pane import StreamPane
 from fleet_tui.ui.widgets.task_table import TaskTable
 
 if TYPE_CHECKING:
-    from fleet_tui.core.model import Task
-    from fleet_tui.engine.fleet import FleetStatus
     from fleet_tui.ui.screens.help import HelpSection
 
 PaletteCommand = tuple[str, str, Callable[[], object]]
@@ -133,59 +123,15 @@ class MainScreen(PanelScreen):
                                  id="tab-stream")
         self.diff = DiffPane(interval=diff_interval, id="tab-diff")
         self.task_list = TaskListController(self)
-        self.landing = LandingController(self)
+        self.task_actions = TaskActionsController(self)
         self.detail = DetailController(self)
         self.review = ReviewController(self)
-
-    # --- the controllers' state, as the screen's (tests and the app read these) -----------
-    @property
-    def tasks(self) -> dict[str, Task]:
-        return self.task_list.tasks
-
-    @property
-    def marked(self) -> set[str]:
-        return self.task_list.marked
-
-    @property
-    def selected_id(self) -> str | None:
-        return self.task_list.selected_id
-
-    @property
-    def cursor_task(self) -> Task | None:
-        return self.task_list.cursor_task
-
-    @property
-    def status(self) -> FleetStatus | None:
-        return self.task_list.status
-
-    @property
-    def poll_error(self) -> str | None:
-        return self.task_list.poll_error
-
-    @property
-    def filter_text(self) -> str:
-        return self.task_list.filter_text
-
-    @filter_text.setter
-    def filter_text(self, text: str) -> None:
-        self.task_list.filter_text = text
-
-    @property
-    def sort_mode(self) -> str:
-        return self.task_list.sort_mode
-
-    @property
-    def show_closed(self) -> bool:
-        return self.task_list.show_closed
-
-    @property
-    def closed_hidden(self) -> int:
-        return self.task_list.closed_hidden
-
-    @property
-    def active_tab(self) -> str:
-        """The view shown below the list: "tab-stream" or "tab-diff"."""
-        return self.detail.active_tab
+        self.handlers: Handlers = {}
+        self.receivers: Receivers = {}
+        for part in (self.task_list, self.task_actions, self.detail, self.review):
+            self.handlers.update(part.bindings())
+            self.receivers.update(part.receives())
+        self.handlers.update(self.bindings())
 
     # --- layout --------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -262,6 +208,11 @@ class MainScreen(PanelScreen):
         self.ready.set()
 
     # --- messages: handed to the controllers ------------------------------------------------
+    @on(ForController)
+    def _to_controller(self, message: ForController) -> object:
+        """A result for a controller: to the one that takes it (its `receives`)."""
+        return self.receivers[type(message)](message)
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """StateChanged does not bubble: hand failures to the app's one handler."""
         report_failure(self, event)
@@ -269,24 +220,6 @@ class MainScreen(PanelScreen):
     async def on_tasks_loaded(self, message: TasksLoaded) -> None:
         await self.mount_hidden()
         self.task_list.tasks_loaded(message)
-
-    def on_poll_failed(self, message: PollFailed) -> None:
-        self.task_list.poll_failed(message)
-
-    def on_settings_checked(self, message: SettingsChecked) -> None:
-        self.task_list.settings_checked(message)
-
-    def on_best_picked(self, message: BestPicked) -> None:
-        self.task_list.best_picked(message)
-
-    def on_tasks_submitted(self, message: TasksSubmitted) -> None:
-        self.task_list.tasks_submitted(message)
-
-    def on_action_done(self, message: ActionDone) -> None:
-        self.landing.action_done(message)
-
-    def on_tool_call_loaded(self, message: ToolCallLoaded) -> None:
-        self.detail.tool_call_loaded(message)
 
     def on_diff_loaded(self, message: DiffLoaded) -> None:
         """The diff pane showed a diff: `e` may apply now."""
@@ -333,7 +266,7 @@ class MainScreen(PanelScreen):
                        or (box is not None and box.display),
                        in_view=self.keys_pane not in ("list", "filter", ""),
                        served=self.served,
-                       diff_files=self.diff.file_count if self.active_tab == "tab-diff"
+                       diff_files=self.diff.file_count if self.detail.active_tab == "tab-diff"
                        else 0,
                        in_diff=self.keys_pane == "diff", unsent=self._unsent())
 
@@ -397,7 +330,7 @@ class MainScreen(PanelScreen):
                 continue
             title = f"{record.label} ({self.key_display(record)})"
             if verdict is True:
-                yield title, record.help, partial(self.run_action, record.action)
+                yield title, record.help, partial(self.run_action, record.dispatch)
             else:
                 yield title, f"Not now: {verdict}", partial(self.explain, verdict)
 
@@ -408,10 +341,6 @@ class MainScreen(PanelScreen):
         reason = self.why_not(record) if record is not None else None
         if reason:
             self.explain(reason)
-
-    def explain(self, reason: str) -> None:
-        """Say why an action cannot be done now."""
-        self.notify(reason, title="Not now", severity="warning")
 
     # --- which pane has the keys -------------------------------------------------------------
     PANE_NOTES: dict[str, str] = {
@@ -460,32 +389,18 @@ class MainScreen(PanelScreen):
             bars.first().note = self.PANE_NOTES.get(pane, "")
         self.refresh_keys()
 
-    # --- actions: the list ---------------------------------------------------------------
-    def action_toggle_mark(self) -> None:
-        self.task_list.toggle_mark()
+    # --- the keys: one dispatch to the handler a record's id names --------------------------
+    def bindings(self) -> Handlers:
+        """The screen's own keys (the rest are its controllers')."""
+        return {"app.help": self.open_help, "app.quit": lambda: self.app.action_quit()}
 
-    def action_mark_all(self) -> None:
-        self.task_list.mark_all()
+    def action_act(self, action_id: str) -> object:
+        """Every binding's action (PanelAction.dispatch): run the handler of `action_id`,
+        as the controller that answers it declared it (a coroutine's result is awaited by
+        Textual)."""
+        return self.handlers[action_id]()
 
-    def action_unmark_all(self) -> None:
-        self.task_list.unmark_all()
-
-    def action_filter(self) -> None:
-        self.task_list.open_filter()
-
-    def action_clear_filter(self) -> None:
-        self.task_list.clear_filter()
-
-    def action_toggle_closed(self) -> None:
-        self.task_list.toggle_closed()
-
-    def action_cycle_sort(self) -> None:
-        self.task_list.cycle_sort()
-
-    def action_focus_list(self) -> None:
-        self.table.focus()
-
-    def action_help(self) -> None:
+    def open_help(self) -> None:
         from fleet_tui.ui.screens.help import HelpScreen
 
         # One help screen, installed, kept while its keys stay the same: composing it and
@@ -501,127 +416,6 @@ class MainScreen(PanelScreen):
             self.app.uninstall_screen(name)
         self.app.install_screen(HelpScreen(sections), name)
         self.app.push_screen(name)
-
-    # --- actions: the views below --------------------------------------------------------
-    def action_show_tab(self, tab: str) -> None:
-        self.detail.show_tab(tab)
-
-    def action_toggle_tools(self) -> None:
-        self.detail.toggle_tools()
-
-    def action_toggle_raw(self) -> None:
-        self.detail.toggle_raw()
-
-    def action_toggle_follow(self) -> None:
-        self.detail.toggle_follow()
-
-    def action_expand(self) -> None:
-        self.detail.expand()
-
-    def action_search(self) -> None:
-        self.detail.search()
-
-    def action_choose_attempt(self) -> None:
-        self.detail.choose_attempt()
-
-    def action_next_file(self) -> None:
-        self.detail.jump_file(1)
-
-    def action_prev_file(self) -> None:
-        self.detail.jump_file(-1)
-
-    def action_next_hunk(self) -> None:
-        self.detail.jump_hunk(1)
-
-    def action_prev_hunk(self) -> None:
-        self.detail.jump_hunk(-1)
-
-    def action_toggle_viewed(self) -> None:
-        self.detail.toggle_viewed()
-
-    # --- actions: the engine -------------------------------------------------------------
-    def action_new_task(self) -> None:
-        self.landing.new_task()
-
-    def action_merge(self) -> None:
-        self.landing.merge()
-
-    def action_discard(self) -> None:
-        self.landing.discard()
-
-    def action_kill(self) -> None:
-        self.landing.kill()
-
-    def action_retry(self) -> None:
-        self.landing.retry()
-
-    def action_follow_up(self) -> None:
-        self.landing.follow_up()
-
-    def action_say(self) -> None:
-        self.landing.say()
-
-    def action_update(self) -> None:
-        self.landing.update()
-
-    def action_compare(self) -> None:
-        self.landing.compare()
-
-    def action_pick(self) -> None:
-        self.landing.pick()
-
-    def action_push(self) -> None:
-        self.landing.push()
-
-    def action_queue_view(self) -> None:
-        self.landing.queue_view()
-
-    def action_comment(self) -> None:
-        self.review.comment()
-
-    def action_review(self) -> None:
-        self.review.review()
-
-    def action_send_review(self) -> None:
-        self.review.send()
-
-    # --- actions: outside programs -------------------------------------------------------
-    def action_shell(self) -> None:
-        if self.served:  # its guard dims the key; a keymap or the palette may still ask
-            self.explain(IN_BROWSER_SHELL)
-            return
-        task = self.task_list.cursor_task
-        if task is None or task.worktree is None or self.fleet is None:
-            return
-        if self.fleet.worktree_here(task) is None:
-            self.notify(self.fleet.elsewhere(task), severity="warning", markup=False)
-            return
-        shell = os.environ.get("SHELL") or "/bin/sh"
-        run_external(self.app, [shell], task.worktree,
-                     f"shell in {task.worktree} (exit to come back)")
-
-    def action_edit(self) -> None:
-        if self.served:
-            self.explain(IN_BROWSER_EDITOR)
-            return
-        task = self.task_list.selected
-        path = self.diff.selected_path
-        if task is None or task.worktree is None or path is None or self.fleet is None:
-            return
-        if self.fleet.worktree_here(task) is None:
-            self.notify(self.fleet.elsewhere(task), severity="warning", markup=False)
-            return
-        target = Path(task.worktree) / path
-        if not target.exists():
-            self.notify(f"{path} was deleted in this task.", severity="warning")
-            return
-        editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
-        run_external(self.app, [*shlex.split(editor), str(target)], task.worktree,
-                     f"editing {path}")
-        self.diff.reload()
-
-    async def action_quit(self) -> None:
-        await self.app.action_quit()
 
 
 def _parse(action: str) -> tuple[str, tuple[object, ...]]:

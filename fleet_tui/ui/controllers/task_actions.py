@@ -1,6 +1,7 @@
-"""The engine actions and their dialogs: launch, merge (one task, or marked tasks through
-the merge queue), discard and kill (one confirm), retry, follow-up, say, update from the
-base branch, compare and pick copies, push, and the merge queue view.
+"""The task actions that go to the engine, and their dialogs: launch, merge (one task, or
+marked tasks through the merge queue), discard and kill (one confirm), retry, follow-up,
+say, update from the base branch, compare and pick copies, push, the merge queue view, and
+a shell in the task's worktree.
 
 Each action asks in a dialog worker (``push_screen_wait``), then calls the engine in a
 thread worker, which posts ``ActionDone``: the screen hands it back here to say how it went.
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet_tui.core.states import ACTIVE_STATES, CLOSED_STATES, PENDING_STATES, Action
-from fleet_tui.ui.controllers import Controller, PanelScreen, screen_work
+from fleet_tui.ui.actions import IN_BROWSER_SHELL
+from fleet_tui.ui.controllers import Controller, Handlers, PanelScreen, Receivers, screen_work
 from fleet_tui.ui.external import run_external
 from fleet_tui.ui.formatting import describe_error, open_comments_words
 from fleet_tui.ui.messages import ActionDone, TasksSubmitted
@@ -34,12 +36,23 @@ SAY_SETTLE = 15.0
 recorded finished, to go as a follow-up instead (the scheduler records it within a tick)."""
 
 
-class LandingController(Controller):
+class TaskActionsController(Controller):
     """The task actions that go to the engine, each with its dialog."""
 
     def __init__(self, screen: PanelScreen) -> None:
         super().__init__(screen)
         self.launch_drafts: dict[Path, FormDraft] = {}  # a closed launch form's text, by repo
+
+    def bindings(self) -> Handlers:
+        return {"task.new": self.new_task, "task.merge": self.merge,
+                "task.discard": self.discard, "task.kill": self.kill,
+                "task.retry": self.retry, "task.follow_up": self.follow_up,
+                "task.say": self.say, "task.update": self.update,
+                "task.compare": self.compare, "task.pick": self.pick, "task.push": self.push,
+                "queue.view": self.queue_view, "task.shell": self.shell}
+
+    def receives(self) -> Receivers:
+        return {ActionDone: self.action_done}
 
     def new_task(self) -> None:
         self._new_task()
@@ -92,7 +105,7 @@ class LandingController(Controller):
 
     @screen_work(thread=True, group="actions", description="launching")
     def _submit(self, fleet: Fleet, request: LaunchRequest) -> None:
-        tasks = fleet.submit(request.spec, copies=request.copies)
+        tasks = fleet.submit(request.spec, copies=request.copies, base=request.base)
         self.screen.post_message(TasksSubmitted(tasks))
 
     def merge(self) -> None:
@@ -474,6 +487,22 @@ class LandingController(Controller):
                 return
         self.screen.post_message(ActionDone(text, title=f"{task_id} pushed", details=details,
                                             task_ids=[task_id]))
+
+    def shell(self) -> None:
+        """$SHELL in the cursor task's worktree (this machine's terminal)."""
+        screen = self.screen
+        if screen.served:  # its guard dims the key; a keymap or the palette may still ask
+            screen.explain(IN_BROWSER_SHELL)
+            return
+        task = screen.task_list.cursor_task
+        if task is None or task.worktree is None or screen.fleet is None:
+            return
+        if screen.fleet.worktree_here(task) is None:
+            screen.notify(screen.fleet.elsewhere(task), severity="warning", markup=False)
+            return
+        shell = os.environ.get("SHELL") or "/bin/sh"
+        run_external(screen.app, [shell], task.worktree,
+                     f"shell in {task.worktree} (exit to come back)")
 
     def queue_view(self) -> None:
         from fleet_tui.ui.screens.landing import QueueScreen
