@@ -28,7 +28,7 @@ from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, TaskState
-from fleet_tui.system import cgroups, paths
+from fleet_tui.system import cgroups, paths, pidns
 
 DAEMON, STEP = "sleep 471", "sleep 470"
 SCRIPT = dict(SCRIPTS, tokenless=[
@@ -39,7 +39,7 @@ SCRIPT = dict(SCRIPTS, tokenless=[
 ])
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def _a_cgroup_here() -> None:
     probe = cgroups.make("a-probe-containment")
     if probe is None:
@@ -61,6 +61,7 @@ def _runner_record(fleet: Fleet, task_id: str) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+@pytest.mark.usefixtures("_a_cgroup_here")
 def test_a_tokenless_daemon_ends_with_its_attempt_after_the_runners_sigkill(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
     fleet = make_fleet(endpoint, claude_bin, max_attempts=1)
@@ -85,6 +86,7 @@ def test_a_tokenless_daemon_ends_with_its_attempt_after_the_runners_sigkill(
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.usefixtures("_a_cgroup_here")
 def test_a_tokenless_daemon_on_the_ssh_host_ends_after_the_runners_sigkill(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
         tmp_path: Path) -> None:
@@ -119,3 +121,36 @@ def test_a_tokenless_daemon_on_the_ssh_host_ends_after_the_runners_sigkill(
             os.kill(pid, signal.SIGKILL)
         host.close()
         server.stop()
+
+
+def test_without_a_cgroup_a_tokenless_daemon_ends_with_the_pid_namespace(
+        git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cgroup (the setting that skips it, as on a host whose user has none delegated):
+    the attempt's processes are in a PID namespace whose init dies with the runner, so
+    the kernel ends the daemon when the runner is SIGKILLed (nothing sweeps it)."""
+    monkeypatch.setenv(pidns.MODE_ENV, "namespace")
+    fleet = make_fleet(endpoint, claude_bin, max_attempts=1)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:tokenless] go", repo=git_repo))
+        drive(fleet, lambda: len(commands_in(git_repo, DAEMON, STEP)) == 2, timeout=90)
+        drive(fleet, lambda: bool(_runner_record(fleet, task.id).get("claude_pid")),
+              timeout=30)
+        record = _runner_record(fleet, task.id)
+        assert record.get("contained") == pidns.CONTAINED_NAMESPACE, record
+        assert not record.get("cgroup"), record
+        (daemon,) = commands_in(git_repo, DAEMON)
+        assert b"FLEET_ATTEMPT_TOKEN" not in Path(f"/proc/{daemon}/environ").read_bytes()
+        assert os.getsid(daemon) == daemon  # it left claude's session
+        assert os.readlink(f"/proc/{daemon}/ns/pid") != os.readlink("/proc/self/ns/pid")
+        os.kill(int(record["runner_pid"]), signal.SIGKILL)
+        deadline = time.monotonic() + 10  # the kernel's work, not a sweep's: no engine tick
+        while commands_in(git_repo, DAEMON, STEP) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert commands_in(git_repo, DAEMON, STEP) == []
+        drive(fleet, settled(fleet, task.id), timeout=90)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.FAILED, done.message
+    finally:
+        for pid in commands_in(git_repo, DAEMON, STEP):
+            os.kill(pid, signal.SIGKILL)
