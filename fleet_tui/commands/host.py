@@ -255,8 +255,9 @@ def _show(host: HostConfig, checks: list[Check]) -> None:
         f"Ray {host.target}" if host.is_ray else f"ssh {host.target}"
     _out(f"host {host.name} ({what}):")
     for check in checks:
-        _out(f"  {'ok  ' if check.ok else 'FAIL'}  {check.name:<9}  {check.found}")
-        if not check.ok and check.fix:
+        mark = "FAIL" if not check.ok else "warn" if check.warn else "ok  "
+        _out(f"  {mark}  {check.name:<9}  {check.found}")
+        if (not check.ok or check.warn) and check.fix:
             _out(f"        fix: {check.fix}")
 
 

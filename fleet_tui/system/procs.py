@@ -522,6 +522,55 @@ def user_namespaces_limit() -> int | None:
         return None
 
 
+CONTAIN_PROBE = """
+import ctypes, os
+def cgroup():
+    mount = own = None
+    for line in open("/proc/self/mounts"):
+        part = line.split()
+        if len(part) >= 3 and part[2] == "cgroup2":
+            mount = part[1]
+            break
+    if mount is None:
+        return False
+    for line in open("/proc/self/cgroup"):
+        if line.startswith("0::"):
+            own = line[3:].strip()
+    for base in [mount + "/fleet-tui"] + ([mount + own.rstrip("/") + "/fleet-tui"]
+                                          if own else []):
+        path = "%s/probe-%d" % (base, os.getpid())
+        try:
+            os.makedirs(path)
+        except OSError:
+            continue
+        ok = os.access(path + "/cgroup.procs", os.W_OK)
+        os.rmdir(path)
+        if ok:
+            return True
+    return False
+def namespace():
+    libc = ctypes.CDLL(None, use_errno=True)
+    pid = os.fork()
+    if pid == 0:
+        flags = 0x20000000 if os.geteuid() == 0 else 0x30000000
+        if libc.unshare(flags) != 0 and libc.unshare(0x30000000) != 0:
+            os._exit(min(ctypes.get_errno(), 255) or 255)
+        os._exit(0)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return "" if code == 0 else os.strerror(code) if code > 0 else "killed"
+asked = os.environ.get("FLEET_TUI_CONTAIN", "").strip().lower()
+try:
+    why = "FLEET_TUI_CONTAIN=token" if asked == "token" else \
+        "" if asked != "namespace" and cgroup() else namespace() or "-"
+    print("cgroup" if not why else "namespace" if why == "-" else "none: " + why)
+except Exception as exc:
+    print("none: %s" % exc)
+"""
+"""What `host check` runs on a host (python3 -S -c) to learn whether an attempt's
+processes can be contained there: the calls of system/cgroups.py's `make` and
+system/pidns.py's `make`, on a host where nothing of fleet-tui is yet."""
+
+
 def cgroup_v2() -> tuple[str, str] | None:
     """Where the cgroup v2 hierarchy is mounted and this process's cgroup in it (a path
     from that mount, "/" for its root); None where there is none, and on the portable path
