@@ -121,7 +121,13 @@ def child_setup() -> None:
 
 
 def end(init: int) -> None:
-    """The namespace ended (its init killed: the kernel kills the rest) and reaped."""
+    """The namespace ended (its init killed: the kernel kills the rest) and reaped. Only
+    while it is still this process's unreaped child: its pid cannot have been reused."""
+    try:
+        if os.waitpid(init, os.WNOHANG)[0] != 0:
+            return  # it had died already (a SIGKILL to the runner's tree): reaped now
+    except ChildProcessError:
+        return  # reaped already (the runner's reap of its children)
     with contextlib.suppress(OSError):
         os.kill(init, signal.SIGKILL)
     with contextlib.suppress(OSError):
