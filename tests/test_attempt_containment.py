@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import sshd
+from endpoint_helpers import run_cli
 from proc_helpers import commands_in
 from ssh_support import host_pids, master, ssh_host, start_sshd
 from test_fleet import KEY, SCRIPTS, drive, make_fleet, settled
@@ -28,7 +29,7 @@ from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, TaskState
-from fleet_tui.system import cgroups, paths
+from fleet_tui.system import cgroups, paths, pidns
 
 DAEMON, STEP = "sleep 471", "sleep 470"
 SCRIPT = dict(SCRIPTS, tokenless=[
@@ -36,10 +37,22 @@ SCRIPT = dict(SCRIPTS, tokenless=[
       "input": {"command": f"env -u FLEET_ATTEMPT_TOKEN setsid {DAEMON} </dev/null "
                            f">/dev/null 2>&1 & {STEP}", "description": "a daemon"}}],
     "never reached",
+], world=[
+    # what a worker sees of its processes: pids and /proc agree, orphans are reaped (a
+    # zombie whose parent is outside, ppid 0, is the runner's to reap, as without it)
+    [{"type": "tool_use", "name": "Bash",
+      "input": {"command": "(sleep 472 & p=$!; pgrep -x sleep | grep -qx \"$p\" && "
+                           "echo pgrep-agrees; kill $p; wait $p; "
+                           "(sh -c 'sleep 0.2 & exit 0'); sleep 1; "
+                           "echo zombies=$(ps -eo ppid=,stat= | "
+                           "awk '$1 != 0 && $2 ~ /^Z/' | wc -l); "
+                           "echo uid=$(id -u)) > world.txt 2>&1",
+                "description": "look around"}}],
+    "looked",
 ])
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def _a_cgroup_here() -> None:
     probe = cgroups.make("a-probe-containment")
     if probe is None:
@@ -61,6 +74,7 @@ def _runner_record(fleet: Fleet, task_id: str) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+@pytest.mark.usefixtures("_a_cgroup_here")
 def test_a_tokenless_daemon_ends_with_its_attempt_after_the_runners_sigkill(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
     fleet = make_fleet(endpoint, claude_bin, max_attempts=1)
@@ -85,6 +99,7 @@ def test_a_tokenless_daemon_ends_with_its_attempt_after_the_runners_sigkill(
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.usefixtures("_a_cgroup_here")
 def test_a_tokenless_daemon_on_the_ssh_host_ends_after_the_runners_sigkill(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
         tmp_path: Path) -> None:
@@ -119,3 +134,85 @@ def test_a_tokenless_daemon_on_the_ssh_host_ends_after_the_runners_sigkill(
             os.kill(pid, signal.SIGKILL)
         host.close()
         server.stop()
+
+
+def test_without_a_cgroup_a_tokenless_daemon_ends_with_the_pid_namespace(
+        git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cgroup (the setting that skips it, as on a host whose user has none delegated):
+    the attempt's processes are in a PID namespace whose init dies with the runner, so
+    the kernel ends the daemon when the runner is SIGKILLed (nothing sweeps it)."""
+    monkeypatch.setenv(pidns.MODE_ENV, "namespace")
+    fleet = make_fleet(endpoint, claude_bin, max_attempts=1)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:tokenless] go", repo=git_repo))
+        drive(fleet, lambda: len(commands_in(git_repo, DAEMON, STEP)) == 2, timeout=90)
+        drive(fleet, lambda: bool(_runner_record(fleet, task.id).get("claude_pid")),
+              timeout=30)
+        record = _runner_record(fleet, task.id)
+        assert record.get("contained") == pidns.CONTAINED_NAMESPACE, record
+        assert not record.get("cgroup"), record
+        (daemon,) = commands_in(git_repo, DAEMON)
+        assert b"FLEET_ATTEMPT_TOKEN" not in Path(f"/proc/{daemon}/environ").read_bytes()
+        assert os.getsid(daemon) == daemon  # it left claude's session
+        assert os.readlink(f"/proc/{daemon}/ns/pid") != os.readlink("/proc/self/ns/pid")
+        os.kill(int(record["runner_pid"]), signal.SIGKILL)
+        deadline = time.monotonic() + 10  # the kernel's work, not a sweep's: no engine tick
+        while commands_in(git_repo, DAEMON, STEP) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert commands_in(git_repo, DAEMON, STEP) == []
+        drive(fleet, settled(fleet, task.id), timeout=90)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.FAILED, done.message
+        shown = run_cli(dict(os.environ), git_repo, "show", task.id)
+        assert "processes: in a PID namespace of its own" in shown.stdout, shown.stdout
+    finally:
+        for pid in commands_in(git_repo, DAEMON, STEP):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_where_nothing_contains_an_attempt_show_says_so(
+        git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither a cgroup nor a namespace (asked for here; a kernel that allows neither reads
+    the same): the attempt runs, its token the only mark, and `show` says what that
+    means, in one line."""
+    monkeypatch.setenv(pidns.MODE_ENV, "token")
+    fleet = make_fleet(endpoint, claude_bin, max_attempts=1)
+    (task,) = fleet.submit(TaskSpec(prompt="[script:default] go", repo=git_repo))
+    drive(fleet, settled(fleet, task.id), timeout=90)
+    assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
+    assert _runner_record(fleet, task.id)["contained"] == "no: FLEET_TUI_CONTAIN=token"
+    shown = run_cli(dict(os.environ), git_repo, "show", task.id)
+    (line,) = [x for x in shown.stdout.splitlines() if "processes:" in x]
+    assert line.strip() == (
+        "processes: NOT contained (FLEET_TUI_CONTAIN=token): a process that leaves its "
+        "session and drops FLEET_ATTEMPT_TOKEN can outlive the attempt")
+
+
+def test_the_containment_line_of_each_record() -> None:
+    assert pidns.described(None) is None and pidns.described({"cgroup": None}) is None
+    assert pidns.described({"contained": "cgroup"}) == \
+        "in a cgroup of its own (everything it started ends with it)"
+    assert pidns.described({"contained": "no: no cgroup, and cannot make a user and PID "
+                            "namespace: Operation not permitted"}) == (
+        "NOT contained (no cgroup, and cannot make a user and PID namespace: Operation not "
+        "permitted): a process that leaves its session and drops FLEET_ATTEMPT_TOKEN can "
+        "outlive the attempt")
+
+
+def test_a_worker_sees_the_same_world_in_the_pid_namespace(
+        git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the namespace as without it: a background job's pid is the one pgrep (/proc)
+    finds, so `kill` reaches it; an orphan is reaped (the namespace's init); the user is
+    the one the worker runs as (ps sees the namespace's processes only)."""
+    monkeypatch.setenv(pidns.MODE_ENV, "namespace")
+    fleet = make_fleet(endpoint, claude_bin, max_attempts=1)
+    (task,) = fleet.submit(TaskSpec(prompt="[script:world] look", repo=git_repo))
+    drive(fleet, settled(fleet, task.id), timeout=90)
+    done = fleet.get_task(task.id)
+    assert done.state == TaskState.SUCCEEDED, done.message
+    assert done.worktree is not None
+    text = (Path(done.worktree) / "world.txt").read_text()
+    assert text.split() == ["pgrep-agrees", "zombies=0", f"uid={os.geteuid()}"], text

@@ -108,8 +108,9 @@ def test_check_local_runs_every_check_here(tmp_path: Path, claude_bin: str) -> N
     out = run_cli(env, tmp_path, "host", "check", "local", "--json")
     data = json.loads(out.stdout)
     checks = {c["check"]: c for c in data["checks"]}
-    assert list(checks) == ["reachable", "python", "git", "claude", "disk", "clock"]
-    for name in ("reachable", "python", "git", "claude", "clock"):
+    assert list(checks) == ["reachable", "python", "git", "claude", "disk", "clock",
+                            "contain"]
+    for name in ("reachable", "python", "git", "claude", "clock", "contain"):
         assert checks[name]["ok"], checks[name]
     from fleet_tui import CLAUDE_CODE_VERSION
 
@@ -118,6 +119,31 @@ def test_check_local_runs_every_check_here(tmp_path: Path, claude_bin: str) -> N
     shown = run_cli(env, tmp_path, "host", "check")
     assert "host local (this machine):" in shown.stdout
     assert "ok    python" in shown.stdout
+
+
+def test_check_says_in_one_line_how_an_attempts_processes_are_contained(
+        tmp_path: Path, claude_bin: str) -> None:
+    """A cgroup where one can be made, else a PID namespace; where neither can, a warning
+    (the host still works: the check passes) saying what may then outlive an attempt.
+    FLEET_TUI_CONTAIN asks for less than the machine offers, as a machine without
+    them would be."""
+    said = {}
+    for asked in ("auto", "namespace", "token"):
+        env = env_of(tmp_path, FLEET_WORKER_CLAUDE=claude_bin, FLEET_TUI_CONTAIN=asked)
+        out = run_cli(env, tmp_path, "host", "check", "local")
+        (line,) = [x for x in out.stdout.splitlines() if " contain " in x]
+        said[asked] = line.strip()
+    assert said["auto"] in ("ok    contain    a cgroup per attempt",
+                            "ok    contain    a PID namespace per attempt (no cgroup for "
+                            "this user): everything a worker starts ends with it")
+    assert said["namespace"].startswith("ok    contain    a PID namespace per attempt")
+    assert said["token"] == (
+        "warn  contain    NOT contained (FLEET_TUI_CONTAIN=token): a process a worker starts "
+        "that leaves its session and drops FLEET_ATTEMPT_TOKEN can outlive its attempt")
+    env = env_of(tmp_path, FLEET_WORKER_CLAUDE=claude_bin, FLEET_TUI_CONTAIN="token")
+    out = run_cli(env, tmp_path, "host", "check", "local", "--json")
+    (check,) = [c for c in json.loads(out.stdout)["checks"] if c["check"] == "contain"]
+    assert check["ok"] and check["warn"] and "user.max_user_namespaces" in check["fix"]
 
 
 def test_check_of_a_missing_claude_says_how_to_install_it(tmp_path: Path) -> None:

@@ -59,6 +59,13 @@ USER_SCRIPTS["commit-then-wait"] = [
                 "description": "commit, then wait"}}],
     "committed there",
 ]
+DAEMON, STEP = "sleep 481", "sleep 480"
+USER_SCRIPTS["tokenless"] = [
+    [{"type": "tool_use", "name": "Bash",
+      "input": {"command": f"env -u FLEET_ATTEMPT_TOKEN setsid {DAEMON} </dev/null "
+                           f">/dev/null 2>&1 & {STEP}", "description": "a daemon"}}],
+    "never reached",
+]
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +116,10 @@ def _git(cwd: Path, *args: str) -> str:
                           text=True).stdout
 
 
-def test_a_host_that_is_another_user_on_the_readmes_path(
-        tmp_path: Path, git_repo: Path, claude_bin: str, user_host: sshd.Sshd,
-        registry: str, endpoint: ScriptedEndpoint) -> None:
+def _users_setup(tmp_path: Path, claude_bin: str, user_host: sshd.Sshd, registry: str,
+                 endpoint: ScriptedEndpoint) -> tuple[dict[str, str], Path]:
+    """This machine's own claude at ~/tools/claude, the host's npm pointed at the registry,
+    the user's ssh config (a wrapper on PATH) and config.toml: (the CLI's env, the file)."""
     home_here = Path(os.environ["HOME"])
     # this machine's own claude, at a path only this machine has
     (home_here / "tools").mkdir(exist_ok=True)
@@ -133,7 +141,14 @@ def test_a_host_that_is_another_user_on_the_readmes_path(
                FLEET_TUI_CONFIG=str(config), FLEET_WORKER_CLAUDE="~/tools/claude",
                FLEET_WORKER_GATEWAY="1",  # the default (the suite's is off): the key stays
                ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
+    return env, config
 
+
+def test_a_host_that_is_another_user_on_the_readmes_path(
+        tmp_path: Path, git_repo: Path, claude_bin: str, user_host: sshd.Sshd,
+        registry: str, endpoint: ScriptedEndpoint) -> None:
+    home_here = Path(os.environ["HOME"])
+    env, config = _users_setup(tmp_path, claude_bin, user_host, registry, endpoint)
     added = _cli(env, git_repo, "host", "add", "box", ALIAS)
     assert added.returncode == 0, added.stderr
     assert "[hosts.box]" in config.read_text()
@@ -196,6 +211,87 @@ def test_a_host_that_is_another_user_on_the_readmes_path(
         assert host_pids(user_host, *SLEEPS) == []
         assert host_pids(user_host, f"attempts/{other.id}/") == []
         assert token_holders(user_host, token) == []
+    finally:
+        control.stop(fleet.env)
+        for host in fleet.supervisor.hosts.built():
+            close = getattr(host, "close", None)
+            if close is not None:
+                close()
+
+
+def _users_processes(uid: int) -> dict[int, tuple[str, str, str]]:
+    """Every process of the host's user on this machine (the host is this machine under
+    another uid): pid -> (command line, cwd, PID namespace)."""
+    found: dict[int, tuple[str, str, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            found[int(entry.name)] = (args, os.readlink(entry / "cwd"),
+                                      os.readlink(entry / "ns" / "pid"))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def test_a_daemon_that_drops_the_token_ends_with_its_attempt_on_the_users_host(
+        tmp_path: Path, git_repo: Path, claude_bin: str, user_host: sshd.Sshd,
+        registry: str, endpoint: ScriptedEndpoint) -> None:
+    """The host's user may make no cgroup (nothing delegated to it): its attempts run in a
+    PID namespace whose init dies with the runner. A Bash step starts a daemon with
+    `env -u FLEET_ATTEMPT_TOKEN setsid ...`, the runner is SIGKILLed on the host: the
+    kernel ends every process of the attempt there (no engine sweeps meanwhile), and
+    `host check` and `show` say how the attempt was contained."""
+    env, _config = _users_setup(tmp_path, claude_bin, user_host, registry, endpoint)
+    assert _cli(env, git_repo, "host", "add", "box", ALIAS).returncode == 0
+    checked = _cli(env, git_repo, "host", "check", "box", "--yes", timeout=900)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "ok    contain    a PID namespace per attempt" in checked.stdout, checked.stdout
+    uid = int(user_host.ssh("id -u").strip())
+
+    fleet = Fleet(load_settings(env=env), Store(paths.db_path()), env=env)
+    try:
+        (task,) = fleet.submit(TaskSpec(prompt="[script:tokenless] go", repo=git_repo,
+                                        host="box"))
+        drive(fleet, lambda: len(host_pids(user_host, DAEMON, STEP)) == 2
+              or fleet.get_task(task.id).state == TaskState.FAILED, timeout=180)
+        assert fleet.get_task(task.id).state == TaskState.RUNNING, \
+            fleet.get_task(task.id).message
+        remote_dir = f"{user_host.home}/.fleet-tui-host/attempts/{task.id}/1"
+        record = json.loads(user_host.ssh(f"cat {shlex.quote(remote_dir)}/runner.json"))
+        assert record["contained"] == "pid namespace" and not record["cgroup"], record
+        (daemon,) = host_pids(user_host, DAEMON)
+        seen = _users_processes(uid)
+        namespace = seen[daemon][2]
+        ours = {pid for pid, (_, _, ns) in seen.items() if ns == namespace}
+        assert int(record["claude_pid"]) in ours and daemon in ours
+        assert int(record["runner_pid"]) not in ours  # the runner is outside, its init in
+        token = json.loads(user_host.ssh(f"cat {shlex.quote(remote_dir)}/spec.json"))["token"]
+        assert daemon not in token_holders(user_host, token)  # it dropped the token
+        # what the worker sees of itself: its own user, not root
+        status = user_host.ssh(f"grep -E '^(Uid|NSpid):' /proc/{daemon}/status")
+        assert f"Uid:\t{uid}\t" in status, status
+
+        user_host.ssh(f"kill -KILL {int(record['runner_pid'])}")
+
+        def left() -> dict[int, tuple[str, str, str]]:
+            return {pid: what for pid, what in _users_processes(uid).items()
+                    if what[2] == namespace or pid in ours or remote_dir in what[0]
+                    or what[0] in (DAEMON, STEP)}
+
+        deadline = time.monotonic() + 20  # the kernel's doing: the engine does not tick
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert left() == {}
+        drive(fleet, lambda: fleet.get_task(task.id).state in
+              (TaskState.FAILED, TaskState.SUCCEEDED), timeout=120)
+        assert fleet.get_task(task.id).state == TaskState.FAILED
+        assert left() == {} and token_holders(user_host, token) == []
+        shown = _cli(env, git_repo, "show", task.id)
+        assert "processes: in a PID namespace of its own" in shown.stdout, shown.stdout
     finally:
         control.stop(fleet.env)
         for host in fleet.supervisor.hosts.built():

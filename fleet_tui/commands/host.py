@@ -219,8 +219,9 @@ def _report(host: HostConfig, checks: list[Check], *, as_json: bool) -> int:
 def _show(host: HostConfig, checks: list[Check]) -> None:
     _out(f"host {host.name} ({host_check.checks_of(host).describe(host)}):")
     for check in checks:
-        _out(f"  {'ok  ' if check.ok else 'FAIL'}  {check.name:<9}  {check.found}")
-        if not check.ok and check.fix:
+        mark = "FAIL" if not check.ok else "warn" if check.warn else "ok  "
+        _out(f"  {mark}  {check.name:<9}  {check.found}")
+        if (not check.ok or check.warn) and check.fix:
             _out(f"        fix: {check.fix}")
 
 

@@ -51,7 +51,7 @@ from fleet_tui.store.costs import as_json
 from fleet_tui.store.db import StoreError, unusable
 from fleet_tui.store.meter import Totals
 from fleet_tui.store.reviews import ReviewComment
-from fleet_tui.system import paths
+from fleet_tui.system import paths, pidns
 from fleet_tui.vcs import git
 
 EXIT_OK = 0
@@ -651,6 +651,10 @@ def cmd_show(argv: list[str]) -> int:
              f"  {_one_line(a.message, 100)}")
         if a.dir is not None:
             _out(f"     log: {a.dir}")
+        log = fleet.attempt_log(a)
+        contained = pidns.described(log.runner_record() if log is not None else None)
+        if contained is not None:  # how its processes were held (said by its runner)
+            _out(f"     processes: {contained}")
     return EXIT_OK
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from fleet_tui import CLAUDE_CODE_VERSION
+from fleet_tui.system import procs
 
 if TYPE_CHECKING:
     from fleet_tui.settings.config import Settings
@@ -49,9 +50,11 @@ class Check:
     ok: bool
     found: str
     fix: str = ""
+    warn: bool = False  # passed, but with something the user should know
 
     def to_json(self) -> dict[str, object]:
-        return {"check": self.name, "ok": self.ok, "found": self.found, "fix": self.fix}
+        return {"check": self.name, "ok": self.ok, "found": self.found, "fix": self.fix,
+                "warn": self.warn}
 
 
 def run_script(argv: Sequence[str], script: str, *, timeout: float = 60.0,
@@ -247,6 +250,9 @@ def probe_script(claude: tuple[str, ...] = (), python: str = "python3") -> str:
         'echo "npm=$(command -v npm 2>/dev/null)"',
         'echo "disk_kb=$(df -Pk "$HOME" 2>/dev/null | awk \'NR==2 {print $4}\')"',
         'echo "time=$(date +%s)"',
+        # can an attempt's processes be contained there: a cgroup, else a PID namespace
+        f"echo \"contain=$({_shell_path(python)} -S -c {shlex.quote(procs.CONTAIN_PROBE)} "
+        '2>/dev/null | tail -n 1)"',
         "",
     ])
 
@@ -292,6 +298,7 @@ def check_shell(argv: Sequence[str], *, where: str, reached: str, here: bool,
     checks.append(claude_check(values, install_to, "here" if here else "there"))
     checks.append(_disk(values.get("disk_kb", "")))
     checks.append(_skew(values.get("time", ""), started, ended))
+    checks.append(_contain(values.get("contain", "")))
     return checks, values
 
 
@@ -321,6 +328,22 @@ def claude_check(values: Mapping[str, str], install_to: str | None, where: str) 
         return Check("claude", False, f"{shown} at {path} (fleet-tui is tested with "
                      f"{CLAUDE_CODE_VERSION})", fix)
     return Check("claude", True, f"{shown} at {path}")
+
+
+def _contain(found: str) -> Check:
+    """How each attempt's processes are held together there (system/cgroups.py, else
+    system/pidns.py): said in one line, a warning where neither can be made."""
+    if found == "cgroup":
+        return Check("contain", True, "a cgroup per attempt")
+    if found == "namespace":
+        return Check("contain", True, "a PID namespace per attempt (no cgroup for this "
+                     "user): everything a worker starts ends with it")
+    why = found.partition(":")[2].strip() or (found or "the probe gave no answer")
+    return Check("contain", True, f"NOT contained ({why[:160]}): a process a worker "
+                 "starts that leaves its session and drops FLEET_ATTEMPT_TOKEN can outlive "
+                 "its attempt", "allow unprivileged user namespaces there (sysctl "
+                 "user.max_user_namespaces > 0) or delegate a cgroup v2 to this user",
+                 warn=True)
 
 
 def _disk(found: str) -> Check:

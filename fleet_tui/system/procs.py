@@ -50,6 +50,11 @@ pid reused within one second of the first process's start is not a real case."""
 # prctl(2) options (linux/prctl.h)
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+# unshare(2) and mount(2) flags (linux/sched.h, linux/mount.h)
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 
 
 class ProcStat:
@@ -456,6 +461,114 @@ def set_child_subreaper(on: bool = True) -> bool:
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
     """Ask the kernel to send sig to this process when its parent dies."""
     return _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def unshare(flags: int) -> str | None:
+    """unshare(2) this process (a Linux extra); None when done, else why not."""
+    if PORTABLE:
+        return "not on the portable path"
+    libc = _libc()
+    if libc is None:
+        return "no libc to call"
+    import ctypes
+
+    if int(libc.unshare(ctypes.c_int(flags))) == 0:
+        return None
+    return os.strerror(ctypes.get_errno())
+
+
+def map_own_ids(uid: int, gid: int) -> str | None:
+    """In a user namespace this process just made: its own uid and gid mapped to
+    themselves (nothing else is), so what runs in it sees the user it is, not root and
+    not `nobody`. None when done, else why not."""
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            fd = os.open(f"{PROC}/self/{name}", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def mount_own_proc() -> bool:
+    """For a process of a PID namespace (between fork and exec): a mount namespace of its
+    own with /proc showing that namespace, so its pids and /proc's agree (`kill $(pgrep
+    x)` reaches x). Nothing propagates out: / is made private first. False (and /proc
+    left as it is) where the kernel refuses."""
+    libc = _libc()
+    if PORTABLE or libc is None:
+        return False
+    import ctypes
+
+    if int(libc.unshare(ctypes.c_int(CLONE_NEWNS))) != 0:
+        return False
+    none = ctypes.c_char_p(None)
+    if int(libc.mount(none, b"/", none, ctypes.c_ulong(MS_REC | MS_PRIVATE), none)) != 0:
+        return False
+    return int(libc.mount(b"proc", b"/proc", b"proc",
+                          ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), none)) == 0
+
+
+def user_namespaces_limit() -> int | None:
+    """/proc/sys/user/max_user_namespaces (0: none may be made), None where unreadable."""
+    try:
+        with open(f"{PROC}/sys/user/max_user_namespaces", encoding="ascii") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+CONTAIN_PROBE = """
+import ctypes, os
+def cgroup():
+    mount = own = None
+    for line in open("/proc/self/mounts"):
+        part = line.split()
+        if len(part) >= 3 and part[2] == "cgroup2":
+            mount = part[1]
+            break
+    if mount is None:
+        return False
+    for line in open("/proc/self/cgroup"):
+        if line.startswith("0::"):
+            own = line[3:].strip()
+    for base in [mount + "/fleet-tui"] + ([mount + own.rstrip("/") + "/fleet-tui"]
+                                          if own else []):
+        path = "%s/probe-%d" % (base, os.getpid())
+        try:
+            os.makedirs(path)
+        except OSError:
+            continue
+        ok = os.access(path + "/cgroup.procs", os.W_OK)
+        os.rmdir(path)
+        if ok:
+            return True
+    return False
+def namespace():
+    libc = ctypes.CDLL(None, use_errno=True)
+    pid = os.fork()
+    if pid == 0:
+        flags = 0x20000000 if os.geteuid() == 0 else 0x30000000
+        if libc.unshare(flags) != 0 and libc.unshare(0x30000000) != 0:
+            os._exit(min(ctypes.get_errno(), 255) or 255)
+        os._exit(0)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return "" if code == 0 else os.strerror(code) if code > 0 else "killed"
+asked = os.environ.get("FLEET_TUI_CONTAIN", "").strip().lower()
+try:
+    why = "FLEET_TUI_CONTAIN=token" if asked == "token" else \
+        "" if asked != "namespace" and cgroup() else namespace() or "-"
+    print("cgroup" if not why else "namespace" if why == "-" else "none: " + why)
+except Exception as exc:
+    print("none: %s" % exc)
+"""
+"""What `host check` runs on a host (python3 -S -c) to learn whether an attempt's
+processes can be contained there: the calls of system/cgroups.py's `make` and
+system/pidns.py's `make`, on a host where nothing of fleet-tui is yet."""
 
 
 def cgroup_v2() -> tuple[str, str] | None:

@@ -734,7 +734,10 @@ def _write_key_once(path: str, secret: bytes, parent: int) -> None:
         from fleet_tui.system import procs
 
         procs.set_parent_death_signal(signal.SIGTERM)
-        if os.getppid() != parent:  # the parent went before the death signal was armed
+        # the parent went before the death signal was armed (a parent that reads as 0 is
+        # outside this process's PID namespace, a runner's attempt namespace, which ends
+        # with that runner: system/pidns.py)
+        if os.getppid() not in (parent, 0):
             leave()
         signal.alarm(KEY_HANDOFF_TIMEOUT)
         fd = os.open(path, os.O_WRONLY)  # blocks until the helper opens the pipe to read

@@ -62,7 +62,7 @@ from fleet_tui.execution.attemptlog import (
     write_json_atomic,
 )
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
-from fleet_tui.system import cgroups, procs
+from fleet_tui.system import cgroups, pidns, procs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
@@ -132,6 +132,8 @@ class Runner:
         self.env = dict(os.environ if env is None else env)
         self.child: subprocess.Popen[bytes] | None = None
         self.cgroup: str | None = None  # the attempt's cgroup (system/cgroups.py), if any
+        self.ns_init: int | None = None  # else its PID namespace's init (system/pidns.py)
+        self.contained = ""  # runner.json's word on it (pidns.described reads it)
         self.child_start: str | None = None
         self.received: int | None = None  # the terminating signal we got, if any
         self.started_at = time.time()
@@ -273,6 +275,7 @@ class Runner:
                 "claude_start": self.child_start,
                 "started_at": self.started_at,
                 "cgroup": self.cgroup,
+                "contained": self.contained,
             })
         except OSError as exc:
             where = self.log.runner_record_path
@@ -330,6 +333,8 @@ class Runner:
         if self.cgroup is not None:  # nothing of the attempt outlives its exit record
             cgroups.end(self.cgroup, LEFTOVER_GRACE)
             procs.reap_children()
+        if self.ns_init is not None:
+            pidns.end(self.ns_init)
         if error is None:
             error = self.write_error
         if not self._write_exit(exit_code=exit_code, sig=sig, error=error):
@@ -348,8 +353,14 @@ class Runner:
         self._reserve()
         # the attempt's processes all in one cgroup where the machine offers one: found
         # and ended with the attempt, whatever they dropped (group, parent, token)
-        self.cgroup = cgroups.make(
-            "a-" + hashlib.sha256(str(self.dir.resolve()).encode()).hexdigest()[:20])
+        contain = pidns.mode(self.env)
+        if contain == "auto":
+            self.cgroup = cgroups.make(
+                "a-" + hashlib.sha256(str(self.dir.resolve()).encode()).hexdigest()[:20])
+        if self.cgroup is not None:
+            self.contained = pidns.CONTAINED_CGROUP
+        elif contain == "token":
+            self.contained = f"{pidns.NOT_CONTAINED}: {pidns.MODE_ENV}=token"
         self._write_runner_record()  # known before anything runs
         try:
             spec = RunSpec.from_json(self.log.read_spec())
@@ -366,6 +377,14 @@ class Runner:
         if self.received is not None:  # killed before claude even started
             return self._end(128 + self.received, exit_code=None, sig=self.received,
                              error="killed before start")
+        if self.cgroup is None and not self.contained:
+            # else a PID namespace: from here on every child of the runner is in it
+            made = pidns.make()
+            if isinstance(made, int):
+                self.ns_init, self.contained = made, pidns.CONTAINED_NAMESPACE
+            else:
+                self.contained = f"{pidns.NOT_CONTAINED}: no cgroup, and {made}"
+            self._write_runner_record()
         argv, env = list(plan.argv), dict(plan.env)
         env.update({k: v for k, v in (spec.env or {}).items()
                     if isinstance(k, str) and isinstance(v, str)})
@@ -487,15 +506,19 @@ class Runner:
         user_umask = self.user_umask
         parent = self.pid
 
-        cgroup = self.cgroup
+        cgroup, in_namespace = self.cgroup, self.ns_init is not None
 
         def preexec() -> None:
             os.setpgid(0, 0)
             os.umask(user_umask)
             if cgroup is not None:
                 cgroups.join(cgroup)
+            if in_namespace:
+                pidns.child_setup()
             procs.set_parent_death_signal(signal.SIGKILL)
-            if os.getppid() != parent:
+            # in the namespace the runner, outside it, reads as parent 0 (and were it
+            # gone, the namespace's init would be too, and this process with it)
+            if os.getppid() != (0 if in_namespace else parent):
                 os._exit(1)
 
         clean_env = {k: v for k, v in env.items()
@@ -550,15 +573,19 @@ class Runner:
         parent = self.pid
         user_umask = self.user_umask
 
-        cgroup = self.cgroup
+        cgroup, in_namespace = self.cgroup, self.ns_init is not None
 
         def preexec() -> None:  # runs in the child between fork and exec
             os.setpgid(0, 0)
             os.umask(user_umask)
             if cgroup is not None:
                 cgroups.join(cgroup)
+            if in_namespace:
+                pidns.child_setup()
             procs.set_parent_death_signal(signal.SIGKILL)
-            if os.getppid() != parent:  # the runner died before the death signal was armed
+            # the runner died before the death signal was armed (in the namespace the
+            # runner reads as parent 0; were it gone, the namespace would be too)
+            if os.getppid() != (0 if in_namespace else parent):
                 os._exit(1)
 
         events = self.log.events
@@ -816,7 +843,9 @@ class Runner:
         """Kill whatever claude left behind (reparented to us as subreaper, or carrying the
         attempt's token) and reap it."""
         groups = [self.child.pid] if self.child is not None else []
-        hit = procs.signal_tree(self.pid, signal.SIGTERM, groups=groups)
+        # the namespace's init takes no SIGTERM: not waited for here, ended in _end
+        hit = [p for p in procs.signal_tree(self.pid, signal.SIGTERM, groups=groups)
+               if p != self.ns_init]
         if token:
             marked = [p for p in procs.with_env(TOKEN_ENV, token) if p not in hit]
             hit += [p for p in marked if procs.signal_pid(p, signal.SIGTERM)]
