@@ -176,6 +176,8 @@ def format_event(ev: stream.Event) -> str | None:
         files = f"; copied {', '.join(ev.copied)}" if ev.copied else ""
         files += f"; skipped {'; '.join(ev.skipped)}" if ev.skipped else ""
         line = f"  {mark:<6} setup exit {ev.exit_code}{took}{files}"
+    elif isinstance(ev, stream.Blocked):
+        line = f"cage     {_one_line(ev.text)}"
     elif isinstance(ev, stream.ToolUse):
         line = f"tool     {ev.summary or ev.name}"
     elif isinstance(ev, stream.ToolResult):
@@ -591,9 +593,12 @@ def cmd_show(argv: list[str]) -> int:
     attempts = fleet.attempts(task.id)
     limits = fleet.endpoint_note(task.endpoint)
     metered = fleet.costs([task.id]).get(task.id, Totals())
+    cage, blocked = _cage_of(fleet, task, attempts)
     if args.json:
-        _out(json.dumps({**task_json(task, attempts, metered), "endpoint_limits": limits},
-                        indent=2))
+        _out(json.dumps({**task_json(task, attempts, metered), "endpoint_limits": limits,
+                         "cage": cage.split(" ", 1)[0],
+                         "blocked": [{"action": b.action, "target": b.target,
+                                      "detail": b.detail} for b in blocked]}, indent=2))
         return EXIT_OK
     waits = fleet.host_waits().get(task.host) if task.state == TaskState.QUEUED else None
     state = policy.state_text(task) + (f" ({waits})" if waits else "")
@@ -610,7 +615,7 @@ def cmd_show(argv: list[str]) -> int:
             *([("cost", _cost_line(fleet, task, metered))] if metered.requests else []),
             ("changes", f"+{task.added_lines} -{task.deleted_lines}"
                         + (f" ({policy.NO_CHANGE})" if policy.no_change(task) else "")),
-            ("last tool", task.last_tool or "-")]
+            ("last tool", task.last_tool or "-"), ("cage", cage)]
     if task.conflicts:
         rows.append(("conflicts", ", ".join(task.conflicts)))
     if task.land_state:
@@ -626,6 +631,11 @@ def cmd_show(argv: list[str]) -> int:
                                  "back)"))
     for name, value in rows:
         _out(f"{name + ':':<10} {value}")
+    if blocked:
+        _out(f"blocked:   the cage refused {len(blocked)} thing"
+             f"{'s' if len(blocked) != 1 else ''} (allow a host with allow_hosts):")
+        for item in blocked:
+            _out(f"  {_one_line(item.text, 200)}")
     _out("prompt:")
     for line in task.prompt.rstrip().splitlines() or [""]:
         _out(f"  {line}")
@@ -639,6 +649,22 @@ def cmd_show(argv: list[str]) -> int:
         if a.dir is not None:
             _out(f"     log: {a.dir}")
     return EXIT_OK
+
+
+def _cage_of(fleet: Fleet, task: Task, attempts: list[Attempt]
+             ) -> tuple[str, list[stream.Blocked]]:
+    """How the task's last attempt ran (caged or not, from its folder) and what its cage
+    refused; before any start, what the settings say now."""
+    started = [a for a in attempts if a.dir is not None]
+    log = fleet.attempt_log(started[-1]) if started else None
+    if log is None:
+        mode = fleet.settings.cage
+        return (f"{mode} (when it starts)" if mode == "worker" else
+                "off (uncaged: the worker will run as you, with your files and network)"), []
+    if log.cage_policy.exists():
+        return "worker (an OS sandbox: its worktree, no home, its endpoint and allowed " \
+               "hosts only)", log.blocked()
+    return "off (uncaged: the worker ran as you, with your files and network)", []
 
 
 def _cost_line(fleet: Fleet, task: Task, metered: Totals) -> str:

@@ -87,20 +87,20 @@ class Submissions(Part):
         except ConfigError as exc:
             raise InvalidSpec(str(exc)) from None
         host = self._host(spec.host)
-        try:  # what the host's claude would refuse (root, bubblewrap: the local host's)
+        repo = git.main_worktree(spec.repo if spec.repo is not None else Path.cwd())
+        try:  # a repository whose settings never read would fail each attempt at its start
+            repo_cfg = self.repo_settings.get(repo)
+        except ConfigError as exc:
+            raise InvalidSpec(f"the repository's settings do not read: {exc}") from None
+        try:  # what the host's claude would refuse (root, the cage: the local host's)
             self.supervisor.host_of_name(host).check_setup(
-                self.settings.for_endpoint(endpoint), self.env, args=spec.extra_args,
-                permission_mode=spec.permission_mode)
+                repo_cfg.apply(self.settings.for_endpoint(endpoint)), self.env,
+                args=spec.extra_args, permission_mode=spec.permission_mode)
         except FleetTuiError as exc:
             raise InvalidSpec(str(exc)) from None
         model = (spec.model or "main").strip()
         if not model:
             raise InvalidSpec("the model is empty; use main, small or a model name")
-        repo = git.main_worktree(spec.repo if spec.repo is not None else Path.cwd())
-        try:  # a repository whose settings never read would fail each attempt at its start
-            self.repo_settings.get(repo)
-        except ConfigError as exc:
-            raise InvalidSpec(f"the repository's settings do not read: {exc}") from None
         base_ref = spec.base_ref.strip() if spec.base_ref else None
         base = git.resolve_base(repo, base_ref)
         title = titles.task_title(spec.title, prompt)

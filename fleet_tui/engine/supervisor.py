@@ -212,6 +212,10 @@ class Supervisor:
         """The launcher's settings for the task's runner (spec.json: never a key): its
         endpoint's base URL, models and key settings (Settings.for_endpoint)."""
         s = self.settings.for_endpoint(task.endpoint)
+        try:  # the repository's cage and allowed hosts (a bad file fails the start later)
+            s = self.repo_settings.get(Path(task.repo)).apply(s)
+        except ConfigError:
+            pass
         return {
             "base_url": s.base_url, "model": s.model,
             "small_model": s.small_model, "permission_mode": s.permission_mode,
@@ -219,6 +223,7 @@ class Supervisor:
             "keyring_key": s.keyring_key, "claude": s.claude, "sandbox": s.sandbox,
             "key_sources": list(s.key_sources), "config_dir": str(s.config_dir),
             "key_helper": s.key_helper, "scrub_tool_env": s.scrub_tool_env,
+            "cage": s.cage, "allow_hosts": list(s.allow_hosts),
         }
 
     def _endpoint_env(self, task: Task, env: dict[str, str]) -> dict[str, str]:

@@ -129,6 +129,8 @@ class StreamFormatter:
 
         if isinstance(event, stream.Setup):
             self._setup(event, add)
+        elif isinstance(event, stream.Blocked):
+            add("blocked", ("error", clean(event.text)))
         elif isinstance(event, stream.UserMessage):
             lines = event.text.splitlines() or [""]
             for i, line in enumerate(lines[:MAX_USER_LINES]):

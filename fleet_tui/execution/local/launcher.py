@@ -586,7 +586,16 @@ def check_setup(settings: Settings, env: Mapping[str, str] | None = None, *,
                          + ", ".join(PERMISSION_MODES))
     bypass = mode == "bypassPermissions" or "--dangerously-skip-permissions" in \
         _options_part(rest)
-    if bypass and current_euid() == 0 and not settings.sandbox:
+    caged = getattr(settings, "cage", "off") == "worker"
+    if caged:  # refused before anything is created when this machine cannot cage
+        from fleet_tui.execution.local import cage
+
+        problems = cage.missing(os.environ if env is None else env,
+                                cage.default_data_dir(os.environ if env is None else env))
+        if problems:
+            raise UsageError(cage.missing_message(problems))
+    # a caged worker is sandboxed: root may run it with bypassPermissions
+    if bypass and current_euid() == 0 and not settings.sandbox and not caged:
         raise UsageError(ROOT_MESSAGE)
     if settings.scrub_tool_env:
         unsupported = scrub_platform_message()
