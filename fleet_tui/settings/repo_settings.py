@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 REPO_FILE = ".fleet-tui.toml"
 WORKTREE_INCLUDE = ".worktreeinclude"
-KEYS = ("setup", "include", "test_command", "sandbox")
+KEYS = ("setup", "include", "test_command", "sandbox", "allow_hosts")
 # Only the user's config.toml may turn a repository's cage off: a repository's own file is
 # written by whoever writes the repository (a worker's branch once merged, say).
 USER_KEYS = (*KEYS, "cage")

@@ -213,6 +213,41 @@ def _program_dirs(argv0: str) -> list[str]:
     return dirs
 
 
+# Never shown, even when a PATH folder lies in them: where credentials live.
+SECRET_PLACES = (".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".azure",
+                 ".config/gh", ".config/gcloud", ".local/share/keyrings", ".password-store",
+                 ".git-credentials", ".pypirc", ".npmrc", ".cargo/credentials",
+                 ".cargo/credentials.toml", ".bash_history", ".zsh_history",
+                 ".python_history")
+GENERIC = (".local", ".config", ".cache")  # a toolchain is one level further in these
+
+
+def _toolchain_dirs(folder: str, homes: Sequence[str]) -> list[str]:
+    """A PATH folder in a home: its toolchain's root (~/.pyenv for ~/.pyenv/shims, the
+    folder itself in ~/.local), and where its links lead (~/.local/bin/x -> ~/.local/share/x)."""
+    home = next((h for h in homes if _under(folder, [h])), None)
+    if home is None or folder == home:
+        return [folder] if home is None else []
+    parts = os.path.relpath(folder, home).split(os.sep)
+    keep = 2 if parts[0] in GENERIC and len(parts) > 1 else 1
+    root = os.path.join(home, *parts[:keep])
+    if parts[0] in GENERIC:
+        root = folder
+    dirs = [root]
+    try:
+        names = os.listdir(folder)[:500]
+    except OSError:
+        names = []
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.islink(path):
+            target = os.path.realpath(path)
+            if _under(target, [home]) and not _under(target, [folder]):
+                dirs.append(os.path.dirname(target))
+    return [d for d in dirs if not any(_under(d, [os.path.join(home, secret)])
+                                       for secret in SECRET_PLACES)]
+
+
 def _venv_dirs(folder: str) -> list[str]:
     """A virtual environment's bin folder on PATH: the environment and the Python it was
     made from (pyvenv.cfg's `home`, which may live in a hidden place such as ~/.pyenv)."""
@@ -245,6 +280,9 @@ def policy(*, worktree: str, config_dir: str, repo: str, env: Mapping[str, str],
         hidden.append(real(data_dir))
     if repo:
         hidden.append(real(repo))
+    # credentials inside a folder shown below (~/.cargo/credentials.toml) stay hidden: a
+    # more specific read denial wins over a re-allowed folder
+    hidden += [os.path.join(home, secret) for home in homes for secret in SECRET_PLACES]
     hidden = [h for h in dict.fromkeys(hidden) if os.path.exists(h)]
     shown = [worktree, config_dir, cache_dir, real(srt_dir), *_program_dirs(argv0)]
     writable = [worktree, config_dir, cache_dir]
@@ -263,11 +301,12 @@ def policy(*, worktree: str, config_dir: str, repo: str, env: Mapping[str, str],
             entries = []
         shown += [os.path.join(common, name) for name in entries
                   if name not in (*commit_side, "worktrees")]
-    # the toolchains on PATH that live in a hidden place (a venv, ~/.cargo/bin): readable
+    # the toolchains on PATH that live in a hidden place (~/.pyenv, ~/.cargo, a venv):
+    # readable, never a place that holds credentials
     for folder in env.get("PATH", "").split(os.pathsep):
         if folder and os.path.isabs(folder) and _under(real(folder), hidden) \
                 and not _under(real(folder), [real(repo)] if repo else []):
-            shown.append(real(folder))
+            shown += _toolchain_dirs(real(folder), homes)
 
     for folder in env.get("PATH", "").split(os.pathsep):
         shown += _venv_dirs(folder)
@@ -314,3 +353,38 @@ def wrap(argv: Sequence[str], env: Mapping[str, str], *, attempt_dir: str, workt
     caged_env.update(cache_env(cache_dir))
     caged_env["IS_SANDBOX"] = "1"  # a caged root worker may run bypassPermissions
     return [node, HOST_SCRIPT, srt_dir, path, "--", *argv], caged_env
+
+
+def probe(env: Mapping[str, str], timeout: float = 30.0) -> str:
+    """'' when a command runs in the cage here (srt, bubblewrap, user namespaces, the proxy
+    and seccomp helper all work), else why not in one line: what fleet-doctor runs."""
+    import subprocess
+    import tempfile
+
+    data_dir = default_data_dir(env)
+    problems = missing(env, data_dir)
+    if problems:
+        return "; ".join(problems)
+    srt_dir = find_srt(env, data_dir)
+    node = _which("node", env.get("PATH", os.defpath))
+    assert srt_dir is not None and node is not None
+    with tempfile.TemporaryDirectory(prefix="fleet-cage-probe-") as folder:
+        rules = {"srt": {"network": {"allowedDomains": [], "deniedDomains": []},
+                         "filesystem": {"denyRead": [], "allowRead": [],
+                                        "allowWrite": [folder], "denyWrite": []}},
+                 "hidden": [], "shown": [], "home": "", "unset_env": list(UNSET_INSIDE)}
+        path = os.path.join(folder, POLICY_FILE)
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(rules, fh)
+        try:
+            out = subprocess.run([node, HOST_SCRIPT, srt_dir, path, "--", "true"], cwd=folder,
+                                 capture_output=True, text=True, timeout=timeout,
+                                 stdin=subprocess.DEVNULL, env=dict(env))
+        except subprocess.TimeoutExpired:
+            return f"a command in the cage did not finish within {timeout:g} s"
+        except OSError as exc:
+            return f"cannot run node: {exc.strerror or exc}"
+    if out.returncode == 0:
+        return ""
+    lines = [line for line in (out.stderr or out.stdout).strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else f"the cage exited {out.returncode}"
