@@ -55,7 +55,7 @@ class _Server:
             def log_message(self, *_args: Any) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 hits.append(self.path)
                 if folder is None:
                     self.send_response(200)
@@ -223,6 +223,7 @@ def test_a_caged_worker_reaches_nothing_but_its_work_and_each_refusal_is_shown(
     repo = Path(task["repo"])
     shown = _fleet(env, repo, "show", task["id"]).stdout
     assert "cage:      worker" in shown and "blocked:" in shown
+    assert "[uncaged]" not in _fleet(env, repo, "ls").stdout
     assert f"⊘ blocked: connect 127.0.0.1:{loop.port}" in shown
     data = json.loads(_fleet(env, repo, "show", task["id"], "--json").stdout)
     assert data["cage"] == "worker"
@@ -241,7 +242,7 @@ def test_with_the_cage_off_the_same_worker_runs_as_before(
     which is what the caged test would see without its cage; `show` says it is uncaged."""
     if os.geteuid() == 0:
         monkeypatch.setenv("FLEET_WORKER_SANDBOX", "1")  # root, uncaged: the old opt-in
-    task, env, logs, raw, loop, _index_, other = _run(
+    task, env, logs, raw, loop, _, other = _run(
         git_repo, claude_bin, tmp_path, outside,
         f'[repos."{git_repo}"]\ncage = "off"\nallow_hosts = ["INDEX"]\n')
     assert task["state"] == "succeeded", task
@@ -252,3 +253,5 @@ def test_with_the_cage_off_the_same_worker_runs_as_before(
     assert "⊘ blocked" not in logs
     shown = _fleet(env, Path(task["repo"]), "show", task["id"]).stdout
     assert "cage:      off" in shown
+    listed = _fleet(env, Path(task["repo"]), "ls").stdout
+    assert "[uncaged] " in listed and f'cage = "off" ran {task["id"]}' in listed

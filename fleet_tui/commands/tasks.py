@@ -556,6 +556,7 @@ def cmd_ls(argv: list[str]) -> int:
              f"{'AGE':>4}  " + (f"{'ENDPOINT':<{width}}  " if width else "") + \
              (f"{'HOST':<{hosts}}  " if hosts else "") + "TITLE"
     _out(header)
+    uncaged = _uncaged(fleet, tasks)
     for t in tasks:
         diff = f"+{t.added_lines}/-{t.deleted_lines}"
         where = f"  [{t.repo}]" if repo is None else ""
@@ -565,7 +566,11 @@ def cmd_ls(argv: list[str]) -> int:
         _out(f"{t.id:<6}  {t.state.value:<9}  {policy.verdict_text(t):<15}  {diff:>9}  "
              f"{t.turns:>5}  "
              f"{_tokens(t.input_tokens + t.output_tokens):>7}  {cost}"
-             f"{_age(t.created_at):>4}  {column}{_one_line(t.short_title, 60)}{where}")
+             f"{_age(t.created_at):>4}  {column}"
+             f"{'[uncaged] ' if t.id in uncaged else ''}{_one_line(t.short_title, 60)}{where}")
+    if uncaged:
+        _out(f"[uncaged]: cage = \"off\" ran {', '.join(sorted(uncaged))} as you, with your "
+             "files and network (`fleet-tui show ID` says more)")
     if any(c.unpriced for c in costs.values()):
         _out("* some requests of a model with no price are not in the cost "
              "(`fleet-tui cost` names them)")
@@ -649,6 +654,19 @@ def cmd_show(argv: list[str]) -> int:
         if a.dir is not None:
             _out(f"     log: {a.dir}")
     return EXIT_OK
+
+
+def _uncaged(fleet: Fleet, tasks: list[Task]) -> set[str]:
+    """The tasks whose last attempt ran without the cage (no cage.json in its folder)."""
+    out: set[str] = set()
+    for task in tasks:
+        if task.state == TaskState.QUEUED:
+            continue
+        started = [a for a in fleet.attempts(task.id) if a.dir is not None]
+        log = fleet.attempt_log(started[-1]) if started else None
+        if log is not None and log.dir.is_dir() and not log.cage_policy.exists():
+            out.add(task.id)
+    return out
 
 
 def _cage_of(fleet: Fleet, task: Task, attempts: list[Attempt]

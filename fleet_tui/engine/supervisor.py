@@ -15,6 +15,7 @@ What to run (the model, the time limit) is policy's; where and how is the host's
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -212,10 +213,8 @@ class Supervisor:
         """The launcher's settings for the task's runner (spec.json: never a key): its
         endpoint's base URL, models and key settings (Settings.for_endpoint)."""
         s = self.settings.for_endpoint(task.endpoint)
-        try:  # the repository's cage and allowed hosts (a bad file fails the start later)
-            s = self.repo_settings.get(Path(task.repo)).apply(s)
-        except ConfigError:
-            pass
+        with contextlib.suppress(ConfigError):  # a bad file fails the start later, saying why
+            s = self.repo_settings.get(Path(task.repo)).apply(s)  # its cage and hosts
         return {
             "base_url": s.base_url, "model": s.model,
             "small_model": s.small_model, "permission_mode": s.permission_mode,

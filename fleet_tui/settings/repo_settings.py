@@ -35,10 +35,10 @@ from fleet_tui.settings.config_core import (
     CAGE_MODES,
     ConfigError,
     _line_of_key,
-    convert_hosts,
     _read_toml,
     check_length,
     config_file_location,
+    convert_hosts,
 )
 from fleet_tui.settings.watch import Stamp, file_stamp, settled
 

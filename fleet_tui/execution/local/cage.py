@@ -269,13 +269,21 @@ def _venv_dirs(folder: str) -> list[str]:
 
 def policy(*, worktree: str, config_dir: str, repo: str, env: Mapping[str, str],
            base_url: str, allow_hosts: Sequence[str], data_dir: str, cache_dir: str,
-           srt_dir: str, argv0: str) -> dict[str, object]:
+           srt_dir: str, argv0: str, system: str | None = None) -> dict[str, object]:
     """The cage's rules: srt's settings plus what cage_host.mjs needs to report refused
-    reads. Paths are resolved (bubblewrap binds real paths)."""
+    reads. Paths are resolved (bubblewrap binds real paths). On Linux srt makes a hidden
+    folder an empty tmpfs, so /tmp is hidden and so private; Seatbelt (macOS) can only
+    refuse, so there the worker's temp folder is one of its own in its config dir."""
+    system = sys.platform if system is None else system
     real = os.path.realpath
     worktree, config_dir, cache_dir = real(worktree), real(config_dir), real(cache_dir)
     homes = _homes(env)
-    hidden = ["/tmp", "/var/tmp", *homes, "/home", "/root"]
+    linux = system.startswith("linux")
+    tmpdir = "/tmp" if linux else os.path.join(config_dir, "tmp")
+    if not linux:
+        os.makedirs(tmpdir, mode=0o700, exist_ok=True)
+    hidden = ["/tmp", "/var/tmp"] if linux else []
+    hidden += [*homes, "/home", "/root", "/Users"]
     if data_dir:
         hidden.append(real(data_dir))
     if repo:
@@ -285,7 +293,7 @@ def policy(*, worktree: str, config_dir: str, repo: str, env: Mapping[str, str],
     hidden += [os.path.join(home, secret) for home in homes for secret in SECRET_PLACES]
     hidden = [h for h in dict.fromkeys(hidden) if os.path.exists(h)]
     shown = [worktree, config_dir, cache_dir, real(srt_dir), *_program_dirs(argv0)]
-    writable = [worktree, config_dir, cache_dir]
+    writable = [worktree, config_dir, cache_dir] + ([] if linux else [tmpdir])
     dirs = _git_dirs(worktree)
     if dirs is not None:
         # The repository's git folder: what a commit writes (its objects, refs and logs, and
@@ -319,7 +327,7 @@ def policy(*, worktree: str, config_dir: str, repo: str, env: Mapping[str, str],
                        "denyWrite": []},
     }
     return {"srt": srt, "hidden": hidden, "shown": shown, "home": homes[0] if homes else "",
-            "unset_env": list(UNSET_INSIDE)}
+            "unset_env": list(UNSET_INSIDE), "tmpdir": tmpdir}
 
 
 def cache_env(cache_dir: str) -> dict[str, str]:

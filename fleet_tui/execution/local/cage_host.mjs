@@ -158,7 +158,7 @@ const quote = s => `'${String(s).replace(/'/g, `'\\''`)}'`;
 // Inside, every connection goes through the proxy (none is direct: srt's NO_PROXY would send
 // loopback and private addresses past it, where there is nothing), so each refusal is seen.
 const unset = (policy.unset_env || []).flatMap(name => ['-u', name]);
-const inner = ['env', ...unset, 'TMPDIR=/tmp', ...argv].map(quote).join(' ');
+const inner = ['env', ...unset, `TMPDIR=${policy.tmpdir || '/tmp'}`, ...argv].map(quote).join(' ');
 const wrapped = await SandboxManager.wrapWithSandbox(inner);
 
 const child = spawn(wrapped, { shell: true, stdio: ['inherit', 'pipe', 'inherit'] });
