@@ -55,9 +55,10 @@ BENCHMARKS: dict[str, str] = {
     "slots": "11. Request slots",
     "ssh": "12. SSH host",
     "ray": "13. Ray host",
+    "cage": "14. The cage",
 }
 ORDER = ["parser", "launch", "diff", "engine", "endpoint", "gateway", "slots", "startup",
-         "panel", "memory", "serve", "ssh", "ray"]
+         "panel", "memory", "serve", "ssh", "ray", "cage"]
 HERE = Path(__file__).resolve().parent
 
 
