@@ -682,6 +682,9 @@ def _cage_of(fleet: Fleet, task: Task, attempts: list[Attempt]
     if log.cage_policy.exists():
         return "worker (an OS sandbox: its worktree, no home, its endpoint and allowed " \
                "hosts only)", log.blocked()
+    if task.host != "local":
+        return (f"off (uncaged: workers on host {task.host} are not caged yet; the cage is "
+                "this machine's)"), []
     return "off (uncaged: the worker ran as you, with your files and network)", []
 
 

@@ -3,6 +3,7 @@ before anything is stored), then stored queued, as one task or as copies of one 
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from pathlib import Path
 
@@ -92,10 +93,14 @@ class Submissions(Part):
             repo_cfg = self.repo_settings.get(repo)
         except ConfigError as exc:
             raise InvalidSpec(f"the repository's settings do not read: {exc}") from None
+        from fleet_tui.settings.hosts import ANY, LOCAL
+
+        settings = repo_cfg.apply(self.settings.for_endpoint(endpoint))
+        if host not in (LOCAL, ANY):  # its workers run uncaged (the cage is this machine's)
+            settings = dataclasses.replace(settings, cage="off")
         try:  # what the host's claude would refuse (root, the cage: the local host's)
             self.supervisor.host_of_name(host).check_setup(
-                repo_cfg.apply(self.settings.for_endpoint(endpoint)), self.env,
-                args=spec.extra_args, permission_mode=spec.permission_mode)
+                settings, self.env, args=spec.extra_args, permission_mode=spec.permission_mode)
         except FleetTuiError as exc:
             raise InvalidSpec(str(exc)) from None
         model = (spec.model or "main").strip()

@@ -41,6 +41,7 @@ from fleet_tui.execution.hosts import Hosts
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.settings import endpoints
 from fleet_tui.settings.config import ConfigError, Settings
+from fleet_tui.settings.hosts import LOCAL
 from fleet_tui.settings.repo_settings import RepoSettingsCache
 from fleet_tui.store.db import Attempt, Store, Task
 from fleet_tui.system import procs
@@ -312,6 +313,8 @@ class Supervisor:
         port = self.store.assign_port(attempt.id, host.free_port)
         resume = task.session_id if attempt.kind in ("resume", "followup") else None
         overrides = self._settings_overrides(task)
+        if host.name != LOCAL:  # the cage is built for this machine only (yet): uncaged there
+            overrides["cage"] = "off"
         # the endpoint's key variables, then (gateway on) the token in their place
         runner_env = self._endpoint_env(task, host.runner_env())
         token = self._through_gateway(host, task, attempt, overrides, runner_env)
