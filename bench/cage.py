@@ -157,8 +157,8 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
                 start_ratio.append(took["caged"] / took["bare"])
                 built: dict[str, float] = {}
                 for arm in arms:
-                    target = f"/tmp/bench-deps-{i}-{arm}" if arm == "caged" else \
-                        str(benv.root / f"deps-{i}-{arm}")
+                    # the same file system for both: the worktree (the cage binds it)
+                    target = str(worktree / f"deps-{i}-{arm}")
                     if arm == "bare":
                         built[arm] = _step([*step, target], env, worktree)
                     else:
