@@ -159,3 +159,18 @@ def test_the_seatbelt_profile_srt_makes_of_the_rules(tmp_path: Path) -> None:
     assert outbound  # only to srt's proxy on this machine, nowhere else
     assert all('(remote ip "localhost:3128")' in line or '(remote ip "localhost:1080")' in line
                or "(remote unix-socket" in line for line in outbound), outbound
+
+
+@pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm on PATH")
+def test_the_demo_offers_to_install_srt_as_it_does_claude(tmp_path: Path) -> None:
+    from fleet_tui.demo.session import ensure_cage
+
+    asked: list[str] = []
+    said: list[str] = []
+    env = {**os.environ, "FLEET_WORKER_SRT": str(tmp_path / "none"),
+           "FLEET_TUI_HOME": str(tmp_path / "data")}
+    ensure_cage(ask=lambda q: asked.append(q) or "n", out=said.append, env=env)
+    assert len(asked) == 1 and "@anthropic-ai/sandbox-runtime@" + cage.SRT_VERSION in asked[0]
+    assert "npm install --prefix " + str(tmp_path / "data" / "srt") in said[0]
+    ensure_cage(ask=asked.append, out=said.append, env={**env, "FLEET_WORKER_CAGE": "off"})
+    assert len(asked) == 1  # uncaged: nothing to offer

@@ -590,6 +590,14 @@ def cage_problems(env: Mapping[str, str] | None = None, *, run: bool = False,
     return cage.probe(env, timeout) if run else ""
 
 
+def srt_install_command(env: Mapping[str, str] | None = None) -> list[str]:
+    """npm's command that installs the pinned srt where the cage finds it."""
+    from fleet_tui.execution.local import cage
+
+    return cage.install_command(cage.default_data_dir(os.environ if env is None else env)
+                                ).split()
+
+
 def check_setup(settings: Settings, env: Mapping[str, str] | None = None, *,
                 args: Sequence[str] = (), permission_mode: str | None = None) -> str:
     """Refuse (UsageError, exit 2) a launch claude would refuse or that cannot keep its
