@@ -220,6 +220,7 @@ def test_a_caged_worker_reaches_nothing_but_its_work_and_each_refusal_is_shown(
     # the real work went through: the edit, the repository's tests, the package, the commit
     assert "1 passed" in raw
     assert "value 42" in raw and any("cagepkg" in hit for hit in index.hits)
+    assert "main returns 2" in raw  # the worker's own commit (git add -A, git commit)
     repo = Path(task["repo"])
     shown = _fleet(env, repo, "show", task["id"]).stdout
     assert "cage:      worker" in shown and "blocked:" in shown
@@ -232,6 +233,10 @@ def test_a_caged_worker_reaches_nothing_but_its_work_and_each_refusal_is_shown(
     merged = _fleet(env, repo, "merge", task["id"], "--yes")
     assert merged.returncode == 0, merged.stderr + merged.stdout
     assert "return 2" in (repo / "src" / "app.py").read_text()
+    # srt's mount points in the worktree (.bashrc, .vscode...) never became part of the work
+    tracked = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert not [name for name in tracked if name.startswith((".bash", ".vscode", ".mcp"))]
 
 
 def test_with_the_cage_off_the_same_worker_runs_as_before(

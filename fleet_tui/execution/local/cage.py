@@ -330,6 +330,30 @@ def policy(*, worktree: str, config_dir: str, repo: str, env: Mapping[str, str],
             "unset_env": list(UNSET_INSIDE), "tmpdir": tmpdir}
 
 
+# The files and folders srt always refuses to let a command write (its mandatory denies).
+# One that does not exist in the worktree gets a mount point there while the worker runs
+# (/dev/null inside, an empty file outside), which `git add -A` would choke on: git is told
+# to ignore them (core.excludesFile, through GIT_CONFIG_* so no config file changes).
+SRT_PLACEHOLDERS = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile",
+                    ".gitconfig", ".gitmodules", ".ripgreprc", ".mcp.json", ".vscode",
+                    ".idea", ".claude/commands", ".claude/agents")
+
+
+def git_env(env: Mapping[str, str], config_dir: str) -> dict[str, str]:
+    """GIT_CONFIG_* variables that add core.excludesFile = <config dir>/cage-gitignore
+    (listing srt's mount points) after any the environment already gives."""
+    path = os.path.join(config_dir, "cage-gitignore")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("# srt's mount points while a caged worker runs (fleet-tui)\n")
+        fh.write("".join(f"/{name}\n" for name in SRT_PLACEHOLDERS))
+    try:
+        count = int(env.get("GIT_CONFIG_COUNT", "0") or "0")
+    except ValueError:
+        count = 0
+    return {"GIT_CONFIG_COUNT": str(count + 1), f"GIT_CONFIG_KEY_{count}": "core.excludesFile",
+            f"GIT_CONFIG_VALUE_{count}": path}
+
+
 def cache_env(cache_dir: str) -> dict[str, str]:
     """The cache variables, each pointed into the repository's cache folder."""
     return {name: os.path.join(cache_dir, sub) if sub else cache_dir
@@ -359,6 +383,7 @@ def wrap(argv: Sequence[str], env: Mapping[str, str], *, attempt_dir: str, workt
         json.dump(rules, fh, indent=1, sort_keys=True)
     caged_env = dict(env)
     caged_env.update(cache_env(cache_dir))
+    caged_env.update(git_env(env, config_dir))
     caged_env["IS_SANDBOX"] = "1"  # a caged root worker may run bypassPermissions
     return [node, HOST_SCRIPT, srt_dir, path, "--", *argv], caged_env
 
