@@ -177,7 +177,7 @@ def format_event(ev: stream.Event) -> str | None:
         files += f"; skipped {'; '.join(ev.skipped)}" if ev.skipped else ""
         line = f"  {mark:<6} setup exit {ev.exit_code}{took}{files}"
     elif isinstance(ev, stream.Blocked):
-        line = f"cage     {_one_line(ev.text)}"
+        line = f"cage     {_one_line(ev.text, 400)}"  # a whole path
     elif isinstance(ev, stream.ToolUse):
         line = f"tool     {ev.summary or ev.name}"
     elif isinstance(ev, stream.ToolResult):
