@@ -387,7 +387,7 @@ class Runner:
             return self._end(code, exit_code=code, error=str(exc))
         try:
             argv, env = self._cage(spec, argv, env)
-        except RuntimeError as exc:  # the cage cannot be built here: claude does not start
+        except (RuntimeError, OSError) as exc:  # no cage can be built here: claude does not start
             self._close_input()
             if plan.key_handoff is not None:
                 plan.key_handoff.cancel()
