@@ -174,3 +174,24 @@ def test_the_demo_offers_to_install_srt_as_it_does_claude(tmp_path: Path) -> Non
     assert "npm install --prefix " + str(tmp_path / "data" / "srt") in said[0]
     ensure_cage(ask=asked.append, out=said.append, env={**env, "FLEET_WORKER_CAGE": "off"})
     assert len(asked) == 1  # uncaged: nothing to offer
+
+
+def test_a_blocked_line_is_an_event_shown_without_the_workers_escapes() -> None:
+    """`system/fleet_blocked` (written by cage_host.mjs) is a stream event: one row of the
+    panel's stream (kept in its tools-only view), one `logs` line; text from the worker
+    (a path, a host) never reaches a terminal with its control characters."""
+    from fleet_tui.commands.tasks import format_event
+    from fleet_tui.core import stream
+    from fleet_tui.ui.formatting import TOOL_KINDS, StreamFormatter
+
+    line = json.dumps({"type": "system", "subtype": "fleet_blocked", "action": "connect",
+                       "target": "evil.example:443\x1b[31m", "detail": "not allowed"})
+    (event,) = stream.decode_all(line.encode() + b"\n")
+    assert isinstance(event, stream.Blocked) and event.action == "connect"
+    (row,) = StreamFormatter().rows([event])
+    assert row.kind == "blocked" and row.kind in TOOL_KINDS
+    shown = "".join(text for _style, text in row.row)
+    assert shown.startswith("⊘ blocked: connect evil.example:443") and "\x1b" not in shown
+    logged = format_event(event)
+    assert logged is not None and logged.startswith("cage     ⊘ blocked: connect")
+    assert "\x1b" not in logged

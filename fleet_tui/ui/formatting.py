@@ -63,7 +63,7 @@ TOOL_ICONS: dict[str, str] = {
 DEFAULT_ICON = "•"
 
 # Row kinds; the "tools only" filter keeps these.
-TOOL_KINDS = frozenset({"tool", "result", "retry", "error", "done"})
+TOOL_KINDS = frozenset({"tool", "result", "retry", "error", "done", "blocked"})
 
 MAX_TEXT_LINES = 400  # one assistant message never floods the view
 MAX_USER_LINES = 20  # a long prompt shows its start (the whole is in `fleet-tui show`)
