@@ -200,7 +200,10 @@ child.stdout.on('data', data => {
 });
 
 child.on('exit', (code, signal) => {
+  let done = false;
   const finish = () => {
+    if (done) return;
+    done = true;
     if (partial.length) { write(partial); partial = Buffer.alloc(0); write('\n'); }
     flushBlocked();
     try { SandboxManager.cleanupAfterCommand(); } catch { /* best effort */ }
@@ -208,7 +211,11 @@ child.on('exit', (code, signal) => {
                           : (code ?? 1);
     process.stdout.write('', () => process.exit(status));
   };
-  if (child.stdout.readableEnded) finish(); else child.stdout.once('end', finish);
+  if (child.stdout.readableEnded) return finish();
+  // the sandbox's processes die with its init, closing claude's stdout; should something
+  // still hold it, the exit is not held up past a few seconds
+  const late = setTimeout(finish, 5000);
+  child.stdout.once('end', () => { clearTimeout(late); finish(); });
 });
 child.on('error', err => {
   process.stderr.write(`cage: cannot start the command: ${err.message}\n`);
