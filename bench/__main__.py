@@ -55,10 +55,12 @@ BENCHMARKS: dict[str, str] = {
     "slots": "11. Request slots",
     "ssh": "12. SSH host",
     "ray": "13. Ray host",
-    "cage": "14. The cage",
+    "gatewayblows": "14. Gateway under blows",
+    "rank": "15. Best of N",
+    "cage": "16. The cage",
 }
 ORDER = ["parser", "launch", "diff", "engine", "endpoint", "gateway", "slots", "startup",
-         "panel", "memory", "serve", "ssh", "ray", "cage"]
+         "panel", "memory", "serve", "ssh", "ray", "gatewayblows", "rank", "cage"]
 HERE = Path(__file__).resolve().parent
 
 

@@ -222,9 +222,10 @@ def _engine(cluster: Cluster, benv: Any, node_dir: Path, claude: Path
         "base_url": "http://127.0.0.1:9", "claude": str(claude), "key_sources": "env",
         "sandbox": os.geteuid() == 0, "max_workers": 2, "max_attempts": 1,
         "kill_grace": 2.0, "gateway": False})
+    # the nodes are this machine: the stand-in is the node's claude, named as the host's
     host = RayHost(name="bench", address=cluster.address, env=env,
                    resources={NODE_RESOURCE: 1}, python=sys.executable,
-                   data_dir=str(node_dir), key_env=KEY_VAR)
+                   data_dir=str(node_dir), key_env=KEY_VAR, claude=str(claude))
     return Fleet(settings, Store(paths.db_path(env)), env=env, host=host), host
 
 
@@ -410,7 +411,8 @@ def child_main() -> None:
         from fleet_tui.execution.ray.host import RayHost
 
         host = RayHost(name="bench", address=args["address"], env=env,
-                       python=sys.executable, data_dir=args["node_dir"], key_env=KEY_VAR)
+                       python=sys.executable, data_dir=args["node_dir"], key_env=KEY_VAR,
+                       claude=args["claude"])  # the node's (this machine's stand-in)
         host.client()  # before the idle step: the client exists in every step
     sshload.follow_steps(args, env, host, stream_timeout=JOB_TIMEOUT)
 

@@ -110,8 +110,10 @@ def child_main() -> None:
     if args["mode"] == "ssh":
         from fleet_tui.execution.ssh.host import SshHost
 
+        # the host is this machine as this user: its claude (the stand-in) is the host's
         host = SshHost(name="bench", target=args["alias"], env=env, python="/usr/bin/python3",
-                       ssh_config=args["ssh_config"], key_on_host=True)  # no gateway here
+                       ssh_config=args["ssh_config"], key_on_host=True,  # no gateway here
+                       claude=args["claude"])
         host.install()  # before the idle step: the master exists in every step
     follow_steps(args, env, host,
                  master=lambda: host.connection.master_pid() if host is not None else None)

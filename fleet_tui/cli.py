@@ -37,6 +37,9 @@ usage: fleet-tui [--demo] [--repo PATH]        open the control panel
        fleet-tui host add NAME TARGET [--max-workers N] [--key-on-host] | ls [--json] |
                       rm NAME | check [NAME] [--yes]     the machines workers run on
        fleet-tui serve [--bind ADDR] [--port P] [--public]   the panel in a browser
+       fleet-tui mcp [install [--scope user|project] [--print]]   the fleet as Claude
+                                                Code's tools (an MCP server), with a skill
+       fleet-tui scripted-endpoint [--port P]  try it on your repository without a key
        fleet-tui version
 
 Run `fleet-tui COMMAND --help` for the options of one command.
@@ -70,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run("serve", args[1:])
     if args and args[0] == "cost":
         return _run("cost", args[1:])
+    if args and args[0] == "mcp":
+        return _run("mcp", args[1:])
+    if args and args[0] == "scripted-endpoint":
+        return _run("scripted", args[1:])
     if args and args[0] in TASK_COMMANDS:
         return _run("tasks", args)
     if args and not args[0].startswith("-"):

@@ -109,6 +109,10 @@ async def shoot(out: Path, size: tuple[int, int]) -> list[Path]:
                          "workers to be busy")
             save("main-running")
 
+            # the stock task waits for the user's message (the demo's `s`): send it one
+            await _until(pilot, lambda: fleet.say(validate, "keep the error message short",
+                                                  wait=0.5),
+                         "the stock task to take a message")
             await _until(pilot, lambda: fleet.get_task(validate).state
                          == TaskState.SUCCEEDED, "the task to finish")
             await _until(pilot, lambda: main.tasks[validate].state == TaskState.SUCCEEDED,

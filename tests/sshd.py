@@ -6,6 +6,10 @@ generated test key only (no password, no keyboard-interactive); the client side 
 ssh_config with an alias, `StrictHostKeyChecking yes` and a known_hosts holding the
 server's key: nothing is accepted blindly.
 
+`user=NAME`: the host is that Linux user (tests/ssh_support.linux_user makes one): login
+as that user, whose own HOME (its passwd entry's) is the host's: nothing of this machine's
+user, its HOME or its Python environment is there.
+
 `private_home=True`: the server runs in a mount namespace of its own (bubblewrap) where a
 private folder is mounted over its HOME, so the host's data dir (its mirror, worktrees and
 attempt folders) exists for the host only: on this machine the HOME stays an empty folder,
@@ -54,10 +58,15 @@ class Sshd:
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     private_home: bool = False
+    user: str | None = None  # another Linux user (its own HOME); None: this one
 
     @property
     def home(self) -> Path:
         """The host's HOME: its data dir lives under it, apart from every file of ours."""
+        if self.user is not None:
+            import pwd
+
+            return Path(pwd.getpwnam(self.user).pw_dir)
         return self.base / "host-home"
 
     @property
@@ -67,7 +76,7 @@ class Sshd:
     def start(self) -> Sshd:
         client = self.base / "client"
         server = self.base / "server"
-        for folder in (client, server, self.home):
+        for folder in (client, server, *([] if self.user else [self.home])):
             folder.mkdir(parents=True, exist_ok=True)
             folder.chmod(0o700)
         key, host_key = client / "id_ed25519", server / "host_ed25519"
@@ -76,17 +85,23 @@ class Sshd:
                 subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment,
                                 "-f", str(path)], check=True)
         home = self.home
-        (server / "authorized_keys").write_text(
+        # another user keeps the HOME of its passwd entry; this one gets a HOME of its own
+        options = f'environment="FLEET_TEST_HOST={self.alias}" ' if self.user else \
             f'environment="HOME={home}",environment="FLEET_TEST_HOST={self.alias}" '
-            + (key.with_suffix(".pub")).read_text())
-        (server / "authorized_keys").chmod(0o600)
+        keys = server / "authorized_keys"
+        if self.user:  # sshd reads it as the user: in the user's own ~/.ssh
+            keys = self._users_keys_file()
+        keys.write_text(options + key.with_suffix(".pub").read_text())
+        keys.chmod(0o600)
+        if self.user:
+            shutil.chown(keys, self.user, self.user)
         if not Path("/run/sshd").is_dir():  # privilege separation's chroot (root: missing())
             Path("/run/sshd").mkdir(mode=0o755)
         self.port = self.port or _free_port()
         (server / "sshd_config").write_text(
             f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n"
             f"PidFile {server / 'sshd.pid'}\n"
-            f"AuthorizedKeysFile {server / 'authorized_keys'}\n"
+            f"AuthorizedKeysFile {keys}\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\nUsePAM no\n"
             "PermitUserEnvironment yes\nStrictModes no\nAllowTcpForwarding yes\n"
@@ -96,7 +111,7 @@ class Sshd:
                 host_key.with_suffix(".pub").read_text().split()[:2]) + "\n")
         self.client_config.write_text(
             f"Host {self.alias}\n  HostName 127.0.0.1\n  Port {self.port}\n"
-            f"  User {os.environ.get('USER') or 'root'}\n  IdentityFile {key}\n"
+            f"  User {self.user or os.environ.get('USER') or 'root'}\n  IdentityFile {key}\n"
             "  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n"
             f"  UserKnownHostsFile {client / 'known_hosts'}\n  LogLevel ERROR\n")
         argv = [SSHD, "-D", "-e", "-f", str(server / "sshd_config")]
@@ -118,6 +133,13 @@ class Sshd:
                     return self
             time.sleep(0.02)
         raise RuntimeError("sshd did not listen within 10 s")
+
+    def _users_keys_file(self) -> Path:
+        folder = self.home / ".ssh"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        assert self.user is not None
+        shutil.chown(folder, self.user, self.user)
+        return folder / "authorized_keys"
 
     def ssh(self, command: str, *, check: bool = True, input: str | None = None) -> str:
         """A command on the host through a connection of its own (not the host's master)."""

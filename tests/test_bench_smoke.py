@@ -49,6 +49,10 @@ FIXED = {"diff.scroll": 3 * RUNS, "diff.bare_scroll": 3 * RUNS, "engine.worktree
          "panel.key_loaded": None, "serve.key_frame": None, "serve.bare": None,
          "gateway.ttfb_ratio": None, "gateway.ttfb_through": None,
          "gateway.ttfb_direct": None, "gateway.ttfb_added": None,
+         # gatewayblows: a token-holder's asks per round; the log and the kills once
+         "gatewayblows.ttfb_quiet": None, "gatewayblows.ttfb_flooded": None,
+         "gatewayblows.log_bytes": 1, "gatewayblows.kills_ok": 1,
+         "gatewayblows.meter_diff": 1,
          # ray: the controller per followed job is one round in a smoke run (each round
          # is two controllers of their own following jobs on the cluster)
          **{f"ray.{k}": 1 for k in (
@@ -59,6 +63,7 @@ FIXED = {"diff.scroll": 3 * RUNS, "diff.bare_scroll": 3 * RUNS, "engine.worktree
 # duration, a rate, a size or a ratio, and must be above zero.
 SIGNED = {"launcher.added", "launcher.over_floor", "engine.overhead", "memory.delta",
           "gateway.ttfb_added", "slots.wait_4",  # slots: 4 tasks in a smoke run
+          "gatewayblows.meter_diff",  # metered against served: 0 when they agree
           # ssh: per worker is a difference of two steps (CPU in 10 ms ticks over a short
           # smoke window: the local controller's may be no tick at all)
           "ssh.worker_mem", "ssh.worker_uss", "ssh.worker_ssh_uss", "ssh.worker_cpu",
@@ -161,7 +166,7 @@ def test_every_benchmark_is_listed() -> None:
     here = Path(__file__).resolve().parent.parent / "bench"
     modules = {p.stem for p in here.glob("*.py")} - {"__init__", "__main__", "common",
                                                      "apphelp", "fleetfix",
-                                                     "sshload", "sshbytes"}
+                                                     "sshload", "sshbytes", "flood"}
     assert set(ORDER) == set(BENCHMARKS) == modules
     assert len(ORDER) == len(set(ORDER))
 

@@ -126,8 +126,9 @@ def test_the_stream_through_the_gateway_is_the_endpoints(rig: Rig) -> None:
 def test_error_answers_keep_their_status_headers_and_body(rig: Rig) -> None:
     token = rig.meter.mint("t1", 7, "default")
     body = json.dumps(request_body()).encode()
+    # (a closed window or account shuts the endpoint in the gateway: test_gateway_robust)
     for fault in ({"status": 529, "times": 1},
-                  {"kind": "zai", "code": "1113", "times": 1},
+                  {"kind": "zai", "code": "1302", "times": 1},
                   {"status": 429, "retry_after": 3, "times": 1}):
         rig.ep.set_faults([fault])
         direct = raw_post(rig.ep.url, "/v1/messages?beta=true", body, {"x-api-key": KEY})
@@ -481,8 +482,9 @@ def test_an_idle_gateway_exits_and_the_next_attempt_starts_it_again(
 def test_new_keys_and_endpoints_are_handed_to_the_running_gateway(rig: Rig) -> None:
     """A key changed (or an endpoint of config.toml) reaches the running gateway through
     its control socket: the next request goes on with the new key, the same process; a
-    handover replaces keys and endpoints whole (a new base URL never gets the old key), and
-    the socket is the user's only."""
+    route of another base URL is another route, which never gets the old key (the gateway
+    answers itself, saying whose key it lacks, and nothing goes there), and the socket is
+    the user's only."""
     token = rig.meter.mint("t1", 7, "default")
     assert rig.post(token).status == 200
     new_key = "sk-gateway-test-NEW-KEY-77a0"
@@ -496,11 +498,12 @@ def test_new_keys_and_endpoints_are_handed_to_the_running_gateway(rig: Rig) -> N
     sock = control.folder() / "control.sock"
     assert sock.is_socket() and sock.stat().st_mode & 0o077 == 0
     with ScriptedEndpoint({"default": SCRIPT}) as elsewhere:
-        # another base URL without its key: none is sent there (503), not the last one
+        # another base URL without its key: none is sent there, not the last one
         moved = Route("default", elsewhere.url, 1, "default")
         assert control.hand_over(control.handover([moved], {})) is True
         refused = rig.post(token)
-        assert refused.status == 503 and b"no key" in refused.body
+        assert refused.status == 403 and b"does not hold the key" in refused.body
+        assert refused.headers["x-should-retry"] == "false"
         assert elsewhere.requests == [] and len(rig.ep.message_requests()) == 2
         # an endpoint added with its key, and max_requests followed
         other = Route("other", elsewhere.url, 1, "other")
@@ -523,9 +526,10 @@ def test_new_keys_and_endpoints_are_handed_to_the_running_gateway(rig: Rig) -> N
 
 def test_the_engine_hands_changed_keys_over_once_and_lives_with_a_gateway_that_cannot_take_them(
         rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
-    """GatewayLink: the keys it resolves are handed to the running gateway when they
-    changed since it last handed that gateway any, not on every look; a gateway without a
-    control socket (one an older version started) is used as it is, with a warning."""
+    """GatewayLink: the routes of its attempts and their keys are handed to the running
+    gateway when they changed since it last handed that gateway any, not on every look; a
+    gateway without a control socket (one an older version started) is used as it is, with
+    a warning."""
     from fleet_tui.engine.gateway_link import GatewayLink
     from fleet_tui.settings.config import load_settings
 
@@ -533,19 +537,22 @@ def test_the_engine_hands_changed_keys_over_once_and_lives_with_a_gateway_that_c
                                                         "base_url": rig.ep.url})
     link = GatewayLink(rig.store, env=os.environ, python=sys.executable,
                        keys=lambda **_: {"default": KEY})
-    token = rig.meter.mint("t1", 7, "default")
     new_key = "sk-gateway-test-LINK-KEY-0c3b"
-    assert link._ensure(settings, {"default": new_key}) == rig.info
+    route = link.route_for(settings, "default", new_key)
+    token = rig.meter.mint("t1", 7, "default", route=route.to_record())
+    link._mine[route.id] = (route, new_key)
+    assert link._ensure() == rig.info
     assert rig.post(token).status == 200
     log_text = (control.folder() / "gateway.log").read_text()
     handed = log_text.count("handed over again")
     assert handed == 1, log_text
-    assert link._ensure(settings, {"default": new_key}) == rig.info  # nothing new: no call
+    assert link._ensure() == rig.info  # nothing new: no call
     assert (control.folder() / "gateway.log").read_text().count("handed over again") \
         == handed == 1
     (control.folder() / "control.sock").unlink()
+    link._mine[route.id] = (route, KEY)
     with caplog.at_level("WARNING", logger="fleet_tui.engine.fleet"):
-        assert link._ensure(settings, {"default": KEY}) == rig.info
+        assert link._ensure() == rig.info
     assert "could not be handed the new keys" in caplog.text and KEY not in caplog.text
     assert rig.post(token).status == 200
     assert [r.auth_sha256 for r in rig.ep.message_requests()] == [

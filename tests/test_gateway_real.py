@@ -249,16 +249,27 @@ def test_a_gateway_killed_while_no_engine_runs_is_started_by_the_next_fleet_tui(
     """The gateway SIGKILLed while a worker streams and no engine runs (the panel closed):
     the next fleet-tui process (here `fleet-tui ls`) starts it again on its port, and the
     worker's own retry finishes the task with nothing else running; killed again with
-    nothing running at all, `fleet-tui run` starts a new one for its worker."""
+    nothing running at all, `fleet-tui run` starts a new one for its worker. The key is
+    the keyring's (the fleet's own, which the new gateway reads itself): a key of the
+    starting shell's environment is that shell's alone, never taken from `ls`'s."""
+    import subprocess
+    import sys
+
     from endpoint_helpers import cli_env, run_cli
 
     slow = {"real_turns": True, "delay": 0.5,
             "turns": ["an answer streamed slowly enough for the gateway to die in the "
                       "middle of it while no engine looks"]}
     with ScriptedEndpoint({"default": slow}) as ep:
-        env = cli_env(ep.url, claude_bin, KEY, FLEET_WORKER_GATEWAY="1")
+        env = cli_env(ep.url, claude_bin, None, FLEET_WORKER_GATEWAY="1",
+                      FLEET_WORKER_KEY_SOURCES="keyring")
         env.pop("CLAUDE_CODE_MAX_RETRIES")
-        fleet = gateway_fleet(ep, claude_bin, max_attempts=1)
+        stored = subprocess.run([sys.executable, "-m", "fleet_tui.cli", "key", "set"],
+                                input=KEY + "\n", capture_output=True, text=True, env=env,
+                                timeout=60)
+        assert stored.returncode == 0, stored.stderr
+        fleet = gateway_fleet(ep, claude_bin, max_attempts=1, key_sources="keyring")
+        fleet.env.pop("ANTHROPIC_AUTH_TOKEN", None)
         try:
             (task,) = fleet.submit(TaskSpec(prompt="answer", repo=git_repo))
             drive(fleet, lambda: bool(ep.message_requests()), timeout=60)

@@ -37,8 +37,7 @@ from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, Task, TaskState
 from fleet_tui.system import paths, procs
 
-# long_steps() looks for the Bash step's `sleep 300` machine-wide: the module's tests run
-# on one xdist worker, one at a time
+# the module's tests run on one xdist worker, one at a time
 pytestmark = [pytest.mark.real_claude, pytest.mark.xdist_group("kill_verdict")]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,22 +89,26 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
         yield ep
 
 
-def long_steps() -> list[int]:
-    """Pids of the long Bash step's sleeping process (either version's)."""
+def long_steps(repo: Path) -> list[int]:
+    """Pids of the long Bash step's sleeping process (either version's) of this test's
+    workers: those running in a worktree of `repo` (another process's `sleep 300` on the
+    machine is none of ours, and is never signalled)."""
     out = []
     for st in procs.all_stats():
         if st.state == "Z":
             continue
         argv = procs.cmdline(st.pid)
         if argv == ["sleep", "300"] or argv[-2:] == ["-c", PYTHON_SLEEP]:
-            out.append(st.pid)
+            where = procs.cwd(st.pid)
+            if where is not None and where.is_relative_to(repo):
+                out.append(st.pid)
     return out
 
 
 @pytest.fixture(autouse=True)
-def no_leftovers() -> Iterator[None]:
+def no_leftovers(git_repo: Path) -> Iterator[None]:
     yield
-    for pid in long_steps():
+    for pid in long_steps(git_repo):
         procs.signal_pid(pid, signal.SIGKILL)
 
 
@@ -167,7 +170,7 @@ def test_killed_task_is_killed_whatever_claude_printed(
     for _ in range(ROUNDS if which == "pinned" else 1):
         (task,) = fleet.submit(TaskSpec(prompt=f"[script:long-{which}] build it",
                                         repo=git_repo))
-        drive(fleet, lambda: bool(long_steps()), timeout=60)
+        drive(fleet, lambda: bool(long_steps(git_repo)), timeout=60)
         until = time.monotonic() + STEP_RUNNING
         drive(fleet, lambda: time.monotonic() >= until)  # noqa: B023 (used at once)
         fleet.kill(task.id)

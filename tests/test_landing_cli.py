@@ -82,6 +82,10 @@ def test_update_conflict_then_the_worker_resolves_it_and_it_merges(
     assert "conflict: src/app.py" in out.stderr and "--resolve worker|shell|abort" in out.stderr
     assert show(env, git_repo, second)["conflicts"] == ["src/app.py"]
     assert checkout_state(git_repo) == before
+    # the CLI names its own commands, not the panel's keys
+    out = cli(env, git_repo, "merge", second, "--yes")
+    assert out.returncode == 4 and f"`fleet-tui update {second} --resolve worker`" \
+        in out.stderr and "u: the worker" not in out.stderr, out.stderr
     # a shell needs a terminal: refused, nothing changed
     out = cli(env, git_repo, "update", second, "--resolve", "shell")
     assert out.returncode == 2 and "needs a terminal" in out.stderr
@@ -89,6 +93,9 @@ def test_update_conflict_then_the_worker_resolves_it_and_it_merges(
     out = cli(env, git_repo, "update", second, "--resolve", "worker", "--wait")
     assert out.returncode == 0, out.stderr
     assert "queued for a follow-up" in out.stdout and "up to date" in out.stdout
+    # the choice made is done, not offered again
+    assert "let the worker resolve it" not in out.stderr, out.stderr
+    assert "main does not merge cleanly" in out.stderr and "src/app.py" in out.stderr
     # it says the worker resolved it, not that the branch was up to date "already"
     assert f"the worker resolved the conflicts; {second} is now up to date with main" \
         in out.stdout and "already" not in out.stdout, out.stdout

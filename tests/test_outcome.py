@@ -126,6 +126,10 @@ def variant(**changes: Any) -> dict[str, Any]:
       "result": "API Error: 529 Overloaded. This is a server-side issue"}, Verdict.OVERLOAD),
     ({"is_error": True, "api_error_status": None, "result": "something broke"},
      Verdict.CRASHED),
+    # CLI 2.1.197's words for a stream cut after a block of it ended (a gateway SIGKILLed):
+    # transient, as a refused connection is, not a crash
+    ({"is_error": True, "api_error_status": None, "result": "API Error: Connection closed "
+      "mid-response. The response above may be incomplete."}, Verdict.UNREACHABLE),
     ({"subtype": "error_during_execution", "is_error": False}, Verdict.CRASHED),
     ({"is_error": False, "api_error_status": None}, Verdict.OK),
 ])

@@ -35,6 +35,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +43,16 @@ import pytest
 from ray_cluster import NODE_KEY, NODE_KEY_VAR, NODE_RESOURCE, RayCluster, ray_missing
 from test_fleet import KEY, SCRIPTS, drive, settled
 
+from fleet_tui import CLAUDE_CODE_VERSION
 from fleet_tui.core.errors import FleetRefused, WorkerFinished
 from fleet_tui.core.states import LandState
 from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine import host_check
 from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import config_file_path, load_settings
+from fleet_tui.settings.hosts import HostConfig
 from fleet_tui.store.db import Store, Task, TaskState
 from fleet_tui.system import paths
 
@@ -661,6 +665,26 @@ def test_the_key_never_reaches_the_cluster(git_repo: Path, claude_bin: str,
         ray_host(fleet).close()
 
 
+def test_host_check_probe_reads_git_python_and_claude_on_a_node(
+        ray_cluster: RayCluster, claude_bin: str) -> None:
+    """`host check NAME --probe`: one short job, placed by the host's resources as an
+    attempt's job is, reads git, python and claude on its node (the host's settings
+    name them there); a claude the node does not have is said, with the fix."""
+    good = HostConfig("cluster", 2, ray=ray_cluster.address,
+                      resources={NODE_RESOURCE: 1.0}, python=sys.executable, claude=claude_bin)
+    before = len(jobs(ray_cluster))
+    checks = {c.name: c for c in host_check.check_ray_host(good, probe=True)}
+    assert all(c.ok for c in checks.values()), checks
+    assert checks["claude"].found == f"{CLAUDE_CODE_VERSION} at {claude_bin}"
+    assert node_of(ray_cluster, NODE_RESOURCE)[:12] in checks["probe"].found
+    assert checks["python"].found == ".".join(map(str, sys.version_info[:3]))
+    missing = replace(good, claude="/nowhere/on/the/nodes/claude")
+    said = {c.name: c for c in host_check.check_ray_host(missing, probe=True)}
+    assert not said["claude"].ok and said["claude"].found == "not found", said
+    assert "set claude in [hosts.cluster] to its path there" in said["claude"].fix
+    assert len(jobs(ray_cluster)) == before + 2  # one job each, nothing else
+
+
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=30) as resp:
         return str(resp.read().decode("utf-8", "replace"))
@@ -720,6 +744,132 @@ def _processes_holding(cluster: RayCluster, needle: str, *roots: Path) -> list[i
     return hits
 
 
+RACE_TASKS = 20  # tasks, each started by a `run` process of its own
+RACE_CAP = 2  # the host's max_workers
+
+
+def _ray_intervals(cluster: RayCluster) -> dict[str, list[tuple[float, float]]]:
+    """Each task's attempt jobs (update jobs left out) as (start, end) in seconds; a job
+    not ended yet ends now."""
+    now = time.time()
+    found: dict[str, list[tuple[float, float]]] = {}
+    for job in jobs(cluster):
+        meta = job.get("metadata") or {}
+        if "fleet-tui-attempt" not in meta or not job.get("start_time"):
+            continue
+        end = job.get("end_time")
+        found.setdefault(str(meta["fleet-tui-task"]), []).append(
+            (job["start_time"] / 1000, end / 1000 if end else now))
+    return found
+
+
+# alone (the serial pass): twenty `run` processes and a poller beside a two-node cluster
+# are many processes for two cores while another test also runs
+@pytest.mark.serial
+@pytest.mark.timeout(900)
+def test_tasks_started_by_short_lived_processes_are_submitted_once(
+        git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
+        endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    """RACE_TASKS tasks, each queued and started by a `run` process that exits once its
+    task started, while an engine here follows them all and `ls` processes poll (each a
+    pass that follows, and starts what is queued): every attempt is submitted once (one
+    job per task, one attempt per task), no two jobs of a task ever run at once, and the
+    host's cap holds on the cluster (jobs at once, as Ray timed them). A process that
+    asked for a job while its submit was under way (Ray: 404) once took it for never
+    submitted, and requeued the task when the `run` that was submitting it exited."""
+    node_dir = tmp_path / "node"
+    config = config_file_path(os.environ)
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(
+        f'base_url = "{endpoint.url}"\nclaude = "{claude_bin}"\n'
+        f'sandbox = {"true" if os.geteuid() == 0 else "false"}\nkey_sources = ["env"]\n'
+        "max_workers = 8\nmax_attempts = 1\ngateway = true\nkill_grace = 2.0\n"
+        f'[hosts.cluster]\nray = "{ray_cluster.address}"\nmax_workers = {RACE_CAP}\n'
+        f'data_dir = "{node_dir}"\npython = "{sys.executable}"\nclaude = "{claude_bin}"\n')
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0",
+               FLEET_WORKER_GATEWAY="1",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    fleet = Fleet(load_settings(env=env), Store(paths.db_path()), env=env)
+    started: list[subprocess.Popen[str]] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def launch() -> None:  # two `run`s at a time, each exiting once its task started
+        for n in range(RACE_TASKS):
+            while sum(p.poll() is None for p in started) >= 2 and not stop.is_set():
+                time.sleep(0.05)
+            if stop.is_set():
+                return
+            started.append(subprocess.Popen(
+                [sys.executable, "-m", "fleet_tui.cli", "run", f"[script:chat] task {n}",
+                 "--host", "cluster"], cwd=git_repo, env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
+    def poll() -> None:  # short-lived passes: `ls`, one after another
+        while not stop.is_set():
+            done = subprocess.run([sys.executable, "-m", "fleet_tui.cli", "ls"], cwd=git_repo,
+                                  env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, check=False)
+            if done.returncode != 0 or "Traceback" in done.stderr:
+                failures.append(done.stderr[-2000:])
+
+    threads = [threading.Thread(target=launch, daemon=True),
+               threading.Thread(target=poll, daemon=True)]
+    for thread in threads:
+        thread.start()
+    most = 0
+    try:
+        def all_settled() -> bool:
+            tasks = fleet.list_tasks()
+            return (len(started) == RACE_TASKS and all(p.poll() is not None for p in started)
+                    and len(tasks) == RACE_TASKS and all(t.state in (
+                        TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED)
+                        for t in tasks))
+
+        def watch() -> None:
+            nonlocal most
+            now = time.time()
+            running = sum(1 for spans in _ray_intervals(ray_cluster).values()
+                          for a, b in spans if a <= now < b)
+            most = max(most, running)
+
+        drive(fleet, all_settled, timeout=540, each=watch)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=120)
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+        control.stop(fleet.env)
+        ray_host(fleet).close()
+    for proc in started:
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    assert failures == []
+    spans = _ray_intervals(ray_cluster)
+    tasks = fleet.list_tasks()
+    for task in tasks:
+        assert task.state == TaskState.SUCCEEDED, (task.id, task.message)
+    twice = {t.id: len(fleet.attempts(t.id)) for t in tasks if len(fleet.attempts(t.id)) != 1}
+    assert twice == {}, f"tasks with more than one attempt: {twice}"
+    jobs_twice = {t.id: spans.get(t.id) for t in tasks if len(spans.get(t.id) or []) != 1}
+    assert jobs_twice == {}, f"tasks with other than one job: {jobs_twice}"
+    # the cap on the cluster: a job starts once a slot is free, and Ray times a job's end
+    # after its end came back here (its supervisor's exit): SLACK seconds of overlap allowed
+    slack = 2.0
+    all_spans = [span for each in spans.values() for span in each]
+    edges = sorted([(a, 1) for a, _b in all_spans] + [(b - slack, -1) for _a, b in all_spans])
+    at_once = peak = 0
+    for _t, step in edges:
+        at_once += step
+        peak = max(peak, at_once)
+    FIGURES["race_jobs_at_once"] = {"peak": peak, "seen": most}
+    print("jobs at once:", peak, "seen while running:", most)
+    assert peak <= RACE_CAP
+
+
 @pytest.mark.timeout(420)  # Ray's health check takes its time to give a node up
 def test_a_lost_node_loses_the_task_and_its_processes_end(
         git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
@@ -754,6 +904,9 @@ def test_a_lost_node_loses_the_task_and_its_processes_end(
         assert done.state == TaskState.FAILED
         assert done.message is not None and done.message.startswith("lost: the Ray job "), \
             done.message
+        # what happened, not Ray's word for the job alone ("ended SUCCEEDED" was seen)
+        assert f"its node {old_node[:12]} is gone before its runner's end came back" \
+            in done.message, done.message
         deadline = time.monotonic() + 30
         while (node_pids(node_dir, *SLEEPS) or _token_holders(token)) \
                 and time.monotonic() < deadline:

@@ -852,8 +852,9 @@ def host_chaos_round(target: str, n: int, seed: int, dirs: Dirs, endpoint: Scrip
                                       copies=TASKS_PER_ROUND)]
     name = f"{target}-{n}"
     release = dirs.base / f"round-{n}" / "release"
+    # the host is this machine (the same-machine shortcut): the capturing wrapper is its claude
     extra: dict[str, Any] = {"ssh_host": host_config(
-        server, lease=HOST_LEASE if target == "sshd" else 60.0)}
+        server, lease=HOST_LEASE if target == "sshd" else 60.0, claude=str(wrapper))}
     if target == "sshd":
         extra["linger_until"] = str(release)  # the sweep happens once the host is back
     if target == "connection":

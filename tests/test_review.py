@@ -168,9 +168,16 @@ def test_viewed_marks_are_kept_and_an_older_store_gains_their_table(tmp_path: Pa
     taken off reads back after a reopen."""
     db = tmp_path / "older.db"
     conn = sqlite3.connect(db, isolation_level=None)
-    before = SCHEMA_VERSION - 1  # the version just before this table
-    for migrate in MIGRATIONS[:before]:
+    before = 0  # the version just before this table (later migrations come after it)
+    for migrate in MIGRATIONS:
         migrate(conn)
+        if "viewed_files" in {r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}:
+            break
+        before += 1
+    conn.close()
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("DROP TABLE viewed_files")
     conn.execute(f"PRAGMA user_version = {before}")
     conn.execute("INSERT INTO tasks (id, prompt, repo, state, created_at, updated_at) "
                  "VALUES ('old022', 'p', '/r', 'succeeded', 1.0, 2.0)")

@@ -139,6 +139,81 @@ def test_the_pages_escape_key_reaches_the_panel_without_the_parsers_wait() -> No
         assert page_keys(data) == data
 
 
+def _cookie_of(srv: Served) -> str:
+    """The session cookie the link trades its token for (name=value)."""
+    host, _, rest = srv.link.removeprefix("http://").partition("/")
+    name, _, port = host.partition(":")
+    conn = http.client.HTTPConnection(name, int(port), timeout=10)
+    try:
+        conn.request("GET", "/" + rest)
+        reply = conn.getresponse()
+        reply.read()
+        assert reply.status == 200
+        return reply.getheader("Set-Cookie", "").split(";", 1)[0]
+    finally:
+        conn.close()
+
+
+async def _ws_status(url: str, cookie: str, origin: str | None) -> int:
+    """The websocket handshake's status (101: accepted, the socket closed at once)."""
+    import aiohttp
+
+    headers = {"Cookie": cookie, **({"Origin": origin} if origin is not None else {})}
+    async with aiohttp.ClientSession() as http_session:
+        try:
+            async with http_session.ws_connect(url, headers=headers, autoclose=True):
+                return 101
+        except aiohttp.WSServerHandshakeError as exc:
+            return exc.status
+
+
+def _post_status(base: str, cookie: str, origin: str) -> int:
+    host, _, _ = base.removeprefix("http://").partition("/")
+    name, _, port = host.partition(":")
+    conn = http.client.HTTPConnection(name, int(port), timeout=10)
+    try:
+        conn.request("POST", "/ws", body=b"{}", headers={"Cookie": cookie, "Origin": origin})
+        reply = conn.getresponse()
+        reply.read()
+        return reply.status
+    finally:
+        conn.close()
+
+
+async def test_the_panel_answers_its_own_page_only(git_repo: Path, tmp_path: Path) -> None:
+    """A page of another origin (a worker's dev server on another local port: SameSite
+    does not tell ports apart) carries the cookie, yet its websocket and its POST get 403
+    and start no panel; the page's own origin, and one named in [serve] origins for a
+    reverse proxy, get in."""
+    import asyncio
+
+    config = tmp_path / "config.toml"
+    config.write_text('[serve]\norigins = ["https://panel.example.com"]\n')
+    env = {**os.environ, "FLEET_TUI_CONFIG": str(config)}
+    with serve(env, git_repo, "--repo", str(git_repo), "--no-scheduler") as srv:
+        cookie = await asyncio.to_thread(_cookie_of, srv)
+        ws = srv.base.replace("http://", "ws://") + "ws"
+        own = srv.base.rstrip("/")
+        for evil in ("http://evil.example", "http://127.0.0.1:1", "null",
+                     own.replace("http://", "https://")):
+            assert await _ws_status(ws, cookie, evil) == 403, evil
+            assert await asyncio.to_thread(_post_status, srv.base, cookie, evil) == 403
+        assert descendants(srv.proc.pid) == []  # no panel was started for them
+        assert await _ws_status(ws, "", own) == 401  # its own page still needs the cookie
+        assert await _ws_status(ws, cookie, own) == 101
+        assert await _ws_status(ws, cookie, "https://panel.example.com") == 101
+        assert await _ws_status(ws, cookie, None) == 101  # not a browser: the cookie is all
+
+
+def test_bad_origins_are_said_with_their_line(git_repo: Path, tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[serve]\norigins = ["https://ok.example", "panel.example.com/x"]\n')
+    out = run_cli({**os.environ, "FLEET_TUI_CONFIG": str(config)}, git_repo, "serve",
+                  "--port", "0")
+    assert out.returncode == 2 and out.stdout == ""
+    assert f"{config}, line 2: [serve] origins: expected a list of origins" in out.stderr
+
+
 # --- in the browser ---------------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import sshd
+from ssh_support import record_claude
 from test_fleet import KEY, SCRIPTS
 
 from fleet_tui.core.states import LandState
@@ -126,6 +127,7 @@ def _setup(tmp_path: Path, server: sshd.Sshd, endpoint: ScriptedEndpoint,
     added = _cli(env, git_repo, "host", "add", "box", ALIAS, "--max-workers", "2",
                  "--key-on-host")
     assert added.returncode == 0, added.stderr
+    record_claude(server, claude)  # the same-machine shortcut: this machine's claude
     return env, values
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import sshd
 from endpoint_helpers import run_cli
-from ssh_support import start_sshd
+from ssh_support import record_claude, start_sshd
 from test_fleet import KEY, SCRIPTS, drive, settled
 
 from fleet_tui.core.states import LandState
@@ -77,6 +77,7 @@ def test_a_task_on_each_host_and_one_here_land_through_the_queue(
         for name, server in servers.items():
             added = run_cli(env, git_repo, "host", "add", name, server.alias, "--key-on-host")
             assert added.returncode == 0, added.stderr
+            record_claude(server, claude_bin)  # the same-machine shortcut
         settings = load_settings(env=env, overrides=values)
         fleet = Fleet(settings, Store(paths.db_path()), env=env)
         hosts = [fleet.supervisor.hosts.get(name) for name in servers]

@@ -70,6 +70,41 @@ def test_missing_claude_declined_installs_nothing(tmp_path: Path) -> None:
     assert "To do it by hand" in "\n".join(said)
 
 
+def test_the_install_keeps_npms_warnings_off_the_screen(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """npm 11 warns about install scripts (`npm warn install-scripts ...`) on a good
+    install: the user sees that it is installing and where it went, not npm's chatter; a
+    failed install shows what npm said. npm stands in here (the registry is off limits to
+    tests): it says what the real one said, then puts a claude where npm would."""
+    npm = tmp_path / "bin" / "npm"
+    npm.parent.mkdir()
+    npm.write_text(
+        "#!/bin/sh\n"
+        "echo 'npm warn install-scripts @anthropic-ai/claude-code@2.1.197 has install "
+        "scripts not yet covered by allowScripts' >&2\n"
+        "echo 'added 3 packages in 2s'\n"
+        "[ -n \"$FAIL\" ] && { echo 'npm error code E404' >&2; exit 1; }\n"
+        "bin=\"$3/node_modules/.bin\"; mkdir -p \"$bin\"\n"
+        "printf '#!/bin/sh\\n' > \"$bin/claude\"; chmod +x \"$bin/claude\"\n")
+    npm.chmod(0o755)
+    env = {"PATH": str(npm.parent), "FLEET_TUI_HOME": str(tmp_path / "home")}
+    said: list[str] = []
+    found = demo.ensure_claude(ask=lambda _: "y", out=said.append, env=env)
+    assert found == str(tmp_path / "home" / "claude-cli" / "node_modules" / ".bin" / "claude")
+    screen = capfd.readouterr()
+    text = "\n".join(said)
+    assert "npm warn" not in screen.out + screen.err + text
+    assert "Installing Claude Code" in text and f"Installed: {found}" in text
+    # a failure: npm's words are shown, with the command to run by hand
+    monkeypatch.setenv("FAIL", "1")
+    said.clear()
+    env["FLEET_TUI_HOME"] = str(tmp_path / "home2")
+    assert demo.ensure_claude(ask=lambda _: "y", out=said.append, env=env) is None
+    text = "\n".join(said)
+    assert "npm error code E404" in text and "npm failed (exit 1)" in text
+
+
 def test_claude_is_found_in_the_demo_install_dir(tmp_path: Path) -> None:
     env = {"PATH": "", "FLEET_TUI_HOME": str(tmp_path)}
     binary = tmp_path / "claude-cli" / "node_modules" / ".bin" / "claude"
@@ -226,19 +261,24 @@ async def test_demo_workers_finish_after_the_panel_quits(claude_bin: str,
         runners = [fleet.attempts(t)[-1].runner_pid for t in ids]
         assert all(pid and _alive(pid) for pid in runners), "a worker died with the panel"
         assert endpoint.alive()
+        # the stock task waits for a message (the README's `s`): one from here, with no
+        # panel open, ends its wait
+        stock = ids[[t for t, _ in demo.DEMO_TASKS].index(
+            "Refuse to remove more stock than there is")]
+        assert fleet.say(stock, "go on, please")
         # nothing schedules now; the runners finish by themselves, against the endpoint
         for task_id in ids:
             attempt_dir = fleet.attempts(task_id)[-1].dir
             assert attempt_dir is not None
             _wait((attempt_dir / "exit.json").exists, 240, f"{task_id} to finish")
-        # the stock task is paced to work for about a minute, long enough to try `s` on it
-        # as the README suggests (its runner's own record: load only makes it longer)
-        stock = ids[[t for t, _ in demo.DEMO_TASKS].index(
-            "Refuse to remove more stock than there is")]
+        # the stock task works long enough to try `s` on it as the README suggests (its
+        # runner's own record: load only makes it longer), and it heard the message
         stock_dir = fleet.attempts(stock)[-1].dir
         assert stock_dir is not None
         record = json.loads((stock_dir / "exit.json").read_text())
         assert record["finished_at"] - record["started_at"] >= 40, record
+        said = (stock_dir / "events.jsonl").read_text()
+        assert "You said: go on, please" in said
         fleet.tick()  # what the next `fleet-tui` or `fleet-tui ls` does: record them
         verdicts = {t: (fleet.get_task(t).state, fleet.get_task(t).verdict) for t in ids}
         assert all(v == (TaskState.SUCCEEDED, "ok") for v in verdicts.values()), verdicts

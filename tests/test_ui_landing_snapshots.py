@@ -175,3 +175,86 @@ def test_the_snapshot_fleet_lands_nothing_on_its_own(git_repo: Path, tmp_path: P
     assert fleet.ensure_queue_runner(git_repo) is False
     assert [t.id for t in fleet.landing_queue(git_repo)] == list(QUEUED)
     assert isinstance(MainScreen, type)
+
+
+# --- best of N: the compare view ranked by evidence ------------------------------------------
+
+# c2bbbb's add() is the one the repository's test command refuses
+RANKED_TEST = "! grep -q sum src/add.py"
+
+
+def _with_test_command(repo: Path) -> None:
+    (repo / ".fleet-tui.toml").write_text(f'test_command = "{RANKED_TEST}"\n')
+    commit_all(repo, "the repository's test command")
+
+
+async def _open_compare(pilot: Pilot[Any], app: FleetApp) -> CompareScreen:
+    await _listed(pilot)
+    app.main.query_one(TaskTable).select_key(COPIES[1])
+    await _settle(pilot, lambda: app.main.selected_id == COPIES[1])
+    await pilot.press("c")
+    await _settle(pilot, lambda: isinstance(app.screen, CompareScreen), timeout=60)
+    screen = app.screen
+    assert isinstance(screen, CompareScreen)
+    return screen
+
+
+def test_compare_view_ranked(snap_compare: Any, landing_app: FleetApp, git_repo: Path) -> None:
+    """The copies best first: the smallest passing change marked ★ with its reason on one
+    line, the larger passing one second, the one failing the test command last."""
+    _with_test_command(git_repo)
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        screen = await _open_compare(pilot, landing_app)
+        view = screen.query_one(DiffView)
+        await _settle(pilot, lambda: view.prepared is not None)
+
+    assert snap_compare(landing_app, terminal_size=(160, 48), run_before=run_before)
+
+
+async def test_compare_view_marks_the_best_and_b_picks_it(landing_app: FleetApp,
+                                                          git_repo: Path) -> None:
+    from fleet_tui.ui.screens.modals import ConfirmScreen
+
+    _with_test_command(git_repo)
+    async with landing_app.run_test(size=(160, 48)) as pilot:
+        screen = await _open_compare(pilot, landing_app)
+        assert [(r.task_id, r.place, r.best, r.tests.split()[0]) for r in screen.rows] == [
+            (COPIES[0], 1, True, "passed"), (COPIES[2], 2, False, "passed"),
+            (COPIES[1], 3, False, "FAILED")]
+        why = str(screen.query_one("#compare-why").render())
+        # the cursor starts on the copy asked about: the failing one, and why
+        assert why == f"#3: fails the test command ({RANKED_TEST})", why
+        await pilot.press("up")
+        await _settle(pilot, lambda: "larger change" in str(
+            screen.query_one("#compare-why").render()))
+        await pilot.press("b")
+        await _settle(pilot, lambda: isinstance(landing_app.screen, ConfirmScreen))
+        title = str(landing_app.screen.query_one(".dialog-title").render())
+        assert title == f"Pick {COPIES[0]}?", title
+        await pilot.press("escape")
+    assert landing_app.errors == []  # type: ignore[attr-defined]
+
+
+async def test_a_group_decided_on_its_own_is_told_once(landing_app: FleetApp) -> None:
+    """auto_pick's decision (here written to the store as the rank runner writes it) is
+    one toast naming the winner and why; a decision from before the panel opened is not."""
+    from fleet_tui.store.evidence import EvidenceStore
+
+    async with landing_app.run_test(size=(160, 48)) as pilot:
+        await _listed(pilot)
+        fleet = landing_app.fleet
+        assert fleet is not None
+        picks = EvidenceStore(fleet.store)
+        picks.record_pick("old-group", "q1dddd", "best of 2: long ago", "auto",
+                          time.time() - 3600)
+        reason = "best of 3: passes the tests; +2/-0 in 1 file; the smallest passing change"
+        picks.record_pick("gfixed01", COPIES[0], reason, "auto", time.time())
+        told = f"{COPIES[0]} picked as the best: {reason}"
+        await _settle(pilot, lambda: told in [f"{t}: {m}" for _, t, m in landing_app.toasts])
+        for _ in range(3):  # more polls: still one toast
+            landing_app.main.task_list.poll()
+            await pilot.pause(0.3)
+        said = [f"{t}: {m}" for _, t, m in landing_app.toasts]
+        assert said.count(told) == 1
+        assert not any("long ago" in s for s in said)

@@ -193,3 +193,31 @@ async def test_a_choice_of_four_buttons_shows_them_all(fleet: Fleet, git_repo: P
         for button in app.screen.query(Button):
             assert dialog.contains_region(button.region), (str(button.label), dialog,
                                                            button.region)
+
+
+async def test_at_80x24_the_form_says_there_is_more_below(fleet: Fleet,
+                                                          git_repo: Path) -> None:
+    """Effort, max turns and timeout are below the fold at 80x24: the buttons' row says
+    so until they are scrolled into view; at 160x48 everything fits and it says nothing."""
+    from textual.containers import VerticalScroll
+    from textual.widgets import Label
+
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=(80, 24)) as pilot:
+        form = await open_form(pilot, app)
+        hint = form.query_one("#more-below", Label)
+        fields = form.query_one("#launch-fields", VerticalScroll)
+        await wait_until(pilot, lambda: "more below" in str(hint.render()),
+                         timeout=10, what="the hint")
+        assert _on_screen(app, hint) and fields.max_scroll_y > 0
+        form.query_one("#timeout", Input).focus()  # tab's way down: scrolled into view
+        await wait_until(pilot, lambda: str(hint.render()) == "", timeout=10,
+                         what="the hint gone at the bottom")
+    app = make_app(fleet, git_repo)
+    async with app.run_test(size=(160, 48)) as pilot:
+        form = await open_form(pilot, app)
+        hint = form.query_one("#more-below", Label)
+        await wait_until(pilot, lambda: form.query_one("#timeout", Input).region.height > 0,
+                         timeout=10, what="the form laid out")
+        form._say_more_below()  # the check itself, on the settled layout: nothing below
+        assert str(hint.render()) == ""

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from fleet_tui.core import providers
 from fleet_tui.core.outcome import Outcome, classify, find_result
+from fleet_tui.core.terminal import visible
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -134,6 +135,8 @@ def main(argv: list[str]) -> int:
         _write(sys.stdout, json.dumps(payload, ensure_ascii=False) + "\n")
     elif outcome.ok:
         text = outcome.result_text or ""
+        if sys.stdout.isatty():  # the model's words to a person: no escapes; a pipe: as is
+            text = visible(text)
         _write(sys.stdout, text if text.endswith("\n") else text + "\n")
     if outcome.ok:
         if not quiet:

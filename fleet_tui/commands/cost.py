@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from fleet_tui.core import redaction
 from fleet_tui.core.errors import EXIT_OK, EXIT_USAGE, FleetTuiError
+from fleet_tui.core.terminal import visible
 from fleet_tui.settings.config import Settings, load_settings
 from fleet_tui.store import budgets
 from fleet_tui.store.costs import BY, as_json, totals
@@ -70,7 +71,7 @@ def _tokens(n: int) -> str:
 
 
 def _out(text: str = "") -> None:
-    sys.stdout.write(redaction.redact(text) + "\n")
+    sys.stdout.write(visible(redaction.redact(text)) + "\n")  # titles come from workers
 
 
 def _grouped(settings: Settings, rows: dict[str, Totals], by: str) -> dict[str, Totals]:
@@ -184,27 +185,35 @@ def _main(argv: list[str]) -> int:
     except ValueError as exc:
         raise _Usage(f"--since: {exc}") from None
     settings = load_settings()  # a ConfigError is a usage error (exit 2)
-    store = Store(paths.db_path())
-    try:
-        rows = _grouped(settings, totals(store, by=args.by, since=since), args.by)
-        in_window = list(totals(store, by="task", since=since))
-        task_ids = [t for t in in_window if t]
-        report = {
-            "since": since, "by": args.by,
-            "rows": [{args.by: key or None, **as_json(t)} for key, t in rows.items()],
-            "total": as_json(_sum(rows)),
-            "unpriced_models": _unpriced_models(store, since),
-            "budgets": {"endpoints": _endpoint_budgets(store, settings, now),
-                        "tasks": _task_budgets(store, settings, task_ids)},
-        }
-        titles = _titles(store, [k for k in rows if k]) if args.by == "task" else {}
-    finally:
-        store.close()
+    report, rows, titles = cost_report(settings, since, args.by, now)
     if args.json:
         _out(json.dumps(report, indent=2))
         return EXIT_OK
     _print(report, rows, titles, args.since)
     return EXIT_OK
+
+
+def cost_report(settings: Settings, since: float | None, by: str, now: float
+                ) -> tuple[dict[str, Any], dict[str, Totals], dict[str, str]]:
+    """What `cost --json` prints (the report), its rows, and the tasks' titles (by task):
+    the one reading of the meter the command and the MCP server's `cost` tool share."""
+    store = Store(paths.db_path())
+    try:
+        rows = _grouped(settings, totals(store, by=by, since=since), by)
+        in_window = list(totals(store, by="task", since=since))
+        task_ids = [t for t in in_window if t]
+        report = {
+            "since": since, "by": by,
+            "rows": [{by: key or None, **as_json(t)} for key, t in rows.items()],
+            "total": as_json(_sum(rows)),
+            "unpriced_models": _unpriced_models(store, since),
+            "budgets": {"endpoints": _endpoint_budgets(store, settings, now),
+                        "tasks": _task_budgets(store, settings, task_ids)},
+        }
+        titles = _titles(store, [k for k in rows if k]) if by == "task" else {}
+    finally:
+        store.close()
+    return report, rows, titles
 
 
 def _print(report: dict[str, Any], rows: dict[str, Totals], titles: dict[str, str],

@@ -2,7 +2,9 @@
 
 `status` says whether it runs (pid, port, uptime) and, per endpoint, the requests in flight
 and waiting for a slot (and by which tasks), those served, those it answered itself while
-the endpoint was parked or held (gated) and those it refused (no token, a revoked one).
+the endpoint was parked or held (gated) and those it refused (no token, a revoked one);
+the refusals of the endpoint itself, by code, and a gate the gateway shut on a closed
+window or account.
 `stop` ends it: any engine with attempts through it starts it again. Read from its own
 records (gateway.json, status.json): nothing here holds or shows a key or a token.
 """
@@ -72,6 +74,14 @@ def _status(as_json: bool) -> int:
         if ep.get("failed"):
             line += f", {ep['failed']} failed"
         print(line)
+        if ep.get("rejected"):  # the provider's own refusals, by code
+            codes = ep.get("rejected_codes") or {}
+            print(f"    refused by the endpoint: {ep['rejected']} ("
+                  + ", ".join(f"{code}: {n}" for code, n in sorted(codes.items())) + ")")
+        shut = ep.get("shut")
+        if isinstance(shut, dict):
+            print(f"    shut by the gateway until {shut.get('until_text', '?')}: "
+                  f"{shut.get('reason', '')} (it answers the workers itself)")
         tasks = ep.get("waiting_tasks") or {}
         if tasks:
             print("    waiting for a slot: " + ", ".join(

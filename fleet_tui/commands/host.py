@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--yes", action="store_true",
                        help="install what is missing (the pinned claude) without asking")
     check.add_argument("--json", action="store_true", help="the checks as JSON")
+    check.add_argument("--probe", action="store_true",
+                       help="a Ray host: run one short job on a node (placed by the host's "
+                            "resources) that reads git, python and claude there")
     return parser
 
 
@@ -209,22 +212,31 @@ def _check(args: argparse.Namespace) -> int:
     settings = _settings()
     host = settings.host(args.name)
     if host.is_ray:
-        return _check_ray(host, as_json=args.json)
+        return _check_ray(host, as_json=args.json, probe=args.probe)
+    if args.probe:
+        raise ConfigError(f"--probe is for a Ray host; {host.name} is checked on the host "
+                          "itself already")
     claude, install_to = _claude_where(settings, host)
     checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
     failed_claude = any(c.name == "claude" and not c.ok for c in checks)
     if failed_claude and values.get("npm") and (args.yes or not args.json):
         if not args.json:
             _show(host, checks)
-        if _install(host, install_to, args.yes, quiet=args.json):
-            checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
-        else:
+        if not _install(host, install_to, args.yes, quiet=args.json):
             return EXIT_FAILED
+        if not host.is_local:  # the installed one is the host's now (its record)
+            host_check.run_on(host, host_check.record_script(
+                f"{host_check.claude_dir()}/node_modules/.bin/claude"))
+        checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
+    if not host.is_local and any(c.name == "claude" and c.ok for c in checks) \
+            and values.get("claude_path"):
+        # what the host's runners run: the one found here (execution/hostclaude.py)
+        host_check.run_on(host, host_check.record_script(values["claude_path"]))
     return _report(host, checks, as_json=args.json)
 
 
-def _check_ray(host: HostConfig, *, as_json: bool) -> int:
-    return _report(host, host_check.check_ray_host(host), as_json=as_json)
+def _check_ray(host: HostConfig, *, as_json: bool, probe: bool = False) -> int:
+    return _report(host, host_check.check_ray_host(host, probe=probe), as_json=as_json)
 
 
 def _report(host: HostConfig, checks: list[Check], *, as_json: bool) -> int:
@@ -267,11 +279,20 @@ def _install(host: HostConfig, install_to: str | None, yes: bool, *,
         if answer.strip().lower() not in ("y", "yes"):
             say("not installed")
             return False
-    say(f"installing Claude Code {CLAUDE_CODE_VERSION} {where} ...")
-    ran = host_check.run_on(host, script, timeout=900.0)
-    if ran.returncode != 0:
-        tail = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
-        say(f"npm failed: {tail}; run it by hand {where}:\n  {script.strip()}")
+    limit = host_check.INSTALL_LIMIT
+    say(f"installing Claude Code {CLAUDE_CODE_VERSION} {where} with npm (stopped after "
+        f"{host_check._minutes(limit)}) ...")
+
+    def progress(elapsed: float, last: str) -> None:
+        say(f"  still installing ({elapsed:.0f} s)" + (f": {last[:160]}" if last else ""))
+
+    done = host_check.install(host, install_to, limit=limit, progress=progress)
+    if not done.ok:
+        say(f"npm failed {where}: {done.why}")
+        for line in done.errors:
+            say(f"  {line}")
+        say(f"fix that, then `fleet-tui host check {host.name} --yes` again, or run it by "
+            f"hand {where}:\n  {script.strip()}")
         return False
     return True
 

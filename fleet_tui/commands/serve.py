@@ -14,6 +14,11 @@ without the link gets in:
 - each websocket is one panel, started as `fleet-tui` is (``--served`` tells it that it is
   in a browser: the shell and the editor would open on this machine, so they are off, with
   the reason), over the same store and engine as every other panel and the CLI;
+- the websocket and any request that could change something (not GET or HEAD) answer only
+  the server's own page: their Origin must be the origin the request came to (or one of
+  ``[serve] origins``, for a reverse proxy), else 403. SameSite=Strict does not tell the
+  ports of 127.0.0.1 apart, so without this a page of another local server (a worker's
+  dev server) in the same browser would carry the cookie and drive the panel;
 - loopback only, unless ``--public`` says otherwise: the token and the panel then cross
   the network in the clear unless TLS is put in front (an SSH tunnel, a tunnel service, a
   reverse proxy).
@@ -41,6 +46,10 @@ LOOPBACK_NAMES = ("localhost",)
 COOKIE_PREFIX = "fleet_tui_"
 REFUSED = ("fleet-tui serve: this panel needs the link that `fleet-tui serve` printed "
            "(with its token).\n")
+FOREIGN = ("fleet-tui serve: this request came from a page of another origin; the panel "
+           "answers only its own page (behind a reverse proxy: name the page's origin in "
+           "[serve] origins of config.toml).\n")
+SAFE_METHODS = ("GET", "HEAD")
 PAGE = "serve_page.html"
 
 
@@ -164,7 +173,25 @@ class Gate:
         return self._same(request.query.get("token"), self._token)
 
 
-def make_app(command: str, gate: Gate, *, font_size: int = 16) -> web.Application:
+def own_origin(request: web.Request) -> str:
+    """The origin the request came to: its scheme and the Host it was sent to."""
+    scheme = "https" if _came_over_tls(request) else "http"
+    return f"{scheme}://{request.host}".lower()
+
+
+def origin_allowed(request: web.Request, allowed: tuple[str, ...] = ()) -> bool:
+    """Whether a request may reach the panel: no Origin (not a browser's cross-site request:
+    a browser sends one with every websocket and every POST), or the page's own, or one the
+    user named; "null" (a sandboxed or file page) is none of them."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    origin = origin.strip().lower().rstrip("/")
+    return origin == own_origin(request) or origin in allowed
+
+
+def make_app(command: str, gate: Gate, *, font_size: int = 16,
+             origins: tuple[str, ...] = ()) -> web.Application:
     """The aiohttp app: the gate (a middleware, before every handler), the page, the
     websocket that starts a panel per session, textual-serve's assets."""
     from importlib import resources
@@ -184,6 +211,10 @@ def make_app(command: str, gate: Gate, *, font_size: int = 16) -> web.Applicatio
     async def gatekeeper(request: web.Request,
                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                          ) -> web.StreamResponse:
+        if (request.path == "/ws" or request.method not in SAFE_METHODS) \
+                and not origin_allowed(request, origins):
+            return web.Response(status=403, text=FOREIGN,
+                                headers={"Cache-Control": "no-store"})
         if gate.has_cookie(request):
             return await handler(request)
         if request.path == "/" and gate.has_token(request):
@@ -312,7 +343,7 @@ async def _serve(bind: str, port: int, public: bool, config: ServeSettings,
         sock.close()
         raise
     bound = sock.getsockname()[1]
-    app = make_app(command, Gate(token, bound))
+    app = make_app(command, Gate(token, bound), origins=config.origins)
     # no access log: it would write each request's query, the link's token with it
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=3.0)
     await runner.setup()

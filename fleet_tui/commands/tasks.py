@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from fleet_tui.commands import best
 from fleet_tui.core import policy, redaction, stream
 from fleet_tui.core.durations import parse_duration
 from fleet_tui.core.errors import (
@@ -40,13 +42,15 @@ from fleet_tui.core.states import (
     LandState,
     TaskState,
 )
+from fleet_tui.core.terminal import visible
 from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text
 from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
 from fleet_tui.store import budgets
 from fleet_tui.store.costs import as_json
-from fleet_tui.store.db import MAX_COPIES, Attempt, StoreError, Task
+from fleet_tui.store.db import MAX_COPIES, Attempt, StoreError, Task, unusable
 from fleet_tui.store.meter import Totals
 from fleet_tui.store.reviews import ReviewComment
+from fleet_tui.system import paths
 from fleet_tui.vcs import git
 
 EXIT_OK = 0
@@ -102,12 +106,14 @@ def _id_parser(name: str, description: str) -> _Parser:
 
 
 def _out(text: str = "") -> None:
-    sys.stdout.write(redaction.redact(text) + "\n")
+    # every line goes through `visible`: titles, prompts, messages, tool output and paths
+    # come from workers and models, and must not drive the user's terminal
+    sys.stdout.write(visible(redaction.redact(text)) + "\n")
     sys.stdout.flush()
 
 
 def _err(text: str) -> None:
-    sys.stderr.write(redaction.redact(text).rstrip("\n") + "\n")
+    sys.stderr.write(visible(redaction.redact(text).rstrip("\n")) + "\n")
     sys.stderr.flush()
 
 
@@ -275,7 +281,7 @@ def _confirm(question: str, yes: bool) -> None:
         return
     if sys.stdin is None or not sys.stdin.isatty():
         raise _Usage("not asking on a non-interactive stdin; pass --yes to confirm")
-    sys.stdout.write(f"{question} [y/N] ")
+    sys.stdout.write(visible(f"{question} [y/N] "))
     sys.stdout.flush()
     answer = sys.stdin.readline().strip().lower()
     if answer not in ("y", "yes"):
@@ -536,8 +542,10 @@ def cmd_ls(argv: list[str]) -> int:
     tasks = fleet.list_tasks(repo, archived=args.archived)
     costs = fleet.costs([t.id for t in tasks])
     if args.json:
-        _out(json.dumps([task_json(t, cost=costs.get(t.id, Totals())) for t in tasks],
-                        indent=2))
+        ranks = fleet.rankings(tasks)  # best of N: each ranked copy's place
+        _out(json.dumps([{**task_json(t, cost=costs.get(t.id, Totals())),
+                          "rank": ranks[t.id].as_json() if t.id in ranks else None}
+                         for t in tasks], indent=2))
         return EXIT_OK
     if not tasks:
         _out("no tasks" + ("" if repo is None else f" in {repo}")
@@ -599,8 +607,10 @@ def cmd_show(argv: list[str]) -> int:
     limits = fleet.endpoint_note(task.endpoint)
     metered = fleet.costs([task.id]).get(task.id, Totals())
     cage, blocked = _cage_of(fleet, task, attempts)
+    ranked = fleet.rankings([task]).get(task.id)  # best of N: its place, when ranked
     if args.json:
         _out(json.dumps({**task_json(task, attempts, metered), "endpoint_limits": limits,
+                         "rank": ranked.as_json() if ranked is not None else None,
                          "cage": cage.split(" ", 1)[0],
                          "blocked": [{"action": b.action, "target": b.target,
                                       "detail": b.detail} for b in blocked]}, indent=2))
@@ -631,6 +641,8 @@ def cmd_show(argv: list[str]) -> int:
         rows.append(("pushed", f"{remote}/{rest.replace(' ', ' @ ')}"))
     if task.gate:
         rows.append(("test gate", task.gate))
+    if ranked is not None:
+        rows.append(("rank", best.rank_line(ranked, len(fleet.copies(task.id)))))
     if task.archived_at is not None:
         rows.append(("archived", f"yes (`fleet-tui archive --undo {task.id}` brings it "
                                  "back)"))
@@ -782,7 +794,10 @@ def _print_raw(fleet: Fleet, attempt: Attempt, offset: int, done: bool) -> int:
     if log is None:
         return offset
     data, offset = log.read_bytes(offset, finished=done)
-    sys.stdout.buffer.write(data)
+    if sys.stdout.isatty():  # a person reads it: no escapes; a pipe gets the exact bytes
+        sys.stdout.write(visible(data.decode("utf-8", "replace")))
+    else:
+        sys.stdout.buffer.write(data)
     sys.stdout.flush()
     return offset
 
@@ -807,8 +822,8 @@ def cmd_diff(argv: list[str]) -> int:
             mark = "  (contains the API key)" if f.path in secret else ""
             _out(f"{f.status:<9} +{f.added:<5} -{f.deleted:<5} {f.path}{mark}")
     else:
-        sys.stdout.write(diff.patch if diff.patch.endswith("\n") or not diff.patch
-                         else diff.patch + "\n")
+        sys.stdout.write(visible(diff.patch if diff.patch.endswith("\n") or not diff.patch
+                                 else diff.patch + "\n"))
     return EXIT_OK
 
 
@@ -834,8 +849,7 @@ def cmd_merge(argv: list[str]) -> int:
              f"-{task.deleted_lines} into {task.base_branch}?{open_comments}", args.yes)
     result = fleet.merge(task.id, message=args.message, test_command=args.test)
     if result.test_output:
-        sys.stdout.write(result.test_output if result.test_output.endswith("\n")
-                         else result.test_output + "\n")
+        sys.stdout.write(visible(result.test_output.rstrip("\n") + "\n"))
     if not result.merged:
         _err(f"fleet-tui merge: not merged: {result.message}")
         return EXIT_REFUSED
@@ -1008,8 +1022,8 @@ def _confirm_loss(fleet: Fleet, task: Task, yes: bool) -> None:
         raise FleetRefused(f"a fresh retry of {task.id} would throw away its work: "
                            f"{at_stake}. Pass --yes to retry from scratch anyway, or "
                            "--resume to continue in the same worktree")
-    sys.stdout.write(f"retry {task.id} ({task.short_title}) from scratch? This throws away "
-                     f"{at_stake}. [y/N] ")
+    sys.stdout.write(visible(f"retry {task.id} ({task.short_title}) from scratch? This "
+                             f"throws away {at_stake}. [y/N] "))
     sys.stdout.flush()
     answer = sys.stdin.readline().strip().lower()
     if answer not in ("y", "yes"):
@@ -1168,10 +1182,13 @@ def cmd_update(argv: list[str]) -> int:
     if result.status != "conflicts":
         _out(result.message)
         return EXIT_OK
-    _print_conflicts(task.id, result)
     if args.resolve is None:
+        _print_conflicts(task.id, result)
         _err(f"choose: fleet-tui update {task.id} --resolve worker|shell|abort")
         return EXIT_REFUSED
+    # the choice is made: the conflicts, then what is done about them (not the choices)
+    _err(f"fleet-tui update: {task.base_branch or 'the base'} does not merge cleanly into "
+         f"{task.id}: conflicts in {', '.join(result.conflicts)}")
     if args.resolve == "abort":
         done = fleet.resolve_update(task.id, "abort")
         _out(done.message or "aborted")
@@ -1223,8 +1240,9 @@ def cmd_queue(argv: list[str]) -> int:
                 "(queue_fix_attempts times), then it stops. Without ID: show the queue.")
     p.add_argument("ids", nargs="*", metavar="ID", help="tasks to queue, in landing order")
     p.add_argument("--remove", action="store_true", help="take these tasks out of the queue")
-    p.add_argument("--wait", action="store_true", help="stay until every task given has "
-                   "landed or stopped; exit 4 if one stopped")
+    p.add_argument("--wait", action="store_true", help="stay until every task given (none "
+                   "given: every task in this repository's queue) has landed or stopped; "
+                   "exit 4 if one stopped")
     p.add_argument("--yes", "-y", action="store_true",
                    help="do not ask about open review comments")
     args = p.parse_args(argv)
@@ -1237,19 +1255,32 @@ def cmd_queue(argv: list[str]) -> int:
             _out("the merge queue is empty; queue tasks with `fleet-tui queue ID...`")
         for n, task in enumerate(queue, 1):
             _out(_land_line(task, n))
-        return EXIT_OK
+        if not args.wait or not queue:
+            return EXIT_OK
+        # after a crash, say: the queue's runner goes on (or is started again), and this
+        # stays until what is queued now has landed or stopped
+        fleet.ensure_queue_runner(repo)
+        return _wait_landed(fleet, [t.id for t in queue])
     ids = [fleet.get_task(i).id for i in args.ids]
     if args.remove:
         for task in fleet.dequeue(ids):
             _out(f"{task.id} taken out of the merge queue")
         return EXIT_OK
-    # open review comments ask first, as a merge does (nothing is queued when refused)
+    # a task in the queue already keeps its place: it is waited for, not queued again
     tasks = [fleet.get_task(i) for i in ids]
-    asked = _open_comments(fleet, tasks, args.yes, verb="land", done="queued")
+    queued = [t for t in tasks if policy.in_queue(t)]
+    for task in queued:
+        _out(f"{task.id} is in the merge queue already ({task.land_state})")
+    new = [t.id for t in tasks if t not in queued]
+    # open review comments ask first, as a merge does (nothing is queued when refused)
+    asked = _open_comments(fleet, [t for t in tasks if t not in queued], args.yes,
+                           verb="land", done="queued")
     if asked:
-        _confirm(f"queue {', '.join(ids)} to land?{asked}", False)
-    for task in fleet.enqueue(ids):
+        _confirm(f"queue {', '.join(new)} to land?{asked}", False)
+    for task in fleet.enqueue(new) if new else []:
         _out(f"{task.id} queued to land ({task.land_state})")
+    for repo in dict.fromkeys(t.repo for t in queued):
+        fleet.ensure_queue_runner(repo)
     if not args.wait:
         _err("landing in the background; follow with `fleet-tui queue`")
         return EXIT_OK
@@ -1281,8 +1312,10 @@ def cmd_compare(argv: list[str]) -> int:
     _catch_up(fleet)
     reports = fleet.compare(args.id)
     costs = fleet.costs([r.task.id for r in reports])
+    # best of N: the copies ranked by evidence (gathered now when missing or stale)
+    ranked = fleet.rank(args.id) if len(reports) > 1 else []
     if args.json:
-        _out(json.dumps([{"id": r.task.id, "state": r.task.state.value,
+        rows = {r.task.id: {"id": r.task.id, "state": r.task.state.value,
                           "verdict": r.task.verdict, "turns": r.task.turns,
                           "tokens": r.task.input_tokens + r.task.output_tokens,
                           "cost": round(costs[r.task.id].cost, 6)
@@ -1290,7 +1323,13 @@ def cmd_compare(argv: list[str]) -> int:
                           "unpriced": costs[r.task.id].unpriced if r.task.id in costs else 0,
                           "added": r.added, "deleted": r.deleted, "files": r.files,
                           "gate": r.gate, "clean": r.clean, "merges": r.merges}
-                         for r in reports], indent=2))
+                for r in reports}
+        _out(json.dumps(best.compare_json(ranked, rows) if ranked else list(rows.values()),
+                        indent=2))
+        return EXIT_OK
+    if ranked:
+        best.print_ranking(_out, ranked, {r.task.id: r.task for r in reports},
+                           {t: c.cost for t, c in costs.items()})
         return EXIT_OK
     if len(reports) == 1:
         _err(f"task {reports[0].task.id} was not launched as one of several copies; "
@@ -1313,10 +1352,23 @@ def cmd_pick(argv: list[str]) -> int:
                    "it through the merge queue.")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask")
     p.add_argument("--wait", action="store_true", help="stay until it has landed or stopped")
+    p.add_argument("--best", action="store_true", help="land the best copy of ID's group "
+                   "by evidence (`fleet-tui compare ID`), whichever copy ID is; exit 4 when "
+                   "none passes")
     args = p.parse_args(argv)
     fleet = _fleet()
     _catch_up(fleet)
     task = fleet.get_task(args.id)
+    if args.best:
+        chosen = best.winner_of(fleet.rank(task.id), args.yes)
+        if chosen is not None:
+            asked = _open_comments(fleet, [fleet.get_task(chosen)], args.yes, verb="land",
+                                   done="picked")
+            if asked:
+                _confirm(f"land {chosen}, the best copy?{asked}", False)
+        queued, discarded, winner = fleet.pick_best(task.id, choose=chosen)
+        _out(f"best: {winner.task_id}: {_one_line(winner.reason, 120)}")
+        return _picked(fleet, queued, discarded, args.wait)
     _refuse_unless(task, Action.PICK)
     siblings = [t for t in fleet.copies(task.id) if t.id != task.id
                 and t.state not in CLOSED_STATES]
@@ -1325,10 +1377,16 @@ def cmd_pick(argv: list[str]) -> int:
     _confirm(f"land {task.id} ({task.short_title}) and discard its other copies "
              f"({names})?{asked}", args.yes)
     queued, discarded = fleet.pick(task.id)
+    return _picked(fleet, queued, discarded, args.wait)
+
+
+def _picked(fleet: Fleet, queued: Task, discarded: Sequence[str], wait: bool) -> int:
+    """What `pick` and `pick --best` say once a copy is queued and its siblings discarded,
+    then the landing waited for when asked."""
     for sibling in discarded:
         _out(f"discarded {sibling}")
     _out(f"{queued.id} queued to land ({queued.land_state})")
-    if not args.wait:
+    if not wait:
         _err("landing in the background; follow with `fleet-tui queue`")
         return EXIT_OK
     return _wait_landed(fleet, [queued.id])
@@ -1345,8 +1403,7 @@ def cmd_push(argv: list[str]) -> int:
     _out(f"{result.remote}/{result.remote_branch}")
     _err(result.message)
     if result.hook_output is not None:
-        sys.stdout.write(result.hook_output if result.hook_output.endswith("\n")
-                         else result.hook_output + "\n")
+        sys.stdout.write(visible(result.hook_output.rstrip("\n") + "\n"))
         if not result.hook_passed:
             _err("fleet-tui push: the pr_command failed (the branch is pushed)")
             return EXIT_FAILED
@@ -1376,6 +1433,12 @@ def main(argv: list[str]) -> int:
     except FleetTuiError as exc:  # every error meant for the user: its message and code
         _err(f"fleet-tui {name}: {exc.message}")
         return exc.exit_code
+    except sqlite3.DatabaseError as exc:  # a read outside a transaction met it
+        failure = unusable(paths.db_path(), exc)
+        if failure is None:
+            raise
+        _err(f"fleet-tui {name}: {failure.message}")
+        return failure.exit_code
     except KeyboardInterrupt:
         _err(f"fleet-tui {name}: interrupted; running tasks go on in the background "
              "(`fleet-tui ls`)")

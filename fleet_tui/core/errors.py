@@ -39,14 +39,19 @@ class FleetTuiError(Exception):
 
     exit_code: int = EXIT_FAILED
     title: str = "Error"
+    # a failure of the moment that the same step may not meet again (a host's dropped
+    # connection): a caller that can wait tries the step again, bounded
+    transient: bool = False
 
     def __init__(self, message: str, *, exit_code: int | None = None,
-                 title: str | None = None) -> None:
+                 title: str | None = None, transient: bool = False) -> None:
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
         if title is not None:
             self.title = title
+        if transient:
+            self.transient = True
 
     @property
     def message(self) -> str:

@@ -82,6 +82,13 @@ _TIMEOUT_TEXT = re.compile(r"\b(request )?timed out\b|\btimeout\b", re.I)
 # own: "Connection error."
 _UNREACHABLE_TEXT = re.compile(r"Unable to connect to API|\bConnection (error|refused)\b|"
                                r"\bECONNREFUSED\b|\bConnectionRefused\b")
+# claude's words when a connection it had closed in the middle of an answer (CLI 2.1.197
+# "API Error: Connection closed mid-response. The response above may be incomplete.";
+# Node's and Bun's own for a socket reset): a gateway SIGKILLed, a proxy or the endpoint
+# restarted. The CLI falls back to a request of its own only while no block of the answer
+# has ended; later it gives up at once. Transient, as a refused connection is: the session
+# is resumed once what was cut is back.
+_CUT_TEXT = re.compile(r"Connection closed mid-response|\bsocket hang up\b|\bECONNRESET\b")
 
 
 def _clip(text: str, limit: int = _TEXT_MAX) -> str:
@@ -367,6 +374,10 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
     timed_out = stop_reason in (StopReason.TIMEOUT, StopReason.STALL)
     if stop_reason == StopReason.ENDPOINT:
         return _stopped_for_the_endpoint(exit_record, stop_message, result, stderr_tail)
+    if stop_reason in (StopReason.BUDGET_DAY, StopReason.NO_KEY):
+        return _stopped_to_wait(Verdict.BUDGET if stop_reason == StopReason.BUDGET_DAY
+                                else Verdict.KEY, exit_record, stop_message, result,
+                                stderr_tail)
     if stop_reason == StopReason.BUDGET:  # the budget's figure is the whole story
         record = exit_record or {}
         return Ending(Verdict.KILLED, stop_message or "stopped: the task spent its budget",
@@ -404,6 +415,23 @@ def judge_attempt(*, exit_record: dict[str, Any] | None, exit_problem: str | Non
                    killed=killed, timed_out=timed_out)
     message = stop_message if timed_out and stop_message else out.message
     return Ending(out.verdict, message, exit_code, sig)
+
+
+def _stopped_to_wait(verdict: Verdict, exit_record: dict[str, Any] | None,
+                     stop_message: str | None, result: dict[str, Any] | None,
+                     stderr_tail: str) -> Ending:
+    """A run whose request the gateway answered itself: its endpoint's day budget was met
+    (verdict budget, the figure its message), or the key of its route is no longer held
+    (verdict key); it waits, unless the run finished first."""
+    record = exit_record or {}
+    exit_code, sig = _as_int(record.get("exit_code")), _as_int(record.get("signal"))
+    out = classify(exit_code=exit_code, signal=sig, result=result, stderr_tail=stderr_tail)
+    if out.verdict is Verdict.OK:
+        return Ending(out.verdict, out.message, exit_code, sig)
+    return Ending(verdict, stop_message or ("the endpoint's day budget was met"
+                                            if verdict is Verdict.BUDGET else
+                                            "the gateway no longer held the task's key"),
+                  exit_code, sig)
 
 
 def _stopped_for_the_endpoint(exit_record: dict[str, Any] | None, stop_message: str | None,
@@ -540,6 +568,9 @@ def _result_verdict(result: dict[str, Any], exit_code: int | None) -> tuple[Verd
             return _api_message(int(found.group(1)), text)
         if _UNREACHABLE_TEXT.search(text):
             return Verdict.UNREACHABLE, f"the endpoint could not be reached ({_clip(text)})"
+        if _CUT_TEXT.search(text):
+            return Verdict.UNREACHABLE, ("the connection to the endpoint (or the gateway) "
+                                         f"closed mid-answer ({_clip(text)})")
         what = _clip(text) if text.strip() else (_clip(subtype, 60) or "no detail")
         return Verdict.CRASHED, f"claude reported an error: {what}; see the run's log"
     if subtype and subtype != "success":

@@ -61,12 +61,13 @@ __all__ = ["AUTO_RESUME_PROMPT", "BUDGET_HOLD", "COUNTED", "NOTE_PREFIXES", "NO_
 
 # verdicts of the moment (the endpoint's, not the task's): tried again after a wait
 TRANSIENT = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.WINDOW, Verdict.CONCURRENCY,
-                       Verdict.MODEL_OVERLOAD, Verdict.UNREACHABLE})
+                       Verdict.MODEL_OVERLOAD, Verdict.UNREACHABLE, Verdict.BUDGET,
+                       Verdict.KEY})
 # the ones whose attempts count toward max_attempts; a window the endpoint named the reset
 # of, and a requeue for fewer workers at once, do not (and do not break a streak either)
 COUNTED = frozenset({Verdict.OVERLOAD, Verdict.QUOTA, Verdict.MODEL_OVERLOAD,
                      Verdict.UNREACHABLE})
-UNCOUNTED = frozenset({Verdict.WINDOW, Verdict.CONCURRENCY})
+UNCOUNTED = frozenset({Verdict.WINDOW, Verdict.CONCURRENCY, Verdict.BUDGET, Verdict.KEY})
 OVERLOADS = frozenset({Verdict.OVERLOAD, Verdict.MODEL_OVERLOAD})
 # verdicts that stop the whole endpoint until the user acts (the account, the key)
 STOPS = frozenset({Verdict.ACCOUNT, Verdict.AUTH})
@@ -89,6 +90,10 @@ BACKOFF_JITTER = (0.5, 1.0)  # the backoff is multiplied by a uniform draw from 
 # a quiet 2-core machine (8-16 s when 8 start together there); on one busy with others'
 # work, 10 s even alone: then the starts overlap again, a wave every START_BOUND (bench 11)
 START_BOUND = 5.0
+# a task the gateway paused (its endpoint's day budget, a key it lost) is not started again
+# sooner than this: an engine whose settings disagree with the gateway's (a budget from its
+# own environment) would otherwise start it on every pass, to be paused at once again
+PAUSE_RECHECK = 5.0
 
 
 # --- what a task allows ----------------------------------------------------------------------
@@ -141,7 +146,8 @@ def why_not(task: Task, action: Action) -> str | None:
     if task.conflicts and action in _NOT_WHILE_CONFLICTED:
         shown = ", ".join(task.conflicts[:3]) + (" ..." if len(task.conflicts) > 3 else "")
         return (f"its update from {task.base_branch or 'its base'} stopped on conflicts "
-                f"({shown}); resolve them (u: the worker or a shell) or abort the update")
+                f"({shown}); resolve them (`fleet-tui update {task.id} --resolve worker` or "
+                "`--resolve shell`) or abort the update (`--resolve abort`)")
     if action is Action.FOLLOW_UP and not task.session_id:
         return "it has no session to continue (its run never started one); retry it instead"
     if action in (Action.SHELL, Action.DIFF) and task.worktree is None:
@@ -589,6 +595,13 @@ def after_attempt(task: Task, attempts: Sequence[Attempt], verdict: str, message
         return Next(TaskState.SUCCEEDED, message, effect=Effect("ok"))
     if verdict == Verdict.KILLED:
         return Next(TaskState.KILLED, message)
+    if verdict in (Verdict.BUDGET, Verdict.KEY):
+        # the endpoint's hold starts it again once lifted; a key: the next engine that can
+        # start it (one with the endpoint's key_env variable: scheduling's cannot_start)
+        resumes = " in its session" if session_progress(task, attempts) else ""
+        what = "the budget" if verdict == Verdict.BUDGET else "a fleet-tui with its key"
+        return Next(TaskState.WAITING, f"{message} — waits for {what}, then resumes"
+                    f"{resumes}", now + PAUSE_RECHECK)
     override: str | None = None
     if verdict == Verdict.WINDOW:
         if signal is not None:

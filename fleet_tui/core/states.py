@@ -84,6 +84,12 @@ class StopReason(StrEnum):
     ERROR = "error"  # the engine gave up on the task (its data could not be used)
     ENDPOINT = "endpoint"  # its endpoint refuses what it retries (parked window, held account)
     BUDGET = "budget"  # the task spent its budget_per_task (killed, the figure its message)
+    # its endpoint's budget_per_day is met (the gateway answered its request itself): it
+    # waits for the budget to lift, then resumes in its session
+    BUDGET_DAY = "budget_day"
+    # the gateway lacks the key of its route (a variable of the environment of the process
+    # that started it, which has ended): it waits for a fleet-tui that can start it again
+    NO_KEY = "no_key"
 
 
 class LandState(StrEnum):
@@ -121,6 +127,13 @@ class Verdict(StrEnum):
     # the endpoint (or the gateway a remote worker reaches it by) could not be reached: its
     # machine away, the network down; retried later, in the session when it has progress
     UNREACHABLE = "unreachable"
+    # the endpoint's day budget was met mid-run: waits for it to lift (local midnight, a
+    # raised budget_per_day), then resumes in its session; not counted as an attempt
+    BUDGET = "budget"
+    # the gateway no longer held the key of its route (it was started again after the
+    # process whose environment held the key ended): waits for a fleet-tui that can start
+    # it (with its own key), then resumes in its session; not counted as an attempt
+    KEY = "key"
     MAX_TURNS = "max_turns"
     EMPTY = "empty"
     REFUSED = "refused"

@@ -13,6 +13,10 @@ its system prompt (`Primary working directory: /path`, checked against CLI 2.1.1
 look there first, then in the messages (system reminders), and leave `.` when neither
 says it.
 
+A value `{"$from_results": REGEX}` in a tool call's input is taken from the tool results
+the conversation holds (see `_from_results`): a script plays an orchestrator that passes
+on the ids an earlier tool call made.
+
 Faults (HTTP errors for the first N requests, a hang, a connection dropped mid-stream) and
 a per-event delay make the failure paths and a human-speed demo reproducible. Provider
 modes answer as z.ai does (HTTP 429 and `{"error": {"code": "1308", "message": ...}}`):
@@ -38,6 +42,7 @@ can both use it.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import hashlib
 import http.server
@@ -345,6 +350,55 @@ def _parse_provider_fault(raw: Mapping[str, Any], kind: str, where: str) -> Faul
                  limit=raw.get("limit"), turn=raw.get("turn"), hold=numbers["hold"])
 
 
+@dataclass(frozen=True)
+class Listen:
+    """A script's wait for the user's message (Script.listen)."""
+
+    at: int
+    wait: Turn
+    heard: list[Turn]
+    times: int = 12
+    seconds: float = 10.0
+
+    @classmethod
+    def from_data(cls, name: str, raw: object) -> Listen:
+        where = f"script {name!r}, listen"
+        if not isinstance(raw, dict) or set(raw) - {"at", "wait", "heard", "times",
+                                                    "seconds"}:
+            raise ScriptError(f"{where}: expected an object with at, wait, heard, times, "
+                              "seconds")
+        at, times, seconds = raw.get("at"), raw.get("times", 12), raw.get("seconds", 10.0)
+        if isinstance(at, bool) or not isinstance(at, int) or at < 0 \
+                or isinstance(times, bool) or not isinstance(times, int) or times < 1:
+            raise ScriptError(f"{where}: \"at\" is a turn index >= 0, \"times\" >= 1")
+        if not isinstance(seconds, int | float) or seconds < 0:
+            raise ScriptError(f"{where}: \"seconds\" must be >= 0")
+        heard = raw.get("heard")
+        if not isinstance(heard, list):
+            raise ScriptError(f"{where}: \"heard\" must be a list of turns")
+        return cls(at=at, wait=_normalize_turn(raw.get("wait"), f"{where}, wait"),
+                   heard=[_normalize_turn(t, f"{where}, heard {i + 1}")
+                          for i, t in enumerate(heard)],
+                   times=times, seconds=float(seconds))
+
+    def place(self, turn: int, heard_at: int | None) -> tuple[str, int]:
+        """What answer `turn` (assistant messages so far) plays: ("wait", n), ("heard", i)
+        or ("turn", index into the script's turns and follow-up); `heard_at`: the number
+        of assistant messages before the user's message, None while there is none."""
+        if turn < self.at:
+            return "turn", turn
+        waits = self.times if heard_at is None else max(0, min(heard_at - self.at,
+                                                               self.times))
+        if turn < self.at + waits:
+            return "wait", turn - self.at
+        past = turn - self.at - waits
+        if heard_at is not None:
+            if past < len(self.heard):
+                return "heard", past
+            past -= len(self.heard)
+        return "turn", self.at + past
+
+
 @dataclass
 class Script:
     """A named list of turns, with its own faults and optional per-event delay."""
@@ -360,6 +414,11 @@ class Script:
     # own ("No response requested.") into a session it resumes after an interrupted turn,
     # which would otherwise count as one (2.1.332 does not).
     real_turns: bool = False
+    # A worker that waits for the user's message (`fleet-tui say`, `s` in the panel): from
+    # turn `at` on, it plays `wait` (each answer held `seconds`, paced) until a message of
+    # the user's is in the conversation, at most `times` turns; then the `heard` turns
+    # (`{message}`: the message's first line), then the rest of its turns.
+    listen: Listen | None = None
 
     @classmethod
     def from_data(cls, name: str, data: object) -> Script:
@@ -370,13 +429,16 @@ class Script:
         delay: float | None = None
         followup: list[Turn] = []
         real_turns = False
+        listen: Listen | None = None
         if isinstance(data, dict):
             unknown = set(data) - {"turns", "faults", "delay", "description", "followup",
-                                   "real_turns"}
+                                   "real_turns", "listen"}
             if unknown:
                 raise ScriptError(f"script {name!r}: unknown key(s) {sorted(unknown)}; "
                                   "known: turns, faults, delay, followup, real_turns, "
-                                  "description")
+                                  "listen, description")
+            if data.get("listen") is not None:
+                listen = Listen.from_data(name, data["listen"])
             real_turns = data.get("real_turns", False)
             if not isinstance(real_turns, bool):
                 raise ScriptError(f"script {name!r}: \"real_turns\" must be true or false")
@@ -402,7 +464,7 @@ class Script:
         turns = [_normalize_turn(t, f"script {name!r}, turn {i + 1}")
                  for i, t in enumerate(data)]
         return cls(name=name, turns=turns, faults=faults, delay=delay, followup=followup,
-                   real_turns=real_turns)
+                   real_turns=real_turns, listen=listen)
 
 
 def edit_and_commit_turns(path: str, content: str, commit: str, *,
@@ -569,6 +631,13 @@ def _prompt_of(body: Mapping[str, Any]) -> str:
 def _latest_prompt(body: Mapping[str, Any]) -> str:
     """First line of the newest user prompt (a follow-up's text), tool results and the
     CLI's system reminders left out."""
+    whole = latest_prompt_whole(body)
+    return whole.splitlines()[0] if whole else ""
+
+
+def latest_prompt_whole(body: Mapping[str, Any]) -> str:
+    """The newest user prompt whole (`{prompt_b64}` in a script: base64, for a tool call
+    that reads it, a review's comments say)."""
     for msg in reversed(body.get("messages") or []):
         if not isinstance(msg, dict) or msg.get("role") != "user":
             continue
@@ -579,7 +648,7 @@ def _latest_prompt(body: Mapping[str, Any]) -> str:
                  if not t.lstrip().startswith("<system-reminder>")]
         text = "\n".join(texts).strip()
         if text:
-            return text.splitlines()[0]
+            return text
     return ""
 
 
@@ -601,6 +670,42 @@ def conversation_texts(body: Mapping[str, Any]) -> tuple[str, ...]:
                 if text.strip() and not text.lstrip().startswith("<system-reminder>"):
                     found.append(text.strip())
     return tuple(found)
+
+
+def user_message_after_prompt(body: Mapping[str, Any]) -> tuple[int, str] | None:
+    """The first message of the user's after the prompt (sent to the running worker: a
+    user text, or the system note the CLI relays it in) as (assistant messages before it,
+    its first line); None when there is none."""
+    assistants = 0
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+    for index, msg in enumerate(messages):
+        if msg.get("role") == "assistant":
+            assistants += 1
+            continue
+        if first is None or index <= first:
+            continue  # the prompt (its text blocks and the CLI's notes with it)
+        content = msg.get("content")
+        blocks = content if isinstance(content, list) else [content]
+        for block in blocks:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                continue
+            for text in _texts([block] if isinstance(block, dict) else block):
+                if not text.strip() or text.lstrip().startswith("<system-reminder>"):
+                    continue
+                relayed = text.split(RELAYED, 1)
+                if len(relayed) == 2:
+                    said = relayed[1]
+                elif msg.get("role") == "user":
+                    said = text
+                else:
+                    continue  # the CLI's own notes ("Available agent types ...")
+                return assistants, (said.strip().splitlines() or [""])[0]
+    return None
+
+
+# how CLI 2.1.197 relays a message the user sent while the worker was in a turn
+RELAYED = "The user sent a new message while you were working:"
 
 
 def _count_turn(body: Mapping[str, Any]) -> int:
@@ -652,13 +757,52 @@ def _auth_of(headers: Mapping[str, str]) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _substitute(value: Any, cwd: str, prompt: str = "") -> Any:
+FROM_RESULTS = "$from_results"
+
+
+def _tool_result_texts(body: Mapping[str, Any]) -> list[str]:
+    """The text of every tool_result in the conversation, oldest first."""
+    found: list[str] = []
+    for msg in body.get("messages") or []:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if not isinstance(msg, dict) or msg.get("role") != "user" \
+                or not isinstance(content, list):
+            continue
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                found.append("\n".join(_texts(block.get("content"))))
+    return found
+
+
+def _from_results(spec: Mapping[str, Any], results: Sequence[str]) -> Any:
+    """A value taken from what the tools answered earlier, so that a script can use what
+    only the run knows (the ids a tool made): `{"$from_results": REGEX}` is the first match
+    in the newest tool result that has one: its group `"group"` (default 1, or the whole
+    match when the pattern has no group); with `"all": true`, every match in that result,
+    as a list. No match: a text saying so (the tool then answers with an error the test
+    sees)."""
+    pattern = re.compile(str(spec[FROM_RESULTS]))
+    group = spec.get("group", 1 if pattern.groups else 0)
+    for text in reversed(results):
+        found = [m.group(group) for m in pattern.finditer(text)]
+        if found:
+            return found if spec.get("all") else found[0]
+    return f"(no earlier tool result matches {pattern.pattern!r})"
+
+
+def _substitute(value: Any, cwd: str, prompt: str = "", whole: str = "",
+                results: Sequence[str] = ()) -> Any:
     if isinstance(value, str):
+        if "{prompt_b64}" in value:
+            value = value.replace("{prompt_b64}",
+                                  base64.b64encode(whole.encode()).decode("ascii"))
         return value.replace("{cwd}", cwd).replace("{prompt}", prompt)
     if isinstance(value, list):
-        return [_substitute(v, cwd, prompt) for v in value]
+        return [_substitute(v, cwd, prompt, whole, results) for v in value]
     if isinstance(value, dict):
-        return {k: _substitute(v, cwd, prompt) for k, v in value.items()}
+        if FROM_RESULTS in value:
+            return _from_results(value, results)
+        return {k: _substitute(v, cwd, prompt, whole, results) for k, v in value.items()}
     return value
 
 
@@ -874,7 +1018,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             ep._record(replace(base, status=0, fault=fault_name))
             ep._hang()
             raise _Dropped
-        blocks = self._build_blocks(script, turn, cwd or ".", _latest_prompt(body))
+        if script.listen is not None:
+            blocks = self._listening(ep, script, script.listen, turn, body, cwd or ".")
+        else:
+            blocks = self._build_blocks(script, turn, cwd or ".", _latest_prompt(body),
+                                        latest_prompt_whole(body), _tool_result_texts(body))
         ids = tuple(b["id"] for b in blocks if b["type"] == "tool_use")
         stop_reason = "tool_use" if ids else "end_turn"
         ep._record(replace(base, status=200, fault=fault_name, tool_use_ids=ids))
@@ -907,9 +1055,32 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens,
                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
             })
+            ep._serve_usage(message_id, model or "scripted", input_tokens, output_tokens)
+
+    def _listening(self, ep: ScriptedEndpoint, script: Script, listen: Listen, turn: int,
+                   body: dict[str, Any], cwd: str) -> list[Block]:
+        """The answer of a script that waits for the user's message (Script.listen)."""
+        heard = user_message_after_prompt(body)
+        kind, index = listen.place(turn, heard[0] if heard is not None else None)
+        if kind == "wait":
+            ep._sleep(listen.seconds)  # paced: tests set FLEET_ENDPOINT_PACE=0
+            left = round((listen.times - index - 1) * listen.seconds)
+            return self._blocks_of(listen.wait, cwd, "{left}", f"{left} s")
+        if kind == "heard":
+            return self._blocks_of(listen.heard[index], cwd, "{message}",
+                                   heard[1] if heard is not None else "")
+        return self._build_blocks(script, index, cwd, _latest_prompt(body),
+                                  latest_prompt_whole(body))
+
+    def _blocks_of(self, template: Turn, cwd: str, name: str, value: str) -> list[Block]:
+        """A listen turn's blocks, `name` (`{left}`: the wait's seconds left, `{message}`:
+        the user's message) replaced by `value`."""
+        fixed = json.loads(json.dumps(template).replace(name, json.dumps(value)[1:-1]))
+        return self._build_blocks(Script(name="listen", turns=[fixed]), 0, cwd)
 
     def _build_blocks(self, script: Script, turn: int, cwd: str,
-                      prompt: str = "") -> list[Block]:
+                      prompt: str = "", whole: str = "",
+                      results: Sequence[str] = ()) -> list[Block]:
         extra = turn - len(script.turns)
         if turn < len(script.turns):
             template = script.turns[turn]
@@ -920,7 +1091,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                          "text": f"(script {script.name!r} has only {len(script.turns)} "
                                  f"turn(s); nothing more to do)"}]
         blocks: list[Block] = []
-        for block in _substitute(template, cwd, prompt):
+        for block in _substitute(template, cwd, prompt, whole, results):
             if block["type"] == "tool_use":
                 block = {"type": "tool_use", "id": _new_id("toolu_"), "name": block["name"],
                          "input": block["input"]}
@@ -956,6 +1127,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
             self.wfile.flush()
             sent += 1
+            # what the answer states it served, as far as it was sent
+            if event == "message_start":
+                ep._serve_usage(message_id, model, input_tokens, 1)
+            elif event == "message_delta":
+                ep._serve_usage(message_id, model, input_tokens, output_tokens)
 
         emit("message_start", {"type": "message_start", "message": {
             "id": message_id, "type": "message", "role": "assistant", "model": model,
@@ -1082,6 +1258,8 @@ class ScriptedEndpoint:
         self._global_faults: list[Fault] = [parse_fault(f) for f in faults]
         self._remaining: dict[int, int | None] = {}
         self._requests: list[RecordedRequest] = []
+        # message id -> the usage its answer stated in what was sent of it
+        self._served: dict[str, dict[str, Any]] = {}
         self._connects: list[str] = []
         self._probes: list[tuple[str, str]] = []
         self._sockets: set[socket.socket] = set()
@@ -1212,6 +1390,19 @@ class ScriptedEndpoint:
         """(method, path) of HEAD probes the CLI sends before its first call."""
         with self._lock:
             return list(self._probes)
+
+    def _serve_usage(self, message_id: str, model: str, input_tokens: int,
+                     output_tokens: int) -> None:
+        with self._lock:
+            self._served[message_id] = {"model": model, "input_tokens": input_tokens,
+                                        "output_tokens": output_tokens}
+
+    def served(self) -> list[dict[str, Any]]:
+        """The usage each answer stated in what was sent of it (a stream cut after its
+        `message_start`: the input and 1 output token), in the order they began: what a
+        provider bills, to compare with a meter."""
+        with self._lock:
+            return [dict(v) for v in self._served.values()]
 
     def message_requests(self, script: str | None = None) -> list[RecordedRequest]:
         """Recorded `POST /v1/messages` requests, optionally of one script."""

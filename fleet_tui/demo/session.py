@@ -35,6 +35,7 @@ from typing import Any
 
 from fleet_tui import CLAUDE_CODE_VERSION
 from fleet_tui.core.errors import FleetTuiError
+from fleet_tui.core.terminal import visible
 from fleet_tui.system import paths
 
 DEMO_KEY = "demo-key"  # the scripted endpoint accepts any key; this one is not a secret
@@ -169,12 +170,41 @@ for path in sys.argv[1:]:
 if left:
     sys.exit("conflict markers are still in: " + " ".join(left))
 """
+# A review sent to a demo worker (`ctrl+r`, `fleet-tui review --send`) is answered in
+# kind: each commented line (new side) gets a note appended, so the comments' lines
+# change and the review shows them **addressed**. (The message is the review's own
+# format, core.review.review_message: "N. FILE:START-END" then the quoted lines.)
+_ADDRESS_REVIEW = r"""import re, sys
+text = open(sys.argv[1], encoding="utf-8").read()
+done = []
+for m in re.finditer(r"^\d+\. (\S+?):(\d+)(?:-(\d+))?( \(deleted)?", text, re.M):
+    if m.group(4):
+        continue  # deleted lines: nothing left to change
+    path, first, last = m.group(1), int(m.group(2)), int(m.group(3) or m.group(2))
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().split("\n")
+    except OSError:
+        continue
+    note = "  # changed after the review" if path.endswith(".py") else " (changed after the review)"
+    for i in range(first - 1, min(last, len(lines))):
+        if lines[i].strip() and not lines[i].endswith(note):
+            lines[i] += note
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(lines))
+    done.append(m.group(0)[m.group(0).index(" ") + 1:])
+print("addressed: " + (", ".join(done) or "nothing to change"))
+"""
 _RESOLVE_OR_LOOK = (
     'conflicted=$(git diff --name-only --diff-filter=U)\n'
     'if [ -n "$conflicted" ]; then\n'
     "python3 - $conflicted <<'PY' &&\n" + _KEEP_BOTH + "PY\n"
     'git add -- $conflicted && git commit --no-edit -q && '
     'echo "kept both sides of: $conflicted"\n'
+    'elif printf %s \'{prompt_b64}\' | base64 -d | grep -q "^Review of your changes"; then\n'
+    'f=$(mktemp) && printf %s \'{prompt_b64}\' | base64 -d > "$f" && '
+    "python3 - \"$f\" <<'PY'\n" + _ADDRESS_REVIEW + "PY\n"
+    'rm -f "$f"\n'
     'else git status --short; fi'
 )
 
@@ -184,7 +214,8 @@ _RESOLVE_OR_LOOK = (
 FOLLOWUP_TURNS: list[Any] = [
     [_say("Following up on: {prompt}"),
      _tool("Bash", command=_RESOLVE_OR_LOOK,
-           description="resolve the update's conflicts, or look at the worktree")],
+           description="resolve the update's conflicts, answer a review, or look at the "
+                       "worktree")],
     "Follow-up done: {prompt}",
 ]
 
@@ -211,12 +242,23 @@ def _demo_scripts() -> dict[str, Any]:
             [_tool("Bash", command="git status --short", description="show the change")],
             "Done: CHANGELOG.md created. Review the diff and merge it when it looks right.",
         ]},
-        # Paced to run about a minute, so that `s` (say) can reach it while it works, as the
-        # README suggests first (tests scale the pacing with FLEET_ENDPOINT_PACE).
-        "validate": {"delay": 0.6, "turns": [
+        # The worker to steer, as the README suggests first: after a look around it waits
+        # for the user's message (`s`), saying so and how long, and answers it; without
+        # one it goes on after 90 s (tests scale the waits with FLEET_ENDPOINT_PACE).
+        "validate": {"delay": 0.6, "listen": {
+            "at": 2, "times": 9, "seconds": 10,
+            "wait": [_tool("Bash", command="echo 'waiting for your message (press s): "
+                                   "{left} more'",
+                           description="waiting for your message (press s): {left} more")],
+            "heard": [[_say("You said: {message}. Noted; going on with that in mind."),
+                       _tool("Bash", command="git status --short",
+                             description="look at the worktree")]],
+        }, "turns": [
             [_say("Let me read the inventory module."),
              _tool("Read", file_path="{cwd}/inventory.py")],
-            [_tool("Bash", command="grep -n remove_item *.py", description="find callers")],
+            [_say("Before I change anything: tell me what you want (press s and type it). "
+                  "I wait up to 90 s."),
+             _tool("Bash", command="grep -n remove_item *.py", description="find callers")],
             [_say("remove_item lets stock go negative. I'll refuse to remove more than "
                   "there is."),
              _tool("Edit", file_path="{cwd}/inventory.py", old_string=_REMOVE_OLD,
@@ -322,7 +364,8 @@ def ensure_claude(ask: Callable[[str], str] = input, out: Callable[[str], None] 
     out("fleet-tui --demo runs real Claude Code workers, but `claude` was not found "
         "(not on PATH, not in FLEET_WORKER_CLAUDE, not in "
         f"{paths.cli_install_dir(env)}).")
-    if shutil.which("npm", path=(os.environ if env is None else env).get("PATH")) is None:
+    npm = shutil.which("npm", path=(os.environ if env is None else env).get("PATH"))
+    if npm is None:
         out("npm is not installed. Install Node.js (which brings npm), then run:\n  "
             + " ".join(command) + "\nor set FLEET_WORKER_CLAUDE to a claude binary.")
         return None
@@ -334,11 +377,20 @@ def ensure_claude(ask: Callable[[str], str] = input, out: Callable[[str], None] 
     if answer.strip().lower() not in ("y", "yes"):
         out("Not installed. To do it by hand:\n  " + " ".join(command))
         return None
-    result = subprocess.run(command, check=False)
+    out(f"Installing Claude Code {CLAUDE_CODE_VERSION} (a minute or so)...")
+    # npm's own chatter (`npm warn install-scripts ...`, deprecation notices) is kept off
+    # the screen: what matters is whether it worked; on a failure its output is shown
+    result = subprocess.run([npm, *command[1:]], check=False, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if result.returncode != 0:
+        said = result.stdout.decode("utf-8", "replace").strip().splitlines()[-20:]
+        out("\n".join(visible(line) for line in said))
         out(f"npm failed (exit {result.returncode}); run it by hand:\n  " + " ".join(command))
         return None
-    return find_claude_binary(env)
+    found = find_claude_binary(env)
+    if found:
+        out(f"Installed: {found}")
+    return found
 
 
 def ensure_cage(ask: Callable[[str], str] = input, out: Callable[[str], None] = print,

@@ -178,7 +178,7 @@ class Branches(Part):
             return remote.snapshot(task)
         except FleetError as exc:
             raise FleetRefused(f"the work of task {task.id} could not be fetched from its "
-                               f"host: {exc}") from None
+                               f"host: {exc}", transient=exc.transient) from None
 
     def _remote_diff(self, task: Task, remote: RemoteWorktrees) -> git.Diff:
         tip = self.remote_tip(task, remote)
@@ -340,7 +340,8 @@ class Branches(Part):
         except FleetError as exc:
             if remote is None:
                 raise
-            raise FleetRefused(f"task {task.id} was not merged: {exc}") from None
+            raise FleetRefused(f"task {task.id} was not merged: {exc}",
+                               transient=exc.transient) from None
         if gate_output is not None and result.test_output is None:
             result = dataclasses.replace(result, test_output=gate_output)
         if result.reason in ("gone", "nothing"):
@@ -403,7 +404,7 @@ class Branches(Part):
             branch = self.supervisor.host_of(task).collect(task)
         except FleetError as exc:
             raise FleetRefused(f"the work of task {task.id} could not be fetched from its "
-                               f"host: {exc}") from None
+                               f"host: {exc}", transient=exc.transient) from None
         tip = git.branch_tip(task.repo, branch)
         if not checkout:
             yield None, tip
@@ -434,7 +435,7 @@ class Branches(Part):
             try:
                 there = remote.has_worktree(task)
             except FleetError as exc:
-                raise FleetRefused(f"task {task.id}: {exc}") from None
+                raise FleetRefused(f"task {task.id}: {exc}", transient=exc.transient) from None
             if not there:
                 raise FleetRefused(f"the worktree of task {task.id} ({task.worktree}) is "
                                    "missing on its host: it was deleted outside fleet-tui; "
@@ -491,7 +492,8 @@ class Branches(Part):
                 strategy=self.settings.update_strategy,
                 message=titles.commit_title(task.short_title))
         except FleetError as exc:
-            raise FleetRefused(f"task {task.id} was not updated: {exc}") from None
+            raise FleetRefused(f"task {task.id} was not updated: {exc}",
+                               transient=exc.transient) from None
         if result.status == "refused":
             return result
         fields_: dict[str, Any] = {"message": result.message,

@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 
 from fleet_tui.core import stream
 from fleet_tui.core.errors import FleetError, FleetRefused, InvalidSpec, TaskNotFound
+from fleet_tui.core.ranking import Ranked
 from fleet_tui.core.review import Anchor
 from fleet_tui.engine.actions import Actions
 from fleet_tui.engine.branches import Branches, CopyReport, work_at_stake
@@ -53,6 +54,7 @@ from fleet_tui.engine.follower import Follower, attempt_finished
 from fleet_tui.engine.gateway_link import weak_keys
 from fleet_tui.engine.merge_queue import MergeQueue
 from fleet_tui.engine.queries import EndpointStatus, FleetStatus, Queries
+from fleet_tui.engine.ranking import Best
 from fleet_tui.engine.reload import SettingsNotice, SettingsWatch
 from fleet_tui.engine.review import Review, ReviewSent
 from fleet_tui.engine.scheduling import Scheduler
@@ -64,6 +66,7 @@ from fleet_tui.execution.host import Host
 from fleet_tui.settings.config import Settings
 from fleet_tui.settings.repo_settings import RepoSettingsCache
 from fleet_tui.store.db import Attempt, Store, Task, TaskSpec
+from fleet_tui.store.evidence import BestPick
 from fleet_tui.store.meter import Totals
 from fleet_tui.store.reviews import ReviewComment
 from fleet_tui.system import paths
@@ -123,6 +126,8 @@ class Fleet:
         self.review = Review(ctx, self.actions, self.branches)
         self.queue = MergeQueue(ctx, self.actions, self.branches)
         self.scheduler = Scheduler(ctx, self.secrets, self.actions, self.branches, self.queue)
+        self.best = Best(ctx, self.secrets, self.actions, self.branches, self.queue,
+                         self.review)
         self.settings_watch = SettingsWatch(ctx)
 
     @property
@@ -247,7 +252,9 @@ class Fleet:
 
     @_says(Scheduler.tick)
     def tick(self) -> list[TaskChange]:
-        return self.scheduler.tick()
+        changes = self.scheduler.tick()
+        self.best.after_pass(changes)  # a group's last copy ended: rank its copies
+        return changes
 
     @_says(Scheduler.run)
     def run(self, stop: threading.Event, interval: float = 0.25) -> None:
@@ -399,6 +406,25 @@ class Fleet:
     @_says(Branches.compare)
     def compare(self, task_id: str) -> list[CopyReport]:
         return self.branches.compare(task_id)
+
+    # --- best of N (ranking.py) -----------------------------------------------------------------
+
+    @_says(Best.ranking)
+    def rank(self, task_id: str, *, gather: bool = True) -> list[Ranked]:
+        return self.best.ranking(task_id, gather=gather)
+
+    @_says(Best.rankings)
+    def rankings(self, tasks: Iterable[Task]) -> dict[str, Ranked]:
+        return self.best.rankings(tasks)
+
+    @_says(Best.pick_best)
+    def pick_best(self, task_id: str, *, choose: str | None = None
+                  ) -> tuple[Task, list[str], Ranked]:
+        return self.best.pick_best(task_id, choose=choose)
+
+    def best_picks_since(self, since: float) -> list[BestPick]:
+        """The groups' picks (auto_pick's and pick --best's) recorded since ``since``."""
+        return self.best.picks_since(since)
 
     # --- the merge queue (merge_queue.py) ----------------------------------------------------
 

@@ -28,6 +28,7 @@ from fleet_tui.core.errors import EXIT_FAILED, FleetTuiError
 from fleet_tui.core.states import ACTIVE_STATES, PENDING_STATES, StopReason, TaskState, Verdict
 from fleet_tui.engine.supervisor import Supervisor, TaskChange, describe
 from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.hosts import HostUnknown
 from fleet_tui.settings.config import Settings
 from fleet_tui.store.db import Attempt, Store, Task
 from fleet_tui.vcs import git
@@ -115,6 +116,7 @@ class Follower:
         self.clock = clock
         self.rng = rng
         self._follows: dict[int, _Follow] = {}
+        self._unknown_said: dict[str, str] = {}  # tasks whose host is not known here
         # What has been folded in from events files, for the panel and benchmarks.
         self.ingested_events = 0
         self.ingested_bytes = 0
@@ -408,6 +410,13 @@ class Follower:
             raise exc  # the database itself (locked, full, gone): not this task's data
         if isinstance(exc, OSError) and exc.errno in PASSING_ERRNOS:
             log.warning("following task %s: %s (tried again next pass)", task.id, exc)
+            return
+        if isinstance(exc, HostUnknown):
+            # its worker may run on a host config.toml gained after this engine read it:
+            # left to an engine that knows the host (or to this one once it read it again)
+            if self._unknown_said.get(task.id) != str(exc):
+                self._unknown_said[task.id] = str(exc)
+                log.info("task %s: %s; left to an engine that knows its host", task.id, exc)
             return
         log.error("task %s: %s", task.id, describe_error(exc), exc_info=exc)
         try:

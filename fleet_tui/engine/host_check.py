@@ -13,11 +13,13 @@ the ssh host's connection (execution/ssh/) once both are in one build.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 import subprocess
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fleet_tui import CLAUDE_CODE_VERSION
@@ -96,20 +98,157 @@ def install_script(where: str | None = None) -> str:
             f"{shlex.quote(CLAUDE_PACKAGE)}\n")
 
 
-def probe_script(claude: tuple[str, ...] = ()) -> str:
+INSTALL_LIMIT = 600.0  # seconds `host check --yes` gives npm (then it is stopped)
+PROGRESS_EVERY = 15.0  # seconds between two progress lines of an install
+_LOG_PATH = re.compile(r"complete log of this run can be found in:\s*(\S+)")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]|\x1b\[[0-9;?]*[A-Za-z]")
+
+
+@dataclass(frozen=True)
+class Installed:
+    """How an install went: `why` one line when it failed, `errors` npm's own
+    `npm error ...` lines (its log's, when its output named only the log)."""
+
+    ok: bool
+    why: str = ""
+    errors: tuple[str, ...] = ()
+
+
+def _plain(line: str) -> str:
+    """A line of npm's output without escapes or control characters (for a terminal)."""
+    return _CONTROL.sub("", line).strip()
+
+
+def install(host: HostConfig, where: str | None = None, *, limit: float | None = None,
+            every: float | None = None, progress: Callable[[float, str], None] | None = None,
+            env: Mapping[str, str] | None = None, ssh: str = "ssh") -> Installed:
+    """The pinned claude installed with npm on the host (`install_script`), stopped after
+    `limit` seconds (there too: `timeout` around npm), `progress(elapsed, last line)`
+    called every `every` seconds meanwhile."""
+    limit = INSTALL_LIMIT if limit is None else limit
+    every = PROGRESS_EVERY if every is None else every
+    script = ('t=""; command -v timeout >/dev/null 2>&1 && '
+              f't="timeout -k 10 {max(1, int(limit))}"; '
+              + install_script(where).replace("npm install", "$t npm install", 1))
+    argv = ["sh", "-s"] if host.is_local else [*ssh_argv(host, ssh), "sh -s"]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(env) if env is not None else None)
+    except OSError as exc:
+        return Installed(False, f"{argv[0]}: {exc.strerror or exc}")
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = _plain(raw.decode("utf-8", "replace"))
+            if line:
+                lines.append(line)
+
+    reader = threading.Thread(target=read, name="fleet-npm-output", daemon=True)
+    reader.start()
+    assert proc.stdin is not None
+    with contextlib.suppress(OSError):
+        proc.stdin.write(script.encode())
+        proc.stdin.close()
+    started = time.monotonic()
+    stopped = False
+    while True:
+        elapsed = time.monotonic() - started
+        try:
+            proc.wait(timeout=max(0.0, min(every, limit - elapsed)))
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        elapsed = time.monotonic() - started
+        if elapsed >= limit:
+            stopped = True
+            _stop_group(proc)
+            break
+        if progress is not None:
+            progress(elapsed, lines[-1] if lines else "")
+    reader.join(timeout=5)
+    code = proc.returncode
+    if code == 0 and not stopped:
+        return Installed(True)
+    if stopped or code == 124:  # 124: the host's `timeout` stopped npm
+        why = f"no end within {_minutes(limit)}: stopped"
+    elif code == 255 and not host.is_local:
+        why = f"ssh failed ({lines[-1] if lines else 'exit 255'})"
+    else:
+        why = f"npm exited with {code}"
+    return Installed(False, why, tuple(_npm_errors(host, lines, env=env, ssh=ssh)))
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """The install's process group (sh, npm, its children here; ssh for a host, whose
+    `timeout` stops npm there) ended: SIGTERM, then SIGKILL."""
+    import os
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _npm_errors(host: HostConfig, lines: list[str], *, env: Mapping[str, str] | None,
+                ssh: str) -> list[str]:
+    """npm's `npm error` lines; when they only name its log, the log's error lines."""
+    errors = [line for line in lines if line.startswith(("npm error", "npm ERR!"))]
+    told = [line for line in errors if "complete log of this run" not in line
+            and "Log files were not written" not in line]
+    found = next((m.group(1) for m in map(_LOG_PATH.search, lines) if m), None)
+    if told or found is None:
+        return errors[-20:] or lines[-5:]
+    ran = run_on(host, f"grep -E '^[0-9]+ error ' {shlex.quote(found)} | tail -n 20\n",
+                 env=env, ssh=ssh, timeout=30)
+    from_log = [re.sub(r"^\d+ error ", "npm error ", _plain(line))
+                for line in ran.stdout.splitlines() if line.strip()]
+    return (from_log + errors)[-20:]
+
+
+def claude_record() -> str:
+    """The file on an ssh host naming the claude `host check` found or installed there
+    (the host's runners run that one: execution/hostclaude.py reads it)."""
+    return f"{HOST_DATA_DIR}/claude-path"
+
+
+def record_script(claude: str) -> str:
+    """Write the host's record of its claude (`claude`: a path on the host, `$HOME/...`
+    taken as the host's HOME)."""
+    return (f"mkdir -p -m 700 {_shell_path(HOST_DATA_DIR)} && printf '%s\\n' "
+            f"{_shell_path(claude)} > {_shell_path(claude_record())}\n")
+
+
+def probe_script(claude: tuple[str, ...] = (), python: str = "python3") -> str:
     """What the checks read, one key=value a line (each found or empty). `claude`: where
-    to look for it first (this machine: the settings' and the demo's copy; a host: its
-    data dir's), then `claude` on PATH."""
-    candidates = claude or (f"{claude_dir()}/node_modules/.bin/claude",)
-    first = " ".join(_shell_path(c) for c in candidates)
-    look = (f'c=""; for x in {first}; do case "$x" in */*) [ -x "$x" ] && c="$x" ;; '
-            '*) c=$(command -v "$x" 2>/dev/null) ;; esac; [ -n "$c" ] && break; done; '
-            '[ -n "$c" ] || c=$(command -v claude 2>/dev/null)')
+    to look for it first (this machine: the settings' and the demo's copy), else (a
+    host) the one its record names, then its data dir's copy; then `claude` on PATH:
+    the order the host's runners find it in."""
+    if claude:
+        first = " ".join(_shell_path(c) for c in claude)
+        record = ""
+    else:
+        first = '"$r" ' + _shell_path(f"{claude_dir()}/node_modules/.bin/claude")
+        record = f'r=$(head -n 1 {_shell_path(claude_record())} 2>/dev/null); '
+    look = (f'{record}c=""; for x in {first}; do case "$x" in "") ;; */*) [ -x "$x" ] && '
+            'c="$x" ;; *) c=$(command -v "$x" 2>/dev/null) ;; esac; [ -n "$c" ] && break; '
+            'done; [ -n "$c" ] || c=$(command -v claude 2>/dev/null)')
     return "\n".join([
         "export LC_ALL=C",
         'echo "reached=yes"',
-        "echo \"python=$(python3 -c 'import sys; print(\"%d.%d.%d\" % sys.version_info[:3])'"
-        ' 2>/dev/null)"',
+        f"echo \"python=$({_shell_path(python)} -c 'import sys; "
+        "print(\"%d.%d.%d\" % sys.version_info[:3])' 2>/dev/null)\"",
         'echo "git=$(git --version 2>/dev/null)"',
         look,
         'echo "claude_path=$c"',
@@ -241,8 +380,8 @@ def _skew(found: str, started: float, ended: float) -> Check:
     return Check("clock", True, shown)
 
 
-__all__ = ["CLAUDE_PACKAGE", "Check", "Ran", "check_host", "install_script", "probe_script",
-           "run_on", "ssh_argv"]
+__all__ = ["CLAUDE_PACKAGE", "Check", "Installed", "Ran", "check_host", "claude_record",
+           "install", "install_script", "probe_script", "record_script", "run_on", "ssh_argv"]
 
 
 # --- a Ray cluster (issue 21): its Jobs address, through its REST API -----------------------
@@ -266,11 +405,12 @@ def ray_nodes(address: str, *, timeout: float = RAY_TIMEOUT) -> list[dict[str, o
     return alive(address, timeout=timeout)
 
 
-def check_ray_host(host: HostConfig, *, timeout: float = RAY_TIMEOUT) -> list[Check]:
+def check_ray_host(host: HostConfig, *, timeout: float = RAY_TIMEOUT,
+                   probe: bool = False, env: Mapping[str, str] | None = None) -> list[Check]:
     """A Ray host's checks: the Jobs address answers (and its Ray's version), its alive
     nodes, whether one of them has every resource the host's jobs ask for, this machine's
-    Jobs client; then what a node needs (git, python, the pinned claude), said, not probed:
-    nothing runs on the cluster for a check."""
+    Jobs client; then what a node needs (git, python, the pinned claude): said, or with
+    `probe` read on a node by one short job placed as an attempt's would be."""
     assert host.ray is not None
     address = host.ray
     try:
@@ -330,9 +470,46 @@ def check_ray_host(host: HostConfig, *, timeout: float = RAY_TIMEOUT) -> list[Ch
            else "this machine's gateway, with each attempt's token (gateway = true; "
                 "the nodes must reach this machine"
                 + (f" as {host.gateway_host})" if host.gateway_host else ")"))
+    if probe and all(c.ok for c in checks):
+        return checks + _probe_ray(host, env)
     checks.append(Check("node needs", True,
                         f"git 2.38+, {host.python or 'python3'} 3.11+ (Ray's own), "
                         f"{host.claude or 'claude'} {CLAUDE_CODE_VERSION}, "
                         f"{host.data_dir or '/var/tmp/fleet-tui-ray'} writable; the key: "
-                        f"{key}"))
+                        f"{key}" + ("" if probe else " (`--probe` reads them on a node)")))
+    return checks
+
+
+def _probe_ray(host: HostConfig, env: Mapping[str, str] | None) -> list[Check]:
+    """git, python and claude read on a node by one short job (`probe_script`)."""
+    import os
+
+    from fleet_tui.execution.ray.host import probe_job
+
+    assert host.ray is not None
+    python = host.python or "python3"
+    script = probe_script((host.claude or "claude",), python=python)
+    try:
+        status, text, node = probe_job(host.ray, script, resources=host.resources,
+                                       env=os.environ if env is None else env)
+    except Exception as exc:  # the client's own errors: said in the check
+        return [Check("probe", False, str(exc), "check the cluster with `ray job list`")]
+    values = _values(text)
+    if status != "SUCCEEDED" or values.get("reached") != "yes":
+        last = (text.strip().splitlines() or [status])[-1][:300]
+        return [Check("probe", False, f"the probe job ended {status}: {last}",
+                      "check that a node with the host's resources is alive and runs jobs")]
+    where = f"node {node[:12]}" if node else "a node"
+    fix_python = (f"install Python 3.10 or newer on the nodes as `{python}`, or set python "
+                  f"in [hosts.{host.name}] to its path there")
+    checks = [Check("probe", True, f"one job on {where}")]
+    checks.append(_at_least("python", values.get("python", ""), MIN_PYTHON, fix_python))
+    checks.append(_at_least("git", values.get("git", ""), MIN_GIT,
+                            "install git 2.38 or newer on the nodes"))
+    found = _claude(values, None, "on the nodes")
+    if not found.ok:
+        found = Check("claude", False, found.found,
+                      f"install Claude Code {CLAUDE_CODE_VERSION} on the nodes ({CLAUDE_PACKAGE} "
+                      f"with npm) and set claude in [hosts.{host.name}] to its path there")
+    checks.append(found)
     return checks

@@ -32,8 +32,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fleet_tui.core import policy
 from fleet_tui.core.errors import FleetTuiError
@@ -53,11 +54,15 @@ if TYPE_CHECKING:
 __all__ = ["GATE_TAIL", "Engine", "LandingQueue"]
 
 log = logging.getLogger("fleet_tui.engine.landing")
+_T = TypeVar("_T")
 
 GATE_TAIL = 4000  # characters of a failing gate's output sent to the worker
 PAUSE = 5.0  # seconds the queue waits when the main checkout refuses every merge
 IDLE = 0.5  # seconds between two looks at a queue that has nothing to do now
 MAX_RETESTS = 5  # the base moved under a tested task this often in a row: stop it
+# seconds before each new try of a step that failed for a reason of the moment (a host's
+# dropped connection: the next command makes it again); then the task stops
+AGAIN_WAITS = (1.0, 2.0, 4.0, 8.0, 15.0)
 
 # merge refusals that are the main checkout's, not the task's: the queue waits for them
 _PAUSING = frozenset({"checkout", "identity"})
@@ -186,7 +191,8 @@ class LandingQueue:
         if not self._set(task, LandState.UPDATING, f"bringing it up to date with {base}"):
             return
         try:
-            updated = self.fleet.branches.update_from_base(task)
+            updated = self._again(task, "updating it",
+                                  lambda: self.fleet.branches.update_from_base(task))
         except FleetTuiError as exc:
             self._set(task, LandState.STOPPED, f"could not update it: {exc}")
             return
@@ -201,21 +207,28 @@ class LandingQueue:
                          conflicted=True)
             return
         command = self.fleet.test_command_for(task.id)
-        passed, output = True, ""
-        try:
+
+        def gate() -> tuple[bool, str, str] | None:
             # its worktree, or (on another host) a checkout here of its work as fetched
             with self.fleet.branches.gate_checkout(task, checkout=bool(command)) \
                     as (where, commit):
-                if command:
-                    if not self._set(task, LandState.TESTING,
-                                     f"testing {commit[:10]}: {command}"):
-                        return
-                    passed, output = git.run_test_command(
-                        command, where or Path(task.repo),
-                        secrets=self.fleet.secrets.get(fresh=True))
+                if not command:
+                    return True, "", commit
+                if not self._set(task, LandState.TESTING, f"testing {commit[:10]}: {command}"):
+                    return None
+                passed, output = git.run_test_command(
+                    command, where or Path(task.repo),
+                    secrets=self.fleet.secrets.get(fresh=True))
+                return passed, output, commit
+
+        try:
+            tested = self._again(task, "testing it", gate)
         except FleetTuiError as exc:
             self._set(task, LandState.STOPPED, f"could not test it: {exc}")
             return
+        if tested is None:
+            return
+        passed, output, commit = tested
         if command:
             self.store.update_task(task.id, gate="passed" if passed else "failed")
             if not passed:
@@ -227,9 +240,10 @@ class LandingQueue:
                          land_commit=commit):
             return
         task = self.fleet.get_task(task.id)
+        merging = task
         try:
-            result = self.fleet.branches.merge_task(task, message=None, test_command=None,
-                                                   expect_side=commit)
+            result = self._again(task, "merging it", lambda: self.fleet.branches.merge_task(
+                merging, message=None, test_command=None, expect_side=commit))
         except FleetTuiError as exc:
             self._set(task, LandState.STOPPED, f"not merged: {exc}")
             return
@@ -252,6 +266,21 @@ class LandingQueue:
             self._set(task, LandState.WAITING, f"the queue waits: {result.message}")
             return
         self._set(task, LandState.STOPPED, f"not merged: {result.message}")
+
+    def _again(self, task: Task, what: str, step: Callable[[], _T]) -> _T:
+        """`step`, tried again after AGAIN_WAITS while it fails for a reason of the moment
+        (FleetTuiError.transient: a host's connection dropped, made again by the next
+        command); a reason that stays, or the last try's, is raised."""
+        for wait in (*AGAIN_WAITS, None):
+            try:
+                return step()
+            except FleetTuiError as exc:
+                if not exc.transient or wait is None:
+                    raise
+                log.warning("task %s: %s failed for now (%s); again in %g s", task.id, what,
+                            exc, wait)
+                time.sleep(wait)
+        raise AssertionError("unreachable")
 
     def _landed_already(self, task: Task, commit: str) -> bool:
         """A runner died after it merged `commit` and before it said so: finish that

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from fleet_tui.core.errors import FleetTuiError
 from fleet_tui.engine.fleet import Fleet
@@ -23,7 +24,19 @@ from fleet_tui.settings import endpoints, hosts
 from fleet_tui.settings.config import Settings
 from fleet_tui.store.db import Store
 
-__all__ = ["main"]
+__all__ = ["main", "read_spec"]
+
+
+def read_spec(path: Path) -> tuple[dict[str, Any], Settings, Store]:
+    """A detached runner's spec (the merge queue's, a rank runner's): the spec, the
+    engine's settings it names and its store."""
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    settings = Settings(**{**spec["settings"],
+                           "config_dir": Path(spec["settings"]["config_dir"]),
+                           "key_sources": tuple(spec["settings"]["key_sources"]),
+                           "endpoints": endpoints.from_data(spec["settings"].get("endpoints")),
+                           "hosts": hosts.from_data(spec["settings"].get("hosts"))})
+    return spec, settings, Store(Path(spec["db"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,14 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s queue[{os.getpid()}] %(levelname)s %(message)s")
     try:
-        spec = json.loads(args.spec.read_text(encoding="utf-8"))
-        settings = Settings(**{**spec["settings"],
-                               "config_dir": Path(spec["settings"]["config_dir"]),
-                               "key_sources": tuple(spec["settings"]["key_sources"]),
-                               "endpoints": endpoints.from_data(
-                                   spec["settings"].get("endpoints")),
-                               "hosts": hosts.from_data(spec["settings"].get("hosts"))})
-        store = Store(Path(spec["db"]))
+        spec, settings, store = read_spec(args.spec)
     except (OSError, ValueError, KeyError, TypeError, FleetTuiError) as exc:
         log.error("cannot read the queue spec %s: %s", args.spec, exc)
         return 2

@@ -6,6 +6,7 @@ runner). `run` is the loop of a panel's or a CLI's scheduler thread."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import threading
@@ -25,7 +26,10 @@ from fleet_tui.engine.merge_queue import MergeQueue
 from fleet_tui.engine.secret_cache import SecretCache
 from fleet_tui.engine.supervisor import TaskChange
 from fleet_tui.execution.attemptlog import AttemptLog
-from fleet_tui.settings.config import Settings
+from fleet_tui.settings.config import ConfigError, Settings
+from fleet_tui.settings.config_core import config_file_location
+from fleet_tui.settings.hosts import read_hosts
+from fleet_tui.settings.watch import file_stamp, settled
 from fleet_tui.store import budgets
 from fleet_tui.store.db import Attempt, EndpointState, StoreError, Task
 from fleet_tui.system import paths
@@ -48,6 +52,8 @@ class Scheduler(Part):
         self._secured = False
         self.last_error: str | None = None  # the last pass's failure (run); the panel shows it
         self._pool: ThreadPoolExecutor | None = None
+        self._config_file = config_file_location(self.env)
+        self._config_stamp = file_stamp(self._config_file)  # as the settings were read
 
 
     def tick(self) -> list[TaskChange]:
@@ -69,8 +75,31 @@ class Scheduler(Part):
         self.queue.resume_queues()
         return changes
 
+    def _hosts_again(self) -> None:
+        """config.toml's [hosts] read again once the file changed (and rested): every
+        engine, a CLI's too, knows a host added while it runs (the panel reads all of its
+        settings again, `check_settings`; this is the hosts alone). A file that does not
+        read keeps the hosts in use."""
+        stamp = file_stamp(self._config_file)
+        if stamp == self._config_stamp or not settled(stamp):
+            return
+        self._config_stamp = stamp
+        try:
+            found = read_hosts(self._config_file, self.settings)
+        except (ConfigError, OSError) as exc:
+            log.warning("config.toml's hosts not read again: %s", exc)
+            return
+        if found != self.settings.hosts:
+            log.info("config.toml's hosts read again: %s",
+                     ", ".join(h.name for h in found) or "none")
+            settings = dataclasses.replace(self.settings, hosts=found)
+            self.ctx.settings = settings
+            self.supervisor.apply_settings(settings)
+            self.follower.settings = settings
+
     def _tick(self) -> list[TaskChange]:
         changes: list[TaskChange] = []
+        self._hosts_again()
         self.supervisor.reap()
         if not self._secured:
             self._secured = True
@@ -126,10 +155,21 @@ class Scheduler(Part):
             # tasks (waiting, verdict quota) are among `ready`, so no second read
             if policy.cooldown_until(endpoint, ready, self.clock()) is not None:
                 continue
+            # its key is a variable of the environment this engine lacks: its tasks wait for
+            # a fleet-tui that has it (another shell's value is never theirs)
+            lacks = self.supervisor.gateway.cannot_start(self.settings, endpoint)
+            if lacks is not None:
+                self._note_queued(endpoint, lacks, ready)
+                continue
             closed: list[str | None] = [None]
             # each endpoint under its own settings: its worker cap, its key's fingerprint
             decide = self._decider(self.settings.for_endpoint(endpoint), closed)
             caps = self.supervisor.host_caps()  # each host's max_workers (issue 20)
+            # a host these settings do not have (config.toml gained it since): its tasks
+            # are left to an engine that knows it (a cap of 0 here), never failed
+            for name in {t.host for t in ready} - set(caps) - {"any"}:
+                if not self.supervisor.hosts.knows(name):
+                    caps[name] = 0
             # its attempts start in step with its request slots (policy.start_window)
             window = policy.start_window(self.settings, endpoint)
             while True:

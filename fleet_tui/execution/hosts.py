@@ -35,6 +35,11 @@ class HostUnavailable(FleetError):
     """A configured host this build or this machine cannot use (said with the fix)."""
 
 
+class HostUnknown(FleetError):
+    """A host name this engine's settings do not have: config.toml gained it after they
+    were read (another engine knows it), or lost it."""
+
+
 def default_host(*, env: Mapping[str, str], python: str) -> Host:
     """This machine: each attempt a detached runner process."""
     from fleet_tui.execution.local.host import LocalHost
@@ -143,7 +148,7 @@ class Hosts:
                 raise self._unusable[wanted]
             if config is None:
                 known = ", ".join(sorted({LOCAL, *self._configs, *self._built}))
-                raise FleetError(f"its host {wanted!r} is not in config.toml any more (the "
+                raise HostUnknown(f"its host {wanted!r} is not in config.toml any more (the "
                                  f"hosts are: {known}); add [hosts.{wanted}] back and retry "
                                  "it, or run it again on another host")
             try:
@@ -153,6 +158,11 @@ class Hosts:
                 raise
             self._built[wanted] = host
             return host
+
+    def knows(self, name: str) -> bool:
+        """The name is a host of these settings (or one given, or `local`)."""
+        with self._lock:
+            return name == LOCAL or name in self._configs or name in self._built
 
     def why_not(self, name: str) -> str | None:
         """Why the host of that name cannot be used now (None: it can)."""
@@ -202,4 +212,5 @@ class Hosts:
             return tuple(dict.fromkeys([LOCAL, *self._configs, *self._given]))
 
 
-__all__ = ["RAY_MODULE", "SSH_MODULE", "HostUnavailable", "Hosts", "build_host", "default_host"]
+__all__ = ["RAY_MODULE", "SSH_MODULE", "HostUnavailable", "HostUnknown", "Hosts", "build_host",
+           "default_host"]

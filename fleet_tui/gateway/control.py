@@ -141,18 +141,20 @@ def _start_lock(where: Path, timeout: float) -> Iterator[None]:
 
 
 def handover(routes: Sequence[Route], keys: Mapping[str, str]) -> bytes:
-    """What a gateway is handed (the start's pipe, the control socket): the endpoints and
-    their keys, whole."""
+    """What a gateway is handed (the start's pipe, the control socket): routes and the keys
+    of those whose key the hander holds, by route id (`Route.id`). The gateway adds them to
+    what it holds; it never drops a route or a key for a handover's sake."""
     return json.dumps({"routes": [r.to_record() for r in routes], "keys": dict(keys)},
                       sort_keys=True).encode()
 
 
 def hand_over(data: bytes, *, env: Mapping[str, str] | None = None, db: Path | None = None,
               timeout: float = 5.0) -> bool:
-    """Hand the running gateway `data` (`handover`): its endpoints and keys are replaced
-    whole, for the requests it passes on from now (those waiting for a slot too). True when
-    anything changed. Through its control socket, in its private folder: never argv, the
-    environment or a file. Raises FleetError when it cannot be told."""
+    """Hand the running gateway `data` (`handover`): its routes are added, and the keys
+    of these routes replaced (a key set since), for the requests it passes on from now
+    (those waiting for a slot or for the key too). True when anything changed. Through its
+    control socket, in its private folder: never argv, the environment or a file. Raises
+    FleetError when it cannot be told."""
     import socket
 
     if len(data) > spawn.HANDOVER_LIMIT:

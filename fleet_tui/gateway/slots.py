@@ -33,23 +33,29 @@ class Slots:
     @asynccontextmanager
     async def take(self, task: str) -> AsyncIterator[None]:
         """Hold a slot for the body of the `async with` (waiting for one in line)."""
-        if self.in_flight < self.size and not self._line:
-            self.in_flight += 1
-        else:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._line.setdefault(task, deque()).append(fut)
-            try:
-                await fut  # the slot is ours once it resolves (in_flight counted for us)
-            except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():
-                    self._release()  # given to us as we were cancelled: pass it on
-                else:
-                    self._drop(task, fut)
-                raise
+        await self.acquire(task)
         try:
             yield
         finally:
-            self._release()
+            self.release()
+
+    async def acquire(self, task: str) -> None:
+        """Wait in line for a slot and take it; the caller gives it back with `release`
+        (once, whatever happens: the answer that holds it may outlive the request that
+        asked for it, as a stream cut downstream is drained upstream to its end)."""
+        if self.in_flight < self.size and not self._line:
+            self.in_flight += 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._line.setdefault(task, deque()).append(fut)
+        try:
+            await fut  # the slot is ours once it resolves (in_flight counted for us)
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # given to us as we were cancelled: pass it on
+            else:
+                self._drop(task, fut)
+            raise
 
     def _drop(self, task: str, fut: asyncio.Future[None]) -> None:
         queue = self._line.get(task)
@@ -59,7 +65,7 @@ class Slots:
             if not queue:
                 del self._line[task]
 
-    def _release(self) -> None:
+    def release(self) -> None:
         self.in_flight -= 1
         while self._line and self.in_flight < self.size:
             task, queue = next(iter(self._line.items()))
@@ -74,5 +80,5 @@ class Slots:
 
     def resize(self, size: int) -> None:
         self.size = max(1, size)
-        self.in_flight += 1  # _release gives out what the new size allows
-        self._release()
+        self.in_flight += 1  # release gives out what the new size allows
+        self.release()

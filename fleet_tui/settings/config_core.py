@@ -159,8 +159,9 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
 FIELD_NAMES: tuple[str, ...] = tuple(_SPEC)
 # config.toml tables that are not settings of their own: [repos."<path>"] (per-repository
 # overrides of .fleet-tui.toml, see repo_settings), [serve] (`fleet-tui serve`, settings/serve.py),
-# [hosts.NAME] (where workers run, settings/hosts.py)
-TABLES = frozenset({"repos", "endpoints", "prices", "serve", "hosts"})
+# [hosts.NAME] (where workers run, settings/hosts.py), [mcp] (`fleet-tui mcp`'s caps,
+# settings/mcp.py)
+TABLES = frozenset({"repos", "endpoints", "prices", "serve", "hosts", "mcp"})
 
 
 def env_name(field: str) -> str:

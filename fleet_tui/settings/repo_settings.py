@@ -6,6 +6,10 @@ A repository says how a new worktree of it is made ready, in a file committed wi
     setup = "npm ci"                     # run in each new worktree before claude starts
     include = [".env", "config/*.local"] # ignored files copied from the main checkout
     test_command = "npm test"            # the merge's test gate
+    auto_pick = true                     # best of N: land the best copy on its own
+
+    [rank]
+    checks = ["ruff check .", "mypy src"]  # more evidence for ranking copies (best of N)
 
 `.worktreeinclude` (one gitignore pattern a line, as Claude Code, Conductor and others read
 it) adds to `include`. The user's config.toml overrides any of the three per repository:
@@ -49,7 +53,8 @@ if TYPE_CHECKING:
 
 REPO_FILE = ".fleet-tui.toml"
 WORKTREE_INCLUDE = ".worktreeinclude"
-KEYS = ("setup", "include", "test_command", "sandbox", "allow_hosts")
+KEYS = ("setup", "include", "test_command", "auto_pick", "rank", "sandbox", "allow_hosts")
+RANK_KEYS = ("checks",)
 # Only the user's config.toml may turn a repository's cage off: a repository's own file is
 # written by whoever writes the repository (a worker's branch once merged, say).
 USER_KEYS = (*KEYS, "cage")
@@ -64,6 +69,8 @@ class RepoSettings:
     setup: str | None = None
     include: tuple[str, ...] = ()  # gitignore patterns (settings, then .worktreeinclude)
     test_command: str | None = None
+    checks: tuple[str, ...] = ()  # [rank] checks: run in each copy, as the test command
+    auto_pick: bool = False  # land the best copy once the last copy ends
     cage: str | None = None  # "worker" / "off" (config.toml's [repos."<path>"] only)
     allow_hosts: tuple[str, ...] | None = None  # [sandbox] allow_hosts: the cage's hosts
 
@@ -119,6 +126,15 @@ def _values(table: object, path: str, text: str, where: str, keys: tuple[str, ..
                 raise ConfigError(f"{at}: include: expected a list of paths or patterns "
                                   "(strings)", path=path, key=key)
             values[key] = tuple(i.strip() for i in items if i.strip())
+        elif key == "auto_pick":
+            if not isinstance(raw, bool):
+                raise ConfigError(f"{at}: auto_pick: expected true or false", path=path,
+                                  key=key)
+            values[key] = raw
+            continue
+        elif key == "rank":
+            values["checks"] = _rank_checks(raw, path, text, at)
+            continue
         else:
             if not isinstance(raw, str):
                 raise ConfigError(f"{at}: {key}: expected a command (a string)", path=path,
@@ -150,6 +166,31 @@ def _sandbox_hosts(raw: object, key: str, at: str, path: str) -> tuple[str, ...]
         return convert_hosts(raw)
     except ValueError as exc:
         raise ConfigError(f"{at}: allow_hosts: {exc}", path=path, key=key) from None
+
+
+def _rank_checks(table: object, path: str, text: str, at: str) -> tuple[str, ...]:
+    """`[rank] checks = ["ruff check .", ...]`: commands run in each copy (best of N)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{at}: rank: expected a table: [rank] checks = [\"COMMAND\", ...]",
+                          path=path, key="rank")
+    checks: tuple[str, ...] = ()
+    for key, raw in table.items():
+        where = _where(path, text, key)
+        if key not in RANK_KEYS:
+            raise ConfigError(f"{where}: unknown setting {key!r} in [rank]; use "
+                              + ", ".join(RANK_KEYS), path=path, key=key)
+        if not isinstance(raw, list) or not all(isinstance(c, str) and c.strip()
+                                                for c in raw):
+            raise ConfigError(f"{where}: rank.checks: expected a list of commands "
+                              "(non-empty strings)", path=path, key=key)
+        for command in raw:
+            try:
+                check_length(command)
+            except ValueError as exc:
+                raise ConfigError(f"{where}: rank.checks: {exc}", path=path,
+                                  key=key) from None
+        checks = tuple(c.strip() for c in raw)
+    return checks
 
 
 def read_repo_file(repo: Path) -> dict[str, object]:
@@ -215,8 +256,11 @@ def load_repo_settings(repo: Path, config_file: str) -> RepoSettings:
     test = values.get("test_command")
     cage = values.get("cage")
     hosts = values.get("allow_hosts")
+    checks = values.get("checks")
     return RepoSettings(setup=setup if isinstance(setup, str) else None, include=include,
                         test_command=test if isinstance(test, str) else None,
+                        checks=checks if isinstance(checks, tuple) else (),
+                        auto_pick=values.get("auto_pick") is True,
                         cage=cage if isinstance(cage, str) else None,
                         allow_hosts=hosts if isinstance(hosts, tuple) else None)
 

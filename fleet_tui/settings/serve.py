@@ -3,6 +3,11 @@
     [serve]
     token = "a long random string"   # the link's secret; absent: a new one each start
     port = 8421                      # absent: 8421; --port wins
+    origins = ["https://panel.example.com"]   # behind a reverse proxy: the page's address
+
+The websocket and every request that could change something answer only a page of the
+server's own origin (the scheme, host and port the request came to); a reverse proxy that
+gives the server another Host than the browser's address names the browser's origins here.
 
 A token kept in config.toml lets a bookmark on the phone survive a restart of the server;
 without one, every start makes a new token and the old links stop working. The table is
@@ -12,6 +17,7 @@ engine and the panel carry everywhere.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from fleet_tui.settings.config_core import ConfigError, _line_of_key, _read_toml
@@ -19,13 +25,15 @@ from fleet_tui.settings.config_core import ConfigError, _line_of_key, _read_toml
 TABLE = "serve"
 DEFAULT_PORT = 8421
 MIN_TOKEN = 16  # characters: a guessable token is no gate
-KEYS = ("token", "port")
+_ORIGIN_RE = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+/?")
+KEYS = ("token", "port", "origins")
 
 
 @dataclass(frozen=True, slots=True)
 class ServeSettings:
     token: str | None = None
     port: int = DEFAULT_PORT
+    origins: tuple[str, ...] = ()
 
     def __repr__(self) -> str:  # the token stays out of any log or traceback
         return f"ServeSettings(token={'set' if self.token else None}, port={self.port})"
@@ -62,4 +70,12 @@ def read_serve_settings(config_file: str) -> ServeSettings:
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise ConfigError(f"{where('port')}: [serve] port: expected a whole number from 1 "
                           f"to 65535, got {port!r}", path=config_file, key="port")
-    return ServeSettings(token=token, port=port)
+    origins = table.get("origins", [])
+    if not isinstance(origins, list) or not all(
+            isinstance(o, str) and _ORIGIN_RE.fullmatch(o) for o in origins):
+        raise ConfigError(f"{where('origins')}: [serve] origins: expected a list of origins "
+                          "as a browser sends them, scheme, host and port without a path "
+                          "(e.g. [\"https://panel.example.com\"])", path=config_file,
+                          key="origins")
+    return ServeSettings(token=token, port=port,
+                         origins=tuple(o.lower().rstrip("/") for o in origins))

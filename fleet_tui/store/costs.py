@@ -28,7 +28,8 @@ _KEYS = {"task": "COALESCE(task_id, '')", "endpoint": "endpoint",
          "day": "date(at, 'unixepoch', 'localtime')"}
 _SUMS = ("COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), "
          "COALESCE(SUM(cache_read_tokens), 0), COALESCE(SUM(cache_write_tokens), 0), "
-         "COALESCE(SUM(cost), 0), COALESCE(SUM(cost IS NULL), 0)")
+         "COALESCE(SUM(cost), 0), COALESCE(SUM(cost IS NULL AND error IS NULL), 0), "
+         "COALESCE(SUM(error IS NOT NULL), 0)")
 
 
 def totals(store: Store, *, by: str, since: float | None = None,
@@ -46,13 +47,14 @@ def totals(store: Store, *, by: str, since: float | None = None,
     out: dict[str, Totals] = {}
     for row in store._connect().execute(sql, args).fetchall():
         out[str(row[0])] = Totals(int(row[1]), int(row[2]), int(row[3]), int(row[4]),
-                                  int(row[5]), float(row[6]), int(row[7]))
+                                  int(row[5]), float(row[6]), int(row[7]), int(row[8]))
     return out
 
 
 def as_json(t: Totals) -> dict[str, object]:
     """A total as `ls --json`, `show --json` and `cost --json` print it."""
     return {"cost": round(t.cost, 6), "requests": t.requests, "unpriced": t.unpriced,
+            "errors": t.errors,
             "tokens": {"input": t.input_tokens, "output": t.output_tokens,
                        "cache_read": t.cache_read_tokens, "cache_write": t.cache_write_tokens}}
 
@@ -80,7 +82,7 @@ class Ledger:
                 "id <= ? AND cost IS NOT NULL GROUP BY endpoint", (day, self._last_id))}
         rows = conn.execute(
             "SELECT id, at, task_id, endpoint, input_tokens, output_tokens, "
-            "cache_read_tokens, cache_write_tokens, cost FROM usage WHERE id > ? "
+            "cache_read_tokens, cache_write_tokens, cost, error FROM usage WHERE id > ? "
             "ORDER BY id", (self._last_id,)).fetchall()
         for row in rows:
             self._last_id = max(self._last_id, int(row[0]))
@@ -92,8 +94,11 @@ class Ledger:
                 t.output_tokens += int(row[5])
                 t.cache_read_tokens += int(row[6])
                 t.cache_write_tokens += int(row[7])
+                if row[9] is not None:
+                    t.errors += 1
                 if cost is None:
-                    t.unpriced += 1
+                    if row[9] is None:
+                        t.unpriced += 1
                 else:
                     t.cost += cost
             if cost is not None and float(row[1]) >= day:

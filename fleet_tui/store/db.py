@@ -56,12 +56,14 @@ __all__ = [
     "EndpointState",
     "Store",
     "StoreError",
+    "StoreUnusable",
     "Task",
     "TaskSpec",
     "TaskState",
     "UnknownTaskError",
     "new_task_id",
     "to_db",
+    "unusable",
 ]
 
 
@@ -77,6 +79,33 @@ class StoreError(FleetTuiError):
     """A store problem with a message meant for the user."""
 
     title = "Task database"
+
+
+class StoreUnusable(StoreError, sqlite3.DatabaseError):
+    """The task database cannot be written or is damaged: one line that says which and
+    what to do. Still a sqlite3.DatabaseError, so the engine's loops that outlive a
+    database error go on as they did."""
+
+    exit_code = EXIT_USAGE
+
+
+def unusable(path: Path, exc: BaseException) -> StoreUnusable | None:
+    """The user's message for a database error that no retry mends (a store that cannot be
+    written, a damaged file), None for any other (locked, busy: the callers' business)."""
+    text = str(exc)
+    if isinstance(exc, StoreUnusable):
+        return exc
+    if "readonly" in text or "read-only" in text:
+        return StoreUnusable(
+            f"the task database {path} cannot be written ({text}): it, its folder or its "
+            "file system is read-only (`chattr +i`, a read-only mount, permissions); make it "
+            "writable, or set FLEET_TUI_HOME to a writable folder")
+    if "malformed" in text or "not a database" in text:
+        return StoreUnusable(
+            f"the task database {path} is damaged ({text}): move it aside (`mv {path} "
+            f"{path}.damaged`; fleet-tui starts an empty one), or recover what it holds "
+            f"with `sqlite3 {path}.damaged .recover | sqlite3 {path}`")
+    return None
 
 
 class UnknownTaskError(StoreError, KeyError):
@@ -496,11 +525,55 @@ CREATE TABLE IF NOT EXISTS viewed_files (
 """
 
 
+# the route an attempt's gateway token maps to (gateway/routes.py, a JSON record: endpoint,
+# base URL, where its key comes from; never the key): fixed when the attempt starts, so that
+# no other fleet-tui process re-points a running worker. Done again over a store that has
+# it, it changes nothing.
+def _token_route(conn: sqlite3.Connection) -> None:
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(gateway_tokens)")}
+    if "route" not in columns:
+        conn.execute("ALTER TABLE gateway_tokens ADD COLUMN route TEXT")
+
+
+# An error answer of the provider is metered as an error with its code (z.ai's
+# business code, else the HTTP status), not as a request of no model and no price.
+# Done again over a store that has it, it changes nothing.
+def _usage_error(conn: sqlite3.Connection) -> None:
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(usage)")}
+    if "error" not in columns:
+        conn.execute("ALTER TABLE usage ADD COLUMN error TEXT")
+
+
+# best of N: each copy's evidence (store/evidence.py: the test command's and the named
+# checks' results, the change's size, whether it merges; the fingerprint of what it is
+# evidence of), and a group's pick (who was picked as the best, why, by whom: auto_pick's
+# one decision per group).
+_COPY_EVIDENCE = """
+CREATE TABLE IF NOT EXISTS copy_evidence (
+    task_id TEXT PRIMARY KEY REFERENCES tasks(id) ON DELETE CASCADE,
+    group_id TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    gathered_at REAL NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS copy_evidence_group ON copy_evidence(group_id);
+CREATE TABLE IF NOT EXISTS best_picks (
+    group_id TEXT PRIMARY KEY,
+    task_id TEXT,
+    reason TEXT NOT NULL,
+    how TEXT NOT NULL,
+    picked_at REAL NOT NULL,
+    notified INTEGER NOT NULL DEFAULT 0
+)
+"""
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _script(_V1), _script(_V2), _script(_V3_LANDING), _script(_V4_ENDPOINTS),
     _script(_V5_READY), _script(_V6_HOSTS), _script(_V7_GATEWAY),
     _script(_V8_ENDPOINT_NAMES), _script(_REVIEW_COMMENTS), _task_host,
-    _script(_LOST_ATTEMPTS), _script(_VIEWED_FILES)]
+    _script(_LOST_ATTEMPTS), _script(_VIEWED_FILES), _token_route, _usage_error,
+    _script(_COPY_EVIDENCE)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _NOT_COLUMNS = {"row_error", "row_damaged"}
@@ -717,7 +790,8 @@ class Store:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open the task database {self.path}: {exc}") from None
+            raise unusable(self.path, exc) or StoreError(
+                f"cannot open the task database {self.path}: {exc}") from None
         self._local.conn = conn
         self._local.pid = os.getpid()
         with self._all_lock:
@@ -751,14 +825,27 @@ class Store:
         if conn.in_transaction:
             yield conn
             return
-        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as exc:
+            raise (unusable(self.path, exc) or exc) from None
         try:
             yield conn
+        except sqlite3.DatabaseError as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            failure = unusable(self.path, exc)
+            if failure is None:
+                raise
+            raise failure from None
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         else:
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                raise (unusable(self.path, exc) or exc) from None
 
     def close(self) -> None:
         """Close every connection this Store opened (any thread)."""

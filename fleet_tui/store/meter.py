@@ -10,10 +10,12 @@ its cost in USD when the price table knows the model (None when it does not)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from fleet_tui.store.db import Store
 
@@ -34,6 +36,9 @@ class TokenInfo:
     endpoint: str
     created_at: float
     revoked_at: float | None
+    # the route fixed when its attempt started (gateway.routes.Route.to_record; no key),
+    # None for a token minted without one
+    route: dict[str, Any] | None = None
 
     @property
     def valid(self) -> bool:
@@ -55,6 +60,7 @@ class Usage:
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     cost: float | None = None
+    error: str | None = None  # an error answer's code (z.ai's "1308", else "429")
 
 
 @dataclass
@@ -68,9 +74,12 @@ class Totals:
     cache_write_tokens: int = 0
     cost: float = 0.0
     unpriced: int = 0  # requests whose model had no price: their cost is not in ``cost``
+    errors: int = 0  # error answers (refusals): counted, priced at what they served
 
     def add(self, row: Usage) -> None:
         self.requests += 1
+        if row.error is not None:
+            self.errors += 1
         self.input_tokens += row.input_tokens
         self.output_tokens += row.output_tokens
         self.cache_read_tokens += row.cache_read_tokens
@@ -104,6 +113,16 @@ def usage_filter(*, since: float | None = None, endpoint: str | None = None,
     return (" WHERE " + " AND ".join(where) if where else ""), args
 
 
+def _route(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 class Meter:
     """The tokens and the meter of one store."""
 
@@ -113,15 +132,17 @@ class Meter:
     # --- tokens ---------------------------------------------------------------------------
 
     def mint(self, task_id: str, attempt_id: int | None, endpoint: str,
-             now: float | None = None) -> str:
-        """A new token for an attempt; only its hash is stored."""
+             now: float | None = None, *, route: dict[str, Any] | None = None) -> str:
+        """A new token for an attempt; only its hash is stored, with the route it maps to
+        for the attempt's life (`route`: a record without a key)."""
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self.store.transaction() as conn:
             conn.execute(
                 "INSERT INTO gateway_tokens (token_hash, task_id, attempt_id, endpoint, "
-                "created_at) VALUES (?, ?, ?, ?, ?)",
+                "created_at, route) VALUES (?, ?, ?, ?, ?, ?)",
                 (token_hash(token), task_id, attempt_id, endpoint,
-                 time.time() if now is None else now))
+                 time.time() if now is None else now,
+                 None if route is None else json.dumps(route, sort_keys=True)))
         return token
 
     def bind(self, token: str, attempt_id: int) -> None:
@@ -136,12 +157,12 @@ class Meter:
         if not token.startswith(TOKEN_PREFIX):
             return None
         row = self.store._connect().execute(
-            "SELECT task_id, attempt_id, endpoint, created_at, revoked_at "
+            "SELECT task_id, attempt_id, endpoint, created_at, revoked_at, route "
             "FROM gateway_tokens WHERE token_hash = ?", (token_hash(token),)).fetchone()
         if row is None:
             return None
         return TokenInfo(str(row["task_id"]), row["attempt_id"], str(row["endpoint"]),
-                         float(row["created_at"]), row["revoked_at"])
+                         float(row["created_at"]), row["revoked_at"], _route(row["route"]))
 
     def revoke(self, *, attempt_ids: Iterable[int] = (), task_ids: Iterable[str] = (),
                token: str | None = None, now: float | None = None) -> int:
@@ -170,17 +191,33 @@ class Meter:
             "SELECT 1 FROM gateway_tokens WHERE revoked_at IS NULL LIMIT 1").fetchone() \
             is not None
 
+    def live_attempts(self) -> list[tuple[int, dict[str, Any] | None]]:
+        """The attempts with a token not revoked, and each one's route (the gateway's
+        watch: a token dies with its attempt's runner)."""
+        rows = self.store._connect().execute(
+            "SELECT attempt_id, route FROM gateway_tokens WHERE revoked_at IS NULL "
+            "AND attempt_id IS NOT NULL").fetchall()
+        return [(int(r["attempt_id"]), _route(r["route"])) for r in rows]
+
+    def live_routes(self) -> set[str]:
+        """The ids of the routes a token not revoked maps to."""
+        rows = self.store._connect().execute(
+            "SELECT route FROM gateway_tokens WHERE revoked_at IS NULL AND route IS NOT NULL"
+        ).fetchall()
+        return {str(found["id"]) for r in rows
+                if (found := _route(r["route"])) is not None and "id" in found}
+
     # --- the meter ------------------------------------------------------------------------
 
     def record(self, usage: Usage) -> None:
         with self.store.transaction() as conn:
             conn.execute(
                 "INSERT INTO usage (at, task_id, attempt_id, endpoint, model, status, "
-                "input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost, "
+                "error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (usage.at, usage.task_id, usage.attempt_id, usage.endpoint, usage.model,
                  usage.status, usage.input_tokens, usage.output_tokens,
-                 usage.cache_read_tokens, usage.cache_write_tokens, usage.cost))
+                 usage.cache_read_tokens, usage.cache_write_tokens, usage.cost, usage.error))
 
     def rows(self, *, since: float | None = None, task_ids: Iterable[str] | None = None,
              endpoint: str | None = None) -> list[Usage]:
@@ -193,7 +230,7 @@ class Meter:
         return [Usage(float(r["at"]), r["task_id"], r["attempt_id"], str(r["endpoint"]),
                       str(r["model"]), r["status"], int(r["input_tokens"]),
                       int(r["output_tokens"]), int(r["cache_read_tokens"]),
-                      int(r["cache_write_tokens"]), r["cost"])
+                      int(r["cache_write_tokens"]), r["cost"], r["error"])
                 for r in self.store._connect().execute(sql, args).fetchall()]
 
     def by_task(self, task_ids: Iterable[str] | None = None) -> dict[str, Totals]:

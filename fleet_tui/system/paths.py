@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from collections.abc import Mapping
 from pathlib import Path
-
-import platformdirs
 
 APP_NAME = "fleet-tui"
 WORK_DIR_NAME = ".fleet-work"
@@ -20,11 +19,26 @@ def home(env: Mapping[str, str] | None = None) -> Path:
     override = env.get("FLEET_TUI_HOME")
     if override:
         return Path(override).expanduser()
+    if sys.platform.startswith("linux"):
+        # What platformdirs computes on Linux (XDG), with the standard library alone: the
+        # runner on a host (the distribution's python3, nothing installed) reaches this
+        # module, and platformdirs is this machine's package, not the host's.
+        # platformdirs reads the process's own environment, not `env`: so does this
+        xdg = os.environ.get("XDG_DATA_HOME", "").strip()
+        return Path(xdg or os.path.expanduser("~/.local/share")) / APP_NAME
+    import platformdirs
+
     return platformdirs.user_data_path(APP_NAME)
 
 
 def db_path(env: Mapping[str, str] | None = None) -> Path:
     return home(env) / "fleet.db"
+
+
+def log_file(env: Mapping[str, str] | None = None) -> Path:
+    """fleet-tui's log file: what libraries it uses say (Ray's Jobs client), never the
+    user's terminal."""
+    return home(env) / "fleet-tui.log"
 
 
 def task_config_dir(task_id: str, env: Mapping[str, str] | None = None) -> Path:

@@ -458,6 +458,31 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
     return _prctl(PR_SET_PDEATHSIG, int(sig))
 
 
+def cgroup_v2() -> tuple[str, str] | None:
+    """Where the cgroup v2 hierarchy is mounted and this process's cgroup in it (a path
+    from that mount, "/" for its root); None where there is none, and on the portable path
+    (system/cgroups.py contains an attempt's processes with it)."""
+    if PORTABLE:
+        return None
+    mount = None
+    try:
+        with open(f"{PROC}/self/mounts", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2] == "cgroup2":
+                    mount = parts[1].replace("\\040", " ")
+                    break
+        if mount is None:
+            return None
+        with open(f"{PROC}/self/cgroup", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("0::"):
+                    return mount, line[3:].strip() or "/"
+    except OSError:
+        return None
+    return mount, "/"
+
+
 def signal_name(sig: int | None) -> str | None:
     """SIGTERM for 15; None for None; the number as text when unknown."""
     if sig is None:

@@ -29,6 +29,7 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from fleet_tui.core.terminal import visible
 from fleet_tui.ui import textual_fixes
 from fleet_tui.ui.actions import known_ids, unknown_ids
 from fleet_tui.ui.formatting import describe_error
@@ -267,7 +268,9 @@ class FleetApp(App[None]):
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
-        """A toast; markup is off by default because messages carry agent and git text."""
+        """A toast; markup is off by default because messages carry agent and git text,
+        and escapes in them are shown, not sent to the terminal (`core.terminal.visible`)."""
+        message, title = visible(message), visible(title)
         self.toasts.append((severity, title, message))
         del self.toasts[:-200]
         super().notify(message, title=title, severity=severity, timeout=timeout,

@@ -32,12 +32,32 @@ Span = tuple[str, str]
 """(style name, text): the style name is a component class suffix, "" for plain."""
 Row = tuple[Span, ...]
 
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x80-\x9f]")
+# the controls (and, as `core.terminal.visible` does for a terminal, the bidi controls that
+# would show a line in another order than it is)
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f\x80-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                      "\u2066-\u2069]")
 
 
 def clean(text: str) -> str:
     """Untrusted text made safe to paint: no control characters, tabs expanded."""
     return _CONTROL.sub("\ufffd", text).expandtabs(4)
+
+
+def count(n: int, word: str) -> str:
+    """"1 turn", "2 turns": a count with its noun in the number it takes."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def attempt_label(n: int, kind: str, verdict: str | None, turns: int,
+                  model: str | None) -> str:
+    """One attempt as the attempts list shows it: "2. fresh attempt: killed after 1 turn
+    (glm-4.6)"; a running one "3. follow-up: running, 4 turns so far"."""
+    what = "follow-up" if kind == "followup" else f"{kind} attempt"
+    if verdict is None:
+        told = f"running, {count(turns, 'turn')} so far"
+    else:
+        told = f"{verdict} after {count(turns, 'turn')}"
+    return f"{n}. {what}: {told}" + (f" ({model})" if model else "")
 
 
 def row_width(row: Row) -> int:
@@ -180,14 +200,14 @@ class StreamFormatter:
         elif isinstance(event, stream.Result):
             turns = event.num_turns if event.num_turns is not None else 0
             if event.is_error:
-                head = f"■ failed after {turns} turns"
+                head = f"■ failed after {count(turns, 'turn')}"
                 if event.api_error_status:
                     head += f" (HTTP {event.api_error_status})"
                 text = clean((str(event.result or event.subtype or "")).splitlines()[0]
                              if (event.result or event.subtype) else "")
                 add("error", ("error", head), ("error", f": {text}" if text else ""))
             else:
-                add("done", ("ok", f"■ done in {turns} turns"))
+                add("done", ("ok", f"■ done in {count(turns, 'turn')}"))
                 final = str(event.result or "").strip()
                 if final and final != self.last_text:  # usually the last message again
                     for line in final.splitlines()[:MAX_TEXT_LINES]:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the engine is imported once the first frame is up, not for 
 
     from fleet_tui.engine.fleet import Fleet, FleetStatus, SettingsNotice
     from fleet_tui.store.db import Attempt, Task
+    from fleet_tui.store.evidence import BestPick
     from fleet_tui.store.reviews import ReviewComment
     from fleet_tui.ui.formatting import PreparedDiff, StreamRow, ToolCallDetail
 
@@ -69,6 +70,14 @@ class SettingsChecked(Message):
     """The poll found settings files changed: what was reloaded, or an edit not used."""
 
     notices: list[SettingsNotice]
+
+
+@dataclass
+class BestPicked(Message):
+    """The poll found groups of copies decided since the panel opened (auto_pick's winner,
+    or none passed): one toast each, naming the winner and why."""
+
+    picks: list[BestPick]
 
 
 @dataclass

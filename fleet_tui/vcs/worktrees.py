@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fleet_tui.system import paths
-from fleet_tui.vcs.gitfiles import _SHA_RE, _branch_exists_fast, _git_dir_of, _head_from_files
+from fleet_tui.vcs.gitfiles import (
+    _SHA_RE,
+    _branch_exists_fast,
+    _common_dir,
+    _git_dir_of,
+    _head_from_files,
+    _ref_from_files,
+)
 from fleet_tui.vcs.repository import _ensure_excluded_once, _repo_lock
 from fleet_tui.vcs.run import (
     GitError,
@@ -274,7 +281,13 @@ def branch_exists(repo: Path, branch: str) -> bool:
 
 
 def branch_tip(repo: Path, branch: str) -> str:
-    """The commit a branch of the repository is at (GitError: there is no such branch)."""
+    """The commit a branch of the repository is at (GitError: there is no such branch).
+    Git's files first (no process: ranking copies asks it per copy), git if unsure."""
+    git_dir = _git_dir_of(Path(repo))
+    if git_dir is not None:
+        known, sha = _ref_from_files(_common_dir(git_dir), f"refs/heads/{branch}")
+        if known and sha is not None:
+            return sha
     tip = _rev(Path(repo), f"refs/heads/{branch}")
     if tip is None:
         raise GitError(f"the branch {branch!r} does not exist in {repo}")
@@ -374,6 +387,9 @@ def operation_in_progress(worktree: Path) -> str | None:
 
 
 def head_commit(worktree: Path) -> str:
-    """The commit checked out in a worktree."""
+    """The commit checked out in a worktree (from git's files when they tell)."""
+    head = _head_from_files(Path(worktree))
+    if head is not None:
+        return head[0]
     return _out(Path(worktree), "rev-parse", "HEAD").strip()
 

@@ -31,7 +31,7 @@ from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerSt
 from fleet_tui.execution.local import launcher
 from fleet_tui.execution.local.runner import RUNNER_MODULE
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
-from fleet_tui.system import paths, procs, spawn
+from fleet_tui.system import cgroups, paths, procs, spawn
 from fleet_tui.system.spawn import package_env, spawn_detached
 from fleet_tui.vcs import git
 
@@ -167,15 +167,20 @@ class LocalRun:
             self.sweep()
 
     def sweep(self) -> int:
+        """What the attempt left: the processes carrying its token, and every process of
+        its cgroup (system/cgroups.py: those that dropped the token too), stopped."""
         token = self._log.spec_token()
-        if token is None:
-            return 0  # an attempt from before tokens: only claude's group could be told
-        found = procs.with_env(TOKEN_ENV, token)
+        found = procs.with_env(TOKEN_ENV, token) if token is not None else []
         if found:
             log.warning("task %s: stopping %d process(es) left by its dead runner: %s",
                         self.attempt.task_id, len(found), found)
             procs.stop(found, LEFTOVER_GRACE)
-        return len(found)
+        cgroup = cgroups.recorded(self._log.runner_record())
+        contained = cgroups.end(cgroup, LEFTOVER_GRACE) if cgroup is not None else []
+        if contained:
+            log.warning("task %s: stopped %d process(es) left in its cgroup: %s",
+                        self.attempt.task_id, len(contained), contained)
+        return len(set(found) | set(contained))
 
     def wait_gone(self, timeout: float) -> bool:
         pid, _start = self.identity()

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import select
@@ -61,7 +62,7 @@ from fleet_tui.execution.attemptlog import (
     write_json_atomic,
 )
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
-from fleet_tui.system import procs
+from fleet_tui.system import cgroups, procs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
@@ -130,6 +131,7 @@ class Runner:
         self.log = AttemptLog(attempt_dir)  # every file of the folder, by its owner
         self.env = dict(os.environ if env is None else env)
         self.child: subprocess.Popen[bytes] | None = None
+        self.cgroup: str | None = None  # the attempt's cgroup (system/cgroups.py), if any
         self.child_start: str | None = None
         self.received: int | None = None  # the terminating signal we got, if any
         self.started_at = time.time()
@@ -271,6 +273,7 @@ class Runner:
                 "claude_pid": self.child.pid if self.child else None,
                 "claude_start": self.child_start,
                 "started_at": self.started_at,
+                "cgroup": self.cgroup,
             })
         except OSError as exc:
             where = self.log.runner_record_path
@@ -325,6 +328,9 @@ class Runner:
              error: str | None = None) -> int:
         if self.wake_fd is not None:  # whatever ended the run, no message is taken now
             self._close_input()
+        if self.cgroup is not None:  # nothing of the attempt outlives its exit record
+            cgroups.end(self.cgroup, LEFTOVER_GRACE)
+            procs.reap_children()
         if error is None:
             error = self.write_error
         if not self._write_exit(exit_code=exit_code, sig=sig, error=error):
@@ -341,6 +347,10 @@ class Runner:
         if not self._take_lock():
             return EX_LOCKED
         self._reserve()
+        # the attempt's processes all in one cgroup where the machine offers one: found
+        # and ended with the attempt, whatever they dropped (group, parent, token)
+        self.cgroup = cgroups.make(
+            "a-" + hashlib.sha256(str(self.dir.resolve()).encode()).hexdigest()[:20])
         self._write_runner_record()  # known before anything runs
         try:
             spec = RunSpec.from_json(self.log.read_spec())
@@ -498,9 +508,13 @@ class Runner:
         user_umask = self.user_umask
         parent = self.pid
 
+        cgroup = self.cgroup
+
         def preexec() -> None:
             os.setpgid(0, 0)
             os.umask(user_umask)
+            if cgroup is not None:
+                cgroups.join(cgroup)
             procs.set_parent_death_signal(signal.SIGKILL)
             if os.getppid() != parent:
                 os._exit(1)
@@ -557,9 +571,13 @@ class Runner:
         parent = self.pid
         user_umask = self.user_umask
 
+        cgroup = self.cgroup
+
         def preexec() -> None:  # runs in the child between fork and exec
             os.setpgid(0, 0)
             os.umask(user_umask)
+            if cgroup is not None:
+                cgroups.join(cgroup)
             procs.set_parent_death_signal(signal.SIGKILL)
             if os.getppid() != parent:  # the runner died before the death signal was armed
                 os._exit(1)
@@ -829,6 +847,8 @@ class Runner:
                 if procs.is_alive(p):
                     procs.signal_pid(p, signal.SIGKILL)
             procs.wait_gone(hit, LEFTOVER_GRACE)
+        if self.cgroup is not None:  # what left the tree and dropped the token too
+            cgroups.end(self.cgroup, LEFTOVER_GRACE)
         procs.reap_children()
 
 

@@ -9,7 +9,9 @@ What goes where:
 - The job (one per attempt, `submission_id` = `fleet-ID-N-<digest of the attempt's
   token>`, written to `ray.json` in the attempt folder here before it is submitted: a
   restarted controller finds the job by it, and Ray refuses a second job of the same id,
-  so an attempt never runs twice): its entrypoint is `execution/ray/job.py`; fleet-tui's
+  so an attempt never runs twice; the submitter holds the folder's submit lock until the
+  job is taken, so no follower takes a job still being uploaded for one never
+  submitted): its entrypoint is `execution/ray/job.py`; fleet-tui's
   package goes as its runtime_env's `py_modules` (content-addressed by Ray: uploaded once
   per version), its `working_dir` holds the order (the spec as the node runs it; the
   attempt's gateway token), the repository as a git bundle of what the node lacks of the
@@ -83,7 +85,7 @@ from fleet_tui.execution.host import Host, LostLedger, Placement, RunnerState
 from fleet_tui.execution.ray import job
 from fleet_tui.execution.remote import LOOPBACK, RemoteHost, RemoteRun, update_result, write_at
 from fleet_tui.execution.spec import RunSpec
-from fleet_tui.execution.ssh.host import forwarded
+from fleet_tui.execution.ssh.host import forwarded, host_settings
 from fleet_tui.settings.endpoints import HANDED_KEY
 from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
@@ -99,6 +101,9 @@ log = logging.getLogger("fleet_tui.engine.fleet")
 
 DEFAULT_DATA_DIR = "/var/tmp/fleet-tui-ray"
 RAY_FILE = "ray.json"  # the job's submission id, written before it is submitted
+SUBMIT_LOCK = ".submit.lock"  # flock'ed by the process submitting the attempt's job
+RECORD_LOCK = ".ray.lock"  # flock'ed by whoever edits ray.json
+SUBMIT_SETTLE = 3.0  # seconds a job Ray does not know must stay unknown, its submitter gone
 BRANCH_BUNDLE = "branch.bundle"  # the task's commits past its base, as the node sent them
 BRANCH_FILE = "branch.json"  # their tip (the base itself: no commits)
 SESSION_FILE = "session.tar"  # claude's transcripts of the task, as the node sent them last
@@ -130,6 +135,77 @@ def ray_nodes(address: str, *, timeout: float = 15.0) -> list[dict[str, Any]]:
         data = data.get(key, {}) if isinstance(data, dict) else {}
     nodes = data if isinstance(data, list) else []
     return [n for n in nodes if isinstance(n, dict) and n.get("state") == "ALIVE"]
+
+
+PROBE_TIMEOUT = 180.0  # seconds a probe job may take (placed, run, its log read)
+
+
+def probe_job(address: str, script: str, *, resources: Mapping[str, float] | None,
+              env: Mapping[str, str], timeout: float = PROBE_TIMEOUT
+              ) -> tuple[str, str, str | None]:
+    """One short job (`sh -c script`) on a node with `resources`, as an attempt's job
+    would be placed: (its end status, its log, its node's id). RayError when the cluster
+    does not take it; a job not ended within `timeout` is stopped ("TIMEOUT")."""
+    import secrets
+
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError:
+        raise RayError("this machine has no ray: pip install 'fleet-tui[ray]'") from None
+    ray_logs_to_file(env)
+    try:
+        client = JobSubmissionClient(address)
+        sid = f"fleet-probe-{secrets.token_hex(6)}"
+        client.submit_job(entrypoint=f"sh -c {shlex.quote(script)}", submission_id=sid,
+                          entrypoint_resources=dict(resources) if resources else None,
+                          metadata={"fleet-tui-probe": "1"})
+    except Exception as exc:
+        raise RayError(f"the Ray cluster at {address} did not take the probe job: "
+                       f"{str(exc)[-300:]}") from None
+    deadline = time.monotonic() + timeout
+    status = "PENDING"
+    while time.monotonic() < deadline:
+        info = client.get_job_info(sid)
+        status = str(getattr(info.status, "value", info.status))
+        if status in TERMINAL:
+            break
+        time.sleep(0.5)
+    else:
+        with contextlib.suppress(Exception):
+            client.stop_job(sid)
+        status = "TIMEOUT"
+    try:
+        text = client.get_job_logs(sid)
+        node = getattr(client.get_job_info(sid), "driver_node_id", None)
+    except Exception:
+        text, node = "", None
+    return status, text, str(node) if node else None
+
+
+_RAY_LOGS = threading.Lock()
+
+
+def ray_logs_to_file(env: Mapping[str, str]) -> None:
+    """Ray's own log lines (its client's "Uploading package ...", "Creating a file
+    package ...") into fleet-tui's log file: the `ray` logger writes to stderr, the
+    user's terminal, from its import on."""
+    logger = logging.getLogger("ray")
+    with _RAY_LOGS:
+        if any(getattr(h, "fleet_tui", False) for h in logger.handlers):
+            return
+        path = paths.log_file(env)
+        try:
+            paths.private_file(paths.private_dir(path.parent) / path.name)
+            handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
+        except OSError:
+            handler = logging.NullHandler()  # never the terminal
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: "
+                                               "%(message)s"))
+        handler.fleet_tui = True  # type: ignore[attr-defined]
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 class NodeBook:
@@ -197,6 +273,47 @@ class NodeBook:
                 rec = released.get(task_id) or {}
                 if rec.get("node") in (None, node):
                     released.pop(task_id, None)
+
+
+@contextlib.contextmanager
+def submit_lock(folder: AttemptLog) -> Iterator[None]:
+    """Held while the attempt's job is submitted (ray.json written, the package and the
+    working dir uploaded, the job taken or refused): a follower that finds the job unknown
+    meanwhile waits for the submit to settle instead of judging it never submitted."""
+    fd = os.open(folder.dir / SUBMIT_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def edit_record(folder: AttemptLog, **changes: Any) -> None:
+    """ray.json changed by these fields, its others as they are (the engines, the merge
+    queue and `run` processes record into it: one at a time)."""
+    fd = os.open(folder.dir / RECORD_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        rec = dict(folder.record(RAY_FILE) or {})
+        rec.update(changes)
+        folder.write_record(RAY_FILE, rec)
+    finally:
+        os.close(fd)
+
+
+def submitting(folder: AttemptLog) -> bool:
+    """A process (this one included) submits the attempt's job now."""
+    try:
+        fd = os.open(folder.dir / SUBMIT_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 class RayError(FleetError):
@@ -268,6 +385,7 @@ class Follow:
         self._bundle_seq = -1
         self.lacks = False  # the job said its node's mirror lacks what its bundle needs
         self.sids = {sid}  # this one and, when it was sent again whole, the first
+        self.unknown_since: float | None = None  # Ray said it does not know the job
         self.thread = threading.Thread(target=self._main, name=f"ray-follow {sid}",
                                        daemon=True)
 
@@ -316,11 +434,10 @@ class Follow:
 
     def _once(self) -> None:
         info = self._info()
-        if info is None:  # recorded, never submitted (the submit failed before Ray had it)
-            self.state = "never"
-            self.first.set()
-            self.ended.set()
+        if info is None:
+            self._unknown()
             return
+        self.unknown_since = None
         if self.status == "PENDING":  # waiting for its node's resources
             self.state = "alive"
             self.first.set()
@@ -343,6 +460,40 @@ class Follow:
                 if self.lacks and self.host.resubmit_whole(self):
                     return  # followed on as the job sent again with the whole bundle
                 self._lose(info)
+
+    def _unknown(self) -> None:
+        """Ray does not know the job. While a process submits it (the submit lock held:
+        the upload comes first) or the submit just ended, it is on its way: alive, asked
+        again. Settled only once the job stayed unknown SUBMIT_SETTLE seconds with nobody
+        submitting it: recorded as taken (ray.json's `submitted`), the cluster lost it;
+        else it never got there (the submit failed, or its process died before Ray had
+        it). Never "never" from one look: a requeue on that word ran an attempt twice."""
+        record = self.run.log.record(RAY_FILE) or {}
+        if submitting(self.run.log):
+            self.unknown_since = None
+            self.state = self.state or "alive"
+            self.first.set()
+            return
+        now = time.monotonic()
+        if self.unknown_since is None:
+            self.unknown_since = now
+        if now - self.unknown_since < SUBMIT_SETTLE:
+            self.state = self.state or "alive"
+            self.first.set()
+            return
+        if record.get("submitted"):
+            reason = (f"lost: the Ray job {self.sid} on host {self.host.name} was taken by "
+                      "the cluster, which does not know it any more (the cluster restarted "
+                      "without its jobs?)")
+            self.run.log.request_stop(StopReason.ERROR, reason, at=time.time(),
+                                      by=f"host {self.host.name}")
+            log.warning("task %s attempt %d: %s", self.run.attempt.task_id,
+                        self.run.attempt.n, reason)
+            self.state = "dead"
+        else:
+            self.state = "never"  # recorded, never submitted
+        self.first.set()
+        self.ended.set()
 
     def _whole_log(self) -> str | None:
         got: list[str] = []
@@ -496,6 +647,16 @@ class Follow:
             return None
         return part
 
+    def _node_gone(self) -> bool:
+        """Whether the job's node is no longer alive in the cluster (False: unknown)."""
+        if not self.node_id:
+            return False
+        try:
+            alive = ray_nodes(self.host.address, timeout=10.0)
+        except (OSError, ValueError):
+            return False
+        return all(n.get("node_id") != self.node_id for n in alive)
+
     def _lose(self, info: Any) -> None:
         """The job ended and its folder's end never came: lost (or failed before its runner
         started), the reason in the local stop request."""
@@ -508,10 +669,14 @@ class Follow:
                       "its runner's end came back")
         else:
             tail = f"; its last words: {self.other[-1]}" if self.other else ""
-            reason = (f"lost: the Ray job {self.sid} on host {self.host.name} ended "
-                      f"{self.status} ({message}) before its runner's end came back (its "
-                      "node lost?); the job's entrypoint ends what the attempt started "
-                      f"on its node{tail}")
+            # Ray's own word on such a job can be SUCCEEDED (its driver's exit as seen
+            # from a node that is gone): said as what happened, the status only quoted
+            what = (f"its node {(self.node_id or '')[:12]} is gone" if self._node_gone()
+                    else "it ended")
+            reason = (f"lost: the Ray job {self.sid} on host {self.host.name}: {what} "
+                      f"before its runner's end came back (Ray reports the job "
+                      f"{self.status}: {message}); the attempt's processes there end with "
+                      f"its entrypoint{tail}")
         self.run.log.request_stop(StopReason.ERROR, reason[:2000], at=time.time(),
                                   by=f"host {self.host.name}")
         log.warning("task %s attempt %d: %s", self.run.attempt.task_id, self.run.attempt.n,
@@ -561,6 +726,8 @@ class RayRun(RemoteRun):
         try:
             self.host.client().stop_job(sid)
         except RuntimeError as exc:
+            if submitting(self._log):
+                return  # its submitter stops it once Ray has it (the stop request read)
             raise RayError(f"host {self.host.name}: could not stop the Ray job {sid}: "
                            f"{exc}") from None
 
@@ -626,7 +793,9 @@ class RayHost(RemoteHost):
         self.resources = dict(resources or {})
         self.python = python  # the node's python (3.11 or newer)
         self.data_dir = data_dir.rstrip("/") or "/"
-        self.claude = claude  # the node's claude (None: the settings' path, as here)
+        # the node's claude (None: the node finds its own, execution/hostclaude.py; this
+        # machine's `claude` setting is never sent)
+        self.claude = claude
         self.key_env = key_env
         self.key_variable = key_variable
         self.gateway_host = gateway_host
@@ -663,6 +832,7 @@ class RayHost(RemoteHost):
         except ImportError:
             raise RayError(f"host {self.name} is a Ray host and this machine has no ray: "
                            "pip install 'fleet-tui[ray]'") from None
+        ray_logs_to_file(self.env)
         try:
             client = JobSubmissionClient(self.address)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -691,12 +861,17 @@ class RayHost(RemoteHost):
         order = dict(staged.order, env=rest, keys=keys)
         sid = submission_id(staged.spec)
         folder = AttemptLog(staged.placement.attempt_dir)
-        folder.write_record(RAY_FILE, {"submission_id": sid, "address": self.address,
-                                       "host": self.name, "at": time.time(),
-                                       "pinned": staged.order.get("pin"),
-                                       "bundle": staged.order.get("bundle_sent"),
-                                       "restored": staged.order.get("restore") or None})
-        self._submit_job(staged, order, sid)
+        with submit_lock(folder):
+            record = {"submission_id": sid, "address": self.address, "host": self.name,
+                      "at": time.time(), "pinned": staged.order.get("pin"),
+                      "bundle": staged.order.get("bundle_sent"),
+                      "restored": staged.order.get("restore") or None, "submitted": False}
+            folder.write_record(RAY_FILE, record)
+            self._submit_job(staged, order, sid)
+            self._mark_submitted(folder)
+        if folder.stop_request():  # killed while it was being submitted: stopped now
+            with contextlib.suppress(Exception):
+                self.client().stop_job(sid)
         if staged.order.get("bundle") != "whole":
             with self._lock:
                 self._orders[sid] = (staged, order)
@@ -728,6 +903,10 @@ class RayHost(RemoteHost):
                 raise RayError(f"host {self.name}: the Ray cluster did not take the job: "
                                f"{str(exc)[-500:]}") from None
             log.info("host %s: the job %s was taken already", self.name, sid)
+
+    def _mark_submitted(self, folder: AttemptLog) -> None:
+        """The job is Ray's: ray.json says so (its other fields as they are now)."""
+        edit_record(folder, submitted=True)
 
     def resubmit_whole(self, follow: Follow) -> bool:
         """The job whose node lacked the commits its bundle was cut against (it failed
@@ -762,12 +941,15 @@ class RayHost(RemoteHost):
                 follow.error = None
             folder = AttemptLog(staged.placement.attempt_dir)
             rec = dict(folder.record(RAY_FILE) or {})
-            rec.update(submission_id=sid, bundle=sent, lacked=sorted(follow.sids - {sid}))
+            rec.update(submission_id=sid, bundle=sent, lacked=sorted(follow.sids - {sid}),
+                       submitted=False)
             rec.pop("node_id", None)
-            folder.write_record(RAY_FILE, rec)
             log.info("host %s: the node of job %s lacked what its bundle needed; sent "
                      "again whole as %s", self.name, sorted(follow.sids - {sid}), sid)
-            self._submit_job(again, dict(order, bundle="whole"), sid)
+            with submit_lock(folder):
+                folder.write_record(RAY_FILE, rec)
+                self._submit_job(again, dict(order, bundle="whole"), sid)
+                self._mark_submitted(folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         self.submitted.append(sid)
@@ -925,9 +1107,8 @@ class RayHost(RemoteHost):
         for name in (BRANCH_BUNDLE, BRANCH_FILE, SESSION_FILE):
             (folder.dir / name).unlink(missing_ok=True)
         remote_dir = f"{self.data_dir}/attempts/{spec.task_id}/{spec.attempt}"
-        remote = replace(spec, include=[], repo=spec.cwd, settings=dict(spec.settings))
-        if self.claude:
-            remote.settings["claude"] = self.claude
+        remote = replace(spec, include=[], repo=spec.cwd,
+                         settings=host_settings(spec.settings, self.claude))
         if isinstance(remote.settings.get("base_url"), str):
             remote.settings["base_url"] = self._base_url_there(remote.settings["base_url"])
         with self._lock:
@@ -959,6 +1140,7 @@ class RayHost(RemoteHost):
                  "key_variable": self.key_variable, "pin": pin,
                  "bundle": "thin" if have else "whole", "bundle_sent": sent,
                  "data_dir": self.data_dir, "released": self.book.released(),
+                 "claude_version": fleet_tui.CLAUDE_CODE_VERSION,
                  "restore": restore is not None}
         return RayStaged(self, placement, spec, staging, order, restore)
 
@@ -1044,12 +1226,10 @@ class RayHost(RemoteHost):
 
     def record_node(self, folder: AttemptLog, node_id: str) -> None:
         """The node the attempt's job runs on, beside its submission id."""
-        with self._lock:
-            rec = dict(folder.record(RAY_FILE) or {})
-            if rec.get("node_id") == node_id:
-                return
-            rec["node_id"] = node_id
-            folder.write_record(RAY_FILE, rec)
+        if (folder.record(RAY_FILE) or {}).get("node_id") == node_id:
+            return
+        # Ray placed it: taken, whoever writes this first
+        edit_record(folder, node_id=node_id, submitted=True)
         task_id = folder.dir.parent.name
         with contextlib.suppress(OSError):
             self.book.set_node(task_id, node_id)

@@ -53,6 +53,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -63,9 +64,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from fleet_tui.execution import hostclaude
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
-from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
 from fleet_tui.execution.ssh import agent
 from fleet_tui.system import procs
 
@@ -272,13 +273,15 @@ def release(frames: Frames, order: dict[str, Any]) -> None:
         found = work.exists() or config.exists()
         mirror = _mirror_of(work)
         if mirror is not None:
-            subprocess.run(["git", "-C", mirror, "worktree", "remove", "--force", "--force",
-                            str(work)], capture_output=True, check=False)
+            with agent.mirror_lock(mirror):
+                subprocess.run(["git", "-C", mirror, "worktree", "remove", "--force",
+                                "--force", str(work)], capture_output=True, check=False)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(config, ignore_errors=True)
         for m in {mirror, str(order.get("mirror") or "")} - {None, ""}:
-            subprocess.run(["git", "-C", str(m), "worktree", "prune"], capture_output=True,
-                           check=False)
+            with agent.mirror_lock(str(m)):
+                subprocess.run(["git", "-C", str(m), "worktree", "prune"],
+                               capture_output=True, check=False)
             for ref in (f"refs/fleet/base/{task_id}", f"refs/fleet/base/update/{task_id}"):
                 subprocess.run(["git", "-C", str(m), "update-ref", "-d", ref],
                                capture_output=True, check=False)
@@ -330,11 +333,12 @@ def restore_branch(order: dict[str, Any], here: Path) -> None:
     past its base), a worktree this node had of it removed first; no bundle: the branch
     at the base (no commits came back)."""
     mirror, worktree, branch = str(order["mirror"]), str(order["worktree"]), order["branch"]
-    if Path(worktree).exists():
-        subprocess.run(["git", "-C", mirror, "worktree", "remove", "--force", "--force",
-                        worktree], capture_output=True, check=False)
-        shutil.rmtree(worktree, ignore_errors=True)
-    agent._git("-C", mirror, "worktree", "prune")
+    with agent.mirror_lock(mirror):
+        if Path(worktree).exists():
+            subprocess.run(["git", "-C", mirror, "worktree", "remove", "--force", "--force",
+                            worktree], capture_output=True, check=False)
+            shutil.rmtree(worktree, ignore_errors=True)
+        agent._git("-C", mirror, "worktree", "prune")
     bundle = here / RESTORE_BRANCH
     if bundle.exists():
         agent._git("-C", mirror, "fetch", "-q", "--no-tags", str(bundle),
@@ -376,6 +380,7 @@ def stage(order: dict[str, Any], here: Path) -> AttemptLog:
     if folder.lock_held():
         raise RuntimeError(f"a runner holds {folder.lock_path} already")
     spec = order["spec"]
+    node_claude(spec, order)  # none: the job fails here, before its spec or its runner
     if order.get("restore"):
         restore_session(order, here)
     folder.clear_run_records()
@@ -395,6 +400,27 @@ def stage(order: dict[str, Any], here: Path) -> AttemptLog:
             prepare.mark_set_up(cwd, {"at": time.time(), "attempt": spec.get("attempt"),
                                       "setup": None, "by": "ray host"})
     return folder
+
+
+def node_claude(spec: dict[str, Any], order: dict[str, Any]) -> None:
+    """The node's own claude into the attempt's spec (the host's `claude` setting, else
+    the node's: execution/hostclaude.py); RuntimeError saying so when it has none."""
+    settings = spec.setdefault("settings", {})
+    data_dir = str(order.get("data_dir") or Path(str(order["attempt_dir"])).parents[2])
+    claude, looked = hostclaude.find(data_dir, settings.get("claude") or None)
+    if claude is None:
+        raise RuntimeError(f"no claude on node {_node_name()}: " + "; ".join(looked)
+                           + " (set `claude` in the host's [hosts] table to its path there)")
+    settings["claude"] = claude
+    found = hostclaude.version(claude, data_dir)
+    wanted = order.get("claude_version")
+    if wanted and found != wanted:
+        _log(f"claude at {claude} on this node is {found or 'of no known version'}, "
+             f"fleet-tui is tested with {wanted}")
+
+
+def _node_name() -> str:
+    return os.environ.get("RAY_NODE_IP_ADDRESS") or socket.gethostname()
 
 
 def start_runner(folder: AttemptLog, order: dict[str, Any]) -> subprocess.Popen[bytes]:
@@ -431,13 +457,8 @@ def end_tree(folder: AttemptLog, proc: subprocess.Popen[bytes], grace: float) ->
 
 
 def sweep(folder: AttemptLog) -> int:
-    token = folder.spec_token()
-    if not token:
-        return 0
-    found = procs.with_env(TOKEN_ENV, token)
-    if found:
-        procs.stop(found, LEFTOVER_GRACE)
-    return len(found)
+    """The SSH agent's: the attempt's token and its cgroup."""
+    return agent.sweep(folder)
 
 
 class Branch:

@@ -21,7 +21,10 @@ Commands (the attempt folder DIR is on the host):
   the key.
 - `state DIR`, `stop DIR` (the request on stdin), `kill DIR`, `sweep DIR`, `say DIR BY`
   (the text on stdin), `port`, `follow DIR` (the offsets already mirrored on stdin).
-- `worktree ...`, `check-worktree WT BRANCH`: the task's worktree from the host's mirror;
+- `worktree ...`, `check-worktree WT BRANCH`: the task's worktree from the host's mirror
+  (made, removed and pruned under the mirror's lock, `mirror_lock`: one at a time);
+  `release ROOT ID`: a closed task's worktree and config dir removed, the mirrors' records
+  and refs of it too;
   `commit-work WT MESSAGE`: the worker's uncommitted work committed before a fetch;
   `snapshot WT REF`: the worktree as it is now as an unreferenced commit, kept at REF (the
   worktree, its index and its branch untouched); `update WT BASE STRATEGY MESSAGE NAME
@@ -34,6 +37,7 @@ Commands (the attempt folder DIR is on the host):
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
@@ -48,10 +52,11 @@ import time
 from pathlib import Path
 
 from fleet_tui.core.states import StopReason
+from fleet_tui.execution import hostclaude
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
-from fleet_tui.system import procs
+from fleet_tui.system import cgroups, procs
 from fleet_tui.vcs.commits import _snapshot_commit
 from fleet_tui.vcs.merging import _in_the_way, _merge_tree, _tree_changes
 from fleet_tui.vcs.merging import _with_markers as _marked
@@ -59,10 +64,12 @@ from fleet_tui.vcs.run import GitError, _put_index_back, _shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import Any, BinaryIO
 
 RUNNER_MODULE = "fleet_tui.execution.local.runner"
 EX_LOCKED = 75
+EX_NO_CLAUDE = 3  # the host has no claude (said in the answer: where it was looked for)
 # the folder's files a runner appends to (mirrored by offset) and those it writes whole
 APPENDED = ("events.jsonl", "stderr.log", "runner.log", "setup.log", "input.jsonl")
 WHOLE = ("runner.json", "kill.json")
@@ -106,13 +113,14 @@ def _pids(folder: AttemptLog) -> tuple[int | None, str | None, int | None]:
 
 
 def sweep(folder: AttemptLog) -> int:
+    """The processes carrying the attempt's token and those of its cgroup, stopped."""
     token = folder.spec_token()
-    if token is None:
-        return 0
-    found = procs.with_env(TOKEN_ENV, token)
+    found = procs.with_env(TOKEN_ENV, token) if token is not None else []
     if found:
         procs.stop(found, LEFTOVER_GRACE)
-    return len(found)
+    cgroup = cgroups.recorded(folder.runner_record())
+    contained = cgroups.end(cgroup, LEFTOVER_GRACE) if cgroup is not None else []
+    return len(set(found) | set(contained))
 
 
 def cmd_stage(folder: AttemptLog) -> int:
@@ -127,6 +135,16 @@ def cmd_stage(folder: AttemptLog) -> int:
     if folder.lock_held():
         _answer({"error": f"a runner holds {folder.lock_path} already"})
         return EX_LOCKED
+    found: dict[str, Any] = {}
+    if order.get("data_dir"):  # the host's own claude, never a path of the controller's
+        data_dir = str(order["data_dir"])
+        settings = spec.setdefault("settings", {})
+        claude, looked = hostclaude.find(data_dir, settings.get("claude") or None)
+        if claude is None:
+            _answer({"error": "no claude there: " + "; ".join(looked), "no_claude": True})
+            return EX_NO_CLAUDE
+        settings["claude"] = claude
+        found = {"claude": claude, "claude_version": hostclaude.version(claude, data_dir)}
     folder.clear_run_records()
     folder.write_spec(spec)
     for path in (folder.events, folder.runner_log):
@@ -140,7 +158,7 @@ def cmd_stage(folder: AttemptLog) -> int:
         if order.get("set_up_after"):
             prepare.mark_set_up(cwd, {"at": time.time(), "attempt": spec.get("attempt"),
                                       "setup": None, "by": "ssh host"})
-    _answer({"staged": str(folder.dir)})
+    _answer({"staged": str(folder.dir), **found})
     return 0
 
 
@@ -170,7 +188,9 @@ def start_runner(folder: AttemptLog, env: dict[str, str], keys: dict[str, str],
     """The runner started detached (its own session, stdin /dev/null, its output in
     runner.log), the key variables through a pipe it inherits (`--env-fd`), never its
     environment or argv; returned once it took its lock (or ended, or `wait` passed)."""
-    argv = [sys.executable, "-m", RUNNER_MODULE]
+    # started as this process was: without the site module (-S), the host's installed
+    # packages are never on the runner's path either (the package copy alone is)
+    argv = [sys.executable, *(["-S"] if sys.flags.no_site else []), "-m", RUNNER_MODULE]
     pass_fds: tuple[int, ...] = ()
     read_fd: int | None = None
     if keys:
@@ -275,24 +295,70 @@ def _git(*args: str, cwd: str | None = None) -> str:
     return out.stdout.strip()
 
 
+MIRROR_LOCK = "fleet-worktrees.lock"  # in the mirror (the host's data dir): see mirror_lock
+
+
+@contextlib.contextmanager
+def mirror_lock(mirror: str) -> Iterator[None]:
+    """The mirror's worktrees made, removed and pruned one at a time, by every task's
+    agent and every Ray job on this host: a prune removes a half-made `worktrees/<id>/`
+    of another task's `worktree add` (it has no `gitdir` yet), which then fails."""
+    try:
+        fd = os.open(Path(mirror) / MIRROR_LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)
+    except OSError:  # no mirror (git says so) or a read-only one: nothing to guard
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def cmd_worktree(mirror: str, path: str, branch: str, base: str, mode: str) -> int:
     """`mode`: new (made at `base`, replacing what a failed start left), reset, reattach."""
     try:
-        if mode == "reattach":
-            if not Path(path).is_dir():
-                _git("-C", mirror, "worktree", "prune")
-                _git("-C", mirror, "worktree", "add", path, branch)
-        else:
-            if Path(path).exists():
-                _git("-C", mirror, "worktree", "remove", "--force", path)
-            _git("-C", mirror, "worktree", "prune")
-            _git("-C", mirror, "worktree", "add", "-B", branch, path, base)
-        head = _git("-C", path, "rev-parse", "HEAD")
+        with mirror_lock(mirror):
+            head = _make_worktree(mirror, path, branch, base, mode)
     except RuntimeError as exc:
         _answer({"error": str(exc)})
         return 1
     _answer({"path": path, "branch": branch, "head": head})
     return 0
+
+
+def cmd_release(root: str, task_id: str) -> int:
+    """A released task's worktree and config dir removed, and every mirror of the data
+    dir `root` forgets it (its worktree record pruned, its refs deleted); the attempt
+    folders stay (mirrored on the controller already)."""
+    shutil.rmtree(Path(root) / "config" / task_id, ignore_errors=True)
+    shutil.rmtree(Path(root) / "work" / task_id, ignore_errors=True)
+    for mirror in sorted((Path(root) / "repos").glob("*.git")):
+        if not mirror.is_dir():
+            continue
+        with mirror_lock(str(mirror)):
+            subprocess.run(["git", "-C", str(mirror), "worktree", "prune"],
+                           capture_output=True, check=False)
+        for ref in (f"refs/fleet/base/{task_id}", f"refs/fleet/base/update/{task_id}",
+                    f"refs/fleet/snapshot/{task_id}"):
+            subprocess.run(["git", "-C", str(mirror), "update-ref", "-d", ref],
+                           capture_output=True, check=False)
+    _answer({"released": task_id})
+    return 0
+
+
+def _make_worktree(mirror: str, path: str, branch: str, base: str, mode: str) -> str:
+    if mode == "reattach":
+        if not Path(path).is_dir():
+            _git("-C", mirror, "worktree", "prune")
+            _git("-C", mirror, "worktree", "add", path, branch)
+    else:
+        if Path(path).exists():
+            _git("-C", mirror, "worktree", "remove", "--force", path)
+        _git("-C", mirror, "worktree", "prune")
+        _git("-C", mirror, "worktree", "add", "-B", branch, path, base)
+    return _git("-C", path, "rev-parse", "HEAD")
 
 
 def cmd_check_worktree(path: str, branch: str) -> int:
@@ -692,6 +758,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_abort_update(*rest)
     if command == "put-key":
         return cmd_put_key(*rest)
+    if command == "release":
+        return cmd_release(*rest)
     folder = AttemptLog(rest[0])
     simple = {"stage": cmd_stage, "spawn": cmd_spawn, "state": cmd_state, "stop": cmd_stop,
               "kill": cmd_kill, "sweep": cmd_sweep}

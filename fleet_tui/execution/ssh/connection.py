@@ -29,7 +29,20 @@ PERSIST = "600"  # the master outlives its last command this long (ssh's Control
 
 
 class SshError(FleetError):
-    """The host could not be reached or a command there failed; says which host and why."""
+    """The host could not be reached or a command there failed; says which host and why
+    (`transient`: the connection failed, not the command)."""
+
+
+# what git says when its ssh transport failed (the command there did not fail)
+DROPPED = ("remote end hung up", "connection closed", "connection refused",
+           "connection reset", "connection timed out", "broken pipe", "mux_client",
+           "kex_exchange_identification", "could not read from remote repository")
+
+
+def dropped(stderr: str) -> bool:
+    """A git command over ssh failed because its connection did."""
+    low = stderr.lower()
+    return any(sign in low for sign in DROPPED)
 
 
 def control_dir() -> Path:
@@ -108,7 +121,9 @@ class Connection:
             raise SshError(f"cannot run {self.ssh}: {exc.strerror or exc}") from None
         if done.returncode != 255:
             self.reached()
-        if done.returncode == 255 or (check and done.returncode != 0):
+        if done.returncode == 255:  # ssh itself: the host unreachable, the master dropped
+            raise SshError(f"{self.target}: {self.why(done)}", transient=True)
+        if check and done.returncode != 0:
             raise SshError(f"{self.target}: {self.why(done)}")
         return done
 
@@ -155,4 +170,4 @@ class Connection:
         self.control("exit")
 
 
-__all__ = ["Connection", "SshError", "control_dir", "split_target"]
+__all__ = ["Connection", "SshError", "control_dir", "dropped", "split_target"]

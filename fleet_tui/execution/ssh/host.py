@@ -38,6 +38,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -59,7 +60,7 @@ from fleet_tui.execution.remote import (
     update_result,
 )
 from fleet_tui.execution.spec import RunSpec
-from fleet_tui.execution.ssh.connection import Connection, SshError
+from fleet_tui.execution.ssh.connection import Connection, SshError, dropped
 from fleet_tui.execution.ssh.mirror import Mirror
 from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
@@ -80,8 +81,26 @@ FORWARD_PREFIXES = ("FLEET_WORKER_", "ANTHROPIC_", "CLAUDE_", "GIT_AUTHOR_", "GI
                     "LC_")
 FORWARD_NAMES = ("LANG", "TZ", "IS_SANDBOX", "DISABLE_AUTOUPDATER", "GIT_CONFIG_NOSYSTEM",
                  "FLEET_TUI_PORTABLE_PROCS")
+# settings that name a path of this machine: never sent to a host
+LOCAL_ONLY = ("FLEET_WORKER_CLAUDE", "FLEET_WORKER_CONFIG_DIR")
 WRITING = re.compile(r"Writing objects: 100% \((\d+)/\d+\), ([\d.]+) (bytes|KiB|MiB|GiB)")
 UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
+# what a shell says when the host has no git (`git init` there; `git-receive-pack`, which
+# a push runs there): bash's "command not found", dash's "not found"
+_NO_GIT = re.compile(r"\bgit(-receive-pack|-upload-pack)?:? (?:command )?not found")
+
+
+def _push_error(err: str) -> str:
+    """The line of a failed push's stderr that says what went wrong: the first `fatal:` or
+    `error:` line, else every line joined (the last alone can be half a sentence: "and the
+    repository exists.")."""
+    lines = [line.strip() for line in err.splitlines()
+             if line.strip() and not line.startswith(("Enumerating", "Counting", "Writing",
+                                                       "Compressing", "Delta", "Total"))]
+    for line in lines:
+        if line.startswith(("fatal:", "error:", "remote: error:")):
+            return line
+    return " ".join(lines)[:300] or "git push failed"
 # a run whose host has not answered for this long (the agent's stream beats every second)
 # is lost: the engine records its end, and the host sweeps it once it answers again
 LEASE = 60.0
@@ -110,11 +129,31 @@ def package_tar() -> tuple[str, bytes]:
 
 def forwarded(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """The runner's environment split into what the host's runner gets in its environment
-    and the key variables it gets through its pipe."""
+    and the key variables it gets through its pipe. This machine's paths stay here: the
+    settings naming one (FLEET_WORKER_CLAUDE, FLEET_WORKER_CONFIG_DIR) and any value under
+    this machine's HOME or starting with `~`."""
     keys = {k: v for k, v in env.items() if k in KEY_VARIABLES}
     rest = {k: v for k, v in env.items() if k not in KEY_VARIABLES
-            and (k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES)}
+            and (k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES)
+            and k not in LOCAL_ONLY and not _local_path(v, env.get("HOME"))}
     return rest, keys
+
+
+def _local_path(value: str, home: str | None) -> bool:
+    if value.startswith("~"):
+        return True
+    home = (home or "").rstrip("/")
+    return bool(home) and (value == home or value.startswith(home + "/"))
+
+
+def host_settings(settings: Mapping[str, Any], claude: str | None) -> dict[str, Any]:
+    """The launcher's settings as a host's runner gets them: this machine's paths taken
+    out (its claude, its config dir: the host's are its own), `claude` the host's when
+    its settings name one (else the host finds its own: execution/hostclaude.py)."""
+    out = {k: v for k, v in settings.items() if k not in ("claude", "config_dir")}
+    if claude:
+        out["claude"] = claude
+    return out
 
 
 def _spec_base_url(read: Callable[[], str]) -> str | None:
@@ -139,6 +178,31 @@ def _loopback_port(url: str | None) -> int | None:
         return parts.port
     except ValueError:
         return None
+
+
+# one request to a port of 127.0.0.1 (argv[1]) and its whole answer on stdout: run here and
+# on the host, to tell whether the host's port reaches the same server as this machine's
+_ASK = ("import socket,sys\n"
+        "s=socket.create_connection(('127.0.0.1',int(sys.argv[1])),5)\n"
+        "s.settimeout(5)\n"
+        "s.sendall(b'GET /fleet/mailbox HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n')\n"
+        "d=b''\n"
+        "while len(d)<65536:\n"
+        " c=s.recv(4096)\n"
+        " if not c: break\n"
+        " d+=c\n"
+        "sys.stdout.buffer.write(d)\n")
+
+
+def _plain_answer(raw: bytes) -> bytes:
+    """An HTTP answer without its Date header (the one line two answers differ by)."""
+    return b"\n".join(line for line in raw.splitlines() if not line.startswith(b"Date:"))
+
+
+def _answer_at(port: int) -> bytes:
+    done = subprocess.run([sys.executable, "-S", "-c", _ASK, str(port)], capture_output=True,
+                          timeout=20, check=False)
+    return _plain_answer(done.stdout) if done.returncode == 0 else b""
 
 
 class SshStaged:
@@ -247,7 +311,9 @@ class SshHost(RemoteHost):
         self.lease = lease  # seconds without an answer before its runs are lost
         self.env = env
         self.python = python  # the host's python (3.10 or newer)
-        self.claude = claude  # the host's claude (None: the settings' path, as here)
+        # the host's claude: None finds the host's own there (execution/hostclaude.py);
+        # this machine's `claude` setting is never sent
+        self.claude = claude
         self.connection = Connection(target, port=port, config=ssh_config, ssh=ssh,
                                      env=env)
         self._data_dir = data_dir
@@ -265,6 +331,7 @@ class SshHost(RemoteHost):
         self._sweep_tried = 0.0
         self.swept_lost: list[tuple[tuple[str, int], int]] = []  # (attempt, processes)
         self._ledger: LostLedger | None = None  # the engine's store: kept over a restart
+        self._versions_said: set[tuple[str, str]] = set()  # (claude, version) warned of
 
     # --- the connection and the agent -------------------------------------------------
 
@@ -298,7 +365,7 @@ class SshHost(RemoteHost):
               ok: Sequence[int] = (0,), timeout: float = 60.0) -> dict[str, Any]:
         """One command of the host's agent; its JSON answer."""
         package = self.install()
-        line = (f"PYTHONPATH={shlex.quote(package)} exec {shlex.quote(self.python)} -m "
+        line = (f"PYTHONPATH={shlex.quote(package)} exec {shlex.quote(self.python)} -S -m "
                 f"{AGENT} {shlex.join(list(args))}")
         done = self.connection.run(line, input=input or b"", timeout=timeout, check=False)
         out = done.stdout.decode("utf-8", "replace").strip().splitlines()
@@ -316,7 +383,7 @@ class SshHost(RemoteHost):
         if self.forwards:  # a new master (the old one dropped) forwards nothing yet
             self.connection.run("true")
             self.ensure_forwards()
-        line = (f"PYTHONPATH={shlex.quote(package)} exec {shlex.quote(self.python)} -m "
+        line = (f"PYTHONPATH={shlex.quote(package)} exec {shlex.quote(self.python)} -S -m "
                 f"{AGENT} follow {shlex.quote(remote_dir)} {shlex.quote(json.dumps(offsets))}")
         return self.connection.popen(line)
 
@@ -473,7 +540,21 @@ class SshHost(RemoteHost):
             try:
                 self.connection.forward_remote(local, remote)
             except SshError as exc:
-                log.warning("host %s: %s", self.name, exc)
+                if self._reaches(local, remote):  # held by another forward to the same
+                    log.info("host %s: port %d there reaches this machine's %d already "
+                             "(%s)", self.name, remote, local, exc)
+                else:
+                    log.warning("host %s: %s", self.name, exc)
+
+    def _reaches(self, local: int, remote: int) -> bool:
+        """Whether the host's 127.0.0.1:`remote` answers as this machine's `local` does
+        (a forward of another connection of this machine holds it: nothing to say)."""
+        mine = _answer_at(local)
+        if not mine:
+            return False
+        done = self.connection.run(f"{shlex.quote(self.python)} -S -c "
+                                   f"{shlex.quote(_ASK)} {remote}", check=False, timeout=20)
+        return done.returncode == 0 and _plain_answer(done.stdout) == mine
 
     def _base_url_there(self, url: str) -> str:
         """A base URL on this machine's loopback, as the host reaches it (its port
@@ -539,25 +620,35 @@ class SshHost(RemoteHost):
         q = shlex.quote(mirror)
         # made aside and renamed: two starts at once (or one of a killed engine) never
         # run `git init` on the same folder (its config.lock: "could not set ...")
-        self.connection.run(
-            f"test -d {q} || {{ mkdir -p {shlex.quote(str(Path(mirror).parent))} && "
-            f"t=$(mktemp -d {q}.XXXXXX) && git init -q --bare \"$t\" && "
-            f"{{ {shlex.quote(self.python)} -c 'import os,sys; os.rename(*sys.argv[1:])' "
-            f"\"$t\" {q} 2>/dev/null || rm -rf \"$t\"; }}; }}; test -d {q}")
+        try:
+            self.connection.run(
+                f"test -d {q} || {{ mkdir -p {shlex.quote(str(Path(mirror).parent))} && "
+                f"t=$(mktemp -d {q}.XXXXXX) && git init -q --bare \"$t\" && "
+                f"{{ {shlex.quote(self.python)} -c 'import os,sys; os.rename(*sys.argv[1:])' "
+                f"\"$t\" {q} 2>/dev/null || rm -rf \"$t\"; }}; }}; test -d {q}")
+        except SshError as exc:
+            if _NO_GIT.search(str(exc)):
+                raise SshError(self._no_git()) from None
+            raise
         done = subprocess.run(
             ["git", "-C", str(repo), "push", "--progress", "--porcelain", "--no-verify",
              self.git_url(mirror), f"{commit}:refs/fleet/base/{task_id}"],
             capture_output=True, env=self.git_env(), timeout=600, check=False)
         err = done.stderr.decode("utf-8", "replace")
         if done.returncode != 0:
-            lines = [line for line in err.splitlines() if line.strip()]
+            if _NO_GIT.search(err):
+                raise SshError(self._no_git())
             raise SshError(f"host {self.name}: could not send the repository: "
-                           f"{lines[-1] if lines else 'git push failed'}")
+                           f"{_push_error(err)}", transient=dropped(err))
         match = next(reversed(list(WRITING.finditer(err))), None)  # the last: 'done.'
         sent = (int(match.group(1)), int(float(match.group(2)) * UNITS[match.group(3)])) \
             if match else (0, 0)
         self.pushes.append(sent)
         return mirror
+
+    def _no_git(self) -> str:
+        return (f"host {self.name} has no git on the PATH of its ssh sessions (the "
+                "repository is sent to it with git): install git there")
 
     def make_worktree(self, task: Task, *, reattach: bool, reset: bool) -> git.WorktreeInfo:
         repo = Path(task.repo)
@@ -589,24 +680,41 @@ class SshHost(RemoteHost):
         folder.clear_run_records()
         folder.write_spec(asdict(spec))
         paths.private_file(folder.events)
-        remote = replace(spec, include=[], repo=spec.cwd, settings=dict(spec.settings))
-        if self.claude:
-            remote.settings["claude"] = self.claude
+        remote = replace(spec, include=[], repo=spec.cwd,
+                         settings=host_settings(spec.settings, self.claude))
         if isinstance(remote.settings.get("base_url"), str):
             remote.settings["base_url"] = self._base_url_there(remote.settings["base_url"])
         remote_dir = self.remote_attempt_dir(spec.task_id, spec.attempt)
         order = json.dumps({"spec": asdict(remote), "config_dir": spec.config_dir,
-                            "set_up_after": not spec.setup}).encode()
+                            "set_up_after": not spec.setup, "data_dir": self.root}).encode()
         try:
-            self.agent(["stage", remote_dir], input=order + b"\n" + self.included_tar(spec),
-                       ok=(0,))
+            answer = self.agent(["stage", remote_dir],
+                                input=order + b"\n" + self.included_tar(spec), ok=(0,))
         except SshError as exc:
             if "holds" in str(exc):
                 raise NotStarted(str(exc)) from None
+            if "no claude there" in str(exc):
+                raise FleetError(f"{exc}; `fleet-tui host check {self.name} --yes` installs "
+                                 f"Claude Code {fleet_tui.CLAUDE_CODE_VERSION} there") from None
             raise
+        self._said_version(answer)
         with self._lock:
             self._mirrors.pop((spec.task_id, spec.attempt), None)
         return SshStaged(self, remote_dir)
+
+    def _said_version(self, answer: Mapping[str, Any]) -> None:
+        """A host's claude of another version than the tested one: said once (one line)."""
+        found = (str(answer.get("claude") or ""), str(answer.get("claude_version") or ""))
+        if not found[0] or found[1] == fleet_tui.CLAUDE_CODE_VERSION:
+            return
+        with self._lock:
+            if found in self._versions_said:
+                return
+            self._versions_said.add(found)
+        log.warning("host %s: its claude at %s is %s, fleet-tui is tested with %s; "
+                    "`fleet-tui host check %s --yes` installs that one there", self.name,
+                    found[0], found[1] or "of no known version",
+                    fleet_tui.CLAUDE_CODE_VERSION, self.name)
 
     # --- running -------------------------------------------------------------------------
 
@@ -639,8 +747,9 @@ class SshHost(RemoteHost):
              self.git_url(mirror), *refspecs],
             capture_output=True, env=self.git_env(), timeout=600, check=False)
         if done.returncode != 0:
+            err = done.stderr.decode("utf-8", "replace")
             raise SshError(f"host {self.name}: could not fetch task {task.id}'s work: "
-                           f"{done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+                           f"{err.strip()[-300:]}", transient=dropped(err))
 
     # --- the worktrees there (the seam's RemoteWorktrees) ------------------------------
 
@@ -701,18 +810,11 @@ class SshHost(RemoteHost):
         return found
 
     def release(self, task_id: str) -> None:
-        root = self.root
-        q = shlex.quote
         # the worktree goes too (a merge or a discard here removes only this machine's),
-        # and the mirrors forget it; the attempt folders stay (mirrored here already)
-        line = (f"rm -rf {q(f'{root}/config/{task_id}')} {q(f'{root}/work/{task_id}')}; "
-                f"for m in {q(root)}/repos/*.git; do [ -d \"$m\" ] && "
-                f"git -C \"$m\" worktree prune; for r in {q(f'refs/fleet/base/{task_id}')} "
-                f"{q(f'refs/fleet/base/update/{task_id}')} "
-                f"{q(f'refs/fleet/snapshot/{task_id}')}; do "
-                f"git -C \"$m\" update-ref -d \"$r\" 2>/dev/null; done; done; true")
+        # and the mirrors forget it, under their lock (the agent's `release`); the attempt
+        # folders stay (mirrored here already)
         try:
-            self.connection.run(line, check=False)
+            self.agent(["release", self.root, task_id])
         except SshError as exc:
             log.warning("host %s: could not free task %s: %s", self.name, task_id, exc)
 
@@ -733,4 +835,4 @@ class SshHost(RemoteHost):
         self.connection.close()
 
 
-__all__ = ["SshHost", "SshRun", "SshStaged", "forwarded", "package_tar"]
+__all__ = ["SshHost", "SshRun", "SshStaged", "forwarded", "host_settings", "package_tar"]

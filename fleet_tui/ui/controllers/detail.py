@@ -14,7 +14,7 @@ from textual.widgets import ContentSwitcher, Label
 
 from fleet_tui.core.states import TaskState
 from fleet_tui.ui.controllers import Controller, PanelScreen, screen_work
-from fleet_tui.ui.formatting import landing_label, pushed_label
+from fleet_tui.ui.formatting import attempt_label, landing_label, pushed_label
 from fleet_tui.ui.widgets.bars import TabBar
 
 if TYPE_CHECKING:
@@ -142,8 +142,8 @@ class DetailController(Controller):
         attempts = await asyncio.to_thread(fleet.attempts, task_id)
         shown = self.stream.attempt
         current = shown.n if shown is not None else 0
-        items = [(a.n, f"{a.n}. {a.kind:<8} {a.verdict or 'running':<10} "
-                  f"{a.turns} turns  {a.model or ''}") for a in attempts]
+        items = [(a.n, attempt_label(a.n, a.kind, a.verdict, a.turns, a.model))
+                 for a in attempts]
         if self.screen.closing:
             return
         n = await self.screen.app.push_screen_wait(AttemptScreen(

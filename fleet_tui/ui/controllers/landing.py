@@ -611,11 +611,27 @@ def compare_rows(fleet: Fleet, task_id: str) -> tuple[str, list[CopyRow]]:
     from fleet_tui.ui.screens.landing import CopyRow
 
     reports = fleet.compare(task_id)
-    rows = [CopyRow(r.task.id, r.task.short_title, str(r.task.state), r.task.verdict or "",
-                    r.task.turns, r.task.input_tokens + r.task.output_tokens, r.added,
-                    r.deleted, list(r.files), r.gate, r.merges, r.clean,
-                    PreparedDiff.build(r.diff) if r.diff is not None else None)
-            for r in reports]
+    # best of N: ranked by evidence (gathered here when missing or stale), best first
+    ranked = {r.task_id: r for r in fleet.rank(task_id)} if len(reports) > 1 else {}
+    order = list(ranked)
+    reports.sort(key=lambda r: order.index(r.task.id) if r.task.id in ranked else 0)
+    rows = []
+    for r in reports:
+        rank = ranked.get(r.task.id)
+        ev = rank.evidence if rank is not None else None
+        # the result only: its duration is `compare`'s (a snapshot stays the same)
+        tests = "-" if ev is None or ev.test is None else (
+            "passed" if ev.test.passed else "FAILED")
+        checks = f"{sum(c.passed for c in ev.checks)}/{len(ev.checks)}" \
+            if ev is not None and ev.checks else "-"
+        rows.append(CopyRow(
+            r.task.id, r.task.short_title, str(r.task.state), r.task.verdict or "",
+            r.task.turns, r.task.input_tokens + r.task.output_tokens, r.added, r.deleted,
+            list(r.files), r.gate, r.merges, r.clean,
+            PreparedDiff.build(r.diff) if r.diff is not None else None,
+            place=rank.place if rank is not None else None,
+            best=rank.best if rank is not None else False,
+            reason=rank.reason if rank is not None else "", tests=tests, checks=checks))
     title = commit_title(reports[0].task.short_title) if reports else task_id
     return title, rows
 

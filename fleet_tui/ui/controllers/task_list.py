@@ -17,6 +17,7 @@ from fleet_tui.core.states import CLOSED_STATES, PENDING_STATES, STATES
 from fleet_tui.ui.controllers import Controller, PanelScreen, screen_work
 from fleet_tui.ui.formatting import change_label
 from fleet_tui.ui.messages import (
+    BestPicked,
     PollFailed,
     SettingsChecked,
     TasksLoaded,
@@ -50,6 +51,8 @@ class TaskListController(Controller):
         self._polled = False  # a task list was read once
         self._notice_shown: str | None = None
         self._seen_states: dict[str, TaskState] | None = None
+        self._picks_since = time.time()  # groups decided before the panel opened: not told
+        self._picks_told: set[str] = set()
         self._cooldown_seen: float | None = None
         # each endpoint's latest event (park, hold, cap) as last notified: one toast each
         self._endpoint_events: dict[str, tuple[str | None, float | None]] | None = None
@@ -102,6 +105,14 @@ class TaskListController(Controller):
             notices = fleet.check_settings(repos)
             if notices:
                 screen.post_message(SettingsChecked(notices))
+            # best of N: a group decided (auto_pick) since the panel opened
+            try:
+                picks = [p for p in fleet.best_picks_since(self._picks_since)
+                         if p.group_id not in self._picks_told]
+            except Exception:  # the store's trouble is the list's to say; next poll
+                picks = []
+            if picks:
+                screen.post_message(BestPicked(picks))
         finally:
             self._poll_lock.release()
 
@@ -113,6 +124,20 @@ class TaskListController(Controller):
             self.screen.notify(notice.message, title=notice.title,
                                severity="error" if error else "information",
                                timeout=15 if error else 5)
+
+    def best_picked(self, message: BestPicked) -> None:
+        """One toast per group of copies decided on its own (auto_pick): the winner and
+        why, or that none passed."""
+        for pick in message.picks:
+            if pick.group_id in self._picks_told:
+                continue
+            self._picks_told.add(pick.group_id)
+            if pick.task_id is None:
+                self.screen.notify(pick.reason, title="Best of N: none passed",
+                                   severity="warning", timeout=15, markup=False)
+            else:
+                self.screen.notify(pick.reason, title=f"{pick.task_id} picked as the best",
+                                   timeout=15, markup=False)
 
     def poll_failed(self, message: PollFailed) -> None:
         """The list cannot be read: say why where the list is, keep what was read last

@@ -1,10 +1,12 @@
 """Landing many branches (issue 12): the compare view of a task's copies and the merge queue.
 
-- `CompareScreen` (`c`): the copies of one prompt side by side (state, verdict, turns,
-  tokens, +/-, files touched, the last test gate, whether each merges cleanly now), and
-  below them the highlighted copy's diff: moving the cursor is the one key to another copy's
-  diff. `p` picks the highlighted copy (the main screen asks once, then lands it through the
-  merge queue and discards its siblings), `enter` goes to it in the task list.
+- `CompareScreen` (`c`): the copies of one prompt ranked by evidence (best of N: the best
+  marked ★, the test command's and the named checks' results, +/-, files touched, whether
+  each merges cleanly now, state, verdict, turns, tokens), the highlighted copy's reason for
+  its place on one line, and below them its diff: moving the cursor is the one key to
+  another copy's diff. `p` picks the highlighted copy, `b` the best (the main screen asks
+  once, then lands it through the merge queue and discards its siblings), `enter` goes to
+  it in the task list.
 - `QueueScreen` (`Q`): the merge queue in landing order, what each task is at (waiting,
   updating, testing, merging, fixing, stopped) and why; read again every half second by a
   loader the main screen gives it (a thread: the store), so it follows the queue runner.
@@ -28,6 +30,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 from textual.worker import Worker
 
+from fleet_tui.core.stream import one_line
 from fleet_tui.ui.formatting import PreparedDiff, human_tokens
 from fleet_tui.ui.messages import report_failure
 from fleet_tui.ui.screens import DIALOG_CSS
@@ -53,6 +56,11 @@ class CopyRow:
     merges: str = ""
     clean: bool | None = None
     diff: PreparedDiff | None = None
+    place: int | None = None  # its rank (None: not ranked yet)
+    best: bool = False
+    reason: str = ""  # why it stands there, one line
+    tests: str = "-"  # the test command's result: passed, FAILED, - (none)
+    checks: str = "-"  # the named checks passed, "2/3"
 
 
 class CompareScreen(ModalScreen[tuple[str, str] | None]):
@@ -63,10 +71,11 @@ class CompareScreen(ModalScreen[tuple[str, str] | None]):
 
     BINDINGS = [
         Binding("p", "pick", "Pick this copy", id="compare.pick"),
+        Binding("b", "pick_best", "Pick the best", id="compare.pick_best"),
         Binding("escape,q", "close", "Close", id="compare.close"),
     ]
-    COLUMNS = ("#", "id", "merges cleanly", "gate", "+/-", "files", "state", "verdict",
-               "turns", "tokens")
+    COLUMNS = ("rank", "id", "tests", "checks", "+/-", "files", "merges cleanly", "state",
+               "verdict", "turns", "tokens")
 
     def __init__(self, title: str, rows: list[CopyRow], current: str) -> None:
         super().__init__(classes="modal")
@@ -80,21 +89,24 @@ class CompareScreen(ModalScreen[tuple[str, str] | None]):
             table: DataTable[Text] = DataTable(id="copies", cursor_type="row",
                                                zebra_stripes=True)
             yield table
+            yield Label("", id="compare-why", markup=False)
             yield Label("", id="compare-files", markup=False)
             yield DiffView(id="compare-diff")
             yield Label("↑ ↓: another copy and its diff    p: pick it (land it, discard "
-                        "the others)    enter: go to it    esc: close", classes="dialog-hint",
-                        markup=False)
+                        "the others)    b: pick the best    enter: go to it    esc: close",
+                        classes="dialog-hint", markup=False)
 
     def on_mount(self) -> None:
         table = self.query_one("#copies", DataTable)
         table.add_columns(*self.COLUMNS)
         for n, row in enumerate(self.rows, 1):
             clean = "✔ " if row.clean else ("✗ " if row.clean is False else "")
+            place = f"★{row.place}" if row.best else str(row.place or n)
             table.add_row(
-                Text(str(n)), Text(row.task_id), Text(clean + row.merges, overflow="ellipsis"),
-                Text(row.gate), Text(f"+{row.added} -{row.deleted}"),
-                Text(str(len(row.files))), Text(row.state), Text(row.verdict or "-"),
+                Text(place, style="bold" if row.best else ""), Text(row.task_id),
+                Text(row.tests), Text(row.checks), Text(f"+{row.added} -{row.deleted}"),
+                Text(str(len(row.files))), Text(clean + row.merges, overflow="ellipsis"),
+                Text(row.state), Text(row.verdict or "-"),
                 Text(str(row.turns)), Text(human_tokens(row.tokens)), key=row.task_id)
         index = next((i for i, r in enumerate(self.rows) if r.task_id == self._current), 0)
         table.move_cursor(row=index)
@@ -117,6 +129,10 @@ class CompareScreen(ModalScreen[tuple[str, str] | None]):
         row = self.rows[index]
         files = ", ".join(row.files) if row.files else "no changes"
         self.query_one("#compare-files", Label).update(f"{row.task_id}: {files}")
+        mark = "★ best: " if row.best else f"#{row.place}: " if row.place else ""
+        self.query_one("#compare-why", Label).update(
+            Text(one_line(f"{mark}{row.reason}", 200) if row.reason else "",
+                 overflow="ellipsis", no_wrap=True))
         view = self.query_one("#compare-diff", DiffView)
         if not view.composed:
             self.call_after_refresh(self._show, index)
@@ -136,6 +152,16 @@ class CompareScreen(ModalScreen[tuple[str, str] | None]):
         row = self.highlighted
         if row is not None:
             self.dismiss(("pick", row.task_id))
+
+    def action_pick_best(self) -> None:
+        """The best copy (the first of those tied); said, and nothing done, when none
+        passes."""
+        best = next((r for r in self.rows if r.best), None)
+        if best is None:
+            self.notify("No copy passes (each one's reason is under the table); nothing to "
+                        "pick.", title="Best of N", severity="warning", markup=False)
+            return
+        self.dismiss(("pick", best.task_id))
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -251,11 +251,20 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
                                           ("any free host", ANY_HOST)], id="host",
                                          allow_blank=False, value=v.host or self._hosts[0])
             with Horizontal(classes="dialog-buttons"):
+                # on a small terminal the last fields are below the fold: said here, in
+                # the buttons' row (a row of its own would take a line from the fields)
+                yield Label("", id="more-below", classes="dialog-hint", markup=False)
                 yield Button(keyed("Launch", "ctrl+s"), id="launch", variant="primary")
                 yield Button(keyed("Clear", "ctrl+l"), id="clear")
                 yield Button(keyed("Close", "esc"), id="cancel")
 
     def on_mount(self) -> None:
+        fields = self.query_one("#launch-fields", VerticalScroll)
+        for name in ("scroll_y", "virtual_size", "size"):
+            self.watch(fields, name, self._say_more_below, init=False)
+        self.call_after_refresh(self._say_more_below)
+        # and now and then: a layout can settle without any of those changing
+        self.set_interval(0.5, self._say_more_below)
         self._fresh = self._typed()
         if self._restored is not None:
             self._fill(self._restored)
@@ -264,6 +273,19 @@ class LaunchScreen(ModalScreen[LaunchRequest | None]):
             # focus set before the form is laid out scrolled it on a small terminal
             self.set_focus(prompt, scroll_visible=False)
             prompt.move_cursor(prompt.document.end)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._say_more_below)
+
+    def _say_more_below(self, *_: object) -> None:
+        """"↓ more below" while a field is out of view under the fold (a blank line under
+        the last one is no field)."""
+        fields = self.query_one("#launch-fields", VerticalScroll)
+        bottom = fields.content_region.bottom
+        below = any(w.region.bottom > bottom for w in fields.query("Input, Select, TextArea")
+                    if w.display and w.region.height)
+        self.query_one("#more-below", Label).update(
+            "↓ more below (scroll, tab)" if below else "")
 
     # --- the draft -----------------------------------------------------------------------
     def _typed(self) -> FormDraft:

@@ -50,6 +50,7 @@ from fleet_tui.ui.controllers.task_list import TaskListController
 from fleet_tui.ui.external import run_external
 from fleet_tui.ui.messages import (
     ActionDone,
+    BestPicked,
     DiffLoaded,
     EngineReady,
     PollFailed,
@@ -274,6 +275,9 @@ class MainScreen(PanelScreen):
 
     def on_settings_checked(self, message: SettingsChecked) -> None:
         self.task_list.settings_checked(message)
+
+    def on_best_picked(self, message: BestPicked) -> None:
+        self.task_list.best_picked(message)
 
     def on_tasks_submitted(self, message: TasksSubmitted) -> None:
         self.task_list.tasks_submitted(message)

@@ -25,6 +25,7 @@ from textual.strip import Strip
 from fleet_tui.core.states import STATES, Phase, TaskState
 from fleet_tui.ui.formatting import (
     change_label,
+    clean,
     human_cost,
     human_duration,
     human_tokens,
@@ -56,6 +57,10 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
 # Below this width the model, turns and last-tool columns give way to the title.
 NARROW_WIDTH = 110
 NARROW_HIDDEN = frozenset({"model", "turns", "tool"})
+# Below this width, with the cost column shown, the tokens column gives way too (at 80
+# columns a title had 16 characters; the header still counts the tokens, Σ)
+TIGHT_WIDTH = 100
+TIGHT_WIDTHS = {"elapsed": 6, "lines": 8}  # there: "59m59s"; "+1234 -5…" cut
 
 
 SORTS: dict[str, str] = {  # the list's orders (S cycles them), and how they are named
@@ -227,7 +232,8 @@ class TaskTable(ScrollView, can_focus=True):
 
     def get_row(self, task_id: str) -> list[Text]:
         """The cells of a task's row as they are painted (tests, copy)."""
-        keep = [i for i, c in enumerate(COLUMNS) if c in self._columns()]
+        shown = {key for key, _, _ in self._columns()}
+        keep = [i for i, c in enumerate(COLUMNS) if c[0] in shown]
         cells = self._row(self._tasks[task_id], task_id in self._marked, self._now)
         return [cells[i] for i in keep]
 
@@ -404,7 +410,14 @@ class TaskTable(ScrollView, can_focus=True):
             hidden.add("host")
         if self.size.width and self.size.width < NARROW_WIDTH:
             hidden |= NARROW_HIDDEN
-        return [c for c in COLUMNS if c[0] not in hidden]
+        tight = self._tight()
+        if tight:
+            hidden.add("tokens")  # the title goes first: the cost says more than tokens
+        return [(key, label, TIGHT_WIDTHS.get(key, width) if tight else width)
+                for key, label, width in COLUMNS if key not in hidden]
+
+    def _tight(self) -> bool:
+        return bool(self.size.width) and self.size.width < TIGHT_WIDTH and self.shows_cost
 
     def _widths(self) -> tuple[int, int]:
         columns = self._columns()
@@ -419,10 +432,12 @@ class TaskTable(ScrollView, can_focus=True):
     def _layout(self) -> list[tuple[int, str, str, int]]:
         """(index in COLUMNS, key, label, width) of the columns that fit."""
         title_w, tool_w = self._widths()
+        shown = {key: width for key, _, width in self._columns()}
         out = []
-        for index, (key, label, width) in enumerate(COLUMNS):
-            if (key, label, width) not in self._columns():
+        for index, (key, label, _) in enumerate(COLUMNS):
+            if key not in shown:
                 continue
+            width = shown[key]
             if key == "title":
                 width = title_w
             elif key == "tool":
@@ -442,7 +457,7 @@ class TaskTable(ScrollView, can_focus=True):
         landing = landing_label(task)
         if landing is not None:
             title.append(f"{landing[0]} ", style=self._style(landing[1]))
-        title.append(task.short_title)
+        title.append(clean(task.short_title))
         lines = Text(no_wrap=True)
         if task.added_lines or task.deleted_lines:
             lines.append(f"+{task.added_lines}", style=self._style("add"))
