@@ -138,17 +138,18 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
 
 
 def make(endpoint: Any, claude: str, cluster: Any, node_dir: Path, *, host_lines: str = "",
-         **overrides: Any) -> Fleet:
+         caged: bool = False, **overrides: Any) -> Fleet:
     """An engine whose config.toml names the cluster as the host `cluster` (its jobs
     pinned to the second node); the gateway on: the cluster gets tokens, never the key.
-    `host_lines`: more of the host's table."""
+    `host_lines`: more of the host's table. Its workers run uncaged (the host's cage =
+    "off") unless `caged`."""
     config = config_file_path(os.environ)
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(
         f'[hosts.cluster]\nray = "{cluster.address}"\n'
         f"resources = {{ {NODE_RESOURCE} = 1 }}\nmax_workers = 2\n"
         f'data_dir = "{node_dir}"\npython = "{sys.executable}"\nclaude = "{claude}"\n'
-        + host_lines)
+        + ("" if caged else 'cage = "off"\n') + host_lines)
     values: dict[str, Any] = {
         "base_url": endpoint.url, "claude": claude, "sandbox": os.geteuid() == 0,
         "key_sources": "env", "backoff_base": 0.2, "backoff_cap": 1.0, "kill_grace": 2.0,
@@ -785,7 +786,8 @@ def test_tasks_started_by_short_lived_processes_are_submitted_once(
         f'sandbox = {"true" if os.geteuid() == 0 else "false"}\nkey_sources = ["env"]\n'
         "max_workers = 8\nmax_attempts = 1\ngateway = true\nkill_grace = 2.0\n"
         f'[hosts.cluster]\nray = "{ray_cluster.address}"\nmax_workers = {RACE_CAP}\n'
-        f'data_dir = "{node_dir}"\npython = "{sys.executable}"\nclaude = "{claude_bin}"\n')
+        f'data_dir = "{node_dir}"\npython = "{sys.executable}"\nclaude = "{claude_bin}"\n'
+        'cage = "off"\n')
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0",
                FLEET_WORKER_GATEWAY="1",

@@ -695,8 +695,8 @@ def _cage_of(fleet: Fleet, task: Task, attempts: list[Attempt]
         return "worker (an OS sandbox: its worktree, no home, its endpoint and allowed " \
                "hosts only)", log.blocked()
     if task.host != "local":
-        return (f"off (uncaged: workers on host {task.host} are not caged yet; the cage is "
-                "this machine's)"), []
+        return (f"off (uncaged: the worker ran on host {task.host} as its user, with that "
+                "user's files and network: cage = \"off\" for it)"), []
     return "off (uncaged: the worker ran as you, with your files and network)", []
 
 

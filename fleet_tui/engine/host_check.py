@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fleet_tui import CLAUDE_CODE_VERSION
+from fleet_tui.execution import remote_cage
 from fleet_tui.settings.hosts import HostConfig
 
 MIN_PYTHON = (3, 10)
@@ -121,7 +122,8 @@ def _plain(line: str) -> str:
 
 def install(host: HostConfig, where: str | None = None, *, limit: float | None = None,
             every: float | None = None, progress: Callable[[float, str], None] | None = None,
-            env: Mapping[str, str] | None = None, ssh: str = "ssh") -> Installed:
+            env: Mapping[str, str] | None = None, ssh: str = "ssh",
+            script: str | None = None) -> Installed:
     """The pinned claude installed with npm on the host (`install_script`), stopped after
     `limit` seconds (there too: `timeout` around npm), `progress(elapsed, last line)`
     called every `every` seconds meanwhile."""
@@ -129,7 +131,7 @@ def install(host: HostConfig, where: str | None = None, *, limit: float | None =
     every = PROGRESS_EVERY if every is None else every
     script = ('t=""; command -v timeout >/dev/null 2>&1 && '
               f't="timeout -k 10 {max(1, int(limit))}"; '
-              + install_script(where).replace("npm install", "$t npm install", 1))
+              + (script or install_script(where)).replace("npm install", "$t npm install", 1))
     argv = ["sh", "-s"] if host.is_local else [*ssh_argv(host, ssh), "sh -s"]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -217,6 +219,24 @@ def _npm_errors(host: HostConfig, lines: list[str], *, env: Mapping[str, str] | 
     return (from_log + errors)[-20:]
 
 
+def srt_lacking(values: Mapping[str, str]) -> bool:
+    """The probe says the host lacks srt (which `--yes` installs beside its claude)."""
+    return any(m.startswith("srt ") for m in remote_cage.lacks(dict(values)))
+
+
+SRT_WHAT = f"the cage's sandbox runtime ({remote_cage.SRT_PACKAGE})"
+
+
+def srt_install_script() -> str:
+    return remote_cage.install_script(HOST_DATA_DIR)
+
+
+def srt_record_script(srt: str | None = None) -> str:
+    """The ssh host's record of its srt (`srt`: a path there; None: the one installed)."""
+    return remote_cage.record_script(HOST_DATA_DIR,
+                                     srt or remote_cage.installed_path(HOST_DATA_DIR))
+
+
 def claude_record() -> str:
     """The file on an ssh host naming the claude `host check` found or installed there
     (the host's runners run that one: execution/hostclaude.py reads it)."""
@@ -230,7 +250,8 @@ def record_script(claude: str) -> str:
             f"{_shell_path(claude)} > {_shell_path(claude_record())}\n")
 
 
-def probe_script(claude: tuple[str, ...] = (), python: str = "python3") -> str:
+def probe_script(claude: tuple[str, ...] = (), python: str = "python3",
+                 cage: str | None = HOST_DATA_DIR, srt: str | None = None) -> str:
     """What the checks read, one key=value a line (each found or empty). `claude`: where
     to look for it first (this machine: the settings' and the demo's copy), else (a
     host) the one its record names, then its data dir's copy; then `claude` on PATH:
@@ -256,6 +277,7 @@ def probe_script(claude: tuple[str, ...] = (), python: str = "python3") -> str:
         'echo "npm=$(command -v npm 2>/dev/null)"',
         'echo "disk_kb=$(df -Pk "$HOME" 2>/dev/null | awk \'NR==2 {print $4}\')"',
         'echo "time=$(date +%s)"',
+        remote_cage.probe_lines(cage, srt) if cage else "",  # what the cage needs there
         "",
     ])
 
@@ -302,7 +324,8 @@ def check_host(host: HostConfig, *, env: Mapping[str, str] | None = None,
     An unreachable host is one failed check: the others need it. `claude`: where its
     claude is looked for first (probe_script)."""
     started = time.time()
-    ran = run_on(host, probe_script(claude), env=env, ssh=ssh)
+    ran = run_on(host, probe_script(claude, cage=None if host.is_local else HOST_DATA_DIR),
+                 env=env, ssh=ssh)
     ended = time.time() if now is None else now
     values = _values(ran.stdout)
     where = "this machine" if host.is_local else host.target
@@ -320,6 +343,7 @@ def check_host(host: HostConfig, *, env: Mapping[str, str] | None = None,
     checks.append(_claude(values, install_to, "here" if host.is_local else "there"))
     checks.append(_disk(values.get("disk_kb", "")))
     checks.append(_skew(values.get("time", ""), started, ended))
+    checks.append(Check("cage", *remote_cage.check_host(host, values)))
     return checks, values
 
 
@@ -488,7 +512,8 @@ def _probe_ray(host: HostConfig, env: Mapping[str, str] | None) -> list[Check]:
 
     assert host.ray is not None
     python = host.python or "python3"
-    script = probe_script((host.claude or "claude",), python=python)
+    script = probe_script((host.claude or "claude",), python=python,
+                          cage=host.data_dir or "/var/tmp/fleet-tui-ray", srt=host.srt)
     try:
         status, text, node = probe_job(host.ray, script, resources=host.resources,
                                        env=os.environ if env is None else env)
@@ -512,4 +537,5 @@ def _probe_ray(host: HostConfig, env: Mapping[str, str] | None) -> list[Check]:
                       f"install Claude Code {CLAUDE_CODE_VERSION} on the nodes ({CLAUDE_PACKAGE} "
                       f"with npm) and set claude in [hosts.{host.name}] to its path there")
     checks.append(found)
+    checks.append(Check("cage", *remote_cage.check_host(host, values)))
     return checks

@@ -11,6 +11,7 @@ from fleet_tui.core import titles
 from fleet_tui.core.durations import check_seconds
 from fleet_tui.core.errors import FleetTuiError, InvalidSpec
 from fleet_tui.engine.context import Part
+from fleet_tui.execution import remote_cage
 from fleet_tui.settings.config import PERMISSION_MODES, ConfigError
 from fleet_tui.settings.config_core import check_length
 from fleet_tui.store.db import MAX_COPIES, Task, TaskSpec
@@ -96,8 +97,11 @@ class Submissions(Part):
         from fleet_tui.settings.hosts import ANY, LOCAL
 
         settings = repo_cfg.apply(self.settings.for_endpoint(endpoint))
-        if host not in (LOCAL, ANY):  # its workers run uncaged (the cage is this machine's)
-            settings = dataclasses.replace(settings, cage="off")
+        if host not in (LOCAL, ANY):  # caged there only where its last `host check` said so
+            why = remote_cage.refusal(self.supervisor.host_of_name(host), settings.cage)
+            if why is not None:
+                raise InvalidSpec(why)
+            settings = dataclasses.replace(settings, cage="off")  # this machine's cage: n/a
         try:  # what the host's claude would refuse (root, the cage: the local host's)
             self.supervisor.host_of_name(host).check_setup(
                 settings, self.env, args=spec.extra_args, permission_mode=spec.permission_mode)

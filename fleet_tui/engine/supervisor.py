@@ -35,6 +35,7 @@ from fleet_tui.core.errors import FleetError, FleetTuiError
 from fleet_tui.core.states import ACTIVE_STATES, StopReason, TaskState, Verdict
 from fleet_tui.core.stream import one_line
 from fleet_tui.engine.gateway_link import GatewayLink
+from fleet_tui.execution import remote_cage
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Host, NotStarted, Placement, Run, RunnerState
 from fleet_tui.execution.hosts import Hosts
@@ -313,8 +314,8 @@ class Supervisor:
         port = self.store.assign_port(attempt.id, host.free_port)
         resume = task.session_id if attempt.kind in ("resume", "followup") else None
         overrides = self._settings_overrides(task)
-        if host.name != LOCAL:  # the cage is built for this machine only (yet): uncaged there
-            overrides["cage"] = "off"
+        if host.name != LOCAL:  # the host's own cage setting ("off": uncaged there)
+            overrides["cage"] = remote_cage.mode_for(host, overrides["cage"])
         # the endpoint's key variables, then (gateway on) the token in their place
         runner_env = self._endpoint_env(task, host.runner_env())
         token = self._through_gateway(host, task, attempt, overrides, runner_env)

@@ -66,7 +66,7 @@ def build_host(config: HostConfig, *, env: Mapping[str, str], python: str) -> Ho
             "fleet-tui") from None
     # the host's own python and claude are its own (python3 and claude on its PATH)
     host: Host = module.SshHost(name=config.name, target=config.ssh, port=config.port,
-                                env=env, key_on_host=config.key_on_host)
+                                env=env, key_on_host=config.key_on_host, cage=config.cage)
     return host
 
 
@@ -82,7 +82,7 @@ def _ray_host(config: HostConfig, *, env: Mapping[str, str]) -> Host:
             "(--host local)")
     module = importlib.import_module(RAY_MODULE)
     options: dict[str, object] = {}
-    for key in ("data_dir", "python", "claude", "key_env", "gateway_host"):
+    for key in ("data_dir", "python", "claude", "key_env", "gateway_host", "cage", "srt"):
         if getattr(config, key) is not None:
             options[key] = getattr(config, key)
     host: Host = module.RayHost(name=config.name, address=config.ray, env=env,

@@ -45,9 +45,9 @@ LOCAL = "local"
 ANY = "any"
 TABLE = "hosts"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
-FIELDS = ("ssh", "port", "max_workers", "key_on_host")
+FIELDS = ("ssh", "port", "max_workers", "key_on_host", "cage")
 RAY_FIELDS = ("ray", "resources", "max_workers", "data_dir", "python", "claude", "key_env",
-              "gateway_host")
+              "gateway_host", "cage", "srt")
 # what ssh takes as a destination: no option (a leading '-'), no space or control character
 _TARGET_RE = re.compile(r"[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]{0,252}")
 
@@ -69,6 +69,10 @@ class HostConfig:
     claude: str | None = None
     key_env: str | None = None
     gateway_host: str | None = None
+    # "off": the host's workers run uncaged (None: as the task's settings say); `srt`: a
+    # Ray host's srt on its nodes (its package folder or an npm prefix holding it)
+    cage: str | None = None
+    srt: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -194,7 +198,16 @@ def host_from_table(name: str, table: object, where: str, default_cap: int) -> H
     if not isinstance(key_on_host, bool):
         raise ConfigError(f"{where}: key_on_host: expected true or false, got "
                           f"{key_on_host!r}", key="key_on_host")
-    return HostConfig(name, cap, dest, port, key_on_host)
+    return HostConfig(name, cap, dest, port, key_on_host, cage=_cage(table, where))
+
+
+def _cage(table: dict[str, object], where: str) -> str | None:
+    value = table.get("cage")
+    if value is not None and value not in ("worker", "off"):
+        raise ConfigError(f"{where}: cage: expected \"worker\" (its workers in the cage, as "
+                          f"the tasks' settings say) or \"off\" (uncaged), got {value!r}",
+                          key="cage")
+    return value if isinstance(value, str) else None
 
 
 def parse_ray_address(raw: object, where: str = "host") -> str:
@@ -241,7 +254,7 @@ def ray_host_from_table(name: str, table: dict[str, object], where: str,
     address = parse_ray_address(table["ray"], where)
     resources = parse_resources(table["resources"], where) if "resources" in table else None
     texts: dict[str, str | None] = {}
-    for key in ("data_dir", "python", "claude", "key_env", "gateway_host"):
+    for key in ("data_dir", "python", "claude", "key_env", "gateway_host", "srt"):
         value = table.get(key)
         if value is not None and (not isinstance(value, str) or not value.strip()
                                   or any(c in value for c in "\n\r\x00")):
@@ -259,7 +272,8 @@ def ray_host_from_table(name: str, table: dict[str, object], where: str,
     return HostConfig(name, cap, ray=address, resources=resources,
                       data_dir=texts["data_dir"], python=texts["python"],
                       claude=texts["claude"], key_env=texts["key_env"],
-                      gateway_host=texts["gateway_host"])
+                      gateway_host=texts["gateway_host"], cage=_cage(table, where),
+                      srt=texts["srt"])
 
 
 def read_hosts(config_file: str, settings: object) -> tuple[HostConfig, ...]:

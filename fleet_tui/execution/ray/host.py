@@ -786,9 +786,12 @@ class RayHost(RemoteHost):
                  data_dir: str = DEFAULT_DATA_DIR, claude: str | None = None,
                  key_env: str | None = None, key_variable: str = HANDED_KEY,
                  gateway_host: str | None = None, num_cpus: float | None = None,
-                 lease: float = LEASE) -> None:
+                 lease: float = LEASE, cage: str | None = None, srt: str | None = None
+                 ) -> None:
         self.name = name
         self.address = address
+        self.cage = cage  # "off": its workers run uncaged (the host's setting)
+        self.srt = srt  # the nodes' srt (None: each node finds its own: execution/hostcage.py)
         self.env = env
         self.resources = dict(resources or {})
         self.python = python  # the node's python (3.11 or newer)
@@ -1140,7 +1143,7 @@ class RayHost(RemoteHost):
                  "key_variable": self.key_variable, "pin": pin,
                  "bundle": "thin" if have else "whole", "bundle_sent": sent,
                  "data_dir": self.data_dir, "released": self.book.released(),
-                 "claude_version": fleet_tui.CLAUDE_CODE_VERSION,
+                 "claude_version": fleet_tui.CLAUDE_CODE_VERSION, "srt": self.srt,
                  "restore": restore is not None}
         return RayStaged(self, placement, spec, staging, order, restore)
 

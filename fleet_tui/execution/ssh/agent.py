@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 from fleet_tui.core.states import StopReason
-from fleet_tui.execution import hostclaude
+from fleet_tui.execution import hostcage, hostclaude
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
@@ -70,9 +70,10 @@ if TYPE_CHECKING:
 RUNNER_MODULE = "fleet_tui.execution.local.runner"
 EX_LOCKED = 75
 EX_NO_CLAUDE = 3  # the host has no claude (said in the answer: where it was looked for)
+EX_NO_CAGE = 4  # a caged attempt, and the host cannot cage (said in the answer: what it lacks)
 # the folder's files a runner appends to (mirrored by offset) and those it writes whole
 APPENDED = ("events.jsonl", "stderr.log", "runner.log", "setup.log", "input.jsonl")
-WHOLE = ("runner.json", "kill.json")
+WHOLE = ("runner.json", "kill.json", "cage.json")  # cage.json: the attempt ran caged
 EXIT = "exit.json"  # sent last, once the runner is gone and every appended byte is out
 FOLLOW_POLL = 0.02  # seconds between two looks at the folder without inotify
 INOTIFY_IDLE = 0.1  # with inotify: a look this often even when nothing changed (the lock)
@@ -145,6 +146,10 @@ def cmd_stage(folder: AttemptLog) -> int:
             return EX_NO_CLAUDE
         settings["claude"] = claude
         found = {"claude": claude, "claude_version": hostclaude.version(claude, data_dir)}
+        why = hostcage.into_spec(spec, data_dir)  # the host's own srt, for a caged attempt
+        if why:
+            _answer({"error": why, "no_cage": True})
+            return EX_NO_CAGE
     folder.clear_run_records()
     folder.write_spec(spec)
     for path in (folder.events, folder.runner_log):
