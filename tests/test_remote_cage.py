@@ -95,7 +95,7 @@ def _config(text: str) -> None:
     path.write_text(text)
 
 
-def test_a_caged_task_for_a_host_never_checked_or_that_cannot_cage_is_refused_before_anything_exists(
+def test_a_caged_task_for_a_host_unchecked_or_that_cannot_cage_is_refused_before_anything_exists(
         git_repo: Path) -> None:
     _config('[hosts.box]\nssh = "box.invalid"\n')
     env = dict(os.environ, ANTHROPIC_AUTH_TOKEN="sk-remote-cage-refusal-1")

@@ -97,16 +97,17 @@ class Submissions(Part):
         from fleet_tui.settings.hosts import ANY, LOCAL
 
         settings = repo_cfg.apply(self.settings.for_endpoint(endpoint))
+        uncageable = None
         if host not in (LOCAL, ANY):  # caged there only where its last `host check` said so
-            why = remote_cage.refusal(self.supervisor.host_of_name(host), settings.cage)
-            if why is not None:
-                raise InvalidSpec(why)
+            uncageable = remote_cage.refusal(self.supervisor.host_of_name(host), settings.cage)
             settings = dataclasses.replace(settings, cage="off")  # this machine's cage: n/a
         try:  # what the host's claude would refuse (root, the cage: the local host's)
             self.supervisor.host_of_name(host).check_setup(
                 settings, self.env, args=spec.extra_args, permission_mode=spec.permission_mode)
         except FleetTuiError as exc:
             raise InvalidSpec(str(exc)) from None
+        if uncageable is not None:
+            raise InvalidSpec(uncageable)
         model = (spec.model or "main").strip()
         if not model:
             raise InvalidSpec("the model is empty; use main, small or a model name")

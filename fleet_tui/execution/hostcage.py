@@ -83,4 +83,18 @@ def into_spec(spec: dict[str, object], data_dir: str, given: str | None = None,
     return ""
 
 
-__all__ = ["INSTALLED", "RECORD", "find", "into_spec", "ready"]
+def runner_env(spec_text: str, env: dict[str, str]) -> dict[str, str]:
+    """The runner's environment given the srt its staged spec names (the launcher checks
+    the cage with the runner's own environment before claude starts)."""
+    import json
+
+    try:
+        named = json.loads(spec_text).get("env", {}).get(cage.SRT_ENV)
+    except (ValueError, AttributeError):
+        named = None
+    if isinstance(named, str) and named:
+        env[cage.SRT_ENV] = named
+    return env
+
+
+__all__ = ["INSTALLED", "RECORD", "find", "into_spec", "ready", "runner_env"]

@@ -195,15 +195,16 @@ def recorded(name: str) -> dict[str, Any] | None:
 
 
 def mode_for(host: object, mode: str) -> str:
-    """The cage an attempt on `host` gets: off where the host's settings say so, else the
-    task's (its settings and repository's)."""
-    return "off" if getattr(host, "cage", None) == "off" else mode
+    """The cage an attempt on `host` gets: off where the host's settings say so (or for a
+    kind of host that has no cage setting: it cannot be caged), else the task's (its
+    settings and repository's)."""
+    return "off" if not hasattr(host, "cage") or getattr(host, "cage") == "off" else mode
 
 
 def refusal(host: object, mode: str) -> str | None:
     """Why a task with cage `mode` cannot go to `host` (one line), None when it can: the
     host's last `host check` said it can cage, or its workers run uncaged by the settings."""
-    if mode_for(host, mode) != "worker":
+    if not hasattr(host, "cage") or mode_for(host, mode) != "worker":
         return None
     name = str(getattr(host, "name", "?"))
     last = recorded(name)
