@@ -71,7 +71,8 @@ def into_spec(spec: dict[str, object], data_dir: str, given: str | None = None,
     which the runner's cage reads); '' when the spec is not caged or it is done, else why
     this host cannot cage it (one line)."""
     settings = spec.get("settings")
-    if not isinstance(settings, dict) or settings.get("cage") != "worker":
+    # no cage named: the runner's default, the cage
+    if not isinstance(settings, dict) or settings.get("cage", "worker") != "worker":
         return ""
     srt, problems = ready(data_dir, given, env)
     if problems or srt is None:
