@@ -98,7 +98,8 @@ def _config(text: str) -> None:
 def test_a_caged_task_for_a_host_unchecked_or_that_cannot_cage_is_refused_before_anything_exists(
         git_repo: Path) -> None:
     _config('[hosts.box]\nssh = "box.invalid"\n')
-    env = dict(os.environ, ANTHROPIC_AUTH_TOKEN="sk-remote-cage-refusal-1")
+    env = dict(os.environ, ANTHROPIC_AUTH_TOKEN="sk-remote-cage-refusal-1",
+               FLEET_WORKER_GATEWAY="1")  # the key stays here: a host needs the gateway
     out = fleet_tui(git_repo, "run", "hello", "--host", "box", env=env)
     assert_one_clear_line(out, 2, "host box has not been checked for the cage",
                           "`fleet-tui host check box --yes`", 'cage = "off" in [hosts.box]')
@@ -119,7 +120,7 @@ def test_a_caged_task_for_a_host_unchecked_or_that_cannot_cage_is_refused_before
     from fleet_tui.store.db import Store
     from fleet_tui.system import paths
 
-    on = dict(env, FLEET_WORKER_GATEWAY="1")  # the key stays here: the host needs the gateway
+    on = env
     for config, run_env in (('[hosts.box]\nssh = "box.invalid"\ncage = "off"\n', on),
                             ('[hosts.box]\nssh = "box.invalid"\n',
                              dict(on, FLEET_WORKER_CAGE="off"))):

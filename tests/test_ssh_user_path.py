@@ -274,11 +274,10 @@ def test_a_caged_worker_on_the_host_reaches_nothing_of_its_user(
     (wrapper / "ssh").chmod(0o755)
     config = tmp_path / "config.toml"
     config.write_text(f'base_url = "{endpoint.url}"\nkey_sources = ["env"]\n'
-                      f"max_attempts = 1\nkill_grace = 2\n")
+                      f"sandbox = true\nmax_attempts = 1\nkill_grace = 2\n")
     env = dict(os.environ, PATH=f"{wrapper}{os.pathsep}{os.environ['PATH']}",
                FLEET_TUI_CONFIG=str(config), FLEET_WORKER_GATEWAY="1",
                ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
-    env.pop("FLEET_WORKER_SANDBOX", None)  # caged: root needs no opt-in there either
     env.pop(cage.SRT_ENV, None)
     assert _cli(env, git_repo, "host", "add", "box", ALIAS).returncode == 0
     checked = _cli(env, git_repo, "host", "check", "box", "--yes", timeout=900)
