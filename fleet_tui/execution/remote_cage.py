@@ -198,7 +198,7 @@ def mode_for(host: object, mode: str) -> str:
     """The cage an attempt on `host` gets: off where the host's settings say so (or for a
     kind of host that has no cage setting: it cannot be caged), else the task's (its
     settings and repository's)."""
-    return "off" if not hasattr(host, "cage") or getattr(host, "cage") == "off" else mode
+    return "off" if getattr(host, "cage", "off") == "off" else mode
 
 
 def refusal(host: object, mode: str) -> str | None:
