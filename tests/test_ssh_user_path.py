@@ -299,7 +299,7 @@ def test_a_caged_worker_on_the_host_reaches_nothing_of_its_user(
         assert "cage:      worker" in shown and "blocked:" in shown, shown
         assert "⊘ blocked: read ~/.ssh/id_ed25519" in shown, shown
         assert "[uncaged]" not in _cli(env, git_repo, "ls").stdout
-        merged = _cli(env, git_repo, "merge", task["id"])
+        merged = _cli(env, git_repo, "merge", task["id"], "--yes")
         assert merged.returncode == 0, merged.stdout + merged.stderr
         assert _git(git_repo, "show", "main:caged.txt") == "caged\n"
         assert "made in the cage" in _git(git_repo, "log", "--format=%s", "main")

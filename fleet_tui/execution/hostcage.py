@@ -77,10 +77,10 @@ def into_spec(spec: dict[str, object], data_dir: str, given: str | None = None,
     srt, problems = ready(data_dir, given, env)
     if problems or srt is None:
         return "the cage cannot run there: it lacks " + "; ".join(problems)
-    env = spec.get("env")
-    if not isinstance(env, dict):
-        env = spec["env"] = {}
-    env[cage.SRT_ENV] = srt
+    named = spec.get("env")
+    if not isinstance(named, dict):
+        named = spec["env"] = {}
+    named[cage.SRT_ENV] = srt
     return ""
 
 
