@@ -57,9 +57,10 @@ BENCHMARKS: dict[str, str] = {
     "ray": "13. Ray host",
     "gatewayblows": "14. Gateway under blows",
     "rank": "15. Best of N",
+    "cage": "16. The cage",
 }
 ORDER = ["parser", "launch", "diff", "engine", "endpoint", "gateway", "slots", "startup",
-         "panel", "memory", "serve", "ssh", "ray", "gatewayblows", "rank"]
+         "panel", "memory", "serve", "ssh", "ray", "gatewayblows", "rank", "cage"]
 HERE = Path(__file__).resolve().parent
 
 

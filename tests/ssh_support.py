@@ -155,6 +155,42 @@ def npm_registry_files(claude: str, into: Path) -> dict[str, bytes]:
     return files
 
 
+def npm_srt_files(srt: str, into: Path) -> dict[str, bytes]:
+    """A registry's files for the pinned srt (the cage's sandbox runtime) and the packages
+    it depends on, each packed with `npm pack` from the copy the tests installed (`srt`:
+    its package folder, in a node_modules holding its dependencies). Made once per run."""
+    modules = Path(srt).resolve().parents[1]
+    if modules.name != "node_modules":
+        modules = modules.parent
+    into.mkdir(parents=True, exist_ok=True)
+    files: dict[str, bytes] = {}
+    folders = [p for p in modules.iterdir() if not p.name.startswith((".", "@"))]
+    folders += [q for p in modules.iterdir() if p.name.startswith("@") for q in p.iterdir()]
+    for folder in folders:
+        if not (folder / "package.json").is_file():
+            continue
+        manifest = json.loads((folder / "package.json").read_text())
+        name, version = manifest["name"], manifest["version"]
+        tarball = into / f"{name.replace('/', '-').lstrip('@')}-{version}.tgz"
+        if not tarball.exists():
+            subprocess.run(["npm", "pack", "--silent", "--ignore-scripts",
+                            "--pack-destination", str(into), str(folder)], check=True,
+                           capture_output=True, timeout=600)
+            assert tarball.exists(), sorted(p.name for p in into.iterdir())
+        body = tarball.read_bytes()
+        data = json.loads(subprocess.run(["tar", "-xzOf", str(tarball), "package/package.json"],
+                                         capture_output=True, check=True).stdout)
+        data["dist"] = {"tarball": f"/tarballs/{tarball.name}",
+                        "integrity": "sha512-" + base64.b64encode(
+                            hashlib.sha512(body).digest()).decode(),
+                        "shasum": hashlib.sha1(body).hexdigest()}
+        data["_id"] = f"{name}@{version}"
+        files[f"/tarballs/{tarball.name}"] = body
+        files["/" + name] = json.dumps({"name": name, "dist-tags": {"latest": version},
+                                        "versions": {version: data}}).encode()
+    return files
+
+
 @contextlib.contextmanager
 def npm_registry(files: Mapping[str, bytes]) -> Iterator[str]:
     """`files` served on 127.0.0.1 as an npm registry (tarball paths made absolute)."""
@@ -167,7 +203,7 @@ def npm_registry(files: Mapping[str, bytes]) -> Iterator[str]:
                 self.send_header("content-length", "0")
                 self.end_headers()
                 return
-            if path.startswith("/@"):
+            if not path.endswith(".tgz"):  # a manifest: its tarball's address made whole
                 base = f"http://127.0.0.1:{self.server.server_address[1]}"
                 body = body.replace(b'"tarball": "/', f'"tarball": "{base}/'.encode())
             self.send_response(200)
@@ -210,10 +246,11 @@ def ssh_host(server: sshd.Sshd, env: Mapping[str, str], *, name: str = "box",
     """The same-machine shortcut's host (see same_machine_claude). The suite's workers go
     straight to their endpoint (FLEET_WORKER_GATEWAY=0, as the older tests were written),
     which a host allows only when it keeps the key (`--key-on-host`): a test through the
-    gateway says ``key_on_host=False``."""
+    gateway says ``key_on_host=False``. Its workers run uncaged (the host's cage = "off"):
+    the caged path is tests/test_ssh_user_path.py's."""
     return SshHost(name=name, target=server.alias, env=env, python=HOST_PYTHON,
                    ssh_config=server.client_config, lease=lease, key_on_host=key_on_host,
-                   claude=same_machine_claude())
+                   claude=same_machine_claude(), cage="off")
 
 
 def host_config(server: sshd.Sshd, *, name: str = "box", lease: float = 60.0,
@@ -222,7 +259,7 @@ def host_config(server: sshd.Sshd, *, name: str = "box", lease: float = 60.0,
     (tests/engine_child.py); `claude`: the host's (the same-machine shortcut's default)."""
     return {"name": name, "target": server.alias, "ssh_config": str(server.client_config),
             "python": HOST_PYTHON, "lease": lease, "key_on_host": True,
-            "claude": claude or same_machine_claude()}
+            "claude": claude or same_machine_claude(), "cage": "off"}
 
 
 def master(server: sshd.Sshd) -> Connection:

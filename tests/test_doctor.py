@@ -70,7 +70,7 @@ def test_json_reports_every_check(setup: Path, key: str) -> None:
     report = as_json(result)
     checks = by_check(report)
     assert list(checks) == ["settings", "claude", "key", "config_dir", "root", "tool_env",
-                            "host_login", "platform", "git", "fleet_work_ignored",
+                            "cage", "host_login", "platform", "git", "fleet_work_ignored",
                             "git_identity"]
     assert all(set(row) == {"check", "status", "detail"} for row in report["data"])
     assert all(row["status"] == "ok" for row in report["data"]), report
@@ -131,6 +131,10 @@ def test_missing_claude_or_key_exit_5(setup: Path, tmp_path: Path,
 def test_root_with_bypass_and_no_opt_in_fails(setup: Path, key: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FLEET_WORKER_SANDBOX", raising=False)
+    # caged (the default), root needs no opt-in: the cage is the sandbox
+    caged = by_check(as_json(run_doctor("--json", cwd=setup)))
+    assert caged["root"]["status"] == "ok" and "caged" in caged["root"]["detail"]
+    monkeypatch.setenv("FLEET_WORKER_CAGE", "off")
     result = run_doctor("--json", cwd=setup)
     assert result.returncode == 2
     assert "FLEET_WORKER_SANDBOX=1" in by_check(as_json(result))["root"]["detail"]
@@ -146,6 +150,9 @@ def test_non_root_with_bypass_needs_no_opt_in(key: str) -> None:
         user.env.update(FLEET_WORKER_CLAUDE=str(standin_claude.install(user.root / "bin")),
                         FLEET_WORKER_CONFIG_DIR=str(user.root / "cfg"))
         user.env.pop("FLEET_WORKER_SANDBOX", None)
+        # bubblewrap refuses to start with the capabilities this stand-in user inherits
+        # (to read the checkout), so its cage cannot be checked here: test_cage.py does
+        user.env["FLEET_WORKER_CAGE"] = "off"
         user.own()
         result = user.run(_doctor_cmd("--json"), cwd=repo, timeout=TIMEOUT)
     assert result.returncode == 0, result.stdout + result.stderr

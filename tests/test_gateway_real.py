@@ -170,9 +170,9 @@ def test_a_worker_finds_the_key_in_no_process_of_the_machine(git_repo: Path,
     # the pattern is put together in a file, so no command line of the worker holds the key
     scan = {"real_turns": True, "turns": [
         [{"type": "tool_use", "name": "Bash", "input": {
-            "command": f"printf '%s%s' '{key[:half]}' '{key[half:]}' > ../pattern; "
-                       "grep -l -a -F -f ../pattern /proc/[0-9]*/environ /proc/[0-9]*/cmdline "
-                       "2>/dev/null > ../found.txt; ls /proc | grep -c '^[0-9]' > ../seen.txt;"
+            "command": f"printf '%s%s' '{key[:half]}' '{key[half:]}' > pattern; "
+                       "grep -l -a -F -f pattern /proc/[0-9]*/environ /proc/[0-9]*/cmdline "
+                       "2>/dev/null > found.txt; ls /proc | grep -c '^[0-9]' > seen.txt;"
                        " true",
             "description": "look for the key in every process"}}],
         "done"]}
@@ -191,8 +191,9 @@ def test_a_worker_finds_the_key_in_no_process_of_the_machine(git_repo: Path,
         finally:
             control.stop(fleet.env)
     assert done.worktree is not None
-    assert int((done.worktree.parent / "seen.txt").read_text()) > 3  # it could look
-    assert (done.worktree.parent / "found.txt").read_text() == ""
+    # (in the worktree: the cage lets a worker write nowhere else of the host's)
+    assert int((done.worktree / "seen.txt").read_text()) > 2  # it could look
+    assert (done.worktree / "found.txt").read_text() == ""
 
 
 def test_a_key_set_between_two_tasks_reaches_the_endpoint_without_a_stop(

@@ -57,6 +57,7 @@ def test_a_host_added_while_an_engine_runs_is_followed_never_failed(
                    ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0",
                    FLEET_WORKER_BASE_URL=endpoint.url, FLEET_WORKER_CLAUDE=claude_bin,
                    FLEET_WORKER_KEY_SOURCES="env",
+                   FLEET_WORKER_CAGE="off",  # uncaged: the caged host is test_ssh_user_path's
                    FLEET_WORKER_SANDBOX="1" if os.geteuid() == 0 else "0")
         # engine A: running before the host exists (its settings read without it)
         engine_a = Fleet(load_settings(env=env), Store(paths.db_path(env)), env=env)

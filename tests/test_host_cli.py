@@ -109,7 +109,7 @@ def test_check_local_runs_every_check_here(tmp_path: Path, claude_bin: str) -> N
     data = json.loads(out.stdout)
     checks = {c["check"]: c for c in data["checks"]}
     assert list(checks) == ["reachable", "python", "git", "claude", "disk", "clock",
-                            "contain"]
+                            "contain", "cage"]
     for name in ("reachable", "python", "git", "claude", "clock", "contain"):
         assert checks[name]["ok"], checks[name]
     from fleet_tui import CLAUDE_CODE_VERSION

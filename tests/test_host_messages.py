@@ -117,7 +117,7 @@ def test_rays_client_lines_go_to_the_log_file_not_the_terminal() -> None:
     assert oct(paths.log_file().stat().st_mode & 0o777) == "0o600"
 
 
-def _stage(host: object, tmp_path: Path, n: int) -> None:
+def _stage(host: object, tmp_path: Path, n: int, cage: str = "off") -> None:
     from fleet_tui.execution.host import Placement
     from fleet_tui.execution.spec import RunSpec
 
@@ -128,7 +128,8 @@ def _stage(host: object, tmp_path: Path, n: int) -> None:
                           base_commit="", base_branch=None,
                           config_dir=Path(f"{root}/config/t{n}"), attempt_dir=adir)
     spec = RunSpec(cwd=f"{root}/work/t{n}", prompt="p", config_dir=f"{root}/config/t{n}",
-                   settings={"claude": "/this/machine/only/claude", "config_dir": "/here"},
+                   settings={"claude": "/this/machine/only/claude", "config_dir": "/here",
+                             "cage": cage},
                    task_id=f"t{n}", attempt=1)
     host.stage(placement, spec).abandon()  # type: ignore[attr-defined]
 
@@ -166,5 +167,12 @@ def test_the_hosts_claude_missing_or_of_another_version_is_said_in_one_line(
         spec = json.loads(server.ssh(f"cat {other.root}/attempts/t2/1/spec.json"))
         assert spec["settings"]["claude"] == claude_newest_bin
         assert "config_dir" not in spec["settings"]  # this machine's path, never sent
+        # caged, on a host without srt: refused at the start in one line, with the fix
+        with pytest.raises(FleetError) as uncageable:
+            _stage(other, tmp_path, 4, cage="worker")
+        said = str(uncageable.value)
+        assert said.startswith("host box: the cage cannot run there: it lacks srt ("), said
+        assert "\n" not in said and 'or set cage = "off" in [hosts.box]' in said, said
+        assert server.ssh(f"ls {other.root}/attempts/t4/1/spec.json", check=False) == ""
     finally:
         other.close()

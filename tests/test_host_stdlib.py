@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
-from fleet_tui.execution import hostclaude
+from fleet_tui.execution import hostcage, hostclaude
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Placement
+from fleet_tui.execution.local import cage
 from fleet_tui.execution.ray import job
 from fleet_tui.execution.ray.host import RayHost
 from fleet_tui.execution.spec import RunSpec
@@ -74,11 +75,15 @@ def host_env(tmp_path: Path, path: str) -> dict[str, str]:
             "FLEET_WORKER_KEY_SOURCES": "env"}
 
 
-def a_spec(tmp_path: Path, url: str, claude: str | None) -> RunSpec:
+def a_spec(tmp_path: Path, url: str, claude: str | None, cage_mode: str | None = None
+           ) -> RunSpec:
+    """An attempt's spec; `cage_mode` None: the runner's default (the cage)."""
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     settings: dict[str, object] = {"base_url": url, "sandbox": os.geteuid() == 0,
                                    "key_sources": ["env"]}
+    if cage_mode is not None:
+        settings["cage"] = cage_mode
     if claude is not None:
         settings["claude"] = claude
     return RunSpec(cwd=str(work), prompt="write it", config_dir=str(tmp_path / "cfg"),
@@ -106,7 +111,8 @@ def test_the_runner_says_claude_is_missing_without_a_traceback(package: Path,
     through platformdirs: ModuleNotFoundError on the distribution's python3."""
     adir = tmp_path / "attempt"
     adir.mkdir()
-    (adir / "spec.json").write_text(a_spec(tmp_path, "http://127.0.0.1:9", "claude").to_json())
+    (adir / "spec.json").write_text(a_spec(tmp_path, "http://127.0.0.1:9", "claude",
+                                           "off").to_json())
     done = subprocess.run(isolated(package, RUNNER, str(adir)), capture_output=True,
                           text=True, env=dict(host_env(tmp_path, BARE_PATH),
                                               ANTHROPIC_AUTH_TOKEN=KEY), timeout=60)
@@ -122,14 +128,25 @@ def test_the_runner_runs_claude_on_the_standard_library(package: Path, tmp_path:
     adir = tmp_path / "attempt"
     adir.mkdir()
     (adir / "spec.json").write_text(a_spec(tmp_path, endpoint.url, claude_bin).to_json())
+    # caged (the default): the cage's own code runs on the standard library too
     done = subprocess.run(isolated(package, RUNNER, str(adir)), capture_output=True,
                           text=True, env=dict(host_env(tmp_path, BARE_PATH),
-                                              ANTHROPIC_AUTH_TOKEN=KEY), timeout=120)
+                                              ANTHROPIC_AUTH_TOKEN=KEY,
+                                              FLEET_WORKER_SRT=host_srt()), timeout=120)
     no_traceback(done.stdout, done.stderr)
     record = json.loads((adir / "exit.json").read_text())
     assert record["exit_code"] == 0, record
+    assert (adir / "cage.json").exists()
     assert b"wrote host.txt" in (adir / "events.jsonl").read_bytes()
     assert (tmp_path / "work" / "host.txt").read_text() == "host\n"
+
+
+def host_srt() -> str:
+    """The srt the tests installed, as a host's (scripts/test puts it in .srt/)."""
+    found = cage.find_srt(os.environ)
+    if found is None:
+        pytest.fail("no srt here (scripts/test installs it into .srt/)")
+    return found
 
 
 def agent(package: Path, env: dict[str, str], *args: str,
@@ -144,9 +161,11 @@ def test_the_agent_finds_the_hosts_claude_and_runs_it(package: Path, tmp_path: P
                                                      claude_bin: str,
                                                      endpoint: ScriptedEndpoint) -> None:
     """The agent stages and spawns with -I -S; its runner starts without the site module
-    too. The controller names no claude: the host's own is found on the host's PATH."""
+    too. The controller names no claude: the host's own is found on the host's PATH; nor
+    srt: the host's own is the one `host check` recorded there, and its worker is caged."""
     data = tmp_path / "data"
     data.mkdir()
+    (data / hostcage.RECORD).write_text(host_srt() + "\n")
     folder = AttemptLog(data / "attempts" / "t1" / "1")
     env = host_env(tmp_path, f"{Path(claude_bin).parent}:{BARE_PATH}")
     spec = a_spec(tmp_path, endpoint.url, None)
@@ -169,6 +188,7 @@ def test_the_agent_finds_the_hosts_claude_and_runs_it(package: Path, tmp_path: P
     no_traceback(folder.runner_log.read_text())
     assert record["exit_code"] == 0, record
     assert b"wrote host.txt" in folder.events.read_bytes()
+    assert (folder.dir / "cage.json").exists()
 
 
 def test_a_host_without_claude_says_so_in_one_line(package: Path, tmp_path: Path) -> None:
@@ -204,7 +224,7 @@ def _ray_job(package: Path, tmp_path: Path, git_repo: Path, url: str,
     the staging folder the controller ships), with the node's PATH `path`."""
     node = tmp_path / "node"
     host = RayHost(name="c", address="http://127.0.0.1:1", env=dict(os.environ),
-                   data_dir=str(node))
+                   data_dir=str(node), srt=host_srt())
     base = subprocess.run(["git", "-C", str(git_repo), "rev-parse", "HEAD"],
                           capture_output=True, text=True, check=True).stdout.strip()
     adir = tmp_path / "here" / "attempt"
@@ -244,6 +264,7 @@ def test_the_ray_jobs_entrypoint_runs_on_the_standard_library(
     folder = AttemptLog(f"{node}/attempts/t1/1")
     assert json.loads(folder.exit_path.read_text())["exit_code"] == 0
     assert b"wrote host.txt" in folder.events.read_bytes()
+    assert (folder.dir / "cage.json").exists()  # caged, with the srt the host's settings name
     no_traceback(folder.runner_log.read_text())
 
 

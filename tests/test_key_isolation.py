@@ -32,9 +32,9 @@ NEWEST = ROOT / ".claude-cli-newest" / "node_modules" / ".bin" / "claude"
 
 # The worker's Bash step: the key variable as the tool sees it, the tool's whole
 # environment, and every environment of every process it can see (/proc/*/environ).
-LOOK = ('echo "${ANTHROPIC_AUTH_TOKEN:-empty}" > t.txt; env > ../tool-env.txt; '
+LOOK = ('echo "${ANTHROPIC_AUTH_TOKEN:-empty}" > t.txt; env > tool-env.txt; '
         'for p in /proc/[0-9]*; do tr "\\0" "\\n" < "$p/environ"; done '
-        '> ../proc-env.txt 2>/dev/null; ls /proc | grep -c "^[0-9]" > ../proc-count.txt; '
+        '> proc-env.txt 2>/dev/null; ls /proc | grep -c "^[0-9]" > proc-count.txt; '
         'true')
 SCRIPTS: dict[str, Any] = {
     "default": [[{"type": "tool_use", "name": "Bash",
@@ -90,7 +90,7 @@ def assert_key_nowhere(env: dict[str, str], repo: Path, task: dict[str, Any], ke
                        worktree: Path) -> None:
     """Neither in what the tool saw nor in anything fleet-tui shows or keeps."""
     assert (worktree / "t.txt").read_text().strip() == "empty"
-    assert key not in (worktree.parent / "tool-env.txt").read_text()
+    assert key not in (worktree / "tool-env.txt").read_text()
     shown = [fleet_tui(env, repo, *args).stdout for args in (
         ("logs", task["id"], "--raw"), ("logs", task["id"]), ("diff", task["id"]),
         ("show", task["id"], "--json"))]
@@ -109,7 +109,7 @@ def test_the_tools_a_worker_runs_never_see_the_key(claude: str, key: str,
     task, worktree = run_task(env, git_repo)
     assert_key_nowhere(env, git_repo, task, key, worktree)
     # no process the tool could see had the key in its environment: not claude's either
-    assert key not in (worktree.parent / "proc-env.txt").read_text(errors="replace")
+    assert key not in (worktree / "proc-env.txt").read_text(errors="replace")
     messages = [r for r in endpoint.requests if r.path.startswith("/v1/messages")]
     assert len(messages) == 2 and all(r.has_auth for r in messages)
 
@@ -121,7 +121,7 @@ def test_with_key_helper_off_the_tools_see_it(claude: str, key: str,
     without the handoff): the key is in claude's environment, so in the tool's. Set in
     config.toml, it reaches the runner too."""
     config = tmp_path / "config.toml"
-    config.write_text("key_helper = false\n")
+    config.write_text('key_helper = false\ncage = "off"\n')  # caged, the key is piped anyway
     env = dict(base_env(endpoint, claude, key), FLEET_TUI_CONFIG=str(config))
     _task, worktree = run_task(env, git_repo)
     assert (worktree / "t.txt").read_text().strip() == key
@@ -146,9 +146,10 @@ def test_scrub_tool_env_runs_the_tools_without_the_key_in_their_own_pid_namespac
                FLEET_WORKER_KEY_HELPER=key_helper)
     task, worktree = run_task(env, git_repo)  # the worker still finishes ok
     assert_key_nowhere(env, git_repo, task, key, worktree)
-    assert key not in (worktree.parent / "proc-env.txt").read_text(errors="replace")
-    # the tool sees only its own sandbox's processes, not claude, the runner or the host's
-    assert int((worktree.parent / "proc-count.txt").read_text()) < 10
+    assert key not in (worktree / "proc-env.txt").read_text(errors="replace")
+    # the tool sees only its own sandbox's processes (the worker's cage: its init, its
+    # network bridges, claude and the tool's own), not the runner's or the host's
+    assert int((worktree / "proc-count.txt").read_text()) < 20
     events = fleet_tui(env, git_repo, "logs", task["id"], "--raw").stdout
     assert '"permission_denials":[]' in events.replace(" ", "")
 
@@ -168,6 +169,6 @@ def test_fleet_worker_hands_the_real_claude_the_key_through_the_pipe(
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["result"] == "looked"
     assert (work / "t.txt").read_text().strip() == "empty"
-    assert key not in (work.parent / "proc-env.txt").read_text(errors="replace")
+    assert key not in (work / "proc-env.txt").read_text(errors="replace")
     assert key not in out.stdout + out.stderr
     assert not list((tmp_path / "cfg").glob(".key-*.fifo"))  # the pipe is gone

@@ -313,7 +313,7 @@ def test_root_without_sandbox_opt_in_is_refused(settings: Settings,
     import dataclasses
 
     monkeypatch.setattr(launcher, "current_euid", lambda: 0)
-    no_opt_in = dataclasses.replace(settings, sandbox=False)
+    no_opt_in = dataclasses.replace(settings, sandbox=False, cage="off")  # uncaged
     for args in (["hi"], ["--dangerously-skip-permissions", "hi"]):
         mode = None if args == ["hi"] else "acceptEdits"
         with pytest.raises(UsageError, match="FLEET_WORKER_SANDBOX=1") as info:

@@ -78,8 +78,8 @@ def test_the_key_copied_by_a_worker_is_marked_and_never_merged(
         # a worker that has the key: with key_helper on, neither claude's environment nor
         # its runner's holds it any more (the runner gets it through --env-fd), and the
         # engine here has none in its own; key_helper off puts it in claude's environment,
-        # as in the finding
-        "key_helper": False})
+        # as in the finding; uncaged, since a caged worker always gets it through the pipe
+        "key_helper": False, "cage": "off"})
     env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
     fleet = Fleet(settings, Store(paths.db_path()), env=env)
     (task,) = fleet.submit(TaskSpec(prompt="[script:leak] copy it", repo=git_repo))

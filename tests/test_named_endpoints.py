@@ -341,9 +341,9 @@ def test_doctor_lists_each_named_endpoint_and_its_key(tmp_path: Path) -> None:
 # --- the real claude: one panel, two providers ---------------------------------------------
 
 # the tool's environment, and the argv of every process it can see (the runner's, claude's)
-LOOK = ('echo done > a.txt; env > ../tool-env-$FLEET_TASK_ID.txt; '
+LOOK = ('echo done > a.txt; env > tool-env-$FLEET_TASK_ID.txt; '
         'for p in /proc/[0-9]*; do tr "\\0" " " < "$p/cmdline"; echo; done '
-        '> ../argv-$FLEET_TASK_ID.txt 2>/dev/null; true')
+        '> argv-$FLEET_TASK_ID.txt 2>/dev/null; true')
 SCRIPT: dict[str, Any] = {"default": [[{"type": "tool_use", "name": "Bash",
                                         "input": {"command": LOOK, "description": "look"}}],
                                       "looked"]}
@@ -407,11 +407,11 @@ def _two_endpoints(env: dict[str, str], git_repo: Path, zai_ep: ScriptedEndpoint
     # the key_env endpoint's key: in no argv the worker could see (the runner's, claude's),
     # not in the worker's environment, no spec, attempt file, config dir or store (the
     # variable given is in the engine's own environment: the user's choice of source)
-    worktrees = Path(tasks["zai"]["worktree"]).parent
     for task in tasks.values():
-        seen = (worktrees / f"argv-{task['id']}.txt").read_text(errors="replace")
-        assert "fleet_tui" in seen and "claude" in seen  # it did see them
-        tool_env = (worktrees / f"tool-env-{task['id']}.txt").read_text()
+        worktree = Path(task["worktree"])  # (the cage lets a worker write only there)
+        seen = (worktree / f"argv-{task['id']}.txt").read_text(errors="replace")
+        assert "claude" in seen  # it did see them (in its cage: claude and its own tools)
+        tool_env = (worktree / f"tool-env-{task['id']}.txt").read_text()
         for secret in (ZAI_KEY, OTHER_KEY, DEFAULT_KEY):
             assert secret not in seen and secret not in tool_env
         assert "ZAI_TEST_KEY" not in tool_env

@@ -50,6 +50,7 @@ from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine import host_check
 from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.local import cage
 from fleet_tui.execution.ray.config import ray_host as ray_host_config
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import config_file_path, load_settings
@@ -104,6 +105,18 @@ RAY_SCRIPTS["daemon"] = [
     "never reached",
 ]
 
+RAY_SCRIPTS["caged-node"] = [
+    [{"type": "tool_use", "name": "Bash",
+      "input": {"command": "curl -sS -m 20 https://example.com/ || echo refused",
+                "description": "reach a host its settings do not allow"}}],
+    [{"type": "tool_use", "name": "Bash",
+      "input": {"command": "echo caged > caged.txt && git add caged.txt && "
+                           "git commit -q -m 'made in the cage on the node'",
+                "description": "commit"}}],
+    "done in the cage",
+]
+# the nodes' srt: the one the tests installed (the host's `srt` setting names it there)
+SRT = cage.find_srt(os.environ)
 FIGURES: dict[str, Any] = {}
 
 
@@ -138,17 +151,18 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
 
 
 def make(endpoint: Any, claude: str, cluster: Any, node_dir: Path, *, host_lines: str = "",
-         **overrides: Any) -> Fleet:
+         caged: bool = False, **overrides: Any) -> Fleet:
     """An engine whose config.toml names the cluster as the host `cluster` (its jobs
     pinned to the second node); the gateway on: the cluster gets tokens, never the key.
-    `host_lines`: more of the host's table."""
+    `host_lines`: more of the host's table. Its workers run uncaged (the host's cage =
+    "off") unless `caged`."""
     config = config_file_path(os.environ)
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(
         f'[hosts.cluster]\nray = "{cluster.address}"\n'
         f"resources = {{ {NODE_RESOURCE} = 1 }}\nmax_workers = 2\n"
         f'data_dir = "{node_dir}"\npython = "{sys.executable}"\nclaude = "{claude}"\n'
-        + host_lines)
+        + ("" if caged else 'cage = "off"\n') + host_lines)
     values: dict[str, Any] = {
         "base_url": endpoint.url, "claude": claude, "sandbox": os.geteuid() == 0,
         "key_sources": "env", "backoff_base": 0.2, "backoff_cap": 1.0, "kill_grace": 2.0,
@@ -671,18 +685,58 @@ def test_host_check_probe_reads_git_python_and_claude_on_a_node(
     attempt's job is, reads git, python and claude on its node (the host's settings
     name them there); a claude the node does not have is said, with the fix."""
     good = ray_host_config("cluster", 2, ray_cluster.address, resources={NODE_RESOURCE: 1.0},
-                    python=sys.executable, claude=claude_bin)
+                           python=sys.executable, claude=claude_bin, srt=SRT)
     before = len(jobs(ray_cluster))
     checks = {c.name: c for c in host_check.check_host(good, probe=True)[0]}
     assert all(c.ok for c in checks.values()), checks
     assert checks["claude"].found == f"{CLAUDE_CODE_VERSION} at {claude_bin}"
     assert node_of(ray_cluster, NODE_RESOURCE)[:12] in checks["probe"].found
     assert checks["python"].found == ".".join(map(str, sys.version_info[:3]))
+    assert checks["cage"].found.startswith(f"can cage its workers (srt {cage.SRT_VERSION} "
+                                           f"at {SRT}"), checks["cage"]
     missing = replace(good, options=replace(good.options, claude="/nowhere/on/the/nodes/claude"))
     said = {c.name: c for c in host_check.check_host(missing, probe=True)[0]}
     assert not said["claude"].ok and said["claude"].found == "not found", said
     assert "set claude in [hosts.cluster] to its path there" in said["claude"].fix
     assert len(jobs(ray_cluster)) == before + 2  # one job each, nothing else
+
+
+def test_a_caged_worker_on_a_node(git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
+                                  endpoint: ScriptedEndpoint, tmp_path: Path) -> None:
+    """The Ray host's workers are caged as this machine's are, with the srt its settings
+    name on the nodes, once `host check --probe` read that a node can cage (before, a
+    caged task is refused in one line): a connection to a host the settings do not allow
+    is refused and shown as blocked; the worker's commit comes back."""
+    if SRT is None:
+        pytest.fail("no srt here (scripts/test installs it into .srt/)")
+    fleet = make(endpoint, claude_bin, ray_cluster, tmp_path / "node", caged=True,
+                 host_lines=f'srt = "{SRT}"\n')
+    try:
+        with pytest.raises(Exception, match="host cluster has not been checked for the cage"):
+            fleet.submit(TaskSpec(prompt="[script:caged-node] x", repo=git_repo,
+                                  host="cluster"))
+        assert fleet.store.list_tasks() == []
+        checked = {c.name: c for c in host_check.check_ray_host(
+            fleet.settings.host("cluster"), probe=True)}
+        assert checked["cage"].ok, checked
+        (task,) = fleet.submit(TaskSpec(prompt="[script:caged-node] reach out",
+                                        repo=git_repo, host="cluster"))
+        drive(fleet, settled(fleet, task.id), timeout=240)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        (attempt,) = fleet.attempts(task.id)
+        log = fleet.attempt_log(attempt)
+        assert log is not None and log.cage_policy.exists()  # it ran caged on the node
+        blocked = [(b.action, b.target) for b in log.blocked()]
+        assert ("connect", "example.com:443") in blocked, blocked
+        spec = json.loads((tmp_path / "node" / "attempts" / task.id / "1" /
+                           "spec.json").read_text())
+        assert spec["settings"]["cage"] == "worker" and spec["env"][cage.SRT_ENV] == SRT
+        tip = json.loads(Path(attempt.dir or "", "branch.json").read_text())["tip"]
+        assert tip and tip != task.base_commit
+    finally:
+        control.stop(fleet.env)
+        ray_host(fleet).close()
 
 
 def _get(url: str) -> str:
@@ -785,7 +839,8 @@ def test_tasks_started_by_short_lived_processes_are_submitted_once(
         f'sandbox = {"true" if os.geteuid() == 0 else "false"}\nkey_sources = ["env"]\n'
         "max_workers = 8\nmax_attempts = 1\ngateway = true\nkill_grace = 2.0\n"
         f'[hosts.cluster]\nray = "{ray_cluster.address}"\nmax_workers = {RACE_CAP}\n'
-        f'data_dir = "{node_dir}"\npython = "{sys.executable}"\nclaude = "{claude_bin}"\n')
+        f'data_dir = "{node_dir}"\npython = "{sys.executable}"\nclaude = "{claude_bin}"\n'
+        'cage = "off"\n')
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0",
                FLEET_WORKER_GATEWAY="1",

@@ -163,9 +163,16 @@ def capture_wrapper(folder: Path, real: str, captures: Path) -> Path:
     return wrapper
 
 
+# The harness's claude is a wrapper that tees the stream into the test's captures folder,
+# outside any worktree: a caged worker may not write there, so these workers run uncaged
+# (the cage is tested in test_cage.py).
+UNCAGED = "off"
+
+
 def settings_for(url: str, claude: str, max_workers: int) -> dict[str, Any]:
     return {"base_url": url, "claude": claude, "sandbox": os.geteuid() == 0,
-            "key_sources": "env", "kill_grace": 2.0, "max_workers": max_workers}
+            "key_sources": "env", "kill_grace": 2.0, "max_workers": max_workers,
+            "cage": UNCAGED}
 
 
 def engine_env() -> dict[str, str]:
@@ -428,6 +435,7 @@ def cli(env: dict[str, str], cwd: Path, out: Path, *args: str) -> int:
 def cli_env(url: str, claude: str, max_workers: int) -> dict[str, str]:
     return dict(engine_env(), FLEET_WORKER_BASE_URL=url, FLEET_WORKER_CLAUDE=claude,
                 FLEET_WORKER_KEY_SOURCES="env", FLEET_WORKER_KILL_GRACE="2",
+                FLEET_WORKER_CAGE=UNCAGED,
                 FLEET_WORKER_MAX_WORKERS=str(max_workers), TERM="xterm-256color",
                 PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
 

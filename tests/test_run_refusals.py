@@ -103,6 +103,7 @@ def test_root_without_the_sandbox_opt_in_is_refused_before_anything_exists(
         git_repo: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("FLEET_WORKER_SANDBOX", raising=False)
+    monkeypatch.setenv("FLEET_WORKER_CAGE", "off")  # uncaged: a caged worker is sandboxed
     monkeypatch.setenv("FLEET_WORKER_CLAUDE", sys.executable)  # found; never started
     monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "sk-refusal-test-123456")
     if os.geteuid() == 0:  # what CI sees: the real entry point as the real root
@@ -157,6 +158,7 @@ def test_scrub_tool_env_without_bubblewrap_is_refused_before_anything_exists(
                               check=True).stdout.strip()
     (bin_dir / "git").symlink_to(git_path)
     env = dict(os.environ, PATH=str(bin_dir), FLEET_WORKER_SCRUB_TOOL_ENV="1",
+               FLEET_WORKER_CAGE="off",  # scrub_tool_env is an uncaged worker's
                FLEET_WORKER_CLAUDE=sys.executable, ANTHROPIC_AUTH_TOKEN="sk-refusal-987654")
     out = fleet_tui(git_repo, "run", "hello", env=env)
     assert_one_clear_line(out, 2, "scrub_tool_env", "bwrap and socat", "apt-get install "
@@ -192,6 +194,7 @@ def test_scrub_tool_env_off_linux_is_refused_with_the_reason_before_anything_exi
         (tools / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("FLEET_WORKER_SCRUB_TOOL_ENV", "1")
+    monkeypatch.setenv("FLEET_WORKER_CAGE", "off")  # scrub_tool_env is an uncaged worker's
     monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "sk-refusal-mac-1234")
     monkeypatch.setattr(launcher, "SYSTEM", "darwin")
     fleet = Fleet(load_settings())
@@ -277,4 +280,22 @@ def test_a_prompt_file_is_read_only_up_to_its_limit(git_repo: Path, tmp_path: Pa
     assert_one_clear_line(out, 2, str(over), "over 1 MiB")
     out = fleet_tui(git_repo, "run", "-", stdin=b"y" * ((1 << 20) + 10))
     assert_one_clear_line(out, 2, "stdin", "over 1 MiB")
+    assert_nothing_created(git_repo)
+
+
+def test_a_caged_task_where_the_machine_cannot_cage_is_refused_before_anything_exists(
+        git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cage (the default) needs node, srt, bubblewrap, socat and ripgrep: without them
+    `run` refuses in one line saying what to install, or to set cage = "off"."""
+    bin_dir = tmp_path / "bin"  # a PATH with git and nothing the cage needs
+    bin_dir.mkdir()
+    git_path = subprocess.run(["which", "git"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    (bin_dir / "git").symlink_to(git_path)
+    monkeypatch.delenv("FLEET_WORKER_SANDBOX", raising=False)
+    env = dict(os.environ, PATH=str(bin_dir), FLEET_WORKER_SRT=str(tmp_path / "no-srt"),
+               FLEET_WORKER_CLAUDE=sys.executable, ANTHROPIC_AUTH_TOKEN="sk-refusal-cage-42")
+    out = fleet_tui(git_repo, "run", "hello", env=env)
+    assert_one_clear_line(out, 2, "the cage", "node", "srt", "@anthropic-ai/sandbox-runtime",
+                          "apt-get install bubblewrap", 'cage = "off"')
     assert_nothing_created(git_repo)

@@ -73,7 +73,8 @@ def _host_env(tmp_path: Path, git_repo: Path, claude_bin: str, server: sshd.Sshd
         f"#!/bin/sh\nexec /usr/bin/ssh -F {shlex.quote(str(server.client_config))} \"$@\"\n")
     (wrapper / "ssh").chmod(0o755)
     env = dict(os.environ, PATH=f"{wrapper}{os.pathsep}{os.environ['PATH']}",
-               ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
+               ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0",
+               FLEET_WORKER_CAGE="off")  # uncaged: the caged host is test_ssh_user_path's
     added = subprocess.run([sys.executable, "-m", "fleet_tui.cli", "host", "add", "box", ALIAS,
                             "--key-on-host"], cwd=git_repo, env=env, input="",
                            capture_output=True, text=True, timeout=120, check=False)

@@ -116,7 +116,8 @@ def _setup(tmp_path: Path, server: sshd.Sshd, endpoint: ScriptedEndpoint,
         f"#!/bin/sh\nexec /usr/bin/ssh -F {shlex.quote(str(server.client_config))} \"$@\"\n")
     (wrapper / "ssh").chmod(0o755)
     env = dict(os.environ, PATH=f"{wrapper}{os.pathsep}{os.environ['PATH']}",
-               ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
+               ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0",
+               FLEET_WORKER_CAGE="off")  # uncaged: the caged host is test_ssh_user_path's
     values: dict[str, Any] = {
         "base_url": endpoint.url, "claude": claude, "sandbox": os.geteuid() == 0,
         "key_sources": "env", "backoff_base": 0.2, "backoff_cap": 1.0, "kill_grace": 2.0,

@@ -73,6 +73,7 @@ def test_a_task_on_each_host_and_one_here_land_through_the_queue(
         (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {config} \"$@\"\n")
         (bin_dir / "ssh").chmod(0o755)
         env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0",
+                   FLEET_WORKER_CAGE="off",  # uncaged: the caged host: test_ssh_user_path
                    PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
         for name, server in servers.items():
             added = run_cli(env, git_repo, "host", "add", name, server.alias, "--key-on-host")

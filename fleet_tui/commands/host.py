@@ -202,7 +202,34 @@ def _check(args: argparse.Namespace) -> int:
             and values.get("claude_path"):
         # what the host's runners run: the one found here (execution/hostclaude.py)
         host_check.run_on(host, host_check.record_script(values["claude_path"]))
+    if kind.records:  # a host keeping records: its srt too (the local cage has its own)
+        caged, values = _cage_srt(host, checks, values, args, claude, install_to)
+        if caged is None:
+            return EXIT_FAILED
+        checks = caged
     return _report(host, checks, as_json=args.json)
+
+
+def _cage_srt(host: HostConfig, checks: list[Check], values: dict[str, str],
+              args: argparse.Namespace, claude: tuple[str, ...], install_to: str | None
+              ) -> tuple[list[Check] | None, dict[str, str]]:
+    """A host's srt (what its workers' cage runs on): installed with npm into its data
+    dir beside its claude when it lacks it (`--yes`, or asked), and recorded there (the
+    host's runners read the record: execution/hostcage.py). A host whose cage is off
+    passes the `cage` check: nothing installed."""
+    failed_cage = any(c.name == "cage" and not c.ok for c in checks)
+    if failed_cage and host_check.srt_lacking(values) and values.get("npm") \
+            and (args.yes or not args.json):
+        if not args.json:
+            _show(host, checks)
+        if not _install(host, install_to, args.yes, quiet=args.json,
+                        script=host_check.srt_install_script(), what=host_check.SRT_WHAT):
+            return None, values
+        host_check.run_on(host, host_check.srt_record_script())
+        checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
+    if values.get("cage_srt"):  # what the host's runners cage their workers with
+        host_check.run_on(host, host_check.srt_record_script(values["cage_srt"]))
+    return checks, values
 
 
 def _report(host: HostConfig, checks: list[Check], *, as_json: bool) -> int:
@@ -226,32 +253,34 @@ def _show(host: HostConfig, checks: list[Check]) -> None:
 
 
 def _install(host: HostConfig, install_to: str | None, yes: bool, *,
-             quiet: bool = False) -> bool:
-    """The pinned claude installed on the host with npm, after asking (unless `yes`)."""
+             quiet: bool = False, script: str | None = None, what: str = "") -> bool:
+    """The pinned claude (or `what`, by `script`) installed on the host with npm, after
+    asking (unless `yes`)."""
     say = _err if quiet else _out
-    script = host_check.install_script(install_to)
+    given = script
+    script = script or host_check.install_script(install_to)
+    what = what or f"Claude Code {CLAUDE_CODE_VERSION}"
     where = "here" if host.is_local else f"on {host.name}"
     if not yes:
         if not sys.stdin.isatty():
             say(f"not installed (no terminal to ask); `fleet-tui host check {host.name} "
-                 f"--yes` installs Claude Code {CLAUDE_CODE_VERSION} {where}")
+                 f"--yes` installs {what} {where}")
             return False
         try:
-            answer = input(f"Install Claude Code {CLAUDE_CODE_VERSION} {where} with npm? "
-                           "[y/N] ")
+            answer = input(f"Install {what} {where} with npm? [y/N] ")
         except EOFError:
             answer = ""
         if answer.strip().lower() not in ("y", "yes"):
             say("not installed")
             return False
     limit = host_check.INSTALL_LIMIT
-    say(f"installing Claude Code {CLAUDE_CODE_VERSION} {where} with npm (stopped after "
+    say(f"installing {what} {where} with npm (stopped after "
         f"{host_check.minutes(limit)}) ...")
 
     def progress(elapsed: float, last: str) -> None:
         say(f"  still installing ({elapsed:.0f} s)" + (f": {last[:160]}" if last else ""))
 
-    done = host_check.install(host, install_to, limit=limit, progress=progress)
+    done = host_check.install(host, install_to, limit=limit, progress=progress, script=given)
     if not done.ok:
         say(f"npm failed {where}: {done.why}")
         for line in done.errors:

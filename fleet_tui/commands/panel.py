@@ -143,6 +143,7 @@ def _start_demo(args: Options) -> Demo | int:
     claude = demo_mod.ensure_claude()
     if claude is None:
         return 5
+    demo_mod.ensure_cage()  # its workers are caged: srt offered as claude is
     try:
         demo = demo_mod.start_demo(
             claude, root=None if args.new else demo_mod.latest_demo())

@@ -183,6 +183,8 @@ def format_event(ev: stream.Event) -> str | None:
         files = f"; copied {', '.join(ev.copied)}" if ev.copied else ""
         files += f"; skipped {'; '.join(ev.skipped)}" if ev.skipped else ""
         line = f"  {mark:<6} setup exit {ev.exit_code}{took}{files}"
+    elif isinstance(ev, stream.Blocked):
+        line = f"cage     {_one_line(ev.text, 400)}"  # a whole path
     elif isinstance(ev, stream.ToolUse):
         line = f"tool     {ev.summary or ev.name}"
     elif isinstance(ev, stream.ToolResult):
@@ -563,6 +565,7 @@ def cmd_ls(argv: list[str]) -> int:
              f"{'AGE':>4}  " + (f"{'ENDPOINT':<{width}}  " if width else "") + \
              (f"{'HOST':<{hosts}}  " if hosts else "") + "TITLE"
     _out(header)
+    uncaged = _uncaged(fleet, tasks)
     for t in tasks:
         diff = f"+{t.added_lines}/-{t.deleted_lines}"
         where = f"  [{t.repo}]" if repo is None else ""
@@ -572,7 +575,11 @@ def cmd_ls(argv: list[str]) -> int:
         _out(f"{t.id:<6}  {t.state.value:<9}  {policy.verdict_text(t):<15}  {diff:>9}  "
              f"{t.turns:>5}  "
              f"{_tokens(t.input_tokens + t.output_tokens):>7}  {cost}"
-             f"{_age(t.created_at):>4}  {column}{_one_line(t.short_title, 60)}{where}")
+             f"{_age(t.created_at):>4}  {column}"
+             f"{'[uncaged] ' if t.id in uncaged else ''}{_one_line(t.short_title, 60)}{where}")
+    if uncaged:
+        _out(f"[uncaged]: cage = \"off\" ran {', '.join(sorted(uncaged))} as you, with your "
+             "files and network (`fleet-tui show ID` says more)")
     if any(c.unpriced for c in costs.values()):
         _out("* some requests of a model with no price are not in the cost "
              "(`fleet-tui cost` names them)")
@@ -600,11 +607,14 @@ def cmd_show(argv: list[str]) -> int:
     attempts = fleet.attempts(task.id)
     limits = fleet.endpoint_note(task.endpoint)
     metered = fleet.costs([task.id]).get(task.id, Totals())
+    cage, blocked = _cage_of(fleet, task, attempts)
     ranked = fleet.rankings([task]).get(task.id)  # best of N: its place, when ranked
     if args.json:
         _out(json.dumps({**task_json(task, attempts, metered), "endpoint_limits": limits,
-                         "rank": ranked.as_json() if ranked is not None else None},
-                        indent=2))
+                         "rank": ranked.as_json() if ranked is not None else None,
+                         "cage": cage.split(" ", 1)[0],
+                         "blocked": [{"action": b.action, "target": b.target,
+                                      "detail": b.detail} for b in blocked]}, indent=2))
         return EXIT_OK
     waits = fleet.host_waits().get(task.host) if task.state == TaskState.QUEUED else None
     state = policy.state_text(task) + (f" ({waits})" if waits else "")
@@ -621,7 +631,7 @@ def cmd_show(argv: list[str]) -> int:
             *([("cost", _cost_line(fleet, task, metered))] if metered.requests else []),
             ("changes", f"+{task.added_lines} -{task.deleted_lines}"
                         + (f" ({policy.NO_CHANGE})" if policy.no_change(task) else "")),
-            ("last tool", task.last_tool or "-")]
+            ("last tool", task.last_tool or "-"), ("cage", cage)]
     if task.conflicts:
         rows.append(("conflicts", ", ".join(task.conflicts)))
     if task.land_state:
@@ -639,6 +649,11 @@ def cmd_show(argv: list[str]) -> int:
                                  "back)"))
     for name, value in rows:
         _out(f"{name + ':':<10} {value}")
+    if blocked:
+        _out(f"blocked:   the cage refused {len(blocked)} thing"
+             f"{'s' if len(blocked) != 1 else ''} (allow a host with allow_hosts):")
+        for item in blocked:
+            _out(f"  {_one_line(item.text, 200)}")
     _out("prompt:")
     for line in task.prompt.rstrip().splitlines() or [""]:
         _out(f"  {line}")
@@ -656,6 +671,38 @@ def cmd_show(argv: list[str]) -> int:
         if contained is not None:  # how its processes were held (said by its runner)
             _out(f"     processes: {contained}")
     return EXIT_OK
+
+
+def _uncaged(fleet: Fleet, tasks: list[Task]) -> set[str]:
+    """The tasks whose last attempt ran without the cage (no cage.json in its folder)."""
+    out: set[str] = set()
+    for task in tasks:
+        if task.state == TaskState.QUEUED:
+            continue
+        started = [a for a in fleet.attempts(task.id) if a.dir is not None]
+        log = fleet.attempt_log(started[-1]) if started else None
+        if log is not None and log.dir.is_dir() and not log.cage_policy.exists():
+            out.add(task.id)
+    return out
+
+
+def _cage_of(fleet: Fleet, task: Task, attempts: list[Attempt]
+             ) -> tuple[str, list[stream.Blocked]]:
+    """How the task's last attempt ran (caged or not, from its folder) and what its cage
+    refused; before any start, what the settings say now."""
+    started = [a for a in attempts if a.dir is not None]
+    log = fleet.attempt_log(started[-1]) if started else None
+    if log is None:
+        mode = fleet.settings.cage
+        return (f"{mode} (when it starts)" if mode == "worker" else
+                "off (uncaged: the worker will run as you, with your files and network)"), []
+    if log.cage_policy.exists():
+        return "worker (an OS sandbox: its worktree, no home, its endpoint and allowed " \
+               "hosts only)", log.blocked()
+    if task.host != "local":
+        return (f"off (uncaged: the worker ran on host {task.host} as its user, with that "
+                "user's files and network: cage = \"off\" for it)"), []
+    return "off (uncaged: the worker ran as you, with your files and network)", []
 
 
 def _cost_line(fleet: Fleet, task: Task, metered: Totals) -> str:

@@ -13,7 +13,7 @@ import sys
 
 from fleet_tui.core.errors import FleetTuiError
 from fleet_tui.execution.local.launcher import LaunchError, plan_launch
-from fleet_tui.settings.config_core import LaunchSettings, load_launch_settings
+from fleet_tui.settings.config_core import FIELD_NAMES, LaunchSettings, load_launch_settings
 
 PROG = "fleet-worker"
 
@@ -149,6 +149,13 @@ def _err(message: str) -> None:
     sys.stderr.write(f"{PROG}: {message}\n")
 
 
+def _uncaged(settings: LaunchSettings) -> LaunchSettings:
+    if settings.cage == "off":
+        return settings
+    return LaunchSettings({**{name: getattr(settings, name) for name in FIELD_NAMES},
+                           "cage": "off"})
+
+
 def main(argv: list[str]) -> int:
     try:
         dry_run, want_help, endpoint, args = _split_own_options(argv)
@@ -160,6 +167,9 @@ def main(argv: list[str]) -> int:
             settings = load_launch_settings()
         else:
             settings, env = _for_endpoint(endpoint)
+        # fleet-worker runs claude here, as `claude` would run: uncaged (the cage is for
+        # the workers fleet-tui starts), so root needs FLEET_WORKER_SANDBOX=1 as before.
+        settings = _uncaged(settings)
         # The key reaches claude through a one-shot pipe (setting key_helper), so the
         # tools claude runs do not inherit it; dry runs show it without starting it.
         plan = plan_launch(settings, args, base_env=env, prepare=not dry_run,

@@ -170,6 +170,23 @@ class Setup(Event):
 
 
 @dataclass(slots=True, kw_only=True)
+class Blocked(Event):
+    """Something the worker's cage refused (fleet-tui writes these lines,
+    `system/fleet_blocked`): `action` connect, write, read or signal, and its `target`
+    (host:port, a path with the home as ~, a pid)."""
+
+    kind: ClassVar[str] = "blocked"
+    action: str = ""
+    target: str = ""
+    detail: str = ""
+
+    @property
+    def text(self) -> str:
+        """`⊘ blocked: connect pypi.example:443` (untrusted: clean it before showing)."""
+        return f"⊘ blocked: {self.action} {self.target}".rstrip()
+
+
+@dataclass(slots=True, kw_only=True)
 class ApiRetry(Event):
     """One retry the CLI makes by itself after an API error."""
 
@@ -299,6 +316,10 @@ class _System(msgspec.Struct, tag="system", tag_field="type"):
     copied: Any = None
     skipped: Any = None
     seconds: Any = None
+    # fleet_blocked (what the cage refused)
+    action: Any = None
+    target: Any = None
+    detail: Any = None
 
 
 class _Assistant(msgspec.Struct, tag="assistant", tag_field="type"):
@@ -960,6 +981,10 @@ class StreamDecoder:
                              copied=[c for c in copied if isinstance(c, str)],
                              skipped=[c for c in skipped if isinstance(c, str)],
                              seconds=_as_float(obj.seconds)))
+        elif subtype == "fleet_blocked":
+            out.append(Blocked(line_no=line_no, action=_as_str(obj.action) or "",
+                               target=_as_str(obj.target) or "",
+                               detail=_as_str(obj.detail) or ""))
         else:
             if data is None:
                 try:

@@ -393,6 +393,37 @@ def ensure_claude(ask: Callable[[str], str] = input, out: Callable[[str], None] 
     return found
 
 
+def ensure_cage(ask: Callable[[str], str] = input, out: Callable[[str], None] = print,
+                env: Mapping[str, str] | None = None) -> None:
+    """The demo's workers run caged (the default): offer to install the pinned sandbox
+    runtime (srt) with npm where it is the only thing missing, as for claude. Anything
+    else missing (bubblewrap, node) is said; the engine refuses caged tasks saying it too."""
+    from fleet_tui.execution.local.launcher import cage_problems, srt_install_command
+
+    env = os.environ if env is None else env
+    if env.get("FLEET_WORKER_CAGE", "").strip() == "off":
+        return
+    problem = cage_problems(env)
+    if not problem:
+        return
+    command = srt_install_command(env)
+    if "srt (" not in problem or shutil.which("npm", path=env.get("PATH")) is None:
+        out(f"fleet-tui --demo: {problem}")
+        return
+    try:
+        answer = ask(f"The demo's workers run in a cage built on Anthropic's sandbox runtime; "
+                     f"install it with `{' '.join(command)}`? [y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        out("Not installed. To do it by hand:\n  " + " ".join(command)
+            + "\n(or run the demo's workers uncaged: FLEET_WORKER_CAGE=off)")
+        return
+    result = subprocess.run(command, check=False)
+    if result.returncode != 0:
+        out(f"npm failed (exit {result.returncode}); run it by hand:\n  " + " ".join(command))
+
+
 # --- the endpoint, a process of its own -----------------------------------------------------
 
 class DemoEndpointError(FleetTuiError):

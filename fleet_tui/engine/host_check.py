@@ -25,12 +25,16 @@ from fleet_tui.execution.probe import (
     minutes,
     probe_script,
     record_script,
+    srt_install_script,
+    srt_lacking,
+    srt_record_script,
 )
 from fleet_tui.settings import kinds
 
 if TYPE_CHECKING:
     from fleet_tui.settings.hosts import HostConfig
 
+SRT_WHAT = probe.SRT_WHAT  # what `host check --yes` installs for the cage
 INSTALL_LIMIT = probe.INSTALL_LIMIT  # seconds `host check --yes` gives npm
 PROGRESS_EVERY = probe.PROGRESS_EVERY  # seconds between two progress lines of an install
 
@@ -61,15 +65,15 @@ def run_on(host: HostConfig, script: str, *, timeout: float = 60.0,
 
 def install(host: HostConfig, where: str | None = None, *, limit: float | None = None,
             every: float | None = None, progress: Callable[[float, str], None] | None = None,
-            env: Mapping[str, str] | None = None) -> Installed:
-    """The pinned claude installed with npm on the host (execution/probe.py's `install`
-    through the kind's shell)."""
+            env: Mapping[str, str] | None = None, script: str | None = None) -> Installed:
+    """The pinned claude (or what `script` installs) installed with npm on the host
+    (execution/probe.py's `install` through the kind's shell)."""
     argv = checks_of(host).shell(host)
     if argv is None:
         return Installed(False, f"{host.name}: no shell there to install with")
     return probe.install(argv, where, limit=INSTALL_LIMIT if limit is None else limit,
                          every=PROGRESS_EVERY if every is None else every,
-                         progress=progress, env=env, remote=not host.is_local)
+                         progress=progress, env=env, remote=not host.is_local, script=script)
 
 
 def check_host(host: HostConfig, *, env: Mapping[str, str] | None = None,
@@ -83,4 +87,5 @@ def check_host(host: HostConfig, *, env: Mapping[str, str] | None = None,
 
 __all__ = ["CLAUDE_PACKAGE", "Check", "Installed", "Ran", "check_host", "checks_of",
            "claude_dir", "claude_record", "install", "install_script", "minutes",
-           "probe_script", "probing", "record_script", "run_on"]
+           "probe_script", "probing", "record_script", "run_on", "srt_install_script",
+           "srt_lacking", "srt_record_script"]

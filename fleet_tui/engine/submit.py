@@ -3,6 +3,7 @@ before anything is stored), then stored queued, as one task or as copies of one 
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from fleet_tui.core.durations import check_seconds
 from fleet_tui.core.errors import FleetTuiError, InvalidSpec
 from fleet_tui.core.model import MAX_COPIES, Task, TaskSpec
 from fleet_tui.engine.context import Part
+from fleet_tui.execution import remote_cage
 from fleet_tui.settings.config import PERMISSION_MODES, ConfigError
 from fleet_tui.settings.config_core import check_length
 from fleet_tui.vcs import git
@@ -91,20 +93,28 @@ class Submissions(Part):
         except ConfigError as exc:
             raise InvalidSpec(str(exc)) from None
         host = self._host(spec.host)
-        try:  # what the host's claude would refuse (root, bubblewrap: the local host's)
+        repo = git.main_worktree(spec.repo if spec.repo is not None else Path.cwd())
+        try:  # a repository whose settings never read would fail each attempt at its start
+            repo_cfg = self.repo_settings.get(repo)
+        except ConfigError as exc:
+            raise InvalidSpec(f"the repository's settings do not read: {exc}") from None
+        from fleet_tui.settings.hosts import ANY, LOCAL
+
+        settings = repo_cfg.apply(self.settings.for_endpoint(endpoint))
+        uncageable = None
+        if host not in (LOCAL, ANY):  # caged there only where its last `host check` said so
+            uncageable = remote_cage.refusal(self.supervisor.host_of_name(host), settings.cage)
+            settings = dataclasses.replace(settings, cage="off")  # this machine's cage: n/a
+        try:  # what the host's claude would refuse (root, the cage: the local host's)
             self.supervisor.host_of_name(host).check_setup(
-                self.settings.for_endpoint(endpoint), self.env, args=spec.extra_args,
-                permission_mode=spec.permission_mode)
+                settings, self.env, args=spec.extra_args, permission_mode=spec.permission_mode)
         except FleetTuiError as exc:
             raise InvalidSpec(str(exc)) from None
+        if uncageable is not None:
+            raise InvalidSpec(uncageable)
         model = (spec.model or "main").strip()
         if not model:
             raise InvalidSpec("the model is empty; use main, small or a model name")
-        repo = git.main_worktree(spec.repo if spec.repo is not None else Path.cwd())
-        try:  # a repository whose settings never read would fail each attempt at its start
-            self.repo_settings.get(repo)
-        except ConfigError as exc:
-            raise InvalidSpec(f"the repository's settings do not read: {exc}") from None
         base_ref = spec.base_ref.strip() if spec.base_ref else None
         if base is None or base_ref is None:
             base = git.resolve_base(repo, base_ref)

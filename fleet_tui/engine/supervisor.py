@@ -15,6 +15,7 @@ What to run (the model, the time limit) is policy's; where and how is the host's
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -35,12 +36,14 @@ from fleet_tui.core.model import Attempt, Task
 from fleet_tui.core.states import ACTIVE_STATES, StopReason, TaskState, Verdict
 from fleet_tui.core.stream import one_line
 from fleet_tui.engine.gateway_link import GatewayLink
+from fleet_tui.execution import remote_cage
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Host, NotStarted, Placement, Run, RunnerState
 from fleet_tui.execution.hosts import Hosts
 from fleet_tui.execution.spec import RunSpec
 from fleet_tui.settings import endpoints
 from fleet_tui.settings.config import ConfigError, Settings
+from fleet_tui.settings.hosts import LOCAL
 from fleet_tui.settings.repo_settings import RepoSettingsCache
 from fleet_tui.store.db import Store
 from fleet_tui.system import procs
@@ -212,7 +215,8 @@ class Supervisor:
     @staticmethod
     def _settings_overrides(task: Task, s: Settings) -> dict[str, Any]:
         """The launcher's settings for the task's runner (spec.json: never a key): its
-        endpoint's base URL, models and key settings (`s`: Settings.for_endpoint)."""
+        endpoint's base URL, models and key settings (`s`: Settings.for_endpoint, with the
+        repository's settings applied: its cage and hosts)."""
         return {
             "base_url": s.base_url, "model": s.model,
             "small_model": s.small_model, "permission_mode": s.permission_mode,
@@ -220,6 +224,7 @@ class Supervisor:
             "keyring_key": s.keyring_key, "claude": s.claude, "sandbox": s.sandbox,
             "key_sources": list(s.key_sources), "config_dir": str(s.config_dir),
             "key_helper": s.key_helper, "scrub_tool_env": s.scrub_tool_env,
+            "cage": s.cage, "allow_hosts": list(s.allow_hosts),
         }
 
     def _endpoint_env(self, task: Task, env: dict[str, str]) -> dict[str, str]:
@@ -314,7 +319,12 @@ class Supervisor:
         # FLEET_PORT: free on the host now, and held by no other running attempt
         port = self.store.assign_port(attempt.id, host.free_port)
         resume = task.session_id if attempt.kind in ("resume", "followup") else None
-        overrides = self._settings_overrides(task, own)
+        runner_settings = own
+        with contextlib.suppress(ConfigError):  # a bad file fails the start later, saying why
+            runner_settings = self.repo_settings.get(Path(task.repo)).apply(own)
+        overrides = self._settings_overrides(task, runner_settings)
+        if host.name != LOCAL:  # the host's own cage setting ("off": uncaged there)
+            overrides["cage"] = remote_cage.mode_for(host, overrides["cage"])
         # the endpoint's key variables, then (gateway on) the token in their place
         runner_env = self._endpoint_env(task, host.runner_env())
         token = self._through_gateway(host, task, attempt, overrides, runner_env)

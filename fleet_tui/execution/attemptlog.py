@@ -656,6 +656,38 @@ class AttemptLog:
             pass
         return found
 
+    def blocked(self) -> list[stream.Blocked]:
+        """What the worker's cage refused (events.jsonl's `system/fleet_blocked` lines)."""
+        import mmap
+
+        from fleet_tui.core import stream
+
+        needle = b'"fleet_blocked"'
+        found: list[stream.Blocked] = []
+        try:
+            with open(self.events, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size == 0:
+                    return []
+                with mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) as data:
+                    at = data.find(needle)
+                    while at >= 0:
+                        start = data.rfind(b"\n", 0, at) + 1
+                        end = data.find(b"\n", at)
+                        end = size if end < 0 else end
+                        line = redaction.redact_bytes(data[start:end] + b"\n")
+                        found += [e for e in stream.StreamDecoder().feed(line)
+                                  if isinstance(e, stream.Blocked)]
+                        at = data.find(needle, end)
+        except (OSError, ValueError):
+            pass
+        return found
+
+    @property
+    def cage_policy(self) -> Path:
+        """The cage's rules for this attempt (written by the runner when it is caged)."""
+        return self.dir / "cage.json"
+
     def tail_start(self, tail: int, *, end: int | None = None) -> int:
         """Where to start reading to get the last `tail` bytes before `end` (default: the
         end of the file) as whole lines: the first line start in that window, or the start

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from fleet_tui import CLAUDE_CODE_VERSION
+from fleet_tui.execution import remote_cage
 from fleet_tui.system import procs
 
 if TYPE_CHECKING:
@@ -116,15 +117,16 @@ def _plain(line: str) -> str:
 
 def install(argv: Sequence[str], where: str | None = None, *, limit: float | None = None,
             every: float | None = None, progress: Callable[[float, str], None] | None = None,
-            env: Mapping[str, str] | None = None, remote: bool = False) -> Installed:
-    """The pinned claude installed with npm on the host (`install_script`), stopped after
-    `limit` seconds (there too: `timeout` around npm), `progress(elapsed, last line)`
-    called every `every` seconds meanwhile."""
+            env: Mapping[str, str] | None = None, remote: bool = False,
+            script: str | None = None) -> Installed:
+    """The pinned claude (or what `script` installs with npm) installed with npm on the
+    host (`install_script`), stopped after `limit` seconds (there too: `timeout` around
+    npm), `progress(elapsed, last line)` called every `every` seconds meanwhile."""
     limit = INSTALL_LIMIT if limit is None else limit
     every = PROGRESS_EVERY if every is None else every
     script = ('t=""; command -v timeout >/dev/null 2>&1 && '
               f't="timeout -k 10 {max(1, int(limit))}"; '
-              + install_script(where).replace("npm install", "$t npm install", 1))
+              + (script or install_script(where)).replace("npm install", "$t npm install", 1))
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True,
@@ -224,11 +226,13 @@ def record_script(claude: str) -> str:
             f"{_shell_path(claude)} > {_shell_path(claude_record())}\n")
 
 
-def probe_script(claude: tuple[str, ...] = (), python: str = "python3") -> str:
+def probe_script(claude: tuple[str, ...] = (), python: str = "python3",
+                 cage: str | None = None, srt: str | None = None) -> str:
     """What the checks read, one key=value a line (each found or empty). `claude`: where
     to look for it first (this machine: the settings' and the demo's copy), else (a
     host) the one its record names, then its data dir's copy; then `claude` on PATH:
-    the order the host's runners find it in."""
+    the order the host's runners find it in. `cage`: a host's data dir, where what its
+    cage needs is looked for too (`srt`: the host's srt setting)."""
     if claude:
         first = " ".join(_shell_path(c) for c in claude)
         record = ""
@@ -253,6 +257,7 @@ def probe_script(claude: tuple[str, ...] = (), python: str = "python3") -> str:
         # can an attempt's processes be contained there: a cgroup, else a PID namespace
         f"echo \"contain=$({_shell_path(python)} -S -c {shlex.quote(procs.CONTAIN_PROBE)} "
         '2>/dev/null | tail -n 1)"',
+        remote_cage.probe_lines(cage, srt) if cage else "",  # what the cage needs there
         "",
     ])
 
@@ -276,13 +281,16 @@ def _version(text: str) -> tuple[int, ...] | None:
 def check_shell(argv: Sequence[str], *, where: str, reached: str, here: bool,
                 unreachable: Callable[[str], str], env: Mapping[str, str] | None = None,
                 claude: tuple[str, ...] = (), install_to: str | None = None,
-                now: float | None = None) -> tuple[list[Check], dict[str, str]]:
+                now: float | None = None, name: str = "local",
+                cage: str | None = None) -> tuple[list[Check], dict[str, str]]:
     """Every check of a host reached through a shell (`argv`), in order, and the probe's
     values (`claude_path`, `npm`). An unreachable host is one failed check (its fix:
     `unreachable(why)`): the others need it. `claude`: where its claude is looked for
-    first (probe_script); `reached`: what the passed check says; `here`: this machine."""
+    first (probe_script); `reached`: what the passed check says; `here`: this machine;
+    `name`, `cage`: the host's name and its `cage` setting (its workers' cage checked)."""
     started = time.time()
-    ran = run_script(argv, probe_script(claude), env=env)
+    script = probe_script(claude, cage=None if here else HOST_DATA_DIR)
+    ran = run_script(argv, script, env=env)
     ended = time.time() if now is None else now
     values = values_of(ran.stdout)
     if values.get("reached") != "yes":
@@ -299,7 +307,34 @@ def check_shell(argv: Sequence[str], *, where: str, reached: str, here: bool,
     checks.append(_disk(values.get("disk_kb", "")))
     checks.append(_skew(values.get("time", ""), started, ended))
     checks.append(_contain(values.get("contain", "")))
+    checks.append(cage_check(name, values, setting=cage, here=here))
     return checks, values
+
+
+def cage_check(name: str, values: Mapping[str, str], *, setting: str | None,
+               ray: bool = False, here: bool = False) -> Check:
+    """The `cage` check: can the host cage its workers (execution/remote_cage.py)."""
+    return Check("cage", *remote_cage.check_host(name, dict(values), setting=setting,
+                                                 ray=ray, here=here))
+
+
+def srt_lacking(values: Mapping[str, str]) -> bool:
+    """The probe says the host lacks srt (which `--yes` installs beside its claude)."""
+    return any(m.startswith("srt ") for m in remote_cage.lacks(dict(values)))
+
+
+SRT_WHAT = f"the cage's sandbox runtime ({remote_cage.SRT_PACKAGE})"
+
+
+def srt_install_script() -> str:
+    """The pinned srt installed with npm into a host's data dir (`host check --yes`)."""
+    return remote_cage.install_script(HOST_DATA_DIR)
+
+
+def srt_record_script(srt: str | None = None) -> str:
+    """The host's record of its srt (`srt`: a path there; None: the one installed)."""
+    return remote_cage.record_script(HOST_DATA_DIR,
+                                     srt or remote_cage.installed_path(HOST_DATA_DIR))
 
 
 def at_least(name: str, found: str, minimum: tuple[int, ...], fix: str) -> Check:
@@ -405,6 +440,7 @@ class KindChecks(Protocol):
 
 
 __all__ = ["CLAUDE_PACKAGE", "Check", "Installed", "KindChecks", "Ran", "at_least",
-           "check_shell", "claude_check", "claude_dir", "claude_record", "install",
-           "install_script", "minutes", "probe_script", "record_script", "run_script",
+           "cage_check", "check_shell", "claude_check", "claude_dir", "claude_record",
+           "install", "install_script", "minutes", "probe_script", "record_script",
+           "run_script", "srt_install_script", "srt_lacking", "srt_record_script",
            "values_of"]

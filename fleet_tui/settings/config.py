@@ -16,6 +16,8 @@ from pathlib import Path
 from fleet_tui.settings.config_core import (
     APP_NAME,
     CONFIG_FILE_ENV,
+    DEFAULT_ALLOW_HOSTS,
+    DEFAULT_CAGE,
     ENV_PREFIX,
     FIELD_NAMES,
     KEY_SOURCES,
@@ -62,6 +64,10 @@ class Settings:
     # keeping the key away from the tools claude runs
     key_helper: bool = True  # the key reaches claude through a one-shot pipe, not its env
     scrub_tool_env: bool = False  # CLAUDE_CODE_SUBPROCESS_ENV_SCRUB (needs bubblewrap, socat)
+    # the cage: "worker" (claude and all it starts in an OS sandbox) or "off"; the hosts a
+    # caged worker reaches besides its endpoint
+    cage: str = DEFAULT_CAGE
+    allow_hosts: tuple[str, ...] = DEFAULT_ALLOW_HOSTS
     # engine
     max_workers: int = 4
     max_attempts: int = 4

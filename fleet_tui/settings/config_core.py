@@ -50,6 +50,10 @@ if TYPE_CHECKING:  # mypy only: these imports cost start-up time
         def key_helper(self) -> bool: ...
         @property
         def scrub_tool_env(self) -> bool: ...
+        @property
+        def cage(self) -> str: ...
+        @property
+        def allow_hosts(self) -> tuple[str, ...]: ...
 
 APP_NAME = "fleet-tui"
 ENV_PREFIX = "FLEET_WORKER_"
@@ -60,6 +64,14 @@ KEY_SOURCES = ("env", "keyring", "zhipu", "glm")
 MERGE_STRATEGIES = ("merge", "squash", "ff")
 UPDATE_STRATEGIES = ("merge", "rebase")
 DEFAULT_CONFIG_DIR = "~/.fleet-worker/cfg"
+# The cage (execution/local/cage.py): a worker in an OS sandbox where srt can make one.
+CAGE_MODES = ("worker", "off")
+DEFAULT_CAGE = "worker" if sys.platform.startswith(("linux", "darwin")) else "off"
+# The hosts a caged worker reaches by default besides its endpoint: the package registries
+# a build needs (Python, JavaScript, Rust, Go).
+DEFAULT_ALLOW_HOSTS = ("pypi.org", "files.pythonhosted.org", "registry.npmjs.org",
+                       "registry.yarnpkg.com", "crates.io", "static.crates.io",
+                       "index.crates.io", "proxy.golang.org", "sum.golang.org")
 
 # The longest text a setting may be (a model name, a URL, a command): every such value ends
 # up in claude's argv or environment, where Linux takes at most 128 KiB per string; a
@@ -106,6 +118,10 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
     # keeping the key away from the tools claude runs (see launcher.plan_launch)
     "key_helper": ("bool", None, True),
     "scrub_tool_env": ("bool", None, False),
+    # the cage: worker (claude and all it starts in an OS sandbox) or off; the hosts it may
+    # reach besides its endpoint
+    "cage": ("str", None, DEFAULT_CAGE),
+    "allow_hosts": ("hosts", None, DEFAULT_ALLOW_HOSTS),
     # engine
     "max_workers": ("int", 1, 4),
     "max_attempts": ("int", 1, 4),
@@ -201,6 +217,8 @@ def _describe_kind(kind: str, minimum: float | None) -> str:
         return "a comma-separated list of " + ", ".join(KEY_SOURCES)
     if kind == "usd":
         return "an amount in USD >= 0 (0: none)"
+    if kind == "hosts":
+        return "a list of host names (host or host:port; \"*.example.org\" for a domain's hosts)"
     return "a non-empty string"
 
 
@@ -215,6 +233,8 @@ def _convert(name: str, raw: object, *, from_text: bool) -> object:
         return _convert_bool(raw, expected, from_text=from_text)
     if kind == "sources":
         return _convert_sources(raw, expected)
+    if kind == "hosts":
+        return convert_hosts(raw, expected)
     if kind == "seconds":  # durations.py's rule, as --timeout and the launch form
         from fleet_tui.core import durations
 
@@ -247,6 +267,9 @@ def _convert_text(name: str, kind: str, raw: object, expected: str) -> str | Non
     if name == "merge_strategy" and text not in MERGE_STRATEGIES:
         raise ValueError(f"{text!r} is not a merge strategy; use merge or squash "
                          "(or ff: fast-forward only)")
+    if name == "cage" and text not in CAGE_MODES:
+        raise ValueError(f"{text!r} is not a cage mode; use worker (the worker in an OS "
+                         "sandbox) or off")
     if name == "update_strategy" and text not in UPDATE_STRATEGIES:
         raise ValueError(f"{text!r} is not an update strategy; use merge or rebase")
     return text
@@ -282,6 +305,23 @@ def _convert_sources(raw: object, expected: str) -> tuple[str, ...]:
     if bad:
         raise ValueError(f"unknown key source {bad[0]!r}; use " + ", ".join(KEY_SOURCES))
     return tuple(dict.fromkeys(items))  # keep order, drop repeats
+
+
+def convert_hosts(raw: object, expected: str = "a list of host names") -> tuple[str, ...]:
+    """allow_hosts: comma-separated text or a TOML list of `host` / `host:port` (no scheme,
+    path or spaces), in order without repeats; empty allows none."""
+    if isinstance(raw, str):
+        items = [part.strip() for part in raw.split(",") if part.strip()]
+    elif isinstance(raw, list | tuple) and all(isinstance(p, str) for p in raw):
+        items = [str(p).strip() for p in raw if str(p).strip()]
+    else:
+        raise ValueError(f"expected {expected}")
+    for item in items:
+        check_length(item)
+        if any(c.isspace() for c in item) or "/" in item or "@" in item:
+            raise ValueError(f"{item!r} is not a host name: write host or host:port, "
+                             "without a scheme or a path")
+    return tuple(dict.fromkeys(items))
 
 
 def _convert_number(kind: str, raw: object, expected: str, *, from_text: bool) -> float:
@@ -461,6 +501,8 @@ class LaunchSettings:
     key_sources: tuple[str, ...]
     key_helper: bool
     scrub_tool_env: bool
+    cage: str
+    allow_hosts: tuple[str, ...]
 
     def __init__(self, values: Mapping[str, object]) -> None:
         for name in FIELD_NAMES:

@@ -94,6 +94,17 @@ def unknown_fields(table: dict[str, Any], fields: tuple[str, ...], where: str,
                           + ", ".join(fields), key=unknown[0])
 
 
+def cage_of(table: dict[str, Any], where: str) -> str | None:
+    """A remote host's `cage` setting: "worker" (its workers caged, as the tasks' settings
+    say), "off" (uncaged there) or None (not set: as the tasks' settings say)."""
+    value = table.get("cage")
+    if value is not None and value not in ("worker", "off"):
+        raise ConfigError(f"{where}: cage: expected \"worker\" (its workers in the cage, as "
+                          f"the tasks' settings say) or \"off\" (uncaged), got {value!r}",
+                          key="cage")
+    return value if isinstance(value, str) else None
+
+
 def check_name(name: str, where: str) -> None:
     if name == ANY:
         raise ConfigError(f"{where}: 'any' is not a host: `--host any` means the host with a "
@@ -316,6 +327,6 @@ def _plain(value: object) -> object:
     return value
 
 
-__all__ = ["ANY", "LOCAL", "HostConfig", "add_host", "as_table", "cap_of", "check_name", "find",
-           "from_data", "host_from_table", "host_table", "local_host", "read_hosts",
-           "remove_host", "to_data", "unknown_fields"]
+__all__ = ["ANY", "LOCAL", "HostConfig", "add_host", "as_table", "cage_of", "cap_of",
+           "check_name", "find", "from_data", "host_from_table", "host_table", "local_host",
+           "read_hosts", "remove_host", "to_data", "unknown_fields"]

@@ -32,26 +32,33 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleet_tui.settings.config_core import (
+    CAGE_MODES,
     ConfigError,
     _line_of_key,
     _read_toml,
     check_length,
     config_file_location,
+    convert_hosts,
 )
 from fleet_tui.settings.watch import Stamp, file_stamp, settled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from typing import Any
 
 REPO_FILE = ".fleet-tui.toml"
 WORKTREE_INCLUDE = ".worktreeinclude"
-KEYS = ("setup", "include", "test_command", "auto_pick", "rank")
+KEYS = ("setup", "include", "test_command", "auto_pick", "rank", "sandbox", "allow_hosts")
 RANK_KEYS = ("checks",)
+# Only the user's config.toml may turn a repository's cage off: a repository's own file is
+# written by whoever writes the repository (a worker's branch once merged, say).
+USER_KEYS = (*KEYS, "cage")
+SANDBOX_KEYS = ("allow_hosts",)  # [sandbox] allow_hosts = [...]
 USER_TABLE = "repos"  # config.toml: [repos."<repository path>"]
 
 
@@ -64,6 +71,17 @@ class RepoSettings:
     test_command: str | None = None
     checks: tuple[str, ...] = ()  # [rank] checks: run in each copy, as the test command
     auto_pick: bool = False  # land the best copy once the last copy ends
+    cage: str | None = None  # "worker" / "off" (config.toml's [repos."<path>"] only)
+    allow_hosts: tuple[str, ...] | None = None  # [sandbox] allow_hosts: the cage's hosts
+
+    def apply(self, settings: Any) -> Any:
+        """The (frozen) settings with this repository's cage and allowed hosts."""
+        changes: dict[str, object] = {}
+        if self.cage is not None:
+            changes["cage"] = self.cage
+        if self.allow_hosts is not None:
+            changes["allow_hosts"] = self.allow_hosts
+        return replace(settings, **changes) if changes else settings
 
     @property
     def prepares(self) -> bool:
@@ -76,16 +94,32 @@ def _where(path: str, text: str, key: str) -> str:
     return f"{path}, line {line}" if line else path
 
 
-def _values(table: object, path: str, text: str, where: str) -> dict[str, object]:
-    """The three keys of one table, checked; ConfigError naming the file and line."""
+def _values(table: object, path: str, text: str, where: str, keys: tuple[str, ...] = KEYS
+            ) -> dict[str, object]:
+    """The keys of one table, checked; ConfigError naming the file and line."""
     if not isinstance(table, dict):
-        raise ConfigError(f"{where}: expected a table of " + ", ".join(KEYS), path=path)
+        raise ConfigError(f"{where}: expected a table of " + ", ".join(keys), path=path)
     values: dict[str, object] = {}
     for key, raw in table.items():
         at = _where(path, text, key)
-        if key not in KEYS:
+        if key == "cage" and key not in keys:
+            raise ConfigError(f"{at}: a repository's own file cannot set its cage (a worker "
+                              "could turn it off); set it in config.toml's "
+                              f'[{USER_TABLE}."<path>"] table', path=path, key=key)
+        if key not in keys:
             raise ConfigError(f"{at}: unknown setting {key!r} for a repository; use "
-                              + ", ".join(KEYS), path=path, key=key)
+                              + ", ".join(keys), path=path, key=key)
+        if key == "cage":
+            if raw not in CAGE_MODES:
+                raise ConfigError(f"{at}: cage: expected worker or off, got {raw!r}",
+                                  path=path, key=key)
+            values[key] = raw
+            continue
+        if key in ("sandbox", "allow_hosts"):
+            hosts = _sandbox_hosts(raw, key, at, path)
+            if hosts is not None:
+                values["allow_hosts"] = hosts
+            continue
         if key == "include":
             items = [raw] if isinstance(raw, str) else raw
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
@@ -113,6 +147,25 @@ def _values(table: object, path: str, text: str, where: str) -> dict[str, object
             except ValueError as exc:
                 raise ConfigError(f"{at}: {key}: {exc}", path=path, key=key) from None
     return values
+
+
+def _sandbox_hosts(raw: object, key: str, at: str, path: str) -> tuple[str, ...] | None:
+    """The hosts of a `[sandbox]` table (or of an `allow_hosts` list)."""
+    if key == "sandbox":
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{at}: sandbox: expected a table: [sandbox] allow_hosts = "
+                              '["host", ...]', path=path, key=key)
+        unknown = [k for k in raw if k not in SANDBOX_KEYS]
+        if unknown:
+            raise ConfigError(f"{at}: [sandbox]: unknown setting {unknown[0]!r}; use "
+                              + ", ".join(SANDBOX_KEYS), path=path, key=key)
+        if "allow_hosts" not in raw:
+            return None
+        raw = raw["allow_hosts"]
+    try:
+        return convert_hosts(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{at}: allow_hosts: {exc}", path=path, key=key) from None
 
 
 def _rank_checks(table: object, path: str, text: str, at: str) -> tuple[str, ...]:
@@ -160,7 +213,8 @@ def read_user_override(repo: Path, config_file: str) -> dict[str, object]:
     for name, table in repos.items():
         if str(Path(os.path.expanduser(name))) in wanted or \
                 str(Path(os.path.expanduser(name)).resolve()) in wanted:
-            return _values(table, config_file, text, f"{config_file}: [{USER_TABLE}.{name!r}]")
+            return _values(table, config_file, text, f"{config_file}: [{USER_TABLE}.{name!r}]",
+                           USER_KEYS)
     return {}
 
 
@@ -176,7 +230,8 @@ def check_user_tables(config_file: str) -> None:
         raise ConfigError(f"{_where(config_file, text, USER_TABLE)}: {USER_TABLE} must be "
                           f'tables: [{USER_TABLE}."/path/to/repository"]', path=config_file)
     for name, table in repos.items():
-        _values(table, config_file, text, f"{config_file}: [{USER_TABLE}.{name!r}]")
+        _values(table, config_file, text, f"{config_file}: [{USER_TABLE}.{name!r}]",
+                USER_KEYS)
 
 
 def worktree_include(repo: Path) -> tuple[str, ...]:
@@ -199,11 +254,15 @@ def load_repo_settings(repo: Path, config_file: str) -> RepoSettings:
     include += tuple(p for p in worktree_include(repo) if p not in include)
     setup = values.get("setup")
     test = values.get("test_command")
+    cage = values.get("cage")
+    hosts = values.get("allow_hosts")
     checks = values.get("checks")
     return RepoSettings(setup=setup if isinstance(setup, str) else None, include=include,
                         test_command=test if isinstance(test, str) else None,
                         checks=checks if isinstance(checks, tuple) else (),
-                        auto_pick=values.get("auto_pick") is True)
+                        auto_pick=values.get("auto_pick") is True,
+                        cage=cage if isinstance(cage, str) else None,
+                        allow_hosts=hosts if isinstance(hosts, tuple) else None)
 
 
 class RepoSettingsCache:

@@ -83,7 +83,7 @@ TOOL_ICONS: dict[str, str] = {
 DEFAULT_ICON = "•"
 
 # Row kinds; the "tools only" filter keeps these.
-TOOL_KINDS = frozenset({"tool", "result", "retry", "error", "done"})
+TOOL_KINDS = frozenset({"tool", "result", "retry", "error", "done", "blocked"})
 
 MAX_TEXT_LINES = 400  # one assistant message never floods the view
 MAX_USER_LINES = 20  # a long prompt shows its start (the whole is in `fleet-tui show`)
@@ -149,6 +149,8 @@ class StreamFormatter:
 
         if isinstance(event, stream.Setup):
             self._setup(event, add)
+        elif isinstance(event, stream.Blocked):
+            add("blocked", ("error", clean(event.text)))
         elif isinstance(event, stream.UserMessage):
             lines = event.text.splitlines() or [""]
             for i, line in enumerate(lines[:MAX_USER_LINES]):

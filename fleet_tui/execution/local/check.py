@@ -37,7 +37,7 @@ class LocalChecks:
             ) -> tuple[list[Check], dict[str, str]]:
         return check_shell(SHELL, where="this machine", reached="this machine", here=True,
                            unreachable=lambda why: "check `sh` works here", env=env,
-                           claude=claude, install_to=install_to)
+                           claude=claude, install_to=install_to, name=host.name)
 
 
 CHECKS = LocalChecks()

@@ -571,6 +571,33 @@ def bwrap_broken_message(problem: str) -> str:
             "where they are allowed), or turn it off (FLEET_WORKER_SCRUB_TOOL_ENV=0).")
 
 
+def _scrubs(settings: Settings) -> bool:
+    """scrub_tool_env applies to an uncaged worker only: the cage replaces it (its own pid
+    namespace and no key in the environment), and claude's bubblewrap cannot nest in it."""
+    return bool(settings.scrub_tool_env) and getattr(settings, "cage", "off") != "worker"
+
+
+def cage_problems(env: Mapping[str, str] | None = None, *, run: bool = False,
+                  timeout: float = 30.0) -> str:
+    """'' when workers can be caged here (cage.py), else what is missing and how to get
+    it; `run`: also run a command in the cage (fleet-doctor)."""
+    from fleet_tui.execution.local import cage
+
+    env = os.environ if env is None else env
+    problems = cage.missing(env, cage.default_data_dir(env))
+    if problems:
+        return cage.missing_message(problems)
+    return cage.probe(env, timeout) if run else ""
+
+
+def srt_install_command(env: Mapping[str, str] | None = None) -> list[str]:
+    """npm's command that installs the pinned srt where the cage finds it."""
+    from fleet_tui.execution.local import cage
+
+    return cage.install_command(cage.default_data_dir(os.environ if env is None else env)
+                                ).split()
+
+
 def check_setup(settings: Settings, env: Mapping[str, str] | None = None, *,
                 args: Sequence[str] = (), permission_mode: str | None = None) -> str:
     """Refuse (UsageError, exit 2) a launch claude would refuse or that cannot keep its
@@ -586,9 +613,15 @@ def check_setup(settings: Settings, env: Mapping[str, str] | None = None, *,
                          + ", ".join(PERMISSION_MODES))
     bypass = mode == "bypassPermissions" or "--dangerously-skip-permissions" in \
         _options_part(rest)
-    if bypass and current_euid() == 0 and not settings.sandbox:
+    caged = getattr(settings, "cage", "off") == "worker"
+    if caged:  # refused before anything is created when this machine cannot cage
+        problem = cage_problems(env)
+        if problem:
+            raise UsageError(problem)
+    # a caged worker is sandboxed: root may run it with bypassPermissions
+    if bypass and current_euid() == 0 and not settings.sandbox and not caged:
         raise UsageError(ROOT_MESSAGE)
-    if settings.scrub_tool_env:
+    if _scrubs(settings):
         unsupported = scrub_platform_message()
         if unsupported:
             raise UsageError(unsupported)
@@ -880,7 +913,7 @@ def _our_env(settings: Settings, cfg: str, secret: str, main_model: str, *,
         ours["CLAUDE_CODE_API_KEY_HELPER_TTL_MS"] = KEY_HELPER_TTL_MS
     if settings.sandbox:
         ours["IS_SANDBOX"] = "1"
-    if settings.scrub_tool_env:
+    if _scrubs(settings):
         ours["CLAUDE_CODE_SUBPROCESS_ENV_SCRUB"] = "1"
     return ours
 
@@ -932,14 +965,16 @@ def plan_launch(settings: Settings, args: Sequence[str] = (), *, prompt: str | N
     env, removed = child_env(base)
     handoff: KeyHandoff | None = None
     ours_first: list[str] = []  # our flags, right after -p (before --model ends a list)
-    if key_handoff and settings.key_helper:
+    # a caged worker always gets the key through the pipe: the cage's tools never find it
+    # in their environment (what scrub_tool_env did, which cannot nest in the cage)
+    if key_handoff and (settings.key_helper or getattr(settings, "cage", "off") == "worker"):
         handoff = _handoff_for(options, cfg, credential.value, warnings)
         if handoff is not None:
             ours_first += ["--settings", '{"apiKeyHelper": '
                            + _json_string(handoff.helper_command(base)) + "}"]
     ours = _our_env(settings, cfg, credential.value, model or settings.model,
                     handoff=handoff is not None)
-    if settings.scrub_tool_env and not (has_allowlist_flag(rest)
+    if _scrubs(settings) and not (has_allowlist_flag(rest)
                                         or _settings_allowlist(user_settings)):
         ours_first += ["--allowedTools", *SCRUB_ALLOWED_TOOLS]
     env.update(ours)

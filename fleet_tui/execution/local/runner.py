@@ -159,6 +159,7 @@ class Runner:
         self._line = bytearray()  # the stdout line being written, for the result check
         self._line_over = False  # ... too long to be a result line
         self.setup_proc: subprocess.Popen[bytes] | None = None  # the setup command, running
+        self.settings: Any = None  # the launch settings (_plan), for the cage
 
     # --- signals ---------------------------------------------------------------------------
 
@@ -413,7 +414,26 @@ class Runner:
             self._close_input()
             code = int(getattr(exc, "exit_code", 1) or 1)
             return self._end(code, exit_code=code, error=str(exc))
+        try:
+            argv, env = self._cage(spec, argv, env)
+        except (RuntimeError, OSError) as exc:  # no cage can be built here: claude does not start
+            self._close_input()
+            if plan.key_handoff is not None:
+                plan.key_handoff.cancel()
+            return self._end(2, exit_code=2, error=str(exc))
         return self._run_claude(spec, argv, env)
+
+    def _cage(self, spec: RunSpec, argv: list[str], env: dict[str, str]
+              ) -> tuple[list[str], dict[str, str]]:
+        """claude in the worker's cage (setting cage = "worker"; cage.py), else as it is."""
+        settings = self.settings
+        if settings is None or getattr(settings, "cage", "off") != "worker":
+            return argv, env
+        from fleet_tui.execution.local import cage
+
+        return cage.wrap(argv, env, attempt_dir=str(self.dir), worktree=spec.cwd,
+                         config_dir=spec.config_dir, repo=spec.repo,
+                         base_url=settings.base_url, allow_hosts=settings.allow_hosts)
 
     def _plan(self, spec: RunSpec) -> Any:
         from fleet_tui.execution.local.launcher import LaunchError, plan_launch
@@ -422,6 +442,7 @@ class Runner:
         try:
             settings = load_launch_settings(env=self.env, config_file=os.devnull,
                                             overrides=spec.settings)
+            self.settings = settings
             return plan_launch(settings, claude_args(spec), prompt=None,
                                config_dir=Path(spec.config_dir), base_env=self.env,
                                model=spec.model, permission_mode=spec.permission_mode,

@@ -14,6 +14,7 @@ from fleet_tui.execution.probe import (
     MIN_PYTHON,
     Check,
     at_least,
+    cage_check,
     claude_check,
     probe_script,
     values_of,
@@ -122,11 +123,12 @@ def _probe_ray(host: HostConfig, env: Mapping[str, str] | None) -> list[Check]:
     """git, python and claude read on a node by one short job (`probe_script`)."""
     import os
 
-    from fleet_tui.execution.ray.host import probe_job
+    from fleet_tui.execution.ray.host import DEFAULT_DATA_DIR, probe_job
 
     own = options(host)
     python = own.python or "python3"
-    script = probe_script((own.claude or "claude",), python=python)
+    script = probe_script((own.claude or "claude",), python=python,
+                          cage=own.data_dir or DEFAULT_DATA_DIR, srt=own.srt)
     try:
         status, text, node = probe_job(own.ray, script, resources=own.resources,
                                        env=os.environ if env is None else env)
@@ -150,6 +152,7 @@ def _probe_ray(host: HostConfig, env: Mapping[str, str] | None) -> list[Check]:
                       f"install Claude Code {CLAUDE_CODE_VERSION} on the nodes ({CLAUDE_PACKAGE} "
                       f"with npm) and set claude in [hosts.{host.name}] to its path there")
     checks.append(found)
+    checks.append(cage_check(host.name, values, setting=own.cage, ray=True))
     return checks
 
 

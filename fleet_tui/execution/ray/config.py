@@ -10,6 +10,9 @@
     key_env = "TEAM_ANTHROPIC_KEY"  # optional: the nodes hold the key in that variable
                                 # (unset: through this machine's gateway, with a token)
     gateway_host = "10.0.0.5"   # optional: how the nodes reach this machine's gateway
+    cage = "off"                # optional: its workers run uncaged (else as the tasks say)
+    srt = "/opt/srt"            # optional: the nodes' srt (its package folder or an npm
+                                # prefix holding it; else each node finds its own)
 """
 
 from __future__ import annotations
@@ -19,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet_tui.settings.config_core import ConfigError
-from fleet_tui.settings.hosts import HostConfig, cap_of, unknown_fields
+from fleet_tui.settings.hosts import HostConfig, cage_of, cap_of, unknown_fields
 
 KIND = "ray"
 FIELDS = ("ray", "resources", "max_workers", "data_dir", "python", "claude", "key_env",
-          "gateway_host")
-TEXTS = ("data_dir", "python", "claude", "key_env", "gateway_host")
+          "gateway_host", "cage", "srt")
+TEXTS = ("data_dir", "python", "claude", "key_env", "gateway_host", "srt")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ class RayOptions:
     claude: str | None = None
     key_env: str | None = None
     gateway_host: str | None = None
+    srt: str | None = None  # the nodes' srt (None: each node finds its own)
+    cage: str | None = None  # "off": its workers run uncaged (None: as the tasks' settings say)
 
 
 def options(host: HostConfig) -> RayOptions:
@@ -110,7 +115,8 @@ class RaySchema:
             raise ConfigError(f"{where}: key_env: expected the name of an environment "
                               f"variable, got {key_env!r}", key="key_env")
         cap = cap_of(table.get("max_workers", default_cap), where)
-        return ray_host(name, cap, address, resources=resources, **texts)
+        return ray_host(name, cap, address, resources=resources, cage=cage_of(table, where),
+                        **texts)
 
     def table(self, host: HostConfig) -> dict[str, object]:
         own = options(host)
@@ -122,6 +128,8 @@ class RaySchema:
         for key in TEXTS:
             if getattr(own, key) is not None:
                 out[key] = getattr(own, key)
+        if own.cage is not None:
+            out["cage"] = own.cage
         return out
 
     def target(self, host: HostConfig) -> str:

@@ -788,9 +788,12 @@ class RayHost(RemoteHost):
                  data_dir: str = DEFAULT_DATA_DIR, claude: str | None = None,
                  key_env: str | None = None, key_variable: str = HANDED_KEY,
                  gateway_host: str | None = None, num_cpus: float | None = None,
-                 lease: float = LEASE) -> None:
+                 lease: float = LEASE, cage: str | None = None, srt: str | None = None
+                 ) -> None:
         self.name = name
         self.address = address
+        self.cage = cage  # "off": its workers run uncaged (the host's setting)
+        self.srt = srt  # the nodes' srt (None: each node finds its own: execution/hostcage.py)
         self.env = env
         self.resources = dict(resources or {})
         self.python = python  # the node's python (3.11 or newer)
@@ -1142,7 +1145,7 @@ class RayHost(RemoteHost):
                  "key_variable": self.key_variable, "pin": pin,
                  "bundle": "thin" if have else "whole", "bundle_sent": sent,
                  "data_dir": self.data_dir, "released": self.book.released(),
-                 "claude_version": fleet_tui.CLAUDE_CODE_VERSION,
+                 "claude_version": fleet_tui.CLAUDE_CODE_VERSION, "srt": self.srt,
                  "restore": restore is not None}
         return RayStaged(self, placement, spec, staging, order, restore)
 
@@ -1555,7 +1558,7 @@ def build(config: HostConfig, *, env: Mapping[str, str], python: str) -> RayHost
             "(--host local)")
     own = kind_config.options(config)
     options: dict[str, Any] = {}
-    for key in kind_config.TEXTS:
+    for key in (*kind_config.TEXTS, "cage"):
         if getattr(own, key) is not None:
             options[key] = getattr(own, key)
     return RayHost(name=config.name, address=own.ray, env=env, resources=own.resources,

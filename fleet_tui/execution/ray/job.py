@@ -64,7 +64,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from fleet_tui.execution import hostclaude
+from fleet_tui.execution import hostcage, hostclaude
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
 from fleet_tui.execution.remote import frames as follow_frames
@@ -382,6 +382,7 @@ def stage(order: dict[str, Any], here: Path) -> AttemptLog:
         raise RuntimeError(f"a runner holds {folder.lock_path} already")
     spec = order["spec"]
     node_claude(spec, order)  # none: the job fails here, before its spec or its runner
+    node_cage(spec, order)  # the same for the cage of a caged attempt
     if order.get("restore"):
         restore_session(order, here)
     folder.clear_run_records()
@@ -418,6 +419,17 @@ def node_claude(spec: dict[str, Any], order: dict[str, Any]) -> None:
     if wanted and found != wanted:
         _log(f"claude at {claude} on this node is {found or 'of no known version'}, "
              f"fleet-tui is tested with {wanted}")
+
+
+def node_cage(spec: dict[str, Any], order: dict[str, Any]) -> None:
+    """A caged attempt's spec given the node's own srt (the host's `srt` setting, else the
+    node's: execution/hostcage.py); RuntimeError saying what the node lacks."""
+    data_dir = str(order.get("data_dir") or Path(str(order["attempt_dir"])).parents[2])
+    why = hostcage.into_spec(spec, data_dir, order.get("srt") or None)
+    if why:
+        raise RuntimeError(f"node {_node_name()}: {why} (`fleet-tui host check HOST --probe` "
+                           "says what; or set cage = \"off\" in the host's [hosts] table to "
+                           "run its workers uncaged)")
 
 
 def _node_name() -> str:

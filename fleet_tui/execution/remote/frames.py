@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from typing import Any, BinaryIO
 
 APPENDED = ("events.jsonl", "stderr.log", "runner.log", "setup.log", "input.jsonl")
-WHOLE = ("runner.json", "kill.json")
+WHOLE = ("runner.json", "kill.json", "cage.json")  # cage.json: the attempt ran caged
 EXIT = "exit.json"  # sent last, once the runner is gone and every appended byte is out
 FOLLOW_POLL = 0.02  # seconds between two looks at the folder without inotify
 INOTIFY_IDLE = 0.1  # with inotify: a look this often even when nothing changed (the lock)

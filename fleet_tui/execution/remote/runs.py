@@ -5,12 +5,14 @@ library only (tests/test_host_stdlib.py runs it under `python3 -I -S`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 
+from fleet_tui.execution import hostcage
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
 from fleet_tui.system import cgroups, procs
@@ -73,6 +75,8 @@ def start_runner(folder: AttemptLog, env: dict[str, str], keys: dict[str, str],
     # started as this process was: without the site module (-S), the host's installed
     # packages are never on the runner's path either (the package copy alone is)
     argv = [sys.executable, *(["-S"] if sys.flags.no_site else []), "-m", RUNNER_MODULE]
+    with contextlib.suppress(OSError):  # a caged attempt: the host's srt, as stage found it
+        env = hostcage.runner_env(folder.read_spec(), dict(env))
     pass_fds: tuple[int, ...] = ()
     read_fd: int | None = None
     if keys:

@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 from fleet_tui.core.states import StopReason
-from fleet_tui.execution import hostclaude
+from fleet_tui.execution import hostcage, hostclaude
 from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.local import prepare
 from fleet_tui.execution.remote.frames import cmd_follow
@@ -80,6 +80,7 @@ if TYPE_CHECKING:
 
 EX_LOCKED = 75
 EX_NO_CLAUDE = 3  # the host has no claude (said in the answer: where it was looked for)
+EX_NO_CAGE = 4  # a caged attempt, and the host cannot cage (said in the answer: what it lacks)
 # the folder's files a runner appends to (mirrored by offset) and those it writes whole
 def cmd_stage(folder: AttemptLog) -> int:
     """On stdin: a JSON line ({"spec", "config_dir", "set_up_after"}) and a tar of the
@@ -103,6 +104,10 @@ def cmd_stage(folder: AttemptLog) -> int:
             return EX_NO_CLAUDE
         settings["claude"] = claude
         found = {"claude": claude, "claude_version": hostclaude.version(claude, data_dir)}
+        why = hostcage.into_spec(spec, data_dir)  # the host's own srt, for a caged attempt
+        if why:
+            answer({"error": why, "no_cage": True})
+            return EX_NO_CAGE
     folder.clear_run_records()
     folder.write_spec(spec)
     for path in (folder.events, folder.runner_log):

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from fleet_tui.execution.probe import Check, check_shell
-from fleet_tui.execution.ssh.config import ssh_args
+from fleet_tui.execution.ssh.config import options, ssh_args
 
 if TYPE_CHECKING:
     from fleet_tui.settings.config import Settings
@@ -62,7 +62,8 @@ class SshChecks:
         return check_shell([*ssh_argv(host), "sh -s"], where=host.target,
                            reached=f"ssh {host.target}", here=False,
                            unreachable=lambda why: unreachable_fix(host, why), env=env,
-                           claude=claude, install_to=install_to)
+                           claude=claude, install_to=install_to, name=host.name,
+                           cage=options(host).cage)
 
 
 CHECKS = SshChecks()

@@ -6,6 +6,7 @@
     port = 2222                 # optional: the port, when the target does not say it
     max_workers = 8             # workers at once on that host (default: the top-level cap)
     key_on_host = false         # true: the key is kept on the host (its own gateway)
+    cage = "off"                # optional: its workers run uncaged (else as the tasks say)
 
 The user's own ssh (their config, agent and known-hosts checking) does the connecting.
 """
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet_tui.settings.config_core import ConfigError, check_length
-from fleet_tui.settings.hosts import HostConfig, cap_of, unknown_fields
+from fleet_tui.settings.hosts import HostConfig, cage_of, cap_of, unknown_fields
 
 KIND = "ssh"
-FIELDS = ("ssh", "port", "max_workers", "key_on_host")
+FIELDS = ("ssh", "port", "max_workers", "key_on_host", "cage")
 # what ssh takes as a destination: no option (a leading '-'), no space or control character
 _TARGET_RE = re.compile(r"[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]{0,252}")
 
@@ -30,6 +31,7 @@ class SshOptions:
     ssh: str  # the destination as ssh takes it (without the port)
     port: int | None = None
     key_on_host: bool = False
+    cage: str | None = None  # "off": its workers run uncaged (None: as the tasks' settings say)
 
 
 def options(host: HostConfig) -> SshOptions:
@@ -39,8 +41,8 @@ def options(host: HostConfig) -> SshOptions:
 
 
 def ssh_host(name: str, max_workers: int, ssh: str, port: int | None = None,
-             key_on_host: bool = False) -> HostConfig:
-    return HostConfig(name, max_workers, KIND, SshOptions(ssh, port, key_on_host))
+             key_on_host: bool = False, cage: str | None = None) -> HostConfig:
+    return HostConfig(name, max_workers, KIND, SshOptions(ssh, port, key_on_host, cage))
 
 
 def ssh_args(host: HostConfig) -> list[str]:
@@ -111,12 +113,14 @@ class SshSchema:
         if not isinstance(key_on_host, bool):
             raise ConfigError(f"{where}: key_on_host: expected true or false, got "
                               f"{key_on_host!r}", key="key_on_host")
-        return ssh_host(name, cap, dest, port, key_on_host)
+        return ssh_host(name, cap, dest, port, key_on_host, cage_of(table, where))
 
     def table(self, host: HostConfig) -> dict[str, object]:
         out: dict[str, object] = {"ssh": self.target(host), "max_workers": host.max_workers}
         if options(host).key_on_host:
             out["key_on_host"] = True
+        if options(host).cage is not None:
+            out["cage"] = options(host).cage
         return out
 
     def target(self, host: HostConfig) -> str:

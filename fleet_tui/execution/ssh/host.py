@@ -108,7 +108,7 @@ def package_tar() -> tuple[str, bytes]:
     version with a digest of the bytes, so a changed checkout is installed again."""
     root = Path(fleet_tui.__file__).resolve().parent
     files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                   and p.suffix in (".py", ".tcss", ".json", ".toml", ".txt", ".typed"))
+                   and p.suffix in (".py", ".mjs", ".tcss", ".json", ".toml", ".txt", ".typed"))
     digest = hashlib.sha256()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -267,8 +267,9 @@ class SshHost(RemoteHost):
                  python: str = "python3", data_dir: str | None = None,
                  ssh_config: str | os.PathLike[str] | None = None, port: int | None = None,
                  claude: str | None = None, ssh: str = "ssh", lease: float = LEASE,
-                 key_on_host: bool = False) -> None:
+                 key_on_host: bool = False, cage: str | None = None) -> None:
         self.name = name
+        self.cage = cage  # "off": its workers run uncaged (the host's setting)
         # `--key-on-host`: the host keeps the key (a 0600 file in its data dir) and its
         # workers go to their endpoint straight from there, on when this machine is away
         self.key_on_host = key_on_host
@@ -659,6 +660,10 @@ class SshHost(RemoteHost):
         except SshError as exc:
             if "holds" in str(exc):
                 raise NotStarted(str(exc)) from None
+            if "the cage cannot run there" in str(exc):
+                raise FleetError(f"{exc}; `fleet-tui host check {self.name} --yes` says what "
+                                 "is missing there (and installs srt), or set cage = \"off\" "
+                                 f"in [hosts.{self.name}] to run its workers uncaged") from None
             if "no claude there" in str(exc):
                 raise FleetError(f"{exc}; `fleet-tui host check {self.name} --yes` installs "
                                  f"Claude Code {fleet_tui.CLAUDE_CODE_VERSION} there") from None
@@ -809,4 +814,4 @@ def build(config: HostConfig, *, env: Mapping[str, str], python: str) -> SshHost
     host's own python and claude are its own (python3 and claude on its PATH)."""
     own = kind_config.options(config)
     return SshHost(name=config.name, target=own.ssh, port=own.port, env=env,
-                   key_on_host=own.key_on_host)
+                   key_on_host=own.key_on_host, cage=own.cage)

@@ -1,0 +1,186 @@
+"""Benchmark 14: what the worker's cage costs (`python -m bench cage`).
+
+Two figures, each paired round by round with its uncaged twin (the order alternates):
+
+- **Start → first request**: the real claude (the pinned CLI) started in a worktree of a
+  real repository, from just before the spawn to the scripted endpoint receiving its first
+  message request; caged (`cage.wrap`: node + srt + bubblewrap + its proxy, claude's request
+  through that proxy) and not. Budget: caged ÷ uncaged at most START_BUDGET.
+- **A build step**: `pip install` of a local wheel (no index, no cache) into a folder, then
+  a `pytest` run of a small test file in the worktree, timed by a Python timer started
+  inside the same shell as the step: inside the cage and outside it. The cage's own start
+  is not part of it (a worker pays it once, the first figure); what is measured is the
+  step under the cage's mounts, seccomp filter and namespaces. Budget: caged ÷ uncaged at
+  most BUILD_BUDGET.
+
+Needs the pinned claude (FLEET_TEST_CLAUDE, else the checkout's .claude-cli/) and what the
+cage needs (`cage.missing`: node, srt, bubblewrap, socat, ripgrep).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+from bench.common import REPO_ROOT, BenchResult, Figure, bench_env, git, make_repo, ms
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.execution.local import cage
+
+START_BUDGET = 1.3  # the issue's budget; see RESULTS.md for the measured figure
+BUILD_BUDGET = 1.2
+
+
+def _claude() -> str:
+    found = os.environ.get("FLEET_TEST_CLAUDE") or str(
+        REPO_ROOT / ".claude-cli" / "node_modules" / ".bin" / "claude")
+    if not os.access(found, os.X_OK):
+        raise RuntimeError(f"claude not found at {found}: run `bash scripts/test --co -q` "
+                           "once (it installs the pinned CLI), or set FLEET_TEST_CLAUDE")
+    return found
+
+
+def _wheel(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "benchpkg-1.0-py3-none-any.whl"
+    info = "benchpkg-1.0.dist-info"
+    files = {"benchpkg/__init__.py": "VALUE = 1\n",
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: benchpkg\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: bench\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+        zf.writestr(f"{info}/RECORD", "".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n")
+    return wheel
+
+
+def _worktree(root: Path, env: dict[str, str]) -> tuple[Path, Path]:
+    repo = make_repo(root / "repo", {
+        "README.md": "# bench\n",
+        "test_step.py": "".join(f"def test_{i}():\n    assert sum(range({i})) >= 0\n\n"
+                                for i in range(30))})
+    worktree = repo / ".fleet-work" / "t1"
+    git(repo, "worktree", "add", "-q", "-b", "fleet/t1", str(worktree), env=env)
+    return repo, worktree
+
+
+# The build step, timed inside the shell that runs it (so a cage's own start is not in it).
+STEP = ("import subprocess, sys, time; t = time.monotonic(); "
+        "subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-index', "
+        "'--no-cache-dir', '--disable-pip-version-check', '--target', sys.argv[2], "
+        "sys.argv[1]], check=True); "
+        "subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', "
+        "'test_step.py'], check=True, stdout=subprocess.DEVNULL); "
+        "print('STEP', time.monotonic() - t)")
+
+
+def _step(argv: list[str], env: dict[str, str], cwd: Path) -> float:
+    out = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=300,
+                         stdin=subprocess.DEVNULL)
+    for line in out.stdout.splitlines():
+        if line.startswith("STEP "):
+            return float(line.split()[1])
+    raise RuntimeError(f"the build step failed ({out.returncode}): "
+                       f"{(out.stderr or out.stdout).strip()[-500:]}")
+
+
+def _first_request(argv: list[str], env: dict[str, str], cwd: Path,
+                   ep: ScriptedEndpoint) -> float:
+    """Seconds from the spawn to the endpoint's first message request; the run is then
+    let finish (one "done" turn)."""
+    before = len(ep.message_requests())
+    start = time.time()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        got = ep.wait_for(before + 1, timeout=120)
+    finally:
+        _out, err = proc.communicate(timeout=120)
+    if proc.returncode != 0 or len(got) <= before:
+        raise RuntimeError(f"claude failed ({proc.returncode}): "
+                           f"{err.decode(errors='replace').strip()[-500:]}")
+    return got[before].time - start
+
+
+def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
+    runs = runs or (2 if smoke else 12)
+    claude = _claude()
+    with bench_env("fleet-bench-cage-") as benv:
+        env = dict(benv.env)
+        problems = cage.missing(env, cage.default_data_dir(env))
+        if problems:
+            raise RuntimeError(cage.missing_message(problems))
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+        repo, worktree = _worktree(benv.root, env)
+        config = benv.fleet_home / "config" / "t1"
+        config.mkdir(parents=True)
+        attempt = benv.root / "attempt"
+        attempt.mkdir()
+        wheel = _wheel(worktree / "wheels")  # a place the cage shows
+        start_ratio: list[float] = []
+        start_caged: list[float] = []
+        start_bare: list[float] = []
+        build_ratio: list[float] = []
+        build_caged: list[float] = []
+        build_bare: list[float] = []
+        with ScriptedEndpoint({"default": ["done"]}) as ep:
+            cenv = dict(env, ANTHROPIC_BASE_URL=ep.url, ANTHROPIC_AUTH_TOKEN="bench-key",
+                        CLAUDE_CONFIG_DIR=str(config), CLAUDE_CODE_MAX_RETRIES="0",
+                        IS_SANDBOX="1", DISABLE_TELEMETRY="1",
+                        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+            bare = [claude, "-p", "--model", "sonnet", "--permission-mode",
+                    "bypassPermissions", "--", "say done"]
+
+            def caged(argv: list[str], base: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+                return cage.wrap(argv, base, attempt_dir=str(attempt), worktree=str(worktree),
+                                 config_dir=str(config), repo=str(repo), base_url=ep.url,
+                                 allow_hosts=())
+
+            step = [sys.executable, "-c", STEP, str(wheel)]
+            # one untimed round of each: page cache, pyc files, srt's first start
+            _first_request(bare, cenv, worktree, ep)
+            _first_request(*caged(bare, cenv), worktree, ep)
+            for i in range(runs):
+                arms = ["bare", "caged"] if i % 2 == 0 else ["caged", "bare"]
+                took: dict[str, float] = {}
+                for arm in arms:
+                    if arm == "bare":
+                        took[arm] = _first_request(bare, cenv, worktree, ep)
+                    else:
+                        took[arm] = _first_request(*caged(bare, cenv), worktree, ep)
+                start_bare.append(ms(took["bare"]))
+                start_caged.append(ms(took["caged"]))
+                start_ratio.append(took["caged"] / took["bare"])
+                built: dict[str, float] = {}
+                for arm in arms:
+                    # the same file system for both: the worktree (the cage binds it)
+                    target = str(worktree / f"deps-{i}-{arm}")
+                    if arm == "bare":
+                        built[arm] = _step([*step, target], env, worktree)
+                    else:
+                        argv, cage_env = caged([*step, target], env)
+                        built[arm] = _step(argv, cage_env, worktree)
+                build_bare.append(ms(built["bare"]))
+                build_caged.append(ms(built["caged"]))
+                build_ratio.append(built["caged"] / built["bare"])
+    figures = [
+        Figure("cage.start_ratio", "caged ÷ uncaged: claude's spawn → its first request",
+               "×", start_ratio, budget=START_BUDGET, per="pair",
+               baseline="cage.start_uncaged", note="the real claude, one pair a round"),
+        Figure("cage.start_uncaged", "spawn → first request, uncaged (baseline)", "ms",
+               start_bare),
+        Figure("cage.start_caged", "spawn → first request, caged (node + srt + bwrap)",
+               "ms", start_caged),
+        Figure("cage.build_ratio", "caged ÷ uncaged: pip install of a local wheel + pytest",
+               "×", build_ratio, budget=BUILD_BUDGET, per="pair",
+               baseline="cage.build_uncaged", note="timed inside the step's own shell"),
+        Figure("cage.build_uncaged", "build step, uncaged (baseline)", "ms", build_bare),
+        Figure("cage.build_caged", "build step, in the cage", "ms", build_caged),
+    ]
+    notes = [f"claude: {claude}; srt {cage.SRT_VERSION}; the cage's start is in the first "
+             "figure only (a worker pays it once)"]
+    return BenchResult("cage", "14. The cage", figures, notes)

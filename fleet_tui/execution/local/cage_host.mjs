@@ -1,0 +1,223 @@
+// The host side of a worker's cage: `node cage_host.mjs SRT_PACKAGE_DIR POLICY_JSON -- ARGV...`.
+//
+// Anthropic's sandbox runtime (@anthropic-ai/sandbox-runtime, "srt") does the caging: its
+// bubblewrap mount, pid and network namespaces, its filtering proxy outside the cage, its
+// seccomp helper. This file only drives its library, for three things its `srt` command does
+// not do:
+//   - report what was refused: every violation srt records (a connection its proxy refused, a
+//     write its seccomp observer saw outside the writable paths) is written into the worker's
+//     stream as a `system/fleet_blocked` line, between two whole lines of claude's output;
+//   - a private /tmp: the policy read-denies /tmp (srt makes a read-denied folder an empty
+//     tmpfs), so its proxy sockets, which srt puts under the host's /tmp, are bound back in;
+//   - reads: srt on Linux reports no refused read, so a tool result that says a path in a
+//     hidden place does not exist (or may not be read) is reported as a blocked read.
+// Nothing here makes a namespace, a mount or a proxy.
+//
+// POLICY_JSON (written by cage.py, never holds a credential):
+//   {"srt": <srt settings>, "hidden": [paths], "shown": [paths], "home": "/home/u",
+//    "unset_env": [names]}
+// The exit status is the command's (128+N for a signal).
+
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { spawn } from 'node:child_process';
+import { pathToFileURL } from 'node:url';
+import { join } from 'node:path';
+
+const [, , packageDir, policyPath, dashes, ...argv] = process.argv;
+if (!packageDir || !policyPath || dashes !== '--' || argv.length === 0) {
+  process.stderr.write('usage: cage_host.mjs SRT_PACKAGE_DIR POLICY_JSON -- ARGV...\n');
+  process.exit(2);
+}
+
+const policy = JSON.parse(readFileSync(policyPath, 'utf8'));
+const { SandboxManager } = await import(pathToFileURL(join(packageDir, 'dist', 'index.js')).href);
+
+// --- what the cage refused, as stream lines ------------------------------------------------
+const pending = [];
+const seen = new Set();
+const home = policy.home || '';
+
+function tilde(path) {
+  if (home && (path === home || path.startsWith(home + '/'))) return '~' + path.slice(home.length);
+  return path;
+}
+
+function block(kind, target, detail) {
+  const key = target;  // one line a target, whichever way it was first seen
+  if (seen.has(key)) return;
+  seen.add(key);
+  pending.push(JSON.stringify({ type: 'system', subtype: 'fleet_blocked', action: kind,
+                                target: tilde(target), detail }) + '\n');
+  flushBlocked();
+}
+
+// srt's lines: "deny network-outbound HOST:PORT (why)", "deny SYSCALL /path". Its write
+// observer also reports writes into the tmpfs folders that hide a place: /tmp is the cage's
+// own (not reported); the home's tmpfs keeps a write from the real file, so it is reported.
+const SYSTEM = ['/dev', '/proc', '/sys'];
+const PRIVATE = ['/tmp', '/var/tmp'];
+function fromViolation(line) {
+  const net = /^deny network-outbound (\S+)(?: \((.*)\))?/.exec(line);
+  if (net) return block('connect', net[1], net[2] || 'not on the allow list');
+  const fs = /^deny (\S+) (\/.*)$/.exec(line);
+  if (fs) {
+    const path = fs[2];
+    if (SYSTEM.some(d => under(path, d))) return undefined;
+    // the cage's own /tmp is a private tmpfs: a write there is no refusal, unless the path
+    // is a hidden place of the host's that lies under /tmp (a home, a repository)
+    const hiddenHere = hidden.filter(d => !PRIVATE.includes(d)).some(d => under(path, d));
+    if (PRIVATE.some(d => under(path, d)) && !hiddenHere) return undefined;
+    return block('write', path, isHidden(path) ? 'kept in the cage, not written' : fs[1]);
+  }
+  return block('other', line, '');
+}
+
+const store = SandboxManager.getSandboxViolationStore();
+const addViolation = store.addViolation.bind(store);
+store.addViolation = violation => {  // before initialize(): its monitors bind this method
+  addViolation(violation);
+  try { fromViolation(String(violation.line || '')); } catch { /* a report, never fatal */ }
+};
+
+const under = (p, dir) => p === dir || p.startsWith(dir.endsWith('/') ? dir : dir + '/');
+const hidden = (policy.hidden || []).filter(Boolean);
+const shown = (policy.shown || []).filter(Boolean);
+const isHidden = p => hidden.some(d => under(p, d)) && !shown.some(d => under(p, d));
+const REFUSED = /No such file or directory|Permission denied|Operation not permitted|Read-only file system|cannot open|No such process/;
+const PATHS = /(?:~|\/)[^\s:'"`()<>;,|&]*/g;
+
+// The commands of claude's Bash steps by tool_use id, to tell a refused write from a read.
+const commands = new Map();
+function noteToolUse(message) {
+  const content = message && message.message && message.message.content;
+  if (!Array.isArray(content)) return;
+  for (const part of content) {
+    if (part && part.type === 'tool_use' && part.input && typeof part.input.command === 'string') {
+      commands.set(part.id, part.input.command);
+      if (commands.size > 1000) commands.delete(commands.keys().next().value);
+    }
+  }
+}
+const escape = text => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+// A path the command writes: a redirection to it, or a writing command naming it.
+function writes(command, path) {
+  if (!command) return false;
+  const names = [path, tilde(path)].map(escape).join('|');
+  return new RegExp(`(>>?|\\btee\\b[^|;&]*?)\\s*["']?(${names})`).test(command) ||
+    new RegExp(`\\b(touch|cp|mv|rm|mkdir|ln|install|sed\\s+-i|truncate|chmod)\\b[^|;&]*?(${names})`)
+      .test(command);
+}
+
+// A tool result (claude's `user` line) that failed on a hidden path, on another process's
+// /proc entry or on a signal to a process outside: reported as what the cage stopped.
+function scanToolResult(message) {
+  const content = message && message.message && message.message.content;
+  if (!Array.isArray(content)) return;
+  for (const part of content) {
+    if (!part || part.type !== 'tool_result') continue;
+    let text = part.content;
+    if (Array.isArray(text)) text = text.map(t => (t && t.text) || '').join('\n');
+    if (typeof text !== 'string' || !REFUSED.test(text)) continue;
+    for (const line of text.split('\n')) {
+      if (!REFUSED.test(line)) continue;
+      const kill = /kill: \(?(\d+)\)?.*No such process/.exec(line) ||
+                   /kill: .*?(\d+).*No such process/.exec(line) ||
+                   /ProcessLookupError.*?(\d+)?/.exec(line);
+      if (kill && /No such process|ProcessLookupError/.test(line)) {
+        block('signal', kill[1] ? `pid ${kill[1]}` : 'a process outside', 'not in the cage');
+        continue;
+      }
+      for (const raw of line.match(PATHS) || []) {
+        let path = raw.replace(/[.]+$/, '');
+        if (path.startsWith('~')) path = home + path.slice(1);
+        if (/^\/proc\/\d+(\/|$)/.test(path) && /No such file|Permission denied/.test(line)) {
+          block('read', path, 'a process outside the cage');
+        } else if (path.length > 1 && isHidden(path)) {
+          const kind = /Read-only file system|Operation not permitted/.test(line) ||
+            writes(commands.get(part.tool_use_id), path) ? 'write' : 'read';
+          block(kind, path, 'not in the cage');
+        }
+      }
+    }
+  }
+}
+
+// --- the command ----------------------------------------------------------------------------
+// srt keeps its sockets (the proxy's bridges, the write observer's) in the host's temp folder
+// and binds them in before the tmpfs that hides /tmp: give it a folder of its own and name
+// that folder as a re-allowed read, so it is bound back over the tmpfs (read-only inside).
+const own = mkdtempSync(join(tmpdir(), 'fleet-cage-'));
+process.env.TMPDIR = own;
+process.on('exit', () => { try { rmSync(own, { recursive: true, force: true }); } catch { /* */ } });
+const srtConfig = { ...policy.srt, filesystem: { ...policy.srt.filesystem,
+  allowRead: [...(policy.srt.filesystem.allowRead || []), own] } };
+await SandboxManager.initialize(srtConfig, undefined, true);
+
+const quote = s => `'${String(s).replace(/'/g, `'\\''`)}'`;
+// Inside, every connection goes through the proxy (none is direct: srt's NO_PROXY would send
+// loopback and private addresses past it, where there is nothing), so each refusal is seen.
+const unset = (policy.unset_env || []).flatMap(name => ['-u', name]);
+const inner = ['env', ...unset, `TMPDIR=${policy.tmpdir || '/tmp'}`, ...argv].map(quote).join(' ');
+const wrapped = await SandboxManager.wrapWithSandbox(inner);
+
+const child = spawn(wrapped, { shell: true, stdio: ['inherit', 'pipe', 'inherit'] });
+for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP']) {
+  process.on(sig, () => { try { child.kill(sig); } catch { /* gone */ } });
+}
+
+// claude's stdout, line by line, with our lines only between two of its lines.
+let partial = Buffer.alloc(0);
+let blockedOut = false;
+function write(chunk) {
+  if (!process.stdout.write(chunk) && !blockedOut) {
+    blockedOut = true;
+    child.stdout.pause();
+    process.stdout.once('drain', () => { blockedOut = false; child.stdout.resume(); });
+  }
+}
+function flushBlocked() {
+  if (partial.length !== 0) return;  // mid-line: after the line ends
+  while (pending.length) write(pending.shift());
+}
+child.stdout.on('data', data => {
+  let start = 0;
+  let nl;
+  while ((nl = data.indexOf(10, start)) !== -1) {
+    const line = partial.length ? Buffer.concat([partial, data.subarray(start, nl + 1)])
+                                : data.subarray(start, nl + 1);
+    partial = Buffer.alloc(0);
+    write(line);
+    if (line.length < 4 * 1024 * 1024 && line.includes('"tool_result"')) {
+      try { scanToolResult(JSON.parse(line.toString('utf8'))); } catch { /* not JSON */ }
+    } else if (line.length < 4 * 1024 * 1024 && line.includes('"tool_use"')) {
+      try { noteToolUse(JSON.parse(line.toString('utf8'))); } catch { /* not JSON */ }
+    }
+    flushBlocked();
+    start = nl + 1;
+  }
+  if (start < data.length) partial = Buffer.concat([partial, data.subarray(start)]);
+});
+
+child.on('exit', (code, signal) => {
+  let done = false;
+  const finish = () => {
+    if (done) return;
+    done = true;
+    if (partial.length) { write(partial); partial = Buffer.alloc(0); write('\n'); }
+    flushBlocked();
+    try { SandboxManager.cleanupAfterCommand(); } catch { /* best effort */ }
+    const status = signal ? 128 + ({ SIGHUP: 1, SIGINT: 2, SIGKILL: 9, SIGTERM: 15 }[signal] || 1)
+                          : (code ?? 1);
+    process.stdout.write('', () => process.exit(status));
+  };
+  if (child.stdout.readableEnded) return finish();
+  // the sandbox's processes die with its init, closing claude's stdout; should something
+  // still hold it, the exit is not held up past a few seconds
+  const late = setTimeout(finish, 5000);
+  child.stdout.once('end', () => { clearTimeout(late); finish(); });
+});
+child.on('error', err => {
+  process.stderr.write(`cage: cannot start the command: ${err.message}\n`);
+  process.exit(127);
+});
