@@ -77,8 +77,10 @@ def host_env(tmp_path: Path, path: str) -> dict[str, str]:
 def a_spec(tmp_path: Path, url: str, claude: str | None) -> RunSpec:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
+    # cage off: what the engine sends a host that cannot cage its workers (this host has
+    # no node or srt on its PATH), so the runner must run claude without them
     settings: dict[str, object] = {"base_url": url, "sandbox": os.geteuid() == 0,
-                                   "key_sources": ["env"]}
+                                   "key_sources": ["env"], "cage": "off"}
     if claude is not None:
         settings["claude"] = claude
     return RunSpec(cwd=str(work), prompt="write it", config_dir=str(tmp_path / "cfg"),
@@ -215,7 +217,8 @@ def _ray_job(package: Path, tmp_path: Path, git_repo: Path, url: str,
                           config_dir=Path(f"{node}/config/t1"), attempt_dir=adir)
     spec = RunSpec(cwd=worktree, prompt="write it", config_dir=f"{node}/config/t1",
                    settings={"base_url": url, "sandbox": os.geteuid() == 0,
-                             "key_sources": ["env"], "claude": "/nowhere/of/this/machine"},
+                             "key_sources": ["env"], "claude": "/nowhere/of/this/machine",
+                             "cage": "off"},  # a node that cannot cage (no node, no srt)
                    task_id="t1", attempt=1, token="tok-ray-stdlib", kill_grace=2.0,
                    repo=str(git_repo))
     staged = host.stage(placement, spec)
