@@ -446,9 +446,12 @@ class Runner:
         argv = cage.warm_argv(self.env)
         if argv is None:
             return
+        # the attempt's token in its environment from the start, as claude's process has
+        # it: what finds the run's processes where no parent-death signal takes them along
+        env = dict(self.env, **({TOKEN_ENV: spec.token} if spec.token else {}))
         go_r, go_w = os.pipe()
         try:
-            failed = self._spawn(spec, argv, self.env, go_r)
+            failed = self._spawn(spec, argv, env, go_r)
         finally:
             os.close(go_r)
         if failed is not None or self.child is None:
