@@ -146,8 +146,10 @@ def test_a_saved_token_is_refused_within_2_s_of_its_attempts_end_with_no_engine(
                # a worker that waits in a Bash step until the test lets it go
                "kill": {"real_turns": True, "turns": [[keep], [gate_step(gate)], "done"]}}
     with ScriptedEndpoint(scripts) as ep:
+        # uncaged: the worker must hold its token in its environment (key_helper off); a
+        # caged worker always reads it through the one-shot pipe, so its tools never see it
         env = cli_env(ep.url, claude_bin, KEY_ONE, FLEET_WORKER_GATEWAY="1",
-                      FLEET_WORKER_KEY_HELPER="0")
+                      FLEET_WORKER_KEY_HELPER="0", FLEET_WORKER_CAGE="off")
         store = Store(paths.db_path())
         try:
             started = run_cli(env, git_repo, "run", "answer", "--json")
