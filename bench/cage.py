@@ -1,4 +1,4 @@
-"""Benchmark 14: what the worker's cage costs (`python -m bench cage`).
+"""Benchmark 16: what the worker's cage costs (`python -m bench cage`).
 
 Two figures, each paired round by round with its uncaged twin (the order alternates):
 
@@ -239,4 +239,4 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
     ]
     notes = [f"claude: {claude}; srt {cage.SRT_VERSION}; the cage's start is in the first "
              "figure only (a worker pays it once)"]
-    return BenchResult("cage", "14. The cage", figures, notes)
+    return BenchResult("cage", "16. The cage", figures, notes)
