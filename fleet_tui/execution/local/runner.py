@@ -483,15 +483,15 @@ class Runner:
             os.close(self.warm_go)
             self.warm_go = None
         if warm is not None:
-            try:
-                warm.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                procs.signal_tree(self.pid, signal.SIGTERM, groups=[warm.pid])
+            for sig in (signal.SIGTERM, signal.SIGKILL, None):  # its own process group
                 try:
-                    warm.wait(timeout=LEFTOVER_GRACE)
+                    warm.wait(timeout=2.0 if sig == signal.SIGTERM else LEFTOVER_GRACE)
+                    break
                 except subprocess.TimeoutExpired:
-                    procs.signal_tree(self.pid, signal.SIGKILL, groups=[warm.pid])
-                    warm.wait()
+                    if sig is None:
+                        break
+                    with contextlib.suppress(OSError):
+                        os.killpg(warm.pid, sig)
             if warm.stdout is not None:
                 warm.stdout.close()
         files, self.warm_files = self.warm_files, None
