@@ -19,10 +19,12 @@ What a caged worker has:
   main checkout and so other tasks' worktrees, fleet-tui's data folder beyond the worker's
   own config dir and the repository's cache;
 - no process outside it (its own pid namespace);
-- network: only through srt's proxy, to the worker's endpoint (the gateway or the endpoint
-  the base URL names: its host:port) and the allowed hosts (package registries by default,
-  the `allow_hosts` setting). The key never enters: with the gateway a worker holds only its
-  token, and without it claude reads the key through its one-shot pipe as uncaged.
+- network: its endpoint when it is on this machine (the gateway, a loopback base URL) over a
+  socket bridged into its network namespace (that one host:port); through srt's proxy, a
+  remote endpoint (the host:port its base URL names) and the allowed hosts (package
+  registries by default, the `allow_hosts` setting). The key never enters: with the
+  gateway a worker holds only its token, and without it claude reads the key through its
+  one-shot pipe as uncaged.
 
 Standard library only: the runner (which must stay so) calls `wrap`.
 """
@@ -44,8 +46,9 @@ HOST_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cage_hos
 SRT_ENV = "FLEET_WORKER_SRT"  # where srt is (its package folder, or a folder it was installed into)
 # Linux programs srt needs besides node, with the Debian package of each.
 LINUX_PROGRAMS = (("bwrap", "bubblewrap"), ("socat", "socat"), ("rg", "ripgrep"))
-# Inside, every connection goes through srt's proxy, so every refusal is seen (its NO_PROXY
-# sends loopback and private addresses past the proxy, where nothing is).
+# Inside, every connection but the bridged endpoint's goes through srt's proxy, so every
+# refusal is seen (its NO_PROXY sends loopback and private addresses past the proxy, where
+# nothing is).
 UNSET_INSIDE = ("NO_PROXY", "no_proxy")
 # Cache variables pointed at the repository's cache folder (kept between its workers).
 CACHE_VARIABLES = (("XDG_CACHE_HOME", ""), ("PIP_CACHE_DIR", "pip"), ("npm_config_cache", "npm"),

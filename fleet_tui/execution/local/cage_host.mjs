@@ -278,8 +278,9 @@ timing('bridge ready');
 await SandboxManager.initialize(srtConfig, undefined, true);
 timing('srt initialized');
 
-// Inside, every connection goes through the proxy (none is direct: srt's NO_PROXY would send
-// loopback and private addresses past it, where there is nothing), so each refusal is seen.
+// Inside, every connection but the bridged endpoint's goes through the proxy (srt's NO_PROXY
+// would send loopback and private addresses past it, where there is nothing): NO_PROXY is
+// removed, or names only the bridged host:port, so each refusal is seen.
 const unset = (policy.unset_env || []).flatMap(name => ['-u', name]);
 const set = Object.entries(policy.set_env || {}).map(([k, v]) => `${k}=${v}`);
 const inner = ['env', ...unset, '-u', 'FLEET_CAGE_BRIDGE', ...set,
