@@ -1,4 +1,4 @@
-"""Benchmark 14: what the worker's cage costs (`python -m bench cage`).
+"""Benchmark 16: what the worker's cage costs (`python -m bench cage`).
 
 Two figures, each paired round by round with its uncaged twin (the order alternates):
 
@@ -6,6 +6,11 @@ Two figures, each paired round by round with its uncaged twin (the order alterna
   real repository, from just before the spawn to the scripted endpoint receiving its first
   message request; caged (`cage.wrap`: node + srt + bubblewrap + its proxy, claude's request
   through that proxy) and not. Budget: caged ÷ uncaged at most START_BUDGET.
+- **A worker's start → first request**: the real runner (`python -m
+  fleet_tui.execution.local.runner` on an attempt folder, as the engine starts it) with the
+  same claude, from the runner's spawn to the first message request; cage = "worker" and
+  "off". Caged, the runner starts the cage host as it starts, so node and srt load while
+  it plans the run: the cost a user's worker pays. Budget: START_BUDGET too.
 - **A build step**: `pip install` of a local wheel (no index, no cache) into a folder, then
   a `pytest` run of a small test file in the worktree, timed by a Python timer started
   inside the same shell as the step: inside the cage and outside it. The cage's own start
@@ -29,6 +34,7 @@ from pathlib import Path
 from bench.common import REPO_ROOT, BenchResult, Figure, bench_env, git, make_repo, ms
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.execution.local import cage
+from fleet_tui.execution.spec import RunSpec
 
 START_BUDGET = 1.3  # the issue's budget; see RESULTS.md for the measured figure
 BUILD_BUDGET = 1.2
@@ -106,6 +112,35 @@ def _first_request(argv: list[str], env: dict[str, str], cwd: Path,
     return got[before].time - start
 
 
+def _worker_request(claude: str, env: dict[str, str], root: Path, worktree: Path, repo: Path,
+                    ep: ScriptedEndpoint, mode: str, n: int) -> float:
+    """Seconds from the runner's spawn to the endpoint's first message request."""
+    adir = root / f"attempt-{mode}-{n}"
+    adir.mkdir()
+    spec = RunSpec(cwd=str(worktree), prompt="say done", config_dir=str(root / "cfg" / mode),
+                   settings={"base_url": ep.url, "claude": claude, "cage": mode,
+                             "sandbox": os.geteuid() == 0, "key_sources": ["env"]},
+                   task_id="t1", attempt=n, token=f"tok-bench-{mode}-{n}", kill_grace=2.0,
+                   repo=str(repo), permission_mode="bypassPermissions")
+    (adir / "spec.json").write_text(spec.to_json())
+    runner_env = dict(env, ANTHROPIC_AUTH_TOKEN="bench-key", CLAUDE_CODE_MAX_RETRIES="0",
+                      DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+    before = len(ep.message_requests())
+    start = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "fleet_tui.execution.local.runner",
+                             str(adir)], env=runner_env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        got = ep.wait_for(before + 1, timeout=120)
+    finally:
+        _out, err = proc.communicate(timeout=120)
+    if proc.returncode != 0 or len(got) <= before:
+        exit_record = (adir / "exit.json").read_text() if (adir / "exit.json").exists() else ""
+        raise RuntimeError(f"the runner failed ({proc.returncode}): {exit_record[-500:]} "
+                           f"{err.decode(errors='replace').strip()[-300:]}")
+    return got[before].time - start
+
+
 def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
     runs = runs or (2 if smoke else 12)
     claude = _claude()
@@ -127,6 +162,9 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
         build_ratio: list[float] = []
         build_caged: list[float] = []
         build_bare: list[float] = []
+        worker_ratio: list[float] = []
+        worker_caged: list[float] = []
+        worker_bare: list[float] = []
         with ScriptedEndpoint({"default": ["done"]}) as ep:
             cenv = dict(env, ANTHROPIC_BASE_URL=ep.url, ANTHROPIC_AUTH_TOKEN="bench-key",
                         CLAUDE_CONFIG_DIR=str(config), CLAUDE_CODE_MAX_RETRIES="0",
@@ -144,6 +182,8 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
             # one untimed round of each: page cache, pyc files, srt's first start
             _first_request(bare, cenv, worktree, ep)
             _first_request(*caged(bare, cenv), worktree, ep)
+            for mode in ("off", "worker"):
+                _worker_request(claude, env, benv.root, worktree, repo, ep, mode, 0)
             for i in range(runs):
                 arms = ["bare", "caged"] if i % 2 == 0 else ["caged", "bare"]
                 took: dict[str, float] = {}
@@ -155,6 +195,13 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
                 start_bare.append(ms(took["bare"]))
                 start_caged.append(ms(took["caged"]))
                 start_ratio.append(took["caged"] / took["bare"])
+                worker: dict[str, float] = {}
+                for arm in arms:
+                    worker[arm] = _worker_request(claude, env, benv.root, worktree, repo, ep,
+                                                  "off" if arm == "bare" else "worker", i + 1)
+                worker_bare.append(ms(worker["bare"]))
+                worker_caged.append(ms(worker["caged"]))
+                worker_ratio.append(worker["caged"] / worker["bare"])
                 built: dict[str, float] = {}
                 for arm in arms:
                     # the same file system for both: the worktree (the cage binds it)
@@ -175,6 +222,15 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
                start_bare),
         Figure("cage.start_caged", "spawn → first request, caged (node + srt + bwrap)",
                "ms", start_caged),
+        Figure("cage.worker_start_ratio",
+               "caged ÷ uncaged: a worker's start (the runner's spawn) → its first request",
+               "×", worker_ratio, budget=START_BUDGET, per="pair",
+               baseline="cage.worker_start_uncaged",
+               note="the real runner; caged, it starts the cage host while it plans the run"),
+        Figure("cage.worker_start_uncaged", "runner spawn → first request, uncaged", "ms",
+               worker_bare),
+        Figure("cage.worker_start_caged", "runner spawn → first request, caged", "ms",
+               worker_caged),
         Figure("cage.build_ratio", "caged ÷ uncaged: pip install of a local wheel + pytest",
                "×", build_ratio, budget=BUILD_BUDGET, per="pair",
                baseline="cage.build_uncaged", note="timed inside the step's own shell"),
@@ -183,4 +239,4 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
     ]
     notes = [f"claude: {claude}; srt {cage.SRT_VERSION}; the cage's start is in the first "
              "figure only (a worker pays it once)"]
-    return BenchResult("cage", "14. The cage", figures, notes)
+    return BenchResult("cage", "16. The cage", figures, notes)

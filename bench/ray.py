@@ -221,7 +221,10 @@ def _engine(cluster: Cluster, benv: Any, node_dir: Path, claude: Path
     settings = load_settings(env=env, overrides={
         "base_url": "http://127.0.0.1:9", "claude": str(claude), "key_sources": "env",
         "sandbox": os.geteuid() == 0, "max_workers": 2, "max_attempts": 1,
-        "kill_grace": 2.0, "gateway": False})
+        "kill_grace": 2.0, "gateway": False,
+        # uncaged: the stand-in's stream wrapper writes its capture outside any worktree,
+        # and the remote workers this compares with run uncaged (the cage has its own bench)
+        "cage": "off"})
     # the nodes are this machine: the stand-in is the node's claude, named as the host's
     host = RayHost(name="bench", address=cluster.address, env=env,
                    resources={NODE_RESOURCE: 1}, python=sys.executable,

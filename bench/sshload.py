@@ -134,7 +134,10 @@ def follow_steps(args: dict[str, Any], env: dict[str, str], host: Any, *,
     settings = load_settings(env=env, overrides={
         "base_url": "http://127.0.0.1:9", "claude": args["claude"], "key_sources": "env",
         "sandbox": os.geteuid() == 0, "max_workers": n, "max_attempts": 1,
-        "kill_grace": 2.0, "gateway": False})
+        "kill_grace": 2.0, "gateway": False,
+        # uncaged: the stand-in's stream wrapper writes its capture outside any worktree,
+        # and the remote workers this compares with run uncaged (the cage has its own bench)
+        "cage": "off"})
     fleet = Fleet(settings, Store(paths.db_path()), env=env,
                   **({"host": host} if host is not None else {}))
     stop = threading.Event()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -148,3 +149,14 @@ def run_cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120
                          input="", capture_output=True, text=True, timeout=timeout)
     assert "Traceback" not in out.stderr, out.stderr
     return out
+
+
+def shared(repo: Path, name: str) -> Path:
+    """A folder a worker's Bash step and the test both reach: the repository's cache
+    folder (its workers' caches, which a caged worker may write; the test's own folder is
+    outside the cage)."""
+    from fleet_tui.execution.local import cage
+
+    folder = Path(cage.repo_cache_dir(cage.default_data_dir(os.environ), str(repo))) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

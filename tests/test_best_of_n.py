@@ -47,7 +47,12 @@ WRITES = {"three": ("BROKEN\\n", "a\\nb\\nc\\nd\\ne\\n", "a\\n"),
 
 def _script(slots: Path, writes: tuple[str, str, str]) -> list[Any]:
     case = " ".join(f"{n}) printf '{w}' > notes.txt;;" for n, w in enumerate(writes, 1))
-    command = (f"n=0; for i in 1 2 3; do if mkdir {slots}/$i 2>/dev/null; then n=$i; "
+    # the slots live where the copies may all write: a caged worker writes only its
+    # worktree and its repository's cache (XDG_CACHE_HOME, shared by the repository's
+    # workers); an uncaged one the test's folder
+    where = f'"${{XDG_CACHE_HOME:-{slots.parent}}}/{slots.name}"'
+    command = (f"n=0; mkdir -p {where}; for i in 1 2 3; do if mkdir {where}/$i 2>/dev/null; "
+               "then n=$i; "
                f"break; fi; done; case $n in {case} esac")
     return [[{"type": "tool_use", "name": "Bash",
               "input": {"command": command, "description": "write my notes"}}],
@@ -59,7 +64,6 @@ def endpoint(tmp_path: Path) -> Iterator[ScriptedEndpoint]:
     scripts = {}
     for name, writes in WRITES.items():
         slots = tmp_path / f"slots-{name}"
-        slots.mkdir()
         scripts[name] = _script(slots, writes)
     with ScriptedEndpoint(scripts) as ep:
         yield ep

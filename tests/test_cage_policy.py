@@ -87,6 +87,31 @@ def test_the_endpoint_is_host_and_port() -> None:
     assert cage.endpoint_host("http://user@host") == "host:80"
 
 
+def test_a_local_endpoint_is_bridged_into_the_cage_and_named_alone_in_no_proxy(
+        tmp_path: Path) -> None:
+    """The worker's endpoint on this machine (the gateway) is reached over a socket bridged
+    into the cage, not srt's proxy (whose 502 for a refused connection reads as an
+    overload): the rules name it, and NO_PROXY names only its host:port inside. A remote
+    endpoint goes through the proxy (no bridge); on macOS there is no namespace to bridge."""
+    _where, rules = _policy(tmp_path)
+    assert rules["bridge"] == {"host": "127.0.0.1", "port": 4711}
+    assert rules["set_env"] == {"NO_PROXY": "127.0.0.1:4711", "no_proxy": "127.0.0.1:4711"}
+    assert "bridge" not in _policy(tmp_path / "mac", system="darwin")[1]
+    assert cage.loopback_endpoint("http://localhost:8080/x") == ("localhost", 8080)
+    assert cage.loopback_endpoint("http://127.0.0.1/") == ("127.0.0.1", 80)
+    for remote in ("https://api.z.ai/api/anthropic", "http://10.0.0.2:80", "http://[::1]:9",
+                   "http://127.example:1"):
+        assert cage.loopback_endpoint(remote) is None, remote
+
+
+def test_the_runner_starts_the_cage_host_early_when_the_worker_will_be_caged() -> None:
+    """The guess the runner makes before its settings are loaded (they decide after)."""
+    assert cage.wanted({}, {}, system="linux") and not cage.wanted({}, {}, system="win32")
+    assert not cage.wanted({"cage": "off"}, {}, system="linux")
+    assert not cage.wanted({}, {"FLEET_WORKER_CAGE": "off"}, system="linux")
+    assert cage.wanted({"cage": "worker"}, {"FLEET_WORKER_CAGE": "off"}, system="linux")
+
+
 def test_settings_cage_and_hosts(tmp_path: Path) -> None:
     default = load_launch_settings(env={"HOME": str(tmp_path)}, config_file=os.devnull)
     assert default.cage == "worker" and "pypi.org" in default.allow_hosts

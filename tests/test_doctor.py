@@ -344,8 +344,16 @@ def _tools(folder: Path, **scripts: str) -> Path:
 def test_tool_env_reports_who_can_read_the_key(setup: Path, key: str, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Finding 17: key_helper off is a warning; scrub_tool_env needs bubblewrap and socat
-    on PATH (else exit 2) and a bubblewrap that can make a sandbox here."""
+    on PATH (else exit 2) and a bubblewrap that can make a sandbox here. All of it is about
+    an uncaged worker (cage off): a caged one always gets the key through the pipe and runs
+    its tools in the cage's pid namespace, whatever these settings say."""
     monkeypatch.setenv("FLEET_WORKER_KEY_HELPER", "0")
+    monkeypatch.setenv("FLEET_WORKER_SCRUB_TOOL_ENV", "1")
+    caged = by_check(as_json(run_doctor("--json", cwd=setup)))["tool_env"]
+    assert caged["status"] == "ok" and "caged: the key reaches claude through a one-shot " \
+        "pipe" in caged["detail"] and "has no effect on a caged worker" in caged["detail"]
+    monkeypatch.delenv("FLEET_WORKER_SCRUB_TOOL_ENV")
+    monkeypatch.setenv("FLEET_WORKER_CAGE", "off")
     off = by_check(as_json(run_doctor("--json", cwd=setup)))["tool_env"]
     assert off["status"] == "warn" and "every tool it runs" in off["detail"]
     monkeypatch.delenv("FLEET_WORKER_KEY_HELPER")
@@ -369,6 +377,7 @@ def test_tool_env_with_a_working_bubblewrap(setup: Path, key: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     if not (shutil.which("bwrap") and shutil.which("socat")):
         pytest.skip("needs bubblewrap and socat installed (apt-get install bubblewrap socat)")
+    monkeypatch.setenv("FLEET_WORKER_CAGE", "off")  # scrub_tool_env is an uncaged worker's
     monkeypatch.setenv("FLEET_WORKER_SCRUB_TOOL_ENV", "1")
     result = run_doctor("--json", cwd=setup)
     row = by_check(as_json(result))["tool_env"]
@@ -417,6 +426,7 @@ def test_the_platform_is_reported_with_what_it_allows(setup: Path, key: str,
     assert mac.status == "ok" and "macOS" in mac.detail and "Linux-only" in mac.detail
     assert doctor._platform_check(system="win32", portable=True).status == "warn"
     monkeypatch.setattr(launcher, "SYSTEM", "darwin")
+    monkeypatch.setenv("FLEET_WORKER_CAGE", "off")  # scrub_tool_env is an uncaged worker's
     monkeypatch.setenv("FLEET_WORKER_SCRUB_TOOL_ENV", "1")
     ctx = doctor.Context(env=dict(os.environ))
     settings = load_settings(env=ctx.env)

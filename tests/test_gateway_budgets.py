@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from endpoint_helpers import shared
 from test_budgets_real import meter_request
 from test_fleet import KEY, drive, settled
 from test_gateway_routes import gate_step
@@ -61,7 +62,7 @@ def raise_budget(fleet: Fleet, text: str) -> None:
 
 def test_a_raised_task_budget_lets_the_next_request_through_without_a_restart(
         git_repo: Path, claude_bin: str, tmp_path: Path) -> None:
-    gate = tmp_path / "go"
+    gate = shared(git_repo, "gate") / "go"
     script = {"real_turns": True, "turns": [[gate_step(gate)], [gate_step(gate)], "done"]}
     write_config("budget_per_task = 0.5\n")
     with ScriptedEndpoint({"default": script}) as ep:
@@ -92,7 +93,7 @@ def test_a_raised_task_budget_lets_the_next_request_through_without_a_restart(
 
 def test_a_day_budget_met_mid_run_parks_the_running_tasks_until_it_is_raised(
         git_repo: Path, claude_bin: str, tmp_path: Path) -> None:
-    gate = tmp_path / "go"
+    gate = shared(git_repo, "gate") / "go"
     script = {"real_turns": True, "turns": [[gate_step(gate)], [gate_step(gate)], "done"]}
     write_config("budget_per_day = 1.0\n")
     with ScriptedEndpoint({"default": script}) as ep:

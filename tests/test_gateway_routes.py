@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from endpoint_helpers import cli_env, post, request_body, run_cli
+from endpoint_helpers import cli_env, post, request_body, run_cli, shared
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import TaskSpec
@@ -57,7 +57,7 @@ def test_an_ls_from_another_shell_changes_neither_the_key_nor_the_endpoint_of_a_
     ls` from a shell with another key and base URL B, then from one with no key at all:
     every request of the task reaches A with sk-1 (one key hash), none reaches B, and the
     task ends ok."""
-    gate = tmp_path / "go"
+    gate = shared(git_repo, "gate") / "go"
     script = {"real_turns": True, "turns": [[gate_step(gate)], [gate_step(gate)], "done"]}
     with ScriptedEndpoint({"default": script}) as a, \
             ScriptedEndpoint({"default": script}) as b:
@@ -135,20 +135,21 @@ def test_a_saved_token_is_refused_within_2_s_of_its_attempts_end_with_no_engine(
     without --wait, so no fleet-tui process follows the task: once the runner has ended
     (claude done), the token is refused within 2 s; the same after a SIGKILL of a runner
     in the middle of its run."""
-    saved = tmp_path / "saved"
-    saved.mkdir()
+    saved = shared(git_repo, "saved")
     keep = {"type": "tool_use", "name": "Bash", "input": {
         "command": f'printf %s "$ANTHROPIC_AUTH_TOKEN" > {saved}/token.tmp; '
                    f'printf %s "$ANTHROPIC_BASE_URL" > {saved}/url; '
                    f"mv {saved}/token.tmp {saved}/token",
         "description": "save the token"}}
-    gate = tmp_path / "gate"
+    gate = shared(git_repo, "gate") / "gate"
     scripts = {"default": {"real_turns": True, "turns": [[keep], "done"]},
                # a worker that waits in a Bash step until the test lets it go
                "kill": {"real_turns": True, "turns": [[keep], [gate_step(gate)], "done"]}}
     with ScriptedEndpoint(scripts) as ep:
+        # uncaged: the worker must hold its token in its environment (key_helper off); a
+        # caged worker always reads it through the one-shot pipe, so its tools never see it
         env = cli_env(ep.url, claude_bin, KEY_ONE, FLEET_WORKER_GATEWAY="1",
-                      FLEET_WORKER_KEY_HELPER="0")
+                      FLEET_WORKER_KEY_HELPER="0", FLEET_WORKER_CAGE="off")
         store = Store(paths.db_path())
         try:
             started = run_cli(env, git_repo, "run", "answer", "--json")
@@ -244,7 +245,7 @@ def test_a_task_whose_key_the_gateway_lost_waits_and_resumes_in_its_session(
     hold its key and the process that owned it has ended, so the attempt stops saying so
     (verdict key, not an overload, no endpoint held) and the task waits; the next pass of
     a fleet-tui with a key resumes it in its session, and it ends ok."""
-    gate = tmp_path / "go"
+    gate = shared(git_repo, "gate") / "go"
     script = {"real_turns": True, "turns": [[gate_step(gate)], "done"]}
     with ScriptedEndpoint({"default": script}) as ep:
         env = cli_env(ep.url, claude_bin, KEY_ONE, FLEET_WORKER_GATEWAY="1")

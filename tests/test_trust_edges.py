@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from endpoint_helpers import cli_env, run_cli
+from endpoint_helpers import cli_env, run_cli, shared
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.demo.session import demo_scripts
@@ -28,8 +28,7 @@ from fleet_tui.system import paths
 KEY = "sk-edges-test-SECRET-5d1c"
 
 
-def _scripts(tmp_path: Path) -> dict[str, Any]:
-    go = tmp_path / "go"
+def _scripts(go: Path) -> dict[str, Any]:
     return {
         **demo_scripts(),
         "default": [
@@ -49,8 +48,9 @@ def _scripts(tmp_path: Path) -> dict[str, Any]:
 
 
 @pytest.fixture
-def endpoint(tmp_path: Path) -> Iterator[ScriptedEndpoint]:
-    with ScriptedEndpoint(_scripts(tmp_path)) as ep:
+def endpoint(git_repo: Path) -> Iterator[ScriptedEndpoint]:
+    # the word is a file where the worker can see it: its repository's cache folder
+    with ScriptedEndpoint(_scripts(shared(git_repo, "gate") / "go")) as ep:
         yield ep
 
 
@@ -145,7 +145,7 @@ def test_logs_follow_prints_the_recorded_end_when_the_run_ends_right_after_a_pas
         changes = real_tick(self)
         if not released:
             released.append(True)
-            (tmp_path / "go").write_text("")
+            (shared(git_repo, "gate") / "go").write_text("")
             wait_for("the runner's exit record", lambda: folder.exited)
         return changes
 

@@ -7,6 +7,7 @@ from tests/fixtures/stream-json, no scheduler and no live process, cursor blink 
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import time
@@ -42,6 +43,7 @@ def _events(store: Store, task_id: str, sample: str, logs: Path, *, keep: int | 
     attempt_dir.mkdir(parents=True)
     lines = (FIXTURES / sample / "stdout.jsonl").read_text().splitlines(keepends=True)
     (attempt_dir / "events.jsonl").write_text("".join(lines[:keep] if keep else lines))
+    (attempt_dir / "cage.json").write_text("{}")  # a caged worker's, as by default
     store.add_attempt(task_id, now=NOW - 100, dir=attempt_dir,
                       events_path=attempt_dir / "events.jsonl",
                       finished_at=NOW - 20 if finished else None, **fields)
@@ -280,3 +282,28 @@ def test_fixture_samples_exist() -> None:
     for sample in ("root_529_retries2", "root_529_then_ok", "nonroot_stream"):
         assert (FIXTURES / sample / "stdout.jsonl").is_file(), sample
     assert shutil.which("git")
+
+
+def test_the_list_marks_a_task_that_ran_uncaged(git_repo: Path, tmp_path: Path) -> None:
+    """A task whose attempt ran without the cage (no cage.json in its folder: cage = "off")
+    is marked `[uncaged]` in the panel's list, as `ls` marks it; the caged ones are not."""
+    fleet = build_fleet(git_repo, tmp_path)
+    (tmp_path / "logs" / "s4n7ud" / "1" / "cage.json").unlink()
+    app = FleetApp(fleet, repo=git_repo, default_base="main", clock=lambda: NOW,
+                   run_scheduler=False, bell=False, poll_interval=0.1, diff_interval=60)
+
+    async def scenario() -> None:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await _main_ready(pilot)
+            table = app.main.query_one(TaskTable)
+            await _settle(pilot, lambda: "[uncaged]" in _title(table, "s4n7ud"))
+            assert _title(table, "s4n7ud").startswith("[uncaged] Create hello.txt")
+            for caged in ("k3v9qa", "f8w2zc", "r2p5xe", "w6h1mb", "q7j3tt"):
+                assert "[uncaged]" not in _title(table, caged), caged
+
+    asyncio.run(scenario())
+
+
+def _title(table: TaskTable, task_id: str) -> str:
+    keys = [key for key, _label, _width in table._columns()]
+    return table.get_row(task_id)[keys.index("title")].plain

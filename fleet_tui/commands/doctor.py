@@ -277,6 +277,15 @@ def _tool_env_check(ctx: Context, settings: Settings, timeout: float) -> Check:
         note = (f"; note: {exported[0]} is exported in this shell, so every process started "
                 "from it carries the key in its environment (/proc/PID/environ), which "
                 "anything running as you can read: `fleet-tui key set` avoids that")
+    if settings.cage == "worker":
+        # the cage replaces scrub_tool_env: the key always goes through the pipe, and the
+        # tools run in the cage's own pid namespace (the cage check says if it works here)
+        unused = ("; scrub_tool_env is set but has no effect on a caged worker"
+                  if settings.scrub_tool_env else "")
+        return Check("tool_env", OK, "caged: the key reaches claude through a one-shot pipe "
+                     "(apiKeyHelper), never its environment, and the tools it runs see no "
+                     "process outside the cage (its own pid namespace), which is what "
+                     "scrub_tool_env did for an uncaged worker" + unused + note)
     if settings.scrub_tool_env:
         unsupported = scrub_platform_message()
         if unsupported:

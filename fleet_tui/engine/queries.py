@@ -62,6 +62,8 @@ class FleetStatus:
     # issue 20: why the queued tasks of a host wait, by host ("waiting: host box at its 2
     # workers"), for the hosts at their max_workers with tasks queued for them
     host_waits: dict[str, str] = field(default_factory=dict)
+    # the tasks whose latest attempt ran (or runs) without the cage, as `ls` marks them
+    uncaged: frozenset[str] = frozenset()
 
 
 class Queries(Part):
@@ -72,6 +74,8 @@ class Queries(Part):
         self.secrets = secrets
         self._ledger: Ledger | None = None
         self._ledger_lock = threading.Lock()
+        # (task, attempt number) -> ran caged: settled once the attempt has started
+        self._caged: dict[tuple[str, int], bool] = {}
 
     def attempt_log(self, attempt: Attempt) -> AttemptLog | None:
         """The attempt's folder as its host left it on this machine (the one format every
@@ -129,7 +133,31 @@ class Queries(Part):
                     for n in self.settings.endpoint_names), cooldown_until=until,
             total_tokens=sum(t.input_tokens + t.output_tokens for t in tasks),
             endpoints=self.endpoint_status(now), slot_waits=self.slot_waits(),
-            host_waits=self.host_waits(tasks), **self._metered(tasks, now))
+            host_waits=self.host_waits(tasks), uncaged=self.uncaged(tasks),
+            **self._metered(tasks, now))
+
+    def uncaged(self, tasks: list[Task]) -> frozenset[str]:
+        """The tasks whose latest attempt ran without the cage: its folder holds no
+        cage.json (written when a caged worker starts). A caged answer is kept; an
+        uncaged one is read again while the task runs (its runner may not have written it
+        yet), so only the running tasks cost a read each time."""
+        out: set[str] = set()
+        for task in tasks:
+            if task.state == TaskState.QUEUED or task.attempt_count <= 0:
+                continue
+            key = (task.id, task.attempt_count)
+            caged = self._caged.get(key)
+            if caged is None:
+                attempt = self.store.latest_attempt(task.id)
+                log = self.attempt_log(attempt) if attempt is not None else None
+                if log is None or not log.dir.is_dir():
+                    continue
+                caged = log.cage_policy.exists()
+                if caged or task.state not in ACTIVE_STATES:
+                    self._caged[key] = caged
+            if not caged:
+                out.add(task.id)
+        return frozenset(out)
 
     def host_waits(self, tasks: list[Task] | None = None) -> dict[str, str]:
         """Why the queued tasks of a host (of config.toml: this machine's cap is the

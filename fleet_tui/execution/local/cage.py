@@ -19,10 +19,12 @@ What a caged worker has:
   main checkout and so other tasks' worktrees, fleet-tui's data folder beyond the worker's
   own config dir and the repository's cache;
 - no process outside it (its own pid namespace);
-- network: only through srt's proxy, to the worker's endpoint (the gateway or the endpoint
-  the base URL names: its host:port) and the allowed hosts (package registries by default,
-  the `allow_hosts` setting). The key never enters: with the gateway a worker holds only its
-  token, and without it claude reads the key through its one-shot pipe as uncaged.
+- network: its endpoint when it is on this machine (the gateway, a loopback base URL) over a
+  socket bridged into its network namespace (that one host:port); through srt's proxy, a
+  remote endpoint (the host:port its base URL names) and the allowed hosts (package
+  registries by default, the `allow_hosts` setting). The key never enters: with the
+  gateway a worker holds only its token, and without it claude reads the key through its
+  one-shot pipe as uncaged.
 
 Standard library only: the runner (which must stay so) calls `wrap`.
 """
@@ -44,8 +46,9 @@ HOST_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cage_hos
 SRT_ENV = "FLEET_WORKER_SRT"  # where srt is (its package folder, or a folder it was installed into)
 # Linux programs srt needs besides node, with the Debian package of each.
 LINUX_PROGRAMS = (("bwrap", "bubblewrap"), ("socat", "socat"), ("rg", "ripgrep"))
-# Inside, every connection goes through srt's proxy, so every refusal is seen (its NO_PROXY
-# sends loopback and private addresses past the proxy, where nothing is).
+# Inside, every connection but the bridged endpoint's goes through srt's proxy, so every
+# refusal is seen (its NO_PROXY sends loopback and private addresses past the proxy, where
+# nothing is).
 UNSET_INSIDE = ("NO_PROXY", "no_proxy")
 # Cache variables pointed at the repository's cache folder (kept between its workers).
 CACHE_VARIABLES = (("XDG_CACHE_HOME", ""), ("PIP_CACHE_DIR", "pip"), ("npm_config_cache", "npm"),
@@ -326,8 +329,34 @@ def policy(*, worktree: str, config_dir: str, repo: str, env: Mapping[str, str],
         "filesystem": {"denyRead": hidden, "allowRead": shown, "allowWrite": writable,
                        "denyWrite": []},
     }
-    return {"srt": srt, "hidden": hidden, "shown": shown, "home": homes[0] if homes else "",
-            "unset_env": list(UNSET_INSIDE), "tmpdir": tmpdir}
+    rules: dict[str, object] = {
+        "srt": srt, "hidden": hidden, "shown": shown, "home": homes[0] if homes else "",
+        "unset_env": list(UNSET_INSIDE), "tmpdir": tmpdir}
+    bridge = loopback_endpoint(base_url) if linux else None
+    if bridge is not None:
+        # The worker's endpoint on this machine (the gateway, a local endpoint) is not
+        # reached through srt's proxy but over a socket bridged into the cage's network
+        # namespace: claude meets it as uncaged (a refused connection is a refused
+        # connection, not the proxy's "502 Bad Gateway"), and only that port is bridged.
+        # NO_PROXY names just that host:port, so every other connection still goes through
+        # the proxy and each refusal is seen.
+        host, port = bridge
+        rules["bridge"] = {"host": host, "port": port}
+        rules["set_env"] = {name: f"{host}:{port}" for name in UNSET_INSIDE}
+    return rules
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1")
+
+
+def loopback_endpoint(base_url: str) -> tuple[str, int] | None:
+    """(host, port) of an endpoint on this machine's IPv4 loopback, else None."""
+    host, _, port = endpoint_host(base_url).rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    if host == "localhost" or (host.startswith("127.") and host.replace(".", "").isdigit()):
+        return host, int(port)
+    return None
 
 
 # The files and folders srt always refuses to let a command write (its mandatory denies).
@@ -366,6 +395,17 @@ def wrap(argv: Sequence[str], env: Mapping[str, str], *, attempt_dir: str, workt
     """claude's argv and environment, caged: `node cage_host.mjs SRT POLICY -- argv`, the
     policy written to the attempt folder's cage.json. RuntimeError when the cage cannot be
     built here (missing_message says what to install)."""
+    node, srt_dir, path, caged_env = _build(argv, env, attempt_dir=attempt_dir,
+                                            worktree=worktree, config_dir=config_dir,
+                                            repo=repo, base_url=base_url,
+                                            allow_hosts=allow_hosts)
+    return [node, HOST_SCRIPT, srt_dir, path, "--", *argv], caged_env
+
+
+def _build(argv: Sequence[str], env: Mapping[str, str], *, attempt_dir: str, worktree: str,
+           config_dir: str, repo: str, base_url: str, allow_hosts: Sequence[str]
+           ) -> tuple[str, str, str, dict[str, str]]:
+    """(node, srt's folder, the policy written to cage.json, claude's environment)."""
     data_dir = default_data_dir(env)
     cache_dir = repo_cache_dir(data_dir, repo or worktree)
     problems = missing(env, data_dir)
@@ -385,7 +425,52 @@ def wrap(argv: Sequence[str], env: Mapping[str, str], *, attempt_dir: str, workt
     caged_env.update(cache_env(cache_dir))
     caged_env.update(git_env(env, config_dir))
     caged_env["IS_SANDBOX"] = "1"  # a caged root worker may run bypassPermissions
-    return [node, HOST_SCRIPT, srt_dir, path, "--", *argv], caged_env
+    return node, srt_dir, path, caged_env
+
+
+# The runner starts the cage host before it knows the run (`warm_argv` + the descriptor of
+# a pipe), so that node and srt load while it plans and prepares the run; it then sends the
+# order (`order`) and, once the run is ready to start, "go" (GO) on that pipe.
+GO = b"go\n"
+
+
+def wanted(spec_settings: Mapping[str, object], env: Mapping[str, str],
+           system: str | None = None) -> bool:
+    """Whether the runner's settings will most likely cage the worker: the spec's `cage`,
+    else FLEET_WORKER_CAGE, else the default (on where srt runs). A guess made before the
+    settings are loaded, to start the cage host early; the settings decide."""
+    given = spec_settings.get("cage") if isinstance(spec_settings, dict) else None
+    if not isinstance(given, str) or not given.strip():
+        given = env.get("FLEET_WORKER_CAGE", "")
+    if given.strip():
+        return given.strip().lower() == "worker"
+    system = sys.platform if system is None else system
+    return system.startswith(("linux", "darwin"))
+
+
+def warm_argv(env: Mapping[str, str]) -> list[str] | None:
+    """`node cage_host.mjs SRT --go` (the pipe's descriptor follows), or None when this
+    machine cannot cage (the run then fails as `wrap` does, saying what to install)."""
+    data_dir = default_data_dir(env)
+    if missing(env, data_dir):
+        return None
+    srt_dir = find_srt(env, data_dir)
+    node = _which("node", env.get("PATH", os.defpath))
+    if srt_dir is None or node is None:
+        return None
+    return [node, HOST_SCRIPT, srt_dir, "--go"]
+
+
+def order(argv: Sequence[str], env: Mapping[str, str], *, attempt_dir: str, worktree: str,
+          config_dir: str, repo: str, base_url: str, allow_hosts: Sequence[str]) -> bytes:
+    """The line that tells a warm cage host what to run (as `wrap`, which raises as it
+    does): the policy's path, claude's argv and its caged environment."""
+    _node, _srt, path, caged_env = _build(argv, env, attempt_dir=attempt_dir,
+                                          worktree=worktree, config_dir=config_dir,
+                                          repo=repo, base_url=base_url,
+                                          allow_hosts=allow_hosts)
+    line = json.dumps({"policy": path, "argv": list(argv), "env": caged_env})
+    return line.encode("utf-8", "surrogateescape") + b"\n"
 
 
 def probe(env: Mapping[str, str], timeout: float = 30.0) -> str:

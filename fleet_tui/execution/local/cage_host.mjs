@@ -18,20 +18,91 @@
 //    "unset_env": [names]}
 // The exit status is the command's (128+N for a signal).
 
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createReadStream, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { spawn } from 'node:child_process';
+import { connect, createServer } from 'node:net';
 import { pathToFileURL } from 'node:url';
-import { join } from 'node:path';
+import { delimiter, join } from 'node:path';
 
-const [, , packageDir, policyPath, dashes, ...argv] = process.argv;
-if (!packageDir || !policyPath || dashes !== '--' || argv.length === 0) {
-  process.stderr.write('usage: cage_host.mjs SRT_PACKAGE_DIR POLICY_JSON -- ARGV...\n');
+const t0 = performance.now();
+const timing = process.env.FLEET_CAGE_TIMING ? label =>
+  process.stderr.write(`cage timing ${label} ${(performance.now() - t0).toFixed(0)} ms\n`)
+  : () => {};
+
+// Two ways to be started. `SRT POLICY -- ARGV...`: cage and run ARGV now. `SRT --go FD`
+// (the runner's, to start the cage while it prepares the run): srt is loaded at once; FD
+// then brings a line {"policy", "argv", "env"}, after which the cage is built, then a line
+// "go", after which the command starts. FD closed before "go": exit 3, nothing started.
+const [, , packageDir, ...rest] = process.argv;
+const goMode = rest[0] === '--go';
+if (!packageDir || (goMode ? !/^\d+$/.test(rest[1] || '')
+                            : (!rest[0] || rest[1] !== '--' || rest.length < 3))) {
+  process.stderr.write('usage: cage_host.mjs SRT_PACKAGE_DIR (POLICY_JSON -- ARGV... | --go FD)\n');
   process.exit(2);
 }
+const loading = import(pathToFileURL(join(packageDir, 'dist', 'index.js')).href);
 
+// The lines of the runner's pipe, one at a time.
+let goLines;
+function nextLine() {
+  if (!goLines) {
+    const queue = [];
+    const waiters = [];
+    let buffer = '';
+    let ended = false;
+    const stream = createReadStream(null, { fd: Number(rest[1]), encoding: 'utf8' });
+    const settle = () => {
+      while (waiters.length && (queue.length || ended)) waiters.shift()(queue.shift());
+    };
+    stream.on('data', chunk => {
+      buffer += chunk;
+      let nl;
+      while ((nl = buffer.indexOf('\n')) !== -1) {
+        queue.push(buffer.slice(0, nl));
+        buffer = buffer.slice(nl + 1);
+      }
+      settle();
+    });
+    const end = () => { ended = true; settle(); };
+    stream.on('end', end);
+    stream.on('error', end);
+    goLines = () => new Promise(resolve => { waiters.push(resolve); settle(); });
+  }
+  return goLines();
+}
+
+let policyPath;
+let argv;
+if (goMode) {
+  const first = await nextLine();
+  if (first === undefined) process.exit(3);
+  const order = JSON.parse(first);
+  policyPath = order.policy;
+  argv = order.argv;
+  for (const name of Object.keys(process.env)) delete process.env[name];
+  Object.assign(process.env, order.env);
+} else {
+  policyPath = rest[0];
+  argv = rest.slice(2);
+}
 const policy = JSON.parse(readFileSync(policyPath, 'utf8'));
-const { SandboxManager } = await import(pathToFileURL(join(packageDir, 'dist', 'index.js')).href);
+const { SandboxManager } = await loading;
+
+// Stopped before the command started (the runner gave up while it prepared the run): srt's
+// mount points in the worktree are removed, nothing is left behind.
+let child;
+let wrappedYet = false;
+const abandon = status => {
+  if (wrappedYet) try { SandboxManager.cleanupAfterCommand(); } catch { /* best effort */ }
+  process.exit(status);
+};
+for (const [sig, num] of [['SIGTERM', 15], ['SIGINT', 2], ['SIGHUP', 1]]) {
+  process.on(sig, () => {
+    if (!child) return abandon(128 + num);
+    try { child.kill(sig); } catch { /* gone */ }
+  });
+}
 
 // --- what the cage refused, as stream lines ------------------------------------------------
 const pending = [];
@@ -73,6 +144,7 @@ function fromViolation(line) {
   return block('other', line, '');
 }
 
+timing('srt imported');
 const store = SandboxManager.getSandboxViolationStore();
 const addViolation = store.addViolation.bind(store);
 store.addViolation = violation => {  // before initialize(): its monitors bind this method
@@ -147,24 +219,79 @@ function scanToolResult(message) {
 // srt keeps its sockets (the proxy's bridges, the write observer's) in the host's temp folder
 // and binds them in before the tmpfs that hides /tmp: give it a folder of its own and name
 // that folder as a re-allowed read, so it is bound back over the tmpfs (read-only inside).
+const quote = s => `'${String(s).replace(/'/g, `'\\''`)}'`;
 const own = mkdtempSync(join(tmpdir(), 'fleet-cage-'));
 process.env.TMPDIR = own;
 process.on('exit', () => { try { rmSync(own, { recursive: true, force: true }); } catch { /* */ } });
 const srtConfig = { ...policy.srt, filesystem: { ...policy.srt.filesystem,
   allowRead: [...(policy.srt.filesystem.allowRead || []), own] } };
-await SandboxManager.initialize(srtConfig, undefined, true);
 
-const quote = s => `'${String(s).replace(/'/g, `'\\''`)}'`;
-// Inside, every connection goes through the proxy (none is direct: srt's NO_PROXY would send
-// loopback and private addresses past it, where there is nothing), so each refusal is seen.
-const unset = (policy.unset_env || []).flatMap(name => ['-u', name]);
-const inner = ['env', ...unset, `TMPDIR=${policy.tmpdir || '/tmp'}`, ...argv].map(quote).join(' ');
-const wrapped = await SandboxManager.wrapWithSandbox(inner);
-
-const child = spawn(wrapped, { shell: true, stdio: ['inherit', 'pipe', 'inherit'] });
-for (const sig of ['SIGTERM', 'SIGINT', 'SIGHUP']) {
-  process.on(sig, () => { try { child.kill(sig); } catch { /* gone */ } });
+// The worker's endpoint on this machine (the gateway, a local endpoint): a socket of ours in
+// `own` (bound into the cage with it), relayed inside to the endpoint's own 127.0.0.1:PORT by
+// a socat that srt's shell starts before srt's seccomp filter (which forbids Unix sockets to
+// everything it starts after). So claude reaches it as uncaged, not through the proxy: a
+// refused connection stays one, where the proxy would answer "502 Bad Gateway".
+let binShell;
+const bridged = [];
+if (policy.bridge && process.platform === 'linux') {
+  const { host, port } = policy.bridge;
+  const target = host === 'localhost' ? '127.0.0.1' : host;
+  const sock = join(own, 'endpoint.sock');
+  const server = createServer(inner => {
+    const outer = connect({ host: target, port });
+    bridged.push(inner, outer);
+    const drop = () => { inner.destroy(); outer.destroy(); };
+    inner.on('error', drop); outer.on('error', drop);
+    inner.on('close', drop); outer.on('close', drop);
+    inner.pipe(outer); outer.pipe(inner);
+  });
+  await new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(sock, resolve);
+  });
+  server.unref();
+  const which = name => (process.env.PATH || '/usr/bin:/bin').split(delimiter)
+    .map(d => join(d || '.', name)).find(p => existsSync(p));
+  const bash = which('bash') || '/bin/bash';
+  const socat = which('socat') || 'socat';
+  const hex = port.toString(16).toUpperCase().padStart(4, '0');
+  const shim = join(own, 'shell');
+  // srt runs its shell three times inside: the first, before its relays and its seccomp
+  // helper, starts ours (and waits until it listens); the others just run bash
+  writeFileSync(shim, [
+    '#!/bin/sh',
+    'if [ -z "${FLEET_CAGE_BRIDGE-}" ]; then',
+    '  export FLEET_CAGE_BRIDGE=1',
+    `  ${quote(socat)} TCP4-LISTEN:${port},bind=${target},fork,reuseaddr,backlog=4096 ` +
+      `UNIX-CONNECT:${quote(sock)} >/dev/null 2>&1 &`,
+    '  i=0',
+    `  while [ $i -lt 500 ] && ! grep -q ':${hex} 00000000:0000 0A' /proc/net/tcp 2>/dev/null; do`,
+    '    i=$((i+1)); sleep 0.01',
+    '  done',
+    'fi',
+    `exec ${quote(bash)} "$@"`,
+    '',
+  ].join('\n'), { mode: 0o755 });
+  binShell = shim;
 }
+timing('bridge ready');
+await SandboxManager.initialize(srtConfig, undefined, true);
+timing('srt initialized');
+
+// Inside, every connection but the bridged endpoint's goes through the proxy (srt's NO_PROXY
+// would send loopback and private addresses past it, where there is nothing): NO_PROXY is
+// removed, or names only the bridged host:port, so each refusal is seen.
+const unset = (policy.unset_env || []).flatMap(name => ['-u', name]);
+const set = Object.entries(policy.set_env || {}).map(([k, v]) => `${k}=${v}`);
+const inner = ['env', ...unset, '-u', 'FLEET_CAGE_BRIDGE', ...set,
+  `TMPDIR=${policy.tmpdir || '/tmp'}`, ...argv].map(quote).join(' ');
+const wrapped = await SandboxManager.wrapWithSandbox(inner, binShell);
+wrappedYet = true;
+timing('wrapped');
+
+if (goMode && (await nextLine()) !== 'go') abandon(3);
+timing('go');
+child = spawn(wrapped, { shell: true, stdio: ['inherit', 'pipe', 'inherit'] });
 
 // claude's stdout, line by line, with our lines only between two of its lines.
 let partial = Buffer.alloc(0);

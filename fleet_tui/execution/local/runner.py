@@ -160,6 +160,11 @@ class Runner:
         self._line_over = False  # ... too long to be a result line
         self.setup_proc: subprocess.Popen[bytes] | None = None  # the setup command, running
         self.settings: Any = None  # the launch settings (_plan), for the cage
+        # the cage host started before the run is known (node and srt load meanwhile): the
+        # child that becomes claude's, its pipe for the order and "go", its output files
+        self.warm: subprocess.Popen[bytes] | None = None
+        self.warm_go: int | None = None
+        self.warm_files: tuple[int, Any, Any] | None = None
 
     # --- signals ---------------------------------------------------------------------------
 
@@ -371,11 +376,14 @@ class Runner:
         self.timeout = _number(spec.timeout, 0.0) or None
         if self.write_error is not None:
             return self._end(EX_NO_RECORD, exit_code=None)
+        self._warm_cage(spec)  # node and srt load while the run is planned and prepared
         try:
             plan = self._plan(spec)
         except _LaunchFailure as exc:
+            self._drop_warm()
             return self._end(exc.exit_code, exit_code=exc.exit_code, error=exc.message)
         if self.received is not None:  # killed before claude even started
+            self._drop_warm()
             return self._end(128 + self.received, exit_code=None, sig=self.received,
                              error="killed before start")
         if self.cgroup is None and not self.contained:
@@ -391,6 +399,13 @@ class Runner:
                     if isinstance(k, str) and isinstance(v, str)})
         if spec.token:
             env[TOKEN_ENV] = spec.token
+        if self.warm is not None:
+            # the order now: srt builds the cage while the worktree is made ready
+            try:
+                self._order_warm(spec, argv, env)
+            except (RuntimeError, OSError) as exc:
+                self._drop_warm()
+                return self._end(2, exit_code=2, error=str(exc))
         # messages sent while the worktree is made ready wait in the inbox
         self._open_input()
         if (spec.include or spec.setup) and Path(spec.cwd).is_dir():
@@ -402,6 +417,7 @@ class Runner:
                     plan.env.get("ANTHROPIC_AUTH_TOKEN", "")
                 failed = self._prepare(spec, env, [secret] if secret else [])
                 if failed is not None:
+                    self._drop_warm()
                     self._close_input()
                     self._clean_leftovers(spec.token)
                     return failed
@@ -411,9 +427,12 @@ class Runner:
             # pipe) if claude never reads it.
             plan.start_key_handoff()
         except Exception as exc:  # LaunchError: the pipe or its writer could not be made
+            self._drop_warm()
             self._close_input()
             code = int(getattr(exc, "exit_code", 1) or 1)
             return self._end(code, exit_code=code, error=str(exc))
+        if self.warm is not None:
+            return self._run_claude(spec, argv, env)
         try:
             argv, env = self._cage(spec, argv, env)
         except (RuntimeError, OSError) as exc:  # no cage can be built here: claude does not start
@@ -434,6 +453,71 @@ class Runner:
         return cage.wrap(argv, env, attempt_dir=str(self.dir), worktree=spec.cwd,
                          config_dir=spec.config_dir, repo=spec.repo,
                          base_url=settings.base_url, allow_hosts=settings.allow_hosts)
+
+    def _warm_cage(self, spec: RunSpec) -> None:
+        """Start the cage host now, before the run is planned, when the worker will most
+        likely be caged: it loads node and srt meanwhile and waits for its order. Nothing
+        is started when the machine cannot cage (the run then fails as `_cage` says)."""
+        from fleet_tui.execution.local import cage
+
+        if not Path(spec.cwd).is_dir() or not cage.wanted(spec.settings or {}, self.env):
+            return
+        argv = cage.warm_argv(self.env)
+        if argv is None:
+            return
+        # the attempt's token in its environment from the start, as claude's process has
+        # it: what finds the run's processes where no parent-death signal takes them along
+        env = dict(self.env, **({TOKEN_ENV: spec.token} if spec.token else {}))
+        go_r, go_w = os.pipe()
+        try:
+            failed = self._spawn(spec, argv, env, go_r)
+        finally:
+            os.close(go_r)
+        if failed is not None or self.child is None:
+            os.close(go_w)
+            return
+        self.warm, self.child = self.child, None  # claude's child only once it is told go
+        self.warm_go = go_w
+
+    def _order_warm(self, spec: RunSpec, argv: list[str], env: dict[str, str]) -> None:
+        """The warm cage host's order (what to run, in which cage), or it is let go when
+        the settings say this worker is not caged after all."""
+        settings = self.settings
+        if settings is None or getattr(settings, "cage", "off") != "worker":
+            self._drop_warm()
+            return
+        from fleet_tui.execution.local import cage
+
+        line = cage.order(argv, env, attempt_dir=str(self.dir), worktree=spec.cwd,
+                          config_dir=spec.config_dir, repo=spec.repo,
+                          base_url=settings.base_url, allow_hosts=settings.allow_hosts)
+        assert self.warm_go is not None
+        _write_all(self.warm_go, line)
+
+    def _drop_warm(self) -> None:
+        """End a warm cage host that will not run claude (closing its pipe ends it; a
+        SIGTERM and then SIGKILL should it linger), and close what was opened for it."""
+        warm, self.warm = self.warm, None
+        if self.warm_go is not None:
+            os.close(self.warm_go)
+            self.warm_go = None
+        if warm is not None:
+            for sig in (signal.SIGTERM, signal.SIGKILL, None):  # its own process group
+                try:
+                    warm.wait(timeout=2.0 if sig == signal.SIGTERM else LEFTOVER_GRACE)
+                    break
+                except subprocess.TimeoutExpired:
+                    if sig is None:
+                        break
+                    with contextlib.suppress(OSError):
+                        os.killpg(warm.pid, sig)
+            if warm.stdout is not None:
+                warm.stdout.close()
+        files, self.warm_files = self.warm_files, None
+        if files is not None:
+            os.close(files[0])
+            files[1].close()
+            files[2].close()
 
     def _plan(self, spec: RunSpec) -> Any:
         from fleet_tui.execution.local.launcher import LaunchError, plan_launch
@@ -590,7 +674,11 @@ class Runner:
         except OSError as exc:
             self._log(f"could not check {path} for the key: {_strerror(exc)}")
 
-    def _run_claude(self, spec: RunSpec, argv: Sequence[str], env: Mapping[str, str]) -> int:
+    def _spawn(self, spec: RunSpec, argv: Sequence[str], env: Mapping[str, str],
+               go_fd: int | None = None) -> int | None:
+        """Start claude's process (or the warm cage host that becomes it) as the runner's
+        child, its stdin a pipe and its output the attempt's files (kept in warm_files).
+        None when started, else the runner's exit status (recorded)."""
         parent = self.pid
         user_umask = self.user_umask
 
@@ -609,8 +697,6 @@ class Runner:
             if os.getppid() != (0 if in_namespace else parent):
                 os._exit(1)
 
-        events = self.log.events
-        stderr_path = self.log.stderr
         # The guard against running in the main checkout is the engine's; here only refuse
         # a missing cwd.
         if not Path(spec.cwd).is_dir():
@@ -618,26 +704,55 @@ class Runner:
         procs.preload_libc()
         try:
             stdin_r, stdin_w = os.pipe()
-            err_fh = open(stderr_path, "ab")  # noqa: SIM115 (closed below)
-            out_fh = open(events, "ab", buffering=0)  # noqa: SIM115
+            err_fh = open(self.log.stderr, "ab")  # noqa: SIM115 (closed by _run_claude)
+            out_fh = open(self.log.events, "ab", buffering=0)  # noqa: SIM115
         except OSError as exc:
             return self._end(EX_NO_RECORD, exit_code=None,
                              error=f"could not prepare the run in {self.dir}: {_strerror(exc)}")
-        if self.wake_fd is None and not self.input_closed:
+        if go_fd is None and self.wake_fd is None and not self.input_closed:
             self._open_input()
+        try:
+            # the cage host's order pipe (`--go N`: pass_fds keeps the descriptor's number)
+            fds = (go_fd,) if go_fd is not None else ()
+            child_argv = [*argv, str(go_fd)] if go_fd is not None else list(argv)
+            self.child = subprocess.Popen(
+                child_argv, cwd=spec.cwd, env=dict(env), stdin=stdin_r,
+                stdout=subprocess.PIPE, stderr=err_fh, preexec_fn=preexec,
+                close_fds=True, pass_fds=fds)
+        except OSError as exc:
+            os.close(stdin_w)
+            err_fh.close()
+            out_fh.close()
+            if go_fd is not None:  # no warm cage host: the run goes on without one
+                return 127
+            self._close_input()
+            return self._end(127, exit_code=127,
+                             error=f"cannot start {argv[0]}: {exc.strerror or exc}")
+        finally:
+            os.close(stdin_r)
+        self.warm_files = (stdin_w, err_fh, out_fh)
+        return None
+
+    def _run_claude(self, spec: RunSpec, argv: Sequence[str], env: Mapping[str, str]) -> int:
+        if self.warm is None:
+            failed = self._spawn(spec, argv, env)
+            if failed is not None:
+                return failed
+        else:  # the warm cage host: its order is in, now it starts claude
+            from fleet_tui.execution.local import cage
+
+            self.child, self.warm = self.warm, None
+            assert self.warm_go is not None
+            with contextlib.suppress(OSError):  # it is gone: its exit status says so
+                _write_all(self.warm_go, cage.GO)
+            os.close(self.warm_go)
+            self.warm_go = None
+            if self.wake_fd is None and not self.input_closed:
+                self._open_input()
+        assert self.child is not None and self.warm_files is not None
+        stdin_w, err_fh, out_fh = self.warm_files
+        self.warm_files = None
         with err_fh, out_fh:
-            try:
-                self.child = subprocess.Popen(
-                    list(argv), cwd=spec.cwd, env=dict(env), stdin=stdin_r,
-                    stdout=subprocess.PIPE, stderr=err_fh, preexec_fn=preexec,
-                    close_fds=True)
-            except OSError as exc:
-                os.close(stdin_w)
-                self._close_input()
-                return self._end(127, exit_code=127,
-                                 error=f"cannot start {argv[0]}: {exc.strerror or exc}")
-            finally:
-                os.close(stdin_r)
             os.set_blocking(stdin_w, False)
             self.stdin_fd = stdin_w
             # the prompt is the first user message (no argv limit: a pipe takes any length)
@@ -879,6 +994,12 @@ class Runner:
         if self.cgroup is not None:  # what left the tree and dropped the token too
             cgroups.end(self.cgroup, LEFTOVER_GRACE)
         procs.reap_children()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _number(value: Any, default: float) -> float:

@@ -302,7 +302,8 @@ class TaskListController(Controller):
         table = self.table
         visible = self.visible_tasks()
         table.show(visible, self.marked, self.screen.now(),
-                   self.status.costs if self.status is not None else None)
+                   self.status.costs if self.status is not None else None,
+                   self.status.uncaged if self.status is not None else frozenset())
         if self._keep_row is not None and self.selected is not None \
                 and self.selected.state in CLOSED_STATES and visible:
             row = min(self._keep_row, len(visible) - 1)

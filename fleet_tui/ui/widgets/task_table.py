@@ -197,6 +197,7 @@ class TaskTable(ScrollView, can_focus=True):
         self._order: list[str] = []
         self._tasks: dict[str, Task] = {}
         self._marked: set[str] = set()
+        self._uncaged: frozenset[str] = frozenset()  # tasks that ran without the cage
         self._now = 0.0
         self.cursor_row = 0
         self._highlighted: str | None = None
@@ -258,7 +259,8 @@ class TaskTable(ScrollView, can_focus=True):
         return len(self._hosts) > 1
 
     def show(self, tasks: list[Task], marked: set[str], now: float,
-             costs: dict[str, Totals] | None = None) -> None:
+             costs: dict[str, Totals] | None = None,
+             uncaged: frozenset[str] | set[str] = frozenset()) -> None:
         """Show ``tasks`` (already sorted). The cursor stays on its task when it is still
         listed, else on the same row; only the rows on screen are painted. With tasks of
         more than one repository, a repository column tells them apart (likewise an
@@ -284,6 +286,7 @@ class TaskTable(ScrollView, can_focus=True):
         self._order = [t.id for t in tasks]
         self._tasks = {t.id: t for t in tasks}
         self._marked = set(marked)
+        self._uncaged = frozenset(uncaged)
         self._now = now
         if selected is not None and selected in self._tasks:
             self.cursor_row = self._order.index(selected)
@@ -457,6 +460,8 @@ class TaskTable(ScrollView, can_focus=True):
         landing = landing_label(task)
         if landing is not None:
             title.append(f"{landing[0]} ", style=self._style(landing[1]))
+        if task.id in self._uncaged:  # ran as the user, as `ls` marks it
+            title.append("[uncaged] ", style=self._style("waiting"))
         title.append(clean(task.short_title))
         lines = Text(no_wrap=True)
         if task.added_lines or task.deleted_lines:
@@ -493,6 +498,7 @@ class TaskTable(ScrollView, can_focus=True):
         return (task.state, task.short_title, task.model, task.turns, task.input_tokens,
                 task.output_tokens, task.added_lines, task.deleted_lines, task.last_tool,
                 None if spent is None else int(spent), marked, landing_label(task),
+                task.id in self._uncaged,
                 self.shows_repo, self._repo_names.get(task.repo), self.shows_endpoint,
                 task.endpoint, self.shows_host, task.host, self._cost_key(task.id))
 
