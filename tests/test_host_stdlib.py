@@ -235,8 +235,7 @@ def _ray_job(package: Path, tmp_path: Path, git_repo: Path, url: str,
                           config_dir=Path(f"{node}/config/t1"), attempt_dir=adir)
     spec = RunSpec(cwd=worktree, prompt="write it", config_dir=f"{node}/config/t1",
                    settings={"base_url": url, "sandbox": os.geteuid() == 0,
-                             "key_sources": ["env"], "claude": "/nowhere/of/this/machine",
-                             "cage": "off"},  # a node that cannot cage (no node, no srt)
+                             "key_sources": ["env"], "claude": "/nowhere/of/this/machine"},
                    task_id="t1", attempt=1, token="tok-ray-stdlib", kill_grace=2.0,
                    repo=str(git_repo))
     staged = host.stage(placement, spec)
