@@ -156,6 +156,10 @@ def test_without_a_cgroup_a_tokenless_daemon_ends_with_the_pid_namespace(
         assert b"FLEET_ATTEMPT_TOKEN" not in Path(f"/proc/{daemon}/environ").read_bytes()
         assert os.getsid(daemon) == daemon  # it left claude's session
         assert os.readlink(f"/proc/{daemon}/ns/pid") != os.readlink("/proc/self/ns/pid")
+        # claude's own process (caged: the cage host that becomes it, started early) is in
+        # the attempt's namespace too, not only what the cage's sandbox holds
+        assert os.readlink(f"/proc/{int(record['claude_pid'])}/ns/pid") \
+            != os.readlink("/proc/self/ns/pid"), record
         os.kill(int(record["runner_pid"]), signal.SIGKILL)
         deadline = time.monotonic() + 10  # the kernel's work, not a sweep's: no engine tick
         while commands_in(git_repo, DAEMON, STEP) and time.monotonic() < deadline:

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 from test_run_refusals import assert_nothing_created, assert_one_clear_line, fleet_tui
 
-from fleet_tui.engine import host_check
-from fleet_tui.execution import hostcage, remote_cage
+from fleet_tui.execution import hostcage, probe, remote_cage
 from fleet_tui.execution.local import cage
 from fleet_tui.settings.config import config_file_path
 
@@ -26,7 +25,7 @@ def _probe(data_dir: Path, env: dict[str, str], given: str | None = None) -> dic
     script = remote_cage.probe_lines(str(data_dir), given)
     done = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True,
                           env=env, timeout=60, check=True)
-    return host_check._values(done.stdout)
+    return probe.values_of(done.stdout)
 
 
 def _path_without_srt() -> str:

@@ -376,6 +376,15 @@ class Runner:
         self.timeout = _number(spec.timeout, 0.0) or None
         if self.write_error is not None:
             return self._end(EX_NO_RECORD, exit_code=None)
+        if self.cgroup is None and not self.contained:
+            # else a PID namespace: from here on every child of the runner is in it (the
+            # warm cage host too, which becomes claude: so it is made before that host)
+            made = pidns.make()
+            if isinstance(made, int):
+                self.ns_init, self.contained = made, pidns.CONTAINED_NAMESPACE
+            else:
+                self.contained = f"{pidns.NOT_CONTAINED}: no cgroup, and {made}"
+            self._write_runner_record()
         self._warm_cage(spec)  # node and srt load while the run is planned and prepared
         try:
             plan = self._plan(spec)
@@ -386,14 +395,6 @@ class Runner:
             self._drop_warm()
             return self._end(128 + self.received, exit_code=None, sig=self.received,
                              error="killed before start")
-        if self.cgroup is None and not self.contained:
-            # else a PID namespace: from here on every child of the runner is in it
-            made = pidns.make()
-            if isinstance(made, int):
-                self.ns_init, self.contained = made, pidns.CONTAINED_NAMESPACE
-            else:
-                self.contained = f"{pidns.NOT_CONTAINED}: no cgroup, and {made}"
-            self._write_runner_record()
         argv, env = list(plan.argv), dict(plan.env)
         env.update({k: v for k, v in (spec.env or {}).items()
                     if isinstance(k, str) and isinstance(v, str)})
