@@ -716,8 +716,8 @@ def test_a_caged_worker_on_a_node(git_repo: Path, claude_bin: str, ray_cluster: 
             fleet.submit(TaskSpec(prompt="[script:caged-node] x", repo=git_repo,
                                   host="cluster"))
         assert fleet.store.list_tasks() == []
-        checked = {c.name: c for c in host_check.check_ray_host(
-            fleet.settings.host("cluster"), probe=True)}
+        checked = {c.name: c for c in host_check.check_host(
+            fleet.settings.host("cluster"), probe=True)[0]}
         assert checked["cage"].ok, checked
         (task,) = fleet.submit(TaskSpec(prompt="[script:caged-node] reach out",
                                         repo=git_repo, host="cluster"))
