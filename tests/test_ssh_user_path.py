@@ -316,9 +316,12 @@ def test_a_daemon_that_drops_the_token_ends_with_its_attempt_on_the_users_host(
         assert record["contained"] == "pid namespace" and not record["cgroup"], record
         (daemon,) = host_pids(user_host, DAEMON)
         seen = _users_processes(uid)
-        namespace = seen[daemon][2]
-        ours = {pid for pid, (_, _, ns) in seen.items() if ns == namespace}
-        assert int(record["claude_pid"]) in ours and daemon in ours
+        # the attempt's namespace holds claude's process (caged: the cage host that runs
+        # it); the daemon is in it, or (caged) in the cage's own namespace within it
+        attempt_ns, namespace = seen[int(record["claude_pid"])][2], seen[daemon][2]
+        assert attempt_ns != os.readlink("/proc/self/ns/pid")
+        ours = {pid for pid, (_, _, ns) in seen.items() if ns in (attempt_ns, namespace)}
+        assert daemon in ours
         assert int(record["runner_pid"]) not in ours  # the runner is outside, its init in
         token = json.loads(user_host.ssh(f"cat {shlex.quote(remote_dir)}/spec.json"))["token"]
         assert daemon not in token_holders(user_host, token)  # it dropped the token
@@ -330,7 +333,8 @@ def test_a_daemon_that_drops_the_token_ends_with_its_attempt_on_the_users_host(
 
         def left() -> dict[int, tuple[str, str, str]]:
             return {pid: what for pid, what in _users_processes(uid).items()
-                    if what[2] == namespace or pid in ours or remote_dir in what[0]
+                    if what[2] in (attempt_ns, namespace) or pid in ours
+                    or remote_dir in what[0]
                     or what[0] in (DAEMON, STEP)}
 
         deadline = time.monotonic() + 20  # the kernel's doing: the engine does not tick
