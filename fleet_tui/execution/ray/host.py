@@ -780,20 +780,17 @@ class RayRun(RemoteRun):
 
 
 class RayHost(RemoteHost):
-    """A Ray cluster reached by its Jobs address. Thread-safe for the engine's start
-    threads."""
+    """A Ray cluster reached by its Jobs address; thread-safe for the engine's start threads."""
 
     def __init__(self, *, name: str, address: str, env: Mapping[str, str],
                  resources: Mapping[str, float] | None = None, python: str = "python3",
                  data_dir: str = DEFAULT_DATA_DIR, claude: str | None = None,
                  key_env: str | None = None, key_variable: str = HANDED_KEY,
                  gateway_host: str | None = None, num_cpus: float | None = None,
-                 lease: float = LEASE, cage: str | None = None, srt: str | None = None
-                 ) -> None:
-        self.name = name
-        self.address = address
-        self.cage = cage  # "off": its workers run uncaged (the host's setting)
-        self.srt = srt  # the nodes' srt (None: each node finds its own: execution/hostcage.py)
+                 lease: float = LEASE, cage: str | None = None,
+                 srt: str | None = None) -> None:
+        self.name, self.address = name, address
+        self.cage, self.srt = cage, srt  # "off": uncaged there; the nodes' srt (None: theirs)
         self.env = env
         self.resources = dict(resources or {})
         self.python = python  # the node's python (3.11 or newer)
