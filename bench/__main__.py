@@ -289,7 +289,7 @@ def _run(args: argparse.Namespace, names: list[str],
     earlier = _earlier(args.out, args.smoke)
     ran = {r.name: r for r in results}
     failed = {c.name for c in crashed}
-    table = [ran.get(n) or earlier[n] for n in BENCHMARKS
+    table = [ran.get(n) or earlier[n] for n in ORDER
              if n in ran or (n in earlier and n not in failed)]
     report = render_report(results, machine, command=command, smoke=args.smoke,
                            crashed=crashed, judge_anyway=args.judge_anyway, table=table)

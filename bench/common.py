@@ -689,8 +689,8 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
     if smoke:
         lines.append("")
         lines.append("**Smoke mode: tiny sizes, figures are NOT comparable with the budgets.**")
-    lines += ["", f"**Result of this run: {_RESULT_WORDS[verdict.code]}** "
-              f"(exit status {verdict.code}).", "", "## Machine", ""]
+    lines += ["", f"**Result: {_RESULT_WORDS[verdict.code]}** (exit status {verdict.code})"
+              " — of the benchmarks this run ran.", "", "## Machine", ""]
     for key, value in machine.items():
         lines.append(f"- {key}: {value}")
     lines += ["", RULE, "", "## Runs", "",
