@@ -39,6 +39,7 @@ from bench.common import (
     Crash,
     LoadReading,
     LoadSample,
+    RunVerdict,
     history_entry,
     judge_run,
     machine_info,
@@ -220,8 +221,8 @@ def main(argv: list[str] | None = None, *,
         left = _stop_leftovers()
         signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
         print(f"bench: stopped by {signal.Signals(signum).name}; every benchmark's "
-              f"processes stopped ({len(left)} left by its own clean-up); nothing written",
-              file=sys.stderr)
+              f"processes stopped ({len(left)} left by its own clean-up); the report holds "
+              "the benchmarks that finished before it", file=sys.stderr)
         return 128 + int(signum)
     finally:
         restore()
@@ -253,7 +254,10 @@ def _run(args: argparse.Namespace, names: list[str],
     machine["load average at start"] = _load()
     results: list[BenchResult] = []
     crashed: list[Crash] = []
-    for name in names:
+    earlier = _earlier(args.out, args.smoke)
+    for index, name in enumerate(names):
+        if index:  # what is done so far, in case the run is stopped
+            _write(args, machine, command, results, crashed, earlier, pending=names[index:])
         print(f"bench: {name} …", file=sys.stderr, flush=True)
         before = sample_load()
         try:
@@ -284,24 +288,7 @@ def _run(args: argparse.Namespace, names: list[str],
                   f"[{_fmt(fig.minimum)}–{_fmt(fig.maximum)}] {word}", file=sys.stderr)
         print(f"  ({result.load.describe()}; {result.seconds:.0f} s)", file=sys.stderr)
     machine["load average at end"] = _load()
-
-    verdict = judge_run(results, crashed, judge_anyway=args.judge_anyway)
-    earlier = _earlier(args.out, args.smoke)
-    ran = {r.name: r for r in results}
-    failed = {c.name for c in crashed}
-    table = [ran.get(n) or earlier[n] for n in ORDER
-             if n in ran or (n in earlier and n not in failed)]
-    report = render_report(results, machine, command=command, smoke=args.smoke,
-                           crashed=crashed, judge_anyway=args.judge_anyway, table=table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report)
-    args.out.with_suffix(".json").write_text(json.dumps(
-        {"machine": machine, "command": command, "smoke": args.smoke,
-         "exit_status": verdict.code, "summary": verdict.summary,
-         "results": [r.to_json(verdict.busy.get(r.name) if r.name in ran else None)
-                     for r in table],
-         "crashed": [{"name": c.name, "title": c.title, "error": c.error} for c in crashed]},
-        indent=2))
+    verdict = _write(args, machine, command, results, crashed, earlier, pending=[])
     if not args.smoke:
         history = args.out.with_name("HISTORY.md")
         entry = history_entry(results, crashed, command=command, verdict=verdict)
@@ -312,6 +299,33 @@ def _run(args: argparse.Namespace, names: list[str],
         print(f"bench: {line}", file=sys.stderr)
     print(f"bench: wrote {args.out}", file=sys.stderr)
     return verdict.code
+
+
+def _write(args: argparse.Namespace, machine: dict[str, str], command: str,
+           results: list[BenchResult], crashed: list[Crash],
+           earlier: dict[str, BenchResult], pending: list[str]) -> RunVerdict:
+    """Write RESULTS.md and RESULTS.json: this run's results so far, and the rows of the
+    benchmarks it has not run (yet) from the earlier runs. Written after each benchmark,
+    so a run stopped from outside keeps what it finished."""
+    verdict = judge_run(results, crashed, judge_anyway=args.judge_anyway)
+    ran = {r.name: r for r in results}
+    failed = {c.name for c in crashed}
+    table = [ran.get(n) or earlier[n] for n in ORDER
+             if n in ran or (n in earlier and n not in failed)]
+    shown = command + (f" (in progress: {', '.join(pending)} still to run)"
+                       if pending else "")
+    report = render_report(results, machine, command=shown, smoke=args.smoke,
+                           crashed=crashed, judge_anyway=args.judge_anyway, table=table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report)
+    args.out.with_suffix(".json").write_text(json.dumps(
+        {"machine": machine, "command": shown, "smoke": args.smoke,
+         "exit_status": verdict.code, "summary": verdict.summary,
+         "results": [r.to_json(verdict.busy.get(r.name) if r.name in ran else None)
+                     for r in table],
+         "crashed": [{"name": c.name, "title": c.title, "error": c.error} for c in crashed]},
+        indent=2))
+    return verdict
 
 
 HISTORY_HEAD = """# fleet-tui benchmarks: history

@@ -461,3 +461,25 @@ def test_long_ones_run_when_asked_and_the_table_keeps_every_benchmark(
     code, text, data = _run(tmp_path, "--smoke", "t_ok")
     assert [r["name"] for r in data["results"]] == ["t_ok"]
     assert (tmp_path / "HISTORY.md").read_text() == history
+
+
+def test_the_report_is_written_after_each_benchmark(
+        tmp_path: Path, standin_benchmarks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run stopped inside a benchmark (ctrl-c here; SIGTERM becomes the same in
+    `python -m bench`) keeps the rows of those that finished before it."""
+    def interrupted(smoke: bool = False, runs: int | None = None) -> BenchResult:
+        raise KeyboardInterrupt
+
+    module = types.ModuleType("bench.t_stop")
+    module.__dict__["run"] = interrupted
+    monkeypatch.setitem(sys.modules, "bench.t_stop", module)
+    monkeypatch.setitem(BENCHMARKS, "t_stop", "T stop")
+    monkeypatch.setattr(bench_main, "ORDER", ["t_ok", "t_stop"])
+    out = tmp_path / "RESULTS.md"
+    with pytest.raises(KeyboardInterrupt):
+        main(["--out", str(out)], sample_load=QUIET_MACHINE)
+    text = out.read_text()
+    assert "| T ok | quick | 1.50 ms |" in text and "T stop" not in text.replace(
+        "in progress: t_stop still to run", "")
+    assert "(in progress: t_stop still to run)" in text
+    assert not (tmp_path / "HISTORY.md").exists()  # a run that did not end: no history
