@@ -236,6 +236,9 @@ def _earlier(out: Path, smoke: bool) -> dict[str, BenchResult]:
         if bool(data.get("smoke")) != smoke:
             return {}
         found = {r["name"]: BenchResult.from_json(r) for r in data.get("results", [])}
+        for res in found.values():  # a report from before rows carried their own run
+            res.date = res.date or str(data.get("machine", {}).get("date", ""))
+            res.command = res.command or str(data.get("command", ""))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
     return {name: res for name, res in found.items() if name in BENCHMARKS}
