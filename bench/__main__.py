@@ -208,15 +208,10 @@ def main(argv: list[str] | None = None, *,
     else:
         names = [n for n in ORDER if args.long or n not in LONG]
     if not as_program:
-        return _run(args, names, sample_load)
-    from fleet_tui.system import procs
-
+        return _run(args, names, sample_load, adopt=False)
     restore = _stop_on_signals()
     try:
-        # the processes a benchmark starts that leave their parent (a Ray node's daemons,
-        # a detached worker) are adopted here, so that a stop finds them
-        procs.set_child_subreaper()
-        return _run(args, names, sample_load)
+        return _run(args, names, sample_load, adopt=True)
     except (Stopped, KeyboardInterrupt) as exc:
         left = _stop_leftovers()
         signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
@@ -245,7 +240,10 @@ def _earlier(out: Path, smoke: bool) -> dict[str, BenchResult]:
 
 
 def _run(args: argparse.Namespace, names: list[str],
-         sample_load: Callable[[], LoadSample]) -> int:
+         sample_load: Callable[[], LoadSample], *, adopt: bool) -> int:
+    """Run `names` in order and write the report; `adopt`: this process adopts the
+    orphans of each benchmark (a child subreaper, set again before each: bench/ray.py's
+    own adoption turns it off when it ends)."""
     from fleet_tui.system import procs
 
     command = "python -m bench" + (" --smoke" if args.smoke else "") + (
@@ -262,6 +260,10 @@ def _run(args: argparse.Namespace, names: list[str],
         if index:  # what is done so far, in case the run is stopped
             _write(args, machine, command, results, crashed, earlier, pending=names[index:])
         print(f"bench: {name} …", file=sys.stderr, flush=True)
+        if adopt:
+            # the processes a benchmark starts that leave their parent (a Ray node's
+            # daemons, a detached worker) are adopted here, so that a stop finds them
+            procs.set_child_subreaper()
         before = sample_load()
         try:
             result = run_one(name, smoke=args.smoke, runs=args.runs, long=args.long)
@@ -320,8 +322,8 @@ def _write(args: argparse.Namespace, machine: dict[str, str], command: str,
     report = render_report(results, machine, command=shown, smoke=args.smoke,
                            crashed=crashed, judge_anyway=args.judge_anyway, table=table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report)
-    args.out.with_suffix(".json").write_text(json.dumps(
+    _replace(args.out, report)
+    _replace(args.out.with_suffix(".json"), json.dumps(
         {"machine": machine, "command": shown, "smoke": args.smoke,
          "exit_status": verdict.code, "summary": verdict.summary,
          "results": [r.to_json(verdict.busy.get(r.name) if r.name in ran else None)
@@ -329,6 +331,13 @@ def _write(args: argparse.Namespace, machine: dict[str, str], command: str,
          "crashed": [{"name": c.name, "title": c.title, "error": c.error} for c in crashed]},
         indent=2))
     return verdict
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write whole or not at all: a stop may come in the middle of a write."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)
 
 
 HISTORY_HEAD = """# fleet-tui benchmarks: history
