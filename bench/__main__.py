@@ -1,6 +1,7 @@
-"""`python -m bench`: run every benchmark and write bench/RESULTS.md (and RESULTS.json).
+"""`python -m bench`: run the benchmarks and write bench/RESULTS.md (and RESULTS.json).
 
-    .venv/bin/python -m bench                 # everything, full sizes
+    .venv/bin/python -m bench                 # all but the long ones, full sizes
+    .venv/bin/python -m bench --long          # the long ones too (ssh, ray, gatewayblows)
     .venv/bin/python -m bench parser launch   # some of them
     .venv/bin/python -m bench --smoke         # tiny sizes (what the tests run)
     .venv/bin/python -m bench --runs 3        # fewer runs per figure
@@ -13,7 +14,8 @@ way (a miss may be the load, a pass may hide one).
 
 Exit status: 0 when every budget was judged and met; 1 when a budget was missed or a
 figure with a budget measured nothing; 2 when a benchmark crashed (or on a usage error);
-3 when nothing failed but the machine was too busy to judge.
+3 when nothing failed but the machine was too busy to judge; 128 + the signal when stopped
+from outside (SIGTERM, SIGHUP, ctrl-c), after stopping every process the run started.
 """
 
 from __future__ import annotations
@@ -72,10 +74,11 @@ BENCHES: list[Bench] = [
     Bench("panel", "2. Panel under load"),
     Bench("memory", "3. Memory"),
     Bench("serve", "9. The panel in a browser"),
-    Bench("ssh", "12. SSH host", long="~5 min: a local sshd, 50 MB pushes, 8 s windows"),
+    Bench("ssh", "12. SSH host",
+          long="~5 min (estimated): a local sshd, 3 rounds of a 50 MB push, 8 s windows"),
     Bench("ray", "13. Ray host", long="~4½ min: a two-node Ray cluster of its own"),
     Bench("gatewayblows", "14. Gateway under blows",
-          long="~6 min: three 30 s floods of 20,000 connections, 10 streams of 20 s"),
+          long="343 s at load 10 per core: three 30 s floods of 20,000 connections"),
     Bench("rank", "15. Best of N"),
 ]
 BENCHMARKS: dict[str, str] = {b.name: b.title for b in BENCHES}
@@ -124,7 +127,7 @@ def _stop_on_signals() -> Callable[[], None]:
 def _stop_leftovers(grace: float = 5.0) -> list[int]:
     """Stop every process this run started that still lives: its descendants, those it
     adopted as a child subreaper among them (a Ray node's daemons, a detached worker):
-    SIGTERM to each one's tree, SIGKILL after `grace`, then reap them."""
+    SIGTERM to each, SIGKILL after `grace` to those still alive, then reap them."""
     from fleet_tui.system import procs
 
     left = procs.descendants(os.getpid())
