@@ -322,8 +322,12 @@ def _write(args: argparse.Namespace, machine: dict[str, str], command: str,
              if n in ran or (n in earlier and n not in failed)]
     shown = command + (f" (in progress: {', '.join(pending)} still to run)"
                        if pending else "")
+    have = {r.name for r in table} | failed
+    missing = [BENCHMARKS[n] + (" (long: `--long`)" if n in LONG else "")
+               for n in ORDER if n not in have]
     report = render_report(results, machine, command=shown, smoke=args.smoke,
-                           crashed=crashed, judge_anyway=args.judge_anyway, table=table)
+                           crashed=crashed, judge_anyway=args.judge_anyway, table=table,
+                           missing=missing)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     _replace(args.out, report)
     _replace(args.out.with_suffix(".json"), json.dumps(

@@ -665,10 +665,13 @@ def _run_cell(res: BenchResult) -> str:
 def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
                   command: str, smoke: bool, crashed: Sequence[Crash] = (),
                   judge_anyway: bool = False,
-                  table: Sequence[BenchResult] | None = None) -> str:
+                  table: Sequence[BenchResult] | None = None,
+                  missing: Sequence[str] = ()) -> str:
     """The report of a run: its verdict (this run's benchmarks alone), then one table of
     every benchmark in `table` (this run's and those carried over from earlier runs, each
-    with its own date and load; default: this run's), then each one's details."""
+    with its own date and load; default: this run's), then each one's details. `missing`:
+    the titles of the benchmarks no run has put in the table yet (listed, so the table
+    says it lacks them)."""
     verdict = judge_run(results, crashed, judge_anyway=judge_anyway)
     current = {id(r) for r in results}
     shown = list(results) if table is None else list(table)
@@ -700,6 +703,8 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
         lines.append(f"| {res.title} | {_run_cell(res)} | {by} |")
     for crash in crashed:
         lines.append(f"| {crash.title} | — | — | — | this run: **CRASHED** |")
+    for title in missing:
+        lines.append(f"| {title} | — | — | — | not run into this table yet |")
     lines += ["", "## Summary", "",
               "| benchmark | figure | median | p99 | spread (min–max) | IQR | n | budget "
               "| result |",
