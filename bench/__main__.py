@@ -299,7 +299,8 @@ def _run(args: argparse.Namespace, names: list[str],
     verdict = _write(args, machine, command, results, crashed, earlier, pending=[])
     if not args.smoke:
         history = args.out.with_name("HISTORY.md")
-        entry = history_entry(results, crashed, command=command, verdict=verdict)
+        entry = history_entry(results, crashed, command=command, verdict=verdict,
+                              started=machine.get("date", ""))
         old = history.read_text() if history.exists() else HISTORY_HEAD
         head, sep, rest = old.partition("\n## ")
         history.write_text(head.rstrip() + "\n\n" + entry + ("\n## " + rest if sep else ""))

@@ -761,11 +761,10 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
 
 
 def history_entry(results: Sequence[BenchResult], crashed: Sequence[Crash], *,
-                  command: str, verdict: RunVerdict) -> str:
+                  command: str, verdict: RunVerdict, started: str = "") -> str:
     """One run, in a few lines for HISTORY.md: each benchmark's budget figures with their
-    verdicts, its date and load."""
-    when = results[0].date if results else _dt.datetime.now(_dt.UTC).strftime(
-        "%Y-%m-%d %H:%M UTC")
+    verdicts, its date and load. `started`: when the run began."""
+    when = started or _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"## {when}: `{command}` — {_RESULT_WORDS[verdict.code]}", ""]
     for res in results:
         load = res.load.describe() if res.load is not None else "load unknown"
