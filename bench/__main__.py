@@ -75,7 +75,7 @@ BENCHES: list[Bench] = [
     Bench("memory", "3. Memory"),
     Bench("serve", "9. The panel in a browser"),
     Bench("ssh", "12. SSH host",
-          long="~5 min (estimated): a local sshd, 3 rounds of a 50 MB push, 8 s windows"),
+          long="244 s at load 1 per core: a local sshd, 3 rounds of a 50 MB push"),
     Bench("ray", "13. Ray host", long="~4½ min: a two-node Ray cluster of its own"),
     Bench("gatewayblows", "14. Gateway under blows",
           long="343 s at load 10 per core: three 30 s floods of 20,000 connections"),
