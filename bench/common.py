@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLES_DIR = REPO_ROOT / "tests" / "fixtures" / "stream-json"
@@ -148,6 +149,16 @@ class Figure:
                 "samples": self.samples, "note": self.note, "baseline": self.baseline or None,
                 "no_baseline": self.no_baseline or None}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Figure:
+        return cls(key=str(data["key"]), title=str(data["title"]), unit=str(data["unit"]),
+                   samples=[float(x) for x in data.get("samples") or []],
+                   budget=data.get("budget"), better=str(data.get("better") or "lower"),
+                   per=str(data.get("per") or "run"), note=str(data.get("note") or ""),
+                   stat=str(data.get("stat") or "median"),
+                   baseline=str(data.get("baseline") or ""),
+                   no_baseline=str(data.get("no_baseline") or ""))
+
 
 @dataclass
 class BenchResult:
@@ -159,6 +170,11 @@ class BenchResult:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     load: LoadReading | None = None  # the machine around the run (set by python -m bench)
+    # when it ran and by which command (set by python -m bench; a result carried over
+    # from an earlier run into the current table keeps its own)
+    date: str = ""
+    command: str = ""
+    judged_anyway: bool = False
 
     def check(self) -> None:
         if not self.figures:
@@ -177,6 +193,28 @@ class BenchResult:
             if keys[fig.baseline].budget is not None:
                 raise ValueError(f"figure {fig.key!r}: its baseline {fig.baseline!r} is "
                                  "a figure with a budget")
+
+    def to_json(self, not_judged: str | None = None) -> dict[str, object]:
+        return {"name": self.name, "title": self.title, "seconds": self.seconds,
+                "notes": self.notes, "date": self.date, "command": self.command,
+                "judged_anyway": self.judged_anyway,
+                "load": self.load.to_json() if self.load is not None else None,
+                "not_judged": not_judged, "figures": [f.to_json() for f in self.figures]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BenchResult:
+        """A result as `to_json` wrote it (RESULTS.json), to carry it into a later report."""
+        load = data.get("load")
+        return cls(
+            name=str(data["name"]), title=str(data["title"]),
+            figures=[Figure.from_json(f) for f in data.get("figures", [])],
+            notes=[str(n) for n in data.get("notes", [])],
+            seconds=float(data.get("seconds") or 0.0),
+            load=None if not load else LoadReading(
+                before=load.get("before_per_core"), after=load.get("after_per_core"),
+                others=load.get("others_share")),
+            date=str(data.get("date") or ""), command=str(data.get("command") or ""),
+            judged_anyway=bool(data.get("judged_anyway")))
 
     def baseline_of(self, fig: Figure) -> Figure | None:
         return next((f for f in self.figures if fig.baseline and f.key == fig.baseline),
@@ -619,26 +657,59 @@ _RESULT_WORDS = {EXIT_MET: "every budget met", EXIT_MISSED: "FAILED (a budget mi
                  EXIT_NOT_JUDGED: "NOT JUDGED (the machine was too busy)"}
 
 
+def _run_cell(res: BenchResult) -> str:
+    load = res.load.describe() if res.load is not None else "load unknown"
+    return f"{res.date or '—'} | {res.seconds:.0f} s | {load}"
+
+
 def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
                   command: str, smoke: bool, crashed: Sequence[Crash] = (),
-                  judge_anyway: bool = False) -> str:
+                  judge_anyway: bool = False,
+                  table: Sequence[BenchResult] | None = None,
+                  missing: Sequence[str] = ()) -> str:
+    """The report of a run: its verdict (this run's benchmarks alone), then one table of
+    every benchmark in `table` (this run's and those carried over from earlier runs, each
+    with its own date and load; default: this run's), then each one's details. `missing`:
+    the titles of the benchmarks no run has put in the table yet (listed, so the table
+    says it lacks them)."""
     verdict = judge_run(results, crashed, judge_anyway=judge_anyway)
+    current = {id(r) for r in results}
+    shown = list(results) if table is None else list(table)
+    busy: dict[int, str] = {}
+    judged_busy: set[int] = set()
+    for res in shown:
+        anyway = judge_anyway if id(res) in current else res.judged_anyway
+        why = judge_load(res.load)
+        if why is not None and anyway:
+            judged_busy.add(id(res))
+        elif why is not None:
+            busy[id(res)] = why
     lines = ["# fleet-tui benchmarks", ""]
-    lines.append(f"Written by `{command}` — do not edit by hand; run it again instead.")
+    lines.append(f"Written by `{command}` — do not edit by hand; run it again instead. "
+                 "Each benchmark's row holds its latest run (a run of some benchmarks "
+                 "keeps the others' from before, with their own date and load); earlier "
+                 "runs are in HISTORY.md.")
     if smoke:
         lines.append("")
         lines.append("**Smoke mode: tiny sizes, figures are NOT comparable with the budgets.**")
-    lines += ["", f"**Result: {_RESULT_WORDS[verdict.code]}** (exit status {verdict.code}).",
-              "", "## Machine", ""]
+    lines += ["", f"**Result: {_RESULT_WORDS[verdict.code]}** (exit status {verdict.code})"
+              " — of the benchmarks this run ran.", "", "## Machine", ""]
     for key, value in machine.items():
         lines.append(f"- {key}: {value}")
-    lines += ["", RULE, "", "## Summary", "",
+    lines += ["", RULE, "", "## Runs", "",
+              "| benchmark | ran (UTC) | took | load | by |", "|---|---|---|---|---|"]
+    for res in shown:
+        by = "this run" if id(res) in current else f"`{res.command}`" if res.command else "—"
+        lines.append(f"| {res.title} | {_run_cell(res)} | {by} |")
+    for crash in crashed:
+        lines.append(f"| {crash.title} | — | — | — | this run: **CRASHED** |")
+    for title in missing:
+        lines.append(f"| {title} | — | — | — | not run into this table yet |")
+    lines += ["", "## Summary", "",
               "| benchmark | figure | median | p99 | spread (min–max) | IQR | n | budget "
               "| result |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for res in results:
-        busy = verdict.busy.get(res.name)
-        judged_busy = judge_anyway and judge_load(res.load) is not None
+    for res in shown:
         for fig in res.figures:
             u = fig.unit
             lines.append(
@@ -647,20 +718,19 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
                 f"| {_fmt(fig.minimum, u)}–{_fmt(fig.maximum, u)} "
                 f"| {_fmt(fig.q1, u)}–{_fmt(fig.q3, u)} | {len(fig.samples)} {_plural(fig.per)} "
                 f"| {_budget_text(fig)} | {_baseline_text(res, fig)} "
-                f"| {_verdict(fig, busy, judged_busy)} |")
+                f"| {_verdict(fig, busy.get(id(res)), id(res) in judged_busy)} |")
     for crash in crashed:
         lines.append(f"| {crash.title} | — | — | — | — | — | — | — | — "
                      f"| **CRASHED** ({crash.error}) |")
     lines.append("")
     lines += verdict.summary
     lines += ["", "## Details", ""]
-    for res in results:
-        busy = verdict.busy.get(res.name)
-        judged_busy = judge_anyway and judge_load(res.load) is not None
+    for res in shown:
         lines.append(f"### {res.title}")
         lines.append("")
         load = f"; {res.load.describe()}" if res.load is not None else ""
-        lines.append(f"(`bench/{res.name}.py`, {res.seconds:.1f} s{load})")
+        when = f", {res.date}" if res.date else ""
+        lines.append(f"(`bench/{res.name}.py`{when}, {res.seconds:.1f} s{load})")
         lines.append("")
         for fig in res.figures:
             note = f" — {fig.note}" if fig.note else ""
@@ -678,7 +748,7 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
                          f"min {_fmt(fig.minimum, fig.unit)}, max "
                          f"{_fmt(fig.maximum, fig.unit)} over {len(fig.samples)} "
                          f"{_plural(fig.per)}; budget {_budget_text(fig)} → "
-                         f"{_verdict(fig, busy, judged_busy)}{note}")
+                         f"{_verdict(fig, busy.get(id(res)), id(res) in judged_busy)}{note}")
         for note in res.notes:
             lines.append(f"- {note}")
         lines.append("")
@@ -688,6 +758,24 @@ def render_report(results: Sequence[BenchResult], machine: Mapping[str, str], *,
                   "stderr" for c in crashed]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def history_entry(results: Sequence[BenchResult], crashed: Sequence[Crash], *,
+                  command: str, verdict: RunVerdict, started: str = "") -> str:
+    """One run, in a few lines for HISTORY.md: each benchmark's budget figures with their
+    verdicts, its date and load. `started`: when the run began."""
+    when = started or _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"## {when}: `{command}` — {_RESULT_WORDS[verdict.code]}", ""]
+    for res in results:
+        load = res.load.describe() if res.load is not None else "load unknown"
+        figs = "; ".join(
+            f"{f.title} {_fmt(f.value, f.unit)} {f.unit} ({_budget_text(f)}: "
+            f"{'not judged' if res.name in verdict.busy else _verdict(f).strip('*')})"
+            for f in res.figures if f.budget is not None)
+        lines.append(f"- {res.title} ({res.seconds:.0f} s; {load}): {figs}")
+    for crash in crashed:
+        lines.append(f"- {crash.title}: CRASHED ({crash.error})")
+    return "\n".join(lines) + "\n"
 
 
 def reap_adopted(timeout: float = 15.0) -> None:

@@ -234,11 +234,14 @@ def _wall(ep: Any, repo: Path, env: dict[str, str], claude: str, *, workers: int
         store.close()
 
 
-def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
+def run(smoke: bool = False, runs: int | None = None, long: bool = False) -> BenchResult:
+    """`long` (`python -m bench --long`): 3 rounds, the order of the two runs alternating;
+    else one (~2½ minutes on a quiet 2-core machine: 8 workers then 2; the rounds' ratios
+    spread by ±0.01 on a quiet machine, bench/HISTORY.md)."""
     from fleet_tui.demo.endpoint import ScriptedEndpoint
 
     claude = _claude()
-    rounds = runs or (1 if smoke else 3)
+    rounds = runs or (3 if long and not smoke else 1)
     tasks = 4 if smoke else 8
     # a script ends on a model turn (the answer), one more than its tool steps: the ideal
     # ratio is (steps + 1) / (2 steps + 1), 0.54 with 6 steps (0.57 with 3)

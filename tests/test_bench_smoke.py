@@ -433,3 +433,54 @@ def test_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
             main(["--runs", bad, "parser"])
         assert exc.value.code == 2
         assert "--runs" in capsys.readouterr().err
+
+
+def test_long_ones_run_when_asked_and_the_table_keeps_every_benchmark(
+        tmp_path: Path, standin_benchmarks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m bench` alone skips the long benchmarks (`--long`, or naming one, runs
+    it); RESULTS.md is one table of every benchmark, each row from its latest run with
+    its date and load, while the verdict is the run's own; HISTORY.md gets each run."""
+    monkeypatch.setattr(bench_main, "ORDER", ["t_ok", "t_slow"])
+    monkeypatch.setitem(bench_main.LONG, "t_slow", "a stand-in that would take long")
+    code, text, data = _run(tmp_path)
+    assert code == EXIT_MET and [r["name"] for r in data["results"]] == ["t_ok"]
+    assert "| T slow (long: `--long`) | — | — | — | not run into this table yet |" in text
+    code, text, data = _run(tmp_path, "--long")
+    assert code == EXIT_MISSED and [r["name"] for r in data["results"]] == ["t_ok", "t_slow"]
+    code, text, data = _run(tmp_path, "t_ok")
+    assert code == EXIT_MET  # the run's verdict: t_slow did not run in it
+    assert [r["name"] for r in data["results"]] == ["t_ok", "t_slow"]  # kept, in order
+    slow_row = next(line for line in text.splitlines() if line.startswith("| T slow | 20"))
+    assert "UTC |" in slow_row and "load average 0.10 → 0.10 per core" in slow_row
+    assert "`python -m bench --long`" in slow_row  # the run it comes from
+    assert "| T slow | sluggish | 50.0 ms |" in text and "| **FAIL** |" in text
+    history = (tmp_path / "HISTORY.md").read_text()
+    runs = [line for line in history.splitlines() if line.startswith("## ")]
+    assert len(runs) == 3 and "`python -m bench t_ok`" in runs[0]  # the newest first
+    assert "`python -m bench --long`" in runs[1] and "FAILED" in runs[1]
+    # a smoke run neither mixes with the full runs' table nor goes into the history
+    code, text, data = _run(tmp_path, "--smoke", "t_ok")
+    assert [r["name"] for r in data["results"]] == ["t_ok"]
+    assert (tmp_path / "HISTORY.md").read_text() == history
+
+
+def test_the_report_is_written_after_each_benchmark(
+        tmp_path: Path, standin_benchmarks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run stopped inside a benchmark (ctrl-c here; SIGTERM becomes the same in
+    `python -m bench`) keeps the rows of those that finished before it."""
+    def interrupted(smoke: bool = False, runs: int | None = None) -> BenchResult:
+        raise KeyboardInterrupt
+
+    module = types.ModuleType("bench.t_stop")
+    module.__dict__["run"] = interrupted
+    monkeypatch.setitem(sys.modules, "bench.t_stop", module)
+    monkeypatch.setitem(BENCHMARKS, "t_stop", "T stop")
+    monkeypatch.setattr(bench_main, "ORDER", ["t_ok", "t_stop"])
+    out = tmp_path / "RESULTS.md"
+    with pytest.raises(KeyboardInterrupt):
+        main(["--out", str(out)], sample_load=QUIET_MACHINE)
+    text = out.read_text()
+    assert "| T ok | quick | 1.50 ms |" in text and "| T stop | stopped" not in text
+    assert "| T stop | — | — | — | not run into this table yet |" in text
+    assert "(in progress: t_stop still to run)" in text
+    assert not (tmp_path / "HISTORY.md").exists()  # a run that did not end: no history

@@ -209,6 +209,10 @@ class TaskTable(ScrollView, can_focus=True):
         self._costs: dict[str, Totals] = {}  # the listed tasks' metered totals
         self._endpoints: set[str] = set()  # likewise, the tasks' endpoints (issue 19)
         self._hosts: set[str] = set()  # and their hosts (issue 20)
+        # The header's line from the first layout on: the height is auto, and a virtual
+        # size of nothing before the first resize laid the table out with no height, so
+        # the first frame had no task list and the header came a frame (~20 ms) later.
+        self.set_reactive(TaskTable.virtual_size, Size(0, 1))
 
     # --- what callers use ----------------------------------------------------------------
     @property
