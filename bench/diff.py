@@ -21,7 +21,7 @@ steps). Budgets: first paint at most PAINT_BUDGET times (bare git + bare render)
 of a round's page-down steps at most SCROLL_BUDGET times the bare `Log`'s p99 (median
 over the rounds).
 
-With colours on (issue 22), as the panel paints: the files are Python, so every painted
+With colours on, as the panel paints: the files are Python, so every painted
 line is lexed (pygments, one line at a time, when painted) and each changed line's words
 are compared with its removed partner's; the lexers are looked up in PreparedDiff.build
 (off the UI thread). The run checks that the panel's diff view has them on.
@@ -30,10 +30,10 @@ Two more, kept from the unit tests (which now check only the behaviour), each ag
 its bare counterpart, alternating:
 
 - the diff view on its own: a prepared 20,000-line diff shown, to the end of the next
-  refresh, against the same lines written to a bare `Log` (tests/test_ui_views.py).
+  refresh, against the same lines written to a bare `Log` (tests/ui/test_ui_views.py).
 - `git.diff` of a mixed worktree: 100 modified files (+50 −50 each), 50 committed new files
   and 50 untracked ones (100 lines each), 20,000 changed lines in 200 files, against the
-  bare git commands of the same patch (tests/test_git.py).
+  bare git commands of the same patch (tests/vcs/test_git.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Benchmark 8: the scripted endpoint (fleet_tui/demo/endpoint.py), which the demo and every
-real-CLI test run against — its budgets, kept from tests/test_endpoint.py (the tests now
+real-CLI test run against — its budgets, kept from tests/demo/test_endpoint.py (the tests now
 check the behaviour without a clock).
 
 - Six clients at once, each on its own script, every answer paced by a 0.1 s pause
@@ -12,7 +12,7 @@ check the behaviour without a clock).
 - Stopping the endpoint while a handler hangs: `stop()` returns. Context, no budget: it
   ends on the server's 0.1 s poll (a fixed time, not a speed), so nothing bare does the
   same work; the behaviour (the held request is released) is checked here and in
-  tests/test_endpoint.py.
+  tests/demo/test_endpoint.py.
 
 The clients speak plain HTTP/1.1 on 127.0.0.1 with http.client, as claude does.
 """

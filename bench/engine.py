@@ -18,7 +18,7 @@ whose test command (`sleep 30`) outlives its 0.5 s timeout, minus the same merge
 test command fails at once (`false`: the same checks, preview and refusal, no wait), from
 the call to the refusal, against a bare timeout of the same command (`sh -c 'sleep 30'` in
 a session of its own, waited on for 0.5 s, then its group stopped); the three alternate.
-Budget: at most GATE_BUDGET times the bare timeout (tests/test_git.py checks the
+Budget: at most GATE_BUDGET times the bare timeout (tests/vcs/test_git.py checks the
 behaviour: the command stopped, its later steps never ran). The merge's own git work is
 taken out by the `false` merge: compared with the bare timeout alone it made the ratio
 follow the machine's speed (1.10 quiet, 1.86 on a busy one), not the gate's.

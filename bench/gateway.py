@@ -1,4 +1,4 @@
-"""Benchmark 10: the local gateway (issue 19) between a client and the scripted endpoint.
+"""Benchmark 10: the local gateway between a client and the scripted endpoint.
 
 - Time to first byte: a streamed request sent straight to the scripted endpoint, and the
   same request through the gateway (a token checked in the store, the gate read, a slot

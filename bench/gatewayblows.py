@@ -1,4 +1,4 @@
-"""Benchmark 14: the gateway under blows (issue 32) — a flood of slow connections, and
+"""Benchmark 14: the gateway under blows — a flood of slow connections, and
 SIGKILLs along slow streams.
 
 - Flood: `FLOOD` connections from local processes (bench/flood.py: partial request heads,
@@ -253,6 +253,6 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
         Figure("gatewayblows.kills_ok", f"tasks ended ok of {kills} cut by a SIGKILL of "
                "the gateway along their streams", "tasks", [float(found["ok"])]),
         Figure("gatewayblows.meter_diff", "metered cost against what the endpoint served",
-               "%", [diff], note="issue 32: within 0.5 %"),
+               "%", [diff], note="the gateway's bound: within 0.5 %"),
     ]
     return BenchResult("gatewayblows", "14. Gateway under blows", figures, notes=notes)

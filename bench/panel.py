@@ -19,7 +19,7 @@ panel starts it) follows every attempt and the stream view follows the selected 
 - The stream view on its own taking a flood: 50,000 rows appended in batches of 5,000,
   against the same rows' text written in the same batches to Textual's own `Log` in a
   bare app, alternating. Budget: at most FLOOD_BUDGET times the bare `Log`
-  (tests/test_ui_views.py checks the behaviour).
+  (tests/ui/test_ui_views.py checks the behaviour).
 
 The ingestion counter is the engine's own (`Fleet.ingested_bytes`: the bytes of events files
 it has folded in; the attempts here never finish, so it is the sum of their read offsets);
@@ -41,7 +41,7 @@ from bench.fleetfix import make_running_tasks, send_job, start_writer, stop_writ
 PRESS_EVERY = 0.05
 FLOOD_ROWS, FLOOD_BATCH = 50_000, 5_000
 # medians seen (bench/RESULTS.md; 2026-12-01, a busy machine): drain 0.34, key 1.8 (3.2 on
-# the quiet machine of issue 25: 152 ÷ 48 ms), flood 1.67
+# a quiet machine: 152 ÷ 48 ms), flood 1.67
 DRAIN_BUDGET = 0.15
 KEY_BUDGET = 5.0
 FLOOD_BUDGET = 3.0

@@ -1,7 +1,7 @@
 """Benchmark 1: the stream-json parser against bare `json.loads` over the same lines.
 
 The input is a realistic mix built only from the real CLI outputs in
-tests/fixtures/stream-json/: sessions that open with a real `system/init` line, carry the
+tests/support/fixtures/stream-json/: sessions that open with a real `system/init` line, carry the
 real assistant text / tool_use and user tool_result lines (the bulk of a long run), now and
 then a real `api_retry` line, and close with a real `result` line. The decoder gets the
 bytes in 4 MiB chunks, the way the panel reads an events file; the baseline decodes each
@@ -148,5 +148,5 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
     ]
     notes = [f"{n:,} lines per run ({block_n:,}-line block × {repeats}), "
              f"{avg_bytes:.0f} bytes per line on average, fed in {CHUNK // 1024 // 1024} MiB "
-             "chunks; built from every real line in tests/fixtures/stream-json/"]
+             "chunks; built from every real line in tests/support/fixtures/stream-json/"]
     return BenchResult("parser", "1. Parser", figures, notes)

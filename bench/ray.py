@@ -1,11 +1,11 @@
-"""Bench 13: the Ray host (issue 21) on a local cluster — a head and a second node on this
-machine (tests/ray_cluster.py: its own temp dir, free ports, its own dashboard agent ports,
+"""Bench 13: the Ray host on a local cluster — a head and a second node on this
+machine (tests/support/ray_cluster.py: its own temp dir, free ports, its own dashboard agent ports,
 torn down by its process groups, never `ray stop`).
 
 Follow rounds, each the engine's arm and the bare arm, alternating which goes first:
 - the engine: a real `Fleet` (its scheduler running, `Fleet.run`) whose host is a
   `RayHost` on the cluster's Jobs address, pinned to the second node; one task whose
-  `claude` is the stream stand-in (tests/standin_claude.py: RATE stream-json lines a
+  `claude` is the stream stand-in (tests/support/standin_claude.py: RATE stream-json lines a
   second for WINDOW seconds, then its result; the key from a variable of the node's
   environment, `key_env`: no gateway in the path). Submit → first event: from
   `Fleet.submit` to the first bytes of events.jsonl in the local attempt folder. Event latency: the
@@ -59,7 +59,7 @@ from bench.common import (
     reap_adopted,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 RATE = 20  # lines a second, as bench 12's workers
 WINDOW = 8.0  # seconds of lines a round
@@ -102,7 +102,7 @@ BARE_MARK = b'"bench":"bare"'
 
 
 class Cluster:
-    """tests/ray_cluster.py's cluster, whose nodes hold KEY_VAR (the host's key_env)."""
+    """tests/support/ray_cluster.py's cluster, whose nodes hold KEY_VAR (the host's key_env)."""
 
     def __init__(self) -> None:
         from ray_cluster import RayCluster

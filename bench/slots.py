@@ -1,4 +1,4 @@
-"""Benchmark 11: request slots (issue 19) — more workers than the account allows requests.
+"""Benchmark 11: request slots — more workers than the account allows requests.
 
 The same 8 tasks, run by the real claude through the gateway against the scripted
 endpoint, twice per round in alternating order: with 8 workers sharing `max_requests = 2`

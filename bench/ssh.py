@@ -1,5 +1,5 @@
-"""The SSH host's mirror (issue 20): a line appended to the host's events.jsonl -> the same
-bytes in the local attempt folder, over Debian's sshd on 127.0.0.1 (tests/sshd.py).
+"""The SSH host's mirror: a line appended to the host's events.jsonl -> the same
+bytes in the local attempt folder, over Debian's sshd on 127.0.0.1 (tests/support/sshd.py).
 
 Subject: the host's agent `follow` stream into `Mirror` (execution/ssh/mirror.py), as the
 engine follows a remote worker. Baseline, the bare thing doing the same work: `tail -F`
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.common import BenchResult, Figure, bench_env, make_repo, quantile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 # From runs on this 2-core machine under other work: the mirror's per-round median 1.3-7.5 ms
 # against tail -F's 0.7-4.5 ms (1.7-3.6×; the agent wakes on inotify as tail -F does):

@@ -1,4 +1,4 @@
-"""Bench 12's bytes figures (issue 20): what reaches the host for the first and the second
+"""Bench 12's bytes figures: what reaches the host for the first and the second
 task of a repository of SIZE of incompressible content.
 
 Counted on the wire: the host's ssh connection goes through a relay (the client config's

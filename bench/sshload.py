@@ -1,11 +1,11 @@
-"""Bench 12's per-worker figures (issue 20): what the controller pays for each remote worker
+"""Bench 12's per-worker figures: what the controller pays for each remote worker
 it follows, at 20 events a second, against the same controller following local workers.
 
 Each measurement is a fresh process (so nothing else inflates it) holding a real `Fleet`
 running its scheduler (`Fleet.run`), whose host is either an `SshHost` on Debian's sshd on
-127.0.0.1 (tests/sshd.py) or this machine (the default local host): the baseline, the bare
+127.0.0.1 (tests/support/sshd.py) or this machine (the default local host): the baseline, the bare
 thing doing the same work without the connection. Its workers are real runners whose
-`claude` is the stream stand-in (tests/standin_claude.py): RATE stream-json lines a second,
+`claude` is the stream stand-in (tests/support/standin_claude.py): RATE stream-json lines a second,
 as long as it is followed. The process measures itself in three steps: idle (no task), one
 worker, then N: over WINDOW seconds of each step, its CPU time (os.times: every thread) and,
 at the step's end, its RSS and USS (/proc/self/smaps_rollup); for the SSH host also its

@@ -8,12 +8,11 @@ same interpreter. The time is taken from just before the spawn to the moment the
 receives the frame: for the bare app its label; for fleet-tui the first frame of the main
 screen (the task table's header "last tool") and, separately, the first
 frame that shows stored task titles (the list is read in a thread after the first frame).
-Budget: first frame at most 1.4 times the bare app (median of the per-pair ratios; issue 10
-lowered it from 1.5 so that the features after the restructure have room).
+Budget: first frame at most 1.4 times the bare app (median of the per-pair ratios).
 
 Also, from the same store: `Store.list_tasks()` of all 1,000 tasks, as the panel's first
 read does, against the bare query it runs (`sqlite3`, the same SELECT, rows left as
-tuples), alternating. Budget: at most LIST_BUDGET times the bare query (tests/test_store.py
+tuples), alternating. Budget: at most LIST_BUDGET times the bare query (tests/store/test_store.py
 checks the behaviour).
 
 Both programs start from compiled bytecode, as they do after any install (pip compiles
@@ -221,7 +220,7 @@ def precompile() -> None:
                    stdout=subprocess.DEVNULL, timeout=300)
 
 
-REPOSITORIES = 3  # issue 13: a long list of several repositories (hide, sort, repo column)
+REPOSITORIES = 3  # a long list of several repositories (hide, sort, repo column)
 
 
 def _setup(benv: BenchEnv, tasks: int, attempts: int) -> Path:

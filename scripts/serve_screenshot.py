@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
 from serve_support import new_browser, serve, wait_screen  # noqa: E402
 from test_ui_support import QUICK_SCRIPTS  # noqa: E402

@@ -14,11 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
+import folders
 import pytest
 from claude_marks import pytest_collection_modifyitems, pytest_runtest_setup
 
+folders.on_path()
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "support" / "fixtures"
 
 _PORTABLE_RUN = os.environ.get("FLEET_TUI_PORTABLE_PROCS", "") not in ("", "0")
 _SCRUB_PREFIXES = ("ANTHROPIC_", "FLEET_WORKER_", "FLEET_TUI_", "CLAUDE_")
@@ -46,14 +49,14 @@ def _missing(msg: str) -> NoReturn:
         pytest.fail(msg)
     pytest.skip(msg)
 
-# The real_claude mark follows the claude_bin fixture (see tests/claude_marks.py).
+# The real_claude mark follows the claude_bin fixture (see tests/support/claude_marks.py).
 __all__ = ["pytest_collection_modifyitems", "pytest_runtest_setup"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true", default=False,
                      help="the long forms of the reliability suite (same as FLEET_SOAK=1; "
-                          "see tests/soak_report.py and scripts/soak)")
+                          "see tests/support/soak_report.py and scripts/soak)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -83,11 +86,11 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
-    # Keyring: the stand-in file backend from tests/keyring_standin.py (no OS keyring
+    # Keyring: the stand-in file backend from tests/support/keyring_standin.py (no OS keyring
     # daemon can run here); tests that need "no backend" override this.
     monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring_standin.FileKeyring")
     monkeypatch.setenv("FLEET_TEST_KEYRING_FILE", str(base / "keyring.json"))
-    tests_dir = str(Path(__file__).resolve().parent)
+    tests_dir = str(Path(__file__).resolve().parent / "support")
     pythonpath = os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")])
     monkeypatch.setenv("PYTHONPATH", pythonpath.rstrip(os.pathsep))
     # CI runs as root: claude refuses bypassPermissions as root without the opt-in.
@@ -199,10 +202,10 @@ def stand_in_runner() -> Iterator[int]:
 @pytest.fixture
 def reference_samples() -> Path:
     """Real outputs of the pinned CLI (stdout, stderr, exit code per case), kept in
-    tests/fixtures/stream-json."""
+    tests/support/fixtures/stream-json."""
     path = FIXTURES / "stream-json"
     if not path.is_dir():
-        pytest.skip("tests/fixtures/stream-json missing")
+        pytest.skip("tests/support/fixtures/stream-json missing")
     return path
 
 

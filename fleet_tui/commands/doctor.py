@@ -110,7 +110,7 @@ class Context:
     claude_version: str | None = None
     secret_sources: tuple[str, ...] = ()  # environment variables that hold a key
     meta: dict[str, object] = field(default_factory=dict)
-    # each named endpoint's key, when found (issue 19): its live probe's, and redacted
+    # each named endpoint's key, when found: its live probe's, and redacted
     endpoint_keys: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -177,7 +177,7 @@ def _key_check(ctx: Context, settings: Settings) -> Check:
 
 
 def _endpoint_checks(ctx: Context, settings: Settings) -> list[Check]:
-    """One line per named endpoint of config.toml (issue 19): its URL and models, and
+    """One line per named endpoint of config.toml: its URL and models, and
     whether its key resolves (where from, never the key). A named endpoint without a key
     warns: its tasks would fail to start, the default's still run."""
     out: list[Check] = []

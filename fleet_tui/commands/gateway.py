@@ -1,4 +1,4 @@
-"""fleet-tui gateway status|stop: the local gateway the workers go through (issue 19).
+"""fleet-tui gateway status|stop: the local gateway the workers go through.
 
 `status` says whether it runs (pid, port, uptime) and, per endpoint, the requests in flight
 and waiting for a slot (and by which tasks), those served, those it answered itself while

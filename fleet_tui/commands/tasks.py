@@ -553,11 +553,11 @@ def cmd_ls(argv: list[str]) -> int:
              + "; start one with `fleet-tui run PROMPT`")
         return EXIT_OK
     metered = any(c.requests for c in costs.values())  # the cost column: once there is one
-    # the endpoint's column only when the list holds more than one (issue 19)
+    # the endpoint's column only when the list holds more than one
     width = max(len(t.endpoint) for t in tasks) if len({t.endpoint for t in tasks}) > 1 \
         else 0
     width = max(width, len("ENDPOINT")) if width else 0
-    # and the host's, by the same rule (issue 20)
+    # and the host's, by the same rule
     hosts = max(len(t.host) for t in tasks) if len({t.host for t in tasks}) > 1 else 0
     hosts = max(hosts, len("HOST")) if hosts else 0
     header = f"{'ID':<6}  {'STATE':<9}  {'VERDICT':<15}  {'+/-':>9}  {'TURNS':>5}  " \
@@ -588,7 +588,7 @@ def cmd_ls(argv: list[str]) -> int:
         note = fleet.endpoint_note(endpoint)
         if note is not None:
             _out(f"endpoint {endpoint}: {note}")
-    # the hosts at their max_workers with tasks queued for them (issue 20)
+    # the hosts at their max_workers with tasks queued for them
     for host, why in sorted(fleet.host_waits().items()):
         queued = [t.id for t in tasks if t.host == host and t.state == TaskState.QUEUED]
         if queued:
@@ -1146,7 +1146,7 @@ def cmd_kill(argv: list[str]) -> int:
     return EXIT_OK
 
 
-# --- landing many branches (issue 12) ----------------------------------------------------
+# --- landing many branches ---------------------------------------------------------------
 
 
 def _print_conflicts(task_id: str, result: git.UpdateResult) -> None:

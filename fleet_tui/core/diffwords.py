@@ -1,5 +1,5 @@
 """Reading a unified diff: where its files, hunks and changed blocks start, what changed
-inside a changed line, and whether a file was viewed (issue 22).
+inside a changed line, and whether a file was viewed.
 
 Pure functions over the patch's lines (no git, no terminal), so the panel's diff view and
 the tests use the same rules:

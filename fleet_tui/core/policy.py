@@ -129,7 +129,7 @@ AUTO_RESUME_PROMPT = ("Your previous turn was cut off by an API error. Continue 
                       "where you left off, then summarise what you did.")
 # how the queued tasks of a parked or held endpoint are told why they do not start
 NOTE_PREFIXES = ("waits: ", "held: ")
-# the held_settings of an endpoint held for its day's budget (issue 19): no settings'
+# the held_settings of an endpoint held for its day's budget: no settings'
 # fingerprint lifts it; the scheduler does, at the next local day or with a higher budget
 BUDGET_HOLD = "budget:"
 _BUDGET_FIGURE = "spent $"

@@ -1,4 +1,4 @@
-"""The price table (issue 19): what a request costs, from the tokens the gateway metered.
+"""The price table: what a request costs, from the tokens the gateway metered.
 
 USD per million tokens of each model: input, cached input (a cache read), cache write and
 output. The table ships with the public prices below; an endpoint's `prices` in config.toml

@@ -1,4 +1,4 @@
-"""Review comments on a task's diff (issue 22): anchors, states and the message sent.
+"""Review comments on a task's diff: anchors, states and the message sent.
 
 Pure rules, no I/O: the engine reads the files and the diff and asks these.
 

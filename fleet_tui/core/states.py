@@ -47,7 +47,7 @@ class Action(StrEnum):
     FOLLOW_UP = "follow_up"
     SHELL = "shell"
     DIFF = "diff"
-    # landing many branches (issue 12)
+    # landing many branches
     UPDATE = "update"  # bring the branch up to date with its base branch
     QUEUE = "queue"  # land through the merge queue
     PUSH = "push"  # push the branch to the remote instead of merging

@@ -495,7 +495,7 @@ def _is_endpoint_process(pid: int, folder: Path) -> bool:
     if not procs.is_alive(pid):
         return False  # gone, or exited and not yet reaped by its parent
     argv = procs.cmdline(pid)
-    # the module's name before issue 18 moved it: a demo endpoint an older fleet-tui
+    # the module's name before the layers moved it: a demo endpoint an older fleet-tui
     # started keeps serving its demo after an upgrade
     names = ("fleet_tui.demo.endpoint", "fleet_tui.endpoint")
     return any(name in argv for name in names) and str(folder / "url") in argv

@@ -151,7 +151,7 @@ class Fleet:
         self.ctx = ctx = Context(settings, self.env, self.store, clock, self.python, self.rng,
                                  self.repo_settings, self.supervisor, self.follower)
         self.secrets = SecretCache(ctx)
-        # the gateway holds the key the engine resolves (issue 19); held weakly, so that the
+        # the gateway holds the key the engine resolves; held weakly, so that the
         # supervisor does not keep the engine's parts alive (an engine dropped is gone at
         # once: its claims count as abandoned)
         self.supervisor.gateway.keys = weak_keys(self.secrets.by_endpoint)

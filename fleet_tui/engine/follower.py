@@ -301,7 +301,7 @@ class Follower:
             events_offset=fol.offset)
         self._store_summary(task, attempt, now, False)
         self._follows.pop(attempt.id, None)
-        self.supervisor.gateway.revoke(attempt)  # its token ends with it (issue 19)
+        self.supervisor.gateway.revoke(attempt)  # its token ends with it
         self.apply_outcome(task, attempt, ending.verdict, ending.message, now, changes,
                            ended=ended)
 

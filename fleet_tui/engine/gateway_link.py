@@ -1,4 +1,4 @@
-"""The engine's hook into the gateway (issue 19): an attempt goes through it.
+"""The engine's hook into the gateway: an attempt goes through it.
 
 With the `gateway` setting on, a starting attempt gets the gateway's URL for its endpoint
 as its base URL and a token minted for it as its key (`through`): the key variables of the

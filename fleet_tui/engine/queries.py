@@ -53,13 +53,13 @@ class FleetStatus:
     cooldown_until: float | None
     total_tokens: int
     endpoints: list[EndpointStatus] = field(default_factory=list)
-    # the meter (issue 19): the listed tasks' totals (those with metered requests), and
+    # the meter: the listed tasks' totals (those with metered requests), and
     # each endpoint's spend since the local day began (those that spent some), by name
     costs: dict[str, Totals] = field(default_factory=dict)
     spent_today: dict[str, float] = field(default_factory=dict)
-    # the gateway's line (issue 19): requests of each task waiting for a request slot
+    # the gateway's line: requests of each task waiting for a request slot
     slot_waits: dict[str, int] = field(default_factory=dict)
-    # issue 20: why the queued tasks of a host wait, by host ("waiting: host box at its 2
+    # why the queued tasks of a host wait, by host ("waiting: host box at its 2
     # workers"), for the hosts at their max_workers with tasks queued for them
     host_waits: dict[str, str] = field(default_factory=dict)
     # the tasks whose latest attempt ran (or runs) without the cage, as `ls` marks them

@@ -1,4 +1,4 @@
-"""Review comments on a task's diff (issue 22): comment, edit, delete, list with their
+"""Review comments on a task's diff: comment, edit, delete, list with their
 states, and send them all to the worker as one message; and the diff's viewed marks.
 
 The rules (anchors, open / addressed / outdated, the message) are core/review.py's; the

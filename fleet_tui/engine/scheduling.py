@@ -168,7 +168,7 @@ class Scheduler(Part):
             # each endpoint under its own settings: its worker cap, its key's fingerprint
             own = self.settings.for_endpoint(endpoint)
             decide = self._decider(own, closed)
-            caps = self.supervisor.host_caps()  # each host's max_workers (issue 20)
+            caps = self.supervisor.host_caps()  # each host's max_workers
             # a host these settings do not have (config.toml gained it since): its tasks
             # are left to an engine that knows it (a cap of 0 here), never failed
             for name in {t.host for t in ready} - set(caps) - {"any"}:

@@ -39,7 +39,7 @@ class SecretCache(Part):
         if cached is not None:
             return cached
         now = time.monotonic()
-        # every endpoint's key (issue 19): a worker on one may have read another's
+        # every endpoint's key: a worker on one may have read another's
         found = tuple(dict.fromkeys(self.by_endpoint(fresh=True).values()))
         self._secret_cache = (now, found)
         # hidden from now on wherever this process writes or shows what a worker said

@@ -121,7 +121,7 @@ class Supervisor:
         # given), and each [hosts.NAME] of config.toml, built when first used
         self.hosts = Hosts(settings.all_hosts, env=env, python=python, local=host,
                            given=hosts)
-        # the gateway's tokens (issue 19); the engine's front gives it the key's source
+        # the gateway's tokens; the engine's front gives it the key's source
         self.gateway = GatewayLink(store, env=env, python=python)
         # who claims tasks: host, pid and its start time (so a claim's starter can be proven
         # gone), and this object (several engines may live in one process)

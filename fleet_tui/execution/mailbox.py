@@ -1,4 +1,4 @@
-"""A remote worker's mailbox, kept in its local attempt folder (issue 21: `say` to a Ray job).
+"""A remote worker's mailbox, kept in its local attempt folder (`say` to a Ray job).
 
 A host with no channel of its own to a running worker (Ray has no stdin to a job) leaves
 each message here, in the local attempt folder's `input/`, as `<id>.json` (the format the

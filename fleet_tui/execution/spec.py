@@ -39,7 +39,7 @@ class RunSpec:
     token: str = ""  # FLEET_ATTEMPT_TOKEN for claude and all it starts ("" = none)
     timeout: float | None = None  # wall-clock seconds (None or 0: none)
     kill_grace: float = 5.0  # SIGTERM, then SIGKILL this much later
-    # issue 13: a ready worktree (see prepare.py); run once per new worktree
+    # a ready worktree (see prepare.py); run once per new worktree
     repo: str = ""  # the main checkout, where included files come from
     include: list[str] = field(default_factory=list)  # gitignore patterns of files to copy
     setup: str | None = None  # run in the worktree before claude starts (/bin/sh -c)

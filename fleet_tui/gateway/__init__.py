@@ -1,4 +1,4 @@
-"""The local gateway (issue 19): one detached process between the workers and the providers.
+"""The local gateway: one detached process between the workers and the providers.
 
 Every worker talks to `http://127.0.0.1:PORT/e/<endpoint>/...` with a token minted for its
 attempt; the gateway alone holds the real keys, passes requests and streamed answers

@@ -89,7 +89,7 @@ class Settings:
     queue_fix_attempts: int = 1  # follow-ups the merge queue sends a task before it stops
     pr_command: str | None = None  # run after `push` (never by default): opens a PR
     archive_after_days: float = 14.0  # closed tasks older than this leave the list (0: never)
-    # the gateway (issue 19)
+    # the gateway
     gateway: bool = True  # workers go through the local gateway (false: straight out)
     max_requests: int = 0  # the default endpoint's requests in flight (0: any number)
     budget_per_day: float = 0.0  # USD a day on the default endpoint (0: no budget)

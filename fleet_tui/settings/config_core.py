@@ -140,14 +140,14 @@ _SPEC: dict[str, tuple[str, float | None, object]] = {
     "kill_grace": ("seconds", _POSITIVE, 5.0),
     "merge_strategy": ("str", None, "merge"),
     "test_command": ("optstr", None, None),
-    # landing many branches (issue 12)
+    # landing many branches
     "update_strategy": ("str", None, "merge"),
     "queue_fix_attempts": ("int", 0, 1),
     "pr_command": ("optstr", None, None),
-    # the list (issue 13): merged and discarded tasks older than this are archived (their
+    # the list: merged and discarded tasks older than this are archived (their
     # logs kept); 0: never
     "archive_after_days": ("days", 0, 14.0),
-    # the gateway (issue 19): workers go through it (false: straight to the endpoint);
+    # the gateway: workers go through it (false: straight to the endpoint);
     # the default endpoint's requests in flight through it (0: any number), its budgets
     # in USD (0: none)
     "gateway": ("bool", None, True),

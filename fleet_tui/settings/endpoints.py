@@ -1,4 +1,4 @@
-"""Named endpoints (issue 19): `[endpoints.NAME]` tables of config.toml.
+"""Named endpoints: `[endpoints.NAME]` tables of config.toml.
 
 Users run several providers side by side (z.ai, Anthropic, a team's LiteLLM gateway...).
 Each named endpoint has its base URL, where its key comes from, its models, its limits
@@ -293,7 +293,7 @@ def from_data(data: object) -> tuple[Endpoint, ...]:
     return tuple(out)
 
 
-# --- a task's endpoint, and what its runner is given (issue 19) ------------------------------
+# --- a task's endpoint, and what its runner is given -----------------------------------------
 
 # The variables a runner may take the key from (the launcher's env sources). A named
 # endpoint with a key of its own gets none of the engine's: its key, and only its key.

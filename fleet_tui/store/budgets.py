@@ -1,4 +1,4 @@
-"""Budgets (issue 19): what an endpoint may spend in a local day, and a task in its life.
+"""Budgets: what an endpoint may spend in a local day, and a task in its life.
 
 The meter (store/meter.py) has a row per request with its cost; this module turns the rows
 into the one answer every process needs: may this task, on this endpoint, send another

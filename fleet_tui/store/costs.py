@@ -1,4 +1,4 @@
-"""The meter summed (issue 19): per task, per endpoint, per local day.
+"""The meter summed: per task, per endpoint, per local day.
 
 Two readers: `totals` answers a question once (`fleet-tui cost`, `ls`, `show`, `compare`)
 with one GROUP BY query; `Ledger` keeps the panel's figures (each listed task's cost, each

@@ -1,4 +1,4 @@
-"""The gateway's records in the store (issue 19): a token per attempt, and the meter.
+"""The gateway's records in the store: a token per attempt, and the meter.
 
 A worker never holds the provider's key when it goes through the gateway: it holds a token
 minted for its attempt, which the gateway checks on every request and which is revoked when

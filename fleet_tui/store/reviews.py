@@ -1,4 +1,4 @@
-"""Review comments in the store (issue 22): the table `review_comments`, one row a comment.
+"""Review comments in the store: the table `review_comments`, one row a comment.
 
 Each row keeps its anchor (core.review.Anchor), the comment, when it was sent (and how: a
 message to the running worker or a follow-up) and whether its lines were as commented

@@ -1,7 +1,7 @@
 """Process helpers: identity, descendants, group kill, environments, prctl.
 
 The one module that knows how processes are read on this system; nothing else in the
-package reads /proc or calls prctl (tests/test_procs.py scans the source). The engine needs
+package reads /proc or calls prctl (tests/system/test_procs.py scans the source). The engine needs
 a handful of facts: is this pid still the process we started (pid + start time, so a reused
 pid is never mistaken for ours), which processes descend from it (claude's Bash tool may put
 a `sleep` in its own process group), which carry an attempt's token, and how to signal them.

@@ -53,7 +53,7 @@ class Context:
     served: bool = False  # the panel is in a browser (`fleet-tui serve`)
     diff_files: int = 0  # files in the diff on screen (0: the diff tab is hidden, or none)
     in_diff: bool = False  # the keys are in the diff's lines (a comment goes on the cursor's)
-    unsent: int = 0  # review comments of the selected task not sent yet (issue 22)
+    unsent: int = 0  # review comments of the selected task not sent yet
 
 
 IN_BROWSER_SHELL = ("The panel is in a browser: a shell would open on the machine that "
@@ -198,7 +198,7 @@ ACTIONS: tuple[PanelAction, ...] = (
                 task=Action.DIFF, on="selected",
                 when=lambda c: c.diff_file is not None and _has_worktree(c.selected),
                 terminal_only=IN_BROWSER_EDITOR),
-    # landing many branches (issue 12)
+    # landing many branches
     PanelAction("task.update", "update", "u", "Update",
                 "bring the branch up to date with its base branch; on conflicts choose: "
                 "the worker resolves them, a shell, or abort", task=Action.UPDATE,
@@ -234,7 +234,7 @@ ACTIONS: tuple[PanelAction, ...] = (
     PanelAction("stream.follow", "toggle_follow", "F", "Follow",
                 "stream: follow the end on / off", show=False,
                 when=lambda c: c.selected is not None, hint="follow"),
-    # issue 13: steering, whole tool output, search, a long list
+    # steering, whole tool output, search, a long list
     PanelAction("task.say", "say", "s", "Say",
                 "send a message to a running worker: it joins the worker's turn, or starts "
                 "its next one (a finished task takes a follow-up)",
@@ -247,7 +247,7 @@ ACTIONS: tuple[PanelAction, ...] = (
                 "search the stream or the diff (/ inside them); n / N: next / previous "
                 "match, escape: end", show=False,
                 when=lambda c: c.selected is not None, hint="search"),
-    # issue 22: reading a diff as a forge's review does
+    # reading a diff as a forge's review does
     PanelAction("diff.next_file", "jump_file(1)", "right_square_bracket", "Next file",
                 "diff: the next file of the list, its patch shown", show=False,
                 when=lambda c: c.diff_files > 0, key_display="]"),
@@ -264,7 +264,7 @@ ACTIONS: tuple[PanelAction, ...] = (
                 "diff: mark the file viewed (✓) or not; a file that changes again "
                 "shows ! until it is marked again", show=False,
                 when=lambda c: c.diff_files > 0),
-    # review comments (issue 22)
+    # review comments
     PanelAction("review.comment", "comment", "C", "Comment",
                 "diff: comment on the cursor's line (shift+↑↓ selects a range); the "
                 "comment shows under it, and goes to the worker with the review",

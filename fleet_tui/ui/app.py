@@ -180,8 +180,8 @@ class FleetApp(App[None]):
         when what reached the oldest generation since the last full one is over a quarter
         of what the last one left, and before this there was no last one: any is), and
         each walked all that the engine made after the first freeze: 10 to 20 ms with the
-        event loop stopped, about once a second, a key press's frame late by as much
-        (issue 23). Once, here, where no key waits for a frame."""
+        event loop stopped, about once a second, a key press's frame late by as much.
+        Once, here, where no key waits for a frame."""
         gc.collect()
         gc.freeze()
 

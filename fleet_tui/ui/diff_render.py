@@ -1,5 +1,5 @@
 """How one line of a diff is painted: its kind (added, removed, hunk, header), syntax
-colours by the file's type, and the words that changed inside a changed line (issue 22).
+colours by the file's type, and the words that changed inside a changed line.
 
 Lazy by design: nothing is tokenised up front. A line is lexed (pygments, one line at a
 time) and its block's words compared (core.diffwords.BlockWords: as far into the block

@@ -482,7 +482,7 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-# --- landing (issue 12) -------------------------------------------------------------------
+# --- landing ------------------------------------------------------------------------------
 
 # where a task is on its way to the base branch, as the list shows it before its title:
 # (text, style name of the task table)
@@ -523,6 +523,6 @@ def pushed_label(task: Task) -> str | None:
 
 
 def open_comments_words(count: int) -> str:
-    """"1 review comment is open", "2 review comments are open" (issue 22: the merge
+    """"1 review comment is open", "2 review comments are open" (the merge
     dialog, its queue mode and pick ask with these words)."""
     return f"{count} review comment{'s are' if count > 1 else ' is'} open"

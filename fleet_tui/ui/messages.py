@@ -154,7 +154,7 @@ def report_failure(node: MessagePump, event: Worker.StateChanged) -> None:
 
 @dataclass
 class CommentsLoaded(Message):
-    """A task's review comments with their states, read with its diff (issue 22)."""
+    """A task's review comments with their states, read with its diff."""
 
     task_id: str
     comments: list[ReviewComment]

@@ -10,7 +10,7 @@ mends it.
   that way: opening and closing the help left ~30 such strips a frame (each with its seven
   caches: ~25 objects), which reached the oldest generation and made its collections walk
   and free 5,000 to 12,000 objects, 18 to 28 ms with the event loop stopped, every few key
-  presses (issue 23's tail, in a browser). The answer is returned as before, uncached: it
+  presses (its slow tail, in a browser). The answer is returned as before, uncached: it
   costs nothing to make again.
 """
 

@@ -1,4 +1,4 @@
-"""A merge killed midway (issue 17, finding 1): the intent record and its recovery.
+"""A merge killed midway: the intent record and its recovery.
 
 Before `git merge` changes the main checkout, the merge writes an intent record beside the
 repository lock (``.git/fleet-tui-merge.json``): the branch, the commit being merged (the

@@ -241,7 +241,7 @@ def resolve_credential(settings: Settings, env: Mapping[str, str] | None = None)
 def endpoint_sources(settings: Settings, endpoint: Endpoint,
                      env: Mapping[str, str] | None = None, *, stop_at_first: bool = True
                      ) -> tuple[Credential | None, list[SourceCheck]]:
-    """`check_sources` for a named endpoint (issue 19): a key_env endpoint looks only at
+    """`check_sources` for a named endpoint: a key_env endpoint looks only at
     its variable, a key_keyring one only at its entry under keyring_service; neither: the
     usual sources. Never the value in what it reports."""
     env = os.environ if env is None else env

@@ -6,7 +6,7 @@ request ends it at once, as the newest claude does on SIGTERM: exit 143). What a
 run leaves is the attempt folder every host leaves (the stream lines, the runner's and the
 exit records), written under a folder of the caller's, so the follower judges it exactly
 as it judges a real one. The engine's rules (claim, start, adopt, requeue, kill, resume,
-the verdicts) are thereby tested in milliseconds (tests/test_host_seam.py).
+the verdicts) are thereby tested in milliseconds (tests/engine/test_host_seam.py).
 
 Pids are above the kernel's largest (2**22), so that nothing is ever signalled by one.
 """

@@ -1,7 +1,7 @@
 """A host's runs, for the code that runs there (the SSH agent, the Ray job): a runner
 started detached with its key variables through a pipe, its state read from its attempt
 folder, what it left swept; the one-JSON-line answers of the host's commands. Standard
-library only (tests/test_host_stdlib.py runs it under `python3 -I -S`)."""
+library only (tests/execution/worker/test_host_stdlib.py runs it under `python3 -I -S`)."""
 
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ class DetailController(Controller):
         else:
             self.stream.open_search()
 
-    # the diff's reading aids (issue 22): they act on the diff on screen
+    # the diff's reading aids: they act on the diff on screen
     def jump_file(self, step: int) -> None:
         view = self.diff.view
         if view is not None and not view.jump_file(step):
@@ -140,7 +140,7 @@ class DetailController(Controller):
         if view is None:
             return
         change = view.toggle_viewed()  # the file list says ✓ at once
-        if change is not None:  # and the store keeps it (issue 22), in the keys' order
+        if change is not None:  # and the store keeps it, in the keys' order
             self._marks.append(change)
             self._save_marks(self.screen.engine())
 

@@ -1,4 +1,4 @@
-"""Review comments in the panel (issue 22): `C` comments on the diff's cursor line (or a
+"""Review comments in the panel: `C` comments on the diff's cursor line (or a
 selected range), `R` lists the selected task's comments (edit, delete, send), `ctrl+r`
 sends the review. The rules and the sending are the engine's (engine/review.py); the diff
 view says which lines are under the cursor and shows the comments under their lines."""

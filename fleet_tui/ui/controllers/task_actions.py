@@ -330,7 +330,7 @@ class TaskActionsController(Controller):
         screen.stream.reread()
         screen.task_list.poll()
 
-    # --- landing (issue 12) ----------------------------------------------------------------
+    # --- landing ---------------------------------------------------------------------------
     def update(self) -> None:
         task = self.screen.task_list.cursor_task
         if task is not None:
@@ -447,7 +447,7 @@ class TaskActionsController(Controller):
         body = (f"Land {chosen.id} ({chosen.short_title}) through the merge queue, and "
                 f"discard its other copies (their worktrees and branches):\n"
                 f"{names or '  (none left)'}")
-        # review comments not dealt with ask first, as the merge dialog does (issue 22)
+        # review comments not dealt with ask first, as the merge dialog does
         open_comments = await asyncio.to_thread(_open_comments, fleet, task_id)
         if open_comments:
             them = "them" if open_comments > 1 else "it"
@@ -581,7 +581,7 @@ def merge_items(fleet: Fleet, task_ids: list[str]) -> tuple[list[MergeItem], str
             added, deleted = fleet.diff_stat(task)
         except Exception:  # a worktree that cannot be read: the stored counts
             added, deleted = task.added_lines, task.deleted_lines
-        open_comments = _open_comments(fleet, task.id)  # the dialog asks again (issue 22)
+        open_comments = _open_comments(fleet, task.id)  # the dialog asks again
         items.append(MergeItem(task.id, task.short_title, task.branch,
                                task.base_branch or "the base branch", preview.clean,
                                list(preview.conflicts), preview.message, added, deleted,

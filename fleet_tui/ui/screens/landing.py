@@ -1,4 +1,4 @@
-"""Landing many branches (issue 12): the compare view of a task's copies and the merge queue.
+"""Landing many branches: the compare view of a task's copies and the merge queue.
 
 - `CompareScreen` (`c`): the copies of one prompt ranked by evidence (best of N: the best
   marked ★, the test command's and the named checks' results, +/-, files touched, whether

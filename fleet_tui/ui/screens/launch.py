@@ -4,7 +4,7 @@ It remembers the last options (not the prompt, not the number of copies) in a sm
 file in fleet-tui's home, because a fleet is usually launched with the same base, model
 and limits many times; a line at the top of the form names every remembered value that is
 not the default, so nothing is carried over unseen. Copies always starts at 1: a count
-carried over silently started twice the workers the user meant (issue 9, finding 7), and
+carried over silently started twice the workers the user meant, and
 the Launch button says how many it starts.
 
 Closing the form (escape, Close) keeps what was typed as a draft: the next `n` in the same

@@ -241,7 +241,7 @@ class MergeItem:
     deleted: int
     message: str = ""  # the default commit message (the title without a copy's "(1/2)")
     problem: str = ""  # why this task cannot land now (its preview failed); "" when it can
-    open_comments: int = 0  # review comments not sent or not dealt with (issue 22)
+    open_comments: int = 0  # review comments not sent or not dealt with
 
     @property
     def landable(self) -> bool:

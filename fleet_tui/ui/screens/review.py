@@ -1,4 +1,4 @@
-"""`R`: a task's review comments (issue 22), each with its state, the lines it is on and
+"""`R`: a task's review comments, each with its state, the lines it is on and
 its text; `e` edits the highlighted one, `d` deletes it, `s` sends every comment not sent
 yet to the worker as one message. The dialog answers what was asked (``ReviewAnswer``);
 the controller does it and opens the list again."""

@@ -59,7 +59,7 @@ class DiffPane(Vertical):
         self._pending_text = NOTHING_SELECTED  # said once the view is mounted
         self._pending_loaded: DiffLoaded | None = None
         self._search: SearchBar | None = None
-        # the review comments of the task shown (issue 22), read with each diff
+        # the review comments of the task shown, read with each diff
         self.comments: tuple[str, list[ReviewComment]] | None = None
 
     @property

@@ -3,7 +3,7 @@
 The diff is a list of strings; a line is classified (added, removed, hunk, header) only
 when it is painted, so a 20,000-line patch paints its first screen at once.
 
-Review comments (issue 22) are rows the view adds under their lines (``set_comments``); the
+Review comments are rows the view adds under their lines (``set_comments``); the
 patch itself is never copied. The cursor (up / down) and a range (shift+up / shift+down)
 say which lines a new comment is on (``DiffView.lines_at_cursor``).
 """
@@ -245,7 +245,7 @@ class DiffLines(LineView):
         full = self.get_component_rich_style(self.STYLE_PREFIX + name)
         return partial + Style(bgcolor=full.bgcolor) if partial.bgcolor else partial
 
-    # --- review comments (issue 22) ------------------------------------------------------
+    # --- review comments -----------------------------------------------------------------
     def set_comments(self, under: dict[int, list[Row]]) -> None:
         """Show ``under[i]``'s rows below patch line ``i`` (none: the patch alone); the
         cursor stays on its patch line."""
@@ -375,7 +375,7 @@ class ViewedChange(NamedTuple):
 class DiffView(Horizontal):
     """The file list and the patch of the highlighted file (or of all files).
 
-    Reading aids (issue 22): next / previous file (the list's) and hunk (``jump_file``,
+    Reading aids: next / previous file (the list's) and hunk (``jump_file``,
     ``jump_hunk``: the view scrolls it to the top) and a viewed mark per file
     (``toggle_viewed``), kept by task and path with the file's digest, so it clears when
     the file changes again (the store keeps them: ``set_viewed`` takes them back)."""
@@ -529,7 +529,7 @@ class DiffView(Horizontal):
         return ViewedChange(self._task_id, path, digest if mark == "viewed" else None)
 
     def set_viewed(self, task_id: str, marks: dict[str, str]) -> None:
-        """The task's viewed marks as the store has them (issue 22), taken the first time
+        """The task's viewed marks as the store has them, taken the first time
         this view sees the task: after that the marks toggled here are the newer ones (a
         diff read while a mark was being written brings the older)."""
         if task_id in self.viewed:
@@ -578,7 +578,7 @@ class DiffView(Horizontal):
         lines.go_to_row(row)
         return True
 
-    # --- review comments (issue 22) --------------------------------------------------------
+    # --- review comments -------------------------------------------------------------------
     @property
     def comments(self) -> list[ReviewComment]:
         return self._comments

@@ -122,7 +122,7 @@ class StreamPane(Vertical):
         self.hints = hints
         self.selected: Task | None = None
         self.slot_waits = 0  # the selected task's requests waiting at the gateway
-        self.host_wait: str | None = None  # why it waits for its host (issue 20)
+        self.host_wait: str | None = None  # why it waits for its host
         self.attempt_choice: dict[str, int] = {}  # task id -> attempt chosen with `a`
         self.attempt: Attempt | None = None  # the attempt shown, once its tail arrived
         self.attempts = 0  # how many the task had then
@@ -453,7 +453,7 @@ class StreamPane(Vertical):
 
     def show_host_wait(self, why: str | None) -> None:
         """Why the selected task waits for its host, said in the caption instead of "a
-        free slot" (issue 20)."""
+        free slot"."""
         if why != self.host_wait:
             self.host_wait = why
             self._caption()

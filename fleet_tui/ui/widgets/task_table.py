@@ -44,7 +44,7 @@ COLUMNS: tuple[tuple[str, str, int | None], ...] = (
     ("id", "id", 6),
     ("repo", "repo", 14),  # only while tasks of more than one repository are listed
     ("endpoint", "endpoint", 10),  # only while tasks of more than one endpoint are listed
-    ("host", "host", 10),  # likewise, tasks of more than one host (issue 20)
+    ("host", "host", 10),  # likewise, tasks of more than one host
     ("title", "title", None),
     ("model", "model", 10),
     ("elapsed", "time", 7),
@@ -207,8 +207,8 @@ class TaskTable(ScrollView, can_focus=True):
         self._base: Style | None = None
         self._repo_names: dict[Path, str] = {}  # shown while more than one is listed
         self._costs: dict[str, Totals] = {}  # the listed tasks' metered totals
-        self._endpoints: set[str] = set()  # likewise, the tasks' endpoints (issue 19)
-        self._hosts: set[str] = set()  # and their hosts (issue 20)
+        self._endpoints: set[str] = set()  # likewise, the tasks' endpoints
+        self._hosts: set[str] = set()  # and their hosts
         # The header's line from the first layout on: the height is auto, and a virtual
         # size of nothing before the first resize laid the table out with no height, so
         # the first frame had no task list and the header came a frame (~20 ms) later.

@@ -1,0 +1,82 @@
+"""The suite's own rules, checked on small suites run by pytest's pytester: the real_claude
+mark follows the claude_bin fixture (tests/support/claude_marks.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = """
+import pytest
+from claude_marks import pytest_collection_modifyitems, pytest_runtest_setup
+
+@pytest.fixture
+def claude_bin():
+    return "/stand-in/claude"  # the inner suite only needs the fixture's name
+
+@pytest.fixture
+def rig(claude_bin):
+    return claude_bin
+"""
+
+
+# the inner runs share this process: leave out the plugins that keep session-wide state
+INNER = ("-p", "no:cacheprovider", "-p", "no:textual-snapshot", "-p", "no:syrupy",
+         "-p", "no:asyncio")
+
+
+def _suite(pytester: pytest.Pytester, tests: str) -> None:
+    pytester.makeini("[pytest]\nmarkers =\n    real_claude: runs the real claude\n")
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_inner=tests)
+
+
+def test_asking_for_claude_marks_the_test(pytester: pytest.Pytester) -> None:
+    _suite(pytester, """
+import pytest
+
+def test_direct(claude_bin):
+    pass
+
+def test_through_a_fixture(rig):
+    pass
+
+@pytest.mark.real_claude
+def test_marked_and_asking(claude_bin):
+    pass
+
+def test_plain():
+    pass
+""")
+    claude = pytester.runpytest("-m", "real_claude", "-v", *INNER)
+    claude.assert_outcomes(passed=3, deselected=1)
+    claude.stdout.fnmatch_lines(["*test_direct PASSED*", "*test_through_a_fixture PASSED*",
+                                 "*test_marked_and_asking PASSED*"])
+    rest = pytester.runpytest("-m", "not real_claude", "-v", *INNER)
+    rest.assert_outcomes(passed=1, deselected=3)
+    rest.stdout.fnmatch_lines(["*test_plain PASSED*"])
+
+
+def test_a_mark_without_claude_fails_the_test(pytester: pytest.Pytester) -> None:
+    _suite(pytester, """
+import pytest
+
+pytestmark = pytest.mark.real_claude
+
+def test_needs_it(claude_bin):
+    pass
+
+def test_parses_a_file():
+    pass
+
+class TestGroup:
+    def test_in_a_class(self):
+        pass
+""")
+    result = pytester.runpytest(*INNER)
+    result.assert_outcomes(passed=1, errors=2)
+    result.stdout.fnmatch_lines([
+        "*test_inner.py::test_parses_a_file is marked real_claude but never asks for the "
+        "claude_bin fixture*",
+        "*test_inner.py::TestGroup::test_in_a_class is marked real_claude*"])
