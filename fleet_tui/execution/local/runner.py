@@ -53,7 +53,6 @@ import sys
 import time
 from pathlib import Path
 
-from fleet_tui.core import redaction
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution.attemptlog import (
     INPUT_LOCK_WAIT,
@@ -66,15 +65,15 @@ from fleet_tui.system import cgroups, pidns, procs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from types import FrameType
     from typing import Any
+
+    from fleet_tui.execution.local.cagehost import WarmCageHost
 
 RESERVE_SIZE = 8192
 INPUT_RECHECK = 1.0  # seconds between looks at the inbox when no wake-up byte came
 RESULT_LINE_CAP = 16 * 1024 * 1024  # a longer stdout line is never taken for a result line
-SETUP_TAIL = 64 * 1024  # characters of the setup's output in the stream (setup.log: all)
-SETUP_READ = 4 * SETUP_TAIL  # bytes of setup.log read back for it
 EX_LOCKED = 75  # another runner holds this attempt: nothing was done (EX_TEMPFAIL)
 EX_NO_RECORD = 74  # not even the exit record could be written (EX_IOERR)
 
@@ -162,8 +161,7 @@ class Runner:
         self.settings: Any = None  # the launch settings (_plan), for the cage
         # the cage host started before the run is known (node and srt load meanwhile): the
         # child that becomes claude's, its pipe for the order and "go", its output files
-        self.warm: subprocess.Popen[bytes] | None = None
-        self.warm_go: int | None = None
+        self.warm: WarmCageHost | None = None
         self.warm_files: tuple[int, Any, Any] | None = None
 
     # --- signals ---------------------------------------------------------------------------
@@ -403,7 +401,9 @@ class Runner:
         if self.warm is not None:
             # the order now: srt builds the cage while the worktree is made ready
             try:
-                self._order_warm(spec, argv, env)
+                if not self.warm.order(self.settings, spec, argv, env,
+                                       attempt_dir=str(self.dir)):
+                    self._drop_warm()  # the settings say this worker is not caged after all
             except (RuntimeError, OSError) as exc:
                 self._drop_warm()
                 return self._end(2, exit_code=2, error=str(exc))
@@ -411,12 +411,13 @@ class Runner:
         self._open_input()
         if (spec.include or spec.setup) and Path(spec.cwd).is_dir():
             from fleet_tui.execution.local import prepare
+            from fleet_tui.execution.local.worktreesetup import WorktreeSetup
 
             if not prepare.is_set_up(spec.cwd):
                 handoff = plan.key_handoff
                 secret = handoff.value if handoff is not None else \
                     plan.env.get("ANTHROPIC_AUTH_TOKEN", "")
-                failed = self._prepare(spec, env, [secret] if secret else [])
+                failed = WorktreeSetup(self).run(spec, env, [secret] if secret else [])
                 if failed is not None:
                     self._drop_warm()
                     self._close_input()
@@ -434,8 +435,10 @@ class Runner:
             return self._end(code, exit_code=code, error=str(exc))
         if self.warm is not None:
             return self._run_claude(spec, argv, env)
-        try:
-            argv, env = self._cage(spec, argv, env)
+        try:  # claude in the worker's cage (setting cage = "worker"), else as it is
+            from fleet_tui.execution.local import cagehost
+
+            argv, env = cagehost.wrap(self.settings, spec, argv, env, attempt_dir=str(self.dir))
         except (RuntimeError, OSError) as exc:  # no cage can be built here: claude does not start
             self._close_input()
             if plan.key_handoff is not None:
@@ -443,77 +446,27 @@ class Runner:
             return self._end(2, exit_code=2, error=str(exc))
         return self._run_claude(spec, argv, env)
 
-    def _cage(self, spec: RunSpec, argv: list[str], env: dict[str, str]
-              ) -> tuple[list[str], dict[str, str]]:
-        """claude in the worker's cage (setting cage = "worker"; cage.py), else as it is."""
-        settings = self.settings
-        if settings is None or getattr(settings, "cage", "off") != "worker":
-            return argv, env
-        from fleet_tui.execution.local import cage
-
-        return cage.wrap(argv, env, attempt_dir=str(self.dir), worktree=spec.cwd,
-                         config_dir=spec.config_dir, repo=spec.repo,
-                         base_url=settings.base_url, allow_hosts=settings.allow_hosts)
-
     def _warm_cage(self, spec: RunSpec) -> None:
         """Start the cage host now, before the run is planned, when the worker will most
-        likely be caged: it loads node and srt meanwhile and waits for its order. Nothing
-        is started when the machine cannot cage (the run then fails as `_cage` says)."""
-        from fleet_tui.execution.local import cage
+        likely be caged (cagehost.py): node and srt load meanwhile."""
+        from fleet_tui.execution.local.cagehost import WarmCageHost
 
-        if not Path(spec.cwd).is_dir() or not cage.wanted(spec.settings or {}, self.env):
-            return
-        argv = cage.warm_argv(self.env)
-        if argv is None:
-            return
+        def spawn(argv: Sequence[str], env: Mapping[str, str], go_fd: int
+                  ) -> subprocess.Popen[bytes] | None:
+            failed = self._spawn(spec, argv, env, go_fd)
+            child, self.child = self.child, None  # claude's child only once it is told go
+            return child if failed is None else None
+
         # the attempt's token in its environment from the start, as claude's process has
         # it: what finds the run's processes where no parent-death signal takes them along
         env = dict(self.env, **({TOKEN_ENV: spec.token} if spec.token else {}))
-        go_r, go_w = os.pipe()
-        try:
-            failed = self._spawn(spec, argv, env, go_r)
-        finally:
-            os.close(go_r)
-        if failed is not None or self.child is None:
-            os.close(go_w)
-            return
-        self.warm, self.child = self.child, None  # claude's child only once it is told go
-        self.warm_go = go_w
-
-    def _order_warm(self, spec: RunSpec, argv: list[str], env: dict[str, str]) -> None:
-        """The warm cage host's order (what to run, in which cage), or it is let go when
-        the settings say this worker is not caged after all."""
-        settings = self.settings
-        if settings is None or getattr(settings, "cage", "off") != "worker":
-            self._drop_warm()
-            return
-        from fleet_tui.execution.local import cage
-
-        line = cage.order(argv, env, attempt_dir=str(self.dir), worktree=spec.cwd,
-                          config_dir=spec.config_dir, repo=spec.repo,
-                          base_url=settings.base_url, allow_hosts=settings.allow_hosts)
-        assert self.warm_go is not None
-        _write_all(self.warm_go, line)
+        self.warm = WarmCageHost.start(spec, env, spawn)
 
     def _drop_warm(self) -> None:
-        """End a warm cage host that will not run claude (closing its pipe ends it; a
-        SIGTERM and then SIGKILL should it linger), and close what was opened for it."""
+        """End a warm cage host that will not run claude, and close what was opened for it."""
         warm, self.warm = self.warm, None
-        if self.warm_go is not None:
-            os.close(self.warm_go)
-            self.warm_go = None
         if warm is not None:
-            for sig in (signal.SIGTERM, signal.SIGKILL, None):  # its own process group
-                try:
-                    warm.wait(timeout=2.0 if sig == signal.SIGTERM else LEFTOVER_GRACE)
-                    break
-                except subprocess.TimeoutExpired:
-                    if sig is None:
-                        break
-                    with contextlib.suppress(OSError):
-                        os.killpg(warm.pid, sig)
-            if warm.stdout is not None:
-                warm.stdout.close()
+            warm.drop()
         files, self.warm_files = self.warm_files, None
         if files is not None:
             os.close(files[0])
@@ -537,155 +490,15 @@ class Runner:
         except LaunchError as exc:
             raise _LaunchFailure(str(exc), int(getattr(exc, "exit_code", 1) or 1)) from None
 
-    # --- the ready worktree: included files and the setup command --------------------------
-
-    def _setup_line(self, record: dict[str, Any]) -> None:
-        """One `system/fleet_setup` line in events.jsonl (before claude writes there)."""
-        line = json.dumps({"type": "system", "subtype": "fleet_setup", **record},
-                          sort_keys=True) + "\n"
-        try:
-            with open(self.log.events, "ab") as fh:
-                fh.write(line.encode("utf-8", "replace"))
-        except OSError as exc:
-            self._log(f"could not write the setup step to {self.log.events}: "
-                      f"{_strerror(exc)}")
-
-    def _prepare(self, spec: RunSpec, env: Mapping[str, str], secrets: list[str]
-                 ) -> int | None:
-        """Copy the included files and run the setup command in a new worktree; None when
-        it is ready, else the runner's exit status (the exit record says what failed:
-        the attempt fails before claude starts, so before any token is spent)."""
-        from fleet_tui.execution.local import prepare
-
-        started = time.monotonic()
-        self._setup_line({"phase": "start", "command": spec.setup,
-                          "include": list(spec.include)})
-        copied: list[str] = []
-        skipped: list[str] = []
-        problem: str | None = None
-        if spec.include:
-            try:
-                files = prepare.included_files(spec.repo or spec.cwd, spec.include)
-                copied, missed = prepare.copy_included(spec.repo or spec.cwd, spec.cwd,
-                                                       files, secrets)
-                skipped = [f"{path}: {why}" for path, why in missed]
-            except (OSError, subprocess.SubprocessError) as exc:
-                problem = f"could not copy the included files: {exc}"
-        code: int | None = 0
-        output = ""
-        if problem is None and spec.setup:
-            code, output = self._run_setup(spec, env, secrets)
-        seconds = round(time.monotonic() - started, 3)
-        tail = output[-SETUP_TAIL:]
-        self._setup_line({"phase": "end", "command": spec.setup, "exit_code": code,
-                          "output": tail, "truncated": len(output) > len(tail),
-                          "copied": copied, "skipped": skipped, "seconds": seconds,
-                          "error": problem})
-        if self.received is not None or self.term_at is not None:
-            sig = self.received
-            return self._end(128 + sig if sig else 1, exit_code=code if code else None,
-                             sig=sig, error=None)
-        if problem is not None:
-            return self._end(1, exit_code=1, error=f"setup: {problem}")
-        if code != 0:
-            lines = [line for line in output.splitlines() if line.strip()]
-            last = f": {lines[-1].strip()[:300]}" if lines else ""
-            status = f"exit {code}" if code is not None and code >= 0 else \
-                f"killed by signal {-(code or 0)}"
-            return self._end(1, exit_code=code if code and code > 0 else 1, error=(
-                f"the setup command `{spec.setup}` failed ({status}){last} (its whole "
-                "output is in the stream; claude did not start)"))
-        try:
-            prepare.mark_set_up(spec.cwd, {"at": time.time(), "attempt": spec.attempt,
-                                           "setup": spec.setup, "copied": copied})
-        except OSError as exc:
-            self._log(f"could not mark {spec.cwd} as set up: {_strerror(exc)}")
-        return None
-
-    def _run_setup(self, spec: RunSpec, env: Mapping[str, str], secrets: list[str]
-                   ) -> tuple[int | None, str]:
-        """Run the setup command (its own process group, the worker's environment
-        without any credential, our wall-clock timeout and signals); (exit status, its
-        output with the key redacted). A negative status is the signal that ended it."""
-        from fleet_tui.execution.local import prepare
-
-        user_umask = self.user_umask
+    def child_preexec(self) -> Callable[[], None]:
+        """What runs in a child of the runner (claude's, the setup command's) between fork
+        and exec: its own process group, the user's umask, the attempt's cgroup or PID
+        namespace, and death with the runner."""
         parent = self.pid
-
+        user_umask = self.user_umask
         cgroup, in_namespace = self.cgroup, self.ns_init is not None
 
         def preexec() -> None:
-            os.setpgid(0, 0)
-            os.umask(user_umask)
-            if cgroup is not None:
-                cgroups.join(cgroup)
-            if in_namespace:
-                pidns.child_setup()
-            procs.set_parent_death_signal(signal.SIGKILL)
-            # in the namespace the runner, outside it, reads as parent 0 (and were it
-            # gone, the namespace's init would be too, and this process with it)
-            if os.getppid() != (0 if in_namespace else parent):
-                os._exit(1)
-
-        clean_env = {k: v for k, v in env.items()
-                     if k not in ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
-                     and not any(s and s in v for s in secrets)}
-        try:
-            out = open(self.log.setup_log, "wb")  # noqa: SIM115 (closed below)
-        except OSError as exc:
-            return 1, f"could not write {self.log.setup_log}: {_strerror(exc)}"
-        with out:
-            try:
-                self.setup_proc = subprocess.Popen(
-                    ["/bin/sh", "-c", spec.setup or ""], cwd=spec.cwd, env=clean_env,
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    preexec_fn=preexec, close_fds=True)
-            except OSError as exc:
-                return 127, f"cannot run the setup command: {_strerror(exc)}"
-            if self.received is not None:
-                self._forward(self.received)
-            while True:
-                try:
-                    code: int | None = self.setup_proc.wait(timeout=0.2)
-                    break
-                except subprocess.TimeoutExpired:
-                    self._watch()
-        self.setup_proc = None
-        self._redact_file(self.log.setup_log, secrets)
-        try:
-            with open(self.log.setup_log, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                fh.seek(max(0, size - SETUP_READ))
-                text = fh.read().decode("utf-8", "replace")
-        except OSError:
-            text = ""
-        return code, prepare.redact(text, secrets)
-
-    def _redact_file(self, path: Path, secrets: list[str]) -> None:
-        """The key never stays in a file of ours: a setup that printed it (it was not in
-        its environment, but a file it read may hold it) has it replaced."""
-        try:
-            data = path.read_bytes()
-            hidden = redaction.redact_bytes(data, secrets)
-            if hidden != data:
-                data = hidden
-                write_bytes = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
-                with open(write_bytes, "wb") as fh:
-                    fh.write(data)
-        except OSError as exc:
-            self._log(f"could not check {path} for the key: {_strerror(exc)}")
-
-    def _spawn(self, spec: RunSpec, argv: Sequence[str], env: Mapping[str, str],
-               go_fd: int | None = None) -> int | None:
-        """Start claude's process (or the warm cage host that becomes it) as the runner's
-        child, its stdin a pipe and its output the attempt's files (kept in warm_files).
-        None when started, else the runner's exit status (recorded)."""
-        parent = self.pid
-        user_umask = self.user_umask
-
-        cgroup, in_namespace = self.cgroup, self.ns_init is not None
-
-        def preexec() -> None:  # runs in the child between fork and exec
             os.setpgid(0, 0)
             os.umask(user_umask)
             if cgroup is not None:
@@ -698,6 +511,14 @@ class Runner:
             if os.getppid() != (0 if in_namespace else parent):
                 os._exit(1)
 
+        return preexec
+
+    def _spawn(self, spec: RunSpec, argv: Sequence[str], env: Mapping[str, str],
+               go_fd: int | None = None) -> int | None:
+        """Start claude's process (or the warm cage host that becomes it) as the runner's
+        child, its stdin a pipe and its output the attempt's files (kept in warm_files).
+        None when started, else the runner's exit status (recorded)."""
+        preexec = self.child_preexec()
         # The guard against running in the main checkout is the engine's; here only refuse
         # a missing cwd.
         if not Path(spec.cwd).is_dir():
@@ -740,14 +561,7 @@ class Runner:
             if failed is not None:
                 return failed
         else:  # the warm cage host: its order is in, now it starts claude
-            from fleet_tui.execution.local import cage
-
-            self.child, self.warm = self.warm, None
-            assert self.warm_go is not None
-            with contextlib.suppress(OSError):  # it is gone: its exit status says so
-                _write_all(self.warm_go, cage.GO)
-            os.close(self.warm_go)
-            self.warm_go = None
+            self.child, self.warm = self.warm.go(), None
             if self.wake_fd is None and not self.input_closed:
                 self._open_input()
         assert self.child is not None and self.warm_files is not None
@@ -995,12 +809,6 @@ class Runner:
         if self.cgroup is not None:  # what left the tree and dropped the token too
             cgroups.end(self.cgroup, LEFTOVER_GRACE)
         procs.reap_children()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _number(value: Any, default: float) -> float:
