@@ -84,6 +84,7 @@ from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import Host, LostLedger, Placement, RunnerState
 from fleet_tui.execution.ray import config as kind_config
 from fleet_tui.execution.ray import job
+from fleet_tui.execution.ray.shortjob import ShortJobs
 from fleet_tui.execution.remote.base import LOOPBACK, RemoteHost, RemoteRun, update_result, write_at
 from fleet_tui.execution.remote.forwarding import forwarded, host_settings
 from fleet_tui.execution.spec import RunSpec
@@ -117,7 +118,6 @@ TAIL_DRAIN = 3.0  # seconds the tail gets to bring the rest of an ended job's lo
 POLL = 1.0  # seconds between two looks at a job that waits for its node (or a broken tail)
 LEASE = 60.0  # seconds without an answer of the cluster before its runs are lost
 FIRST_STATE_WAIT = 0.25  # how long state() waits for a new follower's first answer
-UPDATE_WAIT = 300.0  # seconds for an update job to end
 MAILBOX_ANSWER = 20.0  # seconds for the job to fetch a message and say what became of it
 EXCLUDES = ["__pycache__", "*.pyc", ".mypy_cache"]
 RELEASED_PER_JOB = 50  # released tasks a job removes from its node before its own work
@@ -813,8 +813,7 @@ class RayHost(RemoteHost):
         self._modes: dict[str, str] = {}  # task -> how its job makes the worktree
         self._ended = threading.Event()
         self.submitted: list[str] = []  # the submission ids this object submitted
-        self.update_jobs: list[str] = []  # the update jobs it ran
-        self.short_bundles: list[dict[str, Any]] = []  # what each of them was sent
+        self.short_jobs = ShortJobs(self)  # a task's update or abort on its node
         slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
         self.book = NodeBook(paths.home(env) / "ray" / f"{slug}.json")
         # the orders of the jobs followed now (their keys too: in memory only), to send a
@@ -1327,133 +1326,10 @@ class RayHost(RemoteHost):
         if busy:
             return git.UpdateResult("refused", f"a job of task {task.id} runs on host "
                                     f"{self.name}: its worktree is updated once it ends")
-        answer = self._update_job(task, node, base_commit, strategy, message)
+        answer = self.short_jobs.update(task, node, base_commit, strategy, message)
         return update_result(answer, branch=branch, base_branch=base_branch,
                              base_commit=base_commit, strategy=strategy,
                              host=f"the Ray host {self.name}")
-
-    def _update_job(self, task: Task, node: str, base_commit: str, strategy: str,
-                    message: str) -> dict[str, Any]:
-        """The update job's answer (its branch, when it sent one, kept in the newest
-        attempt folder and collected as fleet/ID)."""
-        found = self.git_identity(Path(task.repo))
-        order = {"ref": f"refs/fleet/base/update/{task.id}", "update_base": base_commit,
-                 "strategy": strategy, "message": message,
-                 "identity": {"name": found[0], "email": found[1]} if found else {}}
-        return self._short_job(task, node, order, bundle=base_commit)
-
-    def _short_job(self, task: Task, node: str, extra: dict[str, Any], *,
-                   bundle: str | None) -> dict[str, Any]:
-        """A short job of the task pinned to `node` (job.py `run_update`: an update of its
-        worktree there, `bundle` the commit it needs, sent as what the node lacks; or its
-        abort), waited for; its answer, its branch kept when it sent one. A node that
-        lacked what the bundle was cut against gets the job again with the whole one."""
-        repo = Path(task.repo)
-        mirror = self.mirror_path(repo)
-        for have in ([self.book.tips(node, mirror)] if bundle else [[]]) + [[]]:
-            staging = Path(tempfile.mkdtemp(prefix="fleet-ray-update-"))
-            try:
-                sent: dict[str, Any] = {}
-                if bundle is not None:
-                    sent = self._bundle(repo, bundle, f"update/{task.id}",
-                                        staging / job.BUNDLE_FILE, have)
-                order = {"update": True, "task_id": task.id, "host": self.name,
-                         "mirror": mirror, "worktree": self.worktree_path(task.id),
-                         "branch": task.branch or f"fleet/{task.id}", "base": task.base_commit,
-                         "conflicted": list(task.conflicts), "data_dir": self.data_dir,
-                         "released": self.book.released(), **extra}
-                (staging / job.ORDER_FILE).write_text(json.dumps(order))
-                kind = "abort" if extra.get("abort") else "update"
-                digest = hashlib.sha256(f"{bundle} {time.time_ns()}".encode()).hexdigest()
-                sid = f"fleet-{task.id}-{kind}-{digest[:10]}"
-                client = self.client()
-                try:
-                    client.submit_job(
-                        entrypoint=f"{shlex.quote(self.python)} -m {ENTRYPOINT_MODULE}",
-                        submission_id=sid,
-                        runtime_env={"working_dir": str(staging),
-                                     "py_modules": [_package_dir()], "excludes": EXCLUDES},
-                        metadata={"fleet-tui-task": task.id, f"fleet-tui-{kind}": "1",
-                                  "fleet-tui-host": self.name},
-                        entrypoint_label_selector={NODE_LABEL: node})
-                except Exception as exc:
-                    raise RayError(f"host {self.name}: the Ray cluster did not take the "
-                                   f"{kind} job: {str(exc)[-300:]}") from None
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-            self.update_jobs.append(sid)
-            self.short_bundles.append(sent)
-            answer, lacked = self._short_answer(task, node, sid)
-            if not lacked or not have:
-                return answer
-            self.book.set_tips(node, mirror, [])  # what it held is not known: whole
-        return answer
-
-    def _short_answer(self, task: Task, node: str, sid: str) -> tuple[dict[str, Any], bool]:
-        """A short job's answer once it ended (and whether its node lacked what its
-        bundle needed)."""
-        client = self.client()
-        deadline = time.monotonic() + UPDATE_WAIT
-        status = ""
-        while True:
-            info = client.get_job_info(sid)
-            status = str(getattr(info.status, "value", info.status))
-            if status in TERMINAL:
-                break
-            if time.monotonic() >= deadline:
-                with contextlib.suppress(Exception):
-                    client.stop_job(sid)
-                raise RayError(f"host {self.name}: the job {sid} did not end within "
-                               f"{UPDATE_WAIT:g} s")
-            time.sleep(0.5)
-        answer: dict[str, Any] = {}
-        lacked = False
-        pieces = bytearray()
-        bundle_head: dict[str, Any] | None = None
-        for line in str(client.get_job_logs(sid)).split("\n"):
-            frame = job.decode_frame(line)
-            if frame is None:
-                continue
-            head, body = frame
-            if isinstance(head.get("update"), dict):
-                answer = head["update"]
-            elif "mirror" in head:
-                self.book.set_tips(node, str(head["mirror"]), list(head.get("tips") or []))
-            elif isinstance(head.get("released"), dict):
-                said = head["released"]
-                self.book.cleaned(node, list(said.get("removed") or []),
-                                  list(said.get("absent") or []))
-            elif "error" in head:
-                answer = {"error": str(head["error"])}
-                lacked = bool(head.get("lacks"))
-            elif "bundle" in head:
-                at = int(head["o"])
-                pieces[at:at + len(body)] = body
-                bundle_head = head
-        if not answer:
-            answer = {"error": f"the job {sid} ended {status} without an answer"}
-        if bundle_head is not None:
-            self._keep_branch(task, bytes(pieces), bundle_head)
-        return answer, lacked
-
-    def _keep_branch(self, task: Task, data: bytes, head: dict[str, Any]) -> None:
-        """A branch an update job sent, as the newest attempt folder's (what `collect`
-        fetches), its digest checked."""
-        if len(data) != int(head["size"]) or hashlib.sha256(data).hexdigest() != head["sha256"]:
-            raise RayError(f"host {self.name}: the update job's branch of task {task.id} "
-                           "came back damaged")
-        newest = self._newest_branch(task)
-        if newest is None:
-            return
-        folder, rec = newest
-        if data:
-            tmp = folder / (BRANCH_BUNDLE + ".update")
-            tmp.write_bytes(data)
-            os.replace(tmp, folder / BRANCH_BUNDLE)
-        write_json_atomic(folder / BRANCH_FILE, {"tip": head["bundle"],
-                                                 "seq": int(rec.get("seq") or 0) + 1,
-                                                 "bundle": bool(data), "by": "update"})
-        self.collect(task)
 
     def abort_update(self, task: Task) -> str:
         """The update that stopped on conflicts in the task's worktree on its node undone
@@ -1477,7 +1353,7 @@ class RayHost(RemoteHost):
         if busy:
             raise RayError(f"a job of task {task.id} runs on host {self.name}: its update "
                            "is aborted once it ends")
-        answer = self._short_job(task, node, {"abort": True}, bundle=None)
+        answer = self.short_jobs.run(task, node, {"abort": True}, bundle=None)
         if "error" in answer:
             raise RayError(f"host {self.name}: {answer['error']}")
         what = answer.get("aborted")
