@@ -87,7 +87,10 @@ def a_spec(tmp_path: Path, url: str, claude: str | None, cage_mode: str | None =
     if claude is not None:
         settings["claude"] = claude
     return RunSpec(cwd=str(work), prompt="write it", config_dir=str(tmp_path / "cfg"),
-                   settings=settings, task_id="t1", attempt=1, token="tok-stdlib-1",
+                   # a token of its own: a runner's sweep by token must not end the run
+                   # of a test beside it (under -n 2, a claude ended with 143)
+                   settings=settings, task_id="t1", attempt=1,
+                   token=f"tok-stdlib-{os.getpid()}-{tmp_path.name}",
                    kill_grace=2.0)
 
 
