@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -394,34 +394,42 @@ def ensure_claude(ask: Callable[[str], str] = input, out: Callable[[str], None] 
 
 
 def ensure_cage(ask: Callable[[str], str] = input, out: Callable[[str], None] = print,
-                env: Mapping[str, str] | None = None) -> None:
+                env: MutableMapping[str, str] | None = None) -> bool:
     """The demo's workers run caged (the default): offer to install the pinned sandbox
-    runtime (srt) with npm where it is the only thing missing, as for claude. Anything
-    else missing (bubblewrap, node) is said; the engine refuses caged tasks saying it too."""
+    runtime (srt) with npm where it is the only thing missing, as for claude. Where the
+    machine still cannot cage (no bubblewrap, no node, srt declined), the demo's own
+    workers run uncaged (`FLEET_WORKER_CAGE=off` in `env`, this process's environment by
+    default) and it says so and how to cage them: a demo that works on a fresh machine
+    matters more than a cage around a scratch repository and a scripted endpoint. Real
+    tasks outside the demo are still refused where the machine cannot cage. True: caged."""
     from fleet_tui.execution.local.launcher import cage_problems, srt_install_command
 
     env = os.environ if env is None else env
     if env.get("FLEET_WORKER_CAGE", "").strip() == "off":
-        return
+        return False
     problem = cage_problems(env)
     if not problem:
-        return
+        return True
     command = srt_install_command(env)
-    if "srt (" not in problem or shutil.which("npm", path=env.get("PATH")) is None:
-        out(f"fleet-tui --demo: {problem}")
-        return
-    try:
-        answer = ask(f"The demo's workers run in a cage built on Anthropic's sandbox runtime; "
-                     f"install it with `{' '.join(command)}`? [y/N] ")
-    except EOFError:
-        answer = ""
-    if answer.strip().lower() not in ("y", "yes"):
-        out("Not installed. To do it by hand:\n  " + " ".join(command)
-            + "\n(or run the demo's workers uncaged: FLEET_WORKER_CAGE=off)")
-        return
-    result = subprocess.run(command, check=False)
-    if result.returncode != 0:
-        out(f"npm failed (exit {result.returncode}); run it by hand:\n  " + " ".join(command))
+    if "srt (" in problem and shutil.which("npm", path=env.get("PATH")) is not None:
+        try:
+            answer = ask("The demo's workers run in a cage built on Anthropic's sandbox "
+                         f"runtime; install it with `{' '.join(command)}`? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() in ("y", "yes"):
+            result = subprocess.run(command, check=False)
+            if result.returncode == 0 and not cage_problems(env):
+                return True
+            out(f"npm failed (exit {result.returncode}); run it by hand:\n  "
+                + " ".join(command))
+        else:
+            out("Not installed. To do it by hand:\n  " + " ".join(command))
+        problem = cage_problems(env) or problem
+    env["FLEET_WORKER_CAGE"] = "off"
+    out(f"fleet-tui --demo: its workers run uncaged on this machine ({problem}); "
+        "`fleet-doctor` says what the cage needs")
+    return False
 
 
 # --- the endpoint, a process of its own -----------------------------------------------------

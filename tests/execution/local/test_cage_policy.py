@@ -194,11 +194,30 @@ def test_the_demo_offers_to_install_srt_as_it_does_claude(tmp_path: Path) -> Non
     said: list[str] = []
     env = {**os.environ, "FLEET_WORKER_SRT": str(tmp_path / "none"),
            "FLEET_TUI_HOME": str(tmp_path / "data")}
-    ensure_cage(ask=lambda q: asked.append(q) or "n", out=said.append, env=env)
+    assert ensure_cage(ask=lambda q: asked.append(q) or "n", out=said.append, env=env) is False
     assert len(asked) == 1 and "@anthropic-ai/sandbox-runtime@" + cage.SRT_VERSION in asked[0]
     assert "npm install --prefix " + str(tmp_path / "data" / "srt") in said[0]
-    ensure_cage(ask=asked.append, out=said.append, env={**env, "FLEET_WORKER_CAGE": "off"})
+    # declined: the demo still works, its own workers uncaged, and it says so
+    assert env["FLEET_WORKER_CAGE"] == "off"
+    assert "run uncaged on this machine" in said[-1] and "srt" in said[-1]
+    assert ensure_cage(ask=asked.append, out=said.append, env=env) is False
     assert len(asked) == 1  # uncaged: nothing to offer
+
+
+def test_the_demo_runs_its_workers_uncaged_where_the_machine_cannot_cage(
+        tmp_path: Path) -> None:
+    """No bubblewrap (nor node) on PATH: nothing to offer; the demo says its workers run
+    uncaged and why, instead of starting tasks the engine would refuse."""
+    from fleet_tui.demo.session import ensure_cage
+
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    said: list[str] = []
+    env = {"PATH": str(empty), "HOME": str(tmp_path), "FLEET_TUI_HOME": str(tmp_path / "d")}
+    assert ensure_cage(ask=lambda q: pytest.fail(f"asked {q!r}"), out=said.append,
+                       env=env) is False
+    assert env["FLEET_WORKER_CAGE"] == "off"
+    assert len(said) == 1 and "uncaged" in said[0] and "fleet-doctor" in said[0]
 
 
 def test_a_blocked_line_is_an_event_shown_without_the_workers_escapes() -> None:
