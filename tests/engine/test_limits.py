@@ -127,8 +127,10 @@ def test_a_window_parks_the_endpoint_until_its_reset_and_the_sessions_resume(
         worktree = Path(t.worktree or "")
         assert (worktree / "one.txt").read_text() == "one\n"  # the work before the limit
         assert (worktree / "two.txt").read_text() == "two\n"
-    # one after another: the second resumed at least resume_stagger after the first
-    assert abs(starts[1] - starts[0]) >= 1.0
+    # one after another: the second resumed at least resume_stagger after the first (the
+    # stagger is counted from the first's claim, started_at is stamped a moment after it:
+    # 0.2 ms short was seen, so 10 ms of slack)
+    assert abs(starts[1] - starts[0]) >= 1.0 - 0.01
     assert min(starts) >= reset
 
 

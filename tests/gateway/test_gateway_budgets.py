@@ -50,6 +50,11 @@ def budget_fleet(ep: ScriptedEndpoint, claude: str, **overrides: Any) -> Fleet:
     return fleet
 
 
+def _saved_session(task_id: str) -> bool:
+    """claude's transcript of the task's session is on disk (its config dir's projects/)."""
+    return any(paths.task_config_dir(task_id).glob("projects/*/*.jsonl"))
+
+
 def raise_budget(fleet: Fleet, text: str) -> None:
     """config.toml written again, and rested, so that a look at it reads it."""
     time.sleep(0.01)  # a new mtime even on a coarse clock
@@ -70,6 +75,9 @@ def test_a_raised_task_budget_lets_the_next_request_through_without_a_restart(
         try:
             (task,) = fleet.submit(TaskSpec(prompt="answer", repo=git_repo))
             drive(fleet, lambda: len(ep.message_requests()) >= 1, timeout=120)
+            # claude saves its session a moment after the first answer: killed before, it
+            # leaves nothing to resume ("No conversation found"), which this test is not about
+            drive(fleet, lambda: _saved_session(task.id), timeout=60)
             first = control.read_info(fleet.env)
             assert first is not None
             meter_request(fleet, task.id, task.endpoint, input_tokens=100_000,
