@@ -96,6 +96,41 @@ class KindOptions(Protocol):
         ...
 
 
+class NoOptions:
+    """The options of a kind that `host add` never adds (local: this machine is always a
+    host; memory: built in code): none, and no columns of its own in `host ls`."""
+
+    flag = None
+    how = ""
+
+    def __init__(self, key_shown: str) -> None:
+        self._key_shown = key_shown  # what `host ls` says of where its key is
+
+    def add_arguments(self, add: argparse.ArgumentParser) -> None:
+        return None
+
+    def picks(self, args: argparse.Namespace) -> bool:
+        return False
+
+    def refuse_stray(self, args: argparse.Namespace, flag: str | None, label: str) -> None:
+        return None
+
+    def table(self, args: argparse.Namespace) -> dict[str, object]:
+        return {}
+
+    def added(self, host: HostConfig) -> str:
+        return f"max_workers {host.max_workers}"
+
+    def blank_row(self) -> dict[str, object]:
+        return {}
+
+    def row(self, host: HostConfig) -> dict[str, object]:
+        return {}
+
+    def key_shown(self, host: HostConfig) -> str:
+        return self._key_shown
+
+
 @dataclass(frozen=True)
 class Kind:
     """One kind of host: its name and the package of its folder."""
