@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleet_tui.settings.config_core import ConfigError, _line_of_key, _read_toml
+from fleet_tui.settings.tables import read_own_table
 
 TABLE = "mcp"
 DEFAULT_MAX_TASKS = 20
@@ -32,32 +32,17 @@ class McpSettings:
 def read_mcp_settings(config_file: str) -> McpSettings:
     """The `[mcp]` table of ``config_file`` (absent: the defaults); ConfigError naming the
     file, the line and what is accepted when a value cannot be used."""
-    data, text = _read_toml(config_file)
-    table = data.get(TABLE)
+    table = read_own_table(config_file, TABLE, KEYS, example="[mcp] max_tasks = 20")
     if table is None:
         return McpSettings()
-
-    def where(key: str) -> str:
-        line = _line_of_key(text, key)
-        return f"{config_file}, line {line}" if line else config_file
-
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where(TABLE)}: [mcp] must be a table: [mcp] max_tasks = 20",
-                          path=config_file, key=TABLE)
-    unknown = sorted(set(table) - set(KEYS))
-    if unknown:
-        raise ConfigError(f"{where(unknown[0])}: [mcp]: unknown key {unknown[0]!r}; "
-                          f"known: {', '.join(KEYS)}", path=config_file, key=unknown[0])
-    max_tasks = table.get("max_tasks", DEFAULT_MAX_TASKS)
+    max_tasks = table.values.get("max_tasks", DEFAULT_MAX_TASKS)
     if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) \
             or not 0 <= max_tasks <= MAX_TASKS_LIMIT:
-        raise ConfigError(f"{where('max_tasks')}: [mcp] max_tasks: expected a whole number "
-                          f"from 0 (no cap) to {MAX_TASKS_LIMIT}, got {max_tasks!r}",
-                          path=config_file, key="max_tasks")
-    max_spend = table.get("max_spend", DEFAULT_MAX_SPEND)
+        raise table.error("max_tasks", f"[mcp] max_tasks: expected a whole number from 0 "
+                                       f"(no cap) to {MAX_TASKS_LIMIT}, got {max_tasks!r}")
+    max_spend = table.values.get("max_spend", DEFAULT_MAX_SPEND)
     if isinstance(max_spend, bool) or not isinstance(max_spend, int | float) \
             or not 0 <= max_spend < float("inf"):
-        raise ConfigError(f"{where('max_spend')}: [mcp] max_spend: expected USD, a number "
-                          f"0 (no cap) or more, got {max_spend!r}",
-                          path=config_file, key="max_spend")
+        raise table.error("max_spend", f"[mcp] max_spend: expected USD, a number 0 (no cap) "
+                                       f"or more, got {max_spend!r}")
     return McpSettings(max_tasks=max_tasks, max_spend=float(max_spend))

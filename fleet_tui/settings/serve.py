@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fleet_tui.settings.config_core import ConfigError, _line_of_key, _read_toml
+from fleet_tui.settings.tables import read_own_table
 
 TABLE = "serve"
 DEFAULT_PORT = 8421
@@ -43,39 +43,24 @@ def read_serve_settings(config_file: str) -> ServeSettings:
     """The `[serve]` table of ``config_file`` (absent: the defaults); ConfigError naming
     the file, the line and what is accepted when a value cannot be used (never the value
     of the token itself)."""
-    data, text = _read_toml(config_file)
-    table = data.get(TABLE)
+    table = read_own_table(config_file, TABLE, KEYS, example='[serve] token = "..."')
     if table is None:
         return ServeSettings()
-
-    def where(key: str) -> str:
-        line = _line_of_key(text, key)
-        return f"{config_file}, line {line}" if line else config_file
-
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where(TABLE)}: [serve] must be a table: [serve] token = \"...\"",
-                          path=config_file, key=TABLE)
-    unknown = sorted(set(table) - set(KEYS))
-    if unknown:
-        raise ConfigError(f"{where(unknown[0])}: [serve]: unknown key {unknown[0]!r}; "
-                          f"known: {', '.join(KEYS)}", path=config_file, key=unknown[0])
-    token = table.get("token")
+    token = table.values.get("token")
     if token is not None and (not isinstance(token, str) or len(token) < MIN_TOKEN
                               or not token.isprintable() or " " in token):
-        raise ConfigError(f"{where('token')}: [serve] token: expected a string of at least "
-                          f"{MIN_TOKEN} printable characters without spaces (e.g. the output "
-                          "of `python -c 'import secrets; print(secrets.token_urlsafe())'`)",
-                          path=config_file, key="token")
-    port = table.get("port", DEFAULT_PORT)
+        raise table.error("token", f"[serve] token: expected a string of at least {MIN_TOKEN} "
+                          "printable characters without spaces (e.g. the output of "
+                          "`python -c 'import secrets; print(secrets.token_urlsafe())'`)")
+    port = table.values.get("port", DEFAULT_PORT)
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ConfigError(f"{where('port')}: [serve] port: expected a whole number from 1 "
-                          f"to 65535, got {port!r}", path=config_file, key="port")
-    origins = table.get("origins", [])
+        raise table.error("port", f"[serve] port: expected a whole number from 1 to 65535, "
+                                  f"got {port!r}")
+    origins = table.values.get("origins", [])
     if not isinstance(origins, list) or not all(
             isinstance(o, str) and _ORIGIN_RE.fullmatch(o) for o in origins):
-        raise ConfigError(f"{where('origins')}: [serve] origins: expected a list of origins "
-                          "as a browser sends them, scheme, host and port without a path "
-                          "(e.g. [\"https://panel.example.com\"])", path=config_file,
-                          key="origins")
+        raise table.error("origins", "[serve] origins: expected a list of origins as a "
+                          "browser sends them, scheme, host and port without a path "
+                          "(e.g. [\"https://panel.example.com\"])")
     return ServeSettings(token=token, port=port,
                          origins=tuple(o.lower().rstrip("/") for o in origins))
