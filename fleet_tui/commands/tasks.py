@@ -667,7 +667,11 @@ def cmd_show(argv: list[str]) -> int:
         if a.dir is not None:
             _out(f"     log: {a.dir}")
         log = fleet.attempt_log(a)
-        contained = pidns.described(log.runner_record() if log is not None else None)
+        record = log.runner_record() if log is not None else None
+        afresh = (record or {}).get("afresh")
+        if isinstance(afresh, str):  # a resume that found no saved session (its runner's)
+            _out(f"     afresh:  {_one_line(afresh, 200)}")
+        contained = pidns.described(record)
         if contained is not None:  # how its processes were held (said by its runner)
             _out(f"     processes: {contained}")
     return EXIT_OK

@@ -220,6 +220,12 @@ class Follower:
         if last_event_at is not None:
             fields_["last_event_at"] = last_event_at
         runner = AttemptLog(attempt.dir).runner_record() if attempt.dir is not None else None
+        afresh = runner.get("afresh") if runner else None
+        if isinstance(afresh, str) and attempt.kind != "fresh":
+            # its runner found no saved session to resume: the attempt is a fresh one
+            fields_.update(kind="fresh", message=afresh)
+            attempt.kind = "fresh"
+            self.store.update_task(task.id, message=afresh)
         claude_pid = runner.get("claude_pid") if runner else None
         if isinstance(claude_pid, int) and attempt.pid is None:
             fields_["pid"] = claude_pid
@@ -293,9 +299,11 @@ class Follower:
         s = fol.summary
         ending = outcome.with_tool_calls(ending, s.tool_calls, s.tool_errors)
         ended = self._runner_end(attempt, now)
+        afresh = (AttemptLog(attempt.dir).runner_record() or {}).get("afresh")
+        said = f"{afresh}; {ending.message}" if isinstance(afresh, str) else ending.message
         self.store.update_attempt(
             attempt.id, finished_at=ended, exit_code=ending.exit_code, signal=ending.signal,
-            verdict=ending.verdict, message=ending.message, turns=s.turns,
+            verdict=ending.verdict, message=said, turns=s.turns,
             input_tokens=s.input_tokens, output_tokens=s.output_tokens,
             session_id=s.session_id or attempt.session_id, last_tool=s.last_tool,
             events_offset=fol.offset)

@@ -354,6 +354,7 @@ class Supervisor:
                        config_dir=str(placement.config_dir), args=list(task.extra_args),
                        model=model, permission_mode=task.permission_mode,
                        max_turns=task.max_turns, resume=resume,
+                       fresh_prompt=self._fresh_prompt(task, attempt) if resume else None,
                        settings=overrides, task_id=task.id,
                        attempt=attempt.n, token=secrets.token_hex(16),
                        timeout=policy.time_limit(task, self.settings),
@@ -380,6 +381,14 @@ class Supervisor:
         attempt.dir = placement.attempt_dir
         attempt.started_at = now
         return attempt
+
+    @staticmethod
+    def _fresh_prompt(task: Task, attempt: Attempt) -> str:
+        """What a resume starts with instead when claude never saved the session (the
+        runner looks, RunSpec.afresh): the task's prompt; a follow-up's after it."""
+        if attempt.kind == "followup" and attempt.prompt:
+            return f"{task.prompt}\n\n{attempt.prompt}"
+        return task.prompt
 
     def _one_worker(self, task: Task, attempts: list[Attempt], pending: Attempt | None,
                     now: float) -> None:

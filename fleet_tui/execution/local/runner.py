@@ -133,6 +133,7 @@ class Runner:
         self.cgroup: str | None = None  # the attempt's cgroup (system/cgroups.py), if any
         self.ns_init: int | None = None  # else its PID namespace's init (system/pidns.py)
         self.contained = ""  # runner.json's word on it (pidns.described reads it)
+        self.afresh: str | None = None  # runner.json: why a resume started afresh
         self.child_start: str | None = None
         self.received: int | None = None  # the terminating signal we got, if any
         self.started_at = time.time()
@@ -280,6 +281,7 @@ class Runner:
                 "started_at": self.started_at,
                 "cgroup": self.cgroup,
                 "contained": self.contained,
+                "afresh": self.afresh,
             })
         except OSError as exc:
             where = self.log.runner_record_path
@@ -371,6 +373,7 @@ class Runner:
         except (OSError, ValueError, TypeError, RecursionError) as exc:
             return self._end(2, exit_code=2, error=f"cannot read {self.log.spec_path}: {exc}")
         self.kill_grace = _number(spec.kill_grace, 5.0)
+        self.afresh = spec.afresh()  # a resume of a session never saved: started afresh
         self.timeout = _number(spec.timeout, 0.0) or None
         if self.write_error is not None:
             return self._end(EX_NO_RECORD, exit_code=None)

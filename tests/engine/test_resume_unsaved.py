@@ -1,0 +1,71 @@
+"""A resume of a session claude never saved starts afresh with the task's prompt.
+
+claude writes a session's transcript (CLAUDE_CONFIG_DIR/projects/<its cwd>/<id>.jsonl) a
+moment after its first answer; a worker killed before that leaves a session id (from its
+init line) that `claude --resume` does not know ("No conversation found with session ID",
+an error result, no turn). `retry --resume`, a follow-up and the engine's own resume would
+fail at once: they start the task afresh instead, and say so.
+
+claude saves the transcript some 100-200 ms after its init line (with the prompt on its
+stdin, 2.1.197 and 2.1.332 alike): too short a window for a test to kill in reliably. So the
+worker is killed while its first request hangs, and its transcript removed: the state a
+worker killed a moment earlier leaves (its session id known, nothing on disk), which real
+claude then meets. Real claude (both pinned versions) against the scripted endpoint."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from endpoint_helpers import run_cli
+from test_fleet import drive, make_fleet, settled
+
+from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.engine.fleet import TaskSpec
+from fleet_tui.store.db import TaskState
+from fleet_tui.system import paths
+
+PROMPT = "write the release notes"
+
+
+def _saved(task_id: str) -> list[Path]:
+    return list(paths.task_config_dir(task_id).glob("projects/*/*.jsonl"))
+
+
+@pytest.mark.parametrize("version", ["pinned", "newest"])
+def test_a_resume_of_a_session_never_saved_starts_afresh_with_the_prompt(
+        git_repo: Path, request: pytest.FixtureRequest, version: str) -> None:
+    claude = request.getfixturevalue("claude_bin" if version == "pinned"
+                                     else "claude_newest_bin")
+    script = {"faults": [{"kind": "hang", "times": 1}], "turns": ["notes written"]}
+    with ScriptedEndpoint({"default": script}) as ep:
+        fleet = make_fleet(ep, claude, kill_grace=1.0)
+        (task,) = fleet.submit(TaskSpec(prompt=PROMPT, repo=git_repo))
+        # the first request hangs: claude has its session id (its init line)
+        drive(fleet, lambda: len(ep.message_requests()) >= 1
+              and fleet.get_task(task.id).session_id is not None, timeout=120)
+        lost = fleet.get_task(task.id).session_id
+        fleet.kill(task.id)
+        drive(fleet, settled(fleet, task.id), timeout=120)
+        assert fleet.get_task(task.id).state == TaskState.KILLED
+        for transcript in _saved(task.id):  # as if killed before it saved its session
+            transcript.unlink()
+        assert _saved(task.id) == []
+
+        fleet.retry(task.id, resume=True)
+        drive(fleet, settled(fleet, task.id), timeout=120)
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, done.message
+        # the second start asked the endpoint with the task's own prompt
+        assert ep.message_requests()[-1].prompt == PROMPT
+        attempts = fleet.attempts(task.id)
+        assert [a.kind for a in attempts] == ["fresh", "fresh"]
+        assert attempts[1].session_id not in (None, lost)
+        note = attempts[1].message or ""
+        assert f"session {lost} could not be resumed" in note, note
+        assert "started afresh" in note, note
+    shown = run_cli(dict(os.environ), git_repo, "show", task.id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"afresh:  the session {lost} could not be resumed" in shown.stdout, shown.stdout
+    assert "#2 fresh" in shown.stdout, shown.stdout
