@@ -306,7 +306,7 @@ def check_shell(argv: Sequence[str], *, where: str, reached: str, here: bool,
     checks.append(claude_check(values, install_to, "here" if here else "there"))
     checks.append(_disk(values.get("disk_kb", "")))
     checks.append(_skew(values.get("time", ""), started, ended))
-    checks.append(_contain(values.get("contain", "")))
+    checks.append(contain_check(values.get("contain", "")))
     checks.append(cage_check(name, values, setting=cage, here=here))
     return checks, values
 
@@ -365,7 +365,7 @@ def claude_check(values: Mapping[str, str], install_to: str | None, where: str) 
     return Check("claude", True, f"{shown} at {path}")
 
 
-def _contain(found: str) -> Check:
+def contain_check(found: str) -> Check:
     """How each attempt's processes are held together there (system/cgroups.py, else
     system/pidns.py): said in one line, a warning where neither can be made."""
     if found == "cgroup":

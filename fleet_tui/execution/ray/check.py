@@ -16,6 +16,7 @@ from fleet_tui.execution.probe import (
     at_least,
     cage_check,
     claude_check,
+    contain_check,
     probe_script,
     values_of,
 )
@@ -120,7 +121,8 @@ def check_ray_host(host: HostConfig, *, timeout: float = RAY_TIMEOUT,
 
 
 def _probe_ray(host: HostConfig, env: Mapping[str, str] | None) -> list[Check]:
-    """git, python and claude read on a node by one short job (`probe_script`)."""
+    """git, python, claude, how a worker's processes are contained and what its cage
+    needs, read on a node by one short job (`probe_script`)."""
     import os
 
     from fleet_tui.execution.ray.host import DEFAULT_DATA_DIR, probe_job
@@ -152,6 +154,8 @@ def _probe_ray(host: HostConfig, env: Mapping[str, str] | None) -> list[Check]:
                       f"install Claude Code {CLAUDE_CODE_VERSION} on the nodes ({CLAUDE_PACKAGE} "
                       f"with npm) and set claude in [hosts.{host.name}] to its path there")
     checks.append(found)
+    # how an attempt's processes are held on the node: its runner's job starts them there
+    checks.append(contain_check(values.get("contain", "")))
     checks.append(cage_check(host.name, values, setting=own.cage, ray=True))
     return checks
 

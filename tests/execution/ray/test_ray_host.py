@@ -49,13 +49,14 @@ from fleet_tui.core.states import LandState
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine import host_check
 from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.execution import probe
 from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.local import cage
 from fleet_tui.execution.ray.config import ray_host as ray_host_config
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import config_file_path, load_settings
 from fleet_tui.store.db import Store, Task, TaskState
-from fleet_tui.system import paths
+from fleet_tui.system import paths, procs
 
 pytestmark = pytest.mark.xdist_group("ray-host")
 
@@ -701,6 +702,23 @@ def test_host_check_probe_reads_git_python_and_claude_on_a_node(
     assert not said["claude"].ok and said["claude"].found == "not found", said
     assert "set claude in [hosts.cluster] to its path there" in said["claude"].fix
     assert len(jobs(ray_cluster)) == before + 2  # one job each, nothing else
+
+
+def test_host_check_probe_says_how_a_nodes_workers_are_contained(
+        ray_cluster: RayCluster, claude_bin: str) -> None:
+    """`host check NAME --probe` of a Ray host has the `contain` line the local and SSH
+    checks have: how an attempt's processes would be held on the node (a cgroup, a PID
+    namespace, else a warning), read there by the probe job with the node's python. The
+    test cluster's node is this machine, so it says what the same probe says here."""
+    host = ray_host_config("cluster", 2, ray_cluster.address, resources={NODE_RESOURCE: 1.0},
+                           python=sys.executable, claude=claude_bin, srt=SRT)
+    checks = host_check.check_host(host, probe=True)[0]
+    named = {c.name: c for c in checks}
+    assert "contain" in named, [c.name for c in checks]
+    here = subprocess.run([sys.executable, "-S", "-c", procs.CONTAIN_PROBE],
+                          capture_output=True, text=True, timeout=60, check=False)
+    expected = probe.contain_check(here.stdout.strip().splitlines()[-1])
+    assert named["contain"] == expected, (named["contain"], here.stdout, here.stderr)
 
 
 def test_a_caged_worker_on_a_node(git_repo: Path, claude_bin: str, ray_cluster: RayCluster,
