@@ -244,6 +244,11 @@ const programs = process.platform === 'linux'
 const srtConfig = { ...policy.srt, ...programs, filesystem: { ...policy.srt.filesystem,
   allowRead: [...(policy.srt.filesystem.allowRead || []), own] } };
 
+// srt's start (its proxy, its relay to it, its write observer), meanwhile our bridge's
+// socket and shell are made: most of it is waiting for its relay to listen
+const initializing = SandboxManager.initialize(srtConfig, undefined, true);
+initializing.catch(() => {});  // awaited below; a failure is reported there
+
 // The worker's endpoint on this machine (the gateway, a local endpoint): a socket of ours in
 // `own` (bound into the cage with it), relayed inside to the endpoint's own 127.0.0.1:PORT by
 // a socat that srt's shell starts before srt's seccomp filter (which forbids Unix sockets to
@@ -315,7 +320,7 @@ if (policy.bridge && process.platform === 'linux') {
   ].join('\n');
 }
 timing('bridge ready');
-await SandboxManager.initialize(srtConfig, undefined, true);
+await initializing;
 timing('srt initialized');
 
 // Inside, every connection but the bridged endpoint's goes through the proxy (srt's NO_PROXY
