@@ -64,6 +64,8 @@ FIXED = {"diff.scroll": 3 * RUNS, "diff.bare_scroll": 3 * RUNS, "engine.worktree
 SIGNED = {"launcher.added", "launcher.over_floor", "engine.overhead", "memory.delta",
           "gateway.ttfb_added", "slots.wait_4",  # slots: 4 tasks in a smoke run
           "gatewayblows.meter_diff",  # metered against served: 0 when they agree
+          # cage: caged - uncaged of one pair (a loaded machine can make the caged one faster)
+          "cage.start_added", "cage.worker_start_added",
           # ssh: per worker is a difference of two steps (CPU in 10 ms ticks over a short
           # smoke window: the local controller's may be no tick at all)
           "ssh.worker_mem", "ssh.worker_uss", "ssh.worker_ssh_uss", "ssh.worker_cpu",

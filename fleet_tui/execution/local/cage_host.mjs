@@ -18,7 +18,8 @@
 //    "unset_env": [names]}
 // The exit status is the command's (128+N for a signal).
 
-import { createReadStream, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { accessSync, constants, createReadStream, existsSync, mkdtempSync, readFileSync, rmSync, statSync,
+  writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { spawn } from 'node:child_process';
 import { connect, createServer } from 'node:net';
@@ -27,8 +28,10 @@ import { delimiter, join } from 'node:path';
 
 const t0 = performance.now();
 const timing = process.env.FLEET_CAGE_TIMING ? label =>
-  process.stderr.write(`cage timing ${label} ${(performance.now() - t0).toFixed(0)} ms\n`)
+  process.stderr.write(`cage timing ${label} ${(performance.now() - t0).toFixed(0)} ms ` +
+    `@${((performance.timeOrigin + performance.now()) / 1000).toFixed(3)}\n`)
   : () => {};
+timing(`node up (process origin @${(performance.timeOrigin / 1000).toFixed(3)})`);
 
 // Two ways to be started. `SRT POLICY -- ARGV...`: cage and run ARGV now. `SRT --go FD`
 // (the runner's, to start the cage while it prepares the run): srt is loaded at once; FD
@@ -41,7 +44,12 @@ if (!packageDir || (goMode ? !/^\d+$/.test(rest[1] || '')
   process.stderr.write('usage: cage_host.mjs SRT_PACKAGE_DIR (POLICY_JSON -- ARGV... | --go FD)\n');
   process.exit(2);
 }
-const loading = import(pathToFileURL(join(packageDir, 'dist', 'index.js')).href);
+// srt's sandbox manager alone, not its index: the index also builds its settings schemas
+// (zod) and the Windows entry points, ~50 ms of a start this host does not need. Another
+// srt layout than the pinned one's falls back to the index.
+const managerModule = join(packageDir, 'dist', 'sandbox', 'sandbox-manager.js');
+const loading = import(pathToFileURL(existsSync(managerModule) ? managerModule
+  : join(packageDir, 'dist', 'index.js')).href);
 
 // The lines of the runner's pipe, one at a time.
 let goLines;
@@ -223,8 +231,23 @@ const quote = s => `'${String(s).replace(/'/g, `'\\''`)}'`;
 const own = mkdtempSync(join(tmpdir(), 'fleet-cage-'));
 process.env.TMPDIR = own;
 process.on('exit', () => { try { rmSync(own, { recursive: true, force: true }); } catch { /* */ } });
-const srtConfig = { ...policy.srt, filesystem: { ...policy.srt.filesystem,
+// bubblewrap and socat by the paths PATH gives, as srt would find them, but without its
+// `which` child for each at every start.
+const executable = p => { try { accessSync(p, constants.X_OK); return statSync(p).isFile(); }
+                          catch { return false; } };
+const which = name => (process.env.PATH || '/usr/bin:/bin').split(delimiter)
+  .map(d => join(d || '.', name)).find(executable);
+const programs = process.platform === 'linux'
+  ? Object.fromEntries([['bwrapPath', which('bwrap')], ['socatPath', which('socat')]]
+    .filter(([, path]) => path && path.startsWith('/')))
+  : {};
+const srtConfig = { ...policy.srt, ...programs, filesystem: { ...policy.srt.filesystem,
   allowRead: [...(policy.srt.filesystem.allowRead || []), own] } };
+
+// srt's start (its proxy, its relay to it, its write observer), meanwhile our bridge's
+// socket and shell are made: most of it is waiting for its relay to listen
+const initializing = SandboxManager.initialize(srtConfig, undefined, true);
+initializing.catch(() => {});  // awaited below; a failure is reported there
 
 // The worker's endpoint on this machine (the gateway, a local endpoint): a socket of ours in
 // `own` (bound into the cage with it), relayed inside to the endpoint's own 127.0.0.1:PORT by
@@ -232,6 +255,7 @@ const srtConfig = { ...policy.srt, filesystem: { ...policy.srt.filesystem,
 // everything it starts after). So claude reaches it as uncaged, not through the proxy: a
 // refused connection stays one, where the proxy would answer "502 Bad Gateway".
 let binShell;
+let bridgeWait = '';
 const bridged = [];
 if (policy.bridge && process.platform === 'linux') {
   const { host, port } = policy.bridge;
@@ -250,32 +274,53 @@ if (policy.bridge && process.platform === 'linux') {
     server.listen(sock, resolve);
   });
   server.unref();
-  const which = name => (process.env.PATH || '/usr/bin:/bin').split(delimiter)
-    .map(d => join(d || '.', name)).find(p => existsSync(p));
   const bash = which('bash') || '/bin/bash';
-  const socat = which('socat') || 'socat';
+  const socat = srtConfig.socatPath || 'socat';
   const hex = port.toString(16).toUpperCase().padStart(4, '0');
   const shim = join(own, 'shell');
   // srt runs its shell three times inside: the first, before its relays and its seccomp
-  // helper, starts ours (and waits until it listens); the others just run bash
+  // helper, starts our relay in the background (it comes up while srt's start); the others
+  // just run bash. Nothing waits for it there: the command does, below.
   writeFileSync(shim, [
     '#!/bin/sh',
+    ...(process.env.FLEET_CAGE_TIMING ? ['echo "cage timing shim $(date +%s.%N) $$" >&2'] : []),
     'if [ -z "${FLEET_CAGE_BRIDGE-}" ]; then',
     '  export FLEET_CAGE_BRIDGE=1',
     `  ${quote(socat)} TCP4-LISTEN:${port},bind=${target},fork,reuseaddr,backlog=4096 ` +
       `UNIX-CONNECT:${quote(sock)} >/dev/null 2>&1 &`,
-    '  i=0',
-    `  while [ $i -lt 500 ] && ! grep -q ':${hex} 00000000:0000 0A' /proc/net/tcp 2>/dev/null; do`,
-    '    i=$((i+1)); sleep 0.01',
-    '  done',
     'fi',
     `exec ${quote(bash)} "$@"`,
     '',
   ].join('\n'), { mode: 0o755 });
   binShell = shim;
+  // Before claude starts (inside, under the seccomp filter): wait until our relay listens,
+  // and srt's two with it (srt waits until two TCP sockets listen, which ours may have been
+  // one of). Shell only, no program: reads of the cage's own /proc/net/tcp{,6}; given up
+  // after 5 s by /proc/uptime (hundredths), as srt gives up its own wait, and claude
+  // starts as it would have.
+  bridgeWait = [
+    '_fc_since=',
+    'while :; do',
+    '  _fc_up=0; _fc_ours=',
+    '  for _fc_f in /proc/net/tcp /proc/net/tcp6; do',
+    '    [ -r "$_fc_f" ] || continue',
+    '    while read -r _fc_sl _fc_local _fc_rem _fc_st _fc_rest; do',
+    '      [ "$_fc_st" = 0A ] || continue',
+    '      _fc_up=$((_fc_up + 1))',
+    `      case "$_fc_f $_fc_local" in "/proc/net/tcp "*:${hex}) _fc_ours=1 ;; esac`,
+    '    done < "$_fc_f"',
+    '  done',
+    '  [ -n "$_fc_ours" ] && [ "$_fc_up" -ge 3 ] && break',
+    '  read -r _fc_now _fc_rest < /proc/uptime || break',
+    '  _fc_now=1${_fc_now%.*}${_fc_now#*.}',
+    '  [ "$((_fc_now - ${_fc_since:=$_fc_now}))" -lt 500 ] || break',
+    'done',
+    'unset _fc_since _fc_up _fc_ours _fc_f _fc_sl _fc_local _fc_rem _fc_st _fc_rest _fc_now',
+    '',
+  ].join('\n');
 }
 timing('bridge ready');
-await SandboxManager.initialize(srtConfig, undefined, true);
+await initializing;
 timing('srt initialized');
 
 // Inside, every connection but the bridged endpoint's goes through the proxy (srt's NO_PROXY
@@ -283,7 +328,7 @@ timing('srt initialized');
 // removed, or names only the bridged host:port, so each refusal is seen.
 const unset = (policy.unset_env || []).flatMap(name => ['-u', name]);
 const set = Object.entries(policy.set_env || {}).map(([k, v]) => `${k}=${v}`);
-const inner = ['env', ...unset, '-u', 'FLEET_CAGE_BRIDGE', ...set,
+const inner = bridgeWait + 'exec ' + ['env', ...unset, '-u', 'FLEET_CAGE_BRIDGE', ...set,
   `TMPDIR=${policy.tmpdir || '/tmp'}`, ...argv].map(quote).join(' ');
 const wrapped = await SandboxManager.wrapWithSandbox(inner, binShell);
 wrappedYet = true;
@@ -291,7 +336,10 @@ timing('wrapped');
 
 if (goMode && (await nextLine()) !== 'go') abandon(3);
 timing('go');
-child = spawn(wrapped, { shell: true, stdio: ['inherit', 'pipe', 'inherit'] });
+// `exec` on Linux: the shell srt's string is run by becomes bubblewrap (srt keeps that
+// string one simple command so that a prefix composes), one process less to start
+const run = process.platform === 'linux' ? `exec ${wrapped}` : wrapped;
+child = spawn(run, { shell: true, stdio: ['inherit', 'pipe', 'inherit'] });
 
 // claude's stdout, line by line, with our lines only between two of its lines.
 let partial = Buffer.alloc(0);
