@@ -21,15 +21,11 @@ from fleet_tui import CLAUDE_CODE_VERSION, __version__
 from fleet_tui.execution.local.launcher import (
     ROOT_MESSAGE,
     SCRUB_PROGRAMS,
-    LaunchError,
     bwrap_broken_message,
     bwrap_problem,
-    check_sources,
     current_euid,
-    endpoint_credential,
     find_claude,
     missing_scrub_programs,
-    no_credential_message,
     read_user_settings,
     scrub_missing_message,
     scrub_platform_message,
@@ -42,6 +38,12 @@ from fleet_tui.settings.config import (
     config_file_path,
     load_settings,
     setting_sources,
+)
+from fleet_tui.settings.credentials import (
+    LaunchError,
+    check_sources,
+    endpoint_credential,
+    no_credential_message,
 )
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"

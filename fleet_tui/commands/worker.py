@@ -105,9 +105,9 @@ def _for_endpoint(name: str) -> tuple[LaunchSettings, dict[str, str]]:
     models and key source (endpoints.launch_overrides); a key_env endpoint's key handed as
     the "env" source's variable, and no endpoint's key_env variable left for claude's
     tools. Imported only here: the usual launch stays lean."""
-    from fleet_tui.execution.local.launcher import endpoint_credential
     from fleet_tui.settings import endpoints
     from fleet_tui.settings.config_core import config_file_location
+    from fleet_tui.settings.credentials import endpoint_credential
 
     top = load_launch_settings()
     every = endpoints.read_endpoints(config_file_location(), top)
