@@ -3,7 +3,9 @@
 All arguments go to claude; the process *becomes* claude (exec: same pid, so signals and
 the exit code pass straight through). Only `--dry-run` and `-h/--help` are ours. Kept
 lean: this runs before every worker, so it imports only config_core and launcher (no
-dataclasses, pathlib, json or typing on the usual path; see those modules).
+dataclasses, pathlib, json or typing on the usual path; see those modules). It lives beside
+the launcher, in the local kind's folder: `fleet-worker` runs claude on this machine by
+definition (cli.py's worker_main is its entry point).
 """
 
 from __future__ import annotations
