@@ -870,7 +870,7 @@ def _runner_gone(attempt: Any) -> bool:
 
 def _read_keyring(service: str, entry: str) -> tuple[str | None, str]:
     """A keyring entry (the fleet's shared key), as a runner reads it."""
-    from fleet_tui.execution.local.launcher import read_keyring
+    from fleet_tui.settings.credentials import read_keyring
 
     value, reason = read_keyring(service, entry)
     return (value.strip() if value else None), reason
