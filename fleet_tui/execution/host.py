@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
     from fleet_tui.core.model import Attempt, Task
     from fleet_tui.core.states import StopReason
-    from fleet_tui.execution.attemptlog import AttemptLog
-    from fleet_tui.execution.spec import RunSpec
+    from fleet_tui.execution.worker.attemptlog import AttemptLog
+    from fleet_tui.execution.worker.spec import RunSpec
     from fleet_tui.settings.config import Settings
     from fleet_tui.vcs.git import UpdateResult, WorktreeInfo
 

@@ -55,7 +55,7 @@ from fleet_tui.core import policy
 from fleet_tui.core.model import EndpointState
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution import mailbox
-from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.gateway import guard as guarding
 from fleet_tui.gateway.guard import CappedLog, Guard
 from fleet_tui.gateway.routes import UNLIMITED, Route

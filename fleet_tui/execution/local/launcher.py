@@ -388,7 +388,7 @@ def cage_problems(env: Mapping[str, str] | None = None, *, run: bool = False,
                   timeout: float = 30.0) -> str:
     """'' when workers can be caged here (cage.py), else what is missing and how to get
     it; `run`: also run a command in the cage (fleet-doctor)."""
-    from fleet_tui.execution.local import cage
+    from fleet_tui.execution.worker import cage
 
     env = os.environ if env is None else env
     problems = cage.missing(env, cage.default_data_dir(env))
@@ -399,7 +399,7 @@ def cage_problems(env: Mapping[str, str] | None = None, *, run: bool = False,
 
 def srt_install_command(env: Mapping[str, str] | None = None) -> list[str]:
     """npm's command that installs the pinned srt where the cage finds it."""
-    from fleet_tui.execution.local import cage
+    from fleet_tui.execution.worker import cage
 
     return cage.install_command(cage.default_data_dir(os.environ if env is None else env)
                                 ).split()

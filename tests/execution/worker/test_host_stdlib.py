@@ -4,7 +4,7 @@ distribution's python3 as `python3 -I -S` (no site-packages, no user site, no
 PYTHONPATH) and the package copy a host gets (`package_tar`, unpacked) alone on the path,
 driving the real claude against the scripted endpoint.
 
-Also: the host's claude is the host's (execution/hostclaude.py): the agent and the job
+Also: the host's claude is the host's (execution/worker/hostclaude.py): the agent and the job
 find it there, and a host without one says so in one line (never a traceback).
 """
 
@@ -22,20 +22,18 @@ from pathlib import Path
 import pytest
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
-from fleet_tui.execution import hostcage, hostclaude
-from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Placement
-from fleet_tui.execution.local import cage
-from fleet_tui.execution.ray import job
 from fleet_tui.execution.ray.host import RayHost
-from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh.host import package_tar
+from fleet_tui.execution.worker import cage, hostcage, hostclaude, job
+from fleet_tui.execution.worker.attemptlog import AttemptLog
+from fleet_tui.execution.worker.spec import RunSpec
 
 HOST_PYTHON = "/usr/bin/python3"
 KEY = "sk-stdlib-test-SECRET-51c2"
-RUNNER = "fleet_tui.execution.local.runner"
-AGENT = "fleet_tui.execution.ssh.agent"
-JOB = "fleet_tui.execution.ray.job"
+RUNNER = "fleet_tui.execution.worker.runner"
+AGENT = "fleet_tui.execution.worker.agent"
+JOB = "fleet_tui.execution.worker.job"
 # `python3 -I -S -c BOOT PKG MODULE ARGS...`: the package copy alone on the path, then the
 # module run as `-m` would (-I ignores PYTHONPATH, so the path is given this way)
 BOOT = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); m = sys.argv.pop(1); "

@@ -11,8 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from fleet_tui.execution.remote.runs import answer, stdin_json
-from fleet_tui.execution.remote.worktrees import git, ident
+from fleet_tui.execution.worker.runs import answer, stdin_json
+from fleet_tui.execution.worker.worktrees import git, ident
 from fleet_tui.vcs.commits import _snapshot_commit
 from fleet_tui.vcs.merging import _in_the_way, _merge_tree, _tree_changes
 from fleet_tui.vcs.merging import _with_markers as _marked
