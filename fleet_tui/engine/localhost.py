@@ -1,17 +1,15 @@
 """This machine as a host: what the CLI and the demo ask of it before anything runs.
 
 `fleet-tui run` refuses before anything is queued when this machine's claude or key is
-missing, `fleet-doctor` checks this machine's claude and cage, the demo finds (or
-installs) claude and the sandbox runtime here, and `fleet-worker` is this machine's
-launcher. They ask the local kind's launcher through the kinds table, as the engine's
-host checks ask a kind's checks, so that nothing above the host seam names the local host.
+missing, `fleet-doctor` checks this machine's claude and cage, and the demo finds (or
+installs) claude and the sandbox runtime here. They ask the launch every host runs
+(execution/worker/launch.py) here, so that nothing above the host seam names the local
+host.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-
-from fleet_tui.settings import kinds
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -24,10 +22,12 @@ LOCAL = "local"
 
 
 def launcher() -> Any:
-    """The local kind's launcher module (finding claude, the config dir, the cage's and
-    the sandbox's checks, the launch plan); its attributes are read when used, so a
-    test's monkeypatch of the module is seen."""
-    return kinds.kind(LOCAL).part("launcher")
+    """The launch's module (finding claude, the config dir, the cage's and the sandbox's
+    checks, the launch plan), imported when first asked; its attributes are read when
+    used, so a test's monkeypatch of the module is seen."""
+    from fleet_tui.execution.worker import launch
+
+    return launch
 
 
 def check_launch(settings: SettingsLike, *, permission_mode: str | None = None,

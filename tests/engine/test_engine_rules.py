@@ -15,7 +15,7 @@ from fleet_tui.core.errors import FleetTuiError
 from fleet_tui.core.states import Action, TaskState
 from fleet_tui.demo.session import DemoEndpointError
 from fleet_tui.engine.fleet import Fleet, FleetError, FleetRefused, InvalidSpec, TaskNotFound
-from fleet_tui.execution.local import launcher
+from fleet_tui.execution.worker import launch as launcher
 from fleet_tui.execution.worker.attemptlog import EVENTS_FILE, write_json_atomic
 from fleet_tui.settings import credentials
 from fleet_tui.settings.config import ConfigError, load_settings

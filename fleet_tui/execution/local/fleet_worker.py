@@ -2,10 +2,11 @@
 
 All arguments go to claude; the process *becomes* claude (exec: same pid, so signals and
 the exit code pass straight through). Only `--dry-run` and `-h/--help` are ours. Kept
-lean: this runs before every worker, so it imports only config_core and launcher (no
-dataclasses, pathlib, json or typing on the usual path; see those modules). It lives beside
-the launcher, in the local kind's folder: `fleet-worker` runs claude on this machine by
-definition (cli.py's worker_main is its entry point).
+lean: this runs before every worker, so it imports only config_core and the launch (no
+dataclasses, pathlib, json or typing on the usual path; see those modules). It lives in the
+local kind's folder: `fleet-worker` runs claude on this machine by definition (cli.py's
+worker_main is its entry point); the launch it fronts is every host's
+(execution/worker/launch.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import sys
 
 from fleet_tui.core.errors import FleetTuiError
-from fleet_tui.execution.local.launcher import LaunchError, plan_launch
+from fleet_tui.execution.worker.launch import LaunchError, plan_launch
 from fleet_tui.settings.config_core import FIELD_NAMES, LaunchSettings, load_launch_settings
 
 PROG = "fleet-worker"

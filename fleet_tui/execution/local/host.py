@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from fleet_tui.core.errors import FleetError
 from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerState
-from fleet_tui.execution.local import launcher
+from fleet_tui.execution.worker import launch as launcher
 from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.execution.worker.runner import RUNNER_MODULE
 from fleet_tui.execution.worker.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet_tui.execution.host import Placement, RunnerState
-from fleet_tui.execution.local import launcher
+from fleet_tui.execution.worker import launch as launcher
 from fleet_tui.execution.worker import prepare
 from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.system import paths

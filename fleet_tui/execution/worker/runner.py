@@ -474,7 +474,7 @@ class Runner:
             files[2].close()
 
     def _plan(self, spec: RunSpec) -> Any:
-        from fleet_tui.execution.local.launcher import LaunchError, plan_launch
+        from fleet_tui.execution.worker.launch import LaunchError, plan_launch
         from fleet_tui.settings.config_core import ConfigError, load_launch_settings
 
         try:

@@ -12,8 +12,8 @@ import keyring
 import pytest
 import standin_claude
 
-from fleet_tui.execution.local import launcher
-from fleet_tui.execution.local.launcher import (
+from fleet_tui.execution.worker import launch as launcher
+from fleet_tui.execution.worker.launch import (
     ClaudeNotFoundError,
     ConfigDirError,
     UsageError,
