@@ -298,7 +298,7 @@ def test_a_node_without_claude_fails_the_job_saying_so(package: Path, tmp_path: 
 
 # What the worker may load of the package besides itself: the package's and the layers'
 # folders, core/ and system/, and the launch's settings (its one way up, ARCHITECTURE.md)
-WORKER_MAY_LOAD = ("fleet_tui", "fleet_tui.execution", "fleet_tui.execution.worker.",
+WORKER_MAY_LOAD = ("fleet_tui", "fleet_tui.execution", "fleet_tui.execution.worker",
                    "fleet_tui.core", "fleet_tui.system", "fleet_tui.settings",
                    "fleet_tui.settings.config_core", "fleet_tui.settings.credentials")
 IMPORT_ALL = """import importlib, json, sys, sysconfig
