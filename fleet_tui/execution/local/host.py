@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from fleet_tui.core.errors import FleetError
 from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerState
-from fleet_tui.execution.worker import launch as launcher
+from fleet_tui.execution.worker import launch
 from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.execution.worker.runner import RUNNER_MODULE
 from fleet_tui.execution.worker.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
@@ -219,7 +219,7 @@ class LocalHost:
 
     def check_setup(self, settings: Settings, env: Mapping[str, str], *,
                     args: Sequence[str] = (), permission_mode: str | None = None) -> None:
-        launcher.check_setup(settings, env, args=args, permission_mode=permission_mode)
+        launch.check_setup(settings, env, args=args, permission_mode=permission_mode)
 
     def make_worktree(self, task: Task, *, reattach: bool, reset: bool) -> git.WorktreeInfo:
         if reattach:
