@@ -7,7 +7,7 @@ Two figures, each paired round by round with its uncaged twin (the order alterna
   message request; caged (`cage.wrap`: node + srt + bubblewrap + its proxy, claude's request
   through that proxy) and not. Budget: caged ÷ uncaged at most START_BUDGET.
 - **A worker's start → first request**: the real runner (`python -m
-  fleet_tui.execution.local.runner` on an attempt folder, as the engine starts it) with the
+  fleet_tui.execution.worker.runner` on an attempt folder, as the engine starts it) with the
   same claude, from the runner's spawn to the first message request; cage = "worker" and
   "off". Caged, the runner starts the cage host as it starts, so node and srt load while
   it plans the run: the cost a user's worker pays. Budget: START_BUDGET too.
@@ -33,8 +33,8 @@ from pathlib import Path
 
 from bench.common import REPO_ROOT, BenchResult, Figure, bench_env, git, make_repo, ms
 from fleet_tui.demo.endpoint import ScriptedEndpoint
-from fleet_tui.execution.local import cage
-from fleet_tui.execution.spec import RunSpec
+from fleet_tui.execution.worker import cage
+from fleet_tui.execution.worker.spec import RunSpec
 
 START_BUDGET = 1.3  # the budget; see RESULTS.md for the measured figure
 BUILD_BUDGET = 1.2
@@ -127,7 +127,7 @@ def _worker_request(claude: str, env: dict[str, str], root: Path, worktree: Path
                       DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
     before = len(ep.message_requests())
     start = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "fleet_tui.execution.local.runner",
+    proc = subprocess.Popen([sys.executable, "-m", "fleet_tui.execution.worker.runner",
                              str(adir)], env=runner_env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

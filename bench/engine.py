@@ -289,5 +289,5 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
     ]
     notes = [f"repository of {REPO_FILES if not smoke else 20} files; Fleet.run tick "
              "interval 0.25 s (the panel's default); each task's runner is a "
-             "`python -m fleet_tui.execution.local.runner` process that runs the stand-in"]
+             "`python -m fleet_tui.execution.worker.runner` process that runs the stand-in"]
     return BenchResult("engine", "7. Engine", figures, notes)

@@ -24,7 +24,7 @@ WRITER_CODE = "from bench.fleetfix import writer_main; writer_main()"
 
 def make_running_tasks(db: Path, repo: Path, count: int, runner_pid: int) -> list[Path]:
     """`count` running tasks with one attempt each; returns their events.jsonl paths."""
-    from fleet_tui.execution.attemptlog import write_json_atomic
+    from fleet_tui.execution.worker.attemptlog import write_json_atomic
     from fleet_tui.store.db import Store, TaskState
     from fleet_tui.system import paths, procs
 

@@ -76,7 +76,7 @@ class _CpuWatch:
     endpoint's threads) from its own clock."""
 
     KINDS = (("claude", ("claude-code", "/claude ", ".bin/claude")),
-             ("runner", ("fleet_tui.execution.local.runner", "fleet_tui.runner")),
+             ("runner", ("fleet_tui.execution.worker.runner", "fleet_tui.runner")),
              ("gateway", ("fleet_tui.gateway.server",)))
 
     def __init__(self, root: Path) -> None:

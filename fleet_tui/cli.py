@@ -46,8 +46,8 @@ Run `fleet-tui COMMAND --help` for the options of one command.
 """
 
 
-def _run(module: str, argv: Sequence[str]) -> int:
-    name = f"fleet_tui.commands.{module}"
+def _run(module: str, argv: Sequence[str], package: str = "fleet_tui.commands") -> int:
+    name = f"{package}.{module}"
     __import__(name)
     result: int = sys.modules[name].main(list(argv))
     return result
@@ -86,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def worker_main() -> int:
-    return _run("worker", sys.argv[1:])
+    # fleet-worker is this machine's launcher with a command line: it lives beside it
+    return _run("fleet_worker", sys.argv[1:], "fleet_tui.execution.local")
 
 
 def collect_main() -> int:

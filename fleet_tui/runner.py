@@ -1,6 +1,6 @@
 """The runner's old module name, kept for runners an older fleet-tui started.
 
-Runners are started as `python -m fleet_tui.execution.local.runner`; before the layers they
+Runners are started as `python -m fleet_tui.execution.worker.runner`; before the layers they
 were `python -m fleet_tui.runner`, and an engine adopting such a runner (or a queue runner
 an older version spawned that starts one) may still run that name. This module forwards to
 the runner, nothing else. Remove it once no supported version starts runners by it.
@@ -8,7 +8,7 @@ the runner, nothing else. Remove it once no supported version starts runners by 
 
 from __future__ import annotations
 
-from fleet_tui.execution.local.runner import main
+from fleet_tui.execution.worker.runner import main
 
 __all__ = ["main"]
 

@@ -18,30 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet_tui import CLAUDE_CODE_VERSION, __version__
-from fleet_tui.execution.local.launcher import (
-    ROOT_MESSAGE,
-    SCRUB_PROGRAMS,
-    LaunchError,
-    bwrap_broken_message,
-    bwrap_problem,
-    check_sources,
-    current_euid,
-    endpoint_credential,
-    find_claude,
-    missing_scrub_programs,
-    no_credential_message,
-    read_user_settings,
-    scrub_missing_message,
-    scrub_platform_message,
-    system_name,
-    which,
-)
+from fleet_tui.engine.localhost import launcher as local_launcher
 from fleet_tui.settings.config import (
     ConfigError,
     Settings,
     config_file_path,
     load_settings,
     setting_sources,
+)
+from fleet_tui.settings.credentials import (
+    LaunchError,
+    check_sources,
+    endpoint_credential,
+    no_credential_message,
 )
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -141,7 +130,7 @@ def _settings_check(ctx: Context) -> Check:
 
 def _claude_check(ctx: Context, settings: Settings, timeout: float) -> Check:
     try:
-        path = find_claude(settings, ctx.env)
+        path = local_launcher().find_claude(settings, ctx.env)
     except LaunchError as exc:
         return Check("claude", FAIL, str(exc), EXIT_MISSING)
     ctx.claude_path = path
@@ -211,7 +200,7 @@ def _config_dir_check(settings: Settings) -> Check:
     if not os.access(path, os.W_OK | os.X_OK):
         return Check("config_dir", FAIL, f"{path} is not writable", EXIT_CONFIG)
     try:
-        read_user_settings(path)
+        local_launcher().read_user_settings(path)
     except LaunchError as exc:
         return Check("config_dir", FAIL, str(exc), EXIT_CONFIG)
     mode = path.stat().st_mode & 0o777
@@ -250,7 +239,7 @@ def _login_trap_check(env: Mapping[str, str]) -> Check:
 
 
 def _root_check(settings: Settings) -> Check:
-    if current_euid() != 0:
+    if local_launcher().current_euid() != 0:
         return Check("root", OK, "not running as root")
     if settings.permission_mode != "bypassPermissions":
         return Check("root", OK, f"running as root; permission mode {settings.permission_mode}"
@@ -261,7 +250,7 @@ def _root_check(settings: Settings) -> Check:
     if settings.cage == "worker":
         return Check("root", OK, "running as root: a caged worker is sandboxed, so claude "
                      "gets IS_SANDBOX=1 and accepts bypassPermissions")
-    return Check("root", FAIL, ROOT_MESSAGE, EXIT_CONFIG)
+    return Check("root", FAIL, local_launcher().ROOT_MESSAGE, EXIT_CONFIG)
 
 
 _EXPORTED = ("ANTHROPIC_AUTH_TOKEN", "ZHIPU_API_KEY", "GLM_API_KEY")
@@ -287,21 +276,24 @@ def _tool_env_check(ctx: Context, settings: Settings, timeout: float) -> Check:
                      "process outside the cage (its own pid namespace), which is what "
                      "scrub_tool_env did for an uncaged worker" + unused + note)
     if settings.scrub_tool_env:
-        unsupported = scrub_platform_message()
+        unsupported = local_launcher().scrub_platform_message()
         if unsupported:
             return Check("tool_env", FAIL, unsupported, EXIT_CONFIG)
-        missing = missing_scrub_programs(ctx.env)
+        missing = local_launcher().missing_scrub_programs(ctx.env)
         if missing:
-            return Check("tool_env", FAIL, scrub_missing_message(missing), EXIT_CONFIG)
-        problem = bwrap_problem(ctx.env, timeout)
+            return Check("tool_env", FAIL, local_launcher().scrub_missing_message(missing),
+                         EXIT_CONFIG)
+        problem = local_launcher().bwrap_problem(ctx.env, timeout)
         if problem:
-            return Check("tool_env", FAIL, bwrap_broken_message(problem), EXIT_CONFIG)
+            return Check("tool_env", FAIL, local_launcher().bwrap_broken_message(problem),
+                         EXIT_CONFIG)
         how = "its own pid namespace (bubblewrap)"
         return Check("tool_env", OK, f"scrub_tool_env: claude runs each tool without the key "
                      f"and in {how}; it forces the permission mode to default, so the "
                      "tools are listed with --allowedTools" + note)
-    have = [name for name in SCRUB_PROGRAMS if which(name, path)]
-    extra = ("bubblewrap and socat are installed" if len(have) == len(SCRUB_PROGRAMS)
+    programs = local_launcher().SCRUB_PROGRAMS
+    have = [name for name in programs if local_launcher().which(name, path)]
+    extra = ("bubblewrap and socat are installed" if len(have) == len(programs)
              else "it needs bubblewrap and socat")
     if not settings.key_helper:
         return Check("tool_env", WARN, "key_helper is off: the key is in claude's environment, "
@@ -317,7 +309,7 @@ def _tool_env_check(ctx: Context, settings: Settings, timeout: float) -> Check:
 def _cage_check(ctx: Context, settings: Settings, timeout: float) -> Check:
     """Can workers be caged here (srt, node, bubblewrap, socat, ripgrep, user namespaces)?
     Runs one command in the cage to know."""
-    from fleet_tui.execution.local import launcher
+    launcher = local_launcher()
 
     if settings.cage == "off":
         return Check("cage", WARN, "cage is off: workers run as you, with your files (~/.ssh, "
@@ -337,12 +329,12 @@ def _cage_check(ctx: Context, settings: Settings, timeout: float) -> Check:
 
 def _platform_check(system: str | None = None, portable: bool | None = None) -> Check:
     """The system and what it allows (README, "Supported systems")."""
-    from fleet_tui.execution.local import launcher
+    launcher = local_launcher()
     from fleet_tui.system import procs
 
     system = launcher.SYSTEM if system is None else system
     portable = procs.PORTABLE if portable is None else portable
-    name = system_name(system)
+    name = local_launcher().system_name(system)
     if system.startswith("linux") and not portable:
         return Check("platform", OK, "Linux: everything (the controller, local workers, "
                      "scrub_tool_env); a worker's processes are kept together by the child "
@@ -361,7 +353,7 @@ def _platform_check(system: str | None = None, portable: bool | None = None) -> 
 
 
 def _git_checks(env: Mapping[str, str], cwd: Path) -> list[Check]:
-    git = which("git", env.get("PATH", os.defpath))
+    git = local_launcher().which("git", env.get("PATH", os.defpath))
     if git is None:
         return [Check("git", WARN, "git not found on PATH: fleet-tui needs it for worktrees "
                       "(fleet-worker alone does not)")]
@@ -401,7 +393,7 @@ def _git_identity_check(env: Mapping[str, str], cwd: Path) -> Check:
     """`fleet-tui merge` commits (the worker's changes, then the merge): without a git
     identity it cannot. `git var GIT_COMMITTER_IDENT` fails exactly when a commit would
     (user.useConfigOnly included)."""
-    git = which("git", env.get("PATH", os.defpath))
+    git = local_launcher().which("git", env.get("PATH", os.defpath))
     if git is None:
         return Check("git_identity", SKIP, "git not found")
     run_env = {**env, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}

@@ -200,7 +200,7 @@ def _check(args: argparse.Namespace) -> int:
         checks, values = host_check.check_host(host, claude=claude, install_to=install_to)
     if kind.records and any(c.name == "claude" and c.ok for c in checks) \
             and values.get("claude_path"):
-        # what the host's runners run: the one found here (execution/hostclaude.py)
+        # what the host's runners run: the one found here (execution/worker/hostclaude.py)
         host_check.run_on(host, host_check.record_script(values["claude_path"]))
     if kind.records:  # a host keeping records: its srt too (the local cage has its own)
         caged, values = _cage_srt(host, checks, values, args, claude, install_to)
@@ -215,7 +215,7 @@ def _cage_srt(host: HostConfig, checks: list[Check], values: dict[str, str],
               ) -> tuple[list[Check] | None, dict[str, str]]:
     """A host's srt (what its workers' cage runs on): installed with npm into its data
     dir beside its claude when it lacks it (`--yes`, or asked), and recorded there (the
-    host's runners read the record: execution/hostcage.py). A host whose cage is off
+    host's runners read the record: execution/worker/hostcage.py). A host whose cage is off
     passes the `cage` check: nothing installed."""
     failed_cage = any(c.name == "cage" and not c.ok for c in checks)
     if failed_cage and host_check.srt_lacking(values) and values.get("npm") \

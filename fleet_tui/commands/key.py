@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fleet_tui.execution.local.launcher import (
+from fleet_tui.settings.config import ConfigError, Settings, load_settings
+from fleet_tui.settings.credentials import (
     check_sources,
     endpoint_sources,
     keyring_failure_reason,
 )
-from fleet_tui.settings.config import ConfigError, Settings, load_settings
 from fleet_tui.settings.endpoints import DEFAULT, Endpoint
 
 EXIT_OK = 0

@@ -418,9 +418,9 @@ def _check_launch(settings: Settings, permission_mode: str | None = None,
     bubblewrap: exit 2), then claude or the endpoint's key missing (exit 5). On another
     host than this machine only the key is looked for here (`host check NAME` checks
     that host's claude)."""
-    from fleet_tui.execution.local.launcher import (
+    from fleet_tui.engine.localhost import check_launch
+    from fleet_tui.settings.credentials import (
         LaunchError,
-        check_launch,
         endpoint_credential,
         resolve_credential,
     )

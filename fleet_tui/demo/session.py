@@ -340,13 +340,10 @@ def create_project(repo: Path) -> Path:
 def find_claude_binary(env: Mapping[str, str] | None = None) -> str | None:
     """FLEET_WORKER_CLAUDE, then `claude` on PATH, then the CLI the demo installed: the
     launcher's own lookup, None instead of an error."""
-    from fleet_tui.execution.local.launcher import ClaudeNotFoundError, find_claude_named
+    from fleet_tui.engine.localhost import find_claude_named
 
     env = os.environ if env is None else env
-    try:
-        return find_claude_named(env.get("FLEET_WORKER_CLAUDE") or "claude", env)
-    except ClaudeNotFoundError:
-        return None
+    return find_claude_named(env.get("FLEET_WORKER_CLAUDE") or "claude", env)
 
 
 def install_command(env: Mapping[str, str] | None = None) -> list[str]:
@@ -402,7 +399,7 @@ def ensure_cage(ask: Callable[[str], str] = input, out: Callable[[str], None] = 
     default) and it says so and how to cage them: a demo that works on a fresh machine
     matters more than a cage around a scratch repository and a scripted endpoint. Real
     tasks outside the demo are still refused where the machine cannot cage. True: caged."""
-    from fleet_tui.execution.local.launcher import cage_problems, srt_install_command
+    from fleet_tui.engine.localhost import cage_problems, srt_install_command
 
     env = os.environ if env is None else env
     if env.get("FLEET_WORKER_CAGE", "").strip() == "off":

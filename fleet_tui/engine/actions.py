@@ -169,7 +169,7 @@ class Actions(Part):
         waiting in the attempt folder and will be). FleetError when the task does not run,
         or its worker takes no message any more (it finished its turn and is stopping:
         a follow-up is the way then)."""
-        from fleet_tui.execution.attemptlog import InputClosed
+        from fleet_tui.execution.worker.attemptlog import InputClosed
 
         task = self.get_task(task_id)
         if not isinstance(text, str) or not text.strip():

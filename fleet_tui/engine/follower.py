@@ -28,8 +28,8 @@ from fleet_tui.core.errors import EXIT_FAILED, FleetTuiError
 from fleet_tui.core.model import Attempt, Task
 from fleet_tui.core.states import ACTIVE_STATES, PENDING_STATES, StopReason, TaskState, Verdict
 from fleet_tui.engine.supervisor import Supervisor, TaskChange, describe
-from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.hosts import HostUnknown
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.settings.config import Settings
 from fleet_tui.store.db import Store
 from fleet_tui.vcs import git

@@ -46,7 +46,7 @@ log = logging.getLogger("fleet_tui.engine.fleet")
 # where a runner may find a key: none of them reaches a worker of the gateway but the token
 KEY_VARIABLES = ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY", "ZHIPU_API_KEY", "GLM_API_KEY")
 KEEP_ALIVE_EVERY = 0.5  # seconds between two looks at the gateway while attempts use it
-# the variables of the usual key sources (execution.local.launcher's, by kind)
+# the variables of the usual key sources (execution.worker.launch's, by kind)
 _SOURCE_VARIABLES = {"env": "ANTHROPIC_AUTH_TOKEN", "zhipu": "ZHIPU_API_KEY",
                      "glm": "GLM_API_KEY"}
 _SEQ = itertools.count(1)

@@ -15,7 +15,7 @@ from fleet_tui.core.states import ACTIVE_STATES, CLOSED_STATES, TaskState
 from fleet_tui.engine.context import Context, Part
 from fleet_tui.engine.follower import attempt_finished
 from fleet_tui.engine.secret_cache import SecretCache
-from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.settings import endpoints
 from fleet_tui.settings.hosts import LOCAL
 from fleet_tui.store import budgets

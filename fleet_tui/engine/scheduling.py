@@ -26,7 +26,7 @@ from fleet_tui.engine.context import Context, Part, log
 from fleet_tui.engine.merge_queue import MergeQueue
 from fleet_tui.engine.secret_cache import SecretCache
 from fleet_tui.engine.supervisor import TaskChange
-from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.settings.config import ConfigError, Settings
 from fleet_tui.settings.config_core import config_file_location
 from fleet_tui.settings.hosts import read_hosts

@@ -54,7 +54,7 @@ class SecretCache(Part):
         if not fresh and cached is not None \
                 and time.monotonic() - cached[0] < self.SECRET_TTL:
             return dict(cached[1])
-        from fleet_tui.execution.local.launcher import LaunchError, endpoint_credential
+        from fleet_tui.settings.credentials import LaunchError, endpoint_credential
 
         keys: dict[str, str] = {}
         for endpoint in self.settings.endpoints or (self.settings.endpoint(),):

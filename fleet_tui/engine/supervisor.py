@@ -37,10 +37,10 @@ from fleet_tui.core.states import ACTIVE_STATES, StopReason, TaskState, Verdict
 from fleet_tui.core.stream import one_line
 from fleet_tui.engine.gateway_link import GatewayLink
 from fleet_tui.execution import remote_cage
-from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Host, NotStarted, Placement, Run, RunnerState
 from fleet_tui.execution.hosts import Hosts
-from fleet_tui.execution.spec import RunSpec
+from fleet_tui.execution.worker.attemptlog import AttemptLog
+from fleet_tui.execution.worker.spec import RunSpec
 from fleet_tui.settings import endpoints
 from fleet_tui.settings.config import ConfigError, Settings
 from fleet_tui.settings.hosts import LOCAL

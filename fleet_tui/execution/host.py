@@ -15,7 +15,7 @@ a running attempt goes through these two objects:
   signals, the sweep of what it left behind (by the attempt's token), waiting for it to be
   gone, a message to the worker, and the attempt folder (`log`) its bytes are read from.
 
-The attempt folder (`execution.attemptlog`) is the one format every host leaves behind on
+The attempt folder (`execution.worker.attemptlog`) is the one format every host leaves behind on
 this machine: the local host's runner writes it in place; a remote host mirrors into it
 the bytes it fetches. So the follower and the panel read one format whatever the host.
 
@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
     from fleet_tui.core.model import Attempt, Task
     from fleet_tui.core.states import StopReason
-    from fleet_tui.execution.attemptlog import AttemptLog
-    from fleet_tui.execution.spec import RunSpec
+    from fleet_tui.execution.worker.attemptlog import AttemptLog
+    from fleet_tui.execution.worker.spec import RunSpec
     from fleet_tui.settings.config import Settings
     from fleet_tui.vcs.git import UpdateResult, WorktreeInfo
 

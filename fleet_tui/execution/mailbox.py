@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleet_tui.execution.attemptlog import INPUT_DIR, MESSAGE_ID, AttemptLog, new_message_id
+from fleet_tui.execution.worker.attemptlog import INPUT_DIR, MESSAGE_ID, AttemptLog, new_message_id
 from fleet_tui.system.files import write_json_atomic
 
 SERVED = "gateway"

@@ -215,7 +215,7 @@ def _npm_errors(argv: Sequence[str], lines: list[str], *,
 
 def claude_record() -> str:
     """The file on an ssh host naming the claude `host check` found or installed there
-    (the host's runners run that one: execution/hostclaude.py reads it)."""
+    (the host's runners run that one: execution/worker/hostclaude.py reads it)."""
     return f"{HOST_DATA_DIR}/claude-path"
 
 

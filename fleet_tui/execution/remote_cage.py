@@ -2,12 +2,12 @@
 the cage, the check it makes of it, the srt it installs there, and whether a caged task
 may go to a host.
 
-A host can cage its workers when it has what the local cage needs (execution/local/cage.py:
+A host can cage its workers when it has what the local cage needs (execution/worker/cage.py:
 node, bubblewrap, socat, ripgrep, srt) and its user can make user namespaces (bubblewrap
 runs one). `host check` reads that on the host (`probe_lines`, shell, nothing of this
 machine's paths in it), says it as the `cage` check (`check`), installs the pinned srt
 there with npm next to the host's claude (`--yes`: `install_script`, then the host's
-record of it, `record_script`, which the host's runners read: execution/hostcage.py), and
+record of it, `record_script`, which the host's runners read: execution/worker/hostcage.py), and
 keeps what it found on this machine, per host (`remember`). A caged task for a host whose
 last check said it cannot cage (or that was never checked) is refused at submit with one
 line (`refusal`); a host whose settings say `cage = "off"` runs its workers uncaged
@@ -23,8 +23,7 @@ import shlex
 import time
 from typing import Any
 
-from fleet_tui.execution import hostcage
-from fleet_tui.execution.local import cage
+from fleet_tui.execution.worker import cage, hostcage
 
 SRT_PACKAGE = f"{cage.SRT_PACKAGE}@{cage.SRT_VERSION}"
 MIN_NODE = (20, 0)  # srt runs on node 20 (its package asks for 22.12; 20 is what we test)

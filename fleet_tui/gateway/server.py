@@ -55,7 +55,7 @@ from fleet_tui.core import policy
 from fleet_tui.core.model import EndpointState
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution import mailbox
-from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.gateway import guard as guarding
 from fleet_tui.gateway.guard import CappedLog, Guard
 from fleet_tui.gateway.routes import UNLIMITED, Route
@@ -870,7 +870,7 @@ def _runner_gone(attempt: Any) -> bool:
 
 def _read_keyring(service: str, entry: str) -> tuple[str | None, str]:
     """A keyring entry (the fleet's shared key), as a runner reads it."""
-    from fleet_tui.execution.local.launcher import read_keyring
+    from fleet_tui.settings.credentials import read_keyring
 
     value, reason = read_keyring(service, entry)
     return (value.strip() if value else None), reason

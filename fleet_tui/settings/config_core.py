@@ -64,7 +64,7 @@ KEY_SOURCES = ("env", "keyring", "zhipu", "glm")
 MERGE_STRATEGIES = ("merge", "squash", "ff")
 UPDATE_STRATEGIES = ("merge", "rebase")
 DEFAULT_CONFIG_DIR = "~/.fleet-worker/cfg"
-# The cage (execution/local/cage.py): a worker in an OS sandbox where srt can make one.
+# The cage (execution/worker/cage.py): a worker in an OS sandbox where srt can make one.
 CAGE_MODES = ("worker", "off")
 DEFAULT_CAGE = "worker" if sys.platform.startswith(("linux", "darwin")) else "off"
 # The hosts a caged worker reaches by default besides its endpoint: the package registries

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from fleet_tui.vcs.run import _out, _run, _temp_index
+from fleet_tui.system.gitplumbing import snapshot_commit
+from fleet_tui.vcs.run import _out, _run
 
 
 def _has_uncommitted(worktree: Path) -> bool:
@@ -17,19 +18,9 @@ def _has_uncommitted(worktree: Path) -> bool:
 
 
 def _snapshot_commit(worktree: Path) -> str:
-    """An unreferenced commit of the worktree as it is now (tracked + untracked files).
-
-    Built with a temporary index, ``write-tree`` and ``commit-tree``: no branch, index or
-    file of the worktree changes. Git's gc removes the object later.
-    """
-    with _temp_index(worktree) as env:
-        _run(worktree, "add", "-A", "--", ".", env=env, what="reading the worktree")
-        tree = _out(worktree, "write-tree", env=env, what="git write-tree").strip()
-    head = _out(worktree, "rev-parse", "HEAD").strip()
-    ident = {"GIT_AUTHOR_NAME": "fleet-tui", "GIT_AUTHOR_EMAIL": "fleet-tui@localhost",
-             "GIT_COMMITTER_NAME": "fleet-tui", "GIT_COMMITTER_EMAIL": "fleet-tui@localhost"}
-    return _out(worktree, "commit-tree", tree, "-p", head, "-m", "fleet-tui preview",
-                env=ident, what="git commit-tree").strip()
+    """An unreferenced commit of the worktree as it is now (tracked + untracked files),
+    made without touching its branch, index or files."""
+    return snapshot_commit(worktree, run=_run)
 
 
 def check_identity(repo: Path) -> str | None:

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Literal
 
 from fleet_tui.system import paths
+from fleet_tui.system.gitplumbing import in_the_way as _in_the_way
+from fleet_tui.system.gitplumbing import shown as _shown
 from fleet_tui.vcs import repolock
 from fleet_tui.vcs.commits import (
     _commit_args,
@@ -31,7 +33,6 @@ from fleet_tui.vcs.gitfiles import _main_git_dir
 from fleet_tui.vcs.keyscan import _needles, _redact, _secret_hits
 from fleet_tui.vcs.merging import (
     _MERGE_STATE_FILES,
-    _in_the_way,
     _merge_failure,
     _merge_tree,
     _put_back,
@@ -54,7 +55,6 @@ from fleet_tui.vcs.run import (
     _plural,
     _rev,
     _run,
-    _shown,
     _status_all,
     current_branch,
 )

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleet_tui.system.gitplumbing import first_line as _first_line
+from fleet_tui.system.gitplumbing import shown as _shown
 from fleet_tui.vcs.commits import (
     _commit_uncommitted,
     _has_uncommitted,
@@ -15,7 +17,7 @@ from fleet_tui.vcs.commits import (
 )
 from fleet_tui.vcs.keyscan import _needles, _secret_hits
 from fleet_tui.vcs.merging import _tree_changes
-from fleet_tui.vcs.run import GitError, _first_line, _out, _rev, _run, _shown
+from fleet_tui.vcs.run import GitError, _out, _rev, _run
 from fleet_tui.vcs.worktrees import _worktree_of, operation_in_progress, verify_worktree
 
 

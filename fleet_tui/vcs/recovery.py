@@ -23,9 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from fleet_tui.system import procs
+from fleet_tui.system.gitplumbing import shown as _shown
 from fleet_tui.vcs.gitfiles import _common_dir, _main_git_dir
 from fleet_tui.vcs.repository import _lock_file
-from fleet_tui.vcs.run import GitError, _is_ancestor, _out, _rev, _run, _shown, _status_all
+from fleet_tui.vcs.run import GitError, _is_ancestor, _out, _rev, _run, _status_all
 from fleet_tui.vcs.worktrees import _delete_branch, _remove_worktree
 
 MERGE_INTENT_FILE = "fleet-tui-merge.json"

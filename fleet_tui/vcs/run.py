@@ -3,27 +3,20 @@ failures become ``GitError`` with a message that says what to do, never a traceb
 
 The bottom of ``fleet_tui.vcs``: the small helpers every other module runs git with
 (``_run``, ``_out``, ``_rev``, ...), a throwaway index for commands that must not touch a
-worktree's own, and the two ways a message lists paths."""
+worktree's own, and counting things in a message."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
-from fleet_tui.core.errors import FleetTuiError
-
-
-class GitError(FleetTuiError):
-    """A git problem, with a message that says what to do about it."""
-
-    title = "Git"
-
+# Git plumbing shared with the worker (which runs it on a host without GitPython) lives
+# in system/gitplumbing.py; here it runs through GitPython (`_run`).
+from fleet_tui.system.gitplumbing import GitError as GitError
+from fleet_tui.system.gitplumbing import first_line as _first_line
+from fleet_tui.system.gitplumbing import run_git, temp_index
 
 _GITPYTHON: ModuleType | None = None
 
@@ -39,18 +32,6 @@ def _gitpython() -> ModuleType:
     return _GITPYTHON
 
 
-def _first_line(text: str) -> str:
-    """The part of git's stderr worth showing (with a hint for the usual set-up mistakes)."""
-    if "tell me who you are" in text or "unable to auto-detect email" in text:
-        return ("git does not know who you are; run `git config --global user.name "
-                "\"Your Name\"` and `git config --global user.email you@example.com`")
-    for line in text.splitlines():
-        line = line.strip()
-        if line:
-            return line.removeprefix("fatal: ").removeprefix("error: ")
-    return ""
-
-
 def _run(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
          check: bool = True, what: str | None = None,
          timeout: float | None = None) -> tuple[int, str, str]:
@@ -62,7 +43,7 @@ def _run(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
     try:
         gitpython = _gitpython()
     except ModuleNotFoundError:  # the package's copy on a host: the standard library only
-        return _run_plain(cwd, args, env=env, check=check, what=what, timeout=timeout)
+        return run_git(cwd, *args, env=env, check=check, what=what, timeout=timeout)
     try:
         status, out, err = gitpython.Git(str(cwd)).execute(
             ["git", *args], with_extended_output=True, with_exceptions=False,
@@ -78,30 +59,6 @@ def _run(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
         reason = _first_line(err) or _first_line(out_s) or f"exit status {status}"
         raise GitError(f"{what or 'git ' + args[0]} failed: {reason}")
     return int(status), out_s, err
-
-
-def _run_plain(cwd: Path, args: Sequence[str], *, env: Mapping[str, str] | None,
-               check: bool, what: str | None, timeout: float | None) -> tuple[int, str, str]:
-    """`_run` without GitPython, as it runs git: in cwd, the environment with env on top and
-    git's messages in English (they are read), the same errors raised."""
-    full = {**os.environ, "LANGUAGE": "C", "LC_ALL": "C", **(env or {})}
-    try:
-        done = subprocess.run(["git", *args], cwd=cwd, env=full, capture_output=True,
-                              timeout=timeout, check=False)
-    except FileNotFoundError:
-        raise GitError("git is not installed or not on PATH; install git 2.38 or newer"
-                       ) from None
-    except subprocess.TimeoutExpired:
-        raise GitError(f"{what or 'git ' + args[0]} failed: no answer in {timeout:g} s"
-                       ) from None
-    except OSError as exc:
-        raise GitError(f"cannot run git in {cwd}: {exc.strerror or exc}") from None
-    out = done.stdout.decode("utf-8", "replace")
-    err = done.stderr.decode("utf-8", "replace")
-    if check and done.returncode != 0:
-        reason = _first_line(err) or _first_line(out) or f"exit status {done.returncode}"
-        raise GitError(f"{what or 'git ' + args[0]} failed: {reason}")
-    return done.returncode, out, err
 
 
 def _out(cwd: Path, *args: str, what: str | None = None,
@@ -148,43 +105,9 @@ def _status_all(repo: Path) -> str:
                 "--untracked-files=all", what="git status")
 
 
-def _put_index_back(index: Path, saved: Path, had_index: bool) -> None:
-    """The worktree's index as a copy kept before an update: replaced whole (or removed,
-    when there was none); a lost copy leaves the index as it is."""
-    if had_index and saved.exists():
-        tmp = index.with_name("index.fleet-tmp")
-        shutil.copyfile(saved, tmp)
-        os.replace(tmp, index)
-    elif not had_index:
-        index.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _temp_index(worktree: Path) -> Iterator[dict[str, str]]:
+def _temp_index(worktree: Path) -> contextlib.AbstractContextManager[dict[str, str]]:
     """Env pointing git at a throwaway copy of the worktree's index (the real one is kept)."""
-    real = _git_path(worktree, "index")
-    fd, name = tempfile.mkstemp(prefix="fleet-index-")
-    os.close(fd)
-    try:
-        if real.exists():
-            # copy2: the copy keeps the index's mtime, which git's racy-entry check needs
-            # (a file changed in the second the index was written, its size the same, reads
-            # as unchanged against a copy that looks newer than it: the diff missed it)
-            shutil.copy2(real, name)
-        else:
-            os.unlink(name)
-        yield {"GIT_INDEX_FILE": name}
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-        with contextlib.suppress(OSError):
-            os.unlink(name + ".lock")
-
-
-def _shown(paths: Sequence[str], limit: int = 5) -> str:
-    """The first few of ``paths`` for a message, and how many more there are."""
-    return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more"
-                                       if len(paths) > limit else "")
+    return temp_index(worktree, run=_run)
 
 
 def _plural(n: int, word: str) -> str:

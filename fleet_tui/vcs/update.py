@@ -15,6 +15,11 @@ from pathlib import Path
 from typing import Literal
 
 from fleet_tui.system import paths
+from fleet_tui.system.gitplumbing import first_line as _first_line
+from fleet_tui.system.gitplumbing import in_the_way as _in_the_way
+from fleet_tui.system.gitplumbing import put_index_back as _put_index_back
+from fleet_tui.system.gitplumbing import shown as _shown
+from fleet_tui.system.gitplumbing import with_markers as _with_markers
 from fleet_tui.vcs.commits import (
     _commit_uncommitted,
     _has_uncommitted,
@@ -24,25 +29,20 @@ from fleet_tui.vcs.commits import (
 from fleet_tui.vcs.gitfiles import _main_git_dir
 from fleet_tui.vcs.merging import (
     _MERGE_STATE_FILES,
-    _in_the_way,
     _merge_failure,
     _merge_tree,
     _put_back,
     _tree_changes,
-    _with_markers,
 )
 from fleet_tui.vcs.repository import _repo_lock
 from fleet_tui.vcs.run import (
     GitError,
-    _first_line,
     _git_path,
     _is_ancestor,
     _out,
     _plural,
-    _put_index_back,
     _rev,
     _run,
-    _shown,
     _status_all,
 )
 from fleet_tui.vcs.worktrees import operation_in_progress, verify_worktree

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fleet_tui.system import paths
+from fleet_tui.system.gitplumbing import first_line as _first_line
 from fleet_tui.vcs.gitfiles import (
     _SHA_RE,
     _branch_exists_fast,
@@ -25,7 +26,6 @@ from fleet_tui.vcs.repository import _ensure_excluded_once, _repo_lock
 from fleet_tui.vcs.run import (
     GitError,
     _branch_exists,
-    _first_line,
     _git_path,
     _out,
     _rev,

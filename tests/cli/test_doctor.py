@@ -413,7 +413,7 @@ def test_the_platform_is_reported_with_what_it_allows(setup: Path, key: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """fleet-doctor says which system this is and which process path it takes; on macOS
     it says scrub_tool_env is Linux-only, and turning it on there fails the check."""
-    from fleet_tui.execution.local import launcher
+    from fleet_tui.execution.worker import launch as launcher
     from fleet_tui.settings.config import load_settings
 
     monkeypatch.delenv("FLEET_TUI_PORTABLE_PROCS", raising=False)  # a portable suite run

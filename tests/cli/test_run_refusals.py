@@ -15,7 +15,7 @@ import pytest
 
 from fleet_tui.commands import tasks
 from fleet_tui.engine.fleet import Fleet, FleetError, TaskSpec
-from fleet_tui.execution.local import launcher
+from fleet_tui.execution.worker import launch as launcher
 from fleet_tui.settings.config import load_settings
 
 TUI = Path(sys.executable).parent / "fleet-tui"

@@ -15,7 +15,7 @@ from endpoint_helpers import cli_env
 from fleet_tui.commands.tasks import format_event, format_event_full
 from fleet_tui.core import stream
 from fleet_tui.demo.endpoint import ScriptedEndpoint
-from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 
 FIXTURE = (Path(__file__).resolve().parents[1] / "support" / "fixtures" / "stream-json"
            / "root_bash_output")

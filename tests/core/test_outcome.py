@@ -13,7 +13,7 @@ import pytest
 
 from fleet_tui.core.outcome import Outcome, Verdict, classify, find_result
 from fleet_tui.core.stream import Result, decode_all
-from fleet_tui.execution.attemptlog import STDERR_TAIL
+from fleet_tui.execution.worker.attemptlog import STDERR_TAIL
 
 SAMPLES = Path(__file__).resolve().parents[1] / "support" / "fixtures" / "stream-json"
 CASES = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())

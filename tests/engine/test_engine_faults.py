@@ -24,7 +24,7 @@ from proc_helpers import working_in
 from fleet_tui.core import stream
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
-from fleet_tui.execution.attemptlog import (
+from fleet_tui.execution.worker.attemptlog import (
     EVENTS_FILE,
     EXIT_FILE,
     KILL_FILE,
@@ -33,7 +33,7 @@ from fleet_tui.execution.attemptlog import (
     read_json,
     write_json_atomic,
 )
-from fleet_tui.execution.local.runner import RUNNER_MODULE
+from fleet_tui.execution.worker.runner import RUNNER_MODULE
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import FINISHED_STATES, Store, Task, TaskState
 from fleet_tui.system import paths, procs
@@ -134,7 +134,7 @@ def reap(tmp_path: Path) -> Iterator[list[Path]]:
     for pid in sleepers(tmp_path) + [p for f in folders for p in in_folder(f)]:
         procs.signal_pid(pid, signal.SIGKILL)
     for st in procs.all_stats():
-        if "fleet_tui.execution.local.runner" in procs.cmdline(st.pid) and st.state != "Z" and any(
+        if "fleet_tui.execution.worker.runner" in procs.cmdline(st.pid) and st.state != "Z" and any(
                 str(f) in " ".join(procs.cmdline(st.pid)) for f in folders):
             procs.signal_tree(st.pid, signal.SIGKILL)
 

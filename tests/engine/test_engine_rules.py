@@ -15,8 +15,9 @@ from fleet_tui.core.errors import FleetTuiError
 from fleet_tui.core.states import Action, TaskState
 from fleet_tui.demo.session import DemoEndpointError
 from fleet_tui.engine.fleet import Fleet, FleetError, FleetRefused, InvalidSpec, TaskNotFound
-from fleet_tui.execution.attemptlog import EVENTS_FILE, write_json_atomic
-from fleet_tui.execution.local import launcher
+from fleet_tui.execution.worker import launch as launcher
+from fleet_tui.execution.worker.attemptlog import EVENTS_FILE, write_json_atomic
+from fleet_tui.settings import credentials
 from fleet_tui.settings.config import ConfigError, load_settings
 from fleet_tui.store.db import AmbiguousTaskError, StoreError, TaskSpec, UnknownTaskError
 from fleet_tui.system import paths, procs
@@ -46,7 +47,7 @@ def engine() -> Fleet:
     (launcher.LaunchError("x", 7), 7),
     (launcher.UsageError("x"), errors.EXIT_USAGE),
     (launcher.ConfigDirError("x"), errors.EXIT_USAGE),
-    (launcher.NoCredentialError("x"), errors.EXIT_MISSING),
+    (credentials.NoCredentialError("x"), errors.EXIT_MISSING),
     (launcher.ClaudeNotFoundError("x"), errors.EXIT_MISSING),
     (ConfigError("x", path="/c.toml", line=2), errors.EXIT_USAGE),
     (repolock.LockTimeout("x"), errors.EXIT_FAILED),

@@ -20,7 +20,7 @@ from proc_helpers import commands_in
 from fleet_tui.core import stream
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, FleetError, TaskSpec
-from fleet_tui.execution.attemptlog import EVENTS_FILE, read_json
+from fleet_tui.execution.worker.attemptlog import EVENTS_FILE, read_json
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import ACTIVE_STATES, Store, Task, TaskState
 from fleet_tui.system import paths, procs
@@ -620,7 +620,7 @@ def test_a_big_backlog_is_read_in_bounded_chunks_and_counted(
     """Following reads at most READ_CHUNK per attempt per tick (the GIL is not held for a
     whole backlog); finishing reads the rest before it classifies; the counters match."""
     from fleet_tui.engine import follower
-    from fleet_tui.execution.attemptlog import EXIT_FILE, write_json_atomic
+    from fleet_tui.execution.worker.attemptlog import EXIT_FILE, write_json_atomic
 
     monkeypatch.setattr(follower, "READ_CHUNK", 4096)
     sample = (reference_samples / "nonroot_stream" / "stdout.jsonl").read_bytes()

@@ -20,10 +20,10 @@ import pytest
 from fleet_tui.core.states import TaskState
 from fleet_tui.engine import supervisor as supervisor_mod
 from fleet_tui.engine.fleet import Fleet
-from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Host
 from fleet_tui.execution.local.host import LocalHost
 from fleet_tui.execution.memory import PID_BASE, MemoryHost, MemoryRun
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, TaskSpec
 from fleet_tui.system import paths

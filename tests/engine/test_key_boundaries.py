@@ -21,7 +21,7 @@ from test_fleet import drive, make_fleet, settled
 from fleet_tui.core import stream
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import TaskSpec
-from fleet_tui.execution.local.runner import RUNNER_MODULE
+from fleet_tui.execution.worker.runner import RUNNER_MODULE
 from fleet_tui.store.db import TaskState
 from fleet_tui.system import paths
 from fleet_tui.vcs import git as fgit
@@ -82,7 +82,7 @@ def test_the_key_a_worker_prints_writes_and_names_goes_nowhere(
     assert fgit.REDACTED in (attempt.message or "") + (attempt.last_tool or "")
 
     # the panel's stream lines, built from the events as the stream pane reads them
-    from fleet_tui.execution.attemptlog import AttemptLog
+    from fleet_tui.execution.worker.attemptlog import AttemptLog
     from fleet_tui.ui import formatting
     events, _ = AttemptLog(attempt.dir).read_events(0, finished=True)
     rows = formatting.StreamFormatter().rows(events)

@@ -28,7 +28,7 @@ from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, InvalidSpec
 from fleet_tui.execution.host import Placement
 from fleet_tui.execution.memory import MemoryHost, MemoryStaged
-from fleet_tui.execution.spec import RunSpec
+from fleet_tui.execution.worker.spec import RunSpec
 from fleet_tui.settings import endpoints
 from fleet_tui.settings.config import Settings, load_settings
 from fleet_tui.store.db import Store, TaskSpec

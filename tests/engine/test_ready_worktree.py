@@ -17,8 +17,8 @@ from fleet_tui.core import stream
 from fleet_tui.core.errors import InvalidSpec
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import TaskSpec
-from fleet_tui.execution.attemptlog import AttemptLog
-from fleet_tui.execution.local import prepare
+from fleet_tui.execution.worker import prepare
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.settings.config import ConfigError
 from fleet_tui.settings.repo_settings import (
     RepoSettings,

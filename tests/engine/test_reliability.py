@@ -84,8 +84,8 @@ from standin_claude import stream_wrapper
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
-from fleet_tui.execution.attemptlog import EVENTS_FILE, RUNNER_FILE, SPEC_FILE, read_json
-from fleet_tui.execution.local.runner import RUNNER_MODULE, TOKEN_ENV, RunSpec
+from fleet_tui.execution.worker.attemptlog import EVENTS_FILE, RUNNER_FILE, SPEC_FILE, read_json
+from fleet_tui.execution.worker.runner import RUNNER_MODULE, TOKEN_ENV, RunSpec
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import FINISHED_STATES, Store, TaskState
 from fleet_tui.system import paths, procs
@@ -322,7 +322,7 @@ class Monitor:
                 if KEY in " ".join(argv):
                     self.argv_hits.append(" ".join(argv)[:200])
                 self._read_environ(st.pid, argv)
-            if "fleet_tui.execution.local.runner" in argv and argv[-1].startswith(self.base):
+            if "fleet_tui.execution.worker.runner" in argv and argv[-1].startswith(self.base):
                 runners[st.pid] = (st.ppid, Path(argv[-1]).parent.name)
         per_task = collections.Counter(task for ppid, task in runners.values()
                                        if ppid not in runners)

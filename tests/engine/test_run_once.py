@@ -21,7 +21,7 @@ import pytest
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine import supervisor as supervisor_mod
 from fleet_tui.engine.fleet import Fleet, TaskSpec
-from fleet_tui.execution.attemptlog import EVENTS_FILE
+from fleet_tui.execution.worker.attemptlog import EVENTS_FILE
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import FINISHED_STATES, Store, TaskState
 from fleet_tui.system import paths, procs
@@ -111,7 +111,7 @@ def init_lines(events: Path) -> int:
 def runner_processes(adir: Path) -> list[int]:
     return [st.pid for st in procs.all_stats() if st.state != "Z"
             and procs.cmdline(st.pid)[-1:] == [str(adir)]
-            and "fleet_tui.execution.local.runner" in procs.cmdline(st.pid)]
+            and "fleet_tui.execution.worker.runner" in procs.cmdline(st.pid)]
 
 
 def assert_ran_once(fleet: Fleet, endpoint: ScriptedEndpoint, task_id: str) -> None:
@@ -133,7 +133,7 @@ def no_runner_left(tmp_path: Path) -> Iterator[None]:
     mine = str(tmp_path)
     for st in procs.all_stats():
         argv = procs.cmdline(st.pid)
-        if ("fleet_tui.execution.local.runner" in argv and st.state != "Z"
+        if ("fleet_tui.execution.worker.runner" in argv and st.state != "Z"
                 and any(arg.startswith(mine) for arg in argv)):
             procs.signal_tree(st.pid, signal.SIGKILL)
 
@@ -334,7 +334,7 @@ def test_a_new_attempt_waits_for_the_previous_runner_to_stop(
             time.sleep(0.05)
         # still one runner: the resume waits in the queue for the first one to stop
         runners = [st.pid for st in procs.all_stats() if st.state != "Z"
-                   and "fleet_tui.execution.local.runner" in procs.cmdline(st.pid)
+                   and "fleet_tui.execution.worker.runner" in procs.cmdline(st.pid)
                    and task.id in " ".join(procs.cmdline(st.pid))]
         assert runners == [first.runner_pid]
         second = fleet.attempts(task.id)[-1]

@@ -22,7 +22,7 @@ from test_fleet import drive, make_fleet, settled
 from fleet_tui.core import stream
 from fleet_tui.demo.endpoint import RecordedRequest, ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, FleetError, TaskSpec
-from fleet_tui.execution.attemptlog import INPUT_LOCK, AttemptLog, InputClosed
+from fleet_tui.execution.worker.attemptlog import INPUT_LOCK, AttemptLog, InputClosed
 from fleet_tui.store.db import TaskState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,7 +173,7 @@ def test_a_message_arriving_as_the_turn_ends_gets_its_own_turn(
             time.sleep(0.02)
         time.sleep(0.3)
         # what send_input does under the lock: the message's file, then the wake-up byte
-        from fleet_tui.execution.attemptlog import write_json_atomic
+        from fleet_tui.execution.worker.attemptlog import write_json_atomic
         write_json_atomic(log.input_dir / "00000000000000000001-late.json",
                           {"text": "one more thing", "at": time.time(), "by": "test"})
     finally:

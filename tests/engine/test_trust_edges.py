@@ -20,7 +20,7 @@ from endpoint_helpers import cli_env, run_cli, shared
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.demo.session import demo_scripts
 from fleet_tui.engine.fleet import Fleet
-from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store
 from fleet_tui.system import paths

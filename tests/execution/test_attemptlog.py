@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fleet_tui.core import stream
-from fleet_tui.execution.attemptlog import AttemptLog, usable_end
+from fleet_tui.execution.worker.attemptlog import AttemptLog, usable_end
 
 INIT = b'{"type":"system","subtype":"init","session_id":"s-1","cwd":"/w","tools":[]}\n'
 TEXT = (b'{"type":"assistant","message":{"id":"m1","role":"assistant","content":'

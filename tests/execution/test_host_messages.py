@@ -119,7 +119,7 @@ def test_rays_client_lines_go_to_the_log_file_not_the_terminal() -> None:
 
 def _stage(host: object, tmp_path: Path, n: int, cage: str = "off") -> None:
     from fleet_tui.execution.host import Placement
-    from fleet_tui.execution.spec import RunSpec
+    from fleet_tui.execution.worker.spec import RunSpec
 
     root = host.root  # type: ignore[attr-defined]
     adir = tmp_path / f"attempt-{n}"

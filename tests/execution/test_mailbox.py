@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleet_tui.execution import mailbox
-from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 
 
 @pytest.fixture

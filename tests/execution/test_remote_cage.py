@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from test_run_refusals import assert_nothing_created, assert_one_clear_line, fleet_tui
 
-from fleet_tui.execution import hostcage, probe, remote_cage
-from fleet_tui.execution.local import cage
+from fleet_tui.execution import probe, remote_cage
+from fleet_tui.execution.worker import cage, hostcage
 from fleet_tui.settings.config import config_file_path
 
 SRT = cage.find_srt(os.environ)

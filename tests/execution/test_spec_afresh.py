@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleet_tui.execution.spec import RunSpec, saved_session
+from fleet_tui.execution.worker.spec import RunSpec, saved_session
 
 SID = "6e60880f-516c-40b2-8721-e36ea6dfa80f"
 

@@ -47,7 +47,7 @@ from test_fleet import KEY, SCRIPTS, drive
 from fleet_tui import CLAUDE_CODE_VERSION
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
-from fleet_tui.execution.local import cage
+from fleet_tui.execution.worker import cage
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, TaskState

@@ -21,11 +21,11 @@ FORBIDDEN = ("textual", "rich")
 HEADLESS = [
     "import fleet_tui.engine.fleet",
     "import fleet_tui.commands.tasks",
-    "import fleet_tui.execution.local.runner",
+    "import fleet_tui.execution.worker.runner",
     "import fleet_tui.cli",
     "import fleet_tui.commands.panel",  # the panel is imported inside its main()
     "import fleet_tui.core.policy, fleet_tui.core.states, fleet_tui.core.errors,"
-    " fleet_tui.execution.attemptlog",
+    " fleet_tui.execution.worker.attemptlog",
 ]
 
 
@@ -82,7 +82,7 @@ def test_the_panels_usual_start_parses_nothing() -> None:
 
 
 FIRST_FRAME_SPARED = ("fleet_tui.core.policy", "fleet_tui.core.providers",
-                      "fleet_tui.execution.attemptlog", "hashlib", "json",
+                      "fleet_tui.execution.worker.attemptlog", "hashlib", "json",
                       "fleet_tui.ui.screens.help")
 """What the panel's first frame does without: the policy and the provider tables (the key
 bar and the status line need them only once there are tasks), the attempt log (the stream

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleet_tui.execution.local.runner import RUNNER_MODULE
+from fleet_tui.execution.worker.runner import RUNNER_MODULE
 from fleet_tui.system import paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ def test_the_package_root_is_the_folder_that_holds_the_package() -> None:
     assert (paths.package_root() / "fleet_tui" / "__init__.py").is_file()
     out = subprocess.run([sys.executable, "-I", "-c",
                           f"import sys; sys.path.insert(0, {str(paths.package_root())!r}); "
-                          "import fleet_tui.vcs.testgate, fleet_tui.execution.local.runner"],
+                          "import fleet_tui.vcs.testgate, fleet_tui.execution.worker.runner"],
                          cwd="/", capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 

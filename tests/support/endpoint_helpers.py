@@ -155,7 +155,7 @@ def shared(repo: Path, name: str) -> Path:
     """A folder a worker's Bash step and the test both reach: the repository's cache
     folder (its workers' caches, which a caged worker may write; the test's own folder is
     outside the cage)."""
-    from fleet_tui.execution.local import cage
+    from fleet_tui.execution.worker import cage
 
     folder = Path(cage.repo_cache_dir(cage.default_data_dir(os.environ), str(repo))) / name
     folder.mkdir(parents=True, exist_ok=True)

@@ -94,7 +94,7 @@ def main() -> int:
         class PopenThenDie(real_popen):  # type: ignore[misc, valid-type]
             def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
                 super().__init__(args, *rest, **kwargs)
-                if "fleet_tui.execution.local.runner" in list(args):
+                if "fleet_tui.execution.worker.runner" in list(args):
                     _die()
 
         subprocess.Popen = PopenThenDie  # type: ignore[misc]

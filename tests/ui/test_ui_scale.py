@@ -12,7 +12,7 @@ from test_ui_snapshots import FIXTURES, NOW, build_fleet
 from textual.pilot import Pilot
 
 from fleet_tui.engine.fleet import Fleet, FleetError
-from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, TaskState
 from fleet_tui.ui.app import FleetApp

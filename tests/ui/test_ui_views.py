@@ -10,7 +10,7 @@ from test_ui_support import wait_until
 from textual.app import App, ComposeResult
 
 from fleet_tui.core import stream
-from fleet_tui.execution.attemptlog import AttemptLog
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.ui.formatting import (
     PreparedDiff,
     StreamFormatter,

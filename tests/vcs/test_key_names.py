@@ -76,7 +76,7 @@ def test_the_store_and_the_attempt_folder_readers_hide_a_known_key(tmp_path: Pat
     what the attempt folder's readers give the CLI, the panel and the follower."""
     import json
 
-    from fleet_tui.execution.attemptlog import AttemptLog
+    from fleet_tui.execution.worker.attemptlog import AttemptLog
     from fleet_tui.store.db import Store, TaskState
 
     events = tmp_path / "attempt"

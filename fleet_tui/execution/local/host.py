@@ -2,7 +2,7 @@
 
 The placement is a git worktree of the main repository (`.fleet-work/<id>`), the task's
 config dir under the state folder and the attempt folder under `.fleet-work/.logs`. The
-runner (`python -m fleet_tui.execution.local.runner`) is started in a session of its own
+runner (`python -m fleet_tui.execution.worker.runner`) is started in a session of its own
 and inherits the attempt's lock, taken before the spawn; the key variables reach it through
 an inherited pipe, never its environment (a worker's Bash step can read its parent's
 /proc/PID/environ). Liveness is the lock (and, for an attempt from before locks, the pid
@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleet_tui.core.errors import FleetError
-from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerState
-from fleet_tui.execution.local import launcher
-from fleet_tui.execution.local.runner import RUNNER_MODULE
-from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
+from fleet_tui.execution.worker import launch
+from fleet_tui.execution.worker.attemptlog import AttemptLog
+from fleet_tui.execution.worker.runner import RUNNER_MODULE
+from fleet_tui.execution.worker.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
 from fleet_tui.system import cgroups, paths, procs, spawn
 from fleet_tui.system.spawn import package_env, spawn_detached
 from fleet_tui.vcs import git
@@ -219,7 +219,7 @@ class LocalHost:
 
     def check_setup(self, settings: Settings, env: Mapping[str, str], *,
                     args: Sequence[str] = (), permission_mode: str | None = None) -> None:
-        launcher.check_setup(settings, env, args=args, permission_mode=permission_mode)
+        launch.check_setup(settings, env, args=args, permission_mode=permission_mode)
 
     def make_worktree(self, task: Task, *, reattach: bool, reset: bool) -> git.WorktreeInfo:
         if reattach:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet_tui.core.errors import FleetError
-from fleet_tui.execution.attemptlog import AttemptLog, InputClosed, write_json_atomic
 from fleet_tui.execution.host import Host, LostLedger, NotStarted, Placement, RunnerState
+from fleet_tui.execution.worker.attemptlog import AttemptLog, InputClosed, write_json_atomic
 from fleet_tui.vcs.git import WorktreeInfo
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from fleet_tui.core.model import Attempt, Task
     from fleet_tui.core.states import StopReason
-    from fleet_tui.execution.spec import RunSpec
+    from fleet_tui.execution.worker.spec import RunSpec
     from fleet_tui.settings.config import Settings
     from fleet_tui.settings.hosts import HostConfig
 

@@ -11,7 +11,7 @@ What goes where:
   restarted controller finds the job by it, and Ray refuses a second job of the same id,
   so an attempt never runs twice; the submitter holds the folder's submit lock until the
   job is taken, so no follower takes a job still being uploaded for one never
-  submitted): its entrypoint is `execution/ray/job.py`; fleet-tui's
+  submitted): its entrypoint is `execution/worker/job.py`; fleet-tui's
   package goes as its runtime_env's `py_modules` (content-addressed by Ray: uploaded once
   per version), its `working_dir` holds the order (the spec as the node runs it; the
   attempt's gateway token), the repository as a git bundle of what the node lacks of the
@@ -80,14 +80,14 @@ import fleet_tui
 from fleet_tui.core.errors import FleetError
 from fleet_tui.core.states import StopReason
 from fleet_tui.execution import mailbox
-from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import Host, LostLedger, Placement, RunnerState
 from fleet_tui.execution.ray import config as kind_config
-from fleet_tui.execution.ray import job
 from fleet_tui.execution.ray.shortjob import ShortJobs
 from fleet_tui.execution.remote.base import LOOPBACK, RemoteHost, RemoteRun, update_result, write_at
 from fleet_tui.execution.remote.forwarding import forwarded, host_settings
-from fleet_tui.execution.spec import RunSpec
+from fleet_tui.execution.worker import job
+from fleet_tui.execution.worker.attemptlog import AttemptLog, InputClosed
+from fleet_tui.execution.worker.spec import RunSpec
 from fleet_tui.settings.endpoints import HANDED_KEY
 from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
@@ -110,7 +110,7 @@ SUBMIT_SETTLE = 3.0  # seconds a job Ray does not know must stay unknown, its su
 BRANCH_BUNDLE = "branch.bundle"  # the task's commits past its base, as the node sent them
 BRANCH_FILE = "branch.json"  # their tip (the base itself: no commits)
 SESSION_FILE = "session.tar"  # claude's transcripts of the task, as the node sent them last
-ENTRYPOINT_MODULE = "fleet_tui.execution.ray.job"
+ENTRYPOINT_MODULE = "fleet_tui.execution.worker.job"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 STATUS_EVERY = 5.0  # seconds between two looks at a followed job's status
 WHOLE_LOG_WAIT = 10.0  # seconds for an ended job's whole log (its node may be gone)
@@ -795,7 +795,7 @@ class RayHost(RemoteHost):
         self.resources = dict(resources or {})
         self.python = python  # the node's python (3.11 or newer)
         self.data_dir = data_dir.rstrip("/") or "/"
-        # the node's claude (None: the node finds its own, execution/hostclaude.py; this
+        # the node's claude (None: the node finds its own, execution/worker/hostclaude.py; this
         # machine's `claude` setting is never sent)
         self.claude = claude
         self.key_env = key_env

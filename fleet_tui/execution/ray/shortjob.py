@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet_tui.execution.ray import job
+from fleet_tui.execution.worker import job
 from fleet_tui.system.files import write_json_atomic
 
 if TYPE_CHECKING:

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Placement, RunnerState
-from fleet_tui.execution.local import launcher, prepare
+from fleet_tui.execution.worker import launch, prepare
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.system import paths
 from fleet_tui.vcs.git import UpdateResult
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from fleet_tui.core.model import Attempt, Task
-    from fleet_tui.execution.spec import RunSpec
+    from fleet_tui.execution.worker.spec import RunSpec
     from fleet_tui.settings.config import Settings
 
 # the variables the host's runner hands claude through its pipe (never its environment)
@@ -159,7 +159,7 @@ class RemoteHost:
 
     def check_setup(self, settings: Settings, env: Mapping[str, str], *,
                     args: Sequence[str] = (), permission_mode: str | None = None) -> None:
-        launcher.check_setup(settings, env, args=args, permission_mode=permission_mode)
+        launch.check_setup(settings, env, args=args, permission_mode=permission_mode)
 
     def place(self, task: Task, worktree: Path, attempt_n: int) -> Placement:
         """The attempt folder here (private), the config dir there."""

@@ -40,7 +40,7 @@ def _local_path(value: str, home: str | None) -> bool:
 def host_settings(settings: Mapping[str, Any], claude: str | None) -> dict[str, Any]:
     """The launcher's settings as a host's runner gets them: this machine's paths taken
     out (its claude, its config dir: the host's are its own), `claude` the host's when
-    its settings name one (else the host finds its own: execution/hostclaude.py)."""
+    its settings name one (else the host finds its own: execution/worker/hostclaude.py)."""
     out = {k: v for k, v in settings.items() if k not in ("claude", "config_dir")}
     if claude:
         out["claude"] = claude

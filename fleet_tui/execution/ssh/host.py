@@ -50,7 +50,6 @@ from urllib.parse import urlsplit, urlunsplit
 import fleet_tui
 from fleet_tui.core.errors import FleetError
 from fleet_tui.core.states import StopReason
-from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.host import LostLedger, NotStarted, Placement, RunnerState
 from fleet_tui.execution.remote.base import (
     LOOPBACK,
@@ -59,10 +58,11 @@ from fleet_tui.execution.remote.base import (
     update_result,
 )
 from fleet_tui.execution.remote.forwarding import forwarded, host_settings
-from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh import config as kind_config
 from fleet_tui.execution.ssh.connection import Connection, SshError, dropped
 from fleet_tui.execution.ssh.mirror import Mirror
+from fleet_tui.execution.worker.attemptlog import AttemptLog, InputClosed
+from fleet_tui.execution.worker.spec import RunSpec
 from fleet_tui.store.meter import TOKEN_PREFIX
 from fleet_tui.system import paths
 from fleet_tui.vcs import git
@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fleet_tui.engine.fleet")
 
-AGENT = "fleet_tui.execution.ssh.agent"
+AGENT = "fleet_tui.execution.worker.agent"
 DEFAULT_DATA_DIR = "$HOME/.fleet-tui-host"
 WRITING = re.compile(r"Writing objects: 100% \((\d+)/\d+\), ([\d.]+) (bytes|KiB|MiB|GiB)")
 UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
@@ -278,7 +278,7 @@ class SshHost(RemoteHost):
         self.lease = lease  # seconds without an answer before its runs are lost
         self.env = env
         self.python = python  # the host's python (3.10 or newer)
-        # the host's claude: None finds the host's own there (execution/hostclaude.py);
+        # the host's claude: None finds the host's own there (execution/worker/hostclaude.py);
         # this machine's `claude` setting is never sent
         self.claude = claude
         self.connection = Connection(target, port=port, config=ssh_config, ssh=ssh,

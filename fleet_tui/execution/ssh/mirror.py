@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fleet_tui.execution.remote.frames import APPENDED
+from fleet_tui.execution.worker.frames import APPENDED
 from fleet_tui.system.files import write_json_atomic
 
 log = logging.getLogger("fleet_tui.engine.fleet")

@@ -46,7 +46,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from fleet_tui.core.model import Attempt, Task
     from fleet_tui.engine.fleet import Fleet
-    from fleet_tui.execution.attemptlog import AttemptLog
+    from fleet_tui.execution.worker.attemptlog import AttemptLog
 
 READ_CHUNK = 4 * 1024 * 1024  # bytes of events per batch; bigger backlogs take several
 TAIL_BYTES = 128 * 1024  # a newly selected attempt shows its last events first ...

@@ -30,7 +30,7 @@ import pytest
 from endpoint_helpers import cli_env
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
-from fleet_tui.execution.local import cage
+from fleet_tui.execution.worker import cage
 
 pytestmark = pytest.mark.real_claude
 

@@ -1,4 +1,4 @@
-"""The cage's rules (execution/local/cage.py), as srt settings, and the Seatbelt profile srt
+"""The cage's rules (execution/worker/cage.py), as srt settings, and the Seatbelt profile srt
 generates from them for macOS (generated here on Linux by srt's own code; no Mac runs it).
 The rules are proved on a real worker by tests/execution/local/test_cage.py."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui.execution.local import cage
+from fleet_tui.execution.worker import cage
 from fleet_tui.settings.config_core import ConfigError, load_launch_settings
 from fleet_tui.settings.repo_settings import load_repo_settings
 

@@ -23,7 +23,7 @@ import pytest
 from endpoint_helpers import cli_env
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
-from fleet_tui.execution.local import launcher
+from fleet_tui.execution.worker import launch as launcher
 
 pytestmark = pytest.mark.real_claude
 

@@ -32,7 +32,7 @@ from endpoint_helpers import cli_env
 from fleet_tui.core import stream
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
-from fleet_tui.execution.attemptlog import EVENTS_FILE, EXIT_FILE, read_json
+from fleet_tui.execution.worker.attemptlog import EVENTS_FILE, EXIT_FILE, read_json
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, Task, TaskState
 from fleet_tui.system import paths, procs

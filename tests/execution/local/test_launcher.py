@@ -12,20 +12,22 @@ import keyring
 import pytest
 import standin_claude
 
-from fleet_tui.execution.local import launcher
-from fleet_tui.execution.local.launcher import (
+from fleet_tui.execution.worker import launch as launcher
+from fleet_tui.execution.worker.launch import (
     ClaudeNotFoundError,
     ConfigDirError,
-    Credential,
-    LaunchError,
-    NoCredentialError,
     UsageError,
     find_claude,
     plan_launch,
     prepare_config_dir,
-    resolve_credential,
 )
 from fleet_tui.settings.config import Settings, load_settings
+from fleet_tui.settings.credentials import (
+    Credential,
+    LaunchError,
+    NoCredentialError,
+    resolve_credential,
+)
 
 
 @pytest.fixture

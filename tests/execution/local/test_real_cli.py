@@ -36,7 +36,7 @@ from fleet_tui.core.stream import (
     ToolUse,
 )
 from fleet_tui.demo.endpoint import ScriptedEndpoint
-from fleet_tui.execution.local.launcher import LaunchPlan, plan_launch
+from fleet_tui.execution.worker.launch import LaunchPlan, plan_launch
 from fleet_tui.settings.config import load_settings
 
 pytestmark = pytest.mark.real_claude

@@ -17,7 +17,7 @@ import pytest
 from proc_helpers import commands_in
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
-from fleet_tui.execution.attemptlog import (
+from fleet_tui.execution.worker.attemptlog import (
     EVENTS_FILE,
     EXIT_FILE,
     RUNNER_FILE,
@@ -27,7 +27,7 @@ from fleet_tui.execution.attemptlog import (
     read_json,
     write_json_atomic,
 )
-from fleet_tui.execution.local.runner import RUNNER_MODULE, TOKEN_ENV, RunSpec, claude_args
+from fleet_tui.execution.worker.runner import RUNNER_MODULE, TOKEN_ENV, RunSpec, claude_args
 from fleet_tui.system import procs
 
 KEY = "sk-runner-test-SECRET-7f3a9c"

@@ -50,9 +50,9 @@ from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine import host_check
 from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.execution import probe
-from fleet_tui.execution.attemptlog import AttemptLog
-from fleet_tui.execution.local import cage
 from fleet_tui.execution.ray.config import ray_host as ray_host_config
+from fleet_tui.execution.worker import cage
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import config_file_path, load_settings
 from fleet_tui.store.db import Store, Task, TaskState

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet_tui.execution.ray import job
 from fleet_tui.execution.ray.host import NodeBook, RayHost
-from fleet_tui.execution.remote import update as remote_update
+from fleet_tui.execution.worker import job
+from fleet_tui.execution.worker import update as remote_update
 
 
 def git(where: Path, *args: str) -> str:

@@ -1,7 +1,7 @@
 """Worktrees made on a host's mirror at once: the SSH agent's `worktree` command (what
 `SshHost.make_worktree` runs on the host for each task it starts; the Ray job's
 `prepare_repo` calls the same function on its node), run as the controller runs it
-(`python3 -m fleet_tui.execution.ssh.agent`, stdlib only) against a real bare mirror in a
+(`python3 -m fleet_tui.execution.worker.agent`, stdlib only) against a real bare mirror in a
 host data dir. Each new worktree prunes the mirror's worktree records first; without a
 lock, one task's prune removed another's `worktrees/<id>/` before its `gitdir` was
 written (seen as `could not open 'worktrees/<id>/gitdir' for writing`). This is the agent
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-AGENT = "fleet_tui.execution.ssh.agent"
+AGENT = "fleet_tui.execution.worker.agent"
 ROUNDS = 20
 AT_ONCE = 5
 

@@ -1,5 +1,5 @@
 """The SSH host's agent concluding an update: `update` and `abort-update`
-run as the controller runs them on a host (`python3 -m fleet_tui.execution.ssh.agent`,
+run as the controller runs them on a host (`python3 -m fleet_tui.execution.worker.agent`,
 stdlib only), here on a real git worktree of this machine: a conflicted file staged, or
 committed, with its conflict markers still in is not resolved, as in a local worktree.
 """
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-AGENT = "fleet_tui.execution.ssh.agent"
+AGENT = "fleet_tui.execution.worker.agent"
 
 
 def _git(cwd: Path, *args: str) -> str:

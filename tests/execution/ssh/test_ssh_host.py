@@ -33,9 +33,9 @@ from test_fleet import KEY, SCRIPTS, drive, settled
 from fleet_tui.core.errors import InvalidSpec
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
-from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.ssh.connection import SshError
 from fleet_tui.execution.ssh.host import SshHost
+from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, TaskState

@@ -1,5 +1,5 @@
 """The SSH host's mirror (execution/ssh/mirror.py) against the host agent's real `follow`
-(execution/ssh/agent.py) run here as a process (the stream ssh would carry, without ssh:
+(execution/worker/agent.py) run here as a process (the stream ssh would carry, without ssh:
 tests/execution/ssh/test_ssh_host.py has the whole path over a real sshd).
 
 The folder on the "host" has a held lock (a live runner, as the agent sees it). Covered:
@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from fleet_tui.execution.remote.frames import CHUNK
 from fleet_tui.execution.ssh.mirror import Mirror
+from fleet_tui.execution.worker.frames import CHUNK
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -40,7 +40,7 @@ def follow(remote: Path) -> Callable[[dict[str, int]], subprocess.Popen[bytes]]:
     def open_stream(offsets: dict[str, int]) -> subprocess.Popen[bytes]:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         return subprocess.Popen(
-            [sys.executable, "-m", "fleet_tui.execution.ssh.agent", "follow", str(remote),
+            [sys.executable, "-m", "fleet_tui.execution.worker.agent", "follow", str(remote),
              json.dumps(offsets)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env=env)
     return open_stream

@@ -4,7 +4,7 @@ distribution's python3 as `python3 -I -S` (no site-packages, no user site, no
 PYTHONPATH) and the package copy a host gets (`package_tar`, unpacked) alone on the path,
 driving the real claude against the scripted endpoint.
 
-Also: the host's claude is the host's (execution/hostclaude.py): the agent and the job
+Also: the host's claude is the host's (execution/worker/hostclaude.py): the agent and the job
 find it there, and a host without one says so in one line (never a traceback).
 """
 
@@ -22,20 +22,18 @@ from pathlib import Path
 import pytest
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
-from fleet_tui.execution import hostcage, hostclaude
-from fleet_tui.execution.attemptlog import AttemptLog
 from fleet_tui.execution.host import Placement
-from fleet_tui.execution.local import cage
-from fleet_tui.execution.ray import job
 from fleet_tui.execution.ray.host import RayHost
-from fleet_tui.execution.spec import RunSpec
 from fleet_tui.execution.ssh.host import package_tar
+from fleet_tui.execution.worker import cage, hostcage, hostclaude, job
+from fleet_tui.execution.worker.attemptlog import AttemptLog
+from fleet_tui.execution.worker.spec import RunSpec
 
 HOST_PYTHON = "/usr/bin/python3"
 KEY = "sk-stdlib-test-SECRET-51c2"
-RUNNER = "fleet_tui.execution.local.runner"
-AGENT = "fleet_tui.execution.ssh.agent"
-JOB = "fleet_tui.execution.ray.job"
+RUNNER = "fleet_tui.execution.worker.runner"
+AGENT = "fleet_tui.execution.worker.agent"
+JOB = "fleet_tui.execution.worker.job"
 # `python3 -I -S -c BOOT PKG MODULE ARGS...`: the package copy alone on the path, then the
 # module run as `-m` would (-I ignores PYTHONPATH, so the path is given this way)
 BOOT = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); m = sys.argv.pop(1); "
@@ -296,3 +294,41 @@ def test_a_node_without_claude_fails_the_job_saying_so(package: Path, tmp_path: 
     assert "'claude' is not on PATH" in errors[0]
     assert "set `claude` in the host's [hosts] table" in errors[0]
     assert not (node / "attempts" / "t1" / "1" / "spec.json").exists()  # no runner started
+
+
+# What the worker may load of the package besides itself: the package's and the layers'
+# folders, core/ and system/, and the launch's settings (its one way up, ARCHITECTURE.md)
+WORKER_MAY_LOAD = ("fleet_tui", "fleet_tui.execution", "fleet_tui.execution.worker",
+                   "fleet_tui.core", "fleet_tui.system", "fleet_tui.settings",
+                   "fleet_tui.settings.config_core", "fleet_tui.settings.credentials")
+IMPORT_ALL = """import importlib, json, sys, sysconfig
+sys.path.insert(0, sys.argv[1])
+for name in sys.argv[2:]:
+    importlib.import_module(name)
+stdlib = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+outside = sorted(n for n, m in sys.modules.items() if getattr(m, "__file__", None)
+                 and not m.__file__.startswith((sys.argv[1], *stdlib)))
+ours = sorted(n for n in sys.modules if n.startswith("fleet_tui"))
+print(json.dumps({"outside": outside, "ours": ours}))
+"""
+
+
+def test_every_module_of_the_worker_imports_on_the_standard_library(package: Path) -> None:
+    """Each module under execution/worker imports with the distribution's python3 as
+    `python3 -I -S` and the package copy alone on the path, loading nothing but the
+    standard library and, of the package, what the worker may import."""
+    folder = package / "fleet_tui" / "execution" / "worker"
+    modules = sorted(f"fleet_tui.execution.worker.{p.stem}" for p in folder.glob("*.py")
+                     if p.stem != "__init__")
+    assert {"fleet_tui.execution.worker.runner", "fleet_tui.execution.worker.agent",
+            "fleet_tui.execution.worker.job", "fleet_tui.execution.worker.launch"} <= set(modules)
+    done = subprocess.run([HOST_PYTHON, "-I", "-S", "-c", IMPORT_ALL, str(package), *modules],
+                          capture_output=True, text=True, timeout=60, env={"PATH": BARE_PATH})
+    no_traceback(done.stdout, done.stderr)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout)
+    assert loaded["outside"] == []
+    assert set(modules) <= set(loaded["ours"])
+    beyond = [n for n in loaded["ours"] if not (n in WORKER_MAY_LOAD or n.startswith(
+        ("fleet_tui.execution.worker.", "fleet_tui.core.", "fleet_tui.system.")))]
+    assert beyond == []

@@ -322,7 +322,7 @@ def test_usage_and_config_errors_exit_2_without_traceback(
 _IMPORT_PROBE = """
 import os, sys
 before = set(sys.modules)  # what the interpreter and site (e.g. an editable finder) loaded
-from fleet_tui.commands import worker
+from fleet_tui.execution.local import fleet_worker as worker
 def report(path, argv, env):
     heavy = [m for m in ("textual", "git", "msgspec", "keyring", "platformdirs", "tomllib")
              if m in sys.modules]

@@ -1,5 +1,5 @@
 """One detached process per attempt:
-`python -m fleet_tui.execution.local.runner [--lock-fd N] ATTEMPT_DIR`.
+`python -m fleet_tui.execution.worker.runner [--lock-fd N] ATTEMPT_DIR`.
 
 Why a separate process: the panel (or CLI) that started a worker may close or crash; the
 worker must go on and leave a complete record behind. The runner reads `spec.json` (no
@@ -54,13 +54,13 @@ import time
 from pathlib import Path
 
 from fleet_tui.core.states import StopReason
-from fleet_tui.execution.attemptlog import (
+from fleet_tui.execution.worker.attemptlog import (
     INPUT_LOCK_WAIT,
     AttemptLog,
     InputClosed,
     write_json_atomic,
 )
-from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
+from fleet_tui.execution.worker.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
 from fleet_tui.system import cgroups, pidns, procs
 
 TYPE_CHECKING = False
@@ -69,7 +69,7 @@ if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 
     from types import FrameType
     from typing import Any
 
-    from fleet_tui.execution.local.cagehost import WarmCageHost
+    from fleet_tui.execution.worker.cagehost import WarmCageHost
 
 RESERVE_SIZE = 8192
 INPUT_RECHECK = 1.0  # seconds between looks at the inbox when no wake-up byte came
@@ -214,7 +214,7 @@ class Runner:
 
     def _log(self, line: str) -> None:
         with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(f"fleet_tui.execution.local.runner: {line}\n")
+            sys.stderr.write(f"fleet_tui.execution.worker.runner: {line}\n")
             sys.stderr.flush()
 
     def _take_lock(self) -> bool:
@@ -413,8 +413,8 @@ class Runner:
         # messages sent while the worktree is made ready wait in the inbox
         self._open_input()
         if (spec.include or spec.setup) and Path(spec.cwd).is_dir():
-            from fleet_tui.execution.local import prepare
-            from fleet_tui.execution.local.worktreesetup import WorktreeSetup
+            from fleet_tui.execution.worker import prepare
+            from fleet_tui.execution.worker.worktreesetup import WorktreeSetup
 
             if not prepare.is_set_up(spec.cwd):
                 handoff = plan.key_handoff
@@ -439,7 +439,7 @@ class Runner:
         if self.warm is not None:
             return self._run_claude(spec, argv, env)
         try:  # claude in the worker's cage (setting cage = "worker"), else as it is
-            from fleet_tui.execution.local import cagehost
+            from fleet_tui.execution.worker import cagehost
 
             argv, env = cagehost.wrap(self.settings, spec, argv, env, attempt_dir=str(self.dir))
         except (RuntimeError, OSError) as exc:  # no cage can be built here: claude does not start
@@ -452,7 +452,7 @@ class Runner:
     def _warm_cage(self, spec: RunSpec) -> None:
         """Start the cage host now, before the run is planned, when the worker will most
         likely be caged (cagehost.py): node and srt load meanwhile."""
-        from fleet_tui.execution.local.cagehost import WarmCageHost
+        from fleet_tui.execution.worker.cagehost import WarmCageHost
 
         def spawn(argv: Sequence[str], env: Mapping[str, str], go_fd: int
                   ) -> subprocess.Popen[bytes] | None:
@@ -477,7 +477,7 @@ class Runner:
             files[2].close()
 
     def _plan(self, spec: RunSpec) -> Any:
-        from fleet_tui.execution.local.launcher import LaunchError, plan_launch
+        from fleet_tui.execution.worker.launch import LaunchError, plan_launch
         from fleet_tui.settings.config_core import ConfigError, load_launch_settings
 
         try:
@@ -829,8 +829,8 @@ class _LaunchFailure(Exception):
 
 
 # `python -m` this (fleet_tui.runner is the old name, kept for older runners)
-RUNNER_MODULE = "fleet_tui.execution.local.runner"
-USAGE = "usage: python -m fleet_tui.execution.local.runner [--lock-fd N] [--env-fd N] ATTEMPT_DIR\n"
+RUNNER_MODULE = "fleet_tui.execution.worker.runner"
+USAGE = f"usage: python -m {RUNNER_MODULE} [--lock-fd N] [--env-fd N] ATTEMPT_DIR\n"
 
 
 def _read_handover(fd: int) -> dict[str, str]:
@@ -859,7 +859,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     attempt_dir = Path(args[0])
     if not attempt_dir.is_dir():
-        sys.stderr.write(f"fleet_tui.execution.local.runner: {attempt_dir} is not a directory\n")
+        sys.stderr.write(f"fleet_tui.execution.worker.runner: {attempt_dir} is not a directory\n")
         return 2
     env = dict(os.environ)
     if "--env-fd" in fds:

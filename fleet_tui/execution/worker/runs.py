@@ -12,16 +12,16 @@ import subprocess
 import sys
 import time
 
-from fleet_tui.execution import hostcage
-from fleet_tui.execution.attemptlog import AttemptLog
-from fleet_tui.execution.spec import LEFTOVER_GRACE, TOKEN_ENV
+from fleet_tui.execution.worker import hostcage
+from fleet_tui.execution.worker.attemptlog import AttemptLog
+from fleet_tui.execution.worker.spec import LEFTOVER_GRACE, TOKEN_ENV
 from fleet_tui.system import cgroups, procs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-RUNNER_MODULE = "fleet_tui.execution.local.runner"
+RUNNER_MODULE = "fleet_tui.execution.worker.runner"
 SPAWN_WAIT = 10.0  # seconds for a new runner to take its lock
 
 

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from fleet_tui.execution.attemptlog import AttemptLog
-from fleet_tui.execution.remote.runs import runner_state
+from fleet_tui.execution.worker.attemptlog import AttemptLog
+from fleet_tui.execution.worker.runs import runner_state
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import subprocess
 import time
 
 from fleet_tui.core import redaction
-from fleet_tui.execution.local import prepare
+from fleet_tui.execution.worker import prepare
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 
     from pathlib import Path
     from typing import Any
 
-    from fleet_tui.execution.local.runner import Runner
-    from fleet_tui.execution.spec import RunSpec
+    from fleet_tui.execution.worker.runner import Runner
+    from fleet_tui.execution.worker.spec import RunSpec
 
 SETUP_TAIL = 64 * 1024  # characters of the setup's output in the stream (setup.log: all)
 SETUP_READ = 4 * SETUP_TAIL  # bytes of setup.log read back for it

@@ -14,15 +14,15 @@ import os
 import signal
 import subprocess
 
-from fleet_tui.execution.local import cage
-from fleet_tui.execution.spec import LEFTOVER_GRACE
+from fleet_tui.execution.worker import cage
+from fleet_tui.execution.worker.spec import LEFTOVER_GRACE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
-    from fleet_tui.execution.spec import RunSpec
+    from fleet_tui.execution.worker.spec import RunSpec
 
 
 def caged(settings: Any) -> bool:

@@ -1,7 +1,7 @@
 """Whether a remote host's runner can cage its worker, and with which srt: the host's own.
 
 Runs on the host (the SSH agent's `stage`, the Ray job's entrypoint) with the host's python
-and the standard library only, as execution/hostclaude.py does for claude. Nothing of this
+and the standard library only, as execution/worker/hostclaude.py does for claude. Nothing of this
 machine decides it: on the host, in order,
 1. the srt the host's settings name (a Ray host's `srt`: its package folder on the nodes, or
    an npm prefix holding it), else
@@ -10,14 +10,14 @@ machine decides it: on the host, in order,
 3. the copy `host check --yes` installs into the data dir (`INSTALLED`), else
 4. FLEET_WORKER_SRT of the host's environment, then an `srt` on the host's PATH.
 The other programs the cage needs (node, bubblewrap, socat, ripgrep) are looked for on the
-PATH the host's runners get (execution/local/cage.py's `missing`).
+PATH the host's runners get (execution/worker/cage.py's `missing`).
 """
 
 from __future__ import annotations
 
 import os
 
-from fleet_tui.execution.local import cage
+from fleet_tui.execution.worker import cage
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

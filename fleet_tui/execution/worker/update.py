@@ -11,12 +11,18 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from fleet_tui.execution.remote.runs import answer, stdin_json
-from fleet_tui.execution.remote.worktrees import git, ident
-from fleet_tui.vcs.commits import _snapshot_commit
-from fleet_tui.vcs.merging import _in_the_way, _merge_tree, _tree_changes
-from fleet_tui.vcs.merging import _with_markers as _marked
-from fleet_tui.vcs.run import GitError, _put_index_back, _shown
+from fleet_tui.execution.worker.runs import answer, stdin_json
+from fleet_tui.execution.worker.worktrees import git, ident
+from fleet_tui.system.gitplumbing import (
+    GitError,
+    in_the_way,
+    merge_tree,
+    put_index_back,
+    shown,
+    snapshot_commit,
+    tree_changes,
+)
+from fleet_tui.system.gitplumbing import with_markers as _marked
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,10 +58,10 @@ def _ignored_in_the_way(path: Path, uncommitted: bool, base: str) -> list[str]:
     (`git merge` overwrites them without a word): worked out before anything changes, on a
     snapshot of the uncommitted work, the same check as a local worktree's update."""
     try:
-        side = _snapshot_commit(path) if uncommitted else git("-C", str(path), "rev-parse",
-                                                                "HEAD")
-        tree, _ = _merge_tree(path, side, base)
-        return _in_the_way(path, _tree_changes(path, side, tree))
+        side = snapshot_commit(path) if uncommitted else git("-C", str(path), "rev-parse",
+                                                               "HEAD")
+        tree, _ = merge_tree(path, side, base)
+        return in_the_way(path, tree_changes(path, side, tree))
     except GitError as exc:
         raise RuntimeError(str(exc)) from exc
 
@@ -97,7 +103,7 @@ def update(path: str, base: str, strategy: str, message: str,
             return {"status": "refused", "error": (
                 f"bringing {git('-C', path, 'branch', '--show-current') or 'the branch'} "
                 f"up to date would overwrite {len(blocked)} ignored {many} of its worktree "
-                f"{path}: {_shown(blocked)}; move them away, then update again")}
+                f"{path}: {shown(blocked)}; move them away, then update again")}
     if not _is_ancestor(path, base, head):
         _save_record(path, head)
     committed = None
@@ -167,7 +173,7 @@ def _restore_record(path: str) -> bool:
     except (OSError, ValueError):
         return False
     git("-C", path, "reset", "-q", "--soft", str(before["head"]))
-    _put_index_back(_git_path(path, "index"), _git_path(path, _RECORD_INDEX),
+    put_index_back(_git_path(path, "index"), _git_path(path, _RECORD_INDEX),
                     bool(before.get("index")))
     _drop_record(path)
     return True

@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from fleet_tui.execution.remote.runs import answer
+from fleet_tui.execution.worker.runs import answer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""The Ray host's side: one Ray job per attempt, `python -m fleet_tui.execution.ray.job`.
+"""The Ray host's side: one Ray job per attempt, `python -m fleet_tui.execution.worker.job`.
 
 The job's entrypoint on the node the cluster chose (by the host's resources). It runs from
 the package shipped in the job's runtime_env (`py_modules`), with the node's python and only
@@ -18,7 +18,7 @@ What it does, in order:
    branch, with claude's transcripts unpacked into the config dir, its node being gone).
 2. The attempt folder `DATA/attempts/ID/N`: the spec written, the included files unpacked
    into a worktree not set up yet (the runner runs the setup command itself).
-3. The runner (`fleet_tui.execution.local.runner`, a child subreaper) started in a session
+3. The runner (`fleet_tui.execution.worker.runner`, a child subreaper) started in a session
    of its own, the key variables (the token, or the key the cluster holds in the variable
    the host's settings name) through an inherited pipe, never its environment or argv.
 4. The folder streamed back as framed lines on stdout, which is the job's log: each line
@@ -64,11 +64,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from fleet_tui.execution import hostcage, hostclaude
-from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
-from fleet_tui.execution.local import prepare
-from fleet_tui.execution.remote import frames as follow_frames
-from fleet_tui.execution.remote import runs, update, worktrees
+from fleet_tui.execution.worker import frames as follow_frames
+from fleet_tui.execution.worker import hostcage, hostclaude, prepare, runs, update, worktrees
+from fleet_tui.execution.worker.attemptlog import AttemptLog, InputClosed
 from fleet_tui.system import procs
 
 TYPE_CHECKING = False
@@ -406,7 +404,7 @@ def stage(order: dict[str, Any], here: Path) -> AttemptLog:
 
 def node_claude(spec: dict[str, Any], order: dict[str, Any]) -> None:
     """The node's own claude into the attempt's spec (the host's `claude` setting, else
-    the node's: execution/hostclaude.py); RuntimeError saying so when it has none."""
+    the node's: execution/worker/hostclaude.py); RuntimeError saying so when it has none."""
     settings = spec.setdefault("settings", {})
     data_dir = str(order.get("data_dir") or Path(str(order["attempt_dir"])).parents[2])
     claude, looked = hostclaude.find(data_dir, settings.get("claude") or None)
@@ -423,7 +421,7 @@ def node_claude(spec: dict[str, Any], order: dict[str, Any]) -> None:
 
 def node_cage(spec: dict[str, Any], order: dict[str, Any]) -> None:
     """A caged attempt's spec given the node's own srt (the host's `srt` setting, else the
-    node's: execution/hostcage.py); RuntimeError saying what the node lacks."""
+    node's: execution/worker/hostcage.py); RuntimeError saying what the node lacks."""
     data_dir = str(order.get("data_dir") or Path(str(order["attempt_dir"])).parents[2])
     why = hostcage.into_spec(spec, data_dir, order.get("srt") or None)
     if why:

@@ -2,8 +2,11 @@
 
 All arguments go to claude; the process *becomes* claude (exec: same pid, so signals and
 the exit code pass straight through). Only `--dry-run` and `-h/--help` are ours. Kept
-lean: this runs before every worker, so it imports only config_core and launcher (no
-dataclasses, pathlib, json or typing on the usual path; see those modules).
+lean: this runs before every worker, so it imports only config_core and the launch (no
+dataclasses, pathlib, json or typing on the usual path; see those modules). It lives in the
+local kind's folder: `fleet-worker` runs claude on this machine by definition (cli.py's
+worker_main is its entry point); the launch it fronts is every host's
+(execution/worker/launch.py).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import os
 import sys
 
 from fleet_tui.core.errors import FleetTuiError
-from fleet_tui.execution.local.launcher import LaunchError, plan_launch
+from fleet_tui.execution.worker.launch import LaunchError, plan_launch
 from fleet_tui.settings.config_core import FIELD_NAMES, LaunchSettings, load_launch_settings
 
 PROG = "fleet-worker"
@@ -105,9 +108,9 @@ def _for_endpoint(name: str) -> tuple[LaunchSettings, dict[str, str]]:
     models and key source (endpoints.launch_overrides); a key_env endpoint's key handed as
     the "env" source's variable, and no endpoint's key_env variable left for claude's
     tools. Imported only here: the usual launch stays lean."""
-    from fleet_tui.execution.local.launcher import endpoint_credential
     from fleet_tui.settings import endpoints
     from fleet_tui.settings.config_core import config_file_location
+    from fleet_tui.settings.credentials import endpoint_credential
 
     top = load_launch_settings()
     every = endpoints.read_endpoints(config_file_location(), top)

@@ -1,4 +1,4 @@
-"""The SSH host's side: `python3 -m fleet_tui.execution.ssh.agent COMMAND ...`, run on the
+"""The SSH host's side: `python3 -m fleet_tui.execution.worker.agent COMMAND ...`, run on the
 host by the controller over its SSH connection, one short command at a time (the follower
 excepted: `follow` streams an attempt folder until its runner is gone).
 
@@ -50,11 +50,10 @@ import time
 from pathlib import Path
 
 from fleet_tui.core.states import StopReason
-from fleet_tui.execution import hostcage, hostclaude
-from fleet_tui.execution.attemptlog import AttemptLog, InputClosed
-from fleet_tui.execution.local import prepare
-from fleet_tui.execution.remote.frames import cmd_follow
-from fleet_tui.execution.remote.runs import (
+from fleet_tui.execution.worker import hostcage, hostclaude, prepare
+from fleet_tui.execution.worker.attemptlog import AttemptLog, InputClosed
+from fleet_tui.execution.worker.frames import cmd_follow
+from fleet_tui.execution.worker.runs import (
     SPAWN_WAIT,
     answer,
     pids,
@@ -63,8 +62,8 @@ from fleet_tui.execution.remote.runs import (
     stdin_json,
     sweep,
 )
-from fleet_tui.execution.remote.update import cmd_abort_update, cmd_update
-from fleet_tui.execution.remote.worktrees import (
+from fleet_tui.execution.worker.update import cmd_abort_update, cmd_update
+from fleet_tui.execution.worker.worktrees import (
     cmd_check_worktree,
     cmd_commit_work,
     cmd_worktree,
@@ -272,7 +271,7 @@ def cmd_snapshot(path: str, ref: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
-        sys.stderr.write("usage: python3 -m fleet_tui.execution.ssh.agent COMMAND ...\n")
+        sys.stderr.write("usage: python3 -m fleet_tui.execution.worker.agent COMMAND ...\n")
         return 2
     command, rest = args[0], args[1:]
     os.umask(0o077)
