@@ -226,6 +226,42 @@ process.on('exit', () => { try { rmSync(own, { recursive: true, force: true }); 
 const srtConfig = { ...policy.srt, filesystem: { ...policy.srt.filesystem,
   allowRead: [...(policy.srt.filesystem.allowRead || []), own] } };
 
+// The command's /proc. srt's seccomp helper runs the command in a PID namespace of its own
+// (inside bwrap's) and mounts that namespace's /proc over bwrap's. The kernel lets a user
+// namespace mount a proc only where a proc mount already stands fully visible (no locked
+// mount over anything in it but an empty folder), and bwrap's fresh /proc is not: it puts
+// read-only binds over /proc/irq and /proc/bus. So with srt's default the helper's mount
+// fails (EPERM, which it ignores), the command's pids ($$, getpid) are not the ones its
+// /proc names, and ps and pgrep fail ("lookup self") or name the wrong process. srt's
+// enableWeakerNestedSandbox binds the host's /proc where bwrap would mount a fresh one,
+// and that one is fully visible wherever the host's /proc has nothing mounted over it (not
+// so in a container that masks parts of /proc): then the helper's mount succeeds and the
+// command sees its own namespace's processes only. Chosen only where the host's /proc is
+// such; the command's first step checks what it got (OWN_PROC below).
+function procRemountable() {
+  let rows;
+  try {
+    rows = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter(Boolean)
+      .map(line => {
+        const [left, right = ''] = line.split(' - ');
+        const f = left.split(' ');
+        const r = right.split(' ');
+        return { id: f[0], parent: f[1], root: f[3], point: f[4], opts: f[5] || '',
+                 type: r[0], superOpts: r[2] || '' };
+      });
+  } catch { return false; }
+  const procs = rows.filter(m => m.point === '/proc');
+  const top = procs[procs.length - 1];  // the last mounted on /proc is the one seen
+  const rw = o => o.split(',').includes('rw');
+  if (!top || top.type !== 'proc' || top.root !== '/' || !rw(top.opts) || !rw(top.superOpts)) {
+    return false;
+  }
+  // binfmt_misc's folder is one that proc keeps empty; a mount anywhere else hides a part
+  return rows.filter(m => m.parent === top.id)
+    .every(m => m.point === '/proc/sys/fs/binfmt_misc');
+}
+if (process.platform === 'linux' && procRemountable()) srtConfig.enableWeakerNestedSandbox = true;
+
 // The worker's endpoint on this machine (the gateway, a local endpoint): a socket of ours in
 // `own` (bound into the cage with it), relayed inside to the endpoint's own 127.0.0.1:PORT by
 // a socat that srt's shell starts before srt's seccomp filter (which forbids Unix sockets to
@@ -283,7 +319,17 @@ timing('srt initialized');
 // removed, or names only the bridged host:port, so each refusal is seen.
 const unset = (policy.unset_env || []).flatMap(name => ['-u', name]);
 const set = Object.entries(policy.set_env || {}).map(([k, v]) => `${k}=${v}`);
-const inner = ['env', ...unset, '-u', 'FLEET_CAGE_BRIDGE', ...set,
+// The command's first step, on Linux: the /proc it sees is its cage's (its own PID
+// namespace's, or bwrap's), never one of a namespace outside the cage, in which another
+// process could be read or signalled. NSpid lists a process's pid in each namespace from
+// its /proc's down to its own: more than two means /proc is from outside bwrap's.
+// (The command starts after the loop, whose input is the status file, not the command's.)
+const OWN_PROC = 'own=; while read -r k a b c; do case $k in NSpid:) ' +
+  '[ -n "$a" ] && [ -z "$c" ] && own=1; break ;; esac; done < /proc/self/status; ' +
+  '[ -n "$own" ] && exec "$@"; echo "fleet-tui cage: the worker\'s /proc is not its cage\'s (srt\'s seccomp helper could ' +
+  'not mount its own): refusing to start it there" >&2; exit 125';
+const check = process.platform === 'linux' ? ['/bin/sh', '-c', OWN_PROC, 'fleet-cage'] : [];
+const inner = [...check, 'env', ...unset, '-u', 'FLEET_CAGE_BRIDGE', ...set,
   `TMPDIR=${policy.tmpdir || '/tmp'}`, ...argv].map(quote).join(' ');
 const wrapped = await SandboxManager.wrapWithSandbox(inner, binShell);
 wrappedYet = true;

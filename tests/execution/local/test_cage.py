@@ -260,3 +260,54 @@ def test_with_the_cage_off_the_same_worker_runs_as_before(
     assert "cage:      off" in shown
     listed = _fleet(env, Path(task["repo"]), "ls").stdout
     assert "[uncaged] " in listed and f'cage = "off" ran {task["id"]}' in listed
+
+
+def _caged_run(git_repo: Path, claude_bin: str, tmp_path: Path, script: list[Any],
+               config: str = "") -> tuple[dict[str, Any], dict[str, str], str, str]:
+    """One caged task running `script` (root needs no opt-in: a caged worker is sandboxed);
+    (its task record, the CLI's environment, `logs`, `logs --raw`)."""
+    with ScriptedEndpoint({"default": script}) as ep:
+        cfg = tmp_path / "config.toml"
+        cfg.write_text(config)
+        env = cli_env(ep.url, claude_bin, "sk-cage-" + secrets.token_hex(8),
+                      FLEET_TUI_CONFIG=str(cfg),
+                      PATH=os.pathsep.join([str(Path(sys.executable).parent),
+                                            os.environ["PATH"]]))
+        env.pop("FLEET_WORKER_SANDBOX", None)
+        out = _fleet(env, git_repo, "run", "look around", "--wait", "--json")
+        assert out.returncode == 0, out.stderr + out.stdout
+        (task,) = json.loads(out.stdout)
+        logs = _fleet(env, git_repo, "logs", task["id"]).stdout
+        raw = _fleet(env, git_repo, "logs", task["id"], "--raw").stdout
+        return task, env, logs, raw
+
+
+def test_ps_and_pgrep_see_the_workers_own_processes_in_the_cage(
+        git_repo: Path, claude_bin: str, tmp_path: Path,
+        outside: subprocess.Popen[bytes]) -> None:
+    """A build's ps and pgrep (test runners, process managers) work in the cage: the pid a
+    shell knows itself by ($$) is the one /proc and ps name, and pgrep finds a background
+    job under the pid `$!` gave (so `kill $(pgrep ...)` stops the right process); a
+    process outside the cage stays out of sight."""
+    _cage_ready()
+    step = ("sleep 473 & p=$!; "
+            "echo \"self=$$ ps=[$(ps -o pid= -p $$ 2>&1 | tr -d ' ')]\"; "
+            "echo \"bg=$p pgrep=[$(pgrep -x sleep 2>&1 | tr '\\n' ' ')]\"; "
+            "echo \"bg=$p pgrepf=[$(pgrep -f '^sleep 473$' 2>&1 | tr '\\n' ' ')]\"; "
+            f"echo \"outside=[$(ps -o pid= -p {outside.pid} 2>&1 | tr -d ' ')]\"; "
+            "kill $p")
+    task, _env, _logs, raw = _caged_run(git_repo, claude_bin, tmp_path, [_bash(step), "done"])
+    assert task["state"] == "succeeded", task
+    import re
+
+    shell = re.search(r"self=(\d+) ps=\[([^\]]*)\]", raw)
+    assert shell is not None, raw
+    assert shell.group(2) == shell.group(1), shell.group(0)
+    job = re.search(r"bg=(\d+) pgrep=\[([^\]]*)\]", raw)
+    assert job is not None, raw
+    assert job.group(2).split() == [job.group(1)], job.group(0)
+    byline = re.search(r"bg=(\d+) pgrepf=\[([^\]]*)\]", raw)
+    assert byline is not None, raw
+    assert byline.group(2).split() == [byline.group(1)], byline.group(0)
+    assert "outside=[]" in raw, raw
+    assert outside.poll() is None
