@@ -19,7 +19,7 @@
 // The exit status is the command's (128+N for a signal).
 
 import { appendFileSync, createReadStream, existsSync, mkdtempSync, readFileSync, rmSync,
-  writeFileSync } from 'node:fs';
+  statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { spawn } from 'node:child_process';
 import { connect, createServer } from 'node:net';
@@ -134,13 +134,25 @@ function block(kind, target, detail) {
 // own (not reported); the home's tmpfs keeps a write from the real file, so it is reported.
 const SYSTEM = ['/dev', '/proc', '/sys'];
 const PRIVATE = ['/tmp', '/var/tmp'];
+// claude's Write tool writes NAME.tmp.PID.HEX and renames it over NAME: one write, NAME's.
+const atomicTemp = path => path.replace(/\.tmp\.\d+\.[0-9a-f]+$/, '');
+function isDir(path) {
+  try { return statSync(path).isDirectory(); } catch { return false; }
+}
 function fromViolation(line) {
-  const net = /^deny network-outbound (\S+)(?: \((.*)\))?/.exec(line);
+  const net = /^deny (?:network-outbound|socks-tunnel) (\S+)(?: \((.*)\))?/.exec(line);
   if (net) return block('connect', net[1], net[2] || 'not on the allow list');
+  const request = /^deny http-request (\S+) (\S+)(?: \((.*)\))?/.exec(line);
+  if (request) return block('request', `${request[1]} ${request[2]}`, request[3] || '');
   const fs = /^deny (\S+) (\/.*)$/.exec(line);
   if (fs) {
-    const path = fs[2];
+    const path = atomicTemp(fs[2]);
     if (SYSTEM.some(d => under(path, d))) return undefined;
+    // srt's observer sees attempts, not refusals: `mkdir -p` (claude's Write tool does one)
+    // of a folder that is there is no write; a hidden folder's own mount point is there
+    if (/^mkdir/.test(fs[1]) && isDir(path) && (!isHidden(path) || hidden.includes(path))) {
+      return undefined;
+    }
     // the cage's own /tmp is a private tmpfs: a write there is no refusal, unless the path
     // is a hidden place of the host's that lies under /tmp (a home, a repository)
     const hiddenHere = hidden.filter(d => !PRIVATE.includes(d)).some(d => under(path, d));
@@ -167,15 +179,33 @@ const PATHS = /(?:~|\/)[^\s:'"`()<>;,|&]*/g;
 
 // The commands of claude's Bash steps by tool_use id, to tell a refused write from a read.
 const commands = new Map();
+// The path each of claude's own file tools was given, by tool_use id: their refusals say
+// "File does not exist." or EROFS without naming it.
+const toolPaths = new Map();
+const WRITING_TOOLS = ['Write', 'Edit', 'MultiEdit', 'NotebookEdit'];
+function remember(map, id, value) {
+  map.set(id, value);
+  if (map.size > 1000) map.delete(map.keys().next().value);
+}
 function noteToolUse(message) {
   const content = message && message.message && message.message.content;
   if (!Array.isArray(content)) return;
   for (const part of content) {
-    if (part && part.type === 'tool_use' && part.input && typeof part.input.command === 'string') {
-      commands.set(part.id, part.input.command);
-      if (commands.size > 1000) commands.delete(commands.keys().next().value);
-    }
+    if (!part || part.type !== 'tool_use' || !part.input) continue;
+    if (typeof part.input.command === 'string') remember(commands, part.id, part.input.command);
+    const path = [part.input.file_path, part.input.notebook_path, part.input.path]
+      .find(p => typeof p === 'string' && p);
+    if (path) remember(toolPaths, part.id, { name: String(part.name || ''), path });
   }
+}
+const TOOL_REFUSED = /does not exist|EROFS|EACCES|EPERM|ENOENT|Permission denied|Read-only file system/;
+function scanFileTool(part, text) {
+  const used = toolPaths.get(part.tool_use_id);
+  if (!used || !(part.is_error === true || TOOL_REFUSED.test(text))) return;
+  let path = used.path;
+  if (path.startsWith('~')) path = home + path.slice(1);
+  if (!path.startsWith('/') || !isHidden(path)) return;  // refused elsewhere: srt's record
+  block(WRITING_TOOLS.includes(used.name) ? 'write' : 'read', path, 'not in the cage');
 }
 const escape = text => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 // A path the command writes: a redirection to it, or a writing command naming it.
@@ -196,7 +226,9 @@ function scanToolResult(message) {
     if (!part || part.type !== 'tool_result') continue;
     let text = part.content;
     if (Array.isArray(text)) text = text.map(t => (t && t.text) || '').join('\n');
-    if (typeof text !== 'string' || !REFUSED.test(text)) continue;
+    if (typeof text !== 'string') continue;
+    scanFileTool(part, text);
+    if (!REFUSED.test(text)) continue;
     for (const line of text.split('\n')) scanLine(line, commands.get(part.tool_use_id));
   }
 }

@@ -244,15 +244,18 @@ def test_with_the_cage_off_the_same_worker_runs_as_before(
         outside: subprocess.Popen[bytes], isolated_env: Path, monkeypatch: pytest.MonkeyPatch
         ) -> None:
     """`cage = "off"` for the repository (config.toml): every attempt above gets through,
-    which is what the caged test would see without its cage; `show` says it is uncaged."""
+    which is what the caged test would see without its cage, and the setup command runs
+    as you, as before; `show` says it is uncaged."""
     if os.geteuid() == 0:
         monkeypatch.setenv("FLEET_WORKER_SANDBOX", "1")  # root, uncaged: the old opt-in
     task, env, logs, raw, loop, _, other = _run(
         git_repo, claude_bin, tmp_path, outside,
-        f'[repos."{git_repo}"]\ncage = "off"\nallow_hosts = ["INDEX"]\n')
+        f'[repos."{git_repo}"]\ncage = "off"\nallow_hosts = ["INDEX"]\n'
+        'setup = "echo setup-was-here >> ~/.bashrc"\n')
     assert task["state"] == "succeeded", task
     assert planted["ssh"] in raw and planted["aws"] in raw and planted["proc"] in raw
     assert "curl evil" in (isolated_env / ".bashrc").read_text()
+    assert "setup-was-here" in (isolated_env / ".bashrc").read_text()  # the setup, as you
     assert (other / "notes.txt").read_text() == "overwritten\n"
     assert loop.hits == ["/steal"]
     assert "⊘ blocked" not in logs
@@ -350,3 +353,42 @@ def test_the_setup_command_runs_in_the_workers_cage(
         assert line in logs, (line, logs)
     shown = _fleet(env, Path(task["repo"]), "show", task["id"]).stdout
     assert "⊘ blocked: write ~/.bashrc" in shown, shown
+
+
+def _tool(name: str, **given: Any) -> list[dict[str, Any]]:
+    return [{"type": "tool_use", "name": name, "input": given}]
+
+
+def test_claudes_own_file_tools_refused_by_the_cage_are_shown(
+        git_repo: Path, claude_bin: str, tmp_path: Path, planted: dict[str, str],
+        isolated_env: Path) -> None:
+    """claude's Read, Edit and Write (not a Bash step) on a hidden or read-only path: the
+    tool says only "File does not exist." or EROFS, without the path, so the cage tells
+    what it refused from the step's own input; srt's write observer's record of the
+    parent folder the Write tool looks for (`mkdir -p` of a folder that is there) and of
+    its temporary file are not shown as refusals of their own."""
+    _cage_ready()
+    home = str(isolated_env)
+    target = Path("/usr/share") / f"fleet-cage-{secrets.token_hex(6)}.txt"
+    script = [_tool("Read", file_path=f"{home}/.ssh/id_ed25519"),
+              _tool("Edit", file_path=f"{home}/.aws/credentials", old_string="key",
+                    new_string="stolen"),
+              _tool("Write", file_path=str(target), content="planted\n"),
+              "done"]
+    try:
+        task, env, logs, raw = _caged_run(git_repo, claude_bin, tmp_path, script)
+    finally:
+        written = target.exists()
+        target.unlink(missing_ok=True)
+    assert task["state"] == "succeeded", task
+    assert not written
+    assert planted["ssh"] not in raw and planted["aws"] not in raw
+    blocked = [line.split("⊘ blocked: ", 1)[1] for line in logs.splitlines()
+               if "⊘ blocked: " in line]
+    for line in ("read ~/.ssh/id_ed25519", "write ~/.aws/credentials", f"write {target}"):
+        assert line in blocked, (line, logs)
+    assert "write /usr/share" not in blocked and not [b for b in blocked if ".tmp." in b], \
+        blocked
+    data = json.loads(_fleet(env, Path(task["repo"]), "show", task["id"], "--json").stdout)
+    assert {"action": "read", "target": "~/.ssh/id_ed25519"} in [
+        {k: b[k] for k in ("action", "target")} for b in data["blocked"]]
