@@ -275,34 +275,13 @@ const srtConfig = { ...policy.srt, filesystem: { ...policy.srt.filesystem,
 // read-only binds over /proc/irq and /proc/bus. So with srt's default the helper's mount
 // fails (EPERM, which it ignores), the command's pids ($$, getpid) are not the ones its
 // /proc names, and ps and pgrep fail ("lookup self") or name the wrong process. srt's
-// enableWeakerNestedSandbox binds the host's /proc where bwrap would mount a fresh one,
-// and that one is fully visible wherever the host's /proc has nothing mounted over it (not
-// so in a container that masks parts of /proc): then the helper's mount succeeds and the
-// command sees its own namespace's processes only. Chosen only where the host's /proc is
-// such; the command's first step checks what it got (OWN_PROC below).
-function procRemountable() {
-  let rows;
-  try {
-    rows = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter(Boolean)
-      .map(line => {
-        const [left, right = ''] = line.split(' - ');
-        const f = left.split(' ');
-        const r = right.split(' ');
-        return { id: f[0], parent: f[1], root: f[3], point: f[4], opts: f[5] || '',
-                 type: r[0], superOpts: r[2] || '' };
-      });
-  } catch { return false; }
-  const procs = rows.filter(m => m.point === '/proc');
-  const top = procs[procs.length - 1];  // the last mounted on /proc is the one seen
-  const rw = o => o.split(',').includes('rw');
-  if (!top || top.type !== 'proc' || top.root !== '/' || !rw(top.opts) || !rw(top.superOpts)) {
-    return false;
-  }
-  // binfmt_misc's folder is one that proc keeps empty; a mount anywhere else hides a part
-  return rows.filter(m => m.parent === top.id)
-    .every(m => m.point === '/proc/sys/fs/binfmt_misc');
-}
-if (process.platform === 'linux' && procRemountable()) srtConfig.enableWeakerNestedSandbox = true;
+// enableWeakerNestedSandbox binds the host's /proc where bwrap would mount a fresh one:
+// fully visible wherever bwrap's own fresh mount is allowed at all (the same kernel rule,
+// on the host's /proc), so the helper's mount succeeds and the command sees its own
+// namespace's processes only. Where the host's /proc is masked (a container), bwrap's
+// fresh mount fails with srt's default, and the helper's with this: the command's first
+// step (OWN_PROC below) then refuses to start in the host's /proc.
+if (process.platform === 'linux') srtConfig.enableWeakerNestedSandbox = true;
 
 // The worker's endpoint on this machine (the gateway, a local endpoint): a socket of ours in
 // `own` (bound into the cage with it), relayed inside to the endpoint's own 127.0.0.1:PORT by
