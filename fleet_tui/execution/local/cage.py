@@ -406,29 +406,25 @@ def wrap_setup(command: str, env: Mapping[str, str], *, attempt_dir: str, worktr
                config_dir: str, repo: str, base_url: str, allow_hosts: Sequence[str],
                events: str) -> tuple[list[str], dict[str, str]]:
     """The repository's setup command (`/bin/sh -c COMMAND` in the worktree) in the
-    worker's cage, as `wrap` cages claude: the same rules, written to cage-setup.json.
-    What the cage refuses goes to `events` (the attempt's stream) as its lines, not into
-    the command's output; its output (stderr with stdout) is read for refused reads as a
-    tool's is."""
+    worker's cage, as `wrap` cages claude: the same rules, in the same cage.json (so an
+    attempt whose setup failed is known caged; claude's order rewrites it after the
+    setup). What the cage refuses goes to `events` (the attempt's stream) as its lines,
+    not into the command's output; its output (stderr with stdout) is read for refused
+    reads as a tool's is."""
     extra = {"blocked_file": events, "output": "text", "command": command}
     argv = ["/bin/sh", "-c", command]
     node, srt_dir, path, caged_env = _build(argv, env, attempt_dir=attempt_dir,
                                             worktree=worktree, config_dir=config_dir,
                                             repo=repo, base_url=base_url,
-                                            allow_hosts=allow_hosts,
-                                            policy_file=SETUP_POLICY_FILE, extra=extra)
+                                            allow_hosts=allow_hosts, extra=extra)
     return [node, HOST_SCRIPT, srt_dir, path, "--", *argv], caged_env
-
-
-SETUP_POLICY_FILE = "cage-setup.json"
 
 
 def _build(argv: Sequence[str], env: Mapping[str, str], *, attempt_dir: str, worktree: str,
            config_dir: str, repo: str, base_url: str, allow_hosts: Sequence[str],
-           policy_file: str = POLICY_FILE, extra: Mapping[str, object] | None = None
-           ) -> tuple[str, str, str, dict[str, str]]:
-    """(node, srt's folder, the policy written to the attempt folder's `policy_file`
-    (cage.json), claude's environment)."""
+           extra: Mapping[str, object] | None = None) -> tuple[str, str, str, dict[str, str]]:
+    """(node, srt's folder, the policy written to cage.json (with `extra`), claude's
+    environment)."""
     data_dir = default_data_dir(env)
     cache_dir = repo_cache_dir(data_dir, repo or worktree)
     problems = missing(env, data_dir)
@@ -442,7 +438,7 @@ def _build(argv: Sequence[str], env: Mapping[str, str], *, attempt_dir: str, wor
                    base_url=base_url, allow_hosts=allow_hosts, data_dir=data_dir,
                    cache_dir=cache_dir, srt_dir=srt_dir, argv0=argv[0])
     rules.update(extra or {})
-    path = os.path.join(attempt_dir, policy_file)
+    path = os.path.join(attempt_dir, POLICY_FILE)
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(rules, fh, indent=1, sort_keys=True)
     caged_env = dict(env)

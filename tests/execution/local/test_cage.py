@@ -392,3 +392,25 @@ def test_claudes_own_file_tools_refused_by_the_cage_are_shown(
     data = json.loads(_fleet(env, Path(task["repo"]), "show", task["id"], "--json").stdout)
     assert {"action": "read", "target": "~/.ssh/id_ed25519"} in [
         {k: b[k] for k in ("action", "target")} for b in data["blocked"]]
+
+
+def test_a_setup_the_cage_failed_is_shown_caged_with_what_it_refused(
+        git_repo: Path, claude_bin: str, tmp_path: Path, planted: dict[str, str]) -> None:
+    """A setup command that fails on what the cage holds back fails the attempt before
+    claude starts, and the attempt is still one that ran caged: `show` says so, with the
+    refusal; `ls` does not mark it uncaged."""
+    _cage_ready()
+    config = f'[repos."{git_repo}"]\nsetup = "cat ~/.ssh/id_ed25519"\n'
+    with ScriptedEndpoint({"default": ["never reached"]}) as ep:
+        (tmp_path / "config.toml").write_text(config)
+        env = cli_env(ep.url, claude_bin, "sk-cage-" + secrets.token_hex(8),
+                      FLEET_TUI_CONFIG=str(tmp_path / "config.toml"))
+        env.pop("FLEET_WORKER_SANDBOX", None)
+        out = _fleet(env, git_repo, "run", "look around", "--wait", "--json")
+        assert ep.requests == []  # claude never started
+    (task,) = json.loads(out.stdout)
+    assert task["state"] == "failed" and "cat ~/.ssh/id_ed25519" in task["message"], task
+    assert planted["ssh"] not in _fleet(env, git_repo, "logs", task["id"], "--raw").stdout
+    shown = _fleet(env, git_repo, "show", task["id"]).stdout
+    assert "cage:      worker" in shown and "⊘ blocked: read ~/.ssh/id_ed25519" in shown, shown
+    assert "[uncaged]" not in _fleet(env, git_repo, "ls").stdout
