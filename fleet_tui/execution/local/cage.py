@@ -5,8 +5,9 @@ library, pinned as SRT_VERSION): on Linux its bubblewrap mount, pid and network 
 its seccomp helper and its filtering proxy outside the cage; on macOS a Seatbelt profile it
 generates from the same settings. This module only decides what the cage holds and writes
 it down as srt settings (`policy`), then wraps claude's argv so that `cage_host.mjs` (beside
-this file, driving srt's library with node) runs it inside (`wrap`). It writes no namespace,
-mount or proxy code of its own.
+this file, driving srt's library with node) runs it inside (`wrap`); the repository's setup
+command runs under the same rules (`wrap_setup`). It writes no namespace, mount or proxy
+code of its own.
 
 What a caged worker has:
 - writable: its worktree, its config dir, the commit side of the repository's git folder
