@@ -210,12 +210,9 @@ def test_a_worker_sees_the_same_world_in_the_pid_namespace(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """In the namespace as without it: a background job's pid is the one pgrep (/proc)
     finds, so `kill` reaches it; an orphan is reaped (the namespace's init); the user is
-    the one the worker runs as (ps sees the namespace's processes only). Uncaged: a caged
-    worker's world is its cage's (srt's own PID namespace), and there, as root with
-    claude's own sandbox nested in the cage, procps says "fatal library error, lookup
-    self" whether or not the runner made a namespace (the cage's to solve)."""
+    the one the worker runs as (ps sees the namespace's processes only). Caged (the
+    default), the worker's world is its cage's own PID namespace, where the same holds."""
     monkeypatch.setenv(pidns.MODE_ENV, "namespace")
-    monkeypatch.setenv("FLEET_WORKER_CAGE", "off")
     fleet = make_fleet(endpoint, claude_bin, max_attempts=1)
     (task,) = fleet.submit(TaskSpec(prompt="[script:world] look", repo=git_repo))
     drive(fleet, settled(fleet, task.id), timeout=90)

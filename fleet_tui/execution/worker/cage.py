@@ -5,8 +5,9 @@ library, pinned as SRT_VERSION): on Linux its bubblewrap mount, pid and network 
 its seccomp helper and its filtering proxy outside the cage; on macOS a Seatbelt profile it
 generates from the same settings. This module only decides what the cage holds and writes
 it down as srt settings (`policy`), then wraps claude's argv so that `cage_host.mjs` (beside
-this file, driving srt's library with node) runs it inside (`wrap`). It writes no namespace,
-mount or proxy code of its own.
+this file, driving srt's library with node) runs it inside (`wrap`); the repository's setup
+command runs under the same rules (`wrap_setup`). It writes no namespace, mount or proxy
+code of its own.
 
 What a caged worker has:
 - writable: its worktree, its config dir, the commit side of the repository's git folder
@@ -402,10 +403,29 @@ def wrap(argv: Sequence[str], env: Mapping[str, str], *, attempt_dir: str, workt
     return [node, HOST_SCRIPT, srt_dir, path, "--", *argv], caged_env
 
 
+def wrap_setup(command: str, env: Mapping[str, str], *, attempt_dir: str, worktree: str,
+               config_dir: str, repo: str, base_url: str, allow_hosts: Sequence[str],
+               events: str) -> tuple[list[str], dict[str, str]]:
+    """The repository's setup command (`/bin/sh -c COMMAND` in the worktree) in the
+    worker's cage, as `wrap` cages claude: the same rules, in the same cage.json (so an
+    attempt whose setup failed is known caged; claude's order rewrites it after the
+    setup). What the cage refuses goes to `events` (the attempt's stream) as its lines,
+    not into the command's output; its output (stderr with stdout) is read for refused
+    reads as a tool's is."""
+    extra = {"blocked_file": events, "output": "text", "command": command}
+    argv = ["/bin/sh", "-c", command]
+    node, srt_dir, path, caged_env = _build(argv, env, attempt_dir=attempt_dir,
+                                            worktree=worktree, config_dir=config_dir,
+                                            repo=repo, base_url=base_url,
+                                            allow_hosts=allow_hosts, extra=extra)
+    return [node, HOST_SCRIPT, srt_dir, path, "--", *argv], caged_env
+
+
 def _build(argv: Sequence[str], env: Mapping[str, str], *, attempt_dir: str, worktree: str,
-           config_dir: str, repo: str, base_url: str, allow_hosts: Sequence[str]
-           ) -> tuple[str, str, str, dict[str, str]]:
-    """(node, srt's folder, the policy written to cage.json, claude's environment)."""
+           config_dir: str, repo: str, base_url: str, allow_hosts: Sequence[str],
+           extra: Mapping[str, object] | None = None) -> tuple[str, str, str, dict[str, str]]:
+    """(node, srt's folder, the policy written to cage.json (with `extra`), claude's
+    environment)."""
     data_dir = default_data_dir(env)
     cache_dir = repo_cache_dir(data_dir, repo or worktree)
     problems = missing(env, data_dir)
@@ -418,6 +438,7 @@ def _build(argv: Sequence[str], env: Mapping[str, str], *, attempt_dir: str, wor
     rules = policy(worktree=worktree, config_dir=config_dir, repo=repo, env=env,
                    base_url=base_url, allow_hosts=allow_hosts, data_dir=data_dir,
                    cache_dir=cache_dir, srt_dir=srt_dir, argv0=argv[0])
+    rules.update(extra or {})
     path = os.path.join(attempt_dir, POLICY_FILE)
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(rules, fh, indent=1, sort_keys=True)

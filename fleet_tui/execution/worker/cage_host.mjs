@@ -18,8 +18,8 @@
 //    "unset_env": [names]}
 // The exit status is the command's (128+N for a signal).
 
-import { accessSync, constants, createReadStream, existsSync, mkdtempSync, readFileSync, rmSync, statSync,
-  writeFileSync } from 'node:fs';
+import { accessSync, appendFileSync, constants, createReadStream, existsSync, mkdtempSync,
+  readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { spawn } from 'node:child_process';
 import { connect, createServer } from 'node:net';
@@ -126,8 +126,13 @@ function block(kind, target, detail) {
   const key = target;  // one line a target, whichever way it was first seen
   if (seen.has(key)) return;
   seen.add(key);
-  pending.push(JSON.stringify({ type: 'system', subtype: 'fleet_blocked', action: kind,
-                                target: tilde(target), detail }) + '\n');
+  const line = JSON.stringify({ type: 'system', subtype: 'fleet_blocked', action: kind,
+                                target: tilde(target), detail }) + '\n';
+  if (policy.blocked_file) {  // a setup command's: its output is not a stream
+    try { appendFileSync(policy.blocked_file, line); } catch { /* a report, never fatal */ }
+    return;
+  }
+  pending.push(line);
   flushBlocked();
 }
 
@@ -136,13 +141,25 @@ function block(kind, target, detail) {
 // own (not reported); the home's tmpfs keeps a write from the real file, so it is reported.
 const SYSTEM = ['/dev', '/proc', '/sys'];
 const PRIVATE = ['/tmp', '/var/tmp'];
+// claude's Write tool writes NAME.tmp.PID.HEX and renames it over NAME: one write, NAME's.
+const atomicTemp = path => path.replace(/\.tmp\.\d+\.[0-9a-f]+$/, '');
+function isDir(path) {
+  try { return statSync(path).isDirectory(); } catch { return false; }
+}
 function fromViolation(line) {
-  const net = /^deny network-outbound (\S+)(?: \((.*)\))?/.exec(line);
+  const net = /^deny (?:network-outbound|socks-tunnel) (\S+)(?: \((.*)\))?/.exec(line);
   if (net) return block('connect', net[1], net[2] || 'not on the allow list');
+  const request = /^deny http-request (\S+) (\S+)(?: \((.*)\))?/.exec(line);
+  if (request) return block('request', `${request[1]} ${request[2]}`, request[3] || '');
   const fs = /^deny (\S+) (\/.*)$/.exec(line);
   if (fs) {
-    const path = fs[2];
+    const path = atomicTemp(fs[2]);
     if (SYSTEM.some(d => under(path, d))) return undefined;
+    // srt's observer sees attempts, not refusals: `mkdir -p` (claude's Write tool does one)
+    // of a folder that is there is no write; a hidden folder's own mount point is there
+    if (/^mkdir/.test(fs[1]) && isDir(path) && (!isHidden(path) || hidden.includes(path))) {
+      return undefined;
+    }
     // the cage's own /tmp is a private tmpfs: a write there is no refusal, unless the path
     // is a hidden place of the host's that lies under /tmp (a home, a repository)
     const hiddenHere = hidden.filter(d => !PRIVATE.includes(d)).some(d => under(path, d));
@@ -169,15 +186,33 @@ const PATHS = /(?:~|\/)[^\s:'"`()<>;,|&]*/g;
 
 // The commands of claude's Bash steps by tool_use id, to tell a refused write from a read.
 const commands = new Map();
+// The path each of claude's own file tools was given, by tool_use id: their refusals say
+// "File does not exist." or EROFS without naming it.
+const toolPaths = new Map();
+const WRITING_TOOLS = ['Write', 'Edit', 'MultiEdit', 'NotebookEdit'];
+function remember(map, id, value) {
+  map.set(id, value);
+  if (map.size > 1000) map.delete(map.keys().next().value);
+}
 function noteToolUse(message) {
   const content = message && message.message && message.message.content;
   if (!Array.isArray(content)) return;
   for (const part of content) {
-    if (part && part.type === 'tool_use' && part.input && typeof part.input.command === 'string') {
-      commands.set(part.id, part.input.command);
-      if (commands.size > 1000) commands.delete(commands.keys().next().value);
-    }
+    if (!part || part.type !== 'tool_use' || !part.input) continue;
+    if (typeof part.input.command === 'string') remember(commands, part.id, part.input.command);
+    const path = [part.input.file_path, part.input.notebook_path, part.input.path]
+      .find(p => typeof p === 'string' && p);
+    if (path) remember(toolPaths, part.id, { name: String(part.name || ''), path });
   }
+}
+const TOOL_REFUSED = /does not exist|EROFS|EACCES|EPERM|ENOENT|Permission denied|Read-only file system/;
+function scanFileTool(part, text) {
+  const used = toolPaths.get(part.tool_use_id);
+  if (!used || !(part.is_error === true || TOOL_REFUSED.test(text))) return;
+  let path = used.path;
+  if (path.startsWith('~')) path = home + path.slice(1);
+  if (!path.startsWith('/') || !isHidden(path)) return;  // refused elsewhere: srt's record
+  block(WRITING_TOOLS.includes(used.name) ? 'write' : 'read', path, 'not in the cage');
 }
 const escape = text => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 // A path the command writes: a redirection to it, or a writing command naming it.
@@ -198,27 +233,33 @@ function scanToolResult(message) {
     if (!part || part.type !== 'tool_result') continue;
     let text = part.content;
     if (Array.isArray(text)) text = text.map(t => (t && t.text) || '').join('\n');
-    if (typeof text !== 'string' || !REFUSED.test(text)) continue;
-    for (const line of text.split('\n')) {
-      if (!REFUSED.test(line)) continue;
-      const kill = /kill: \(?(\d+)\)?.*No such process/.exec(line) ||
-                   /kill: .*?(\d+).*No such process/.exec(line) ||
-                   /ProcessLookupError.*?(\d+)?/.exec(line);
-      if (kill && /No such process|ProcessLookupError/.test(line)) {
-        block('signal', kill[1] ? `pid ${kill[1]}` : 'a process outside', 'not in the cage');
-        continue;
-      }
-      for (const raw of line.match(PATHS) || []) {
-        let path = raw.replace(/[.]+$/, '');
-        if (path.startsWith('~')) path = home + path.slice(1);
-        if (/^\/proc\/\d+(\/|$)/.test(path) && /No such file|Permission denied/.test(line)) {
-          block('read', path, 'a process outside the cage');
-        } else if (path.length > 1 && isHidden(path)) {
-          const kind = /Read-only file system|Operation not permitted/.test(line) ||
-            writes(commands.get(part.tool_use_id), path) ? 'write' : 'read';
-          block(kind, path, 'not in the cage');
-        }
-      }
+    if (typeof text !== 'string') continue;
+    scanFileTool(part, text);
+    if (!REFUSED.test(text)) continue;
+    for (const line of text.split('\n')) scanLine(line, commands.get(part.tool_use_id));
+  }
+}
+
+// One line of a command's output (a tool result's, a setup command's) that says it was
+// refused something the cage holds back.
+function scanLine(line, command) {
+  if (!REFUSED.test(line)) return;
+  const kill = /kill: \(?(\d+)\)?.*No such process/.exec(line) ||
+               /kill: .*?(\d+).*No such process/.exec(line) ||
+               /ProcessLookupError.*?(\d+)?/.exec(line);
+  if (kill && /No such process|ProcessLookupError/.test(line)) {
+    block('signal', kill[1] ? `pid ${kill[1]}` : 'a process outside', 'not in the cage');
+    return;
+  }
+  for (const raw of line.match(PATHS) || []) {
+    let path = raw.replace(/[.]+$/, '');
+    if (path.startsWith('~')) path = home + path.slice(1);
+    if (/^\/proc\/\d+(\/|$)/.test(path) && /No such file|Permission denied/.test(line)) {
+      block('read', path, 'a process outside the cage');
+    } else if (path.length > 1 && isHidden(path)) {
+      const kind = /Read-only file system|Operation not permitted/.test(line) ||
+        writes(command, path) ? 'write' : 'read';
+      block(kind, path, 'not in the cage');
     }
   }
 }
@@ -243,6 +284,21 @@ const programs = process.platform === 'linux'
   : {};
 const srtConfig = { ...policy.srt, ...programs, filesystem: { ...policy.srt.filesystem,
   allowRead: [...(policy.srt.filesystem.allowRead || []), own] } };
+
+// The command's /proc. srt's seccomp helper runs the command in a PID namespace of its own
+// (inside bwrap's) and mounts that namespace's /proc over bwrap's. The kernel lets a user
+// namespace mount a proc only where a proc mount already stands fully visible (no locked
+// mount over anything in it but an empty folder), and bwrap's fresh /proc is not: it puts
+// read-only binds over /proc/irq and /proc/bus. So with srt's default the helper's mount
+// fails (EPERM, which it ignores), the command's pids ($$, getpid) are not the ones its
+// /proc names, and ps and pgrep fail ("lookup self") or name the wrong process. srt's
+// enableWeakerNestedSandbox binds the host's /proc where bwrap would mount a fresh one:
+// fully visible wherever bwrap's own fresh mount is allowed at all (the same kernel rule,
+// on the host's /proc), so the helper's mount succeeds and the command sees its own
+// namespace's processes only. Where the host's /proc is masked (a container), bwrap's
+// fresh mount fails with srt's default, and the helper's with this: the command's first
+// step (OWN_PROC below) then refuses to start in the host's /proc.
+if (process.platform === 'linux') srtConfig.enableWeakerNestedSandbox = true;
 
 // srt's start (its proxy, its relay to it, its write observer), meanwhile our bridge's
 // socket and shell are made: most of it is waiting for its relay to listen
@@ -328,7 +384,17 @@ timing('srt initialized');
 // removed, or names only the bridged host:port, so each refusal is seen.
 const unset = (policy.unset_env || []).flatMap(name => ['-u', name]);
 const set = Object.entries(policy.set_env || {}).map(([k, v]) => `${k}=${v}`);
-const inner = bridgeWait + 'exec ' + ['env', ...unset, '-u', 'FLEET_CAGE_BRIDGE', ...set,
+// The command's first step, on Linux: the /proc it sees is its cage's (its own PID
+// namespace's, or bwrap's), never one of a namespace outside the cage, in which another
+// process could be read or signalled. NSpid lists a process's pid in each namespace from
+// its /proc's down to its own: more than two means /proc is from outside bwrap's.
+// (The command starts after the loop, whose input is the status file, not the command's.)
+const OWN_PROC = 'own=; while read -r k a b c; do case $k in NSpid:) ' +
+  '[ -n "$a" ] && [ -z "$c" ] && own=1; break ;; esac; done < /proc/self/status; ' +
+  '[ -n "$own" ] && exec "$@"; echo "fleet-tui cage: the worker\'s /proc is not its cage\'s (srt\'s seccomp helper could ' +
+  'not mount its own): refusing to start it there" >&2; exit 125';
+const check = process.platform === 'linux' ? ['/bin/sh', '-c', OWN_PROC, 'fleet-cage'] : [];
+const inner = bridgeWait + 'exec ' + [...check, 'env', ...unset, '-u', 'FLEET_CAGE_BRIDGE', ...set,
   `TMPDIR=${policy.tmpdir || '/tmp'}`, ...argv].map(quote).join(' ');
 const wrapped = await SandboxManager.wrapWithSandbox(inner, binShell);
 wrappedYet = true;
@@ -336,9 +402,13 @@ timing('wrapped');
 
 if (goMode && (await nextLine()) !== 'go') abandon(3);
 timing('go');
-// `exec` on Linux: the shell srt's string is run by becomes bubblewrap (srt keeps that
-// string one simple command so that a prefix composes), one process less to start
-const run = process.platform === 'linux' ? `exec ${wrapped}` : wrapped;
+// A setup command's output is text (stderr with stdout, in order, as uncaged), read line
+// by line for refusals; claude's is its stream. `exec` on Linux for claude: the shell srt's
+// string is run by becomes bubblewrap (srt keeps that string one simple command so that a
+// prefix composes), one process less to start.
+const textOutput = policy.output === 'text';
+const run = textOutput ? `{ ${wrapped}\n} 2>&1`
+  : process.platform === 'linux' ? `exec ${wrapped}` : wrapped;
 child = spawn(run, { shell: true, stdio: ['inherit', 'pipe', 'inherit'] });
 
 // claude's stdout, line by line, with our lines only between two of its lines.
@@ -363,7 +433,9 @@ child.stdout.on('data', data => {
                                 : data.subarray(start, nl + 1);
     partial = Buffer.alloc(0);
     write(line);
-    if (line.length < 4 * 1024 * 1024 && line.includes('"tool_result"')) {
+    if (textOutput) {
+      try { scanLine(line.toString('utf8'), policy.command); } catch { /* a report only */ }
+    } else if (line.length < 4 * 1024 * 1024 && line.includes('"tool_result"')) {
       try { scanToolResult(JSON.parse(line.toString('utf8'))); } catch { /* not JSON */ }
     } else if (line.length < 4 * 1024 * 1024 && line.includes('"tool_use"')) {
       try { noteToolUse(JSON.parse(line.toString('utf8'))); } catch { /* not JSON */ }

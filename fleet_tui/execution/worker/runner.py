@@ -401,15 +401,6 @@ class Runner:
                     if isinstance(k, str) and isinstance(v, str)})
         if spec.token:
             env[TOKEN_ENV] = spec.token
-        if self.warm is not None:
-            # the order now: srt builds the cage while the worktree is made ready
-            try:
-                if not self.warm.order(self.settings, spec, argv, env,
-                                       attempt_dir=str(self.dir)):
-                    self._drop_warm()  # the settings say this worker is not caged after all
-            except (RuntimeError, OSError) as exc:
-                self._drop_warm()
-                return self._end(2, exit_code=2, error=str(exc))
         # messages sent while the worktree is made ready wait in the inbox
         self._open_input()
         if (spec.include or spec.setup) and Path(spec.cwd).is_dir():
@@ -426,6 +417,17 @@ class Runner:
                     self._close_input()
                     self._clean_leftovers(spec.token)
                     return failed
+        if self.warm is not None:
+            # the order now, after the setup command: srt decides the cage's mount points
+            # by what the worktree holds, and a caged setup's own are there while it runs
+            try:
+                if not self.warm.order(self.settings, spec, argv, env,
+                                       attempt_dir=str(self.dir)):
+                    self._drop_warm()  # the settings say this worker is not caged after all
+            except (RuntimeError, OSError) as exc:
+                self._drop_warm()
+                self._close_input()
+                return self._end(2, exit_code=2, error=str(exc))
         try:
             # The key's one-shot pipe (setting key_helper), started right before claude:
             # its writer is our child, so _clean_leftovers stops it (and it removes the

@@ -1,8 +1,8 @@
 """The worktree made ready before claude starts in it: the files the repository's settings
 include copied in, then its setup command run (its own process group, the worker's
-environment without any credential, the runner's wall-clock timeout and signals), each step
-a `system/fleet_setup` line in the stream. A failed step fails the attempt before claude
-starts, so before any token is spent.
+environment without any credential, the worker's cage when the worker is caged, the
+runner's wall-clock timeout and signals), each step a `system/fleet_setup` line in the
+stream. A failed step fails the attempt before claude starts, so before any token is spent.
 
 Standard library only, as the runner that uses it (it runs on every host).
 """
@@ -15,7 +15,7 @@ import subprocess
 import time
 
 from fleet_tui.core import redaction
-from fleet_tui.execution.worker import prepare
+from fleet_tui.execution.worker import cage, cagehost, prepare
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
@@ -108,6 +108,18 @@ class WorktreeSetup:
         clean_env = {k: v for k, v in env.items()
                      if k not in ("ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_API_KEY")
                      and not any(s and s in v for s in secrets)}
+        argv = ["/bin/sh", "-c", spec.setup or ""]
+        settings = self.runner.settings
+        if cagehost.caged(settings):
+            # the command is the repository's: it runs under the worker's cage rules
+            try:
+                argv, clean_env = cage.wrap_setup(
+                    spec.setup or "", clean_env, attempt_dir=str(self.runner.dir),
+                    worktree=spec.cwd, config_dir=spec.config_dir, repo=spec.repo,
+                    base_url=settings.base_url, allow_hosts=settings.allow_hosts,
+                    events=str(self.runner.log.events))
+            except (RuntimeError, OSError) as exc:
+                return 1, f"cannot run the setup command in the cage: {exc}"
         try:
             out = open(self.runner.log.setup_log, "wb")  # noqa: SIM115 (closed below)
         except OSError as exc:
@@ -115,7 +127,7 @@ class WorktreeSetup:
         with out:
             try:
                 self.runner.setup_proc = subprocess.Popen(
-                    ["/bin/sh", "-c", spec.setup or ""], cwd=spec.cwd, env=clean_env,
+                    argv, cwd=spec.cwd, env=clean_env,
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     preexec_fn=preexec, close_fds=True)
             except OSError as exc:

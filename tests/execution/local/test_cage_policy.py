@@ -239,3 +239,52 @@ def test_a_blocked_line_is_an_event_shown_without_the_workers_escapes() -> None:
     logged = format_event(event)
     assert logged is not None and logged.startswith("cage     ⊘ blocked: connect")
     assert "\x1b" not in logged
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain-proc", "masked-proc"])
+def test_the_workers_proc_is_its_own_or_it_does_not_start(tmp_path: Path, masked: bool
+                                                          ) -> None:
+    """Where the host's /proc has nothing mounted over it, the command sees its own PID
+    namespace's /proc (one pid a process, `ps` names the shell by `$$`) and no process
+    outside the cage. Where something is (a container masking parts of /proc, made here
+    with a tmpfs over /proc/bus in a mount namespace of the test's own), srt's helper
+    cannot mount the command's own and the host's would be left in its place: the command
+    never starts, and the cage host says why."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or not Path("/proc/bus").is_dir():
+        pytest.skip("needs root, unshare and a /proc/bus to mask")
+    problems = cage.missing(os.environ, cage.default_data_dir(os.environ))
+    if problems or SRT is None:
+        pytest.skip("the cage cannot run here: " + "; ".join(problems))
+    rules = {"srt": {"network": {"allowedDomains": [], "deniedDomains": []},
+                     "filesystem": {"denyRead": [], "allowRead": [],
+                                    "allowWrite": [str(tmp_path)], "denyWrite": []}},
+             "hidden": [], "shown": [], "home": "", "unset_env": list(cage.UNSET_INSIDE)}
+    policy = tmp_path / cage.POLICY_FILE
+    policy.write_text(json.dumps(rules))
+    outside = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL)
+    try:
+        inside = ("echo started; grep NSpid /proc/self/status; "
+                  "echo \"self=$$ ps=$(ps -o pid= -p $$ 2>&1 | tr -d ' ')\"; "
+                  f"ls /proc/{outside.pid} >/dev/null 2>&1 && echo outside-seen; "
+                  "echo count=$(ls -d /proc/[0-9]* | wc -l)")
+        host = [shutil.which("node") or "node", cage.HOST_SCRIPT, SRT, str(policy), "--",
+                "/bin/sh", "-c", inside]
+        mask = "mount -t tmpfs none /proc/bus && " if masked else ""
+        out = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "/bin/sh", "-c",
+             mask + 'exec "$@"', "sh", *host], cwd=tmp_path, capture_output=True, text=True,
+            timeout=120, stdin=subprocess.DEVNULL)
+    finally:
+        outside.kill()
+        outside.wait(timeout=30)
+    text = out.stdout
+    if masked:
+        assert out.returncode == 125 and "started" not in text, out.stderr + text
+        assert "the worker's /proc is not its cage's" in out.stderr, out.stderr
+        return
+    assert out.returncode == 0, out.stderr + text
+    nspid = next(line for line in text.splitlines() if line.startswith("NSpid:")).split()[1:]
+    assert len(nspid) == 1, text
+    assert "outside-seen" not in text and int(text.split("count=")[1].split()[0]) < 10, text
+    self_pid = text.split("self=")[1].split()[0]
+    assert f"self={self_pid} ps={self_pid}\n" in text, text
