@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_tui.core.errors import FleetError
-from fleet_tui.gateway.routes import Route
-from fleet_tui.gateway.server import (
+from fleet_tui.gateway.files import (
     CONTROL_FILE,
     INFO_FILE,
     LOCK_FILE,
@@ -33,6 +32,7 @@ from fleet_tui.gateway.server import (
     STATUS_FILE,
     unix_address,
 )
+from fleet_tui.gateway.routes import Route
 from fleet_tui.system import paths, procs, spawn
 from fleet_tui.system.spawn import spawn_detached
 

@@ -57,6 +57,15 @@ from fleet_tui.core.states import StopReason
 from fleet_tui.execution import mailbox
 from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.gateway import guard as guarding
+from fleet_tui.gateway.files import (
+    CONTROL_FILE,
+    INFO_FILE,
+    LOCK_FILE,
+    LOG_FILE,
+    SERVER_MODULE,
+    STATUS_FILE,
+    unix_address,
+)
 from fleet_tui.gateway.guard import CappedLog, Guard
 from fleet_tui.gateway.routes import UNLIMITED, Route
 from fleet_tui.gateway.shut import Shut, error_code, read_refusal
@@ -74,12 +83,6 @@ __all__ = ["CONTROL_FILE", "INFO_FILE", "LOCK_FILE", "LOG_FILE", "MAILBOX_PATH",
            "STATUS_FILE",
            "Gateway", "main", "parse_handover", "unix_address"]
 
-SERVER_MODULE = "fleet_tui.gateway.server"
-LOCK_FILE = "gateway.lock"
-INFO_FILE = "gateway.json"
-STATUS_FILE = "status.json"
-LOG_FILE = "gateway.log"
-CONTROL_FILE = "control.sock"  # the engines hand the endpoints and keys over again here
 HANDOVER_MAX = 60_000  # what a handover may weigh (system.spawn.HANDOVER_LIMIT's figure)
 STATUS_EVERY = 0.2  # seconds between two writes of status.json (when something changed)
 MAILBOX_PATH = "/fleet/mailbox"  # a remote worker's messages (execution/mailbox.py)
@@ -942,16 +945,6 @@ def parse_handover(data: bytes) -> tuple[dict[str, Route], dict[str, str]]:
     routes = {(route := Route.from_record(r)).id: route for r in found.get("routes", [])}
     keys = {str(k): str(v) for k, v in dict(found.get("keys", {})).items()}
     return routes, keys
-
-
-def unix_address(path: Path) -> tuple[str, int | None]:
-    """An address for the Unix socket `path` that fits AF_UNIX's 108 bytes: the path itself,
-    or (a deep home, as a test's) its folder opened and named through /proc/self/fd (the
-    descriptor returned: the caller closes it once bound or connected)."""
-    if len(os.fsencode(path)) < 100:
-        return str(path), None
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    return f"/proc/self/fd/{fd}/{path.name}", fd
 
 
 def _peer_is_us(writer: asyncio.StreamWriter) -> bool:
