@@ -115,7 +115,9 @@ def measure_engine(benv: BenchEnv, repo: Path, standin: Path, tasks: int, cap: i
 
     env = _engine_env(benv, standin)
     os.environ.update(env)
-    settings = load_settings(env=env, overrides={"max_workers": cap})
+    # uncaged: this measures the engine's scheduling against a bare worktree + stand-in;
+    # a caged start (node and srt per worker) has its own figure in bench 16 (cage)
+    settings = load_settings(env=env, overrides={"max_workers": cap, "cage": "off"})
     store = Store(benv.fleet_home / f"engine-{time.monotonic_ns()}.db")
     fleet = Fleet(settings, store, env=env)
     left = tasks
