@@ -174,8 +174,14 @@ def test_a_killed_runner_leaves_no_process_behind(
         assert procs.wait_gone([rec["runner_pid"], rec["claude_pid"]], 10)
     else:  # no such signal: claude lives on until the engine's sweep by token
         assert procs.wait_gone([rec["runner_pid"]], 10)
-    # Nothing stopped them yet: claude's Bash children live on.
-    assert sleepers(git_repo) and in_folder(worktree)
+    if procs_mode == "linux" and (Path(attempt.dir or "") / "cage.json").exists():
+        # Caged, nothing outlives the runner even before the engine's sweep: the cage host
+        # dies with the runner, and bubblewrap (exec'd by its shell, --die-with-parent)
+        # with it, ending the cage's PID namespace and the daemons in it.
+        assert wait_for(lambda: sleepers(git_repo) == [], 15), sleepers(git_repo)
+    else:
+        # Nothing stopped them yet: claude's Bash children live on.
+        assert sleepers(git_repo) and in_folder(worktree)
     drive(fleet, settled(fleet, task.id))
     done = fleet.get_task(task.id)
     assert done.state == TaskState.FAILED and done.verdict == "crashed"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from endpoint_helpers import shared
 from test_fleet import drive, make_fleet, settled
 from test_gateway_real import gateway_fleet
 
@@ -33,8 +34,10 @@ QUICK = {"real_turns": True, "turns": ["done"]}
 
 def gated_repo(repo: Path, gates: Path) -> None:
     """The repository's setup waits for gates/<task id> (a setup line carries no session:
-    the attempt is starting until the file comes and claude prints its init event)."""
-    gates.mkdir()
+    the attempt is starting until the file comes and claude prints its init event). The
+    gates are in the repository's cache folder: the setup runs in the worker's cage, where
+    the test's own folder is not there."""
+    gates.mkdir(exist_ok=True)
     (repo / ".fleet-tui.toml").write_text(
         f'setup = "while [ ! -e {gates}/$FLEET_TASK_ID ]; do sleep 0.05; done"\n')
     subprocess.run(["git", "add", ".fleet-tui.toml"], cwd=repo, check=True)
@@ -97,7 +100,7 @@ def test_attempts_start_in_step_with_the_slots(git_repo: Path, claude_bin: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     # no start is let go by the bound here: only a starter's init event lets the next go
     monkeypatch.setattr(policy, "START_BOUND", 3600.0)
-    gates = tmp_path / "gates"
+    gates = shared(git_repo, "gates")
     with first_pass(git_repo, claude_bin, gates, 4, max_workers=4,
                     max_requests=2) as (fleet, ids, first):
         assert len(first) == 2  # the slots' number at once, not the cap's 4
@@ -120,7 +123,7 @@ def test_a_start_that_never_begins_holds_the_next_ones_back_for_a_bound(
         git_repo: Path, claude_bin: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policy, "START_BOUND", 1.0)
-    gates = tmp_path / "gates"
+    gates = shared(git_repo, "gates")
     with first_pass(git_repo, claude_bin, gates, 4, max_workers=4,
                     max_requests=2) as (fleet, ids, first):
         assert len(first) == 2
@@ -139,7 +142,7 @@ def test_without_more_workers_than_slots_all_start_at_once(
         overrides: dict[str, Any]) -> None:
     monkeypatch.setattr(policy, "START_BOUND", 3600.0)
     n = overrides["max_workers"]
-    with first_pass(git_repo, claude_bin, tmp_path / "gates", n,
+    with first_pass(git_repo, claude_bin, shared(git_repo, "gates"), n,
                     **overrides) as (fleet, ids, first):
         # none of them has begun, and every one started in this pass
         assert len(first) == n
