@@ -62,8 +62,11 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
         # its site-packages), exec the stand-in, nothing else
         floor = [sys.executable, "-c", "import os, sys; os.execv(sys.argv[1], sys.argv[1:])",
                  *direct]
-        # one untimed round each: page cache, pyc files
-        _spawn_to_start(worker, env, stamp)
+        # one untimed round each: page cache, pyc files (written even where the caller's
+        # environment says PYTHONDONTWRITEBYTECODE, as an installed fleet-tui has them:
+        # without, every timed start compiled the modules no run had cached yet, 3.3x)
+        _spawn_to_start(worker, {k: v for k, v in env.items()
+                                 if k != "PYTHONDONTWRITEBYTECODE"}, stamp)
         _spawn_to_start(direct, env, stamp)
         via_worker: list[float] = []
         via_direct: list[float] = []
