@@ -631,39 +631,25 @@ class AttemptLog:
 
     def setup_steps(self) -> list[stream.Setup]:
         """The setup step's lines (start, end) of events.jsonl, found by their subtype."""
-        import mmap
-
         from fleet_tui.core import stream
 
-        needle = b'"fleet_setup"'
-        found: list[stream.Setup] = []
-        try:
-            with open(self.events, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size == 0:
-                    return []
-                with mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) as data:
-                    at = data.find(needle)
-                    while at >= 0:
-                        start = data.rfind(b"\n", 0, at) + 1
-                        end = data.find(b"\n", at)
-                        end = size if end < 0 else end
-                        line = redaction.redact_bytes(data[start:end] + b"\n")
-                        found += [e for e in stream.StreamDecoder().feed(line)
-                                  if isinstance(e, stream.Setup)]
-                        at = data.find(needle, end)
-        except (OSError, ValueError):
-            pass
-        return found
+        return [e for e in self._marked_events(b'"fleet_setup"') if isinstance(e, stream.Setup)]
 
     def blocked(self) -> list[stream.Blocked]:
         """What the worker's cage refused (events.jsonl's `system/fleet_blocked` lines)."""
+        from fleet_tui.core import stream
+
+        return [e for e in self._marked_events(b'"fleet_blocked"')
+                if isinstance(e, stream.Blocked)]
+
+    def _marked_events(self, needle: bytes) -> list[stream.Event]:
+        """The events of the lines of events.jsonl that hold `needle`, each line redacted,
+        found without reading the whole file into memory."""
         import mmap
 
         from fleet_tui.core import stream
 
-        needle = b'"fleet_blocked"'
-        found: list[stream.Blocked] = []
+        found: list[stream.Event] = []
         try:
             with open(self.events, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
@@ -676,8 +662,7 @@ class AttemptLog:
                         end = data.find(b"\n", at)
                         end = size if end < 0 else end
                         line = redaction.redact_bytes(data[start:end] + b"\n")
-                        found += [e for e in stream.StreamDecoder().feed(line)
-                                  if isinstance(e, stream.Blocked)]
+                        found += stream.StreamDecoder().feed(line)
                         at = data.find(needle, end)
         except (OSError, ValueError):
             pass
