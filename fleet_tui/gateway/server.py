@@ -77,7 +77,7 @@ from fleet_tui.store import budgets
 from fleet_tui.store.db import Store, StoreError
 from fleet_tui.store.meter import Meter, TokenInfo, Usage
 from fleet_tui.system import paths, procs
-from fleet_tui.system.files import write_json_atomic
+from fleet_tui.system.files import read_and_close, write_json_atomic
 
 __all__ = ["CONTROL_FILE", "INFO_FILE", "LOCK_FILE", "LOG_FILE", "MAILBOX_PATH", "SERVER_MODULE",
            "STATUS_FILE",
@@ -926,16 +926,6 @@ async def watch_idle(gateway: Gateway, stop: asyncio.Event, limit: float) -> Non
             stop.set()
 
 
-def _read_handover(fd: int) -> bytes:
-    chunks = []
-    try:
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
-
-
 def parse_handover(data: bytes) -> tuple[dict[str, Route], dict[str, str]]:
     """The routes and keys of a handover (the pipe's at start, the control socket's
     later). Raises ValueError (or KeyError, TypeError) when it is not one."""
@@ -1095,7 +1085,7 @@ def main(argv: list[str] | None = None) -> int:
         f"%(asctime)s gateway[{os.getpid()}] %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     try:
-        routes, keys = parse_handover(_read_handover(args.keys_fd))
+        routes, keys = parse_handover(read_and_close(args.keys_fd))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.error("cannot read the endpoints handed over: %s", type(exc).__name__)
         return 2

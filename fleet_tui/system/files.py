@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # loaded by every runner (through attemptlog): typing costs e
     from pathlib import Path
     from typing import Any
 
-__all__ = ["write_json_atomic"]
+__all__ = ["read_and_close", "write_json_atomic"]
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any], *, mode: int = 0o600,
@@ -37,3 +37,15 @@ def write_json_atomic(path: Path, data: Mapping[str, Any], *, mode: int = 0o600,
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def read_and_close(fd: int) -> bytes:
+    """Everything a pipe's writer sends until it closes its end (a handover of keys or
+    variables kept out of argv and the environment); `fd` is closed whatever happens."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)

@@ -62,6 +62,7 @@ from fleet_tui.execution.worker.attemptlog import (
 )
 from fleet_tui.execution.worker.spec import LEFTOVER_GRACE, TOKEN_ENV, RunSpec
 from fleet_tui.system import cgroups, pidns, procs
+from fleet_tui.system.files import read_and_close
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
@@ -838,13 +839,7 @@ USAGE = f"usage: python -m {RUNNER_MODULE} [--lock-fd N] [--env-fd N] ATTEMPT_DI
 def _read_handover(fd: int) -> dict[str, str]:
     """The variables the engine handed over through a pipe (the key's variables: kept out
     of this process's environment, which its worker could read in /proc/PID/environ)."""
-    chunks = []
-    try:
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    data = json.loads(b"".join(chunks) or b"{}")
+    data = json.loads(read_and_close(fd) or b"{}")
     if not isinstance(data, dict):
         return {}
     return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
