@@ -48,6 +48,8 @@ _ENDPOINT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")
 # --- the scratch project -----------------------------------------------------------------
 
 PROJECT_FILES: dict[str, str] = {
+    # what running its tests leaves (a Python that writes bytecode): never part of a change
+    ".gitignore": "__pycache__/\n",
     "README.md": "# inventory\n\nA tiny stock-keeping library used by the fleet-tui demo.\n",
     "inventory.py": (
         '"""Stock keeping for a small shop."""\n'
