@@ -331,7 +331,7 @@ def report(path, argv, env):
     slow = [m for m in ("dataclasses", "pathlib", "json", "re", "typing", "contextlib",
                         "collections", "importlib.util")
             if m in sys.modules and m not in before]
-    print("SLOW=" + ",".join(slow))
+    print("SLOW=" + ",".join(slow), flush=True)  # os._exit skips the flush of a pipe's buffer
     os._exit(0)
 os.execve = report
 sys.exit(worker.main(["hi"]))
