@@ -19,9 +19,10 @@
 // The exit status is the command's (128+N for a signal).
 
 import { accessSync, appendFileSync, constants, createReadStream, existsSync, mkdtempSync,
-  readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+  readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { spawn } from 'node:child_process';
+import childProcess, { spawn } from 'node:child_process';
+import { createRequire, Module, syncBuiltinESMExports } from 'node:module';
 import { connect, createServer } from 'node:net';
 import { pathToFileURL } from 'node:url';
 import { delimiter, join } from 'node:path';
@@ -48,8 +49,98 @@ if (!packageDir || (goMode ? !/^\d+$/.test(rest[1] || '')
 // (zod) and the Windows entry points, ~50 ms of a start this host does not need. Another
 // srt layout than the pinned one's falls back to the index.
 const managerModule = join(packageDir, 'dist', 'sandbox', 'sandbox-manager.js');
+const srtLoaded = deferForge();
+const executable = p => { try { accessSync(p, constants.X_OK); return statSync(p).isFile(); }
+                          catch { return false; } };
+const which = name => (name.includes('/') ? [name] : (process.env.PATH || '/usr/bin:/bin')
+  .split(delimiter).map(d => join(d || '.', name))).find(executable);
+const answersLeft = answerSrtsQuestions();
 const loading = import(pathToFileURL(existsSync(managerModule) ? managerModule
-  : join(packageDir, 'dist', 'index.js')).href);
+  : join(packageDir, 'dist', 'index.js')).href).finally(srtLoaded);
+
+// srt asks the system three things at each start with spawnSync, each a child process its
+// event loop waits for (~5 ms each): `which rg`, `which SHELL` and `bwrap --version` (for a
+// warning on an old bubblewrap). `which` is answered here by the same search of PATH, and
+// the version by a child started now, which runs while srt loads. Any other call, or one
+// asked before its answer is in, is spawnSync's. Returns the function that puts spawnSync
+// back.
+function answerSrtsQuestions() {
+  if (process.platform !== 'linux') return () => {};
+  const spawnSync = childProcess.spawnSync;
+  const bwrap = which('bwrap');
+  let version;  // [status, stdout] of `bwrap --version`, once it has ended
+  if (bwrap) {
+    let out = '';
+    const probe = spawn(bwrap, ['--version'], { stdio: ['ignore', 'pipe', 'ignore'] });
+    probe.stdout.setEncoding('utf8').on('data', chunk => { out += chunk; });
+    probe.on('error', () => {});
+    probe.on('close', status => { version = [status, out]; });
+    probe.unref();
+  }
+  const answer = (status, text, options) => {
+    const stdout = options && options.encoding && options.encoding !== 'buffer'
+      ? text : Buffer.from(text);
+    const empty = typeof stdout === 'string' ? '' : Buffer.alloc(0);
+    return { pid: 0, output: [null, stdout, empty], stdout, stderr: empty, status,
+             signal: null };
+  };
+  childProcess.spawnSync = function answered(file, args, options) {
+    if (Array.isArray(args) && args.length === 1 && typeof args[0] === 'string') {
+      if (file === 'which') {
+        const found = which(args[0]);
+        return answer(found ? 0 : 1, found ? found + '\n' : '', options);
+      }
+      if (file === bwrap && args[0] === '--version' && version) {
+        return answer(version[0], version[1], options);
+      }
+    }
+    return spawnSync.apply(this, arguments);
+  };
+  syncBuiltinESMExports();
+  return () => {
+    childProcess.spawnSync = spawnSync;
+    syncBuiltinESMExports();
+  };
+}
+
+// node-forge, which srt's TLS termination uses (a cage never turns it on), is ~30 files that
+// srt's modules import as they load: ~20 ms of each start. While they load, what they take
+// of it (their top level only destructures it) is a stand-in; the first use after that loads
+// the real one. Returns the function that ends the load.
+function deferForge() {
+  let loadingSrt = true;
+  const done = () => { loadingSrt = false; };
+  let require;
+  let path;
+  try {
+    require = createRequire(join(packageDir, 'package.json'));
+    path = require.resolve('node-forge');
+  } catch {
+    return done;  // another srt than the pinned one: nothing deferred
+  }
+  let real;
+  const forge = () => {
+    if (real === undefined) {
+      delete require.cache[path];
+      real = require(path);
+    }
+    return real;
+  };
+  const at = keys => keys.reduce((value, key) => value[key], forge());
+  const standIn = keys => new Proxy(function forgeStandIn() {}, {
+    get: (_, key) => (loadingSrt ? standIn([...keys, key]) : Reflect.get(at(keys), key)),
+    set: (_, key, value) => Reflect.set(at(keys), key, value),
+    has: (_, key) => Reflect.has(at(keys), key),
+    apply: (_, self, args) => Reflect.apply(at(keys), self, args),
+    construct: (_, args) => Reflect.construct(at(keys), args),
+  });
+  const stub = new Module(path);
+  stub.filename = path;
+  stub.loaded = true;
+  stub.exports = standIn([]);
+  require.cache[path] = stub;
+  return done;
+}
 
 // The lines of the runner's pipe, one at a time.
 let goLines;
@@ -274,10 +365,6 @@ process.env.TMPDIR = own;
 process.on('exit', () => { try { rmSync(own, { recursive: true, force: true }); } catch { /* */ } });
 // bubblewrap and socat by the paths PATH gives, as srt would find them, but without its
 // `which` child for each at every start.
-const executable = p => { try { accessSync(p, constants.X_OK); return statSync(p).isFile(); }
-                          catch { return false; } };
-const which = name => (process.env.PATH || '/usr/bin:/bin').split(delimiter)
-  .map(d => join(d || '.', name)).find(executable);
 const programs = process.platform === 'linux'
   ? Object.fromEntries([['bwrapPath', which('bwrap')], ['socatPath', which('socat')]]
     .filter(([, path]) => path && path.startsWith('/')))
@@ -301,9 +388,38 @@ const srtConfig = { ...policy.srt, ...programs, filesystem: { ...policy.srt.file
 if (process.platform === 'linux') srtConfig.enableWeakerNestedSandbox = true;
 
 // srt's start (its proxy, its relay to it, its write observer), meanwhile our bridge's
-// socket and shell are made: most of it is waiting for its relay to listen
+// socket and shell are made. srt waits for its relay (a socat it starts, from a Unix socket
+// in the temp folder to its proxy) by looking for the relay's socket at once, at once
+// again, and then 100 ms later: socat listens ~10 ms after it starts, so most starts slept
+// ~90 ms for nothing. While srt starts, that wait of its (told by srt's function on the
+// stack; no other timer is touched) ends as soon as the relay's socket is in our folder,
+// where srt then finds it. Its own timeout stays as it was.
+const relaySleep = /\binitializeLinuxNetworkBridge\b/;
+const relayListening = () => {
+  try { return readdirSync(own).some(name => /^claude-http-[0-9a-f]+\.sock$/.test(name)); }
+  catch { return false; }
+};
+const ownSetTimeout = globalThis.setTimeout;
+if (process.platform === 'linux' && srtConfig.network?.httpProxyPort === undefined &&
+    srtConfig.network?.socksProxyPort === undefined) {  // one relay (srt's mux), none external
+  globalThis.setTimeout = function setTimeout(callback, delay, ...args) {
+    if (typeof callback !== 'function' || !(delay >= 50) ||
+        !relaySleep.test(new Error().stack || '')) {
+      return ownSetTimeout(callback, delay, ...args);
+    }
+    let poll;
+    const late = ownSetTimeout(() => { clearTimeout(poll); callback(...args); }, delay);
+    const look = () => {
+      if (!relayListening()) { poll = ownSetTimeout(look, 2); return; }
+      clearTimeout(late);
+      callback(...args);
+    };
+    poll = ownSetTimeout(look, 1);
+    return late;
+  };
+}
 const initializing = SandboxManager.initialize(srtConfig, undefined, true);
-initializing.catch(() => {});  // awaited below; a failure is reported there
+initializing.catch(() => {}).finally(() => { globalThis.setTimeout = ownSetTimeout; });
 
 // The worker's endpoint on this machine (the gateway, a local endpoint): a socket of ours in
 // `own` (bound into the cage with it), relayed inside to the endpoint's own 127.0.0.1:PORT by
@@ -394,10 +510,11 @@ const OWN_PROC = 'own=; while read -r k a b c; do case $k in NSpid:) ' +
   '[ -n "$own" ] && exec "$@"; echo "fleet-tui cage: the worker\'s /proc is not its cage\'s (srt\'s seccomp helper could ' +
   'not mount its own): refusing to start it there" >&2; exit 125';
 const check = process.platform === 'linux' ? ['/bin/sh', '-c', OWN_PROC, 'fleet-cage'] : [];
-const inner = bridgeWait + 'exec ' + [...check, 'env', ...unset, '-u', 'FLEET_CAGE_BRIDGE', ...set,
+const inner = bridgeWait + (process.env.FLEET_CAGE_TIMING ? 'echo "cage timing inner $(date +%s.%N)" >&2\n' : '') + 'exec ' + [...check, 'env', ...unset, '-u', 'FLEET_CAGE_BRIDGE', ...set,
   `TMPDIR=${policy.tmpdir || '/tmp'}`, ...argv].map(quote).join(' ');
 const wrapped = await SandboxManager.wrapWithSandbox(inner, binShell);
 wrappedYet = true;
+answersLeft();
 timing('wrapped');
 
 if (goMode && (await nextLine()) !== 'go') abandon(3);
