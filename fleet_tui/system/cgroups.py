@@ -80,6 +80,21 @@ def join(path: str) -> None:
         os.close(fd)
 
 
+def add(path: str, pid: int) -> None:
+    """Another process into the cgroup (one that has started nothing yet). Nothing when it
+    cannot: the token stays the mark."""
+    try:
+        fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.write(fd, str(pid).encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def members(path: str) -> list[int]:
     """The processes in the cgroup (none when it is gone)."""
     try:

@@ -54,29 +54,31 @@ const executable = p => { try { accessSync(p, constants.X_OK); return statSync(p
                           catch { return false; } };
 const which = name => (name.includes('/') ? [name] : (process.env.PATH || '/usr/bin:/bin')
   .split(delimiter).map(d => join(d || '.', name))).find(executable);
-const answersLeft = answerSrtsQuestions();
+const srtsQuestions = answerSrtsQuestions();
+if (!goMode) srtsQuestions.ask();  // a warm host starts nothing before its order: see below
 const loading = import(pathToFileURL(existsSync(managerModule) ? managerModule
   : join(packageDir, 'dist', 'index.js')).href).finally(srtLoaded);
 
 // srt asks the system three things at each start with spawnSync, each a child process its
 // event loop waits for (~5 ms each): `which rg`, `which SHELL` and `bwrap --version` (for a
 // warning on an old bubblewrap). `which` is answered here by the same search of PATH, and
-// the version by a child started now, which runs while srt loads. Any other call, or one
-// asked before its answer is in, is spawnSync's. Returns the function that puts spawnSync
-// back.
+// the version by a child started early (`ask`), which runs while srt loads. Any other
+// call, or one asked before its answer is in, is spawnSync's. `done` puts spawnSync back.
 function answerSrtsQuestions() {
-  if (process.platform !== 'linux') return () => {};
+  if (process.platform !== 'linux') return { ask() {}, done() {} };
   const spawnSync = childProcess.spawnSync;
-  const bwrap = which('bwrap');
+  let bwrap;
   let version;  // [status, stdout] of `bwrap --version`, once it has ended
-  if (bwrap) {
+  const ask = () => {
+    bwrap = which('bwrap');
+    if (!bwrap) return;
     let out = '';
     const probe = spawn(bwrap, ['--version'], { stdio: ['ignore', 'pipe', 'ignore'] });
     probe.stdout.setEncoding('utf8').on('data', chunk => { out += chunk; });
     probe.on('error', () => {});
     probe.on('close', status => { version = [status, out]; });
     probe.unref();
-  }
+  };
   const answer = (status, text, options) => {
     const stdout = options && options.encoding && options.encoding !== 'buffer'
       ? text : Buffer.from(text);
@@ -90,17 +92,18 @@ function answerSrtsQuestions() {
         const found = which(args[0]);
         return answer(found ? 0 : 1, found ? found + '\n' : '', options);
       }
-      if (file === bwrap && args[0] === '--version' && version) {
+      if (bwrap && file === bwrap && args[0] === '--version' && version) {
         return answer(version[0], version[1], options);
       }
     }
     return spawnSync.apply(this, arguments);
   };
   syncBuiltinESMExports();
-  return () => {
+  const done = () => {
     childProcess.spawnSync = spawnSync;
     syncBuiltinESMExports();
   };
+  return { ask, done };
 }
 
 // node-forge, which srt's TLS termination uses (a cage never turns it on), is ~30 files that
@@ -181,6 +184,7 @@ if (goMode) {
   argv = order.argv;
   for (const name of Object.keys(process.env)) delete process.env[name];
   Object.assign(process.env, order.env);
+  srtsQuestions.ask();  // the runner moved this process into the attempt's cgroup by now
 } else {
   policyPath = rest[0];
   argv = rest.slice(2);
@@ -514,7 +518,7 @@ const inner = bridgeWait + (process.env.FLEET_CAGE_TIMING ? 'echo "cage timing i
   `TMPDIR=${policy.tmpdir || '/tmp'}`, ...argv].map(quote).join(' ');
 const wrapped = await SandboxManager.wrapWithSandbox(inner, binShell);
 wrappedYet = true;
-answersLeft();
+srtsQuestions.done();
 timing('wrapped');
 
 if (goMode && (await nextLine()) !== 'go') abandon(3);

@@ -41,19 +41,25 @@ written at the start and the exit record goes into it when no new file can be ma
 
 from __future__ import annotations
 
+import os
+import sys
+
+if __name__ == "__main__":  # the cage host first: node and srt load while the rest loads
+    from fleet_tui.execution.worker import cageearly
+
+    cageearly.start(sys.argv[1:])
+
 import contextlib
 import fcntl
-import hashlib
 import json
-import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from fleet_tui.core.states import StopReason
+from fleet_tui.execution.worker import cageearly
 from fleet_tui.execution.worker.attemptlog import (
     INPUT_LOCK_WAIT,
     AttemptLog,
@@ -362,8 +368,7 @@ class Runner:
         # and ended with the attempt, whatever they dropped (group, parent, token)
         contain = pidns.mode(self.env)
         if contain == "auto":
-            self.cgroup = cgroups.make(
-                "a-" + hashlib.sha256(str(self.dir.resolve()).encode()).hexdigest()[:20])
+            self.cgroup = cgroups.make(cageearly.cgroup_name(str(self.dir)))
         if self.cgroup is not None:
             self.contained = pidns.CONTAINED_CGROUP
         elif contain == "token":
@@ -463,10 +468,33 @@ class Runner:
             child, self.child = self.child, None  # claude's child only once it is told go
             return child if failed is None else None
 
+        early = cageearly.take()
+        if early is not None:
+            if self._adopt_early(early, spec):
+                return
+            cageearly.drop(early)
         # the attempt's token in its environment from the start, as claude's process has
         # it: what finds the run's processes where no parent-death signal takes them along
         env = dict(self.env, **({TOKEN_ENV: spec.token} if spec.token else {}))
         self.warm = WarmCageHost.start(spec, env, spawn)
+
+    def _adopt_early(self, early: cageearly.Early, spec: RunSpec) -> bool:
+        """Make the cage host started before this runner's imports (cageearly.py) its warm
+        host: into the attempt's cgroup before it is told anything. False when it does not
+        fit the run as it turned out (no cgroup after all, another worktree, gone)."""
+        from fleet_tui.execution.worker.cagehost import WarmCageHost
+
+        if self.cgroup is None or self.ns_init is not None or early.cwd != spec.cwd \
+                or early.proc.poll() is not None:
+            return False
+        try:
+            out_fh = open(self.log.events, "ab", buffering=0)  # noqa: SIM115 (closed by _run_claude)
+        except OSError:
+            return False
+        cgroups.add(self.cgroup, early.proc.pid)
+        self.warm_files = (early.stdin_fd, early.err_fh, out_fh)
+        self.warm = WarmCageHost(early.proc, early.go_fd)
+        return True
 
     def _drop_warm(self) -> None:
         """End a warm cage host that will not run claude, and close what was opened for it."""
@@ -496,13 +524,15 @@ class Runner:
         except LaunchError as exc:
             raise _LaunchFailure(str(exc), int(getattr(exc, "exit_code", 1) or 1)) from None
 
-    def child_preexec(self) -> Callable[[], None]:
+    def child_preexec(self, *, join_cgroup: bool = True) -> Callable[[], None]:
         """What runs in a child of the runner (claude's, the setup command's) between fork
         and exec: its own process group, the user's umask, the attempt's cgroup or PID
-        namespace, and death with the runner."""
+        namespace, and death with the runner. `join_cgroup=False`: the caller moves the
+        child into the cgroup itself, after its exec and before it starts anything."""
         parent = self.pid
         user_umask = self.user_umask
-        cgroup, in_namespace = self.cgroup, self.ns_init is not None
+        cgroup = self.cgroup if join_cgroup else None
+        in_namespace = self.ns_init is not None
 
         def preexec() -> None:
             os.setpgid(0, 0)
@@ -524,7 +554,12 @@ class Runner:
         """Start claude's process (or the warm cage host that becomes it) as the runner's
         child, its stdin a pipe and its output the attempt's files (kept in warm_files).
         None when started, else the runner's exit status (recorded)."""
-        preexec = self.child_preexec()
+        # The warm cage host joins the attempt's cgroup after its exec: the first move into
+        # a cgroup after a quiet spell waits for the kernel's RCU grace period (~20 ms here),
+        # which would delay node's start by as much. It starts nothing before its order
+        # comes, and the order is sent after the move.
+        late_cgroup = go_fd is not None and self.cgroup is not None
+        preexec = self.child_preexec(join_cgroup=not late_cgroup)
         # The guard against running in the main checkout is the engine's; here only refuse
         # a missing cwd.
         if not Path(spec.cwd).is_dir():
@@ -558,6 +593,9 @@ class Runner:
                              error=f"cannot start {argv[0]}: {exc.strerror or exc}")
         finally:
             os.close(stdin_r)
+        if late_cgroup:
+            assert self.cgroup is not None
+            cgroups.add(self.cgroup, self.child.pid)
         self.warm_files = (stdin_w, err_fh, out_fh)
         return None
 
@@ -872,6 +910,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if runner.lock_fd is not None and not runner.log.exited:
             runner._write_exit(exit_code=70, error=f"runner failed: {exc!r}")
         raise
+    finally:
+        cageearly.drop()  # started first thing, never taken: the run ended before
 
 
 if __name__ == "__main__":
