@@ -68,18 +68,40 @@ def _session_of(pid: int) -> int | None:
     return int(fields[3])  # state ppid pgrp session
 
 
+class StartExited(RuntimeError):
+    """A `ray start` of the cluster's exited while the cluster started."""
+
+
+# what a `ray start` that exited said, worth keeping above the rest of its log
+_CAUSE_WORDS = ("error", "exception", "in use", "failed", "refused", "denied", "killed")
+
+
+def _cause(text: str, tail: int = 2000) -> str:
+    """A log's lines that say why, then its last `tail` characters."""
+    why = [line for line in text.splitlines()
+           if any(word in line.lower() for word in _CAUSE_WORDS)][-15:]
+    return "\n".join(why)[-2000:] + "\n--- the log's end ---\n" + text[-tail:]
+
+
 class RayCluster:
     def __init__(self) -> None:
         # short: Ray's unix sockets live under it (a socket path holds 107 bytes)
         self.root = Path(tempfile.mkdtemp(prefix="fr-", dir="/tmp"))
-        self.temp_dir = self.root / "t"
         self.home = self.root / "home"
         self.home.mkdir()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+        self.tries = 0
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """New ports and a new temp dir (a port picked free may be taken before Ray binds
+        it, by another test on this machine)."""
+        self.tries += 1
+        self.temp_dir = self.root / f"t{self.tries}"
         self.port = free_port()
         self.dashboard_port = free_port()
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs: list[Path] = []
 
     def env(self) -> dict[str, str]:
         keep = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
@@ -91,7 +113,7 @@ class RayCluster:
         return env
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        out = self.root / f"{name}.out"
+        out = self.root / f"{name}.{self.tries}.out"
         self.logs.append(out)
         with open(out, "wb") as fh:
             proc = subprocess.Popen(
@@ -107,14 +129,31 @@ class RayCluster:
         self.procs.append(proc)
         return proc
 
-    def start(self) -> RayCluster:
-        self._start("head", ["--head", f"--port={self.port}", "--dashboard-host=127.0.0.1",
-                             f"--dashboard-port={self.dashboard_port}",
-                             f"--ray-client-server-port={free_port()}",
-                             '--resources={"head": 1}'])
-        self.wait_port(self.port)  # the head's GCS: a node can join (the dashboard later)
-        self.start_node()
-        return self
+    def start(self, tries: int = 3) -> RayCluster:
+        """The head and a node. A `ray start` that exits meanwhile (a port taken between
+        its pick and Ray's bind, on a machine running other tests) is given up with its
+        processes, and the cluster started again on other ports: `tries` times at most,
+        each failure's cause on stderr."""
+        while True:
+            try:
+                self._start("head", ["--head", f"--port={self.port}",
+                                     "--dashboard-host=127.0.0.1",
+                                     f"--dashboard-port={self.dashboard_port}",
+                                     f"--ray-client-server-port={free_port()}",
+                                     '--resources={"head": 1}'])
+                self.wait_port(self.port)  # the head's GCS: a node can join (the dashboard later)
+                self.start_node()
+                return self
+            except StartExited as exc:
+                if self.tries >= tries:
+                    raise
+                sys.stderr.write(f"the Ray cluster did not start ({exc}); again on other "
+                                 "ports\n")
+                for proc in reversed(self.procs):
+                    self.kill_session(proc)
+                self.procs.clear()
+                self.logs.clear()
+                self._fresh()
 
     def start_node(self) -> subprocess.Popen[bytes]:
         proc = self._start(f"node{len(self.procs)}",
@@ -129,8 +168,7 @@ class RayCluster:
         while time.monotonic() < deadline:
             for proc in self.procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"ray start exited {proc.returncode}: "
-                                       f"{self.output()[-3000:]}")
+                    raise StartExited(self._exited(proc))
             with contextlib.suppress(OSError), \
                     socket.create_connection(("127.0.0.1", port), timeout=1):
                 return
@@ -153,8 +191,7 @@ class RayCluster:
         while time.monotonic() < deadline:
             for proc in self.procs if watch is None else watch:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"ray start exited {proc.returncode}: "
-                                       f"{self.output()[-3000:]}")
+                    raise StartExited(self._exited(proc))
             try:
                 if len(self.nodes()) >= n:
                     return
@@ -163,6 +200,14 @@ class RayCluster:
             time.sleep(0.5)
         raise RuntimeError(f"the cluster has not {n} node(s) after {START_TIMEOUT:.0f} s "
                            f"({last}): {self.output()[-3000:]}")
+
+    def _exited(self, proc: subprocess.Popen[bytes]) -> str:
+        """Which `ray start` exited, and why: its own log's telling lines and end."""
+        index = self.procs.index(proc)
+        log = self.logs[index] if index < len(self.logs) else None
+        text = log.read_text(errors="replace") if log is not None and log.exists() else ""
+        name = log.stem if log is not None else "?"
+        return f"ray start ({name}) exited {proc.returncode}: {_cause(text)}"
 
     def output(self) -> str:
         return "".join(p.read_text(errors="replace") for p in self.logs if p.exists())
