@@ -71,8 +71,8 @@ def start(args: Sequence[str]) -> None:
     if procs.PORTABLE or pidns.mode(os.environ) != "auto":
         return
     attempt_dir = _attempt_dir(args)
-    if attempt_dir is None or cgroups.make(cgroup_name(attempt_dir)) is None:
-        return  # the runner will use a PID namespace, if anything
+    if attempt_dir is None:
+        return
     try:
         with open(os.path.join(attempt_dir, SPEC_FILE), encoding="utf-8") as fh:
             spec = json.load(fh)
@@ -86,6 +86,8 @@ def start(args: Sequence[str]) -> None:
     if not isinstance(cwd, str) or not os.path.isdir(cwd) or \
             not cage.wanted(settings if isinstance(settings, dict) else {}, env):
         return
+    if cgroups.make(cgroup_name(attempt_dir)) is None:
+        return  # the runner will use a PID namespace, if anything
     argv = cage.warm_argv(env)
     if argv is None:
         return
