@@ -142,9 +142,13 @@ def test_scrub_tool_env_runs_the_tools_without_the_key_in_their_own_pid_namespac
         claude: str, key: str, endpoint: ScriptedEndpoint, git_repo: Path,
         key_helper: str) -> None:
     _scrub_ready()
+    # an uncaged worker's: the cage (the default) replaces scrub_tool_env, which a caged
+    # worker ignores, so with it on this would test the cage
     env = dict(base_env(endpoint, claude, key), FLEET_WORKER_SCRUB_TOOL_ENV="1",
-               FLEET_WORKER_KEY_HELPER=key_helper)
+               FLEET_WORKER_KEY_HELPER=key_helper, FLEET_WORKER_CAGE="off")
     task, worktree = run_task(env, git_repo)  # the worker still finishes ok
+    assert json.loads(fleet_tui(env, git_repo, "show", task["id"], "--json").stdout)[
+        "cage"] == "off"
     assert_key_nowhere(env, git_repo, task, key, worktree)
     assert key not in (worktree / "proc-env.txt").read_text(errors="replace")
     # the tool sees only its own sandbox's processes (the worker's cage: its init, its
