@@ -29,7 +29,7 @@ from fleet_tui.core.errors import (
     FleetTuiError,
     WorkerFinished,
 )
-from fleet_tui.core.model import MAX_COPIES, Attempt, Task, TaskSpec
+from fleet_tui.core.model import MAX_COPIES, Attempt, Task, TaskSpec, check_text
 from fleet_tui.core.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
@@ -262,11 +262,13 @@ def _settings(overrides: dict[str, object] | None = None) -> Settings:
 
 
 def _repo(path: Path | None) -> Path:
-    from fleet_tui.vcs import git
+    # finding the repository, not git's front (diffs, merges): a refusal loads no more
+    from fleet_tui.vcs.repository import main_worktree
+    from fleet_tui.vcs.run import GitError
 
     try:
-        return git.main_worktree(path if path is not None else Path.cwd())
-    except git.GitError as exc:  # the repository to work in is an argument: usage
+        return main_worktree(path if path is not None else Path.cwd())
+    except GitError as exc:  # the repository to work in is an argument: usage
         raise _Usage(str(exc)) from None
 
 
@@ -402,8 +404,6 @@ def _decode(data: bytes, source: str, command: str) -> str:
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
-    from fleet_tui.engine.submit import check_text
-
     if args.file is not None and args.prompt is not None and args.prompt != "-":
         raise _Usage("give the prompt as an argument or with --file, not both")
     source = args.file if args.file is not None else args.prompt
@@ -490,8 +490,6 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="print the tasks as JSON")
     args = p.parse_args(argv)
     prompt = _read_prompt(args)
-    from fleet_tui.engine.submit import check_text
-
     for what, value in (("title", args.title), ("base ref", args.base),
                         ("model", args.model), ("endpoint", args.endpoint),
                         ("host", args.host)):
@@ -1097,8 +1095,6 @@ def cmd_follow_up(argv: list[str]) -> int:
     p.add_argument("text", metavar="TEXT", help="the follow-up prompt (`-`: stdin)")
     args = p.parse_args(argv)
     text = _decode(_read_stdin(), "stdin", "follow-up") if args.text == "-" else args.text
-    from fleet_tui.engine.submit import check_text
-
     check_text("follow-up prompt", text)
     fleet = _fleet()
     _catch_up(fleet)
@@ -1117,8 +1113,6 @@ def cmd_say(argv: list[str]) -> int:
     text = _decode(_read_stdin(), "stdin", "say") if args.text == "-" else args.text
     if not text.strip():
         raise _Usage("the message is empty; say what the worker should do")
-    from fleet_tui.engine.submit import check_text
-
     check_text("message", text)
     fleet = _fleet()
     _catch_up(fleet)
