@@ -45,7 +45,7 @@ from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
 
 # Each command imports the engine, the store, git and the stream parser where it needs them:
 # `--help`, a bad option and a refusal print their line without loading them (every command
-# is a process of its own, and the suite starts over a thousand).
+# is a process of its own, and the test suite starts a great many).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from fleet_tui.core import stream

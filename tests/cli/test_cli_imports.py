@@ -1,5 +1,5 @@
 """Each `fleet-tui` command is a process of its own: what it imports, it pays for at every
-call (the suite starts over a thousand of them; a user, at every command). These tests run
+call (the test suite starts a great many; a user, at every command). These tests run
 the real entry point in a fresh interpreter and look at `sys.modules` once it returns:
 `--help`, a bad option or a refusal loads neither the engine nor the store nor git, and a
 command that reads the store (`ls`) loads no Textual, no GitPython, no aiohttp and no
