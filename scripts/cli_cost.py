@@ -11,8 +11,9 @@ claude, `show ID` is left out), and prints a Markdown table.
 `--compare` measures another checkout too (its fleet_tui first on PYTHONPATH, this venv's
 scripts), round by round in turn with this one, so load hits both alike. Python is run as
 the environment says: with PYTHONDONTWRITEBYTECODE=1 every process compiles fleet_tui's
-modules again (about twice the CPU); `--bytecode` drops it, and the first round writes the
-cache.
+modules again (about twice the CPU), unless a checkout has `__pycache__` folders already
+(said below the table); `--bytecode` drops it and uses a cache of the run's own (the first
+round writes it), alike for every checkout.
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="fleet-cli-cost-"))
     try:
         env, repo, elsewhere = scratch(base)
-        if args.bytecode:
+        if args.bytecode:  # a cache of this run's own, alike for every checkout
             env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = str(base / "pycache")
         task = one_task(env, repo)
         cases = {"fleet-tui --help": (["fleet-tui", "--help"], repo),
                  "fleet-tui version": (["fleet-tui", "version"], repo),
@@ -118,6 +120,9 @@ def main() -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    for path in trees.values():
+        if not args.bytecode and next(path.glob("fleet_tui/**/__pycache__"), None):
+            print(f"note: {path} has __pycache__ folders: its modules load from bytecode")
     print(f"runs {args.runs}, load {load}, bytecode "
           f"{'cached' if 'PYTHONDONTWRITEBYTECODE' not in env else 'not written'}")
     heads = [f"{what} {tree}" for what in ("CPU s", "wall s") for tree in trees]
