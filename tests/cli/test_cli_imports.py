@@ -36,7 +36,7 @@ PROBE = """\
 import json, sys
 from fleet_tui import cli
 try:
-    code = cli.main(sys.argv[1:])
+    code = cli.main(sys.argv[1:]) if ENTRY == "main" else getattr(cli, ENTRY)()
 except SystemExit as exc:
     code = exc.code
 sys.stdout.flush()
@@ -46,14 +46,17 @@ print("exit:" + json.dumps(code))
 """
 
 
-def loaded(cwd: Path, *args: str, heavy: tuple[str, ...]) -> tuple[list[str], object]:
+def loaded(cwd: Path, *args: str, heavy: tuple[str, ...],
+           entry: str = "main") -> tuple[list[str], object]:
     """The names of `heavy` loaded (a package counts with any of its modules) after
-    `fleet-tui ARGS` ran in cwd, in a fresh interpreter, and the exit code it returned."""
+    `fleet-tui ARGS` (or another console script's `entry` in cli.py) ran in cwd, in a fresh
+    interpreter, and the exit code it returned."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")]), "FLEET_WORKER_KEY_SOURCES": "env"}
     env.pop("ANTHROPIC_AUTH_TOKEN", None)
     env.pop("ANTHROPIC_API_KEY", None)
-    out = subprocess.run([sys.executable, "-c", f"HEAVY = {heavy!r}\n{PROBE}", *args],
+    probe = f"HEAVY = {heavy!r}\nENTRY = {entry!r}\n{PROBE}"
+    out = subprocess.run([sys.executable, "-c", probe, *args],
                          cwd=cwd, env=env, input="", capture_output=True, text=True,
                          timeout=60, check=False)
     assert "Traceback" not in out.stderr, out.stderr
@@ -107,6 +110,16 @@ def test_reading_the_store_loads_no_panel_gitpython_or_server(
     modules, code = loaded(git_repo, *args, heavy=PANEL + SERVERS + GITPYTHON)
     assert code == (3 if args[0] == "show" else 0)
     assert modules == [], f"`fleet-tui {' '.join(args)}` loaded {modules}"
+
+
+def test_fleet_doctor_finds_the_repository_without_gitpython(git_repo: Path) -> None:
+    """`fleet-doctor` checks this machine (claude, the key, git, the repository it is run
+    in): no engine front, store, git's front, GitPython, panel or server."""
+    heavy = (*PANEL, *SERVERS, *GITPYTHON, "fleet_tui.engine.fleet", "fleet_tui.store",
+             "fleet_tui.vcs.git", "msgspec")
+    modules, code = loaded(git_repo, heavy=heavy, entry="doctor_main")
+    assert isinstance(code, int)
+    assert modules == [], f"fleet-doctor loaded {modules}"
 
 
 def test_the_probe_sees_what_is_loaded(git_repo: Path) -> None:
