@@ -364,13 +364,13 @@ def _git_checks(env: Mapping[str, str], cwd: Path) -> list[Check]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [Check("git", WARN, f"git did not run: {exc}")]
     checks = [Check("git", OK, f"{version} at {git}")]
-    from fleet_tui.vcs import (
-        git as fleet_git,  # the repository the engine would use, as it finds it
-    )
+    # the repository the engine would use, as it finds it (not git's front: diffs, merges)
+    from fleet_tui.vcs.repository import find_repo
+    from fleet_tui.vcs.run import GitError
 
     try:
-        repo = fleet_git.find_repo(cwd)
-    except fleet_git.GitError as exc:
+        repo = find_repo(cwd)
+    except GitError as exc:
         checks.append(Check("fleet_work_ignored", SKIP, str(exc)))
         return checks
     try:

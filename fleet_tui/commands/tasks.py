@@ -12,15 +12,13 @@ import argparse
 import json
 import os
 import sqlite3
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fleet_tui.commands import best
-from fleet_tui.core import policy, redaction, stream
+from fleet_tui.core import policy, redaction
 from fleet_tui.core.durations import parse_duration
 from fleet_tui.core.errors import (
     EXIT_FAILED,
@@ -31,8 +29,7 @@ from fleet_tui.core.errors import (
     FleetTuiError,
     WorkerFinished,
 )
-from fleet_tui.core.model import MAX_COPIES, Attempt, Task
-from fleet_tui.core.review import parse_line_spec
+from fleet_tui.core.model import MAX_COPIES, Attempt, Task, TaskSpec, check_text
 from fleet_tui.core.states import (
     ACTIVE_STATES,
     CLOSED_STATES,
@@ -44,15 +41,18 @@ from fleet_tui.core.states import (
     TaskState,
 )
 from fleet_tui.core.terminal import visible
-from fleet_tui.engine.fleet import Fleet, TaskSpec, check_text
 from fleet_tui.settings.config import PERMISSION_MODES, Settings, load_settings
-from fleet_tui.store import budgets
-from fleet_tui.store.costs import as_json
-from fleet_tui.store.db import StoreError, unusable
-from fleet_tui.store.meter import Totals
-from fleet_tui.store.reviews import ReviewComment
-from fleet_tui.system import paths, pidns
-from fleet_tui.vcs import git
+
+# Each command imports the engine, the store, git and the stream parser where it needs them:
+# `--help`, a bad option and a refusal print their line without loading them (every command
+# is a process of its own, and the test suite starts a great many).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from fleet_tui.core import stream
+    from fleet_tui.engine.fleet import Fleet
+    from fleet_tui.store.meter import Totals
+    from fleet_tui.store.reviews import ReviewComment
+    from fleet_tui.vcs import git
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
@@ -135,6 +135,8 @@ def task_json(task: Task, attempts: list[Attempt] | None = None,
             {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
             for a in attempts]
     if cost is not None:
+        from fleet_tui.store.costs import as_json
+
         data.update(as_json(cost))
     return data
 
@@ -143,6 +145,8 @@ def _cost(totals: Totals | None) -> str:
     """A task's cost as the list shows it ($0.42, * when some requests are unpriced)."""
     if totals is None or not totals.requests:
         return "-"
+    from fleet_tui.store import budgets
+
     return budgets.usd(totals.cost) + ("*" if totals.unpriced else "")
 
 
@@ -164,11 +168,15 @@ def _tokens(n: int) -> str:
 
 
 def _one_line(text: str | None, limit: int = 100) -> str:
+    from fleet_tui.core import stream
+
     return stream.one_line(text or "", limit)
 
 
 def format_event(ev: stream.Event) -> str | None:
     """One readable line per event (None for events not worth a line)."""
+    from fleet_tui.core import stream  # msgspec: only the commands that print events need it
+
     prefix = "  ↳ " if getattr(ev, "parent_tool_use_id", None) else ""
     line: str | None
     if isinstance(ev, stream.Init):
@@ -224,6 +232,8 @@ def _indented(text: str, prefix: str = FULL_INDENT) -> list[str]:
 def format_event_full(ev: stream.Event) -> list[str]:
     """An event with everything it holds (`logs --full`): a tool call's whole input, a
     tool's whole output and exit status, whole messages; [] for events not worth a line."""
+    from fleet_tui.core import stream
+
     line = format_event(ev)
     if line is None:
         return []
@@ -252,13 +262,19 @@ def _settings(overrides: dict[str, object] | None = None) -> Settings:
 
 
 def _repo(path: Path | None) -> Path:
+    # finding the repository, not git's front (diffs, merges): a refusal loads no more
+    from fleet_tui.vcs.repository import main_worktree
+    from fleet_tui.vcs.run import GitError
+
     try:
-        return git.main_worktree(path if path is not None else Path.cwd())
-    except git.GitError as exc:  # the repository to work in is an argument: usage
+        return main_worktree(path if path is not None else Path.cwd())
+    except GitError as exc:  # the repository to work in is an argument: usage
         raise _Usage(str(exc)) from None
 
 
 def _fleet(settings: Settings | None = None) -> Fleet:
+    from fleet_tui.engine.fleet import Fleet  # the engine: once the arguments are read
+
     return Fleet(settings or _settings())
 
 
@@ -301,6 +317,8 @@ class _Aborted(FleetTuiError):
 def _schedule_until(fleet: Fleet, ids: Sequence[str], done: Callable[[Task], bool],
                     on_change: Callable[[Task], None] | None = None) -> list[Task]:
     """Run the scheduler here until done(task) holds for every id."""
+    from fleet_tui.store.db import StoreError
+
     seen: dict[str, tuple[TaskState, str | None]] = {}
     while True:
         try:
@@ -535,6 +553,8 @@ def cmd_ls(argv: list[str]) -> int:
                    help="the archived tasks instead (`fleet-tui archive`)")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     args = p.parse_args(argv)
+    from fleet_tui.store.meter import Totals
+
     repo: Path | None = None
     if not args.all_repos:
         repo = _repo(args.repo)
@@ -600,6 +620,10 @@ def cmd_show(argv: list[str]) -> int:
     p = _id_parser("show", "Show one task and its attempts.")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    from fleet_tui.commands import best
+    from fleet_tui.store.meter import Totals
+    from fleet_tui.system import pidns
+
     fleet = _fleet()
     fleet.prepare_secret_scan()  # what the worker said is printed with the key hidden
     _catch_up(fleet)
@@ -711,6 +735,8 @@ def _cage_of(fleet: Fleet, task: Task, attempts: list[Attempt]
 
 def _cost_line(fleet: Fleet, task: Task, metered: Totals) -> str:
     """`show`'s cost: the figure, the requests and tokens it is of, the budget left."""
+    from fleet_tui.store import budgets
+
     line = (f"{budgets.usd(metered.cost)} ({metered.requests} requests: "
             f"{metered.input_tokens} in / {metered.output_tokens} out / "
             f"{metered.cache_read_tokens} cache read / {metered.cache_write_tokens} cache "
@@ -823,6 +849,8 @@ def cmd_diff(argv: list[str]) -> int:
         _err(f"task {fleet.get_task(args.id).id} has no changes")
         return EXIT_OK
     if diff.secret_paths:
+        from fleet_tui.vcs import git
+
         _err(f"fleet-tui diff: warning: these files contain the API key (shown as "
              f"{git.REDACTED}; a merge refuses them): {', '.join(diff.secret_paths)}")
     if args.stat:
@@ -910,6 +938,8 @@ def cmd_review(argv: list[str]) -> int:
     task = fleet.get_task(args.id)
     if args.comment is not None:
         spec, text = args.comment
+        from fleet_tui.core.review import parse_line_spec
+
         try:
             path, start, end = parse_line_spec(spec)
         except ValueError as exc:
@@ -1164,6 +1194,8 @@ def _run_shell(worktree: Path, task_id: str) -> None:
     if sys.stdin is None or not sys.stdin.isatty():
         raise _Usage(f"a shell needs a terminal; resolve the conflicts in {worktree} by hand "
                      f"(edit, `git add`), then run `fleet-tui update {task_id}` again")
+    import subprocess
+
     shell = os.environ.get("SHELL") or "/bin/sh"
     _err(f"resolving in {worktree}: edit the conflicted files, `git add` them (a commit is "
          "optional), then exit the shell")
@@ -1317,6 +1349,8 @@ def cmd_compare(argv: list[str]) -> int:
                    "--copies) side by side.")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    from fleet_tui.commands import best
+
     fleet = _fleet()
     _catch_up(fleet)
     reports = fleet.compare(args.id)
@@ -1365,6 +1399,8 @@ def cmd_pick(argv: list[str]) -> int:
                    "by evidence (`fleet-tui compare ID`), whichever copy ID is; exit 4 when "
                    "none passes")
     args = p.parse_args(argv)
+    from fleet_tui.commands import best
+
     fleet = _fleet()
     _catch_up(fleet)
     task = fleet.get_task(args.id)
@@ -1443,6 +1479,9 @@ def main(argv: list[str]) -> int:
         _err(f"fleet-tui {name}: {exc.message}")
         return exc.exit_code
     except sqlite3.DatabaseError as exc:  # a read outside a transaction met it
+        from fleet_tui.store.db import unusable
+        from fleet_tui.system import paths
+
         failure = unusable(paths.db_path(), exc)
         if failure is None:
             raise

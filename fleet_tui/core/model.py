@@ -12,11 +12,12 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleet_tui.core.errors import InvalidSpec
 from fleet_tui.core.states import TaskState
 from fleet_tui.core.titles import task_title
 
 __all__ = ["ID_ALPHABET", "ID_LENGTH", "MAX_COPIES", "Attempt", "EndpointState", "Task",
-           "TaskSpec", "new_task_id"]
+           "TaskSpec", "check_text", "new_task_id"]
 
 # how many copies of one task a submit may ask for (the engine and the form agree on it)
 MAX_COPIES = 50
@@ -28,6 +29,24 @@ ID_LENGTH = 6
 def new_task_id() -> str:
     """A random 6-char id from [0-9a-z] (uniqueness is checked on insert)."""
     return "".join(secrets.choice(ID_ALPHABET) for _ in range(ID_LENGTH))
+
+
+def check_text(what: str, text: str) -> None:
+    """Refuse text claude cannot be given: a NUL byte (no process argument or environment
+    can hold one) or text that is not valid UTF-8 (bytes that did not decode arrive as
+    surrogate escapes, e.g. from argv). InvalidSpec names the first bad spot."""
+    nul = text.find("\0")
+    if nul >= 0:
+        raise InvalidSpec(f"the {what} contains a NUL byte (at character {nul + 1}), which "
+                          "cannot be passed to claude; remove it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        bad = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else \
+            f"character U+{code:04X}"
+        raise InvalidSpec(f"the {what} is not valid UTF-8 text ({bad} at character "
+                          f"{exc.start + 1}); convert it to UTF-8") from None
 
 
 @dataclass

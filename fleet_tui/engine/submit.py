@@ -10,7 +10,7 @@ from pathlib import Path
 from fleet_tui.core import titles
 from fleet_tui.core.durations import check_seconds
 from fleet_tui.core.errors import FleetTuiError, InvalidSpec
-from fleet_tui.core.model import MAX_COPIES, Task, TaskSpec
+from fleet_tui.core.model import MAX_COPIES, Task, TaskSpec, check_text
 from fleet_tui.engine.context import Part
 from fleet_tui.execution import remote_cage
 from fleet_tui.settings.config import PERMISSION_MODES, ConfigError
@@ -18,24 +18,6 @@ from fleet_tui.settings.config_core import check_length
 from fleet_tui.vcs import git
 
 __all__ = ["Submissions", "check_text"]
-
-
-def check_text(what: str, text: str) -> None:
-    """Refuse text claude cannot be given: a NUL byte (no process argument or environment
-    can hold one) or text that is not valid UTF-8 (bytes that did not decode arrive as
-    surrogate escapes, e.g. from argv). InvalidSpec names the first bad spot."""
-    nul = text.find("\0")
-    if nul >= 0:
-        raise InvalidSpec(f"the {what} contains a NUL byte (at character {nul + 1}), which "
-                          "cannot be passed to claude; remove it")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        code = ord(text[exc.start])
-        bad = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else \
-            f"character U+{code:04X}"
-        raise InvalidSpec(f"the {what} is not valid UTF-8 text ({bad} at character "
-                          f"{exc.start + 1}); convert it to UTF-8") from None
 
 
 class Submissions(Part):

@@ -1,8 +1,9 @@
 """Git work for fleet-tui, the area's front: ``from fleet_tui.vcs import git``, then
 ``git.create_worktree(...)``, ``git.merge(...)``, ``git.GitError``.
 
-Every git command runs through GitPython (``git.Git(cwd).execute``); its exceptions become
-``GitError`` with a message that says what to do, never a traceback. Nothing here writes to
+Every git command runs through GitPython (``git.Git(cwd).execute``; finding the repository
+asks `git rev-parse` first, see repository.py); its exceptions become ``GitError`` with a
+message that says what to do, never a traceback. Nothing here writes to
 a checkout the user did not ask to change: diffs and the conflict preview work on a temporary
 index file and unreferenced objects, and a failed merge is rolled back (and said to be
 restored only when HEAD, index and files were checked).

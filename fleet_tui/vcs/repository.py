@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fleet_tui.system import paths
+from fleet_tui.system.gitplumbing import run_git
 from fleet_tui.vcs import repolock
 from fleet_tui.vcs.gitfiles import _common_dir, _git_dir_of
 from fleet_tui.vcs.run import GitError, _git_path, _gitpython, _out
@@ -29,11 +30,54 @@ def find_repo(path: Path | str) -> Path:
     A path inside a task's worktree gives that worktree (it is its own checkout);
     ``main_worktree`` maps it back to the user's main checkout.
     """
+    start, found = _rev_parse(path)
+    return found[0] if found is not None else _found_by_gitpython(start)
+
+
+def main_worktree(path: Path | str) -> Path:
+    """The main checkout of the repository containing ``path``, even from a linked worktree."""
+    start, found = _rev_parse(path)
+    if found is not None:
+        top, common = found
+    else:
+        top = _found_by_gitpython(start)
+        common = Path(_out(top, "rev-parse", "--path-format=absolute",
+                           "--git-common-dir").strip())
+    if common.name == ".git" and common.parent.is_dir():
+        return common.parent.resolve()
+    return top
+
+
+def _rev_parse(path: Path | str) -> tuple[Path, tuple[Path, Path] | None]:
+    """The folder to start from, and (the checkout's top folder, its common git dir) when
+    one `git rev-parse` finds a checkout with a commit; GitError when ``path`` does not
+    exist or git says it is in no repository; None for anything else (a bare repository,
+    no commit yet, inside a git dir), which GitPython then looks at and says what is
+    wrong. Every CLI command starts here: GitPython's import alone costs a process ~75 ms
+    of CPU."""
     start = Path(path).expanduser()
     if not start.exists():
         raise GitError(f"{start} does not exist; give the folder of a git repository")
     if start.is_file():
         start = start.parent
+    try:
+        status, out, err = run_git(start, "rev-parse", "--path-format=absolute",
+                                   "--show-toplevel", "--git-common-dir", "--verify",
+                                   "--quiet", "HEAD", check=False)
+    except GitError:  # git cannot run: GitPython finds the checkout without it
+        return start, None
+    lines = out.splitlines()
+    if status == 0 and len(lines) == 3:
+        return start, (Path(lines[0]).resolve(), Path(lines[1]))
+    if err.startswith("fatal: not a git repository"):
+        raise GitError(f"{start} is not inside a git repository; cd into one, or create one "
+                       "with `git init` and a first commit")
+    return start, None
+
+
+def _found_by_gitpython(start: Path) -> Path:
+    """The checkout's top folder as GitPython finds it, or GitError saying why there is
+    none to work in."""
     gitpython = _gitpython()
     try:
         repo = gitpython.Repo(start, search_parent_directories=True)
@@ -56,15 +100,6 @@ def find_repo(path: Path | str) -> Path:
         return Path(top).resolve()
     finally:
         repo.close()
-
-
-def main_worktree(path: Path | str) -> Path:
-    """The main checkout of the repository containing ``path``, even from a linked worktree."""
-    top = find_repo(path)
-    common = Path(_out(top, "rev-parse", "--path-format=absolute", "--git-common-dir").strip())
-    if common.name == ".git" and common.parent.is_dir():
-        return common.parent.resolve()
-    return top
 
 
 def queue_lock_file(repo: Path) -> Path:

@@ -1,5 +1,7 @@
 """Running git: every command goes through GitPython (``git.Git(cwd).execute``), and its
 failures become ``GitError`` with a message that says what to do, never a traceback.
+(Finding the repository, every CLI command's first step, runs `git rev-parse` without it:
+repository.py.)
 
 The bottom of ``fleet_tui.vcs``: the small helpers every other module runs git with
 (``_run``, ``_out``, ``_rev``, ...), a throwaway index for commands that must not touch a
