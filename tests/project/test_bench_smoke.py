@@ -41,12 +41,12 @@ from bench.common import (
 )
 
 RUNS = 2
-# The costly ones (a Ray cluster; sshd and controllers following streams; real claude runs)
-# run one round: a second round makes the same calls with the two arms in the other order,
-# and the figures' checks below are per figure, not per round. The others run RUNS rounds,
-# which shows a benchmark gives as many samples as asked for (the cage too: one round
-# against its smoke default of two).
-ONE_ROUND = {"ray", "ssh", "cage", "slots"}
+# The costly ones (a Ray cluster; sshd and controllers following streams; real claude runs;
+# a browser; the workers' memory) run one round: a second round makes the same calls (with
+# the two arms in the other order where they alternate), and the figures' checks below are
+# per figure, not per round. The others run RUNS rounds, which shows a benchmark gives as
+# many samples as asked for (the cage too: one round against its smoke default of two).
+ONE_ROUND = {"ray", "ssh", "cage", "slots", "serve", "memory"}
 
 # Samples each figure must hold after run(smoke=True, runs=...); None: at least the runs
 # (key presses during a drain: as many as fit, at least one per run).
