@@ -63,10 +63,26 @@ def pytest_configure(config: pytest.Config) -> None:
     # before the test modules are imported: their sizes are read from the environment
     if config.getoption("--soak"):
         os.environ["FLEET_SOAK"] = "1"
+    if not hasattr(config, "workerinput"):  # once, in the process that starts the workers
+        _compile_what_subprocesses_import()
     # a pytest-xdist worker that dies is named with the test and phase it was in
     import xdist_watch
 
     config.pluginmanager.register(xdist_watch, "fleet-xdist-watch")
+
+
+def _compile_what_subprocesses_import() -> None:
+    """The bytecode of the checkout's own modules, as an installed fleet-tui has it (pip
+    compiles a package when it installs it). An editable checkout has none until Python
+    writes it on an import, which it never does where PYTHONDONTWRITEBYTECODE is set (a
+    development shell; the machines this suite was timed on): then each of the suite's
+    many subprocesses (every `fleet-tui` command, runner, gateway, bench child) compiled
+    what it imports, about half of a `fleet-tui ls`'s CPU. compileall writes whatever
+    that variable says, and skips the files whose bytecode is current."""
+    import compileall
+
+    for folder in ("fleet_tui", "bench", "tests/support"):
+        compileall.compile_dir(REPO_ROOT / folder, quiet=2)
 
 
 @pytest.fixture(autouse=True)

@@ -83,7 +83,7 @@ def build_fleet(repo: Path, tmp: Path) -> Fleet:
 def landing_app(git_repo: Path, tmp_path: Path) -> FleetApp:
     fleet = build_fleet(git_repo, tmp_path)
     return FleetApp(fleet, repo=git_repo, default_base="main", clock=lambda: NOW,
-                    run_scheduler=False, bell=False, poll_interval=0.1, diff_interval=60)
+                    run_scheduler=False, bell=False, poll_interval=0.5, diff_interval=60)
 
 
 async def _settle(pilot: Pilot[Any], predicate: Any, timeout: float = 15.0) -> None:

@@ -104,7 +104,7 @@ def build_fleet(repo: Path, tmp: Path) -> Fleet:
 def snapshot_app(git_repo: Path, tmp_path: Path) -> FleetApp:
     fleet = build_fleet(git_repo, tmp_path)
     return FleetApp(fleet, repo=git_repo, default_base="main", clock=lambda: NOW,
-                    run_scheduler=False, bell=False, poll_interval=0.1, diff_interval=60)
+                    run_scheduler=False, bell=False, poll_interval=0.5, diff_interval=60)
 
 
 async def _settle(pilot: Pilot[Any], predicate: Any, timeout: float = 10.0) -> None:
@@ -290,7 +290,7 @@ def test_the_list_marks_a_task_that_ran_uncaged(git_repo: Path, tmp_path: Path) 
     fleet = build_fleet(git_repo, tmp_path)
     (tmp_path / "logs" / "s4n7ud" / "1" / "cage.json").unlink()
     app = FleetApp(fleet, repo=git_repo, default_base="main", clock=lambda: NOW,
-                   run_scheduler=False, bell=False, poll_interval=0.1, diff_interval=60)
+                   run_scheduler=False, bell=False, poll_interval=0.5, diff_interval=60)
 
     async def scenario() -> None:
         async with app.run_test(size=(160, 48)) as pilot:
