@@ -233,6 +233,7 @@ def terminal(tmp_path: Path, isolated_env: Path, claude_bin: str) -> Iterator[Te
         shutil.rmtree(tmp_path / CLONE / ".venv", ignore_errors=True)
 
 
+@pytest.mark.timeout(DEADLINE + 180)
 def test_the_readmes_first_command_starts_the_demo_from_a_fresh_clone(
         terminal: Terminal, tmp_path: Path, isolated_env: Path) -> None:
     clone = tmp_path / CLONE
@@ -258,6 +259,9 @@ def test_the_readmes_first_command_starts_the_demo_from_a_fresh_clone(
         assert status is None, \
             f"`{command}` ended ({status}) before the demo showed:\n{terminal.everything()}"
         assert "[y/N]" not in screen, f"the demo asks to install something:\n{screen}"
+        # the demo's workers all succeed: one that failed will not show a stream
+        assert not re.search(r"^\s*\S+ failed\s", screen, re.M), \
+            f"a demo task failed:\n{screen}"
         assert time.monotonic() - started < DEADLINE, \
             f"no demo tasks and stream after {DEADLINE:.0f} s:\n{screen}"
         time.sleep(0.5)
