@@ -149,6 +149,11 @@ class Terminal:
                        capture_output=True, timeout=60)
 
 
+def _tail(terminal: Terminal, lines: int = 60) -> str:
+    """The end of what the pane printed (pip's output before it runs to a hundred lines)."""
+    return "\n".join(terminal.everything().rstrip().splitlines()[-lines:])
+
+
 def _tmux_key(shown: str) -> str:
     """A key as the footer shows it (`q`, `^q`) as tmux's send-keys names it."""
     return f"C-{shown[1:]}" if shown.startswith("^") and len(shown) == 2 else shown
@@ -257,7 +262,7 @@ def test_the_readmes_first_command_starts_the_demo_from_a_fresh_clone(
     while not shown():
         status = terminal.exit_status()
         assert status is None, \
-            f"`{command}` ended ({status}) before the demo showed:\n{terminal.everything()}"
+            f"`{command}` ended ({status}) before the demo showed:\n{_tail(terminal)}"
         assert "[y/N]" not in screen, f"the demo asks to install something:\n{screen}"
         # the demo's workers all succeed: one that failed will not show a stream
         assert not re.search(r"^\s*\S+ failed\s", screen, re.M), \
@@ -276,7 +281,7 @@ def test_the_readmes_first_command_starts_the_demo_from_a_fresh_clone(
             f"still running 60 s after {quit_key.group(1)!r}:\n{terminal.screen()}"
         time.sleep(0.2)
     everything = terminal.everything()
-    assert status == 0, f"`{command}` exited {status}:\n{everything}"
+    assert status == 0, f"`{command}` exited {status}:\n{_tail(terminal)}"
     assert "Traceback" not in everything, everything
 
     # what ran was the install in the command's own venv, not the checkout it came from
