@@ -113,7 +113,8 @@ class Terminal:
     def __init__(self, folder: Path, env: dict[str, str]) -> None:
         self.socket = folder / "tmux.sock"
         self.config = folder / "tmux.conf"
-        # remain-on-exit: the pane stays after its command ends, with its exit status
+        self.status_file = folder / "exit-status"
+        # remain-on-exit: the pane, and what it shows, stay after its command ends
         self.config.write_text("set -g remain-on-exit on\nset -g history-limit 10000\n")
         self.env = env
 
@@ -124,9 +125,15 @@ class Terminal:
         return out.stdout
 
     def start(self, cwd: Path, command: str) -> None:
-        # the README's block is bash; the command goes to it as one argument, unchanged
+        """Run `command` in the pane as a user's shell does: the README's block is bash, so
+        `bash -c COMMAND` (the command one argument, unchanged), whose exit status the shell
+        around it writes down once it has waited for it. (tmux's own record of a pane's
+        exit, pane_dead_status, once stayed unset for over a minute with the panel's
+        process already a zombie under the tmux server, on a loaded machine.)"""
+        self.status_file.unlink(missing_ok=True)
         self.tmux("new-session", "-d", "-x", str(WIDTH), "-y", str(HEIGHT), "-c", str(cwd),
-                  "bash", "-c", command)
+                  "bash", "-c", 'bash -c "$1"; echo "$?" > "$2"', "bash", command,
+                  str(self.status_file))
 
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p")
@@ -137,9 +144,11 @@ class Terminal:
 
     def exit_status(self) -> int | None:
         """The command's exit status once it ended, else None."""
-        dead, _, status = self.tmux("display-message", "-p",
-                                    "#{pane_dead} #{pane_dead_status}").strip().partition(" ")
-        return int(status) if dead == "1" and status else None
+        try:
+            said = self.status_file.read_text()
+        except FileNotFoundError:
+            return None
+        return int(said) if said.endswith("\n") else None  # else: being written
 
     def press(self, key: str) -> None:
         self.tmux("send-keys", key)
