@@ -232,6 +232,23 @@ def _stop_ours(roots: list[Path]) -> None:
             raise AssertionError(f"processes of this test outlived SIGKILL: {pids}")
 
 
+def _forget_our_wheel(clone: Path) -> None:
+    """pip keeps the wheel it built from `clone` in the machine's wheel cache under the
+    folder's URL, which no later run asks for again: drop it (only that one)."""
+    url = clone.as_uri()
+    try:  # listed first: the walk would trip over the folder removed under it
+        origins = list((Path(_PIP["PIP_CACHE_DIR"]) / "wheels").rglob("origin.json"))
+    except OSError:  # another pip changing its cache meanwhile: leave it
+        return
+    for origin in origins:
+        try:
+            built_here = f'"url": "{url}"' in origin.read_text()
+        except OSError:
+            continue
+        if built_here:
+            shutil.rmtree(origin.parent, ignore_errors=True)
+
+
 @pytest.fixture
 def terminal(tmp_path: Path, isolated_env: Path, claude_bin: str) -> Iterator[Terminal]:
     if shutil.which("tmux") is None:
@@ -245,6 +262,7 @@ def terminal(tmp_path: Path, isolated_env: Path, claude_bin: str) -> Iterator[Te
         _stop_ours([tmp_path, isolated_env.parent])
         # the command's venv (over 100 MB) is of no use once the test ran
         shutil.rmtree(tmp_path / CLONE / ".venv", ignore_errors=True)
+        _forget_our_wheel(tmp_path / CLONE)
 
 
 @pytest.mark.timeout(DEADLINE + 180)
