@@ -73,15 +73,7 @@ function answerSrtsQuestions() {
   if (process.platform !== 'linux') return { ask() {}, done() {} };
   const spawnSync = childProcess.spawnSync;
   const spawnAsync = childProcess.spawn;
-  // setpriv where it knows --pdeathsig (util-linux 2.33 and later), asked once at the start
-  let setpriv;
-  const found = which('setpriv');
-  if (found) {
-    const probe = spawnAsync(found, ['--pdeathsig', 'KILL', '--', 'true'], { stdio: 'ignore' });
-    probe.on('error', () => {});
-    probe.on('exit', status => { if (status === 0) setpriv = found; });
-    probe.unref();
-  }
+  let setpriv;  // where it knows --pdeathsig (util-linux 2.33 and later): asked by `ask`
   childProcess.spawn = function relayed(file, args, options) {
     if (setpriv && typeof file === 'string' && /(^|\/)socat$/.test(file) &&
         Array.isArray(args)) {
@@ -93,6 +85,13 @@ function answerSrtsQuestions() {
   let bwrap;
   let version;  // [status, stdout] of `bwrap --version`, once it has ended
   const ask = () => {
+    const found = which('setpriv');
+    if (found) {
+      const probe = spawnAsync(found, ['--pdeathsig', 'KILL', '--', 'true'], { stdio: 'ignore' });
+      probe.on('error', () => {});
+      probe.on('exit', status => { if (status === 0) setpriv = found; });
+      probe.unref();
+    }
     bwrap = which('bwrap');
     if (!bwrap) return;
     let out = '';
