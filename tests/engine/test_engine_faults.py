@@ -30,13 +30,15 @@ from fleet_tui.execution.worker.attemptlog import (
     KILL_FILE,
     RUNNER_FILE,
     SPEC_FILE,
+    AttemptLog,
     read_json,
     write_json_atomic,
 )
 from fleet_tui.execution.worker.runner import RUNNER_MODULE
+from fleet_tui.execution.worker.spec import TOKEN_ENV
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import FINISHED_STATES, Store, Task, TaskState
-from fleet_tui.system import paths, procs
+from fleet_tui.system import cgroups, paths, procs
 
 KEY = "sk-fleet-faults-SECRET-77ab"
 
@@ -174,18 +176,27 @@ def test_a_killed_runner_leaves_no_process_behind(
         assert procs.wait_gone([rec["runner_pid"], rec["claude_pid"]], 10)
     else:  # no such signal: claude lives on until the engine's sweep by token
         assert procs.wait_gone([rec["runner_pid"]], 10)
-    if procs_mode == "linux" and (Path(attempt.dir or "") / "cage.json").exists():
+    caged = procs_mode == "linux" and (Path(attempt.dir or "") / "cage.json").exists()
+    if caged:
         # Caged, nothing outlives the runner even before the engine's sweep: the cage host
         # dies with the runner, and bubblewrap (exec'd by its shell, --die-with-parent)
-        # with it, ending the cage's PID namespace and the daemons in it.
+        # with it, ending the cage's PID namespace and the daemons in it; srt's relay
+        # outside the cage dies with the host too: no process carries the attempt's token
         assert wait_for(lambda: sleepers(git_repo) == [], 15), sleepers(git_repo)
+        token = AttemptLog(attempt.dir or "").spec_token() or ""
+        assert token and wait_for(lambda: procs.with_env(TOKEN_ENV, token) == [], 15), [
+            procs.cmdline(pid) for pid in procs.with_env(TOKEN_ENV, token)]
+        cgroup = cgroups.recorded(rec)  # and nothing in its cgroup (what dropped the token)
+        assert cgroup is None or wait_for(lambda: cgroups.members(cgroup) == [], 15), [
+            procs.cmdline(pid) for pid in cgroups.members(cgroup)]
     else:
         # Nothing stopped them yet: claude's Bash children live on.
         assert sleepers(git_repo) and in_folder(worktree)
     drive(fleet, settled(fleet, task.id))
     done = fleet.get_task(task.id)
     assert done.state == TaskState.FAILED and done.verdict == "crashed"
-    assert "stopped" in (done.message or ""), done.message
+    # the engine's sweep says how many leftovers it stopped: none were left when caged
+    assert ("stopped" in (done.message or "")) != caged, done.message
     assert procs.wait_gone([rec["claude_pid"]], 10)
     assert sleepers(git_repo) == []
     # what is still in the folder is on its way out (a leftover SIGKILLed a moment ago, a

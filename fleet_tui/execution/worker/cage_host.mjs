@@ -63,13 +63,35 @@ const loading = import(pathToFileURL(existsSync(managerModule) ? managerModule
 // event loop waits for (~5 ms each): `which rg`, `which SHELL` and `bwrap --version` (for a
 // warning on an old bubblewrap). `which` is answered here by the same search of PATH, and
 // the version by a child started early (`ask`), which runs while srt loads. Any other
-// call, or one asked before its answer is in, is spawnSync's. `done` puts spawnSync back.
+// call, or one asked before its answer is in, is spawnSync's.
+// And srt's relay (a socat it starts outside the cage, from its Unix socket to its proxy)
+// would outlive this host were it killed (the runner's parent-death signal takes the host,
+// not its children; with no engine to sweep, it stayed): it is started under `setpriv
+// --pdeathsig KILL`, which becomes socat, so it dies with this host however that ends.
+// `done` puts spawnSync and spawn back.
 function answerSrtsQuestions() {
   if (process.platform !== 'linux') return { ask() {}, done() {} };
   const spawnSync = childProcess.spawnSync;
+  const spawnAsync = childProcess.spawn;
+  let setpriv;  // where it knows --pdeathsig (util-linux 2.33 and later): asked by `ask`
+  childProcess.spawn = function relayed(file, args, options) {
+    if (setpriv && typeof file === 'string' && /(^|\/)socat$/.test(file) &&
+        Array.isArray(args)) {
+      return spawnAsync.call(this, setpriv, ['--pdeathsig', 'KILL', '--', file, ...args],
+                             options);
+    }
+    return spawnAsync.apply(this, arguments);
+  };
   let bwrap;
   let version;  // [status, stdout] of `bwrap --version`, once it has ended
   const ask = () => {
+    const found = which('setpriv');
+    if (found) {
+      const probe = spawnAsync(found, ['--pdeathsig', 'KILL', '--', 'true'], { stdio: 'ignore' });
+      probe.on('error', () => {});
+      probe.on('exit', status => { if (status === 0) setpriv = found; });
+      probe.unref();
+    }
     bwrap = which('bwrap');
     if (!bwrap) return;
     let out = '';
@@ -101,6 +123,7 @@ function answerSrtsQuestions() {
   syncBuiltinESMExports();
   const done = () => {
     childProcess.spawnSync = spawnSync;
+    childProcess.spawn = spawnAsync;
     syncBuiltinESMExports();
   };
   return { ask, done };

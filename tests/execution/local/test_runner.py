@@ -184,6 +184,12 @@ def test_claude_dies_with_a_killed_runner(
             procs.stop(found, 2.0)
         assert procs.wait_gone([runner["claude_pid"]], 10)  # PR_SET_PDEATHSIG, or the sweep
         assert not (adir / EXIT_FILE).exists()
+        if procs_mode == "linux" and (adir / "cage.json").exists():
+            # caged, nothing of the attempt outlives its runner, with no engine to sweep:
+            # the cage dies with its host, and so do srt's relays outside it
+            token = AttemptLog(adir).spec_token()
+            assert _wait(lambda: procs.with_env(TOKEN_ENV, token) == []), [
+                (pid, procs.cmdline(pid)) for pid in procs.with_env(TOKEN_ENV, token)]
     finally:
         for pid in _sleepers(tmp_path, "sleep 316", "sleep 317"):
             procs.signal_pid(pid, signal.SIGKILL)
