@@ -475,7 +475,6 @@ if (policy.bridge && process.platform === 'linux') {
   server.unref();
   const bash = which('bash') || '/bin/bash';
   const socat = srtConfig.socatPath || 'socat';
-  const hex = port.toString(16).toUpperCase().padStart(4, '0');
   const shim = join(own, 'shell');
   // srt runs its shell three times inside: the first, before its relays and its seccomp
   // helper, starts our relay in the background (it comes up while srt's start); the others
@@ -492,29 +491,29 @@ if (policy.bridge && process.platform === 'linux') {
     '',
   ].join('\n'), { mode: 0o755 });
   binShell = shim;
-  // Before claude starts (inside, under the seccomp filter): wait until our relay listens,
-  // and srt's two with it (srt waits until two TCP sockets listen, which ours may have been
-  // one of). Shell only, no program: reads of the cage's own /proc/net/tcp{,6}; given up
-  // after 5 s by /proc/uptime (hundredths), as srt gives up its own wait, and claude
-  // starts as it would have.
+  // Before the command starts (inside, under the seccomp filter): wait until our relay
+  // listens, and srt's two with it (srt waits until two TCP sockets listen, which ours may
+  // have been one of). The cage's network namespace holds no other socket yet, so its
+  // counts of TCP sockets in use (/proc/net/sockstat{,6}) say when all three listen:
+  // ~0.1 ms a look, where a read of /proc/net/tcp walks the kernel's whole connection
+  // table (~3 ms a file here). Shell only, no program; given up after 5 s by /proc/uptime
+  // (hundredths), as srt gives up its own wait, and the command starts as it would have.
   bridgeWait = [
     '_fc_since=',
     'while :; do',
-    '  _fc_up=0; _fc_ours=',
-    '  for _fc_f in /proc/net/tcp /proc/net/tcp6; do',
+    '  _fc_up=0',
+    '  for _fc_f in /proc/net/sockstat /proc/net/sockstat6; do',
     '    [ -r "$_fc_f" ] || continue',
-    '    while read -r _fc_sl _fc_local _fc_rem _fc_st _fc_rest; do',
-    '      [ "$_fc_st" = 0A ] || continue',
-    '      _fc_up=$((_fc_up + 1))',
-    `      case "$_fc_f $_fc_local" in "/proc/net/tcp "*:${hex}) _fc_ours=1 ;; esac`,
+    '    while read -r _fc_kind _fc_skip _fc_inuse _fc_rest; do',
+    '      case "$_fc_kind" in TCP: | TCP6:) _fc_up=$((_fc_up + _fc_inuse)); break ;; esac',
     '    done < "$_fc_f"',
     '  done',
-    '  [ -n "$_fc_ours" ] && [ "$_fc_up" -ge 3 ] && break',
+    '  [ "$_fc_up" -ge 3 ] && break',
     '  read -r _fc_now _fc_rest < /proc/uptime || break',
     '  _fc_now=1${_fc_now%.*}${_fc_now#*.}',
     '  [ "$((_fc_now - ${_fc_since:=$_fc_now}))" -lt 500 ] || break',
     'done',
-    'unset _fc_since _fc_up _fc_ours _fc_f _fc_sl _fc_local _fc_rem _fc_st _fc_rest _fc_now',
+    'unset _fc_since _fc_up _fc_f _fc_kind _fc_skip _fc_inuse _fc_rest _fc_now',
     '',
   ].join('\n');
 }
@@ -537,7 +536,7 @@ const OWN_PROC = 'own=; while read -r k a b c; do case $k in NSpid:) ' +
   '[ -n "$own" ] && exec "$@"; echo "fleet-tui cage: the worker\'s /proc is not its cage\'s (srt\'s seccomp helper could ' +
   'not mount its own): refusing to start it there" >&2; exit 125';
 const check = process.platform === 'linux' ? ['/bin/sh', '-c', OWN_PROC, 'fleet-cage'] : [];
-const inner = bridgeWait + (process.env.FLEET_CAGE_TIMING ? 'echo "cage timing inner $(date +%s.%N)" >&2\n' : '') + 'exec ' + [...check, 'env', ...unset, '-u', 'FLEET_CAGE_BRIDGE', ...set,
+const inner = (process.env.FLEET_CAGE_TIMING ? 'echo "cage timing begin ${EPOCHREALTIME/,/.}" >&2\n' : '') + bridgeWait + (process.env.FLEET_CAGE_TIMING ? 'echo "cage timing inner ${EPOCHREALTIME/,/.}" >&2\n' : '') + 'exec ' + [...check, 'env', ...unset, '-u', 'FLEET_CAGE_BRIDGE', ...set,
   `TMPDIR=${policy.tmpdir || '/tmp'}`, ...argv].map(quote).join(' ');
 const wrapped = await SandboxManager.wrapWithSandbox(inner, binShell);
 wrappedYet = true;
