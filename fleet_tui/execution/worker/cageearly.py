@@ -2,38 +2,40 @@
 (~30 ms of imports): node and srt load meanwhile, which is most of what a caged worker's
 start costs more than an uncaged one's (bench 16).
 
-Only where the attempt's processes will be held by a cgroup: the runner moves the host into
-the attempt's cgroup once it has made it, before the host is told anything (it starts no
-process before its order). Where the runner would use a PID namespace instead (no cgroup to
-be had), nothing starts here: a host started now would be outside that namespace.
+It imports as little as will do (json, subprocess and cage.py, ~15 ms), and starts node
+through `setpriv --pdeathsig KILL` (util-linux), so that no preexec function is needed
+(that would mean ctypes, and a fork of this process instead of a vfork). The runner then
+makes the attempt's cgroup and moves the host into it before the host is told anything (it
+starts no process before its order). Where the runner uses a PID namespace instead (no
+cgroup to be had), or its run does not go on as planned (the attempt folder is locked by
+another runner, the spec changed its mind), it lets the host go (`drop`): killed before it
+did anything.
 
-The runner adopts what was started (`take`) or, when its run does not go on as planned (the
-attempt folder is locked by another runner, the spec changed its mind, no cgroup after
-all), lets it go (`drop`): closing the host's order pipe ends it.
-
-Standard library only, and as little of it as will do: this runs before everything else.
+Standard library only.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
-import signal
 import subprocess
+import sys
 
 from fleet_tui.execution.worker import cage
-from fleet_tui.system import cgroups, pidns, procs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import IO
 
-SPEC_FILE = "spec.json"  # as attemptlog's names (not imported: it would load the rest)
+# As attemptlog's, spec's, procs' and pidns' names: those modules are not imported here (they
+# would load what this start is ahead of); tests/execution/worker/test_cageearly.py checks
+# that the names agree.
+SPEC_FILE = "spec.json"
 STDERR_FILE = "stderr.log"
 TOKEN_ENV = "FLEET_ATTEMPT_TOKEN"
+PORTABLE_ENV = "FLEET_TUI_PORTABLE_PROCS"
+CONTAIN_ENV = "FLEET_TUI_CONTAIN"
 
 
 class Early:
@@ -53,6 +55,8 @@ started: Early | None = None
 
 def cgroup_name(attempt_dir: str) -> str:
     """The attempt's cgroup's name (the runner makes it with this name)."""
+    import hashlib
+
     resolved = os.path.realpath(attempt_dir)
     return "a-" + hashlib.sha256(resolved.encode()).hexdigest()[:20]
 
@@ -65,10 +69,13 @@ def _attempt_dir(args: Sequence[str]) -> str | None:
 
 
 def start(args: Sequence[str]) -> None:
-    """Start the cage host now when this run will most likely be caged and held by a
-    cgroup; nothing otherwise (the runner then starts it as before, if at all)."""
+    """Start the cage host now when this run will most likely be caged in a cgroup (Linux,
+    containment "auto"); nothing otherwise (the runner then starts it as before, if at
+    all)."""
     global started
-    if procs.PORTABLE or pidns.mode(os.environ) != "auto":
+    env = dict(os.environ)
+    if not sys.platform.startswith("linux") or env.get(PORTABLE_ENV, "") not in ("", "0") \
+            or env.get(CONTAIN_ENV, "").strip().lower() not in ("", "auto"):
         return
     attempt_dir = _attempt_dir(args)
     if attempt_dir is None:
@@ -82,27 +89,16 @@ def start(args: Sequence[str]) -> None:
         return
     settings = spec.get("settings")
     cwd = spec.get("cwd")
-    env = dict(os.environ)
     if not isinstance(cwd, str) or not os.path.isdir(cwd) or \
             not cage.wanted(settings if isinstance(settings, dict) else {}, env):
         return
-    if cgroups.make(cgroup_name(attempt_dir)) is None:
-        return  # the runner will use a PID namespace, if anything
     argv = cage.warm_argv(env)
-    if argv is None:
+    setpriv = cage._which("setpriv", env.get("PATH", os.defpath))
+    if argv is None or setpriv is None:
         return
     token = spec.get("token")
     if isinstance(token, str) and token:
         env[TOKEN_ENV] = token
-    procs.preload_libc()
-    parent = os.getpid()
-
-    def preexec() -> None:  # as the runner's child_preexec, the cgroup joined later
-        os.setpgid(0, 0)
-        procs.set_parent_death_signal(signal.SIGKILL)
-        if os.getppid() != parent:
-            os._exit(1)
-
     go_r, go_w = os.pipe()
     stdin_r, stdin_w = os.pipe()
     try:
@@ -115,9 +111,12 @@ def start(args: Sequence[str]) -> None:
             os.close(fd)
         return
     try:
+        # its own process group, as claude's; dead with the runner (the parent-death
+        # signal, set by setpriv, which then becomes node)
         proc = subprocess.Popen(
-            [*argv, str(go_r)], cwd=cwd, env=env, stdin=stdin_r, stdout=subprocess.PIPE,
-            stderr=err_fh, preexec_fn=preexec, close_fds=True, pass_fds=(go_r,))
+            [setpriv, "--pdeathsig", "KILL", "--", *argv, str(go_r)], cwd=cwd, env=env,
+            stdin=stdin_r, stdout=subprocess.PIPE, stderr=err_fh, close_fds=True,
+            pass_fds=(go_r,), process_group=0)
     except OSError:
         err_fh.close()
         for fd in (go_w, stdin_w):
@@ -136,22 +135,23 @@ def take() -> Early | None:
     return early
 
 
-def drop(early: Early | None = None, grace: float = 2.0) -> None:
-    """Let an early host go: its pipe closed, it ends (killed should it linger)."""
+def drop(early: Early | None = None) -> None:
+    """Let an early host go: it has been told nothing, so it has started nothing; killed
+    with its process group, reaped."""
     global started
     if early is None:
         early, started = started, None
     if early is None:
         return
+    import contextlib
+    import signal
+
+    with contextlib.suppress(OSError):
+        os.killpg(early.proc.pid, signal.SIGKILL)
     for fd in (early.go_fd, early.stdin_fd):
         with contextlib.suppress(OSError):
             os.close(fd)
     early.err_fh.close()
-    try:
-        early.proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            os.killpg(early.proc.pid, signal.SIGKILL)
-        early.proc.wait()
+    early.proc.wait()
     if early.proc.stdout is not None:
         early.proc.stdout.close()

@@ -1,19 +1,23 @@
 """The cage host a runner starts before its own imports (cageearly.py): started only for a
-run that will be caged and held by a cgroup, in its own process group, with the attempt's
-token and a private stderr.log; let go, it ends at once (its order pipe closed: exit 3)."""
+run that will be caged (on Linux, containment "auto"), in its own process group, with the
+attempt's token, a private stderr.log and a parent-death signal; let go, it is killed
+before it did anything."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fleet_tui.execution.worker import cage, cageearly
-from fleet_tui.system import cgroups
+from fleet_tui.execution.worker import attemptlog, cage, cageearly, spec
+from fleet_tui.system import cgroups, pidns, procs
 
 
 def _attempt(tmp_path: Path, settings: dict[str, object]) -> Path:
@@ -65,17 +69,52 @@ def test_a_caged_run_starts_its_host_first_and_a_drop_ends_it(
         environ = Path(f"/proc/{early.proc.pid}/environ").read_bytes().split(b"\0")
         assert f"FLEET_ATTEMPT_TOKEN={spec['token']}".encode() in environ
         assert (adir / "stderr.log").stat().st_mode & 0o777 == 0o600
+        assert _became_node(early.proc.pid)  # setpriv execs node in its place
     finally:
         cageearly.drop(early)
-    assert early.proc.returncode == 3  # no order came: nothing started, nothing left
+    assert early.proc.returncode is not None  # killed and reaped: it had started nothing
+    assert not procs.is_alive(early.proc.pid)
 
 
-@pytest.mark.parametrize("case", ["cage off", "token containment", "no spec", "no worktree"])
+def _became_node(pid: int) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/exe").resolve().name == "node":
+                return True
+        time.sleep(0.02)
+    return False
+
+
+def test_the_early_host_dies_with_its_runner(tmp_path: Path, cgroup_here: None) -> None:
+    """A runner killed before it adopted the host leaves nothing behind (the host's order
+    pipe closes, and setpriv gave it a parent-death signal)."""
+    adir = _attempt(tmp_path, {"cage": "worker"})
+    runner = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\n"
+         "from fleet_tui.execution.worker import cageearly\n"
+         "cageearly.start([sys.argv[1]])\n"
+         "print(cageearly.started.proc.pid if cageearly.started else 0, flush=True)\n"
+         "time.sleep(120)\n", str(adir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout is not None
+        pid = int(runner.stdout.readline())
+        assert pid and _became_node(pid)
+    finally:
+        runner.kill()
+        runner.wait()
+    assert procs.wait_gone([pid], 10)
+
+
+@pytest.mark.parametrize("case", ["cage off", "token containment", "portable", "no spec",
+                                  "no worktree"])
 def test_nothing_starts_early_for_a_run_that_will_not_be_caged_in_a_cgroup(
         tmp_path: Path, cgroup_here: None, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     adir = _attempt(tmp_path, {"cage": "off" if case == "cage off" else "worker"})
     if case == "token containment":
-        monkeypatch.setenv("FLEET_TUI_CONTAIN", "token")
+        monkeypatch.setenv(pidns.MODE_ENV, "token")
+    elif case == "portable":
+        monkeypatch.setenv(procs.PORTABLE_ENV, "1")
     elif case == "no spec":
         (adir / "spec.json").unlink()
     elif case == "no worktree":
@@ -86,3 +125,11 @@ def test_nothing_starts_early_for_a_run_that_will_not_be_caged_in_a_cgroup(
         cageearly.drop(early)
     assert early is None
     assert not (adir / "stderr.log").exists()
+
+
+def test_its_names_are_those_of_the_modules_it_does_not_import() -> None:
+    assert cageearly.SPEC_FILE == attemptlog.SPEC_FILE
+    assert cageearly.STDERR_FILE == attemptlog.STDERR_FILE
+    assert cageearly.TOKEN_ENV == spec.TOKEN_ENV
+    assert cageearly.PORTABLE_ENV == procs.PORTABLE_ENV
+    assert cageearly.CONTAIN_ENV == pidns.MODE_ENV
