@@ -230,7 +230,7 @@ def run(smoke: bool = False, runs: int | None = None) -> BenchResult:
                [c - b for c, b in zip(worker_caged, worker_bare, strict=True)], per="pair"),
         Figure("cage.start_ratio",
                "caged ÷ uncaged: claude alone in a cold cage (no warm host), spawn → first "
-               "request", "×", start_ratio, per="pair", baseline="cage.start_uncaged",
+               "request", "×", start_ratio, per="pair",
                note="context: the whole cage start in series, as a setup command pays it"),
         Figure("cage.start_uncaged", "spawn → first request, uncaged (baseline)", "ms",
                start_bare),

@@ -17,6 +17,7 @@ Standard library only: the runner and the SSH agent import this on hosts.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -142,9 +143,16 @@ def end(path: str, grace: float) -> list[int]:
                 procs.signal_pid(pid, signal.SIGKILL, keep=keep)
         hit += [p for p in left if p not in hit]
         time.sleep(0.02)
-    with contextlib.suppress(OSError):
-        os.rmdir(path)
-    return hit
+    # a process still exiting (killed a moment ago, by us or by its parent-death signal) is
+    # no longer listed but keeps the cgroup busy until it is gone: removed once it is
+    while True:
+        try:
+            os.rmdir(path)
+        except OSError as exc:
+            if exc.errno == errno.EBUSY and time.monotonic() < deadline:
+                time.sleep(0.02)
+                continue
+        return hit
 
 
 __all__ = ["FOLDER", "end", "holds", "join", "make", "members", "recorded"]

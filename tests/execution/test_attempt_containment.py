@@ -93,7 +93,11 @@ def test_a_tokenless_daemon_ends_with_its_attempt_after_the_runners_sigkill(
         while commands_in(git_repo, DAEMON, STEP) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert commands_in(git_repo, DAEMON, STEP) == []
-        assert not Path(record["cgroup"]).exists()  # removed with the attempt
+        # removed with the attempt (once the last of its processes has finished exiting)
+        deadline = time.monotonic() + 15
+        while Path(record["cgroup"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(record["cgroup"]).exists()
     finally:
         for pid in commands_in(git_repo, DAEMON, STEP):
             os.kill(pid, signal.SIGKILL)

@@ -16,12 +16,15 @@ import subprocess
 
 from fleet_tui.execution.worker import cage
 from fleet_tui.execution.worker.spec import LEFTOVER_GRACE
+from fleet_tui.system import cgroups
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a runner starts per attempt: typing would cost each one ~5 ms
     from collections.abc import Callable, Mapping, Sequence
-    from typing import Any
+    from pathlib import Path
+    from typing import IO, Any
 
+    from fleet_tui.execution.worker import cageearly
     from fleet_tui.execution.worker.spec import RunSpec
 
 
@@ -78,6 +81,22 @@ class WarmCageHost:
             os.close(go_w)
             return None
         return cls(proc, go_w)
+
+    @classmethod
+    def adopt(cls, early: cageearly.Early, spec: RunSpec, cgroup: str | None, namespaced: bool,
+              events: Path) -> tuple[WarmCageHost, tuple[int, IO[bytes], IO[bytes]]] | None:
+        """The host the runner started before its imports (cageearly.py) as its warm host,
+        moved into the attempt's cgroup before it is told anything; with the runner's ends
+        of its stdin, stderr and events files. None when it does not fit the run as it
+        turned out (no cgroup after all, another worktree, gone): the caller drops it."""
+        if cgroup is None or namespaced or early.cwd != spec.cwd or early.proc.poll() is not None:
+            return None
+        try:
+            out_fh = open(events, "ab", buffering=0)  # noqa: SIM115 (closed by the runner)
+        except OSError:
+            return None
+        cgroups.add(cgroup, early.proc.pid)
+        return cls(early.proc, early.go_fd), (early.stdin_fd, early.err_fh, out_fh)
 
     def order(self, settings: Any, spec: RunSpec, argv: list[str], env: dict[str, str], *,
               attempt_dir: str) -> bool:

@@ -128,6 +128,27 @@ def _strerror(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def child_preexec(parent: int, user_umask: int, cgroup: str | None, *,
+                  in_namespace: bool) -> Callable[[], None]:
+    """A child's step between fork and exec: its own process group, the user's umask, the
+    attempt's cgroup or PID namespace, and death with the runner (`parent`)."""
+
+    def preexec() -> None:
+        os.setpgid(0, 0)
+        os.umask(user_umask)
+        if cgroup is not None:
+            cgroups.join(cgroup)
+        if in_namespace:
+            pidns.child_setup()
+        procs.set_parent_death_signal(signal.SIGKILL)
+        # the runner died before the death signal was armed (in the namespace the
+        # runner reads as parent 0; were it gone, the namespace would be too)
+        if os.getppid() != (0 if in_namespace else parent):
+            os._exit(1)
+
+    return preexec
+
+
 class Runner:
     """Runs one claude process for one attempt directory."""
 
@@ -470,31 +491,16 @@ class Runner:
 
         early = cageearly.take()
         if early is not None:
-            if self._adopt_early(early, spec):
+            adopted = WarmCageHost.adopt(early, spec, self.cgroup, self.ns_init is not None,
+                                         self.log.events)
+            if adopted is not None:
+                self.warm, self.warm_files = adopted
                 return
             cageearly.drop(early)
         # the attempt's token in its environment from the start, as claude's process has
         # it: what finds the run's processes where no parent-death signal takes them along
         env = dict(self.env, **({TOKEN_ENV: spec.token} if spec.token else {}))
         self.warm = WarmCageHost.start(spec, env, spawn)
-
-    def _adopt_early(self, early: cageearly.Early, spec: RunSpec) -> bool:
-        """Make the cage host started before this runner's imports (cageearly.py) its warm
-        host: into the attempt's cgroup before it is told anything. False when it does not
-        fit the run as it turned out (no cgroup after all, another worktree, gone)."""
-        from fleet_tui.execution.worker.cagehost import WarmCageHost
-
-        if self.cgroup is None or self.ns_init is not None or early.cwd != spec.cwd \
-                or early.proc.poll() is not None:
-            return False
-        try:
-            out_fh = open(self.log.events, "ab", buffering=0)  # noqa: SIM115 (closed by _run_claude)
-        except OSError:
-            return False
-        cgroups.add(self.cgroup, early.proc.pid)
-        self.warm_files = (early.stdin_fd, early.err_fh, out_fh)
-        self.warm = WarmCageHost(early.proc, early.go_fd)
-        return True
 
     def _drop_warm(self) -> None:
         """End a warm cage host that will not run claude, and close what was opened for it."""
@@ -526,28 +532,10 @@ class Runner:
 
     def child_preexec(self, *, join_cgroup: bool = True) -> Callable[[], None]:
         """What runs in a child of the runner (claude's, the setup command's) between fork
-        and exec: its own process group, the user's umask, the attempt's cgroup or PID
-        namespace, and death with the runner. `join_cgroup=False`: the caller moves the
+        and exec (see `child_preexec` below). `join_cgroup=False`: the caller moves the
         child into the cgroup itself, after its exec and before it starts anything."""
-        parent = self.pid
-        user_umask = self.user_umask
-        cgroup = self.cgroup if join_cgroup else None
-        in_namespace = self.ns_init is not None
-
-        def preexec() -> None:
-            os.setpgid(0, 0)
-            os.umask(user_umask)
-            if cgroup is not None:
-                cgroups.join(cgroup)
-            if in_namespace:
-                pidns.child_setup()
-            procs.set_parent_death_signal(signal.SIGKILL)
-            # the runner died before the death signal was armed (in the namespace the
-            # runner reads as parent 0; were it gone, the namespace would be too)
-            if os.getppid() != (0 if in_namespace else parent):
-                os._exit(1)
-
-        return preexec
+        return child_preexec(self.pid, self.user_umask, self.cgroup if join_cgroup else None,
+                             in_namespace=self.ns_init is not None)
 
     def _spawn(self, spec: RunSpec, argv: Sequence[str], env: Mapping[str, str],
                go_fd: int | None = None) -> int | None:

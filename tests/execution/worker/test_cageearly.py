@@ -64,12 +64,14 @@ def test_a_caged_run_starts_its_host_first_and_a_drop_ends_it(
     try:
         assert cageearly.take() is None  # taken once
         assert early.proc.poll() is None
+        # setpriv execs node in its place (until then, a vfork's child shows its parent's
+        # environment)
+        assert _became_node(early.proc.pid)
         assert os.getpgid(early.proc.pid) == early.proc.pid  # its own group, as claude's
-        spec = json.loads((adir / "spec.json").read_text())
+        written = json.loads((adir / "spec.json").read_text())
         environ = Path(f"/proc/{early.proc.pid}/environ").read_bytes().split(b"\0")
-        assert f"FLEET_ATTEMPT_TOKEN={spec['token']}".encode() in environ
+        assert f"FLEET_ATTEMPT_TOKEN={written['token']}".encode() in environ
         assert (adir / "stderr.log").stat().st_mode & 0o777 == 0o600
-        assert _became_node(early.proc.pid)  # setpriv execs node in its place
     finally:
         cageearly.drop(early)
     assert early.proc.returncode is not None  # killed and reaped: it had started nothing
