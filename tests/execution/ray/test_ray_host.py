@@ -616,7 +616,15 @@ def test_a_node_that_lacks_what_its_bundle_needs_gets_it_whole(
         record = json.loads((Path(attempt.dir or "") / "ray.json").read_text())
         (first,) = record["lacked"]
         assert record["submission_id"] == f"{first}-whole"
-        statuses = {j["submission_id"]: j["status"] for j in jobs_of(ray_cluster, task.id)}
+        # the attempt ended when its exit record came back; Ray says its job ended once the
+        # job's process has exited too, a moment later on a busy machine
+        deadline = time.monotonic() + 60
+        while True:
+            statuses = {j["submission_id"]: j["status"] for j in jobs_of(ray_cluster, task.id)}
+            if statuses.get(f"{first}-whole") not in ("PENDING", "RUNNING") \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert statuses == {first: "FAILED", f"{first}-whole": "SUCCEEDED"}
         assert record["bundle"]["prerequisites"] == []
         assert _git_out(git_repo, "rev-parse", "main") in host.book.tips(node, mirror)
