@@ -69,20 +69,11 @@ def make(name: str) -> str | None:
 def join(path: str) -> None:
     """This process into the cgroup (between fork and exec: everything it starts is in it
     too). Nothing when it cannot: the token stays the mark."""
-    try:
-        fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.write(fd, b"0")
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    add(path, 0)  # pid 0 in cgroup.procs: the process that writes it
 
 
 def add(path: str, pid: int) -> None:
-    """Another process into the cgroup (one that has started nothing yet). Nothing when it
+    """A process into the cgroup (one that has started nothing yet). Nothing when it
     cannot: the token stays the mark."""
     try:
         fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
