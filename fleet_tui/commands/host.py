@@ -39,6 +39,10 @@ from fleet_tui.settings.hosts import (
     remove_host,
 )
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from fleet_tui.store.db import Store
+
 __all__ = ["main"]
 
 
@@ -122,16 +126,22 @@ def _add(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _rows(settings: Settings) -> list[dict[str, object]]:
-    from fleet_tui.engine.fleet import Fleet
+def _store() -> Store:
+    """The task store, for the tasks that live on a host: a read, no engine built."""
+    from fleet_tui.store.db import Store
+    from fleet_tui.system import paths
 
-    fleet = Fleet(settings)
+    return Store(paths.db_path())
+
+
+def _rows(settings: Settings) -> list[dict[str, object]]:
+    store = _store()
     blank: dict[str, object] = {}
     for kind in kinds.KINDS:
         blank.update(kind.options().blank_row())
     rows: list[dict[str, object]] = []
     for host in settings.all_hosts:
-        live = fleet.tasks_on_host(host.name)
+        live = store.tasks_on_host(host.name)
         own = kinds.kind(host.kind).options()
         rows.append({"name": host.name, "kind": host.kind, **blank, "target": host.target,
                      "max_workers": host.max_workers, **own.row(host),
@@ -157,13 +167,11 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _rm(args: argparse.Namespace) -> int:
-    from fleet_tui.engine.fleet import Fleet
-
     settings = _settings()
     if args.name == LOCAL:
         raise FleetRefused("'local' is this machine: it is always a host")
     host = settings.host(args.name)  # ConfigError naming the hosts
-    live = Fleet(settings).tasks_on_host(host.name)
+    live = _store().tasks_on_host(host.name)
     if live:
         ids = ", ".join(t.id for t in live[:8]) + (" ..." if len(live) > 8 else "")
         raise FleetRefused(f"{len(live)} task{'s' if len(live) != 1 else ''} live on the host "

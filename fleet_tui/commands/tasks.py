@@ -272,10 +272,22 @@ def _repo(path: Path | None) -> Path:
         raise _Usage(str(exc)) from None
 
 
-def _fleet(settings: Settings | None = None) -> Fleet:
-    from fleet_tui.engine.fleet import Fleet  # the engine: once the arguments are read
+def _fleet(settings: Settings | None = None, task_id: str | None = None) -> Fleet:
+    """The engine, once the arguments are read. With `task_id`, the store is asked for
+    that task first: an id that names no task (or several) is refused with the engine's
+    own message and exit code before the engine is built (only a new task makes an id
+    known, never the pass that would come first); the engine then reuses that store."""
+    settings = settings or _settings()  # a settings error still comes before a miss
+    store = None
+    if task_id is not None:
+        from fleet_tui.store.db import Store
+        from fleet_tui.system import paths
 
-    return Fleet(settings or _settings())
+        store = Store(paths.db_path())
+        store.get_task(task_id)
+    from fleet_tui.engine.fleet import Fleet
+
+    return Fleet(settings, store)
 
 
 def _catch_up(fleet: Fleet) -> None:
@@ -620,11 +632,10 @@ def cmd_show(argv: list[str]) -> int:
     p = _id_parser("show", "Show one task and its attempts.")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    from fleet_tui.commands import best
+    fleet = _fleet(task_id=args.id)
     from fleet_tui.store.meter import Totals
     from fleet_tui.system import pidns
 
-    fleet = _fleet()
     fleet.prepare_secret_scan()  # what the worker said is printed with the key hidden
     _catch_up(fleet)
     task = fleet.get_task(args.id)
@@ -667,6 +678,8 @@ def cmd_show(argv: list[str]) -> int:
     if task.gate:
         rows.append(("test gate", task.gate))
     if ranked is not None:
+        from fleet_tui.commands import best
+
         rows.append(("rank", best.rank_line(ranked, len(fleet.copies(task.id)))))
     if task.archived_at is not None:
         rows.append(("archived", f"yes (`fleet-tui archive --undo {task.id}` brings it "
@@ -778,7 +791,7 @@ def cmd_logs(argv: list[str]) -> int:
                         "and a Bash step's exit status, whole messages")
     p.add_argument("--attempt", type=int, metavar="N", help="attempt number (default: last)")
     args = p.parse_args(argv)
-    fleet = _fleet()
+    fleet = _fleet(task_id=args.id)
     fleet.prepare_secret_scan()  # what the worker said is printed with the key hidden
     _catch_up(fleet)
     task = fleet.get_task(args.id)
@@ -842,7 +855,7 @@ def cmd_diff(argv: list[str]) -> int:
                    "and untracked).")
     p.add_argument("--stat", action="store_true", help="only files and line counts")
     args = p.parse_args(argv)
-    fleet = _fleet()
+    fleet = _fleet(task_id=args.id)
     _catch_up(fleet)
     diff = fleet.diff(args.id)
     if not diff.files:
@@ -872,7 +885,7 @@ def cmd_merge(argv: list[str]) -> int:
                    "if it succeeds (default: the test_command setting)")
     p.add_argument("--message", "-m", help="commit message (default: the task's title)")
     args = p.parse_args(argv)
-    fleet = _fleet()
+    fleet = _fleet(task_id=args.id)
     _catch_up(fleet)
     task = fleet.get_task(args.id)
     _refuse_unless(task, Action.MERGE)
@@ -932,7 +945,7 @@ def cmd_review(argv: list[str]) -> int:
                         help="send every comment not sent yet to the worker, as one message")
     p.add_argument("--json", action="store_true", help="print the comments as JSON")
     args = p.parse_args(argv)
-    fleet = _fleet()
+    fleet = _fleet(task_id=args.id)
     fleet.prepare_secret_scan()
     _catch_up(fleet)
     task = fleet.get_task(args.id)
@@ -1019,7 +1032,7 @@ def cmd_discard(argv: list[str]) -> int:
     p = _id_parser("discard", "Throw a task's work away: worktree, branch and config dir.")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask")
     args = p.parse_args(argv)
-    fleet = _fleet()
+    fleet = _fleet(task_id=args.id)
     _catch_up(fleet)
     task = fleet.get_task(args.id)
     _refuse_unless(task, Action.DISCARD)  # before asking
@@ -1114,7 +1127,7 @@ def cmd_say(argv: list[str]) -> int:
     if not text.strip():
         raise _Usage("the message is empty; say what the worker should do")
     check_text("message", text)
-    fleet = _fleet()
+    fleet = _fleet(task_id=args.id)
     _catch_up(fleet)
     task = fleet.get_task(args.id)
     _refuse_unless(task, Action.SAY)
@@ -1171,7 +1184,7 @@ def cmd_kill(argv: list[str]) -> int:
     p = _id_parser("kill", "Stop a task now (its whole process tree), or drop it from the "
                    "queue.")
     args = p.parse_args(argv)
-    fleet = _fleet()
+    fleet = _fleet(task_id=args.id)
     _catch_up(fleet)
     task = fleet.get_task(args.id)
     _refuse_unless(task, Action.KILL)
@@ -1213,7 +1226,7 @@ def cmd_update(argv: list[str]) -> int:
     p.add_argument("--wait", action="store_true",
                    help="with --resolve worker: stay until the worker is done")
     args = p.parse_args(argv)
-    fleet = _fleet()
+    fleet = _fleet(task_id=args.id)
     _catch_up(fleet)
     task = fleet.get_task(args.id)
     result = fleet.update(task.id)
@@ -1401,7 +1414,7 @@ def cmd_pick(argv: list[str]) -> int:
     args = p.parse_args(argv)
     from fleet_tui.commands import best
 
-    fleet = _fleet()
+    fleet = _fleet(task_id=args.id)
     _catch_up(fleet)
     task = fleet.get_task(args.id)
     if args.best:

@@ -186,7 +186,7 @@ class Fleet:
                                  "(for the panel and benchmarks).")
     ingested_bytes = Field[int]("queries", "Bytes of events files folded in so far.")
     list_tasks = Via("queries", Queries.list_tasks)
-    tasks_on_host = Via("queries", Queries.tasks_on_host)
+    tasks_on_host = Via("store", Store.tasks_on_host)
     recent_repos = Via("queries", Queries.recent_repos)
     get_task = Via("queries", Queries.get_task)
     attempts = Via("queries", Queries.attempts)

@@ -11,7 +11,7 @@ from typing import Any
 
 from fleet_tui.core import policy, stream
 from fleet_tui.core.model import Attempt, Task
-from fleet_tui.core.states import ACTIVE_STATES, CLOSED_STATES, TaskState
+from fleet_tui.core.states import ACTIVE_STATES, TaskState
 from fleet_tui.engine.context import Context, Part
 from fleet_tui.engine.follower import attempt_finished
 from fleet_tui.engine.secret_cache import SecretCache
@@ -101,12 +101,6 @@ class Queries(Part):
         """Tasks, newest first (of one repository); archived ones only when asked."""
         return self.store.list_tasks(Path(repo).resolve() if repo is not None else None,
                                      archived=archived)
-
-    def tasks_on_host(self, host: str) -> list[Task]:
-        """The tasks whose work lives on that host (every state but merged and discarded:
-        a worktree, a session there), newest first: a host is not removed under them."""
-        return [t for t in self.store.list_tasks(archived=None)
-                if t.host == host and t.state not in CLOSED_STATES]
 
     def recent_repos(self, limit: int = 10) -> list[Path]:
         """Repositories by their newest task (what the panel offers for a new task)."""

@@ -79,6 +79,13 @@ class TaskRows(Database):
         rows = self._connect().execute("SELECT DISTINCT repo FROM tasks").fetchall()
         return [Path(r[0]) for r in rows if isinstance(r[0], str) and r[0]]
 
+    def tasks_on_host(self, host: str) -> list[Task]:
+        """The tasks whose work lives on that host (every state but merged and discarded:
+        a worktree, a session there), newest first: a host is not removed under them.
+        A read of the store alone: `host ls` and `host rm` ask it without an engine."""
+        return [t for t in self.list_tasks(archived=None)
+                if t.host == host and t.state not in CLOSED_STATES]
+
     def list_tasks(self, repo: Path | None = None,
                    states: TaskState | Iterable[TaskState] | None = None,
                    limit: int | None = None, *, endpoint: str | None = None,
