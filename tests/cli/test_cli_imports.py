@@ -105,10 +105,38 @@ def test_a_run_outside_a_repository_is_refused_without_gitpython(tmp_path: Path)
                                   ("show", "nosuch")])
 def test_reading_the_store_loads_no_panel_gitpython_or_server(
         git_repo: Path, args: tuple[str, ...]) -> None:
-    """`ls` and `show` build the engine and run a scheduling pass (what finished while no
-    process watched is recorded first), and need none of these."""
+    """`ls` builds the engine and runs a scheduling pass (what finished while no process
+    watched is recorded first), and needs none of these; `show` of an unknown id, less."""
     modules, code = loaded(git_repo, *args, heavy=PANEL + SERVERS + GITPYTHON)
     assert code == (3 if args[0] == "show" else 0)
+    assert modules == [], f"`fleet-tui {' '.join(args)}` loaded {modules}"
+
+
+MISSES = [("show", "nosuch"), ("show", "--json", "nosuch"), ("logs", "nosuch"),
+          ("diff", "nosuch"), ("merge", "--yes", "nosuch"), ("kill", "nosuch")]
+
+
+@pytest.mark.parametrize("args", MISSES, ids=[" ".join(a) for a in MISSES])
+def test_an_id_that_names_no_task_is_refused_without_the_engine(
+        git_repo: Path, args: tuple[str, ...]) -> None:
+    """An id that names no task: `no task 'nosuch'` (exit 3) from the store alone, the
+    engine's front never built (only a new task makes an id known, not the pass a found
+    task gets first)."""
+    heavy = (*PANEL, *SERVERS, *GITPYTHON, "fleet_tui.engine.fleet", "fleet_tui.vcs.git",
+             "fleet_tui.commands.best")
+    modules, code = loaded(git_repo, *args, heavy=heavy)
+    assert code == 3
+    assert modules == [], f"`fleet-tui {' '.join(args)}` loaded {modules}"
+
+
+@pytest.mark.parametrize("args", [("host", "ls"), ("host", "ls", "--json")])
+def test_host_ls_reads_the_store_without_the_engine(
+        git_repo: Path, args: tuple[str, ...]) -> None:
+    """`host ls` counts each host's tasks (as `host rm` looks for tasks living on the
+    host): a read of the store, no engine front."""
+    heavy = (*PANEL, *SERVERS, *GITPYTHON, "fleet_tui.engine.fleet", "msgspec")
+    modules, code = loaded(git_repo, *args, heavy=heavy)
+    assert code == 0
     assert modules == [], f"`fleet-tui {' '.join(args)}` loaded {modules}"
 
 
