@@ -4,7 +4,10 @@ Every CLI command is a process of its own (the test suite starts a great many of
 what a command imports it pays for at each call. This runs a set of commands in a scratch
 HOME / FLEET_TUI_HOME (nothing of the user's is read or written) with a git repository and
 one finished task (made with the pinned claude against the scripted endpoint; without
-claude, `show ID` is left out), and prints a Markdown table.
+claude, the commands given its ID are left out: `show`, `logs`, `diff`, and `merge`,
+refused as the task changed nothing), and prints a Markdown table. The commands the test
+suite starts most are here (`run` refused, `ls`, `show`, `logs`, `merge`, `host ls`), each
+for its common path and, for the commands given an ID, an ID that names no task.
 
     python scripts/cli_cost.py [--runs 7] [--compare OTHER_CHECKOUT] [--bytecode]
 
@@ -88,7 +91,13 @@ def main() -> int:
                  "fleet-tui version": (["fleet-tui", "version"], repo),
                  "fleet-tui ls": (["fleet-tui", "ls"], repo),
                  "fleet-tui ls --json": (["fleet-tui", "ls", "--json"], repo),
-                 **({"fleet-tui show ID": (["fleet-tui", "show", task], repo)} if task else {}),
+                 **({"fleet-tui show ID": (["fleet-tui", "show", task], repo),
+                     "fleet-tui logs ID": (["fleet-tui", "logs", task], repo),
+                     "fleet-tui diff ID": (["fleet-tui", "diff", task], repo),
+                     "merge, nothing to merge": (["fleet-tui", "merge", "--yes", task], repo)}
+                    if task else {}),
+                 "show, no such task": (["fleet-tui", "show", "zzzzzz"], repo),
+                 "logs, no such task": (["fleet-tui", "logs", "zzzzzz"], repo),
                  "fleet-tui run --help": (["fleet-tui", "run", "--help"], repo),
                  "run, a bad option": (["fleet-tui", "run", "--copies", "0", "x"], repo),
                  "run, no repository": (["fleet-tui", "run", "x"], elsewhere),

@@ -161,3 +161,28 @@ def test_the_probe_sees_what_is_loaded(git_repo: Path) -> None:
     subprocess.run(["git", "init", "-q"], cwd=empty, check=True)
     modules, code = loaded(empty, "ls", heavy=("git",))
     assert (modules, code) == (["git"], 2)
+
+
+def test_an_unknown_malformed_or_ambiguous_id_reads_as_before(git_repo: Path) -> None:
+    """What the store's lookup says is what the engine said: the same line, the same exit
+    code (3 for no such task, 2 for a prefix of several), with tasks in the store."""
+    from fleet_tui.core.states import TaskState
+    from fleet_tui.store.db import Store
+    from fleet_tui.system import paths
+
+    store = Store(paths.db_path())
+    for tid in ("ab0001", "ab0002"):
+        store.create_task(task_id=tid, prompt="p", repo=git_repo, state=TaskState.DISCARDED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
+        "PYTHONPATH", "")])}
+    cases = [(("show", "zzzzzz"), 3, "fleet-tui show: no task 'zzzzzz' (see `fleet-tui ls`)"),
+             (("logs", "NO-SUCH!"), 3, "fleet-tui logs: no task 'NO-SUCH!': a task id is 1 "
+              "to 6 characters from 0-9 and a-z (see `fleet-tui ls`)"),
+             (("diff", "ab"), 2, "fleet-tui diff: task id 'ab' is ambiguous: it matches "
+              "ab0001, ab0002; type more characters")]
+    for args, code, line in cases:
+        out = subprocess.run([sys.executable, "-m", "fleet_tui.cli", *args], cwd=git_repo,
+                             env=env, input="", capture_output=True, text=True, timeout=60,
+                             check=False)
+        assert (out.returncode, out.stderr, out.stdout) == (code, line + "\n", ""), args
+    assert sorted(t.id for t in store.list_tasks(archived=None)) == ["ab0001", "ab0002"]
