@@ -4,6 +4,8 @@ queue|compare|pick|push|review: the headless engine.
 Every command is a thin layer over `Fleet`. Commands that look at tasks first run one
 scheduling pass, so whatever finished while no fleet-tui process was running is recorded
 (and queued work starts) before anything is printed: close everything, come back, `ls`.
+An ID that names no task is refused from the store before the engine is built (no pass
+can make it known: only a new task does).
 """
 
 from __future__ import annotations
