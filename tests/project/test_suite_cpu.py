@@ -26,7 +26,7 @@ def test_the_profile_counts_a_tests_cpu_and_the_processes_it_started(tmp_path: P
     assert [r["id"] for r in rows] == [TARGET]
     assert rows[0]["cpu"] > 0 and rows[0]["wall"] > 0
     if os.geteuid() == 0 and Path("/sys/fs/cgroup/cpuacct").is_dir():
-        assert rows[0]["procs"].get("agent", 0) == 1, rows[0]  # the host agent it started
+        assert rows[0]["procs"].get("agent", 0) >= 1, rows[0]  # the host agent it started
     report = subprocess.run([sys.executable, "scripts/suite_cpu.py", str(out)], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert report.returncode == 0, report.stderr
