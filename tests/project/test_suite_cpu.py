@@ -1,0 +1,35 @@
+"""The suite's CPU profile (tests/support/suite_cpu.py, scripts/suite_cpu.py), run as the
+README gives it, on one small test file instead of the whole suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = ("tests/execution/ssh/test_host_mirror_lock.py::"
+          "test_a_worktree_waits_while_another_holds_the_mirrors_lock")
+
+
+def test_the_profile_counts_a_tests_cpu_and_the_processes_it_started(tmp_path: Path) -> None:
+    out = tmp_path / "suite-cpu"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "tests" / "support"), SUITE_CPU_DIR=str(out))
+    env.pop("PYTEST_XDIST_WORKER", None)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "suite_cpu", "-p",
+                          "no:xdist", "-p", "no:cacheprovider", TARGET],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "main.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [TARGET]
+    assert rows[0]["cpu"] > 0 and rows[0]["wall"] > 0
+    if os.geteuid() == 0 and Path("/sys/fs/cgroup/cpuacct").is_dir():
+        assert rows[0]["procs"].get("agent", 0) >= 1, rows[0]  # the host agent it started
+    report = subprocess.run([sys.executable, "scripts/suite_cpu.py", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert report.returncode == 0, report.stderr
+    assert "1 tests:" in report.stdout and TARGET in report.stdout
+    assert subprocess.run([sys.executable, "scripts/suite_cpu.py", str(tmp_path / "none")],
+                          cwd=ROOT, capture_output=True, text=True).returncode == 2
