@@ -83,6 +83,15 @@ def _rusage() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def _own_group() -> Path:
+    """The cpuacct group this process is in now (where it goes back at the end)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _num, controllers, path = line.split(":", 2)
+        if "cpuacct" in controllers.split(","):
+            return CPUACCT / path.lstrip("/")
+    return CPUACCT
+
+
 def pytest_configure(config: pytest.Config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     out = Path(os.environ.get("SUITE_CPU_DIR", "suite-cpu"))
@@ -90,8 +99,10 @@ def pytest_configure(config: pytest.Config) -> None:
     _state["out"] = (out / f"{worker}.jsonl").open("a", buffering=1, encoding="utf-8")
     group = CPUACCT / "fleet-suite-cpu" / f"{worker}-{os.getpid()}"
     try:
+        home = _own_group()
         group.mkdir(parents=True, exist_ok=True)
         (group / "cgroup.procs").write_text(str(os.getpid()))
+        _state["groups"] = (home, group)
     except OSError as exc:
         print(f"suite_cpu: no cpuacct group ({exc.strerror}): getrusage counts this "
               "process and the children it waited for only")
@@ -119,3 +130,18 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
     _state["out"].write(json.dumps({
         "id": item.nodeid, "wall": round(time.monotonic() - wall, 3),
         "cpu": round(_state["cpu"]() - cpu, 3), "procs": counts}) + "\n")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Back to the group it came from, and its own group removed (left while a process
+    it started still runs there: the kernel refuses, and that is fine)."""
+    if "groups" not in _state:
+        return
+    home, group = _state.pop("groups")
+    try:
+        (home / "cgroup.procs").write_text(str(os.getpid()))
+        group.rmdir()
+        group.parent.rmdir()  # the last worker's removal leaves no folder behind
+    except OSError:
+        pass
+
