@@ -280,7 +280,8 @@ def _users_processes(uid: int) -> dict[int, tuple[str, str, str]]:
         try:
             if entry.stat().st_uid != uid:
                 continue
-            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                errors="replace").strip()  # any of the user's processes: not always UTF-8
             found[int(entry.name)] = (args, os.readlink(entry / "cwd"),
                                       os.readlink(entry / "ns" / "pid"))
         except OSError:  # gone meanwhile

@@ -211,10 +211,13 @@ def node_pids(node_dir: Path, *markers: str) -> list[int]:
             continue
         try:
             cwd = os.readlink(entry / "cwd")
-            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            if not cwd.startswith(str(node_dir)):
+                continue
+            # any process of the machine's: its command line need not be UTF-8 (a title
+            # rewritten in place can be read half-written)
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                errors="replace").strip()
         except OSError:
-            continue
-        if not cwd.startswith(str(node_dir)):
             continue
         if any(m == args or (m.endswith("/") and m in args) for m in markers):
             found.append(int(entry.name))
