@@ -340,10 +340,12 @@ def _engine_child(tmp_path: Path, ep: ScriptedEndpoint, claude_bin: str,
 
 def _staggered_after_reset(git_repo: Path, claude_bin: str, tmp_path: Path,
                            engines: int) -> None:
-    # the window closes after the parked task's first turn, for a few seconds (long enough
-    # for a second engine process to be up before it opens: 8 s were not, once, beside two
-    # CPU hogs, and the first engine claimed all four)
-    window = {"kind": "window", "after_ok": 1, "seconds": 4 if engines == 1 else 20}
+    # the window closes after the parked task's first turn, for long enough that the fresh
+    # tasks are queued while it is closed (4 s were not, once, in a run with five test
+    # workers on two cores: a fresh task then started as any start does, before the parked
+    # one's resume), and that a second engine process is up before it opens (8 s were
+    # not, once, beside two CPU hogs, and the first engine claimed all four)
+    window = {"kind": "window", "after_ok": 1, "seconds": 12 if engines == 1 else 20}
     settings: dict[str, Any] = {"max_workers": 4, "park_jitter": 1.0,
                                 "resume_stagger": STAGGER, "max_attempts": 1}
     with ScriptedEndpoint({"default": WORK, "one": ONE_ANSWER}, faults=[window]) as ep:
@@ -351,9 +353,13 @@ def _staggered_after_reset(git_repo: Path, claude_bin: str, tmp_path: Path,
         (parked,) = fleet.submit(TaskSpec(prompt="write one.txt and two.txt", repo=git_repo))
         drive(fleet, lambda: fleet.get_task(parked.id).verdict == "window", timeout=90)
         fresh = fleet.submit(TaskSpec(prompt="[script:one] answer", repo=git_repo), copies=3)
+        queued = time.time()
         ids = [parked.id, *(t.id for t in fresh)]
         reset = ep.window_reset()
         assert reset is not None
+        # what the order is about: the fresh tasks waited for the reset too
+        assert queued < reset, f"the window reopened {queued - reset:.1f} s before the " \
+            "fresh tasks were queued"
         claims: dict[str, float] = {}
 
         def note_claims() -> None:  # each task's claim after the reset, as the store has it
