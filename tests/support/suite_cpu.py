@@ -15,6 +15,7 @@ waited for, so processes that outlive their parent are missed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -140,8 +141,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     home, group = _state.pop("groups")
     try:
         (home / "cgroup.procs").write_text(str(os.getpid()))
-        group.rmdir()
-        group.parent.rmdir()  # the last worker's removal leaves no folder behind
     except OSError:
-        pass
+        return
+    deadline = time.monotonic() + 5.0  # what a test left running (git's gc) ends soon
+    while True:
+        try:
+            group.rmdir()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+    with contextlib.suppress(OSError):
+        group.parent.rmdir()  # the last worker's removal leaves no folder behind
 
