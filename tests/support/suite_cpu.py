@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from fleet_tui.system import procs
+
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 POLL = 0.04
 _seen: dict[str, str] = {}
@@ -38,10 +40,9 @@ FLEET_COMMANDS = ("fleet-tui", "fleet-worker", "fleet-collect", "fleet-doctor")
 def _kind(pid: str) -> str | None:
     try:
         comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return None
-    args = [a.decode(errors="replace") for a in raw if a]
+    args = procs.cmdline(int(pid))
     if not args:
         return None
     exe = os.path.basename(args[0])
