@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 from endpoint_helpers import run_cli
+from ports import hold_port
 
 from fleet_tui.core.errors import EXIT_REFUSED
 from fleet_tui.store.db import Store
@@ -29,12 +29,6 @@ def env_of(tmp_path: Path, **extra: str) -> dict[str, str]:
                PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     env.update(extra)
     return env
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_add_ls_rm_keep_the_users_config(tmp_path: Path) -> None:
@@ -163,15 +157,15 @@ def test_check_of_an_unreachable_ssh_host_says_so_with_the_fix(tmp_path: Path) -
     home = Path(os.environ["HOME"])
     (home / ".ssh").mkdir(mode=0o700, exist_ok=True)
     env = env_of(tmp_path)
-    port = closed_port()
-    run_cli(env, tmp_path, "host", "add", "gone", f"127.0.0.1:{port}")
-    out = run_cli(env, tmp_path, "host", "check", "gone", timeout=60)
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert "FAIL  reachable  unreachable: " in out.stdout
-    assert "Connection refused" in out.stdout
-    assert "fix: check that the host is up and sshd listens on that port" in out.stdout
-    assert f"`ssh -p {port} 127.0.0.1 true` must succeed without asking" in out.stdout
-    assert "python" not in out.stdout  # the other checks need the host
+    with hold_port() as port:  # refused, and no other test's server takes it meanwhile
+        run_cli(env, tmp_path, "host", "add", "gone", f"127.0.0.1:{port}")
+        out = run_cli(env, tmp_path, "host", "check", "gone", timeout=60)
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert "FAIL  reachable  unreachable: " in out.stdout
+        assert "Connection refused" in out.stdout
+        assert "fix: check that the host is up and sshd listens on that port" in out.stdout
+        assert f"`ssh -p {port} 127.0.0.1 true` must succeed without asking" in out.stdout
+        assert "python" not in out.stdout  # the other checks need the host
 
 
 def test_run_on_an_unknown_host_creates_nothing(git_repo: Path, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import hold_port
 from test_fleet import SCRIPTS, drive, make_fleet, settled
 
 from fleet_tui.core.states import Verdict
@@ -60,12 +61,14 @@ def test_an_endpoint_gone_mid_run_is_waited_for_and_the_session_resumed(
         (task,) = fleet.submit(TaskSpec(prompt="[script:pause] wait a moment", repo=git_repo))
         drive(fleet, lambda: b'"tool_use"' in _events(fleet, task.id), 90)
         endpoint.stop()  # the Bash step runs; the next request finds nobody
-        drive(fleet, lambda: fleet.get_task(task.id).state == TaskState.WAITING, 90)
-        waiting = fleet.get_task(task.id)
-        first = fleet.attempts(task.id)[0]
-        assert first.verdict == Verdict.UNREACHABLE
-        assert_unreachable_words(waiting.message, first)
-        assert "retry 2/3 in" in waiting.message and "(resumes its session)" in waiting.message
+        with hold_port(endpoint.port):  # nobody, not another test's server on the port
+            drive(fleet, lambda: fleet.get_task(task.id).state == TaskState.WAITING, 90)
+            waiting = fleet.get_task(task.id)
+            first = fleet.attempts(task.id)[0]
+            assert first.verdict == Verdict.UNREACHABLE
+            assert_unreachable_words(waiting.message, first)
+            assert "retry 2/3 in" in waiting.message
+            assert "(resumes its session)" in waiting.message
         endpoint.start()  # back, on the same port
         drive(fleet, settled(fleet, task.id), 120)
         done = fleet.get_task(task.id)
@@ -88,9 +91,10 @@ def test_an_endpoint_never_there_gives_up_after_the_attempts(
                                      else "claude_newest_bin")
     endpoint = ScriptedEndpoint(PAUSE).start()
     fleet = make_fleet(endpoint, claude, max_attempts=2)
-    endpoint.stop()  # its port, with nothing on it
-    (task,) = fleet.submit(TaskSpec(prompt="hello", repo=git_repo))
-    drive(fleet, settled(fleet, task.id), 120)
+    endpoint.stop()
+    with hold_port(endpoint.port):  # its port, with nothing on it for the whole run
+        (task,) = fleet.submit(TaskSpec(prompt="hello", repo=git_repo))
+        drive(fleet, settled(fleet, task.id), 120)
     done = fleet.get_task(task.id)
     assert done.state == TaskState.FAILED
     assert_unreachable_words(done.message, fleet.attempts(task.id)[-1])

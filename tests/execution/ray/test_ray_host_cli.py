@@ -8,11 +8,11 @@ the real cluster.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 from endpoint_helpers import run_cli
+from ports import hold_port
 from test_host_cli import env_of
 
 from fleet_tui.core.errors import FleetError
@@ -22,34 +22,29 @@ from fleet_tui.settings.config_core import ConfigError
 from fleet_tui.settings.hosts import host_from_table, host_table, read_hosts
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_host_add_ray_writes_its_table_and_check_says_unreachable(tmp_path: Path) -> None:
     env = env_of(tmp_path)
     config = tmp_path / "config.toml"
-    address = f"http://127.0.0.1:{closed_port()}"
-    added = run_cli(env, tmp_path, "host", "add", "gpu", "--ray", address, "--resources",
-                    '{"gpu_box": 1, "mem.big": 0.5}', "--max-workers", "3")
-    assert added.returncode == 0, added.stderr
-    assert f"added host gpu: Ray cluster {address}, resources gpu_box=1, mem.big=0.5, " \
-           "max_workers 3" in added.stdout
-    text = config.read_text()
-    assert text == (f'[hosts.gpu]\nray = "{address}"\n'
-                    'resources = { gpu_box = 1, "mem.big" = 0.5 }\nmax_workers = 3\n')
-    (host,) = read_hosts(str(config), object())
-    assert host.kind == "ray" and not host.is_local
-    assert ray_options(host).resources == {"gpu_box": 1.0, "mem.big": 0.5}
-    listed = run_cli(env, tmp_path, "host", "ls")
-    assert listed.stdout.splitlines()[2].split() == ["gpu", address, "0/3", "0", "here"]
-    checked = run_cli(env, tmp_path, "host", "check", "gpu")
-    assert checked.returncode == 1
-    assert f"FAIL  reachable  {address} does not answer" in checked.stdout
-    assert "fix: check the address" in checked.stdout
-    assert "Traceback" not in checked.stdout + checked.stderr
+    with hold_port() as port:  # nothing answers there for the whole test
+        address = f"http://127.0.0.1:{port}"
+        added = run_cli(env, tmp_path, "host", "add", "gpu", "--ray", address, "--resources",
+                        '{"gpu_box": 1, "mem.big": 0.5}', "--max-workers", "3")
+        assert added.returncode == 0, added.stderr
+        assert f"added host gpu: Ray cluster {address}, resources gpu_box=1, mem.big=0.5, " \
+               "max_workers 3" in added.stdout
+        text = config.read_text()
+        assert text == (f'[hosts.gpu]\nray = "{address}"\n'
+                        'resources = { gpu_box = 1, "mem.big" = 0.5 }\nmax_workers = 3\n')
+        (host,) = read_hosts(str(config), object())
+        assert host.kind == "ray" and not host.is_local
+        assert ray_options(host).resources == {"gpu_box": 1.0, "mem.big": 0.5}
+        listed = run_cli(env, tmp_path, "host", "ls")
+        assert listed.stdout.splitlines()[2].split() == ["gpu", address, "0/3", "0", "here"]
+        checked = run_cli(env, tmp_path, "host", "check", "gpu")
+        assert checked.returncode == 1
+        assert f"FAIL  reachable  {address} does not answer" in checked.stdout
+        assert "fix: check the address" in checked.stdout
+        assert "Traceback" not in checked.stdout + checked.stderr
 
 
 @pytest.mark.parametrize(("args", "said"), [
@@ -95,7 +90,7 @@ def test_a_start_that_would_send_the_key_is_refused(tmp_path: Path) -> None:
     the Ray host refuses before anything reaches a cluster (none answers here)."""
     from fleet_tui.execution.ray.host import RayHost, RayStaged
 
-    host = RayHost(name="c", address=f"http://127.0.0.1:{closed_port()}", env={})
+    host = RayHost(name="c", address="http://127.0.0.1:9", env={})  # never reached
     staged = RayStaged(host, None, None, tmp_path, {})  # type: ignore[arg-type]
     with pytest.raises(FleetError, match="would send the key") as exc:
         staged.spawn({"ANTHROPIC_API_KEY": "sk-plain-key-1234"})
