@@ -45,10 +45,16 @@ def wait_for(check: Any, timeout: float, what: str, every: float = 0.05) -> Any:
 
 def gate_step(gate: Path) -> dict[str, Any]:
     """A Bash step that waits until the test says go (so that the worker's next request
-    comes after what the test does meanwhile)."""
+    comes after what the test does meanwhile). It first marks that it runs (`at_gate`):
+    the answer that asked for it has then reached the worker whole."""
     return {"type": "tool_use", "name": "Bash", "input": {
-        "command": f"while [ ! -e {gate} ]; do sleep 0.1; done; echo went",
+        "command": f"touch {at_gate(gate)}; while [ ! -e {gate} ]; do sleep 0.1; done; "
+                   "echo went",
         "description": "wait for the test"}}
+
+
+def at_gate(gate: Path) -> Path:
+    return gate.with_name(gate.name + ".at")
 
 
 def test_an_ls_from_another_shell_changes_neither_the_key_nor_the_endpoint_of_a_task(
@@ -253,7 +259,9 @@ def test_a_task_whose_key_the_gateway_lost_waits_and_resumes_in_its_session(
             started = run_cli(env, git_repo, "run", "answer", "--json")
             assert started.returncode == 0, started.stderr
             (task,) = json.loads(started.stdout)
-            wait_for(lambda: ep.message_requests(), 120, "the first request")
+            # the worker in its Bash step, not still reading the answer that asked for it
+            # (a stream the SIGKILL cuts ends the attempt unreachable: seen, 2 runs in 6)
+            wait_for(at_gate(gate).exists, 120, "the worker at its gate")
             first = control.read_info()
             assert first is not None
             os.kill(first.pid, signal.SIGKILL)
