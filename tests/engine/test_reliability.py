@@ -82,7 +82,7 @@ from soak_report import knob, load_average, record
 from ssh_support import host_config, master, start_sshd
 from standin_claude import stream_wrapper
 
-from fleet_tui.demo.endpoint import ScriptedEndpoint
+from fleet_tui.demo.endpoint import RecordedRequest, ScriptedEndpoint, ToolResultRecord
 from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.execution.worker.attemptlog import EVENTS_FILE, RUNNER_FILE, SPEC_FILE, read_json
 from fleet_tui.execution.worker.runner import RUNNER_MODULE, TOKEN_ENV, RunSpec
@@ -537,11 +537,45 @@ def chaos_endpoint() -> Iterator[ScriptedEndpoint]:
         yield ep
 
 
+def _task_requests(endpoint: ScriptedEndpoint, worktree: str) -> list[RecordedRequest]:
+    return [r for r in endpoint.message_requests("chaos")
+            if r.cwd == worktree and r.turn is not None
+            and not (r.prompt or "").startswith("<session>")]
+
+
 def _turns_seen(endpoint: ScriptedEndpoint, worktree: str) -> collections.Counter[int]:
-    return collections.Counter(
-        r.turn for r in endpoint.message_requests("chaos")
-        if r.cwd == worktree and r.turn is not None
-        and not (r.prompt or "").startswith("<session>"))
+    return _turns_seen_in(_task_requests(endpoint, worktree))
+
+
+def _turns_seen_in(requests: list[RecordedRequest]) -> collections.Counter[int]:
+    return collections.Counter(r.turn for r in requests)
+
+
+def turns_acted_on(requests: list[RecordedRequest]) -> collections.Counter[int]:
+    """For each turn, how many of its answers the worker acted on: answers whose tool
+    calls came back as tool results in a later request. A turn asked for again because its
+    answer was cut on the way (the CLI retries; an SSH forward that died with the answer in
+    flight did this) counts once; a turn two workers both ran counts twice."""
+    acted = {result.tool_use_id for r in requests for result in r.tool_results}
+    return collections.Counter(r.turn for r in requests if r.turn is not None
+                               and r.tool_use_ids and acted & set(r.tool_use_ids))
+
+
+def test_a_turn_asked_again_after_its_answer_was_cut_is_not_run_twice() -> None:
+    """What the SSH-host chaos round with seed 11600 met: the forward died while turn 0's
+    answer was on its way, the CLI asked again, and turn 0 was answered twice but run once;
+    two workers each running turn 0 are still caught."""
+    def asked(turn: int, ids: tuple[str, ...], results: tuple[str, ...] = ()) -> RecordedRequest:
+        return RecordedRequest(method="POST", path="/v1/messages", status=200, turn=turn,
+                               tool_use_ids=ids, tool_results=tuple(
+                                   ToolResultRecord(i, False, "ok") for i in results))
+    cut_then_retried = [asked(0, ("a",)), asked(0, ("b",)), asked(1, ("c",), ("b",)),
+                        asked(2, (), ("c",))]
+    assert _turns_seen_in(cut_then_retried) == {0: 2, 1: 1, 2: 1}
+    assert turns_acted_on(cut_then_retried) == {0: 1, 1: 1}
+    two_workers = [asked(0, ("a",)), asked(0, ("b",)), asked(1, ("c",), ("a",)),
+                   asked(1, ("d",), ("b",))]
+    assert turns_acted_on(two_workers) == {0: 2}  # turn 1's answers were never acted on
 
 
 def _victim_pid(fleet: Fleet, task_id: str, which: str) -> int | None:
@@ -667,7 +701,7 @@ def audit(fleet: Fleet, ids: list[str], victims: set[str], target: str, where: s
             tally.problems.append(f"{where}: task {task_id}: claude started "
                                   f"{sum(starts[t] for t in mine)} times")
         worktree = str(task.worktree or paths.worktree_path(Path(task.repo), task_id))
-        turns = _turns_seen(endpoint, worktree)
+        turns = turns_acted_on(_task_requests(endpoint, worktree))
         twice = {t: c for t, c in turns.items() if c > 1}
         if twice:
             doubles += sum(c - 1 for c in twice.values())
