@@ -51,7 +51,7 @@ from fleet_tui.execution.worker import cage
 from fleet_tui.gateway import control
 from fleet_tui.settings.config import load_settings
 from fleet_tui.store.db import Store, TaskState
-from fleet_tui.system import paths
+from fleet_tui.system import paths, procs
 
 # the pinned claude packed (its native part: ~245 MB through gzip) and installed there
 pytestmark = [pytest.mark.xdist_group("ssh-user-path"), pytest.mark.timeout(1800)]
@@ -280,8 +280,7 @@ def _users_processes(uid: int) -> dict[int, tuple[str, str, str]]:
         try:
             if entry.stat().st_uid != uid:
                 continue
-            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                errors="replace").strip()  # any of the user's processes: not always UTF-8
+            args = " ".join(procs.cmdline(int(entry.name)))  # not always UTF-8: replaced
             found[int(entry.name)] = (args, os.readlink(entry / "cwd"),
                                       os.readlink(entry / "ns" / "pid"))
         except OSError:  # gone meanwhile

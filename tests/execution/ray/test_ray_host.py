@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from proc_helpers import working_in
 from ray_cluster import NODE_KEY, NODE_KEY_VAR, NODE_RESOURCE, RayCluster, ray_missing
 from test_fleet import KEY, SCRIPTS, drive, settled
 
@@ -205,23 +206,11 @@ def _events(fleet: Fleet, task_id: str) -> bytes:
 def node_pids(node_dir: Path, *markers: str) -> list[int]:
     """Processes on the node working under its data dir whose command line is one of
     `markers` (or holds one ending in "/")."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cwd = os.readlink(entry / "cwd")
-            if not cwd.startswith(str(node_dir)):
-                continue
-            # any process of the machine's: its command line need not be UTF-8 (a title
-            # rewritten in place can be read half-written)
-            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                errors="replace").strip()
-        except OSError:
-            continue
-        if any(m == args or (m.endswith("/") and m in args) for m in markers):
-            found.append(int(entry.name))
-    return found
+    def marked(argv: list[str]) -> bool:
+        args = " ".join(argv).strip()
+        return any(m == args or (m.endswith("/") and m in args) for m in markers)
+
+    return working_in(node_dir, marked)
 
 
 def node_of(cluster: RayCluster, resource: str) -> str:
