@@ -237,7 +237,7 @@ def _ray_job(package: Path, tmp_path: Path, git_repo: Path, url: str,
     spec = RunSpec(cwd=worktree, prompt="write it", config_dir=f"{node}/config/t1",
                    settings={"base_url": url, "sandbox": os.geteuid() == 0,
                              "key_sources": ["env"], "claude": "/nowhere/of/this/machine"},
-                   task_id="t1", attempt=1, token="tok-ray-stdlib", kill_grace=2.0,
+                   task_id="t1", attempt=1, token="tok-ray-" + os.urandom(6).hex(), kill_grace=2.0,
                    repo=str(git_repo))
     staged = host.stage(placement, spec)
     try:
