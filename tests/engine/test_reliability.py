@@ -555,7 +555,8 @@ def turns_acted_on(requests: list[RecordedRequest]) -> collections.Counter[int]:
     """For each turn, how many of its answers the worker acted on: answers whose tool
     calls came back as tool results in a later request. A turn asked for again because its
     answer was cut on the way (the CLI retries; an SSH forward that died with the answer in
-    flight did this) counts once; a turn two workers both ran counts twice."""
+    flight did this) counts once; a turn two workers both ran counts twice. The last turn
+    calls no tool: two workers reaching it are caught by the count of claude's starts."""
     acted = {result.tool_use_id for r in requests for result in r.tool_results}
     return collections.Counter(r.turn for r in requests if r.turn is not None
                                and r.tool_use_ids and acted & set(r.tool_use_ids))
