@@ -33,3 +33,33 @@ def test_the_profile_counts_a_tests_cpu_and_the_processes_it_started(tmp_path: P
     assert "1 tests:" in report.stdout and TARGET in report.stdout
     assert subprocess.run([sys.executable, "scripts/suite_cpu.py", str(tmp_path / "none")],
                           cwd=ROOT, capture_output=True, text=True).returncode == 2
+
+
+def test_a_fork_seen_before_its_exec_is_counted_as_what_it_execs(tmp_path: Path) -> None:
+    """A child caught between its fork and its exec still shows its parent's command line
+    (a host agent started by a test looked like pytest, "python"): the poller looks at it
+    again until it has exec'd."""
+    import threading
+    import time
+
+    import suite_cpu
+
+    group = tmp_path / "cgroup.procs"
+    group.write_text("")
+    stop = threading.Event()
+    threading.Thread(target=suite_cpu._poll, args=(group, stop), daemon=True).start()
+
+    def before_exec() -> None:  # in the child, between its fork and its exec
+        group.write_text(f"{os.getpid()}\n")
+        time.sleep(0.5)
+
+    child = subprocess.Popen(["sleep", "30"], preexec_fn=before_exec)
+    try:
+        deadline = time.monotonic() + 30
+        while suite_cpu._seen.get(str(child.pid)) != "sleep":
+            assert time.monotonic() < deadline, suite_cpu._seen.get(str(child.pid))
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        child.kill()
+        child.wait()

@@ -64,18 +64,41 @@ def _kind(pid: str) -> str | None:
     return exe
 
 
-def _poll(procs: Path) -> None:
-    while True:
+def _forked(pid: str) -> bool:
+    """The process is a fork not yet past its exec: its command line is still its
+    parent's (a child of pytest looks like pytest, one of a runner like a runner)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    ppid = int(stat.rsplit(")", 1)[1].split()[1])
+    args = procs.cmdline(int(pid))
+    return bool(args) and args == procs.cmdline(ppid)
+
+
+def _poll(group_procs: Path, stop: threading.Event | None = None) -> None:
+    """Gives each new pid in the group its kind. A fork not yet past its exec is looked
+    at again on each poll until it has exec'd (or ended: then it counts as what it was,
+    a copy of its parent)."""
+    pending: set[str] = set()
+    while stop is None or not stop.is_set():
         try:
-            pids = procs.read_text().split()
+            pids = group_procs.read_text().split()
         except OSError:
             pids = []
         for pid in pids:
-            if pid not in _seen:
-                kind = _kind(pid)
-                if kind is not None:
-                    with _lock:
-                        _seen[pid] = kind
+            if pid in _seen and pid not in pending:
+                continue
+            kind = _kind(pid)
+            if kind is None:
+                continue
+            if _forked(pid):
+                pending.add(pid)
+            else:
+                pending.discard(pid)
+            with _lock:
+                _seen[pid] = kind
+        pending &= set(pids)
         time.sleep(POLL)
 
 

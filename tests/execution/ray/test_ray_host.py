@@ -662,8 +662,15 @@ def test_the_key_never_reaches_the_cluster(git_repo: Path, claude_bin: str,
         (task,) = fleet.submit(TaskSpec(prompt="[script:long] wait", repo=git_repo,
                                         host="cluster"))
         drive(fleet, lambda: b"tool_use" in _events(fleet, task.id), timeout=120)
-        # the runner and claude hold the attempt's token, never the key
-        assert len(_processes_holding(ray_cluster, "FLEET_ATTEMPT_TOKEN=", node_dir)) >= 2
+
+        def holders() -> list[list[str]]:
+            pids = _processes_holding(ray_cluster, "FLEET_ATTEMPT_TOKEN=", node_dir)
+            return [procs.cmdline(pid) for pid in pids]
+        # claude and its Bash step hold the attempt's token, never the key. The step's
+        # process starts a moment after its tool_use is in the stream (later on a busy
+        # machine): wait for it
+        drive(fleet, lambda: ["sleep", "12"] in holders(), timeout=60)
+        assert any(args and args[0] == claude_bin for args in holders())
         assert _processes_holding(ray_cluster, KEY, node_dir) == []
         running = _cluster_texts(ray_cluster, task.id)
         drive(fleet, settled(fleet, task.id), timeout=120)
