@@ -82,6 +82,7 @@ from soak_report import knob, load_average, record
 from ssh_support import host_config, master, start_sshd
 from standin_claude import stream_wrapper
 
+from fleet_tui.core import stream
 from fleet_tui.demo.endpoint import RecordedRequest, ScriptedEndpoint, ToolResultRecord
 from fleet_tui.engine.fleet import Fleet, TaskSpec
 from fleet_tui.execution.worker.attemptlog import EVENTS_FILE, RUNNER_FILE, SPEC_FILE, read_json
@@ -389,16 +390,8 @@ def kill_leftovers(tokens: list[str], base: Path) -> None:
 
 
 def init_lines(data: bytes) -> int:
-    count = 0
-    for line in data.splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and obj.get("type") == "system" and obj.get(
-                "subtype") == "init":
-            count += 1
-    return count
+    """The stream's `system/init` lines: one per claude process that started."""
+    return sum(isinstance(e, stream.Init) for e in stream.decode_all(data))
 
 
 def common_prefix(a: bytes, b: bytes) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from fleet_tui.core import stream
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine import supervisor as supervisor_mod
 from fleet_tui.engine.fleet import Fleet, TaskSpec
@@ -96,18 +97,6 @@ def runs_in(endpoint: ScriptedEndpoint, worktree: Path) -> int:
                and not (r.prompt or "").startswith("<session>"))
 
 
-def init_lines(events: Path) -> int:
-    count = 0
-    for line in events.read_bytes().splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if obj.get("type") == "system" and obj.get("subtype") == "init":
-            count += 1
-    return count
-
-
 def runner_processes(adir: Path) -> list[int]:
     return [st.pid for st in procs.all_stats() if st.state != "Z"
             and procs.cmdline(st.pid)[-1:] == [str(adir)]
@@ -120,7 +109,8 @@ def assert_ran_once(fleet: Fleet, endpoint: ScriptedEndpoint, task_id: str) -> N
     attempts = fleet.attempts(task_id)
     assert len(attempts) == 1, [(a.n, a.verdict, a.message) for a in attempts]
     adir = Path(attempts[0].dir or "")
-    assert init_lines(adir / EVENTS_FILE) == 1
+    events = stream.decode_all((adir / EVENTS_FILE).read_bytes())
+    assert sum(isinstance(e, stream.Init) for e in events) == 1
     assert runs_in(endpoint, Path(done.worktree or "")) == 1
     assert (Path(done.worktree or "") / "once.txt").read_text() == "once\n"
 

@@ -144,19 +144,28 @@ def printed_after_signal(fleet: Fleet, task: Task) -> tuple[stream.Result | None
     return (results[-1] if results else None), read_json(Path(attempt.dir) / EXIT_FILE)
 
 
+def clean_success(res: stream.Result | None, rec: Any) -> bool:
+    """What 2.1.197 prints after a SIGTERM most of the time: its extra turn's success
+    result, and exit 0."""
+    return (res is not None and not res.is_error and res.subtype == "success"
+            and bool(rec) and rec.get("exit_code") == 0)
+
+
 def check_printed(which: str, seen: list[tuple[stream.Result | None, Any]]) -> None:
     """The test covers what each version really does after a SIGTERM."""
     if which == "pinned":
         # 2.1.197 answers the SIGTERM with one more turn, a clean success result and exit
         # 0 (the finding) most of the time; on a loaded machine the signal can land before
-        # its turn starts and it exits 143 with no result. Each round must be one of the
-        # two; the verdict above held for each. The success-after-the-signal case is also
-        # pinned without timing in tests/core/test_policy.py (the stop request decides).
+        # its turn starts and it exits 143 with no result, or its extra turn finds the
+        # cage's bridge to the endpoint already gone with the signal: an error result
+        # ("Unable to connect to API (ConnectionRefused)") and exit 143 (seen once in a
+        # whole-suite run). Each round must be one of the three; the verdict above held
+        # for each. The success-after-the-signal case is also pinned without timing in
+        # tests/core/test_policy.py (the stop request decides).
         for res, rec in seen:
-            printed = (res is not None and not res.is_error and res.subtype == "success"
-                       and rec and rec.get("exit_code") == 0)
-            signalled = res is None and rec and rec.get("exit_code") == 143
-            assert printed or signalled, seen
+            signalled = rec and rec.get("exit_code") == 143 and (
+                res is None or (res.is_error and "Unable to connect" in (res.result or "")))
+            assert clean_success(res, rec) or signalled, seen
     else:
         # 2.1.332: exits 143 on the SIGTERM, no result line
         assert all(res is None and rec and rec.get("exit_code") == 143 for res, rec in seen), seen
@@ -180,7 +189,7 @@ def test_killed_task_is_killed_whatever_claude_printed(
         attempt = fleet.attempts(task.id)[-1]
         assert attempt.verdict == "killed"
         seen.append(printed_after_signal(fleet, task))
-        if seen[-1][0] is not None:
+        if clean_success(*seen[-1]):  # the finding is covered
             break
     check_printed(which, seen)
 
@@ -198,7 +207,7 @@ def test_timed_out_task_is_timeout_whatever_claude_printed(
         assert (done.state, done.verdict) == (TaskState.FAILED, "timeout"), done.message
         assert "timed out" in (done.message or "")
         seen.append(printed_after_signal(fleet, task))
-        if seen[-1][0] is not None:
+        if clean_success(*seen[-1]):  # the finding is covered
             break
     check_printed(which, seen)
 
