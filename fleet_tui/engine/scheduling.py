@@ -267,17 +267,17 @@ class Scheduler(Part):
             self.supervisor.request_stop(attempt, StopReason.BUDGET, refusal)
 
     def _decider(self, settings: Settings, closed: list[str | None]) -> Callable[
-            [EndpointState | None, int],
+            [EndpointState | None, int, float],
             tuple[int | None, dict[str, Any] | None, dict[str, Any] | None,
                   dict[str, Any] | None, bool]]:
         """store.claim_gated's `decide`: policy.gate, keeping why it is closed in
         `closed[0]`. `settings`: the endpoint's (Settings.for_endpoint)."""
         key = policy.settings_key(settings)
 
-        def decide(state: EndpointState | None, parked: int
+        def decide(state: EndpointState | None, parked: int, now: float
                    ) -> tuple[int | None, dict[str, Any] | None, dict[str, Any] | None,
                               dict[str, Any] | None, bool]:
-            gate = policy.gate(state, settings, self.clock(), parked, settings_now=key)
+            gate = policy.gate(state, settings, now, parked, settings_now=key)
             closed[0] = gate.why
             return gate.as_tuple()
         return decide

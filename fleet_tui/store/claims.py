@@ -87,7 +87,7 @@ class Claims(TaskRows, AttemptRows, EndpointRows):
             return task_from_row(fresh)
 
     def claim_gated(self, endpoint: str, now: float, owner: str | None,
-                    decide: Callable[[EndpointState | None, int],
+                    decide: Callable[[EndpointState | None, int, float],
                                      tuple[int | None, dict[str, Any] | None,
                                            dict[str, Any] | None, dict[str, Any] | None,
                                            bool]],
@@ -96,12 +96,15 @@ class Claims(TaskRows, AttemptRows, EndpointRows):
         """`claim_next` under the endpoint's limits, in one IMMEDIATE transaction, so that
         two engines cannot both start a task into a closed window or past a ramp's step.
 
-        ``decide(state, parked)`` (``parked``: how many of the endpoint's tasks wait with
-        verdict window) returns (cap, fields, fields_on_claim, fields_on_idle,
-        parked_first): the cap to claim under (None: start nothing now), endpoint fields to
-        set now (a hold lifted), fields to set once a task is claimed (the staggered
-        resume's next start), fields to set when no task is ready at all (the resume after
-        a park is over), and whether parked sessions are claimed before fresh tasks.
+        ``decide(state, parked, now)`` (``parked``: how many of the endpoint's tasks wait
+        with verdict window; ``now``: the time the claim is stamped with, so that a gate
+        counting from an earlier claim, as the staggered resume does, counts between the
+        times the store keeps, however long this claim waited for the lock) returns (cap,
+        fields, fields_on_claim, fields_on_idle, parked_first): the cap to claim under
+        (None: start nothing now), endpoint fields to set now (a hold lifted), fields to
+        set once a task is claimed (the staggered resume's next start), fields to set when
+        no task is ready at all (the resume after a park is over), and whether parked
+        sessions are claimed before fresh tasks.
 
         ``starting`` (most, since): nothing is claimed while `most` of the endpoint's tasks
         are starting (`starting_count`: claimed since `since`, their attempt's claude not
@@ -119,7 +122,7 @@ class Claims(TaskRows, AttemptRows, EndpointRows):
                     "SELECT COUNT(*) FROM tasks WHERE endpoint = ? AND state = ? AND "
                     "verdict = ?", (endpoint, TaskState.WAITING.value,
                                     Verdict.WINDOW.value)).fetchone()[0])
-            cap, fields_now, on_claim, on_idle, parked_first = decide(state, parked)
+            cap, fields_now, on_claim, on_idle, parked_first = decide(state, parked, now)
             if fields_now:
                 self._write_endpoint(conn, endpoint, fields_now, now)
             if cap is None:

@@ -30,6 +30,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_fleet import KEY, drive, make_fleet, settled
 
 from fleet_tui.core import policy
@@ -404,3 +405,50 @@ def test_after_a_reset_one_start_per_stagger_parked_first(
 def test_after_a_reset_two_engines_keep_the_stagger_parked_first(
         git_repo: Path, claude_bin: str, tmp_path: Path) -> None:
     _staggered_after_reset(git_repo, claude_bin, tmp_path, engines=2)
+
+
+def test_the_stagger_is_counted_from_the_time_each_claim_is_stamped_with(
+        git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resume's stagger holds between the claim times the store keeps, however long a
+    claim waited for the store: the gate decides with the time the claim is stamped with.
+    With two readings of the clock (the one stamped, taken before the claim waits for
+    the store's lock, and a later one deciding), a claim that waited longer than the one
+    before it started sooner than the stagger after it (1.45 s for 1.5: two engines on one
+    store, under load). Here each claim waits (the clock moves on) a little longer than
+    the last; the host is the in-memory one."""
+    from fleet_tui.execution.memory import MemoryHost
+    from fleet_tui.settings.config import load_settings
+    from fleet_tui.store.db import Store
+
+    stagger = 2.0
+    clock = {"now": 1000.0, "wait": 0.0}
+
+    def read() -> float:
+        clock["now"] += 0.001
+        return clock["now"]
+
+    settings = load_settings(env=os.environ, overrides={
+        "key_sources": "env", "max_workers": 4, "max_attempts": 1, "gateway": False,
+        "resume_stagger": stagger, "park_jitter": 0.0})
+    store = Store(paths.db_path())
+    fleet = Fleet(settings, store, clock=read, env=dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY),
+                  host=MemoryHost(tmp_path / "memory-host", clock=read))
+    tasks = fleet.submit(TaskSpec(prompt="work", repo=git_repo), copies=4)
+    store.change_endpoint(tasks[0].endpoint, lambda st: {
+        "parked_until": clock["now"] + 1.0, "park_reason": "window"}, clock["now"])
+    claim = store.claim_gated
+
+    def after_a_wait(*args: Any, **kwargs: Any) -> Any:  # the store's lock, held elsewhere
+        clock["wait"] += 0.01
+        clock["now"] += clock["wait"]
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(store, "claim_gated", after_a_wait)
+    for _ in range(2000):
+        fleet.tick()
+        if all(fleet.get_task(t.id).claimed_at is not None for t in tasks):
+            break
+    times = sorted(fleet.get_task(t.id).claimed_at or 0.0 for t in tasks)
+    assert all(times), times
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert all(gap >= stagger for gap in gaps), gaps

@@ -517,8 +517,8 @@ def test_claim_gated_obeys_the_park_and_staggers_the_resume(store: Store) -> Non
     store.change_endpoint(e, lambda st: {"parked_until": 100.0, "park_reason": "w"})
 
     def claim(now: float) -> str | None:
-        def decide(state: EndpointState | None, n: int) -> Any:
-            return policy.gate(state, settings, now, n).as_tuple()
+        def decide(state: EndpointState | None, n: int, at: float) -> Any:
+            return policy.gate(state, settings, at, n).as_tuple()
         task = store.claim_gated(e, now, "engine", decide)
         return task.id if task is not None else None
 
@@ -553,8 +553,8 @@ def test_claim_gated_holds_while_the_start_window_is_full(store: Store) -> None:
            for i in range(5)]
 
     def claim(now: float, most: int = 2, bound: float = 5.0) -> str | None:
-        def decide(state: EndpointState | None, n: int) -> Any:
-            return policy.gate(state, settings, now, n).as_tuple()
+        def decide(state: EndpointState | None, n: int, at: float) -> Any:
+            return policy.gate(state, settings, at, n).as_tuple()
         task = store.claim_gated(e, now, "engine", decide, starting=(most, now - bound))
         return task.id if task is not None else None
 
@@ -600,8 +600,8 @@ def test_after_a_reset_two_engines_start_one_task_per_stagger_parked_first(
              for i in range(3)]  # created_at before the parked one's: age alone would lose
 
     def claim(store: Store, now: float) -> str | None:
-        def decide(state: EndpointState | None, n: int) -> Any:
-            return policy.gate(state, settings, now, n).as_tuple()
+        def decide(state: EndpointState | None, n: int, at: float) -> Any:
+            return policy.gate(state, settings, at, n).as_tuple()
         task = store.claim_gated(e, now, f"engine-{id(store)}", decide)
         return task.id if task is not None else None
 
