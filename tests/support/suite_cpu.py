@@ -67,13 +67,11 @@ def _kind(pid: str) -> str | None:
 def _forked(pid: str) -> bool:
     """The process is a fork not yet past its exec: its command line is still its
     parent's (a child of pytest looks like pytest, one of a runner like a runner)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    stat = procs.read_stat(int(pid))
+    if stat is None:
         return False
-    ppid = int(stat.rsplit(")", 1)[1].split()[1])
-    args = procs.cmdline(int(pid))
-    return bool(args) and args == procs.cmdline(ppid)
+    args = procs.cmdline(stat.pid)
+    return bool(args) and args == procs.cmdline(stat.ppid)
 
 
 def _poll(group_procs: Path, stop: threading.Event | None = None) -> None:
