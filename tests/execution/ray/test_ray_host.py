@@ -869,8 +869,9 @@ def test_tasks_started_by_short_lived_processes_are_submitted_once(
         f'data_dir = "{node_dir}"\npython = "{sys.executable}"\nclaude = "{claude_bin}"\n'
         'cage = "off"\n')
     root = str(Path(__file__).resolve().parents[3])
+    # (PYTHONFAULTHANDLER: a process that dies of a fatal signal says where, on its stderr)
     env = dict(os.environ, ANTHROPIC_AUTH_TOKEN=KEY, CLAUDE_CODE_MAX_RETRIES="0",
-               FLEET_WORKER_GATEWAY="1",
+               FLEET_WORKER_GATEWAY="1", PYTHONFAULTHANDLER="1",
                PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     fleet = Fleet(load_settings(env=env), Store(paths.db_path()), env=env)
     started: list[subprocess.Popen[str]] = []
@@ -894,7 +895,8 @@ def test_tasks_started_by_short_lived_processes_are_submitted_once(
                                   env=env, stdin=subprocess.DEVNULL, capture_output=True,
                                   text=True, check=False)
             if done.returncode != 0 or "Traceback" in done.stderr:
-                failures.append(done.stderr[-2000:])
+                failures.append(f"exit {done.returncode}: {done.stderr[-2000:]}"
+                                f"\nstdout: {done.stdout[-1000:]}")
 
     threads = [threading.Thread(target=launch, daemon=True),
                threading.Thread(target=poll, daemon=True)]
