@@ -545,7 +545,7 @@ def cmd_run(argv: list[str]) -> int:
     for why in held:
         _err(f"not started: the endpoint is {why}" if not why.startswith("held: ")
              else f"not started: {why}")
-    if not args.wait and not args.json:
+    if not args.wait and not args.json and any(t.state in RUNNING_OR_PENDING for t in final):
         _err("running in the background; follow with `fleet-tui ls` / "
              "`fleet-tui logs ID --follow`")
     if args.json:

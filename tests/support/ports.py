@@ -1,4 +1,5 @@
-"""A port on 127.0.0.1 that nobody answers on, and stays so while a test relies on it.
+"""A port on 127.0.0.1 that nobody answers on, and stays so while a test relies on it (and
+one that takes connections and never answers: `silent_port`).
 
 Picking a free port and closing it (or stopping the server on it) leaves it to whoever binds
 next: under xdist another test's endpoint or gateway did, and a worker meant to meet "nothing
@@ -34,4 +35,18 @@ def hold_port(port: int = 0) -> Iterator[int]:
         sock.close()
 
 
-__all__ = ["hold_port"]
+@contextlib.contextmanager
+def silent_port() -> Iterator[int]:
+    """A port of 127.0.0.1 that takes connections and never answers, for the block: a
+    socket that listens and never accepts (the kernel completes each handshake into its
+    backlog and keeps what the client sends), as a hung server is to its clients."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield int(sock.getsockname()[1])
+    finally:
+        sock.close()
+
+
+__all__ = ["hold_port", "silent_port"]

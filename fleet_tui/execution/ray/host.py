@@ -140,6 +140,39 @@ def ray_nodes(address: str, *, timeout: float = 15.0) -> list[dict[str, Any]]:
 
 
 PROBE_TIMEOUT = 180.0  # seconds a probe job may take (placed, run, its log read)
+# Seconds for the cluster's dashboard to accept a connection, then to answer: a look (GET)
+# and a submit or an upload (which it stores before it answers). Ray's Jobs client sets
+# none, so a dashboard that accepts and never answers (hung, or another service on that
+# port) held `fleet-tui run` and the engine's pass for ever, the task left running.
+ANSWER_WAIT = (10.0, 30.0)
+STORE_WAIT = (10.0, 300.0)
+
+
+def jobs_client(address: str) -> Any:
+    """Ray's Jobs client of the cluster at `address`, each of its requests given a time to
+    answer (ANSWER_WAIT, STORE_WAIT). Making it asks the cluster's version: OSError (what
+    the requests library raises, its timeouts included) or RuntimeError when it does not
+    answer; ImportError without ray."""
+    from ray.job_submission import JobSubmissionClient
+
+    class _Client(JobSubmissionClient):  # type: ignore[misc]
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", ANSWER_WAIT if method == "GET" else STORE_WAIT)
+            return super()._do_request(method, endpoint, **kwargs)
+
+    return _Client(address)
+
+
+def no_answer(exc: BaseException, waited: tuple[float, float] = ANSWER_WAIT) -> str:
+    """What a failed request to the cluster says: the time it was given when it timed out
+    (the requests library's own text names its connection pool), else the error's text."""
+    import requests
+
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return f"no connection within {waited[0]:g} s"
+    if isinstance(exc, requests.exceptions.Timeout):
+        return f"connected, and no answer within {waited[1]:g} s"
+    return str(exc)
 
 
 def probe_job(address: str, script: str, *, resources: Mapping[str, float] | None,
@@ -151,23 +184,27 @@ def probe_job(address: str, script: str, *, resources: Mapping[str, float] | Non
     import secrets
 
     try:
-        from ray.job_submission import JobSubmissionClient
+        import ray.job_submission  # noqa: F401 (the client jobs_client makes)
     except ImportError:
         raise RayError("this machine has no ray: pip install 'fleet-tui[ray]'") from None
     ray_logs_to_file(env)
     try:
-        client = JobSubmissionClient(address)
+        client = jobs_client(address)
         sid = f"fleet-probe-{secrets.token_hex(6)}"
         client.submit_job(entrypoint=f"sh -c {shlex.quote(script)}", submission_id=sid,
                           entrypoint_resources=dict(resources) if resources else None,
                           metadata={"fleet-tui-probe": "1"})
     except Exception as exc:
         raise RayError(f"the Ray cluster at {address} did not take the probe job: "
-                       f"{str(exc)[-300:]}") from None
+                       f"{no_answer(exc, STORE_WAIT)[-300:]}") from None
     deadline = time.monotonic() + timeout
     status = "PENDING"
     while time.monotonic() < deadline:
-        info = client.get_job_info(sid)
+        try:
+            info = client.get_job_info(sid)
+        except (OSError, RuntimeError) as exc:
+            raise RayError(f"the Ray cluster at {address} stopped answering about the probe "
+                           f"job {sid}: {no_answer(exc)[-300:]}") from None
         status = str(getattr(info.status, "value", info.status))
         if status in TERMINAL:
             break
@@ -829,16 +866,16 @@ class RayHost(RemoteHost):
             if self._client is not None:
                 return self._client
         try:
-            from ray.job_submission import JobSubmissionClient
+            import ray.job_submission  # noqa: F401 (the client jobs_client makes)
         except ImportError:
             raise RayError(f"host {self.name} is a Ray host and this machine has no ray: "
                            "pip install 'fleet-tui[ray]'") from None
         ray_logs_to_file(self.env)
         try:
-            client = JobSubmissionClient(self.address)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+            client = jobs_client(self.address)
+        except (OSError, RuntimeError, ValueError) as exc:
             raise RayError(f"host {self.name}: the Ray cluster at {self.address} does not "
-                           f"answer: {exc}") from None
+                           f"answer: {no_answer(exc)}") from None
         with self._lock:
             if self._client is None:
                 self._client = client
@@ -902,7 +939,7 @@ class RayHost(RemoteHost):
                 client.get_job_info(sid)
             except Exception:
                 raise RayError(f"host {self.name}: the Ray cluster did not take the job: "
-                               f"{str(exc)[-500:]}") from None
+                               f"{no_answer(exc, STORE_WAIT)[-500:]}") from None
             log.info("host %s: the job %s was taken already", self.name, sid)
 
     def _mark_submitted(self, folder: AttemptLog) -> None:

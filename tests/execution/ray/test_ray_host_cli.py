@@ -1,18 +1,20 @@
 """A Ray host in config.toml and the CLI: `host add NAME --ray ADDRESS
 [--resources JSON] [--max-workers N]`, `host check` of a Ray host, the table's checks, and
 the start that would send the key to the cluster refused. No cluster is needed here: a
-check of an address nothing answers on says so, with the fix; tests/execution/ray/test_ray_host.py
-runs
+check of an address nothing answers on says so, with the fix, and a start on a cluster that
+takes the connection and never answers ends failed; tests/execution/ray/test_ray_host.py runs
 the real cluster.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
 from endpoint_helpers import run_cli
-from ports import hold_port
+from ports import hold_port, silent_port
 from test_host_cli import env_of
 
 from fleet_tui.core.errors import FleetError
@@ -96,3 +98,39 @@ def test_a_start_that_would_send_the_key_is_refused(tmp_path: Path) -> None:
         staged.spawn({"ANTHROPIC_API_KEY": "sk-plain-key-1234"})
     assert "sk-plain-key-1234" not in str(exc.value)
     assert not tmp_path.exists()  # the job's folder went
+
+
+def test_a_cluster_that_takes_the_connection_and_never_answers_fails_the_start(
+        tmp_path: Path, git_repo: Path) -> None:
+    """A dashboard that accepts and never answers (hung, or another service on that port):
+    `run --host` ends with the task failed, saying which cluster and how long it was given,
+    and no task is left running. Ray's Jobs client gives its requests no time limit of its
+    own: this start held `run` (and the engine's pass) for ever, the task shown running."""
+    pytest.importorskip("ray.job_submission")
+    from fleet_tui.execution.ray.host import ANSWER_WAIT
+
+    # the gateway on (a Ray host's workers reach the endpoint through it: the key stays here)
+    env = env_of(tmp_path, ANTHROPIC_AUTH_TOKEN="sk-never-sent-1234", FLEET_WORKER_SANDBOX="1",
+                 FLEET_WORKER_GATEWAY="1")
+    with silent_port() as port:
+        address = f"http://127.0.0.1:{port}"
+        added = run_cli(env, tmp_path, "host", "add", "cluster", "--ray", address)
+        assert added.returncode == 0, added.stderr
+        with (tmp_path / "config.toml").open("a") as fh:
+            fh.write('cage = "off"\n')  # the cage's probe would meet the same silence first
+        try:
+            began = time.monotonic()
+            started = run_cli(env, git_repo, "run", "say hello", "--host", "cluster",
+                              timeout=ANSWER_WAIT[0] + ANSWER_WAIT[1] + 90)
+            took = time.monotonic() - began
+            listed = run_cli(env, git_repo, "ls", "--json")
+        finally:
+            run_cli(env, git_repo, "gateway", "stop")
+    assert started.returncode == 0, started.stderr
+    said = f"the Ray cluster at {address} does not answer: connected, and no answer within " \
+        f"{ANSWER_WAIT[1]:g} s"
+    assert said in started.stderr
+    assert "running in the background" not in started.stderr  # nothing is
+    (task,) = json.loads(listed.stdout)
+    assert task["state"] == "failed" and said in task["message"], task
+    assert took >= ANSWER_WAIT[1]  # it waited the time it says, not less
