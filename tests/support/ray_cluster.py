@@ -155,13 +155,28 @@ class RayCluster:
                 self.logs.clear()
                 self._fresh()
 
-    def start_node(self) -> subprocess.Popen[bytes]:
-        proc = self._start(f"node{len(self.procs)}",
-                           [f"--address=127.0.0.1:{self.port}",
-                            f'--resources={{"{NODE_RESOURCE}": 1}}'])
-        # (a node started after one died: that one's `ray start` has exited, not this one)
-        self.wait_nodes(2, watch=[self.procs[0], proc])
-        return proc
+    def start_node(self, tries: int = 3) -> subprocess.Popen[bytes]:
+        """A node joined to the head. A node's `ray start` that exits meanwhile (Ray gives a
+        node 30 s to be seen by the head, and a loaded machine's head was slower: "The
+        current node timed out during startup") is given up with its processes and
+        started again, `tries` times at most, each failure's cause on stderr."""
+        for attempt in range(1, tries + 1):
+            proc = self._start(f"node{len(self.procs)}",
+                               [f"--address=127.0.0.1:{self.port}",
+                                f'--resources={{"{NODE_RESOURCE}": 1}}'])
+            try:
+                # (a node started after one died: that one's `ray start` has exited, not
+                # this one)
+                self.wait_nodes(2, watch=[self.procs[0], proc])
+                return proc
+            except StartExited as exc:
+                if attempt == tries or proc.poll() is None:  # the head's exit: not this
+                    raise
+                sys.stderr.write(f"a Ray node did not start ({exc}); again\n")
+                self.kill_session(proc)
+                index = self.procs.index(proc)
+                del self.procs[index], self.logs[index]
+        raise AssertionError("unreachable")
 
     def wait_port(self, port: int) -> None:
         deadline = time.monotonic() + START_TIMEOUT
