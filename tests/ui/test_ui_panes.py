@@ -273,6 +273,37 @@ async def test_diff_pane_computes_nothing_while_hidden_and_one_diff_at_a_time(
         assert spy.most == 1 and spy.calls == [a.id, b.id, c.id]
 
 
+async def test_a_diff_still_reading_its_comments_lets_no_two_diffs_run_at_once(
+        fleet: Fleet, git_repo: Path) -> None:
+    """The diff's worker goes on after the diff (the review comments' states, read against
+    it). The next selection's diff cancelled that worker as it started, and the cancel
+    cleared the pane's "a diff runs" mark: a third selection then ran its git diff beside
+    the second's (seen in a whole-suite run, 2 at once, when the comments read was slow)."""
+    a, b, c = (with_worktree(fleet, git_repo, f"{n}.txt") for n in "abc")
+    spy = SpyDiff(fleet, delay=0.3)
+    fleet.diff = spy  # type: ignore[method-assign]
+    read_comments = fleet.comments
+
+    def slow_comments(task_id: str, **kwargs: Any) -> Any:
+        if task_id == a.id:
+            time.sleep(1.0)  # a's worker still runs when b's diff starts
+        return read_comments(task_id, **kwargs)
+
+    fleet.comments = slow_comments  # type: ignore[method-assign]
+    pane = DiffPane(interval=60)
+    async with Host(pane).run_test(size=SIZE) as pilot:
+        await pane.mount_view()
+        pane.start(fleet)
+        pane.set_shown(True)
+        pane.show(a, new=True)
+        await wait_until(pilot, lambda: files_shown(pane) == ["a.txt"], what="a's diff")
+        pane.show(b, new=True)
+        await wait_until(pilot, lambda: spy.calls[-1:] == [b.id], what="b's diff to start")
+        pane.show(c, new=True)
+        await wait_until(pilot, lambda: files_shown(pane) == ["c.txt"], what="c's diff")
+        assert spy.most == 1 and spy.calls == [a.id, b.id, c.id]
+
+
 async def test_diff_pane_keeps_what_arrives_before_its_view(
         fleet: Fleet, git_repo: Path) -> None:
     task = with_worktree(fleet, git_repo, "early.txt")

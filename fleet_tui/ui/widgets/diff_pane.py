@@ -51,6 +51,7 @@ class DiffPane(Vertical):
         self.shown = False  # its tab is the one on screen
         self._view: DiffView | None = None
         self._loading = False  # a git diff runs
+        self._worker: Worker[None] | None = None  # the worker of the diff that runs (or ran last)
         self._wanted: str | None = None  # the task whose diff goes next
         # (task id, state, attempt_count) the diff was last asked for: a change of state
         # (a worker finishing right after the last timed refresh) loads it again
@@ -176,7 +177,7 @@ class DiffPane(Vertical):
             self._wanted = task.id  # one git diff at a time: this one goes next
             return
         self._loading = True
-        self._load(self.fleet, task.id)
+        self._worker = self._load(self.fleet, task.id)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="diff",
           description="computing the diff")
@@ -237,9 +238,12 @@ class DiffPane(Vertical):
             view.set_comments(message.task_id, self.comments_of(message.task_id))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        if event.worker.group == "diff" and event.state in (WorkerState.ERROR,
+        if event.worker is self._worker and event.state in (WorkerState.ERROR,
                                                            WorkerState.CANCELLED):
-            # a diff worker died (the app's handler says why): let the next load start
+            # the running diff's worker died (the app's handler says why): let the next
+            # load start. Not an earlier worker's: the next diff's start cancels the one
+            # before it (exclusive), which may still be reading its review comments, and
+            # its end cleared this mark while the new diff ran (a third then ran beside it)
             self._loading = False
             self._wanted = None
         report_failure(self, event)
