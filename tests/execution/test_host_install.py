@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from ports import silent_port
 
 from fleet_tui.commands import host as host_cli
 from fleet_tui.engine import host_check
@@ -51,30 +51,8 @@ def missing_registry() -> Iterator[str]:
 @pytest.fixture
 def silent_registry() -> Iterator[str]:
     """Takes connections and never answers (a registry behind a stuck proxy)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        sock.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(sock.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        sock.close()
+    with silent_port() as port:
+        yield f"http://127.0.0.1:{port}/"
 
 
 def _no_claude(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, registry: str) -> None:

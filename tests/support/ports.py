@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
+import threading
 from collections.abc import Iterator
 
 
@@ -37,16 +38,32 @@ def hold_port(port: int = 0) -> Iterator[int]:
 
 @contextlib.contextmanager
 def silent_port() -> Iterator[int]:
-    """A port of 127.0.0.1 that takes connections and never answers, for the block: a
-    socket that listens and never accepts (the kernel completes each handshake into its
-    backlog and keeps what the client sends), as a hung server is to its clients."""
+    """A port of 127.0.0.1 that takes connections and never answers, for the block, as a
+    hung server (or a registry behind a stuck proxy) is to its clients: each connection is
+    accepted and held open, nothing is ever read or sent, and all are closed at the end."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    sock.settimeout(0.2)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                held.append(sock.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, name="silent-port", daemon=True)
+    thread.start()
     try:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
         yield int(sock.getsockname()[1])
     finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
         sock.close()
-
 
 __all__ = ["hold_port", "silent_port"]
