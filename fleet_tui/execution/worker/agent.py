@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 from fleet_tui.core.states import StopReason
-from fleet_tui.execution.worker import hostcage, hostclaude, prepare
+from fleet_tui.execution.worker import hostcage, hostclaude, prepare, unpack
 from fleet_tui.execution.worker.attemptlog import AttemptLog, InputClosed
 from fleet_tui.execution.worker.frames import cmd_follow
 from fleet_tui.execution.worker.runs import (
@@ -115,8 +115,12 @@ def cmd_stage(folder: AttemptLog) -> int:
     cwd = str(spec["cwd"])
     if tar and not prepare.is_set_up(cwd):
         os.umask(0o022)  # the worktree's files are the user's, as git made them
-        with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
-            archive.extractall(cwd, filter="data")
+        try:
+            with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+                unpack.extract(archive, cwd)
+        except (tarfile.TarError, OSError) as exc:
+            answer({"error": f"could not unpack the included files into {cwd}: {exc}"})
+            return 1
         if order.get("set_up_after"):
             prepare.mark_set_up(cwd, {"at": time.time(), "attempt": spec.get("attempt"),
                                       "setup": None, "by": "ssh host"})

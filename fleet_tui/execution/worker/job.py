@@ -65,7 +65,15 @@ import urllib.request
 from pathlib import Path
 
 from fleet_tui.execution.worker import frames as follow_frames
-from fleet_tui.execution.worker import hostcage, hostclaude, prepare, runs, update, worktrees
+from fleet_tui.execution.worker import (
+    hostcage,
+    hostclaude,
+    prepare,
+    runs,
+    unpack,
+    update,
+    worktrees,
+)
 from fleet_tui.execution.worker.attemptlog import AttemptLog, InputClosed
 from fleet_tui.system import procs
 
@@ -355,7 +363,7 @@ def restore_session(order: dict[str, Any], here: Path) -> None:
     config = Path(order["config_dir"])
     config.mkdir(parents=True, exist_ok=True, mode=0o700)
     with tarfile.open(tar) as archive:
-        archive.extractall(config, filter="data")
+        unpack.extract(archive, config)
 
 
 def send_session(frames: Frames, config_dir: str) -> None:
@@ -393,7 +401,7 @@ def stage(order: dict[str, Any], here: Path) -> AttemptLog:
         old = os.umask(0o022)  # the worktree's files are the user's, as git made them
         try:
             with tarfile.open(tar) as archive:
-                archive.extractall(cwd, filter="data")
+                unpack.extract(archive, cwd)
         finally:
             os.umask(old)
         if order.get("set_up_after"):

@@ -25,7 +25,7 @@ from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.execution.host import Placement
 from fleet_tui.execution.ray.host import RayHost
 from fleet_tui.execution.ssh.host import package_tar
-from fleet_tui.execution.worker import cage, hostcage, hostclaude, job
+from fleet_tui.execution.worker import cage, hostcage, hostclaude, job, unpack
 from fleet_tui.execution.worker.attemptlog import AttemptLog
 from fleet_tui.execution.worker.spec import RunSpec
 
@@ -51,7 +51,7 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"{HOST_PYTHON} (the distribution's python3) is not installed")
     root = tmp_path_factory.mktemp("pkg")
     with tarfile.open(fileobj=io.BytesIO(package_tar()[1])) as tar:
-        tar.extractall(root, filter="data")
+        unpack.extract(tar, root)
     return root
 
 
