@@ -22,6 +22,9 @@ import standin_claude
 from fleet_tui.commands import doctor
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 
+# doctor checks the settings as a user has them: the cage is the default
+pytestmark = pytest.mark.caged
+
 DOCTOR_SCRIPT = Path(sys.executable).parent / "fleet-doctor"
 TIMEOUT = 60
 

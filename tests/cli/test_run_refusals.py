@@ -285,6 +285,7 @@ def test_a_prompt_file_is_read_only_up_to_its_limit(git_repo: Path, tmp_path: Pa
     assert_nothing_created(git_repo)
 
 
+@pytest.mark.caged  # the default cage, refused where the machine cannot cage
 def test_a_caged_task_where_the_machine_cannot_cage_is_refused_before_anything_exists(
         git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cage (the default) needs node, srt, bubblewrap, socat and ripgrep: without them
