@@ -154,6 +154,7 @@ def started(fleet: Fleet, task: Task) -> Callable[[], bool]:
 # --- orphans after a dead runner ----------------------------------------------------------
 
 
+@pytest.mark.caged  # caged (the default), nothing outlives the runner even before the sweep
 @pytest.mark.real_claude
 def test_a_killed_runner_leaves_no_process_behind(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint,

@@ -137,6 +137,7 @@ def test_the_key_a_worker_prints_writes_and_names_goes_nowhere(
     assert (attempt.dir / "events.jsonl").read_bytes() == events_bytes  # left as it was
 
 
+@pytest.mark.caged  # the default cage: the key's boundaries as a user's workers have them
 @pytest.mark.real_claude
 def test_the_runner_does_not_carry_the_key_in_its_environment(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:

@@ -164,6 +164,7 @@ def test_a_parked_endpoint_gets_no_request_while_workers_ask(git_repo: Path,
         assert done.message.startswith("z.ai (429): ")
 
 
+@pytest.mark.caged  # a caged worker (the default) through the gateway (the default)
 def test_a_worker_finds_the_key_in_no_process_of_the_machine(git_repo: Path,
                                                              claude_bin: str) -> None:
     # a key of this test only (test_fleet's KEY may be in a direct worker of another test)

@@ -80,3 +80,35 @@ class TestGroup:
         "*test_inner.py::test_parses_a_file is marked real_claude but never asks for the "
         "claude_bin fixture*",
         "*test_inner.py::TestGroup::test_in_a_class is marked real_claude*"])
+
+
+def test_workers_run_uncaged_outside_the_caged_folders() -> None:
+    """tests/conftest.py: here (tests/project) workers run with the cage off."""
+    import os
+
+    assert os.environ.get("FLEET_WORKER_CAGE") == "off"
+
+
+@pytest.mark.caged
+def test_the_caged_mark_keeps_the_default_cage() -> None:
+    import os
+
+    assert "FLEET_WORKER_CAGE" not in os.environ
+
+
+def test_the_execution_and_journeys_folders_run_caged() -> None:
+    from pathlib import Path
+
+    from conftest import REPO_ROOT, runs_caged
+
+    class Node:  # what runs_caged reads of a collected test
+        def __init__(self, path: Path) -> None:
+            self.path = path
+
+        def get_closest_marker(self, name: str) -> None:
+            return None
+
+    tests = REPO_ROOT / "tests"
+    assert runs_caged(Node(tests / "execution" / "local" / "test_cage.py"))  # type: ignore[arg-type]
+    assert runs_caged(Node(tests / "journeys" / "test_ui_flow.py"))  # type: ignore[arg-type]
+    assert not runs_caged(Node(tests / "engine" / "test_fleet.py"))  # type: ignore[arg-type]
