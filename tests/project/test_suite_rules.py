@@ -1,7 +1,11 @@
 """The suite's own rules, checked on small suites run by pytest's pytester: the real_claude
-mark follows the claude_bin fixture (tests/support/claude_marks.py)."""
+mark follows the claude_bin fixture (tests/support/claude_marks.py); and where the
+workers run caged (tests/conftest.py)."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
@@ -84,21 +88,15 @@ class TestGroup:
 
 def test_workers_run_uncaged_outside_the_caged_folders() -> None:
     """tests/conftest.py: here (tests/project) workers run with the cage off."""
-    import os
-
     assert os.environ.get("FLEET_WORKER_CAGE") == "off"
 
 
 @pytest.mark.caged
 def test_the_caged_mark_keeps_the_default_cage() -> None:
-    import os
-
     assert "FLEET_WORKER_CAGE" not in os.environ
 
 
 def test_the_execution_and_journeys_folders_run_caged() -> None:
-    from pathlib import Path
-
     from conftest import REPO_ROOT, runs_caged
 
     class Node:  # what runs_caged reads of a collected test

@@ -45,7 +45,7 @@ def _checked(archive: tarfile.TarFile, root: str) -> Iterator[tarfile.TarInfo]:
     for member in archive.getmembers():
         name = member.name.lstrip("/" + os.sep)  # as the data filter: "/a" is "a"
         target = os.path.realpath(os.path.join(root, name))
-        if not name or os.path.isabs(name) or not _inside(root, target):
+        if not name or not _inside(root, target):
             raise UnsafeMember(f"{member.name!r} would be extracted outside the destination")
         if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
             raise UnsafeMember(f"{member.name!r} is a special file")

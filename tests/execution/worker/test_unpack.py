@@ -18,7 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_host_stdlib import HOST_PYTHON, package  # noqa: F401  (a fixture)
+from test_host_stdlib import (  # noqa: F401  (package: a fixture)
+    HOST_PYTHON,
+    a_spec,
+    agent,
+    host_env,
+    no_traceback,
+    package,
+)
 
 from fleet_tui.execution.worker import unpack
 
@@ -134,8 +141,6 @@ def test_the_agent_stages_included_files_on_the_hosts_python(
         package: Path, tmp_path: Path) -> None:  # noqa: F811
     """The agent's `stage` unpacks the included files into the new worktree (it failed
     there on Debian 12's python3), and refuses a bad archive in one line."""
-    from test_host_stdlib import a_spec, agent, host_env, no_traceback
-
     spec = a_spec(tmp_path, "http://127.0.0.1:9", "claude", "off")
     order = json.dumps({"spec": json.loads(spec.to_json()), "config_dir": spec.config_dir,
                         "set_up_after": True}).encode()
