@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from endpoint_helpers import cli_env
+from endpoint_helpers import cli_env, poll_pauses
 from proc_helpers import commands_in
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
@@ -73,12 +73,13 @@ def ls(env: dict[str, str], cwd: Path) -> list[dict[str, Any]]:
 def wait_state(env: dict[str, str], cwd: Path, task_id: str, states: set[str],
                timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
+    pauses = poll_pauses()
     while True:
         task = next(t for t in ls(env, cwd) if t["id"] == task_id)
         if task["state"] in states:
             return task
         assert time.monotonic() < deadline, task
-        time.sleep(0.1)
+        time.sleep(next(pauses))
 
 
 def test_run_wait_ls_show_logs_diff_merge(env: dict[str, str], git_repo: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from endpoint_helpers import cli_env
+from endpoint_helpers import cli_env, poll_pauses
 
 from fleet_tui.core.review import (
     CommentState,
@@ -332,12 +332,13 @@ def test_the_review_commands_and_a_merge_with_open_comments(
     assert sent.returncode == 0, sent.stderr
     assert "2 comments sent as a follow-up" in sent.stdout
     deadline = time.monotonic() + 90
+    pauses = poll_pauses()
     while True:
         shown = json.loads(cli(env, git_repo, "ls", "--json").stdout)
         if next(t for t in shown if t["id"] == tid)["state"] == "succeeded":
             break
         assert time.monotonic() < deadline, shown
-        time.sleep(0.2)
+        time.sleep(next(pauses))
     states = json.loads(cli(env, git_repo, "review", tid, "--json").stdout)
     assert [(c["where"], c["state"], c["sent"]) for c in states] == [
         ("calc.py:2", "addressed", True), ("calc.py:5-6", "open", True)]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from endpoint_helpers import cli_env, run_cli, shared
+from endpoint_helpers import cli_env, poll_pauses, run_cli, shared
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.demo.session import demo_scripts
@@ -76,12 +76,13 @@ def attempt_dir(task_id: str) -> Path:
 
 def wait_for(what: str, check: Any, timeout: float = 90) -> Any:
     deadline = time.monotonic() + timeout
+    pauses = poll_pauses(0.05, 0.5)  # a check may run an `ls` process
     while True:
         value = check()
         if value:
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+        time.sleep(next(pauses))
 
 
 def in_process_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from endpoint_helpers import cli_env, run_cli
+from endpoint_helpers import cli_env, poll_pauses, run_cli
 from landing_support import drive, make_fleet, settled
 from test_ui_support import rig  # noqa: F401  (the panel tests' fixture)
 
@@ -115,6 +115,7 @@ def _wait_finished(env: dict[str, str], repo: Path, task_id: str) -> dict[str, A
     import time
 
     deadline = time.monotonic() + 120
+    pauses = poll_pauses()
     while True:
         out = run_cli(env, repo, "show", task_id, "--json")
         task: dict[str, Any] = json.loads(out.stdout)
@@ -122,7 +123,7 @@ def _wait_finished(env: dict[str, str], repo: Path, task_id: str) -> dict[str, A
                 and len(task["attempts"]) >= 2:
             return task
         assert time.monotonic() < deadline, task
-        time.sleep(0.2)
+        time.sleep(next(pauses))
 
 
 @pytest.mark.real_claude

@@ -9,8 +9,11 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 @dataclass
@@ -149,6 +152,16 @@ def run_cli(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120
                          input="", capture_output=True, text=True, timeout=timeout)
     assert "Traceback" not in out.stderr, out.stderr
     return out
+
+
+def poll_pauses(first: float = 0.2, most: float = 1.0) -> Iterator[float]:
+    """The pauses between two looks of a loop that polls a `fleet-tui` command (each look a
+    process that loads the engine, ~0.15 CPU-s): short at first, then growing to `most`, so
+    that a wait on a worker of several seconds costs a few looks, not dozens."""
+    pause = first
+    while True:
+        yield pause
+        pause = min(most, pause * 1.5)
 
 
 def shared(repo: Path, name: str) -> Path:
