@@ -18,8 +18,8 @@
 //    "unset_env": [names]}
 // The exit status is the command's (128+N for a signal).
 
-import { accessSync, appendFileSync, constants, createReadStream, existsSync, mkdtempSync,
-  readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { accessSync, appendFileSync, constants, createReadStream, existsSync, lstatSync,
+  mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import childProcess, { spawn } from 'node:child_process';
 import { createRequire, Module, syncBuiltinESMExports } from 'node:module';
@@ -387,7 +387,41 @@ function scanLine(line, command) {
 // and binds them in before the tmpfs that hides /tmp: give it a folder of its own and name
 // that folder as a re-allowed read, so it is bound back over the tmpfs (read-only inside).
 const quote = s => `'${String(s).replace(/'/g, `'\\''`)}'`;
+// A cage host ended by SIGKILL (its runner's group killed after the grace, or the runner's PID
+// namespace ended with it) never runs its exit handler, and its folder stayed in /tmp, one for
+// each such kill. So a host listens on `alive.sock` in its folder while it runs (named so only
+// once it listens); each start removes this user's folders whose alive.sock refuses a
+// connection: nothing listens, its host is gone. A pid would not tell: hosts run in PID
+// namespaces of their own. A folder without the socket is never touched.
+const ALIVE = 'alive.sock';
+function sweepEnded(base) {
+  let names;
+  try { names = readdirSync(base); } catch { return; }
+  const uid = process.getuid();
+  for (const name of names) {
+    if (!name.startsWith('fleet-cage-')) continue;
+    const path = join(base, name);
+    try {
+      const st = lstatSync(path);
+      if (!st.isDirectory() || st.uid !== uid || !existsSync(join(path, ALIVE))) continue;
+    } catch { continue; }
+    const probe = connect(join(path, ALIVE));
+    probe.unref();
+    probe.on('connect', () => probe.destroy());
+    probe.on('error', err => {
+      if (err.code !== 'ECONNREFUSED') return;
+      try { rmSync(path, { recursive: true, force: true }); } catch { /* another start did */ }
+    });
+  }
+}
 const own = mkdtempSync(join(tmpdir(), 'fleet-cage-'));
+const alive = createServer(conn => conn.destroy());
+alive.unref();
+alive.on('error', () => { /* a host that cannot listen is only not swept */ });
+alive.listen(join(own, 'alive.tmp'), () => {
+  try { renameSync(join(own, 'alive.tmp'), join(own, ALIVE)); } catch { /* not swept */ }
+});
+sweepEnded(tmpdir());
 process.env.TMPDIR = own;
 process.on('exit', () => { try { rmSync(own, { recursive: true, force: true }); } catch { /* */ } });
 // bubblewrap and socat by the paths PATH gives, as srt would find them, but without its

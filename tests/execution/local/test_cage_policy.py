@@ -7,7 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -288,3 +292,59 @@ def test_the_workers_proc_is_its_own_or_it_does_not_start(tmp_path: Path, masked
     assert "outside-seen" not in text and int(text.split("count=")[1].split()[0]) < 10, text
     self_pid = text.split("self=")[1].split()[0]
     assert f"self={self_pid} ps={self_pid}\n" in text, text
+
+
+def test_a_cage_host_killed_outright_leaves_its_folder_to_the_next_start(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The cage host keeps srt's sockets in a folder of its own in the temp folder and
+    removes it as it exits; SIGKILL (its runner's group killed after the grace) skips that.
+    The next cage host's start removes the folders of hosts that no longer run (their
+    alive.sock refuses), and no other: not one whose host runs (its socket accepts), not
+    one without the socket."""
+    problems = cage.missing(os.environ, cage.default_data_dir(os.environ))
+    if problems or SRT is None:
+        pytest.skip("the cage cannot run here: " + "; ".join(problems))
+    rules = {"srt": {"network": {"allowedDomains": [], "deniedDomains": []},
+                     "filesystem": {"denyRead": [], "allowRead": [],
+                                    "allowWrite": [str(tmp_path)], "denyWrite": []}},
+             "hidden": [], "shown": [], "home": "", "unset_env": list(cage.UNSET_INSIDE)}
+    policy = tmp_path / cage.POLICY_FILE
+    policy.write_text(json.dumps(rules))
+    # a short temp folder: srt's unix sockets in it must fit sun_path's 108 bytes
+    temp = Path(tempfile.mkdtemp(prefix="cg-"))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
+    env = dict(os.environ, TMPDIR=str(temp))
+
+    def host(*argv: str) -> list[str]:
+        return [shutil.which("node") or "node", cage.HOST_SCRIPT, SRT, str(policy), "--",
+                *argv]
+
+    killed = subprocess.Popen(host("/bin/sh", "-c", "echo up; exec sleep 600"), cwd=tmp_path,
+                              env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              start_new_session=True)
+    try:
+        assert killed.stdout is not None
+        assert killed.stdout.readline() == b"up\n"
+        (left,) = temp.glob("fleet-cage-*")
+        assert (left / "alive.sock").is_socket()
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait(timeout=30)
+    assert left.is_dir()  # what SIGKILL leaves
+    running = temp / "fleet-cage-AbC123"  # a host that runs: its socket accepts
+    running.mkdir()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    request.addfinalizer(listener.close)
+    listener.bind(str(running / "alive.sock"))
+    listener.listen(4)
+    other = temp / "fleet-cage-notes"  # no socket: not a cage host's to judge
+    other.mkdir()
+
+    nxt = subprocess.run(host("/bin/true"), cwd=tmp_path, env=env, capture_output=True,
+                         timeout=120, stdin=subprocess.DEVNULL)
+    assert nxt.returncode == 0, nxt.stderr
+    deadline = time.monotonic() + 10
+    while left.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left.exists()
+    assert sorted(p.name for p in temp.iterdir()) == sorted([running.name, other.name])
