@@ -83,6 +83,7 @@ INPUT_RECHECK = 1.0  # seconds between looks at the inbox when no wake-up byte c
 RESULT_LINE_CAP = 16 * 1024 * 1024  # a longer stdout line is never taken for a result line
 EX_LOCKED = 75  # another runner holds this attempt: nothing was done (EX_TEMPFAIL)
 EX_NO_RECORD = 74  # not even the exit record could be written (EX_IOERR)
+CLAUDE_TMP_ENV = "CLAUDE_CODE_TMPDIR"  # where claude keeps its temp files (else $TMPDIR)
 
 
 # claude reads user messages as stream-json lines on its stdin for as long as it is open, and
@@ -192,6 +193,7 @@ class Runner:
         # child that becomes claude's, its pipe for the order and "go", its output files
         self.warm: WarmCageHost | None = None
         self.warm_files: tuple[int, Any, Any] | None = None
+        self.temp_dir: str | None = None  # an uncaged claude's temp folder (own_temp)
 
     # --- signals ---------------------------------------------------------------------------
 
@@ -369,6 +371,10 @@ class Runner:
             procs.reap_children()
         if self.ns_init is not None:
             pidns.end(self.ns_init)
+        if self.temp_dir is not None:  # claude and all it started have ended
+            import shutil
+
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
         if error is None:
             error = self.write_error
         if not self._write_exit(exit_code=exit_code, sig=sig, error=error):
@@ -470,6 +476,8 @@ class Runner:
         try:  # claude in the worker's cage (setting cage = "worker"), else as it is
             from fleet_tui.execution.worker import cagehost
 
+            if not cagehost.caged(self.settings) and (own := own_temp(env)) is not None:
+                self.temp_dir, env = own, {**env, CLAUDE_TMP_ENV: own}
             argv, env = cagehost.wrap(self.settings, spec, argv, env, attempt_dir=str(self.dir))
         except (RuntimeError, OSError) as exc:  # no cage can be built here: claude does not start
             self._close_input()
@@ -841,6 +849,22 @@ class Runner:
         if self.cgroup is not None:  # what left the tree and dropped the token too
             cgroups.end(self.cgroup, LEFTOVER_GRACE)
         procs.reap_children()
+
+
+def own_temp(env: Mapping[str, str]) -> str | None:
+    """A temp folder of the run's own for an uncaged claude (CLAUDE_CODE_TMPDIR): claude
+    keeps a folder for each session under $TMPDIR/claude-UID/<its working directory> and
+    removes none, one more in /tmp for every run; in this one, which the runner removes as
+    the run ends, they go with it (a caged claude's go with the cage's private /tmp). None
+    where the environment names one already, or none can be made."""
+    if env.get(CLAUDE_TMP_ENV):
+        return None
+    import tempfile
+
+    try:  # a short path: claude puts sockets in it
+        return tempfile.mkdtemp(prefix="fleet-claude-")
+    except OSError:
+        return None
 
 
 def _number(value: Any, default: float) -> float:

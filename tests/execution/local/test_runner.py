@@ -6,9 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +52,7 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
 
 
 def _start(tmp_path: Path, claude: str, url: str, prompt: str, *, key: str | None = KEY,
+           settings: dict[str, object] | None = None,
            **spec_fields: object) -> tuple[subprocess.Popen[bytes], Path]:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
@@ -57,7 +60,7 @@ def _start(tmp_path: Path, claude: str, url: str, prompt: str, *, key: str | Non
     adir.mkdir(exist_ok=True)
     spec = RunSpec(cwd=str(work), prompt=prompt, config_dir=str(tmp_path / "cfg"),
                    settings={"base_url": url, "claude": claude,
-                             "sandbox": os.geteuid() == 0},
+                             "sandbox": os.geteuid() == 0, **(settings or {})},
                    **spec_fields)  # type: ignore[arg-type]
     (adir / SPEC_FILE).write_text(spec.to_json())
     env = dict(os.environ, PYTHONPATH=ROOT, CLAUDE_CODE_MAX_RETRIES="0")
@@ -135,6 +138,23 @@ def test_successful_run_writes_events_stderr_and_exit_record(
     assert endpoint.requests[0].auth_sha256 == hashlib.sha256(KEY.encode()).hexdigest()
     _no_key_in(adir)
     assert KEY not in (adir / SPEC_FILE).read_text()
+
+
+def test_an_uncaged_run_leaves_nothing_of_claudes_in_the_temp_folder(
+        tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
+    """claude keeps a folder for each session under $TMPDIR/claude-UID/<its working
+    directory's path> and leaves it when it ends: one more in /tmp for every run of an
+    uncaged worker (a caged one's went into the cage's private /tmp). The runner gives an
+    uncaged claude a temp folder of the run's own (CLAUDE_CODE_TMPDIR) and removes it."""
+    proc, _adir = _start(tmp_path, claude_bin, endpoint.url, "write the file",
+                         settings={"cage": "off"})
+    assert proc.wait(timeout=60) == 0
+    assert (tmp_path / "work" / "out.txt").read_text() == "runner\n"  # the Bash tool ran
+    slug = re.sub(r"[^A-Za-z0-9]", "-", str(tmp_path / "work"))
+    base = Path(tempfile.gettempdir())
+    left = [*base.glob(f"claude-{os.getuid()}/{slug}"),
+            *base.glob(f"fleet-claude-*/claude-{os.getuid()}/{slug}")]
+    assert left == []
 
 
 def test_sigterm_reaches_claude_and_its_bash_children(
