@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from endpoint_helpers import cli_env, poll_pauses, run_cli
+from endpoint_helpers import cli_env, run_cli
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 
@@ -37,10 +37,9 @@ def _show(env: dict[str, str], repo: Path, task_id: str) -> dict[str, Any]:
 
 def _wait_for(predicate: Any, what: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    pauses = poll_pauses()  # each look is a `show` process
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(next(pauses))
+        time.sleep(0.1)
 
 
 def test_queue_wait_waits_for_what_is_queued(claude_bin: str, git_repo: Path,

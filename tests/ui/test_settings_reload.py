@@ -81,7 +81,14 @@ def _said(app: FleetApp, title: str) -> list[str]:
 
 
 async def _edit(path: Path, text: str) -> None:
-    path.write_text(text)
+    """An editor's save that replaces the file whole (a new file renamed over it). Written
+    in place (truncated, then written), a bad edit once left the settings at the defaults
+    in a full run (6 test workers on 2 cores), most likely the truncated file read as empty
+    once it had rested the watcher's SETTLE: a writer stalled that long mid-write, which
+    this test is not about (tests of the rest itself write with their times set back)."""
+    fresh = path.with_name(path.name + ".saving")
+    fresh.write_text(text)
+    os.replace(fresh, path)
 
 
 async def test_an_edited_test_command_reaches_the_merge_dialog(
