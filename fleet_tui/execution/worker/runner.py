@@ -84,6 +84,8 @@ RESULT_LINE_CAP = 16 * 1024 * 1024  # a longer stdout line is never taken for a 
 EX_LOCKED = 75  # another runner holds this attempt: nothing was done (EX_TEMPFAIL)
 EX_NO_RECORD = 74  # not even the exit record could be written (EX_IOERR)
 CLAUDE_TMP_ENV = "CLAUDE_CODE_TMPDIR"  # where claude keeps its temp files (else $TMPDIR)
+TEMP_PREFIX, HELD = "fleet-claude-", "held"  # an uncaged claude's temp folder (own_temp)
+_HELD: list[int] = []
 
 
 # claude reads user messages as stream-json lines on its stdin for as long as it is open, and
@@ -856,15 +858,55 @@ def own_temp(env: Mapping[str, str]) -> str | None:
     keeps a folder for each session under $TMPDIR/claude-UID/<its working directory> and
     removes none, one more in /tmp for every run; in this one, which the runner removes as
     the run ends, they go with it (a caged claude's go with the cage's private /tmp). None
-    where the environment names one already, or none can be made."""
+    where the environment names one already, or none can be made.
+
+    The runner holds a lock on the folder's HELD file for life; a runner killed outright
+    cannot remove its folder, so each new one first removes this user's folders whose lock
+    is free (flock: released with the process, whatever PID namespace it ran in)."""
     if env.get(CLAUDE_TMP_ENV):
         return None
+    import shutil
     import tempfile
 
+    base = tempfile.gettempdir()
+    _sweep_temps(base)
     try:  # a short path: claude puts sockets in it
-        return tempfile.mkdtemp(prefix="fleet-claude-")
+        path = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=base)
     except OSError:
         return None
+    try:  # locked before it has its name, so a sweep never finds it free
+        fd = os.open(os.path.join(path, HELD + ".new"), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(os.path.join(path, HELD + ".new"), os.path.join(path, HELD))
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        return None
+    _HELD.append(fd)  # open (not inherited) until the runner exits
+    return path
+
+
+def _sweep_temps(base: str) -> None:
+    import shutil
+
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(TEMP_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(base, name)
+        try:
+            fd = os.open(os.path.join(path, HELD), os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            continue  # not a run's folder, or not this user's
+        try:
+            if os.fstat(fd).st_uid != os.getuid():
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: its runner runs
+        finally:
+            os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _number(value: Any, default: float) -> float:

@@ -3,10 +3,12 @@ process cleanup, launcher failures, and no key anywhere it writes."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,7 +54,7 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
 
 
 def _start(tmp_path: Path, claude: str, url: str, prompt: str, *, key: str | None = KEY,
-           settings: dict[str, object] | None = None,
+           settings: dict[str, object] | None = None, env_extra: dict[str, str] | None = None,
            **spec_fields: object) -> tuple[subprocess.Popen[bytes], Path]:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
@@ -63,7 +65,7 @@ def _start(tmp_path: Path, claude: str, url: str, prompt: str, *, key: str | Non
                              "sandbox": os.geteuid() == 0, **(settings or {})},
                    **spec_fields)  # type: ignore[arg-type]
     (adir / SPEC_FILE).write_text(spec.to_json())
-    env = dict(os.environ, PYTHONPATH=ROOT, CLAUDE_CODE_MAX_RETRIES="0")
+    env = dict(os.environ, PYTHONPATH=ROOT, CLAUDE_CODE_MAX_RETRIES="0", **(env_extra or {}))
     if key is not None:
         env["ANTHROPIC_AUTH_TOKEN"] = key
     env["FLEET_WORKER_KEY_SOURCES"] = "env"
@@ -141,20 +143,34 @@ def test_successful_run_writes_events_stderr_and_exit_record(
 
 
 def test_an_uncaged_run_leaves_nothing_of_claudes_in_the_temp_folder(
-        tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
+        tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint,
+        request: pytest.FixtureRequest) -> None:
     """claude keeps a folder for each session under $TMPDIR/claude-UID/<its working
     directory's path> and leaves it when it ends: one more in /tmp for every run of an
     uncaged worker (a caged one's went into the cage's private /tmp). The runner gives an
-    uncaged claude a temp folder of the run's own (CLAUDE_CODE_TMPDIR) and removes it."""
-    proc, _adir = _start(tmp_path, claude_bin, endpoint.url, "write the file",
-                         settings={"cage": "off"})
-    assert proc.wait(timeout=60) == 0
+    uncaged claude a temp folder of the run's own (CLAUDE_CODE_TMPDIR) and removes it; the
+    folder of a runner killed outright (its lock free) goes at the next run's start, and
+    no other: not one whose lock is held, not one without the lock file."""
+    base = Path(tempfile.mkdtemp(prefix="rt-"))  # the runner's temp folder, this test's own
+    request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
+    dead, running, other = (base / f"fleet-claude-{n}" for n in ("dead0001", "live0001", "x"))
+    for folder in (dead, running, other):
+        folder.mkdir()
+    (dead / "held").write_text("")
+    (running / "held").write_text("")
+    with open(running / "held", "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a runner that runs holds it
+        proc, _adir = _start(tmp_path, claude_bin, endpoint.url, "write the file",
+                             settings={"cage": "off"}, env_extra={"TMPDIR": str(base)})
+        assert proc.wait(timeout=60) == 0
     assert (tmp_path / "work" / "out.txt").read_text() == "runner\n"  # the Bash tool ran
+    # claude makes $TMPDIR/claude-UID itself too (one a user, /tmp's shared one), empty
+    shared = base / f"claude-{os.getuid()}"
+    assert not shared.exists() or [*shared.iterdir()] == []
+    assert sorted(p.name for p in base.iterdir() if p != shared) == sorted(
+        [running.name, other.name])
     slug = re.sub(r"[^A-Za-z0-9]", "-", str(tmp_path / "work"))
-    base = Path(tempfile.gettempdir())
-    left = [*base.glob(f"claude-{os.getuid()}/{slug}"),
-            *base.glob(f"fleet-claude-*/claude-{os.getuid()}/{slug}")]
-    assert left == []
+    assert [*Path(tempfile.gettempdir()).glob(f"claude-{os.getuid()}/{slug}")] == []
 
 
 def test_sigterm_reaches_claude_and_its_bash_children(
