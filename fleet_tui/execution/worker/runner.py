@@ -874,11 +874,14 @@ def own_temp(env: Mapping[str, str]) -> str | None:
         path = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=base)
     except OSError:
         return None
+    fd = -1
     try:  # locked before it has its name, so a sweep never finds it free
         fd = os.open(os.path.join(path, HELD + ".new"), os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.rename(os.path.join(path, HELD + ".new"), os.path.join(path, HELD))
     except OSError:
+        if fd >= 0:
+            os.close(fd)
         shutil.rmtree(path, ignore_errors=True)
         return None
     _HELD.append(fd)  # open (not inherited) until the runner exits
