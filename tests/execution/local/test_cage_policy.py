@@ -245,6 +245,27 @@ def test_a_blocked_line_is_an_event_shown_without_the_workers_escapes() -> None:
     assert "\x1b" not in logged
 
 
+def _bare_policy(tmp_path: Path) -> Path:
+    """A cage.json with no rules but writes under tmp_path, for running the cage host
+    directly (skips where the cage cannot run)."""
+    problems = cage.missing(os.environ, cage.default_data_dir(os.environ))
+    if problems or SRT is None:
+        pytest.skip("the cage cannot run here: " + "; ".join(problems))
+    rules = {"srt": {"network": {"allowedDomains": [], "deniedDomains": []},
+                     "filesystem": {"denyRead": [], "allowRead": [],
+                                    "allowWrite": [str(tmp_path)], "denyWrite": []}},
+             "hidden": [], "shown": [], "home": "", "unset_env": list(cage.UNSET_INSIDE)}
+    policy = tmp_path / cage.POLICY_FILE
+    policy.write_text(json.dumps(rules))
+    return policy
+
+
+def _host(policy: Path, *argv: str) -> list[str]:
+    """`node cage_host.mjs SRT POLICY -- ARGV`."""
+    return [shutil.which("node") or "node", cage.HOST_SCRIPT, str(SRT), str(policy), "--",
+            *argv]
+
+
 @pytest.mark.parametrize("masked", [False, True], ids=["plain-proc", "masked-proc"])
 def test_the_workers_proc_is_its_own_or_it_does_not_start(tmp_path: Path, masked: bool
                                                           ) -> None:
@@ -256,23 +277,14 @@ def test_the_workers_proc_is_its_own_or_it_does_not_start(tmp_path: Path, masked
     never starts, and the cage host says why."""
     if os.geteuid() != 0 or shutil.which("unshare") is None or not Path("/proc/bus").is_dir():
         pytest.skip("needs root, unshare and a /proc/bus to mask")
-    problems = cage.missing(os.environ, cage.default_data_dir(os.environ))
-    if problems or SRT is None:
-        pytest.skip("the cage cannot run here: " + "; ".join(problems))
-    rules = {"srt": {"network": {"allowedDomains": [], "deniedDomains": []},
-                     "filesystem": {"denyRead": [], "allowRead": [],
-                                    "allowWrite": [str(tmp_path)], "denyWrite": []}},
-             "hidden": [], "shown": [], "home": "", "unset_env": list(cage.UNSET_INSIDE)}
-    policy = tmp_path / cage.POLICY_FILE
-    policy.write_text(json.dumps(rules))
+    policy = _bare_policy(tmp_path)
     outside = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL)
     try:
         inside = ("echo started; grep NSpid /proc/self/status; "
                   "echo \"self=$$ ps=$(ps -o pid= -p $$ 2>&1 | tr -d ' ')\"; "
                   f"ls /proc/{outside.pid} >/dev/null 2>&1 && echo outside-seen; "
                   "echo count=$(ls -d /proc/[0-9]* | wc -l)")
-        host = [shutil.which("node") or "node", cage.HOST_SCRIPT, SRT, str(policy), "--",
-                "/bin/sh", "-c", inside]
+        host = _host(policy, "/bin/sh", "-c", inside)
         mask = "mount -t tmpfs none /proc/bus && " if masked else ""
         out = subprocess.run(
             ["unshare", "-m", "--propagation", "private", "/bin/sh", "-c",
@@ -301,27 +313,15 @@ def test_a_cage_host_killed_outright_leaves_its_folder_to_the_next_start(
     The next cage host's start removes the folders of hosts that no longer run (their
     alive.sock refuses), and no other: not one whose host runs (its socket accepts), not
     one without the socket."""
-    problems = cage.missing(os.environ, cage.default_data_dir(os.environ))
-    if problems or SRT is None:
-        pytest.skip("the cage cannot run here: " + "; ".join(problems))
-    rules = {"srt": {"network": {"allowedDomains": [], "deniedDomains": []},
-                     "filesystem": {"denyRead": [], "allowRead": [],
-                                    "allowWrite": [str(tmp_path)], "denyWrite": []}},
-             "hidden": [], "shown": [], "home": "", "unset_env": list(cage.UNSET_INSIDE)}
-    policy = tmp_path / cage.POLICY_FILE
-    policy.write_text(json.dumps(rules))
+    policy = _bare_policy(tmp_path)
     # a short temp folder: srt's unix sockets in it must fit sun_path's 108 bytes
     temp = Path(tempfile.mkdtemp(prefix="cg-"))
     request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
     env = dict(os.environ, TMPDIR=str(temp))
 
-    def host(*argv: str) -> list[str]:
-        return [shutil.which("node") or "node", cage.HOST_SCRIPT, SRT, str(policy), "--",
-                *argv]
-
-    killed = subprocess.Popen(host("/bin/sh", "-c", "echo up; exec sleep 600"), cwd=tmp_path,
-                              env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              start_new_session=True)
+    killed = subprocess.Popen(_host(policy, "/bin/sh", "-c", "echo up; exec sleep 600"),
+                              cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert killed.stdout is not None
         assert killed.stdout.readline() == b"up\n"
@@ -340,7 +340,7 @@ def test_a_cage_host_killed_outright_leaves_its_folder_to_the_next_start(
     other = temp / "fleet-cage-notes"  # no socket: not a cage host's to judge
     other.mkdir()
 
-    nxt = subprocess.run(host("/bin/true"), cwd=tmp_path, env=env, capture_output=True,
+    nxt = subprocess.run(_host(policy, "/bin/true"), cwd=tmp_path, env=env, capture_output=True,
                          timeout=120, stdin=subprocess.DEVNULL)
     assert nxt.returncode == 0, nxt.stderr
     deadline = time.monotonic() + 10
