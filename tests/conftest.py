@@ -43,6 +43,33 @@ _CLAUDE = _find_claude()
 _CLAUDE_NEWEST = _find_claude("FLEET_TEST_CLAUDE_NEWEST", ".claude-cli-newest")
 
 
+# claude is a Bun build: its JavaScriptCore reads BUN_JSC_* options from the environment.
+# A test's claude run is short (one to a few turns against the scripted endpoint), and in a
+# run that short the optimizing JIT and the concurrent collector cost more CPU than they
+# save: without them a run of the pinned claude took 0.515 CPU-s against 0.615 (median of
+# 15, alternating), and tests/engine 262 CPU-s against 297. What claude does is unchanged;
+# only how its VM runs the same code. A name JavaScriptCore does not know stops claude at
+# start ("invalid JSC environment variable"), so the options are set only once both pinned
+# binaries have started with them (`--version`, once per test process).
+JSC_TUNING = {"BUN_JSC_useDFGJIT": "0", "BUN_JSC_useConcurrentGC": "0"}
+_jsc_checked: list[dict[str, str]] = []
+
+
+def _jsc_tuning() -> dict[str, str]:
+    if not _jsc_checked:
+        binaries = [b for b in (_CLAUDE, _CLAUDE_NEWEST) if b]
+        env = dict(os.environ, **JSC_TUNING)
+        try:
+            ok = bool(binaries) and all(
+                subprocess.run([b, "--version"], env=env, stdin=subprocess.DEVNULL,
+                               capture_output=True, timeout=60).returncode == 0
+                for b in binaries)
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+        _jsc_checked.append(JSC_TUNING if ok else {})
+    return _jsc_checked[0]
+
+
 def _missing(msg: str) -> NoReturn:
     """Skip locally, fail under CI (where scripts/test installed everything)."""
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
@@ -130,6 +157,8 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     monkeypatch.setenv("GIT_COMMITTER_NAME", "Fleet Test")
     monkeypatch.setenv("GIT_COMMITTER_EMAIL", "fleet@example.invalid")
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for name, value in _jsc_tuning().items():
+        monkeypatch.setenv(name, value)
     # The workers of the older tests talk to their endpoint directly, as they were written
     # to (a gateway is a process more in each test's home); tests/test_gateway*.py turn it on.
     monkeypatch.setenv("FLEET_WORKER_GATEWAY", "0")

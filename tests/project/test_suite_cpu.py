@@ -63,3 +63,20 @@ def test_a_fork_seen_before_its_exec_is_counted_as_what_it_execs(tmp_path: Path)
         stop.set()
         child.kill()
         child.wait()
+
+
+def test_the_tests_claude_runs_with_the_jsc_tuning_and_a_bad_option_would_stop_it(
+        claude_bin: str) -> None:
+    """tests/conftest.py's JSC_TUNING (a cheaper VM for short claude runs) is on in every
+    test once the pinned binaries take it; an option JavaScriptCore does not know stops
+    claude, which is why conftest tries the options before setting them."""
+    from conftest import JSC_TUNING
+
+    assert {name: os.environ.get(name) for name in JSC_TUNING} == JSC_TUNING
+    ok = subprocess.run([claude_bin, "--version"], capture_output=True, text=True, timeout=60,
+                        stdin=subprocess.DEVNULL)
+    assert ok.returncode == 0 and ok.stdout.strip(), ok.stderr
+    bad = subprocess.run([claude_bin, "--version"], capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL,
+                         env=dict(os.environ, BUN_JSC_noSuchOptionHere="1"))
+    assert bad.returncode != 0 and "invalid JSC environment variable" in bad.stderr, bad
