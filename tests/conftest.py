@@ -92,6 +92,9 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["FLEET_SOAK"] = "1"
     if not hasattr(config, "workerinput"):  # once, in the process that starts the workers
         _compile_what_subprocesses_import()
+        import rewrite_cache
+
+        rewrite_cache.fill(config, REPO_ROOT / "tests")
     # a pytest-xdist worker that dies is named with the test and phase it was in
     import xdist_watch
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = ("tests/execution/ssh/test_host_mirror_lock.py::"
           "test_a_worktree_waits_while_another_holds_the_mirrors_lock")
@@ -80,3 +82,28 @@ def test_the_tests_claude_runs_with_the_jsc_tuning_and_a_bad_option_would_stop_i
                          stdin=subprocess.DEVNULL,
                          env=dict(os.environ, BUN_JSC_noSuchOptionHere="1"))
     assert bad.returncode != 0 and "invalid JSC environment variable" in bad.stderr, bad
+
+
+def test_the_rewritten_test_modules_are_cached_once_for_every_worker(
+        tmp_path: Path, pytestconfig: pytest.Config) -> None:
+    """tests/support/rewrite_cache.py writes pytest's rewritten pyc of each test module (here
+    with PYTHONDONTWRITEBYTECODE set, as in CI, where pytest itself writes none), skips a
+    current one, and a pytest run then reads it instead of rewriting the module."""
+    import rewrite_cache
+
+    (tmp_path / "test_cached.py").write_text("def test_it():\n    assert 1 + 1 == 2\n")
+    (tmp_path / "conftest.py").write_text("")
+    assert rewrite_cache.fill(pytestconfig, tmp_path) == 2
+    assert len(list((tmp_path / "__pycache__").glob("test_cached.*-pytest-*.pyc"))) == 1
+    assert rewrite_cache.fill(pytestconfig, tmp_path) == 0  # current: left as it is
+    debug = tmp_path / "debug.log"
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTEST_XDIST_WORKER", None)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p",
+                          "no:cacheprovider", f"--debug={debug}", "--rootdir", str(tmp_path),
+                          str(tmp_path / "test_cached.py")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    about = [line for line in debug.read_text().splitlines() if "test_cached.py" in line]
+    assert any("found cached rewritten pyc" in line for line in about), about
+    assert not any("rewriting" in line for line in about), about
