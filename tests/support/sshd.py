@@ -142,11 +142,14 @@ class Sshd:
         return folder / "authorized_keys"
 
     def ssh(self, command: str, *, check: bool = True, input: str | None = None) -> str:
-        """A command on the host through a connection of its own (not the host's master)."""
+        """A command on the host through a connection of its own (not the host's master).
+        Its output is decoded leniently: a listing of the host's processes holds every
+        process of this machine, and another test's worker may carry bytes that are not
+        UTF-8 in its command line (one did: the strict decode failed a test mid-run)."""
         done = subprocess.run(["ssh", "-F", str(self.client_config), "-o", "BatchMode=yes",
                                "-o", "ControlMaster=no", "-o", "ControlPath=none", self.alias,
                                "--", command], capture_output=True, text=True, check=False,
-                              input=input)
+                              input=input, errors="replace")
         if check and done.returncode != 0:
             raise RuntimeError(f"ssh {command!r}: {done.stderr.strip()}")
         return done.stdout

@@ -531,3 +531,22 @@ def test_a_forwarded_port_is_the_hosts_127_0_0_1_never_only_its_ipv6_loopback(
     finally:
         other.close()
         connection.close()
+
+
+def test_a_listing_of_the_hosts_processes_takes_a_command_line_that_is_not_utf8(
+        host_sshd: sshd.Sshd, tmp_path: Path) -> None:
+    """host_pids reads every process of the machine the host is on, other tests' among
+    them; one whose command line is not UTF-8 (a byte 0xc3 with no continuation) once
+    failed a test that only asked for its own sleeps."""
+    odd = subprocess.Popen([b"/bin/sh", b"-c", b"sleep 60", b"odd-\xc3("], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 10
+        while b"odd-\xc3(" not in Path(f"/proc/{odd.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the odd process never showed its argv"
+            time.sleep(0.05)
+        assert host_pids(host_sshd, "sleep 60") == []  # under the host's HOME: none
+        listed = host_sshd.ssh(f"tr '\\0' ' ' < /proc/{odd.pid}/cmdline")
+        assert listed.startswith("/bin/sh -c sleep 60 odd-\ufffd(")
+    finally:
+        odd.kill()
+        odd.wait()
