@@ -6,6 +6,7 @@ Anthropic credentials, so nothing on the developer's machine leaks in or gets to
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -52,22 +53,20 @@ _CLAUDE_NEWEST = _find_claude("FLEET_TEST_CLAUDE_NEWEST", ".claude-cli-newest")
 # start ("invalid JSC environment variable"), so the options are set only once both pinned
 # binaries have started with them (`--version`, once per test process).
 JSC_TUNING = {"BUN_JSC_useDFGJIT": "0", "BUN_JSC_useConcurrentGC": "0"}
-_jsc_checked: list[dict[str, str]] = []
 
 
+@functools.cache
 def _jsc_tuning() -> dict[str, str]:
-    if not _jsc_checked:
-        binaries = [b for b in (_CLAUDE, _CLAUDE_NEWEST) if b]
-        env = dict(os.environ, **JSC_TUNING)
-        try:
-            ok = bool(binaries) and all(
-                subprocess.run([b, "--version"], env=env, stdin=subprocess.DEVNULL,
-                               capture_output=True, timeout=60).returncode == 0
-                for b in binaries)
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        _jsc_checked.append(JSC_TUNING if ok else {})
-    return _jsc_checked[0]
+    binaries = [b for b in (_CLAUDE, _CLAUDE_NEWEST) if b]
+    env = dict(os.environ, **JSC_TUNING)
+    try:
+        ok = bool(binaries) and all(
+            subprocess.run([b, "--version"], env=env, stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=60).returncode == 0
+            for b in binaries)
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return JSC_TUNING if ok else {}
 
 
 def _missing(msg: str) -> NoReturn:
