@@ -41,8 +41,11 @@ SCRIPT = dict(SCRIPTS, tokenless=[
     # what a worker sees of its processes: pids and /proc agree, orphans are reaped (a
     # zombie whose parent is outside, ppid 0, is the runner's to reap, as without it)
     [{"type": "tool_use", "name": "Bash",
-      "input": {"command": "(sleep 472 & p=$!; pgrep -x sleep | grep -qx \"$p\" && "
-                           "echo pgrep-agrees; kill $p; wait $p; "
+      # (pgrep is asked until the job has exec'd sleep: a fork not yet past its exec has
+      # its parent's name, under load for a while)
+      "input": {"command": "(sleep 472 & p=$!; for i in $(seq 100); do "
+                           "pgrep -x sleep | grep -qx \"$p\" && { echo pgrep-agrees; break; }; "
+                           "sleep 0.1; done; kill $p; wait $p; "
                            "(sh -c 'sleep 0.2 & exit 0'); sleep 1; "
                            "echo zombies=$(ps -eo ppid=,stat= | "
                            "awk '$1 != 0 && $2 ~ /^Z/' | wc -l); "
