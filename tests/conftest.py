@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
+import claude_marks
 import folders
 import pytest
-from claude_marks import pytest_collection_modifyitems, pytest_runtest_setup
+import suite_order
+from claude_marks import pytest_runtest_setup
 
 folders.on_path()
 
@@ -178,6 +180,13 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     if not runs_caged(request.node):
         monkeypatch.setenv("FLEET_WORKER_CAGE", "off")
     yield home
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test that asks for claude gets its real_claude mark (claude_marks); then the
+    tests marked `long` go first, where pytest-xdist hands them out early (suite_order)."""
+    claude_marks.pytest_collection_modifyitems(items)
+    suite_order.long_first(items)
 
 
 @pytest.fixture(params=["linux", "portable"] if sys.platform == "linux" else ["portable"])

@@ -397,11 +397,13 @@ def _staggered_after_reset(git_repo: Path, claude_bin: str, tmp_path: Path,
     # asserted.
 
 
+@pytest.mark.long
 def test_after_a_reset_one_start_per_stagger_parked_first(
         git_repo: Path, claude_bin: str, tmp_path: Path) -> None:
     _staggered_after_reset(git_repo, claude_bin, tmp_path, engines=1)
 
 
+@pytest.mark.long
 def test_after_a_reset_two_engines_keep_the_stagger_parked_first(
         git_repo: Path, claude_bin: str, tmp_path: Path) -> None:
     _staggered_after_reset(git_repo, claude_bin, tmp_path, engines=2)

@@ -186,6 +186,7 @@ def test_the_readme_says_what_the_one_table_of_exit_codes_says() -> None:
         assert OUTCOMES.get(words) == code, (code, words, OUTCOMES)
 
 
+@pytest.mark.long
 def test_every_commands_refusals_exit_with_the_code_the_readme_gives(
         env: dict[str, str], endpoint: ScriptedEndpoint, git_repo: Path,
         tmp_path: Path) -> None:
@@ -247,6 +248,7 @@ def test_every_commands_refusals_exit_with_the_code_the_readme_gives(
 # --- a success that changed nothing says so ---------------------------------------------------
 
 
+@pytest.mark.long
 def test_a_run_whose_tool_calls_all_failed_and_changed_nothing_says_so_everywhere(
         env: dict[str, str], git_repo: Path) -> None:
     """No greeting.py here: the demo's greet-casual worker's Read, Edit and Bash all fail,

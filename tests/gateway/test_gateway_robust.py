@@ -158,6 +158,7 @@ def test_a_flood_of_slow_connections_leaves_the_workers_served(
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.long
 def test_a_closed_window_met_by_four_workers_in_flight_gets_one_request_each(
         git_repo: Path, claude_bin: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Four workers in a tool step when the endpoint's 5-hour window closes (z.ai's 1308,
@@ -274,6 +275,7 @@ def test_a_stream_cut_downstream_keeps_its_slot_until_its_upstream_answer_ends()
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.long
 def test_the_meter_of_a_run_with_kills_and_window_refusals_is_what_was_served(
         git_repo: Path, claude_bin: str) -> None:
     """Three workers on slow streams, the gateway SIGKILLed in the middle of them, then the

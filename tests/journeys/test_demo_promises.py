@@ -47,6 +47,7 @@ def test_a_message_of_the_users_is_found_after_the_prompt() -> None:
 
 
 @pytest.mark.real_claude
+@pytest.mark.long
 def test_the_stock_task_waits_for_the_users_message(project: Path, claude_bin: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # a third of the demo's pace: each wait is 3 s here (10 s in the demo)

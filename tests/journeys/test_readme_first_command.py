@@ -266,6 +266,7 @@ def terminal(tmp_path: Path, isolated_env: Path, claude_bin: str) -> Iterator[Te
 
 
 @pytest.mark.timeout(DEADLINE + 180)
+@pytest.mark.long
 def test_the_readmes_first_command_starts_the_demo_from_a_fresh_clone(
         terminal: Terminal, tmp_path: Path, isolated_env: Path) -> None:
     clone = tmp_path / CLONE

@@ -47,6 +47,8 @@ RUNS = 2
 # per figure, not per round. The others run RUNS rounds, which shows a benchmark gives as
 # many samples as asked for (the cage too: one round against its smoke default of two).
 ONE_ROUND = {"ray", "ssh", "cage", "slots", "serve", "memory"}
+# ~25-40 s of wall each (mostly waiting): handed out first (tests/conftest.py)
+LONG = {"ssh", "gatewayblows", "serve", "cage"}
 
 # Samples each figure must hold after run(smoke=True, runs=...); None: at least the runs
 # (key presses during a drain: as many as fit, at least one per run).
@@ -94,6 +96,8 @@ def _smoke_param(name: str) -> Any:
     if name == "ray":  # a local cluster of its own: with the Ray tests, one at a time
         return pytest.param(name, marks=[pytest.mark.xdist_group("ray-host"),
                                          pytest.mark.timeout(420)])
+    if name in LONG:
+        return pytest.param(name, marks=pytest.mark.long)
     return name
 
 

@@ -16,6 +16,7 @@ TARGET = ("tests/execution/ssh/test_host_mirror_lock.py::"
           "test_a_worktree_waits_while_another_holds_the_mirrors_lock")
 
 
+@pytest.mark.long
 def test_the_profile_counts_a_tests_cpu_and_the_processes_it_started(tmp_path: Path) -> None:
     out = tmp_path / "suite-cpu"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "tests" / "support"), SUITE_CPU_DIR=str(out))

@@ -1,6 +1,7 @@
 """The suite's own rules, checked on small suites run by pytest's pytester: the real_claude
-mark follows the claude_bin fixture (tests/support/claude_marks.py); and where the
-workers run caged (tests/conftest.py)."""
+mark follows the claude_bin fixture (tests/support/claude_marks.py); the tests marked
+`long` are handed out first (tests/support/suite_order.py); and where the workers run caged
+(tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -110,3 +111,28 @@ def test_the_execution_and_journeys_folders_run_caged() -> None:
     assert runs_caged(Node(tests / "execution" / "local" / "test_cage.py"))  # type: ignore[arg-type]
     assert runs_caged(Node(tests / "journeys" / "test_ui_flow.py"))  # type: ignore[arg-type]
     assert not runs_caged(Node(tests / "engine" / "test_fleet.py"))  # type: ignore[arg-type]
+
+
+def test_the_long_tests_come_first_in_their_order(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nmarkers =\n    long: long\n")
+    pytester.makeconftest("from suite_order import long_first\n\n"
+                          "def pytest_collection_modifyitems(items):\n"
+                          "    long_first(items)\n")
+    pytester.makepyfile(test_a="""
+import pytest
+
+def test_one(): pass
+
+@pytest.mark.long
+def test_two(): pass
+
+def test_three(): pass
+
+@pytest.mark.long
+@pytest.mark.parametrize("n", [1, 2])
+def test_four(n): pass
+""")
+    result = pytester.runpytest(*INNER, "--co", "-q")
+    order = [line for line in result.outlines if "::" in line]
+    assert order == ["test_a.py::test_two", "test_a.py::test_four[1]", "test_a.py::test_four[2]",
+                     "test_a.py::test_one", "test_a.py::test_three"], result.outlines

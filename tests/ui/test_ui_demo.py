@@ -225,6 +225,7 @@ def test_the_endpoint_process_gets_no_credential(tmp_path: Path,
 
 
 @pytest.mark.real_claude
+@pytest.mark.long
 async def test_demo_workers_finish_after_the_panel_quits(claude_bin: str,
                                                          tmp_path: Path) -> None:
     """The panel quits while the demo's workers run: they go on talking to the endpoint

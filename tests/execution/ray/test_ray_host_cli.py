@@ -100,6 +100,7 @@ def test_a_start_that_would_send_the_key_is_refused(tmp_path: Path) -> None:
     assert not tmp_path.exists()  # the job's folder went
 
 
+@pytest.mark.long
 def test_a_cluster_that_takes_the_connection_and_never_answers_fails_the_start(
         tmp_path: Path, git_repo: Path) -> None:
     """A dashboard that accepts and never answers (hung, or another service on that port):
