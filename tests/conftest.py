@@ -184,7 +184,7 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test that asks for claude gets its real_claude mark (claude_marks); then the
-    tests marked `long` go first, where pytest-xdist hands them out early (suite_order)."""
+    tests marked `long` go out early, spread (suite_order)."""
     claude_marks.pytest_collection_modifyitems(items)
     suite_order.long_first(items)
 

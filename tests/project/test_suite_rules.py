@@ -113,26 +113,26 @@ def test_the_execution_and_journeys_folders_run_caged() -> None:
     assert not runs_caged(Node(tests / "engine" / "test_fleet.py"))  # type: ignore[arg-type]
 
 
-def test_the_long_tests_come_first_in_their_order(pytester: pytest.Pytester) -> None:
+def test_the_long_tests_go_out_early_and_spread(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\nmarkers =\n    long: long\n")
     pytester.makeconftest("from suite_order import long_first\n\n"
                           "def pytest_collection_modifyitems(items):\n"
-                          "    long_first(items)\n")
+                          "    long_first(items, spacing=3)\n")
     pytester.makepyfile(test_a="""
 import pytest
 
-def test_one(): pass
+@pytest.mark.parametrize("n", range(6))
+def test_short(n): pass
 
 @pytest.mark.long
 def test_two(): pass
-
-def test_three(): pass
 
 @pytest.mark.long
 @pytest.mark.parametrize("n", [1, 2])
 def test_four(n): pass
 """)
     result = pytester.runpytest(*INNER, "--co", "-q")
-    order = [line for line in result.outlines if "::" in line]
-    assert order == ["test_a.py::test_two", "test_a.py::test_four[1]", "test_a.py::test_four[2]",
-                     "test_a.py::test_one", "test_a.py::test_three"], result.outlines
+    order = [line.split("::")[1] for line in result.outlines if "::" in line]
+    assert order == ["test_two", "test_short[0]", "test_short[1]",
+                     "test_four[1]", "test_short[2]", "test_short[3]",
+                     "test_four[2]", "test_short[4]", "test_short[5]"], result.outlines
