@@ -186,7 +186,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test that asks for claude gets its real_claude mark (claude_marks); then the
     tests marked `long` go out early, spread (suite_order)."""
     claude_marks.pytest_collection_modifyitems(items)
-    suite_order.long_first(items)
+    suite_order.long_early(items)
 
 
 @pytest.fixture(params=["linux", "portable"] if sys.platform == "linux" else ["portable"])

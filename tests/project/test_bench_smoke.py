@@ -47,7 +47,7 @@ RUNS = 2
 # per figure, not per round. The others run RUNS rounds, which shows a benchmark gives as
 # many samples as asked for (the cage too: one round against its smoke default of two).
 ONE_ROUND = {"ray", "ssh", "cage", "slots", "serve", "memory"}
-# ~25-40 s of wall each (mostly waiting): handed out first (tests/conftest.py)
+# ~25-40 s of wall each (mostly waiting): handed out early, spread (tests/support/suite_order.py)
 LONG = {"ssh", "gatewayblows", "serve", "cage"}
 
 # Samples each figure must hold after run(smoke=True, runs=...); None: at least the runs

@@ -1,6 +1,6 @@
 """The suite's own rules, checked on small suites run by pytest's pytester: the real_claude
 mark follows the claude_bin fixture (tests/support/claude_marks.py); the tests marked
-`long` are handed out first (tests/support/suite_order.py); and where the workers run caged
+`long` are handed out early, spread (tests/support/suite_order.py); and where the workers run caged
 (tests/conftest.py)."""
 
 from __future__ import annotations
@@ -115,9 +115,9 @@ def test_the_execution_and_journeys_folders_run_caged() -> None:
 
 def test_the_long_tests_go_out_early_and_spread(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\nmarkers =\n    long: long\n")
-    pytester.makeconftest("from suite_order import long_first\n\n"
+    pytester.makeconftest("from suite_order import long_early\n\n"
                           "def pytest_collection_modifyitems(items):\n"
-                          "    long_first(items, spacing=3)\n")
+                          "    long_early(items, spacing=3)\n")
     pytester.makepyfile(test_a="""
 import pytest
 

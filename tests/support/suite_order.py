@@ -16,7 +16,7 @@ import pytest
 SPACING = 40
 
 
-def long_first(items: list[pytest.Item], spacing: int = SPACING) -> None:
+def long_early(items: list[pytest.Item], spacing: int = SPACING) -> None:
     """Puts the tests marked `long` at the front, one every `spacing` tests, each kind
     keeping its order."""
     long = [item for item in items if item.get_closest_marker("long") is not None]
