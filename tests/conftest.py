@@ -113,6 +113,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(xdist_watch, "fleet-xdist-watch")
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """One full collection, then what survives it frozen (gc.freeze): pytest's own cleanup,
+    which runs after this hook, collects five times more to find exceptions raised in
+    finalizers, each time over everything a worker still holds at its end (~0.5 M objects
+    after 130 tests: 0.35 s a collection here). The first collection finds that garbage;
+    the five then look at nothing, ~1.5-3 s of CPU less for each worker, at the pass's end."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def _compile_what_subprocesses_import() -> None:
     """The bytecode of the checkout's own modules, as an installed fleet-tui has it (pip
     compiles a package when it installs it). An editable checkout has none until Python
