@@ -1,7 +1,7 @@
 """The suite's own rules, checked on small suites run by pytest's pytester: the real_claude
 mark follows the claude_bin fixture (tests/support/claude_marks.py); the tests marked
-`long` are handed out early, spread (tests/support/suite_order.py); and where the workers run caged
-(tests/conftest.py)."""
+`long` are handed out early, spread (tests/support/suite_order.py); where the workers run caged
+(tests/conftest.py); and that a pytest process ends with its heap frozen (tests/conftest.py)."""
 
 from __future__ import annotations
 
