@@ -54,7 +54,18 @@ def _run(module: str, argv: Sequence[str], package: str = "fleet_tui.commands") 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    """A command's exit status. Without `argv` this is the process's own command line (the
+    `fleet-tui` script, `python -m fleet_tui.cli`), and main ends the process itself:
+    system.leave, which keeps a native library's teardown from aborting it."""
+    if argv is None:
+        from fleet_tui.system.leave import leave
+
+        leave(_main(sys.argv[1:]))
+    return _main(argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+    args = list(argv)
     if args and args[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
         return 0
@@ -91,16 +102,14 @@ def worker_main() -> int:
 
 
 def collect_main() -> int:
-    return _run("collect", sys.argv[1:])
+    from fleet_tui.system.leave import leave
+
+    leave(_run("collect", sys.argv[1:]))  # it follows the tasks, Ray's included
 
 
 def doctor_main() -> int:
     return _run("doctor", sys.argv[1:])
 
 
-def _exit(code: int) -> None:
-    raise SystemExit(code)
-
-
 if __name__ == "__main__":  # pragma: no cover
-    _exit(main())
+    main()

@@ -50,4 +50,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover - the detached runner
-    raise SystemExit(main())
+    from fleet_tui.system.leave import leave
+
+    leave(main())
