@@ -4,9 +4,10 @@ may abort the interpreter's teardown.
 Ray's C++ core (`ray._raylet`, loaded with Ray's Jobs client by any process that follows a
 task on a Ray host) sometimes aborts a process in the teardown that follows its last line of
 Python: SIGABRT, exit -6, "Fatal Python error: Aborted" with no Python frame, after the
-command had printed all it had to print. Seen in 2 of 17 runs of
-tests/execution/ray/test_ray_host.py's race test, each time one of the ~60 `fleet-tui ls` it
-starts; a user would see that message and a failed exit status from a command that worked.
+command had printed all it had to print. Seen in tests/execution/ray/test_ray_host.py's race
+test, in one of the ~60 `fleet-tui ls` it starts: once in a whole run of the suite, and in 2
+of 17 runs of the test alone (the output of one of those was not kept); a user would see
+that message and a failed exit status from a command that worked.
 Such a process ends here instead: Python's own end (its threads' exit hooks, the
 non-daemon threads joined, the atexit functions, the output flushed), then os._exit, which
 skips only the native teardown.
