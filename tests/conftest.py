@@ -194,6 +194,7 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     yield home
 
 
+@pytest.hookimpl(tryfirst=True)  # as claude_marks' own: before `-m` deselects on the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test that asks for claude gets its real_claude mark (claude_marks); then the
     tests marked `long` go out early, spread (suite_order)."""
