@@ -68,15 +68,29 @@ const loading = import(pathToFileURL(existsSync(managerModule) ? managerModule
 // would outlive this host were it killed (the runner's parent-death signal takes the host,
 // not its children; with no engine to sweep, it stayed): it is started under `setpriv
 // --pdeathsig KILL`, which becomes socat, so it dies with this host however that ends.
+// Whether this setpriv takes the flag (util-linux 2.33 and later) is asked early, by a child
+// whose answer usually comes in while srt loads; but a warm host starts srt as soon as its
+// order comes, and on a loaded machine srt asked for its relay before that answer was read:
+// the relay then ran without the signal and outlived a killed runner. So a relay started
+// before the answer waits for it, asked again with spawnSync (~3 ms, rarely).
 // `done` puts spawnSync and spawn back.
 function answerSrtsQuestions() {
   if (process.platform !== 'linux') return { ask() {}, done() {} };
   const spawnSync = childProcess.spawnSync;
   const spawnAsync = childProcess.spawn;
-  let setpriv;  // where it knows --pdeathsig (util-linux 2.33 and later): asked by `ask`
+  const probeArgs = ['--pdeathsig', 'KILL', '--', 'true'];
+  let setpriv;  // where it knows --pdeathsig; null: no setpriv, or one without it
+  let candidate;  // the setpriv on PATH, once `ask` looked
+  const knowSetpriv = () => {  // the probe's answer, asked now if it is not in yet
+    if (setpriv !== undefined) return setpriv;
+    if (candidate === undefined) candidate = which('setpriv') || null;
+    const probe = candidate && spawnSync(candidate, probeArgs, { stdio: 'ignore' });
+    setpriv = probe && probe.status === 0 ? candidate : null;
+    return setpriv;
+  };
   childProcess.spawn = function relayed(file, args, options) {
-    if (setpriv && typeof file === 'string' && /(^|\/)socat$/.test(file) &&
-        Array.isArray(args)) {
+    if (typeof file === 'string' && /(^|\/)socat$/.test(file) && Array.isArray(args) &&
+        knowSetpriv()) {
       return spawnAsync.call(this, setpriv, ['--pdeathsig', 'KILL', '--', file, ...args],
                              options);
     }
@@ -85,12 +99,17 @@ function answerSrtsQuestions() {
   let bwrap;
   let version;  // [status, stdout] of `bwrap --version`, once it has ended
   const ask = () => {
-    const found = which('setpriv');
-    if (found) {
-      const probe = spawnAsync(found, ['--pdeathsig', 'KILL', '--', 'true'], { stdio: 'ignore' });
-      probe.on('error', () => {});
-      probe.on('exit', status => { if (status === 0) setpriv = found; });
+    candidate = which('setpriv') || null;
+    if (candidate && setpriv === undefined) {
+      const found = candidate;
+      const probe = spawnAsync(found, probeArgs, { stdio: 'ignore' });
+      probe.on('error', () => { if (setpriv === undefined) setpriv = null; });
+      probe.on('exit', status => {
+        if (setpriv === undefined) setpriv = status === 0 ? found : null;
+      });
       probe.unref();
+    } else if (!candidate) {
+      setpriv = null;
     }
     bwrap = which('bwrap');
     if (!bwrap) return;

@@ -232,6 +232,45 @@ def test_claude_dies_with_a_killed_runner(
             procs.signal_pid(pid, signal.SIGKILL)
 
 
+def test_srts_relay_dies_with_a_killed_runner_though_setprivs_answer_comes_late(
+        tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint, procs_mode: str) -> None:
+    """The cage host starts srt's relay (a socat outside the cage) under `setpriv --pdeathsig
+    KILL` once an early probe has said this setpriv takes that flag. On a loaded machine the
+    probe's answer came after srt had started its relay (a warm host starts srt at once):
+    the relay ran without the signal and outlived a killed runner (seen in CI). Here the
+    probe answers 2 s late, every time: the relay must still die with the runner."""
+    real = shutil.which("setpriv")
+    if procs_mode != "linux" or real is None:
+        pytest.skip("the parent-death signal and util-linux's setpriv are Linux's")
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "setpriv").write_text(
+        "#!/bin/sh\n"  # the probe (`setpriv --pdeathsig KILL -- true`) answers late
+        'if [ "$*" = "--pdeathsig KILL -- true" ]; then sleep 2; fi\n'
+        f'exec {real} "$@"\n')
+    (shims / "setpriv").chmod(0o755)
+    token = "tok-" + os.urandom(6).hex()
+    proc, adir = _start(tmp_path, claude_bin, endpoint.url, "[script:sleepy] wait", token=token,
+                        env_extra={"PATH": f"{shims}{os.pathsep}{os.environ['PATH']}"})
+    try:
+        assert _wait(lambda: len(_sleepers(tmp_path, "sleep 316")) == 1), \
+            (adir / STDERR_FILE).read_text()
+        assert (adir / "cage.json").exists()  # caged: the relay is there to outlive it
+        relays = [pid for pid in procs.with_env(TOKEN_ENV, token)
+                  if procs.cmdline(pid)[:1] == [shutil.which("socat")]]
+        assert relays, [procs.cmdline(pid) for pid in procs.with_env(TOKEN_ENV, token)]
+        proc.kill()
+        proc.wait(timeout=10)
+        assert _wait(lambda: procs.with_env(TOKEN_ENV, token) == [], 15), [
+            (pid, procs.cmdline(pid)) for pid in procs.with_env(TOKEN_ENV, token)]
+    finally:
+        for pid in procs.with_env(TOKEN_ENV, token):
+            procs.signal_pid(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_missing_key_is_recorded_not_raised(
         tmp_path: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
     proc, adir = _start(tmp_path, claude_bin, endpoint.url, "hello", key=None)
