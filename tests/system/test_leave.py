@@ -62,7 +62,13 @@ def test_without_it_the_process_ends_as_python_ends_it() -> None:
     assert "teardown" in done.stdout and "atexit" in done.stdout, done.stdout
 
 
-def test_in_process_leave_is_systemexit() -> None:
+def test_in_process_leave_is_systemexit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without such a module, SystemExit. The names are swapped for one nobody loads: this
+    process is a pytest worker, which may hold ray._raylet from an earlier test (a Ray
+    host followed in-process), and leave would then end the worker itself (os._exit)."""
+    import fleet_tui.system.leave as module
+
+    monkeypatch.setattr(module, "NATIVE_TEARDOWN", ("fleet_tui_test_loads_no_such_module",))
     with pytest.raises(SystemExit) as raised:
         leave(3)
     assert raised.value.code == 3
