@@ -1,11 +1,17 @@
 """The suite's own rules, checked on small suites run by pytest's pytester: the real_claude
 mark follows the claude_bin fixture (tests/support/claude_marks.py); the tests marked
 `long` are handed out early, spread (tests/support/suite_order.py); where the workers run caged
-(tests/conftest.py); and that a pytest process ends with its heap frozen (tests/conftest.py)."""
+(tests/conftest.py); that a pytest process ends with its heap frozen (tests/conftest.py); and
+that a crashed worker fails scripts/test's parallel pass instead of hanging it."""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -156,3 +162,35 @@ def test_a_worker_ends_with_its_heap_frozen_so_pytests_last_collections_skip_it(
         assert len(gc.get_objects()) < held // 100, (len(gc.get_objects()), held)
     finally:
         gc.unfreeze()
+
+
+CRASHING = {
+    "test_a.py": "import os\n\ndef test_1(): pass\n\ndef test_crash(): os._exit(3)\n\n"
+                 "def test_2(): pass\n",
+    "test_b.py": "import time\n\ndef test_b1(): time.sleep(1)\n\ndef test_b2(): time.sleep(1)\n",
+}
+
+
+def test_a_crashed_worker_fails_the_run_instead_of_hanging_it(tmp_path: Path) -> None:
+    """With the xdist options scripts/test gives its parallel pass, a test that ends its
+    worker's process is reported as that worker's crash and the run ends, failed. Without
+    --max-worker-restart 0, pytest-xdist 3.8 replaced the worker under loadgroup, ran the
+    crash again and waited for ever (here and in a run of the suite)."""
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "test").read_text()
+    found = re.search(r"^XDIST_OPTS=\((.*)\)$", script, re.M)
+    assert found, "scripts/test names its xdist options in XDIST_OPTS=(...)"
+    for name, text in CRASHING.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # the rootdir: not this repository's
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+         *shlex.split(found.group(1))], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, _ = run.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)  # its group: the controller and its workers
+        out, _ = run.communicate()
+        pytest.fail(f"the run hung after the crash: {out[-1500:]}")
+    assert run.returncode == 1, out[-3000:]
+    assert "crashed while running 'test_a.py::test_crash'" in out, out[-3000:]
