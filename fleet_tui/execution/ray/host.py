@@ -95,9 +95,10 @@ from fleet_tui.system.files import write_json_atomic
 from fleet_tui.vcs import git
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Iterator, Mapping, Sequence
 
     from fleet_tui.core.model import Attempt, Task
+    from fleet_tui.settings.config import Settings
     from fleet_tui.settings.hosts import HostConfig
 
 log = logging.getLogger("fleet_tui.engine.fleet")
@@ -890,12 +891,7 @@ class RayHost(RemoteHost):
         else:
             plain = sorted(k for k, v in keys.items() if v and not v.startswith(TOKEN_PREFIX))
             if plain:
-                raise RayError(
-                    f"host {self.name} is a Ray host and this start would send the key "
-                    f"({', '.join(plain)}) to the cluster: turn the gateway on (gateway = "
-                    f"true) so its workers get a token of their own, or set key_env in "
-                    f"[hosts.{self.name}] to the variable the cluster's nodes hold the key "
-                    "in")
+                raise self._sends_the_key(f"this start would send the key ({', '.join(plain)})")
         order = dict(staged.order, env=rest, keys=keys)
         sid = submission_id(staged.spec)
         folder = AttemptLog(staged.placement.attempt_dir)
@@ -915,6 +911,21 @@ class RayHost(RemoteHost):
                 self._orders[sid] = (staged, order)
         self.submitted.append(sid)
         return sid
+
+    def _sends_the_key(self, what: str) -> RayError:
+        return RayError(
+            f"host {self.name} is a Ray host and {what} to the cluster: turn the gateway on "
+            f"(gateway = true) so its workers get a token of their own, or set key_env in "
+            f"[hosts.{self.name}] to the variable the cluster's nodes hold the key in")
+
+    def check_setup(self, settings: Settings, env: Mapping[str, str], *,
+                    args: Sequence[str] = (), permission_mode: str | None = None) -> None:
+        """The remote refusals, and a start that would send the key (the gateway off and no
+        key_env) refused before the task is made: `submit` would refuse each start."""
+        super().check_setup(settings, env, args=args, permission_mode=permission_mode)
+        if not settings.gateway and self.key_env is None:
+            raise self._sends_the_key("with the gateway off (gateway = false) each start "
+                                      "would send the key")
 
     def _submit_job(self, staged: RayStaged, order: dict[str, Any], sid: str) -> None:
         order_path = staged.staging / job.ORDER_FILE

@@ -100,6 +100,27 @@ def test_a_start_that_would_send_the_key_is_refused(tmp_path: Path) -> None:
     assert not tmp_path.exists()  # the job's folder went
 
 
+def test_run_without_the_gateway_on_a_cluster_without_key_env_creates_nothing(
+        tmp_path: Path, git_repo: Path, claude_bin: str) -> None:
+    """The gateway off and no key_env: each start would send the key to the cluster, so
+    `run --host` is refused at once, with both ways out, and no task is made (it was
+    made, queued, and failed at its start)."""
+    env = env_of(tmp_path, FLEET_WORKER_KEY_SOURCES="env", ANTHROPIC_AUTH_TOKEN="sk-x-key-77",
+                 FLEET_WORKER_CLAUDE=claude_bin, FLEET_WORKER_GATEWAY="0")
+    with silent_port() as port:  # nothing is asked of the cluster
+        added = run_cli(env, tmp_path, "host", "add", "cluster", "--ray",
+                        f"http://127.0.0.1:{port}")
+        assert added.returncode == 0, added.stderr
+        with (tmp_path / "config.toml").open("a") as fh:
+            fh.write('cage = "off"\n')  # not this test's refusal
+        out = run_cli(env, git_repo, "run", "do it", "--host", "cluster")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "would send the key" in out.stderr, out.stderr
+    assert "gateway = true" in out.stderr and "key_env" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "sk-x-key-77" not in out.stderr + out.stdout
+    assert json.loads(run_cli(env, git_repo, "ls", "--json").stdout) == []
+
+
 @pytest.mark.long
 def test_a_cluster_that_takes_the_connection_and_never_answers_fails_the_start(
         tmp_path: Path, git_repo: Path) -> None:
