@@ -72,7 +72,7 @@ const loading = import(pathToFileURL(existsSync(managerModule) ? managerModule
 // whose answer usually comes in while srt loads; but a warm host starts srt as soon as its
 // order comes, and on a loaded machine srt asked for its relay before that answer was read:
 // the relay then ran without the signal and outlived a killed runner. So a relay started
-// before the answer waits for it, asked again with spawnSync (~3 ms, rarely).
+// before the answer waits for it, asked again with spawnSync (~2 ms, rarely).
 // `done` puts spawnSync and spawn back.
 function answerSrtsQuestions() {
   if (process.platform !== 'linux') return { ask() {}, done() {} };
@@ -99,17 +99,14 @@ function answerSrtsQuestions() {
   let bwrap;
   let version;  // [status, stdout] of `bwrap --version`, once it has ended
   const ask = () => {
-    candidate = which('setpriv') || null;
+    candidate = which('setpriv') || null;  // none: knowSetpriv says null without a probe
     if (candidate && setpriv === undefined) {
-      const found = candidate;
-      const probe = spawnAsync(found, probeArgs, { stdio: 'ignore' });
+      const probe = spawnAsync(candidate, probeArgs, { stdio: 'ignore' });
       probe.on('error', () => { if (setpriv === undefined) setpriv = null; });
       probe.on('exit', status => {
-        if (setpriv === undefined) setpriv = status === 0 ? found : null;
+        if (setpriv === undefined) setpriv = status === 0 ? candidate : null;
       });
       probe.unref();
-    } else if (!candidate) {
-      setpriv = null;
     }
     bwrap = which('bwrap');
     if (!bwrap) return;
