@@ -48,13 +48,19 @@ _CLAUDE_NEWEST = _find_claude("FLEET_TEST_CLAUDE_NEWEST", ".claude-cli-newest")
 
 # claude is a Bun build: its JavaScriptCore reads BUN_JSC_* options from the environment.
 # A test's claude run is short (one to a few turns against the scripted endpoint), and in a
-# run that short the optimizing JIT and the concurrent collector cost more CPU than they
-# save: without them a run of the pinned claude took 0.515 CPU-s against 0.615 (median of
-# 15, alternating), and tests/engine 262 CPU-s against 297. What claude does is unchanged;
-# only how its VM runs the same code. A name JavaScriptCore does not know stops claude at
-# start ("invalid JSC environment variable"), so the options are set only once both pinned
-# binaries have started with them (`--version`, once per test process).
-JSC_TUNING = {"BUN_JSC_useDFGJIT": "0", "BUN_JSC_useConcurrentGC": "0"}
+# run that short the optimizing JIT and the collector cost more CPU than they save:
+# - without the optimizing JIT and the concurrent collector a run of the pinned claude took
+#   0.515 CPU-s against 0.615 (median of 15, alternating), tests/engine 262 CPU-s against 297;
+# - without collections at all (useGC=0) as well, 0.465 against 0.556 (median of 12,
+#   alternating; the newest pinned claude 0.508 against 0.528), and 0.96 against 1.21 for a
+#   run of 20 tool turns and a 200 KB prompt, whose peak RSS grew 292 -> 300 MB (100 turns:
+#   293 -> 314 MB): a test's run ends long before its garbage matters.
+# Claude's cost is ~40 % of the suite's CPU. What claude does is unchanged; only how its VM
+# runs the same code (a worker of the product keeps its VM's defaults: it runs for hours).
+# A name JavaScriptCore does not know stops claude at start ("invalid JSC environment
+# variable"), so the options are set only once both pinned binaries have started with them
+# (`--version`, once per test process).
+JSC_TUNING = {"BUN_JSC_useDFGJIT": "0", "BUN_JSC_useConcurrentGC": "0", "BUN_JSC_useGC": "0"}
 
 
 @functools.cache
