@@ -260,4 +260,71 @@ class RayCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-__all__ = ["NODE_RESOURCE", "RayCluster", "free_port", "ray_missing"]
+class NoAgentProxy:
+    """A proxy on 127.0.0.1 in front of a real cluster's dashboard that answers the first
+    `refusals` job submissions (POST /api/jobs/) as Ray's head answers one it has no job
+    agent for (its agent not registered within its 10 s: a cluster just started on a loaded
+    machine): 500, "No available agent to submit job, please try again later." Everything
+    else, and the submissions after those, go to the dashboard and back unchanged.
+    `address` is the proxy's; `submissions` counts the POSTs it saw."""
+
+    NO_AGENT = "No available agent to submit job, please try again later."
+
+    def __init__(self, upstream: str, refusals: int) -> None:
+        import http.client
+        import http.server
+        import threading
+        from urllib.parse import urlsplit
+
+        target = urlsplit(upstream)
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.command == "POST" and self.path.rstrip("/") == "/api/jobs":
+                    proxy.submissions += 1
+                    if proxy.submissions <= proxy.refusals:
+                        self._answer(500, proxy.NO_AGENT.encode(), "text/plain")
+                        return
+                conn = http.client.HTTPConnection(target.hostname or "127.0.0.1",
+                                                  target.port, timeout=60)
+                try:
+                    headers = {k: v for k, v in self.headers.items()
+                               if k.lower() not in ("host", "connection")}
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    self._answer(resp.status, resp.read(),
+                                 resp.getheader("Content-Type") or "application/json")
+                finally:
+                    conn.close()
+
+            def _answer(self, status: int, data: bytes, kind: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _forward
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.refusals = refusals
+        self.submissions = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> NoAgentProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+__all__ = ["NODE_RESOURCE", "NoAgentProxy", "RayCluster", "free_port", "ray_missing"]

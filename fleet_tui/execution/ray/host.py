@@ -95,7 +95,7 @@ from fleet_tui.system.files import write_json_atomic
 from fleet_tui.vcs import git
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
 
     from fleet_tui.core.model import Attempt, Task
     from fleet_tui.settings.config import Settings
@@ -164,6 +164,34 @@ def jobs_client(address: str) -> Any:
     return _Client(address)
 
 
+# Ray's head hands each submitted job to a job agent; one not registered yet (a cluster just
+# started, or a loaded machine's) is waited for 10 s, then the submit is answered 500 "No
+# available agent to submit job, please try again later." That answer is asked again, every
+# AGENT_RETRY seconds for AGENT_WAIT at most (Ray's 10 s each included); any other at once.
+NO_AGENT = "No available agent to submit job"
+AGENT_WAIT = 60.0
+AGENT_RETRY = 2.0
+
+
+def submit_job(client: Any, *, give_up: Callable[[], bool] | None = None,
+               **job_args: Any) -> None:
+    """`client.submit_job(**job_args)`, asked again while Ray's head has no job agent to
+    hand it to (NO_AGENT), until AGENT_WAIT has passed or `give_up()` says so (the attempt
+    stopped meanwhile); then, or on any other refusal, the last exception is raised."""
+    deadline = time.monotonic() + AGENT_WAIT
+    while True:
+        try:
+            client.submit_job(**job_args)
+            return
+        except RuntimeError as exc:
+            if NO_AGENT not in str(exc) or time.monotonic() + AGENT_RETRY > deadline \
+                    or (give_up is not None and give_up()):
+                raise
+            log.info("the Ray cluster has no job agent for %s yet; asked again in %g s",
+                     job_args.get("submission_id"), AGENT_RETRY)
+        time.sleep(AGENT_RETRY)
+
+
 def no_answer(exc: BaseException, waited: tuple[float, float] = ANSWER_WAIT) -> str:
     """What a failed request to the cluster says: the time it was given when it timed out
     (the requests library's own text names its connection pool), else the error's text."""
@@ -192,9 +220,9 @@ def probe_job(address: str, script: str, *, resources: Mapping[str, float] | Non
     try:
         client = jobs_client(address)
         sid = f"fleet-probe-{secrets.token_hex(6)}"
-        client.submit_job(entrypoint=f"sh -c {shlex.quote(script)}", submission_id=sid,
-                          entrypoint_resources=dict(resources) if resources else None,
-                          metadata={"fleet-tui-probe": "1"})
+        submit_job(client, entrypoint=f"sh -c {shlex.quote(script)}", submission_id=sid,
+                   entrypoint_resources=dict(resources) if resources else None,
+                   metadata={"fleet-tui-probe": "1"})
     except Exception as exc:
         raise RayError(f"the Ray cluster at {address} did not take the probe job: "
                        f"{no_answer(exc, STORE_WAIT)[-300:]}") from None
@@ -936,8 +964,10 @@ class RayHost(RemoteHost):
         metadata = {"fleet-tui-task": staged.spec.task_id,
                     "fleet-tui-attempt": str(staged.spec.attempt), "fleet-tui-host": self.name}
         pin = staged.order.get("pin")
+        folder = AttemptLog(staged.placement.attempt_dir)
         try:
-            client.submit_job(
+            submit_job(
+                client, give_up=lambda: bool(folder.stop_request()),
                 entrypoint=f"{shlex.quote(self.python)} -m {ENTRYPOINT_MODULE}",
                 submission_id=sid,
                 runtime_env={"working_dir": str(staged.staging),
@@ -949,8 +979,11 @@ class RayHost(RemoteHost):
             try:
                 client.get_job_info(sid)
             except Exception:
+                said = no_answer(exc, STORE_WAIT)[-500:]
+                if NO_AGENT in said:
+                    said += f" (asked for {AGENT_WAIT:g} s)"
                 raise RayError(f"host {self.name}: the Ray cluster did not take the job: "
-                               f"{no_answer(exc, STORE_WAIT)[-500:]}") from None
+                               f"{said}") from None
             log.info("host %s: the job %s was taken already", self.name, sid)
 
     def _mark_submitted(self, folder: AttemptLog) -> None:

@@ -77,7 +77,8 @@ class ShortJobs:
                 sid = f"fleet-{task.id}-{kind}-{digest[:10]}"
                 client = self.host.client()
                 try:
-                    client.submit_job(
+                    ray_host.submit_job(
+                        client,
                         entrypoint=(f"{shlex.quote(self.host.python)} -m "
                                     f"{ray_host.ENTRYPOINT_MODULE}"),
                         submission_id=sid,

@@ -41,7 +41,14 @@ from typing import Any
 
 import pytest
 from proc_helpers import working_in
-from ray_cluster import NODE_KEY, NODE_KEY_VAR, NODE_RESOURCE, RayCluster, ray_missing
+from ray_cluster import (
+    NODE_KEY,
+    NODE_KEY_VAR,
+    NODE_RESOURCE,
+    NoAgentProxy,
+    RayCluster,
+    ray_missing,
+)
 from test_fleet import KEY, SCRIPTS, drive, settled
 
 from fleet_tui import CLAUDE_CODE_VERSION
@@ -712,6 +719,35 @@ def test_host_check_probe_reads_git_python_and_claude_on_a_node(
     assert not said["claude"].ok and said["claude"].found == "not found", said
     assert "set claude in [hosts.cluster] to its path there" in said["claude"].fix
     assert len(jobs(ray_cluster)) == before + 2  # one job each, nothing else
+
+
+def test_a_submit_the_head_has_no_job_agent_for_yet_is_asked_again(
+        ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's head answers a job it has no job agent for yet (a cluster just started, on a
+    loaded machine) with 500 "No available agent to submit job, please try again later.":
+    a benchmark's engine task failed at its start on that answer ("could not start ... the
+    Ray cluster did not take the job"). The submit is asked again, every AGENT_RETRY
+    seconds for AGENT_WAIT at most: two such answers, then the cluster takes the job and it
+    runs; answered so for longer than AGENT_WAIT, the start fails saying Ray's words."""
+    from fleet_tui.execution.ray import host as ray_host
+
+    monkeypatch.setattr(ray_host, "AGENT_RETRY", 0.2)
+    with NoAgentProxy(ray_cluster.address, refusals=2) as proxy:
+        status, text, _node = ray_host.probe_job(
+            proxy.address, "echo taken-after-two-refusals", resources={NODE_RESOURCE: 1.0},
+            env=os.environ, timeout=120)
+    assert proxy.submissions == 3
+    assert status == "SUCCEEDED" and "taken-after-two-refusals" in text, (status, text)
+    monkeypatch.setattr(ray_host, "AGENT_WAIT", 1.0)
+    before = len(jobs(ray_cluster))
+    with NoAgentProxy(ray_cluster.address, refusals=1000) as proxy, \
+            pytest.raises(ray_host.RayError) as refused:
+        ray_host.probe_job(proxy.address, "echo never", resources={NODE_RESOURCE: 1.0},
+                           env=os.environ, timeout=60)
+    assert 2 <= proxy.submissions <= 7, proxy.submissions  # every 0.2 s for 1 s
+    assert "did not take the probe job" in str(refused.value)
+    assert "No available agent to submit job" in str(refused.value)
+    assert len(jobs(ray_cluster)) == before  # nothing reached the cluster
 
 
 def test_host_check_probe_says_how_a_nodes_workers_are_contained(
