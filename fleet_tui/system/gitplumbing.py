@@ -5,7 +5,8 @@ index put back.
 
 Shared by vcs/ (git in the main repository, here) and the worker (a worktree on a host,
 under `python3 -I -S`, where GitPython is not installed): each function that runs git takes
-the runner, so vcs keeps running git through GitPython and the worker through `run_git`.
+the runner (`run_git` on both sides now; vcs passes its own `_run`, the one place to change
+how it runs git).
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def run_git(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
     own reason when it fails (with `check`), cannot start or does not answer in `timeout`."""
     full = {**os.environ, "LANGUAGE": "C", "LC_ALL": "C", **(env or {})}
     try:
+        # stdin: nothing (a prompt must not read the panel's terminal or an agent's frames)
         done = subprocess.run(["git", *args], cwd=cwd, env=full, capture_output=True,
-                              timeout=timeout, check=False)
+                              stdin=subprocess.DEVNULL, timeout=timeout, check=False)
     except FileNotFoundError:
         raise GitError("git is not installed or not on PATH; install git 2.38 or newer"
                        ) from None

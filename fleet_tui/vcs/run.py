@@ -1,7 +1,10 @@
-"""Running git: every command goes through GitPython (``git.Git(cwd).execute``), and its
-failures become ``GitError`` with a message that says what to do, never a traceback.
-(Finding the repository, every CLI command's first step, runs `git rev-parse` without it:
-repository.py.)
+"""Running git: a one-shot command is a process of its own (``run_git``, the standard
+library: the same runner the worker's hosts use), its failures ``GitError`` with a message
+that says what to do, never a traceback. GitPython does what it is good at, where it is
+needed: one `git cat-file --batch` read as a stream (the key scan, keyscan.py; a remote
+tip's blobs, diffs.py) and finding a repository the one `git rev-parse` does not
+(repository.py). Its import, ~60 ms of CPU with the two `git version` it runs, was a third
+of a task command's (`fleet-tui ls`, `show`, `merge`), paid by every such process.
 
 The bottom of ``fleet_tui.vcs``: the small helpers every other module runs git with
 (``_run``, ``_out``, ``_rev``, ...), a throwaway index for commands that must not touch a
@@ -15,17 +18,16 @@ from pathlib import Path
 from types import ModuleType
 
 # Git plumbing shared with the worker (which runs it on a host without GitPython) lives
-# in system/gitplumbing.py; here it runs through GitPython (`_run`).
+# in system/gitplumbing.py, run_git with it.
 from fleet_tui.system.gitplumbing import GitError as GitError
-from fleet_tui.system.gitplumbing import first_line as _first_line
 from fleet_tui.system.gitplumbing import run_git, temp_index
 
 _GITPYTHON: ModuleType | None = None
 
 
 def _gitpython() -> ModuleType:
-    """GitPython, imported on first use: it takes ~50 ms to import, and the panel and the
-    task commands import fleet_tui.vcs before they run any git command (or none at all)."""
+    """GitPython, imported on first use, by what needs it (above): most processes that
+    import fleet_tui.vcs never do."""
     global _GITPYTHON
     if _GITPYTHON is None:
         import git as gitpython
@@ -37,30 +39,12 @@ def _gitpython() -> ModuleType:
 def _run(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
          check: bool = True, what: str | None = None,
          timeout: float | None = None) -> tuple[int, str, str]:
-    """Run ``git args`` in cwd through GitPython; return (status, stdout, stderr).
+    """Run ``git args`` in cwd; return (status, stdout, stderr).
 
     With ``check``, a non-zero status raises GitError naming ``what`` and git's own reason.
-    ``timeout``: seconds before git is killed (a push to an unreachable remote).
+    ``timeout``: seconds before git is killed (a push to an unreachable remote), a GitError.
     """
-    try:
-        gitpython = _gitpython()
-    except ModuleNotFoundError:  # the package's copy on a host: the standard library only
-        return run_git(cwd, *args, env=env, check=check, what=what, timeout=timeout)
-    try:
-        status, out, err = gitpython.Git(str(cwd)).execute(
-            ["git", *args], with_extended_output=True, with_exceptions=False,
-            strip_newline_in_stdout=False, env=dict(env) if env else None,
-            kill_after_timeout=timeout)
-    except gitpython.GitCommandNotFound:
-        raise GitError("git is not installed or not on PATH; install git 2.38 or newer"
-                       ) from None
-    except OSError as exc:
-        raise GitError(f"cannot run git in {cwd}: {exc.strerror or exc}") from None
-    out_s = out if isinstance(out, str) else (out or b"").decode("utf-8", "replace")
-    if check and status != 0:
-        reason = _first_line(err) or _first_line(out_s) or f"exit status {status}"
-        raise GitError(f"{what or 'git ' + args[0]} failed: {reason}")
-    return int(status), out_s, err
+    return run_git(cwd, *args, env=env, check=check, what=what, timeout=timeout)
 
 
 def _out(cwd: Path, *args: str, what: str | None = None,
