@@ -53,10 +53,12 @@ def first_line(text: str) -> str:
 
 def run_git(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
             check: bool = True, what: str | None = None,
-            timeout: float | None = None) -> tuple[int, str, str]:
+            timeout: float | None = None, errors: str = "replace") -> tuple[int, str, str]:
     """Run `git args` in cwd: the environment with env on top and git's messages in
     English (they are read); (status, stdout, stderr); GitError naming `what` and git's
-    own reason when it fails (with `check`), cannot start or does not answer in `timeout`."""
+    own reason when it fails (with `check`), cannot start or does not answer in `timeout`.
+    `errors`: how bytes that are not UTF-8 are decoded ("surrogateescape" keeps a file
+    name's own bytes: given back to git, it names the same file)."""
     full = {**os.environ, "LANGUAGE": "C", "LC_ALL": "C", **(env or {})}
     try:
         # stdin: nothing (a prompt must not read the panel's terminal or an agent's frames)
@@ -70,7 +72,7 @@ def run_git(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
                        ) from None
     except OSError as exc:
         raise GitError(f"cannot run git in {cwd}: {exc.strerror or exc}") from None
-    out = done.stdout.decode("utf-8", "replace")
+    out = done.stdout.decode("utf-8", errors)
     err = done.stderr.decode("utf-8", "replace")
     if check and done.returncode != 0:
         reason = first_line(err) or first_line(out) or f"exit status {done.returncode}"

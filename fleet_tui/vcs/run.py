@@ -43,8 +43,11 @@ def _run(cwd: Path, *args: str, env: Mapping[str, str] | None = None,
 
     With ``check``, a non-zero status raises GitError naming ``what`` and git's own reason.
     ``timeout``: seconds before git is killed (a push to an unreachable remote), a GitError.
+    Output that is not UTF-8 (a file name of other bytes) keeps its bytes as surrogates,
+    so the name given back to git names the same file.
     """
-    return run_git(cwd, *args, env=env, check=check, what=what, timeout=timeout)
+    return run_git(cwd, *args, env=env, check=check, what=what, timeout=timeout,
+                   errors="surrogateescape")
 
 
 def _out(cwd: Path, *args: str, what: str | None = None,

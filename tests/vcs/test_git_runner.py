@@ -43,3 +43,34 @@ def test_a_task_made_diffed_and_merged_runs_git_without_gitpython(git_repo: Path
     assert (git_repo / "new.txt").read_text() == "hello\n"
     assert seen["gitpython"] == [], "running git through vcs/ imported GitPython"
 
+
+
+# a file whose name is not UTF-8 (a worker's, written with Latin-1 bytes), through the same
+# life: its name must come back from git as the bytes it has on disk
+ODD_NAME = """\
+import json, os, sys
+from pathlib import Path
+from fleet_tui.vcs import git
+repo = Path(sys.argv[1])
+info = git.create_worktree(repo, "t3")
+with open(os.path.join(os.fsencode(info.path), b"caf\\xe9.txt"), "w") as fh:
+    fh.write("latin\\n")
+changed = [os.fsencode(f.path).hex() for f in git.diff(info.path, info.base_commit).files]
+result = git.merge(repo, info.path, info.branch, "main", message="add a file")
+print(json.dumps({"changed": changed, "merged": result.merged, "message": result.message}))
+"""
+
+
+def test_a_file_name_that_is_not_utf8_is_diffed_and_merged_as_its_bytes(
+        git_repo: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
+        "PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", ODD_NAME, str(git_repo)], cwd=git_repo,
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["changed"] == [b"caf\xe9.txt".hex()]
+    assert seen["merged"], seen["message"]
+    assert (os.fsencode(git_repo) + b"/caf\xe9.txt") in [
+        os.fsencode(p) for p in git_repo.iterdir()]
