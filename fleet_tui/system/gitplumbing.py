@@ -5,8 +5,8 @@ index put back.
 
 Shared by vcs/ (git in the main repository, here) and the worker (a worktree on a host,
 under `python3 -I -S`, where GitPython is not installed): each function that runs git takes
-the runner (`run_git` on both sides now; vcs passes its own `_run`, the one place to change
-how it runs git).
+the runner: the worker passes `run_git`, vcs its own `_run` (run_git, keeping a file name's
+bytes when they are not UTF-8).
 """
 
 from __future__ import annotations

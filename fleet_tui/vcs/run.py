@@ -3,8 +3,8 @@ library: the same runner the worker's hosts use), its failures ``GitError`` with
 that says what to do, never a traceback. GitPython does what it is good at, where it is
 needed: one `git cat-file --batch` read as a stream (the key scan, keyscan.py; a remote
 tip's blobs, diffs.py) and finding a repository the one `git rev-parse` does not
-(repository.py). Its import, ~60 ms of CPU with the two `git version` it runs, was a third
-of a task command's (`fleet-tui ls`, `show`, `merge`), paid by every such process.
+(repository.py). Its import, ~60 ms of CPU with the two `git version` it runs, would be a
+third of a task command's (`fleet-tui ls`, `show`, `merge`), paid by every such process.
 
 The bottom of ``fleet_tui.vcs``: the small helpers every other module runs git with
 (``_run``, ``_out``, ``_rev``, ...), a throwaway index for commands that must not touch a
@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
-# Git plumbing shared with the worker (which runs it on a host without GitPython) lives
-# in system/gitplumbing.py, run_git with it.
+# Git's plumbing and the runner itself are shared with the worker (which runs on a host
+# without GitPython): system/gitplumbing.py.
 from fleet_tui.system.gitplumbing import GitError as GitError
 from fleet_tui.system.gitplumbing import run_git, temp_index
 
