@@ -176,17 +176,19 @@ AGENT_RETRY = 2.0
 def submit_job(client: Any, *, give_up: Callable[[], bool] | None = None,
                **job_args: Any) -> None:
     """`client.submit_job(**job_args)`, asked again while Ray's head has no job agent to
-    hand it to (NO_AGENT), until AGENT_WAIT has passed or `give_up()` says so (the attempt
-    stopped meanwhile); then, or on any other refusal, the last exception is raised."""
+    hand it to (NO_AGENT), until AGENT_WAIT has passed (its refusal then says how long it
+    was asked) or `give_up()` says so (the attempt stopped meanwhile); on any other refusal
+    at once, the exception as raised."""
     deadline = time.monotonic() + AGENT_WAIT
     while True:
         try:
             client.submit_job(**job_args)
             return
         except RuntimeError as exc:
-            if NO_AGENT not in str(exc) or time.monotonic() + AGENT_RETRY > deadline \
-                    or (give_up is not None and give_up()):
+            if NO_AGENT not in str(exc) or (give_up is not None and give_up()):
                 raise
+            if time.monotonic() + AGENT_RETRY > deadline:
+                raise RuntimeError(f"{exc} (asked for {AGENT_WAIT:g} s)") from exc
             log.info("the Ray cluster has no job agent for %s yet; asked again in %g s",
                      job_args.get("submission_id"), AGENT_RETRY)
         time.sleep(AGENT_RETRY)
@@ -979,11 +981,8 @@ class RayHost(RemoteHost):
             try:
                 client.get_job_info(sid)
             except Exception:
-                said = no_answer(exc, STORE_WAIT)[-500:]
-                if NO_AGENT in said:
-                    said += f" (asked for {AGENT_WAIT:g} s)"
                 raise RayError(f"host {self.name}: the Ray cluster did not take the job: "
-                               f"{said}") from None
+                               f"{no_answer(exc, STORE_WAIT)[-500:]}") from None
             log.info("host %s: the job %s was taken already", self.name, sid)
 
     def _mark_submitted(self, folder: AttemptLog) -> None:

@@ -747,6 +747,7 @@ def test_a_submit_the_head_has_no_job_agent_for_yet_is_asked_again(
     assert 2 <= proxy.submissions <= 7, proxy.submissions  # every 0.2 s for 1 s
     assert "did not take the probe job" in str(refused.value)
     assert "No available agent to submit job" in str(refused.value)
+    assert "(asked for 1 s)" in str(refused.value)
     assert len(jobs(ray_cluster)) == before  # nothing reached the cluster
 
 
