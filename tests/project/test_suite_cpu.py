@@ -59,8 +59,9 @@ def test_a_fork_seen_before_its_exec_is_counted_as_what_it_execs(tmp_path: Path)
     child = subprocess.Popen(["sleep", "30"], preexec_fn=before_exec)
     try:
         deadline = time.monotonic() + 30
-        while suite_cpu._seen.get(str(child.pid)) != "sleep":
-            assert time.monotonic() < deadline, suite_cpu._seen.get(str(child.pid))
+        name = suite_cpu.key(child.pid)
+        while suite_cpu._seen.get(name or "") != "sleep":
+            assert time.monotonic() < deadline, suite_cpu._seen.get(name or "")
             time.sleep(0.02)
     finally:
         stop.set()
@@ -119,3 +120,33 @@ def test_the_test_processes_collect_cycles_less_often_than_pythons_defaults() ->
 
     assert gc.get_threshold() == GC_THRESHOLDS
     assert GC_THRESHOLDS[0] > 700 and GC_THRESHOLDS[2] > 10
+
+
+def test_a_pid_handed_out_again_is_a_new_process(tmp_path: Path) -> None:
+    """A pid seen before, as another process (the pid space wraps in a long run), does not
+    hide the process that has it now: a test's processes were missed, and a test of the
+    poller read the old kind ("sh") for its child's pid."""
+    import threading
+    import time
+
+    import suite_cpu
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        suite_cpu._seen[f"{child.pid}:1"] = "sh"  # what had that pid long ago
+        group = tmp_path / "cgroup.procs"
+        group.write_text(f"{child.pid}\n")
+        stop = threading.Event()
+        threading.Thread(target=suite_cpu._poll, args=(group, stop), daemon=True).start()
+        try:
+            deadline = time.monotonic() + 30
+            name = suite_cpu.key(child.pid)
+            assert name is not None and name != f"{child.pid}:1"
+            while suite_cpu._seen.get(name) != "sleep":
+                assert time.monotonic() < deadline, suite_cpu._seen
+                time.sleep(0.02)
+        finally:
+            stop.set()
+    finally:
+        child.kill()
+        child.wait()

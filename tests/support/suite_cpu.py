@@ -74,8 +74,15 @@ def _forked(pid: str) -> bool:
     return bool(args) and args == procs.cmdline(stat.ppid)
 
 
+def key(pid: int | str) -> str | None:
+    """A process's key in `_seen`: its pid and start time, so that a pid the kernel hands
+    out again (a long run wraps the pid space) is a new process, counted for its own test."""
+    start = procs.start_time(int(pid))
+    return None if start is None else f"{pid}:{start}"
+
+
 def _poll(group_procs: Path, stop: threading.Event | None = None) -> None:
-    """Gives each new pid in the group its kind. A fork not yet past its exec is looked
+    """Gives each new process in the group its kind. A fork not yet past its exec is looked
     at again on each poll until it has exec'd (or ended: then it counts as what it was,
     a copy of its parent)."""
     pending: set[str] = set()
@@ -84,19 +91,24 @@ def _poll(group_procs: Path, stop: threading.Event | None = None) -> None:
             pids = group_procs.read_text().split()
         except OSError:
             pids = []
+        keys = set()
         for pid in pids:
-            if pid in _seen and pid not in pending:
+            name = key(pid)
+            if name is None:
+                continue
+            keys.add(name)
+            if name in _seen and name not in pending:
                 continue
             kind = _kind(pid)
             if kind is None:
                 continue
             if _forked(pid):
-                pending.add(pid)
+                pending.add(name)
             else:
-                pending.discard(pid)
+                pending.discard(name)
             with _lock:
-                _seen[pid] = kind
-        pending &= set(pids)
+                _seen[name] = kind
+        pending &= keys
         time.sleep(POLL)
 
 
@@ -133,7 +145,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     usage = group / "cpuacct.usage"
     _state["cpu"] = lambda: int(usage.read_text()) / 1e9
-    _seen[str(os.getpid())] = "pytest"
+    _seen[key(os.getpid()) or str(os.getpid())] = "pytest"
     threading.Thread(target=_poll, args=(group / "cgroup.procs",), daemon=True).start()
 
 
