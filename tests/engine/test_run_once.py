@@ -164,7 +164,9 @@ def test_a_second_engine_beside_a_slow_start_never_runs_a_task_twice(
     hook = git_repo / ".git" / "hooks" / "post-checkout"
     hook.write_text("#!/bin/sh\nsleep 1\n")
     hook.chmod(0o755)
-    copies = 6
+    # several at once (the engine's parallel start, not a lone one's), each claim held
+    # through a checkout of 1 s, twice the grace the second engine is given below
+    copies = 3
     fleet = make_fleet(endpoint, claude_bin, max_workers=copies)
     tasks = fleet.submit(TaskSpec(prompt="work once", repo=git_repo), copies=copies)
     ids = [t.id for t in tasks]
@@ -229,10 +231,12 @@ def test_a_slow_start_keeps_its_claims_fresh(
     hook = git_repo / ".git" / "hooks" / "post-checkout"
     hook.write_text("#!/bin/sh\nsleep 1\n")
     hook.chmod(0o755)
-    fleet = make_fleet(endpoint, claude_bin, max_workers=4)
-    tasks = fleet.submit(TaskSpec(prompt="work once", repo=git_repo), copies=4)
+    # two: the claims of a start of several are the ones the heartbeat keeps fresh (a lone
+    # claim is started at once); each waits through its checkout of 1 s, ten beats
+    fleet = make_fleet(endpoint, claude_bin, max_workers=2)
+    tasks = fleet.submit(TaskSpec(prompt="work once", repo=git_repo), copies=2)
     ids = [t.id for t in tasks]
-    child = engine_process(tmp_path, endpoint, claude_bin, until_settled=ids, max_workers=4,
+    child = engine_process(tmp_path, endpoint, claude_bin, until_settled=ids, max_workers=2,
                            start_grace=0.4)
     seen: dict[str, set[float]] = {i: set() for i in ids}
     try:
