@@ -382,7 +382,9 @@ def test_two_engines_on_one_store_never_exceed_the_cap(git_repo: Path, claude_bi
                                                         endpoint: ScriptedEndpoint) -> None:
     db = paths.db_path()
     engines = [make_fleet(endpoint, claude_bin, db=db, max_workers=2) for _ in range(2)]
-    tasks = engines[0].submit(TaskSpec(prompt="[script:slow] go", repo=git_repo), copies=4)
+    # one more than the cap: each engine alone would let 2 run, so 3 at once if the cap
+    # were per engine
+    tasks = engines[0].submit(TaskSpec(prompt="[script:slow] go", repo=git_repo), copies=3)
     stop = threading.Event()
     errors: list[BaseException] = []
 
