@@ -5,7 +5,8 @@ way out (a fresh retry, which still starts from the base). A merge of such a tas
 refusal (exit 4), saying why.
 
 Real git repositories, real runner processes and the real claude binary against the
-scripted endpoint."""
+scripted endpoint; the merge, in which no worker takes part, is of a task as a finished
+worker leaves it."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from landing_support import finished_task
 from test_fleet import drive, make_fleet, run_one, settled
 
 from fleet_tui.demo.endpoint import ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, FleetRefused
-from fleet_tui.store.db import TaskState
+from fleet_tui.store.db import Store, TaskState
+from fleet_tui.system import paths
 
 SCRIPTS = {"chat": ["first answer", "second answer", "third answer"]}
 
@@ -37,42 +40,52 @@ def git(cwd: Path, *args: str) -> str:
                           text=True).stdout.strip()
 
 
-def _worker_commit(fleet: Fleet, task_id: str) -> tuple[Path, str]:
+def _worker_commit(worktree: Path, text: str = "the worker's work\n") -> str:
     """The worker's commit on its branch (made here, as a worker's Bash step would), then
-    the worktree folder deleted by hand. Returns (worktree, the commit)."""
-    task = fleet.get_task(task_id)
-    assert task.worktree is not None
-    worktree = Path(task.worktree)
-    (worktree / "work.txt").write_text("the worker's work\n")
+    the worktree folder deleted by hand. Returns the commit."""
+    (worktree / "work.txt").write_text(text)
     git(worktree, "add", "work.txt")
     git(worktree, "commit", "-q", "-m", "worker's commit")
     tip = git(worktree, "rev-parse", "HEAD")
     shutil.rmtree(worktree)
-    return worktree, tip
+    return tip
+
+
+def _worktree(fleet: Fleet, task_id: str) -> Path:
+    worktree = fleet.get_task(task_id).worktree
+    assert worktree is not None
+    return Path(worktree)
 
 
 @pytest.mark.real_claude
-@pytest.mark.parametrize("how", ["follow_up", "resume"])
 def test_resume_and_follow_up_reattach_the_branch_of_a_deleted_worktree(
-        git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint, how: str) -> None:
+        git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
+    """A follow-up, then a resume, each after the worktree was deleted with a new commit
+    on the branch: both start from the branch as it is (one task for both: the second
+    deletion leaves it as the first did, a branch whose worktree folder is gone)."""
     fleet = make_fleet(endpoint, claude_bin)
     task = run_one(fleet, git_repo, "[script:chat] talk to me")
     assert task.state == TaskState.SUCCEEDED and task.session_id
-    worktree, tip = _worker_commit(fleet, task.id)
-    if how == "follow_up":
-        fleet.follow_up(task.id, "and then?")
-    else:
-        fleet.retry(task.id, resume=True)
-    drive(fleet, settled(fleet, task.id))
-    done = fleet.get_task(task.id)
-    assert done.state == TaskState.SUCCEEDED, done.message
-    # the worker's commit is still the branch's tip, and the new worktree stands on it
-    assert git(git_repo, "rev-parse", f"fleet/{task.id}") == tip
-    assert done.worktree is not None and Path(done.worktree) == worktree
-    assert (worktree / "work.txt").read_text() == "the worker's work\n"
-    assert git(worktree, "rev-parse", "HEAD") == tip
-    assert git(worktree, "rev-parse", "--abbrev-ref", "HEAD") == f"fleet/{task.id}"
-    assert fleet.attempts(task.id)[-1].session_id == task.session_id
+    worktree = _worktree(fleet, task.id)
+    for n, how in enumerate(("follow_up", "resume"), 1):
+        work = f"the worker's work, {n}\n"
+        tip = _worker_commit(worktree, work)
+        assert not worktree.exists()
+        if how == "follow_up":
+            fleet.follow_up(task.id, "and then?")
+        else:
+            fleet.retry(task.id, resume=True)
+        drive(fleet, settled(fleet, task.id))
+        done = fleet.get_task(task.id)
+        assert done.state == TaskState.SUCCEEDED, (how, done.message)
+        # the worker's commit is still the branch's tip, and the new worktree stands on it
+        assert git(git_repo, "rev-parse", f"fleet/{task.id}") == tip, how
+        assert done.worktree is not None and Path(done.worktree) == worktree
+        assert (worktree / "work.txt").read_text() == work
+        assert git(worktree, "rev-parse", "HEAD") == tip, how
+        assert git(worktree, "rev-parse", "--abbrev-ref", "HEAD") == f"fleet/{task.id}"
+        assert fleet.attempts(task.id)[-1].session_id == task.session_id
+    assert [a.kind for a in fleet.attempts(task.id)][1:] == ["followup", "resume"]
 
 
 @pytest.mark.real_claude
@@ -80,7 +93,8 @@ def test_with_the_branch_gone_too_resume_is_refused_and_a_fresh_retry_resets(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
     fleet = make_fleet(endpoint, claude_bin)
     task = run_one(fleet, git_repo, "[script:chat] talk to me")
-    worktree, _ = _worker_commit(fleet, task.id)
+    worktree = _worktree(fleet, task.id)
+    _worker_commit(worktree)
     git(git_repo, "worktree", "prune")
     git(git_repo, "branch", "-D", f"fleet/{task.id}")
     for action in (lambda: fleet.follow_up(task.id, "and then?"),
@@ -100,13 +114,16 @@ def test_with_the_branch_gone_too_resume_is_refused_and_a_fresh_retry_resets(
     assert not (worktree / "work.txt").exists()
 
 
-@pytest.mark.real_claude
-def test_merge_of_a_deleted_worktree_is_a_refusal(git_repo: Path, claude_bin: str,
-                                                  endpoint: ScriptedEndpoint) -> None:
-    fleet = make_fleet(endpoint, claude_bin)
-    task = run_one(fleet, git_repo, "[script:chat] talk to me")
-    worktree, tip = _worker_commit(fleet, task.id)
-    env = dict(fleet.env, FLEET_TUI_HOME=os.environ["FLEET_TUI_HOME"])
+def test_merge_of_a_deleted_worktree_is_a_refusal(git_repo: Path) -> None:
+    """No worker takes part in a merge: the task is one as a finished worker leaves it
+    (landing_support.finished_task); the real claude's worker loses its worktree in the
+    tests above."""
+    with Store(paths.db_path()) as store:
+        task = finished_task(store, git_repo, "gone01")
+    assert task.worktree is not None
+    worktree = Path(task.worktree)
+    tip = _worker_commit(worktree)
+    env = dict(os.environ)
     out = subprocess.run([sys.executable, "-m", "fleet_tui.cli", "merge", task.id, "--yes"],
                          cwd=git_repo, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 4, out.stderr
