@@ -111,8 +111,11 @@ def test_update_conflict_then_the_worker_resolves_it_and_it_merges(
 
 def test_update_abort_and_refusals_leave_main_as_it_was(env: dict[str, str],
                                                        git_repo: Path) -> None:
-    first, second = run_copies(env, git_repo, "sameline", 2)
-    assert cli(env, git_repo, "merge", first, "--yes").returncode == 0
+    (second,) = run_copies(env, git_repo, "sameline", 1)
+    # main changes the line the worker changed (a landed copy's merge, as in the test
+    # above, would do the same; the abort and the refusals are this test's subject)
+    (git_repo / "src" / "app.py").write_text("def main():\n    return 'main'\n")
+    commit_all(git_repo, "main changes the same line")
     worktree = Path(show(env, git_repo, second)["worktree"])
     worktree_before = checkout_state(worktree)
     before = checkout_state(git_repo)

@@ -121,8 +121,11 @@ def test_two_copies_on_one_line_land_through_update_worker_and_merge(
 def test_update_aborted_puts_the_worktree_back_and_never_touches_main(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
     fleet = make_fleet(endpoint, claude_bin)
-    first, second = _copies(fleet, git_repo, "sameline", 2, "Return the place")
-    assert fleet.merge(first).merged
+    (second,) = _copies(fleet, git_repo, "sameline", 1, "Return the place")
+    # main changes the line the worker changed (a landed copy's merge, as in the test
+    # above, would do the same; the abort is this test's subject)
+    (git_repo / "src" / "app.py").write_text("def main():\n    return 'main'\n")
+    commit_all(git_repo, "main changes the same line")
     worktree = Path(fleet.get_task(second).worktree or "")
     worktree_before = checkout_state(worktree)
     before = checkout_state(git_repo)
