@@ -5,7 +5,8 @@ repository's real test command.
 Three copies of one prompt: each worker takes a slot (an atomic `mkdir` in a folder of the
 test) and writes notes.txt by it: slot 1 breaks the repository's tests (its test command
 fails on BROKEN), slot 2 passes with a larger change (5 lines), slot 3 passes with a
-smaller one (1 line). Which copy got which slot is read back from its worktree.
+smaller one (1 line). Which copy got which slot is read back from its worktree. Where two
+copies show the rule (none passes; a tie), two run.
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ def _settings(repo: Path, text: str) -> None:
     commit_all(repo, "the repository's settings")
 
 
-def run_copies(env: dict[str, str], repo: Path, script: str) -> list[str]:
+def run_copies(env: dict[str, str], repo: Path, script: str, copies: int = 3) -> list[str]:
     out = run_cli(env, repo, "run", f"[script:{script}] write notes", "--title",
-                  "Write notes", "--copies", "3", "--wait")
+                  "Write notes", "--copies", str(copies), "--wait")
     assert out.returncode == 0, out.stderr
     return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
 
@@ -161,15 +162,16 @@ def test_compare_ranks_and_pick_best_lands_the_smallest_passing_copy(
 def test_pick_best_refuses_when_no_copy_passes_and_lands_nothing(
         env: dict[str, str], git_repo: Path) -> None:
     _settings(git_repo, f'test_command = "{TEST_COMMAND}"\n')
-    ids = run_copies(env, git_repo, "allbad")
+    # two copies, both failing: each is named, and the one asked about is not taken
+    ids = run_copies(env, git_repo, "allbad", copies=2)
     before = checkout_state(git_repo)
     out = run_cli(env, git_repo, "pick", ids[1], "--best", "--wait", "--yes")
     assert out.returncode == 4, (out.stdout, out.stderr)
     assert "no copy passes" in out.stderr and "nothing was landed" in out.stderr
-    assert out.stderr.count("fails the test command") == 3
+    assert out.stderr.count("fails the test command") == 2
     assert checkout_state(git_repo) == before
     listed = {t["id"]: t for t in json.loads(run_cli(env, git_repo, "ls", "--json").stdout)}
-    assert [listed[i]["state"] for i in ids] == ["succeeded"] * 3
+    assert [listed[i]["state"] for i in ids] == ["succeeded"] * 2
     assert all(listed[i]["land_state"] is None for i in ids)
     out = run_cli(env, git_repo, "compare", ids[0])
     assert "no copy passes" in out.stdout
@@ -232,34 +234,36 @@ def _states(repo: Path, ids: list[str]) -> dict[str, str]:
 def test_tied_copies_are_all_best_and_pick_best_asks_or_takes_the_first_with_yes(
         env: dict[str, str], git_repo: Path) -> None:
     _settings(git_repo, f'test_command = "{TEST_COMMAND}"\n')
-    ids = run_copies(env, git_repo, "tie")
+    # two tied copies: the answer (the second) is taken, not the first
+    ids = run_copies(env, git_repo, "tie", copies=2)
     out = run_cli(env, git_repo, "compare", ids[0])
     rows = [line for line in out.stdout.splitlines() if line[:6].strip() in ids]
     assert [r.split()[:2] for r in rows] == [[i, "★1"] for i in ids]
     assert f"tied for best: {', '.join(ids)} (equal evidence)" in out.stdout
     before = checkout_state(git_repo)
     # no terminal to ask in, no --yes: refused, nothing queued or discarded
-    out = run_cli(env, git_repo, "pick", ids[2], "--best")
+    out = run_cli(env, git_repo, "pick", ids[1], "--best")
     assert out.returncode == 2 and "tied for best" in out.stderr, out.stderr
     assert f"pass --yes to take {ids[0]}" in out.stderr
-    assert states(env, git_repo, ids) == ["succeeded"] * 3
+    assert states(env, git_repo, ids) == ["succeeded"] * 2
     assert checkout_state(git_repo) == before
     # in a terminal it asks which one
     answer = _in_a_terminal(env, git_repo, ["pick", ids[0], "--best", "--wait"],
                             "which one to land?", ids[1], timeout=300)
     assert answer.returncode == 0, answer.output
     assert f"best: {ids[1]}: passes the tests" in answer.output
-    assert states(env, git_repo, ids) == ["discarded", "merged", "discarded"]
+    assert states(env, git_repo, ids) == ["discarded", "merged"]
 
 
 def test_pick_best_yes_takes_the_first_of_tied_copies(env: dict[str, str],
                                                        git_repo: Path) -> None:
     _settings(git_repo, f'test_command = "{TEST_COMMAND}"\n')
-    ids = run_copies(env, git_repo, "tie")
+    # two tied copies, the second named: the first is taken, the other discarded
+    ids = run_copies(env, git_repo, "tie", copies=2)
     out = run_cli(env, git_repo, "pick", ids[1], "--best", "--yes", "--wait", timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"best: {ids[0]}: ")
-    assert states(env, git_repo, ids) == ["merged", "discarded", "discarded"]
+    assert states(env, git_repo, ids) == ["merged", "discarded"]
 
 
 @dataclass
