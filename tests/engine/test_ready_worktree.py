@@ -40,7 +40,7 @@ SCRIPTS: dict[str, Any] = {
                     "description": "look around"}}],
         "ready",
     ], "followup": ["again: {prompt}"]},
-    # five of these at once: each holds its port a moment
+    # three of these at once: each holds its port a moment
     "port": [
         [{"type": "tool_use", "name": "Bash",
           "input": {"command": 'echo "$FLEET_PORT" > port.txt; sleep 3',
@@ -251,12 +251,12 @@ def test_a_bad_repo_file_fails_the_start_with_the_file_and_line(
     assert fleet.list_tasks() == [] and endpoint.requests == []
 
 
-def test_fleet_port_is_unique_across_five_concurrent_workers(
+def test_fleet_port_is_unique_across_three_concurrent_workers(
         git_repo: Path, claude_bin: str, endpoint: ScriptedEndpoint) -> None:
-    # five at once: every sample compares each running attempt's port with the others'
-    # (the store's refusal of a held port has its own test below)
-    fleet = make_fleet(endpoint, claude_bin, max_workers=5)
-    tasks = fleet.submit(TaskSpec(prompt="[script:port] hold", repo=git_repo), copies=5)
+    # three at once: every sample compares each running attempt's port with the others'
+    # (two suffice for a clash; the store's refusal of a held port has its own test below)
+    fleet = make_fleet(endpoint, claude_bin, max_workers=3)
+    tasks = fleet.submit(TaskSpec(prompt="[script:port] hold", repo=git_repo), copies=3)
     peak = {"running": 0}
 
     def sample() -> None:
@@ -271,8 +271,8 @@ def test_fleet_port_is_unique_across_five_concurrent_workers(
         assert done.state == TaskState.SUCCEEDED, done.message
         ports.append(int((Path(done.worktree or "") / "port.txt").read_text()))
         assert fleet.attempts(t.id)[-1].port == ports[-1]
-    assert len(set(ports)) == 5
-    assert peak["running"] >= 3  # they did run side by side
+    assert len(set(ports)) == 3
+    assert peak["running"] == 3  # they did run side by side, all three
     assert paths.db_path().exists()
 
 
