@@ -124,18 +124,20 @@ def test_a_start_that_never_begins_holds_the_next_ones_back_for_a_bound(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policy, "START_BOUND", 1.0)
     gates = shared(git_repo, "gates")
-    with first_pass(git_repo, claude_bin, gates, 4, max_workers=4,
+    # one task beyond the 2 slots, and a cap that would start it at once without them
+    with first_pass(git_repo, claude_bin, gates, 3, max_workers=3,
                     max_requests=2) as (fleet, ids, first):
         assert len(first) == 2
-        # the first two never begin (their setup waits): past the bound the next go on
-        drive(fleet, lambda: len(active(fleet, ids)) == 4, timeout=90)
+        # the first two never begin (their setup waits): past the bound the next goes on
+        drive(fleet, lambda: len(active(fleet, ids)) == 3, timeout=90)
         assert all(fleet.attempts(i)[-1].session_id is None for i in first)
 
 
+# 3 workers are one more than 2 slots would let start at once
 @pytest.mark.parametrize("overrides", [
     {"max_workers": 2, "max_requests": 2},  # the cap at the slots: the 2 workers' case
-    {"max_workers": 4, "max_requests": 0},  # no slots: any number in flight
-    {"max_workers": 4, "max_requests": 2, "gateway": False},  # direct: no slots at all
+    {"max_workers": 3, "max_requests": 0},  # no slots: any number in flight
+    {"max_workers": 3, "max_requests": 2, "gateway": False},  # direct: no slots at all
 ], ids=["cap-at-slots", "no-slots", "direct"])
 def test_without_more_workers_than_slots_all_start_at_once(
         git_repo: Path, claude_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
