@@ -339,7 +339,11 @@ def test_a_model_overload_moves_to_the_small_model_at_once(git_repo: Path,
 
 # --- after a reset: one start per resume_stagger, the parked sessions first -----------------
 
-STAGGER = 1.5
+# The endpoint must hear the parked session's resume first, and claude's own start (the
+# resume reads its session) takes a varying time under load: at 1.5 s, a fresh task
+# claimed at least 1.5 s after the parked one reached the endpoint 95 ms before its
+# resume, in a run of the whole suite on two cores. The stagger is a wait, not CPU.
+STAGGER = 3.0
 ONE_ANSWER: dict[str, Any] = {"real_turns": True, "turns": ["done"]}
 
 
