@@ -15,6 +15,7 @@ import json
 import math
 import os
 import sys
+import time
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -297,9 +298,15 @@ def test_load_reading_between_two_samples() -> None:
 def test_load_sample_reads_this_machine() -> None:
     first = LoadSample.take()
     total = 0
-    for i in range(300_000):  # some CPU work of our own
-        total += i * i
-    second = LoadSample.take()
+    # CPU work of our own until the process's CPU time shows it: the kernel counts it in
+    # clock ticks (10 ms), and ~25 ms of work on a loaded machine once read as none
+    deadline = time.monotonic() + 60
+    while True:
+        for i in range(100_000):
+            total += i * i
+        second = LoadSample.take()
+        if second.own > first.own or time.monotonic() > deadline:
+            break
     assert total > 0 and first.cores >= 1
     assert second.at > first.at and second.own > first.own
     assert first.load1 is not None and first.load1 >= 0
