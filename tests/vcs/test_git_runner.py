@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,19 +31,24 @@ print(json.dumps({"changed": changed, "merged": result.merged, "message": result
 """
 
 
-def test_a_task_made_diffed_and_merged_runs_git_without_gitpython(git_repo: Path) -> None:
+def _in_a_fresh_interpreter(script: str, repo: Path) -> dict[str, Any]:
+    """What `script` printed last (JSON), run in a new python on this checkout, in repo."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", LIFE, str(git_repo)], cwd=git_repo, env=env,
+    done = subprocess.run([sys.executable, "-c", script, str(repo)], cwd=repo, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.splitlines()[-1])
+    seen: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return seen
+
+
+def test_a_task_made_diffed_and_merged_runs_git_without_gitpython(git_repo: Path) -> None:
+    seen = _in_a_fresh_interpreter(LIFE, git_repo)
     assert seen["changed"] == ["new.txt"]
     assert seen["merged"], seen["message"]
     assert (git_repo / "new.txt").read_text() == "hello\n"
     assert seen["gitpython"] == [], "running git through vcs/ imported GitPython"
-
 
 
 # a file whose name is not UTF-8 (a worker's, written with Latin-1 bytes), through the same
@@ -63,13 +69,7 @@ print(json.dumps({"changed": changed, "merged": result.merged, "message": result
 
 def test_a_file_name_that_is_not_utf8_is_diffed_and_merged_as_its_bytes(
         git_repo: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
-        "PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", ODD_NAME, str(git_repo)], cwd=git_repo,
-                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.splitlines()[-1])
+    seen = _in_a_fresh_interpreter(ODD_NAME, git_repo)
     assert seen["changed"] == [b"caf\xe9.txt".hex()]
     assert seen["merged"], seen["message"]
     assert (os.fsencode(git_repo) + b"/caf\xe9.txt") in [
