@@ -86,17 +86,19 @@ def _poll(group_procs: Path, stop: threading.Event | None = None) -> None:
     at again on each poll until it has exec'd (or ended: then it counts as what it was,
     a copy of its parent)."""
     pending: set[str] = set()
+    # a pid in the group at the last look is the same process (one ended and handed out
+    # again within a look, 40 ms, is not a case): its start time is read once, not at
+    # every look
+    known: dict[str, str] = {}
     while stop is None or not stop.is_set():
         try:
             pids = group_procs.read_text().split()
         except OSError:
             pids = []
-        keys = set()
-        for pid in pids:
-            name = key(pid)
-            if name is None:
-                continue
-            keys.add(name)
+        known = {pid: name for pid in pids
+                 if (name := known.get(pid) or key(pid)) is not None}
+        keys = set(known.values())
+        for pid, name in known.items():
             if name in _seen and name not in pending:
                 continue
             kind = _kind(pid)
