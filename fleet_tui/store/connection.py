@@ -59,12 +59,42 @@ class Database:
 
     # --- connections and transactions ---------------------------------------------------------
 
+    def _file_id(self) -> tuple[int, int] | None:
+        """The database file's (device, inode) now; None while nothing is at its path."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
     def _connect(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid():
-            return conn
+        local = self._local
+        conn: sqlite3.Connection | None = getattr(local, "conn", None)
+        if conn is not None and local.pid == os.getpid():
+            now = self._file_id()
+            if now is None or now == local.file or conn.in_transaction:
+                return conn
+            # Another file is at the path now (a backup restored, a copy moved over it):
+            # this connection reads the one that was there, unlinked, for ever. Open the
+            # one that is there, as a new process would.
+            self._forget(conn)
         # No connection yet in this thread, or we are a forked child: a SQLite connection
         # must not cross fork(), so open a fresh one.
+        while True:
+            before = self._file_id()
+            conn = self._open()
+            if self._file_id() == before:  # not replaced while it was opened
+                break
+            self._forget(conn)
+        local = self._local
+        local.conn = conn
+        local.pid = os.getpid()
+        local.file = before
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(self.path, timeout=self.BUSY_TIMEOUT_MS / 1000,
                                    isolation_level=None, check_same_thread=False)
@@ -76,11 +106,16 @@ class Database:
         except sqlite3.DatabaseError as exc:
             raise unusable(self.path, exc) or StoreError(
                 f"cannot open the task database {self.path}: {exc}") from None
-        self._local.conn = conn
-        self._local.pid = os.getpid()
-        with self._all_lock:
-            self._all.append(conn)
         return conn
+
+    def _forget(self, conn: sqlite3.Connection) -> None:
+        """Close one of this Store's connections (this thread's) and drop it."""
+        with self._all_lock:
+            if conn in self._all:
+                self._all.remove(conn)
+        with contextlib.suppress(sqlite3.Error):
+            conn.close()
+        self._local.conn = None
 
     @staticmethod
     def _set_wal(conn: sqlite3.Connection) -> None:

@@ -670,3 +670,52 @@ def test_migration_adds_the_lost_attempts_table(tmp_path: Path) -> None:
         s.mark_swept("box", "old003", 1, 3, 20.0)
         assert s.lost_to_sweep("box") == []
         assert s.lost_to_sweep() == [("other", "old003", 2, "lost: host other unreachable")]
+
+
+def test_a_file_put_in_the_databases_place_is_read_by_every_thread(tmp_path: Path) -> None:
+    """Each thread keeps a connection; a database file replaced while they are open (a
+    backup restored, a stray copy moved over it) is what they read next, not the unlinked
+    one: here in this thread, in a thread that had a connection before, and as an error
+    that says so for a file that is not a database. An open transaction keeps its file."""
+    path = tmp_path / "fleet.db"
+    store = Store(path)
+    other = Store(tmp_path / "other.db")
+    try:
+        mine = store.create_task(prompt="on the first file", repo=REPO)
+        theirs = other.create_task(prompt="on the restored file", repo=REPO)
+        before: list[str] = []
+        after: list[Any] = []
+        go = threading.Event()
+
+        def reader() -> None:  # a pool thread's reads: one before the swap, one after
+            before.extend(t.id for t in store.list_tasks())
+            go.wait(30)
+            try:
+                after.extend(t.id for t in store.list_tasks())
+            except StoreError as exc:
+                after.append(exc)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert before == [mine.id]
+        other.close()
+        for suffix in ("-wal", "-shm"):  # the old file's log goes with it (it would be
+            Path(f"{path}{suffix}").unlink(missing_ok=True)  # read over the new one)
+        os.replace(tmp_path / "other.db", path)
+        go.set()
+        thread.join(30)
+        assert after == [theirs.id]
+        assert [t.id for t in store.list_tasks()] == [theirs.id]
+
+        (tmp_path / "garbage").write_bytes(b"not a database\n" * 100)
+        for suffix in ("-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        os.replace(tmp_path / "garbage", path)
+        with pytest.raises(StoreError, match="not a database"):
+            store.list_tasks()
+    finally:
+        store.close()
+        other.close()

@@ -101,14 +101,17 @@ def rig(claude_bin: str, git_repo: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
 
 
 async def wait_until(pilot: Pilot[Any], predicate: Callable[[], bool], *,
-                     timeout: float = 30.0, what: str = "the condition") -> None:
-    """Let the app run until ``predicate()`` holds (fails the test after ``timeout``)."""
+                     timeout: float = 30.0,
+                     what: str | Callable[[], str] = "the condition") -> None:
+    """Let the app run until ``predicate()`` holds (fails the test after ``timeout``);
+    ``what`` may be a function, to say what the app shows at that moment."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         await pilot.pause(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    said = what() if callable(what) else what
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {said}")
 
 
 ScreenT = TypeVar("ScreenT", bound=Screen[Any])
