@@ -676,7 +676,7 @@ def test_a_file_put_in_the_databases_place_is_read_by_every_thread(tmp_path: Pat
     """Each thread keeps a connection; a database file replaced while they are open (a
     backup restored, a stray copy moved over it) is what they read next, not the unlinked
     one: here in this thread, in a thread that had a connection before, and as an error
-    that says so for a file that is not a database. An open transaction keeps its file."""
+    that says so for a file that is not a database."""
     path = tmp_path / "fleet.db"
     store = Store(path)
     other = Store(tmp_path / "other.db")
