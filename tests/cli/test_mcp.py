@@ -16,15 +16,17 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from anyio import sleep as anyio_sleep
 from endpoint_helpers import cli_env, run_cli
-from mcp import ClientSession, StdioServerParameters, stdio_client
-from mcp.types import CallToolResult
 
 from fleet_tui.demo.endpoint import RecordedRequest, ScriptedEndpoint
+
+if TYPE_CHECKING:  # the SDK is imported where a session starts: ~0.35 s of each xdist
+    from mcp import ClientSession  # worker's collection otherwise
+    from mcp.types import CallToolResult
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-mcp-test-SECRET-5d1f"
@@ -189,6 +191,8 @@ def test_orchestrator_claude_runs_waits_reads_and_merges(
 async def _client(env: dict[str, str], cwd: Path, errlog: Path
                   ) -> AsyncIterator[ClientSession]:
     """`fleet-tui mcp` as Claude Code starts it: a child on stdio, in the project."""
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
     command = _server_command()
     params = StdioServerParameters(command=command[0], args=command[1:], env=env,
                                    cwd=str(cwd))

@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from fleet_tui.core import stream
 from fleet_tui.core.stream import (
@@ -455,35 +453,49 @@ def test_an_over_cap_line_is_one_malformed_event_without_unbounded_buffering() -
 
 # --------------------------------------------------------------------------- properties
 
-_line_pieces = st.one_of(
-    st.sampled_from(ALL_LINES),
-    st.binary(max_size=60),
-    st.sampled_from([b"", b"{", b"}", b"[1,2]", b'{"type":"result"}', b"\xff\xfe",
-                     b'{"type":"assistant","message":{"content":[{"type":"text"}]}}',
-                     b'{"type":"user","message":{"content":"hi"}}', b"null", b"NaN"]),
-)
+# Hypothesis is imported where these run, not when the module is collected: ~0.45 s of
+# each xdist worker's collection otherwise (every worker collects every module).
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(pieces=st.lists(_line_pieces, max_size=12),
-       seps=st.lists(st.sampled_from([b"\n", b"\r\n", b"", b"\n\n"]), min_size=12,
-                     max_size=12),
-       cuts=st.lists(st.integers(min_value=0, max_value=40_000), max_size=20))
-def test_same_events_whatever_the_chunking(pieces: list[bytes], seps: list[bytes],
-                                           cuts: list[int]) -> None:
-    data = b"".join(p + s for p, s in zip(pieces, seps, strict=False))
-    whole = decode_all(data)
-    assert same(feed_chunks(data, cuts), whole)
-    assert all(isinstance(e, stream.Event) and e.line_no >= 1 for e in whole)
+def test_same_events_whatever_the_chunking() -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    line_pieces = st.one_of(
+        st.sampled_from(ALL_LINES),
+        st.binary(max_size=60),
+        st.sampled_from([b"", b"{", b"}", b"[1,2]", b'{"type":"result"}', b"\xff\xfe",
+                         b'{"type":"assistant","message":{"content":[{"type":"text"}]}}',
+                         b'{"type":"user","message":{"content":"hi"}}', b"null", b"NaN"]),
+    )
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(pieces=st.lists(line_pieces, max_size=12),
+           seps=st.lists(st.sampled_from([b"\n", b"\r\n", b"", b"\n\n"]), min_size=12,
+                         max_size=12),
+           cuts=st.lists(st.integers(min_value=0, max_value=40_000), max_size=20))
+    def check(pieces: list[bytes], seps: list[bytes], cuts: list[int]) -> None:
+        data = b"".join(p + s for p, s in zip(pieces, seps, strict=False))
+        whole = decode_all(data)
+        assert same(feed_chunks(data, cuts), whole)
+        assert all(isinstance(e, stream.Event) and e.line_no >= 1 for e in whole)
+
+    check()
 
 
-@settings(max_examples=200, deadline=None)
-@given(data=st.binary(max_size=2000), cuts=st.lists(st.integers(0, 2000), max_size=10))
-def test_random_bytes_never_raise(data: bytes, cuts: list[int]) -> None:
-    whole = decode_all(data)
-    assert same(feed_chunks(data, cuts), whole)
-    lines = data.split(b"\n")
-    assert all(1 <= e.line_no <= len(lines) for e in whole)
+def test_random_bytes_never_raise() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=200, deadline=None)
+    @given(data=st.binary(max_size=2000), cuts=st.lists(st.integers(0, 2000), max_size=10))
+    def check(data: bytes, cuts: list[int]) -> None:
+        whole = decode_all(data)
+        assert same(feed_chunks(data, cuts), whole)
+        lines = data.split(b"\n")
+        assert all(1 <= e.line_no <= len(lines) for e in whole)
+
+    check()
 
 
 def test_random_chunks_over_the_whole_sample_corpus() -> None:
