@@ -119,6 +119,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(xdist_watch, "fleet-xdist-watch")
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """What the stopped test sshds' sessions left running ends with this pytest process
+    (tests/support/sshd.py: a session outlives its server, and the engine's ssh master
+    with it, 600 s)."""
+    import sshd
+
+    sshd.end_sessions()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """One full collection, then what survives it frozen (gc.freeze): pytest's own cleanup,
     which runs after this hook, collects five times more to find exceptions raised in

@@ -27,7 +27,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleet_tui.system import procs
+
 SSHD = "/usr/sbin/sshd"
+
+# The sessions of each sshd when it was stopped, (pid, start time): a session's sshd calls
+# setsid and outlives the listener, as on a machine whose sshd stops, and with it the
+# client's ControlPersist master (600 s). A test that stops a server mid-way wants that;
+# `end_sessions` (each pytest process's end, tests/conftest.py) ends what is left.
+_SESSIONS: list[tuple[int, str]] = []
 
 
 def missing() -> str | None:
@@ -156,6 +164,10 @@ class Sshd:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            for pid in procs.descendants(self.proc.pid):
+                start = procs.start_time(pid)
+                if start is not None:
+                    _SESSIONS.append((pid, start))
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(5)
@@ -163,3 +175,12 @@ class Sshd:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.proc = None
+
+
+def end_sessions() -> list[int]:
+    """SIGTERM to what the stopped servers' sessions left running (each checked by its
+    start time: never a pid handed out again): the pids signalled."""
+    ended = [pid for pid, start in _SESSIONS
+             if procs.is_alive(pid, start) and procs.signal_pid(pid, signal.SIGTERM)]
+    _SESSIONS.clear()
+    return ended
