@@ -692,38 +692,38 @@ def test_a_file_put_in_the_databases_place_is_read_by_every_thread(tmp_path: Pat
                 return got
             time.sleep(0.02)
 
+    def put_in_place(new: Path) -> None:  # the old file's log goes with it (it would be
+        for suffix in ("-wal", "-shm"):  # read over the new one)
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        os.replace(new, path)
+
     try:
         mine = store.create_task(prompt="on the first file", repo=REPO)
         theirs = other.create_task(prompt="on the restored file", repo=REPO)
         before: list[str] = []
         after: list[Any] = []
-        go = threading.Event()
+        read, go = threading.Event(), threading.Event()
 
         def reader() -> None:  # a pool thread's reads: one before the swap, then after
             before.extend(t.id for t in store.list_tasks())
+            read.set()
             go.wait(30)
             after.append(read_until([theirs.id]))
 
         thread = threading.Thread(target=reader)
         thread.start()
-        deadline = time.monotonic() + 30
-        while not before and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert read.wait(30)
         assert before == [mine.id]
         assert [t.id for t in store.list_tasks()] == [mine.id]  # this thread's connection
         other.close()
-        for suffix in ("-wal", "-shm"):  # the old file's log goes with it (it would be
-            Path(f"{path}{suffix}").unlink(missing_ok=True)  # read over the new one)
-        os.replace(tmp_path / "other.db", path)
+        put_in_place(tmp_path / "other.db")
         go.set()
         thread.join(30)
         assert after == [[theirs.id]]
         assert read_until([theirs.id]) == [theirs.id]
 
         (tmp_path / "garbage").write_bytes(b"not a database\n" * 100)
-        for suffix in ("-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
-        os.replace(tmp_path / "garbage", path)
+        put_in_place(tmp_path / "garbage")
         assert read_until(StoreError) is StoreError
         with pytest.raises(StoreError, match="not a database"):
             store.list_tasks()
