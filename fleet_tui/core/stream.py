@@ -24,7 +24,12 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-import msgspec
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from fleet_tui.core import wire
+
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """Longest line decoded; a longer one becomes a single Malformed event."""
@@ -261,96 +266,6 @@ class Malformed(Event):
     kind: ClassVar[str] = "malformed"
     raw: str = ""
     error: str = ""
-
-
-# --------------------------------------------------------------------------- wire shapes
-# Only the keys the events need; msgspec skips every other key without building it.
-
-
-class _Usage(msgspec.Struct):
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-
-
-class _Block(msgspec.Struct):
-    type: str = ""
-    text: str | None = None
-    thinking: str | None = None
-    id: str | None = None
-    name: str | None = None
-    input: Any = None
-    tool_use_id: str | None = None
-    content: Any = None
-    is_error: bool | None = None
-
-
-class _Message(msgspec.Struct):
-    id: str | None = None
-    model: str | None = None
-    content: list[_Block] | str | None = None
-    usage: _Usage | None = None
-
-
-class _System(msgspec.Struct, tag="system", tag_field="type"):
-    # Any, and checked when used: a system line is rare, and one odd value must not turn
-    # an init or a retry into an Unknown
-    subtype: Any = None
-    parent_tool_use_id: Any = None
-    session_id: Any = None
-    cwd: Any = None
-    model: Any = None
-    permissionMode: Any = None  # the wire name
-    claude_code_version: Any = None
-    tools: Any = None
-    attempt: Any = None
-    max_retries: Any = None
-    retry_delay_ms: Any = None
-    error_status: Any = None
-    error: Any = None
-    status: Any = None
-    # fleet_setup (fleet-tui's own setup step)
-    phase: Any = None
-    command: Any = None
-    exit_code: Any = None
-    output: Any = None
-    copied: Any = None
-    skipped: Any = None
-    seconds: Any = None
-    # fleet_blocked (what the cage refused)
-    action: Any = None
-    target: Any = None
-    detail: Any = None
-
-
-class _Assistant(msgspec.Struct, tag="assistant", tag_field="type"):
-    message: _Message
-    parent_tool_use_id: str | None = None
-    error: Any = None
-
-
-class _User(msgspec.Struct, tag="user", tag_field="type"):
-    message: _Message
-    parent_tool_use_id: str | None = None
-    isReplay: Any = None  # the wire name: claude echoes a user message it took in
-
-
-class _Result(msgspec.Struct, tag="result", tag_field="type"):
-    pass
-
-
-class _StreamEvent(msgspec.Struct, tag="stream_event", tag_field="type"):
-    event: Any = None
-    parent_tool_use_id: str | None = None
-
-
-class _RateLimitEvent(msgspec.Struct, tag="rate_limit_event", tag_field="type"):
-    rate_limit_info: Any = None
-    parent_tool_use_id: str | None = None
-
-
-_Line = _System | _Assistant | _User | _Result | _StreamEvent | _RateLimitEvent
-_DECODER = msgspec.json.Decoder(_Line)
-_decode_any = msgspec.json.Decoder().decode  # untyped: the whole object as dicts and lists
 
 
 # --------------------------------------------------------------------------- summaries
@@ -592,7 +507,8 @@ def _count(value: int | None) -> int:
 def _bounded_json(value: Any, limit: int) -> str:
     """JSON text of a decoded value, cut to `limit` characters ('' if it cannot be written)."""
     try:
-        return msgspec.json.encode(value)[:limit * 4].decode("utf-8", "replace")[:limit]
+        encoded: bytes = _wire().encode(value)
+        return encoded[:limit * 4].decode("utf-8", "replace")[:limit]
     except Exception:  # too deep, or a lone surrogate: there is nothing worth a first line
         return ""
 
@@ -692,6 +608,19 @@ def _partial_text(event: Any) -> tuple[str, str | None]:
 
 
 # --------------------------------------------------------------------------- decoder
+
+
+_WIRE: Any = None  # core/wire.py once a line was decoded (msgspec loads with it)
+
+
+def _wire() -> ModuleType:
+    """The wire shapes' module, loaded at the first use (see core/wire.py for why)."""
+    global _WIRE
+    if _WIRE is None:
+        from fleet_tui.core import wire
+
+        _WIRE = wire
+    return _WIRE  # type: ignore[no-any-return]
 
 
 class StreamDecoder:
@@ -803,15 +732,16 @@ class StreamDecoder:
             out.append(self._too_long(line, len(line)))
             return
         try:
-            obj: Any = _DECODER.decode(line)
+            obj: Any = (_WIRE or _wire()).DECODER.decode(line)
         except Exception:  # DecodeError/ValidationError; RecursionError for deep nesting
             self._decode_slow(line, out)
             return
         try:
+            w = _WIRE
             cls = type(obj)  # the two commonest kinds first, without a further call
-            if cls is _Assistant:
+            if cls is w.Assistant:
                 self._assistant(obj, self._line_no, out)
-            elif cls is _User:
+            elif cls is w.User:
                 self._user(obj, self._line_no, out)
             else:
                 self._emit(obj, line, None, out)
@@ -841,7 +771,7 @@ class StreamDecoder:
         if has_surrogate_escape(text):
             data = scrub_surrogates(data)
         try:
-            obj = msgspec.convert(data, _Line)
+            obj = _wire().convert(data)
         except Exception:  # ValidationError: valid JSON of another shape
             kind = data.get("type") if isinstance(data, dict) else None
             out.append(Unknown(line_no=self._line_no, type=kind if isinstance(kind, str) else "",
@@ -855,22 +785,23 @@ class StreamDecoder:
 
     def _emit(self, obj: Any, line: bytes, data: Any, out: list[Event]) -> None:
         line_no = self._line_no
+        w = _wire()
         cls = type(obj)
-        if cls is _Assistant:
+        if cls is w.Assistant:
             self._assistant(obj, line_no, out)
-        elif cls is _User:
+        elif cls is w.User:
             self._user(obj, line_no, out)
-        elif cls is _System:
+        elif cls is w.System:
             self._system(obj, line, data, line_no, out)
-        elif cls is _Result:
+        elif cls is w.Result:
             if data is None:
-                data = _decode_any(line)  # raises only on a line nested too deep: Malformed
+                data = w.decode_any(line)  # raises only on a line nested too deep: Malformed
             out.append(_result_event(data, line_no))
-        elif cls is _StreamEvent:
+        elif cls is w.StreamEvent:
             etype, text = _partial_text(obj.event)
             out.append(Partial(line_no=line_no, parent_tool_use_id=obj.parent_tool_use_id,
                                event_type=etype, text=text, data=obj.event))
-        elif cls is _RateLimitEvent:
+        elif cls is w.RateLimitEvent:
             info = obj.rate_limit_info
             info_d = info if isinstance(info, dict) else {}
             out.append(RateLimit(
@@ -881,7 +812,7 @@ class StreamDecoder:
                                                    info_d.get("rate_limit_type"))),
                 data=info))
 
-    def _assistant(self, obj: _Assistant, line_no: int, out: list[Event]) -> None:
+    def _assistant(self, obj: wire.Assistant, line_no: int, out: list[Event]) -> None:
         msg = obj.message
         parent = obj.parent_tool_use_id
         usage = msg.usage
@@ -921,9 +852,9 @@ class StreamDecoder:
             else:
                 out.append(Unknown(line_no=line_no, parent_tool_use_id=parent,
                                    type=f"assistant/{btype}",
-                                   data=msgspec.structs.asdict(block)))
+                                   data=_wire().as_dict(block)))
 
-    def _user(self, obj: _User, line_no: int, out: list[Event]) -> None:
+    def _user(self, obj: wire.User, line_no: int, out: list[Event]) -> None:
         content = obj.message.content
         cwd = self.cwd
         if obj.isReplay is True and obj.parent_tool_use_id is None:
@@ -947,7 +878,7 @@ class StreamDecoder:
                                   exit_code=bash_exit_code(text, is_error)
                                   if name == "Bash" else None))
 
-    def _system(self, obj: _System, line: bytes, data: Any, line_no: int,
+    def _system(self, obj: wire.System, line: bytes, data: Any, line_no: int,
                 out: list[Event]) -> None:
         subtype = obj.subtype
         parent = _as_str(obj.parent_tool_use_id)
@@ -988,7 +919,7 @@ class StreamDecoder:
         else:
             if data is None:
                 try:
-                    data = _decode_any(line)
+                    data = _wire().decode_any(line)
                 except Exception:  # RecursionError: a key the typed shape skipped nests deep
                     data = None
             out.append(Unknown(line_no=line_no, parent_tool_use_id=parent,
