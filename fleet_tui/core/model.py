@@ -8,7 +8,6 @@ states they move through are states.py's table (TaskState, LandState, Verdict).
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +27,8 @@ ID_LENGTH = 6
 
 def new_task_id() -> str:
     """A random 6-char id from [0-9a-z] (uniqueness is checked on insert)."""
+    import secrets  # here: it loads hmac, hashlib and random, for a submit alone
+
     return "".join(secrets.choice(ID_ALPHABET) for _ in range(ID_LENGTH))
 
 

@@ -16,7 +16,6 @@ store, no outcome, no stream parser.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -376,6 +375,8 @@ def automatic_attempt(task: Task, attempts: Sequence[Attempt]) -> tuple[str, str
 def settings_key(settings: Settings) -> str:
     """A fingerprint of the settings an account or key problem was met with (never the key
     itself): a hold is lifted when the settings it was met with change."""
+    import hashlib  # here: OpenSSL's load is a cost of each command's start otherwise
+
     parts = (settings.base_url, settings.model, settings.small_model,
              ",".join(settings.key_sources), settings.keyring_service, settings.keyring_key)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]

@@ -10,7 +10,6 @@ import dataclasses
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -211,6 +210,8 @@ class Branches(Part):
             return git.diff(worktree, base, secrets=found)
         # Not resolved lately: look the key up while git diff runs (the panel's first
         # paint of a diff waits for both).
+        from concurrent.futures import ThreadPoolExecutor  # here: a merge's alone
+
         with ThreadPoolExecutor(1, thread_name_prefix="fleet-key") as pool:
             resolving = pool.submit(self.secrets.get)
             result = git.diff(worktree, base)

@@ -20,7 +20,6 @@ host runs nothing; a remote host would need the gateway reachable from there).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import logging
 import os
@@ -144,6 +143,8 @@ class GatewayLink:
         it any (or it is not the gateway this engine handed them to), or `force`d (an
         attempt's start: the gateway forgets a route's key once no live token maps to it,
         so a route used again is handed again)."""
+        import hashlib  # here: a command that never hands the gateway keys never loads it
+
         routes = [route for route, _key in self._mine.values()]
         keys = {ident: key for ident, (_route, key) in self._mine.items()}
         data = control.handover(routes, keys)

@@ -21,11 +21,9 @@ instead of running the tests twice.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import subprocess
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -55,6 +53,10 @@ from fleet_tui.system import paths
 from fleet_tui.system.files import write_json_atomic
 from fleet_tui.system.spawn import spawn_detached
 from fleet_tui.vcs import git, repolock
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["RANK_RUNNER_MODULE", "Best", "NonePassed"]
 
@@ -118,6 +120,8 @@ class Best(Part):
         parts = [str(task.state), repr(task.finished_at), str(task.attempt_count),
                  task.base_commit, tip, head, ",".join(task.conflicts),
                  commands[0] or "", *commands[1]]
+        import hashlib  # here: OpenSSL loads for a command that ranks alone
+
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
     # --- gathering ----------------------------------------------------------------------------
@@ -179,6 +183,8 @@ class Best(Part):
         # the commands run up to the cap at once; each copy's git work (diff, preview,
         # comments) runs beside its commands, so the gathering takes about as long as
         # the slowest command
+        from concurrent.futures import ThreadPoolExecutor  # here: a ranking's alone
+
         with ThreadPoolExecutor(cap, thread_name_prefix="fleet-rank") as pool, \
                 ThreadPoolExecutor(2 * len(todo), thread_name_prefix="fleet-rank-git") as side:
             found = list(pool.map(lambda item: self._one(item[0], item[1], side), todo))

@@ -11,8 +11,6 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,10 @@ from fleet_tui.settings.watch import file_stamp, settled
 from fleet_tui.store import budgets
 from fleet_tui.store.db import StoreError
 from fleet_tui.system import paths
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["START_THREADS", "Scheduler"]
 
@@ -208,6 +210,9 @@ class Scheduler(Part):
         # runners are made in parallel; the tick returns once every one has started or
         # failed. Meanwhile the claims not yet started are kept fresh (claimed_at), the
         # heartbeat by which an engine on another host tells a slow start from a dead one.
+        from concurrent.futures import ThreadPoolExecutor  # here: a pass that starts several
+        from concurrent.futures import wait as futures_wait
+
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=START_THREADS,
                                             thread_name_prefix="fleet-start")

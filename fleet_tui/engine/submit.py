@@ -4,7 +4,6 @@ before anything is stored), then stored queued, as one task or as copies of one 
 from __future__ import annotations
 
 import dataclasses
-import secrets
 from pathlib import Path
 
 from fleet_tui.core import titles
@@ -102,7 +101,11 @@ class Submissions(Part):
             base = git.resolve_base(repo, base_ref)
         title = titles.task_title(spec.title, prompt)
         # copies of one prompt share a group (the compare view and pick find them by it)
-        group_id = f"g{secrets.token_hex(6)}" if copies > 1 else None
+        group_id = None
+        if copies > 1:
+            import secrets  # here: hmac, hashlib and random load for copies alone
+
+            group_id = f"g{secrets.token_hex(6)}"
         tasks: list[Task] = []
         for i in range(copies):
             tasks.append(self.store.create_task(

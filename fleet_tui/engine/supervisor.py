@@ -20,8 +20,6 @@ import itertools
 import json
 import logging
 import os
-import secrets
-import socket
 import threading
 import time
 import weakref
@@ -53,7 +51,7 @@ log = logging.getLogger("fleet_tui.engine.fleet")
 LOST_LOOK = 5.0  # seconds between two looks in the store for hosts with lost attempts
 START_GRACE = 60.0  # a claim by another host's engine with no heartbeat for this long is dead
 
-_HOST = socket.gethostname()
+_HOST = os.uname().nodename  # gethostname's answer, without loading socket
 # the supervisors of this process by owner string: a claim by one of them that no longer
 # exists is abandoned even though the process lives
 _LIVE_OWNERS: weakref.WeakValueDictionary[str, Supervisor] = weakref.WeakValueDictionary()
@@ -350,6 +348,8 @@ class Supervisor:
                          worktree: Path, model: str | None, port: int, resume: str | None,
                          ready: Any, overrides: dict[str, Any], runner_env: dict[str, str],
                          now: float) -> Attempt:
+        import secrets  # here: it loads hmac, hashlib and random, for a start alone
+
         spec = RunSpec(cwd=str(worktree), prompt=attempt.prompt or task.prompt,
                        config_dir=str(placement.config_dir), args=list(task.extra_args),
                        model=model, permission_mode=task.permission_mode,

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -306,6 +305,8 @@ def _write_checked(config_file: Path, new: str, expected: dict[str, object]) -> 
         mode = config_file.stat().st_mode & 0o7777
     except FileNotFoundError:
         mode = 0o600
+    import tempfile  # here: `host add` and `rm` alone write the file
+
     fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".toml", dir=config_file.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:

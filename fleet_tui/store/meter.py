@@ -9,9 +9,7 @@ its cost in USD when the price table knows the model (None when it does not)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,6 +22,8 @@ TOKEN_PREFIX = "fleet-gw-"
 
 
 def token_hash(token: str) -> str:
+    import hashlib  # here, as each hashlib user: OpenSSL loads for a command that hashes
+
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
 
 
@@ -135,6 +135,8 @@ class Meter:
              now: float | None = None, *, route: dict[str, Any] | None = None) -> str:
         """A new token for an attempt; only its hash is stored, with the route it maps to
         for the attempt's life (`route`: a record without a key)."""
+        import secrets  # here, as hashlib
+
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self.store.transaction() as conn:
             conn.execute(

@@ -11,7 +11,6 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -186,6 +185,8 @@ def _summary_and_patch(cwd: Path, commits: tuple[str, ...],
     def run(*extra: str) -> str:
         return _out(cwd, "--no-optional-locks", *_DIFF_OPTS, *extra, *commits, "--",
                     env=env, what="git diff")
+
+    from concurrent.futures import ThreadPoolExecutor  # here: a diff's alone
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         summary = pool.submit(run, "--raw", "--numstat", "-z")

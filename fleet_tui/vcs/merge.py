@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets as secrets_mod
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -390,6 +389,8 @@ def _land(repo: Path, plan: _Plan, branch: str, base_branch: str, *, title: str,
         return MergeResult(False, None, (
             f"{base_branch} moved to {before.head[:10]} while the merge was being checked; "
             "nothing was merged, try again"), test_output, reason="moved")
+    import secrets as secrets_mod  # here: hmac, hashlib and random, for a merge alone
+
     intent: dict[str, object] = {
         "branch": branch, "base_branch": base_branch, "side": plan.side,
         "base_tip": plan.base_tip, "tree": plan.tree, "strategy": strategy,
