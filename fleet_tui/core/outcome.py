@@ -23,6 +23,7 @@ from typing import Any
 
 from fleet_tui.core import providers
 from fleet_tui.core.errors import EXIT_MISSING
+from fleet_tui.core.lazyre import Lazy
 from fleet_tui.core.states import StopReason
 from fleet_tui.core.states import Verdict as Verdict  # re-exported: outcome.Verdict
 from fleet_tui.core.stream import (
@@ -68,19 +69,19 @@ _TEXT_MAX = 160
 
 # stderr lines that mean claude refused to start (nothing was sent to the endpoint)
 _REFUSAL_PATTERNS = (
-    re.compile(r"cannot be used with root/sudo privileges", re.I),
-    re.compile(r"^error: (unknown|unexpected|missing|too many|option|required)", re.I | re.M),
-    re.compile(r"^error: .*(option|argument)", re.I | re.M),
-    re.compile(r"requires --verbose", re.I),
-    re.compile(r"^Error: (When using|Invalid|Unknown|--)", re.M),
+    Lazy(r"cannot be used with root/sudo privileges", re.I),
+    Lazy(r"^error: (unknown|unexpected|missing|too many|option|required)", re.I | re.M),
+    Lazy(r"^error: .*(option|argument)", re.I | re.M),
+    Lazy(r"requires --verbose", re.I),
+    Lazy(r"^Error: (When using|Invalid|Unknown|--)", re.M),
 )
-_API_STATUS_IN_TEXT = re.compile(r"API Error: (?:[^0-9\n]{0,40}\()?([0-9]{3})\b")
-_TIMEOUT_TEXT = re.compile(r"\b(request )?timed out\b|\btimeout\b", re.I)
+_API_STATUS_IN_TEXT = Lazy(r"API Error: (?:[^0-9\n]{0,40}\()?([0-9]{3})\b")
+_TIMEOUT_TEXT = Lazy(r"\b(request )?timed out\b|\btimeout\b", re.I)
 # claude's words when no connection could be made at all, against a closed port: CLI
 # 2.1.197 "API Error: Unable to connect to API (ConnectionRefused)", 2.1.332 "API Error:
 # Connection refused — a firewall or proxy may be blocking it (ECONNREFUSED)"; the SDK's
 # own: "Connection error."
-_UNREACHABLE_TEXT = re.compile(r"Unable to connect to API|\bConnection (error|refused)\b|"
+_UNREACHABLE_TEXT = Lazy(r"Unable to connect to API|\bConnection (error|refused)\b|"
                                r"\bECONNREFUSED\b|\bConnectionRefused\b")
 # claude's words when a connection it had closed in the middle of an answer (CLI 2.1.197
 # "API Error: Connection closed mid-response. The response above may be incomplete.";
@@ -88,7 +89,7 @@ _UNREACHABLE_TEXT = re.compile(r"Unable to connect to API|\bConnection (error|re
 # restarted. The CLI falls back to a request of its own only while no block of the answer
 # has ended; later it gives up at once. Transient, as a refused connection is: the session
 # is resumed once what was cut is back.
-_CUT_TEXT = re.compile(r"Connection closed mid-response|\bsocket hang up\b|\bECONNRESET\b")
+_CUT_TEXT = Lazy(r"Connection closed mid-response|\bsocket hang up\b|\bECONNRESET\b")
 
 
 def _clip(text: str, limit: int = _TEXT_MAX) -> str:
@@ -106,7 +107,7 @@ def _last_line(text: str) -> str:
 # excerpt and a caret above the error line and stack frames and its version banner below
 # it ("Bun v1.4.0 (Linux x64 baseline)" is the last line); its crash report (a panic)
 # wraps the panic line in a header and a link; minified code is one huge line.
-_NOISE_LINE = re.compile(
+_NOISE_LINE = Lazy(
     r"\s*$"
     r"|\s*at\s"                       # stack frame: `at fn (/$bunfs/root/src/cli.js:477:6)`
     r"|\s*\d+\s?\|"                   # source excerpt: `472 | function ...`
@@ -118,7 +119,7 @@ _NOISE_LINE = re.compile(
     r"|\s*https?://\S+\s*$",
 )
 _NOISE_LENGTH = 1000  # longer lines are code or data dumps, not a message
-_ERROR_LINE = re.compile(
+_ERROR_LINE = Lazy(
     r"(?i:\b\w*error\b|\bpanic\b|\buncaught\b|\bexception\b|\bfatal\b"
     r"|segmentation fault|out of memory|bubblewrap is required|permission denied"
     r"|no space left)"

@@ -17,7 +17,8 @@ zone when it does, else the latest. A time that has passed, lies outside the win
 not a time gives no reset, and says why.
 
 Pure and cheap: standard library only, no clock of its own (callers pass `now`), so the
-policy and the CLI can use it and tests are tables.
+policy and the CLI can use it and tests are tables; its patterns are compiled at their first
+use (core/lazyre.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from enum import StrEnum
+
+from fleet_tui.core.lazyre import Lazy
 
 __all__ = ["CODES", "REJECTED_KEY", "USAGE_LIMIT", "Code", "Kind", "Reading", "Signal",
            "clock_text", "identify", "rate_limit_signal", "read_reset", "retry_after",
@@ -75,7 +78,7 @@ class Code:
     what: str  # a few words: "5-hour window", "account in arrears"
     advice: str = ""  # what the user should do (stops), or what the fleet does
     window: float | None = None  # a window code: its length in seconds
-    patterns: tuple[re.Pattern[str], ...] = ()  # the message's words (en, zh)
+    patterns: tuple[Lazy, ...] = ()  # the message's words (en, zh), compiled at first use
     zones: tuple[float, ...] = ()  # the provider's own UTC offsets, in hours
 
     @property
@@ -86,8 +89,8 @@ class Code:
         return self.what
 
 
-def _rx(*patterns: str) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p, re.I) for p in patterns)
+def _rx(*patterns: str) -> tuple[Lazy, ...]:
+    return tuple(Lazy(p, re.I) for p in patterns)
 
 
 Z = "z.ai"
@@ -180,21 +183,21 @@ _BY_CODE = {c.code: c for c in CODES if c.provider == Z}
 _ANTHROPIC = {c.code: c for c in CODES if c.provider == "anthropic"}
 
 # a business code written into the text: `"code":"1308"`, `[1308]`, `code 1308`
-_CODE_IN_TEXT = re.compile(r'"code"\s*:\s*"?(1\d{3})"?|\[(1\d{3})\]|\bcode[ :=#]+(1\d{3})\b',
+_CODE_IN_TEXT = Lazy(r'"code"\s*:\s*"?(1\d{3})"?|\[(1\d{3})\]|\bcode[ :=#]+(1\d{3})\b',
                            re.I)
-_CLI_PREFIX = re.compile(r"^\s*(?:Failed to authenticate\.\s*)?API Error:\s*"
+_CLI_PREFIX = Lazy(r"^\s*(?:Failed to authenticate\.\s*)?API Error:\s*"
                          r"(?:Request rejected \(\d{3}\)\s*·\s*|\d{3}\s+)?")
-_CLI_SUFFIX = re.compile(r"\.?\s*This is a server-side issue, usually temporary.*$", re.S)
-_RESET = re.compile(r"(?:reset|resets)\s+(?:at|on)\s+(\S+(?:[ T]\d{1,2}:\d{2}(?::\d{2})?"
+_CLI_SUFFIX = Lazy(r"\.?\s*This is a server-side issue, usually temporary.*$", re.S)
+_RESET = Lazy(r"(?:reset|resets)\s+(?:at|on)\s+(\S+(?:[ T]\d{1,2}:\d{2}(?::\d{2})?"
                     r"(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)"
                     r"|限额将在\s*(\d{4}-\d{2}-\d{2}[ T]\d{1,2}:\d{2}(?::\d{2})?)\s*重置"
                     r"|usage limit reached\|(\d{10,13})", re.I)
-_WINDOW_LEN = re.compile(r"(?:limit reached for|达到)\s*(\d{1,3})\s*"
+_WINDOW_LEN = Lazy(r"(?:limit reached for|达到)\s*(\d{1,3})\s*"
                          r"(minute|hour|day|week|month|分钟|小时|天|周|月)", re.I)
 _UNITS = {"minute": MINUTE, "hour": HOUR, "day": DAY, "week": WEEK, "month": MONTH,
           "分钟": MINUTE, "小时": HOUR, "天": DAY, "周": WEEK, "月": MONTH}
 _UNIT_WORDS = {MINUTE: "minute", HOUR: "hour", DAY: "day", WEEK: "week", MONTH: "month"}
-_RETRY_AFTER = re.compile(r"asked to wait (\d+(?:\.\d+)?) s \(retry-after\)")
+_RETRY_AFTER = Lazy(r"asked to wait (\d+(?:\.\d+)?) s \(retry-after\)")
 
 
 def retry_after_text(seconds: float) -> str:
@@ -206,7 +209,7 @@ def retry_after(text: str | None) -> float | None:
     """The wait a message says the endpoint asked for, if it says one."""
     found = _RETRY_AFTER.search(text or "")
     return float(found.group(1)) if found else None
-_STATUS = re.compile(r"\((\d{3})\)|API Error:\s*(\d{3})\b|\bHTTP (\d{3})\b")
+_STATUS = Lazy(r"\((\d{3})\)|API Error:\s*(\d{3})\b|\bHTTP (\d{3})\b")
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +235,7 @@ class Signal:
 
 def _sentence(text: str) -> tuple[str, str | None]:
     """The provider's own words in a result text, and a business code written in it."""
-    body = _CLI_SUFFIX.sub("", _CLI_PREFIX.sub("", text.strip(), count=1)).strip()
+    body = _CLI_SUFFIX.sub("", _CLI_PREFIX.sub("", text.strip(), 1)).strip()
     code = None
     start = body.find("{")
     if start >= 0:  # a raw JSON body: {"error": {"code": ..., "message": ...}}
