@@ -643,7 +643,6 @@ def after_attempt(task: Task, attempts: Sequence[Attempt], verdict: str, message
     verdicts: list[str | None] = [a.verdict for a in attempts]
     if verdicts:
         verdicts[-1] = verdict
-    signal = providers.identify(message)
     asked = providers.retry_after(message) or 0.0
     if verdict == Verdict.OK:
         return Next(TaskState.SUCCEEDED, message, effect=Effect("ok"))
@@ -656,6 +655,9 @@ def after_attempt(task: Task, attempts: Sequence[Attempt], verdict: str, message
         what = "the budget" if verdict == Verdict.BUDGET else "a fleet-tui with its key"
         return Next(TaskState.WAITING, f"{message} — waits for {what}, then resumes"
                     f"{resumes}", now + PAUSE_RECHECK)
+    # the refusal's row: read only here, past the ends that need none (a success reads no
+    # provider's pattern, each compiled at its first use)
+    signal = providers.identify(message)
     override: str | None = None
     if verdict == Verdict.WINDOW:
         if signal is not None:
