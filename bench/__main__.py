@@ -125,17 +125,32 @@ def _stop_on_signals() -> Callable[[], None]:
     return restore
 
 
-def _stop_leftovers(grace: float = 5.0) -> list[int]:
+def _stop_leftovers(grace: float = 5.0, deadline: float = 60.0) -> list[int]:
     """Stop every process this run started that still lives: its descendants, those it
     adopted as a child subreaper among them (a Ray node's daemons, a detached worker):
-    SIGTERM to each, SIGKILL after `grace` to those still alive, then reap them."""
+    SIGTERM to each, SIGKILL after `grace` to those still alive, then reap them; and again,
+    until none is left (for `deadline` seconds at most, then SIGKILL to what is left): a
+    process born or orphaned while the others stop is not in the first look. A caged
+    worker's bubblewrap, just started by its cage host as the stop came, was one: the
+    SIGTERM ended bwrap's outer process before the namespace's init (cloned after that
+    look) had armed its parent-death signal, and that init, deaf to a SIGTERM from outside
+    its namespace, outlived the runner (SIGKILLed here at the grace, when its own SIGKILL of
+    it was due) and was adopted here. Returns the pids stopped."""
     from fleet_tui.system import procs
 
-    left = procs.descendants(os.getpid())
-    if left:
+    procs.set_child_subreaper()  # whatever a benchmark did with it: the orphans come here
+    stopped: dict[int, None] = {}
+    give_up = time.monotonic() + deadline
+    while left := procs.descendants(os.getpid()):
+        stopped.update(dict.fromkeys(left))
+        if time.monotonic() >= give_up:
+            for pid in left:
+                procs.signal_pid(pid, signal.SIGKILL)
+            break
         procs.stop(left, grace)
+        procs.reap_children()
     procs.reap_children()
-    return left
+    return list(stopped)
 
 
 def run_one(name: str, *, smoke: bool, runs: int | None, long: bool = False

@@ -6,6 +6,9 @@ own, so a signal to the bench's process group misses them), the gateway, the wor
 Each test starts a real benchmark (smoke sizes) with a mark in its environment, which
 every process it starts inherits; once the benchmark's own processes are up it signals
 the bench process alone, then waits (with a deadline) until no marked process is left.
+
+A process can be born or orphaned while the stop is under way: the stop looks again until
+none is left (`test_a_process_born_during_the_stop_is_stopped_too`, without a benchmark).
 """
 
 from __future__ import annotations
@@ -110,3 +113,63 @@ def test_stopped_ray_run_leaves_no_cluster(tmp_path: Path, claude_bin: str) -> N
             pytest.fail(why)
         pytest.skip(why)
     _stop_mid_run(tmp_path, "ray", "raylet", signal.SIGTERM, claude_bin)
+
+
+# A worker as the stop finds it when its cage host has just started bubblewrap: the SIGTERM
+# ends bwrap's outer process before the namespace's init (its clone, born after the bench's
+# look) has armed its parent-death signal; the init lives on, deaf to a SIGTERM from outside
+# its namespace, and the runner would SIGKILL it only at its kill grace, no sooner than the
+# bench's SIGKILL of the runner. Here: a SIGTERM makes the worker leave such a process.
+WORKER = """
+import os, signal, sys, time
+
+def on_term(signum, frame):
+    if os.fork() == 0:  # born during the stop, deaf to SIGTERM, never killed by its parent
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(60)
+    os._exit(0)  # as bwrap's outer process: ended by the SIGTERM, its child left behind
+signal.signal(signal.SIGTERM, on_term)
+print("up", flush=True)
+while True:
+    time.sleep(60)
+"""
+
+# `python -m bench`'s stop, as main() runs it after a SIGTERM: a child subreaper, its
+# benchmark's processes up, then `_stop_leftovers` (a grace of 2 s: time enough, on a
+# loaded machine, for the worker to fork before a SIGKILL would make the test moot)
+STOPPER = """
+import subprocess, sys
+from bench.__main__ import _stop_leftovers
+from fleet_tui.system import procs
+
+procs.set_child_subreaper()
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+assert worker.stdout.readline() == b"up\\n"
+print(len(_stop_leftovers(grace=2.0)), flush=True)
+"""
+
+
+def test_a_process_born_during_the_stop_is_stopped_too() -> None:
+    """A process born (or orphaned) after the stop first looked is stopped too: a single
+    look left a caged worker's bubblewrap behind, adopted by the bench once its runner was
+    killed, and alive after the bench ended."""
+    if procs.PORTABLE:
+        pytest.skip("the stop adopts orphans as a child subreaper: a Linux extra")
+    mark = uuid.uuid4().hex
+    try:
+        stopper = subprocess.run(
+            [sys.executable, "-c", STOPPER, WORKER], cwd=ROOT,
+            env=dict(os.environ, **{MARK: mark}), capture_output=True, timeout=120)
+        assert stopper.returncode == 0, stopper.stderr.decode(errors="replace")[-2000:]
+        deadline = time.monotonic() + 10
+        while left := procs.with_env(MARK, mark):
+            if time.monotonic() > deadline:
+                pytest.fail("left running after the stop: " + "; ".join(
+                    " ".join(procs.cmdline(p))[:160] for p in left))
+            time.sleep(0.05)
+        assert int(stopper.stdout) == 2  # the worker, then what it left
+    finally:
+        for pid in procs.with_env(MARK, mark):
+            procs.signal_pid(pid, signal.SIGKILL)
