@@ -82,7 +82,7 @@ def test_the_panels_usual_start_parses_nothing() -> None:
 
 
 FIRST_FRAME_SPARED = ("fleet_tui.core.policy", "fleet_tui.core.providers",
-                      "fleet_tui.execution.worker.attemptlog", "hashlib", "json",
+                      "fleet_tui.execution.worker.attemptlog", "json",
                       "fleet_tui.ui.screens.help")
 """What the panel's first frame does without: the policy and the provider tables (the key
 bar and the status line need them only once there are tasks), the attempt log (the stream
@@ -133,3 +133,28 @@ def test_the_panels_first_frame_loads_no_engine_module() -> None:
     # the probe sees them when they are loaded
     probe = "import fleet_tui.engine.fleet, fleet_tui.ui.screens.help"
     assert first_frame_loads(probe) == ",".join(FIRST_FRAME_SPARED)
+
+
+COMMAND_SPARED = ("msgspec", "hashlib", "secrets", "socket", "concurrent.futures")
+"""What a task command's start does without: msgspec comes with the first stream line
+decoded (core/wire.py), the others with the one function that needs each (a token, a
+digest, a pool of threads). Together ~12 % of the import of a task command."""
+
+
+def test_a_task_commands_start_loads_none_of_what_it_may_not_need() -> None:
+    """The engine and the task commands imported (what each `fleet-tui ls|show|merge...`
+    process loads before its pass) load none of COMMAND_SPARED; and the probe sees them
+    once something needs them (a stream line decoded, a token made)."""
+    look = (f"import sys\nprint('loaded:' + ','.join(m for m in {COMMAND_SPARED!r} "
+            "if m in sys.modules))\n")
+    start = "import fleet_tui.engine.fleet, fleet_tui.commands.tasks\n"
+    used = (start + "from fleet_tui.core import stream, model\n"
+            "stream.decode_all(b'{\"type\": \"result\", \"subtype\": \"success\"}\\n')\n"
+            "model.new_task_id()\nimport socket, concurrent.futures\n")
+    seen = []
+    for statement in (start, used):
+        out = subprocess.run([sys.executable, "-c", statement + look], capture_output=True,
+                             text=True, timeout=60, check=False)
+        assert out.returncode == 0, out.stderr
+        seen.append(out.stdout.strip().removeprefix("loaded:"))
+    assert seen == ["", ",".join(COMMAND_SPARED)]
