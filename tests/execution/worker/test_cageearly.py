@@ -69,7 +69,7 @@ def test_a_caged_run_starts_its_host_first_and_a_drop_ends_it(
         assert _became_node(early.proc.pid)
         assert os.getpgid(early.proc.pid) == early.proc.pid  # its own group, as claude's
         written = json.loads((adir / "spec.json").read_text())
-        environ = Path(f"/proc/{early.proc.pid}/environ").read_bytes().split(b"\0")
+        environ = _environ(early.proc.pid)
         assert f"FLEET_ATTEMPT_TOKEN={written['token']}".encode() in environ
         assert (adir / "stderr.log").stat().st_mode & 0o777 == 0o600
     finally:
@@ -86,6 +86,20 @@ def _became_node(pid: int) -> bool:
                 return True
         time.sleep(0.02)
     return False
+
+
+def _environ(pid: int) -> list[bytes]:
+    """The process's environment once its exec has set it up. /proc/PID/exe names the new
+    program a moment before the kernel has put the new environment on its stack: read in
+    between, /proc/PID/environ is empty (a parallel pass once read b'' there)."""
+    deadline = time.monotonic() + 10
+    while True:
+        with contextlib.suppress(OSError):
+            data = Path(f"/proc/{pid}/environ").read_bytes()
+            if data:
+                return data.split(b"\0")
+        assert time.monotonic() < deadline, f"no environment for {pid} after 10 s"
+        time.sleep(0.02)
 
 
 def test_the_early_host_dies_with_its_runner(tmp_path: Path, cgroup_here: None) -> None:
