@@ -82,7 +82,7 @@ _TIMEOUT_TEXT = Lazy(r"\b(request )?timed out\b|\btimeout\b", re.I)
 # Connection refused — a firewall or proxy may be blocking it (ECONNREFUSED)"; the SDK's
 # own: "Connection error."
 _UNREACHABLE_TEXT = Lazy(r"Unable to connect to API|\bConnection (error|refused)\b|"
-                               r"\bECONNREFUSED\b|\bConnectionRefused\b")
+                         r"\bECONNREFUSED\b|\bConnectionRefused\b")
 # claude's words when a connection it had closed in the middle of an answer (CLI 2.1.197
 # "API Error: Connection closed mid-response. The response above may be incomplete.";
 # Node's and Bun's own for a socket reset): a gateway SIGKILLed, a proxy or the endpoint

@@ -184,16 +184,16 @@ _ANTHROPIC = {c.code: c for c in CODES if c.provider == "anthropic"}
 
 # a business code written into the text: `"code":"1308"`, `[1308]`, `code 1308`
 _CODE_IN_TEXT = Lazy(r'"code"\s*:\s*"?(1\d{3})"?|\[(1\d{3})\]|\bcode[ :=#]+(1\d{3})\b',
-                           re.I)
+                     re.I)
 _CLI_PREFIX = Lazy(r"^\s*(?:Failed to authenticate\.\s*)?API Error:\s*"
-                         r"(?:Request rejected \(\d{3}\)\s*·\s*|\d{3}\s+)?")
+                   r"(?:Request rejected \(\d{3}\)\s*·\s*|\d{3}\s+)?")
 _CLI_SUFFIX = Lazy(r"\.?\s*This is a server-side issue, usually temporary.*$", re.S)
 _RESET = Lazy(r"(?:reset|resets)\s+(?:at|on)\s+(\S+(?:[ T]\d{1,2}:\d{2}(?::\d{2})?"
-                    r"(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)"
-                    r"|限额将在\s*(\d{4}-\d{2}-\d{2}[ T]\d{1,2}:\d{2}(?::\d{2})?)\s*重置"
-                    r"|usage limit reached\|(\d{10,13})", re.I)
+              r"(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)"
+              r"|限额将在\s*(\d{4}-\d{2}-\d{2}[ T]\d{1,2}:\d{2}(?::\d{2})?)\s*重置"
+              r"|usage limit reached\|(\d{10,13})", re.I)
 _WINDOW_LEN = Lazy(r"(?:limit reached for|达到)\s*(\d{1,3})\s*"
-                         r"(minute|hour|day|week|month|分钟|小时|天|周|月)", re.I)
+                   r"(minute|hour|day|week|month|分钟|小时|天|周|月)", re.I)
 _UNITS = {"minute": MINUTE, "hour": HOUR, "day": DAY, "week": WEEK, "month": MONTH,
           "分钟": MINUTE, "小时": HOUR, "天": DAY, "周": WEEK, "月": MONTH}
 _UNIT_WORDS = {MINUTE: "minute", HOUR: "hour", DAY: "day", WEEK: "week", MONTH: "month"}
