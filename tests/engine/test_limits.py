@@ -36,6 +36,7 @@ from test_fleet import KEY, drive, make_fleet, settled
 from fleet_tui.core import policy
 from fleet_tui.demo.endpoint import RecordedRequest, ScriptedEndpoint
 from fleet_tui.engine.fleet import Fleet, TaskSpec
+from fleet_tui.engine.supervisor import TaskChange
 from fleet_tui.store.db import Task, TaskState
 from fleet_tui.system import paths
 
@@ -305,14 +306,12 @@ def test_a_window_with_no_usable_reset_falls_back_to_the_cooldown_and_says_so(
     with ScriptedEndpoint({"default": ["fine"]}, faults=[garbled]) as ep:
         fleet = make_fleet(ep, claude_bin, max_workers=1, quota_cooldown=0.5)
         (task,) = fleet.submit(TaskSpec(prompt="hello", repo=git_repo))
-        said: list[str] = []
-
-        def watch() -> None:
-            t = fleet.get_task(task.id)
-            if t.state == TaskState.WAITING and t.message:
-                said.append(t.message)
-
-        drive(fleet, settled(fleet, task.id), each=watch)
+        # what the pass said as it put the task to wait (a look between passes can miss
+        # the wait: a loaded machine's pass may end the 0.5 s cooldown itself)
+        changes: list[TaskChange] = []
+        drive(fleet, settled(fleet, task.id), changes=changes)
+        said = [c.message for c in changes
+                if c.task_id == task.id and c.new == TaskState.WAITING and c.message]
         requests = ep.message_requests()
     assert fleet.get_task(task.id).state == TaskState.SUCCEEDED
     assert said and "its reset time could not be used ('soon' is not a time)" in said[0]
