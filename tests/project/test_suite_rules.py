@@ -1,8 +1,10 @@
 """The suite's own rules, checked on small suites run by pytest's pytester: the real_claude
 mark follows the claude_bin fixture (tests/support/claude_marks.py); the tests marked
 `long` are handed out early, spread (tests/support/suite_order.py); where the workers run caged
-(tests/conftest.py); that a pytest process ends with its heap frozen (tests/conftest.py); and
-that a crashed worker fails scripts/test's parallel pass instead of hanging it."""
+(tests/conftest.py); that a pytest process ends with its heap frozen (tests/conftest.py); that
+a crashed worker fails scripts/test's parallel pass instead of hanging it; and that a worker
+gone down is named with the test it was in, and the run leaves no folder of it behind
+(tests/support/xdist_watch.py)."""
 
 from __future__ import annotations
 
@@ -194,3 +196,33 @@ def test_a_crashed_worker_fails_the_run_instead_of_hanging_it(tmp_path: Path) ->
         pytest.fail(f"the run hung after the crash: {out[-1500:]}")
     assert run.returncode == 1, out[-3000:]
     assert "crashed while running 'test_a.py::test_crash'" in out, out[-3000:]
+
+
+DYING = {
+    "test_d.py": "import os\n\n\ndef test_ends_its_worker():\n    os._exit(3)\n",
+}
+
+
+def test_a_dead_worker_is_named_with_its_test_and_the_run_leaves_no_folder(
+        tmp_path: Path) -> None:
+    """xdist_watch keeps each worker's last phase in a folder of the run's; the controller
+    prints a dead worker's record from it, and removes the folder when the run ends (each
+    run of the suite had left one in /tmp: 106 of them here)."""
+    for name, text in DYING.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # the rootdir: not this repository's
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    support = Path(__file__).resolve().parents[1] / "support"
+    env = dict(os.environ, TMPDIR=str(temp),
+               PYTHONPATH=os.pathsep.join([str(support), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "xdist_watch",
+         "-n", "1", "--max-worker-restart", "0", "--basetemp", str(tmp_path / "base")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+        timeout=90)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out[-3000:]
+    assert re.search(r"\[gw0\] went down .*exit status 3; its last record:", out), out[-3000:]
+    assert "call test_d.py::test_ends_its_worker" in out, out[-3000:]
+    assert list(temp.iterdir()) == []

@@ -8,12 +8,13 @@ its own (one small write per phase), and faulthandler writes every thread's stac
 SIGTERM, SIGHUP, SIGINT and SIGQUIT (pytest's own faulthandler prints a crash's
 stack); when a worker goes down the
 controller prints that file and the worker's exit status (-9: SIGKILL, nothing could be
-written; a positive code: os._exit or sys.exit)."""
+written; a positive code: os._exit or sys.exit). The folder goes when the run ends."""
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -90,6 +91,14 @@ def pytest_testnodedown(node: Any, error: object) -> None:
         reporter.write_line(text, red=True)
     else:  # pragma: no cover
         print(text)
+
+
+def pytest_unconfigure() -> None:
+    """The end of the run (in the controller, after its workers went down): the folder
+    goes with it. (In a worker nothing: the controller's folder is not in its state.)"""
+    folder = _state.pop("folder", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # --- in each worker -----------------------------------------------------------------------
